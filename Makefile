@@ -1,0 +1,31 @@
+# The README's commands. Each bootstraps .venv/ from the pinned lock files.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+export TF_CPP_MIN_LOG_LEVEL ?= 3
+# Tests run with two workers (this project's machines have 2 cores).
+PYTEST_WORKERS ?= 2
+
+.PHONY: venv demo test test-slow bench clean-venv
+
+venv:
+	@bash scripts/bootstrap.sh
+
+## Main job on the embedded default data (no downloads).
+demo: venv
+	$(VENV)/bin/tff-mf demo --output-dir out/demo
+
+## Default (fast) test suite: under 15 minutes on 2 cores, setup included.
+test: venv
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --timeout=900 -q -rs tests
+
+## Long checks (n >= 2048 factorizations, long training).
+test-slow: venv
+	$(PY) -m pytest -m slow --timeout=7200 -q -rs tests
+
+## Benchmarks (write their tables into BENCHMARKS.md and PNGs under benchmarks/results/).
+bench: venv
+	$(PY) benchmarks/run_all.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Creates (or refreshes) the virtual environment .venv/ at the repository root
+# from the pinned lock files and installs tff-mf (with its `tff-mf` console
+# script) into it. Idempotent: a venv whose stamp matches the lock files is kept.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+venv="$root/.venv"
+python="${PYTHON:-python3.11}"
+command -v "$python" >/dev/null 2>&1 || python=python3
+"$python" -c 'import sys; assert sys.version_info[:2] == (3, 11), "tff-mf needs Python 3.11, found %s" % sys.version.split()[0]'
+stamp_want="$(cat requirements/lock.txt requirements/lock-nodeps.txt setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)"
+stamp_file="$venv/.tff_mf_stamp"
+if [[ -x "$venv/bin/python" && -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp_want" ]]; then
+  exit 0
+fi
+echo "[bootstrap] creating $venv from requirements/lock.txt" >&2
+rm -rf "$venv"
+"$python" -m venv "$venv"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+"$venv/bin/pip" install --quiet -r requirements/lock.txt
+"$venv/bin/pip" install --quiet --no-deps -r requirements/lock-nodeps.txt
+"$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e .
+echo "$stamp_want" > "$stamp_file"
+echo "[bootstrap] ready: $venv/bin/tff-mf" >&2

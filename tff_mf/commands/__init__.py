@@ -1,0 +1,1 @@
+"""Subcommands of the ``tff-mf`` console script (see ``tff_mf.cli``)."""

@@ -1,0 +1,1 @@
+"""The thin TensorFlow / TFF layer of tff-mf (streaming noise, DPQuery, aggregators)."""

@@ -1,0 +1,154 @@
+"""Workload matrices A (numpy core; imports no TensorFlow).
+
+Notation is fixed in ``docs/notation.md``. Every workload is an n x n
+lower-triangular, full-rank float64 matrix A; the released quantity is A·G for
+the n x d matrix G of clipped per-round gradient sums.
+
+- Prefix sum S (Denisov et al. App A, ``000_…``): S[i, j] = 1 for i >= j.
+- Momentum SGD with per-round learning rates: M = M(η) M(β)
+  (Denisov et al. Prop 4.2, Eq. 9, ``001_…``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional
+
+import numpy as np
+
+LR_SCHEDULES = ("constant", "decay", "cooldown")
+
+# Step decay multiplies the learning rate by this factor for the last k rounds,
+# and the linear cooldown goes from 1.0 to COOLDOWN_FINAL over the last k rounds
+# (Denisov et al. Sec 5 / Fig 3, k = 512 of n = 2048).
+DECAY_FACTOR = 0.15
+COOLDOWN_FINAL = 0.05
+
+
+class WorkloadError(ValueError):
+  """A workload matrix or its parameters are invalid."""
+
+
+def prefix_sum(n: int) -> np.ndarray:
+  """The prefix-sum matrix S (n x n lower-triangular ones)."""
+  _check_n(n)
+  return np.tril(np.ones((n, n), dtype=np.float64))
+
+
+def learning_rates(n: int, schedule: str = "constant",
+                   schedule_rounds: Optional[int] = None) -> np.ndarray:
+  """Per-round learning-rate multipliers η_1..η_n (a-priori schedules).
+
+  ``constant``: all ones. ``decay``: ×DECAY_FACTOR for the last k rounds.
+  ``cooldown``: linear from 1.0 (first of the last k rounds) to COOLDOWN_FINAL
+  (the last round). k = ``schedule_rounds``.
+  """
+  _check_n(n)
+  if schedule not in LR_SCHEDULES:
+    raise WorkloadError(
+        f"unknown learning-rate schedule {schedule!r}; expected one of {LR_SCHEDULES}")
+  eta = np.ones(n, dtype=np.float64)
+  if schedule == "constant":
+    return eta
+  if schedule_rounds is None:
+    raise WorkloadError(f"lr schedule {schedule!r} needs schedule_rounds (k)")
+  k = int(schedule_rounds)
+  if not 1 <= k <= n:
+    raise WorkloadError(f"schedule_rounds must be in [1, n={n}], got {k}")
+  if schedule == "decay":
+    eta[n - k:] = DECAY_FACTOR
+  else:  # cooldown
+    eta[n - k:] = np.linspace(1.0, COOLDOWN_FINAL, k)
+  return eta
+
+
+def momentum_matrix(n: int, beta: float, etas: Optional[np.ndarray] = None) -> np.ndarray:
+  """M = M(η) M(β) of Denisov et al. Prop 4.2 (Eq. 9).
+
+  M(η)[i, j] = η_j for i >= j; M(β)[i, j] = β^(i-j) for i >= j. With β = 0 and
+  η = 1 this is the prefix-sum matrix S.
+  """
+  _check_n(n)
+  if not 0.0 <= beta < 1.0:
+    raise WorkloadError(f"momentum β must be in [0, 1), got {beta}")
+  etas = np.ones(n) if etas is None else np.asarray(etas, dtype=np.float64)
+  if etas.shape != (n,):
+    raise WorkloadError(f"learning rates must have shape ({n},), got {etas.shape}")
+  if not np.all(np.isfinite(etas)) or np.any(etas <= 0):
+    raise WorkloadError("learning rates must be finite and positive")
+  m_eta = np.tril(np.broadcast_to(etas[None, :], (n, n))).astype(np.float64)
+  idx = np.arange(n)
+  powers = idx[:, None] - idx[None, :]
+  m_beta = np.where(powers >= 0, float(beta) ** np.maximum(powers, 0), 0.0)
+  return m_eta @ m_beta
+
+
+def validate_workload(a: np.ndarray, name: str = "A") -> np.ndarray:
+  """Checks that ``a`` is a finite, square, lower-triangular, full-rank matrix.
+
+  Returns it as a float64 array. Raises WorkloadError naming the problem.
+  """
+  a = np.asarray(a)
+  if a.ndim != 2 or a.shape[0] != a.shape[1]:
+    raise WorkloadError(f"{name} must be a square matrix, got shape {a.shape}")
+  if not np.issubdtype(a.dtype, np.number):
+    raise WorkloadError(f"{name} must be numeric, got dtype {a.dtype}")
+  a = a.astype(np.float64)
+  if not np.all(np.isfinite(a)):
+    raise WorkloadError(f"{name} has non-finite entries")
+  upper = np.triu(a, 1)
+  if np.any(upper != 0):
+    i, j = np.argwhere(upper != 0)[0]
+    raise WorkloadError(
+        f"{name} must be lower triangular; entry [{i}, {j}] = {a[i, j]:g} is above the diagonal")
+  diag = np.abs(np.diag(a))
+  scale = max(np.max(np.abs(a)), 1e-300)
+  if np.any(diag <= 1e-12 * scale):
+    i = int(np.argmin(diag))
+    raise WorkloadError(
+        f"{name} is singular (not full rank): diagonal entry [{i}, {i}] = {a[i, i]:g}")
+  return a
+
+
+def load_workload(path: str) -> np.ndarray:
+  """Loads a user-supplied lower-triangular full-rank A from a ``.npy`` file."""
+  if not os.path.exists(path):
+    raise WorkloadError(f"matrix file {path!r} does not exist")
+  try:
+    a = np.load(path, allow_pickle=False)
+  except Exception as e:  # numpy raises several types for corrupt files
+    raise WorkloadError(f"cannot read matrix file {path!r}: {e}") from e
+  return validate_workload(a, name=f"matrix in {path}")
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadSpec:
+  """Parameters that determine a workload matrix A (part of the cache key)."""
+  kind: str = "prefix_sum"  # prefix_sum | momentum | file
+  n: int = 0
+  momentum: float = 0.0
+  lr_schedule: str = "constant"
+  schedule_rounds: Optional[int] = None
+  matrix_file: Optional[str] = None
+
+  def build(self) -> np.ndarray:
+    if self.kind == "prefix_sum":
+      return prefix_sum(self.n)
+    if self.kind == "momentum":
+      etas = learning_rates(self.n, self.lr_schedule, self.schedule_rounds)
+      return momentum_matrix(self.n, self.momentum, etas)
+    if self.kind == "file":
+      if not self.matrix_file:
+        raise WorkloadError("workload 'file' needs matrix_file")
+      a = load_workload(self.matrix_file)
+      if self.n and a.shape[0] != self.n:
+        raise WorkloadError(
+            f"matrix in {self.matrix_file} is {a.shape[0]}x{a.shape[0]}, but n={self.n}")
+      return a
+    raise WorkloadError(f"unknown workload {self.kind!r}; expected prefix_sum, momentum or file")
+
+
+def _check_n(n: int) -> None:
+  if not isinstance(n, (int, np.integer)) or n < 1:
+    raise WorkloadError(f"n must be a positive integer, got {n!r}")
