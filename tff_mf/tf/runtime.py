@@ -1,0 +1,72 @@
+"""Process hygiene for TFF's local C++ runtime.
+
+The first TFF computation starts a ``worker_binary`` server on a loopback port
+as a child process, and TFF 0.87 fails to stop it at interpreter exit (its
+atexit hook raises ``AttributeError: 'NoneType' object has no attribute
+'Popen'``), so it outlives the program and keeps piped output open.
+Programs and test sessions call ``stop_worker_binaries()`` (or use
+``install_exit_hook()``) so that no helper server survives them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import signal
+from typing import List
+
+import psutil
+
+WORKER_BINARY_NAME = "worker_binary"
+_hook_installed = False
+
+
+def _worker_children() -> List[psutil.Process]:
+  out = []
+  try:
+    children = psutil.Process().children(recursive=True)
+  except psutil.Error:
+    return out
+  for child in children:
+    try:
+      if WORKER_BINARY_NAME in child.name() or any(
+          WORKER_BINARY_NAME in part for part in child.cmdline()[:1]):
+        out.append(child)
+    except psutil.Error:
+      continue
+  return out
+
+
+def stop_worker_binaries(timeout: float = 5.0) -> int:
+  """Terminates (then kills) every ``worker_binary`` child of this process; returns the count."""
+  procs = _worker_children()
+  for p in procs:
+    try:
+      p.terminate()
+    except psutil.Error:
+      pass
+  _, alive = psutil.wait_procs(procs, timeout=timeout)
+  for p in alive:
+    try:
+      p.kill()
+    except psutil.Error:
+      pass
+  return len(procs)
+
+
+def install_exit_hook() -> None:
+  """Stops TFF's helper servers at normal exit and on SIGTERM (idempotent)."""
+  global _hook_installed
+  if _hook_installed:
+    return
+  _hook_installed = True
+  atexit.register(stop_worker_binaries)
+  previous = signal.getsignal(signal.SIGTERM)
+
+  def _on_sigterm(signum, frame):
+    stop_worker_binaries(timeout=2.0)
+    if callable(previous):
+      previous(signum, frame)
+    else:
+      raise SystemExit(128 + signum)
+
+  signal.signal(signal.SIGTERM, _on_sigterm)
