@@ -1,0 +1,132 @@
+"""Next-word-prediction metrics and loss (Denisov et al. 2022, Sec 5, App I).
+
+The papers' headline number is accuracy without OOV and EOS targets
+(`000_0891b0dceb3bb536.txt`, App I, "Test accuracy details"). Pad targets are
+always excluded: they are not words. BOS never occurs as a target.
+
+  accuracy                 -- over all non-pad targets,
+  accuracy_no_oov          -- over targets that are neither pad nor OOV,
+  accuracy_no_oov_no_eos   -- over targets that are neither pad, OOV nor EOS,
+  num_tokens               -- count of non-pad targets,
+  loss                     -- mean cross-entropy over non-pad targets.
+"""
+
+from typing import Sequence
+
+import tensorflow as tf
+
+from stackoverflow import preprocessing
+
+ACCURACY_METRIC_NAMES = ("accuracy", "accuracy_no_oov",
+                         "accuracy_no_oov_no_eos")
+
+
+class MaskedCategoricalAccuracy(tf.keras.metrics.Metric):
+  """Accuracy of argmax predictions over targets not in `masked_tokens`.
+
+  Inputs: y_true int [batch, time], y_pred logits or probabilities
+  [batch, time, classes]. State: (correct, total) counts, so TFF sums it
+  correctly across clients.
+  """
+
+  def __init__(self, name: str, masked_tokens: Sequence[int], dtype=tf.float32):
+    super().__init__(name=name, dtype=dtype)
+    self.masked_tokens = tuple(int(t) for t in masked_tokens)
+    self.correct = self.add_weight("correct", initializer="zeros",
+                                   dtype=tf.float32)
+    self.total = self.add_weight("total", initializer="zeros",
+                                 dtype=tf.float32)
+
+  def update_state(self, y_true, y_pred, sample_weight=None):
+    y_true = tf.cast(y_true, tf.int64)
+    predicted = tf.argmax(y_pred, axis=-1, output_type=tf.int64)
+    mask = tf.ones_like(y_true, dtype=tf.bool)
+    for token in self.masked_tokens:
+      mask = tf.logical_and(mask, tf.not_equal(y_true, token))
+    weight = tf.cast(mask, tf.float32)
+    if sample_weight is not None:
+      weight *= tf.cast(sample_weight, tf.float32)
+    matches = tf.cast(tf.equal(y_true, predicted), tf.float32)
+    self.correct.assign_add(tf.reduce_sum(matches * weight))
+    self.total.assign_add(tf.reduce_sum(weight))
+
+  def result(self):
+    return tf.math.divide_no_nan(self.correct, self.total)
+
+  def reset_state(self):
+    self.correct.assign(0.0)
+    self.total.assign(0.0)
+
+  def get_config(self):
+    config = super().get_config()
+    config["masked_tokens"] = list(self.masked_tokens)
+    return config
+
+
+class NumTokens(tf.keras.metrics.Sum):
+  """Number of targets not in `masked_tokens` (pad by default)."""
+
+  def __init__(self, name: str = "num_tokens", masked_tokens=(0,),
+               dtype=tf.float32):
+    super().__init__(name=name, dtype=dtype)
+    self.masked_tokens = tuple(int(t) for t in masked_tokens)
+
+  def update_state(self, y_true, y_pred, sample_weight=None):
+    del y_pred, sample_weight
+    y_true = tf.cast(y_true, tf.int64)
+    mask = tf.ones_like(y_true, dtype=tf.bool)
+    for token in self.masked_tokens:
+      mask = tf.logical_and(mask, tf.not_equal(y_true, token))
+    return super().update_state(tf.cast(mask, tf.float32))
+
+  def get_config(self):
+    config = super().get_config()
+    config["masked_tokens"] = list(self.masked_tokens)
+    return config
+
+
+def build_metrics(vocab_size: int,
+                  num_oov_buckets: int = preprocessing.DEFAULT_NUM_OOV_BUCKETS
+                 ) -> list:
+  """Fresh metric objects: num_tokens and the three accuracies."""
+  special = preprocessing.special_token_ids(vocab_size, num_oov_buckets)
+  pad, oov, eos = special.pad, list(special.oov), special.eos
+  return [
+      NumTokens("num_tokens", masked_tokens=[pad]),
+      MaskedCategoricalAccuracy("accuracy", masked_tokens=[pad]),
+      MaskedCategoricalAccuracy("accuracy_no_oov", masked_tokens=[pad] + oov),
+      MaskedCategoricalAccuracy("accuracy_no_oov_no_eos",
+                                masked_tokens=[pad, eos] + oov),
+  ]
+
+
+class MaskedSparseCategoricalCrossentropy(tf.keras.losses.Loss):
+  """Mean cross-entropy from logits over targets that are not pad.
+
+  The mean is over the non-pad targets of the batch (0 for an all-pad batch),
+  so padding never dilutes or biases the loss.
+  """
+
+  def __init__(self, pad_token: int = 0,
+               name: str = "masked_sparse_categorical_crossentropy"):
+    super().__init__(name=name, reduction=tf.keras.losses.Reduction.NONE)
+    self.pad_token = int(pad_token)
+
+  def call(self, y_true, y_pred):
+    return tf.keras.losses.sparse_categorical_crossentropy(
+        y_true, y_pred, from_logits=True)
+
+  def __call__(self, y_true, y_pred, sample_weight=None):
+    y_true = tf.cast(y_true, tf.int64)
+    per_token = tf.keras.losses.sparse_categorical_crossentropy(
+        y_true, tf.cast(y_pred, tf.float32), from_logits=True)
+    weight = tf.cast(tf.not_equal(y_true, self.pad_token), tf.float32)
+    if sample_weight is not None:
+      weight *= tf.cast(sample_weight, tf.float32)
+    return tf.math.divide_no_nan(tf.reduce_sum(per_token * weight),
+                                 tf.reduce_sum(weight))
+
+  def get_config(self):
+    config = super().get_config()
+    config["pad_token"] = self.pad_token
+    return config

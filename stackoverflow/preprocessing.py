@@ -1,0 +1,166 @@
+"""StackOverflow next-word-prediction preprocessing (Denisov et al. 2022, App I).
+
+Denisov et al. (`000_0891b0dceb3bb536.txt`, App I, "Stackoverflow settings")
+share their preprocessing with Kairouz et al. 2021: the 10,000 most frequent
+words, one out-of-vocabulary (OOV) bucket, beginning/end-of-sentence (BOS/EOS)
+and pad tokens, sentences cut to 20 words, at most 256 sentences per client and
+client batches of 16.
+
+Token ids (the convention of TFF's StackOverflow baseline, so checkpoints and
+numbers are comparable):
+
+  pad = 0, words = 1..V, OOV buckets = V+1..V+B, BOS = V+B+1, EOS = V+B+2,
+
+for a vocabulary of V words and B OOV buckets; the model's output layer has
+V+B+3 classes. A sentence w_1..w_k becomes [BOS, w_1..w_min(k,L), EOS?]: EOS is
+appended only when the sentence has fewer than L = sequence_length words (a cut
+sentence has no end). The sequence is padded with pad to L+1 ids and split
+into inputs x = ids[:-1] and next-word targets y = ids[1:].
+"""
+
+import collections
+from typing import Callable, Optional, Sequence
+
+import tensorflow as tf
+
+DEFAULT_VOCAB_SIZE = 10000
+DEFAULT_SEQUENCE_LENGTH = 20
+DEFAULT_MAX_ELEMENTS_PER_CLIENT = 256
+DEFAULT_CLIENT_BATCH_SIZE = 16
+DEFAULT_NUM_OOV_BUCKETS = 1
+
+SpecialTokens = collections.namedtuple("SpecialTokens",
+                                       ["pad", "oov", "bos", "eos"])
+SpecialTokens.__doc__ = (
+    "Special token ids: `pad` (int), `oov` (tuple of ints, one per bucket), "
+    "`bos` (int), `eos` (int).")
+
+
+def special_token_ids(vocab_size: int,
+                      num_oov_buckets: int = DEFAULT_NUM_OOV_BUCKETS
+                     ) -> SpecialTokens:
+  """Returns the (pad, oov, bos, eos) ids for a vocabulary of `vocab_size` words."""
+  _check_positive_int("vocab_size", vocab_size)
+  _check_positive_int("num_oov_buckets", num_oov_buckets)
+  return SpecialTokens(
+      pad=0,
+      oov=tuple(vocab_size + 1 + i for i in range(num_oov_buckets)),
+      bos=vocab_size + num_oov_buckets + 1,
+      eos=vocab_size + num_oov_buckets + 2)
+
+
+def extended_vocab_size(vocab_size: int,
+                        num_oov_buckets: int = DEFAULT_NUM_OOV_BUCKETS) -> int:
+  """Number of output classes: words + OOV buckets + pad, BOS and EOS."""
+  return special_token_ids(vocab_size, num_oov_buckets).eos + 1
+
+
+def _check_positive_int(name, value):
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+
+
+def _check_vocab(vocab: Sequence[str]) -> list:
+  vocab = list(vocab)
+  if not vocab:
+    raise ValueError("vocab must be non-empty.")
+  for word in vocab:
+    if not isinstance(word, str) or not word or any(c.isspace() for c in word):
+      raise ValueError(
+          f"vocab entries must be non-empty strings without whitespace, "
+          f"got {word!r}.")
+  if len(set(vocab)) != len(vocab):
+    duplicates = sorted(w for w, c in collections.Counter(vocab).items()
+                        if c > 1)
+    raise ValueError(f"vocab has duplicate words: {duplicates[:10]}.")
+  return vocab
+
+
+def build_to_ids_fn(vocab: Sequence[str],
+                    sequence_length: int = DEFAULT_SEQUENCE_LENGTH,
+                    num_oov_buckets: int = DEFAULT_NUM_OOV_BUCKETS
+                   ) -> Callable[[dict], tf.Tensor]:
+  """Returns fn(example) -> int64 ids [BOS, words..., EOS?] (length <= L+1).
+
+  Words are the whitespace-separated pieces of `example["tokens"]` (empty
+  pieces from repeated spaces are dropped).
+  """
+  vocab = _check_vocab(vocab)
+  _check_positive_int("sequence_length", sequence_length)
+  special = special_token_ids(len(vocab), num_oov_buckets)
+  table = tf.lookup.StaticVocabularyTable(
+      tf.lookup.KeyValueTensorInitializer(
+          tf.constant(vocab, dtype=tf.string),
+          tf.range(len(vocab), dtype=tf.int64)),
+      num_oov_buckets=num_oov_buckets)
+  bos = tf.constant([special.bos], dtype=tf.int64)
+  eos = tf.constant([special.eos], dtype=tf.int64)
+
+  def to_ids(example):
+    words = tf.strings.split(tf.reshape(example["tokens"], []))
+    words = words[:sequence_length]
+    ids = table.lookup(words) + 1  # Word i of vocab gets id i + 1; pad is 0.
+    ids = tf.cond(
+        tf.size(ids) < sequence_length,
+        lambda: tf.concat([ids, eos], axis=0),
+        lambda: ids)
+    return tf.concat([bos, ids], axis=0)
+
+  return to_ids
+
+
+def build_preprocess_fn(
+    vocab: Sequence[str],
+    sequence_length: int = DEFAULT_SEQUENCE_LENGTH,
+    max_elements_per_client: Optional[int] = DEFAULT_MAX_ELEMENTS_PER_CLIENT,
+    batch_size: int = DEFAULT_CLIENT_BATCH_SIZE,
+    num_oov_buckets: int = DEFAULT_NUM_OOV_BUCKETS,
+    shuffle_buffer_size: int = 0,
+    shuffle_seed: Optional[int] = None,
+) -> Callable[[tf.data.Dataset], tf.data.Dataset]:
+  """Returns fn(raw client dataset) -> dataset of (x, y) int64 batches [b, L].
+
+  Args:
+    vocab: the vocabulary words (word i gets id i + 1).
+    sequence_length: L, words kept per sentence (20 in the papers).
+    max_elements_per_client: sentences kept per client (256 in the papers);
+      None keeps all (use it for validation/test sets).
+    batch_size: client batch size (16 in the papers).
+    num_oov_buckets: OOV buckets (1 in the papers).
+    shuffle_buffer_size: if > 1, shuffle a client's sentences before taking
+      `max_elements_per_client`. The default 0 keeps the stored order, so runs
+      are reproducible (a resumed run sees the same batches).
+    shuffle_seed: seed of that shuffle (required when shuffling, so the data
+      pipeline never depends on hidden global state).
+  """
+  if max_elements_per_client is not None:
+    _check_positive_int("max_elements_per_client", max_elements_per_client)
+  _check_positive_int("batch_size", batch_size)
+  if shuffle_buffer_size < 0:
+    raise ValueError(
+        f"shuffle_buffer_size must be >= 0, got {shuffle_buffer_size}.")
+  if shuffle_buffer_size > 1 and shuffle_seed is None:
+    raise ValueError("shuffle_seed is required when shuffle_buffer_size > 1.")
+  to_ids = build_to_ids_fn(vocab, sequence_length, num_oov_buckets)
+
+  def split_input_target(ids):
+    return ids[:, :-1], ids[:, 1:]
+
+  def preprocess_fn(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    if shuffle_buffer_size > 1:
+      dataset = dataset.shuffle(shuffle_buffer_size, seed=shuffle_seed)
+    if max_elements_per_client is not None:
+      dataset = dataset.take(max_elements_per_client)
+    dataset = dataset.map(to_ids)
+    dataset = dataset.padded_batch(
+        batch_size, padded_shapes=[sequence_length + 1],
+        padding_values=tf.constant(0, dtype=tf.int64))
+    return dataset.map(split_input_target)
+
+  return preprocess_fn
+
+
+def batch_spec(sequence_length: int = DEFAULT_SEQUENCE_LENGTH):
+  """The element spec (x, y) of preprocessed batches (the model's input spec)."""
+  spec = tf.TensorSpec(shape=[None, sequence_length], dtype=tf.int64)
+  return (spec, spec)
