@@ -1,0 +1,429 @@
+"""Streaming noise for residual-form matrix mechanisms (TensorFlow layer).
+
+A matrix mechanism A = B·C (``docs/notation.md``) run as a residual query adds,
+in round i, row i of N·Z with N = A⁻¹·B (n x m) and Z (m x d) i.i.d. Gaussian
+(Denisov et al. Algorithm 1 and App I, ``001_…``/``000_…``; see
+``docs/mechanisms.md`` for why the server optimizer then releases exactly
+−(A·G + B·Z)). For square C, N = C⁻¹.
+
+Every implementation sits behind one interface, ``StreamingNoise``:
+
+- ``DenseNoise``: row i regenerates the Z rows it needs from (secret seed, row
+  index) with a stateless RNG; time ∝ nonzeros of N[i], memory O(d). This is
+  the "compute (BZ)[i] afresh each round" of Denisov App I.
+- ``StructuredNoise``: B̂ = D(h) + (U·Vᵀ) ⊙ U(h) (banded + low rank, Denisov
+  App H, Algorithm 3) with O((h+r)·d) time and memory per round; Z rows are
+  each drawn once and kept in an h-row ring buffer.
+- ``PrecomputedNoise``: all rows of N·Z computed up front (small d, tests).
+
+Z row j of a model with variables v_0..v_{k-1} is drawn as
+``stateless_normal(shape(v_t), seed=fold_in(fold_in(seed, j), t))`` with the
+Philox algorithm pinned, so every implementation (and a numpy reference, via
+``standard_normal_row``) sees the same Z for the same seed. Noise is float32;
+matrix coefficients are kept in float64, scaled by σ in float64 and cast once.
+
+The state of a stream (its buffers) is a plain structure of tensors, so TFF and
+``tff.program`` can checkpoint it; restoring continues the identical stream.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Sequence, Tuple
+
+import numpy as np
+import scipy.linalg
+import tensorflow as tf
+
+from tff_mf import factorization as fz
+
+PHILOX = tf.random.Algorithm.PHILOX
+
+
+class NoiseError(ValueError):
+  """Matrices or specs given to a streaming-noise implementation are invalid."""
+
+
+def flat_specs(specs) -> list:
+  """The leaves of a (nested) TensorSpec structure, checked to be float and fully defined."""
+  leaves = tf.nest.flatten(specs)
+  if not leaves:
+    raise NoiseError("record specs are empty; expected the model's trainable variable specs")
+  out = []
+  for k, s in enumerate(leaves):
+    if not isinstance(s, tf.TensorSpec):
+      raise NoiseError(f"record spec #{k} is {type(s).__name__}, expected tf.TensorSpec")
+    if not s.shape.is_fully_defined():
+      raise NoiseError(f"record spec #{k} has a partially unknown shape {s.shape}")
+    if not s.dtype.is_floating:
+      raise NoiseError(f"record spec #{k} has non-float dtype {s.dtype.name}")
+    out.append(s)
+  return out
+
+
+def standard_normal_row(seed, row, specs) -> list:
+  """Z̃[row] as a flat list of tensors shaped like ``specs`` (unit variance).
+
+  ``seed`` is an int64 tensor of shape [2]; ``row`` an integer (tensor). The
+  draw depends only on (seed, row, position of the variable), never on the
+  round in which it is made.
+  """
+  seed = tf.convert_to_tensor(seed, tf.int64)
+  row_seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(row, tf.int64), alg=PHILOX)
+  out = []
+  for t, spec in enumerate(flat_specs(specs)):
+    var_seed = tf.random.experimental.stateless_fold_in(row_seed, t, alg=PHILOX)
+    out.append(tf.random.stateless_normal(spec.shape, seed=var_seed, dtype=spec.dtype, alg=PHILOX))
+  return out
+
+
+def standard_normal_matrix(seed, rows: int, specs) -> np.ndarray:
+  """Z̃ (rows x d) in float64, each row the concatenation of ``standard_normal_row`` (eager).
+
+  For tests and ``PrecomputedNoise``: the numpy reference of the TF stream.
+  """
+  seed = tf.constant(np.asarray(seed, dtype=np.int64))
+  out = []
+  for j in range(rows):
+    parts = standard_normal_row(seed, j, specs)
+    out.append(np.concatenate([np.asarray(p, dtype=np.float64).ravel() for p in parts]))
+  return np.stack(out)
+
+
+def seed_pair(noise_seed: int) -> np.ndarray:
+  """The int64 [2] seed tensor value for a pinned integer seed."""
+  if isinstance(noise_seed, bool) or not isinstance(noise_seed, (int, np.integer)):
+    raise NoiseError(f"noise_seed must be an integer, got {noise_seed!r}")
+  if not 0 <= int(noise_seed) < 2**63:
+    raise NoiseError(f"noise_seed must be in [0, 2**63), got {noise_seed}")
+  return np.array([int(noise_seed), 0x6D665F6E6F697365], dtype=np.int64)  # "mf_noise"
+
+
+def _check_matrix(x, name: str) -> np.ndarray:
+  x = np.asarray(x)
+  if x.ndim != 2:
+    raise NoiseError(f"{name} must be a 2-D matrix, got shape {x.shape}")
+  if not np.issubdtype(x.dtype, np.number):
+    raise NoiseError(f"{name} must be numeric, got dtype {x.dtype}")
+  x = x.astype(np.float64)
+  if not np.all(np.isfinite(x)):
+    raise NoiseError(f"{name} has non-finite entries")
+  return x
+
+
+def _check_lower_triangular_nonsingular(x: np.ndarray, name: str) -> None:
+  if x.shape[0] != x.shape[1]:
+    raise NoiseError(f"{name} must be square, got shape {x.shape}")
+  upper = np.triu(x, 1)
+  if np.any(upper != 0):
+    i, j = np.argwhere(upper != 0)[0]
+    raise NoiseError(f"{name} must be lower triangular; entry [{i}, {j}] = {x[i, j]:g} "
+                     "is above the diagonal")
+  diag = np.abs(np.diag(x))
+  scale = max(float(np.max(np.abs(x))), 1e-300)
+  if np.any(diag <= 1e-12 * scale):
+    i = int(np.argmin(diag))
+    raise NoiseError(f"{name} is singular: diagonal entry [{i}, {i}] = {x[i, i]:g}")
+
+
+def encoder_is_causal(c: np.ndarray) -> bool:
+  """C (m x n, rows in release order) only reads rounds already seen: C[r, j] = 0 for j > r."""
+  return fz.is_lower_triangular(c, atol=1e-12 * max(1.0, float(np.max(np.abs(c)))))
+
+
+class StreamingNoise(abc.ABC):
+  """Round i's noise row (N·Z)[i], N = A⁻¹·B, for Z ~ N(0, σ²) seeded by a secret seed.
+
+  Attributes:
+    n: rounds the mechanism is built for (rows of N).
+    m: rows of Z (columns of N).
+    sensitivity: γ(C) of the mechanism this noise realizes (1 when normalized).
+  """
+  n: int
+  m: int
+  sensitivity: float
+
+  @abc.abstractmethod
+  def noise_matrix(self) -> np.ndarray:
+    """N (n x m, float64) with unit-variance Z: the reference for tests."""
+
+  @abc.abstractmethod
+  def initial_buffers(self, specs) -> Tuple[Any, ...]:
+    """The stream's buffers before round 0 (a tuple of tensors; () when stateless)."""
+
+  @abc.abstractmethod
+  def noise_row(self, seed, round_index, buffers, specs, stddev: float):
+    """Returns (flat list of noise tensors for round ``round_index``, new buffers).
+
+    ``seed``: int64 [2] tensor; ``round_index``: int32 scalar tensor in [0, n);
+    ``stddev``: σ = noise multiplier × clip (a Python float).
+    """
+
+  def state_bytes(self, specs) -> int:
+    """Bytes of buffer state carried between rounds (excluding round index and seed)."""
+    d = sum(int(np.prod(s.shape)) * s.dtype.size for s in flat_specs(specs))
+    return self.buffer_rows() * d
+
+  def buffer_rows(self) -> int:
+    """How many model-sized rows the buffers hold."""
+    return 0
+
+  def describe(self) -> str:
+    return type(self).__name__
+
+
+class DenseNoise(StreamingNoise):
+  """Dense seeded regeneration: row i = Σ_j N[i, j]·σ·Z̃[j], Z̃[j] regenerated from (seed, j).
+
+  Cost ∝ nonzeros of N[i] Gaussian draws of size d; state: none beyond the seed
+  (Denisov et al. App I, ``000_…``). N is stored in CSR form (float64 values).
+  """
+
+  def __init__(self, noise_matrix: np.ndarray, sensitivity: float = 1.0):
+    nm = _check_matrix(noise_matrix, "noise matrix N")
+    n, m = nm.shape
+    if m < n:
+      raise NoiseError(f"noise matrix N has {m} columns for {n} rounds; expected m >= n")
+    if m == n:
+      _check_lower_triangular_nonsingular(nm, "noise matrix N")
+    nonzero = nm != 0
+    empty = np.flatnonzero(~np.any(nonzero, axis=1))
+    if empty.size:
+      raise NoiseError(f"noise matrix N has an all-zero row {int(empty[0])}: that round would "
+                       "add no noise")
+    self.n, self.m = int(n), int(m)
+    self.sensitivity = float(sensitivity)
+    self._n_matrix = nm
+    counts = np.sum(nonzero, axis=1)
+    self._row_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    rows, cols = np.nonzero(nonzero)
+    del rows
+    self._cols = cols.astype(np.int64)
+    self._vals = nm[nonzero]  # row-major order matches np.nonzero
+
+  @classmethod
+  def from_factorization(cls, f: fz.Factorization) -> "DenseNoise":
+    return cls(f.noise_matrix(), sensitivity=f.sensitivity)
+
+  def noise_matrix(self) -> np.ndarray:
+    return self._n_matrix.copy()
+
+  def row_nonzeros(self, i: int) -> int:
+    return int(self._row_ptr[i + 1] - self._row_ptr[i])
+
+  def initial_buffers(self, specs):
+    return ()
+
+  def noise_row(self, seed, round_index, buffers, specs, stddev):
+    specs = flat_specs(specs)
+    row_ptr = tf.constant(self._row_ptr)
+    cols = tf.constant(self._cols)
+    vals = tf.constant((self._vals * float(stddev)).astype(np.float32))
+    i = tf.cast(round_index, tf.int64)
+    start, end = row_ptr[i], row_ptr[i + 1]
+    acc0 = [tf.zeros(s.shape, s.dtype) for s in specs]
+
+    def body(k, acc):
+      z = standard_normal_row(seed, cols[k], specs)
+      coef = vals[k]
+      return k + 1, [a + tf.cast(coef, a.dtype) * zz for a, zz in zip(acc, z)]
+
+    _, acc = tf.while_loop(lambda k, acc: k < end, body, (start, acc0),
+                           parallel_iterations=1)
+    return acc, buffers
+
+  def describe(self):
+    return f"DenseNoise(n={self.n}, m={self.m}, nnz={self._vals.size})"
+
+
+def structured_decoder(bands_matrix: np.ndarray, u: np.ndarray, v: np.ndarray,
+                       bands: int) -> np.ndarray:
+  """B̂ = D(h) + (U·Vᵀ) ⊙ U(h) (Denisov et al. App H): U·Vᵀ below the h-th diagonal."""
+  n = bands_matrix.shape[0]
+  low = np.tril(np.asarray(u, np.float64) @ np.asarray(v, np.float64).T, -bands) if n else 0
+  return np.asarray(bands_matrix, np.float64) + low
+
+
+class StructuredNoise(StreamingNoise):
+  """Banded + low-rank B̂ (Denisov et al. App H, Algorithm 3) for a workload with banded inverse.
+
+  y_i = (B̂·Z)[i] = Σ_{k<h} D[i, i−k]·Z[i−k] + U[i]·β_i, β_i = Σ_{j ≤ i−h} V[j]ᵀ·Z[j]
+  (Algorithm 3, zero-indexed), and the residual noise row is
+  (A⁻¹·B̂·Z)[i] = Σ_{k<w} A⁻¹[i, i−k]·y_{i−k}, where A⁻¹ has w diagonals
+  (w = 2 for the prefix sum S: y_i − y_{i−1}; w = 3 for momentum M).
+
+  Each Z row is drawn once, from (seed, row), and kept in an h-row ring buffer;
+  β (r rows) and the last w−1 values of y are buffers too: (h + r + w − 1)·d
+  floats of state and O((h + r + w)·d) work per round.
+
+  The factors may be unnormalized: with C = B̂⁻¹·A and γ = γ(C) the stream
+  realizes the normalized mechanism (γ·B̂, C/γ), so ``sensitivity`` is 1.
+  """
+
+  def __init__(self, bands_matrix: np.ndarray, u: np.ndarray, v: np.ndarray, bands: int,
+               workload: np.ndarray, normalize: bool = True):
+    d_mat = _check_matrix(bands_matrix, "bands matrix D(h)")
+    a = _check_matrix(workload, "workload A")
+    n = d_mat.shape[0]
+    _check_lower_triangular_nonsingular(a, "workload A")
+    if a.shape != (n, n) or d_mat.shape != (n, n):
+      raise NoiseError(f"bands matrix {d_mat.shape} and workload {a.shape} must both be "
+                       f"{n} x {n}")
+    if isinstance(bands, bool) or not isinstance(bands, (int, np.integer)) or not 1 <= bands <= n:
+      raise NoiseError(f"bands h must be an integer in [1, n={n}], got {bands!r}")
+    h = int(bands)
+    u = _check_matrix(u, "low-rank factor U") if np.size(u) else np.zeros((n, 0))
+    v = _check_matrix(v, "low-rank factor V") if np.size(v) else np.zeros((n, 0))
+    if u.shape[0] != n or v.shape != u.shape:
+      raise NoiseError(f"low-rank factors must both be {n} x r, got U {u.shape}, V {v.shape}")
+    outside = np.tril(d_mat, -h)
+    if np.any(outside != 0) or np.any(np.triu(d_mat, 1) != 0):
+      raise NoiseError(f"bands matrix has entries outside its {h} lower diagonals")
+    b_hat = structured_decoder(d_mat, u, v, h)
+    _check_lower_triangular_nonsingular(b_hat, "structured decoder B̂")
+    a_inv = scipy.linalg.solve_triangular(a, np.eye(n), lower=True)
+    scale = max(1.0, float(np.max(np.abs(a_inv))))
+    nz_diags = [k for k in range(n) if np.any(np.abs(np.diagonal(a_inv, -k)) > 1e-12 * scale)]
+    w = max(nz_diags) + 1
+    if w > 8:
+      raise NoiseError(f"A⁻¹ has {w} nonzero diagonals; StructuredNoise needs a workload with "
+                       "a banded inverse (prefix sum: 2, momentum: 3)")
+    c = scipy.linalg.solve_triangular(b_hat, a, lower=True)
+    gamma = fz.sensitivity(c)
+    if not np.isfinite(gamma) or gamma <= 0:
+      raise NoiseError(f"C = B̂⁻¹·A has invalid sensitivity {gamma}")
+    self.gamma_before_normalization = gamma
+    g = gamma if normalize else 1.0
+    self.sensitivity = gamma / g
+    self.n, self.m = n, n
+    self.bands, self.rank, self.inverse_bands = h, int(u.shape[1]), int(w)
+    self._a_inv = a_inv
+    self._b_hat = b_hat * g
+    # Coefficient tables (float64), row i = what round i uses.
+    band = np.zeros((n, h))
+    for k in range(h):
+      band[k:, k] = np.diagonal(d_mat, -k) * g
+    self._band = band
+    self._u = u * g
+    v_gate = np.zeros((n, self.rank))
+    if n > h:
+      v_gate[h:] = v[:n - h]
+    self._v_gate = v_gate
+    ainv = np.zeros((n, w))
+    for k in range(w):
+      ainv[k:, k] = np.diagonal(a_inv, -k)
+    self._ainv = ainv
+
+  @classmethod
+  def from_fit(cls, result, workload: np.ndarray, bands: int) -> "StructuredNoise":
+    """From ``tff_mf.structured.fit``'s result (``.bands_matrix``, ``.u``, ``.v``)."""
+    return cls(result.bands_matrix, result.u, result.v, bands, workload)
+
+  def noise_matrix(self) -> np.ndarray:
+    return self._a_inv @ self._b_hat
+
+  def decoder(self) -> np.ndarray:
+    """The normalized B̂ this stream realizes."""
+    return self._b_hat.copy()
+
+  def buffer_rows(self) -> int:
+    return self.bands + self.rank + self.inverse_bands - 1
+
+  def initial_buffers(self, specs):
+    specs = flat_specs(specs)
+    zbuf = tuple(tf.zeros([self.bands] + s.shape.as_list(), s.dtype) for s in specs)
+    beta = tuple(tf.zeros([self.rank] + s.shape.as_list(), s.dtype) for s in specs)
+    ybuf = tuple(tf.zeros([self.inverse_bands - 1] + s.shape.as_list(), s.dtype) for s in specs)
+    return (zbuf, beta, ybuf)
+
+  def noise_row(self, seed, round_index, buffers, specs, stddev):
+    specs = flat_specs(specs)
+    h, w = self.bands, self.inverse_bands
+    zbuf, beta, ybuf = buffers
+    i = tf.cast(round_index, tf.int64)
+    band = tf.gather(tf.constant(self._band.astype(np.float32)), i)  # [h]: D[i, i-k]
+    u_i = tf.gather(tf.constant(self._u.astype(np.float32)), i)  # [r]
+    v_i = tf.gather(tf.constant(self._v_gate.astype(np.float32)), i)  # [r]: V[i-h] or 0
+    ainv = tf.gather(tf.constant((self._ainv * float(stddev)).astype(np.float32)), i)  # [w]
+    z_new = standard_normal_row(seed, i, specs)
+    new_zbuf, new_beta, new_ybuf, out = [], [], [], []
+    for t, spec in enumerate(specs):
+      ones = [1] * spec.shape.rank
+      zb, bt, yb, z = zbuf[t], beta[t], ybuf[t], z_new[t]
+      # β_i = β_{i-1} + V[i-h]ᵀ Z[i-h]; Z[i-h] is the oldest buffered row.
+      bt = bt + tf.reshape(v_i, [self.rank] + ones) * zb[0][None]
+      y = band[0] * z
+      for k in range(1, h):
+        y = y + band[k] * zb[h - k]
+      if self.rank:
+        y = y + tf.tensordot(u_i, bt, axes=1)
+      noise = ainv[0] * y
+      for k in range(1, w):
+        noise = noise + ainv[k] * yb[w - 1 - k]
+      out.append(noise)
+      new_zbuf.append(tf.concat([zb[1:], z[None]], axis=0))
+      new_beta.append(bt)
+      new_ybuf.append(tf.concat([yb[1:], y[None]], axis=0) if w > 1 else yb)
+    return out, (tuple(new_zbuf), tuple(new_beta), tuple(new_ybuf))
+
+  def describe(self):
+    return (f"StructuredNoise(n={self.n}, h={self.bands}, r={self.rank}, "
+            f"inverse bands={self.inverse_bands})")
+
+
+class PrecomputedNoise(StreamingNoise):
+  """All n rows of N·Z̃ computed up front for one pinned seed (small d; tests).
+
+  The rows are the same stream ``DenseNoise`` regenerates; the query asserts at
+  run time that its state carries the pinned seed, so a precomputed stream is
+  never reused under a different seed.
+  """
+
+  def __init__(self, noise_matrix: np.ndarray, noise_seed: int, specs, sensitivity: float = 1.0,
+               max_floats: int = 50_000_000):
+    nm = _check_matrix(noise_matrix, "noise matrix N")
+    n, m = nm.shape
+    if m < n:
+      raise NoiseError(f"noise matrix N has {m} columns for {n} rounds; expected m >= n")
+    if m == n:
+      _check_lower_triangular_nonsingular(nm, "noise matrix N")
+    specs = flat_specs(specs)
+    d = sum(int(np.prod(s.shape)) for s in specs)
+    if (n + m) * d > max_floats:
+      raise NoiseError(f"precomputed noise would hold {(n + m) * d} floats; use DenseNoise or "
+                       "StructuredNoise for models this large")
+    self.n, self.m = int(n), int(m)
+    self.sensitivity = float(sensitivity)
+    self.seed = seed_pair(noise_seed)
+    self._n_matrix = nm
+    self._rows = nm @ standard_normal_matrix(self.seed, m, specs)  # float64, n x d
+    self._sizes = [int(np.prod(s.shape)) for s in specs]
+
+  @classmethod
+  def from_factorization(cls, f: fz.Factorization, noise_seed: int, specs) -> "PrecomputedNoise":
+    return cls(f.noise_matrix(), noise_seed, specs, sensitivity=f.sensitivity)
+
+  def noise_matrix(self) -> np.ndarray:
+    return self._n_matrix.copy()
+
+  def initial_buffers(self, specs):
+    return ()
+
+  def noise_row(self, seed, round_index, buffers, specs, stddev):
+    specs = flat_specs(specs)
+    check = tf.debugging.assert_equal(
+        tf.convert_to_tensor(seed, tf.int64), tf.constant(self.seed),
+        message="PrecomputedNoise: the query's seed differs from the seed these rows were "
+        "computed for; precomputed noise cannot serve another seed")
+    with tf.control_dependencies([check]):
+      row = tf.gather(tf.constant((self._rows * float(stddev)).astype(np.float32)),
+                      tf.cast(round_index, tf.int64))
+    parts = tf.split(row, self._sizes) if len(self._sizes) > 1 else [row]
+    return [tf.cast(tf.reshape(p, s.shape), s.dtype) for p, s in zip(parts, specs)], buffers
+
+  def describe(self):
+    return f"PrecomputedNoise(n={self.n}, m={self.m})"
+
+
+def implementations() -> Sequence[str]:
+  return ("dense", "structured", "precomputed")
