@@ -182,7 +182,7 @@ class MatrixFactorizationQuery(tfp.SumAggregationDPQuery):
 
   def _check_structure(self, template, what):
     try:
-      tf.nest.assert_same_structure(template, self._record_specs)
+      tf.nest.assert_same_structure(template, self._record_specs, check_types=False)
     except (ValueError, TypeError) as e:
       raise ValueError(f"MatrixFactorizationQuery: {what} does not match the record specs the "
                        f"query was built for: {e}") from e
