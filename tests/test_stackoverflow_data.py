@@ -1,0 +1,202 @@
+"""Dataset loading: offline StackOverflow error, the real loader on a tiny copy."""
+
+import os
+import shutil
+import socket
+import sqlite3
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from stackoverflow import data
+from stackoverflow import fixtures
+from stackoverflow import preprocessing
+
+
+@pytest.fixture(name="no_network")
+def _no_network(monkeypatch):
+  """Fails the test if anything tries to open a network connection."""
+  def refuse(*args, **kwargs):
+    raise AssertionError(f"network access attempted: {args} {kwargs}")
+  monkeypatch.setattr(urllib.request, "urlopen", refuse)
+  monkeypatch.setattr(socket, "create_connection", refuse)
+  monkeypatch.setattr(socket.socket, "connect", refuse)
+
+
+@pytest.fixture(name="tiny_dir", scope="module")
+def _tiny_dir(tmp_path_factory):
+  directory = str(tmp_path_factory.mktemp("tiny_stackoverflow"))
+  return fixtures.write_tiny_stackoverflow(directory, num_empty_train_clients=1)
+
+
+def test_offline_without_files_says_what_to_fetch_and_where(tmp_path,
+                                                            no_network):
+  start = time.monotonic()
+  with pytest.raises(data.DatasetUnavailableError) as error:
+    data.load_federated_data("stackoverflow", data_dir=str(tmp_path))
+  assert time.monotonic() - start < 5.0
+  message = str(error.value)
+  assert data.STACKOVERFLOW_SQLITE_URL in message
+  assert data.STACKOVERFLOW_WORD_COUNT_URL in message
+  assert os.path.join(str(tmp_path), "stackoverflow.sqlite") in message
+  assert os.path.join(str(tmp_path), "datasets",
+                      "stackoverflow.word_count.tar.bz2") in message
+  assert "--dataset pydocs" in message
+  assert os.listdir(tmp_path) == []  # Nothing created, nothing downloaded.
+
+
+def test_default_directory_comes_from_environment(tmp_path, monkeypatch,
+                                                  no_network):
+  monkeypatch.setenv(data.STACKOVERFLOW_DIR_ENV, str(tmp_path / "so"))
+  with pytest.raises(data.DatasetUnavailableError, match=str(tmp_path / "so")):
+    data.load_federated_data("stackoverflow")
+
+
+def test_tiny_copy_loads_through_tffs_loader(tiny_dir, monkeypatch,
+                                             no_network):
+  calls = []
+  real_load_data = tff.simulation.datasets.stackoverflow.load_data
+
+  def spy(cache_dir=None):
+    calls.append(cache_dir)
+    return real_load_data(cache_dir=cache_dir)
+
+  monkeypatch.setattr(tff.simulation.datasets.stackoverflow, "load_data", spy)
+  federated = data.load_federated_data("stackoverflow", data_dir=tiny_dir,
+                                       vocab_size=30)
+  assert calls == [os.path.abspath(tiny_dir)]
+  assert federated.name == "stackoverflow"
+  assert len(federated.train_client_ids) == 48 + 1
+  expected_vocab = [w for w, _ in fixtures.word_counts(
+      fixtures.tiny_stackoverflow_sentences(num_empty_train_clients=1)
+      ["train"])][:30]
+  assert federated.vocab == expected_vocab
+  clients = fixtures.tiny_stackoverflow_sentences(num_empty_train_clients=1)
+  first = federated.train_client_ids[0]
+  stored = [e["tokens"].numpy().decode() for e in
+            federated.train.create_tf_dataset_for_client(first)]
+  assert stored == clients["train"][first]
+  example = next(iter(federated.train.create_tf_dataset_for_client(first)))
+  assert set(example) == {"creation_date", "score", "tags", "title", "tokens",
+                          "type"}
+  # The empty client is listed and yields nothing.
+  assert not list(federated.train.create_tf_dataset_for_client(
+      "train_empty_000"))
+  # Validation: held-out sentences; test: the test split.
+  heldout = {s for v in clients["heldout"].values() for s in v}
+  validation = [e["tokens"].numpy().decode() for e in federated.validation]
+  assert len(validation) == sum(len(v) for v in clients["heldout"].values())
+  assert set(validation) <= heldout
+  assert len(list(federated.test)) == sum(
+      len(v) for v in clients["test"].values())
+
+
+def test_validation_size_and_test_cap(tiny_dir):
+  federated = data.load_federated_data(
+      "stackoverflow", data_dir=tiny_dir, num_validation_examples=5,
+      max_test_examples=7)
+  assert len(list(federated.validation)) == 5
+  assert len(list(federated.test)) == 7
+  again = data.load_federated_data(
+      "stackoverflow", data_dir=tiny_dir, num_validation_examples=5)
+  assert ([e["tokens"].numpy() for e in federated.validation]
+          == [e["tokens"].numpy() for e in again.validation])
+
+
+def test_preprocessed_tiny_client_has_hand_checkable_ids(tiny_dir):
+  federated = data.load_federated_data("stackoverflow", data_dir=tiny_dir)
+  vocab = federated.vocab
+  special = preprocessing.special_token_ids(len(vocab), 1)
+  fn = preprocessing.build_preprocess_fn(vocab)
+  client = federated.train_client_ids[0]
+  sentence = next(iter(federated.train.create_tf_dataset_for_client(client)))
+  words = sentence["tokens"].numpy().decode().split()
+  x, y = next(iter(fn(federated.train.create_tf_dataset_for_client(client))))
+  expected = [special.bos] + [
+      vocab.index(w) + 1 if w in vocab else special.oov[0]
+      for w in words][:20]
+  if len(words) < 20:
+    expected.append(special.eos)
+  np.testing.assert_array_equal(x[0, :len(expected) - 1], expected[:-1])
+  np.testing.assert_array_equal(y[0, :len(expected) - 1], expected[1:])
+
+
+def test_compressed_database_is_decompressed_locally(tiny_dir, tmp_path,
+                                                     no_network):
+  import lzma  # pylint: disable=g-import-not-at-top
+  target = tmp_path / "so"
+  (target / "datasets").mkdir(parents=True)
+  shutil.copy(os.path.join(tiny_dir, fixtures.WORD_COUNT_RELATIVE_PATH),
+              target / "datasets")
+  with open(os.path.join(tiny_dir, "stackoverflow.sqlite"), "rb") as f:
+    raw = f.read()
+  (target / "stackoverflow.sqlite.lzma").write_bytes(
+      lzma.compress(raw, format=lzma.FORMAT_ALONE))
+  federated = data.load_federated_data("stackoverflow", data_dir=str(target),
+                                       progress=False)
+  assert len(federated.train_client_ids) == 49
+  assert (target / "stackoverflow.sqlite").read_bytes() == raw
+
+
+def test_corrupt_files_are_named(tiny_dir, tmp_path, no_network):
+  target = tmp_path / "so"
+  (target / "datasets").mkdir(parents=True)
+  (target / "stackoverflow.sqlite").write_bytes(b"not a database" * 100)
+  shutil.copy(os.path.join(tiny_dir, fixtures.WORD_COUNT_RELATIVE_PATH),
+              target / "datasets")
+  with pytest.raises(data.DatasetUnavailableError,
+                     match="stackoverflow.sqlite could not be read"):
+    data.load_federated_data("stackoverflow", data_dir=str(target))
+  (target / "datasets" / "stackoverflow.word_count.tar.bz2").write_bytes(
+      b"garbage")
+  with pytest.raises(data.DatasetUnavailableError, match="sha256"):
+    data.load_federated_data("stackoverflow", data_dir=str(target))
+  (target / "datasets" / "stackoverflow.word_count.tar.bz2").unlink()
+  (target / "datasets" / "stackoverflow.word_count").write_text("a 1\nb\n")
+  with pytest.raises(data.DatasetUnavailableError,
+                     match=r"stackoverflow.word_count:2"):
+    data.load_federated_data("stackoverflow", data_dir=str(target))
+
+
+def test_database_without_tables_is_rejected(tiny_dir, tmp_path):
+  target = tmp_path / "so"
+  (target / "datasets").mkdir(parents=True)
+  shutil.copy(os.path.join(tiny_dir, fixtures.WORD_COUNT_RELATIVE_PATH),
+              target / "datasets")
+  sqlite3.connect(str(target / "stackoverflow.sqlite")).execute(
+      "CREATE TABLE other (x INTEGER);")
+  with pytest.raises(data.DatasetUnavailableError, match="examples"):
+    data.load_federated_data("stackoverflow", data_dir=str(target))
+
+
+def test_synthetic_is_deterministic():
+  assert len(data.synthetic_client_sentences()["train"]) == 400
+  first = data.load_federated_data("synthetic", num_train_clients=30)
+  second = data.load_federated_data("synthetic", num_train_clients=30)
+  assert first.vocab == second.vocab
+  assert len(first.train_client_ids) == 30
+  client = first.train_client_ids[3]
+  assert ([e["tokens"].numpy() for e in
+           first.train.create_tf_dataset_for_client(client)] ==
+          [e["tokens"].numpy() for e in
+           second.train.create_tf_dataset_for_client(client)])
+  small = data.load_federated_data("synthetic", vocab_size=10,
+                                   num_train_clients=20)
+  assert len(small.vocab) == 10 and len(small.train_client_ids) == 20
+  assert isinstance(next(iter(small.validation))["tokens"], tf.Tensor)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(dataset="mnist"), "dataset must be one of"),
+    (dict(dataset="synthetic", vocab_size=0), "vocab_size"),
+    (dict(dataset="synthetic", num_validation_examples=0),
+     "num_validation_examples"),
+    (dict(dataset="stackoverflow", unknown_option=1), "unexpected options"),
+])
+def test_bad_arguments(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    data.load_federated_data(**kwargs)

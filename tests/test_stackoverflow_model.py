@@ -1,0 +1,106 @@
+"""Model size (Denisov et al. 2022 App I) and metrics on hand-made predictions."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from stackoverflow import metrics
+from stackoverflow import model
+from stackoverflow import preprocessing
+
+# Vocabulary of 5 words, 1 OOV bucket: pad 0, words 1..5, OOV 6, BOS 7, EOS 8.
+V, PAD, OOV, BOS, EOS = 5, 0, 6, 7, 8
+
+
+def test_papers_model_has_4_050_748_parameters():
+  keras_model = model.create_keras_model()
+  # 10,004*96 + 4*(670*(96+670)+670) + (670*96+96) + (96*10,004+10,004).
+  assert keras_model.count_params() == 4_050_748
+  assert model.parameter_count() == 4_050_748 == model.PAPER_PARAMETER_COUNT
+  shapes = {w.name.split("/")[0]: w.shape for w in keras_model.weights}
+  assert shapes["embedding"] == (10004, 96)
+  assert keras_model.get_layer("lstm").units == 670
+  assert keras_model.get_layer("projection").units == 96
+  assert keras_model.output_shape == (None, None, 10004)
+
+
+def test_small_model_sizes_and_seeded_initialization():
+  kwargs = dict(vocab_size=50, embedding_size=8, lstm_size=12,
+                projection_size=6)
+  first = model.create_keras_model(seed=7, **kwargs)
+  second = model.create_keras_model(seed=7, **kwargs)
+  other = model.create_keras_model(seed=8, **kwargs)
+  assert first.count_params() == model.parameter_count(**kwargs)
+  for a, b in zip(first.get_weights(), second.get_weights()):
+    np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(first.get_weights()[0], other.get_weights()[0])
+  with pytest.raises(ValueError, match="lstm_size"):
+    model.create_keras_model(lstm_size=0)
+
+
+def _one_hot_logits(predicted):
+  return tf.one_hot(predicted, depth=V + 4) * 10.0
+
+
+def _result(metric_list, y_true, predicted):
+  values = {}
+  for metric in metric_list:
+    metric.update_state(tf.constant(y_true), _one_hot_logits(predicted))
+    values[metric.name] = float(metric.result())
+  return values
+
+
+def test_metrics_mask_pad_oov_and_eos_by_hand():
+  # Targets:     w1 w2 OOV EOS pad pad
+  # Predictions: w1 w3 OOV EOS w1  pad
+  y_true = [[1, 2, OOV, EOS, PAD, PAD]]
+  predicted = [[1, 3, OOV, EOS, 1, PAD]]
+  values = _result(metrics.build_metrics(V, 1), y_true, predicted)
+  assert values["num_tokens"] == 4           # pad never counts.
+  assert values["accuracy"] == pytest.approx(3 / 4)  # w1, OOV, EOS right.
+  assert values["accuracy_no_oov"] == pytest.approx(2 / 3)  # w1, EOS of 3.
+  assert values["accuracy_no_oov_no_eos"] == pytest.approx(1 / 2)  # w1 of 2.
+  assert metrics.ACCURACY_METRIC_NAMES == (
+      "accuracy", "accuracy_no_oov", "accuracy_no_oov_no_eos")
+
+
+def test_metrics_accumulate_over_batches_and_handle_all_masked():
+  metric = metrics.MaskedCategoricalAccuracy("accuracy_no_oov_no_eos",
+                                             masked_tokens=[PAD, EOS, OOV])
+  metric.update_state(tf.constant([[PAD, EOS]]), _one_hot_logits([[1, 1]]))
+  assert float(metric.result()) == 0.0  # Nothing counted: 0, not NaN.
+  metric.update_state(tf.constant([[1, 2]]), _one_hot_logits([[1, 1]]))
+  metric.update_state(tf.constant([[3, OOV]]), _one_hot_logits([[3, 3]]))
+  assert float(metric.result()) == pytest.approx(2 / 3)
+  metric.reset_state()
+  assert float(metric.total) == 0.0
+
+
+def test_masked_loss_is_mean_over_non_pad_targets():
+  loss_fn = metrics.MaskedSparseCategoricalCrossentropy(pad_token=PAD)
+  logits = tf.random.stateless_normal([2, 3, V + 4], seed=[1, 2])
+  y_true = tf.constant([[1, 2, PAD], [EOS, PAD, PAD]])
+  log_probs = tf.nn.log_softmax(logits).numpy()
+  expected = -np.mean([log_probs[0, 0, 1], log_probs[0, 1, 2],
+                       log_probs[1, 0, EOS]])
+  assert float(loss_fn(y_true, logits)) == pytest.approx(expected, rel=1e-5)
+  assert float(loss_fn(tf.zeros([1, 3], tf.int64), logits[:1])) == 0.0
+
+
+def test_tff_model_reports_loss_and_all_metrics():
+  model_fn = model.create_tff_model_fn(
+      vocab_size=V, embedding_size=4, lstm_size=8, projection_size=4,
+      sequence_length=6, seed=1)
+  tff_model = model_fn()
+  dataset = tf.data.Dataset.from_tensor_slices(
+      {"tokens": ["the cat sat", "on the mat mat mat mat mat"]})
+  fn = preprocessing.build_preprocess_fn(
+      ["the", "cat", "sat", "on", "mat"], sequence_length=6, batch_size=2)
+  batch = next(iter(fn(dataset)))
+  output = tff_model.forward_pass(batch, training=False)
+  assert np.isfinite(float(output.loss))
+  unfinalized = tff_model.report_local_unfinalized_metrics()
+  assert {"loss", "num_tokens", "accuracy", "accuracy_no_oov",
+          "accuracy_no_oov_no_eos"} <= set(unfinalized)
+  # Targets: 'the cat sat EOS' (4) and the 7-word sentence cut to 6 words (6).
+  assert float(unfinalized["num_tokens"][0]) == 4 + 6
