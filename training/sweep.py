@@ -1,0 +1,407 @@
+"""Runs a grid of training/grids.py with a local process pool; idempotent after a crash.
+
+Usage::
+
+  python -m training.sweep --grid table3_search --dry-run            # table with ε (RDP, PLD)
+  python -m training.sweep --grid table3_search --dry-run --json     # the same as JSON
+  python -m training.sweep --grid table4_repeats --root_output_dir D --processes 2
+  python -m training.sweep --grid table3_search --slice 0:120 --root_output_dir D \\
+      --extra_flags="--workers=w1:8000,w2:8000"
+
+Each configuration runs ``python -m training.run_stackoverflow`` with the
+grid's flags, ``--root_output_dir=D`` and ``--experiment_name=<run name>``
+(then the ``--extra_flags``, which override). A run whose
+``D/<name>/summary.json`` says ``finished: true`` is skipped, so rerunning the
+same command after a crash or a kill only runs what is missing; an unfinished
+run is started again with the same command, and the training binary resumes it
+from its last checkpoint. A finished summary whose recorded flags differ from
+the requested ones is a conflict: it is reported and not overwritten.
+Each run's outcome (status, exit code, wall time, summary path, ε, test
+accuracy) is appended to ``D/sweep_<grid>.jsonl``; the run's output goes to
+``D/<name>/sweep.log``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from training import grids
+
+SUMMARY_FILE = "summary.json"
+LOG_FILE = "sweep.log"
+DEFAULT_BINARY = f"{shlex.quote(sys.executable)} -m training.run_stackoverflow"
+# Flags that may differ between a finished run and a rerequest without making it a different run.
+FREE_FLAGS = frozenset({"root_output_dir", "experiment_name", "workers", "rounds_per_checkpoint",
+                        "matrix_cache", "data_dir", "progress", "noise_seed"})
+
+
+def parse_slice(text: Optional[str], length: int) -> Tuple[int, int]:
+  """``i:j`` (Python slice semantics, negative and empty ends allowed) -> (start, stop)."""
+  if text is None:
+    return 0, length
+  parts = text.split(":")
+  if len(parts) != 2:
+    raise ValueError(f"--slice must look like i:j, got {text!r}")
+  try:
+    start = int(parts[0]) if parts[0].strip() else None
+    stop = int(parts[1]) if parts[1].strip() else None
+  except ValueError:
+    raise ValueError(f"--slice must hold integers, got {text!r}") from None
+  start, stop, _ = slice(start, stop).indices(length)
+  return start, max(start, stop)
+
+
+def parse_extra_flags(items: Optional[Sequence[str]]) -> List[str]:
+  """Splits each ``--extra_flags`` value (shell syntax) into ``--name=value`` arguments."""
+  out: List[str] = []
+  for item in items or ():
+    for token in shlex.split(item):
+      if not token.startswith("--") or "=" not in token:
+        raise ValueError(f"--extra_flags entries must look like --name=value, got {token!r}")
+      if token.split("=", 1)[0][2:] in ("experiment_name", "root_output_dir"):
+        raise ValueError(f"{token.split('=', 1)[0]} is set by the sweep; do not pass it in --extra_flags")
+      out.append(token)
+  return out
+
+
+def requested_flag_values(run: grids.RunConfig, extra_flags: Sequence[str]) -> Dict[str, object]:
+  values = dict(run.flag_values())
+  for token in extra_flags:
+    name, value = token[2:].split("=", 1)
+    values[name] = value
+  return values
+
+
+def _same_value(recorded, requested) -> bool:
+  if recorded is None or requested is None:
+    return recorded is None and (requested is None or str(requested).lower() in ("none", ""))
+  if isinstance(recorded, bool) or str(requested).lower() in ("true", "false"):
+    return str(recorded).lower() == str(requested).lower()
+  if isinstance(recorded, (list, tuple)):
+    return ",".join(str(v) for v in recorded) == str(requested)
+  try:
+    return math.isclose(float(recorded), float(requested), rel_tol=1e-12, abs_tol=0.0)
+  except (TypeError, ValueError):
+    return str(recorded) == str(requested)
+
+
+def read_summary(path: str) -> Optional[dict]:
+  """The parsed summary.json, or None if absent; ValueError naming the file if corrupt."""
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      summary = json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise ValueError(f"corrupt run summary {path}: {e}") from None
+  if not isinstance(summary, dict):
+    raise ValueError(f"corrupt run summary {path}: expected a JSON object")
+  return summary
+
+
+def run_status(run: grids.RunConfig, root_output_dir: Optional[str],
+               extra_flags: Sequence[str] = ()) -> Tuple[str, str]:
+  """(status, detail): finished | diverged | partial | pending | conflict | corrupt.
+
+  ``finished`` and ``diverged`` are complete runs (summary.json with
+  finished=true, or the binary's verdict that the model diverged) and are
+  skipped. ``conflict``: a finished summary recorded different flags.
+  """
+  if not root_output_dir:
+    return "pending", ""
+  run_dir = os.path.join(root_output_dir, run.name)
+  try:
+    summary = read_summary(os.path.join(run_dir, SUMMARY_FILE))
+  except ValueError as e:
+    return "corrupt", str(e)
+  if summary is None:
+    return ("partial", "output directory exists, no summary yet") if os.path.isdir(run_dir) else (
+        "pending", "")
+  config = summary.get("config") or {}
+  mismatches = []
+  for name, value in requested_flag_values(run, extra_flags).items():
+    if name in FREE_FLAGS or name not in config:
+      continue
+    if not _same_value(config[name], value):
+      mismatches.append(f"{name}: recorded {config[name]!r}, requested {value!r}")
+  if summary.get("finished") or summary.get("diverged"):
+    if mismatches:
+      return "conflict", "; ".join(mismatches)
+    return ("diverged" if summary.get("diverged") else "finished"), ""
+  return "partial", f"rounds_completed={summary.get('rounds_completed')}"
+
+
+def dry_run_rows(grid: grids.Grid, start: int, stop: int, root_output_dir: Optional[str],
+                 extra_flags: Sequence[str] = ()) -> List[dict]:
+  """One dict per configuration of the slice, with ε from tff_mf.accounting (RDP and PLD)."""
+  eps_cache: Dict[Tuple[Optional[float], float, str], Optional[float]] = {}
+
+  def eps(z, delta, accountant):
+    key = (z, delta, accountant)
+    if key not in eps_cache:
+      eps_cache[key] = grids.epsilon_for(z, delta, accountant)
+    return eps_cache[key]
+
+  rows = []
+  for index in range(start, stop):
+    run = grid.runs[index]
+    status, detail = run_status(run, root_output_dir, extra_flags)
+    rows.append({
+        "index": index, "name": run.name, "mechanism": run.mechanism,
+        "noise_multiplier": run.noise_multiplier, "delta": run.delta,
+        "epsilon_rdp": eps(run.noise_multiplier, run.delta, "rdp"),
+        "epsilon_pld": eps(run.noise_multiplier, run.delta, "pld"),
+        "paper_epsilon": run.paper_epsilon,
+        "client_lr": run.client_lr, "server_lr": run.server_lr,
+        "server_momentum": run.server_momentum, "lr_schedule": run.lr_schedule,
+        "schedule_rounds": run.schedule_rounds, "clients_per_round": run.clients_per_round,
+        "total_rounds": run.total_rounds, "seed": run.seed, "status": status,
+        "status_detail": detail, "flags": run.flags() + list(extra_flags),
+    })
+  return rows
+
+
+def _fmt(value, spec=".2f") -> str:
+  if value is None:
+    return "-"
+  return format(value, spec) if isinstance(value, float) else str(value)
+
+
+def format_table(rows: Sequence[dict]) -> str:
+  """A plain-text table of dry-run rows."""
+  header = ("#", "mechanism", "z", "eps_rdp", "eps_pld", "paper_eps", "server_lr", "client_lr",
+            "momentum", "schedule", "clients", "seed", "status")
+  body = [(str(r["index"]), r["mechanism"], _fmt(r["noise_multiplier"], "g"),
+           _fmt(r["epsilon_rdp"]), _fmt(r["epsilon_pld"]), _fmt(r["paper_epsilon"], "g"),
+           _fmt(r["server_lr"], "g"), _fmt(r["client_lr"], "g"), _fmt(r["server_momentum"], "g"),
+           r["lr_schedule"] + (f"/{r['schedule_rounds']}" if r["schedule_rounds"] else ""),
+           str(r["clients_per_round"]), str(r["seed"]), r["status"]) for r in rows]
+  widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h)
+            for i, h in enumerate(header)]
+  lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
+  lines += ["  ".join(c.rjust(w) for c, w in zip(b, widths)) for b in body]
+  return "\n".join(lines)
+
+
+def epsilon_table(grid: grids.Grid) -> List[dict]:
+  """ε per distinct noise multiplier of the grid (RDP and PLD), with the paper's label."""
+  out = []
+  for z in sorted({r.noise_multiplier for r in grid.runs if r.noise_multiplier is not None}):
+    delta = grid.runs[0].delta
+    out.append({"noise_multiplier": z, "delta": delta,
+                "epsilon_rdp": grids.epsilon_for(z, delta, "rdp"),
+                "epsilon_pld": grids.epsilon_for(z, delta, "pld"),
+                "paper_epsilon": grids.PAPER_EPSILON.get(z)})
+  return out
+
+
+class _Children:
+  """The training processes in flight, so that a signal stops them all."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._procs: Dict[int, subprocess.Popen] = {}
+    self.stopping = False
+
+  def add(self, proc):
+    with self._lock:
+      self._procs[proc.pid] = proc
+
+  def remove(self, proc):
+    with self._lock:
+      self._procs.pop(proc.pid, None)
+
+  def terminate_all(self):
+    self.stopping = True
+    with self._lock:
+      procs = list(self._procs.values())
+    for proc in procs:
+      if proc.poll() is None:
+        try:
+          os.killpg(proc.pid, signal.SIGTERM)
+        except OSError:
+          pass
+    for proc in procs:
+      try:
+        proc.wait(timeout=20)
+      except subprocess.TimeoutExpired:
+        try:
+          os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+          pass
+
+
+def _run_one(run: grids.RunConfig, binary: List[str], root_output_dir: str,
+             extra_flags: Sequence[str], children: _Children) -> dict:
+  run_dir = os.path.join(root_output_dir, run.name)
+  os.makedirs(run_dir, exist_ok=True)
+  command = binary + run.flags() + [f"--root_output_dir={root_output_dir}"] + list(extra_flags)
+  started = time.time()
+  with open(os.path.join(run_dir, LOG_FILE), "ab") as log:
+    log.write(f"\n# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} "
+              f"{' '.join(shlex.quote(c) for c in command)}\n".encode())
+    log.flush()
+    if children.stopping:
+      return {"name": run.name, "status": "not_started", "returncode": None}
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    children.add(proc)
+    try:
+      returncode = proc.wait()
+    finally:
+      children.remove(proc)
+  record = {"name": run.name, "returncode": returncode,
+            "wall_seconds": round(time.time() - started, 3),
+            "summary": os.path.join(run_dir, SUMMARY_FILE),
+            "log": os.path.join(run_dir, LOG_FILE)}
+  try:
+    summary = read_summary(record["summary"])
+  except ValueError as e:
+    summary = None
+    record["error"] = str(e)
+  if summary is not None and (summary.get("finished") or summary.get("diverged")):
+    record["status"] = "diverged" if summary.get("diverged") else "finished"
+    record["epsilon"] = summary.get("epsilon")
+    record["test_accuracy_no_oov_no_eos"] = (summary.get("test_metrics") or {}).get(
+        "accuracy_no_oov_no_eos")
+  else:
+    record["status"] = "failed"
+    record.setdefault("error", f"exit code {returncode}; see {record['log']}")
+  return record
+
+
+def run_grid(grid: grids.Grid, start: int, stop: int, root_output_dir: str, processes: int = 1,
+             extra_flags: Sequence[str] = (), binary: Optional[Sequence[str]] = None,
+             progress: bool = True) -> List[dict]:
+  """Runs the slice [start, stop) of ``grid``, skipping complete runs; returns one record per run."""
+  import tqdm  # pylint: disable=g-import-not-at-top
+  if processes < 1:
+    raise ValueError(f"--processes must be >= 1, got {processes}")
+  binary = list(binary) if binary else shlex.split(DEFAULT_BINARY)
+  os.makedirs(root_output_dir, exist_ok=True)
+  records_path = os.path.join(root_output_dir, f"sweep_{grid.name}.jsonl")
+  records: List[dict] = []
+  todo: List[grids.RunConfig] = []
+  for index in range(start, stop):
+    run = grid.runs[index]
+    status, detail = run_status(run, root_output_dir, extra_flags)
+    if status in ("finished", "diverged"):
+      records.append({"name": run.name, "status": "skipped_" + status})
+    elif status in ("conflict", "corrupt"):
+      records.append({"name": run.name, "status": status, "error": detail})
+    else:
+      todo.append(run)
+  children = _Children()
+  previous_handlers = {}
+
+  def _on_signal(signum, frame):
+    del frame
+    children.terminate_all()
+    raise SystemExit(128 + signum)
+
+  if threading.current_thread() is threading.main_thread():
+    for signum in (signal.SIGTERM, signal.SIGINT):
+      previous_handlers[signum] = signal.signal(signum, _on_signal)
+  lock = threading.Lock()
+  try:
+    with tqdm.tqdm(total=len(todo), desc=f"sweep {grid.name}", unit="run", file=sys.stderr,
+                   disable=not progress) as bar, \
+        concurrent.futures.ThreadPoolExecutor(max_workers=processes) as pool:
+      futures = [pool.submit(_run_one, run, binary, root_output_dir, extra_flags, children)
+                 for run in todo]
+      for future in concurrent.futures.as_completed(futures):
+        record = future.result()
+        record["grid"] = grid.name
+        record["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        with lock, open(records_path, "a") as f:
+          f.write(json.dumps(record, sort_keys=True) + "\n")
+        records.append(record)
+        bar.update(1)
+        if record["status"] == "failed":
+          tqdm.tqdm.write(f"sweep: {record['name']} failed ({record.get('error')})", file=sys.stderr)
+  except BaseException:
+    children.terminate_all()
+    raise
+  finally:
+    for signum, handler in previous_handlers.items():
+      signal.signal(signum, handler)
+  return records
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="python -m training.sweep",
+      description="List (--dry-run) or run a named grid of training/grids.py.")
+  parser.add_argument("--grid", required=True, help=f"one of: {', '.join(grids.GRIDS)}")
+  parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
+                      help="list the configurations with their epsilon; run nothing")
+  parser.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
+  parser.add_argument("--slice", default=None, help="i:j, the configurations to list or run")
+  parser.add_argument("--processes", type=int, default=1,
+                      help="training processes at a time on this machine")
+  parser.add_argument("--root_output_dir", "--root-output-dir", dest="root_output_dir",
+                      default=None, help="where each run writes <name>/summary.json")
+  parser.add_argument("--extra_flags", "--extra-flags", dest="extra_flags", action="append",
+                      default=[], help='more run_stackoverflow.py flags, e.g. "--workers=h:8000"')
+  parser.add_argument("--binary", default=DEFAULT_BINARY,
+                      help="training command the flags are appended to (default: %(default)s)")
+  parser.add_argument("--no_progress", action="store_true", help="no tqdm bar")
+  return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+  args = build_parser().parse_args(argv)
+  try:
+    grid = grids.get_grid(args.grid)
+    start, stop = parse_slice(args.slice, len(grid.runs))
+    extra_flags = parse_extra_flags(args.extra_flags)
+    if args.dry_run:
+      rows = dry_run_rows(grid, start, stop, args.root_output_dir, extra_flags)
+      if args.json:
+        json.dump({"grid": grid.name, "description": grid.description, "source": grid.source,
+                   "slice": [start, stop], "size": len(grid.runs),
+                   "epsilons": epsilon_table(grid), "runs": rows}, sys.stdout, indent=1)
+        print()
+      else:
+        print(f"grid {grid.name}: {grid.description}\nsource: {grid.source}\n"
+              f"configurations {start}:{stop} of {len(grid.runs)}\n")
+        print("epsilon per noise multiplier (delta = "
+              f"{grid.runs[0].delta:g}; one Gaussian mechanism, sensitivity 1, Denisov Thm 4.1):")
+        for e in epsilon_table(grid):
+          print(f"  z = {e['noise_multiplier']:<6g} RDP eps = {e['epsilon_rdp']:6.2f}   "
+                f"PLD eps = {e['epsilon_pld']:6.2f}   paper: {_fmt(e['paper_epsilon'], 'g')}")
+        print()
+        print(format_table(rows))
+      return 0
+    if not args.root_output_dir:
+      raise ValueError("running a grid needs --root_output_dir")
+    records = run_grid(grid, start, stop, args.root_output_dir, args.processes, extra_flags,
+                       shlex.split(args.binary), progress=not args.no_progress)
+  except ValueError as e:
+    print(f"sweep: error: {e}", file=sys.stderr)
+    return 2
+  counts: Dict[str, int] = {}
+  for record in records:
+    counts[record["status"]] = counts.get(record["status"], 0) + 1
+  print(f"sweep {grid.name} [{start}:{stop}] in {args.root_output_dir}: " +
+        ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+  for record in records:
+    if record["status"] in ("failed", "conflict", "corrupt"):
+      print(f"  {record['status']}: {record['name']}: {record.get('error')}", file=sys.stderr)
+  bad = sum(counts.get(k, 0) for k in ("failed", "conflict", "corrupt", "not_started"))
+  return 1 if bad else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
