@@ -1,0 +1,222 @@
+"""Grids against Denisov et al. App I Tables 3 and 4 and Fig 3; sweep dry-run ε; sweep idempotence."""
+
+import io
+import itertools
+import json
+import os
+import sys
+import textwrap
+from contextlib import redirect_stdout
+
+import pytest
+
+from training import grids
+from training import sweep
+
+# Transcribed independently from 000_0891b0dceb3bb536.txt, Table 4:
+# mechanism -> [(paper ε, server LR, client LR, momentum)].
+PAPER_TABLE4 = {
+    "honaker_full": [(18.9, .5, 1., .95), (8.2, .25, 1., .95), (3.7, .25, 1., .9),
+                     (1.7, .25, .5, .9), (0.8, .25, .5, 0.)],
+    "tree": [(18.9, .25, 1., .95), (8.2, .25, 1., .9), (3.7, .25, .5, .9),
+             (1.7, .25, 1., 0.), (0.8, .25, .5, 0.)],
+    "opt_prefix_sum": [(18.9, .5, 1., .95), (8.2, .25, .5, .95), (3.7, .25, 1., .9),
+                       (1.7, .25, .5, .9), (0.8, .5, .5, 0.)],
+    "opt_momentum": [(18.9, 1., 1., .9), (8.2, .25, 1., .95), (3.7, .25, .5, .9),
+                     (1.7, .25, .5, .9), (0.8, .5, .5, 0.)],
+}
+PAPER_Z_TO_EPS = [(0.341, 18.9), (0.682, 8.2), (1.364, 3.7), (2.728, 1.7), (5.456, 0.8)]
+
+
+def test_every_grid_is_2048_rounds_delta_1e6_with_unique_names():
+  for grid in grids.GRIDS.values():
+    assert grid.description and grid.source
+    assert len({r.name for r in grid.runs}) == len(grid.runs)
+    for run in grid.runs:
+      assert run.total_rounds == 2048 and run.delta == 1e-6
+      flags = run.flags()
+      assert "--total_rounds=2048" in flags and "--delta=1e-06" in flags
+      assert "--dataset=stackoverflow" in flags
+      assert f"--experiment_name={run.name}" in flags
+
+
+def test_table3_search_grid_is_the_full_product():
+  runs = grids.get_grid("table3_search").runs
+  assert len(runs) == 4 * 2 * 4 * 3 * 5
+  expected = set(itertools.product(
+      ("honaker_full", "tree", "opt_prefix_sum", "opt_momentum"),
+      (0.5, 1.0), (0.25, 0.5, 1.0, 2.0), (0.0, 0.9, 0.95),
+      (0.341, 0.682, 1.364, 2.728, 5.456)))
+  got = {(r.mechanism, r.client_lr, r.server_lr, r.server_momentum, r.noise_multiplier)
+         for r in runs}
+  assert got == expected
+  assert {r.seed for r in runs} == {0}
+  assert {r.clients_per_round for r in runs} == {100}
+  assert {r.lr_schedule for r in runs} == {"constant"}
+
+
+def test_table4_repeats_match_the_paper_with_ten_seeds():
+  runs = grids.get_grid("table4_repeats").runs
+  assert len(runs) == 4 * 5 * 10
+  z_of = {eps: z for z, eps in PAPER_Z_TO_EPS}
+  for mechanism, rows in PAPER_TABLE4.items():
+    for eps, server_lr, client_lr, momentum in rows:
+      cell = [r for r in runs if r.mechanism == mechanism and r.noise_multiplier == z_of[eps]]
+      assert sorted(r.seed for r in cell) == list(range(10))
+      assert {(r.server_lr, r.client_lr, r.server_momentum) for r in cell} == {
+          (server_lr, client_lr, momentum)}
+      assert cell[0].paper_epsilon == eps
+
+
+def test_fig3_schedules():
+  runs = grids.get_grid("fig3_schedules").runs
+  assert {r.noise_multiplier for r in runs} == {0.341}
+  groups = {}
+  for r in runs:
+    groups.setdefault((r.mechanism, r.lr_schedule, r.schedule_rounds, r.clients_per_round),
+                      []).append(r)
+  for mechanism in ("opt_prefix_sum", "opt_momentum"):
+    eps189 = [row for row in PAPER_TABLE4[mechanism] if row[0] == 18.9][0]
+    constant = groups[(mechanism, "constant", None, 100)]
+    assert {(r.server_lr, r.client_lr, r.server_momentum) for r in constant} == {eps189[1:]}
+    for key in ((mechanism, "decay", 512, 100), (mechanism, "cooldown", 512, 100),
+                (mechanism, "cooldown", 512, 167)):
+      assert {(r.server_lr, r.client_lr, r.server_momentum) for r in groups[key]} == {
+          (0.5, 1.0, 0.95)}
+      assert sorted(r.seed for r in groups[key]) == list(range(10))
+  assert len(groups) == 8 and len(runs) == 80
+  # 167 clients x 2048 rounds fits in StackOverflow's 342,477 training clients (single pass).
+  assert 167 * 2048 <= 342477 < 168 * 2048
+
+
+def test_grid_flags_are_flags_of_the_training_binary():
+  train_lib = pytest.importorskip("training.train_lib")
+  fields = set(train_lib.TrainingConfig.__dataclass_fields__)
+  for grid in grids.GRIDS.values():
+    for run in grid.runs:
+      assert set(run.flag_values()) <= fields, set(run.flag_values()) - fields
+
+
+def test_unknown_grid_is_a_clear_error():
+  with pytest.raises(ValueError, match="known grids: table3_search"):
+    grids.get_grid("table9")
+  assert sweep.main(["--grid", "nope", "--dry-run"]) == 2
+
+
+def test_dry_run_epsilons_rdp_close_to_paper_and_pld_tighter():
+  out = io.StringIO()
+  with redirect_stdout(out):
+    assert sweep.main(["--grid", "table3_search", "--dry-run", "--json"]) == 0
+  data = json.loads(out.getvalue())
+  assert data["size"] == 480 and len(data["runs"]) == 480
+  by_z = {e["noise_multiplier"]: e for e in data["epsilons"]}
+  for z, paper_eps in PAPER_Z_TO_EPS:
+    e = by_z[z]
+    # The paper rounds to one decimal; its RDP accountant used a coarser order grid.
+    assert abs(e["epsilon_rdp"] - paper_eps) <= 0.03 * paper_eps, (z, e)
+    assert e["epsilon_pld"] < e["epsilon_rdp"], (z, e)
+    assert e["paper_epsilon"] == paper_eps
+  for row in data["runs"]:
+    assert row["epsilon_rdp"] == by_z[row["noise_multiplier"]]["epsilon_rdp"]
+    assert row["status"] == "pending"
+  text = io.StringIO()
+  with redirect_stdout(text):
+    assert sweep.main(["--grid", "table3_search", "--dry-run", "--slice", "0:3"]) == 0
+  lines = text.getvalue().splitlines()
+  assert any("z = 0.341" in line and "RDP eps =  18.69" in line for line in lines)
+  assert sum(1 for line in lines if "honaker_full" in line) == 3
+
+
+def test_parse_slice_and_extra_flags():
+  assert sweep.parse_slice("2:5", 10) == (2, 5)
+  assert sweep.parse_slice(":3", 10) == (0, 3)
+  assert sweep.parse_slice("-2:", 10) == (8, 10)
+  assert sweep.parse_slice(None, 4) == (0, 4)
+  with pytest.raises(ValueError):
+    sweep.parse_slice("3", 10)
+  assert sweep.parse_extra_flags(["--a=1 --b=x", "--c=2"]) == ["--a=1", "--b=x", "--c=2"]
+  with pytest.raises(ValueError, match="--name=value"):
+    sweep.parse_extra_flags(["--flag"])
+  with pytest.raises(ValueError, match="set by the sweep"):
+    sweep.parse_extra_flags(["--root_output_dir=/x"])
+
+
+FAKE_BINARY = textwrap.dedent("""
+    # A fast stand-in for run_stackoverflow.py: writes the summary.json schema.
+    import json, os, sys
+    flags = dict(a[2:].split("=", 1) for a in sys.argv[1:])
+    name = flags["experiment_name"]
+    run_dir = os.path.join(flags["root_output_dir"], name)
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.environ["FAKE_CALLS"], "a") as f:
+      f.write(name + "\\n")
+    config = {k: (float(v) if k in ("client_lr", "server_lr", "server_momentum",
+                                     "noise_multiplier", "delta") else v)
+              for k, v in flags.items()}
+    crash = os.environ.get("FAKE_CRASH") == name
+    summary = {"config": config, "mechanism": flags["mechanism"],
+               "noise_multiplier": float(flags["noise_multiplier"]), "epsilon": 1.0,
+               "delta": 1e-6, "accountant": "pld", "total_rounds": 2048,
+               "rounds_completed": 7 if crash else 2048, "finished": not crash,
+               "diverged": False, "wall_seconds": 0.01, "sqrt_loss": 1.0,
+               "validation_metrics": {"loss": 1.0, "accuracy": 0.2, "accuracy_no_oov": 0.2,
+                                      "accuracy_no_oov_no_eos": 0.2},
+               "test_metrics": {"loss": 1.0, "accuracy": 0.2, "accuracy_no_oov": 0.2,
+                                "accuracy_no_oov_no_eos": 0.2}}
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+      json.dump(summary, f)
+    sys.exit(3 if crash else 0)
+    """)
+
+
+def _calls(path):
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return f.read().split()
+
+
+def test_sweep_runs_slice_skips_finished_and_resumes_after_a_crash(tmp_path, monkeypatch):
+  binary = tmp_path / "fake_binary.py"
+  binary.write_text(FAKE_BINARY)
+  calls = str(tmp_path / "calls.txt")
+  root = str(tmp_path / "runs")
+  monkeypatch.setenv("FAKE_CALLS", calls)
+  grid = grids.get_grid("table4_repeats")
+  names = [r.name for r in grid.runs[2:6]]
+  monkeypatch.setenv("FAKE_CRASH", names[1])
+  args = ["--grid", "table4_repeats", "--slice", "2:6", "--processes", "2",
+          "--root_output_dir", root, "--binary", f"{sys.executable} {binary}", "--no_progress"]
+  assert sweep.main(args) == 1  # one run crashed
+  assert sorted(_calls(calls)) == sorted(names)
+  records = [json.loads(line) for line in open(os.path.join(root, "sweep_table4_repeats.jsonl"))]
+  assert {r["name"]: r["status"] for r in records} == {
+      n: ("failed" if n == names[1] else "finished") for n in names}
+  assert sweep.run_status(grid.runs[3], root) == ("partial", "rounds_completed=7")
+  assert os.path.exists(os.path.join(root, names[1], "sweep.log"))
+
+  monkeypatch.delenv("FAKE_CRASH")
+  assert sweep.main(args) == 0  # only the crashed run is run again
+  assert _calls(calls)[4:] == [names[1]]
+  assert sweep.main(args) == 0  # nothing left to run
+  assert len(_calls(calls)) == 5
+
+  # A finished summary with other flags is reported, never overwritten.
+  path = os.path.join(root, names[0], "summary.json")
+  summary = json.load(open(path))
+  summary["config"]["server_lr"] = 99.0
+  json.dump(summary, open(path, "w"))
+  status, detail = sweep.run_status(grid.runs[2], root)
+  assert status == "conflict" and "server_lr" in detail
+  assert sweep.main(args) == 1
+  assert len(_calls(calls)) == 5
+  out = io.StringIO()
+  with redirect_stdout(out):
+    sweep.main(["--grid", "table4_repeats", "--slice", "2:6", "--dry-run", "--json",
+                "--root_output_dir", root])
+  statuses = [r["status"] for r in json.loads(out.getvalue())["runs"]]
+  assert statuses == ["conflict", "finished", "finished", "finished"]
+
+
+def test_running_needs_root_output_dir():
+  assert sweep.main(["--grid", "table4_repeats", "--slice", "0:1", "--no_progress"]) == 2

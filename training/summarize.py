@@ -1,0 +1,336 @@
+"""Summaries of a sweep: hyperparameter selection, mean ± std over seeds, Fig 2/3 style plots.
+
+Usage::
+
+  python -m training.summarize --root_output_dir D [--output_dir O] [--accountant pld]
+
+Reads every ``D/*/summary.json`` (the training binary's schema) and follows
+Denisov et al. App I (`000_…`, "Test accuracy details"):
+
+1. Incomplete runs (``finished`` false and not diverged) are left out and counted.
+2. **Divergence rule.** A complete run *diverged* when the training binary
+   flagged it (``diverged: true``: the model weights became non-finite), or
+   when its final validation or test loss/accuracy is not a finite number, or,
+   with ``--min_val_accuracy A`` (off by default), when its validation
+   accuracy (no OOV/EOS) is below A (a collapsed model). Diverged runs are
+   dropped; App I filters them out before computing error bars and requires
+   at least 7 of 10 converged seeds per Fig 2 setting (at least 8 for Fig 3);
+   cells with fewer than ``--min_converged`` converged seeds are marked.
+3. Runs are grouped into *cells*: mechanism, noise multiplier, LR schedule,
+   clients per round, and every other flag that changes the experiment
+   (dataset, rounds, model size, ...). Within a cell the *setting*
+   (server LR, client LR, server momentum) with the highest mean validation
+   accuracy without OOV and EOS over its converged seeds is selected (ties:
+   more converged seeds, then the smaller setting tuple).
+4. For the selected setting the table reports the mean and the sample
+   standard deviation (ddof = 1, App I "empirical standard deviation") over
+   seeds of the test accuracy without OOV and EOS.
+
+Outputs in ``--output_dir`` (default ``D/summary``): ``summary.md`` (markdown
+table), ``summary.json``, ``fig2_accuracy_vs_epsilon.png`` (constant-LR cells,
+accuracy against ε, one line per mechanism) and, when the runs hold LR
+schedules or several client counts, ``fig3_schedules.png`` (bars per schedule
+and mechanism at one noise multiplier, with the non-private and the DP-FTRL
+tree results as horizontal lines when present).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+METRIC = "accuracy_no_oov_no_eos"
+SETTING_FIELDS = ("server_lr", "client_lr", "server_momentum")
+# Config fields that do not change what is measured (or that are the seed / the setting).
+NON_CELL_FIELDS = frozenset(SETTING_FIELDS) | {
+    "seed", "noise_seed", "experiment_name", "root_output_dir", "workers", "rounds_per_eval",
+    "rounds_per_checkpoint", "progress", "matrix_cache", "data_dir", "noise_multiplier",
+    "target_epsilon", "accountant", "mechanism"}
+MIN_CONVERGED_FIG2 = 7  # App I: at least 7 of 10 seeds converged for each Fig 2 setting
+
+
+def _finite(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def load_summaries(root_output_dir: str) -> List[dict]:
+  """Every ``<root>/*/summary.json`` (and one level deeper), each with ``_path`` added."""
+  paths = sorted(set(glob.glob(os.path.join(root_output_dir, "*", "summary.json")) +
+                     glob.glob(os.path.join(root_output_dir, "*", "*", "summary.json"))))
+  out = []
+  for path in paths:
+    try:
+      with open(path) as f:
+        summary = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+      raise ValueError(f"corrupt run summary {path}: {e}") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("config"), dict):
+      raise ValueError(f"run summary {path} has no 'config' object; not a training summary")
+    summary["_path"] = path
+    out.append(summary)
+  return out
+
+
+def classify(summary: dict, min_val_accuracy: Optional[float] = None) -> str:
+  """'incomplete', 'diverged' or 'converged' by the documented rule (module docstring)."""
+  if summary.get("diverged"):
+    return "diverged"
+  if not summary.get("finished"):
+    return "incomplete"
+  for metrics in (summary.get("validation_metrics"), summary.get("test_metrics")):
+    if not isinstance(metrics, dict):
+      return "diverged"
+    for key in ("loss", METRIC):
+      if not _finite(metrics.get(key)):
+        return "diverged"
+  if min_val_accuracy is not None and summary["validation_metrics"][METRIC] < min_val_accuracy:
+    return "diverged"
+  return "converged"
+
+
+def _freeze(value):
+  if isinstance(value, list):
+    return tuple(_freeze(v) for v in value)
+  if isinstance(value, dict):
+    return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+  return value
+
+
+def cell_key(summary: dict) -> tuple:
+  config = summary["config"]
+  z = summary.get("noise_multiplier")
+  rest = tuple(sorted((k, _freeze(v)) for k, v in config.items() if k not in NON_CELL_FIELDS))
+  return (summary.get("mechanism", config.get("mechanism")), z if _finite(z) and z > 0 else None,
+          rest)
+
+
+def setting_of(summary: dict) -> Tuple[float, float, float]:
+  return tuple(float(summary["config"][k]) for k in SETTING_FIELDS)
+
+
+def _mean(values: Sequence[float]) -> float:
+  return sum(values) / len(values)
+
+
+def _sample_std(values: Sequence[float]) -> Optional[float]:
+  if len(values) < 2:
+    return None
+  m = _mean(values)
+  return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+
+
+def summarize(summaries: Sequence[dict], accountant: str = "pld",
+              min_val_accuracy: Optional[float] = None,
+              min_converged: int = MIN_CONVERGED_FIG2) -> List[dict]:
+  """One row per cell: selected setting, counts, mean ± std of test accuracy (no OOV/EOS)."""
+  from training import grids  # pylint: disable=g-import-not-at-top
+  cells: Dict[tuple, List[Tuple[dict, str]]] = {}
+  for s in summaries:
+    cells.setdefault(cell_key(s), []).append((s, classify(s, min_val_accuracy)))
+  rows = []
+  for key, members in cells.items():
+    mechanism, z, _ = key
+    config = members[0][0]["config"]
+    by_setting: Dict[tuple, List[dict]] = {}
+    counts = {"converged": 0, "diverged": 0, "incomplete": 0}
+    for s, verdict in members:
+      counts[verdict] += 1
+      if verdict == "converged":
+        by_setting.setdefault(setting_of(s), []).append(s)
+    delta = float(members[0][0].get("delta", config.get("delta", 1e-6)))
+    row = {
+        "mechanism": mechanism,
+        "label": grids.MECHANISM_LABELS.get(mechanism, mechanism),
+        "noise_multiplier": z, "delta": delta, "accountant": accountant,
+        "epsilon": grids.epsilon_for(z, delta, accountant) if z is not None else None,
+        "paper_epsilon": grids.PAPER_EPSILON.get(z) if z is not None else None,
+        "lr_schedule": config.get("lr_schedule", "constant"),
+        "schedule_rounds": config.get("schedule_rounds"),
+        "clients_per_round": config.get("clients_per_round"),
+        "total_rounds": config.get("total_rounds"), "dataset": config.get("dataset"),
+        "runs": len(members), **{f"runs_{k}": v for k, v in counts.items()},
+        "settings_tried": len({setting_of(s) for s, _ in members}),
+        "selected": None, "seeds": 0, "validation_mean": None, "test_mean": None,
+        "test_std": None, "test_values": [], "below_min_converged": True,
+    }
+    if by_setting:
+      def rank(item):
+        setting, runs = item
+        val = _mean([r["validation_metrics"][METRIC] for r in runs])
+        return (-val, -len(runs), setting)
+      setting, runs = sorted(by_setting.items(), key=rank)[0]
+      runs = sorted(runs, key=lambda r: r["config"].get("seed", 0))
+      tests = [float(r["test_metrics"][METRIC]) for r in runs]
+      row.update(
+          selected=dict(zip(SETTING_FIELDS, setting)), seeds=len(runs),
+          seed_list=[r["config"].get("seed") for r in runs],
+          validation_mean=_mean([float(r["validation_metrics"][METRIC]) for r in runs]),
+          test_mean=_mean(tests), test_std=_sample_std(tests), test_values=tests,
+          below_min_converged=len(runs) < min_converged)
+    rows.append(row)
+  rows.sort(key=lambda r: (r["lr_schedule"], r["clients_per_round"] or 0, r["mechanism"],
+                           -(r["noise_multiplier"] or 0.0)))
+  return rows
+
+
+def _pct(value) -> str:
+  return "-" if value is None else f"{100 * value:.2f}"
+
+
+def markdown_table(rows: Sequence[dict], min_converged: int = MIN_CONVERGED_FIG2) -> str:
+  lines = [
+      "| mechanism | z | ε | paper ε | schedule | clients/round | selected (server LR, client LR, "
+      "momentum) | converged / runs | val acc % | test acc % (no OOV/EOS), mean ± std |",
+      "|---|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    sel = r["selected"]
+    selected = "-" if sel is None else (
+        f"({sel['server_lr']:g}, {sel['client_lr']:g}, {sel['server_momentum']:g})")
+    schedule = r["lr_schedule"] + (f" (last {r['schedule_rounds']})" if r["schedule_rounds"] else "")
+    test = "-" if r["test_mean"] is None else (
+        _pct(r["test_mean"]) + (f" ± {_pct(r['test_std'])}" if r["test_std"] is not None else " (1 seed)"))
+    if r["selected"] is not None and r["below_min_converged"]:
+      test += " †"
+    eps = "∞ (non-private)" if r["noise_multiplier"] is None else f"{r['epsilon']:.2f}"
+    lines.append(
+        f"| {r['label']} | {'-' if r['noise_multiplier'] is None else format(r['noise_multiplier'], 'g')} "
+        f"| {eps} | {'-' if r['paper_epsilon'] is None else format(r['paper_epsilon'], 'g')} "
+        f"| {schedule} | {r['clients_per_round']} | {selected} "
+        f"| {r['seeds']} of {r['runs']} ({r['runs_diverged']} diverged, {r['runs_incomplete']} "
+        f"incomplete) | {_pct(r['validation_mean'])} | {test} |")
+  lines.append("")
+  lines.append(f"ε: {rows[0]['accountant'] if rows else 'pld'} accountant, one Gaussian mechanism "
+               "with sensitivity 1 (Denisov Thm 4.1). Std: sample standard deviation over the "
+               "converged seeds of the selected setting. † fewer than "
+               f"{min_converged} converged seeds (App I asks for at least 7 of 10 in Fig 2).")
+  return "\n".join(lines)
+
+
+def plot_fig2(rows: Sequence[dict], path: str) -> bool:
+  """Accuracy (no OOV/EOS) against ε, one line per mechanism, constant LR cells. False if none."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  series: Dict[Tuple[str, object], List[dict]] = {}
+  for r in rows:
+    if r["lr_schedule"] == "constant" and r["noise_multiplier"] is not None and r["test_mean"] is not None:
+      series.setdefault((r["label"], r["clients_per_round"]), []).append(r)
+  if not series:
+    return False
+  several_counts = len({k[1] for k in series}) > 1
+  fig, ax = plt.subplots(figsize=(6.4, 4.2))
+  for (label, clients), points in sorted(series.items(), key=lambda kv: str(kv[0])):
+    points = sorted(points, key=lambda r: r["epsilon"])
+    ax.errorbar([p["epsilon"] for p in points], [100 * p["test_mean"] for p in points],
+                yerr=[100 * (p["test_std"] or 0.0) for p in points], marker="o", capsize=3,
+                label=label + (f", {clients} clients/round" if several_counts else ""))
+  ax.set_xscale("log")
+  ax.set_xlabel(f"ε (δ = {rows[0]['delta']:g}, {rows[0]['accountant']})")
+  ax.set_ylabel("test accuracy without OOV/EOS (%)")
+  ax.set_title("Accuracy vs ε (Denisov et al. Fig 2 style)")
+  ax.grid(True, which="both", alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return True
+
+
+def plot_fig3(rows: Sequence[dict], path: str, noise_multiplier: Optional[float] = None) -> bool:
+  """Bars per (schedule, clients per round) and mechanism at one noise multiplier. False if nothing to plot."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  private = [r for r in rows if r["noise_multiplier"] is not None and r["test_mean"] is not None]
+  if not private:
+    return False
+  if noise_multiplier is None:
+    scheduled = [r for r in private if r["lr_schedule"] != "constant"] or private
+    noise_multiplier = min(r["noise_multiplier"] for r in scheduled)
+  at_z = [r for r in private if math.isclose(r["noise_multiplier"], noise_multiplier)]
+  groups = sorted({(r["lr_schedule"], r["clients_per_round"]) for r in at_z},
+                  key=lambda g: (["constant", "decay", "cooldown"].index(g[0])
+                                 if g[0] in ("constant", "decay", "cooldown") else 9, g[1] or 0))
+  if len(groups) < 2:
+    return False
+  mechanisms = sorted({r["label"] for r in at_z})
+  fig, ax = plt.subplots(figsize=(7.0, 4.2))
+  width = 0.8 / len(mechanisms)
+  for m_index, label in enumerate(mechanisms):
+    xs, ys, es = [], [], []
+    for g_index, (schedule, clients) in enumerate(groups):
+      match = [r for r in at_z if r["label"] == label and r["lr_schedule"] == schedule
+               and r["clients_per_round"] == clients]
+      if match:
+        xs.append(g_index - 0.4 + width * (m_index + 0.5))
+        ys.append(100 * match[0]["test_mean"])
+        es.append(100 * (match[0]["test_std"] or 0.0))
+    ax.bar(xs, ys, width=width, yerr=es, capsize=3, label=label)
+  nonprivate = [r for r in rows if r["noise_multiplier"] is None and r["test_mean"] is not None]
+  if nonprivate:
+    ax.axhline(100 * max(r["test_mean"] for r in nonprivate), color="black", linestyle="--",
+               label="non-private")
+  tree = [r for r in at_z if r["mechanism"] == "tree" and r["lr_schedule"] == "constant"]
+  if tree:
+    ax.axhline(100 * tree[0]["test_mean"], color="red", label="DP-FTRL tree, constant LR")
+  ax.set_xticks(range(len(groups)))
+  ax.set_xticklabels([f"{s}\n{c} clients/round" for s, c in groups], fontsize=8)
+  low = min(100 * r["test_mean"] for r in at_z)
+  ax.set_ylim(bottom=max(0.0, low - 2.0))
+  eps = at_z[0]["epsilon"]
+  ax.set_ylabel("test accuracy without OOV/EOS (%)")
+  ax.set_title(f"LR schedules at z = {noise_multiplier:g} (ε = {eps:.2f}; Denisov et al. Fig 3 style)")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return True
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+  parser = argparse.ArgumentParser(
+      prog="python -m training.summarize",
+      description="Select hyperparameters by validation accuracy and report test accuracy "
+                  "(mean ± std over seeds) per mechanism and ε, with Fig 2/3 style plots.")
+  parser.add_argument("--root_output_dir", "--root-output-dir", dest="root_output_dir",
+                      required=True)
+  parser.add_argument("--output_dir", "--output-dir", dest="output_dir", default=None,
+                      help="default: <root_output_dir>/summary")
+  parser.add_argument("--accountant", choices=("pld", "rdp"), default="pld")
+  parser.add_argument("--min_val_accuracy", type=float, default=None,
+                      help="treat runs with validation accuracy (no OOV/EOS) below this as diverged")
+  parser.add_argument("--min_converged", type=int, default=MIN_CONVERGED_FIG2)
+  parser.add_argument("--fig3_noise_multiplier", type=float, default=None)
+  args = parser.parse_args(argv)
+  try:
+    summaries = load_summaries(args.root_output_dir)
+    if not summaries:
+      raise ValueError(f"no */summary.json under {args.root_output_dir}")
+    rows = summarize(summaries, args.accountant, args.min_val_accuracy, args.min_converged)
+  except ValueError as e:
+    print(f"summarize: error: {e}", file=sys.stderr)
+    return 2
+  output_dir = args.output_dir or os.path.join(args.root_output_dir, "summary")
+  os.makedirs(output_dir, exist_ok=True)
+  table = markdown_table(rows, args.min_converged)
+  with open(os.path.join(output_dir, "summary.md"), "w") as f:
+    f.write(f"# Sweep summary: {args.root_output_dir}\n\n{table}\n")
+  with open(os.path.join(output_dir, "summary.json"), "w") as f:
+    json.dump({"root_output_dir": args.root_output_dir, "rows": rows}, f, indent=1)
+  written = ["summary.md", "summary.json"]
+  if plot_fig2(rows, os.path.join(output_dir, "fig2_accuracy_vs_epsilon.png")):
+    written.append("fig2_accuracy_vs_epsilon.png")
+  if plot_fig3(rows, os.path.join(output_dir, "fig3_schedules.png"), args.fig3_noise_multiplier):
+    written.append("fig3_schedules.png")
+  print(table)
+  print(f"\nwrote {', '.join(written)} to {output_dir}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
