@@ -185,7 +185,7 @@ def _pct(value) -> str:
 def markdown_table(rows: Sequence[dict], min_converged: int = MIN_CONVERGED_FIG2) -> str:
   lines = [
       "| mechanism | z | ε | paper ε | schedule | clients/round | selected (server LR, client LR, "
-      "momentum) | converged / runs | val acc % | test acc % (no OOV/EOS), mean ± std |",
+      "momentum) | seeds of selected / runs in cell | val acc % | test acc % (no OOV/EOS), mean ± std |",
       "|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     sel = r["selected"]
@@ -216,6 +216,7 @@ def plot_fig2(rows: Sequence[dict], path: str) -> bool:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.ticker  # pylint: disable=g-import-not-at-top
   series: Dict[Tuple[str, object], List[dict]] = {}
   for r in rows:
     if r["lr_schedule"] == "constant" and r["noise_multiplier"] is not None and r["test_mean"] is not None:
@@ -230,6 +231,10 @@ def plot_fig2(rows: Sequence[dict], path: str) -> bool:
                 yerr=[100 * (p["test_std"] or 0.0) for p in points], marker="o", capsize=3,
                 label=label + (f", {clients} clients/round" if several_counts else ""))
   ax.set_xscale("log")
+  ticks = sorted({round(p["epsilon"], 2) for points in series.values() for p in points})
+  ax.set_xticks(ticks)
+  ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+  ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
   ax.set_xlabel(f"ε (δ = {rows[0]['delta']:g}, {rows[0]['accountant']})")
   ax.set_ylabel("test accuracy without OOV/EOS (%)")
   ax.set_title("Accuracy vs ε (Denisov et al. Fig 2 style)")

@@ -1,0 +1,169 @@
+"""training.summarize on synthetic run summaries whose expected table is computed here independently."""
+
+import json
+import math
+import os
+import statistics
+
+import pytest
+
+from training import summarize
+from tff_mf import accounting
+
+
+def _write(root, name, *, mechanism, z, setting, seed, val, test, schedule="constant",
+           clients=100, finished=True, diverged=False, test_loss=2.0):
+  server_lr, client_lr, momentum = setting
+  config = {"mechanism": mechanism, "dataset": "stackoverflow", "total_rounds": 2048,
+            "clients_per_round": clients, "client_lr": client_lr, "server_lr": server_lr,
+            "server_momentum": momentum, "lr_schedule": schedule,
+            "schedule_rounds": None if schedule == "constant" else 512,
+            "noise_multiplier": z, "target_epsilon": None, "delta": 1e-6, "seed": seed,
+            "experiment_name": name, "root_output_dir": str(root), "workers": [],
+            "noise_seed": "os_entropy", "lstm_size": 670}
+  summary = {"config": config, "mechanism": mechanism, "noise_multiplier": z,
+             "epsilon": None if z is None else 1.0, "delta": 1e-6, "accountant": "pld",
+             "total_rounds": 2048, "rounds_completed": 2048 if finished else 100,
+             "finished": finished and not diverged, "diverged": diverged, "wall_seconds": 1.0,
+             "sqrt_loss": None,
+             "validation_metrics": {"loss": 2.0, "accuracy": val + 0.05, "accuracy_no_oov": val + 0.02,
+                                    "accuracy_no_oov_no_eos": val},
+             "test_metrics": {"loss": test_loss, "accuracy": test + 0.05,
+                              "accuracy_no_oov": test + 0.02, "accuracy_no_oov_no_eos": test}}
+  os.makedirs(root / name)
+  (root / name / "summary.json").write_text(json.dumps(summary))
+
+
+A = (0.25, 1.0, 0.95)
+B = (0.5, 1.0, 0.9)
+C = (0.5, 1.0, 0.95)
+
+
+@pytest.fixture
+def synthetic_runs(tmp_path):
+  root = tmp_path / "runs"
+  runs = [
+      # tree, z=0.341: A has the better mean validation accuracy; B's best seed alone is higher,
+      # but B's mean is lower. One A seed diverged (dropped), one is incomplete.
+      dict(mechanism="tree", z=0.341, setting=A, seed=0, val=0.230, test=0.221),
+      dict(mechanism="tree", z=0.341, setting=A, seed=1, val=0.232, test=0.224),
+      dict(mechanism="tree", z=0.341, setting=A, seed=2, val=0.228, test=0.219),
+      dict(mechanism="tree", z=0.341, setting=A, seed=3, val=0.01, test=0.01, diverged=True),
+      dict(mechanism="tree", z=0.341, setting=A, seed=4, val=0.231, test=0.222, finished=False),
+      dict(mechanism="tree", z=0.341, setting=B, seed=0, val=0.240, test=0.230),
+      dict(mechanism="tree", z=0.341, setting=B, seed=1, val=0.200, test=0.190),
+      # opt_momentum, z=0.341: B wins; one B seed has a NaN test loss (diverged by the rule).
+      dict(mechanism="opt_momentum", z=0.341, setting=A, seed=0, val=0.235, test=0.226),
+      dict(mechanism="opt_momentum", z=0.341, setting=B, seed=0, val=0.245, test=0.236),
+      dict(mechanism="opt_momentum", z=0.341, setting=B, seed=1, val=0.243, test=0.233),
+      dict(mechanism="opt_momentum", z=0.341, setting=B, seed=2, val=0.247, test=0.239),
+      dict(mechanism="opt_momentum", z=0.341, setting=B, seed=3, val=0.250, test=0.240,
+           test_loss=float("nan")),
+      # opt_momentum at z=1.364: a single seed.
+      dict(mechanism="opt_momentum", z=1.364, setting=A, seed=0, val=0.205, test=0.199),
+      # Fig 3 style: cooldown with 100 and 167 clients at z=0.341.
+      dict(mechanism="opt_momentum", z=0.341, setting=C, seed=0, val=0.251, test=0.243,
+           schedule="cooldown"),
+      dict(mechanism="opt_momentum", z=0.341, setting=C, seed=1, val=0.253, test=0.245,
+           schedule="cooldown"),
+      dict(mechanism="opt_momentum", z=0.341, setting=C, seed=0, val=0.256, test=0.249,
+           schedule="cooldown", clients=167),
+      dict(mechanism="opt_momentum", z=0.341, setting=C, seed=1, val=0.258, test=0.250,
+           schedule="cooldown", clients=167),
+      # Non-private reference.
+      dict(mechanism="none", z=None, setting=A, seed=0, val=0.262, test=0.257),
+  ]
+  for i, run in enumerate(runs):
+    _write(root, f"run{i:02d}", **run)
+  return root
+
+
+def _expected(test_values):
+  mean = statistics.mean(test_values)
+  std = statistics.stdev(test_values) if len(test_values) > 1 else None
+  return mean, std
+
+
+def test_summary_table_matches_independent_computation(synthetic_runs):
+  rows = summarize.summarize(summarize.load_summaries(str(synthetic_runs)), accountant="rdp")
+  by_key = {(r["mechanism"], r["noise_multiplier"], r["lr_schedule"], r["clients_per_round"]): r
+            for r in rows}
+  assert len(rows) == 6
+
+  tree = by_key[("tree", 0.341, "constant", 100)]
+  assert tree["selected"] == {"server_lr": 0.25, "client_lr": 1.0, "server_momentum": 0.95}
+  mean, std = _expected([0.221, 0.224, 0.219])
+  assert tree["test_mean"] == pytest.approx(mean, abs=1e-12)
+  assert tree["test_std"] == pytest.approx(std, abs=1e-12)
+  assert tree["validation_mean"] == pytest.approx(statistics.mean([0.230, 0.232, 0.228]))
+  assert (tree["runs"], tree["runs_converged"], tree["runs_diverged"], tree["runs_incomplete"]) == (
+      7, 5, 1, 1)
+  assert tree["seeds"] == 3 and tree["below_min_converged"]
+  assert tree["epsilon"] == pytest.approx(accounting.epsilon(0.341, 1e-6, "rdp"))
+
+  mom = by_key[("opt_momentum", 0.341, "constant", 100)]
+  assert mom["selected"] == {"server_lr": 0.5, "client_lr": 1.0, "server_momentum": 0.9}
+  mean, std = _expected([0.236, 0.233, 0.239])
+  assert (mom["test_mean"], mom["test_std"]) == (pytest.approx(mean), pytest.approx(std))
+  assert mom["runs_diverged"] == 1 and mom["seeds"] == 3
+
+  single = by_key[("opt_momentum", 1.364, "constant", 100)]
+  assert single["test_mean"] == pytest.approx(0.199) and single["test_std"] is None
+
+  cool167 = by_key[("opt_momentum", 0.341, "cooldown", 167)]
+  mean, std = _expected([0.249, 0.250])
+  assert (cool167["test_mean"], cool167["test_std"]) == (pytest.approx(mean), pytest.approx(std))
+
+  nonprivate = by_key[("none", None, "constant", 100)]
+  assert nonprivate["epsilon"] is None and nonprivate["test_mean"] == pytest.approx(0.257)
+
+  table = summarize.markdown_table(rows)
+  expected_tree_cell = "%.2f ± %.2f" % (100 * statistics.mean([0.221, 0.224, 0.219]),
+                                        100 * statistics.stdev([0.221, 0.224, 0.219]))
+  tree_line = [l for l in table.splitlines() if l.startswith("| Honaker Online")][0]
+  assert expected_tree_cell in tree_line and "(0.25, 1, 0.95)" in tree_line
+  assert "3 of 7 (1 diverged, 1 incomplete)" in tree_line
+  assert "∞ (non-private)" in table
+
+
+def test_min_val_accuracy_treats_collapsed_runs_as_diverged(synthetic_runs):
+  rows = summarize.summarize(summarize.load_summaries(str(synthetic_runs)),
+                             min_val_accuracy=0.21)
+  tree = [r for r in rows if r["mechanism"] == "tree"][0]
+  # B's seed 1 (val 0.200) now counts as diverged, so B (one seed, val 0.240) wins.
+  assert tree["selected"]["server_lr"] == 0.5 and tree["seeds"] == 1
+  assert tree["test_mean"] == pytest.approx(0.230)
+
+
+def test_command_writes_table_json_and_pngs(synthetic_runs, tmp_path, capsys):
+  out = tmp_path / "out"
+  assert summarize.main(["--root_output_dir", str(synthetic_runs), "--output_dir", str(out)]) == 0
+  for name in ("fig2_accuracy_vs_epsilon.png", "fig3_schedules.png"):
+    data = (out / name).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+  md = (out / "summary.md").read_text()
+  assert md.count("\n| ") == 7  # header + 6 cells
+  rows = json.loads((out / "summary.json").read_text())["rows"]
+  assert len(rows) == 6 and all(r["accountant"] == "pld" for r in rows)
+  assert "Honaker Online" in capsys.readouterr().out
+
+
+def test_corrupt_or_missing_summaries_are_clear_errors(tmp_path, capsys):
+  assert summarize.main(["--root_output_dir", str(tmp_path)]) == 2
+  assert "no */summary.json" in capsys.readouterr().err
+  (tmp_path / "bad").mkdir()
+  (tmp_path / "bad" / "summary.json").write_text("{not json")
+  with pytest.raises(ValueError, match="corrupt run summary .*bad/summary.json"):
+    summarize.load_summaries(str(tmp_path))
+
+
+def test_classify_rule():
+  ok = {"finished": True, "diverged": False,
+        "validation_metrics": {"loss": 1.0, "accuracy_no_oov_no_eos": 0.2},
+        "test_metrics": {"loss": 1.0, "accuracy_no_oov_no_eos": 0.2}}
+  assert summarize.classify(ok) == "converged"
+  assert summarize.classify({**ok, "diverged": True, "finished": False}) == "diverged"
+  assert summarize.classify({**ok, "finished": False}) == "incomplete"
+  assert summarize.classify({**ok, "test_metrics": {"loss": math.inf,
+                                                    "accuracy_no_oov_no_eos": 0.2}}) == "diverged"
+  assert summarize.classify(ok, min_val_accuracy=0.5) == "diverged"
