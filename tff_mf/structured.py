@@ -200,7 +200,7 @@ def als_low_rank(target: np.ndarray, bands: int, rank: int,
       current = objective(u, v)
       if bar is not None:
         bar.update(1)
-        bar.set_postfix(objective=f"{current:.6g}")
+        bar.set_postfix(objective=f"{current:.6g}", refresh=False)
       if previous - current <= tolerance * max(previous, 1e-300):
         previous = current
         break

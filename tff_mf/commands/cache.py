@@ -1,0 +1,70 @@
+"""``tff-mf cache list|verify``: inspect and check the factorization cache (``tff_mf.cache``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers) -> None:
+  parser = subparsers.add_parser(
+      "cache", help="list or verify cached factorizations",
+      description="Lists or verifies the factorization cache (default ~/.cache/tff_mf, "
+                  "or $TFF_MF_CACHE, or --cache-dir).")
+  actions = parser.add_subparsers(dest="cache_action", metavar="ACTION")
+  actions.required = True
+  for name, help_text in (("list", "one line per cached factorization"),
+                          ("verify", "check every entry (sha256, shapes, dtype, triangularity, "
+                                     "B·C = A); exit 1 naming each bad entry")):
+    sub = actions.add_parser(name, help=help_text)
+    sub.add_argument("--cache-dir", default=None, help="cache directory (overrides $TFF_MF_CACHE)")
+    sub.add_argument("--json", action="store_true", help="print JSON")
+    if name == "verify":
+      sub.add_argument("--quick", action="store_true",
+                       help="randomized O(n²) check of B·C = A instead of the full product")
+    sub.set_defaults(func=run)
+
+
+def _fmt(x, spec):
+  return "-" if x is None else format(x, spec)
+
+
+def run(args: argparse.Namespace) -> int:
+  from tff_mf import cache  # pylint: disable=g-import-not-at-top
+  root = cache._resolve_dir(args.cache_dir)  # pylint: disable=protected-access
+  if args.cache_action == "list":
+    rows = cache.list_entries(args.cache_dir)
+    if args.json:
+      print(json.dumps({"cache_dir": root, "entries": rows}, sort_keys=True))
+      return 0
+    print(f"cache: {root} ({len(rows)} entries)")
+    if rows:
+      header = f"{'strategy':<24} {'workload':<16} {'n':>6} {'sqrt(L)':>10} {'gap':>9} {'MB':>8}  entry"
+      print(header)
+      for r in rows:
+        if "error" in r:
+          print(f"{'UNREADABLE':<24} {'':<16} {'':>6} {'':>10} {'':>9} {'':>8}  {r['directory']}: "
+                f"{r['error']}")
+          continue
+        strategy = r["strategy"] or "?"
+        if strategy == "structured":
+          strategy += f"(h={r['bands']},r={r['rank']})"
+        workload = r["workload"] or "?"
+        if workload == "momentum":
+          workload += f" {r['momentum']:g}"
+          if r.get("lr_schedule") not in (None, "constant"):
+            workload += f" {r['lr_schedule']}"
+        size = None if r["bytes"] is None else r["bytes"] / 1e6
+        print(f"{strategy:<24} {workload:<16} {_fmt(r['n'], 'd'):>6} "
+              f"{_fmt(r['sqrt_loss'], '.4f'):>10} {_fmt(r['relative_gap'], '.2g'):>9} "
+              f"{_fmt(size, '.1f'):>8}  {r['directory']}")
+    return 0
+  results = cache.verify(args.cache_dir, full_check=not args.quick)
+  bad = [r for r in results if not r["ok"]]
+  if args.json:
+    print(json.dumps({"cache_dir": root, "entries": results, "bad": len(bad)}, sort_keys=True))
+  else:
+    for r in results:
+      print(("ok   " if r["ok"] else "BAD  ") + (r["path"] if r["ok"] else r["error"]))
+    print(f"{len(results) - len(bad)} of {len(results)} entries ok in {root}")
+  return 1 if bad else 0

@@ -1,0 +1,84 @@
+"""``tff-mf plot``: per-round variance (Denisov Fig 1, McMahan Fig 1) and B/C heatmaps (App G).
+
+Factorizations come from the cache (computed on a miss), so plotting after
+``tff-mf factorize`` or ``tff-mf demo`` costs only the drawing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import List, Optional
+
+
+def _factorization(workload, strategy: str, cache_dir: Optional[str], bands: int = 0,
+                   rank: int = 0):
+  from tff_mf import cache, strategies  # pylint: disable=g-import-not-at-top
+  spec = strategies.FactorizationSpec(workload=workload, strategy=strategy, bands=bands, rank=rank)
+  f, _ = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=True)
+  return f
+
+
+def make_plots(output_dir: str, n: int, momentum: Optional[float] = None,
+               cache_dir: Optional[str] = None) -> List[str]:
+  """Writes the PNGs for prefix sums (and momentum β if given); returns their paths."""
+  from tff_mf import plots, strategies, workloads  # pylint: disable=g-import-not-at-top
+  os.makedirs(output_dir, exist_ok=True)
+  paths = []
+  prefix = workloads.WorkloadSpec(kind="prefix_sum", n=n)
+  online = _factorization(prefix, "honaker_online", cache_dir)
+  full = _factorization(prefix, "honaker_full", cache_dir)
+  opt = _factorization(prefix, "optimal", cache_dir)
+  paths.append(plots.plot_per_round_variance(
+      {f"Honaker Online (√L={online.sqrt_loss:.1f})": online.per_round_variance(),
+       f"Honaker Full (√L={full.sqrt_loss:.1f})": full.per_round_variance(),
+       f"Opt Prefix Sum (√L={opt.sqrt_loss:.1f})": opt.per_round_variance()},
+      os.path.join(output_dir, f"variance_prefix_sum_n{n}.png"),
+      f"Per-round squared error, prefix sums, n={n} (Denisov Fig 1 left)"))
+  paths.append(plots.plot_heatmaps(
+      opt.b, opt.c, os.path.join(output_dir, f"heatmap_optimal_prefix_sum_n{n}.png"),
+      f"Optimal factorization S = BC, n={n} (Denisov App G)"))
+  if momentum is not None:
+    mom = workloads.WorkloadSpec(kind="momentum", n=n, momentum=momentum)
+    m_online = _factorization(mom, "honaker_online", cache_dir)
+    m_full = _factorization(mom, "honaker_full", cache_dir)
+    m_opt = _factorization(mom, "optimal", cache_dir)
+    # Opt Prefix Sum as post-processing: B = M·S⁻¹·B_S with C = C_S (Denisov Sec 4).
+    b_post = strategies.post_process_prefix_decoder(m_opt.a, opt.b)
+    from tff_mf import factorization as fz  # pylint: disable=g-import-not-at-top
+    post = fz.Factorization(a=m_opt.a, b=b_post, c=opt.c, strategy="optimal_prefix_sum")
+    curves = {}
+    for label, f in (("Honaker Online", m_online), ("Honaker Full", m_full),
+                     ("Opt Prefix Sum", post), ("Optimal M = BC", m_opt)):
+      curves[f"{label} (√L={f.sqrt_loss:.1f})"] = f.per_round_variance()
+    paths.append(plots.plot_per_round_variance(
+        curves, os.path.join(output_dir, f"variance_momentum{momentum:g}_n{n}.png"),
+        f"Per-round squared error, momentum β={momentum:g}, n={n} (Denisov Fig 1 right)",
+        log_y=True))
+    paths.append(plots.plot_heatmaps(
+        m_opt.b, m_opt.c, os.path.join(output_dir, f"heatmap_optimal_momentum{momentum:g}_n{n}.png"),
+        f"Optimal factorization M = BC, β={momentum:g}, n={n} (Denisov App G)"))
+  return paths
+
+
+def register(subparsers) -> None:
+  parser = subparsers.add_parser(
+      "plot", help="write PNGs: per-round variance (tree vs optimal) and B/C heatmaps",
+      description="Per-round variance of Honaker online/full vs the optimal factorization "
+                  "(Denisov Fig 1, McMahan Fig 1) and heatmaps of B and C (Denisov App G).")
+  parser.add_argument("--n", type=int, required=True, help="number of rounds n")
+  parser.add_argument("--momentum", type=float, default=None,
+                      help="also plot the momentum workload with this β (Denisov Fig 1 right)")
+  parser.add_argument("--output-dir", required=True, help="directory for the PNGs")
+  parser.add_argument("--cache-dir", default=None, help="cache directory (overrides $TFF_MF_CACHE)")
+  parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+  if args.n < 2:
+    raise ValueError(f"--n must be at least 2, got {args.n}")
+  if args.momentum is not None and not 0.0 <= args.momentum < 1.0:
+    raise ValueError(f"--momentum must be in [0, 1), got {args.momentum}")
+  for path in make_plots(args.output_dir, args.n, args.momentum, args.cache_dir):
+    print(path)
+  return 0

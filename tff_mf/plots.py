@@ -1,0 +1,115 @@
+"""PNG plots of factorizations (matplotlib, Agg backend, imported lazily).
+
+- Per-round variance of the released estimates (row norms² of B at γ(C) = 1):
+  Denisov et al. Fig 1 (``001_…``; left: prefix sums, right: momentum) and
+  McMahan et al. Fig 1 (``002_…``).
+- Heatmaps of B and C: Denisov et al. App G, Fig 5 (``000_…``): entries scaled
+  by the largest value, entries mapped to their rank, and a histogram of the
+  non-zero magnitudes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, Optional
+
+import numpy as np
+
+
+def _pyplot():
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
+
+
+def plot_per_round_variance(curves: Dict[str, np.ndarray], path: str, title: str,
+                            log_y: bool = False) -> str:
+  """One line per mechanism: variance of round t's estimate for unit-variance noise."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(8, 4.5))
+  for label, variance in curves.items():
+    variance = np.asarray(variance, dtype=np.float64)
+    ax.plot(np.arange(1, len(variance) + 1), variance, label=label, linewidth=1.0)
+  ax.set_xlabel("round t")
+  ax.set_ylabel("variance of estimate t (γ(C) = 1)")
+  if log_y:
+    ax.set_yscale("log")
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  _makedirs_for(path)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+def _rank_normalized(x: np.ndarray) -> np.ndarray:
+  """Magnitudes mapped to their rank in [0, 1] (zeros to 0), as in Denisov App G row 2."""
+  mags = np.abs(x).ravel()
+  out = np.zeros_like(mags)
+  nonzero = mags > 0
+  if np.any(nonzero):
+    order = np.argsort(mags[nonzero], kind="stable")
+    ranks = np.empty(order.size)
+    ranks[order] = np.arange(1, order.size + 1)
+    out[nonzero] = ranks / order.size
+  return out.reshape(x.shape)
+
+
+def plot_heatmaps(b: np.ndarray, c: np.ndarray, path: str, title: str) -> str:
+  """B and C side by side: scaled by the largest entry, rank-normalized, histograms (App G)."""
+  plt = _pyplot()
+  fig, axes = plt.subplots(3, 2, figsize=(10, 14))
+  scale = max(float(np.max(np.abs(b))), float(np.max(np.abs(c))), 1e-300)
+  for col, (name, x) in enumerate((("B (decoder)", b), ("C (encoder)", c))):
+    ax = axes[0, col]
+    ax.imshow(np.abs(x) / scale, cmap="Reds", vmin=0.0, vmax=1.0, interpolation="nearest")
+    ax.set_title(f"{name}: |entry| / {scale:.3g}")
+    ax = axes[1, col]
+    ax.imshow(_rank_normalized(x), cmap="Reds", vmin=0.0, vmax=1.0, interpolation="nearest")
+    ax.set_title(f"{name}: rank of |entry|")
+    ax = axes[2, col]
+    mags = np.abs(x[x != 0])
+    ax.hist(mags, bins=100, color="firebrick")
+    ax.set_yscale("log")
+    ax.set_xlabel("|entry| of non-zero entries")
+    ax.set_title(f"{name}: histogram")
+  fig.suptitle(title)
+  fig.tight_layout()
+  _makedirs_for(path)
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path
+
+
+def plot_sqrt_loss_bars(table: Dict[str, Dict[str, Optional[float]]], path: str,
+                        title: str) -> str:
+  """Grouped bars of √L: ``table[workload][strategy]``."""
+  plt = _pyplot()
+  workload_names = list(table)
+  strategies = list(dict.fromkeys(s for row in table.values() for s in row))
+  fig, axes = plt.subplots(1, len(workload_names), figsize=(5 * len(workload_names), 4.5),
+                           squeeze=False)
+  for ax, workload in zip(axes[0], workload_names):
+    values = [table[workload].get(s) or 0.0 for s in strategies]
+    bars = ax.bar(range(len(strategies)), values, color="steelblue")
+    for bar, value in zip(bars, values):
+      ax.text(bar.get_x() + bar.get_width() / 2, value, f"{value:.1f}", ha="center",
+              va="bottom", fontsize=8)
+    ax.set_xticks(range(len(strategies)))
+    ax.set_xticklabels(strategies, rotation=30, ha="right")
+    ax.set_ylabel("√L")
+    ax.set_title(workload)
+  fig.suptitle(title)
+  fig.tight_layout()
+  _makedirs_for(path)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+def _makedirs_for(path: str) -> None:
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
