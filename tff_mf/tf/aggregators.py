@@ -167,7 +167,8 @@ def _check_args(mechanism, total_rounds, noise_multiplier, clients_per_round, cl
     raise ValueError("TFF's tree_aggregation takes a noise_seed below 2**31")
 
 
-def _optimal(spec: strategies.FactorizationSpec, cache_dir, progress):
+def _cached(spec: strategies.FactorizationSpec, cache_dir, progress):
+  """Loads ``spec`` from the factorization cache, factorizing (and storing) it when missing."""
   from tff_mf import cache  # pylint: disable=g-import-not-at-top
   f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=progress)
   return f, {"cache_npz": str(entry.npz_path), "cache_hit": bool(entry.cache_hit)}
@@ -182,30 +183,17 @@ def _post_processed(f_prefix: fz.Factorization, a: np.ndarray, strategy: str) ->
 
 
 def structured_noise_for(n: int, bands: int, rank: int, cache_dir=None, progress=False):
-  """(StructuredNoise, Factorization for S, info) for the banded + low-rank B̂ of S."""
-  from tff_mf import structured  # pylint: disable=g-import-not-at-top
+  """(StructuredNoise, Factorization for S, info) for the banded + low-rank B̂ of S.
+
+  B̂ comes from the cache (``cache.load_or_factorize``, which runs
+  ``structured.fit`` when the entry is missing); its band and low-rank pieces
+  are recovered exactly from the dense B̂ (``noise.structured_pieces``).
+  """
   spec = strategies.FactorizationSpec(workload=workloads.WorkloadSpec("prefix_sum", n),
                                       strategy="structured", bands=bands, rank=rank)
-  s = workloads.prefix_sum(n)
-  f_cached, info = None, {}
-  try:
-    from tff_mf import cache  # pylint: disable=g-import-not-at-top
-    f_cached, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=progress)
-    info = {"cache_npz": str(entry.npz_path), "cache_hit": bool(entry.cache_hit)}
-  except ImportError:
-    pass
-  result = structured.fit(s, bands=bands, rank=rank, progress=progress)
-  stream = noise_lib.StructuredNoise.from_fit(result, s, bands)
-  if f_cached is not None:
-    f = f_cached
-    if np.max(np.abs(f.b - stream.decoder())) > 1e-6 * max(1.0, np.max(np.abs(f.b))):
-      raise ValueError("the cached structured factorization differs from structured.fit's "
-                       f"factors (cache {info.get('cache_npz')}); re-run with force")
-  else:
-    b = stream.decoder()
-    c = np.linalg.solve(b, s)
-    f = fz.Factorization(a=s, b=b, c=np.tril(c), strategy="structured",
-                         info=dict(result.info)).validate(atol=1e-6)
+  f, info = _cached(spec, cache_dir, progress)
+  d_mat, u, v = noise_lib.structured_pieces(f.b, bands, rank)
+  stream = noise_lib.StructuredNoise(d_mat, u, v, bands, f.a)
   return stream, f, info
 
 
@@ -248,12 +236,12 @@ def build_mechanism(mechanism: str, *, total_rounds: int, noise_multiplier: floa
   if mechanism in ("honaker_online", "honaker_full"):
     f = strategies.factorize(strategies.FactorizationSpec(workload=w_spec, strategy=mechanism))
   elif mechanism == "opt_prefix_sum":
-    f_s, cache_info = _optimal(strategies.FactorizationSpec(
+    f_s, cache_info = _cached(strategies.FactorizationSpec(
         workload=workloads.WorkloadSpec("prefix_sum", n), strategy="optimal"), cache_dir, progress)
     info.update(cache_info)
     f = f_s if w_spec.kind == "prefix_sum" else _post_processed(f_s, a, "opt_prefix_sum")
   elif mechanism == "opt_momentum":
-    f, cache_info = _optimal(strategies.FactorizationSpec(workload=w_spec, strategy="optimal"),
+    f, cache_info = _cached(strategies.FactorizationSpec(workload=w_spec, strategy="optimal"),
                              cache_dir, progress)
     info.update(cache_info)
   elif mechanism == "structured":

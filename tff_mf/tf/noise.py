@@ -244,6 +244,45 @@ def structured_decoder(bands_matrix: np.ndarray, u: np.ndarray, v: np.ndarray,
   return np.asarray(bands_matrix, np.float64) + low
 
 
+def structured_pieces(b_hat: np.ndarray, bands: int, rank: int, rtol: float = 1e-8):
+  """(D(h), U, V) with B̂ = D(h) + (U·Vᵀ) ⊙ U(h), recovered from a dense structured B̂.
+
+  Cache entries store B̂ densely; its part below the h-th diagonal has rank r
+  by construction (Denisov App H), so an exact factorization exists. V on the
+  columns j ≤ n−p−h comes from the SVD of the fully known block of the last p
+  rows; U[i] and the remaining V[j] then solve small least-squares problems on
+  the known entries only. Raises NoiseError if the result does not reproduce
+  B̂ to ``rtol`` (B̂ is then not banded + rank r).
+  """
+  b_hat = _check_matrix(b_hat, "structured decoder B̂")
+  n = b_hat.shape[0]
+  h, r = int(bands), int(rank)
+  d_mat = np.tril(np.triu(b_hat, -(h - 1)))
+  u = np.zeros((n, r))
+  v = np.zeros((n, r))
+  if r and n > h:
+    p = min(n - h, max(r, n // 4))
+    c = n - p - h + 1  # columns j < c are known in every row i >= n - p
+    if c < r:
+      p, c = n - h, 1
+    block = b_hat[n - p:, :c]
+    _, _, vt = np.linalg.svd(block, full_matrices=False)
+    v[:c] = vt[:r].T if vt.shape[0] >= r else np.pad(vt.T, ((0, 0), (0, r - vt.shape[0])))
+    for i in range(h, n):
+      cols = min(i - h + 1, c)
+      u[i] = np.linalg.lstsq(v[:cols], b_hat[i, :cols], rcond=None)[0]
+    for j in range(c, n - h):
+      rows = np.arange(j + h, n)
+      v[j] = np.linalg.lstsq(u[rows], b_hat[rows, j], rcond=None)[0]
+  rebuilt = structured_decoder(d_mat, u, v, h)
+  err = float(np.max(np.abs(rebuilt - np.tril(b_hat))))
+  scale = max(1.0, float(np.max(np.abs(b_hat))))
+  if err > rtol * scale or np.any(np.triu(b_hat, 1) != 0):
+    raise NoiseError(f"B̂ is not {h}-banded plus rank {r} below the band (reconstruction "
+                     f"error {err:.3g})")
+  return d_mat, u, v
+
+
 class StructuredNoise(StreamingNoise):
   """Banded + low-rank B̂ (Denisov et al. App H, Algorithm 3) for a workload with banded inverse.
 
@@ -261,7 +300,7 @@ class StructuredNoise(StreamingNoise):
   """
 
   def __init__(self, bands_matrix: np.ndarray, u: np.ndarray, v: np.ndarray, bands: int,
-               workload: np.ndarray, normalize: bool = True):
+               workload: np.ndarray, normalize: bool = True, max_inverse_bands: int = 4):
     d_mat = _check_matrix(bands_matrix, "bands matrix D(h)")
     a = _check_matrix(workload, "workload A")
     n = d_mat.shape[0]
@@ -285,7 +324,7 @@ class StructuredNoise(StreamingNoise):
     scale = max(1.0, float(np.max(np.abs(a_inv))))
     nz_diags = [k for k in range(n) if np.any(np.abs(np.diagonal(a_inv, -k)) > 1e-12 * scale)]
     w = max(nz_diags) + 1
-    if w > 8:
+    if w > max_inverse_bands:
       raise NoiseError(f"A⁻¹ has {w} nonzero diagonals; StructuredNoise needs a workload with "
                        "a banded inverse (prefix sum: 2, momentum: 3)")
     c = scipy.linalg.solve_triangular(b_hat, a, lower=True)
