@@ -1,0 +1,281 @@
+"""The factorization cache (tff_mf.cache): round trips, hits, atomicity, corruption."""
+
+import json
+import os
+import zipfile
+
+import numpy as np
+import pytest
+
+from tff_mf import cache
+from tff_mf import factorization as fz
+from tff_mf import strategies
+from tff_mf import workloads
+
+
+def _spec(strategy="honaker_online", n=16, **workload_kwargs):
+  kind = workload_kwargs.pop("kind", "prefix_sum")
+  return strategies.FactorizationSpec(
+      workload=workloads.WorkloadSpec(kind=kind, n=n, **workload_kwargs), strategy=strategy)
+
+
+@pytest.fixture
+def count_factorizations(monkeypatch):
+  calls = []
+  real = strategies.factorize
+
+  def counting(spec, progress=False):
+    calls.append(spec)
+    return real(spec, progress=progress)
+
+  monkeypatch.setattr(strategies, "factorize", counting)
+  return calls
+
+
+def _rewrite_sidecar(entry, **changes):
+  with open(entry.json_path) as f:
+    metadata = json.load(f)
+  metadata.update(changes)
+  with open(entry.json_path, "w") as f:
+    json.dump(metadata, f)
+
+
+def _replace_npz(entry, **arrays):
+  """Writes ``arrays`` into the entry's npz and makes the sidecar sha256 agree."""
+  np.savez(entry.npz_path, **arrays)
+  _rewrite_sidecar(entry, npz_sha256=cache.file_sha256(entry.npz_path))
+
+
+def test_round_trip_and_hit_without_recomputing(tmp_path, count_factorizations):
+  spec = _spec("honaker_online", n=32)
+  f1, e1 = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+  assert not e1.cache_hit and len(count_factorizations) == 1
+  f2, e2 = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+  assert e2.cache_hit and len(count_factorizations) == 1  # no factorization on a hit
+  assert e2.npz_path == e1.npz_path
+  for x, y in ((f1.a, f2.a), (f1.b, f2.b), (f1.c, f2.c)):
+    assert x.dtype == y.dtype == np.float64
+    np.testing.assert_array_equal(x, y)
+  assert f2.sqrt_loss == pytest.approx(f1.sqrt_loss)
+  # The sidecar carries the figures the issue asks for.
+  md = e2.metadata
+  for key in ("params", "n", "loss", "sqrt_loss", "sensitivity_before_normalization",
+              "relative_gap", "iterations", "seconds", "package_versions", "npz_sha256"):
+    assert key in md
+  assert md["npz_sha256"] == cache.file_sha256(e2.npz_path)
+  assert md["sensitivity_before_normalization"] == pytest.approx(np.sqrt(6))  # 6 tree levels
+  assert md["package_versions"]["numpy"] == np.__version__
+  # cache.load of the file gives the same matrices.
+  f3 = cache.load(e2.npz_path, full_check=True)
+  np.testing.assert_array_equal(f3.b, f1.b)
+
+
+def test_keys_are_stable_and_distinguish_parameters(tmp_path):
+  base = cache.key_params(_spec("optimal", n=64))
+  assert cache.key_hash(base) == cache.key_hash(cache.key_params(_spec("optimal", n=64)))
+  others = [_spec("optimal", n=65), _spec("honaker_full", n=64),
+            _spec("optimal", n=64, kind="momentum", momentum=0.9),
+            strategies.FactorizationSpec(workload=workloads.WorkloadSpec(n=64), target_gap=1e-8)]
+  hashes = {cache.key_hash(cache.key_params(s)) for s in others}
+  assert cache.key_hash(base) not in hashes and len(hashes) == len(others)
+
+
+def test_matrix_file_is_keyed_by_content_not_path(tmp_path):
+  a = np.tril(np.random.default_rng(0).uniform(0.5, 1.5, (8, 8)))
+  p1, p2, p3 = (str(tmp_path / name) for name in ("a.npy", "copy.npy", "other.npy"))
+  np.save(p1, a)
+  np.save(p2, a)
+  np.save(p3, 2 * a)
+  keys = [cache.key_params(strategies.FactorizationSpec(
+      workload=workloads.WorkloadSpec(kind="file", n=8, matrix_file=p), strategy="identity"))
+          for p in (p1, p2, p3)]
+  assert keys[0] == keys[1] != keys[2]
+  assert "matrix_sha256" in keys[0]["workload"] and p1 not in json.dumps(keys[0])
+
+
+def test_env_var_sets_default_dir(tmp_path, monkeypatch):
+  monkeypatch.setenv("TFF_MF_CACHE", str(tmp_path / "from_env"))
+  assert cache.default_cache_dir() == str(tmp_path / "from_env")
+  _, entry = cache.load_or_factorize(_spec("identity", n=8))
+  assert entry.npz_path.startswith(str(tmp_path / "from_env") + os.sep)
+  monkeypatch.delenv("TFF_MF_CACHE")
+  assert cache.default_cache_dir() == os.path.join(os.path.expanduser("~"), ".cache", "tff_mf")
+
+
+def _corrupt_flip(entry):
+  data = bytearray(open(entry.npz_path, "rb").read())
+  middle = len(data) // 2
+  data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+  open(entry.npz_path, "wb").write(bytes(data))
+
+
+def _corrupt_truncate(entry):
+  data = open(entry.npz_path, "rb").read()
+  open(entry.npz_path, "wb").write(data[:len(data) // 3])
+
+
+def _corrupt_sidecar_sha(entry):
+  _rewrite_sidecar(entry, npz_sha256="0" * 64)
+
+
+def _corrupt_flip_with_matching_sha(entry):
+  _corrupt_flip(entry)
+  _rewrite_sidecar(entry, npz_sha256=cache.file_sha256(entry.npz_path))
+
+
+def _corrupt_shapes(entry):
+  with np.load(entry.npz_path) as d:
+    a, b, c = d["A"], d["B"], d["C"]
+  _replace_npz(entry, A=a, B=b[:, :-1], C=c)
+
+
+def _corrupt_dtype(entry):
+  with np.load(entry.npz_path) as d:
+    a, b, c = d["A"], d["B"], d["C"]
+  _replace_npz(entry, A=a, B=b.astype(np.float32), C=c)
+
+
+def _corrupt_non_triangular_c(entry):
+  """A valid-looking factorization (B·C = A, γ(C) = 1) whose C is not lower triangular."""
+  with np.load(entry.npz_path) as d:
+    a = d["A"]
+  n = a.shape[0]
+  c = np.eye(n) + 0.3 * np.random.default_rng(0).standard_normal((n, n))
+  c /= fz.sensitivity(c)
+  b = a @ np.linalg.inv(c)
+  assert np.max(np.abs(b @ c - a)) < 1e-10
+  _replace_npz(entry, A=a, B=b, C=c)
+
+
+def _corrupt_product(entry):
+  with np.load(entry.npz_path) as d:
+    a, b, c = d["A"], d["B"], d["C"]
+  b = b.copy()
+  b[-1, 0] += 1e-3
+  _replace_npz(entry, A=a, B=b, C=c)
+
+
+def _corrupt_sidecar_json(entry):
+  open(entry.json_path, "w").write("{not json")
+
+
+CORRUPTIONS = {
+    "flipped bytes": (_corrupt_flip, "sha256"),
+    "truncated": (_corrupt_truncate, "sha256"),
+    "sidecar sha mismatch": (_corrupt_sidecar_sha, "sha256"),
+    "flipped bytes, matching sha": (_corrupt_flip_with_matching_sha, "cannot be read as .npz"),
+    "wrong shapes": (_corrupt_shapes, "shapes"),
+    "float32": (_corrupt_dtype, "float64"),
+    "non-triangular C": (_corrupt_non_triangular_c, "C is not lower triangular"),
+    "B·C != A": (_corrupt_product, "differs from A"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CORRUPTIONS))
+def test_corrupt_entry_is_a_clear_error_and_never_used(tmp_path, count_factorizations, name):
+  corrupt, message = CORRUPTIONS[name]
+  spec = _spec("optimal", n=16)
+  good, entry = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+  corrupt(entry)
+  for attempt in range(2):  # the bad file is never used, however often it is asked for
+    with pytest.raises(cache.CacheError, match=message) as info:
+      cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+    assert entry.directory in str(info.value)  # names the file
+  with pytest.raises(cache.CacheError) as info:
+    cache.load(entry.npz_path)
+  assert entry.npz_path in str(info.value) or entry.json_path in str(info.value)
+  assert len(count_factorizations) == 1
+  bad = [r for r in cache.verify(str(tmp_path)) if not r["ok"]]
+  assert len(bad) == 1 and entry.directory in bad[0]["error"]
+  # --force recomputes and replaces the bad entry with a good one.
+  fixed, fixed_entry = cache.load_or_factorize(spec, cache_dir=str(tmp_path), force=True)
+  assert not fixed_entry.cache_hit and len(count_factorizations) == 2
+  np.testing.assert_allclose(fixed.b, good.b)
+  again, hit = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+  assert hit.cache_hit
+  assert all(r["ok"] for r in cache.verify(str(tmp_path)))
+  # Exactly one npz is left in the entry (the replaced one was removed).
+  assert [p for p in os.listdir(entry.directory) if p.endswith(".npz")] == [
+      os.path.basename(hit.npz_path)]
+
+
+def test_unreadable_sidecar_is_a_clear_error(tmp_path):
+  spec = _spec("identity", n=8)
+  _, entry = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+  _corrupt_sidecar_json(entry)
+  with pytest.raises(cache.CacheError, match="not valid JSON") as info:
+    cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+  assert entry.json_path in str(info.value)
+  _, fixed = cache.load_or_factorize(spec, cache_dir=str(tmp_path), force=True)
+  assert not fixed.cache_hit
+
+
+def test_sidecar_for_other_parameters_is_rejected(tmp_path):
+  spec = _spec("identity", n=8)
+  _, entry = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+  _rewrite_sidecar(entry, params={"strategy": "identity", "workload": {"n": 9}})
+  with pytest.raises(cache.CacheError, match="other parameters"):
+    cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+
+
+def test_failed_computation_never_clobbers_a_good_entry(tmp_path, monkeypatch):
+  spec = _spec("honaker_full", n=16)
+  good, entry = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+
+  def broken(spec, progress=False):
+    raise ValueError("solver failed")
+
+  monkeypatch.setattr(strategies, "factorize", broken)
+  with pytest.raises(ValueError, match="solver failed"):
+    cache.load_or_factorize(spec, cache_dir=str(tmp_path), force=True)
+  f, hit = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+  assert hit.cache_hit and hit.npz_path == entry.npz_path
+  np.testing.assert_array_equal(f.b, good.b)
+  # No temporary files are left behind.
+  assert not [p for p in os.listdir(entry.directory) if p.startswith(".tmp")]
+
+
+def test_bad_factorization_is_not_written(tmp_path, monkeypatch):
+  spec = _spec("identity", n=8)
+  real = strategies.factorize
+
+  def wrong_workload(spec, progress=False):
+    f = real(spec, progress=progress)
+    return fz.Factorization(a=2 * f.a, b=2 * f.b, c=f.c, strategy=f.strategy, info=f.info)
+
+  monkeypatch.setattr(strategies, "factorize", wrong_workload)
+  with pytest.raises(cache.CacheError, match="requested workload"):
+    cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+  assert cache.list_entries(str(tmp_path)) == []
+
+
+def test_structured_entry_reuses_cached_optimum_and_stores_algorithm3_pieces(tmp_path):
+  opt_spec = _spec("optimal", n=32)
+  opt, _ = cache.load_or_factorize(opt_spec, cache_dir=str(tmp_path))
+  spec = strategies.FactorizationSpec(workload=opt_spec.workload, strategy="structured",
+                                      bands=2, rank=2)
+  f, entry = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+  assert f.sqrt_loss >= opt.sqrt_loss * (1 - 1e-9)
+  assert entry.metadata["info"]["optimal_sqrt_loss"] == pytest.approx(opt.sqrt_loss)
+  pieces = cache.load_structured(entry.npz_path)
+  z = np.random.default_rng(0).standard_normal((32, 3))
+  stream = pieces.noise_stream(3)
+  rows = np.stack([stream.next(z[i]) for i in range(32)])
+  np.testing.assert_allclose(rows, f.b @ z, atol=1e-10)  # normalized B, streamed
+  assert len(cache.list_entries(str(tmp_path))) == 2
+
+
+def test_list_entries(tmp_path):
+  for strategy in ("identity", "honaker_online"):
+    cache.load_or_factorize(_spec(strategy, n=8), cache_dir=str(tmp_path))
+  rows = cache.list_entries(str(tmp_path))
+  assert sorted(r["strategy"] for r in rows) == ["honaker_online", "identity"]
+  assert all(r["n"] == 8 and r["sqrt_loss"] > 0 and r["bytes"] > 0 for r in rows)
+  assert cache.list_entries(str(tmp_path / "missing")) == []
+
+
+def test_unconverged_result_is_keyed_separately(tmp_path):
+  converged = _spec("optimal", n=16)
+  loose = strategies.FactorizationSpec(workload=converged.workload, strategy="optimal",
+                                       allow_unconverged=True, max_iterations=1)
+  assert cache.key_params(converged) != cache.key_params(loose)
