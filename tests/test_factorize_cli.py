@@ -1,0 +1,237 @@
+"""`tff-mf factorize`, `tff-mf cache`, `tff-mf plot` and the demo, run as the user runs them."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tff_mf import cache
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JSON_KEYS = ("sqrt_loss", "loss", "n", "relative_gap", "iterations", "seconds", "path",
+             "cache_hit")
+
+
+def error_lines(stderr):
+  """The command's own messages (progress bars also write to stderr)."""
+  return [line for line in stderr.splitlines() if line.startswith("tff-mf")]
+
+
+def run_cli(*args, cache_dir=None, env_cache=None):
+  env = dict(os.environ)
+  env.pop("TFF_MF_CACHE", None)
+  if env_cache is not None:
+    env["TFF_MF_CACHE"] = str(env_cache)
+  argv = [sys.executable, "-m", "tff_mf.cli", *map(str, args)]
+  if cache_dir is not None:
+    argv += ["--cache-dir", str(cache_dir)]
+  return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_factorize_json_then_fast_hit(tmp_path):
+  first = run_cli("factorize", "--workload", "prefix_sum", "--strategy", "optimal", "--n", 64,
+                  "--json", cache_dir=tmp_path)
+  assert first.returncode == 0, first.stderr
+  record = json.loads(first.stdout)
+  for key in JSON_KEYS:
+    assert key in record
+  assert record["n"] == 64 and record["cache_hit"] is False
+  assert record["relative_gap"] <= 1e-6
+  assert record["loss"] == pytest.approx(record["sqrt_loss"] ** 2)
+  assert os.path.isfile(record["path"])
+  start = time.perf_counter()
+  second = run_cli("factorize", "--workload", "prefix_sum", "--strategy", "optimal", "--n", 64,
+                   "--json", cache_dir=tmp_path)
+  wall = time.perf_counter() - start
+  assert second.returncode == 0, second.stderr
+  hit = json.loads(second.stdout)
+  assert hit["cache_hit"] is True and hit["path"] == record["path"]
+  assert hit["sqrt_loss"] == record["sqrt_loss"]
+  assert wall < 5.0  # interpreter start included; about a second on an idle machine
+
+
+def test_hit_path_imports_no_tensorflow_or_matplotlib(tmp_path):
+  code = (
+      "import sys\n"
+      "from tff_mf import cli\n"
+      f"rc = cli.main(['factorize', '--strategy', 'identity', '--n', '8', '--json', "
+      f"'--cache-dir', {str(tmp_path)!r}])\n"
+      "heavy = [m for m in ('tensorflow', 'tensorflow_federated', 'matplotlib') "
+      "if m in sys.modules]\n"
+      "print('HEAVY', heavy)\n"
+      "sys.exit(rc)\n")
+  for _ in range(2):  # miss, then hit
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout
+
+
+def test_momentum_schedule_and_structured_flags(tmp_path):
+  out = run_cli("factorize", "--workload", "momentum", "--momentum", 0.9, "--lr-schedule",
+                "cooldown", "--schedule-rounds", 8, "--strategy", "structured", "--bands", 2,
+                "--rank", 2, "--n", 32, "--json", cache_dir=tmp_path)
+  assert out.returncode == 0, out.stderr
+  record = json.loads(out.stdout)
+  assert record["params"]["workload"] == {"kind": "momentum", "n": 32, "momentum": 0.9,
+                                          "lr_schedule": "cooldown", "schedule_rounds": 8}
+  assert record["params"]["bands"] == 2 and record["params"]["rank"] == 2
+  f = cache.load(record["path"], full_check=True)
+  assert f.strategy == "structured"
+  # Progress goes to stderr, never into the JSON on stdout.
+  assert out.stdout.count("\n") == 1
+
+
+def test_env_var_cache_location(tmp_path):
+  out = run_cli("factorize", "--strategy", "honaker_online", "--n", 16, "--json",
+                env_cache=tmp_path / "env_cache")
+  assert out.returncode == 0, out.stderr
+  assert json.loads(out.stdout)["path"].startswith(str(tmp_path / "env_cache"))
+
+
+def test_force_recomputes(tmp_path):
+  args = ("factorize", "--strategy", "honaker_full", "--n", 16, "--json")
+  assert json.loads(run_cli(*args, cache_dir=tmp_path).stdout)["cache_hit"] is False
+  assert json.loads(run_cli(*args, "--force", cache_dir=tmp_path).stdout)["cache_hit"] is False
+  assert json.loads(run_cli(*args, cache_dir=tmp_path).stdout)["cache_hit"] is True
+
+
+def test_cache_list_and_verify_exit_codes(tmp_path):
+  for strategy in ("identity", "honaker_online"):
+    assert run_cli("factorize", "--strategy", strategy, "--n", 16, cache_dir=tmp_path).returncode == 0
+  listed = run_cli("cache", "list", "--json", cache_dir=tmp_path)
+  assert listed.returncode == 0, listed.stderr
+  entries = json.loads(listed.stdout)["entries"]
+  assert sorted(e["strategy"] for e in entries) == ["honaker_online", "identity"]
+  table = run_cli("cache", "list", cache_dir=tmp_path)
+  assert "honaker_online" in table.stdout and "74" not in table.stderr
+  ok = run_cli("cache", "verify", cache_dir=tmp_path)
+  assert ok.returncode == 0, ok.stdout + ok.stderr
+  # Corrupt one entry: verify fails and names it.
+  bad_path = next(e["npz_path"] for e in entries if e["strategy"] == "identity")
+  with open(bad_path, "r+b") as f:
+    f.seek(200)
+    f.write(b"\x00garbage\x00")
+  bad = run_cli("cache", "verify", cache_dir=tmp_path)
+  assert bad.returncode == 1
+  assert os.path.dirname(bad_path) in bad.stdout and "BAD" in bad.stdout
+  as_json = json.loads(run_cli("cache", "verify", "--json", cache_dir=tmp_path).stdout)
+  assert as_json["bad"] == 1
+  # The corrupt entry is refused by factorize too (exit 2, one line naming it), and --force fixes it.
+  refused = run_cli("factorize", "--strategy", "identity", "--n", 16, cache_dir=tmp_path)
+  assert refused.returncode == 2 and os.path.dirname(bad_path) in refused.stderr
+  assert len(error_lines(refused.stderr)) == 1
+  assert run_cli("factorize", "--strategy", "identity", "--n", 16, "--force",
+                 cache_dir=tmp_path).returncode == 0
+  assert run_cli("cache", "verify", cache_dir=tmp_path).returncode == 0
+
+
+def test_user_matrix_file_workload(tmp_path):
+  rng = np.random.default_rng(3)
+  a = np.tril(rng.uniform(0.2, 1.0, (24, 24))) + np.eye(24)
+  path = tmp_path / "a.npy"
+  np.save(path, a)
+  out = run_cli("factorize", "--matrix-file", path, "--strategy", "optimal", "--json",
+                cache_dir=tmp_path / "c")
+  assert out.returncode == 0, out.stderr
+  record = json.loads(out.stdout)
+  assert record["n"] == 24 and record["params"]["workload"]["kind"] == "file"
+  f = cache.load(record["path"], full_check=True)
+  np.testing.assert_allclose(f.a, a)
+  np.testing.assert_allclose(f.b @ f.c, a, atol=1e-8)
+  # Same contents under another name: a cache hit.
+  np.save(tmp_path / "copy.npy", a)
+  again = json.loads(run_cli("factorize", "--matrix-file", tmp_path / "copy.npy", "--strategy",
+                             "optimal", "--json", cache_dir=tmp_path / "c").stdout)
+  assert again["cache_hit"] is True
+
+
+@pytest.mark.parametrize("name,matrix,message", [
+    ("singular", np.tril(np.ones((6, 6))) - np.diag([0, 0, 1, 0, 0, 0]), "singular"),
+    ("upper", np.triu(np.ones((6, 6))), "lower triangular"),
+    ("nonsquare", np.ones((6, 5)), "square"),
+    ("nan", np.where(np.eye(6) > 0, np.nan, 0.0), "non-finite"),
+])
+def test_invalid_matrix_files_fail_with_one_line(tmp_path, name, matrix, message):
+  path = tmp_path / f"{name}.npy"
+  np.save(path, matrix)
+  out = run_cli("factorize", "--matrix-file", path, "--strategy", "optimal", "--json",
+                cache_dir=tmp_path / "c")
+  assert out.returncode == 2
+  lines = error_lines(out.stderr)
+  assert len(lines) == 1 and message in lines[0] and str(path) in lines[0]
+  assert "Traceback" not in out.stderr
+  assert out.stdout == ""
+  assert not (tmp_path / "c").exists() or cache.list_entries(str(tmp_path / "c")) == []
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--strategy", "optimal"), "--n is required"),
+    (("--strategy", "optimal", "--n", 0), "--n must be"),
+    (("--strategy", "identity", "--n", 8, "--bands", 2), "--bands/--rank"),
+    (("--strategy", "structured", "--n", 8, "--bands", 0, "--rank", 1), "bands"),
+    (("--workload", "momentum", "--momentum", 1.5, "--strategy", "identity", "--n", 8), "[0, 1)"),
+    (("--workload", "momentum", "--lr-schedule", "decay", "--schedule-rounds", 99,
+      "--strategy", "identity", "--n", 8), "schedule_rounds"),
+    (("--strategy", "optimal", "--n", 8, "--target-gap", 0), "target_gap"),
+    (("--matrix-file", "/nonexistent/a.npy", "--strategy", "optimal"), "does not exist"),
+])
+def test_invalid_arguments_fail_with_one_line(tmp_path, args, message):
+  out = run_cli("factorize", *args, cache_dir=tmp_path)
+  assert out.returncode == 2, out.stdout + out.stderr
+  lines = error_lines(out.stderr)
+  assert len(lines) == 1 and message in lines[0], out.stderr
+  assert "Traceback" not in out.stderr
+
+
+def test_unconverged_is_an_error_unless_allowed(tmp_path):
+  args = ("factorize", "--workload", "momentum", "--strategy", "optimal", "--n", 64,
+          "--target-gap", 1e-12, "--max-iterations", 2, "--json")
+  refused = run_cli(*args, cache_dir=tmp_path)
+  assert refused.returncode == 2 and len(error_lines(refused.stderr)) == 1
+  assert "gap reached" in error_lines(refused.stderr)[0]
+  assert cache.list_entries(str(tmp_path)) == []
+  allowed = run_cli(*args, "--allow-unconverged", cache_dir=tmp_path)
+  assert allowed.returncode == 0, allowed.stderr
+  assert json.loads(allowed.stdout)["relative_gap"] > 1e-12
+
+
+def test_plot_writes_pngs(tmp_path):
+  out = run_cli("plot", "--n", 32, "--momentum", 0.9, "--output-dir", tmp_path / "plots",
+                cache_dir=tmp_path / "c")
+  assert out.returncode == 0, out.stderr
+  paths = out.stdout.split()
+  assert len(paths) == 4
+  for path in paths:
+    with open(path, "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  names = sorted(os.path.basename(p) for p in paths)
+  assert names == ["heatmap_optimal_momentum0.9_n32.png", "heatmap_optimal_prefix_sum_n32.png",
+                   "variance_momentum0.9_n32.png", "variance_prefix_sum_n32.png"]
+
+
+def test_factorization_demo_table(tmp_path):
+  from tff_mf.commands import demo  # pylint: disable=g-import-not-at-top
+  table = demo.run_factorization_demo(str(tmp_path / "out"), cache_dir=str(tmp_path / "c"), n=16)
+  for label in ("identity", "Honaker online", "Honaker full", "optimal", "structured (h=2, r=2)",
+                "lower bound"):
+    assert label in table
+  rows = {line.split("|")[1].strip(): [float(x) for x in line.split("|")[2:4]]
+          for line in table.splitlines() if line.startswith("| ") and "strategy" not in line}
+  for column in range(2):
+    values = {k: v[column] for k, v in rows.items()}
+    # Ordering of the paper's Table 1 / Fig 1: optimal <= structured, Honaker full, online, identity;
+    # nothing below the lower bound.
+    bound = values["lower bound ‖A‖_*/√n"]
+    assert bound <= values["optimal"] * (1 + 1e-9)
+    assert values["optimal"] <= min(v for k, v in values.items() if k != "lower bound ‖A‖_*/√n") * (1 + 1e-9)
+  with open(tmp_path / "out" / "factorizations.json") as f:
+    summary = json.load(f)
+  assert len(summary["factorizations"]) == 10
+  for path in summary["plots"]:
+    assert os.path.getsize(path) > 1000
+  assert open(tmp_path / "out" / "sqrt_loss_table.md").read().strip() == table.strip()
