@@ -160,16 +160,26 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps(record, sort_keys=True))
     return 0
   gap = record["relative_gap"]
+  iterations = record["iterations"]
+  structured = f.strategy == "structured"
   lines = [
       f"{'cache hit' if entry.cache_hit else 'computed'}: {f.strategy} for "
       f"{record['workload']} n={f.n}",
       f"  sqrt(L)        {f.sqrt_loss:.4f}",
       f"  loss L         {f.loss:.6g}",
-      f"  relative gap   {gap:.3g}" if gap is not None else "  relative gap   n/a",
-      f"  iterations     {record['iterations'] if record['iterations'] is not None else 'n/a'}",
-      f"  solver seconds {record['seconds']:.2f}" if record["seconds"] is not None else "",
-      f"  file           {entry.npz_path}",
   ]
+  if structured:
+    info = entry.metadata.get("info", {})
+    lines.append(f"  bands, rank    {info.get('bands')}, {info.get('rank')}")
+    if info.get("optimal_sqrt_loss") is not None:
+      lines.append(f"  optimal sqrt(L) {info['optimal_sqrt_loss']:.4f}")
+  label = "gap of B*" if structured else "relative gap"
+  lines.append(f"  {label:<14} {gap:.3g}" if gap is not None else f"  {label:<14} n/a")
+  label = "ALS iterations" if structured else "iterations"
+  lines.append(f"  {label:<14} {iterations if iterations is not None else 'n/a'}")
+  if record["seconds"] is not None:
+    lines.append(f"  solver seconds {record['seconds']:.2f}")
+  lines.append(f"  file           {entry.npz_path}")
   print("\n".join(line for line in lines if line))
   sys.stdout.flush()
   return 0
