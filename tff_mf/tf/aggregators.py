@@ -98,6 +98,17 @@ class DPAggregatorFactory(tff.aggregators.UnweightedAggregationFactory,
     return tff.aggregators.as_weighted_aggregator(unweighted).create(value_type, weight_type)
 
 
+def dp_event_from_state(aggregator_state) -> "dp_accounting.DpEvent":
+  """The DpEvent of the last round from a DP aggregator's state (after ``next``, not ``initialize``).
+
+  For a learning process: ``dp_event_from_state(state.aggregator)``. Composing
+  the events of all rounds of a matrix mechanism gives Denisov Thm 4.1's single
+  Gaussian mechanism (see ``tff_mf.tf.query``).
+  """
+  from tensorflow_federated.python.aggregators import differential_privacy  # pylint: disable=g-import-not-at-top
+  return differential_privacy.extract_dp_event_from_state(aggregator_state)
+
+
 def default_structure(n: int):
   """(h, r) with h + r = ⌈log₂ n⌉, h = ⌈(h + r)/2⌉: Denisov App H Table 2 ((6, 5) for n = 2048)."""
   total = max(2, int(math.ceil(math.log2(max(n, 2)))))
@@ -185,15 +196,19 @@ def _post_processed(f_prefix: fz.Factorization, a: np.ndarray, strategy: str) ->
 def structured_noise_for(n: int, bands: int, rank: int, cache_dir=None, progress=False):
   """(StructuredNoise, Factorization for S, info) for the banded + low-rank B̂ of S.
 
-  B̂ comes from the cache (``cache.load_or_factorize``, which runs
-  ``structured.fit`` when the entry is missing); its band and low-rank pieces
-  are recovered exactly from the dense B̂ (``noise.structured_pieces``).
+  B̂ and its Algorithm 3 pieces come from the cache (``cache.load_or_factorize``
+  runs ``structured.fit`` on the cached optimal decoder when the entry is
+  missing; ``cache.load_structured`` checks that the pieces rebuild B̂).
   """
+  from tff_mf import cache  # pylint: disable=g-import-not-at-top
   spec = strategies.FactorizationSpec(workload=workloads.WorkloadSpec("prefix_sum", n),
                                       strategy="structured", bands=bands, rank=rank)
   f, info = _cached(spec, cache_dir, progress)
-  d_mat, u, v = noise_lib.structured_pieces(f.b, bands, rank)
-  stream = noise_lib.StructuredNoise(d_mat, u, v, bands, f.a)
+  pieces = cache.load_structured(info["cache_npz"])
+  stream = noise_lib.StructuredNoise.from_fit(pieces, f.a, bands)
+  gap = float(np.max(np.abs(stream.decoder() - f.b)))
+  if gap > 1e-8 * max(1.0, float(np.max(np.abs(f.b)))):
+    raise ValueError(f"structured pieces in {info['cache_npz']} do not reproduce B̂ ({gap:.3g})")
   return stream, f, info
 
 

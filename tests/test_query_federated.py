@@ -1,0 +1,184 @@
+"""End to end: TFF federated averaging + build_mechanism == numpy Algorithm 1 (Denisov et al.).
+
+A linear model on synthetic clients; every round K clients take one full-batch
+SGD step, TFF clips and sums their deltas, adds the mechanism's noise row and
+the server optimizer applies momentum β and the learning-rate schedule. The
+iterates must equal θ_i = −(η/K)·(A·G + B·Z)[i] of Algorithm 1 (``001_…``
+Sec 4) computed in numpy with the same seed and the same clipped gradients.
+"""
+
+import asyncio
+
+import dp_accounting
+from dp_accounting.pld import pld_privacy_accountant
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_mf.tf import aggregators
+from tff_mf.tf import noise as noise_lib
+from tff_mf.tf import runtime
+
+D_IN, K, N = 3, 3, 5
+CLIENT_LR, CLIP, SERVER_LR, Z_MULT, SEED = 0.1, 0.5, 0.5, 0.7, 42
+MOMENTUM, SCHEDULE, SCHEDULE_ROUNDS = 0.9, "decay", 2
+SPECS = [tf.TensorSpec([D_IN, 1], tf.float32), tf.TensorSpec([1], tf.float32)]
+INPUT_SPEC = (tf.TensorSpec([None, D_IN], tf.float32), tf.TensorSpec([None, 1], tf.float32))
+
+runtime.install_exit_hook()
+
+
+def _client_data(rounds=N + 1):
+  rng = np.random.default_rng(0)
+  return [[(rng.normal(size=(4, D_IN)).astype(np.float32),
+            rng.normal(size=(4, 1)).astype(np.float32)) for _ in range(K)]
+          for _ in range(rounds)]
+
+
+DATA = _client_data()
+
+
+def model_fn():
+  keras_model = tf.keras.Sequential([tf.keras.layers.Dense(
+      1, kernel_initializer="zeros", bias_initializer="zeros", input_shape=(D_IN,))])
+  return tff.learning.models.from_keras_model(
+      keras_model, loss=tf.keras.losses.MeanSquaredError(), input_spec=INPUT_SPEC)
+
+
+def _datasets(i):
+  return [tf.data.Dataset.from_tensor_slices(d).batch(4) for d in DATA[i]]
+
+
+def _weights(process, state):
+  return np.concatenate([np.asarray(x, np.float64).ravel()
+                         for x in process.get_model_weights(state).trainable])
+
+
+def _run(process, state, rounds, start=0):
+  thetas = []
+  for i in range(start, start + rounds):
+    state = process.next(state, _datasets(i)).state
+    thetas.append(_weights(process, state))
+  return thetas, state
+
+
+def algorithm1(setup, rounds=N, noise=True):
+  """Denisov Algorithm 1 in float64 with gradients of the same clients at the same iterates."""
+  f = setup.factorization
+  a = f.a if f is not None else None
+  theta = np.zeros(D_IN + 1)
+  g = np.zeros((rounds, D_IN + 1))
+  if noise:
+    z = Z_MULT * CLIP * noise_lib.standard_normal_matrix(noise_lib.seed_pair(SEED), f.m, SPECS)
+  out = []
+  for i in range(rounds):
+    for x, y in DATA[i]:
+      x, y = x.astype(np.float64), y[:, 0].astype(np.float64)
+      resid = x @ theta[:D_IN] + theta[D_IN] - y
+      grad = np.concatenate([2 / len(y) * x.T @ resid, [2 / len(y) * resid.sum()]])
+      delta = CLIENT_LR * grad
+      g[i] += delta * min(1.0, CLIP / np.linalg.norm(delta))
+    released = a[i, :i + 1] @ g[:i + 1]
+    if noise:
+      released = released + f.b[i] @ z
+    theta = -(SERVER_LR / K) * released
+    out.append(theta)
+  return np.array(out)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("tff_mf_cache"))
+
+
+def _setup(mechanism, cache_dir, noise_multiplier=Z_MULT, noise_seed=SEED, **kw):
+  args = dict(total_rounds=N, noise_multiplier=noise_multiplier, clients_per_round=K,
+              clip_norm=CLIP, server_learning_rate=SERVER_LR, momentum=MOMENTUM,
+              lr_schedule=SCHEDULE, schedule_rounds=SCHEDULE_ROUNDS, noise_seed=noise_seed,
+              cache_dir=cache_dir)
+  args.update(kw)
+  return aggregators.build_mechanism(mechanism, **args)
+
+
+def _process(setup, weighted=False):
+  build = (tff.learning.algorithms.build_weighted_fed_avg if weighted
+           else tff.learning.algorithms.build_unweighted_fed_avg)
+  return build(model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(CLIENT_LR),
+               server_optimizer_fn=setup.server_optimizer,
+               model_aggregator=setup.aggregation_factory)
+
+
+_PROCESSES = {}
+
+
+def _built(mechanism, cache_dir):
+  if mechanism not in _PROCESSES:
+    setup = _setup(mechanism, cache_dir)
+    _PROCESSES[mechanism] = (setup, _process(setup))
+  return _PROCESSES[mechanism]
+
+
+@pytest.mark.parametrize("mechanism", aggregators.MATRIX_MECHANISMS)
+def test_iterates_equal_numpy_algorithm1(mechanism, cache_dir):
+  setup, process = _built(mechanism, cache_dir)
+  thetas, state = _run(process, process.initialize(), N)
+  expected = algorithm1(setup)
+  np.testing.assert_allclose(np.array(thetas), expected, rtol=1e-4, atol=1e-5)
+  assert np.max(np.abs(expected - algorithm1(setup, noise=False))) > 1e-2  # noise is present
+  if mechanism == "honaker_online":
+    with pytest.raises(Exception, match="past the n=5 rounds"):
+      process.next(state, _datasets(N))
+
+
+@pytest.mark.parametrize("mechanism", ["gaussian_fixed", "tree_aggregation"])
+def test_tff_baselines_share_the_server_algebra(mechanism, cache_dir):
+  """With z = 0 the TFF baselines release A·G exactly (their noise RNG is TFF's own)."""
+  setup = _setup(mechanism, cache_dir, noise_multiplier=0.0, noise_seed=None)
+  process = _process(setup)
+  thetas, _ = _run(process, process.initialize(), 3)
+  reference = _setup("honaker_online", cache_dir)
+  np.testing.assert_allclose(np.array(thetas), algorithm1(reference, rounds=3, noise=False),
+                             rtol=1e-4, atol=1e-5)
+
+
+def test_weighted_fed_avg_accepts_the_aggregator(cache_dir):
+  setup = _setup("opt_momentum", cache_dir)
+  process = _process(setup, weighted=True)
+  thetas, _ = _run(process, process.initialize(), 2)
+  np.testing.assert_allclose(np.array(thetas), algorithm1(setup)[:2], rtol=1e-4, atol=1e-5)
+
+
+def test_checkpoint_restore_continues_identically(cache_dir, tmp_path):
+  setup, process = _built("structured", cache_dir)
+  start = process.initialize()
+  straight, _ = _run(process, start, N)
+  manager = tff.program.FileProgramStateManager(str(tmp_path / "program_state"))
+  first, state = _run(process, start, 2)
+  asyncio.run(manager.save(state, 2))
+  restored, version = asyncio.run(manager.load_latest(process.initialize()))
+  assert version == 2
+  rest, _ = _run(process, restored, N - 2, start=2)
+  np.testing.assert_array_equal(np.array(first + rest), np.array(straight))
+
+
+def test_dp_events_from_tff_state_compose_to_thm41(cache_dir):
+  setup, process = _built("honaker_online", cache_dir)
+  state = process.initialize()
+  events = []
+  for i in range(N):
+    state = process.next(state, _datasets(i)).state
+    events.append(aggregators.dp_event_from_state(state.aggregator))
+  accountant = pld_privacy_accountant.PLDAccountant()
+  accountant.compose(dp_accounting.ComposedDpEvent(events))
+  reference = pld_privacy_accountant.PLDAccountant()
+  reference.compose(dp_accounting.GaussianDpEvent(Z_MULT))
+  assert accountant.get_epsilon(1e-6) == pytest.approx(reference.get_epsilon(1e-6), rel=1e-9)
+
+
+def test_unpinned_seed_runs_differ(cache_dir):
+  setup = _setup("opt_prefix_sum", cache_dir, noise_seed=None)
+  process = _process(setup)
+  a, _ = _run(process, process.initialize(), 1)
+  b, _ = _run(process, process.initialize(), 1)
+  assert not np.allclose(a, b)
