@@ -142,7 +142,7 @@ def summarize(summaries: Sequence[dict], accountant: str = "pld",
       counts[verdict] += 1
       if verdict == "converged":
         by_setting.setdefault(setting_of(s), []).append(s)
-    delta = float(members[0][0].get("delta", config.get("delta", 1e-6)))
+    delta = float(members[0][0].get("delta") or config.get("delta") or 1e-6)
     row = {
         "mechanism": mechanism,
         "label": grids.MECHANISM_LABELS.get(mechanism, mechanism),
