@@ -71,8 +71,8 @@ def plot_heatmaps(b: np.ndarray, c: np.ndarray, path: str, title: str) -> str:
     ax.imshow(_rank_normalized(x), cmap="Reds", vmin=0.0, vmax=1.0, interpolation="nearest")
     ax.set_title(f"{name}: rank of |entry|")
     ax = axes[2, col]
-    mags = np.abs(x[x != 0])
-    ax.hist(mags, bins=100, color="firebrick")
+    counts, edges = np.histogram(np.abs(x[x != 0]), bins=100)
+    ax.stairs(counts, edges, fill=True, color="firebrick")
     ax.set_yscale("log")
     ax.set_xlabel("|entry| of non-zero entries")
     ax.set_title(f"{name}: histogram")
