@@ -116,6 +116,7 @@ def test_training_loop_two_workers_equal_single_process_kill_then_resume(tmp_pat
 def _binary_command(root, data_dir, cache, workers=None):
   flags = dict(TINY_FLAGS, data_dir=data_dir, matrix_cache=cache, root_output_dir=root,
                experiment_name="run")
+  del flags["max_test_elements"]  # a TrainingConfig field without a binary flag
   if workers:
     flags["workers"] = ",".join(workers)
   return [sys.executable, "-m", "training.run_stackoverflow"] + [
