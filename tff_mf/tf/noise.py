@@ -198,7 +198,7 @@ class DenseNoise(StreamingNoise):
     self._row_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     rows, cols = np.nonzero(nonzero)
     del rows
-    self._cols = cols.astype(np.int64)
+    self._cols = cols.astype(np.int32)
     self._vals = nm[nonzero]  # row-major order matches np.nonzero
 
   @classmethod
