@@ -155,6 +155,13 @@ def _corrupt_product(entry):
   _replace_npz(entry, A=a, B=b, C=c)
 
 
+def _corrupt_other_workload(entry):
+  """A valid factorization of a different A (2·S) under this entry's key."""
+  with np.load(entry.npz_path) as d:
+    a, b, c = d["A"], d["B"], d["C"]
+  _replace_npz(entry, A=2 * a, B=2 * b, C=c)
+
+
 def _corrupt_sidecar_json(entry):
   open(entry.json_path, "w").write("{not json")
 
@@ -168,6 +175,7 @@ CORRUPTIONS = {
     "float32": (_corrupt_dtype, "float64"),
     "non-triangular C": (_corrupt_non_triangular_c, "C is not lower triangular"),
     "B·C != A": (_corrupt_product, "differs from A"),
+    "other workload": (_corrupt_other_workload, "not the requested workload"),
 }
 
 

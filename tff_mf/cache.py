@@ -516,8 +516,24 @@ def list_entries(cache_dir: Optional[str] = None) -> List[Dict[str, Any]]:
   return rows
 
 
+def _workload_from_params(params: Dict[str, Any]) -> Optional[np.ndarray]:
+  """A rebuilt from an entry's key parameters (None for a user matrix file)."""
+  w = params.get("workload", {}) if isinstance(params, dict) else {}
+  if w.get("kind") == "prefix_sum":
+    return workloads.prefix_sum(int(w["n"]))
+  if w.get("kind") == "momentum":
+    n = int(w["n"])
+    etas = workloads.learning_rates(n, w.get("lr_schedule", "constant"), w.get("schedule_rounds"))
+    return workloads.momentum_matrix(n, float(w["momentum"]), etas)
+  return None
+
+
 def verify(cache_dir: Optional[str] = None, full_check: bool = True) -> List[Dict[str, Any]]:
-  """Checks every entry completely; returns [{directory, path, ok, error}]."""
+  """Checks every entry completely; returns [{directory, path, ok, error}].
+
+  Besides what ``load`` checks, the stored A must be the workload its key
+  names and the stored √L must match the sidecar.
+  """
   results = []
   for directory in _entry_dirs(cache_dir):
     json_path = os.path.join(directory, METADATA_FILE)
@@ -528,7 +544,11 @@ def verify(cache_dir: Optional[str] = None, full_check: bool = True) -> List[Dic
       except FileNotFoundError as e:
         raise CacheError(f"cache entry {directory} has no sidecar {json_path}") from e
       path = os.path.join(directory, metadata["npz_file"])
-      f = _load_checked(path, metadata, full_check=full_check, expected_workload=None)
+      try:
+        expected = _workload_from_params(metadata.get("params"))
+      except (ValueError, KeyError, TypeError) as e:
+        raise CacheError(f"cache sidecar {json_path} has invalid parameters: {e}") from e
+      f = _load_checked(path, metadata, full_check=full_check, expected_workload=expected)
       if metadata.get("sqrt_loss") is not None and not np.isclose(
           f.sqrt_loss, metadata["sqrt_loss"], rtol=1e-9):
         raise CacheError(f"cache file {path}: √L = {f.sqrt_loss:.6g} but its sidecar says "
