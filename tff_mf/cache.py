@@ -232,8 +232,10 @@ def load(npz_path: str, full_check: bool = False,
          expected_workload: Optional[np.ndarray] = None) -> fz.Factorization:
   """Loads and checks a cached factorization; raises CacheError naming the file.
 
-  The sidecar ``metadata.json`` beside the file gives the expected sha256.
-  ``full_check`` computes B·C exactly instead of the O(n²) randomized check.
+  The sidecar ``metadata.json`` beside the file gives the expected sha256 and
+  the workload parameters (A must be that workload; pass ``expected_workload``
+  for a user matrix). ``full_check`` computes B·C exactly instead of the O(n²)
+  randomized check.
   """
   npz_path = os.path.abspath(npz_path)
   json_path = os.path.join(os.path.dirname(npz_path), METADATA_FILE)
@@ -244,6 +246,11 @@ def load(npz_path: str, full_check: bool = False,
   if metadata["npz_file"] != os.path.basename(npz_path):
     raise CacheError(f"cache file {npz_path} is not the file its sidecar {json_path} "
                      f"names ({metadata['npz_file']})")
+  if expected_workload is None:
+    try:
+      expected_workload = _workload_from_params(metadata.get("params"))
+    except (ValueError, KeyError, TypeError) as e:
+      raise CacheError(f"cache sidecar {json_path} has invalid parameters: {e}") from e
   return _load_checked(npz_path, metadata, full_check, expected_workload)
 
 
