@@ -135,6 +135,19 @@ def test_min_val_accuracy_treats_collapsed_runs_as_diverged(synthetic_runs):
   assert tree["test_mean"] == pytest.approx(0.230)
 
 
+def test_selection_min_seeds_prefers_repeated_settings(synthetic_runs):
+  rows = summarize.summarize(summarize.load_summaries(str(synthetic_runs)), selection_min_seeds=3)
+  mom = [r for r in rows if r["mechanism"] == "opt_momentum" and r["noise_multiplier"] == 0.341
+         and r["lr_schedule"] == "constant"][0]
+  assert mom["seeds"] == 3  # B (3 converged seeds) stays selected; A has 1
+  # z=1.364 has no setting with 3 seeds: all compete.
+  single = [r for r in rows if r["noise_multiplier"] == 1.364][0]
+  assert single["seeds"] == 1 and single["test_mean"] == pytest.approx(0.199)
+  rows = summarize.summarize(summarize.load_summaries(str(synthetic_runs)), selection_min_seeds=4)
+  tree = [r for r in rows if r["mechanism"] == "tree"][0]
+  assert tree["selected"]["server_lr"] == 0.25  # no setting has 4: the best mean wins
+
+
 def test_command_writes_table_json_and_pngs(synthetic_runs, tmp_path, capsys):
   out = tmp_path / "out"
   assert summarize.main(["--root_output_dir", str(synthetic_runs), "--output_dir", str(out)]) == 0
