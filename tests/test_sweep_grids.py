@@ -219,3 +219,31 @@ def test_sweep_runs_slice_skips_finished_and_resumes_after_a_crash(tmp_path, mon
 
 def test_running_needs_root_output_dir():
   assert sweep.main(["--grid", "table4_repeats", "--slice", "0:1", "--no_progress"]) == 2
+
+
+@pytest.mark.slow
+def test_sweep_with_the_real_binary_on_tiny_data_then_summarize(tmp_path):
+  """Two table4_repeats runs through run_stackoverflow.py, shrunk by --extra_flags; rerun skips."""
+  pytest.importorskip("training.run_stackoverflow")
+  from stackoverflow import fixtures
+  from training import summarize
+  data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "data"))
+  root = str(tmp_path / "runs")
+  tiny = (f"--data_dir={data_dir} --matrix_cache={tmp_path / 'cache'} --total_rounds=2 "
+          "--clients_per_round=2 --vocab_size=100 --embedding_size=8 --lstm_size=16 "
+          "--projection_size=8 --max_validation_elements=40 --rounds_per_eval=2 "
+          "--rounds_per_checkpoint=1")
+  args = ["--grid", "table4_repeats", "--slice", "0:2", "--root_output_dir", root,
+          "--extra_flags", tiny, "--no_progress"]
+  assert sweep.main(args) == 0
+  grid = grids.get_grid("table4_repeats")
+  for run in grid.runs[:2]:
+    summary = json.load(open(os.path.join(root, run.name, "summary.json")))
+    assert summary["finished"] and summary["config"]["server_lr"] == run.server_lr
+    assert summary["noise_multiplier"] == run.noise_multiplier
+  records_before = open(os.path.join(root, "sweep_table4_repeats.jsonl")).read()
+  assert sweep.main(args) == 0
+  assert open(os.path.join(root, "sweep_table4_repeats.jsonl")).read() == records_before
+  assert summarize.main(["--root_output_dir", root]) == 0
+  rows = json.load(open(os.path.join(root, "summary", "summary.json")))["rows"]
+  assert len(rows) == 1 and rows[0]["seeds"] == 2 and rows[0]["test_std"] is not None
