@@ -336,6 +336,7 @@ def test_default_structure_matches_denisov_table2():
     (dict(mechanism="structured", bands=0), "bands must be a positive integer"),
     (dict(noise_seed=-3), "noise_seed must be in"),
     (dict(server_learning_rate=0.0), "server_learning_rate must be positive"),
+    (dict(mechanism="gaussian_fixed", noise_seed=3), "cannot pin noise_seed"),
 ])
 def test_build_mechanism_rejects_bad_arguments(kwargs, match):
   args = dict(mechanism="honaker_online", total_rounds=8, noise_multiplier=1.0,

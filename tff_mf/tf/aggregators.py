@@ -174,8 +174,9 @@ def _check_args(mechanism, total_rounds, noise_multiplier, clients_per_round, cl
       raise ValueError(f"bands must be a positive integer, got {bands!r}")
     if rank is not None and (not isinstance(rank, (int, np.integer)) or rank < 0):
       raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
-  if mechanism == "tree_aggregation" and noise_seed is not None and noise_seed >= 2**31:
-    raise ValueError("TFF's tree_aggregation takes a noise_seed below 2**31")
+  if mechanism == "gaussian_fixed" and noise_seed is not None:
+    raise ValueError("TFF's gaussian_fixed draws from TensorFlow's stateful RNG and cannot pin "
+                     "noise_seed; leave it None")
 
 
 def _cached(spec: strategies.FactorizationSpec, cache_dir, progress):
@@ -278,6 +279,8 @@ def build_mechanism(mechanism: str, *, total_rounds: int, noise_multiplier: floa
     info["noise_multiplier_per_node"] = z * math.sqrt(levels)
     info["tff_dp_events"] = "TFF's tree query reports UnsupportedDpEvent"
     info["comparable_strategy"] = "honaker_online"
+    if noise_seed is None:
+      info["noise_seed_source"] = "TFF's clock-based seed (tensorflow_privacy GaussianNoiseGenerator)"
 
   if mechanism in MATRIX_MECHANISMS:
     if stream is None:
