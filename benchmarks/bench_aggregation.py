@@ -187,6 +187,12 @@ def write_results(args, n, d, h, r, results, losses, e_opt):
     cells = [f"{results[(name, x)]['seconds'] * 1e3:.1f}" for x in rounds]
     lines.append(f"| {name} | " + " | ".join(cells) +
                  f" | {results[(name, rounds[-1])]['state_bytes'] / 2**20:.1f} |")
+  lines += ["", "State carried between rounds (MiB; round index and seed included):", "",
+            "| mechanism | " + " | ".join(f"round {x}" for x in rounds) + " |",
+            "| --- | " + " | ".join("---" for _ in rounds) + " |"]
+  for name in MECHS:
+    lines.append(f"| {name} | " + " | ".join(
+        f"{results[(name, x)]['state_bytes'] / 2**20:.1f}" for x in rounds) + " |")
   ratios = [results[("structured", x)]["seconds"] / results[("tree_aggregation", x)]["seconds"]
             for x in rounds]
   loss_ratio = losses["structured"] / losses["optimal"]
