@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+import warnings
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
@@ -71,8 +72,8 @@ class NotConvergedError(ValueError):
     self.result = result
 
 
-class LossOfPositiveDefinitenessError(ArithmeticError):
-  """The matrix square root or ψ met a numerically indefinite matrix."""
+class LossOfPositiveDefinitenessError(ArithmeticError, ValueError):
+  """The matrix square root or ψ met a numerically indefinite matrix (App E.4)."""
 
 
 @dataclasses.dataclass
@@ -85,8 +86,9 @@ class OptimalResult:
     v: the final dual variable (diagonal scaling) of Eq. 5.
     info: ``relative_gap``, ``iterations``, ``seconds``, ``converged``,
       ``dual_lower_bound``, ``loss``, ``target_gap``, ``acceleration`` ...
-    history: one dict per iteration (``iteration``, ``seconds``, ``dual``,
-      ``primal``, ``relative_gap``) for benchmarks and plots.
+    history: one dict per iteration (``iteration``, ``seconds``,
+      ``cpu_seconds``, ``dual``, ``primal`` = ``loss``, ``relative_gap``; the
+      best values so far) for benchmarks and plots.
   """
   b: np.ndarray
   c: np.ndarray
@@ -233,6 +235,7 @@ def solve(a: np.ndarray,
   if anderson_memory < 1:
     raise ValueError(f"anderson_memory must be at least 1, got {anderson_memory}")
   start = time.perf_counter()
+  cpu_start = time.process_time()
   problem = DualProblem(a)
   n = problem.n
   if initial_v is None:
@@ -277,7 +280,8 @@ def solve(a: np.ndarray,
         best_primal = ev
       gap = relative_gap(best_primal.primal, best.dual)
       record = {"iteration": iterations, "seconds": time.perf_counter() - start,
-                "dual": best.dual, "primal": best_primal.primal, "relative_gap": gap}
+                "cpu_seconds": time.process_time() - cpu_start, "dual": best.dual,
+                "primal": best_primal.primal, "loss": best_primal.primal, "relative_gap": gap}
       history.append(record)
       if callback is not None:
         callback(record)
@@ -319,6 +323,7 @@ def solve(a: np.ndarray,
       "relative_gap": gap,
       "iterations": iterations,
       "seconds": time.perf_counter() - start,
+      "cpu_seconds": time.process_time() - cpu_start,
       "converged": bool(converged),
       "dual_lower_bound": float(best.dual),
       "loss": float(final_loss),
@@ -331,6 +336,12 @@ def solve(a: np.ndarray,
       "cg_iterations": cg_total,
       "negative_eigenvalues_floored": negative_total,
   }
+  if negative_total:
+    warnings.warn(
+        f"optimal factorization (n={n}): {negative_total} eigenvalues of "
+        "diag(v)^½ AᵀA diag(v)^½ came out negative (loss of positive definiteness by "
+        "rounding) and were floored at the a-priori bound; the certificate accounts for it",
+        RuntimeWarning)
   result = OptimalResult(b=b, c=c, v=best.v.copy(), info=info, history=history)
   if not converged and not allow_unconverged:
     raise NotConvergedError(
