@@ -318,6 +318,8 @@ def configure_execution_context(workers: Sequence[str],
   coordinator = execution_contexts.create_async_local_cpp_execution_context()
   context = coordinator_context_class()(worker_contexts, coordinator)
   tff.framework.set_default_context(context)
+  if _active_context is not None:
+    _active_context.close()
   _active_context = context
 
 
@@ -425,8 +427,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     sys.stdout.flush()
     os.execv(binary, [binary, f"--port={args.port}",
                       f"--max_concurrent_computation_calls={args.max_concurrent_computation_calls}"])
+  try:
+    addresses = parse_worker_addresses(args.workers)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   failures = 0
-  for address in parse_worker_addresses(args.workers):
+  for address in addresses:
     try:
       wait_for_worker(address, args.timeout).close()
       print(f"{address}: ready")
