@@ -300,7 +300,8 @@ class StructuredNoise(StreamingNoise):
   """
 
   def __init__(self, bands_matrix: np.ndarray, u: np.ndarray, v: np.ndarray, bands: int,
-               workload: np.ndarray, normalize: bool = True, max_inverse_bands: int = 4):
+               workload: np.ndarray, normalize: bool = True, max_inverse_bands: int = 4,
+               jit_compile: bool = True):
     d_mat = _check_matrix(bands_matrix, "bands matrix D(h)")
     a = _check_matrix(workload, "workload A")
     n = d_mat.shape[0]
@@ -336,6 +337,8 @@ class StructuredNoise(StreamingNoise):
     self.sensitivity = gamma / g
     self.n, self.m = n, n
     self.bands, self.rank, self.inverse_bands = h, int(u.shape[1]), int(w)
+    self.jit_compile = bool(jit_compile)
+    self._combine = None
     self._a_inv = a_inv
     self._b_hat = b_hat * g
     # Coefficient tables (float64), row i = what round i uses.
@@ -369,15 +372,21 @@ class StructuredNoise(StreamingNoise):
     return self.bands + self.rank + self.inverse_bands - 1
 
   def initial_buffers(self, specs):
+    """(Z[i−h..i−1], β rows, y[i−w+1..i−1]): tuples of rows, each a tuple of variables.
+
+    Rows are separate tensors so the ring buffers shift by passing references,
+    not by copying.
+    """
     specs = flat_specs(specs)
-    zbuf = tuple(tf.zeros([self.bands] + s.shape.as_list(), s.dtype) for s in specs)
-    beta = tuple(tf.zeros([self.rank] + s.shape.as_list(), s.dtype) for s in specs)
-    ybuf = tuple(tf.zeros([self.inverse_bands - 1] + s.shape.as_list(), s.dtype) for s in specs)
-    return (zbuf, beta, ybuf)
+
+    def rows(count):
+      return tuple(tuple(tf.zeros(s.shape, s.dtype) for s in specs) for _ in range(count))
+
+    return (rows(self.bands), rows(self.rank), rows(self.inverse_bands - 1))
 
   def noise_row(self, seed, round_index, buffers, specs, stddev):
     specs = flat_specs(specs)
-    h, w = self.bands, self.inverse_bands
+    h, w, r = self.bands, self.inverse_bands, self.rank
     zbuf, beta, ybuf = buffers
     i = tf.cast(round_index, tf.int64)
     band = tf.gather(tf.constant(self._band.astype(np.float32)), i)  # [h]: D[i, i-k]
@@ -385,25 +394,37 @@ class StructuredNoise(StreamingNoise):
     v_i = tf.gather(tf.constant(self._v_gate.astype(np.float32)), i)  # [r]: V[i-h] or 0
     ainv = tf.gather(tf.constant((self._ainv * float(stddev)).astype(np.float32)), i)  # [w]
     z_new = standard_normal_row(seed, i, specs)
-    new_zbuf, new_beta, new_ybuf, out = [], [], [], []
-    for t, spec in enumerate(specs):
-      ones = [1] * spec.shape.rank
-      zb, bt, yb, z = zbuf[t], beta[t], ybuf[t], z_new[t]
-      # β_i = β_{i-1} + V[i-h]ᵀ Z[i-h]; Z[i-h] is the oldest buffered row.
-      bt = bt + tf.reshape(v_i, [self.rank] + ones) * zb[0][None]
-      y = band[0] * z
-      for k in range(1, h):
-        y = y + band[k] * zb[h - k]
-      if self.rank:
-        y = y + tf.tensordot(u_i, bt, axes=1)
-      noise = ainv[0] * y
-      for k in range(1, w):
-        noise = noise + ainv[k] * yb[w - 1 - k]
-      out.append(noise)
-      new_zbuf.append(tf.concat([zb[1:], z[None]], axis=0))
-      new_beta.append(bt)
-      new_ybuf.append(tf.concat([yb[1:], y[None]], axis=0) if w > 1 else yb)
-    return out, (tuple(new_zbuf), tuple(new_beta), tuple(new_ybuf))
+    combine = self._combine_fn()
+    out, new_beta, y = [], [], []
+    for t in range(len(specs)):
+      out_t, beta_t, y_t = combine(z_new[t], [zbuf[k][t] for k in range(h)],
+                                   [beta[l][t] for l in range(r)],
+                                   [ybuf[k][t] for k in range(w - 1)], band, u_i, v_i, ainv)
+      out.append(out_t)
+      new_beta.append(beta_t)
+      y.append(y_t)
+    new_zbuf = tuple(zbuf[1:]) + (tuple(z_new),)
+    new_beta = tuple(tuple(new_beta[t][l] for t in range(len(specs))) for l in range(r))
+    new_ybuf = (tuple(ybuf[1:]) + (tuple(y),)) if w > 1 else ybuf
+    return out, (new_zbuf, new_beta, new_ybuf)
+
+  def _combine_fn(self):
+    """Algorithm 3's per-variable arithmetic, fused by XLA when ``jit_compile`` (one pass over
+    the buffers instead of one temporary per term)."""
+    if self._combine is None:
+      h, w, r = self.bands, self.inverse_bands, self.rank
+
+      def combine(z_new, zbuf, beta, ybuf, band, u_i, v_i, ainv):
+        z_old = zbuf[0]  # Z[i−h], the row leaving the band this round
+        beta_t = [beta[l] + v_i[l] * z_old for l in range(r)]  # β_i = β_{i−1} + V[i−h]ᵀZ[i−h]
+        terms = [band[0] * z_new] + [band[k] * zbuf[h - k] for k in range(1, h)]
+        terms += [u_i[l] * beta_t[l] for l in range(r)]
+        y = tf.add_n(terms)  # (B̂·Z)[i]
+        out = tf.add_n([ainv[0] * y] + [ainv[k] * ybuf[w - 1 - k] for k in range(1, w)])
+        return out, beta_t, y
+
+      self._combine = tf.function(combine, jit_compile=self.jit_compile, autograph=False)
+    return self._combine
 
   def describe(self):
     return (f"StructuredNoise(n={self.n}, h={self.bands}, r={self.rank}, "
