@@ -102,6 +102,8 @@ def main(argv=None):
   parser.add_argument("--dim", type=int, default=0, help="flat model size (0: the LSTM)")
   parser.add_argument("--reps", type=int, default=5)
   parser.add_argument("--dense-reps", type=int, default=1)
+  parser.add_argument("--dense-rounds", type=int, nargs="+", default=None,
+                      help="rounds at which to time dense regeneration (default: --rounds)")
   parser.add_argument("--cache-dir", default=None)
   parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
   args = parser.parse_args(argv)
@@ -144,7 +146,8 @@ def main(argv=None):
   for name in MECHS:
     q = queries[name]
     base = q.initial_global_state()
-    for rnd in tqdm(args.rounds, desc=name, file=sys.stderr):
+    todo = args.dense_rounds if (name == "dense" and args.dense_rounds) else args.rounds
+    for rnd in tqdm(todo, desc=name, file=sys.stderr):
       i = rnd - 1
       if name in ("dense", "structured"):
         inner = base.numerator_state._replace(round_index=tf.constant(i, tf.int32))
@@ -184,15 +187,18 @@ def write_results(args, n, d, h, r, results, losses, e_opt):
       f"{rounds[-1]} (MiB) |",
       "| --- | " + " | ".join("---" for _ in rounds) + " | --- |"]
   for name in MECHS:
-    cells = [f"{results[(name, x)]['seconds'] * 1e3:.1f}" for x in rounds]
-    lines.append(f"| {name} | " + " | ".join(cells) +
-                 f" | {results[(name, rounds[-1])]['state_bytes'] / 2**20:.1f} |")
+    cells = [f"{results[(name, x)]['seconds'] * 1e3:.1f}" if (name, x) in results else "not run"
+             for x in rounds]
+    last = results.get((name, rounds[-1]))
+    last_cell = f"{last['state_bytes'] / 2**20:.1f}" if last else "not run"
+    lines.append(f"| {name} | " + " | ".join(cells) + f" | {last_cell} |")
   lines += ["", "State carried between rounds (MiB; round index and seed included):", "",
             "| mechanism | " + " | ".join(f"round {x}" for x in rounds) + " |",
             "| --- | " + " | ".join("---" for _ in rounds) + " |"]
   for name in MECHS:
     lines.append(f"| {name} | " + " | ".join(
-        f"{results[(name, x)]['state_bytes'] / 2**20:.1f}" for x in rounds) + " |")
+        f"{results[(name, x)]['state_bytes'] / 2**20:.1f}" if (name, x) in results else "not run"
+        for x in rounds) + " |")
   ratios = [results[("structured", x)]["seconds"] / results[("tree_aggregation", x)]["seconds"]
             for x in rounds]
   loss_ratio = losses["structured"] / losses["optimal"]
@@ -217,8 +223,8 @@ def write_results(args, n, d, h, r, results, losses, e_opt):
               indent=1)
   fig, ax = plt.subplots(figsize=(6, 4))
   for name in MECHS:
-    ax.plot(rounds, [results[(name, x)]["seconds"] * 1e3 for x in rounds], marker="o",
-            label=name)
+    xs = [x for x in rounds if (name, x) in results]
+    ax.plot(xs, [results[(name, x)]["seconds"] * 1e3 for x in xs], marker="o", label=name)
   ax.set_xscale("log", base=2)
   ax.set_yscale("log")
   ax.set_xlabel("round")
