@@ -1,0 +1,218 @@
+"""MMCC (Choquette-Choo et al. 2024, ``004_…``): amplification for matrix mechanisms."""
+
+import itertools
+
+import dp_accounting
+import numpy as np
+import pytest
+from scipy import stats
+
+from tff_mf import accounting
+from tff_mf import mmcc
+from tff_mf import tree
+
+DELTA = 1e-6
+FAST = dict(workers=1, grid_resolution=8)
+
+
+def _dpsgd_epsilon(n, p, sigma, delta=DELTA):
+  acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
+  acc.compose(dp_accounting.PoissonSampledDpEvent(p, dp_accounting.GaussianDpEvent(sigma)), n)
+  return acc.get_epsilon(delta)
+
+
+def _random_c(n, seed, density=0.7):
+  rng = np.random.default_rng(seed)
+  c = np.tril(rng.uniform(0.0, 1.0, (n, n)) * (rng.uniform(size=(n, n)) < density))
+  np.fill_diagonal(c, rng.uniform(0.5, 1.0, n))
+  return c / np.sqrt(np.max(np.sum(c * c, axis=0)))
+
+
+def _no_amplification_epsilon(c, sigma, delta=DELTA):
+  """Same mechanism, every example in every round: Gaussian with sensitivity ‖C·1‖ (Lemma B.2)."""
+  return accounting.gaussian_epsilon_exact(sigma / np.linalg.norm(c.sum(axis=1)), delta)
+
+
+@pytest.mark.parametrize("n,p,sigma", [(10, 0.2, 1.5), (40, 0.05, 1.0), (100, 0.01, 0.8)])
+def test_identity_is_dpsgd(n, p, sigma):
+  """C = I reduces to DP-SGD with Poisson sampling (Sec 2.2): within 1% of dp_accounting."""
+  eps = mmcc.mmcc_epsilon(mmcc.identity_matrix(n), p, sigma, DELTA, workers=1)
+  ref = _dpsgd_epsilon(n, p, sigma)
+  assert abs(eps - ref) <= 0.01 * ref
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_matrices_amplification_properties(seed):
+  n = 6
+  c = _random_c(n, seed)
+  p = 0.1
+  eps = [mmcc.mmcc_epsilon(c, p, s, DELTA, **FAST) for s in (2.0, 4.0, 8.0)]
+  # ε decreases as σ grows.
+  assert eps[0] > eps[1] > eps[2]
+  # Never above the same mechanism analyzed without amplification.
+  for s, e in zip((2.0, 4.0, 8.0), eps):
+    assert e <= _no_amplification_epsilon(c, s) * (1 + 1e-6)
+  # At p = 1 (no sampling) ε is at least the single-participation ε (Denisov Thm 4.1) and
+  # equals the deterministic composition of the rows (every p̃ = 1).
+  full = mmcc.mmcc(c, 1.0, 4.0, DELTA, **FAST)
+  assert full.delta_tail == 0.0  # p̃ = 1 needs no tail bound
+  assert full.epsilon >= full.unamplified_epsilon
+  assert full.epsilon >= accounting.gaussian_epsilon_exact(4.0, DELTA)
+  # Rounding C up to the grid is the only slack at p = 1.
+  rounded = mmcc.round_up_to_grid(c, full.grid_step) * full.grid_step * (c > 0)
+  assert full.epsilon == pytest.approx(_no_amplification_epsilon(rounded, 4.0), rel=2e-3)
+
+
+def test_amplification_beats_single_participation_at_large_noise():
+  """Sec 6.1: with σ = c·√(log₂n+1) and p = 1/n the binary tree's ε drops below unamplified."""
+  r = mmcc.mmcc(mmcc.binary_tree_matrix(16), 1 / 16, 16.0, DELTA, workers=1)
+  assert r.unamplified_epsilon / r.epsilon > 1.1
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_finer_grid_never_raises_epsilon(seed):
+  c = _random_c(5, seed)
+  step = float(np.max(c)) / 4
+  eps = [mmcc.mmcc_epsilon(c, 0.2, 3.0, DELTA, grid_step=step / k, workers=1)
+         for k in (1, 2, 4, 8)]
+  assert all(b <= a for a, b in zip(eps, eps[1:])), eps
+
+
+def test_workers_and_dedupe_do_not_change_epsilon():
+  c = mmcc.binary_tree_matrix(8)
+  a = mmcc.mmcc(c, 0.125, 6.0, DELTA, workers=1, dedupe=False)
+  b = mmcc.mmcc(c, 0.125, 6.0, DELTA, workers=2, dedupe=True)
+  assert b.distinct_rows == 4 and a.distinct_rows == 15  # tree rows repeat by level (F.4)
+  assert a.epsilon == pytest.approx(b.epsilon, rel=1e-6)
+
+
+def test_banded_toeplitz_rows_repeat_after_2b_minus_1():
+  c = mmcc.banded_toeplitz_matrix(24, 4)
+  r = mmcc.mmcc(c, 0.1, 4.0, DELTA, workers=1, grid_resolution=8)
+  assert r.distinct_rows <= 2 * 4 - 1
+
+
+def test_min_sep_on_banded_matrix_is_dpsgd():
+  """App D: for a b-banded C (TreeRestart, b = 2^(h-1)) b-min-sep MMCC is DP-SGD with n/b
+  steps at sampling probability b·p (Choquette-Choo et al. 2023a)."""
+  n, h, p, sigma = 32, 3, 1 / 16, 2.0
+  b = 1 << (h - 1)
+  eps = mmcc.mmcc_epsilon(mmcc.tree_restart_matrix(n, h), p, sigma, DELTA, min_sep=b, workers=1)
+  ref = _dpsgd_epsilon(n // b, b * p, sigma)
+  assert abs(eps - ref) <= 0.01 * ref
+
+
+def test_iid_sampling_beats_min_sep_tree_restart():
+  """Fig 4 (small): TreeRestart h = 4, p = 1/16: MMCC's i.i.d. ε < b-min-sep ε.
+
+  Holds once σ is large enough for the tail bounds to be tight (Sec 4); here
+  (n = 64) the crossover is near σ ≈ 12 (see benchmarks/results/mmcc.md).
+  """
+  c = mmcc.tree_restart_matrix(64, 4)
+  for sigma in (16.0, 32.0):
+    iid = mmcc.mmcc_epsilon(c, 1 / 16, sigma, DELTA, workers=1)
+    sep = mmcc.mmcc_epsilon(c, 1 / 16, sigma, DELTA, min_sep=8, workers=1)
+    assert iid < sep
+
+
+def test_strategy_matrices():
+  for c in (mmcc.identity_matrix(8), mmcc.binary_tree_matrix(8), mmcc.tree_restart_matrix(16, 3),
+            mmcc.banded_toeplitz_matrix(16, 5)):
+    assert np.all(c >= 0)
+    assert np.max(np.sum(c * c, axis=0)) == pytest.approx(1.0)
+    mmcc.release_rounds(c)  # valid release order
+  t = mmcc.binary_tree_matrix(8)
+  assert np.allclose(t * 2.0, tree.tree_encoder(8))  # 4 levels
+  r = mmcc.tree_restart_matrix(16, 3)
+  assert r.shape == (4 * 7, 16) and np.allclose(r[:7, :4] * np.sqrt(3), tree.tree_encoder(4))
+  assert np.all(r[:7, 4:] == 0)
+  band = mmcc.banded_toeplitz_matrix(10, 3)
+  assert np.all(np.tril(band, -3) == 0) and np.all(np.diag(band, -2) > 0)
+  full = mmcc.banded_toeplitz_matrix(12, 12) / mmcc.banded_toeplitz_matrix(12, 12)[0, 0]
+  assert np.allclose(full @ full, np.tril(np.ones((12, 12))))  # square root of S (App E)
+  with pytest.raises(ValueError, match="height"):
+    mmcc.strategy_matrix("tree_restart", 8)
+  with pytest.raises(ValueError, match="bands"):
+    mmcc.strategy_matrix("banded_toeplitz", 8)
+  with pytest.raises(ValueError, match="unknown strategy"):
+    mmcc.strategy_matrix("fft", 8)
+
+
+def test_sensitivity_pmf_matches_enumeration():
+  units = np.array([1, 2, 2, 3])
+  probs = np.array([0.1, 0.5, 0.3, 0.9])
+  values, masses = mmcc.sensitivity_pmf(units, probs, tail_mass=0.0)
+  brute = {}
+  for bits in itertools.product([0, 1], repeat=4):
+    v = int(np.dot(bits, units))
+    w = np.prod([pp if b else 1 - pp for b, pp in zip(bits, probs)])
+    brute[v] = brute.get(v, 0.0) + w
+  assert dict(zip(values.tolist(), masses.tolist())) == pytest.approx(brute)
+  # Tail truncation moves mass UP to the maximum (stochastic dominance).
+  v2, m2 = mmcc.sensitivity_pmf(units, probs, tail_mass=0.05)
+  assert v2[-1] == units.sum() and m2.sum() == pytest.approx(1.0)
+  for t in range(0, 9):
+    assert m2[v2 >= t].sum() >= masses[values >= t].sum() - 1e-15
+  cv, cm = mmcc.coarsen_support(values, masses, 3)
+  assert cv.size <= 3 and cm.sum() == pytest.approx(1.0)
+  for t in range(0, 9):
+    assert cm[cv >= t].sum() >= masses[values >= t].sum() - 1e-15
+
+
+def test_round_up_to_grid_never_rounds_down():
+  x = np.array([0.1, 0.3, 1 / 3, 0.7, 1.0])
+  for step in (0.1, 1 / 3, 0.07):
+    k = mmcc.round_up_to_grid(x, step)
+    assert np.all(k * step >= x) and np.all((k - 1) * step < x)
+
+
+def test_binomial_tail_is_exact():
+  cache = {}
+  for k in (1, 5, 40):
+    t = mmcc._binomial_tail_counts(np.array([k]), 0.1, 1e-6, cache)[0]
+    assert stats.binom.sf(t, k, 0.1) <= 1e-6
+    if t > 0:
+      assert stats.binom.sf(t - 1, k, 0.1) > 1e-6
+
+
+@pytest.mark.parametrize("p", [0.0, -0.1, 1.5, float("nan")])
+def test_bad_sampling_prob(p):
+  with pytest.raises(ValueError, match="sampling_prob"):
+    mmcc.mmcc_epsilon(np.eye(3), p, 1.0, DELTA)
+
+
+@pytest.mark.parametrize("sigma", [0.0, -1.0])
+def test_bad_sigma(sigma):
+  with pytest.raises(ValueError, match="noise_multiplier"):
+    mmcc.mmcc_epsilon(np.eye(3), 0.1, sigma, DELTA)
+
+
+@pytest.mark.parametrize("delta", [0.0, 1.0, 1.5])
+def test_bad_delta(delta):
+  with pytest.raises(ValueError, match="delta"):
+    mmcc.mmcc_epsilon(np.eye(3), 0.1, 1.0, delta)
+
+
+def test_bad_shapes_and_structure():
+  with pytest.raises(ValueError, match="2-D"):
+    mmcc.mmcc_epsilon(np.ones(3), 0.1, 1.0, DELTA)
+  with pytest.raises(ValueError, match="m >= n"):
+    mmcc.mmcc_epsilon(np.ones((2, 3)), 0.1, 1.0, DELTA)
+  with pytest.raises(ValueError, match="non-finite"):
+    mmcc.mmcc_epsilon(np.array([[1.0, 0], [np.nan, 1]]), 0.1, 1.0, DELTA)
+  with pytest.raises(ValueError, match="negative"):
+    mmcc.mmcc_epsilon(np.array([[1.0, 0], [-0.5, 1]]), 0.1, 1.0, DELTA)
+  with pytest.raises(ValueError, match="not lower triangular"):
+    mmcc.mmcc_epsilon(np.array([[1.0, 0.5], [0, 1]]), 0.1, 1.0, DELTA)
+  # Tree rows out of release order.
+  c = tree.tree_encoder(4)[::-1]
+  with pytest.raises(ValueError, match="release order"):
+    mmcc.mmcc_epsilon(c, 0.1, 1.0, DELTA)
+  with pytest.raises(ValueError, match="min_sep"):
+    mmcc.mmcc_epsilon(np.eye(4), 0.5, 1.0, DELTA, min_sep=4)
+  # The caller may assert the non-adaptive setting.
+  eps = mmcc.mmcc_epsilon(np.array([[1.0, -0.5], [0, 1]]), 0.1, 2.0, DELTA, non_adaptive=True,
+                          workers=1)
+  same = mmcc.mmcc_epsilon(np.array([[1.0, 0.5], [0, 1]]), 0.1, 2.0, DELTA, non_adaptive=True,
+                           workers=1)
+  assert eps == pytest.approx(same) and np.isfinite(eps)

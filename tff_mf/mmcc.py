@@ -1,0 +1,787 @@
+"""MMCC: privacy amplification by sampling for matrix mechanisms (numpy + dp_accounting).
+
+Choquette-Choo, Ganesh, Steinke, Thakurta, *Privacy Amplification for Matrix
+Mechanisms* (ICLR 2024, ``004_…``). A matrix mechanism releases C·x + z,
+z ~ N(0, σ²) per entry, where each example joins each round independently with
+probability p and contributes at most 1 in L2 norm. ``mmcc`` returns an ε such
+that the mechanism is (ε, δ)-DP with δ = δ1 + δ2 (Thm 4.3):
+
+1. ``ProbabilityTailBounds`` (Fig 5): with probability ≥ 1 − δ1, the posterior
+   probability that the sensitive example joined round j, given the outputs of
+   rows 1..i−1, is at most p̃_ij.
+2. Each row i is then dominated by the product-mixture-of-Gaussians mechanism
+   PMoG({p̃_ij}_j, {C_ij}_j) (Lemma C.3); its PLD is built with dp_accounting's
+   ``MixtureGaussianPrivacyLoss`` (App F.1).
+3. The row PLDs are composed (conditional composition, Thm 3.1 / C.2), and ε is
+   read off at δ2 (Fig 1).
+
+The b-min-sep generalization (App D, Figs 6-7) covers sampling schemes where
+an example may join only every b-th round with probability b·p (DP-FTRL-
+TreeRestart, banded matrices of Choquette-Choo et al. 2023a).
+
+EVERY APPROXIMATION HERE ONLY OVER-ESTIMATES ε (App F):
+- entries of C are rounded UP to a grid of step Δ2 (F.2; Lemma B.2 / B.4:
+  larger non-negative sensitivities give a dominating PLD). Refining the grid by
+  an integer factor never raises ε;
+- s_ij is over-estimated by the sum of the t largest inner products, t an
+  exact binomial tail bound (F.3; any over-estimate of s_ij is valid);
+- each p̃_ij is rounded UP to a multiple of 2⁻⁴⁰ (larger participation
+  probabilities give a stochastically larger sensitivity, Cor B.3), which
+  makes equal rows bit-identical so each distinct row PLD is computed once
+  (F.4);
+- when a row's sensitivity distribution has more than ``max_components``
+  support points they are rounded UP to a coarser power-of-two multiple of
+  Δ2 (stochastic dominance, Cor B.3);
+- the far tail of each row's sensitivity distribution (total mass at most
+  ``mixture_tail_mass``) is MOVED UP to the row's largest possible sensitivity
+  (stochastic dominance, Cor B.3), which keeps mixtures small;
+- PLDs use dp_accounting's pessimistic connect-the-dots discretization, and the
+  inverse privacy loss is the smallest grid point x whose loss is ≤ ℓ, i.e. x
+  is over-estimated (App F.1) — we only vectorize dp_accounting's search;
+- PLD composition truncates tails pessimistically (dp_accounting).
+
+Adaptivity (footnote 7, Lemma B.4) needs C lower triangular with rows in
+release order and non-negative entries (Lemma C.3 uses non-negativity). C may
+have more rows than columns when its rows are in release order (the binary
+tree: a node is released in the round of its last leaf, ``tff_mf.tree``).
+Other matrices are rejected unless the caller asserts ``non_adaptive=True``
+(data fixed in advance), where any row order is valid (Observation 3.2) and
+negative entries are replaced by their absolute values (the triangle
+inequality in Step 1 of the proof of Thm 4.3 and Lemma B.4 bound the row
+norms of Σ_j C_{:,j}x_j by Σ_j |C_{:,j}|).
+
+Noise: ``noise_multiplier`` σ is the noise std relative to the clip norm; the
+matrix C is used as given (built-in strategies are normalized to γ(C) = 1, so
+there σ is the usual noise multiplier z of Denisov Thm 4.1).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import math
+import multiprocessing
+import sys
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from scipy import special
+from scipy import stats
+
+from tff_mf import accounting
+from tff_mf import tree
+
+STRATEGIES = ("identity", "binary_tree", "tree_restart", "banded_toeplitz")
+
+DEFAULT_GRID_RESOLUTION = 64  # Δ2 = max entry of C / 64 unless grid_step is given
+DEFAULT_PLD_DISCRETIZATION = 1e-4  # Δ of the privacy-loss grid
+DEFAULT_MIXTURE_TAIL_MASS = 1e-30
+DEFAULT_INVERSE_PRECISION = 1e-9  # x-precision of the inverse privacy loss (App F.1 Δ1)
+PROBABILITY_QUANTUM = 2.0 ** -40
+DEFAULT_WORKERS = 2
+DEFAULT_MAX_COMPONENTS = 128
+
+
+class MMCCError(ValueError):
+  """Bad input to the MMCC accountant."""
+
+
+# ---------------------------------------------------------------------------
+# Built-in strategy matrices (all normalized to γ(C) = 1).
+
+
+def _normalized(c: np.ndarray) -> np.ndarray:
+  gamma = float(np.sqrt(np.max(np.sum(c * c, axis=0))))
+  return c / gamma
+
+
+def identity_matrix(n: int) -> np.ndarray:
+  """C = I: DP-SGD with independent noise."""
+  _check_n(n)
+  return np.eye(n)
+
+
+def binary_tree_matrix(n: int) -> np.ndarray:
+  """Binary tree C_T (``tff_mf.tree``, rows in release order), divided by √(levels)."""
+  _check_n(n)
+  return _normalized(tree.tree_encoder(n))
+
+
+def tree_restart_matrix(n: int, height: int) -> np.ndarray:
+  """DP-FTRL-TreeRestart (Kairouz et al. 2021; MMCC Sec 6.3).
+
+  n / 2^(height−1) consecutive height-``height`` binary trees, each over
+  2^(height−1) rounds (the last one shorter when n is not a multiple). Block
+  diagonal, rows in release order, 2^(height−1)-banded; normalized to γ = 1.
+  """
+  _check_n(n)
+  if int(height) != height or height < 1:
+    raise MMCCError(f"tree_restart height must be a positive integer, got {height}")
+  leaves = 1 << (int(height) - 1)
+  blocks = []
+  for start in range(0, n, leaves):
+    blocks.append(tree.tree_encoder(min(leaves, n - start)))
+  m = sum(b.shape[0] for b in blocks)
+  c = np.zeros((m, n))
+  r = 0
+  for k, b in enumerate(blocks):
+    c[r:r + b.shape[0], k * leaves:k * leaves + b.shape[1]] = b
+    r += b.shape[0]
+  return _normalized(c)
+
+
+def sqrt_prefix_coefficients(n: int) -> np.ndarray:
+  """f(0) = 1, f(k) = f(k−1)·(1 − 1/(2k)): the Toeplitz square root of the prefix-sum matrix.
+
+  MMCC App E (Fichtenberger et al. 2023; Henzinger et al. 2023). All positive
+  and decreasing; C_f·C_f = S.
+  """
+  k = np.arange(1, n)
+  return np.concatenate([[1.0], np.cumprod(1.0 - 0.5 / k)])
+
+
+def banded_toeplitz_matrix(n: int, bands: int) -> np.ndarray:
+  """b-banded Toeplitz C: the square root of the prefix-sum matrix truncated to b bands.
+
+  C_ij = f(i − j) for 0 ≤ i − j < b (f from ``sqrt_prefix_coefficients``),
+  normalized to γ = 1. Non-negative and lower triangular, so MMCC's adaptive
+  analysis applies; with b = n it is the dense App E matrix; b = 1 is the
+  identity. A prefix-sum decoder exists since C is invertible (unit diagonal).
+  """
+  _check_n(n)
+  if int(bands) != bands or bands < 1:
+    raise MMCCError(f"banded_toeplitz bands must be a positive integer, got {bands}")
+  bands = min(int(bands), n)
+  f = sqrt_prefix_coefficients(bands)
+  c = np.zeros((n, n))
+  for k in range(bands):
+    idx = np.arange(k, n)
+    c[idx, idx - k] = f[k]
+  return _normalized(c)
+
+
+def strategy_matrix(strategy: str, n: int, height: Optional[int] = None,
+                    bands: Optional[int] = None) -> np.ndarray:
+  """Built-in encoder C for ``strategy`` in STRATEGIES, normalized to γ = 1."""
+  if strategy == "identity":
+    return identity_matrix(n)
+  if strategy == "binary_tree":
+    return binary_tree_matrix(n)
+  if strategy == "tree_restart":
+    if height is None:
+      raise MMCCError("tree_restart needs a height (--height)")
+    return tree_restart_matrix(n, height)
+  if strategy == "banded_toeplitz":
+    if bands is None:
+      raise MMCCError("banded_toeplitz needs a number of bands (--bands)")
+    return banded_toeplitz_matrix(n, bands)
+  raise MMCCError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
+
+
+def _check_n(n) -> None:
+  if int(n) != n or n < 1:
+    raise MMCCError(f"n must be a positive integer, got {n}")
+
+
+# ---------------------------------------------------------------------------
+# Input checks.
+
+
+def check_sampling_prob(p) -> float:
+  try:
+    p = float(p)
+  except (TypeError, ValueError):
+    raise MMCCError(f"sampling_prob must be a number in (0, 1], got {p!r}") from None
+  if not (0.0 < p <= 1.0):
+    raise MMCCError(f"sampling_prob must be in (0, 1], got {p}")
+  return p
+
+
+def release_rounds(c: np.ndarray, non_adaptive: bool = False) -> np.ndarray:
+  """Round in which each row of C is released (0-based); validates the structure.
+
+  Square C: row i is released in round i, and C must be lower triangular.
+  m > n: rows are in release order, row i released in the round of its last
+  non-zero column, which must not decrease down the rows. Raises MMCCError
+  naming the offending entry/row, unless ``non_adaptive``.
+  """
+  m, n = c.shape
+  nonzero = c != 0
+  any_nz = nonzero.any(axis=1)
+  last = np.where(any_nz, n - 1 - np.argmax(nonzero[:, ::-1], axis=1), -1)
+  if m == n:
+    if not non_adaptive and np.any(np.triu(nonzero, 1)):
+      i, j = np.argwhere(np.triu(nonzero, 1))[0]
+      raise MMCCError(
+          f"C is not lower triangular: C[{i}, {j}] = {c[i, j]:g} lies above the diagonal. "
+          "MMCC's adaptive analysis needs lower-triangular C (rows in release order); "
+          "pass non_adaptive=True (--non-adaptive) only if the data are fixed in advance")
+    rounds = np.arange(n)
+    if non_adaptive:
+      rounds = np.maximum.accumulate(np.maximum(rounds, last))
+    return rounds
+  rounds = np.maximum.accumulate(np.maximum(last, 0))
+  if not non_adaptive:
+    bad = np.nonzero(any_nz & (last < rounds))[0]
+    if bad.size:
+      i = int(bad[0])
+      raise MMCCError(
+          f"C ({m} x {n}) is not lower triangular in release order: row {i} ends at "
+          f"column {int(last[i])} but an earlier row already ends at column {int(rounds[i])}. "
+          "Rows of a non-square C must be sorted by release round (last non-zero column)")
+  return rounds
+
+
+def check_encoder(c, non_adaptive: bool = False) -> np.ndarray:
+  """Validates C (2-D, finite, m ≥ n, non-negative unless non-adaptive); returns float64 |C|."""
+  c = np.asarray(c, dtype=np.float64) if not isinstance(c, np.ndarray) else c
+  if c.ndim != 2:
+    raise MMCCError(f"C must be a 2-D matrix, got shape {np.shape(c)}")
+  m, n = c.shape
+  if n < 1 or m < n:
+    raise MMCCError(
+        f"C must be m x n with m >= n >= 1 (one column per round, at least one row per round), "
+        f"got shape {c.shape}")
+  c = c.astype(np.float64, copy=False)
+  if not np.all(np.isfinite(c)):
+    raise MMCCError("C has non-finite (NaN or inf) entries")
+  if np.any(c < 0):
+    if not non_adaptive:
+      i, j = np.argwhere(c < 0)[0]
+      raise MMCCError(
+          f"C has negative entries (C[{i}, {j}] = {c[i, j]:g}); MMCC's adaptive analysis "
+          "(Lemma C.3) needs non-negative C. Pass non_adaptive=True (--non-adaptive) if the "
+          "data are fixed in advance; |C| is then used")
+    c = np.abs(c)
+  if not np.any(c > 0):
+    raise MMCCError("C is all zeros")
+  return c
+
+
+# ---------------------------------------------------------------------------
+# Row mixtures.
+
+
+@dataclasses.dataclass
+class RowMixture:
+  """PMoG of one row (or one block of rows): integer grid sensitivities and their p̃."""
+  units: np.ndarray  # int64, C_ij rounded up to multiples of grid_step, in grid units
+  probs: np.ndarray  # float64, p̃_ij rounded up to multiples of PROBABILITY_QUANTUM
+
+  def key(self) -> bytes:
+    order = np.lexsort((self.probs, self.units))
+    return self.units[order].tobytes() + b"|" + self.probs[order].tobytes()
+
+
+def round_up_to_grid(values: np.ndarray, step: float) -> np.ndarray:
+  """Smallest integers k with k·step ≥ value (exact check, never rounds down)."""
+  k = np.ceil(values / step).astype(np.int64)
+  k = np.where(k * step < values, k + 1, k)
+  return np.maximum(k, 1)
+
+
+def round_up_probability(p: np.ndarray) -> np.ndarray:
+  q = np.ceil(np.asarray(p, dtype=np.float64) / PROBABILITY_QUANTUM) * PROBABILITY_QUANTUM
+  return np.minimum(q, 1.0)
+
+
+def sensitivity_pmf(units: np.ndarray, probs: np.ndarray,
+                    tail_mass: float) -> Tuple[np.ndarray, np.ndarray]:
+  """PMF of Σ_j units_j·Bern(probs_j) (App F.2), tail moved up pessimistically.
+
+  Convolves the two-point PMFs one entry at a time. When ``tail_mass`` > 0,
+  upper-tail mass (at most tail_mass in total) is cut off as it appears and
+  placed on the largest possible value Σ_j units_j: a stochastically larger
+  sensitivity, so a dominating PMoG (Cor B.3). Returns (values, probabilities)
+  with zero-probability values dropped.
+  """
+  order = np.argsort(units, kind="stable")
+  units = units[order]
+  probs = probs[order]
+  total = int(np.sum(units))
+  pmf = np.ones(1)
+  moved = 0.0
+  budget = tail_mass / max(1, len(units))
+  for k, p in zip(units.tolist(), probs.tolist()):
+    if p >= 1.0:
+      pmf = np.concatenate([np.zeros(k), pmf])
+      continue
+    new = np.zeros(pmf.size + k)
+    new[:pmf.size] = pmf * (1.0 - p)
+    new[k:] += pmf * p
+    pmf = new
+    if budget > 0.0:
+      suffix = np.cumsum(pmf[::-1])[::-1]  # suffix[i] = mass at >= i
+      cut = int(np.searchsorted(-suffix, -budget, side="left"))
+      # smallest index whose suffix mass is <= budget
+      if cut < pmf.size:
+        moved += float(suffix[cut])
+        pmf = pmf[:cut]
+  values = np.nonzero(pmf)[0]
+  masses = pmf[values]
+  if moved > 0.0:
+    if values.size and values[-1] == total:
+      masses[-1] += moved
+    else:
+      values = np.append(values, total)
+      masses = np.append(masses, moved)
+  return values.astype(np.int64), masses
+
+
+# ---------------------------------------------------------------------------
+# PLD of a mixture of Gaussians (vectorized inverse privacy loss).
+
+
+def _fast_mog_class():
+  from dp_accounting.pld import privacy_loss_mechanism as plm  # pylint: disable=g-import-not-at-top
+
+  class FastMixtureGaussianPrivacyLoss(plm.MixtureGaussianPrivacyLoss):
+    """dp_accounting's MoG privacy loss with a vectorized inverse (App F.1).
+
+    dp_accounting bisects recursively with one scalar privacy-loss call per
+    node; here every loss value is bisected at once. Same output convention:
+    the smallest multiple of ``precision`` whose loss is at most ℓ, which
+    over-estimates x and hence ε (App F.1).
+    """
+
+    inverse_precision = DEFAULT_INVERSE_PRECISION
+
+    def _loss_and_slope(self, x):
+      """Privacy loss at x and its derivative in x (vectorized over x, chunked)."""
+      x = np.asarray(x, dtype=np.float64)
+      chunk = max(1, (1 << 21) // max(1, self.sensitivities.size))
+      if x.size > chunk:
+        parts = [self._loss_and_slope(x[i:i + chunk]) for i in range(0, x.size, chunk)]
+        return (np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts]))
+      sens = self.sensitivities
+      const = self._precompute_privacy_loss_constants
+      sign = 1.0 if self.adjacency_type == plm.AdjacencyType.ADD else -1.0
+      a = const[None, :] + sign * np.multiply.outer(x, sens) / self._variance
+      amax = np.max(a, axis=1, keepdims=True)
+      e = np.exp(a - amax)
+      total = np.sum(e, axis=1)
+      lse = amax[:, 0] + np.log(total)
+      dlse = sign * (e @ sens) / total / self._variance
+      if sign > 0:  # ADD: loss = −logsumexp(const + s·x/σ²)
+        return -lse, -dlse
+      return lse, dlse
+
+    def inverse_privacy_losses(self, privacy_losses, precision=None):
+      return super().inverse_privacy_losses(
+          privacy_losses, self.inverse_precision if precision is None else precision)
+
+    def _inverse_privacy_losses_with_range(self, privacy_losses, bounds, precision=1e-6):
+      """Smallest multiple x of ``precision`` in ``bounds`` with loss(x) ≤ ℓ, for every ℓ.
+
+      Brackets each ℓ on a table of the (non-increasing) loss, then refines with
+      safeguarded Newton steps to near machine precision, rounds up to the
+      precision grid and steps up until loss(x) ≤ ℓ holds exactly.
+      """
+      target = np.asarray(privacy_losses, dtype=np.float64)
+      if target.size == 0:
+        return target
+      lo_b, hi_b = float(bounds[0]), float(bounds[1])
+      grid = np.linspace(lo_b, hi_b, 4097)
+      table = np.concatenate([self._loss_and_slope(grid[i:i + 8192])[0]
+                              for i in range(0, grid.size, 8192)])
+      # table is non-increasing; bracket index k with table[k] > ℓ >= table[k+1].
+      k = np.searchsorted(-table, -target, side="left") - 1
+      k = np.clip(k, 0, grid.size - 2)
+      lo = grid[k]
+      hi = grid[k + 1]
+      x = 0.5 * (lo + hi)
+      for _ in range(80):
+        loss, slope = self._loss_and_slope(x)
+        above = loss > target
+        lo = np.where(above, x, lo)
+        hi = np.where(above, hi, x)
+        with np.errstate(divide="ignore", invalid="ignore"):
+          newton = x - (loss - target) / slope
+        ok = np.isfinite(newton)
+        converged = ok & (np.abs(newton - x) <= 0.01 * precision)
+        inside = ok & (newton >= lo) & (newton <= hi)
+        x = np.where(inside, newton, 0.5 * (lo + hi))
+        if np.all(converged | (hi - lo <= 0.01 * precision)):
+          break
+      out = np.ceil(np.maximum(x, lo) / precision) * precision
+      for _ in range(1000):
+        bad = self._loss_and_slope(out)[0] > target
+        if not np.any(bad):
+          break
+        out = np.where(bad, out + precision, out)
+      else:
+        raise RuntimeError("inverse privacy loss did not converge")
+      return out
+
+  return FastMixtureGaussianPrivacyLoss
+
+
+def mixture_pld(sigma: float, sensitivities: np.ndarray, probs: np.ndarray,
+                discretization: float = DEFAULT_PLD_DISCRETIZATION,
+                fast_inverse: bool = True):
+  """PLD (add and remove adjacency) of M_MoG(probs, sensitivities) with noise std σ.
+
+  ``fast_inverse=False`` uses dp_accounting's own MixtureGaussianPrivacyLoss
+  (recursive scalar bisection), the baseline of the speed benchmark.
+  """
+  from dp_accounting.pld import privacy_loss_distribution as pld_lib  # pylint: disable=g-import-not-at-top
+  from dp_accounting.pld import privacy_loss_mechanism as plm  # pylint: disable=g-import-not-at-top
+  cls = _fast_mog_class() if fast_inverse else plm.MixtureGaussianPrivacyLoss
+
+  def pmf(adjacency):
+    loss = cls(sigma, sensitivities, probs, pessimistic_estimate=True, adjacency_type=adjacency)
+    return pld_lib._create_pld_pmf_from_monotone_privacy_loss(  # pylint: disable=protected-access
+        loss, pessimistic_estimate=True, value_discretization_interval=discretization,
+        use_connect_dots=True)
+
+  return pld_lib.PrivacyLossDistribution(
+      pmf(plm.AdjacencyType.REMOVE), pmf(plm.AdjacencyType.ADD))
+
+
+def coarsen_support(values: np.ndarray, masses: np.ndarray,
+                    max_components: int) -> Tuple[np.ndarray, np.ndarray]:
+  """Rounds support points UP to multiples of 2^k (smallest k giving ≤ max_components).
+
+  Moving mass to larger sensitivities gives a dominating mixture (Cor B.3), so
+  this only over-estimates ε; it bounds the cost of each privacy-loss
+  evaluation (linear in the number of components, App F.1).
+  """
+  factor = 1
+  while True:
+    coarse = -(-values // factor) * factor
+    distinct = np.unique(coarse)
+    if distinct.size <= max_components:
+      break
+    factor *= 2
+  if factor == 1:
+    return values, masses
+  idx = np.searchsorted(distinct, coarse)
+  return distinct, np.bincount(idx, weights=masses, minlength=distinct.size)
+
+
+def _row_pld_task(args):
+  """Worker: PLD of one distinct row mixture, self-composed ``count`` times."""
+  (units, probs, count, grid_step, sigma, discretization, tail_mass, fast_inverse,
+   max_components) = args
+  values, masses = sensitivity_pmf(units, probs, tail_mass)
+  values, masses = coarsen_support(values, masses, max_components)
+  positive = values > 0
+  if not np.any(positive):
+    return None
+  masses = masses / np.sum(masses)
+  pld = mixture_pld(sigma, values * grid_step, masses, discretization, fast_inverse)
+  if count > 1:
+    pld = pld.self_compose(count)
+  return pld
+
+
+# ---------------------------------------------------------------------------
+# ProbabilityTailBounds (Fig 5 / Fig 7) and the row mixtures.
+
+
+def _binomial_tail_counts(counts: np.ndarray, q: float, delta_prime: float,
+                          cache: Dict[int, int]) -> np.ndarray:
+  """Smallest t with Pr[Binom(K, q) > t] ≤ δ' for each K in ``counts`` (exact tail, F.3)."""
+  out = np.empty(counts.shape, dtype=np.int64)
+  for idx, k in enumerate(counts.tolist()):
+    t = cache.get(k)
+    if t is None:
+      if q >= 1.0:
+        t = k
+      else:
+        t = int(stats.binom.isf(delta_prime, k, q))
+        t = min(max(t, 0), k)
+        while t < k and stats.binom.sf(t, k, q) > delta_prime:
+          t += 1
+        while t > 0 and stats.binom.sf(t - 1, k, q) <= delta_prime:
+          t -= 1
+      cache[k] = t
+    out[idx] = t
+  return out
+
+
+def _blocks(rounds: np.ndarray, min_sep: int, offset: int) -> List[np.ndarray]:
+  """Consecutive row groups: single rows for b = 1, else rows released in b-round windows."""
+  m = rounds.size
+  if min_sep == 1:
+    return [np.array([i]) for i in range(m)]
+  ids = np.maximum(rounds - offset, 0) // min_sep
+  splits = np.nonzero(np.diff(ids))[0] + 1
+  return np.split(np.arange(m), splits)
+
+
+def row_mixtures(c: np.ndarray, rounds: np.ndarray, sampling_prob: float, sigma: float,
+                 delta_tail: float, min_sep: int = 1, offset: int = 0,
+                 grid_step: float = 1.0, progress: bool = False
+                 ) -> Tuple[List[RowMixture], dict]:
+  """p̃ by (Generalized)ProbabilityTailBounds and the PMoG of every row block.
+
+  Fig 5 (b = 1) and Figs 6-7 (b-min-sep, examples of the residue class
+  ``offset``): keep columns offset, offset + b, ...; sampling probability q =
+  b·p; block sensitivities C^(b)_ij = ‖C[block i, j]‖₂; p̃ for block i is the
+  tail bound at the block's first row. δ' = δ1 / (2·N), N the number of
+  non-trivial (block, column) pairs actually used (a union bound over exactly
+  the bad events used, App D).
+  """
+  q = min_sep * sampling_prob
+  cols = np.arange(offset, c.shape[1], min_sep)
+  ck = c[:, cols]
+  nk = ck.shape[1]
+  blocks = _blocks(rounds, min_sep, offset)
+  block_sens = [np.sqrt(np.sum(ck[b] ** 2, axis=0)) if b.size > 1 else ck[b[0]] for b in blocks]
+  # First row in which each kept column is non-zero.
+  nz = ck != 0
+  first_row = np.where(nz.any(axis=0), np.argmax(nz, axis=0), ck.shape[0])
+  nontrivial_total = 0
+  if q < 1.0:  # at q = 1 every p̃ is 1: no tail bound, no δ1 needed
+    for b, s in zip(blocks, block_sens):
+      nontrivial_total += int(np.count_nonzero((s > 0) & (first_row < b[0])))
+  delta_prime = delta_tail / (2.0 * nontrivial_total) if nontrivial_total else 1.0
+  z_tail = float(stats.norm.isf(delta_prime)) if nontrivial_total else 0.0
+
+  gram = np.zeros((nk, nk))
+  active_end = 0  # columns >= active_end have not appeared yet
+  tail_cache: Dict[int, int] = {}
+  mixtures: List[RowMixture] = []
+  max_ratio = 1.0
+  q_quant = float(round_up_probability(np.array([q]))[0])
+  iterator = zip(blocks, block_sens)
+  if progress:
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    iterator = tqdm(iterator, total=len(blocks), desc=f"tail bounds (offset {offset})",
+                    file=sys.stderr, leave=False)
+  for b, s in iterator:
+    support = np.nonzero(s > 0)[0]
+    if support.size:
+      probs = np.full(support.size, q_quant)
+      trivial = (first_row[support] >= b[0]) | (q >= 1.0)
+      hard = support[~trivial]
+      if hard.size:
+        rows_g = gram[hard, :active_end]
+        counts = np.count_nonzero(rows_g > 0, axis=1)
+        t = _binomial_tail_counts(counts, q, delta_prime, tail_cache)
+        sorted_desc = -np.sort(-rows_g, axis=1)
+        csum = np.concatenate([np.zeros((hard.size, 1)), np.cumsum(sorted_desc, axis=1)], axis=1)
+        s_ij = csum[np.arange(hard.size), t]
+        norm_sq = gram[hard, hard]
+        eps_ij = z_tail * np.sqrt(norm_sq) / sigma + (2.0 * s_ij - norm_sq) / (2.0 * sigma ** 2)
+        if q >= 1.0:
+          p_tilde = np.ones(hard.size)
+        else:
+          # p̃ = q e^ε / (q e^ε + 1 − q), computed stably.
+          p_tilde = special.expit(eps_ij + math.log(q) - math.log1p(-q))
+        probs[~trivial] = round_up_probability(p_tilde)
+        max_ratio = max(max_ratio, float(np.max(probs) / q))
+      units = round_up_to_grid(s[support], grid_step)
+      mixtures.append(RowMixture(units=units, probs=probs))
+    for r in b:
+      row_nz = np.nonzero(ck[r])[0]
+      if row_nz.size:
+        v = ck[r, row_nz]
+        gram[np.ix_(row_nz, row_nz)] += np.outer(v, v)
+        active_end = max(active_end, int(row_nz[-1]) + 1)
+  info = {"nontrivial_pairs": nontrivial_total, "delta_prime": delta_prime,
+          "max_prob_ratio": max_ratio, "blocks": len(blocks)}
+  return mixtures, info
+
+
+# ---------------------------------------------------------------------------
+# MMCC.
+
+
+@dataclasses.dataclass
+class MMCCResult:
+  epsilon: float
+  delta: float
+  delta_tail: float  # δ1, for ProbabilityTailBounds
+  delta_pld: float  # δ2, for the composed PLD
+  sampling_prob: float
+  noise_multiplier: float
+  min_sep: int
+  n: int
+  m: int
+  distinct_rows: int
+  row_blocks: int
+  grid_step: float
+  sensitivity: float  # γ(C) of the matrix as given
+  unamplified_epsilon: float  # single participation, no sampling (Denisov Thm 4.1), at δ; exact Gaussian ε
+  max_prob_ratio: float  # max p̃/p: MMCC's ε is at most ~ this factor from tight (Sec 4)
+  seconds: float
+  offsets: int
+
+  def as_dict(self) -> dict:
+    out = dataclasses.asdict(self)
+    out["accountant"] = "mmcc"
+    return out
+
+
+def _compose_all(plds: Sequence):
+  """Composes a list of PLDs pairwise (balanced, so sizes grow evenly)."""
+  items = [p for p in plds if p is not None]
+  if not items:
+    return None
+  while len(items) > 1:
+    nxt = []
+    for i in range(0, len(items) - 1, 2):
+      nxt.append(items[i].compose(items[i + 1]))
+    if len(items) % 2:
+      nxt.append(items[-1])
+    items = nxt
+  return items[0]
+
+
+def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
+         min_sep: int = 1, delta_split: float = 0.5, non_adaptive: bool = False,
+         grid_step: Optional[float] = None,
+         grid_resolution: int = DEFAULT_GRID_RESOLUTION,
+         pld_discretization: float = DEFAULT_PLD_DISCRETIZATION,
+         mixture_tail_mass: float = DEFAULT_MIXTURE_TAIL_MASS,
+         all_offsets: bool = True, dedupe: bool = True,
+         max_components: int = DEFAULT_MAX_COMPONENTS,
+         workers: int = DEFAULT_WORKERS, fast_inverse: bool = True,
+         progress: bool = False) -> MMCCResult:
+  """MMCC(C, p, σ, δ1, δ2) (Fig 1), or Generalized-MMCC (Fig 6) when min_sep b > 1.
+
+  Args:
+    c: encoder C (m x n, m ≥ n), lower triangular / rows in release order,
+      non-negative (unless ``non_adaptive``). Used as given (not normalized).
+    sampling_prob: p, each example's per-round participation probability. For
+      b-min-sep sampling an example joins each of its rounds with prob b·p.
+    noise_multiplier: σ, noise std in units of the clip norm.
+    delta: δ = δ1 + δ2; δ1 = delta_split·δ goes to the tail bounds. When no
+      tail bound is needed (e.g. C = I) all of δ goes to the PLD.
+    min_sep: b of b-min-sep sampling (App D); 1 is i.i.d. sampling.
+    grid_step: Δ2 (App F.2); default max|C| / grid_resolution.
+    pld_discretization: privacy-loss grid of the PLDs.
+    mixture_tail_mass: upper-tail mass of each row's sensitivity PMF moved up
+      to the row's maximum (pessimistic).
+    all_offsets: for b > 1, analyze every residue class of examples and report
+      the worst (App D); False analyzes only D1 (worst for Toeplitz C).
+    dedupe: compute each distinct row PLD once (F.4).
+    max_components: at most this many mixture components per row; support
+      points are rounded up to a coarser grid beyond that (pessimistic).
+    workers: processes computing distinct row PLDs in parallel (F.4).
+    fast_inverse: vectorized inverse privacy loss (False: dp_accounting's own).
+    progress: tqdm progress on stderr.
+
+  Returns an MMCCResult; ``epsilon`` is an upper bound: every approximation
+  over-estimates ε (see the module docstring).
+  """
+  start = time.time()
+  c = check_encoder(c, non_adaptive=non_adaptive)
+  p = check_sampling_prob(sampling_prob)
+  sigma = accounting.check_noise_multiplier(noise_multiplier)
+  delta = accounting.check_delta(delta)
+  if not (0.0 < delta_split < 1.0):
+    raise MMCCError(f"delta_split must be in (0, 1), got {delta_split}")
+  m, n = c.shape
+  if int(min_sep) != min_sep or not (1 <= min_sep <= n):
+    raise MMCCError(f"min_sep must be an integer in [1, n={n}], got {min_sep}")
+  min_sep = int(min_sep)
+  if min_sep * p > 1.0 + 1e-12:
+    raise MMCCError(
+        f"b-min-sep sampling joins rounds with probability b·p = {min_sep * p:g} > 1; "
+        f"need sampling_prob <= 1/min_sep = {1.0 / min_sep:g}")
+  if int(max_components) != max_components or max_components < 2:
+    raise MMCCError(f"max_components must be an integer >= 2, got {max_components}")
+  if int(workers) != workers or workers < 1:
+    raise MMCCError(f"workers must be a positive integer, got {workers}")
+  if not (pld_discretization > 0):
+    raise MMCCError(f"pld_discretization must be positive, got {pld_discretization}")
+  if not (0.0 <= mixture_tail_mass < 1e-6):
+    raise MMCCError(f"mixture_tail_mass must be in [0, 1e-6), got {mixture_tail_mass}")
+  rounds = release_rounds(c, non_adaptive=non_adaptive)
+  if grid_step is None:
+    if int(grid_resolution) != grid_resolution or grid_resolution < 1:
+      raise MMCCError(f"grid_resolution must be a positive integer, got {grid_resolution}")
+    grid_step = float(np.max(c)) / grid_resolution
+  if not (grid_step > 0) or not math.isfinite(grid_step):
+    raise MMCCError(f"grid_step must be positive, got {grid_step}")
+
+  offsets = list(range(min_sep)) if (min_sep > 1 and all_offsets) else [0]
+  delta_tail = delta_split * delta
+  per_offset = []
+  max_ratio = 1.0
+  blocks_total = 0
+  for offset in offsets:
+    mixtures, info = row_mixtures(c, rounds, p, sigma, delta_tail, min_sep, offset,
+                                  grid_step, progress)
+    per_offset.append((mixtures, info))
+    max_ratio = max(max_ratio, info["max_prob_ratio"])
+    blocks_total += info["blocks"]
+  needs_tail = any(info["nontrivial_pairs"] for _, info in per_offset)
+  if not needs_tail:
+    delta_tail = 0.0
+  delta_pld = delta - delta_tail
+
+  # Distinct row mixtures and how often each occurs per offset.
+  tasks: Dict[bytes, RowMixture] = {}
+  counts: List[collections.Counter] = []
+  for mixtures, _ in per_offset:
+    counter = collections.Counter()
+    for idx, mix in enumerate(mixtures):
+      key = mix.key() if dedupe else f"{len(counts)}:{idx}".encode()
+      tasks.setdefault(key, mix)
+      counter[key] += 1
+    counts.append(counter)
+  # Each distinct row is self-composed by its multiplicity inside the worker when
+  # it belongs to a single offset; otherwise composed once and reused.
+  multiplicity = {}
+  for key in tasks:
+    uses = [cnt[key] for cnt in counts if key in cnt]
+    multiplicity[key] = uses[0] if len(uses) == 1 else 1
+  jobs = [(key, (tasks[key].units, tasks[key].probs, multiplicity[key], grid_step, sigma,
+                 pld_discretization, mixture_tail_mass, fast_inverse, max_components))
+          for key in tasks]
+  # Largest first, so the pool stays busy.
+  jobs.sort(key=lambda kv: -int(np.sum(kv[1][0])))
+  results = {}
+  bar = None
+  if progress:
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    bar = tqdm(total=len(jobs), desc="row PLDs", file=sys.stderr, leave=False)
+  if workers == 1 or len(jobs) == 1:
+    for key, args in jobs:
+      results[key] = _row_pld_task(args)
+      if bar is not None:
+        bar.update(1)
+  else:
+    ctx = multiprocessing.get_context("fork") if sys.platform.startswith("linux") else None
+    with concurrent.futures.ProcessPoolExecutor(max_workers=int(workers), mp_context=ctx) as pool:
+      futures = {pool.submit(_row_pld_task, args): key for key, args in jobs}
+      for fut in concurrent.futures.as_completed(futures):
+        results[futures[fut]] = fut.result()
+        if bar is not None:
+          bar.update(1)
+  if bar is not None:
+    bar.close()
+
+  eps = 0.0
+  for counter in counts:
+    parts = []
+    for key, cnt in counter.items():
+      pld = results[key]
+      if pld is None:
+        continue
+      if multiplicity[key] != cnt:  # shared between offsets: composed here
+        pld = pld.self_compose(cnt) if cnt > 1 else pld
+      parts.append(pld)
+    total = _compose_all(parts)
+    if total is not None:
+      eps = max(eps, float(total.get_epsilon_for_delta(delta_pld)))
+  gamma = float(np.sqrt(np.max(np.sum(c * c, axis=0))))
+  unamplified = accounting.gaussian_epsilon_exact(sigma / gamma, delta)
+  return MMCCResult(
+      epsilon=eps, delta=delta, delta_tail=delta_tail, delta_pld=delta_pld,
+      sampling_prob=p, noise_multiplier=sigma, min_sep=min_sep, n=n, m=m,
+      distinct_rows=len(tasks), row_blocks=blocks_total, grid_step=float(grid_step),
+      sensitivity=gamma, unamplified_epsilon=unamplified, max_prob_ratio=max_ratio,
+      seconds=time.time() - start, offsets=len(offsets))
+
+
+def mmcc_epsilon(c, sampling_prob: float, noise_multiplier: float, delta: float,
+                 **kwargs) -> float:
+  """ε of MMCC(C, p, σ, δ/2, δ/2) (Fig 1); an upper bound. See ``mmcc`` for options."""
+  return mmcc(c, sampling_prob, noise_multiplier, delta, **kwargs).epsilon
