@@ -1,0 +1,9 @@
+"""Next-word prediction for DP federated learning (Denisov et al. 2022, Sec 5).
+
+- `data`: `load_federated_data("stackoverflow" | "pydocs" | "synthetic", ...)`.
+- `preprocessing`: token ids, `build_preprocess_fn` (App I settings).
+- `model`: the 4,050,748-parameter LSTM and its TFF model function.
+- `metrics`: accuracy with/without OOV and EOS, masked loss.
+- `pydocs`: the docstring dataset (no download).
+- `fixtures`: a tiny StackOverflow copy in TFF's on-disk format, for tests.
+"""

@@ -99,3 +99,26 @@ def test_bad_arguments_are_named(kwargs, message):
   kwargs = dict(dict(vocab=VOCAB), **kwargs)
   with pytest.raises(ValueError, match=message):
     preprocessing.build_preprocess_fn(**kwargs)
+
+
+def test_matches_tffs_baseline_preprocessing_on_stackoverflow_style_text():
+  # TFF's StackOverflow baseline without its shuffle gives the same batches.
+  from stackoverflow import fixtures  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.simulation.baselines import client_spec  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.simulation.baselines.stackoverflow import word_prediction_preprocessing as tff_pre  # pylint: disable=g-import-not-at-top
+  clients = fixtures.tiny_stackoverflow_sentences(num_train_clients=4)
+  sentences = [s for v in clients["train"].values() for s in v]
+  vocab = [w for w, _ in fixtures.word_counts(clients["train"])][:40]
+  dataset = tf.data.Dataset.from_tensor_slices({"tokens": sentences})
+  ours = preprocessing.build_preprocess_fn(vocab, sequence_length=10,
+                                           max_elements_per_client=20,
+                                           batch_size=4)(dataset)
+  spec = client_spec.ClientSpec(num_epochs=1, batch_size=4, max_elements=20,
+                                shuffle_buffer_size=1)
+  theirs = tff_pre.create_preprocess_fn(spec, vocab, sequence_length=10)(
+      dataset)
+  pairs = list(zip(ours, theirs))
+  assert len(pairs) == 5
+  for (x, y), (tx, ty) in pairs:
+    np.testing.assert_array_equal(x.numpy(), tx.numpy())
+    np.testing.assert_array_equal(y.numpy(), ty.numpy())
