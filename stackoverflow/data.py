@@ -106,7 +106,8 @@ def load_federated_data(dataset: str,
       `synthetic_client_sentences`.
 
   Raises:
-    DatasetUnavailableError: StackOverflow files missing or corrupt.
+    DatasetUnavailableError: StackOverflow files missing or corrupt, or a
+      corrupt pydocs cache.
     ValueError: unknown dataset or bad argument.
   """
   if dataset not in DATASETS:
@@ -129,8 +130,11 @@ def load_federated_data(dataset: str,
         data_dir, vocab_size, progress)
   elif dataset == "pydocs":
     from stackoverflow import pydocs  # pylint: disable=g-import-not-at-top
-    loaded = pydocs.load(cache_dir=data_dir, progress=progress,
-                         **dataset_options)
+    try:
+      loaded = pydocs.load(cache_dir=data_dir, progress=progress,
+                           **dataset_options)
+    except pydocs.PydocsCacheError as e:
+      raise DatasetUnavailableError(f"pydocs cache is corrupt: {e}") from e
     train, heldout, test = loaded.train, loaded.heldout, loaded.test
     vocab = loaded.vocab[:vocab_size]
     info = dict(loaded.metadata)

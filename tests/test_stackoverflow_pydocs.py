@@ -109,6 +109,10 @@ def test_corrupt_cache_is_an_error_naming_the_file(tmp_path):
   os.remove(os.path.join(rebuilt.directory, pydocs.METADATA_FILENAME))
   with pytest.raises(pydocs.PydocsCacheError, match="metadata.json"):
     pydocs.build(str(tmp_path), progress=False, **SMALL)
+  # Binaries see it as an unavailable dataset (non-zero exit, clear message).
+  with pytest.raises(data.DatasetUnavailableError, match="metadata.json"):
+    data.load_federated_data("pydocs", data_dir=str(tmp_path), progress=False,
+                             **SMALL)
 
 
 @pytest.fixture(name="stdlib_data", scope="module")
