@@ -182,9 +182,13 @@ class SinglePassSampler:
   def __len__(self) -> int:
     return len(self.client_ids)
 
-  def next_round(self, count: int, accept: Callable[[str], bool]) -> Tuple[List[str], int]:
-    """The next ``count`` clients that ``accept`` (non-empty); returns (ids, skipped)."""
-    chosen, skipped = [], 0
+  def next_round(self, count: int, load: Callable[[str], Optional[object]]
+                 ) -> Tuple[List[str], List[object], int]:
+    """The next ``count`` clients whose ``load(id)`` is not None (non-empty).
+
+    Returns (client ids, their loaded datasets, number skipped as empty).
+    """
+    chosen, loaded, skipped = [], [], 0
     while len(chosen) < count:
       if self.cursor >= len(self.order):
         raise TrainingError(
@@ -193,11 +197,13 @@ class SinglePassSampler:
             f"{count} clients found for this round")
       client_id = self.client_ids[self.order[self.cursor]]
       self.cursor += 1
-      if accept(client_id):
-        chosen.append(client_id)
-      else:
+      value = load(client_id)
+      if value is None:
         skipped += 1
-    return chosen, skipped
+      else:
+        chosen.append(client_id)
+        loaded.append(value)
+    return chosen, loaded, skipped
 
 
 def check_enough_clients(num_clients: int, total_rounds: int, clients_per_round: int) -> None:
@@ -594,11 +600,10 @@ def run_training(config: TrainingConfig, task: Optional[Task] = None,
   last_validation = None
   evaluate = Evaluator(task.keras_model_fn, len(task.vocab), config.num_oov_buckets)
 
-  def client_data(client_id):
-    return task.preprocess_fn(task.train.create_tf_dataset_for_client(client_id))
-
-  def non_empty(client_id):
-    return next(iter(client_data(client_id).take(1)), None) is not None
+  def load_client(client_id):
+    """The client's preprocessed dataset, or None when it has no batches (skipped)."""
+    dataset = task.preprocess_fn(task.train.create_tf_dataset_for_client(client_id))
+    return dataset if next(iter(dataset.take(1)), None) is not None else None
 
   def model_weights_of(s):
     return process.get_model_weights(s)
@@ -606,8 +611,8 @@ def run_training(config: TrainingConfig, task: Optional[Task] = None,
   try:
     for round_num in range(start_round + 1, config.total_rounds + 1):
       round_start = time.perf_counter()
-      client_ids, skipped = sampler.next_round(config.clients_per_round, non_empty)
-      output = process.next(state, [client_data(c) for c in client_ids])
+      client_ids, datasets, skipped = sampler.next_round(config.clients_per_round, load_client)
+      output = process.next(state, datasets)
       state = output.state
       metrics = output.metrics
       train = metrics["client_work"]["train"]

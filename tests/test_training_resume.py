@@ -1,0 +1,99 @@
+"""Kill-and-resume: a run SIGKILLed mid-training and rerun with the same command ends
+with the same model as an uninterrupted run (same seeds; the noise seed and the
+client-sampling position come back from the tff.program checkpoint)."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+
+from stackoverflow import fixtures
+from training import train_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLAGS = dict(dataset="stackoverflow", mechanism="opt_prefix_sum", noise_multiplier=0.5,
+             total_rounds=4, clients_per_round=3, vocab_size=100, embedding_size=8, lstm_size=8,
+             projection_size=8, rounds_per_eval=2, rounds_per_checkpoint=1,
+             max_validation_elements=32, max_test_elements=32, seed=3, server_momentum=0.5)
+
+
+def command(data_dir, root):
+  args = [f"--{k}={v}" for k, v in FLAGS.items()]
+  return [sys.executable, os.path.join(REPO, "training", "run_stackoverflow.py"), *args,
+          f"--data_dir={data_dir}", f"--root_output_dir={root}", "--experiment_name=run",
+          f"--matrix_cache={root}/matrix_cache"]
+
+
+def group_processes(pgid):
+  out = []
+  for p in psutil.process_iter(["pid"]):
+    try:
+      if os.getpgid(p.pid) == pgid:
+        out.append(p)
+    except (ProcessLookupError, psutil.Error):
+      continue
+  return out
+
+
+def test_sigkill_then_rerun_ends_with_the_uninterrupted_model(tmp_path):
+  data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=30,
+                                               num_empty_train_clients=3)
+  root = tmp_path / "runs"
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  checkpoints = root / "run" / "checkpoints"
+
+  # 1. Start the run (noise seed from OS entropy) and SIGKILL it once round 2 is checkpointed.
+  proc = subprocess.Popen(command(data_dir, root), cwd=REPO, env=env, start_new_session=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  deadline = time.time() + 400
+  while not (checkpoints / "meta_2").exists():
+    assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+    assert time.time() < deadline, "run did not reach round 2"
+    time.sleep(0.05)
+  os.killpg(proc.pid, signal.SIGKILL)
+  proc.wait(timeout=30)
+  proc.stderr.close()
+  assert proc.returncode == -signal.SIGKILL
+  time.sleep(0.5)
+  assert not group_processes(proc.pid)  # no TFF worker_binary left from the killed group
+
+  meta = train_lib.Checkpointer(str(checkpoints)).latest_meta()
+  assert 2 <= meta["round"] < FLAGS["total_rounds"]
+  assert not (root / "run" / train_lib.SUMMARY_FILE).exists()
+
+  # 2. Rerun the same command: it resumes, finishes, and leaves no helper process behind.
+  rerun = subprocess.Popen(command(data_dir, root), cwd=REPO, env=env, start_new_session=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  _, stderr = rerun.communicate(timeout=600)  # returns only once every pipe holder is gone
+  assert rerun.returncode == 0, stderr[-3000:]
+  assert f"from round {meta['round']}" in stderr
+  time.sleep(0.5)
+  assert not group_processes(rerun.pid)
+
+  # 3. The uninterrupted reference run, with the noise seed the killed run drew.
+  reference = train_lib.TrainingConfig(
+      **FLAGS, data_dir=data_dir, root_output_dir=str(root), experiment_name="reference",
+      matrix_cache=str(root / "matrix_cache"), noise_seed=meta["noise_seed"], progress=False)
+  summary = train_lib.run_training(reference)
+  assert summary["finished"]
+
+  with np.load(root / "run" / train_lib.FINAL_MODEL_FILE) as a, \
+       np.load(root / "reference" / train_lib.FINAL_MODEL_FILE) as b:
+    assert a.files == b.files
+    for key in a.files:
+      np.testing.assert_allclose(a[key], b[key], rtol=0, atol=1e-6)
+
+  def rows(name):
+    with open(root / name / train_lib.METRICS_FILE, newline="") as f:
+      return list(csv.DictReader(f))
+  run_rows, ref_rows = rows("run"), rows("reference")
+  assert [r["round"] for r in run_rows] == ["1", "2", "3", "4"]  # no duplicated rounds
+  for r, q in zip(run_rows, ref_rows):
+    assert float(r["train_loss"]) == np.float32(float(q["train_loss"])) or abs(
+        float(r["train_loss"]) - float(q["train_loss"])) < 1e-5
+    assert r["empty_clients_skipped"] == q["empty_clients_skipped"]

@@ -1,0 +1,163 @@
+"""NaN clients, single-pass sampling limits and flag validation of the training loop."""
+
+import collections
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from training import train_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+POISON_TOKEN = 7  # a batch whose targets are all this id trains to NaN (see poisoned_model_fn)
+VOCAB = 20
+SEQ = 5
+
+
+def poisoned_model_fn():
+  """The project's LSTM whose loss is multiplied by NaN on an all-POISON_TOKEN batch."""
+  import tensorflow as tf
+  import tensorflow_federated as tff
+  from stackoverflow import metrics as so_metrics
+  from stackoverflow import model as so_model
+  from stackoverflow import preprocessing
+
+  class PoisonedLoss(so_metrics.MaskedSparseCategoricalCrossentropy):
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+      loss = super().__call__(y_true, y_pred, sample_weight)
+      poisoned = tf.reduce_all(tf.equal(tf.cast(y_true, tf.int64), POISON_TOKEN))
+      return loss * tf.where(poisoned, tf.constant(np.nan, tf.float32), 1.0)
+
+  def model_fn():
+    keras_model = so_model.create_keras_model(vocab_size=VOCAB, embedding_size=4, lstm_size=4,
+                                              projection_size=4, seed=1)
+    return tff.learning.models.from_keras_model(
+        keras_model, loss=PoisonedLoss(), input_spec=preprocessing.batch_spec(SEQ),
+        metrics=so_metrics.build_metrics(VOCAB, 1))
+
+  return model_fn
+
+
+def client_dataset(rng, poisoned=False, empty=False):
+  import tensorflow as tf
+  if poisoned:
+    x = np.full((4, SEQ), 3, np.int64)
+    y = np.full((4, SEQ), POISON_TOKEN, np.int64)
+  else:
+    x = rng.integers(1, VOCAB, size=(4, SEQ)).astype(np.int64)
+    y = rng.integers(1, VOCAB, size=(4, SEQ)).astype(np.int64)
+  ds = tf.data.Dataset.from_tensors((x, y))
+  return ds.take(0) if empty else ds
+
+
+@pytest.mark.parametrize("mechanism", ["opt_prefix_sum"])
+def test_nan_client_update_is_zeroed_before_clipping_and_counted(mechanism):
+  import tensorflow_federated as tff
+  from tff_mf.tf import runtime
+  runtime.install_exit_hook()
+  config = train_lib.TrainingConfig(mechanism=mechanism, total_rounds=4, clients_per_round=3,
+                                    noise_multiplier=0.5, noise_seed=11, client_lr=0.5)
+  factory, optimizer, _, _ = train_lib.build_mechanism_setup(config, 0.5, 11)
+  process = train_lib.build_process(poisoned_model_fn(), factory, optimizer, config.client_lr)
+  state = process.initialize()
+  rng = np.random.default_rng(0)
+  c1, c2 = client_dataset(rng), client_dataset(rng)
+  poisoned = client_dataset(rng, poisoned=True)
+  empty = client_dataset(rng, empty=True)
+
+  out_poisoned = process.next(state, [c1, poisoned, c2])
+  out_zero = process.next(state, [c1, empty, c2])  # same state: same noise row, same round
+  assert out_poisoned.metrics["aggregator"]["zeroed_client_updates"] == 1
+  w_poisoned = process.get_model_weights(out_poisoned.state).trainable
+  w_zero = process.get_model_weights(out_zero.state).trainable
+  w_start = process.get_model_weights(state).trainable
+  for a, b, s in zip(w_poisoned, w_zero, w_start):
+    assert np.all(np.isfinite(a))
+    # The poisoned client contributes exactly what a zero update contributes.
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  assert any(not np.allclose(a, s) for a, s in zip(w_poisoned, w_start))
+  # The next round goes on from a finite model.
+  out_next = process.next(out_poisoned.state, [client_dataset(rng), client_dataset(rng),
+                                               client_dataset(rng, poisoned=True)])
+  assert out_next.metrics["aggregator"]["zeroed_client_updates"] == 1
+  assert all(np.all(np.isfinite(w)) for w in process.get_model_weights(out_next.state).trainable)
+
+
+def test_zeroing_factory_on_raw_values():
+  """NaN/Inf client values are replaced by zeros before the inner aggregator sees them."""
+  import tensorflow_federated as tff
+  from training import robustness
+  factory = robustness.NonFiniteZeroingFactory(tff.aggregators.UnweightedMeanFactory())
+  value_type = tff.to_type(collections.OrderedDict(a=tff.TensorType(np.float32, [2]),
+                                                   b=tff.TensorType(np.float32, [])))
+  process = factory.create(value_type)
+  values = [collections.OrderedDict(a=np.array([1.0, 2.0], np.float32), b=np.float32(1.0)),
+            collections.OrderedDict(a=np.array([np.nan, 2.0], np.float32), b=np.float32(5.0)),
+            collections.OrderedDict(a=np.array([3.0, 4.0], np.float32), b=np.float32(np.inf)),
+            collections.OrderedDict(a=np.array([2.0, 0.0], np.float32), b=np.float32(2.0))]
+  out = process.next(process.initialize(), values)
+  assert out.measurements["zeroed_client_updates"] == 2
+  np.testing.assert_allclose(out.result["a"], [3.0 / 4, 2.0 / 4])
+  np.testing.assert_allclose(out.result["b"], 3.0 / 4)
+  with pytest.raises(TypeError, match="UnweightedAggregationFactory"):
+    robustness.NonFiniteZeroingFactory(object())
+
+
+def test_too_few_clients_fails_with_the_numbers():
+  with pytest.raises(train_lib.TrainingError, match=r"48 training clients.*--total_rounds=10 × "
+                     r"--clients_per_round=5 = 50"):
+    train_lib.check_enough_clients(48, 10, 5)
+  train_lib.check_enough_clients(50, 10, 5)
+  sampler = train_lib.SinglePassSampler(["a", "b", "c"], seed=0)
+  sampler.next_round(2, lambda c: c)
+  with pytest.raises(train_lib.TrainingError, match="ran out of clients"):
+    sampler.next_round(2, lambda c: c)
+
+
+def test_single_pass_sampler_is_a_seeded_permutation_and_resumable():
+  ids = [f"c{i:03d}" for i in range(100)]
+  a = train_lib.SinglePassSampler(ids, seed=3)
+  rounds = [a.next_round(10, lambda c: c)[0] for _ in range(10)]
+  flat = [c for r in rounds for c in r]
+  assert sorted(flat) == sorted(ids)  # each client exactly once
+  assert flat != sorted(ids)
+  b = train_lib.SinglePassSampler(list(reversed(ids)), seed=3, cursor=40)
+  assert b.next_round(10, lambda c: c)[0] == rounds[4]  # resumes in the same order
+  assert train_lib.SinglePassSampler(ids, seed=4).next_round(10, lambda c: c)[0] != rounds[0]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(mechanism="none", noise_multiplier=1.0), "without privacy"),
+    (dict(mechanism="tree", noise_multiplier=1.0, target_epsilon=4.0), "exactly one"),
+    (dict(mechanism="tree"), "exactly one"),
+    (dict(mechanism="tree", noise_multiplier=-1.0), "noise_multiplier"),
+    (dict(mechanism="tree", noise_multiplier=1.0, lr_schedule="cooldown"), "schedule_rounds"),
+    (dict(mechanism="tree", noise_multiplier=1.0, schedule_rounds=5), "only meaningful"),
+    (dict(mechanism="tree", noise_multiplier=1.0, server_momentum=1.0), "server_momentum"),
+    (dict(mechanism="dp_sgd", noise_multiplier=1.0), "mechanism"),
+    (dict(mechanism="tree", noise_multiplier=1.0, clients_per_round=0), "clients_per_round"),
+])
+def test_conflicting_or_bad_flags_are_errors(kwargs, message):
+  with pytest.raises(train_lib.TrainingError, match=message):
+    train_lib.TrainingConfig(**kwargs).validate()
+
+
+def test_mechanism_conflicts_from_build_mechanism_become_errors():
+  config = train_lib.TrainingConfig(mechanism="opt_prefix_sum", noise_multiplier=1.0,
+                                    total_rounds=8, bands=2, rank=1)
+  with pytest.raises(train_lib.TrainingError, match="--mechanism=opt_prefix_sum.*bands"):
+    train_lib.build_mechanism_setup(config, 1.0, 0)
+
+
+def test_binary_exits_nonzero_on_conflicting_flags(tmp_path):
+  result = subprocess.run(
+      [sys.executable, os.path.join(REPO, "training", "run_stackoverflow.py"),
+       "--mechanism=none", "--noise_multiplier=1.0", f"--root_output_dir={tmp_path}"],
+      capture_output=True, text=True, timeout=120, cwd=REPO,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  assert result.returncode == 1
+  assert "error: --mechanism=none trains without privacy" in result.stderr
+  assert not os.listdir(tmp_path)
