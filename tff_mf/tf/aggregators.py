@@ -75,24 +75,20 @@ class MechanismSetup:
 
 class DPAggregatorFactory(tff.aggregators.UnweightedAggregationFactory,
                           tff.aggregators.WeightedAggregationFactory):
-  """Builds a DP query for the model's specs when TFF creates the aggregator.
+  """Builds the DP aggregation factory for the model's specs when TFF creates the aggregator.
 
-  ``make_query(record_specs)`` returns a ``tfp.SumAggregationDPQuery`` (already
-  normalized by clients per round); the result is wrapped in
-  ``tff.aggregators.DifferentiallyPrivateFactory``. Works as an unweighted
-  factory and, ignoring the client weights, as a weighted one.
+  ``make_factory(record_specs)`` returns an unweighted
+  ``tff.aggregators.DifferentiallyPrivateFactory`` (the query needs the specs,
+  which TFF only reveals in ``create``). Works as an unweighted factory and,
+  ignoring the client weights, as a weighted one.
   """
 
-  def __init__(self, make_query: Callable[[Any], tfp.SumAggregationDPQuery], name: str):
-    self._make_query = make_query
+  def __init__(self, make_factory: Callable[[Any], Any], name: str):
+    self._make_factory = make_factory
     self.name = name
-    self.last_query = None
 
   def create(self, value_type, weight_type=None):
-    specs = tff.types.type_to_tf_tensor_specs(value_type)
-    query = self._make_query(specs)
-    self.last_query = query
-    unweighted = tff.aggregators.DifferentiallyPrivateFactory(query)
+    unweighted = self._make_factory(tff.types.type_to_tf_tensor_specs(value_type))
     if weight_type is None:
       return unweighted.create(value_type)
     return tff.aggregators.as_weighted_aggregator(unweighted).create(value_type, weight_type)
@@ -288,34 +284,29 @@ def build_mechanism(mechanism: str, *, total_rounds: int, noise_multiplier: floa
     noise = stream
     seed = noise_seed
 
-    def make_query(specs):
+    def make_factory(specs):
       q = query_lib.MatrixFactorizationQuery(noise, l2_norm_clip=clip, noise_multiplier=z,
                                              record_specs=specs, noise_seed=seed)
-      return tfp.NormalizedQuery(q, denominator=k)
+      return tff.aggregators.DifferentiallyPrivateFactory(tfp.NormalizedQuery(q, denominator=k))
 
-    factory = DPAggregatorFactory(make_query, mechanism)
     info["noise_implementation"] = stream.describe()
     info["state_rows"] = stream.buffer_rows()
   elif mechanism == "gaussian_fixed":
-    inner = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
-        noise_multiplier=z, clients_per_round=k, clip=clip)
 
-    def make_query(specs):
+    def make_factory(specs):
       del specs
-      return inner._query  # pylint: disable=protected-access
+      return tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+          noise_multiplier=z, clients_per_round=k, clip=clip)
 
-    factory = DPAggregatorFactory(make_query, mechanism)
   else:  # tree_aggregation
     per_node = z * math.sqrt(tree.tree_levels(n))
 
-    def make_query(specs):
-      inner = tff.aggregators.DifferentiallyPrivateFactory.tree_aggregation(
+    def make_factory(specs):
+      return tff.aggregators.DifferentiallyPrivateFactory.tree_aggregation(
           noise_multiplier=per_node, clients_per_round=k, l2_norm_clip=clip,
           record_specs=specs, noise_seed=noise_seed, use_efficient=True)
-      return inner._query  # pylint: disable=protected-access
 
-    factory = DPAggregatorFactory(make_query, mechanism)
-
+  factory = DPAggregatorFactory(make_factory, mechanism)
   if f is not None:
     info["strategy"] = f.strategy
     info["sensitivity"] = f.sensitivity
