@@ -54,7 +54,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 import tqdm
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 SPLITS = ("train", "heldout", "test")
 DEFAULT_MAX_FILES_PER_PACKAGE = 120
 DEFAULT_MIN_SENTENCES_PER_CLIENT = 2
@@ -293,25 +293,36 @@ def list_source_files(max_files_per_package: int = DEFAULT_MAX_FILES_PER_PACKAGE
 
 # ---------------------------------------------------------- docstring walking
 
+_DEFINITIONS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+# Blocks whose definitions belong to the enclosing scope.
+_BLOCKS = (ast.If, ast.Try, ast.With, ast.AsyncWith, ast.For, ast.While)
+
+
+def _definitions(node):
+  """Classes and functions defined directly in `node`'s scope, in order."""
+  for child in ast.iter_child_nodes(node):
+    if isinstance(child, _DEFINITIONS):
+      yield child
+    elif isinstance(child, _BLOCKS + (ast.ExceptHandler,)):
+      yield from _definitions(child)
+
+
 def documented_objects(source: bytes, module: str
                       ) -> Iterable[Tuple[str, str]]:
-  """(dotted name, docstring) of the module, its classes and functions."""
+  """(dotted name, docstring) of the module, its classes and functions.
+
+  Breadth-first from the module; definitions inside `if`/`try`/`with` blocks
+  count as definitions of the enclosing scope.
+  """
   tree = ast.parse(source)
-  stack = [(tree, module)]
-  while stack:
-    node, name = stack.pop(0)
+  queue = collections.deque([(tree, module)])
+  while queue:
+    node, name = queue.popleft()
     docstring = ast.get_docstring(node, clean=True)
     if docstring:
       yield name, docstring
-    for child in ast.iter_child_nodes(node):
-      if isinstance(child, (ast.ClassDef, ast.FunctionDef,
-                            ast.AsyncFunctionDef)):
-        stack.append((child, f"{name}.{child.name}"))
-      elif isinstance(child, (ast.If, ast.Try)):  # Conditional definitions.
-        for grandchild in ast.walk(child):
-          if isinstance(grandchild, (ast.ClassDef, ast.FunctionDef,
-                                     ast.AsyncFunctionDef)):
-            stack.append((grandchild, f"{name}.{grandchild.name}"))
+    for child in _definitions(node):
+      queue.append((child, f"{name}.{child.name}"))
 
 
 def split_of(client_id: str) -> str:

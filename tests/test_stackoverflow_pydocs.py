@@ -65,10 +65,20 @@ class C:
     """Method doc."""
   def undocumented(self):
     pass
+try:
+  class D:
+    """Conditional class doc."""
+    def n(self):
+      """Conditional method doc."""
+except ImportError:
+  def g():
+    """Fallback doc."""
 '''
   assert list(pydocs.documented_objects(source, "pkg.mod")) == [
       ("pkg.mod", "Module doc."), ("pkg.mod.f", "Function doc."),
-      ("pkg.mod.C", "Class doc."), ("pkg.mod.C.m", "Method doc.")]
+      ("pkg.mod.C", "Class doc."), ("pkg.mod.D", "Conditional class doc."),
+      ("pkg.mod.g", "Fallback doc."), ("pkg.mod.C.m", "Method doc."),
+      ("pkg.mod.D.n", "Conditional method doc.")]
 
 
 def test_split_is_a_fixed_function_of_the_client_id():
