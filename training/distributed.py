@@ -288,6 +288,7 @@ def coordinator_context_class():
 
 
 _active_context = None
+_retired_contexts: list = []
 
 
 def configure_execution_context(workers: Sequence[str],
@@ -305,6 +306,8 @@ def configure_execution_context(workers: Sequence[str],
   global _active_context
   addresses = parse_worker_addresses(workers)
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
+  runtime.install_exit_hook()
   from tensorflow_federated.python.core.backends.native import execution_contexts  # pylint: disable=g-import-not-at-top
   channels = []
   try:
@@ -317,6 +320,15 @@ def configure_execution_context(workers: Sequence[str],
   worker_contexts = [_WorkerContext(a, c) for a, c in zip(addresses, channels)]
   coordinator = execution_contexts.create_async_local_cpp_execution_context()
   context = coordinator_context_class()(worker_contexts, coordinator)
+  # Keep the replaced default context alive. When TFF's local C++ context is
+  # garbage collected, its ServiceManager.__del__ sends SIGINT to its
+  # worker_binary and waits for it; a process started with SIGINT ignored (a
+  # background job of a non-interactive shell, as under nohup or `make &`)
+  # passes that on, the worker ignores it, and the wait never returns. The
+  # retired servers are stopped at exit by tff_mf.tf.runtime's exit hook.
+  from tensorflow_federated.python.core.impl.context_stack import context_stack_impl  # pylint: disable=g-import-not-at-top
+  stack = getattr(context_stack_impl.context_stack, "_stack", None)
+  _retired_contexts.append(stack[0] if stack else tff.framework.get_context_stack().current)
   tff.framework.set_default_context(context)
   if _active_context is not None:
     _active_context.close()
