@@ -29,15 +29,20 @@ def command(data_dir, root):
           f"--matrix_cache={root}/matrix_cache"]
 
 
-def group_processes(pgid):
-  out = []
-  for p in psutil.process_iter(["pid"]):
-    try:
-      if os.getpgid(p.pid) == pgid:
-        out.append(p)
-    except (ProcessLookupError, psutil.Error):
-      continue
-  return out
+def group_processes(pgid, wait=5.0):
+  """Live (non-zombie) processes of process group ``pgid``, after waiting up to ``wait`` s."""
+  deadline = time.time() + wait
+  while True:
+    out = []
+    for p in psutil.process_iter(["pid"]):
+      try:
+        if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+          out.append(p)
+      except (ProcessLookupError, psutil.Error):
+        continue
+    if not out or time.time() > deadline:
+      return out
+    time.sleep(0.2)
 
 
 def test_sigkill_then_rerun_ends_with_the_uninterrupted_model(tmp_path):
@@ -59,7 +64,6 @@ def test_sigkill_then_rerun_ends_with_the_uninterrupted_model(tmp_path):
   proc.wait(timeout=30)
   proc.stderr.close()
   assert proc.returncode == -signal.SIGKILL
-  time.sleep(0.5)
   assert not group_processes(proc.pid)  # no TFF worker_binary left from the killed group
 
   meta = train_lib.Checkpointer(str(checkpoints)).latest_meta()
@@ -72,7 +76,6 @@ def test_sigkill_then_rerun_ends_with_the_uninterrupted_model(tmp_path):
   _, stderr = rerun.communicate(timeout=600)  # returns only once every pipe holder is gone
   assert rerun.returncode == 0, stderr[-3000:]
   assert f"from round {meta['round']}" in stderr
-  time.sleep(0.5)
   assert not group_processes(rerun.pid)
 
   # 3. The uninterrupted reference run, with the noise seed the killed run drew.

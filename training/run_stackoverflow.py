@@ -69,6 +69,8 @@ flags.DEFINE_integer("max_elements_per_client", _DEFAULTS.max_elements_per_clien
 flags.DEFINE_integer("client_batch_size", _DEFAULTS.client_batch_size, "Client batch size (16).")
 flags.DEFINE_integer("max_validation_elements", _DEFAULTS.max_validation_elements,
                      "Validation sentences (10000).")
+flags.DEFINE_integer("max_test_elements", None, "Cap on test sentences (default: all).")
+flags.DEFINE_bool("progress", True, "Per-round progress lines on stderr.")
 flags.DEFINE_list("workers", [], "host:port,... of remote TFF worker_binary executor services "
                   "(see training/distributed.py).")
 flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of client sampling and model init.")
