@@ -12,6 +12,12 @@ command -v "$python" >/dev/null 2>&1 || python=python3
 stamp_want="$(cat requirements/lock.txt requirements/lock-nodeps.txt setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)"
 stamp_file="$venv/.tff_mf_stamp"
 if [[ -x "$venv/bin/python" && -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp_want" ]]; then
+  # Environment is current; make sure the editable install of the project is too.
+  if "$venv/bin/python" -c 'import tff_mf.cli, training, stackoverflow' >/dev/null 2>&1; then
+    exit 0
+  fi
+  echo "[bootstrap] refreshing the editable install of tff-mf" >&2
+  "$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e .
   exit 0
 fi
 echo "[bootstrap] creating $venv from requirements/lock.txt" >&2

@@ -78,7 +78,9 @@ def factorize(spec: FactorizationSpec, progress: bool = False) -> fz.Factorizati
     info.update(result.info)
   elif spec.strategy == "structured":
     from tff_mf import structured  # pylint: disable=g-import-not-at-top
-    result = structured.fit(a, bands=spec.bands, rank=spec.rank, progress=progress)
+    result = structured.fit(a, bands=spec.bands, rank=spec.rank, progress=progress,
+                            target_gap=spec.target_gap, max_iterations=spec.max_iterations,
+                            allow_unconverged=spec.allow_unconverged)
     b, c = result.b, result.c
     info.update(result.info)
   else:  # pragma: no cover - validate() rejects this
