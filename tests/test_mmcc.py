@@ -46,11 +46,11 @@ def test_random_matrices_amplification_properties(seed):
   n = 6
   c = _random_c(n, seed)
   p = 0.1
-  eps = [mmcc.mmcc_epsilon(c, p, s, DELTA, **FAST) for s in (2.0, 4.0, 8.0)]
+  eps = [mmcc.mmcc_epsilon(c, p, s, DELTA, **FAST) for s in (3.0, 6.0, 12.0)]
   # ε decreases as σ grows.
   assert eps[0] > eps[1] > eps[2]
   # Never above the same mechanism analyzed without amplification.
-  for s, e in zip((2.0, 4.0, 8.0), eps):
+  for s, e in zip((3.0, 6.0, 12.0), eps):
     assert e <= _no_amplification_epsilon(c, s) * (1 + 1e-6)
   # At p = 1 (no sampling) ε is at least the single-participation ε (Denisov Thm 4.1) and
   # equals the deterministic composition of the rows (every p̃ = 1).
@@ -71,10 +71,10 @@ def test_amplification_beats_single_participation_at_large_noise():
 
 @pytest.mark.parametrize("seed", [3, 4])
 def test_finer_grid_never_raises_epsilon(seed):
-  c = _random_c(5, seed)
+  c = _random_c(4, seed)
   step = float(np.max(c)) / 4
-  eps = [mmcc.mmcc_epsilon(c, 0.2, 3.0, DELTA, grid_step=step / k, workers=1)
-         for k in (1, 2, 4, 8)]
+  eps = [mmcc.mmcc_epsilon(c, 0.2, 4.0, DELTA, grid_step=step / k, workers=1)
+         for k in (1, 2, 4)]
   assert all(b <= a for a, b in zip(eps, eps[1:])), eps
 
 

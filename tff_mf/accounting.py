@@ -148,20 +148,43 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float,
   def ok(z):
     return epsilon(z, delta, accountant) <= target
 
+  def exact_ok(z):
+    return gaussian_delta_exact(z, target) <= delta
+
+  # Both accountants upper-bound the exact Gaussian ε, so a z that fails the
+  # exact test fails theirs too: bracket with the cheap exact formula first.
   hi = 1.0
-  while not ok(hi):
+  while not exact_ok(hi):
     hi *= 2.0
     if hi > _MAX_NOISE_MULTIPLIER:
       raise ValueError(
           f"no noise multiplier up to {_MAX_NOISE_MULTIPLIER:g} reaches epsilon "
           f"{target} at delta {delta}")
   lo = hi / 2.0
-  while ok(lo):
-    hi = lo
-    lo /= 2.0
+  while exact_ok(lo):
+    hi, lo = lo, lo / 2.0
     if lo < _MIN_NOISE_MULTIPLIER:
-      # ε at this tiny z is below target: any smaller z is below the search floor.
-      return hi
+      break
+  for _ in range(60):  # exact bisection to 1e-6 relative: lo fails, hi passes
+    if hi - lo <= 1e-6 * hi:
+      break
+    mid = 0.5 * (lo + hi)
+    if exact_ok(mid):
+      hi = mid
+    else:
+      lo = mid
+  # lo fails the exact test, hence the accountant's. Find an accountant-passing hi.
+  step = 1.01
+  hi = lo * step
+  while not ok(hi):
+    lo, hi = hi, hi * step
+    step = step ** 2
+    if hi > _MAX_NOISE_MULTIPLIER:
+      raise ValueError(
+          f"no noise multiplier up to {_MAX_NOISE_MULTIPLIER:g} reaches epsilon "
+          f"{target} at delta {delta}")
+  if lo < _MIN_NOISE_MULTIPLIER:
+    return float(hi)
   # Invariant: ε(lo) > target ≥ ε(hi).
   while True:
     tol = tolerance * hi if relative else tolerance

@@ -35,10 +35,17 @@ EVERY APPROXIMATION HERE ONLY OVER-ESTIMATES ε (App F):
 - the far tail of each row's sensitivity distribution (total mass at most
   ``mixture_tail_mass``) is MOVED UP to the row's largest possible sensitivity
   (stochastic dominance, Cor B.3), which keeps mixtures small;
-- PLDs use dp_accounting's pessimistic connect-the-dots discretization, and the
-  inverse privacy loss is the smallest grid point x whose loss is ≤ ℓ, i.e. x
-  is over-estimated (App F.1) — we only vectorize dp_accounting's search;
+- PLDs use dp_accounting's pessimistic connect-the-dots discretization and
+  its pessimistic tail truncation (truncated mass counts as infinite loss);
+- the inverse privacy loss (App F.1) is, as in dp_accounting, the smallest
+  point x of a fine grid (step 1e-9) whose loss is ≤ ℓ; we find it by a
+  vectorized safeguarded Newton search instead of dp_accounting's recursive
+  scalar bisection. Since δ(ε) = max_x [P(X ≤ x) − e^ε Q(X ≤ x)] is stationary
+  at the exact inverse, this grid offset changes δ only at second order
+  (≲ 1e-18), i.e. at floating-point level;
 - PLD composition truncates tails pessimistically (dp_accounting).
+What remains is floating-point round-off (≈1e-16 relative) in the mixture
+probabilities and PLD arithmetic.
 
 Adaptivity (footnote 7, Lemma B.4) needs C lower triangular with rows in
 release order and non-negative entries (Lemma C.3 uses non-negativity). C may
