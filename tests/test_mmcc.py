@@ -216,3 +216,24 @@ def test_bad_shapes_and_structure():
   same = mmcc.mmcc_epsilon(np.array([[1.0, 0.5], [0, 1]]), 0.1, 2.0, DELTA, non_adaptive=True,
                            workers=1)
   assert eps == pytest.approx(same) and np.isfinite(eps)
+
+
+@pytest.mark.slow
+def test_fig2_binary_tree_ratio_grows_with_n():
+  """Sec 6.1 / Fig 2 (c = 32): unamplified ε / MMCC ε exceeds 1 and grows with n = 2..1024."""
+  ratios = []
+  for k in range(1, 11):
+    n = 1 << k
+    r = mmcc.mmcc(mmcc.binary_tree_matrix(n), 1.0 / n, 32.0, DELTA)
+    ratios.append(r.unamplified_epsilon / r.epsilon)
+  assert min(ratios) > 1.0
+  assert all(b > a for a, b in zip(ratios, ratios[1:])), ratios
+
+
+@pytest.mark.slow
+def test_fig4_tree_restart_n512():
+  """Sec 6.3 / Fig 4: n = 512, p = 1/16, h = 4: i.i.d. sampling beats b-min-sep at σ = 24."""
+  c = mmcc.tree_restart_matrix(512, 4)
+  iid = mmcc.mmcc_epsilon(c, 1 / 16, 24.0, DELTA)
+  sep = mmcc.mmcc_epsilon(c, 1 / 16, 24.0, DELTA, min_sep=8)
+  assert iid < sep
