@@ -331,32 +331,44 @@ def split_of(client_id: str) -> str:
   return "heldout" if bucket == 0 else "test" if bucket == 1 else "train"
 
 
+def _file_docstrings(path: str, module: str, min_words: int,
+                     max_file_bytes: int):
+  """(status, [(client_id, sentences)]) of one source file."""
+  try:
+    if os.path.getsize(path) > max_file_bytes:
+      return "files_too_large", []
+    with open(path, "rb") as f:
+      source = f.read()
+    return "files_parsed", [
+        (name, docstring_sentences(docstring, min_words))
+        for name, docstring in documented_objects(source, module)]
+  except (SyntaxError, ValueError, OSError, RecursionError, MemoryError):
+    return "files_unparsable", []
+
+
 def collect_clients(files: Sequence[SourceFile],
                     min_sentences_per_client: int = DEFAULT_MIN_SENTENCES_PER_CLIENT,
                     min_words_per_sentence: int = DEFAULT_MIN_WORDS_PER_SENTENCE,
                     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
                     progress: bool = True):
-  """Returns ({client_id: [sentence]} in build order, stats dict)."""
+  """Returns ({client_id: [sentence]} in build order, stats dict).
+
+  Runs in this process (no worker processes: a spawned worker would re-run
+  an unguarded `__main__` of the caller, and forking a process that holds
+  TensorFlow's threads is unsafe).
+  """
   clients = collections.OrderedDict()
   seen_texts = set()
   stats = collections.Counter()
   for source_file in tqdm.tqdm(files, desc="pydocs: parsing docstrings",
                                unit="file", disable=not progress,
                                file=sys.stderr):
-    try:
-      if os.path.getsize(source_file.path) > max_file_bytes:
-        stats["files_too_large"] += 1
-        continue
-      with open(source_file.path, "rb") as f:
-        source = f.read()
-      objects = list(documented_objects(source, source_file.module))
-    except (SyntaxError, ValueError, OSError, RecursionError):
-      stats["files_unparsable"] += 1
-      continue
-    stats["files_parsed"] += 1
-    for client_id, docstring in objects:
+    status, objects = _file_docstrings(
+        source_file.path, source_file.module, min_words_per_sentence,
+        max_file_bytes)
+    stats[status] += 1
+    for client_id, sentences in objects:
       stats["docstrings"] += 1
-      sentences = docstring_sentences(docstring, min_words_per_sentence)
       if len(sentences) < min_sentences_per_client:
         stats["docstrings_too_short"] += 1
         continue
@@ -365,7 +377,7 @@ def collect_clients(files: Sequence[SourceFile],
         stats["docstrings_duplicate"] += 1
         continue
       seen_texts.add(text_key)
-      if client_id in clients:  # E.g. a function defined in both if-branches.
+      if client_id in clients:  # E.g. a function defined in two branches.
         clients[client_id].extend(sentences)
       else:
         clients[client_id] = sentences
@@ -608,3 +620,35 @@ def load(cache_dir: Optional[str] = None, *, force: bool = False,
   return LoadedPydocs(train=splits["train"], heldout=splits["heldout"],
                       test=splits["test"], vocab=vocab,
                       metadata=built.metadata, directory=built.directory)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """`python -m stackoverflow.pydocs`: build (or verify) the cached dataset."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  parser = argparse.ArgumentParser(
+      prog="python -m stackoverflow.pydocs",
+      description="Build the docstring dataset and print where it is.")
+  parser.add_argument("--cache_dir", default=None,
+                      help=f"default: {default_cache_dir()}")
+  parser.add_argument("--force", action="store_true",
+                      help="rebuild even if a verified copy exists")
+  parser.add_argument("--max_files_per_package", type=int,
+                      default=DEFAULT_MAX_FILES_PER_PACKAGE)
+  args = parser.parse_args(argv)
+  try:
+    built = build(args.cache_dir, force=args.force, progress=True,
+                  max_files_per_package=args.max_files_per_package)
+  except PydocsCacheError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  meta = built.metadata
+  print(json.dumps(dict(
+      directory=built.directory, cache_hit=built.cache_hit,
+      fingerprint=meta["fingerprint"], num_clients=meta["num_clients"],
+      splits=meta["splits"], content_sha256=meta["content_sha256"],
+      build_seconds=meta["build_seconds"]), indent=1))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
