@@ -34,7 +34,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tff_mf import accounting  # pylint: disable=g-import-not-at-top
 from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")

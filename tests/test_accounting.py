@@ -2,11 +2,9 @@
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from tff_mf import accounting
