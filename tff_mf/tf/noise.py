@@ -19,8 +19,9 @@ Every implementation sits behind one interface, ``StreamingNoise``:
 Z row j of a model with variables v_0..v_{k-1} is drawn as
 ``stateless_normal(shape(v_t), seed=fold_in(fold_in(seed, j), t))`` with the
 Philox algorithm pinned, so every implementation (and a numpy reference, via
-``standard_normal_row``) sees the same Z for the same seed. Noise is float32;
-matrix coefficients are kept in float64, scaled by σ in float64 and cast once.
+``standard_normal_row``) sees the same Z for the same seed. Z is drawn in the
+variables' dtype (float32); coefficients (scaled by σ) and the accumulation are
+float64, and each noise row is cast once to the variables' dtype.
 
 The state of a stream (its buffers) is a plain structure of tensors, so TFF and
 ``tff.program`` can checkpoint it; restoring continues the identical stream.
@@ -218,19 +219,19 @@ class DenseNoise(StreamingNoise):
     specs = flat_specs(specs)
     row_ptr = tf.constant(self._row_ptr)
     cols = tf.constant(self._cols)
-    vals = tf.constant((self._vals * float(stddev)).astype(np.float32))
+    vals = tf.constant(self._vals * float(stddev))  # float64
     i = tf.cast(round_index, tf.int64)
     start, end = row_ptr[i], row_ptr[i + 1]
-    acc0 = [tf.zeros(s.shape, s.dtype) for s in specs]
+    acc0 = [tf.zeros(s.shape, tf.float64) for s in specs]
 
     def body(k, acc):
       z = standard_normal_row(seed, cols[k], specs)
       coef = vals[k]
-      return k + 1, [a + tf.cast(coef, a.dtype) * zz for a, zz in zip(acc, z)]
+      return k + 1, [a + coef * tf.cast(zz, tf.float64) for a, zz in zip(acc, z)]
 
     _, acc = tf.while_loop(lambda k, acc: k < end, body, (start, acc0),
                            parallel_iterations=1)
-    return acc, buffers
+    return [tf.cast(a, s.dtype) for a, s in zip(acc, specs)], buffers
 
   def describe(self):
     return f"DenseNoise(n={self.n}, m={self.m}, nnz={self._vals.size})"
@@ -293,7 +294,9 @@ class StructuredNoise(StreamingNoise):
 
   Each Z row is drawn once, from (seed, row), and kept in an h-row ring buffer;
   β (r rows) and the last w−1 values of y are buffers too: (h + r + w − 1)·d
-  floats of state and O((h + r + w)·d) work per round.
+  numbers of state (Z rows float32; β and y float64, because the low-rank
+  factors are large and cancel) and O((h + r + w)·d) work per round, fused by
+  XLA.
 
   The factors may be unnormalized: with C = B̂⁻¹·A and γ = γ(C) the stream
   realizes the normalized mechanism (γ·B̂, C/γ), so ``sensitivity`` is 1.
@@ -379,20 +382,24 @@ class StructuredNoise(StreamingNoise):
     """
     specs = flat_specs(specs)
 
-    def rows(count):
-      return tuple(tuple(tf.zeros(s.shape, s.dtype) for s in specs) for _ in range(count))
+    def rows(count, dtype=None):
+      return tuple(tuple(tf.zeros(s.shape, dtype or s.dtype) for s in specs)
+                   for _ in range(count))
 
-    return (rows(self.bands), rows(self.rank), rows(self.inverse_bands - 1))
+    # β and y in float64: the low-rank factors of B̂ are large and cancel (their
+    # product's masked entries are O(1), the factors' entries O(10²)).
+    return (rows(self.bands), rows(self.rank, tf.float64),
+            rows(self.inverse_bands - 1, tf.float64))
 
   def noise_row(self, seed, round_index, buffers, specs, stddev):
     specs = flat_specs(specs)
     h, w, r = self.bands, self.inverse_bands, self.rank
     zbuf, beta, ybuf = buffers
     i = tf.cast(round_index, tf.int64)
-    band = tf.gather(tf.constant(self._band.astype(np.float32)), i)  # [h]: D[i, i-k]
-    u_i = tf.gather(tf.constant(self._u.astype(np.float32)), i)  # [r]
-    v_i = tf.gather(tf.constant(self._v_gate.astype(np.float32)), i)  # [r]: V[i-h] or 0
-    ainv = tf.gather(tf.constant((self._ainv * float(stddev)).astype(np.float32)), i)  # [w]
+    band = tf.gather(tf.constant(self._band), i)  # [h]: D[i, i-k], float64
+    u_i = tf.gather(tf.constant(self._u), i)  # [r]
+    v_i = tf.gather(tf.constant(self._v_gate), i)  # [r]: V[i-h] or 0
+    ainv = tf.gather(tf.constant(self._ainv * float(stddev)), i)  # [w]
     z_new = standard_normal_row(seed, i, specs)
     combine = self._combine_fn()
     out, new_beta, y = [], [], []
@@ -408,6 +415,11 @@ class StructuredNoise(StreamingNoise):
     new_ybuf = (tuple(ybuf[1:]) + (tuple(y),)) if w > 1 else ybuf
     return out, (new_zbuf, new_beta, new_ybuf)
 
+  def state_bytes(self, specs) -> int:
+    d = sum(int(np.prod(s.shape)) for s in flat_specs(specs))
+    z_bytes = sum(int(np.prod(s.shape)) * s.dtype.size for s in flat_specs(specs))
+    return self.bands * z_bytes + (self.rank + self.inverse_bands - 1) * d * 8
+
   def _combine_fn(self):
     """Algorithm 3's per-variable arithmetic, fused by XLA when ``jit_compile`` (one pass over
     the buffers instead of one temporary per term)."""
@@ -415,13 +427,16 @@ class StructuredNoise(StreamingNoise):
       h, w, r = self.bands, self.inverse_bands, self.rank
 
       def combine(z_new, zbuf, beta, ybuf, band, u_i, v_i, ainv):
+        dtype = z_new.dtype
+        z_new = tf.cast(z_new, tf.float64)
+        zbuf = [tf.cast(z, tf.float64) for z in zbuf]
         z_old = zbuf[0]  # Z[i−h], the row leaving the band this round
         beta_t = [beta[l] + v_i[l] * z_old for l in range(r)]  # β_i = β_{i−1} + V[i−h]ᵀZ[i−h]
         terms = [band[0] * z_new] + [band[k] * zbuf[h - k] for k in range(1, h)]
         terms += [u_i[l] * beta_t[l] for l in range(r)]
         y = tf.add_n(terms)  # (B̂·Z)[i]
         out = tf.add_n([ainv[0] * y] + [ainv[k] * ybuf[w - 1 - k] for k in range(1, w)])
-        return out, beta_t, y
+        return tf.cast(out, dtype), beta_t, y
 
       self._combine = tf.function(combine, jit_compile=self.jit_compile, autograph=False)
     return self._combine
