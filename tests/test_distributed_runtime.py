@@ -146,7 +146,7 @@ def test_binary_kill_worker_mid_run_then_resume_with_healthy_workers(tmp_path):
         if line.startswith("round 2/"):
           b_proc.kill()
           break
-      rest, _ = proc.communicate(timeout=600)
+      _, rest = proc.communicate(timeout=600)
     finally:
       if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
