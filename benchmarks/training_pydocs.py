@@ -1,0 +1,169 @@
+"""Tree vs optimal matrix factorizations at equal ε on the docstring dataset, several seeds.
+
+Runs the main job (``training.main_job.run_main_job``: tree, opt_prefix_sum,
+opt_momentum at one (ε, δ), single pass, server momentum) once per seed — the
+seed sets client order and model init, noise seeds come from OS entropy — and
+writes a markdown section to ``benchmarks/results/training.md`` with the
+per-seed and mean ± std test accuracy (no OOV/EOS, Denisov et al. App I), and
+``benchmarks/results/training_pydocs.png`` (mean validation accuracy against
+rounds). The tree is the baseline measured in the same run (Denisov Sec 5,
+Fig 2: optimal MF should beat it at equal ε).
+
+  nice .venv/bin/python benchmarks/training_pydocs.py --seeds 0 1 2 --out out/bench_training
+
+Seeds whose ``<out>/seed<k>/results.json`` already exists with the same
+settings are reused (the runs also resume from checkpoints).
+"""
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+MACHINE = "2-core x86_64 CPU, 24 GB, no GPU"
+
+
+def run_seed(out_dir, seed, cache_dir, data_dir, settings):
+  from training import main_job  # pylint: disable=g-import-not-at-top
+  path = os.path.join(out_dir, f"seed{seed}")
+  results_path = os.path.join(path, "results.json")
+  if os.path.exists(results_path):
+    with open(results_path) as f:
+      previous = json.load(f)
+    merged = dict(main_job.MAIN_JOB_DEFAULTS, **settings)
+    if previous.get("settings") == merged and previous.get("seed") == seed:
+      return previous
+  code = main_job.run_main_job(path, cache_dir, data_dir=data_dir, seed=seed, **settings)
+  if code not in (0, 2):
+    raise SystemExit(f"main job for seed {seed} failed with exit code {code}")
+  with open(results_path) as f:
+    return json.load(f)
+
+
+def curves_of(out_dir, seed, mechanisms):
+  from training import main_job  # pylint: disable=g-import-not-at-top
+  return {m: main_job._read_curve(os.path.join(out_dir, f"seed{seed}", "runs", m,  # pylint: disable=protected-access
+                                               "metrics.csv")) for m in mechanisms}
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+  parser.add_argument("--out", default="out/bench_training")
+  parser.add_argument("--cache_dir", default=None)
+  parser.add_argument("--data_dir", default=None)
+  parser.add_argument("--total_rounds", type=int, default=None)
+  parser.add_argument("--clients_per_round", type=int, default=None)
+  parser.add_argument("--target_epsilon", type=float, default=None)
+  parser.add_argument("--results_md", default=os.path.join(REPO, "benchmarks", "results",
+                                                           "training.md"))
+  args = parser.parse_args(argv)
+  from training import main_job  # pylint: disable=g-import-not-at-top
+  settings = {k: v for k, v in (("total_rounds", args.total_rounds),
+                                ("clients_per_round", args.clients_per_round),
+                                ("target_epsilon", args.target_epsilon)) if v is not None}
+  start = time.perf_counter()
+  per_seed = {s: run_seed(args.out, s, args.cache_dir, args.data_dir, settings)
+              for s in args.seeds}
+  mechanisms = [r["mechanism"] for r in per_seed[args.seeds[0]]["results"]]
+  merged = dict(main_job.MAIN_JOB_DEFAULTS, **settings)
+
+  table = {m: {"test": [], "val": [], "eps": None, "z": None, "sqrt_loss": None, "wall": []}
+           for m in mechanisms}
+  for seed in args.seeds:
+    for r in per_seed[seed]["results"]:
+      t = table[r["mechanism"]]
+      t["test"].append(r["test_accuracy"])
+      t["val"].append(r["validation_accuracy"])
+      t["eps"], t["z"], t["sqrt_loss"] = r["epsilon"], r["noise_multiplier"], r["sqrt_loss"]
+      t["wall"].append(r["wall_seconds"])
+
+  def mean_std(values):
+    values = np.array([np.nan if v is None else v for v in values], dtype=float)
+    return float(np.nanmean(values)), float(np.nanstd(values, ddof=1)) if len(values) > 1 else 0.0
+
+  lines = [
+      "## Training: tree vs optimal matrix factorization at equal ε (docstring dataset)",
+      "",
+      f"Command: `nice .venv/bin/python benchmarks/training_pydocs.py --seeds "
+      f"{' '.join(map(str, args.seeds))}`{' ' + ' '.join(f'--{k} {v}' for k, v in settings.items()) if settings else ''}  ",
+      f"Machine: {MACHINE} (shared with other jobs while it ran; wall times are indicative).  ",
+      f"Setup: pydocs (docstrings of the installed packages), vocabulary {merged['vocab_size']}, "
+      f"LSTM {merged['embedding_size']}/{merged['lstm_size']}/{merged['projection_size']}, "
+      f"{merged['total_rounds']} single-pass rounds × {merged['clients_per_round']} clients, "
+      f"clip ζ = {merged['clip_norm']}, client lr {merged['client_lr']}, server lr "
+      f"{merged['server_lr']}, server momentum β = {merged['server_momentum']}, "
+      f"δ = {merged['delta']:g}. Seed = client order and model init; noise seeds from OS entropy.",
+      "",
+      "Accuracy = next-word accuracy without OOV and EOS targets (Denisov et al. App I). √L is "
+      "for the momentum workload A = M(β) (Denisov Eq. 2, γ(C) = 1).",
+      "",
+      "| mechanism | ε | z | √L | test accuracy mean ± std | per seed | validation mean | "
+      "wall s / run |",
+      "| --- | --- | --- | --- | --- | --- | --- | --- |",
+  ]
+  for m in mechanisms:
+    t = table[m]
+    mean, std = mean_std(t["test"])
+    vmean, _ = mean_std(t["val"])
+    per = ", ".join("—" if v is None else f"{v:.4f}" for v in t["test"])
+    lines.append(f"| {m} | {t['eps']:.3g} | {t['z']:.4g} | {t['sqrt_loss']:.4g} | "
+                 f"{mean:.4f} ± {std:.4f} | {per} | {vmean:.4f} | {np.mean(t['wall']):.0f} |")
+  tree_mean, tree_std = mean_std(table["tree"]["test"]) if "tree" in table else (None, None)
+  verdicts = []
+  for m in mechanisms:
+    if m == "tree" or tree_mean is None:
+      continue
+    mean, std = mean_std(table[m]["test"])
+    diff = mean - tree_mean
+    wins = sum(1 for a, b in zip(table[m]["test"], table["tree"]["test"])
+               if a is not None and b is not None and a > b)
+    se = float(np.sqrt((std ** 2 + tree_std ** 2) / len(args.seeds)))
+    verdict = ("beats the tree" if diff > 2 * se and diff > 0 else
+               "is worse than the tree" if diff < -2 * se else
+               "is not distinguishable from the tree")
+    verdicts.append(f"- **{m} {verdict}** at ε = {table[m]['eps']:.3g}: mean test accuracy "
+                    f"{mean:.4f} vs {tree_mean:.4f} (difference {diff:+.4f}, 2·SE = {2 * se:.4f}; "
+                    f"higher than the tree for {wins} of {len(args.seeds)} seeds); √L "
+                    f"{table[m]['sqrt_loss']:.4g} vs {table['tree']['sqrt_loss']:.4g}.")
+  lines += ["", *verdicts, "", "![mean validation accuracy](training_pydocs.png)", ""]
+
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(6.4, 4.2))
+  for m in mechanisms:
+    curves = [dict(curves_of(args.out, s, [m])[m]) for s in args.seeds]
+    rounds = sorted(set.intersection(*[set(c) for c in curves]))
+    values = np.array([[c[r] for r in rounds] for c in curves])
+    ax.plot(rounds, values.mean(axis=0), marker="o", markersize=3, label=m)
+    ax.fill_between(rounds, values.min(axis=0), values.max(axis=0), alpha=0.2)
+  ax.set_xlabel("round")
+  ax.set_ylabel("validation accuracy (no OOV, no EOS)")
+  ax.set_title(f"pydocs, ε={table[mechanisms[0]]['eps']:.3g}, {len(args.seeds)} seeds "
+               "(mean; band = min..max)")
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  png = os.path.join(os.path.dirname(args.results_md), "training_pydocs.png")
+  fig.savefig(png, dpi=120)
+  plt.close(fig)
+
+  text = "\n".join(lines)
+  os.makedirs(os.path.dirname(args.results_md), exist_ok=True)
+  with open(args.results_md, "w") as f:
+    f.write(text)
+  print(text)
+  print(f"({time.perf_counter() - start:.0f} s, python {platform.python_version()})")
+
+
+if __name__ == "__main__":
+  main()
