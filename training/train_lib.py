@@ -601,9 +601,15 @@ def run_training(config: TrainingConfig, task: Optional[Task] = None,
   evaluate = Evaluator(task.keras_model_fn, len(task.vocab), config.num_oov_buckets)
 
   def load_client(client_id):
-    """The client's preprocessed dataset, or None when it has no batches (skipped)."""
-    dataset = task.preprocess_fn(task.train.create_tf_dataset_for_client(client_id))
-    return dataset if next(iter(dataset.take(1)), None) is not None else None
+    """The client's preprocessed dataset, or None when it has no examples (skipped).
+
+    Checked on the raw examples (cheaper): preprocessing turns any non-empty
+    client into at least one batch (every sentence yields at least [BOS]).
+    """
+    raw = task.train.create_tf_dataset_for_client(client_id)
+    if next(iter(raw.take(1)), None) is None:
+      return None
+    return task.preprocess_fn(raw)
 
   def model_weights_of(s):
     return process.get_model_weights(s)
