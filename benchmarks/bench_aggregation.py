@@ -142,29 +142,43 @@ def main(argv=None):
       CLIP, Z, [tf.TensorSpec([1], tf.float32)], noise_seed=1, use_efficient=True))
   fns = {name: tf.function(q.get_noised_result) for name, q in queries.items()}
 
-  results = {}
-  for name in MECHS:
-    q = queries[name]
+  def state_for(name, rnd):
+    q, i = queries[name], rnd - 1
     base = q.initial_global_state()
-    todo = args.dense_rounds if (name == "dense" and args.dense_rounds) else args.rounds
-    for rnd in tqdm(todo, desc=name, file=sys.stderr):
-      i = rnd - 1
-      if name in ("dense", "structured"):
-        inner = base.numerator_state._replace(round_index=tf.constant(i, tf.int32))
-        state = base._replace(numerator_state=inner)
-      elif name == "tree_aggregation":
-        state = base._replace(numerator_state=tree_state_at(
-            q._numerator, small_tree._numerator, i, specs))  # pylint: disable=protected-access
-      else:
-        state = base
-      reps = args.dense_reps if name == "dense" else args.reps
-      warm = 0 if (name == "dense" and rnd > 1) else 1  # one graph for every dense round
-      time_calls(fns[name], sample, state, warm)
-      times = time_calls(fns[name], sample, state, reps)
-      results[(name, rnd)] = {"seconds": statistics.median(times), "reps": reps,
-                              "state_bytes": state_bytes(state)}
-      tqdm.write(f"{name} round {rnd}: {statistics.median(times) * 1e3:.1f} ms "
-                 f"(state {state_bytes(state) / 2**20:.1f} MiB)", file=sys.stderr)
+    if name in ("dense", "structured"):
+      return base._replace(numerator_state=base.numerator_state._replace(
+          round_index=tf.constant(i, tf.int32)))
+    if name == "tree_aggregation":
+      return base._replace(numerator_state=tree_state_at(
+          q._numerator, small_tree._numerator, i, specs))  # pylint: disable=protected-access
+    return base
+
+  results = {}
+  # Dense regeneration: one graph for every round (warmed at round 1), few repetitions.
+  for rnd in tqdm(args.dense_rounds or args.rounds, desc="dense", file=sys.stderr):
+    state = state_for("dense", rnd)
+    if rnd == 1:
+      time_calls(fns["dense"], sample, state, 1)
+    times = time_calls(fns["dense"], sample, state, args.dense_reps)
+    results[("dense", rnd)] = {"seconds": statistics.median(times), "reps": args.dense_reps,
+                               "state_bytes": state_bytes(state)}
+  # The others interleaved, repetition by repetition, so they see the same machine load.
+  others = [m for m in MECHS if m != "dense"]
+  for rnd in tqdm(args.rounds, desc="structured/tree/gaussian", file=sys.stderr):
+    states = {name: state_for(name, rnd) for name in others}
+    for name in others:
+      time_calls(fns[name], sample, states[name], 1)  # warm (the tree retraces per layout)
+    times = {name: [] for name in others}
+    for rep in range(args.reps):
+      order = others[rep % len(others):] + others[:rep % len(others)]
+      for name in order:
+        times[name] += time_calls(fns[name], sample, states[name], 1)
+    for name in others:
+      results[(name, rnd)] = {"seconds": statistics.median(times[name]), "reps": args.reps,
+                              "state_bytes": state_bytes(states[name])}
+  for (name, rnd), v in sorted(results.items()):
+    tqdm.write(f"{name} round {rnd}: {v['seconds'] * 1e3:.1f} ms "
+               f"(state {v['state_bytes'] / 2**20:.1f} MiB)", file=sys.stderr)
   write_results(args, n, d, h, r, results, losses, e_opt)
   return 0
 
@@ -182,7 +196,8 @@ def write_results(args, n, d, h, r, results, losses, e_opt):
       f"Machine: {MACHINE}. Model: d = {d:,} float32 parameters "
       f"({'flat vector' if args.dim else 'StackOverflow LSTM variables'}); n = {n}; "
       f"structured (h, r) = ({h}, {r}). Time = median of the server-side "
-      "`get_noised_result` (noise row + division by clients), warm graph.", "",
+      "`get_noised_result` (noise row + division by clients), warm graph; structured, tree "
+      f"and gaussian interleaved over {args.reps} repetitions (shared, loaded machine).", "",
       "| mechanism | " + " | ".join(f"round {x} (ms)" for x in rounds) + " | state at round "
       f"{rounds[-1]} (MiB) |",
       "| --- | " + " | ".join("---" for _ in rounds) + " | --- |"]
