@@ -34,7 +34,8 @@ command with a healthy ``--workers`` list resumes from it (docs/distributed.md).
 Exactness: with one client per worker per round the distributed sums equal the
 single-process sums bit for bit; with more, each worker's partial sum is added
 to the others in a different order than the single-process sequential sum,
-which changes float32 rounding (about 1e-7 relative per round).
+which changes float32 rounding by about one ulp; later rounds of local training
+can amplify that (benchmarks/results/distributed.md).
 """
 
 from __future__ import annotations
