@@ -105,6 +105,9 @@ def main(argv=None):
   parser.add_argument("--dense-rounds", type=int, nargs="+", default=None,
                       help="rounds at which to time dense regeneration (default: --rounds)")
   parser.add_argument("--cache-dir", default=None)
+  parser.add_argument("--window", type=int, default=0,
+                      help="only measure the mean time per round of structured and tree over the "
+                      "last WINDOW consecutive rounds (amortized cost), appended to the results")
   parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
   args = parser.parse_args(argv)
   n = args.n
@@ -153,6 +156,8 @@ def main(argv=None):
           q._numerator, small_tree._numerator, i, specs))  # pylint: disable=protected-access
     return base
 
+  if args.window:
+    return window_mean(args, n, d, h, r, queries, fns, small_tree, sample, specs)
   results = {}
   # Dense regeneration: one graph for every round (warmed at round 1), few repetitions.
   for rnd in tqdm(args.dense_rounds or args.rounds, desc="dense", file=sys.stderr):
@@ -180,6 +185,47 @@ def main(argv=None):
     tqdm.write(f"{name} round {rnd}: {v['seconds'] * 1e3:.1f} ms "
                f"(state {v['state_bytes'] / 2**20:.1f} MiB)", file=sys.stderr)
   write_results(args, n, d, h, r, results, losses, e_opt)
+  return 0
+
+
+def window_mean(args, n, d, h, r, queries, fns, small_tree, sample, specs):
+  """Mean ms per round of structured and the TFF tree over rounds n−W+1..n, run consecutively."""
+  first = n - args.window  # 0-based index of the first round in the window
+  means = {}
+  for name in ("structured", "tree_aggregation", "gaussian_fixed"):
+    q = queries[name]
+    base = q.initial_global_state()
+    if name == "structured":
+      state = base._replace(numerator_state=base.numerator_state._replace(
+          round_index=tf.constant(first, tf.int32)))
+    elif name == "tree_aggregation":
+      state = base._replace(numerator_state=tree_state_at(
+          q._numerator, small_tree._numerator, first, specs))  # pylint: disable=protected-access
+    else:
+      state = base
+    for timed in (False, True):  # pass 1 traces every buffer layout, pass 2 is timed
+      run_state, times = state, []
+      for _ in tqdm(range(args.window), desc=f"{name} {'timed' if timed else 'warm'}",
+                    file=sys.stderr):
+        start = time.perf_counter()
+        result, run_state, _ = fns[name](sample, run_state)
+        _ = [float(tf.reduce_sum(x[:1])) for x in tf.nest.flatten(result)]
+        times.append(time.perf_counter() - start)
+    means[name] = times
+  lines = ["", f"### Amortized cost over the last {args.window} consecutive rounds "
+           f"({n - args.window + 1}..{n})", "",
+           f"Command: `.venv/bin/python benchmarks/bench_aggregation.py --window {args.window}`. "
+           "Mean / median ms per round of a second pass (the first pass traces the tree's "
+           "buffer layouts):", "",
+           "| mechanism | mean ms/round | median ms/round |", "| --- | --- | --- |"]
+  for name, times in means.items():
+    lines.append(f"| {name} | {np.mean(times) * 1e3:.1f} | {np.median(times) * 1e3:.1f} |")
+  ratio = np.median(means["structured"]) / np.median(means["tree_aggregation"])
+  lines += ["", f"Structured / tree, median over the window: {ratio:.2f}x.", ""]
+  text = "\n".join(lines)
+  with open(os.path.join(args.out, "aggregation.md"), "a") as fh:
+    fh.write(text)
+  print(text)
   return 0
 
 
