@@ -145,11 +145,14 @@ def test_conflicting_or_bad_flags_are_errors(kwargs, message):
     train_lib.TrainingConfig(**kwargs).validate()
 
 
-def test_mechanism_conflicts_from_build_mechanism_become_errors():
-  config = train_lib.TrainingConfig(mechanism="opt_prefix_sum", noise_multiplier=1.0,
-                                    total_rounds=8, bands=2, rank=1)
-  with pytest.raises(train_lib.TrainingError, match="--mechanism=opt_prefix_sum.*bands"):
-    train_lib.build_mechanism_setup(config, 1.0, 0)
+@pytest.mark.parametrize("kwargs, seed, message", [
+    (dict(mechanism="opt_prefix_sum", bands=2, rank=1), 0, "--mechanism=opt_prefix_sum.*bands"),
+    (dict(mechanism="gaussian"), 5, "--mechanism=gaussian.*noise_seed"),
+])
+def test_mechanism_conflicts_from_build_mechanism_become_errors(kwargs, seed, message):
+  config = train_lib.TrainingConfig(noise_multiplier=1.0, total_rounds=8, **kwargs)
+  with pytest.raises(train_lib.TrainingError, match=message):
+    train_lib.build_mechanism_setup(config, 1.0, seed)
 
 
 def test_binary_exits_nonzero_on_conflicting_flags(tmp_path):

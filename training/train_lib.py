@@ -48,7 +48,11 @@ CONFIG_FILE = "config.json"
 FINAL_MODEL_FILE = "final_model.npz"
 # Flags that may differ between the run that wrote a checkpoint and the one resuming it.
 RESUME_FREE_FIELDS = ("noise_seed", "workers", "rounds_per_checkpoint", "rounds_per_eval",
-                      "progress")
+                      "progress", "root_output_dir", "matrix_cache")
+# Mechanisms without a seedable noise stream: with no --noise_seed they get none
+# (gaussian = TFF's gaussian_fixed uses TensorFlow's stateful RNG, so it is not
+# reproducible across a resume; none adds no noise).
+SEEDLESS_MECHANISMS = ("gaussian", "none")
 
 
 class TrainingError(ValueError):
@@ -155,7 +159,14 @@ class TrainingConfig:
     """Every flag value, except the noise seed (kept only in the checkpoint)."""
     out = dataclasses.asdict(self)
     out["workers"] = list(self.workers)
-    out["noise_seed"] = "pinned" if self.noise_seed is not None else "os_entropy"
+    if self.noise_seed is not None:
+      out["noise_seed"] = "pinned"
+    elif self.mechanism == "none":
+      out["noise_seed"] = "no_noise"
+    elif self.mechanism == "gaussian":
+      out["noise_seed"] = "tf_stateful_rng"
+    else:
+      out["noise_seed"] = "os_entropy"
     return out
 
   def fingerprint(self) -> str:
@@ -567,11 +578,17 @@ def run_training(config: TrainingConfig, task: Optional[Task] = None,
     if config.noise_seed is not None and int(config.noise_seed) != meta["noise_seed"]:
       raise TrainingError("--noise_seed differs from the seed recorded in the checkpoint of "
                           f"{experiment_dir}; a resumed run must reuse its noise seed")
-    noise_seed = meta["noise_seed"]
+    noise_seed = meta["noise_seed"] if meta["noise_seed"] >= 0 else None
     log(f"resuming {experiment_dir} from round {meta['round']}")
   else:
-    noise_seed = int(config.noise_seed) if config.noise_seed is not None else new_noise_seed()
-    meta = {"round": 0, "cursor": 0, "noise_seed": noise_seed, "empty_clients_skipped": 0,
+    if config.noise_seed is not None:
+      noise_seed = int(config.noise_seed)
+    elif config.mechanism in SEEDLESS_MECHANISMS:
+      noise_seed = None  # TFF's gaussian_fixed draws from TF's stateful RNG; none has no noise
+    else:
+      noise_seed = new_noise_seed()
+    meta = {"round": 0, "cursor": 0, "noise_seed": -1 if noise_seed is None else noise_seed,
+            "empty_clients_skipped": 0,
             "zeroed_client_updates": 0, "wall_seconds": 0.0}
     _write_json(config_path, {"config": config.public_dict(),
                               "fingerprint": config.fingerprint()})
