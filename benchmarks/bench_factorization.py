@@ -127,7 +127,7 @@ def write_markdown(results, path, png_name, command, load_before, load_after, to
             "`newton` = default `tff_mf.optimal.solve`; `plain` = one `eigh` per iteration of φ "
             "(Denisov Eq. 5) with the same certificate; `gradient_descent`/`lbfgs` = Eq. 4 "
             "baselines (`tff_mf.baselines`) run for a fixed wall-time budget.", ""]
-  lines += ["| n | method | iterations (eigh) | CG products | final relative gap / excess | "
+  lines += ["| n | method | iterations (one eigh each for fixed points) | CG products | final relative gap / excess | "
             "time to 1e-6 (s) | CPU s to 1e-6 | total wall (s) | √L |",
             "|---|---|---|---|---|---|---|---|---|"]
   for res in results:
