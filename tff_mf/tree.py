@@ -10,8 +10,11 @@ what adaptive privacy (Denisov Thm 2.1) and MMCC (Choquette-Choo et al.)
 require.
 
 For n not a power of two we use the complete nodes of the tree over the next
-power of two: every node whose interval ends at or before n. Each round is
-still covered by exactly ``levels = ⌈log₂ n⌉ + 1`` nodes, so γ(C_T) = √levels.
+power of two: every node whose interval ends at or before n. Early rounds are
+then covered by ⌊log₂ n⌋ + 1 nodes and later rounds by fewer, so
+γ(C_T)² = ⌊log₂ n⌋ + 1 (for n a power of two: log₂ n + 1 levels, every round
+covered by one node per level). ``strategies.factorize`` normalizes by the
+measured γ, so the privacy calibration never relies on this formula.
 
 Decoders:
 - ``honaker_online`` (streaming, Honaker's estimator from below): the estimate
