@@ -7,6 +7,10 @@ started (TFF 0.87 leaves them running at exit; see ``tff_mf.tf.runtime``).
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# Tests never write into the user's matrix/dataset cache (~/.cache/tff_mf):
+# they share one under .pytest_cache/, which is reused between runs.
+os.environ["TFF_MF_CACHE"] = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".pytest_cache", "tff_mf")
 
 
 def pytest_sessionfinish(session, exitstatus):

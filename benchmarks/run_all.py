@@ -1,0 +1,106 @@
+"""Runs the benchmarks and assembles BENCHMARKS.md from their result sections.
+
+Each benchmark script writes a markdown section (command, machine, figures as
+ratios against a baseline measured in the same run) and PNGs under
+``benchmarks/results/``. This script runs them in sequence and then
+concatenates the sections, in a fixed order, into ``BENCHMARKS.md``.
+
+  python benchmarks/run_all.py                 # run everything (hours on 2 cores)
+  python benchmarks/run_all.py --only mmcc     # one benchmark
+  python benchmarks/run_all.py --assemble-only # just rebuild BENCHMARKS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+from typing import List, Sequence, Tuple
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "benchmarks", "results")
+
+# (name, result section file, commands). Order = order in BENCHMARKS.md.
+BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
+    ("factorization", "factorization.md", (("benchmarks/bench_factorization.py",),)),
+    ("structured", "structured_cache.md", (("benchmarks/structured_cache.py", "--full"),)),
+    ("aggregation", "aggregation.md", (
+        ("benchmarks/bench_aggregation.py", "--rounds", "1", "256", "1024", "2047", "2048",
+         "--dense-rounds", "1", "256", "1024", "2048", "--reps", "7", "--dense-reps", "1"),
+        ("benchmarks/bench_aggregation.py", "--window", "64"))),
+    ("mmcc", "mmcc.md", (("benchmarks/bench_mmcc.py", "fig2"), ("benchmarks/bench_mmcc.py", "fig4"),
+                         ("benchmarks/bench_mmcc.py", "speed"),
+                         ("benchmarks/bench_mmcc.py", "report"))),
+    ("data", "stackoverflow_data.md", (("benchmarks/stackoverflow_data.py",),)),
+    ("training", "training.md", (("benchmarks/training_pydocs.py",),)),
+    ("distributed", "distributed.md", (("benchmarks/bench_distributed.py",),)),
+)
+
+HEADER = """# Benchmarks
+
+Speed and quality targets of the issues, measured by the scripts in
+`benchmarks/` as ratios against a baseline from the same run. Regenerate with
+`make bench` (all of them; hours on 2 cores) or
+`.venv/bin/python benchmarks/run_all.py --only NAME`; this file is assembled
+from the sections in `benchmarks/results/` by
+`benchmarks/run_all.py --assemble-only`.
+
+Machine for every figure below unless a section says otherwise: 2-core x86_64
+CPU, 24 GB memory, no GPU ({python}). The measurements of this release were
+taken on a machine shared with other jobs (load average 4-14); sections give
+CPU seconds where contention matters, and ratios are always between
+measurements of the same run.
+"""
+
+
+def run(names: Sequence[str]) -> List[str]:
+  failed = []
+  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+  for name, _, commands in BENCHMARKS:
+    if names and name not in names:
+      continue
+    for command in commands:
+      print(f"[bench] {name}: {' '.join(command)}", file=sys.stderr, flush=True)
+      code = subprocess.call([sys.executable, *command], cwd=REPO, env=env)
+      if code != 0:
+        failed.append(f"{name}: {' '.join(command)} (exit {code})")
+  return failed
+
+
+def assemble(path: str = os.path.join(REPO, "BENCHMARKS.md")) -> str:
+  parts = [HEADER.format(python=f"Python {platform.python_version()}")]
+  for name, section, _ in BENCHMARKS:
+    section_path = os.path.join(RESULTS, section)
+    if not os.path.exists(section_path):
+      parts.append(f"## {name}\n\nNot measured yet: run `benchmarks/run_all.py --only {name}`.\n")
+      continue
+    with open(section_path, encoding="utf-8") as f:
+      text = f.read().strip()
+    # Images are referenced relative to benchmarks/results/ inside the sections.
+    text = text.replace("](", "](benchmarks/results/").replace(
+        "](benchmarks/results/http", "](http").replace(
+            "](benchmarks/results/benchmarks/results/", "](benchmarks/results/")
+    parts.append(text + "\n")
+  content = "\n".join(parts)
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(content)
+  return path
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--only", nargs="*", default=[],
+                      choices=[name for name, _, _ in BENCHMARKS], help="benchmarks to run")
+  parser.add_argument("--assemble-only", action="store_true")
+  args = parser.parse_args(argv)
+  failed = [] if args.assemble_only else run(args.only)
+  print(f"wrote {assemble()}", file=sys.stderr)
+  for line in failed:
+    print(f"[bench] FAILED {line}", file=sys.stderr)
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
