@@ -24,7 +24,6 @@ as `tf.data.Dataset`s of raw examples, and the vocabulary. Preprocess them with
 
 import collections
 import dataclasses
-import hashlib
 import lzma
 import os
 from typing import Any, Optional
@@ -33,6 +32,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 import tqdm
+
+from tff_mf.cache import file_sha256
 
 DATASETS = ("stackoverflow", "pydocs", "synthetic")
 DEFAULT_NUM_VALIDATION_EXAMPLES = 10000
@@ -185,13 +186,6 @@ def _fetch_instructions(data_dir: str, missing: list) -> str:
   return "\n".join(lines)
 
 
-def _sha256(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
-
 
 def _decompress_lzma(source: str, target: str, progress: bool) -> None:
   """Decompresses TFF's `stackoverflow.sqlite.lzma` next to it (atomically)."""
@@ -242,7 +236,7 @@ def _stackoverflow_word_counts(data_dir: str, vocab_size: int):
   tarball = os.path.join(data_dir, STACKOVERFLOW_WORD_COUNT_TARBALL)
   extracted = os.path.join(data_dir, STACKOVERFLOW_WORD_COUNT)
   if os.path.exists(tarball):
-    actual = _sha256(tarball)
+    actual = file_sha256(tarball)
     if actual != STACKOVERFLOW_WORD_COUNT_SHA256:
       raise DatasetUnavailableError(
           f"{tarball} has sha256 {actual}, expected "

@@ -25,6 +25,8 @@ import sqlite3
 
 import numpy as np
 
+from stackoverflow import sqlite_format
+
 SENTENCES = (
     "how do i sort a list in python ?",
     "you can use the sorted function .",
@@ -152,12 +154,7 @@ def write_tiny_stackoverflow(directory: str,
     os.remove(tmp_path)
   connection = sqlite3.connect(tmp_path)
   with connection:
-    connection.execute(
-        "CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT "
-        "NULL, serialized_example_proto BLOB NOT NULL);")
-    connection.execute(
-        "CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name "
-        "TEXT NOT NULL, num_examples INTEGER NOT NULL);")
+    sqlite_format.create_tables(connection)
     for split in SPLITS:
       for n, (client_id, sentences) in enumerate(clients[split].items()):
         for k, sentence in enumerate(sentences):

@@ -54,6 +54,9 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 import tqdm
 
+from stackoverflow import sqlite_format
+from tff_mf.cache import file_sha256
+
 BUILDER_VERSION = 2
 SPLITS = ("train", "heldout", "test")
 DEFAULT_MAX_FILES_PER_PACKAGE = 120
@@ -427,13 +430,6 @@ def fingerprint(options: dict) -> Tuple[str, dict]:
   return digest.hexdigest(), description
 
 
-def _sha256_file(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
-
 
 def _serialize(sentence: str) -> bytes:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -448,12 +444,7 @@ def _write_sqlite(path: str, clients, progress: bool) -> dict:
   content = hashlib.sha256()
   connection = sqlite3.connect(path)
   with connection:
-    connection.execute(
-        "CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT "
-        "NULL, serialized_example_proto BLOB NOT NULL);")
-    connection.execute(
-        "CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name "
-        "TEXT NOT NULL, num_examples INTEGER NOT NULL);")
+    sqlite_format.create_tables(connection)
     for client_id, sentences in tqdm.tqdm(
         clients.items(), desc="pydocs: writing clients", unit="client",
         disable=not progress, file=sys.stderr):
@@ -532,8 +523,8 @@ def build(cache_dir: Optional[str] = None, *, force: bool = False,
         files_per_package=dict(sorted(files_per_package.items())),
         stats=stats, splits=written["counts"],
         num_clients=len(clients), content_sha256=written["content_sha256"],
-        sqlite_sha256=_sha256_file(os.path.join(tmp_dir, SQLITE_FILENAME)),
-        word_count_sha256=_sha256_file(
+        sqlite_sha256=file_sha256(os.path.join(tmp_dir, SQLITE_FILENAME)),
+        word_count_sha256=file_sha256(
             os.path.join(tmp_dir, WORD_COUNT_FILENAME)),
         build_seconds=round(time.time() - start, 2))
     with open(os.path.join(tmp_dir, METADATA_FILENAME), "w",
@@ -577,7 +568,7 @@ def _verify(directory: str, key: str, cache_hit: bool) -> BuiltPydocs:
   for field, path in paths.items():
     if not os.path.isfile(path):
       raise PydocsCacheError(f"{path} is missing; {remedy}")
-    actual = _sha256_file(path)
+    actual = file_sha256(path)
     if actual != metadata.get(field):
       raise PydocsCacheError(
           f"{path} has sha256 {actual}, but {metadata_path} records "
