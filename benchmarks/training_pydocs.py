@@ -48,12 +48,6 @@ def run_seed(out_dir, seed, cache_dir, data_dir, settings):
     return json.load(f)
 
 
-def curves_of(out_dir, seed, mechanisms):
-  from training import main_job  # pylint: disable=g-import-not-at-top
-  return {m: main_job._read_curve(os.path.join(out_dir, f"seed{seed}", "runs", m,  # pylint: disable=protected-access
-                                               "metrics.csv")) for m in mechanisms}
-
-
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -76,13 +70,18 @@ def main(argv=None):
   mechanisms = [r["mechanism"] for r in per_seed[args.seeds[0]]["results"]]
   merged = dict(main_job.MAIN_JOB_DEFAULTS, **settings)
 
-  table = {m: {"test": [], "val": [], "eps": None, "z": None, "sqrt_loss": None, "wall": []}
-           for m in mechanisms}
+  metric_names = {"accuracy_no_oov_no_eos": "test accuracy, no OOV/EOS (headline)",
+                  "accuracy": "test accuracy, all tokens", "loss": "test loss"}
+  table = {m: {"eps": None, "z": None, "sqrt_loss": None, "wall": [],
+               **{k: [] for k in metric_names}} for m in mechanisms}
   for seed in args.seeds:
     for r in per_seed[seed]["results"]:
-      t = table[r["mechanism"]]
-      t["test"].append(r["test_accuracy"])
-      t["val"].append(r["validation_accuracy"])
+      m = r["mechanism"]
+      with open(os.path.join(args.out, f"seed{seed}", "runs", m, "summary.json")) as f:
+        summary = json.load(f)
+      t = table[m]
+      for k in metric_names:
+        t[k].append(summary["test_metrics"][k])
       t["eps"], t["z"], t["sqrt_loss"] = r["epsilon"], r["noise_multiplier"], r["sqrt_loss"]
       t["wall"].append(r["wall_seconds"])
 
@@ -103,55 +102,63 @@ def main(argv=None):
       f"{merged['server_lr']}, server momentum β = {merged['server_momentum']}, "
       f"δ = {merged['delta']:g}. Seed = client order and model init; noise seeds from OS entropy.",
       "",
-      "Accuracy = next-word accuracy without OOV and EOS targets (Denisov et al. App I). √L is "
-      "for the momentum workload A = M(β) (Denisov Eq. 2, γ(C) = 1).",
+      "√L is for the momentum workload A = M(β) (Denisov Eq. 2, γ(C) = 1). Metrics on "
+      f"{merged['max_test_elements']} test sentences; mean ± std over seeds, then the per-seed "
+      "values.",
       "",
-      "| mechanism | ε | z | √L | test accuracy mean ± std | per seed | validation mean | "
-      "wall s / run |",
-      "| --- | --- | --- | --- | --- | --- | --- | --- |",
+      "| mechanism | ε | z | √L | " + " | ".join(metric_names.values()) + " | wall s / run |",
+      "| --- | --- | --- | --- | " + " | ".join("---" for _ in metric_names) + " | --- |",
   ]
   for m in mechanisms:
     t = table[m]
-    mean, std = mean_std(t["test"])
-    vmean, _ = mean_std(t["val"])
-    per = ", ".join("—" if v is None else f"{v:.4f}" for v in t["test"])
+    cells = []
+    for k in metric_names:
+      mean, std = mean_std(t[k])
+      per = ", ".join("—" if v is None else f"{v:.4f}" for v in t[k])
+      cells.append(f"{mean:.4f} ± {std:.4f} ({per})")
     lines.append(f"| {m} | {t['eps']:.3g} | {t['z']:.4g} | {t['sqrt_loss']:.4g} | "
-                 f"{mean:.4f} ± {std:.4f} | {per} | {vmean:.4f} | {np.mean(t['wall']):.0f} |")
-  tree_mean, tree_std = mean_std(table["tree"]["test"]) if "tree" in table else (None, None)
+                 + " | ".join(cells) + f" | {np.mean(t['wall']):.0f} |")
   verdicts = []
-  for m in mechanisms:
-    if m == "tree" or tree_mean is None:
-      continue
-    mean, std = mean_std(table[m]["test"])
-    diff = mean - tree_mean
-    wins = sum(1 for a, b in zip(table[m]["test"], table["tree"]["test"])
-               if a is not None and b is not None and a > b)
-    se = float(np.sqrt((std ** 2 + tree_std ** 2) / len(args.seeds)))
-    verdict = ("beats the tree" if diff > 2 * se and diff > 0 else
-               "is worse than the tree" if diff < -2 * se else
-               "is not distinguishable from the tree")
-    verdicts.append(f"- **{m} {verdict}** at ε = {table[m]['eps']:.3g}: mean test accuracy "
-                    f"{mean:.4f} vs {tree_mean:.4f} (difference {diff:+.4f}, 2·SE = {2 * se:.4f}; "
-                    f"higher than the tree for {wins} of {len(args.seeds)} seeds); √L "
-                    f"{table[m]['sqrt_loss']:.4g} vs {table['tree']['sqrt_loss']:.4g}.")
-  lines += ["", *verdicts, "", "![mean validation accuracy](training_pydocs.png)", ""]
+  if "tree" in table:
+    for m in mechanisms:
+      if m == "tree":
+        continue
+      for k, label in metric_names.items():
+        mean, std = mean_std(table[m][k])
+        tree_mean, tree_std = mean_std(table["tree"][k])
+        better = (lambda a, b: a < b) if k == "loss" else (lambda a, b: a > b)
+        diff = mean - tree_mean
+        se = float(np.sqrt((std ** 2 + tree_std ** 2) / len(args.seeds)))
+        wins = sum(1 for a, b in zip(table[m][k], table["tree"][k])
+                   if a is not None and b is not None and better(a, b))
+        if abs(diff) <= 2 * se:
+          verdict = "not distinguishable from the tree"
+        else:
+          verdict = "better than the tree" if better(mean, tree_mean) else "worse than the tree"
+        verdicts.append(f"- {m}, {label}: **{verdict}** ({mean:.4f} vs {tree_mean:.4f}, "
+                        f"difference {diff:+.4f}, 2·SE = {2 * se:.4f}; better for {wins} of "
+                        f"{len(args.seeds)} seeds).")
+  lines += ["", *verdicts, "", "![mean validation accuracy (headline and all tokens)](training_pydocs.png)", ""]
 
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(6.4, 4.2))
-  for m in mechanisms:
-    curves = [dict(curves_of(args.out, s, [m])[m]) for s in args.seeds]
-    rounds = sorted(set.intersection(*[set(c) for c in curves]))
-    values = np.array([[c[r] for r in rounds] for c in curves])
-    ax.plot(rounds, values.mean(axis=0), marker="o", markersize=3, label=m)
-    ax.fill_between(rounds, values.min(axis=0), values.max(axis=0), alpha=0.2)
-  ax.set_xlabel("round")
-  ax.set_ylabel("validation accuracy (no OOV, no EOS)")
-  ax.set_title(f"pydocs, ε={table[mechanisms[0]]['eps']:.3g}, {len(args.seeds)} seeds "
+  fig, axes = plt.subplots(1, len(main_job.PLOTTED_METRICS), figsize=(11, 4.2))
+  for ax, (metric, label) in zip(axes, main_job.PLOTTED_METRICS):
+    for m in mechanisms:
+      curves = [dict(main_job._read_curve(  # pylint: disable=protected-access
+          os.path.join(args.out, f"seed{s}", "runs", m, "metrics.csv"), metric))
+                for s in args.seeds]
+      rounds = sorted(set.intersection(*[set(c) for c in curves]))
+      values = np.array([[c[r] for r in rounds] for c in curves])
+      ax.plot(rounds, values.mean(axis=0), marker="o", markersize=3, label=m)
+      ax.fill_between(rounds, values.min(axis=0), values.max(axis=0), alpha=0.2)
+    ax.set_xlabel("round")
+    ax.set_ylabel(label)
+    ax.grid(alpha=0.3)
+    ax.legend()
+  fig.suptitle(f"pydocs, ε={table[mechanisms[0]]['eps']:.3g}, {len(args.seeds)} seeds "
                "(mean; band = min..max)")
-  ax.grid(alpha=0.3)
-  ax.legend()
   fig.tight_layout()
   png = os.path.join(os.path.dirname(args.results_md), "training_pydocs.png")
   fig.savefig(png, dpi=120)
