@@ -160,6 +160,7 @@ def main(argv=None):
   fig.suptitle(f"pydocs, ε={table[mechanisms[0]]['eps']:.3g}, {len(args.seeds)} seeds "
                "(mean; band = min..max)")
   fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(args.results_md)), exist_ok=True)
   png = os.path.join(os.path.dirname(args.results_md), "training_pydocs.png")
   fig.savefig(png, dpi=120)
   plt.close(fig)
