@@ -10,7 +10,7 @@ from training import main_job
 
 
 @pytest.mark.slow
-def test_main_job_writes_table_plot_and_results(tmp_path, capsys):
+def test_main_job_writes_table_plot_and_results(tmp_path, capfd):
   data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=30)
   code = main_job.run_main_job(
       str(tmp_path / "out"), str(tmp_path / "cache"), data_dir=data_dir, dataset="stackoverflow",
@@ -18,7 +18,7 @@ def test_main_job_writes_table_plot_and_results(tmp_path, capsys):
       projection_size=8, rounds_per_eval=1, max_validation_elements=32, max_test_elements=32,
       progress=False)
   assert code == 0
-  out = capsys.readouterr().out
+  out = capfd.readouterr().out
   for mechanism in main_job.MAIN_JOB_MECHANISMS:
     assert f"| {mechanism} |" in out
   results = json.loads((tmp_path / "out" / "results.json").read_text())
