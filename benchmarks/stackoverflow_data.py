@@ -118,7 +118,7 @@ def main():
   load_after = os.getloadavg()[0]
   meta = built.metadata
   lines = [
-      "## stackoverflow/: pydocs dataset, preprocessing, model (helper H5a)",
+      "## stackoverflow/: pydocs dataset, preprocessing, model",
       "",
       "Command: `.venv/bin/python benchmarks/stackoverflow_data.py` — machine: "
       "2-core x86_64 CPU, 24 GB, no GPU "

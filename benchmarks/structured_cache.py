@@ -166,7 +166,7 @@ def main():
   os.makedirs(results_dir, exist_ok=True)
   png = os.path.join(results_dir, "structured_cache.png")
   write_png(rows, png)
-  lines = ["## Structured mechanism, cache hits and the demo (helper H2)", "",
+  lines = ["## Structured mechanism, cache hits and the demo", "",
            f"Command: `.venv/bin/python benchmarks/structured_cache.py{' --full' if args.full else ''}`"
            f" — machine: {MACHINE} ({platform.machine()}, Python {platform.python_version()}); "
            f"1-minute load average at the end of part 1: {load:.1f} (other jobs inflate wall times).",
