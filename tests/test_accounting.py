@@ -139,3 +139,9 @@ def test_no_tensorflow_imported():
   code = ("import sys; import tff_mf.accounting, tff_mf.mmcc, tff_mf.commands.account; "
           "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
   subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_json_output_is_strict_json_even_for_unbounded_epsilon(capsys):
+  account_cmd._print({"epsilon": float("inf"), "delta": 1e-6}, as_json=True)
+  record = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(c))
+  assert record == {"epsilon": "inf", "delta": 1e-6}

@@ -95,7 +95,9 @@ def main(argv):
     return 1
   except Exception as e:  # pylint: disable=broad-except
     from stackoverflow import data as so_data  # pylint: disable=g-import-not-at-top
-    if isinstance(e, so_data.DatasetUnavailableError):
+    from training import distributed  # pylint: disable=g-import-not-at-top
+    if isinstance(e, (so_data.DatasetUnavailableError, distributed.WorkerError)):
+      # One clear line; rerunning the same command resumes from the last checkpoint.
       print(f"error: {e}", file=sys.stderr)
       return 1
     raise

@@ -95,7 +95,9 @@ def _load_matrix(path: str):
 
 def _print(record: dict, as_json: bool) -> None:
   if as_json:
-    print(json.dumps(record, sort_keys=True))
+    # Strict JSON: an unbounded ε (MMCC at tiny noise) is written as the string "inf".
+    print(json.dumps({k: ("inf" if isinstance(v, float) and v == float("inf") else v)
+                      for k, v in record.items()}, sort_keys=True, allow_nan=False))
     return
   for key in sorted(record):
     print(f"{key}: {record[key]}")
