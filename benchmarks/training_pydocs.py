@@ -93,7 +93,8 @@ def main(argv=None):
       "## Training: tree vs optimal matrix factorization at equal ε (docstring dataset)",
       "",
       f"Command: `nice .venv/bin/python benchmarks/training_pydocs.py --seeds "
-      f"{' '.join(map(str, args.seeds))}`{' ' + ' '.join(f'--{k} {v}' for k, v in settings.items()) if settings else ''}  ",
+      f"{' '.join(map(str, args.seeds))}"
+      f"{''.join(f' --{k} {v}' for k, v in settings.items())}`  ",
       f"Machine: {MACHINE} (shared with other jobs while it ran; wall times are indicative).  ",
       f"Setup: pydocs (docstrings of the installed packages), vocabulary {merged['vocab_size']}, "
       f"LSTM {merged['embedding_size']}/{merged['lstm_size']}/{merged['projection_size']}, "
