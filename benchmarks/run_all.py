@@ -34,6 +34,7 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
                          ("benchmarks/bench_mmcc.py", "speed"),
                          ("benchmarks/bench_mmcc.py", "report"))),
     ("data", "stackoverflow_data.md", (("benchmarks/stackoverflow_data.py",),)),
+    ("main_job", "main_job.md", ()),  # measured with `make demo` (see the section)
     ("training", "training.md", (("benchmarks/training_pydocs.py",),)),
     ("distributed", "distributed.md", (("benchmarks/bench_distributed.py",),)),
 )
