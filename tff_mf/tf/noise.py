@@ -100,6 +100,17 @@ def seed_pair(noise_seed: int) -> np.ndarray:
   return np.array([int(noise_seed), 0x6D665F6E6F697365], dtype=np.int64)  # "mf_noise"
 
 
+def _check_noise_matrix(noise_matrix) -> np.ndarray:
+  """A float64 n x m noise matrix N with m >= n; lower triangular and non-singular when square."""
+  nm = _check_matrix(noise_matrix, "noise matrix N")
+  n, m = nm.shape
+  if m < n:
+    raise NoiseError(f"noise matrix N has {m} columns for {n} rounds; expected m >= n")
+  if m == n:
+    _check_lower_triangular_nonsingular(nm, "noise matrix N")
+  return nm
+
+
 def _check_matrix(x, name: str) -> np.ndarray:
   x = np.asarray(x)
   if x.ndim != 2:
@@ -181,12 +192,8 @@ class DenseNoise(StreamingNoise):
   """
 
   def __init__(self, noise_matrix: np.ndarray, sensitivity: float = 1.0):
-    nm = _check_matrix(noise_matrix, "noise matrix N")
+    nm = _check_noise_matrix(noise_matrix)
     n, m = nm.shape
-    if m < n:
-      raise NoiseError(f"noise matrix N has {m} columns for {n} rounds; expected m >= n")
-    if m == n:
-      _check_lower_triangular_nonsingular(nm, "noise matrix N")
     nonzero = nm != 0
     empty = np.flatnonzero(~np.any(nonzero, axis=1))
     if empty.size:
@@ -456,12 +463,8 @@ class PrecomputedNoise(StreamingNoise):
 
   def __init__(self, noise_matrix: np.ndarray, noise_seed: int, specs, sensitivity: float = 1.0,
                max_floats: int = 50_000_000):
-    nm = _check_matrix(noise_matrix, "noise matrix N")
+    nm = _check_noise_matrix(noise_matrix)
     n, m = nm.shape
-    if m < n:
-      raise NoiseError(f"noise matrix N has {m} columns for {n} rounds; expected m >= n")
-    if m == n:
-      _check_lower_triangular_nonsingular(nm, "noise matrix N")
     specs = flat_specs(specs)
     d = sum(int(np.prod(s.shape)) for s in specs)
     if (n + m) * d > max_floats:
