@@ -108,6 +108,50 @@ def test_structured_matches_dense_for_same_decoder():
   np.testing.assert_allclose(a_rows, b_rows, rtol=1e-5, atol=1e-5)
 
 
+def test_structured_stream_is_float32_accurate_for_cancelling_factors():
+  """The low-rank factors may be huge and cancel (ALS leaves U·Vᵀ free above the band):
+  U·T, V·T⁻ᵀ with T a shear of size 300 give the same B̂, with cancellation like that of
+  the n = 2048 fit. A float32 β = Σ V[j]ᵀZ[j] then loses ~4 digits (2e-3 relative error,
+  measured in numpy); the Cholesky-whitened state keeps rows of N·Z to float32 accuracy."""
+  n, h, r, d = 64, 3, 3, 500
+  rng = np.random.default_rng(7)
+  d_mat, u, v = _random_structured(n=n, h=h, r=r, seed=8)
+  t = np.eye(r) + 300 * np.triu(rng.normal(size=(r, r)), 1)
+  u_big, v_big = u @ t, v @ np.linalg.inv(t).T
+  assert np.max(np.abs(u_big)) > 10 and np.max(np.abs(v_big)) > 10
+  specs = [tf.TensorSpec([d], tf.float32)]
+  for workload in (workloads.prefix_sum(n),
+                   workloads.momentum_matrix(n, 0.9, workloads.learning_rates(n, "decay", 8))):
+    stream = noise_lib.StructuredNoise(d_mat, u_big, v_big, h, workload)
+    assert stream.noise_bands == h + stream.inverse_bands - 1
+    np.testing.assert_allclose(
+        stream.noise_matrix(),
+        noise_lib.StructuredNoise(d_mat, u, v, h, workload).noise_matrix(), atol=1e-9)
+    # The state recursion never amplifies rounding errors: ‖L_i⁻¹·L_{i−1}‖₂ ≤ 1, ‖L_i⁻¹V‖ ≤ 1.
+    assert max(np.linalg.norm(m, 2) for m in stream._transition) <= 1 + 1e-9  # pylint: disable=protected-access
+    assert np.max(np.linalg.norm(stream._inject, axis=1)) <= 1 + 1e-9  # pylint: disable=protected-access
+    q = query_lib.MatrixFactorizationQuery(stream, l2_norm_clip=1.0, noise_multiplier=1.0,
+                                           record_specs=specs, noise_seed=2)
+    rows, _, _ = _run_rounds(q, n, specs=specs)
+    expected = stream.noise_matrix() @ noise_lib.standard_normal_matrix(
+        noise_lib.seed_pair(2), n, specs)
+    rel = np.linalg.norm(np.array(rows) - expected, axis=1) / np.linalg.norm(expected, axis=1)
+    assert rel.max() < 2e-6, rel.max()
+
+
+def test_structured_stream_runs_in_float64_for_float64_models():
+  d_mat, u, v = _random_structured()
+  specs = [tf.TensorSpec([4], tf.float64)]
+  stream = noise_lib.StructuredNoise(d_mat, u, v, 2, workloads.prefix_sum(N))
+  q = query_lib.MatrixFactorizationQuery(stream, l2_norm_clip=1.0, noise_multiplier=1.0,
+                                         record_specs=specs, noise_seed=4)
+  rows, _, _ = _run_rounds(q, N, specs=specs)
+  expected = stream.noise_matrix() @ noise_lib.standard_normal_matrix(
+      noise_lib.seed_pair(4), N, specs)
+  np.testing.assert_allclose(np.array(rows), expected, rtol=1e-12, atol=1e-12)
+  assert stream.state_bytes(specs) == (2 + 1 + 2) * 4 * 8  # h' = h + 1 Z rows and r state rows
+
+
 def test_structured_pieces_recover_cached_decoder():
   rng = np.random.default_rng(4)
   n, h, r = 40, 3, 2

@@ -13,15 +13,17 @@ Every implementation sits behind one interface, ``StreamingNoise``:
   the "compute (BZ)[i] afresh each round" of Denisov App I.
 - ``StructuredNoise``: B̂ = D(h) + (U·Vᵀ) ⊙ U(h) (banded + low rank, Denisov
   App H, Algorithm 3) with O((h+r)·d) time and memory per round; Z rows are
-  each drawn once and kept in an h-row ring buffer.
+  each drawn once and kept in a ring buffer, the low-rank sum in a whitened
+  basis so that it needs no more than float32.
 - ``PrecomputedNoise``: all rows of N·Z computed up front (small d, tests).
 
 Z row j of a model with variables v_0..v_{k-1} is drawn as
 ``stateless_normal(shape(v_t), seed=fold_in(fold_in(seed, j), t))`` with the
 Philox algorithm pinned, so every implementation (and a numpy reference, via
 ``standard_normal_row``) sees the same Z for the same seed. Z is drawn in the
-variables' dtype (float32); coefficients (scaled by σ) and the accumulation are
-float64, and each noise row is cast once to the variables' dtype.
+variables' dtype (float32); coefficients are computed in float64. ``DenseNoise``
+also accumulates in float64 and casts each noise row once to the variables'
+dtype; ``StructuredNoise`` runs in the variables' dtype (see its docstring).
 
 The state of a stream (its buffers) is a plain structure of tensors, so TFF and
 ``tff.program`` can checkpoint it; restoring continues the identical stream.
@@ -294,16 +296,28 @@ def structured_pieces(b_hat: np.ndarray, bands: int, rank: int, rtol: float = 1e
 class StructuredNoise(StreamingNoise):
   """Banded + low-rank B̂ (Denisov et al. App H, Algorithm 3) for a workload with banded inverse.
 
-  y_i = (B̂·Z)[i] = Σ_{k<h} D[i, i−k]·Z[i−k] + U[i]·β_i, β_i = Σ_{j ≤ i−h} V[j]ᵀ·Z[j]
-  (Algorithm 3, zero-indexed), and the residual noise row is
-  (A⁻¹·B̂·Z)[i] = Σ_{k<w} A⁻¹[i, i−k]·y_{i−k}, where A⁻¹ has w diagonals
-  (w = 2 for the prefix sum S: y_i − y_{i−1}; w = 3 for momentum M).
+  With A⁻¹ lower triangular with w nonzero diagonals (w = 2 for the prefix sum
+  S, 3 for momentum M), the residual noise matrix N = A⁻¹·B̂ is itself banded +
+  low rank: N = D'(h') + (Ũ·Vᵀ) ⊙ U(h'), h' = h + w − 1, Ũ = A⁻¹·U, and D'
+  the first h' diagonals of N. Round i's row is therefore
 
-  Each Z row is drawn once, from (seed, row), and kept in an h-row ring buffer;
-  β (r rows) and the last w−1 values of y are buffers too: (h + r + w − 1)·d
-  numbers of state (Z rows float32; β and y float64, because the low-rank
-  factors are large and cancel) and O((h + r + w)·d) work per round, fused by
-  XLA.
+    (N·Z)[i] = Σ_{k<h'} N[i, i−k]·Z[i−k] + Ũ[i]·β_i,   β_i = Σ_{j ≤ i−h'} V[j]ᵀ·Z[j]
+
+  (Algorithm 3, zero-indexed, applied to N instead of B̂). Each Z row is drawn
+  once, from (seed, row), and kept in an h'-row ring buffer.
+
+  β is not stored as is: ALS leaves U·Vᵀ free above the band, so U and V are
+  large (entries ~10³ for n = 2048) and Ũ[i]·β_i cancels by 10²–10³, which
+  float32 cannot carry. The stream keeps x_i = L_i⁻¹·β_i instead, where
+  L_i·L_iᵀ = Σ_{j ≤ i−h'} V[j]ᵀV[j] + δ·I (Cholesky). Then
+  x_i = (L_i⁻¹·L_{i−1})·x_{i−1} + L_i⁻¹·V[i−h']ᵀ·Z[i−h'] and the output is
+  (Ũ[i]·L_i)·x_i: the same numbers in exact arithmetic, but each coordinate of
+  x has variance ≤ 1, the transition L_i⁻¹·L_{i−1} has spectral norm ≤ 1 (the
+  Gram matrices only grow), so rounding errors never grow, and the output
+  weights have norm ‖N[i, :i−h'+1]‖, the size of the result: no cancellation.
+  So the whole stream runs in the variables' dtype (float32) with coefficients
+  computed in float64: (h' + r)·d numbers of state and O((h' + r + r²/2)·d)
+  work per round, fused by XLA.
 
   The factors may be unnormalized: with C = B̂⁻¹·A and γ = γ(C) the stream
   realizes the normalized mechanism (γ·B̂, C/γ), so ``sensitivity`` is 1.
@@ -338,6 +352,7 @@ class StructuredNoise(StreamingNoise):
     if w > max_inverse_bands:
       raise NoiseError(f"A⁻¹ has {w} nonzero diagonals; StructuredNoise needs a workload with "
                        "a banded inverse (prefix sum: 2, momentum: 3)")
+    a_inv = np.tril(np.triu(a_inv, -(w - 1)))  # exactly w-banded
     c = scipy.linalg.solve_triangular(b_hat, a, lower=True)
     gamma = fz.sensitivity(c)
     if not np.isfinite(gamma) or gamma <= 0:
@@ -347,24 +362,45 @@ class StructuredNoise(StreamingNoise):
     self.sensitivity = gamma / g
     self.n, self.m = n, n
     self.bands, self.rank, self.inverse_bands = h, int(u.shape[1]), int(w)
+    self.noise_bands = min(h + w - 1, n)  # h': band width of N = A⁻¹·B̂
     self.jit_compile = bool(jit_compile)
     self._combine = None
-    self._a_inv = a_inv
     self._b_hat = b_hat * g
-    # Coefficient tables (float64), row i = what round i uses.
-    band = np.zeros((n, h))
-    for k in range(h):
-      band[k:, k] = np.diagonal(d_mat, -k) * g
-    self._band = band
-    self._u = u * g
-    v_gate = np.zeros((n, self.rank))
-    if n > h:
-      v_gate[h:] = v[:n - h]
-    self._v_gate = v_gate
-    ainv = np.zeros((n, w))
-    for k in range(w):
-      ainv[k:, k] = np.diagonal(a_inv, -k)
-    self._ainv = ainv
+    self._n_matrix = a_inv @ self._b_hat
+    self._band, self._transition, self._inject, self._out_weights = self._coefficients(
+        self._n_matrix, a_inv @ (u * g), v, self.noise_bands)
+
+  @staticmethod
+  def _coefficients(n_matrix, u_tilde, v, hp):
+    """Per-round float64 tables: band [n, h'], transition [n, r, r], inject [n, r], out [n, r].
+
+    N[i, j] = Ũ[i]·V[j] for j ≤ i − h' (checked), the rest of N is its h'-band.
+    """
+    n, r = u_tilde.shape
+    band = np.zeros((n, hp))
+    for k in range(hp):
+      band[k:, k] = np.diagonal(n_matrix, -k)
+    low = np.tril(u_tilde @ v.T, -hp)
+    err = float(np.max(np.abs(np.tril(n_matrix, -hp) - low))) if n > hp else 0.0
+    if err > 1e-8 * max(1.0, float(np.max(np.abs(n_matrix)))):
+      raise NoiseError(f"A⁻¹·B̂ is not {hp}-banded plus rank {r} (error {err:.3g})")
+    transition = np.zeros((n, r, r))
+    inject = np.zeros((n, r))
+    out = np.zeros((n, r))
+    if r == 0 or n <= hp:
+      return band, transition, inject, out
+    delta = 1e-9 * max(float(np.max(np.sum(v**2, axis=0))), 1e-300)
+    gram = delta * np.eye(r)
+    chol_prev = np.sqrt(delta) * np.eye(r)
+    for i in range(hp, n):
+      v_in = v[i - hp]  # V[i − h'] joins β this round
+      gram += np.outer(v_in, v_in)
+      chol = np.linalg.cholesky(gram)
+      transition[i] = scipy.linalg.solve_triangular(chol, chol_prev, lower=True)
+      inject[i] = scipy.linalg.solve_triangular(chol, v_in, lower=True)
+      out[i] = u_tilde[i] @ chol
+      chol_prev = chol
+    return band, transition, inject, out
 
   @classmethod
   def from_fit(cls, result, workload: np.ndarray, bands: int) -> "StructuredNoise":
@@ -372,78 +408,63 @@ class StructuredNoise(StreamingNoise):
     return cls(result.bands_matrix, result.u, result.v, bands, workload)
 
   def noise_matrix(self) -> np.ndarray:
-    return self._a_inv @ self._b_hat
+    return self._n_matrix.copy()
 
   def decoder(self) -> np.ndarray:
     """The normalized B̂ this stream realizes."""
     return self._b_hat.copy()
 
   def buffer_rows(self) -> int:
-    return self.bands + self.rank + self.inverse_bands - 1
+    return self.noise_bands + self.rank
 
   def initial_buffers(self, specs):
-    """(Z[i−h..i−1], β rows, y[i−w+1..i−1]): tuples of rows, each a tuple of variables.
+    """(Z[i−h'..i−1], x rows): tuples of rows, each a tuple of variables.
 
-    Rows are separate tensors so the ring buffers shift by passing references,
+    Rows are separate tensors so the ring buffer shifts by passing references,
     not by copying.
     """
     specs = flat_specs(specs)
 
-    def rows(count, dtype=None):
-      return tuple(tuple(tf.zeros(s.shape, dtype or s.dtype) for s in specs)
-                   for _ in range(count))
+    def rows(count):
+      return tuple(tuple(tf.zeros(s.shape, s.dtype) for s in specs) for _ in range(count))
 
-    # β and y in float64: the low-rank factors of B̂ are large and cancel (their
-    # product's masked entries are O(1), the factors' entries O(10²)).
-    return (rows(self.bands), rows(self.rank, tf.float64),
-            rows(self.inverse_bands - 1, tf.float64))
+    return rows(self.noise_bands), rows(self.rank)
 
   def noise_row(self, seed, round_index, buffers, specs, stddev):
     specs = flat_specs(specs)
-    h, w, r = self.bands, self.inverse_bands, self.rank
-    zbuf, beta, ybuf = buffers
+    r = self.rank
+    zbuf, state = buffers
     i = tf.cast(round_index, tf.int64)
-    band = tf.gather(tf.constant(self._band), i)  # [h]: D[i, i-k], float64
-    u_i = tf.gather(tf.constant(self._u), i)  # [r]
-    v_i = tf.gather(tf.constant(self._v_gate), i)  # [r]: V[i-h] or 0
-    ainv = tf.gather(tf.constant(self._ainv * float(stddev)), i)  # [w]
+    band = tf.gather(tf.constant(self._band * float(stddev)), i)  # [h']: N[i, i−k]·σ
+    transition = tf.gather(tf.constant(self._transition), i)  # [r, r]
+    inject = tf.gather(tf.constant(self._inject), i)  # [r]
+    out_weights = tf.gather(tf.constant(self._out_weights * float(stddev)), i)  # [r]
     z_new = standard_normal_row(seed, i, specs)
     combine = self._combine_fn()
-    out, new_beta, y = [], [], []
-    for t in range(len(specs)):
-      out_t, beta_t, y_t = combine(z_new[t], [zbuf[k][t] for k in range(h)],
-                                   [beta[l][t] for l in range(r)],
-                                   [ybuf[k][t] for k in range(w - 1)], band, u_i, v_i, ainv)
+    out, new_state = [], []
+    for t, spec in enumerate(specs):
+      coefficients = [tf.cast(x, spec.dtype) for x in (band, transition, inject, out_weights)]
+      out_t, state_t = combine(z_new[t], [row[t] for row in zbuf], [row[t] for row in state],
+                               *coefficients)
       out.append(out_t)
-      new_beta.append(beta_t)
-      y.append(y_t)
+      new_state.append(state_t)
     new_zbuf = tuple(zbuf[1:]) + (tuple(z_new),)
-    new_beta = tuple(tuple(new_beta[t][l] for t in range(len(specs))) for l in range(r))
-    new_ybuf = (tuple(ybuf[1:]) + (tuple(y),)) if w > 1 else ybuf
-    return out, (new_zbuf, new_beta, new_ybuf)
-
-  def state_bytes(self, specs) -> int:
-    d = sum(int(np.prod(s.shape)) for s in flat_specs(specs))
-    z_bytes = sum(int(np.prod(s.shape)) * s.dtype.size for s in flat_specs(specs))
-    return self.bands * z_bytes + (self.rank + self.inverse_bands - 1) * d * 8
+    new_state = tuple(tuple(new_state[t][l] for t in range(len(specs))) for l in range(r))
+    return out, (new_zbuf, new_state)
 
   def _combine_fn(self):
-    """Algorithm 3's per-variable arithmetic, fused by XLA when ``jit_compile`` (one pass over
-    the buffers instead of one temporary per term)."""
+    """One round of the recursion per variable, fused by XLA when ``jit_compile`` (one pass
+    over the buffers instead of one temporary per term)."""
     if self._combine is None:
-      h, w, r = self.bands, self.inverse_bands, self.rank
+      hp, r = self.noise_bands, self.rank
 
-      def combine(z_new, zbuf, beta, ybuf, band, u_i, v_i, ainv):
-        dtype = z_new.dtype
-        z_new = tf.cast(z_new, tf.float64)
-        zbuf = [tf.cast(z, tf.float64) for z in zbuf]
-        z_old = zbuf[0]  # Z[i−h], the row leaving the band this round
-        beta_t = [beta[l] + v_i[l] * z_old for l in range(r)]  # β_i = β_{i−1} + V[i−h]ᵀZ[i−h]
-        terms = [band[0] * z_new] + [band[k] * zbuf[h - k] for k in range(1, h)]
-        terms += [u_i[l] * beta_t[l] for l in range(r)]
-        y = tf.add_n(terms)  # (B̂·Z)[i]
-        out = tf.add_n([ainv[0] * y] + [ainv[k] * ybuf[w - 1 - k] for k in range(1, w)])
-        return tf.cast(out, dtype), beta_t, y
+      def combine(z_new, zbuf, state, band, transition, inject, out_weights):
+        z_old = zbuf[0]  # Z[i − h'], the row leaving the band this round
+        new_state = [tf.add_n([transition[l, m] * state[m] for m in range(l + 1)]
+                              + [inject[l] * z_old]) for l in range(r)]
+        terms = [band[0] * z_new] + [band[k] * zbuf[hp - k] for k in range(1, hp)]
+        terms += [out_weights[l] * new_state[l] for l in range(r)]
+        return tf.add_n(terms), new_state
 
       self._combine = tf.function(combine, jit_compile=self.jit_compile, autograph=False)
     return self._combine
