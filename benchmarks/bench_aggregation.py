@@ -52,6 +52,7 @@ from tff_mf.tf import query as query_lib  # pylint: disable=wrong-import-positio
 MACHINE = "2-core x86_64 CPU, 24 GB, no GPU"
 CLIP, Z, CLIENTS = 1.0, 1.0, 100.0
 MECHS = ("dense", "structured", "tree_aggregation", "gaussian_fixed")
+LOAD_AT_START = os.getloadavg()[0]
 
 
 def model_specs(dim):
@@ -216,7 +217,8 @@ def window_mean(args, n, d, h, r, queries, fns, small_tree, sample, specs):
            f"({n - args.window + 1}..{n})", "",
            f"Command: `.venv/bin/python benchmarks/bench_aggregation.py --window {args.window}`. "
            "Mean / median ms per round of a second pass (the first pass traces the tree's "
-           "buffer layouts):", "",
+           f"buffer layouts); 1-minute load average {LOAD_AT_START:.2f} at the start, "
+           f"{os.getloadavg()[0]:.2f} at the end:", "",
            "| mechanism | mean ms/round | median ms/round |", "| --- | --- | --- |"]
   for name, times in means.items():
     lines.append(f"| {name} | {np.mean(times) * 1e3:.1f} | {np.median(times) * 1e3:.1f} |")
@@ -243,7 +245,9 @@ def write_results(args, n, d, h, r, results, losses, e_opt):
       f"({'flat vector' if args.dim else 'StackOverflow LSTM variables'}); n = {n}; "
       f"structured (h, r) = ({h}, {r}). Time = median of the server-side "
       "`get_noised_result` (noise row + division by clients), warm graph; structured, tree "
-      f"and gaussian interleaved over {args.reps} repetitions (shared, loaded machine).", "",
+      f"and gaussian interleaved over {args.reps} repetitions; 1-minute load average "
+      f"{LOAD_AT_START:.2f} when the run started, {os.getloadavg()[0]:.2f} at the end "
+      "(2 cores).", "",
       "| mechanism | " + " | ".join(f"round {x} (ms)" for x in rounds) + " | state at round "
       f"{rounds[-1]} (MiB) |",
       "| --- | " + " | ".join("---" for _ in rounds) + " | --- |"]

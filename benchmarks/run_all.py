@@ -49,10 +49,10 @@ from the sections in `benchmarks/results/` by
 `benchmarks/run_all.py --assemble-only`.
 
 Machine for every figure below unless a section says otherwise: 2-core x86_64
-CPU, 24 GB memory, no GPU ({python}). The measurements of this release were
-taken on a machine shared with other jobs (load average 4-14); sections give
-CPU seconds where contention matters, and ratios are always between
-measurements of the same run.
+CPU, 24 GB memory, no GPU ({python}). Most measurements of this release were
+taken on a machine shared with other jobs (load average 4-14). Each section
+states the load it was measured at, and gives CPU seconds where contention
+matters. Ratios are always between measurements of the same run.
 """
 
 
