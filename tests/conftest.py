@@ -1,7 +1,8 @@
 """Shared test configuration.
 
 Every test session stops the TFF ``worker_binary`` helper servers its tests
-started (TFF 0.87 leaves them running at exit; see ``tff_mf.tf.runtime``).
+started and disarms TFF's noisy ServiceManager finalizer (TFF 0.87 leaves the
+servers running at exit; see ``tff_mf.tf.runtime``).
 """
 
 import os
@@ -18,4 +19,4 @@ def pytest_sessionfinish(session, exitstatus):
   import sys  # pylint: disable=g-import-not-at-top
   if "tensorflow_federated" in sys.modules:
     from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
-    runtime.stop_worker_binaries()
+    runtime.shutdown_tff_runtime()

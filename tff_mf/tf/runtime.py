@@ -5,12 +5,17 @@ as a child process, and TFF 0.87 fails to stop it at interpreter exit (its
 atexit hook raises ``AttributeError: 'NoneType' object has no attribute
 'Popen'``), so it outlives the program and keeps piped output open.
 Programs and test sessions call ``stop_worker_binaries()`` (or use
-``install_exit_hook()``) so that no helper server survives them.
+``install_exit_hook()``) so that no helper server survives them. At exit the
+hook also disarms TFF's ``ServiceManager.__del__``, which would otherwise run
+during interpreter teardown, when ``subprocess`` is already gone, and print
+"Exception ignored in ... ServiceManager.__del__ ... 'NoneType' object has no
+attribute 'Popen'" after every program that ran a TFF computation.
 """
 
 from __future__ import annotations
 
 import atexit
+import gc
 import signal
 from typing import List
 
@@ -53,13 +58,38 @@ def stop_worker_binaries(timeout: float = 5.0) -> int:
   return len(procs)
 
 
+def _tff_service_managers() -> list:
+  """Live instances of TFF's local ``ServiceManager`` (a class local to
+  ``executor_factory.local_cpp_executor_factory``)."""
+  out = []
+  for obj in gc.get_objects():
+    cls = type(obj)
+    if cls.__name__ == "ServiceManager" and cls.__module__.endswith(".executor_factory"):
+      out.append(obj)
+  return out
+
+
+def shutdown_tff_runtime(timeout: float = 5.0) -> int:
+  """At program exit: stops the helper servers, then disarms ``ServiceManager.__del__``.
+
+  Only for exit: TFF cannot run computations afterwards in this process.
+  Returns the number of servers stopped.
+  """
+  stopped = stop_worker_binaries(timeout=timeout)
+  for manager in _tff_service_managers():
+    type(manager).__del__ = lambda self: None  # its server is stopped above
+    manager._process = None  # pylint: disable=protected-access
+    manager._stub = None  # pylint: disable=protected-access
+  return stopped
+
+
 def install_exit_hook() -> None:
   """Stops TFF's helper servers at normal exit and on SIGTERM (idempotent)."""
   global _hook_installed
   if _hook_installed:
     return
   _hook_installed = True
-  atexit.register(stop_worker_binaries)
+  atexit.register(shutdown_tff_runtime)
   previous = signal.getsignal(signal.SIGTERM)
 
   def _on_sigterm(signum, frame):
