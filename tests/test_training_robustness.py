@@ -155,6 +155,38 @@ def test_mechanism_conflicts_from_build_mechanism_become_errors(kwargs, seed, me
     train_lib.build_mechanism_setup(config, 1.0, seed)
 
 
+def test_checkpoint_of_another_state_layout_is_a_clear_error_and_kept(tmp_path):
+  """A checkpoint whose arrays differ from this run's state (another tff-mf version, model
+  or mechanism: e.g. StructuredNoise's buffers) is refused by name, not loaded with the
+  wrong shapes, and its files stay."""
+  ckpt = train_lib.Checkpointer(str(tmp_path))
+  written = collections.OrderedDict(
+      model=np.zeros([3, 2], np.float32),
+      buffers=(np.ones([4], np.float32), np.ones([4], np.float32)))
+  ckpt.save(written, {"round": 5, "cursor": 10, "noise_seed": 1, "empty_clients_skipped": 0,
+                      "zeroed_client_updates": 0, "wall_seconds": 1.0})
+  files = sorted(os.listdir(tmp_path))
+  loaded = ckpt.load_state(5, written)
+  np.testing.assert_array_equal(loaded["buffers"][1], written["buffers"][1])
+  other_shape = collections.OrderedDict(
+      model=np.zeros([3, 2], np.float32),
+      buffers=(np.ones([4], np.float32), np.ones([6], np.float32)))
+  with pytest.raises(train_lib.TrainingError,
+                     match=r"program_state_5 .*state entry buffers/1 is float32\[4\] in the "
+                     r"checkpoint but float32\[6\] in this run"):
+    ckpt.load_state(5, other_shape)
+  other_dtype = collections.OrderedDict(
+      model=np.zeros([3, 2], np.float64), buffers=written["buffers"])
+  with pytest.raises(train_lib.TrainingError, match=r"state entry model is float32"):
+    ckpt.load_state(5, other_dtype)
+  other_nesting = collections.OrderedDict(
+      model=np.zeros([3, 2], np.float32), buffers=(np.ones([4], np.float32),) * 3)
+  with pytest.raises(train_lib.TrainingError, match="does not have this run's state structure"):
+    ckpt.load_state(5, other_nesting)
+  assert sorted(os.listdir(tmp_path)) == files
+  assert ckpt.latest_meta()["round"] == 5
+
+
 def test_binary_exits_nonzero_on_conflicting_flags(tmp_path):
   result = subprocess.run(
       [sys.executable, os.path.join(REPO, "training", "run_stackoverflow.py"),

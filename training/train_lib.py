@@ -427,6 +427,14 @@ def _run(coro):
   return asyncio.run(coro)
 
 
+def _leaf_dtype(x) -> str:
+  """numpy dtype name of a state leaf (array, tensor or Python scalar)."""
+  dtype = getattr(x, "dtype", None)
+  if dtype is None:
+    return np.asarray(x).dtype.name
+  return getattr(dtype, "name", str(dtype))
+
+
 class Checkpointer:
   """Program state through tff.program.FileProgramStateManager.
 
@@ -467,7 +475,36 @@ class Checkpointer:
     return out
 
   def load_state(self, round_num: int, structure):
-    return _run(self.state.load(round_num, structure))
+    """``program_state_<round_num>``, checked leaf by leaf against ``structure``.
+
+    FileProgramStateManager would return arrays of the checkpoint's shapes for a
+    template of other shapes, and fails with a bare nest error when the nesting
+    differs. Both happen when the checkpoint was written by another tff-mf
+    version or model; either way this raises a TrainingError naming the first
+    difference, and leaves the checkpoint files untouched.
+    """
+    from tensorflow.python.util import nest  # pylint: disable=g-import-not-at-top
+    name = f"checkpoint program_state_{round_num} in {self.directory}"
+    hint = ("it was written by a different tff-mf version, model or mechanism; resume with "
+            "the code and flags that wrote it, or start a new experiment directory")
+    try:
+      state = _run(self.state.load(round_num, structure))
+    except (ValueError, TypeError) as e:
+      raise TrainingError(f"{name} does not have this run's state structure ({hint}): "
+                          f"{str(e).splitlines()[0]}") from e
+    expected = nest.flatten_with_joined_string_paths(structure)
+    loaded = nest.flatten(state)
+    if len(expected) != len(loaded):
+      raise TrainingError(f"{name} holds {len(loaded)} arrays, this run's state "
+                          f"{len(expected)} ({hint})")
+    for (path, want), got in zip(expected, loaded):
+      want_shape, got_shape = tuple(np.shape(want)), tuple(np.shape(got))
+      want_dtype, got_dtype = _leaf_dtype(want), _leaf_dtype(got)
+      if want_shape != got_shape or want_dtype != got_dtype:
+        raise TrainingError(f"{name}: state entry {path or '<root>'} is {got_dtype}{list(got_shape)} "
+                            f"in the checkpoint but {want_dtype}{list(want_shape)} in this run "
+                            f"({hint})")
+    return state
 
   def save(self, state, meta: Dict[str, object]) -> None:
     version = int(meta["round"])
