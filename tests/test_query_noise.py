@@ -128,8 +128,9 @@ def test_structured_stream_is_float32_accurate_for_cancelling_factors():
         stream.noise_matrix(),
         noise_lib.StructuredNoise(d_mat, u, v, h, workload).noise_matrix(), atol=1e-9)
     # The state recursion never amplifies rounding errors: ‖L_i⁻¹·L_{i−1}‖₂ ≤ 1, ‖L_i⁻¹V‖ ≤ 1.
-    assert max(np.linalg.norm(m, 2) for m in stream._transition) <= 1 + 1e-9  # pylint: disable=protected-access
-    assert np.max(np.linalg.norm(stream._inject, axis=1)) <= 1 + 1e-9  # pylint: disable=protected-access
+    transition, inject = stream._transition, stream._inject  # pylint: disable=protected-access
+    assert max(np.linalg.norm(m, 2) for m in transition) <= 1 + 1e-9
+    assert np.max(np.linalg.norm(inject, axis=1)) <= 1 + 1e-9
     q = query_lib.MatrixFactorizationQuery(stream, l2_norm_clip=1.0, noise_multiplier=1.0,
                                            record_specs=specs, noise_seed=2)
     rows, _, _ = _run_rounds(q, n, specs=specs)

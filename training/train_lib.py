@@ -501,9 +501,9 @@ class Checkpointer:
       want_shape, got_shape = tuple(np.shape(want)), tuple(np.shape(got))
       want_dtype, got_dtype = _leaf_dtype(want), _leaf_dtype(got)
       if want_shape != got_shape or want_dtype != got_dtype:
-        raise TrainingError(f"{name}: state entry {path or '<root>'} is {got_dtype}{list(got_shape)} "
-                            f"in the checkpoint but {want_dtype}{list(want_shape)} in this run "
-                            f"({hint})")
+        raise TrainingError(f"{name}: state entry {path or '<root>'} is "
+                            f"{got_dtype}{list(got_shape)} in the checkpoint but "
+                            f"{want_dtype}{list(want_shape)} in this run ({hint})")
     return state
 
   def save(self, state, meta: Dict[str, object]) -> None:
