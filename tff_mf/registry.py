@@ -1,0 +1,218 @@
+"""The mechanism registry: every strategy and mechanism name of tff-mf, as data (no TensorFlow).
+
+Two tables. A *strategy* is a way to choose the encoder C for a given workload A
+(a family module in ``tff_mf.families``); ``tff-mf factorize --strategy`` takes
+these names. A *mechanism* is what a user trains or accounts for: a strategy
+applied to a workload (prefix sums post-processed into the training workload, or
+the training workload itself), plus the kind of noise stream that realizes it.
+The Python API (``build_mechanism``), ``tff-mf``, the training binary, the grids,
+the demo's labels and MMCC all read their names, aliases, labels and defaults here,
+so one name means one mechanism everywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Dict, Optional, Tuple
+
+PARTICIPATIONS = ("single", "fixed_epoch", "min_sep")
+
+# Noise kinds: how the TF layer realizes a mechanism.
+#   dense        row i of N·Z regenerated from the secret seed (tff_mf.tf.noise.DenseNoise)
+#   linear       a LinearStream recurrence with O(k·d) state (tff_mf.tf.noise.LinearNoise)
+#   tff_tree     TFF's DifferentiallyPrivateFactory.tree_aggregation
+#   tff_gaussian TFF's DifferentiallyPrivateFactory.gaussian_fixed
+#   none         no noise (non-private)
+NOISE_KINDS = ("dense", "linear", "tff_tree", "tff_gaussian", "none")
+
+
+class RegistryError(ValueError):
+  """An unknown strategy or mechanism name."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategy:
+  """A family of encoders C (``tff_mf.families.<family>``)."""
+  name: str
+  family: str
+  label: str
+  description: str
+  participations: Tuple[str, ...]
+  streams: bool  # the family has a LinearStream (O(k·d) noise state)
+  citation: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Mechanism:
+  """What a user trains or accounts for.
+
+  Attributes:
+    name: canonical name.
+    aliases: other accepted spellings (older or field names).
+    label: display label for tables and plots.
+    strategy: the Strategy name its C comes from (None: not a factorization).
+    workload: ``prefix_sum`` when C factorizes S and the decoder is post-processed
+      into the training workload A (B = A·S⁻¹·B_S, Denisov et al. 2022 Sec 4), or
+      ``training`` when C factorizes the training workload itself.
+    noise: one of NOISE_KINDS.
+    participations: schemas it can be trained and accounted under.
+    trainable: False when it exists for accounting only.
+    why_not_trainable: the reason, when not trainable.
+    private: False only for ``none``.
+  """
+  name: str
+  aliases: Tuple[str, ...]
+  label: str
+  description: str
+  strategy: Optional[str]
+  workload: str
+  noise: str
+  participations: Tuple[str, ...] = ("single",)
+  trainable: bool = True
+  why_not_trainable: str = ""
+  private: bool = True
+
+  @property
+  def post_processes_prefix_decoder(self) -> bool:
+    return self.workload == "prefix_sum"
+
+
+_DENISOV = "Denisov et al. 2022, arXiv:2202.08312"
+_MCMAHAN = "McMahan, Rush, Thakurta, arXiv:2202.08312 (v1)"
+_MULTI_EPOCH = "Choquette-Choo et al. 2023, arXiv:2211.06530"
+_BANDED = "Choquette-Choo et al. 2023, arXiv:2306.08153"
+_TOEPLITZ = "McKenna 2024, arXiv:2405.15913"
+_BLT = "Dvijotham et al. 2024, arXiv:2404.16706; McMahan et al. 2024, arXiv:2408.08868"
+
+STRATEGIES: Dict[str, Strategy] = {s.name: s for s in (
+    Strategy("optimal", "dense", "optimal",
+             "optimal dense C: fixed point of Denisov et al. Eq. 5 (single participation) or the "
+             "multi-epoch dual fixed point (fixed-epoch participation), with a duality-gap "
+             "certificate", ("single", "fixed_epoch"), False, f"{_DENISOV}; {_MULTI_EPOCH}"),
+    Strategy("honaker_online", "tree", "Honaker online (tree)",
+             "binary tree C_T with the streaming Honaker decoder (DP-FTRL)", ("single",), False,
+             _MCMAHAN),
+    Strategy("honaker_full", "tree", "Honaker full",
+             "binary tree C_T with the full Honaker decoder S·C_T⁺", ("single",), False, _MCMAHAN),
+    Strategy("identity", "identity", "identity",
+             "C = I: independent noise every round (DP-SGD / DP-FedAvg)",
+             PARTICIPATIONS, True, _DENISOV),
+    Strategy("structured", "structured", "structured (banded + low rank)",
+             "banded + low-rank approximation B̂ of the optimal decoder, C = B̂⁻¹·A (App H)",
+             ("single",), True, _DENISOV),
+    Strategy("banded", "banded", "banded",
+             "b-banded C with unit column norms, optimized (valid under b-min-sep)",
+             PARTICIPATIONS, True, _BANDED),
+    Strategy("banded_toeplitz", "toeplitz", "banded Toeplitz",
+             "b-banded Toeplitz C with optimized coefficients", PARTICIPATIONS, True, _TOEPLITZ),
+    Strategy("blt", "blt", "BLT",
+             "buffered linear Toeplitz C with m buffers, optimized", ("single", "min_sep"), True,
+             _BLT),
+)}
+
+MECHANISMS: Dict[str, Mechanism] = {m.name: m for m in (
+    Mechanism("tree", ("tree_aggregation", "tff_tree"), "tree (TFF tree_aggregation)",
+              "TFF's binary-tree aggregator (DifferentiallyPrivateFactory.tree_aggregation, "
+              "efficient Honaker estimator), per-node multiplier z·√levels",
+              "honaker_online", "prefix_sum", "tff_tree"),
+    Mechanism("honaker_online", ("binary_tree", "dp_ftrl"), "Honaker online (tree)",
+              "binary tree C_T with the streaming Honaker decoder, as a matrix mechanism",
+              "honaker_online", "prefix_sum", "dense"),
+    Mechanism("honaker_full", (), "Honaker full",
+              "binary tree C_T with the full Honaker decoder", "honaker_full", "prefix_sum",
+              "dense"),
+    Mechanism("opt_prefix_sum", ("optimal_prefix_sum",), "opt prefix sum",
+              "optimal factorization of the prefix sum S; momentum and the learning-rate "
+              "schedule applied as post-processing", "optimal", "prefix_sum", "dense",
+              ("single", "fixed_epoch")),
+    Mechanism("opt_momentum", ("optimal_momentum", "optimal"), "opt momentum",
+              "optimal factorization of the training workload M = M(η)·M(β) itself",
+              "optimal", "training", "dense", ("single", "fixed_epoch")),
+    Mechanism("structured", (), "structured (banded + low rank)",
+              "banded + low-rank B̂ for S with O((h + r)·d) noise per round", "structured",
+              "prefix_sum", "linear"),
+    Mechanism("banded", ("band_mf", "banded_mf"), "banded",
+              "b-banded C for the training workload with O(b·d) noise state",
+              "banded", "training", "linear", PARTICIPATIONS),
+    Mechanism("banded_toeplitz", (), "banded Toeplitz",
+              "b-banded Toeplitz C for the training workload with O(b·d) noise state",
+              "banded_toeplitz", "training", "linear", PARTICIPATIONS),
+    Mechanism("blt", ("buffered_linear_toeplitz",), "BLT",
+              "buffered linear Toeplitz C for the training workload with O(m·d) noise state",
+              "blt", "training", "linear", ("single", "min_sep")),
+    Mechanism("gaussian", ("gaussian_fixed", "identity", "dp_fedavg"),
+              "gaussian (independent noise)",
+              "TFF's DifferentiallyPrivateFactory.gaussian_fixed: independent noise each round "
+              "(C = I, DP-FedAvg)", "identity", "training", "tff_gaussian", PARTICIPATIONS),
+    Mechanism("tree_restart", (), "tree with restarts",
+              "binary trees restarted every 2^(h−1) rounds (Kairouz et al. 2021); MMCC Sec 6.3",
+              None, "prefix_sum", "dense", ("single", "min_sep"), trainable=False,
+              why_not_trainable="accounting only: tff-mf has no streaming decoder for restarted "
+                                "trees; train with tree or honaker_online"),
+    Mechanism("none", ("nonprivate",), "non-private", "plain FedAvg without clipping noise",
+              None, "training", "none", PARTICIPATIONS, private=False),
+)}
+
+
+def _index() -> Dict[str, str]:
+  out = {}
+  for m in MECHANISMS.values():
+    for spelling in (m.name,) + m.aliases:
+      if spelling in out:
+        raise AssertionError(f"mechanism spelling {spelling!r} is used twice")
+      out[spelling] = m.name
+  return out
+
+
+_ALIASES = _index()
+
+
+def mechanism(name: str) -> Mechanism:
+  """The mechanism called ``name`` (or one of its aliases)."""
+  canonical = _ALIASES.get(name)
+  if canonical is None:
+    raise RegistryError(f"unknown mechanism {name!r}; expected one of "
+                        f"{', '.join(MECHANISMS)} (aliases: "
+                        f"{', '.join(sorted(set(_ALIASES) - set(MECHANISMS)))})")
+  return MECHANISMS[canonical]
+
+
+def strategy(name: str) -> Strategy:
+  if name not in STRATEGIES:
+    raise RegistryError(f"unknown strategy {name!r}; expected one of {', '.join(STRATEGIES)}")
+  return STRATEGIES[name]
+
+
+def mechanism_names(trainable: Optional[bool] = None, private: Optional[bool] = None,
+                    participation: Optional[str] = None) -> Tuple[str, ...]:
+  """Canonical mechanism names, optionally filtered."""
+  out = []
+  for m in MECHANISMS.values():
+    if trainable is not None and m.trainable != trainable:
+      continue
+    if private is not None and m.private != private:
+      continue
+    if participation is not None and participation not in m.participations:
+      continue
+    out.append(m.name)
+  return tuple(out)
+
+
+def all_spellings() -> Tuple[str, ...]:
+  """Every accepted mechanism spelling (names and aliases), for flag choices."""
+  return tuple(_ALIASES)
+
+
+def label(name: str) -> str:
+  return mechanism(name).label
+
+
+def default_structure(n: int) -> Tuple[int, int]:
+  """(h, r) of the structured mechanism: h + r = ⌈log₂ n⌉ (at least 1), h = ⌈(h + r)/2⌉.
+
+  Denisov et al. 2022 App H, Table 2 ((6, 5) for n = 2048).
+  """
+  total = max(1, int(math.ceil(math.log2(max(n, 2)))))
+  h = (total + 1) // 2
+  return h, total - h
