@@ -1,9 +1,17 @@
 """Factorizations A = B·C and their quality measures (numpy core, no TensorFlow).
 
 Notation (``docs/notation.md``): A is the n x n workload, C the m x n encoder
-("strategy"), B the n x m decoder. γ(C) is C's largest column L2 norm, the
-single-participation sensitivity. Stored factorizations are normalized to
-γ = 1 (Denisov et al. App I, ``000_…``), which leaves B·C unchanged.
+("strategy"), B the n x m decoder, N = A⁻¹·B the per-round noise matrix. γ(C) is
+C's largest column L2 norm, the single-participation sensitivity. Stored
+factorizations are normalized to γ = 1 (Denisov et al. 2022, arXiv:2202.08312,
+App I), which leaves B·C unchanged. Under a participation schema with sensitivity
+sens(C) (``tff_mf.participation``), the error figures used across tff-mf are
+
+- ``rmse`` = sens·‖B‖_F/√n, the root-mean-square error per round at unit noise, and
+- ``max_error`` = sens·max_i ‖B[i, :]‖, the worst round's error at unit noise
+
+(Choquette-Choo et al. 2023, arXiv:2306.08153, Sec 2); for single participation
+L = γ²·‖B‖²_F = n·rmse² is Denisov et al.'s loss (Eq. 2).
 """
 
 from __future__ import annotations
@@ -12,19 +20,21 @@ import dataclasses
 from typing import Any, Dict, Optional
 
 import numpy as np
+import scipy.linalg
 
+from tff_mf import checks
 
-class FactorizationError(ValueError):
-  """A factorization is malformed or does not reproduce its workload."""
+# Kept for callers that catch factorization problems specifically.
+FactorizationError = checks.CheckError
 
 
 def sensitivity(c: np.ndarray) -> float:
-  """γ(C) = max_j ‖C[:, j]‖₂ (Denisov et al. Eq. 2; Thm 4.1)."""
-  return float(np.sqrt(np.max(np.sum(np.square(c), axis=0))))
+  """γ(C) = max_j ‖C[:, j]‖₂ (Denisov et al. 2022, Eq. 2; Thm 4.1)."""
+  return checks.gamma(c)
 
 
 def loss(b: np.ndarray, c: np.ndarray) -> float:
-  """L(B, C) = γ(C)² · ‖B‖²_F (Denisov et al. Eq. 2; McMahan et al. Eq. 4)."""
+  """L(B, C) = γ(C)²·‖B‖²_F (Denisov et al. 2022, Eq. 2)."""
   return sensitivity(c) ** 2 * float(np.sum(np.square(b)))
 
 
@@ -33,10 +43,20 @@ def sqrt_loss(b: np.ndarray, c: np.ndarray) -> float:
   return float(np.sqrt(loss(b, c)))
 
 
-def per_round_variance(b: np.ndarray, c: np.ndarray) -> np.ndarray:
-  """Variance of round i's released error for unit-variance noise at γ = 1.
+def rmse(b: np.ndarray, sens: float) -> float:
+  """sens·‖B‖_F/√n."""
+  return float(sens * np.linalg.norm(b) / np.sqrt(b.shape[0]))
 
-  Row norms² of B scaled by γ(C)² (McMahan et al. Fig 1; Denisov et al. Fig 1).
+
+def max_error(b: np.ndarray, sens: float) -> float:
+  """sens·max_i ‖B[i, :]‖."""
+  return float(sens * np.sqrt(np.max(np.sum(np.square(b), axis=1))))
+
+
+def per_round_variance(b: np.ndarray, c: np.ndarray) -> np.ndarray:
+  """Variance of round i's error for unit-variance noise at γ = 1: γ(C)²·‖B[i, :]‖².
+
+  McMahan et al. Fig 1; Denisov et al. 2022, Fig 1.
   """
   return sensitivity(c) ** 2 * np.sum(np.square(b), axis=1)
 
@@ -44,16 +64,15 @@ def per_round_variance(b: np.ndarray, c: np.ndarray) -> np.ndarray:
 def lower_bound_prop_c1(a: np.ndarray) -> float:
   """Lower bound on L for any factorization of A (McMahan et al. App C, Prop C.1, Eq. 24).
 
-  (1/n)·(Σ_{j=1}^{⌊(n+1)/2⌋} σ_{2j-1})², with σ the singular values of A in
+  (1/n)·(Σ_{j=1}^{⌊(n+1)/2⌋} σ_{2j−1})², with σ the singular values of A in
   decreasing order.
   """
   s = np.linalg.svd(a, compute_uv=False)
-  n = a.shape[1]
-  return float(np.sum(s[0::2]) ** 2 / n)
+  return float(np.sum(s[0::2]) ** 2 / a.shape[1])
 
 
 def lower_bound_nuclear(a: np.ndarray) -> float:
-  """The tighter bound ‖A‖²_* / n, valid for every factorization with n columns in C.
+  """The tighter bound ‖A‖²_*/n, valid for every factorization with n columns in C.
 
   L = ‖B‖²_F·max_j‖C_j‖² ≥ ‖B‖²_F‖C‖²_F/n ≥ (Σ σ_i(B)σ_i(C))²/n ≥ ‖BC‖²_*/n
   (Cauchy-Schwarz, then Horn's inequality). Prop C.1 drops every second term.
@@ -63,20 +82,26 @@ def lower_bound_nuclear(a: np.ndarray) -> float:
 
 
 def normalize(b: np.ndarray, c: np.ndarray):
-  """Rescales (B, C) -> (γB, C/γ) so that γ(C) = 1; returns (B, C, γ_before)."""
+  """(γB, C/γ, γ) with γ = γ(C), so that the returned C has γ = 1."""
   gamma = sensitivity(c)
   if not np.isfinite(gamma) or gamma <= 0:
-    raise FactorizationError(f"C has invalid sensitivity {gamma}")
+    raise checks.CheckError(f"C has invalid sensitivity {gamma}")
   return b * gamma, c / gamma, gamma
 
 
 def is_lower_triangular(x: np.ndarray, atol: float = 0.0) -> bool:
-  """True when every entry above the diagonal is within ``atol`` of zero.
+  return checks.is_lower_triangular(x, atol)
 
-  For a non-square C (m x n, rows in release order) this checks x[i, j] = 0 for
-  j > i, i.e. the row-index convention of the square case.
+
+def post_process_prefix_decoder(a: np.ndarray, b_prefix: np.ndarray) -> np.ndarray:
+  """B = A·S⁻¹·B_prefix: a prefix-sum decoder turned into one for workload A.
+
+  S⁻¹ is the first-difference operator, so S⁻¹·B_prefix has rows
+  B_prefix[i] − B_prefix[i−1] (Denisov et al. 2022, Sec 4, momentum and learning
+  rates as post-processing).
   """
-  return bool(np.all(np.abs(np.triu(x, 1)) <= atol))
+  diffs = np.diff(b_prefix, axis=0, prepend=np.zeros((1, b_prefix.shape[1])))
+  return a @ diffs
 
 
 @dataclasses.dataclass
@@ -86,16 +111,19 @@ class Factorization:
   Attributes:
     a: workload A, n x n.
     b: decoder B, n x m.
-    c: encoder C, m x n (m = n for square strategies; m = 2n-1 for the tree).
+    c: encoder C, m x n (m = n for square strategies; m = 2n − 1 for the tree).
     strategy: how C was chosen (``optimal``, ``honaker_online``, ...).
-    info: solver metadata (``relative_gap``, ``iterations``, ``seconds``,
+    info: metadata (``relative_gap``, ``iterations``, ``seconds``,
       ``sensitivity_before_normalization`` ...), JSON-serializable.
+    extras: float64 parameters of the strategy family (structured pieces, Toeplitz
+      coefficients, BLT buffers, ...), stored beside A, B, C in the cache.
   """
   a: np.ndarray
   b: np.ndarray
   c: np.ndarray
   strategy: str
   info: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  extras: Dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
   @property
   def n(self) -> int:
@@ -123,54 +151,18 @@ class Factorization:
   def noise_matrix(self) -> np.ndarray:
     """N = A⁻¹·B (n x m): round i of a residual-form query adds row i of N·Z.
 
-    For square C this equals C⁻¹ (see docs/mechanisms.md).
+    For square C this equals C⁻¹ (``docs/mechanisms.md``).
     """
-    from scipy.linalg import solve_triangular
-    return solve_triangular(self.a, self.b, lower=True)
+    return scipy.linalg.solve_triangular(self.a, self.b, lower=True)
 
   def validate(self, atol: float = 1e-8, name: str = "factorization") -> "Factorization":
-    """Checks shapes, dtype, finiteness, triangularity, γ(C) = 1 and B·C ≈ A."""
-    validate_factors(self.a, self.b, self.c, atol=atol, name=name)
+    """Every check of ``checks.factors``: shapes, dtype, triangularity, γ(C) = 1, B·C = A."""
+    checks.factors(self.a, self.b, self.c, name=name, atol=atol)
     return self
 
 
-def validate_factors(a: np.ndarray, b: np.ndarray, c: np.ndarray,
-                     atol: float = 1e-8, name: str = "factorization",
-                     require_normalized: bool = True) -> None:
-  """Raises FactorizationError naming the first problem found."""
-  for label, x in (("A", a), ("B", b), ("C", c)):
-    if not isinstance(x, np.ndarray) or x.ndim != 2:
-      raise FactorizationError(f"{name}: {label} must be a 2-D array")
-    if x.dtype != np.float64:
-      raise FactorizationError(f"{name}: {label} must be float64, got {x.dtype}")
-    if not np.all(np.isfinite(x)):
-      raise FactorizationError(f"{name}: {label} has non-finite entries")
-  n = a.shape[0]
-  if a.shape != (n, n):
-    raise FactorizationError(f"{name}: A must be square, got {a.shape}")
-  m = c.shape[0]
-  if c.shape != (m, n) or b.shape != (n, m):
-    raise FactorizationError(
-        f"{name}: shapes do not chain: A {a.shape}, B {b.shape}, C {c.shape} "
-        f"(expected B n x m, C m x n with n={n})")
-  if not is_lower_triangular(a):
-    raise FactorizationError(f"{name}: A is not lower triangular")
-  if m == n:
-    if not is_lower_triangular(c, atol=1e-12):
-      raise FactorizationError(f"{name}: C is not lower triangular")
-    if not is_lower_triangular(b, atol=1e-10 * max(1.0, float(np.max(np.abs(b))))):
-      raise FactorizationError(f"{name}: B is not lower triangular")
-  if require_normalized and abs(sensitivity(c) - 1.0) > 1e-9:
-    raise FactorizationError(
-        f"{name}: C is not normalized (largest column norm {sensitivity(c):.12g}, expected 1)")
-  err = float(np.max(np.abs(b @ c - a)))
-  scale = max(1.0, float(np.max(np.abs(a))))
-  if err > atol * scale:
-    raise FactorizationError(f"{name}: B·C differs from A by {err:.3g} (tolerance {atol * scale:.3g})")
-
-
 def summary(f: Factorization, lower_bound: Optional[bool] = True) -> Dict[str, Any]:
-  """A JSON-ready dict of the quality measures of ``f``."""
+  """A JSON-ready dict of the quality measures of ``f`` (single participation)."""
   out = {
       "strategy": f.strategy,
       "n": f.n,

@@ -1,32 +1,40 @@
 """How A = B·C is chosen: one entry point for every strategy (numpy core).
 
-``factorize(spec)`` builds the workload A of ``spec`` and returns a normalized
-``Factorization`` (γ(C) = 1, Denisov et al. App I). Strategies:
-
-- ``optimal``: fixed point φ of Denisov Eq. 5 with the Eq. 8 certificate
-  (``tff_mf.optimal``).
-- ``honaker_online`` / ``honaker_full``: binary tree C_T with the streaming /
-  full Honaker decoders (McMahan Sec 2.1, Prop 2.1). For a workload A other
-  than S the decoder is post-processed, B = A·S⁻¹·B_tree (Denisov Table 1).
-- ``identity``: C = I, B = A (independent noise each round).
-- ``structured``: banded + low-rank B̂ with C = B̂⁻¹·A (Denisov App H,
-  ``tff_mf.structured``).
+``factorize(spec)`` builds the workload A of ``spec``, runs the strategy's family
+module (``tff_mf.families``, named by ``tff_mf.registry.STRATEGIES``), normalizes
+the result so that γ(C) = 1 (Denisov et al. 2022, arXiv:2202.08312, App I),
+validates it, and records its sensitivity, rmse and max_error under the
+participation schema of the spec (``tff_mf.participation``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Optional
+from typing import Any, Dict, Optional
 
-import numpy as np
-
+from tff_mf import checks
 from tff_mf import factorization as fz
-from tff_mf import tree
+from tff_mf import families
+from tff_mf import participation as participation_lib
+from tff_mf import registry
 from tff_mf import workloads
 
-STRATEGIES = ("optimal", "honaker_online", "honaker_full", "identity", "structured")
+STRATEGIES = tuple(registry.STRATEGIES)
 DEFAULT_TARGET_GAP = 1e-6
+ERRORS = ("mean", "max")
+
+# Strategy -> the spec fields it reads (others must keep their defaults).
+_PARAMETERS = {
+    "optimal": ("target_gap", "max_iterations", "allow_unconverged"),
+    "structured": ("bands", "rank", "target_gap", "max_iterations", "allow_unconverged"),
+    "banded": ("bands",),
+    "banded_toeplitz": ("bands", "error"),
+    "blt": ("buffers", "error"),
+}
+# Dense n x n float64 matrices a family holds at its peak (memory check before A is built).
+_PEAK_MATRICES = {"optimal": 12, "structured": 14, "banded": 8, "banded_toeplitz": 6,
+                  "blt": 6, "honaker_online": 8, "honaker_full": 10, "identity": 4}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,69 +42,107 @@ class FactorizationSpec:
   """Everything that determines a factorization; its fields form the cache key."""
   workload: workloads.WorkloadSpec
   strategy: str = "optimal"
-  target_gap: float = DEFAULT_TARGET_GAP  # optimal: relative duality gap to reach
+  participation: participation_lib.Participation = participation_lib.SINGLE
+  target_gap: float = DEFAULT_TARGET_GAP  # optimal, structured: relative duality gap to reach
   max_iterations: int = 10_000  # optimal: iteration limit
   allow_unconverged: bool = False  # optimal: opt-in to return a result above target_gap
-  bands: int = 0  # structured: h
+  bands: int = 0  # structured: h; banded, banded_toeplitz: b
   rank: int = 0  # structured: r
+  buffers: int = 0  # blt: m
+  error: str = "mean"  # banded_toeplitz, blt: the error optimized (mean or max)
 
   @property
   def n(self) -> int:
     return self.workload.n
 
   def validate(self) -> None:
-    if self.strategy not in STRATEGIES:
-      raise ValueError(f"unknown strategy {self.strategy!r}; expected one of {STRATEGIES}")
-    if self.strategy == "optimal" and not (0 < self.target_gap < 1):
-      raise ValueError(f"target_gap must be in (0, 1), got {self.target_gap}")
-    if self.strategy == "structured" and (self.bands < 1 or self.rank < 0):
-      raise ValueError(
-          f"structured needs bands >= 1 and rank >= 0, got bands={self.bands}, rank={self.rank}")
+    """Raises CheckError naming the first bad or unused parameter."""
+    entry = registry.strategy(self.strategy)
+    if not isinstance(self.participation, participation_lib.Participation):
+      raise checks.CheckError(f"participation must be a tff_mf.participation schema, got "
+                              f"{self.participation!r}")
+    if self.participation.kind not in entry.participations:
+      raise checks.CheckError(
+          f"strategy {self.strategy!r} supports participation "
+          f"{', '.join(entry.participations)}, not {self.participation.kind!r}")
+    self.participation.check(self.n)
+    used = _PARAMETERS.get(self.strategy, ())
+    defaults = FactorizationSpec(workload=self.workload)
+    for name in ("target_gap", "max_iterations", "allow_unconverged", "bands", "rank", "buffers",
+                 "error"):
+      if name not in used and getattr(self, name) != getattr(defaults, name):
+        raise checks.CheckError(f"{name} does not apply to strategy {self.strategy!r}")
+    if "target_gap" in used:
+      checks.in_range(self.target_gap, "target_gap", 0.0, 1.0, low_open=True)
+      checks.positive_int(self.max_iterations, "max_iterations")
+    if self.strategy == "structured":
+      checks.positive_int(self.bands, "structured bands h")
+      checks.nonnegative_int(self.rank, "structured rank r")
+      if self.rank > self.n:
+        raise checks.CheckError(f"structured rank r={self.rank} exceeds n={self.n}")
+    if self.strategy in ("banded", "banded_toeplitz"):
+      checks.positive_int(self.bands, f"{self.strategy} bands b")
+      if self.bands > self.n:
+        raise checks.CheckError(f"{self.strategy} bands b={self.bands} exceed n={self.n}")
+      self.participation.check_bands(self.bands, self.strategy)
+    if self.strategy == "blt":
+      checks.positive_int(self.buffers, "blt buffers m")
+    if self.error not in ERRORS:
+      raise checks.CheckError(f"error must be one of {ERRORS}, got {self.error!r}")
+
+  def key_params(self) -> Dict[str, Any]:
+    """The parameters that determine the stored matrices (part of the cache key)."""
+    params: Dict[str, Any] = {"strategy": self.strategy}
+    for name in _PARAMETERS.get(self.strategy, ()):
+      if name in ("max_iterations", "allow_unconverged") and not self.allow_unconverged:
+        continue  # a converged result does not depend on the iteration limit
+      value = getattr(self, name)
+      params[name] = float(value) if name == "target_gap" else value
+    if self.participation.kind != "single" or self.strategy in ("banded", "banded_toeplitz",
+                                                                  "blt"):
+      params["participation"] = self.participation.as_dict()
+    return params
 
 
-def factorize(spec: FactorizationSpec, progress: bool = False) -> fz.Factorization:
-  """Computes the factorization described by ``spec`` (normalized, validated)."""
+def check_size(spec: FactorizationSpec) -> None:
+  """Refuses, before A is built, a size whose dense matrices would not fit in memory."""
+  copies = _PEAK_MATRICES.get(spec.strategy, 12)
+  m = 2 * spec.n if spec.strategy.startswith("honaker") else spec.n
+  checks.dense_matrices_fit(spec.n, copies, f"strategy {spec.strategy} at n = {spec.n}", m=m)
+
+
+def factorize(spec: FactorizationSpec, progress: bool = False,
+              context: Optional[families.Context] = None) -> fz.Factorization:
+  """Computes the factorization described by ``spec`` (normalized, validated, measured)."""
   spec.validate()
+  check_size(spec)
   a = spec.workload.build()
-  n = a.shape[0]
   start = time.perf_counter()
-  info = {}
-  if spec.strategy == "identity":
-    b, c = a.copy(), np.eye(n)
-  elif spec.strategy in ("honaker_online", "honaker_full"):
-    c = tree.tree_encoder(n)
-    if spec.strategy == "honaker_online":
-      b_tree = tree.honaker_online_decoder(n)
-    else:
-      b_tree = tree.honaker_full_decoder(n)
-    b = post_process_prefix_decoder(a, b_tree)
-  elif spec.strategy == "optimal":
-    from tff_mf import optimal  # pylint: disable=g-import-not-at-top
-    result = optimal.solve(a, target_gap=spec.target_gap, max_iterations=spec.max_iterations,
-                           allow_unconverged=spec.allow_unconverged, progress=progress)
-    b, c = result.b, result.c
-    info.update(result.info)
-  elif spec.strategy == "structured":
-    from tff_mf import structured  # pylint: disable=g-import-not-at-top
-    result = structured.fit(a, bands=spec.bands, rank=spec.rank, progress=progress,
-                            target_gap=spec.target_gap, max_iterations=spec.max_iterations,
-                            allow_unconverged=spec.allow_unconverged)
-    b, c = result.b, result.c
-    info.update(result.info)
-  else:  # pragma: no cover - validate() rejects this
-    raise ValueError(spec.strategy)
-  b, c, gamma = fz.normalize(b, c)
-  info["sensitivity_before_normalization"] = gamma
+  context = context or families.Context(progress=progress)
+  entry = registry.strategy(spec.strategy)
+  result = families.module(entry.family).factorize(a, spec, context).normalized()
+  info = dict(result.info)
   info.setdefault("seconds", time.perf_counter() - start)
-  return fz.Factorization(a=a, b=b, c=c, strategy=spec.strategy, info=info).validate()
+  f = fz.Factorization(a=a, b=result.b, c=result.c, strategy=spec.strategy, info=info,
+                       extras=result.extras).validate()
+  f.info.update(error_figures(f, spec.participation))
+  return f
 
 
-def post_process_prefix_decoder(a: np.ndarray, b_prefix: np.ndarray) -> np.ndarray:
-  """B = A·S⁻¹·B_prefix: turns a prefix-sum decoder into one for workload A.
+def error_figures(f: fz.Factorization,
+                  schema: participation_lib.Participation) -> Dict[str, Any]:
+  """sensitivity (under ``schema``), rmse, max_error and the analysis that gave them."""
+  report = participation_lib.sensitivity_report(f.c, schema)
+  sens = report["value"]
+  return {"participation": schema.as_dict(), "sensitivity": sens,
+          "sensitivity_exact": report["exact"], "sensitivity_method": report["method"],
+          "rmse": fz.rmse(f.b, sens), "max_error": fz.max_error(f.b, sens)}
 
-  S⁻¹ is the first-difference operator, so S⁻¹·B_prefix has rows
-  B_prefix[i] − B_prefix[i−1] (Denisov et al. Sec 4, "momentum as
-  post-processing").
-  """
-  diffs = np.diff(b_prefix, axis=0, prepend=np.zeros((1, b_prefix.shape[1])))
-  return a @ diffs
+
+def post_processed(f_prefix: fz.Factorization, a, name: str) -> fz.Factorization:
+  """A = (A·S⁻¹·B_S)·C_S: a prefix-sum factorization serving workload A (Denisov Table 1)."""
+  b = fz.post_process_prefix_decoder(a, f_prefix.b)
+  info = dict(f_prefix.info, post_processed_from=f_prefix.strategy)
+  return fz.Factorization(a=a, b=b, c=f_prefix.c, strategy=name, info=info,
+                          extras=dict(f_prefix.extras)).validate(atol=1e-6)
+

@@ -125,6 +125,11 @@ class LinearStream:
     """N (n x n): the stream run on Z = I."""
     return self.run(np.eye(self.n))
 
+  def scaled(self, factor: float) -> "LinearStream":
+    """The stream of factor·N: outputs scaled, state recursion unchanged."""
+    return dataclasses.replace(self, w_old=self.w_old * factor, w_new=self.w_new * factor,
+                               c=self.c * factor)
+
   def support(self) -> Dict[str, np.ndarray]:
     """Which coefficients are nonzero in some round (the TF layer skips the others)."""
     return {label: np.any(getattr(self, label) != 0, axis=0)

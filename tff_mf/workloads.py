@@ -4,9 +4,9 @@ Notation is fixed in ``docs/notation.md``. Every workload is an n x n
 lower-triangular, full-rank float64 matrix A; the released quantity is A·G for
 the n x d matrix G of clipped per-round gradient sums.
 
-- Prefix sum S (Denisov et al. App A, ``000_…``): S[i, j] = 1 for i >= j.
+- Prefix sum S (Denisov et al. 2022, arXiv:2202.08312, App A): S[i, j] = 1 for i >= j.
 - Momentum SGD with per-round learning rates: M = M(η) M(β)
-  (Denisov et al. Prop 4.2, Eq. 9, ``001_…``).
+  (Denisov et al. 2022, Prop 4.2, Eq. 9).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from typing import Optional
 
 import numpy as np
 
+from tff_mf import checks
+
 LR_SCHEDULES = ("constant", "decay", "cooldown")
 
 # Step decay multiplies the learning rate by this factor for the last k rounds,
@@ -26,13 +28,14 @@ DECAY_FACTOR = 0.15
 COOLDOWN_FINAL = 0.05
 
 
-class WorkloadError(ValueError):
+class WorkloadError(checks.CheckError):
   """A workload matrix or its parameters are invalid."""
 
 
 def prefix_sum(n: int) -> np.ndarray:
   """The prefix-sum matrix S (n x n lower-triangular ones)."""
   _check_n(n)
+  checks.dense_matrices_fit(n, 1, f"the {n} x {n} prefix-sum matrix")
   return np.tril(np.ones((n, n), dtype=np.float64))
 
 
@@ -72,6 +75,7 @@ def momentum_matrix(n: int, beta: float, etas: Optional[np.ndarray] = None) -> n
   _check_n(n)
   if not 0.0 <= beta < 1.0:
     raise WorkloadError(f"momentum β must be in [0, 1), got {beta}")
+  checks.dense_matrices_fit(n, 3, f"the {n} x {n} momentum matrix")
   etas = np.ones(n) if etas is None else np.asarray(etas, dtype=np.float64)
   if etas.shape != (n,):
     raise WorkloadError(f"learning rates must have shape ({n},), got {etas.shape}")
@@ -85,39 +89,29 @@ def momentum_matrix(n: int, beta: float, etas: Optional[np.ndarray] = None) -> n
   return np.cumsum(etas[:, None] * m_beta, axis=0)
 
 
-def validate_workload(a: np.ndarray, name: str = "A") -> np.ndarray:
-  """Checks that ``a`` is a finite, square, lower-triangular, full-rank matrix.
-
-  Returns it as a float64 array. Raises WorkloadError naming the problem.
-  """
-  a = np.asarray(a)
-  if a.ndim != 2 or a.shape[0] != a.shape[1]:
-    raise WorkloadError(f"{name} must be a square matrix, got shape {a.shape}")
-  if not np.issubdtype(a.dtype, np.number):
-    raise WorkloadError(f"{name} must be numeric, got dtype {a.dtype}")
-  a = a.astype(np.float64)
-  if not np.all(np.isfinite(a)):
-    raise WorkloadError(f"{name} has non-finite entries")
-  upper = np.triu(a, 1)
-  if np.any(upper != 0):
-    i, j = np.argwhere(upper != 0)[0]
-    raise WorkloadError(
-        f"{name} must be lower triangular; entry [{i}, {j}] = {a[i, j]:g} is above the diagonal")
-  diag = np.abs(np.diag(a))
-  scale = max(np.max(np.abs(a)), 1e-300)
-  if np.any(diag <= 1e-12 * scale):
-    i = int(np.argmin(diag))
-    raise WorkloadError(
-        f"{name} is singular (not full rank): diagonal entry [{i}, {i}] = {a[i, i]:g}")
-  return a
+def validate_workload(a, name: str = "A") -> np.ndarray:
+  """A finite, real, square, lower-triangular, full-rank float64 matrix (``checks.workload``)."""
+  try:
+    return checks.workload(a, name)
+  except checks.CheckError as e:
+    raise WorkloadError(str(e)) from None
 
 
 def load_workload(path: str) -> np.ndarray:
   """Loads a user-supplied lower-triangular full-rank A from a ``.npy`` file."""
-  if not os.path.exists(path):
+  if not os.path.isfile(path):
     raise WorkloadError(f"matrix file {path!r} does not exist")
   try:
+    with open(path, "rb") as f:  # refuse a huge file before reading it
+      version = np.lib.format.read_magic(f)
+      read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                     else np.lib.format.read_array_header_2_0)
+      shape, _, _ = read_header(f)
+    if len(shape) == 2:
+      checks.dense_matrices_fit(shape[0], 1, f"the matrix in {path}", m=shape[1])
     a = np.load(path, allow_pickle=False)
+  except checks.CheckError:
+    raise
   except Exception as e:  # numpy raises several types for corrupt files
     raise WorkloadError(f"cannot read matrix file {path!r}: {e}") from e
   return validate_workload(a, name=f"matrix in {path}")
@@ -151,5 +145,7 @@ class WorkloadSpec:
 
 
 def _check_n(n: int) -> None:
-  if not isinstance(n, (int, np.integer)) or n < 1:
-    raise WorkloadError(f"n must be a positive integer, got {n!r}")
+  try:
+    checks.positive_int(n, "n")
+  except checks.CheckError as e:
+    raise WorkloadError(str(e)) from None

@@ -1,31 +1,19 @@
-"""Drop-in TFF aggregators for every mechanism of Denisov et al. Table 1 (plus TFF baselines).
+"""Drop-in TFF aggregators for every trainable mechanism of the registry.
 
-``build_mechanism(name, ...)`` returns a ``MechanismSetup``: an aggregation
-factory for ``model_aggregator=`` of ``tff.learning.algorithms.
-build_unweighted_fed_avg`` / ``build_weighted_fed_avg`` and the server
-optimizer that applies the workload A = M(η)·M(β) (Denisov Prop 4.2, Eq. 9) to
-the aggregator's outputs, so that the released model after round i is
-θ_0 − (η_server/K)·(A·G + B·Z)[i] — Algorithm 1 line 11 (``001_…`` Sec 4), K
-clients per round. The algebra for each mechanism is in ``docs/mechanisms.md``.
+``build_mechanism(name, ...)`` returns a ``MechanismSetup``: an aggregation factory
+for ``model_aggregator=`` of ``tff.learning.algorithms.build_unweighted_fed_avg`` /
+``build_weighted_fed_avg`` and the server optimizer that applies the training
+workload A = M(η)·M(β) (Denisov et al. 2022, arXiv:2202.08312, Prop 4.2, Eq. 9) to
+the aggregator's outputs, so that the model after round i is
+θ_0 − (η_server/K)·(A·G + B·Z)[i] (Algorithm 1, K clients per round). Names,
+aliases, workloads and noise kinds come from ``tff_mf.registry``; the algebra of
+each mechanism is in ``docs/mechanisms.md``.
 
-Mechanisms (N = A⁻¹·B is the per-round noise matrix the query adds):
-
-- ``honaker_online``: C = C_T, B = A·S⁻¹·B_hs, N = S⁻¹·B_hs (DP-FTRL; momentum
-  and learning rates as post-processing).
-- ``honaker_full``: C = C_T, B = A·S⁻¹·B_hf, N = S⁻¹·B_hf.
-- ``opt_prefix_sum``: optimal S = B*_S·C*_S, B = A·S⁻¹·B*_S, N = C*_S⁻¹.
-- ``opt_momentum``: optimal A = B*_A·C*_A, N = C*_A⁻¹.
-- ``structured``: B̂ banded + low rank for S (Denisov App H, Table 2),
-  C = B̂⁻¹·S, N = S⁻¹·B̂, streamed with O((h+r)·d) work (Algorithm 3).
-- ``tree_aggregation``: TFF's ``DifferentiallyPrivateFactory.tree_aggregation``
-  (efficient Honaker tree, residual form) with per-node noise multiplier
-  z·√levels, so that it has the same privacy as the others at multiplier z.
-- ``gaussian_fixed``: TFF's ``DifferentiallyPrivateFactory.gaussian_fixed``
-  (independent noise each round: C = I, B = A).
-
-``noise_multiplier`` is always the normalized z of Denisov Thm 4.1 (γ(C) = 1):
-under single participation every mechanism here is one Gaussian mechanism with
-multiplier z. Noise is divided by clients per round like TFF's DP factories
+``noise_multiplier`` z is the noise standard deviation per clip norm of each row of
+Z for the normalized encoder (γ(C) = 1). Under the participation schema the run is
+one Gaussian mechanism with multiplier z/sens, sens the encoder's sensitivity
+under that schema computed from the matrices (1 for single participation). Noise
+is divided by the clients per round like TFF's own DP factories
 (``tensorflow_privacy.NormalizedQuery``).
 """
 
@@ -40,16 +28,16 @@ import tensorflow as tf
 import tensorflow_federated as tff
 import tensorflow_privacy as tfp
 
+from tff_mf import checks
 from tff_mf import factorization as fz
+from tff_mf import families
+from tff_mf import participation as participation_lib
+from tff_mf import registry
 from tff_mf import strategies
-from tff_mf import tree
 from tff_mf import workloads
+from tff_mf.families import tree
 from tff_mf.tf import noise as noise_lib
 from tff_mf.tf import query as query_lib
-
-MECHANISMS = ("honaker_online", "honaker_full", "opt_prefix_sum", "opt_momentum", "structured",
-              "tree_aggregation", "gaussian_fixed")
-MATRIX_MECHANISMS = MECHANISMS[:5]
 
 
 @dataclasses.dataclass
@@ -57,29 +45,62 @@ class MechanismSetup:
   """What ``build_mechanism`` returns.
 
   Attributes:
-    aggregation_factory: for ``model_aggregator=`` of ``build_unweighted_fed_avg``
-      and ``build_weighted_fed_avg`` (client weights are ignored: DP needs each
-      client to count once).
-    server_optimizer: ``tff.learning.optimizers.Optimizer`` applying momentum β
-      and the learning-rate schedule (the workload A).
-    factorization: the normalized A = B·C for the workload (None for TFF's tree).
-    sqrt_loss: √L(B, C) of that factorization (Denisov Eq. 2), or None.
-    info: JSON-ready description (mechanism, noise, sensitivity, cache entry …).
+    aggregation_factory: for ``model_aggregator=`` of ``build_unweighted_fed_avg`` and
+      ``build_weighted_fed_avg`` (client weights are ignored: DP needs each client to
+      count once).
+    server_optimizer: ``tff.learning.optimizers.Optimizer`` applying momentum β and
+      the learning-rate schedule (the training workload A).
+    factorization: the normalized A = B·C for the training workload (None for TFF's
+      tree and for ``none``).
+    noise: the ``StreamingNoise`` the query adds (None for TFF's baselines and ``none``).
+    sqrt_loss: √L(B, C) (Denisov Eq. 2), or None.
+    info: JSON-ready description (mechanism, participation, sensitivity, the
+      effective noise multiplier, the cache entry, ...).
   """
   aggregation_factory: Any
   server_optimizer: Any
   factorization: Optional[fz.Factorization]
+  noise: Optional[noise_lib.StreamingNoise]
   sqrt_loss: Optional[float]
   info: Dict[str, Any]
 
 
+@dataclasses.dataclass(frozen=True)
+class MechanismConfig:
+  """The checked arguments of ``build_mechanism``."""
+  mechanism: registry.Mechanism
+  n: int
+  noise_multiplier: float
+  clients_per_round: float
+  clip_norm: float
+  server_learning_rate: float
+  momentum: float
+  lr_schedule: str
+  schedule_rounds: Optional[int]
+  participation: participation_lib.Participation
+  noise_seed: Optional[int]
+  cache_dir: Optional[str]
+  bands: Optional[int]
+  rank: Optional[int]
+  buffers: Optional[int]
+  allow_no_noise: bool
+  progress: bool
+
+  @property
+  def workload(self) -> workloads.WorkloadSpec:
+    if self.momentum == 0.0 and self.lr_schedule == "constant":
+      return workloads.WorkloadSpec(kind="prefix_sum", n=self.n)
+    return workloads.WorkloadSpec(kind="momentum", n=self.n, momentum=self.momentum,
+                                  lr_schedule=self.lr_schedule,
+                                  schedule_rounds=self.schedule_rounds)
+
+
 class DPAggregatorFactory(tff.aggregators.UnweightedAggregationFactory,
                           tff.aggregators.WeightedAggregationFactory):
-  """Builds the DP aggregation factory for the model's specs when TFF creates the aggregator.
+  """Builds the aggregation factory for the model's specs when TFF creates the aggregator.
 
-  ``make_factory(record_specs)`` returns an unweighted
-  ``tff.aggregators.DifferentiallyPrivateFactory`` (the query needs the specs,
-  which TFF only reveals in ``create``). Works as an unweighted factory and,
+  ``make_factory(record_specs)`` returns an unweighted factory (the query needs the
+  specs, which TFF only reveals in ``create``). Works as an unweighted factory and,
   ignoring the client weights, as a weighted one.
   """
 
@@ -94,37 +115,22 @@ class DPAggregatorFactory(tff.aggregators.UnweightedAggregationFactory,
     return tff.aggregators.as_weighted_aggregator(unweighted).create(value_type, weight_type)
 
 
-def dp_event_from_state(aggregator_state) -> "dp_accounting.DpEvent":
-  """The DpEvent of the last round from a DP aggregator's state (after ``next``, not ``initialize``).
+def dp_event_from_state(aggregator_state):
+  """The DpEvent of the last round from a DP aggregator's state (after ``next``).
 
-  For a learning process: ``dp_event_from_state(state.aggregator)``. Composing
-  the events of all rounds of a matrix mechanism gives Denisov Thm 4.1's single
-  Gaussian mechanism (see ``tff_mf.tf.query``).
+  For a learning process: ``dp_event_from_state(state.aggregator)``. Composing the
+  events of a matrix mechanism's rounds gives one Gaussian with multiplier z/sens.
   """
   from tensorflow_federated.python.aggregators import differential_privacy  # pylint: disable=g-import-not-at-top
   return differential_privacy.extract_dp_event_from_state(aggregator_state)
-
-
-def default_structure(n: int):
-  """(h, r) with h + r = ⌈log₂ n⌉, h = ⌈(h + r)/2⌉: Denisov App H Table 2 ((6, 5) for n = 2048)."""
-  total = max(2, int(math.ceil(math.log2(max(n, 2)))))
-  h = (total + 1) // 2
-  return h, total - h
-
-
-def workload_spec(total_rounds, momentum, lr_schedule, schedule_rounds) -> workloads.WorkloadSpec:
-  if momentum == 0.0 and lr_schedule == "constant":
-    return workloads.WorkloadSpec(kind="prefix_sum", n=total_rounds)
-  return workloads.WorkloadSpec(kind="momentum", n=total_rounds, momentum=float(momentum),
-                                lr_schedule=lr_schedule, schedule_rounds=schedule_rounds)
 
 
 def build_server_optimizer(server_learning_rate: float, momentum: float, etas: np.ndarray):
   """Heavy-ball SGD with per-round learning rates η_server·η_i (Denisov Algorithm 2).
 
   TFF model deltas are (initial − trained) weights, i.e. gradient-like, and the
-  optimizer subtracts them, which gives θ_i = θ_0 − η_server·(M(η)·M(β)·X)[i]
-  for the aggregator outputs X (Prop 4.2).
+  optimizer subtracts them, which gives θ_i = θ_0 − η_server·(M(η)·M(β)·X)[i] for
+  the aggregator outputs X (Prop 4.2).
   """
   base = tff.learning.optimizers.build_sgdm(
       learning_rate=float(server_learning_rate), momentum=float(momentum) if momentum else None)
@@ -140,176 +146,215 @@ def build_server_optimizer(server_learning_rate: float, momentum: float, etas: n
   return tff.learning.optimizers.schedule_learning_rate(base, schedule)
 
 
-def _check_args(mechanism, total_rounds, noise_multiplier, clients_per_round, clip_norm,
-                server_learning_rate, momentum, lr_schedule, schedule_rounds, noise_seed, bands,
-                rank):
-  if mechanism not in MECHANISMS:
-    raise ValueError(f"unknown mechanism {mechanism!r}; expected one of {MECHANISMS}")
-  if isinstance(total_rounds, bool) or not isinstance(total_rounds, (int, np.integer)) \
-      or total_rounds < 1:
-    raise ValueError(f"total_rounds must be a positive integer, got {total_rounds!r}")
-  query_lib._check_noise_multiplier(noise_multiplier)  # pylint: disable=protected-access
-  query_lib._check_positive_float(clients_per_round, "clients_per_round")  # pylint: disable=protected-access
-  query_lib._check_positive_float(clip_norm, "clip_norm")  # pylint: disable=protected-access
-  query_lib._check_positive_float(server_learning_rate, "server_learning_rate")  # pylint: disable=protected-access
-  if not 0.0 <= float(momentum) < 1.0:
-    raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+def _optional(value, check, name):
+  return None if value is None else check(value, name)
+
+
+def _config(name, total_rounds, noise_multiplier, clients_per_round, clip_norm,
+            server_learning_rate, momentum, lr_schedule, schedule_rounds, participation,
+            noise_seed, cache_dir, bands, rank, buffers, allow_no_noise, progress):
+  mechanism = registry.mechanism(name)
+  if not mechanism.trainable:
+    raise checks.CheckError(f"mechanism {mechanism.name!r} cannot be trained: "
+                            f"{mechanism.why_not_trainable}")
+  schema = participation or participation_lib.SINGLE
+  if schema.kind not in mechanism.participations:
+    raise checks.CheckError(f"mechanism {mechanism.name!r} supports participation "
+                            f"{', '.join(mechanism.participations)}, not {schema.kind!r}")
+  n = checks.positive_int(total_rounds, "total_rounds")
+  schema.check(n)
+  z = (checks.noise_multiplier(noise_multiplier, allow_zero=allow_no_noise) if mechanism.private
+       else 0.0)
   if lr_schedule not in workloads.LR_SCHEDULES:
-    raise ValueError(f"unknown lr_schedule {lr_schedule!r}; expected one of "
-                     f"{workloads.LR_SCHEDULES}")
-  if lr_schedule == "constant" and schedule_rounds is not None:
-    raise ValueError("schedule_rounds is only used with lr_schedule 'decay' or 'cooldown'")
-  if lr_schedule != "constant" and schedule_rounds is None:
-    raise ValueError(f"lr_schedule {lr_schedule!r} needs schedule_rounds")
-  if noise_seed is not None:
-    noise_lib.seed_pair(noise_seed)
-  if mechanism != "structured" and (bands is not None or rank is not None):
-    raise ValueError(f"bands/rank only apply to the structured mechanism, not {mechanism!r}")
-  if mechanism == "structured":
-    if bands is not None and (not isinstance(bands, (int, np.integer)) or bands < 1):
-      raise ValueError(f"bands must be a positive integer, got {bands!r}")
-    if rank is not None and (not isinstance(rank, (int, np.integer)) or rank < 0):
-      raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
-  if mechanism == "gaussian_fixed" and noise_seed is not None:
-    raise ValueError("TFF's gaussian_fixed draws from TensorFlow's stateful RNG and cannot pin "
-                     "noise_seed; leave it None")
-
-
-def _cached(spec: strategies.FactorizationSpec, cache_dir, progress):
-  """Loads ``spec`` from the factorization cache, factorizing (and storing) it when missing."""
-  from tff_mf import cache  # pylint: disable=g-import-not-at-top
-  f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=progress)
-  return f, {"cache_npz": str(entry.npz_path), "cache_hit": bool(entry.cache_hit)}
-
-
-def _post_processed(f_prefix: fz.Factorization, a: np.ndarray, strategy: str) -> fz.Factorization:
-  """A = (A·S⁻¹·B_S)·C_S: a prefix-sum factorization serving workload A (Denisov Table 1)."""
-  b = strategies.post_process_prefix_decoder(a, f_prefix.b)
-  info = dict(f_prefix.info)
-  info["post_processed_from"] = f_prefix.strategy
-  return fz.Factorization(a=a, b=b, c=f_prefix.c, strategy=strategy, info=info).validate(atol=1e-6)
-
-
-def structured_noise_for(n: int, bands: int, rank: int, cache_dir=None, progress=False):
-  """(StructuredNoise, Factorization for S, info) for the banded + low-rank B̂ of S.
-
-  B̂ and its Algorithm 3 pieces come from the cache (``cache.load_or_factorize``
-  runs ``structured.fit`` on the cached optimal decoder when the entry is
-  missing; ``cache.load_structured`` checks that the pieces rebuild B̂).
-  """
-  from tff_mf import cache  # pylint: disable=g-import-not-at-top
-  spec = strategies.FactorizationSpec(workload=workloads.WorkloadSpec("prefix_sum", n),
-                                      strategy="structured", bands=bands, rank=rank)
-  f, info = _cached(spec, cache_dir, progress)
-  pieces = cache.load_structured(info["cache_npz"])
-  stream = noise_lib.StructuredNoise.from_fit(pieces, f.a, bands)
-  gap = float(np.max(np.abs(stream.decoder() - f.b)))
-  if gap > 1e-8 * max(1.0, float(np.max(np.abs(f.b)))):
-    raise ValueError(f"structured pieces in {info['cache_npz']} do not reproduce B̂ ({gap:.3g})")
-  return stream, f, info
+    raise checks.CheckError(f"unknown lr_schedule {lr_schedule!r}; expected one of "
+                            f"{workloads.LR_SCHEDULES}")
+  if (lr_schedule == "constant") != (schedule_rounds is None):
+    raise checks.CheckError("schedule_rounds goes with lr_schedule 'decay' or 'cooldown', and "
+                            "only with them")
+  family_params = {"bands": bands, "rank": rank, "buffers": buffers}
+  accepted = {"structured": ("bands", "rank"), "banded": ("bands",),
+              "banded_toeplitz": ("bands",), "blt": ("buffers",)}.get(mechanism.name, ())
+  for key, value in family_params.items():
+    if value is not None and key not in accepted:
+      raise checks.CheckError(f"{key} does not apply to mechanism {mechanism.name!r}")
+  if mechanism.noise == "tff_gaussian" and noise_seed is not None:
+    raise checks.CheckError("TFF's gaussian_fixed draws from TensorFlow's stateful RNG and "
+                            "cannot pin noise_seed; leave it None")
+  return MechanismConfig(
+      mechanism=mechanism, n=n, noise_multiplier=z,
+      clients_per_round=checks.positive_float(clients_per_round, "clients_per_round"),
+      clip_norm=checks.positive_float(clip_norm, "clip_norm"),
+      server_learning_rate=checks.positive_float(server_learning_rate, "server_learning_rate"),
+      momentum=checks.in_range(momentum, "momentum", 0.0, 1.0), lr_schedule=lr_schedule,
+      schedule_rounds=_optional(schedule_rounds, checks.positive_int, "schedule_rounds"),
+      participation=schema, noise_seed=_optional(noise_seed, checks.seed, "noise_seed"),
+      cache_dir=cache_dir, bands=_optional(bands, checks.positive_int, "bands"),
+      rank=_optional(rank, checks.nonnegative_int, "rank"),
+      buffers=_optional(buffers, checks.positive_int, "buffers"),
+      allow_no_noise=bool(allow_no_noise), progress=bool(progress))
 
 
 def build_mechanism(mechanism: str, *, total_rounds: int, noise_multiplier: float,
                     clients_per_round: float, clip_norm: float, server_learning_rate: float = 1.0,
                     momentum: float = 0.0, lr_schedule: str = "constant",
-                    schedule_rounds: Optional[int] = None, noise_seed: Optional[int] = None,
-                    cache_dir=None, bands: Optional[int] = None, rank: Optional[int] = None,
+                    schedule_rounds: Optional[int] = None,
+                    participation: Optional[participation_lib.Participation] = None,
+                    noise_seed: Optional[int] = None, cache_dir: Optional[str] = None,
+                    bands: Optional[int] = None, rank: Optional[int] = None,
+                    buffers: Optional[int] = None, allow_no_noise: bool = False,
                     progress: bool = False) -> MechanismSetup:
-  """Aggregator + server optimizer for one mechanism of Denisov Table 1 (or a TFF baseline).
+  """Aggregator + server optimizer for a registry mechanism (any accepted spelling).
 
-  Raises ValueError for unknown mechanisms and bad or conflicting arguments.
+  ``participation`` is the schema clients are sampled under (default single
+  participation); ``noise_multiplier`` z must be positive unless
+  ``allow_no_noise=True``. Raises ``CheckError`` (a ValueError) naming the first
+  bad or conflicting argument.
   """
-  _check_args(mechanism, total_rounds, noise_multiplier, clients_per_round, clip_norm,
-              server_learning_rate, momentum, lr_schedule, schedule_rounds, noise_seed, bands,
-              rank)
-  n = int(total_rounds)
-  z = float(noise_multiplier)
-  clip = float(clip_norm)
-  k = float(clients_per_round)
-  try:
-    etas = workloads.learning_rates(n, lr_schedule, schedule_rounds)
-    w_spec = workload_spec(n, float(momentum), lr_schedule, schedule_rounds)
-    a = w_spec.build()
-  except workloads.WorkloadError as e:
-    raise ValueError(str(e)) from e
-  server_optimizer = build_server_optimizer(server_learning_rate, float(momentum), etas)
+  cfg = _config(mechanism, total_rounds, noise_multiplier, clients_per_round, clip_norm,
+                server_learning_rate, momentum, lr_schedule, schedule_rounds, participation,
+                noise_seed, cache_dir, bands, rank, buffers, allow_no_noise, progress)
+  etas = workloads.learning_rates(cfg.n, cfg.lr_schedule, cfg.schedule_rounds)
+  server_optimizer = build_server_optimizer(cfg.server_learning_rate, cfg.momentum, etas)
   info: Dict[str, Any] = {
-      "mechanism": mechanism, "total_rounds": n, "noise_multiplier": z,
-      "clients_per_round": k, "clip_norm": clip, "stddev_per_round_sum": z * clip,
-      "server_learning_rate": float(server_learning_rate), "momentum": float(momentum),
-      "lr_schedule": lr_schedule, "schedule_rounds": schedule_rounds,
-      "noise_seed_pinned": noise_seed is not None,
-      "accounting": "single participation: one Gaussian mechanism with noise multiplier z "
-                    "(Denisov Thm 4.1)",
+      "mechanism": cfg.mechanism.name, "label": cfg.mechanism.label, "total_rounds": cfg.n,
+      "noise_multiplier": cfg.noise_multiplier, "clients_per_round": cfg.clients_per_round,
+      "clip_norm": cfg.clip_norm, "stddev_per_round_sum": cfg.noise_multiplier * cfg.clip_norm,
+      "server_learning_rate": cfg.server_learning_rate, "momentum": cfg.momentum,
+      "lr_schedule": cfg.lr_schedule, "schedule_rounds": cfg.schedule_rounds,
+      "participation": cfg.participation.as_dict(), "noise_kind": cfg.mechanism.noise,
+      "noise_seed_pinned": cfg.noise_seed is not None,
   }
-  f: Optional[fz.Factorization] = None
-  stream: Optional[noise_lib.StreamingNoise] = None
-
-  if mechanism in ("honaker_online", "honaker_full"):
-    f = strategies.factorize(strategies.FactorizationSpec(workload=w_spec, strategy=mechanism))
-  elif mechanism == "opt_prefix_sum":
-    f_s, cache_info = _cached(strategies.FactorizationSpec(
-        workload=workloads.WorkloadSpec("prefix_sum", n), strategy="optimal"), cache_dir, progress)
-    info.update(cache_info)
-    f = f_s if w_spec.kind == "prefix_sum" else _post_processed(f_s, a, "opt_prefix_sum")
-  elif mechanism == "opt_momentum":
-    f, cache_info = _cached(strategies.FactorizationSpec(workload=w_spec, strategy="optimal"),
-                             cache_dir, progress)
-    info.update(cache_info)
-  elif mechanism == "structured":
-    h0, r0 = default_structure(n)
-    h = int(bands) if bands is not None else h0
-    r = int(rank) if rank is not None else r0
-    stream, f_s, cache_info = structured_noise_for(n, h, r, cache_dir=cache_dir,
-                                                   progress=progress)
-    info.update(cache_info)
-    info.update({"bands": h, "rank": r})
-    f = f_s if w_spec.kind == "prefix_sum" else _post_processed(f_s, a, "structured")
-  elif mechanism == "gaussian_fixed":
-    f = strategies.factorize(strategies.FactorizationSpec(workload=w_spec, strategy="identity"))
-    info["tff_dp_events"] = ("TFF reports GaussianDpEvent(z) every round; composing them "
-                             "over-counts a single-participation run (an upper bound)")
-  elif mechanism == "tree_aggregation":
-    levels = tree.tree_levels(n)
-    info["tree_levels"] = levels
-    info["noise_multiplier_per_node"] = z * math.sqrt(levels)
-    info["tff_dp_events"] = "TFF's tree query reports UnsupportedDpEvent"
-    info["comparable_strategy"] = "honaker_online"
-    if noise_seed is None:
-      info["noise_seed_source"] = "TFF's clock-based seed (tensorflow_privacy GaussianNoiseGenerator)"
-
-  if mechanism in MATRIX_MECHANISMS:
-    if stream is None:
-      stream = noise_lib.DenseNoise.from_factorization(f)
-    noise = stream
-    seed = noise_seed
-
-    def make_factory(specs):
-      q = query_lib.MatrixFactorizationQuery(noise, l2_norm_clip=clip, noise_multiplier=z,
-                                             record_specs=specs, noise_seed=seed)
-      return tff.aggregators.DifferentiallyPrivateFactory(tfp.NormalizedQuery(q, denominator=k))
-
-    info["noise_implementation"] = stream.describe()
-    info["state_rows"] = stream.buffer_rows()
-  elif mechanism == "gaussian_fixed":
-
-    def make_factory(specs):
-      del specs
-      return tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
-          noise_multiplier=z, clients_per_round=k, clip=clip)
-
-  else:  # tree_aggregation
-    per_node = z * math.sqrt(tree.tree_levels(n))
-
-    def make_factory(specs):
-      return tff.aggregators.DifferentiallyPrivateFactory.tree_aggregation(
-          noise_multiplier=per_node, clients_per_round=k, l2_norm_clip=clip,
-          record_specs=specs, noise_seed=noise_seed, use_efficient=True)
-
-  factory = DPAggregatorFactory(make_factory, mechanism)
+  build = _BUILDERS[cfg.mechanism.noise]
+  factory, f, noise = build(cfg, info)
   if f is not None:
-    info["strategy"] = f.strategy
-    info["sensitivity"] = f.sensitivity
-    info["sqrt_loss"] = f.sqrt_loss
-  return MechanismSetup(aggregation_factory=factory, server_optimizer=server_optimizer,
-                        factorization=f, sqrt_loss=None if f is None else f.sqrt_loss, info=info)
+    info.update(strategy=f.strategy, sqrt_loss=f.sqrt_loss)
+  return MechanismSetup(aggregation_factory=DPAggregatorFactory(factory, cfg.mechanism.name),
+                        server_optimizer=server_optimizer, factorization=f, noise=noise,
+                        sqrt_loss=None if f is None else f.sqrt_loss, info=info)
+
+
+def _matrix_factorization(cfg: MechanismConfig, info: Dict[str, Any]):
+  """(factorization for the training A, workload of the stream) from the cache, checked."""
+  from tff_mf import cache  # pylint: disable=g-import-not-at-top
+  m = cfg.mechanism
+  w_spec = cfg.workload
+  factorized = workloads.WorkloadSpec("prefix_sum", cfg.n) if m.post_processes_prefix_decoder \
+      else w_spec
+  params = {}
+  if m.strategy == "structured":
+    h0, r0 = registry.default_structure(cfg.n)
+    params = {"bands": cfg.bands if cfg.bands is not None else h0,
+              "rank": cfg.rank if cfg.rank is not None else r0}
+  elif cfg.bands is not None:
+    params = {"bands": cfg.bands}
+  elif cfg.buffers is not None:
+    params = {"buffers": cfg.buffers}
+  spec = strategies.FactorizationSpec(workload=factorized, strategy=m.strategy,
+                                      participation=cfg.participation, **params)
+  if m.strategy in ("optimal", "structured", "banded", "banded_toeplitz", "blt"):
+    f, entry = cache.load_or_factorize(spec, cache_dir=cfg.cache_dir, progress=cfg.progress)
+    info.update(cache_npz=entry.npz_path, cache_hit=entry.cache_hit)
+  else:
+    f = strategies.factorize(spec, progress=cfg.progress)
+  info.update({k: v for k, v in params.items()})
+  a_factorized = f.a
+  if factorized != w_spec:
+    f = strategies.post_processed(f, w_spec.build(), m.name)
+  # Checked where it becomes noise: every entry of B·C = A and γ(C) = 1.
+  checks.factors(f.a, f.b, f.c, name=f"mechanism {m.name}")
+  return f, a_factorized
+
+
+def _query_factory(cfg: MechanismConfig, noise: noise_lib.StreamingNoise):
+  def make_factory(specs):
+    q = query_lib.MatrixFactorizationQuery(
+        noise, l2_norm_clip=cfg.clip_norm, noise_multiplier=cfg.noise_multiplier,
+        record_specs=specs, noise_seed=cfg.noise_seed, allow_no_noise=cfg.allow_no_noise)
+    return tff.aggregators.DifferentiallyPrivateFactory(
+        tfp.NormalizedQuery(q, denominator=cfg.clients_per_round))
+  return make_factory
+
+
+def _record_noise(info: Dict[str, Any], cfg: MechanismConfig, noise) -> None:
+  info.update(sensitivity=noise.sensitivity,
+              sensitivity_exact=noise.sensitivity_report["exact"],
+              sensitivity_method=noise.sensitivity_report["method"],
+              effective_noise_multiplier=cfg.noise_multiplier / noise.sensitivity,
+              noise_implementation=noise.describe(), state_rows=noise.buffer_rows())
+
+
+def _build_dense(cfg: MechanismConfig, info: Dict[str, Any]):
+  f, _ = _matrix_factorization(cfg, info)
+  noise = noise_lib.DenseNoise(f.c, f.noise_matrix() if f.m != f.n else None, cfg.participation)
+  _record_noise(info, cfg, noise)
+  return _query_factory(cfg, noise), f, noise
+
+
+def _build_linear(cfg: MechanismConfig, info: Dict[str, Any]):
+  f, a_factorized = _matrix_factorization(cfg, info)
+  stream = families.stream(cfg.mechanism.strategy, f.extras, a_factorized)
+  noise = noise_lib.LinearNoise(stream, f.c, cfg.participation)
+  _record_noise(info, cfg, noise)
+  return _query_factory(cfg, noise), f, noise
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeAggregationParams:
+  """What is passed to TFF's tree_aggregation, recorded from the same object."""
+  noise_multiplier_per_node: float
+  levels: int
+  noise_seed: int
+
+
+def tree_aggregation_params(cfg: MechanismConfig) -> TreeAggregationParams:
+  """Per-node multiplier z·√levels: each round is in ``levels`` nodes, so the whole run has
+  sensitivity √levels per unit node noise, the privacy of multiplier z (McMahan et al.
+  Sec 2.1). The seed is pinned or drawn from OS entropy (never TFF's clock-based default)."""
+  levels = tree.tree_levels(cfg.n)
+  seed = cfg.noise_seed if cfg.noise_seed is not None else checks.new_seed()
+  return TreeAggregationParams(cfg.noise_multiplier * math.sqrt(levels), levels, seed)
+
+
+def _build_tff_tree(cfg: MechanismConfig, info: Dict[str, Any]):
+  params = tree_aggregation_params(cfg)
+  info.update(tree_levels=params.levels,
+              noise_multiplier_per_node=params.noise_multiplier_per_node,
+              sensitivity=math.sqrt(params.levels), effective_noise_multiplier=
+              cfg.noise_multiplier, tff_dp_events="TFF's tree query reports UnsupportedDpEvent",
+              noise_seed_source="pinned" if cfg.noise_seed is not None else "os_entropy")
+
+  def make_factory(specs):
+    return tff.aggregators.DifferentiallyPrivateFactory.tree_aggregation(
+        noise_multiplier=params.noise_multiplier_per_node,
+        clients_per_round=cfg.clients_per_round, l2_norm_clip=cfg.clip_norm, record_specs=specs,
+        noise_seed=params.noise_seed, use_efficient=True)
+
+  return make_factory, None, None
+
+
+def _build_tff_gaussian(cfg: MechanismConfig, info: Dict[str, Any]):
+  f = strategies.factorize(strategies.FactorizationSpec(workload=cfg.workload,
+                                                        strategy="identity"))
+  sens = participation_lib.sensitivity_report(f.c, cfg.participation)["value"]
+  info.update(sensitivity=sens, effective_noise_multiplier=cfg.noise_multiplier / sens,
+              tff_dp_events="TFF reports GaussianDpEvent(z) every round; composing them "
+                            "over-counts (an upper bound)",
+              noise_seed_source="TensorFlow's stateful RNG (seeded from OS entropy)")
+
+  def make_factory(specs):
+    del specs
+    return tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+        noise_multiplier=cfg.noise_multiplier, clients_per_round=cfg.clients_per_round,
+        clip=cfg.clip_norm)
+
+  return make_factory, f, None
+
+
+def _build_none(cfg: MechanismConfig, info: Dict[str, Any]):
+  del cfg
+  info.update(private=False)
+  return lambda specs: tff.aggregators.UnweightedMeanFactory(), None, None
+
+
+_BUILDERS = {"dense": _build_dense, "linear": _build_linear, "tff_tree": _build_tff_tree,
+             "tff_gaussian": _build_tff_gaussian, "none": _build_none}

@@ -1,31 +1,36 @@
-"""Structured banded + low-rank approximation of the optimal decoder (numpy core).
+"""Structured banded + low-rank decoder B̂ and its Algorithm 3 stream (numpy core).
 
-Denisov et al. App H (``000_…``, Table 2, Algorithm 3); McMahan et al. Sec 4.2
-and App D (``002_…``, Table 1 "Efficient" column). The optimal decoder B* is
-dense, so adding B*[i, :]·Z in round i costs O(n·d). We replace it by
+Denisov et al. 2022, arXiv:2202.08312, App H (Table 2, Algorithm 3); McMahan, Rush,
+Thakurta, arXiv:2202.08312 v1, Sec 4.2 and App D. The optimal decoder B* is dense,
+so adding B*[i, :]·Z in round i costs O(n·d). We replace it by
 
   B̂ = D⁽ʰ⁾ + (U·Vᵀ) ⊙ M⁽ʰ⁾,
 
-where D⁽ʰ⁾ keeps the first h diagonals of B* (i − j < h), M⁽ʰ⁾ is the 0/1 mask
-of the remaining lower triangle (i − j ≥ h) and U, V are n x r. U, V minimize
-‖((U·Vᵀ) − B*) ⊙ M⁽ʰ⁾‖²_F + λ(‖U‖²_F + ‖V‖²_F) with λ = 1e-6 (a matrix
-completion problem, solved by alternating least squares as in App H). The
-paired encoder is C = B̂⁻¹·A (App H, last paragraph), so B̂·C = A exactly and
-the loss L = γ(C)²·‖B̂‖²_F (Eq. 2) can be compared with the optimum.
+where D⁽ʰ⁾ keeps the first h diagonals of B* (i − j < h), M⁽ʰ⁾ is the 0/1 mask of
+the rest of the lower triangle (i − j ≥ h) and U, V are n x r, fitted by
+alternating least squares with penalty λ(‖U‖²_F + ‖V‖²_F), λ = 1e-6 (App H). The
+paired encoder is C = B̂⁻¹·A, so B̂·C = A exactly.
 
-With these pieces round i's noise B̂[i, :]·Z costs O((h + r)·d): h multiplies
-for the band and r for the low-rank part, whose running sum Vᵀ·Z over rounds
-≤ i − h is kept in an r x d buffer (Algorithm 3; ``StructuredNoiseStream``).
+``pieces_stream`` gives the residual noise N = A⁻¹·B̂ = C⁻¹ as a ``tff_mf.streams.LinearStream``
+with h′ + r rows of state (Algorithm 3 applied to N; h′ = h + w − 1 when A⁻¹ has w
+nonzero diagonals): a ring of the last h′ Z rows and the low-rank sum in a whitened
+basis, so that float32 carries it without cancellation.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import scipy.linalg
+
+from tff_mf import checks
+from tff_mf import streams
+
+# Bumped whenever the output for the same inputs changes (part of the cache key).
+VERSION = "2"
 
 ALS_REGULARIZATION = 1e-6  # Denisov et al. App H: penalty on ‖U‖²_F + ‖V‖²_F
 DEFAULT_ALS_ITERATIONS = 100
@@ -69,53 +74,6 @@ class StructuredResult:
     return dataclasses.replace(
         self, b=self.b * factor, c=self.c / factor, diagonals=self.diagonals * factor,
         u=self.u * factor, info=dict(self.info))
-
-  def noise_stream(self, num_columns: int) -> "StructuredNoiseStream":
-    """A streaming evaluator of B̂·Z row by row (Denisov Algorithm 3)."""
-    return StructuredNoiseStream(self.diagonals, self.u, self.v, num_columns)
-
-
-class StructuredNoiseStream:
-  """Denisov et al. App H, Algorithm 3: row i of B̂·Z in O((h + r)·d) time and memory.
-
-  Call ``next(z_i)`` once per round with that round's noise row Z[i, :] (length
-  d); it returns B̂[i, :]·Z. It keeps the last h noise rows (for the band) and
-  the buffer β = Σ_{j ≤ i−h} v[j]ᵀ·Z[j, :] (r x d) for the low-rank part.
-  Calling it more than n times raises, since B̂ was built for n rounds.
-  """
-
-  def __init__(self, diagonals: np.ndarray, u: np.ndarray, v: np.ndarray, num_columns: int):
-    self._diagonals = np.asarray(diagonals, dtype=np.float64)
-    self._u = np.asarray(u, dtype=np.float64)
-    self._v = np.asarray(v, dtype=np.float64)
-    self.bands = int(self._diagonals.shape[0])
-    self.rank = int(self._u.shape[1])
-    self.n = int(self._u.shape[0])
-    self.num_columns = int(num_columns)
-    self._recent = np.zeros((max(self.bands, 1), self.num_columns))  # ring buffer of Z rows
-    self._beta = np.zeros((self.rank, self.num_columns))
-    self.round = 0
-
-  def next(self, z_row: np.ndarray) -> np.ndarray:
-    i = self.round
-    if i >= self.n:
-      raise ValueError(f"structured noise built for n={self.n} rounds; round {i + 1} requested")
-    z_row = np.asarray(z_row, dtype=np.float64)
-    if z_row.shape != (self.num_columns,):
-      raise ValueError(f"noise row must have shape ({self.num_columns},), got {z_row.shape}")
-    h = self.bands
-    y = np.zeros(self.num_columns)
-    if i >= h and self.rank > 0:  # low-rank part: 2r multiplies of length d
-      # Z[i − h] leaves the band this round; it sits in ring slot (i − h) % h = i % h.
-      z_old = self._recent[i % h] if h > 0 else z_row
-      self._beta += np.outer(self._v[i - h], z_old)
-      y += self._u[i] @ self._beta
-    if h > 0:
-      self._recent[i % h] = z_row
-    for k in range(min(i + 1, h)):  # band: h multiplies of length d
-      y += self._diagonals[k, i] * self._recent[(i - k) % h]
-    self.round += 1
-    return y
 
 
 def banded_from_diagonals(diagonals: np.ndarray) -> np.ndarray:
@@ -289,3 +247,142 @@ def fit(a: np.ndarray, bands: int, rank: int, progress: bool = False,
 def _sqrt_loss(b: np.ndarray, c: np.ndarray) -> float:
   from tff_mf import factorization as fz  # pylint: disable=g-import-not-at-top
   return fz.sqrt_loss(b, c)
+
+
+def decoder(diagonals: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+  """B̂ = D⁽ʰ⁾ + (U·Vᵀ) ⊙ M⁽ʰ⁾ from its pieces (h = rows of ``diagonals``)."""
+  h, n = diagonals.shape
+  low = np.where(low_rank_mask(n, h), u @ v.T, 0.0) if u.shape[1] else 0.0
+  return banded_from_diagonals(diagonals) + low
+
+
+def inverse_bandwidth(a: np.ndarray, max_bands: int = 4) -> Tuple[int, np.ndarray]:
+  """(w, A⁻¹ exactly w-banded) for a workload whose inverse has w ≤ ``max_bands`` diagonals.
+
+  The prefix sum has w = 2 (first differences), momentum with a learning-rate
+  schedule w = 3 (Denisov et al. 2022, Prop 4.2).
+  """
+  n = a.shape[0]
+  a_inv = scipy.linalg.solve_triangular(a, np.eye(n), lower=True)
+  scale = max(1.0, float(np.max(np.abs(a_inv))))
+  nonzero = [k for k in range(n) if np.any(np.abs(np.diagonal(a_inv, -k)) > 1e-12 * scale)]
+  w = max(nonzero) + 1
+  if w > max_bands:
+    raise checks.CheckError(f"A⁻¹ has {w} nonzero diagonals; the structured stream needs a "
+                            "workload with a banded inverse (prefix sum: 2, momentum: 3)")
+  return w, np.tril(np.triu(a_inv, -(w - 1)))
+
+
+def pieces_stream(diagonals: np.ndarray, u: np.ndarray, v: np.ndarray, a: np.ndarray,
+                  name: str = "structured B̂") -> streams.LinearStream:
+  """N = A⁻¹·B̂ as a LinearStream: Algorithm 3 (Denisov et al. 2022, App H) applied to N.
+
+  With A⁻¹ w-banded, N = D′⁽ʰ′⁾ + (Ũ·Vᵀ) ⊙ M⁽ʰ′⁾ with h′ = h + w − 1 and Ũ = A⁻¹·U, so
+
+    (N·Z)[i] = Σ_{k<h′} N[i, i−k]·Z[i−k] + Ũ[i]·β_i,   β_i = Σ_{j ≤ i−h′} V[j]ᵀ·Z[j].
+
+  State: rows 0..h′−1 are a ring of Z rows (row h′−1 the newest), rows h′..h′+r−1
+  hold x_i = L_i⁻¹·β_i with L_i·L_iᵀ = Σ_{j ≤ i−h′} V[j]ᵀV[j] + δI (Cholesky). ALS
+  leaves U·Vᵀ free above the band, so U and V are large (entries ~10³ at n = 2048)
+  and Ũ[i]·β_i cancels by 10²–10³; in the whitened basis the transition
+  L_i⁻¹·L_{i−1} has spectral norm ≤ 1 (the Gram matrices only grow), the injection
+  norm ≤ 1 and the output weights Ũ[i]·L_i have the norm of the result, so float32
+  carries the stream without growth of rounding errors or cancellation.
+  """
+  diagonals = checks.real_array(diagonals, f"{name}: diagonals")
+  h, n = diagonals.shape
+  u = checks.real_array(u, f"{name}: U").reshape(n, -1)
+  v = checks.real_array(v, f"{name}: V").reshape(n, -1)
+  if u.shape != v.shape:
+    raise checks.CheckError(f"{name}: U {u.shape} and V {v.shape} differ in shape")
+  a = checks.workload(a, f"{name}: workload A")
+  if a.shape != (n, n):
+    raise checks.CheckError(f"{name}: workload is {a.shape}, the pieces are for n = {n}")
+  b_hat = checks.lower_triangular(decoder(diagonals, u, v), f"{name}: decoder B̂",
+                                  nonsingular=True)
+  w, a_inv = inverse_bandwidth(a)
+  hp = min(h + w - 1, n)
+  n_matrix = a_inv @ b_hat
+  band, transition, inject, out = _tables(n_matrix, a_inv @ u, v, hp, name)
+  r = u.shape[1]
+  k = hp + r
+  copies = np.full(k, -1, dtype=np.int64)
+  copies[:hp - 1] = np.arange(1, hp)
+  f = np.zeros((n, k, k))
+  g = np.zeros((n, k))
+  w_new = np.zeros((n, k))
+  g[:, hp - 1] = 1.0  # the newest ring row is Z[i]
+  f[:, hp:, hp:] = transition
+  f[:, hp:, 0] = inject  # Z[i − h′] is the oldest ring row of the previous state
+  w_new[:, hp - 1::-1] = band  # N[i, i − k] weighs ring row h′ − 1 − k
+  w_new[:, hp:] = out
+  return streams.LinearStream(n=n, copies=copies, f=f, g=g, w_old=np.zeros((n, k)),
+                              w_new=w_new, c=np.zeros(n), name=name)
+
+
+def _tables(n_matrix, u_tilde, v, hp, name):
+  """Per-round band [n, h′], transition [n, r, r], inject [n, r], output [n, r] (float64)."""
+  n, r = u_tilde.shape
+  band = np.zeros((n, hp))
+  for k in range(hp):
+    band[k:, k] = np.diagonal(n_matrix, -k)
+  low = np.tril(u_tilde @ v.T, -hp)
+  err = float(np.max(np.abs(np.tril(n_matrix, -hp) - low))) if n > hp else 0.0
+  if err > 1e-8 * max(1.0, float(np.max(np.abs(n_matrix)))):
+    raise checks.CheckError(f"{name}: A⁻¹·B̂ is not {hp}-banded plus rank {r} (error {err:.3g})")
+  transition = np.zeros((n, r, r))
+  inject = np.zeros((n, r))
+  out = np.zeros((n, r))
+  if r == 0 or n <= hp:
+    return band, transition, inject, out
+  delta = 1e-9 * max(float(np.max(np.sum(v**2, axis=0))), 1e-300)
+  gram = delta * np.eye(r)
+  chol_prev = np.sqrt(delta) * np.eye(r)
+  for i in range(hp, n):
+    v_in = v[i - hp]  # V[i − h′] joins β this round
+    gram += np.outer(v_in, v_in)
+    chol = np.linalg.cholesky(gram)
+    transition[i] = scipy.linalg.solve_triangular(chol, chol_prev, lower=True)
+    inject[i] = scipy.linalg.solve_triangular(chol, v_in, lower=True)
+    out[i] = u_tilde[i] @ chol
+    chol_prev = chol
+  return band, transition, inject, out
+
+
+# ----------------------------------------------------------------------------- family interface
+
+
+def factorize(a: np.ndarray, spec, context) -> "FamilyResult":
+  """Fits B̂ to the optimal decoder of A (from ``context.optimal``) and returns its pieces."""
+  from tff_mf.families import FamilyResult  # pylint: disable=g-import-not-at-top
+  b_opt, optimal_info = None, {}
+  if context is not None and context.optimal is not None:
+    optimal_f = context.optimal()
+    b_opt = optimal_f.b
+    for key in ("relative_gap", "iterations", "converged", "dual_lower_bound"):
+      if key in optimal_f.info:
+        optimal_info[f"optimal_{key}"] = optimal_f.info[key]
+    optimal_info["optimal_sqrt_loss"] = optimal_f.sqrt_loss
+  result = fit(a, bands=spec.bands, rank=spec.rank, b_opt=b_opt,
+               progress=bool(context and context.progress), target_gap=spec.target_gap,
+               max_iterations=spec.max_iterations, allow_unconverged=spec.allow_unconverged)
+  info = dict(result.info, **optimal_info)
+  extras = {"structured_diagonals": result.diagonals, "structured_u": result.u,
+            "structured_v": result.v}
+  return FamilyResult(b=result.b, c=result.c, info=info, extras=extras)
+
+
+def stream(extras: Dict[str, np.ndarray], a: np.ndarray) -> streams.LinearStream:
+  """The stream of the stored (unnormalized) pieces."""
+  return pieces_stream(extras["structured_diagonals"], extras["structured_u"], extras["structured_v"],
+                a)
+
+
+def check_extras(f) -> None:
+  """The stored pieces, scaled by the stored γ, rebuild the normalized B̂."""
+  gamma = float(np.asarray(f.extras["normalization"])[0])
+  rebuilt = gamma * decoder(f.extras["structured_diagonals"], f.extras["structured_u"],
+                            f.extras["structured_v"])
+  err = float(np.max(np.abs(rebuilt - f.b)))
+  if err > 1e-8 * max(1.0, float(np.max(np.abs(f.b)))):
+    raise checks.CheckError(f"structured pieces do not rebuild B̂ (error {err:.3g})")

@@ -1,12 +1,12 @@
 """Binary-tree strategy C_T and the Honaker decoders (numpy core, no TensorFlow).
 
-McMahan et al. Sec 2.1 and Prop 2.1 (``002_…``); Denisov et al. App C
-(``000_…``). C_T has one row per tree node: the node covering leaves
+McMahan, Rush, Thakurta, arXiv:2202.08312 v1, Sec 2.1 and Prop 2.1; Denisov et al.
+2022, arXiv:2202.08312, App C. C_T has one row per tree node: the node covering leaves
 [s, e] is the sum x_s + … + x_e. Rows are in *release order*: a node is
 released in the round of its last leaf e, and among nodes released in the same
 round the lower (smaller) ones come first. So the matrix is "lower triangular"
 in the sense that row r only involves rounds up to its release round, which is
-what adaptive privacy (Denisov Thm 2.1) and MMCC (Choquette-Choo et al.)
+what adaptive privacy (Denisov Thm 2.1) and MMCC (Choquette-Choo et al. 2024)
 require.
 
 For n not a power of two we use the complete nodes of the tree over the next
@@ -33,6 +33,9 @@ from typing import List, Tuple
 
 import numpy as np
 import scipy.linalg
+
+# Bumped whenever the output for the same inputs changes (part of the cache key).
+VERSION = "1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,3 +142,14 @@ def honaker_full_decoder(n: int, workload: np.ndarray = None) -> np.ndarray:
   chol = scipy.linalg.cho_factor(gram, lower=True)
   # B = S (CᵀC)⁻¹ Cᵀ
   return scipy.linalg.cho_solve(chol, s.T).T @ c.T
+
+
+def factorize(a: np.ndarray, spec, context):
+  """C_T with the Honaker online (streaming) or full decoder, post-processed into A."""
+  from tff_mf import factorization as fz  # pylint: disable=g-import-not-at-top
+  from tff_mf.families import FamilyResult  # pylint: disable=g-import-not-at-top
+  del context
+  n = a.shape[0]
+  b_tree = honaker_online_decoder(n) if spec.strategy == "honaker_online" \
+      else honaker_full_decoder(n)
+  return FamilyResult(b=fz.post_process_prefix_decoder(a, b_tree), c=tree_encoder(n))

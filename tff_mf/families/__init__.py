@@ -1,0 +1,70 @@
+"""Strategy families: each module owns the math of one family of encoders C (numpy core).
+
+A family module exposes ``factorize(a, spec, context) -> FamilyResult`` (an
+unnormalized B, C with B·C = A, JSON-ready info and the float64 parameters the
+cache stores beside A, B and C) and, when the family streams its noise,
+``stream(extras, a) -> tff_mf.streams.LinearStream`` rebuilding the stream from
+those parameters. ``tff_mf.registry.STRATEGIES`` maps strategy names to families;
+``tff_mf.strategies.factorize`` normalizes and validates what a family returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from types import ModuleType
+from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+
+from tff_mf import checks
+from tff_mf import streams
+
+
+@dataclasses.dataclass
+class FamilyResult:
+  """What a family computes for one workload A (not yet normalized)."""
+  b: np.ndarray
+  c: np.ndarray
+  info: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  extras: Dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+  def normalized(self) -> "FamilyResult":
+    """(γ·B, C/γ) with γ = γ(C): C's largest column norm becomes 1 (Denisov et al. 2022,
+    arXiv:2202.08312, App I). The extras keep describing the unnormalized C; γ is added
+    to them as ``normalization`` so the stream is rebuilt for the normalized C."""
+    gamma = checks.gamma(self.c)
+    if not np.isfinite(gamma) or gamma <= 0:
+      raise checks.CheckError(f"C has invalid sensitivity {gamma}")
+    info = dict(self.info, sensitivity_before_normalization=gamma)
+    extras = dict(self.extras, normalization=np.array([gamma]))
+    return FamilyResult(b=self.b * gamma, c=self.c / gamma, info=info, extras=extras)
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+  """What a family may need besides A: the optimal decoder for A (structured)."""
+  optimal: Optional[Callable[[], Any]] = None
+  progress: bool = False
+
+
+def module(family: str) -> ModuleType:
+  """The family module ``tff_mf.families.<family>``."""
+  return importlib.import_module(f"tff_mf.families.{family}")
+
+
+def stream(strategy: str, extras: Dict[str, np.ndarray], a: np.ndarray) -> streams.LinearStream:
+  """The LinearStream of a normalized factorization from its stored extras.
+
+  The family rebuilds the stream of its unnormalized C⁻¹; the outputs are then
+  multiplied by the stored ``normalization`` γ, since (C/γ)⁻¹ = γ·C⁻¹.
+  """
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
+  entry = registry.strategy(strategy)
+  if not entry.streams:
+    raise checks.CheckError(f"strategy {strategy!r} has no streaming form")
+  gamma = extras.get("normalization")
+  if gamma is None or np.shape(gamma) != (1,):
+    raise checks.CheckError(f"{strategy}: stored parameters lack the normalization γ")
+  return module(entry.family).stream(extras, a).scaled(
+      checks.positive_float(float(gamma[0]), f"{strategy}: normalization γ"))
