@@ -2,15 +2,21 @@
 
 import json
 import os
-import zipfile
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
 from tff_mf import cache
 from tff_mf import factorization as fz
+from tff_mf import families
 from tff_mf import strategies
 from tff_mf import workloads
+from tff_mf.families import structured
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _spec(strategy="honaker_online", n=16, **workload_kwargs):
@@ -24,9 +30,9 @@ def count_factorizations(monkeypatch):
   calls = []
   real = strategies.factorize
 
-  def counting(spec, progress=False):
+  def counting(spec, progress=False, context=None):
     calls.append(spec)
-    return real(spec, progress=progress)
+    return real(spec, progress=progress, context=context)
 
   monkeypatch.setattr(strategies, "factorize", counting)
   return calls
@@ -60,7 +66,8 @@ def test_round_trip_and_hit_without_recomputing(tmp_path, count_factorizations):
   # The sidecar carries the figures the issue asks for.
   md = e2.metadata
   for key in ("params", "n", "loss", "sqrt_loss", "sensitivity_before_normalization",
-              "relative_gap", "iterations", "seconds", "package_versions", "npz_sha256"):
+              "relative_gap", "iterations", "seconds", "package_versions", "npz_sha256",
+              "sensitivity", "rmse", "max_error", "participation"):
     assert key in md
   assert md["npz_sha256"] == cache.file_sha256(e2.npz_path)
   assert md["sensitivity_before_normalization"] == pytest.approx(np.sqrt(6))  # 6 tree levels
@@ -166,6 +173,58 @@ def _corrupt_sidecar_json(entry):
   open(entry.json_path, "w").write("{not json")
 
 
+def _corrupt_scaled_encoder(entry):
+  """B·C = A still holds, but C·2 has sensitivity 2: the noise would be half of what ε needs."""
+  with np.load(entry.npz_path) as d:
+    a, b, c = d["A"], d["B"], d["C"]
+  _replace_npz(entry, A=a, B=b / 2, C=2 * c)
+
+
+def _corrupt_non_triangular_b(entry):
+  with np.load(entry.npz_path) as d:
+    a, b, c = d["A"], d["B"], d["C"]
+  b = b.copy()
+  b[0, -1] = 0.5
+  _replace_npz(entry, A=a, B=b, C=c)
+
+
+def _corrupt_sidecar_n(entry):
+  with open(entry.json_path) as f:
+    n = json.load(f)["n"]
+  _rewrite_sidecar(entry, n=n + 1)
+
+
+def _corrupt_sidecar_sqrt_loss(entry):
+  with open(entry.json_path) as f:
+    sqrt_loss = json.load(f)["sqrt_loss"]
+  _rewrite_sidecar(entry, sqrt_loss=0.5 * sqrt_loss)
+
+
+def _corrupt_sidecar_path(entry):
+  """The sidecar names a file outside its own entry folder."""
+  _rewrite_sidecar(entry, npz_file="../" + os.path.basename(entry.npz_path))
+
+
+def _corrupt_against_public_probe(entry):
+  """B + E with E·C·R = 0 for the old fixed public probe R, every sidecar figure updated.
+
+  The old quick check (B·(C·R) = A·R with R from seed 0x7FF) passed such an entry;
+  the product is now checked on every entry.
+  """
+  with np.load(entry.npz_path) as d:
+    a, b, c = d["A"], d["B"], d["C"]
+  n = a.shape[0]
+  y = c @ np.random.default_rng(0x7FF).standard_normal((n, 4))
+  q, _ = np.linalg.qr(y)
+  v = np.random.default_rng(1).standard_normal(n)
+  v -= q @ (q.T @ v)  # v ⊥ every column of C·R
+  e = np.tril(np.outer(np.ones(n), v))
+  bad = np.tril(b + 1e3 * e)
+  _replace_npz(entry, A=a, B=bad, C=c)
+  _rewrite_sidecar(entry, sqrt_loss=fz.sqrt_loss(bad, c), loss=fz.loss(bad, c),
+                   rmse=fz.rmse(bad, 1.0), max_error=fz.max_error(bad, 1.0))
+
+
 CORRUPTIONS = {
     "flipped bytes": (_corrupt_flip, "sha256"),
     "truncated": (_corrupt_truncate, "sha256"),
@@ -176,6 +235,12 @@ CORRUPTIONS = {
     "non-triangular C": (_corrupt_non_triangular_c, "C is not lower triangular"),
     "B·C != A": (_corrupt_product, "differs from A"),
     "other workload": (_corrupt_other_workload, "not the requested workload"),
+    "C·2, B/2": (_corrupt_scaled_encoder, "not normalized"),
+    "non-triangular B": (_corrupt_non_triangular_b, "B is not lower triangular"),
+    "sidecar n": (_corrupt_sidecar_n, "sidecar says n"),
+    "edited sqrt(L)": (_corrupt_sidecar_sqrt_loss, "sqrt_loss = .* sidecar says"),
+    "file outside its entry": (_corrupt_sidecar_path, "not a file of its own entry folder"),
+    "crafted against a public probe": (_corrupt_against_public_probe, "differs from A"),
 }
 
 
@@ -230,7 +295,7 @@ def test_failed_computation_never_clobbers_a_good_entry(tmp_path, monkeypatch):
   spec = _spec("honaker_full", n=16)
   good, entry = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
 
-  def broken(spec, progress=False):
+  def broken(spec, progress=False, context=None):
     raise ValueError("solver failed")
 
   monkeypatch.setattr(strategies, "factorize", broken)
@@ -247,8 +312,8 @@ def test_bad_factorization_is_not_written(tmp_path, monkeypatch):
   spec = _spec("identity", n=8)
   real = strategies.factorize
 
-  def wrong_workload(spec, progress=False):
-    f = real(spec, progress=progress)
+  def wrong_workload(spec, progress=False, context=None):
+    f = real(spec, progress=progress, context=context)
     return fz.Factorization(a=2 * f.a, b=2 * f.b, c=f.c, strategy=f.strategy, info=f.info)
 
   monkeypatch.setattr(strategies, "factorize", wrong_workload)
@@ -265,12 +330,70 @@ def test_structured_entry_reuses_cached_optimum_and_stores_algorithm3_pieces(tmp
   f, entry = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
   assert f.sqrt_loss >= opt.sqrt_loss * (1 - 1e-9)
   assert entry.metadata["info"]["optimal_sqrt_loss"] == pytest.approx(opt.sqrt_loss)
-  pieces = cache.load_structured(entry.npz_path)
+  loaded = cache.load(entry.npz_path)
+  stream = families.stream("structured", loaded.extras, loaded.a)
   z = np.random.default_rng(0).standard_normal((32, 3))
-  stream = pieces.noise_stream(3)
-  rows = np.stack([stream.next(z[i]) for i in range(32)])
-  np.testing.assert_allclose(rows, f.b @ z, atol=1e-10)  # normalized B, streamed
+  np.testing.assert_allclose(stream.run(z), np.linalg.solve(f.c, z), atol=1e-9)
   assert len(cache.list_entries(str(tmp_path))) == 2
+
+
+def test_structured_pieces_that_do_not_rebuild_b_are_refused(tmp_path):
+  spec = strategies.FactorizationSpec(workload=workloads.WorkloadSpec(n=32),
+                                      strategy="structured", bands=2, rank=2)
+  _, entry = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+  with np.load(entry.npz_path) as d:
+    arrays = {k: d[k] for k in d.files}
+  arrays["structured_u"] = arrays["structured_u"] * 1.01
+  _replace_npz(entry, **arrays)
+  with pytest.raises(cache.CacheError, match="do not rebuild"):
+    cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+
+
+def test_solver_version_change_is_a_miss(tmp_path, monkeypatch, count_factorizations):
+  spec = _spec("honaker_online", n=8)
+  _, first = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+  monkeypatch.setattr(families.module("tree"), "VERSION", "999")
+  _, second = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+  assert not second.cache_hit and second.directory != first.directory
+  assert len(count_factorizations) == 2
+  assert second.metadata["params"]["solver"] == "tree-999"
+
+
+# Rewrites one entry in a loop, each time with different bytes (so under a new file name,
+# and the previous file is deleted), as a recomputation with another solver version would.
+_REWRITER = """
+import sys, time
+import numpy as np
+from tff_mf import cache, strategies, workloads
+spec = strategies.FactorizationSpec(workloads.WorkloadSpec(n=300), strategy="identity")
+f, entry = cache.load_or_factorize(spec, cache_dir=sys.argv[1])
+end, k = time.time() + float(sys.argv[2]), 0
+while time.time() < end:
+  k += 1
+  f.extras["rewrite"] = np.array([float(k)])
+  cache._write_entry(entry.directory, entry.metadata["params"], spec, f)
+"""
+
+
+def test_readers_never_see_a_half_replaced_entry(tmp_path):
+  spec = _spec("identity", n=300)  # cheap to recompute: a writer rewrites it continually
+  cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+  env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+         "LANG": "C.UTF-8", "PYTHONPATH": REPO}
+  writer = subprocess.Popen([sys.executable, "-c", _REWRITER, str(tmp_path), "8"], env=env)
+  errors, loads = [], 0
+  try:
+    time.sleep(1.0)
+    while writer.poll() is None:
+      try:
+        cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+      except cache.CacheError as e:  # the failure this test looks for
+        errors.append(str(e))
+      loads += 1
+  finally:
+    writer.wait(timeout=60)
+  assert writer.returncode == 0
+  assert loads > 50 and errors == []
 
 
 def test_list_entries(tmp_path):
@@ -279,7 +402,17 @@ def test_list_entries(tmp_path):
   rows = cache.list_entries(str(tmp_path))
   assert sorted(r["strategy"] for r in rows) == ["honaker_online", "identity"]
   assert all(r["n"] == 8 and r["sqrt_loss"] > 0 and r["bytes"] > 0 for r in rows)
-  assert cache.list_entries(str(tmp_path / "missing")) == []
+  with pytest.raises(cache.CacheError, match="does not exist"):
+    cache.list_entries(str(tmp_path / "missing"))
+
+
+def test_verify_refuses_a_missing_directory_and_skips_datasets(tmp_path):
+  with pytest.raises(cache.CacheError, match="does not exist"):
+    cache.verify(str(tmp_path / "mistyped"))
+  cache.load_or_factorize(_spec("identity", n=8), cache_dir=str(tmp_path))
+  os.makedirs(tmp_path / "datasets" / "pydocs")
+  results = cache.verify(str(tmp_path))
+  assert len(results) == 1 and results[0]["ok"]
 
 
 def test_unconverged_result_is_keyed_separately(tmp_path):

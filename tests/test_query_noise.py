@@ -1,6 +1,6 @@
 """Streaming noise, MatrixFactorizationQuery and build_mechanism without TFF processes.
 
-Denisov et al. Algorithm 1 / App H Algorithm 3 / Thm 4.1 (``001_…``, ``000_…``).
+Denisov et al. 2022, arXiv:2202.08312: Algorithm 1, App H Algorithm 3, Thm 4.1.
 """
 
 import dp_accounting
@@ -12,9 +12,13 @@ import scipy.linalg
 import scipy.stats
 import tensorflow as tf
 
+from tff_mf import checks
 from tff_mf import factorization as fz
+from tff_mf import registry
+from tff_mf import streams
 from tff_mf import strategies
 from tff_mf import workloads
+from tff_mf.families import structured
 from tff_mf.tf import aggregators
 from tff_mf.tf import noise as noise_lib
 from tff_mf.tf import query as query_lib
@@ -42,10 +46,31 @@ def _random_square_factorization(n=N, seed=0):
 
 
 def _random_structured(n=N, h=2, r=2, seed=3):
+  """(diagonals, U, V) of a random banded + low-rank B̂."""
   rng = np.random.default_rng(seed)
-  d_mat = np.tril(np.triu(rng.normal(size=(n, n)) * 0.3, -(h - 1)))
-  d_mat[np.diag_indices(n)] = 1.5 + rng.random(n)
-  return d_mat, rng.normal(size=(n, r)) * 0.3, rng.normal(size=(n, r)) * 0.3
+  diagonals = rng.normal(size=(h, n)) * 0.3
+  diagonals[0] = 1.5 + rng.random(n)
+  for k in range(h):
+    diagonals[k, :k] = 0.0
+  return diagonals, rng.normal(size=(n, r)) * 0.3, rng.normal(size=(n, r)) * 0.3
+
+
+def _structured_noise(workload, pieces=None, **kw):
+  """LinearNoise of a structured B̂ with C = B̂⁻¹·A, and that C."""
+  diagonals, u, v = pieces or _random_structured(n=workload.shape[0], **kw)
+  stream = structured.pieces_stream(diagonals, u, v, workload)
+  b_hat = structured.decoder(diagonals, u, v)
+  c = np.tril(scipy.linalg.solve_triangular(b_hat, workload, lower=True))
+  return noise_lib.LinearNoise(stream, c), c
+
+
+def _banded_c(n=N, b=3, seed=5):
+  rng = np.random.default_rng(seed)
+  c = np.zeros((n, n))
+  for k in range(b):
+    idx = np.arange(k, n)
+    c[idx, idx - k] = (1.0 + rng.random(n - k)) if k == 0 else 0.3 * rng.normal(size=n - k)
+  return c
 
 
 def _run_rounds(query, rounds, specs=SPECS, state=None):
@@ -63,18 +88,25 @@ def _run_rounds(query, rounds, specs=SPECS, state=None):
 
 def _streams():
   """(name, StreamingNoise) for each implementation, small enough for exact checks."""
-  d_mat, u, v = _random_structured()
   mom = workloads.momentum_matrix(N, 0.9, workloads.learning_rates(N, "decay", 3))
+  tree_f = _factorization("honaker_online")
+  banded = _banded_c()
+  cb = np.stack([np.concatenate([np.zeros(k), np.diagonal(banded, -k)]) for k in range(3)], 1)
+  toeplitz = np.array([1.0, -0.4, 0.2])
+  toeplitz_c = sum(np.diag(np.full(N - k, toeplitz[k]), -k) for k in range(3))
   return [
-      ("dense_tree", noise_lib.DenseNoise.from_factorization(_factorization("honaker_online"))),
-      ("dense_square", noise_lib.DenseNoise.from_factorization(_random_square_factorization())),
-      ("structured_prefix", noise_lib.StructuredNoise(d_mat, u, v, 2, workloads.prefix_sum(N))),
-      ("structured_momentum", noise_lib.StructuredNoise(d_mat, u, v, 2, mom)),
-      ("structured_h1_r0", noise_lib.StructuredNoise(np.diag(np.arange(1.0, N + 1)),
-                                                     np.zeros((N, 0)), np.zeros((N, 0)), 1,
-                                                     workloads.prefix_sum(N))),
-      ("precomputed", noise_lib.PrecomputedNoise.from_factorization(
-          _factorization("honaker_full"), 11, SPECS)),
+      ("dense_tree", noise_lib.DenseNoise(tree_f.c, tree_f.noise_matrix())),
+      ("dense_square", noise_lib.DenseNoise(_random_square_factorization().c)),
+      ("structured_prefix", _structured_noise(workloads.prefix_sum(N))[0]),
+      ("structured_momentum", _structured_noise(mom)[0]),
+      ("structured_h1_r0", _structured_noise(workloads.prefix_sum(N), h=1, r=0)[0]),
+      ("banded", noise_lib.LinearNoise(streams.lower_banded_inverse(cb, N), banded)),
+      ("banded_toeplitz", noise_lib.LinearNoise(
+          streams.lower_banded_inverse(toeplitz[None], N), toeplitz_c)),
+      ("independent", noise_lib.LinearNoise(streams.independent(N), np.eye(N))),
+      ("precomputed", noise_lib.PrecomputedNoise(
+          _factorization("honaker_full").c, 11, SPECS,
+          noise_matrix=_factorization("honaker_full").noise_matrix())),
   ]
 
 
@@ -92,20 +124,25 @@ def test_noise_rows_equal_numpy_n_times_z(name, stream):
 
 
 def test_structured_matches_dense_for_same_decoder():
-  """StructuredNoise and DenseNoise of the same B̂ give the same stream (to float32 rounding)."""
-  d_mat, u, v = _random_structured()
-  s = workloads.prefix_sum(N)
-  stream = noise_lib.StructuredNoise(d_mat, u, v, 2, s)
-  b = stream.decoder()
-  c = scipy.linalg.solve_triangular(b, s, lower=True)
-  f = fz.Factorization(a=s, b=b, c=np.tril(c), strategy="structured").validate(atol=1e-8)
-  np.testing.assert_allclose(stream.noise_matrix(), f.noise_matrix(), atol=1e-10)
-  assert abs(stream.sensitivity - 1.0) < 1e-12 and abs(f.sensitivity - 1.0) < 1e-9
+  """LinearNoise of a structured B̂ and DenseNoise of its C give the same rows (float32)."""
+  stream, c = _structured_noise(workloads.prefix_sum(N))
+  dense = noise_lib.DenseNoise(c)
+  np.testing.assert_allclose(stream.noise_matrix(), dense.noise_matrix(), atol=1e-10)
+  assert stream.sensitivity == pytest.approx(dense.sensitivity, rel=1e-12)
   kw = dict(l2_norm_clip=1.0, noise_multiplier=1.0, record_specs=SPECS, noise_seed=5)
   a_rows, _, _ = _run_rounds(query_lib.MatrixFactorizationQuery(stream, **kw), N)
-  b_rows, _, _ = _run_rounds(query_lib.MatrixFactorizationQuery(
-      noise_lib.DenseNoise.from_factorization(f), **kw), N)
+  b_rows, _, _ = _run_rounds(query_lib.MatrixFactorizationQuery(dense, **kw), N)
   np.testing.assert_allclose(a_rows, b_rows, rtol=1e-5, atol=1e-5)
+
+
+def test_precomputed_rows_are_dense_rows_for_the_same_seed():
+  f = _factorization("honaker_online")
+  kw = dict(l2_norm_clip=1.0, noise_multiplier=0.8, record_specs=SPECS, noise_seed=21)
+  dense, _, _ = _run_rounds(query_lib.MatrixFactorizationQuery(
+      noise_lib.DenseNoise(f.c, f.noise_matrix()), **kw), N)
+  pre, _, _ = _run_rounds(query_lib.MatrixFactorizationQuery(
+      noise_lib.PrecomputedNoise(f.c, 21, SPECS, noise_matrix=f.noise_matrix()), **kw), N)
+  np.testing.assert_allclose(np.array(pre), np.array(dense), rtol=1e-6, atol=1e-6)
 
 
 def test_structured_stream_is_float32_accurate_for_cancelling_factors():
@@ -115,23 +152,24 @@ def test_structured_stream_is_float32_accurate_for_cancelling_factors():
   measured in numpy); the Cholesky-whitened state keeps rows of N·Z to float32 accuracy."""
   n, h, r, d = 64, 3, 3, 500
   rng = np.random.default_rng(7)
-  d_mat, u, v = _random_structured(n=n, h=h, r=r, seed=8)
+  diagonals, u, v = _random_structured(n=n, h=h, r=r, seed=8)
   t = np.eye(r) + 300 * np.triu(rng.normal(size=(r, r)), 1)
   u_big, v_big = u @ t, v @ np.linalg.inv(t).T
   assert np.max(np.abs(u_big)) > 10 and np.max(np.abs(v_big)) > 10
   specs = [tf.TensorSpec([d], tf.float32)]
   for workload in (workloads.prefix_sum(n),
                    workloads.momentum_matrix(n, 0.9, workloads.learning_rates(n, "decay", 8))):
-    stream = noise_lib.StructuredNoise(d_mat, u_big, v_big, h, workload)
-    assert stream.noise_bands == h + stream.inverse_bands - 1
+    stream = structured.pieces_stream(diagonals, u_big, v_big, workload)
+    hp = stream.k - r
     np.testing.assert_allclose(
         stream.noise_matrix(),
-        noise_lib.StructuredNoise(d_mat, u, v, h, workload).noise_matrix(), atol=1e-9)
+        structured.pieces_stream(diagonals, u, v, workload).noise_matrix(), atol=1e-9)
     # The state recursion never amplifies rounding errors: ‖L_i⁻¹·L_{i−1}‖₂ ≤ 1, ‖L_i⁻¹V‖ ≤ 1.
-    transition, inject = stream._transition, stream._inject  # pylint: disable=protected-access
+    transition, inject = stream.f[:, hp:, hp:], stream.f[:, hp:, 0]
     assert max(np.linalg.norm(m, 2) for m in transition) <= 1 + 1e-9
     assert np.max(np.linalg.norm(inject, axis=1)) <= 1 + 1e-9
-    q = query_lib.MatrixFactorizationQuery(stream, l2_norm_clip=1.0, noise_multiplier=1.0,
+    noise, _ = _structured_noise(workload, pieces=(diagonals, u_big, v_big))
+    q = query_lib.MatrixFactorizationQuery(noise, l2_norm_clip=1.0, noise_multiplier=1.0,
                                            record_specs=specs, noise_seed=2)
     rows, _, _ = _run_rounds(q, n, specs=specs)
     expected = stream.noise_matrix() @ noise_lib.standard_normal_matrix(
@@ -140,29 +178,16 @@ def test_structured_stream_is_float32_accurate_for_cancelling_factors():
     assert rel.max() < 2e-6, rel.max()
 
 
-def test_structured_stream_runs_in_float64_for_float64_models():
-  d_mat, u, v = _random_structured()
+def test_linear_stream_runs_in_float64_for_float64_models():
   specs = [tf.TensorSpec([4], tf.float64)]
-  stream = noise_lib.StructuredNoise(d_mat, u, v, 2, workloads.prefix_sum(N))
-  q = query_lib.MatrixFactorizationQuery(stream, l2_norm_clip=1.0, noise_multiplier=1.0,
+  noise, _ = _structured_noise(workloads.prefix_sum(N))
+  q = query_lib.MatrixFactorizationQuery(noise, l2_norm_clip=1.0, noise_multiplier=1.0,
                                          record_specs=specs, noise_seed=4)
   rows, _, _ = _run_rounds(q, N, specs=specs)
-  expected = stream.noise_matrix() @ noise_lib.standard_normal_matrix(
+  expected = noise.noise_matrix() @ noise_lib.standard_normal_matrix(
       noise_lib.seed_pair(4), N, specs)
   np.testing.assert_allclose(np.array(rows), expected, rtol=1e-12, atol=1e-12)
-  assert stream.state_bytes(specs) == (2 + 1 + 2) * 4 * 8  # h' = h + 1 Z rows and r state rows
-
-
-def test_structured_pieces_recover_cached_decoder():
-  rng = np.random.default_rng(4)
-  n, h, r = 40, 3, 2
-  d_mat = np.tril(np.triu(rng.normal(size=(n, n)), -(h - 1)))
-  d_mat[np.diag_indices(n)] = 2.0
-  b_hat = noise_lib.structured_decoder(d_mat, rng.normal(size=(n, r)), rng.normal(size=(n, r)), h)
-  d2, u2, v2 = noise_lib.structured_pieces(b_hat, h, r)
-  np.testing.assert_allclose(noise_lib.structured_decoder(d2, u2, v2, h), b_hat, atol=1e-10)
-  with pytest.raises(noise_lib.NoiseError, match="not 3-banded plus rank 1"):
-    noise_lib.structured_pieces(b_hat, h, 1)
+  assert noise.state_bytes(specs) == (2 + 1 + 2) * 4 * 8  # h' = h + 1 Z rows and r state rows
 
 
 def _lr_test_statistic(samples, cov):
@@ -175,7 +200,7 @@ def _lr_test_statistic(samples, cov):
   return k * (np.trace(s) - logdet - n), n * (n + 1) // 2
 
 
-@pytest.mark.parametrize("name,stream", _streams()[:4],
+@pytest.mark.parametrize("name,stream", [s for s in _streams() if s[0] != "precomputed"],
                          ids=lambda x: x if isinstance(x, str) else "")
 def test_empirical_covariance_matches_sigma2_n_nt(name, stream):
   """Over 4 seeds × 1000 coordinates (4000 i.i.d. draws of the n-vector of noise in one
@@ -216,9 +241,10 @@ def test_unpinned_seeds_differ_and_pinned_repeat():
   np.testing.assert_array_equal(_run_rounds(pinned[0], 2)[0], _run_rounds(pinned[1], 2)[0])
 
 
-def test_restored_state_continues_identical_stream():
-  d_mat, u, v = _random_structured()
-  stream = noise_lib.StructuredNoise(d_mat, u, v, 2, workloads.prefix_sum(N))
+@pytest.mark.parametrize("name,stream", [s for s in _streams() if s[0] in (
+    "structured_prefix", "banded", "banded_toeplitz", "dense_tree")],
+                         ids=lambda x: x if isinstance(x, str) else "")
+def test_restored_state_continues_identical_stream(name, stream):
   q = query_lib.MatrixFactorizationQuery(stream, l2_norm_clip=1.0, noise_multiplier=1.0,
                                          record_specs=SPECS)  # seed from OS entropy
   start = q.initial_global_state()
@@ -230,20 +256,26 @@ def test_restored_state_continues_identical_stream():
   np.testing.assert_array_equal(np.array(first + rest), np.array(full))
 
 
-def test_round_past_n_raises():
-  q = query_lib.MatrixFactorizationQuery.from_factorization(
-      _factorization("honaker_online", n=3), l2_norm_clip=1.0, noise_multiplier=1.0,
-      record_specs=SPECS, noise_seed=1)
-  _, state, _ = _run_rounds(q, 3)
-  with pytest.raises(tf.errors.InvalidArgumentError, match="past the n=3 rounds"):
+@pytest.mark.parametrize("name,stream", _streams(), ids=lambda x: x if isinstance(x, str) else "")
+def test_round_past_n_raises_for_every_implementation(name, stream):
+  q = query_lib.MatrixFactorizationQuery(stream, l2_norm_clip=1.0, noise_multiplier=1.0,
+                                         record_specs=SPECS, noise_seed=11)
+  _, state, _ = _run_rounds(q, N)
+  with pytest.raises(tf.errors.InvalidArgumentError, match=f"past the n={N} rounds"):
     _run_rounds(q, 1, state=state)
 
 
-def test_dp_events_compose_to_one_gaussian():
+@pytest.mark.parametrize("scale", [1.0, 0.01, 3.0])
+def test_dp_events_compose_to_one_gaussian_at_z_over_sensitivity(scale):
+  """The event is Gaussian(z/sens) with sens computed from the C the stream adds noise for:
+  C·0.01 (N·100) adds 100 times the noise and reports sens 0.01, never sens 1."""
   z = 0.9
-  q = query_lib.MatrixFactorizationQuery.from_factorization(
-      _factorization("honaker_online"), l2_norm_clip=1.0, noise_multiplier=z,
-      record_specs=SPECS, noise_seed=1)
+  f = _factorization("honaker_online")
+  noise = noise_lib.DenseNoise(scale * f.c, f.noise_matrix() / scale)
+  assert noise.sensitivity == pytest.approx(scale, rel=1e-9)
+  q = query_lib.MatrixFactorizationQuery(noise, l2_norm_clip=1.0, noise_multiplier=z,
+                                         record_specs=SPECS, noise_seed=1)
+  z = z / noise.sensitivity
   _, _, events = _run_rounds(q, N)
   events = [dp_accounting.DpEvent.from_named_tuple(
       tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t,
@@ -274,6 +306,30 @@ def test_clipping_to_global_norm():
 
 
 # -- errors ----------------------------------------------------------------------------------
+def test_zero_noise_needs_an_explicit_opt_in():
+  noise = noise_lib.DenseNoise(_random_square_factorization().c)
+  with pytest.raises(ValueError, match="allow_no_noise=True"):
+    query_lib.MatrixFactorizationQuery(noise, l2_norm_clip=1.0, noise_multiplier=0.0,
+                                       record_specs=SPECS)
+  q = query_lib.MatrixFactorizationQuery(noise, l2_norm_clip=1.0, noise_multiplier=0.0,
+                                         record_specs=SPECS, allow_no_noise=True)
+  rows, _, _ = _run_rounds(q, 2)
+  assert np.all(np.array(rows) == 0)
+  with pytest.raises(ValueError, match="allow_no_noise=True"):
+    aggregators.build_mechanism("opt_prefix_sum", total_rounds=4, noise_multiplier=0.0,
+                                clients_per_round=2, clip_norm=1.0)
+
+
+def test_streams_refuse_noise_that_does_not_invert_their_encoder():
+  c = _random_square_factorization().c
+  wrong = np.linalg.inv(c) * 0.5  # half the noise C needs
+  with pytest.raises(noise_lib.NoiseError, match="does not add C⁻¹·Z"):
+    noise_lib.DenseNoise(c, wrong)
+  stream = streams.lower_banded_inverse(np.array([[1.0, -0.4, 0.2]]), N)
+  with pytest.raises(noise_lib.NoiseError, match="does not add C⁻¹·Z"):
+    noise_lib.LinearNoise(stream, 2.0 * np.eye(N))
+
+
 def _kw(**overrides):
   kw = dict(l2_norm_clip=1.0, noise_multiplier=1.0, record_specs=SPECS)
   kw.update(overrides)
@@ -281,8 +337,8 @@ def _kw(**overrides):
 
 
 @pytest.mark.parametrize("overrides,match", [
-    (dict(noise_multiplier=-0.1), "noise_multiplier must be non-negative"),
-    (dict(noise_multiplier=float("nan")), "noise_multiplier must be non-negative"),
+    (dict(noise_multiplier=-0.1), "noise_multiplier must be positive"),
+    (dict(noise_multiplier=float("nan")), "noise_multiplier must be a finite"),
     (dict(l2_norm_clip=0.0), "l2_norm_clip must be positive"),
     (dict(l2_norm_clip=-1.0), "l2_norm_clip must be positive"),
     (dict(record_specs=[tf.TensorSpec([None], tf.float32)]), "partially unknown shape"),
@@ -298,40 +354,39 @@ def test_query_rejects_bad_matrices():
   c = _random_square_factorization().c
   upper = c.copy()
   upper[0, 2] = 0.5
-  with pytest.raises(ValueError, match="must be lower triangular; entry \\[0, 2\\]"):
-    query_lib.MatrixFactorizationQuery.from_encoder(upper, **_kw())
+  with pytest.raises(ValueError, match="lower triangular; entry \\[0, 2\\]"):
+    noise_lib.DenseNoise(upper)
   singular = c.copy()
   singular[3, 3] = 0.0
-  with pytest.raises(ValueError, match="singular: diagonal entry \\[3, 3\\]"):
-    query_lib.MatrixFactorizationQuery.from_encoder(singular, **_kw())
-  with pytest.raises(ValueError, match="not normalized"):
-    query_lib.MatrixFactorizationQuery.from_encoder(2.0 * c, **_kw())
-  with pytest.raises(ValueError, match="square"):
-    query_lib.MatrixFactorizationQuery.from_encoder(c[:, :4], **_kw())
+  with pytest.raises(ValueError, match="singular \\(not full rank\\): diagonal entry \\[3, 3\\]"):
+    noise_lib.DenseNoise(singular)
+  with pytest.raises(ValueError, match="rank below n"):
+    noise_lib.DenseNoise(c[:4, :])
   nan = c.copy()
   nan[2, 1] = np.nan
   with pytest.raises(ValueError, match="non-finite"):
-    query_lib.MatrixFactorizationQuery.from_encoder(nan, **_kw())
+    noise_lib.DenseNoise(nan)
+  with pytest.raises(ValueError, match="real numbers"):
+    noise_lib.DenseNoise(c.astype(complex))
   f = _random_square_factorization()
   upper_a = f.a.copy()
   upper_a[1, 4] = 1.0
   bad_a = fz.Factorization(a=upper_a, b=f.b, c=f.c, strategy="x")
-  with pytest.raises(ValueError, match="workload A must be lower triangular"):
+  with pytest.raises(ValueError, match="A is not lower triangular"):
     query_lib.MatrixFactorizationQuery.from_factorization(bad_a, **_kw())
   bad_b = fz.Factorization(a=f.a, b=f.b * 1.01, c=f.c, strategy="x")
   with pytest.raises(ValueError, match="B·C differs from A"):
     query_lib.MatrixFactorizationQuery.from_factorization(bad_b, **_kw())
-  with pytest.raises(noise_lib.NoiseError, match="all-zero row 2"):
-    nm = np.eye(4, 7)
-    nm[2, 2] = 0.0
-    noise_lib.DenseNoise(nm)
-  d_mat, u, v = _random_structured()
-  with pytest.raises(noise_lib.NoiseError, match="outside its 1 lower diagonals"):
-    noise_lib.StructuredNoise(d_mat, u, v, 1, workloads.prefix_sum(N))
-  with pytest.raises(noise_lib.NoiseError, match="bands h must be an integer"):
-    noise_lib.StructuredNoise(d_mat, u, v, 0, workloads.prefix_sum(N))
-  with pytest.raises(noise_lib.NoiseError, match="banded inverse"):
-    noise_lib.StructuredNoise(d_mat, u, v, 2, _random_square_factorization(seed=1).b)
+  scaled = fz.Factorization(a=f.a, b=f.b / 2, c=f.c * 2, strategy="x")
+  with pytest.raises(ValueError, match="not normalized"):
+    query_lib.MatrixFactorizationQuery.from_factorization(scaled, **_kw())
+  with pytest.raises(noise_lib.NoiseError, match="does not add C⁻¹·Z"):  # round 2 adds none
+    tree_f = _factorization("honaker_online", n=4)
+    nm = tree_f.noise_matrix()
+    nm[2] = 0.0
+    noise_lib.DenseNoise(tree_f.c, nm)
+  with pytest.raises(ValueError, match="banded inverse"):
+    structured.pieces_stream(*_random_structured(), _random_square_factorization(seed=1).b)
 
 
 def test_query_rejects_mismatched_model_specs():
@@ -343,14 +398,13 @@ def test_query_rejects_mismatched_model_specs():
     q.initial_sample_state([tf.TensorSpec([3, 2], tf.float32), tf.TensorSpec([3], tf.float32)])
   with pytest.raises(ValueError, match="does not match the record specs"):
     q.preprocess_record(1.0, [tf.zeros([3, 2])])
+  f = _factorization("honaker_online")
+  pre = noise_lib.PrecomputedNoise(f.c, 3, SPECS, noise_matrix=f.noise_matrix())
   with pytest.raises(ValueError, match="seed the PrecomputedNoise rows were built for"):
-    query_lib.MatrixFactorizationQuery(
-        noise_lib.PrecomputedNoise.from_factorization(_factorization("honaker_online"), 3, SPECS),
-        **_kw(noise_seed=4))
+    query_lib.MatrixFactorizationQuery(pre, **_kw(noise_seed=4))
   with pytest.raises(ValueError, match="rows have 8 entries, the record specs 3"):
     query_lib.MatrixFactorizationQuery(
-        noise_lib.PrecomputedNoise.from_factorization(_factorization("honaker_online"), 3, SPECS),
-        **_kw(noise_seed=3, record_specs=[tf.TensorSpec([3], tf.float32)]))
+        pre, **_kw(noise_seed=3, record_specs=[tf.TensorSpec([3], tf.float32)]))
 
 
 def test_nan_update_is_an_error():
@@ -362,22 +416,24 @@ def test_nan_update_is_an_error():
 
 # -- build_mechanism without processes ---------------------------------------------------------
 def test_default_structure_matches_denisov_table2():
-  assert [aggregators.default_structure(2**k) for k in range(8, 13)] == [
+  assert [registry.default_structure(2**k) for k in range(8, 13)] == [
       (4, 4), (5, 4), (5, 5), (6, 5), (6, 6)]
+  assert registry.default_structure(1) == registry.default_structure(2) == (1, 0)
 
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(mechanism="dpsgd"), "unknown mechanism"),
+    (dict(mechanism="tree_restart"), "cannot be trained"),
     (dict(total_rounds=0), "total_rounds must be a positive integer"),
-    (dict(noise_multiplier=-1.0), "noise_multiplier must be non-negative"),
+    (dict(noise_multiplier=-1.0), "noise_multiplier must be positive"),
     (dict(clients_per_round=0), "clients_per_round must be positive"),
     (dict(clip_norm=0.0), "clip_norm must be positive"),
     (dict(momentum=1.0), "momentum must be in \\[0, 1\\)"),
     (dict(lr_schedule="cosine"), "unknown lr_schedule"),
-    (dict(lr_schedule="decay"), "needs schedule_rounds"),
-    (dict(schedule_rounds=2), "only used with lr_schedule"),
+    (dict(lr_schedule="decay"), "goes with lr_schedule"),
+    (dict(schedule_rounds=2), "goes with lr_schedule"),
     (dict(lr_schedule="decay", schedule_rounds=99), "schedule_rounds must be in"),
-    (dict(bands=2), "only apply to the structured mechanism"),
+    (dict(bands=2), "does not apply to mechanism"),
     (dict(mechanism="structured", bands=0), "bands must be a positive integer"),
     (dict(noise_seed=-3), "noise_seed must be in"),
     (dict(server_learning_rate=0.0), "server_learning_rate must be positive"),
@@ -416,16 +472,32 @@ def test_honaker_setups_have_paper_sqrt_loss():
   tree_setup = aggregators.build_mechanism("tree_aggregation", total_rounds=256,
                                            noise_multiplier=1.0, clients_per_round=10,
                                            clip_norm=1.0)
-  assert tree_setup.factorization is None
+  assert tree_setup.factorization is None and tree_setup.info["mechanism"] == "tree"
   assert tree_setup.info["noise_multiplier_per_node"] == pytest.approx(3.0)  # √9 levels
+
+
+def test_every_spelling_builds_its_registry_mechanism():
+  for spelling in ("binary_tree", "dp_ftrl", "gaussian_fixed", "identity", "optimal",
+                   "tree_aggregation"):
+    setup = aggregators.build_mechanism(spelling, total_rounds=4, noise_multiplier=1.0,
+                                        clients_per_round=2, clip_norm=1.0)
+    assert setup.info["mechanism"] == registry.mechanism(spelling).name
+
+
+def test_tree_aggregation_seed_comes_from_os_entropy():
+  """Never TFF's clock-based default: two unpinned builds differ in every bit pattern."""
+  cfg = aggregators._config("tree", 8, 1.0, 2, 1.0, 1.0, 0.0, "constant", None, None,  # pylint: disable=protected-access
+                            None, None, None, None, None, False, False)
+  seeds = {aggregators.tree_aggregation_params(cfg).noise_seed for _ in range(4)}
+  assert len(seeds) == 4 and all(0 <= s < 2**63 for s in seeds)
 
 
 @pytest.mark.slow
 def test_structured_n2048_near_optimal_and_streams_its_noise_matrix():
   """Denisov App H Table 2, n = 2048: √L optimal 143.6, structured (6, 5) 145.8 — within 3%.
 
-  Uses the default factorization cache (computes and stores the n = 2048 entries
-  when missing), then streams all 2048 rounds at d = 8 and compares with N·Z.
+  Uses the tests' factorization cache (computes and stores the n = 2048 entries when
+  missing), then streams all 2048 rounds at d = 8 and compares with N·Z.
   """
   n = 2048
   setup = aggregators.build_mechanism("structured", total_rounds=n, noise_multiplier=1.0,
@@ -436,10 +508,9 @@ def test_structured_n2048_near_optimal_and_streams_its_noise_matrix():
   assert optimal.sqrt_loss == pytest.approx(143.6, abs=0.1)
   assert setup.sqrt_loss <= 1.03 * optimal.sqrt_loss
   assert setup.sqrt_loss == pytest.approx(145.8, rel=0.01)
-  stream, _, _ = aggregators.structured_noise_for(n, 6, 5)
-  q = query_lib.MatrixFactorizationQuery(stream, l2_norm_clip=1.0, noise_multiplier=1.0,
+  q = query_lib.MatrixFactorizationQuery(setup.noise, l2_norm_clip=1.0, noise_multiplier=1.0,
                                          record_specs=SPECS, noise_seed=3)
   rows, _, _ = _run_rounds(q, n)
-  expected = stream.noise_matrix() @ noise_lib.standard_normal_matrix(
+  expected = setup.noise.noise_matrix() @ noise_lib.standard_normal_matrix(
       noise_lib.seed_pair(3), n, SPECS)
   np.testing.assert_allclose(np.array(rows), expected, rtol=1e-5, atol=1e-5)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tff_mf import strategies
-from tff_mf import tree
+from tff_mf.families import tree
 from tff_mf import workloads
 
 
@@ -80,11 +80,13 @@ def test_schedule_errors():
 
 @pytest.mark.parametrize("matrix, message", [
     (np.ones((3, 4)), "square"),
-    (np.ones((3,)), "square"),
+    (np.ones((3,)), "2-D matrix"),
     (np.array([[1.0, 2.0], [3.0, 4.0]]), r"lower triangular; entry \[0, 1\]"),
     (np.array([[1.0, 0.0], [3.0, 0.0]]), r"singular .*\[1, 1\]"),
     (np.array([[1.0, 0.0], [np.nan, 1.0]]), "non-finite"),
-    (np.array([["a", ""], ["b", "c"]]), "numeric"),
+    (np.array([["a", ""], ["b", "c"]]), "real numbers"),
+    (np.array([[1.0 + 1j, 0.0], [0.5, 1.0]]), "real numbers"),
+    (np.array([[True, False], [True, True]]), "real numbers"),
 ])
 def test_validate_workload_errors(matrix, message):
   with pytest.raises(workloads.WorkloadError, match=message):

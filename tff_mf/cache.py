@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 from typing import Any, Dict, List, Optional, Tuple
@@ -438,6 +439,23 @@ def _write_entry(directory: str, params: Dict[str, Any], spec: strategies.Factor
         _remove_quietly(leftover)
 
 
+def _check_disk(directory: str, spec: strategies.FactorizationSpec, memory: float,
+                progress: bool) -> None:
+  """Refuses a computation whose result could not be stored; announces a large one."""
+  stored = 8.0 * spec.n * spec.n * (4 if spec.strategy.startswith("honaker") else 3)
+  parent = directory
+  while not os.path.isdir(parent) and os.path.dirname(parent) != parent:
+    parent = os.path.dirname(parent)
+  free = shutil.disk_usage(parent).free
+  if stored > 0.9 * free:
+    raise CacheError(f"the {spec.strategy} factorization at n = {spec.n} takes about "
+                     f"{stored / 2**30:.1f} GiB in the cache, but {parent} has "
+                     f"{free / 2**30:.1f} GiB free")
+  if progress and memory > 2**30:
+    print(f"tff-mf: {spec.strategy} at n = {spec.n} uses about {memory / 2**30:.1f} GiB of "
+          f"memory and {stored / 2**30:.1f} GiB in the cache", file=sys.stderr, flush=True)
+
+
 def _remove_quietly(path: str) -> None:
   try:
     os.remove(path)
@@ -455,11 +473,12 @@ def load_or_factorize(spec: strategies.FactorizationSpec, cache_dir: Optional[st
   (e.g. the solver does not converge) leaves the cache untouched.
   """
   spec.validate()
-  strategies.check_size(spec)
+  memory = strategies.check_size(spec)
   directory, params = entry_paths(spec, cache_dir)
   expected = spec.workload.build()
   if not force and os.path.exists(os.path.join(directory, METADATA_FILE)):
     return _load_entry(directory, None, expected, params)
+  _check_disk(directory, spec, memory, progress)
 
   def optimal():
     optimal_spec = strategies.FactorizationSpec(workload=spec.workload, strategy="optimal",

@@ -208,7 +208,7 @@ def lower_triangular(x, name: str, atol: float = 0.0, nonsingular: bool = False,
     scale = max(float(np.max(np.abs(arr))), 1e-300)
     if np.any(diag <= 1e-12 * scale):
       i = int(np.argmin(diag))
-      raise CheckError(f"{name} is singular: diagonal entry [{i}, {i}] = {arr[i, i]:g}")
+      raise CheckError(f"{name} is singular (not full rank): diagonal entry [{i}, {i}] = {arr[i, i]:g}")
   return arr
 
 

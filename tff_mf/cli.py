@@ -1,9 +1,10 @@
 """The ``tff-mf`` console script: one subcommand per module in ``tff_mf.commands``.
 
-Each command module defines ``register(subparsers)``, which adds its parser and
-sets ``func`` to a callable taking the parsed arguments and returning an exit
-code. Command modules import nothing heavy at module level, so that
-``tff-mf factorize`` on a cache hit answers in about a second.
+Each command module defines ``register(subparsers)``, which adds its parser and sets
+``func`` to a callable taking the parsed arguments and returning an exit code.
+Command modules import nothing heavy at module level, so that ``tff-mf factorize``
+on a cache hit answers in about a second. Every error a user can cause is one line
+on stderr (``tff-mf <command>: error: ...``) and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -20,16 +21,18 @@ COMMANDS = (
     ("cache", "tff_mf.commands.cache"),
     ("plot", "tff_mf.commands.plot"),
     ("account", "tff_mf.commands.account"),
-    ("demo", "tff_mf.commands.demo"),
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
+  from tff_mf import __version__  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(
       prog="tff-mf",
-      description="Optimal matrix-factorization mechanisms for DP federated learning.")
+      description="Matrix-factorization mechanisms for differentially private federated "
+                  "learning: factorize workloads, inspect the matrix cache, plot, and account "
+                  "for privacy. `tff-mf COMMAND --help` describes each command.")
+  parser.add_argument("--version", action="version", version=f"tff-mf {__version__}")
   subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-  subparsers.required = True
   for _, module in COMMANDS:
     importlib.import_module(module).register(subparsers)
   return parser
@@ -39,11 +42,18 @@ def main(argv: Optional[List[str]] = None) -> int:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   parser = build_parser()
   args = parser.parse_args(argv)
+  if args.command is None:
+    parser.print_help()
+    return 0
   try:
     return int(args.func(args) or 0)
-  except (ValueError, OSError) as e:  # user-facing errors: one clear line, no traceback
-    print(f"tff-mf {args.command}: error: {e}", file=sys.stderr)
+  except (ValueError, OSError, MemoryError) as e:  # user-facing errors: one line, no traceback
+    message = str(e).splitlines()[0] if str(e) else type(e).__name__
+    print(f"tff-mf {args.command}: error: {message}", file=sys.stderr)
     return 2
+  except KeyboardInterrupt:
+    print(f"tff-mf {args.command}: interrupted", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

@@ -58,3 +58,14 @@ def sensitivity_report(c: np.ndarray, schema: Participation) -> Dict[str, Any]:
   if schema.kind != "single":
     raise NotImplementedError(schema.kind)
   return {"value": checks.gamma(c), "exact": True, "method": "max column norm"}
+
+
+def from_args(kind, n, epochs=None, min_sep=None, max_participations=None) -> Participation:
+  if kind == "single":
+    return SINGLE
+  if kind == "fixed_epoch":
+    p = Participation("fixed_epoch", epochs=epochs)
+  else:
+    p = Participation("min_sep", min_sep=min_sep, max_participations=max_participations or -(-n // min_sep))
+  p.check(n)
+  return p

@@ -1,11 +1,12 @@
 """PNG plots of factorizations (matplotlib, Agg backend, imported lazily).
 
 - Per-round variance of the released estimates (row norms² of B at γ(C) = 1):
-  Denisov et al. Fig 1 (``001_…``; left: prefix sums, right: momentum) and
-  McMahan et al. Fig 1 (``002_…``).
-- Heatmaps of B and C: Denisov et al. App G, Fig 5 (``000_…``): entries scaled
-  by the largest value, entries mapped to their rank, and a histogram of the
-  non-zero magnitudes.
+  Denisov et al. 2022, arXiv:2202.08312, Fig 1 (left: prefix sums, right:
+  momentum) and McMahan, Rush, Thakurta, arXiv:2202.08312 v1, Fig 1.
+- Heatmaps of B and C (Denisov et al. 2022, App G, Fig 5): each matrix on its own
+  color scale with a colorbar, entries mapped to their rank, and a histogram of
+  the non-zero magnitudes.
+- √L per strategy on a log scale, with the lower bound for any factorization.
 """
 
 from __future__ import annotations
@@ -59,22 +60,31 @@ def _rank_normalized(x: np.ndarray) -> np.ndarray:
 
 
 def plot_heatmaps(b: np.ndarray, c: np.ndarray, path: str, title: str) -> str:
-  """B and C side by side: scaled by the largest entry, rank-normalized, histograms (App G)."""
+  """B and C side by side: |entries| (own scale, colorbar), rank of |entries|, histograms."""
   plt = _pyplot()
-  fig, axes = plt.subplots(3, 2, figsize=(10, 14))
-  scale = max(float(np.max(np.abs(b))), float(np.max(np.abs(c))), 1e-300)
+  fig, axes = plt.subplots(3, 2, figsize=(11, 14))
   for col, (name, x) in enumerate((("B (decoder)", b), ("C (encoder)", c))):
     ax = axes[0, col]
-    ax.imshow(np.abs(x) / scale, cmap="Reds", vmin=0.0, vmax=1.0, interpolation="nearest")
-    ax.set_title(f"{name}: |entry| / {scale:.3g}")
+    image = ax.imshow(np.abs(x), cmap="Reds", vmin=0.0, vmax=float(np.max(np.abs(x))) or 1.0,
+                      interpolation="nearest")
+    fig.colorbar(image, ax=ax, label="|entry|")
+    ax.set_title(f"{name}: |entry|")
+    ax.set_xlabel("column j")
+    ax.set_ylabel("row i")
     ax = axes[1, col]
-    ax.imshow(_rank_normalized(x), cmap="Reds", vmin=0.0, vmax=1.0, interpolation="nearest")
+    image = ax.imshow(_rank_normalized(x), cmap="Reds", vmin=0.0, vmax=1.0,
+                      interpolation="nearest")
+    fig.colorbar(image, ax=ax, label="rank of |entry| (fraction of non-zeros)")
     ax.set_title(f"{name}: rank of |entry|")
+    ax.set_xlabel("column j")
+    ax.set_ylabel("row i")
     ax = axes[2, col]
-    counts, edges = np.histogram(np.abs(x[x != 0]), bins=100)
+    nonzero = np.abs(x[x != 0])
+    counts, edges = np.histogram(nonzero, bins=100) if nonzero.size else (np.zeros(1), [0, 1])
     ax.stairs(counts, edges, fill=True, color="firebrick")
     ax.set_yscale("log")
     ax.set_xlabel("|entry| of non-zero entries")
+    ax.set_ylabel("count")
     ax.set_title(f"{name}: histogram")
   fig.suptitle(title)
   fig.tight_layout()
@@ -84,23 +94,33 @@ def plot_heatmaps(b: np.ndarray, c: np.ndarray, path: str, title: str) -> str:
   return path
 
 
-def plot_sqrt_loss_bars(table: Dict[str, Dict[str, Optional[float]]], path: str,
-                        title: str) -> str:
-  """Grouped bars of √L: ``table[workload][strategy]``."""
+def plot_sqrt_loss_bars(table: Dict[str, Dict[str, Optional[float]]], path: str, title: str,
+                        lower_bounds: Optional[Dict[str, float]] = None) -> str:
+  """Grouped bars of √L, ``table[workload][strategy]``, on a log scale.
+
+  ``lower_bounds[workload]`` (√ of McMahan et al. App C's bound for any
+  factorization) is drawn as a dashed line.
+  """
   plt = _pyplot()
   workload_names = list(table)
   strategies = list(dict.fromkeys(s for row in table.values() for s in row))
-  fig, axes = plt.subplots(1, len(workload_names), figsize=(5 * len(workload_names), 4.5),
+  fig, axes = plt.subplots(1, len(workload_names), figsize=(5.5 * len(workload_names), 4.8),
                            squeeze=False)
   for ax, workload in zip(axes[0], workload_names):
-    values = [table[workload].get(s) or 0.0 for s in strategies]
-    bars = ax.bar(range(len(strategies)), values, color="steelblue")
-    for bar, value in zip(bars, values):
-      ax.text(bar.get_x() + bar.get_width() / 2, value, f"{value:.1f}", ha="center",
+    values = [table[workload].get(s) for s in strategies]
+    positions = [k for k, v in enumerate(values) if v]
+    bars = ax.bar(positions, [values[k] for k in positions], color="steelblue")
+    for bar, k in zip(bars, positions):
+      ax.text(bar.get_x() + bar.get_width() / 2, values[k], f"{values[k]:.1f}", ha="center",
               va="bottom", fontsize=8)
+    if lower_bounds and lower_bounds.get(workload):
+      ax.axhline(lower_bounds[workload], color="black", linestyle="--", linewidth=1,
+                 label=f"lower bound {lower_bounds[workload]:.1f}")
+      ax.legend(loc="upper right", fontsize=8)
+    ax.set_yscale("log")
     ax.set_xticks(range(len(strategies)))
     ax.set_xticklabels(strategies, rotation=30, ha="right")
-    ax.set_ylabel("√L")
+    ax.set_ylabel("√L (log scale)")
     ax.set_title(workload)
   fig.suptitle(title)
   fig.tight_layout()

@@ -104,11 +104,15 @@ class FactorizationSpec:
     return params
 
 
-def check_size(spec: FactorizationSpec) -> None:
-  """Refuses, before A is built, a size whose dense matrices would not fit in memory."""
+def check_size(spec: FactorizationSpec) -> float:
+  """Refuses, before A is built, a size whose dense matrices would not fit in memory.
+
+  Returns the bytes of memory the computation plans for.
+  """
   copies = _PEAK_MATRICES.get(spec.strategy, 12)
   m = 2 * spec.n if spec.strategy.startswith("honaker") else spec.n
   checks.dense_matrices_fit(spec.n, copies, f"strategy {spec.strategy} at n = {spec.n}", m=m)
+  return 8.0 * spec.n * m * copies
 
 
 def factorize(spec: FactorizationSpec, progress: bool = False,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 
 def register(subparsers) -> None:
@@ -15,13 +16,15 @@ def register(subparsers) -> None:
   actions.required = True
   for name, help_text in (("list", "one line per cached factorization"),
                           ("verify", "check every entry (sha256, shapes, dtype, triangularity, "
-                                     "B·C = A); exit 1 naming each bad entry")):
+                                     "B·C = A, stored figures); exit 1 naming each bad entry")):
     sub = actions.add_parser(name, help=help_text)
-    sub.add_argument("--cache-dir", default=None, help="cache directory (overrides $TFF_MF_CACHE)")
-    sub.add_argument("--json", action="store_true", help="print JSON")
+    sub.add_argument("--cache-dir", default=None,
+                     help="cache directory (default: $TFF_MF_CACHE or ~/.cache/tff_mf)")
+    sub.add_argument("--json", action="store_true", help="print JSON (default: off)")
     if name == "verify":
       sub.add_argument("--quick", action="store_true",
-                       help="randomized O(n²) check of B·C = A instead of the full product")
+                       help="check B·C = A on secret random vectors (O(n²)) instead of the full "
+                            "product (default: off)")
     sub.set_defaults(func=run)
 
 
@@ -31,24 +34,28 @@ def _fmt(x, spec):
 
 def run(args: argparse.Namespace) -> int:
   from tff_mf import cache  # pylint: disable=g-import-not-at-top
-  root = cache._resolve_dir(args.cache_dir)  # pylint: disable=protected-access
+  root = cache.resolve_dir(args.cache_dir)
   if args.cache_action == "list":
+    if args.cache_dir is not None and not os.path.isdir(root):
+      raise cache.CacheError(f"cache directory {root} does not exist")
     rows = cache.list_entries(args.cache_dir)
     if args.json:
       print(json.dumps({"cache_dir": root, "entries": rows}, sort_keys=True))
       return 0
     print(f"cache: {root} ({len(rows)} entries)")
     if rows:
-      header = f"{'strategy':<24} {'workload':<16} {'n':>6} {'sqrt(L)':>10} {'gap':>9} {'MB':>8}  entry"
+      header = (f"{'strategy':<24} {'workload':<16} {'n':>6} {'participation':<18} "
+                f"{'rmse':>9} {'sqrt(L)':>10} {'MB':>8}  entry")
       print(header)
       for r in rows:
         if "error" in r:
-          print(f"{'UNREADABLE':<24} {'':<16} {'':>6} {'':>10} {'':>9} {'':>8}  {r['directory']}: "
-                f"{r['error']}")
+          print(f"{'UNREADABLE':<24} {r['directory']}: {r['error']}")
           continue
         strategy = r["strategy"] or "?"
-        if strategy == "structured":
-          strategy += f"(h={r['bands']},r={r['rank']})"
+        params = ",".join(f"{k[0]}={r[k]}" for k in ("bands", "rank", "buffers")
+                          if r.get(k) not in (None, 0))
+        if params:
+          strategy += f"({params})"
         workload = r["workload"] or "?"
         if workload == "momentum":
           workload += f" {r['momentum']:g}"
@@ -56,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
             workload += f" {r['lr_schedule']}"
         size = None if r["bytes"] is None else r["bytes"] / 1e6
         print(f"{strategy:<24} {workload:<16} {_fmt(r['n'], 'd'):>6} "
-              f"{_fmt(r['sqrt_loss'], '.4f'):>10} {_fmt(r['relative_gap'], '.2g'):>9} "
-              f"{_fmt(size, '.1f'):>8}  {r['directory']}")
+              f"{r.get('participation') or '-':<18} {_fmt(r['rmse'], '.4g'):>9} "
+              f"{_fmt(r['sqrt_loss'], '.4f'):>10} {_fmt(size, '.1f'):>8}  {r['directory']}")
     return 0
   results = cache.verify(args.cache_dir, full_check=not args.quick)
   bad = [r for r in results if not r["ok"]]

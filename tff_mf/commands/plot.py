@@ -1,4 +1,7 @@
-"""``tff-mf plot``: per-round variance (Denisov Fig 1, McMahan Fig 1) and B/C heatmaps (App G).
+"""``tff-mf plot``: per-round variance and B/C heatmaps.
+
+Per-round variance: Denisov et al. 2022, arXiv:2202.08312, Fig 1; McMahan, Rush,
+Thakurta, arXiv:2202.08312 v1, Fig 1. Heatmaps: Denisov et al. 2022, App G.
 
 Factorizations come from the cache (computed on a miss), so plotting after
 ``tff-mf factorize`` or ``tff-mf demo`` costs only the drawing.
@@ -44,9 +47,7 @@ def make_plots(output_dir: str, n: int, momentum: Optional[float] = None,
     m_full = _factorization(mom, "honaker_full", cache_dir)
     m_opt = _factorization(mom, "optimal", cache_dir)
     # Opt Prefix Sum as post-processing: B = M·S⁻¹·B_S with C = C_S (Denisov Sec 4).
-    b_post = strategies.post_process_prefix_decoder(m_opt.a, opt.b)
-    from tff_mf import factorization as fz  # pylint: disable=g-import-not-at-top
-    post = fz.Factorization(a=m_opt.a, b=b_post, c=opt.c, strategy="optimal_prefix_sum")
+    post = strategies.post_processed(opt, m_opt.a, "opt_prefix_sum")
     curves = {}
     for label, f in (("Honaker Online", m_online), ("Honaker Full", m_full),
                      ("Opt Prefix Sum", post), ("Optimal M = BC", m_opt)):
@@ -66,11 +67,13 @@ def register(subparsers) -> None:
       "plot", help="write PNGs: per-round variance (tree vs optimal) and B/C heatmaps",
       description="Per-round variance of Honaker online/full vs the optimal factorization "
                   "(Denisov Fig 1, McMahan Fig 1) and heatmaps of B and C (Denisov App G).")
-  parser.add_argument("--n", type=int, required=True, help="number of rounds n")
+  parser.add_argument("--n", type=int, required=True, help="number of rounds n (required)")
   parser.add_argument("--momentum", type=float, default=None,
-                      help="also plot the momentum workload with this β (Denisov Fig 1 right)")
-  parser.add_argument("--output-dir", required=True, help="directory for the PNGs")
-  parser.add_argument("--cache-dir", default=None, help="cache directory (overrides $TFF_MF_CACHE)")
+                      help="also plot the momentum workload with this β (Denisov et al. Fig 1 "
+                           "right) (default: prefix sums only)")
+  parser.add_argument("--output-dir", required=True, help="directory for the PNGs (required)")
+  parser.add_argument("--cache-dir", default=None,
+                      help="cache directory (default: $TFF_MF_CACHE or ~/.cache/tff_mf)")
   parser.set_defaults(func=run)
 
 

@@ -216,11 +216,7 @@ class DenseNoise(StreamingNoise):
         raise NoiseError(f"noise matrix N is {nm.shape}, expected {(self.n, self.m)} for C "
                          f"{self._c.shape}")
     _check_inverse(lambda x: nm @ x, self._c, "noise matrix N", probe=self.n > FULL_CHECK_MAX_N)
-    nonzero = nm != 0
-    empty = np.flatnonzero(~np.any(nonzero, axis=1))
-    if empty.size:
-      raise NoiseError(f"noise matrix N has an all-zero row {int(empty[0])}: that round would "
-                       "add no noise")
+    nonzero = nm != 0  # N·C = I: no row of N is zero, no round adds no noise
     self._n_matrix = nm
     self._row_ptr = np.concatenate([[0], np.cumsum(np.sum(nonzero, axis=1))]).astype(np.int64)
     self._cols = np.nonzero(nonzero)[1].astype(np.int32)

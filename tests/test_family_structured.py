@@ -1,14 +1,16 @@
-"""Structured banded + low-rank strategy (Denisov et al. App H; McMahan et al. Sec 4.2)."""
+"""Structured banded + low-rank strategy (Denisov et al. 2022, arXiv:2202.08312, App H;
+McMahan, Rush, Thakurta, arXiv:2202.08312 v1, Sec 4.2)."""
 
 import numpy as np
 import pytest
+import scipy.linalg
 
 from tff_mf import factorization as fz
 from tff_mf import optimal
-from tff_mf import structured
+from tff_mf.families import structured
 from tff_mf import workloads
 
-# McMahan et al. Table 1 (002_…) / Denisov et al. Table 2 (000_…): n -> (h, r, optimal √L,
+# McMahan et al. Table 1 / Denisov et al. 2022 Table 2: n -> (h, r, optimal √L,
 # "Efficient" √L of the banded + low-rank approximation).
 PAPER_TABLE = {
     256: (4, 4, 40.4, 40.4),
@@ -84,16 +86,22 @@ def test_more_rank_approximates_better(momentum_64):
 
 
 @pytest.mark.parametrize("bands,rank", [(1, 0), (1, 3), (4, 2), (7, 5)])
-def test_algorithm3_stream_reproduces_dense_noise(momentum_64, bands, rank):
-  """Denisov Algorithm 3: streaming O((h+r)d) evaluation equals B̂·Z row by row."""
+def test_algorithm3_stream_is_the_residual_noise(momentum_64, bands, rank):
+  """Denisov Algorithm 3 on N = A⁻¹·B̂: the stream's rows are (A⁻¹·B̂·Z)[i], in O((h′+r)·d)."""
   a, opt = momentum_64
   result = structured.fit(a, bands, rank, b_opt=opt.b)
   z = np.random.default_rng(1).standard_normal((64, 5))
-  stream = result.noise_stream(5)
-  rows = np.stack([stream.next(z[i]) for i in range(64)])
-  np.testing.assert_allclose(rows, result.b @ z, atol=1e-10)
-  with pytest.raises(ValueError, match="built for n=64"):
-    stream.next(z[0])
+  stream = structured.pieces_stream(result.diagonals, result.u, result.v, a)
+  assert stream.k == min(bands + 2, 64) + rank  # momentum: A⁻¹ has 3 diagonals
+  expected = scipy.linalg.solve_triangular(a, result.b @ z, lower=True)
+  np.testing.assert_allclose(stream.run(z), expected, atol=1e-9 * np.max(np.abs(expected)))
+
+
+def test_stream_needs_a_banded_inverse():
+  a = np.tril(np.random.default_rng(0).uniform(1, 2, (16, 16)))
+  diagonals = np.ones((2, 16))
+  with pytest.raises(ValueError, match="nonzero diagonals"):
+    structured.pieces_stream(diagonals, np.zeros((16, 1)), np.zeros((16, 1)), a)
 
 
 def test_fit_computes_optimal_when_not_given():

@@ -1,0 +1,136 @@
+"""Layering, stated once and tested: the numpy core (``tff_mf`` outside ``tff_mf.tf``) imports
+no TensorFlow; the library (``tff_mf``) imports neither the harness (``training``) nor the data
+package (``stackoverflow``); the data package does not import the harness; and no module
+imports, directly or through others, a module that imports it back."""
+
+import ast
+import os
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("tff_mf", "training", "stackoverflow")
+HEAVY = ("tensorflow", "tensorflow_federated", "tensorflow_privacy", "jax", "keras")
+# package -> packages it may import
+ALLOWED = {"tff_mf": {"tff_mf"}, "stackoverflow": {"stackoverflow", "tff_mf"},
+           "training": {"training", "stackoverflow", "tff_mf"}}
+
+
+def _modules(package):
+  """Every module of ``package`` (dotted name -> file path)."""
+  out = {}
+  root = os.path.join(REPO, package)
+  for info in pkgutil.walk_packages([root], prefix=f"{package}."):
+    spec_path = os.path.join(REPO, *info.name.split("."))
+    path = spec_path + ".py" if not info.ispkg else os.path.join(spec_path, "__init__.py")
+    out[info.name] = path
+  out[package] = os.path.join(root, "__init__.py")
+  return out
+
+
+def _imports(name, path):
+  """Project modules ``name`` imports anywhere in its file (module- or function-level)."""
+  tree = ast.parse(open(path, encoding="utf-8").read())
+  found = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      found.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom):
+      if node.level:  # relative import
+        base = name.split(".")[:-node.level] if not path.endswith("__init__.py") else \
+            name.split(".")[:len(name.split(".")) - node.level + 1]
+        module = ".".join(base + ([node.module] if node.module else []))
+      else:
+        module = node.module or ""
+      found.add(module)
+      found.update(f"{module}.{alias.name}" for alias in node.names)
+  return {m for m in found if m.split(".")[0] in PACKAGES}
+
+
+def _graph():
+  modules = {}
+  for package in PACKAGES:
+    modules.update(_modules(package))
+  graph = {}
+  for name, path in modules.items():
+    graph[name] = {m for m in _imports(name, path) if m in modules and m != name}
+  return graph
+
+
+def test_packages_import_only_what_the_layering_allows():
+  bad = []
+  for name, deps in _graph().items():
+    package = name.split(".")[0]
+    bad += [f"{name} imports {d}" for d in deps if d.split(".")[0] not in ALLOWED[package]]
+  assert bad == []
+
+
+def test_no_import_cycles():
+  graph = _graph()
+  index, low, on_stack, stack, cycles = {}, {}, set(), [], []
+
+  def visit(v):  # Tarjan's strongly connected components
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on_stack.add(v)
+    for w in graph[v]:
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component = []
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        component.append(w)
+        if w == v:
+          break
+      # A package's __init__ importing its own submodule is not a cycle through the submodule.
+      if len(component) > 1:
+        cycles.append(sorted(component))
+
+  sys.setrecursionlimit(10000)
+  for v in graph:
+    if v not in index:
+      visit(v)
+  assert cycles == []
+
+
+def test_numpy_core_imports_no_tensorflow():
+  core = sorted(m for m in _modules("tff_mf") if not m.startswith("tff_mf.tf"))
+  code = (
+      "import importlib, sys\n"
+      f"for m in {core!r}:\n"
+      "  importlib.import_module(m)\n"
+      f"  heavy = sorted(x for x in sys.modules if x.split('.')[0] in {HEAVY!r})\n"
+      "  if heavy:\n"
+      "    print('LOADED', m, heavy[:3]); break\n"
+      "else:\n"
+      "  print('LOADED none')\n")
+  env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": REPO, "LANG": "C.UTF-8"}
+  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                       timeout=300, env=env)
+  assert out.returncode == 0, out.stderr
+  assert "LOADED none" in out.stdout, out.stdout
+
+
+def test_command_modules_are_light():
+  """`tff-mf factorize` on a cache hit must not pay for matplotlib or tqdm at import."""
+  import tff_mf.commands  # pylint: disable=g-import-not-at-top
+  modules = ["tff_mf.cli"] + [f"tff_mf.commands.{m.name}"
+                              for m in pkgutil.iter_modules(tff_mf.commands.__path__)]
+  code = (
+      "import importlib, sys\n"
+      f"for m in {modules!r}: importlib.import_module(m)\n"
+      "print('LOADED', sorted(m for m in ('matplotlib', 'tqdm', 'scipy.linalg') "
+      "if m in sys.modules))\n")
+  env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": REPO, "LANG": "C.UTF-8"}
+  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                       timeout=120, env=env)
+  assert out.returncode == 0, out.stderr
+  assert "LOADED []" in out.stdout
