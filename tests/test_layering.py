@@ -112,11 +112,7 @@ def test_numpy_core_imports_no_tensorflow():
       "    print('LOADED', m, heavy[:3]); break\n"
       "else:\n"
       "  print('LOADED none')\n")
-  env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": REPO, "LANG": "C.UTF-8"}
-  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                       timeout=300, env=env)
-  assert out.returncode == 0, out.stderr
-  assert "LOADED none" in out.stdout, out.stdout
+  assert "LOADED none" in _python(code), "a numpy-core module imports TensorFlow"
 
 
 def test_command_modules_are_light():
@@ -129,8 +125,13 @@ def test_command_modules_are_light():
       f"for m in {modules!r}: importlib.import_module(m)\n"
       "print('LOADED', sorted(m for m in ('matplotlib', 'tqdm', 'scipy.linalg') "
       "if m in sys.modules))\n")
+  assert "LOADED []" in _python(code)
+
+
+def _python(code):
+  """stdout of ``code`` run in a fresh interpreter from a clean environment."""
   env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": REPO, "LANG": "C.UTF-8"}
   out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                       timeout=120, env=env)
+                       timeout=300, env=env)
   assert out.returncode == 0, out.stderr
-  assert "LOADED []" in out.stdout
+  return out.stdout

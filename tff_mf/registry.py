@@ -56,7 +56,10 @@ class Mechanism:
       into the training workload A (B = A·S⁻¹·B_S, Denisov et al. 2022 Sec 4), or
       ``training`` when C factorizes the training workload itself.
     noise: one of NOISE_KINDS.
-    participations: schemas it can be trained and accounted under.
+    participations: schemas it can be trained and accounted under. Its C is
+      optimized for the schema when the strategy supports it
+      (``Strategy.participations``), else for single participation; either way
+      the sensitivity under the schema is computed from C.
     trainable: False when it exists for accounting only.
     why_not_trainable: the reason, when not trainable.
     private: False only for ``none``.
@@ -115,23 +118,23 @@ MECHANISMS: Dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("tree", ("tree_aggregation", "tff_tree"), "tree (TFF tree_aggregation)",
               "TFF's binary-tree aggregator (DifferentiallyPrivateFactory.tree_aggregation, "
               "efficient Honaker estimator), per-node multiplier z·√levels",
-              "honaker_online", "prefix_sum", "tff_tree"),
+              "honaker_online", "prefix_sum", "tff_tree", PARTICIPATIONS),
     Mechanism("honaker_online", ("binary_tree", "dp_ftrl"), "Honaker online (tree)",
               "binary tree C_T with the streaming Honaker decoder, as a matrix mechanism",
-              "honaker_online", "prefix_sum", "dense"),
+              "honaker_online", "prefix_sum", "dense", PARTICIPATIONS),
     Mechanism("honaker_full", (), "Honaker full",
               "binary tree C_T with the full Honaker decoder", "honaker_full", "prefix_sum",
-              "dense"),
+              "dense", PARTICIPATIONS),
     Mechanism("opt_prefix_sum", ("optimal_prefix_sum",), "opt prefix sum",
               "optimal factorization of the prefix sum S; momentum and the learning-rate "
               "schedule applied as post-processing", "optimal", "prefix_sum", "dense",
-              ("single", "fixed_epoch")),
+              PARTICIPATIONS),
     Mechanism("opt_momentum", ("optimal_momentum", "optimal"), "opt momentum",
               "optimal factorization of the training workload M = M(η)·M(β) itself",
-              "optimal", "training", "dense", ("single", "fixed_epoch")),
+              "optimal", "training", "dense", PARTICIPATIONS),
     Mechanism("structured", (), "structured (banded + low rank)",
               "banded + low-rank B̂ for S with O((h + r)·d) noise per round", "structured",
-              "prefix_sum", "linear"),
+              "prefix_sum", "linear", PARTICIPATIONS),
     Mechanism("banded", ("band_mf", "banded_mf"), "banded",
               "b-banded C for the training workload with O(b·d) noise state",
               "banded", "training", "linear", PARTICIPATIONS),
@@ -140,7 +143,7 @@ MECHANISMS: Dict[str, Mechanism] = {m.name: m for m in (
               "banded_toeplitz", "training", "linear", PARTICIPATIONS),
     Mechanism("blt", ("buffered_linear_toeplitz",), "BLT",
               "buffered linear Toeplitz C for the training workload with O(m·d) noise state",
-              "blt", "training", "linear", ("single", "min_sep")),
+              "blt", "training", "linear", PARTICIPATIONS),
     Mechanism("gaussian", ("gaussian_fixed", "identity", "dp_fedavg"),
               "gaussian (independent noise)",
               "TFF's DifferentiallyPrivateFactory.gaussian_fixed: independent noise each round "

@@ -249,14 +249,18 @@ def _matrix_factorization(cfg: MechanismConfig, info: Dict[str, Any]):
     params = {"bands": cfg.bands}
   elif cfg.buffers is not None:
     params = {"buffers": cfg.buffers}
+  # C is optimized for the schema where its strategy can be; the noise stream computes the
+  # sensitivity under the schema from C either way.
+  optimized_for = (cfg.participation if cfg.participation.kind in
+                   registry.strategy(m.strategy).participations else participation_lib.SINGLE)
   spec = strategies.FactorizationSpec(workload=factorized, strategy=m.strategy,
-                                      participation=cfg.participation, **params)
+                                      participation=optimized_for, **params)
   if m.strategy in ("optimal", "structured", "banded", "banded_toeplitz", "blt"):
     f, entry = cache.load_or_factorize(spec, cache_dir=cfg.cache_dir, progress=cfg.progress)
     info.update(cache_npz=entry.npz_path, cache_hit=entry.cache_hit)
   else:
     f = strategies.factorize(spec, progress=cfg.progress)
-  info.update({k: v for k, v in params.items()})
+  info.update(params, optimized_for=optimized_for.as_dict())
   a_factorized = f.a
   if factorized != w_spec:
     f = strategies.post_processed(f, w_spec.build(), m.name)
@@ -317,10 +321,14 @@ def tree_aggregation_params(cfg: MechanismConfig) -> TreeAggregationParams:
 
 def _build_tff_tree(cfg: MechanismConfig, info: Dict[str, Any]):
   params = tree_aggregation_params(cfg)
+  # The nodes TFF adds noise to are the rows of C_T (unnormalized, unit node noise).
+  report = participation_lib.sensitivity_report(tree.tree_encoder(cfg.n), cfg.participation)
   info.update(tree_levels=params.levels,
               noise_multiplier_per_node=params.noise_multiplier_per_node,
-              sensitivity=math.sqrt(params.levels), effective_noise_multiplier=
-              cfg.noise_multiplier, tff_dp_events="TFF's tree query reports UnsupportedDpEvent",
+              sensitivity_per_node=report["value"], sensitivity_exact=report["exact"],
+              sensitivity_method=report["method"],
+              effective_noise_multiplier=params.noise_multiplier_per_node / report["value"],
+              tff_dp_events="TFF's tree query reports UnsupportedDpEvent",
               noise_seed_source="pinned" if cfg.noise_seed is not None else "os_entropy")
 
   def make_factory(specs):
