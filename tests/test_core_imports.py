@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import userenv
+
+REPO = userenv.REPO
 CORE_MODULES = ("tff_mf", "tff_mf.workloads", "tff_mf.factorization", "tff_mf.tree",
                 "tff_mf.strategies", "tff_mf.optimal", "tff_mf.structured", "tff_mf.cache",
                 "tff_mf.accounting", "tff_mf.mmcc", "tff_mf.cli", "tff_mf.plots")
@@ -32,7 +34,7 @@ def test_module_imports_without_tensorflow(module):
       "('tensorflow', 'tensorflow_federated', 'tensorflow_privacy', 'jax'))\n"
       "print('LOADED', bad)\n")
   out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                       timeout=120)
+                       timeout=120, env=userenv.env())
   assert out.returncode == 0, out.stderr
   assert "LOADED []" in out.stdout, f"{module} pulls in {out.stdout}"
 
@@ -46,6 +48,6 @@ def test_command_modules_are_light():
       "print('LOADED', sorted(m for m in ('matplotlib', 'tqdm', 'scipy.linalg') "
       "if m in sys.modules))\n")
   out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                       timeout=120)
+                       timeout=120, env=userenv.env())
   assert out.returncode == 0, out.stderr
   assert "LOADED []" in out.stdout
