@@ -20,7 +20,6 @@ COMMANDS = (
     ("cache", "tff_mf.commands.cache"),
     ("plot", "tff_mf.commands.plot"),
     ("account", "tff_mf.commands.account"),
-    ("demo", "tff_mf.commands.demo"),
 )
 
 
