@@ -125,6 +125,25 @@ def test_address_parsing_and_unreachable_worker_error():
   assert os.access(distributed.worker_binary_path(), os.X_OK)
 
 
+def test_serve_and_check_work_from_a_clean_shell(tmp_path):
+  """`python -m training.distributed serve` (the worker) and `check`, as a user starts them."""
+  from training import distributed  # pylint: disable=g-import-not-at-top
+  port = distributed._pick_loopback_port()  # pylint: disable=protected-access
+  env = userenv.env(home=tmp_path)
+  server = subprocess.Popen([sys.executable, "-m", "training.distributed", "serve", "--port",
+                             str(port)], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+  try:
+    check = subprocess.run([sys.executable, "-m", "training.distributed", "check", "--workers",
+                            f"127.0.0.1:{port}", "--timeout", "60"], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stderr
+    assert f"127.0.0.1:{port}: ready" in check.stdout
+  finally:
+    os.killpg(server.pid, signal.SIGKILL)
+    server.wait(timeout=30)
+
+
 def test_mf_fedavg_two_workers_equal_single_process_kill_and_resume(tmp_path):
   returncode, out = _run_driver("fast", tmp_path)
   assert returncode == 0, out[-6000:]

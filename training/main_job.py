@@ -150,12 +150,13 @@ def plot_curves(curves: Dict[str, Dict[str, List[tuple]]], path: str, title: str
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
   fig, axes = plt.subplots(1, len(PLOTTED_METRICS), figsize=(11, 4.2))
   for ax, (metric, label) in zip(axes, PLOTTED_METRICS):
     for name, points in curves.get(metric, {}).items():
       if points:
         xs, ys = zip(*points)
-        ax.plot(xs, ys, marker="o", markersize=3, label=name)
+        ax.plot(xs, ys, marker="o", markersize=3, label=registry.label(name))
     ax.set_xlabel("round")
     ax.set_ylabel(label)
     ax.grid(alpha=0.3)
@@ -170,12 +171,14 @@ def format_table(rows: Sequence[dict]) -> str:
   """Markdown table of the per-mechanism results."""
   def fmt(value, spec):
     return "—" if value is None else format(value, spec)
-  lines = ["| mechanism | ε | δ | noise multiplier z | √L | validation accuracy | "
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
+  lines = ["| mechanism | label | ε | δ | noise multiplier z | √L | validation accuracy | "
            "test accuracy | test accuracy (all tokens) | test loss | rounds | wall s |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for r in rows:
     lines.append(
-        f"| {r['mechanism']} | {fmt(r['epsilon'], '.3g')} | {fmt(r['delta'], '.0e')} | "
+        f"| {r['mechanism']} | {registry.label(r['mechanism'])} | {fmt(r['epsilon'], '.3g')} | "
+        f"{fmt(r['delta'], '.0e')} | "
         f"{fmt(r['noise_multiplier'], '.4g')} | {fmt(r['sqrt_loss'], '.4g')} | "
         f"{fmt(r['validation_accuracy'], '.4f')} | {fmt(r['test_accuracy'], '.4f')} | "
         f"{fmt(r['test_accuracy_all_tokens'], '.4f')} | "
