@@ -11,9 +11,9 @@ PYTEST_WORKERS ?= 2
 venv:
 	@bash scripts/bootstrap.sh
 
-## Main job on the embedded default data (no downloads).
+## Main job on the embedded default data (no downloads): the √L table, then training.
 demo: venv
-	$(VENV)/bin/tff-mf demo --output-dir out/demo
+	$(PY) -m training.main_job --output_dir out/demo
 
 ## Default (fast) test suite: under 15 minutes on 2 cores, setup included.
 test: venv

@@ -13,7 +13,12 @@ stamp_want="$(cat requirements/lock.txt requirements/lock-nodeps.txt setup.cfg p
 stamp_file="$venv/.tff_mf_stamp"
 if [[ -x "$venv/bin/python" && -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp_want" ]]; then
   # Environment is current; make sure the editable install of the project is too.
-  if "$venv/bin/python" -c 'import tff_mf.cli, training, stackoverflow' >/dev/null 2>&1; then
+  # The editable install must resolve tff_mf to this checkout from any directory (the
+  # harness packages training/ and stackoverflow/ are not installed; they run from here).
+  if (cd / && "$venv/bin/python" -c 'import os, sys, tff_mf.cli
+sys.exit(os.path.dirname(os.path.dirname(os.path.abspath(tff_mf.__file__))) != sys.argv[1])' \
+      "$root") >/dev/null 2>&1 && "$venv/bin/python" -c 'import training, stackoverflow' \
+      >/dev/null 2>&1; then
     exit 0
   fi
   echo "[bootstrap] refreshing the editable install of tff-mf" >&2

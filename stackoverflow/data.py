@@ -7,7 +7,7 @@ as `tf.data.Dataset`s of raw examples, and the vocabulary. Preprocess them with
 `stackoverflow.preprocessing.build_preprocess_fn(vocab, ...)`.
 
 - "stackoverflow": TFF's federated StackOverflow (Denisov et al. 2022, Sec 5
-  and App I, `001_b1b7d09d53a8fdc8.txt` / `000_0891b0dceb3bb536.txt`), read
+  and App I, arXiv:2202.08312), read
   from an already downloaded copy through
   `tff.simulation.datasets.stackoverflow.load_data(cache_dir=data_dir)`; the
   vocabulary is the `vocab_size` most frequent words of TFF's word counts. The
@@ -24,6 +24,8 @@ as `tf.data.Dataset`s of raw examples, and the vocabulary. Preprocess them with
 
 import collections
 import dataclasses
+import hashlib
+import json
 import lzma
 import os
 from typing import Any, Optional
@@ -33,6 +35,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 import tqdm
 
+from stackoverflow.word_counts import DatasetUnavailableError  # pylint: disable=unused-import
+from stackoverflow.word_counts import read_word_counts
 from tff_mf.cache import file_sha256
 
 DATASETS = ("stackoverflow", "pydocs", "synthetic")
@@ -58,10 +62,6 @@ STACKOVERFLOW_WORD_COUNT = os.path.join("datasets", "stackoverflow.word_count")
 STACKOVERFLOW_DIR_ENV = "TFF_MF_STACKOVERFLOW_DIR"
 
 
-class DatasetUnavailableError(RuntimeError):
-  """A dataset's files are missing or unreadable; the message says what to do."""
-
-
 @dataclasses.dataclass(frozen=True)
 class FederatedData:
   """A federated next-word-prediction dataset.
@@ -74,6 +74,8 @@ class FederatedData:
     vocab: the vocabulary words, most frequent first (word i has id i + 1).
     train_client_ids: the train client ids, sorted.
     info: facts about the data (paths, counts, fingerprint).
+    fingerprint: sha256 hex that changes whenever the data can (see
+      `dataset_fingerprint`); record it with results.
   """
   name: str
   train: Any
@@ -82,6 +84,7 @@ class FederatedData:
   vocab: list
   train_client_ids: list
   info: dict
+  fingerprint: str
 
 
 def load_federated_data(dataset: str,
@@ -156,7 +159,28 @@ def load_federated_data(dataset: str,
               max_test_examples=max_test_examples, vocab_size=len(vocab))
   return FederatedData(name=dataset, train=train, validation=validation,
                        test=test_dataset, vocab=list(vocab),
-                       train_client_ids=sorted(train.client_ids), info=info)
+                       train_client_ids=sorted(train.client_ids), info=info,
+                       fingerprint=dataset_fingerprint(dataset, info, vocab))
+
+
+def dataset_fingerprint(dataset: str, info: dict, vocab: list) -> str:
+  """sha256 hex identifying the data a run trains and evaluates on.
+
+  It hashes the dataset's own identity and the vocabulary and split sizes used:
+  pydocs its build fingerprint (builder version, Python version, every scanned
+  distribution's version and the options; the docstrings change with installed
+  packages) and the sha256 of its content; synthetic the sha256 of its sentences;
+  StackOverflow the sha256 of the verified word-count archive and the size of the
+  database (hashing gigabytes on every start would be too slow).
+  """
+  keys = {"pydocs": ("fingerprint", "content_sha256"),
+          "synthetic": ("content_sha256",),
+          "stackoverflow": ("word_count_sha256", "sqlite_bytes")}[dataset]
+  described = {k: info.get(k) for k in keys}
+  described.update(dataset=dataset, vocab=list(vocab),
+                   num_validation_examples=info["num_validation_examples"],
+                   max_test_examples=info["max_test_examples"])
+  return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
 
 
 def default_stackoverflow_dir() -> str:
@@ -215,23 +239,6 @@ def _decompress_lzma(source: str, target: str, progress: bool) -> None:
   os.replace(tmp, target)
 
 
-def read_word_counts(path: str, vocab_size: Optional[int] = None
-                    ) -> "collections.OrderedDict[str, int]":
-  """Reads a StackOverflow word-count file ("word count" lines, top first)."""
-  counts = collections.OrderedDict()
-  with open(path, encoding="utf-8") as f:
-    for line_number, line in enumerate(f, start=1):
-      parts = line.split()
-      if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
-        raise DatasetUnavailableError(
-            f"{path}:{line_number}: expected 'word count', got {line!r}; the "
-            "word-count file is corrupt.")
-      counts[parts[0]] = int(parts[1])
-      if vocab_size is not None and len(counts) >= vocab_size:
-        break
-  return counts
-
-
 def _stackoverflow_word_counts(data_dir: str, vocab_size: int):
   tarball = os.path.join(data_dir, STACKOVERFLOW_WORD_COUNT_TARBALL)
   extracted = os.path.join(data_dir, STACKOVERFLOW_WORD_COUNT)
@@ -285,7 +292,9 @@ def _load_stackoverflow(data_dir, vocab_size, progress):
     raise DatasetUnavailableError(f"{word_count_path} holds no words.")
   vocab = list(word_counts.keys())[:vocab_size]
   info = dict(data_dir=data_dir, sqlite_path=sqlite_path,
-              word_count_path=word_count_path)
+              word_count_path=word_count_path,
+              word_count_sha256=file_sha256(word_count_path),
+              sqlite_bytes=os.path.getsize(sqlite_path))
   return train, heldout, test, vocab, info
 
 
@@ -352,6 +361,8 @@ def _client_data(clients) -> Any:
 def _load_synthetic(vocab_size, **options):
   clients = synthetic_client_sentences(**options)
   vocab = fit_vocab(clients["train"])[:vocab_size]
-  info = dict(generator="synthetic_client_sentences", options=options)
+  info = dict(generator="synthetic_client_sentences", options=options,
+              content_sha256=hashlib.sha256(
+                  json.dumps(clients, sort_keys=True).encode()).hexdigest())
   return (_client_data(clients["train"]), _client_data(clients["heldout"]),
           _client_data(clients["test"]), vocab, info)

@@ -1,7 +1,7 @@
-"""Next-word-prediction metrics and loss (Denisov et al. 2022, Sec 5, App I).
+"""Next-word-prediction metrics and loss (Denisov et al. 2022, arXiv:2202.08312, Sec 5, App I).
 
 The papers' headline number is accuracy without OOV and EOS targets
-(`000_0891b0dceb3bb536.txt`, App I, "Test accuracy details"). Pad targets are
+(Denisov et al. App I, "Test accuracy details"). Pad targets are
 always excluded: they are not words. BOS never occurs as a target.
 
   accuracy                 -- over all non-pad targets,

@@ -1,10 +1,11 @@
-"""The StackOverflow next-word-prediction LSTM (Denisov et al. 2022, App I).
+"""The StackOverflow next-word-prediction LSTM (Denisov et al. 2022, arXiv:2202.08312, App I).
 
-Architecture shared by Denisov et al. (`000_0891b0dceb3bb536.txt`, App I) with
-Kairouz et al. 2021 / Reddi et al.: token embedding of size 96, one LSTM of 670
-units, a dense projection to 96 units, and a dense softmax layer (logits) over
-the extended vocabulary (V words + B OOV buckets + pad, BOS, EOS; see
-`stackoverflow.preprocessing`). With V = 10,000 and B = 1 (10,004 classes):
+Architecture shared by Denisov et al. (App I) with Kairouz et al. 2021
+(arXiv:2103.00039) / Reddi et al. 2021 (arXiv:2003.00295): token embedding of
+size 96, one LSTM of 670 units, a dense projection to 96 units, and a dense
+softmax layer (logits) over the extended vocabulary (V words + B OOV buckets +
+pad, BOS, EOS; see `stackoverflow.preprocessing`). With V = 10,000 and B = 1
+(10,004 classes):
 
   embedding  10,004 * 96                      =   960,384
   LSTM       4 * (670 * (96 + 670) + 670)     = 2,055,560

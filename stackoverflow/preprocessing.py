@@ -1,7 +1,7 @@
 """StackOverflow next-word-prediction preprocessing (Denisov et al. 2022, App I).
 
-Denisov et al. (`000_0891b0dceb3bb536.txt`, App I, "Stackoverflow settings")
-share their preprocessing with Kairouz et al. 2021: the 10,000 most frequent
+Denisov et al. (arXiv:2202.08312, App I, "Stackoverflow settings") share their
+preprocessing with Kairouz et al. 2021 (arXiv:2103.00039): the 10,000 most frequent
 words, one out-of-vocabulary (OOV) bucket, beginning/end-of-sentence (BOS/EOS)
 and pad tokens, sentences cut to 20 words, at most 256 sentences per client and
 client batches of 16.

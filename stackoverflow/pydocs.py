@@ -3,7 +3,7 @@
 Human-written technical English close in kind to StackOverflow posts, built
 deterministically from the docstrings of the installed Python standard library
 and installed packages, for the next-word-prediction task of Denisov et al.
-2022 (Sec 5, App I, `001_b1b7d09d53a8fdc8.txt` / `000_0891b0dceb3bb536.txt`)
+2022 (arXiv:2202.08312, Sec 5 and App I)
 when the StackOverflow files are not available.
 
 - Sources: every `.py` file of the standard library (without its tests,
@@ -55,6 +55,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 import tqdm
 
 from stackoverflow import sqlite_format
+from stackoverflow import word_counts as word_counts_lib
 from tff_mf.cache import file_sha256
 
 BUILDER_VERSION = 2
@@ -594,7 +595,6 @@ def load(cache_dir: Optional[str] = None, *, force: bool = False,
   """Builds or reuses the cached dataset and opens its three splits."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from stackoverflow import data  # pylint: disable=g-import-not-at-top
   built = build(cache_dir, force=force, progress=progress, **options)
   feature_spec = {"tokens": tf.io.FixedLenFeature([], tf.string)}
 
@@ -605,8 +605,8 @@ def load(cache_dir: Optional[str] = None, *, force: bool = False,
   splits = {split: tff.simulation.datasets.SqlClientData(
       built.sqlite_path, split).preprocess(parse) for split in SPLITS}
   try:
-    vocab = list(data.read_word_counts(built.word_count_path).keys())
-  except data.DatasetUnavailableError as e:
+    vocab = list(word_counts_lib.read_word_counts(built.word_count_path).keys())
+  except word_counts_lib.DatasetUnavailableError as e:
     raise PydocsCacheError(str(e)) from e
   return LoadedPydocs(train=splits["train"], heldout=splits["heldout"],
                       test=splits["test"], vocab=vocab,

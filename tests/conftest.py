@@ -7,11 +7,13 @@ servers running at exit; see ``tff_mf.tf.runtime``).
 
 import os
 
+import userenv
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # Tests never write into the user's matrix/dataset cache (~/.cache/tff_mf):
-# they share one under .pytest_cache/, which is reused between runs.
-os.environ["TFF_MF_CACHE"] = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".pytest_cache", "tff_mf")
+# they share one under .pytest_cache/, which is reused between runs (subprocesses get the
+# same through userenv.env()).
+os.environ["TFF_MF_CACHE"] = userenv.CACHE
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+import userenv
+
 from tff_mf import accounting
 from tff_mf.commands import account as account_cmd
 
@@ -138,7 +140,7 @@ def test_cli_matrix_file(tmp_path, capsys):
 def test_no_tensorflow_imported():
   code = ("import sys; import tff_mf.accounting, tff_mf.mmcc, tff_mf.commands.account; "
           "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
-  subprocess.run([sys.executable, "-c", code], check=True)
+  subprocess.run([sys.executable, "-c", code], check=True, cwd=userenv.REPO, env=userenv.env())
 
 
 def test_json_output_is_strict_json_even_for_unbounded_epsilon(capsys):

@@ -11,7 +11,7 @@ worker mid-run fails the next round with the worker's address in the error,
 with the same model.
 
 * default (fast): FedAvg on a small dense model, state kept in memory;
-* slow: the training loop (``train_lib.run_training``, tiny StackOverflow
+* slow: the training loop (``training.loop.run_training``, tiny StackOverflow
   fixture, LSTM) with its checkpoints, and the real training binary killed
   and rerun as separate processes.
 """
@@ -26,7 +26,9 @@ import time
 import numpy as np
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import userenv
+
+REPO = userenv.REPO
 TINY_FLAGS = dict(mechanism="opt_prefix_sum", dataset="stackoverflow", total_rounds=4,
                   clients_per_round=2, noise_multiplier=1.0, noise_seed=1234,
                   rounds_per_eval=100, rounds_per_checkpoint=1, vocab_size=100,
@@ -35,10 +37,8 @@ TINY_FLAGS = dict(mechanism="opt_prefix_sum", dataset="stackoverflow", total_rou
 
 
 def _env():
-  env = dict(os.environ)
-  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  return env
+  """A clean shell's environment; PYTHONPATH because the driver runs this file as a script."""
+  return userenv.env(pythonpath=True)
 
 
 def _run_driver(mode, tmp_path, timeout=600):
@@ -125,6 +125,25 @@ def test_address_parsing_and_unreachable_worker_error():
   assert os.access(distributed.worker_binary_path(), os.X_OK)
 
 
+def test_serve_and_check_work_from_a_clean_shell(tmp_path):
+  """`python -m training.distributed serve` (the worker) and `check`, as a user starts them."""
+  from training import distributed  # pylint: disable=g-import-not-at-top
+  port = distributed._pick_loopback_port()  # pylint: disable=protected-access
+  env = userenv.env(home=tmp_path)
+  server = subprocess.Popen([sys.executable, "-m", "training.distributed", "serve", "--port",
+                             str(port)], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+  try:
+    check = subprocess.run([sys.executable, "-m", "training.distributed", "check", "--workers",
+                            f"127.0.0.1:{port}", "--timeout", "60"], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stderr
+    assert f"127.0.0.1:{port}: ready" in check.stdout
+  finally:
+    os.killpg(server.pid, signal.SIGKILL)
+    server.wait(timeout=30)
+
+
 def test_mf_fedavg_two_workers_equal_single_process_kill_and_resume(tmp_path):
   returncode, out = _run_driver("fast", tmp_path)
   assert returncode == 0, out[-6000:]
@@ -186,18 +205,16 @@ def test_binary_kill_worker_mid_run_then_resume_with_healthy_workers(tmp_path):
     proc = subprocess.Popen(_binary_command(str(tmp_path / "dist"), data_dir, cache, [a, b]),
                             cwd=REPO, env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    lines = []
+    meta_2 = tmp_path / "dist" / "run" / "checkpoints" / "meta_2"
     try:
-      for line in proc.stderr:
-        lines.append(line)
-        if line.startswith("round 2/"):
-          b_proc.kill()
-          break
-      _, rest = proc.communicate(timeout=600)
+      deadline = time.time() + 600
+      while not meta_2.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+      b_proc.kill()  # after round 2's checkpoint: round 3 needs the dead worker
+      _, stderr = proc.communicate(timeout=600)
     finally:
       if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
-    stderr = "".join(lines) + rest
     assert proc.returncode != 0, stderr[-4000:]
     assert b in stderr, stderr[-4000:]
     resumed = subprocess.run(
@@ -285,31 +302,31 @@ def _loop_driver(out_dir):
   """Single-process run, distributed run, killed-and-resumed distributed run; writes report.json."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   from stackoverflow import fixtures  # pylint: disable=g-import-not-at-top
+  from training import config as config_lib  # pylint: disable=g-import-not-at-top
   from training import distributed  # pylint: disable=g-import-not-at-top
-  from training import train_lib  # pylint: disable=g-import-not-at-top
+  from training import loop  # pylint: disable=g-import-not-at-top
   data_dir = fixtures.write_tiny_stackoverflow(os.path.join(out_dir, "data"))
   base = dict(TINY_FLAGS, data_dir=data_dir, matrix_cache=os.path.join(out_dir, "cache"),
               experiment_name="run")
 
   def config(name, workers=()):
-    return train_lib.TrainingConfig(**dict(base, root_output_dir=os.path.join(out_dir, name),
-                                           workers=tuple(workers)))
+    return config_lib.TrainingConfig(**dict(base, root_output_dir=os.path.join(out_dir, name),
+                                            workers=tuple(workers), progress=False))
 
   report = {}
   quiet = lambda message: print(message, flush=True)
-  train_lib.run_training(config("single"), log=quiet)
+  loop.run_training(config("single"), log=quiet)
   with distributed.local_workers(3) as workers:
     (a, _), (b, b_proc), (c, _) = workers
-    train_lib.run_training(config("dist", [a, b]), log=quiet)
+    loop.run_training(config("dist", [a, b]), log=quiet)
 
-    def kill_after_round_2(message):
-      print(message, flush=True)
-      if message.startswith("round 2/"):
+    def kill_after_round_2(round_num):
+      if round_num == 2:
         b_proc.kill()
         b_proc.wait()
 
     try:
-      train_lib.run_training(config("killed", [a, b]), log=kill_after_round_2)
+      loop.run_training(config("killed", [a, b]), log=quiet, round_callback=kill_after_round_2)
       report["error"] = "no error"
       report["error_type"] = None
     except Exception as e:  # pylint: disable=broad-except
@@ -324,7 +341,7 @@ def _loop_driver(out_dir):
       messages.append(message)
       print(message, flush=True)
 
-    train_lib.run_training(config("killed", [a, c]), log=record)
+    loop.run_training(config("killed", [a, c]), log=record)
     resumed = [m for m in messages if m.startswith("resuming")]
     report["resumed_from_round"] = int(resumed[0].rsplit(" ", 1)[1]) if resumed else None
     report["distributed_calls"] = distributed.active_context().distributed_calls

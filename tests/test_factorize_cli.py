@@ -1,4 +1,4 @@
-"""`tff-mf factorize`, `tff-mf cache`, `tff-mf plot` and the demo, run as the user runs them."""
+"""`tff-mf factorize`, `tff-mf cache` and `tff-mf plot`, run as the user runs them."""
 
 import json
 import os
@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+import userenv
 from tff_mf import cache
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,7 +23,7 @@ def error_lines(stderr):
 
 
 def run_cli(*args, cache_dir=None, env_cache=None):
-  env = dict(os.environ)
+  env = userenv.env()
   env.pop("TFF_MF_CACHE", None)
   if env_cache is not None:
     env["TFF_MF_CACHE"] = str(env_cache)
@@ -66,7 +67,7 @@ def test_hit_path_imports_no_tensorflow_or_matplotlib(tmp_path):
       "sys.exit(rc)\n")
   for _ in range(2):  # miss, then hit
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                         timeout=120)
+                         timeout=120, env=userenv.env())
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout
 
@@ -213,26 +214,3 @@ def test_plot_writes_pngs(tmp_path):
   names = sorted(os.path.basename(p) for p in paths)
   assert names == ["heatmap_optimal_momentum0.9_n32.png", "heatmap_optimal_prefix_sum_n32.png",
                    "variance_momentum0.9_n32.png", "variance_prefix_sum_n32.png"]
-
-
-def test_factorization_demo_table(tmp_path):
-  from tff_mf.commands import demo  # pylint: disable=g-import-not-at-top
-  table = demo.run_factorization_demo(str(tmp_path / "out"), cache_dir=str(tmp_path / "c"), n=16)
-  for label in ("identity", "Honaker online", "Honaker full", "optimal", "structured (h=2, r=2)",
-                "lower bound"):
-    assert label in table
-  rows = {line.split("|")[1].strip(): [float(x) for x in line.split("|")[2:4]]
-          for line in table.splitlines() if line.startswith("| ") and "strategy" not in line}
-  for column in range(2):
-    values = {k: v[column] for k, v in rows.items()}
-    # Ordering of the paper's Table 1 / Fig 1: optimal <= structured, Honaker full, online, identity;
-    # nothing below the lower bound.
-    bound = values["lower bound ‖A‖_*/√n"]
-    assert bound <= values["optimal"] * (1 + 1e-9)
-    assert values["optimal"] <= min(v for k, v in values.items() if k != "lower bound ‖A‖_*/√n") * (1 + 1e-9)
-  with open(tmp_path / "out" / "factorizations.json") as f:
-    summary = json.load(f)
-  assert len(summary["factorizations"]) == 10
-  for path in summary["plots"]:
-    assert os.path.getsize(path) > 1000
-  assert open(tmp_path / "out" / "sqrt_loss_table.md").read().strip() == table.strip()

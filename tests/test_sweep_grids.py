@@ -4,21 +4,25 @@ import io
 import itertools
 import json
 import os
+import subprocess
 import sys
 import textwrap
 from contextlib import redirect_stdout
 
 import pytest
 
+import userenv
+from tff_mf import registry
 from training import grids
 from training import sweep
 
-# Transcribed independently from 000_0891b0dceb3bb536.txt, Table 4:
+# Transcribed independently from Denisov, McMahan, Rush, Smith, Thakurta 2022
+# (arXiv:2202.08312), App I Table 4 (the paper's DP-FTRL tree is honaker_online):
 # mechanism -> [(paper ε, server LR, client LR, momentum)].
 PAPER_TABLE4 = {
     "honaker_full": [(18.9, .5, 1., .95), (8.2, .25, 1., .95), (3.7, .25, 1., .9),
                      (1.7, .25, .5, .9), (0.8, .25, .5, 0.)],
-    "tree": [(18.9, .25, 1., .95), (8.2, .25, 1., .9), (3.7, .25, .5, .9),
+    "honaker_online": [(18.9, .25, 1., .95), (8.2, .25, 1., .9), (3.7, .25, .5, .9),
              (1.7, .25, 1., 0.), (0.8, .25, .5, 0.)],
     "opt_prefix_sum": [(18.9, .5, 1., .95), (8.2, .25, .5, .95), (3.7, .25, 1., .9),
                        (1.7, .25, .5, .9), (0.8, .5, .5, 0.)],
@@ -44,7 +48,7 @@ def test_table3_search_grid_is_the_full_product():
   runs = grids.get_grid("table3_search").runs
   assert len(runs) == 4 * 2 * 4 * 3 * 5
   expected = set(itertools.product(
-      ("honaker_full", "tree", "opt_prefix_sum", "opt_momentum"),
+      ("honaker_full", "honaker_online", "opt_prefix_sum", "opt_momentum"),
       (0.5, 1.0), (0.25, 0.5, 1.0, 2.0), (0.0, 0.9, 0.95),
       (0.341, 0.682, 1.364, 2.728, 5.456)))
   got = {(r.mechanism, r.client_lr, r.server_lr, r.server_momentum, r.noise_multiplier)
@@ -94,6 +98,16 @@ def test_grid_flags_are_flags_of_the_training_binary():
   names = {run_flag for grid in grids.GRIDS.values() for run in grid.runs
            for run_flag in run.flag_values()}
   assert {name for name in names if name not in binary.FLAGS} == set()
+
+
+def test_grid_mechanisms_and_labels_come_from_the_registry():
+  for grid in grids.GRIDS.values():
+    for run in grid.runs:
+      assert registry.mechanism(run.mechanism).name == run.mechanism  # canonical names
+      assert registry.mechanism(run.mechanism).trainable
+  assert grids.label("honaker_online") == registry.label("honaker_online")
+  assert grids.label("not_a_mechanism") == "not_a_mechanism"
+  assert not hasattr(grids, "MECHANISM_LABELS")
 
 
 def test_unknown_grid_is_a_clear_error():
@@ -175,29 +189,36 @@ def _calls(path):
     return f.read().split()
 
 
-def test_sweep_runs_slice_skips_finished_and_resumes_after_a_crash(tmp_path, monkeypatch):
+def _sweep(args, tmp_path, **extra_env):
+  """``python -m training.sweep ARGS`` from a clean shell (its children inherit that env)."""
+  result = subprocess.run([sys.executable, "-m", "training.sweep", *args], cwd=userenv.REPO,
+                          env=userenv.env(home=tmp_path, **extra_env), capture_output=True,
+                          text=True, timeout=900)
+  return result
+
+
+def test_sweep_runs_slice_skips_finished_and_resumes_after_a_crash(tmp_path):
   binary = tmp_path / "fake_binary.py"
   binary.write_text(FAKE_BINARY)
   calls = str(tmp_path / "calls.txt")
   root = str(tmp_path / "runs")
-  monkeypatch.setenv("FAKE_CALLS", calls)
   grid = grids.get_grid("table4_repeats")
   names = [r.name for r in grid.runs[2:6]]
-  monkeypatch.setenv("FAKE_CRASH", names[1])
   args = ["--grid", "table4_repeats", "--slice", "2:6", "--processes", "2",
           "--root_output_dir", root, "--binary", f"{sys.executable} {binary}", "--no_progress"]
-  assert sweep.main(args) == 1  # one run crashed
+  result = _sweep(args, tmp_path, FAKE_CALLS=calls, FAKE_CRASH=names[1])
+  assert result.returncode == 1, result.stderr  # one run crashed
   assert sorted(_calls(calls)) == sorted(names)
   records = [json.loads(line) for line in open(os.path.join(root, "sweep_table4_repeats.jsonl"))]
   assert {r["name"]: r["status"] for r in records} == {
       n: ("failed" if n == names[1] else "finished") for n in names}
   assert sweep.run_status(grid.runs[3], root) == ("partial", "rounds_completed=7")
   assert os.path.exists(os.path.join(root, names[1], "sweep.log"))
+  assert oct(os.stat(os.path.join(root, names[1])).st_mode & 0o777) == oct(0o700)
 
-  monkeypatch.delenv("FAKE_CRASH")
-  assert sweep.main(args) == 0  # only the crashed run is run again
+  assert _sweep(args, tmp_path, FAKE_CALLS=calls).returncode == 0  # only the crashed run again
   assert _calls(calls)[4:] == [names[1]]
-  assert sweep.main(args) == 0  # nothing left to run
+  assert _sweep(args, tmp_path, FAKE_CALLS=calls).returncode == 0  # nothing left to run
   assert len(_calls(calls)) == 5
 
   # A finished summary with other flags is reported, never overwritten.
@@ -207,7 +228,7 @@ def test_sweep_runs_slice_skips_finished_and_resumes_after_a_crash(tmp_path, mon
   json.dump(summary, open(path, "w"))
   status, detail = sweep.run_status(grid.runs[2], root)
   assert status == "conflict" and "server_lr" in detail
-  assert sweep.main(args) == 1
+  assert _sweep(args, tmp_path, FAKE_CALLS=calls).returncode == 1
   assert len(_calls(calls)) == 5
   out = io.StringIO()
   with redirect_stdout(out):
@@ -215,6 +236,15 @@ def test_sweep_runs_slice_skips_finished_and_resumes_after_a_crash(tmp_path, mon
                 "--root_output_dir", root])
   statuses = [r["status"] for r in json.loads(out.getvalue())["runs"]]
   assert statuses == ["conflict", "finished", "finished", "finished"]
+
+
+def test_recorded_alias_of_a_requested_mechanism_is_the_same_run(tmp_path):
+  run = next(r for r in grids.get_grid("table4_repeats").runs if r.mechanism == "honaker_online")
+  os.makedirs(tmp_path / run.name)
+  config = dict(run.flag_values(), mechanism=registry.mechanism(run.mechanism).aliases[0])
+  (tmp_path / run.name / "summary.json").write_text(json.dumps(
+      {"config": config, "finished": True, "diverged": False}))
+  assert sweep.run_status(run, str(tmp_path)) == ("finished", "")
 
 
 def test_running_needs_root_output_dir():
@@ -235,14 +265,15 @@ def test_sweep_with_the_real_binary_on_tiny_data_then_summarize(tmp_path):
           "--rounds_per_checkpoint=1")
   args = ["--grid", "table4_repeats", "--slice", "0:2", "--root_output_dir", root,
           "--extra_flags", tiny, "--no_progress"]
-  assert sweep.main(args) == 0
+  first = _sweep(args, tmp_path)
+  assert first.returncode == 0, first.stdout + first.stderr
   grid = grids.get_grid("table4_repeats")
   for run in grid.runs[:2]:
     summary = json.load(open(os.path.join(root, run.name, "summary.json")))
     assert summary["finished"] and summary["config"]["server_lr"] == run.server_lr
     assert summary["noise_multiplier"] == run.noise_multiplier
   records_before = open(os.path.join(root, "sweep_table4_repeats.jsonl")).read()
-  assert sweep.main(args) == 0
+  assert _sweep(args, tmp_path).returncode == 0
   assert open(os.path.join(root, "sweep_table4_repeats.jsonl")).read() == records_before
   assert summarize.main(["--root_output_dir", root]) == 0
   rows = json.load(open(os.path.join(root, "summary", "summary.json")))["rows"]

@@ -9,6 +9,7 @@ import pytest
 
 from training import summarize
 from tff_mf import accounting
+from tff_mf import registry
 
 
 def _write(root, name, *, mechanism, z, setting, seed, val, test, schedule="constant",
@@ -45,13 +46,13 @@ def synthetic_runs(tmp_path):
   runs = [
       # tree, z=0.341: A has the better mean validation accuracy; B's best seed alone is higher,
       # but B's mean is lower. One A seed diverged (dropped), one is incomplete.
-      dict(mechanism="tree", z=0.341, setting=A, seed=0, val=0.230, test=0.221),
-      dict(mechanism="tree", z=0.341, setting=A, seed=1, val=0.232, test=0.224),
-      dict(mechanism="tree", z=0.341, setting=A, seed=2, val=0.228, test=0.219),
-      dict(mechanism="tree", z=0.341, setting=A, seed=3, val=0.01, test=0.01, diverged=True),
-      dict(mechanism="tree", z=0.341, setting=A, seed=4, val=0.231, test=0.222, finished=False),
-      dict(mechanism="tree", z=0.341, setting=B, seed=0, val=0.240, test=0.230),
-      dict(mechanism="tree", z=0.341, setting=B, seed=1, val=0.200, test=0.190),
+      dict(mechanism="honaker_online", z=0.341, setting=A, seed=0, val=0.230, test=0.221),
+      dict(mechanism="honaker_online", z=0.341, setting=A, seed=1, val=0.232, test=0.224),
+      dict(mechanism="honaker_online", z=0.341, setting=A, seed=2, val=0.228, test=0.219),
+      dict(mechanism="honaker_online", z=0.341, setting=A, seed=3, val=0.01, test=0.01, diverged=True),
+      dict(mechanism="honaker_online", z=0.341, setting=A, seed=4, val=0.231, test=0.222, finished=False),
+      dict(mechanism="honaker_online", z=0.341, setting=B, seed=0, val=0.240, test=0.230),
+      dict(mechanism="honaker_online", z=0.341, setting=B, seed=1, val=0.200, test=0.190),
       # opt_momentum, z=0.341: B wins; one B seed has a NaN test loss (diverged by the rule).
       dict(mechanism="opt_momentum", z=0.341, setting=A, seed=0, val=0.235, test=0.226),
       dict(mechanism="opt_momentum", z=0.341, setting=B, seed=0, val=0.245, test=0.236),
@@ -90,7 +91,7 @@ def test_summary_table_matches_independent_computation(synthetic_runs):
             for r in rows}
   assert len(rows) == 6
 
-  tree = by_key[("tree", 0.341, "constant", 100)]
+  tree = by_key[("honaker_online", 0.341, "constant", 100)]
   assert tree["selected"] == {"server_lr": 0.25, "client_lr": 1.0, "server_momentum": 0.95}
   mean, std = _expected([0.221, 0.224, 0.219])
   assert tree["test_mean"] == pytest.approx(mean, abs=1e-12)
@@ -120,7 +121,8 @@ def test_summary_table_matches_independent_computation(synthetic_runs):
   table = summarize.markdown_table(rows)
   expected_tree_cell = "%.2f ± %.2f" % (100 * statistics.mean([0.221, 0.224, 0.219]),
                                         100 * statistics.stdev([0.221, 0.224, 0.219]))
-  tree_line = [l for l in table.splitlines() if l.startswith("| Honaker Online")][0]
+  tree_line = [l for l in table.splitlines()
+               if l.startswith(f"| {registry.label('honaker_online')} |")][0]
   assert expected_tree_cell in tree_line and "(0.25, 1, 0.95)" in tree_line
   assert "3 of 7 (1 diverged, 1 incomplete)" in tree_line
   assert "∞ (non-private)" in table
@@ -129,7 +131,7 @@ def test_summary_table_matches_independent_computation(synthetic_runs):
 def test_min_val_accuracy_treats_collapsed_runs_as_diverged(synthetic_runs):
   rows = summarize.summarize(summarize.load_summaries(str(synthetic_runs)),
                              min_val_accuracy=0.21)
-  tree = [r for r in rows if r["mechanism"] == "tree"][0]
+  tree = [r for r in rows if r["mechanism"] == "honaker_online"][0]
   # B's seed 1 (val 0.200) now counts as diverged, so B (one seed, val 0.240) wins.
   assert tree["selected"]["server_lr"] == 0.5 and tree["seeds"] == 1
   assert tree["test_mean"] == pytest.approx(0.230)
@@ -144,7 +146,7 @@ def test_selection_min_seeds_prefers_repeated_settings(synthetic_runs):
   single = [r for r in rows if r["noise_multiplier"] == 1.364][0]
   assert single["seeds"] == 1 and single["test_mean"] == pytest.approx(0.199)
   rows = summarize.summarize(summarize.load_summaries(str(synthetic_runs)), selection_min_seeds=4)
-  tree = [r for r in rows if r["mechanism"] == "tree"][0]
+  tree = [r for r in rows if r["mechanism"] == "honaker_online"][0]
   assert tree["selected"]["server_lr"] == 0.25  # no setting has 4: the best mean wins
 
 
@@ -158,7 +160,7 @@ def test_command_writes_table_json_and_pngs(synthetic_runs, tmp_path, capsys):
   assert md.count("\n| ") == 7  # header + 6 cells
   rows = json.loads((out / "summary.json").read_text())["rows"]
   assert len(rows) == 6 and all(r["accountant"] == "pld" for r in rows)
-  assert "Honaker Online" in capsys.readouterr().out
+  assert registry.label("honaker_online") in capsys.readouterr().out
 
 
 def test_corrupt_or_missing_summaries_are_clear_errors(tmp_path, capsys):

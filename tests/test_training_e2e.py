@@ -1,10 +1,11 @@
 """End-to-end training runs on the tiny StackOverflow fixture (real on-disk format).
 
-Each mechanism flag of training/run_stackoverflow.py trains two single-pass
+Each buildable trainable mechanism of tff_mf.registry trains two single-pass
 rounds through the real loading path (stackoverflow.fixtures →
 stackoverflow.data → preprocessing → TFF FedAvg with our aggregator) and must
 produce the summary schema, metrics.csv, a finite model and an ε that equals
-the accounting module's (Denisov et al. Thm 4.1: one Gaussian mechanism).
+the accounting module's (Denisov et al. 2022, arXiv:2202.08312, Thm 4.1: one
+Gaussian mechanism).
 """
 
 import csv
@@ -16,7 +17,12 @@ import numpy as np
 import pytest
 
 from stackoverflow import fixtures
-from training import train_lib
+from tff_mf import registry
+from training import config as config_lib
+from training import loop
+from training import outputs
+from training import sampling
+from training import task as task_lib
 
 PINNED_NOISE_SEED = 987654321012
 Z = 0.8
@@ -35,12 +41,12 @@ def base_config(tiny_dir, root, **kw):
                 max_validation_elements=64, max_test_elements=64, root_output_dir=str(root),
                 matrix_cache=str(root / "matrix_cache"), progress=False)
   values.update(kw)
-  return train_lib.TrainingConfig(**values)
+  return config_lib.TrainingConfig(**values)
 
 
 @pytest.fixture(scope="module")
 def task(tiny_dir, tmp_path_factory):
-  return train_lib.build_task(base_config(tiny_dir, tmp_path_factory.mktemp("task")))
+  return task_lib.build_task(base_config(tiny_dir, tmp_path_factory.mktemp("task")))
 
 
 def empty_client_ids(task):
@@ -50,7 +56,7 @@ def empty_client_ids(task):
 
 def expected_skips(task, seed, rounds, clients_per_round):
   empties = empty_client_ids(task)
-  sampler = train_lib.SinglePassSampler(task.train_client_ids, seed)
+  sampler = sampling.SinglePassSampler(task.train_client_ids, seed)
   total = 0
   for _ in range(rounds):
     _, _, skipped = sampler.next_round(clients_per_round,
@@ -59,16 +65,34 @@ def expected_skips(task, seed, rounds, clients_per_round):
   return total, sampler.cursor
 
 
-@pytest.mark.parametrize("mechanism", train_lib.MECHANISM_FLAGS)
+# Trainable mechanisms that today's tff_mf.tf.aggregators builds (banded, banded_toeplitz and
+# blt arrive with the library's restructuring).
+MECHANISMS = ("tree", "honaker_online", "honaker_full", "opt_prefix_sum", "opt_momentum",
+              "structured", "gaussian", "none")
+
+
+def test_mechanism_flag_takes_the_registrys_trainable_spellings():
+  spellings = config_lib.trainable_mechanisms()
+  for name in registry.mechanism_names(trainable=True):
+    assert name in spellings
+    assert set(registry.mechanism(name).aliases) <= set(spellings)
+  assert "tree_restart" not in spellings  # accounting only
+  assert set(MECHANISMS) <= set(spellings)
+  assert config_lib.canonical_mechanism("dp_ftrl") == "honaker_online"
+  assert config_lib.canonical_mechanism("tree_aggregation") == "tree"
+  assert config_lib.canonical_mechanism("gaussian_fixed") == "gaussian"
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_end_to_end(mechanism, tiny_dir, task, tmp_path):
   private = mechanism != "none"
   config = base_config(tiny_dir, tmp_path, mechanism=mechanism, experiment_name=mechanism,
                        noise_multiplier=Z if private else None,
-                       noise_seed=PINNED_NOISE_SEED if mechanism not in
-                       train_lib.SEEDLESS_MECHANISMS else None)
-  summary = train_lib.run_training(config, task=task)
+                       noise_seed=None if config_lib.is_seedless(mechanism)
+                       else PINNED_NOISE_SEED)
+  summary = loop.run_training(config, task=task)
   run_dir = tmp_path / mechanism
-  on_disk = json.loads((run_dir / train_lib.SUMMARY_FILE).read_text())
+  on_disk = json.loads((run_dir / outputs.SUMMARY_FILE).read_text())
   assert on_disk == json.loads(json.dumps(summary))
   for key in ("config", "mechanism", "noise_multiplier", "epsilon", "delta", "accountant",
               "total_rounds", "rounds_completed", "finished", "diverged", "wall_seconds",
@@ -77,6 +101,7 @@ def test_end_to_end(mechanism, tiny_dir, task, tmp_path):
   assert summary["finished"] and not summary["diverged"]
   assert summary["rounds_completed"] == summary["total_rounds"] == 2
   assert summary["config"]["mechanism"] == mechanism
+  assert summary["mechanism_label"] == registry.label(mechanism)
   assert summary["config"]["clients_per_round"] == 3
   if private:
     from tff_mf import accounting
@@ -85,28 +110,29 @@ def test_end_to_end(mechanism, tiny_dir, task, tmp_path):
     assert summary["epsilon"] > 0
   else:
     assert summary["epsilon"] is None and summary["noise_multiplier"] is None
-  if mechanism in ("tree", "honaker_full", "opt_prefix_sum", "opt_momentum", "structured",
-                   "gaussian"):
+  if mechanism in ("honaker_online", "honaker_full", "opt_prefix_sum", "opt_momentum",
+                   "structured", "gaussian"):
     assert summary["sqrt_loss"] > 0 and math.isfinite(summary["sqrt_loss"])
   for split in ("validation_metrics", "test_metrics"):
     metrics = summary[split]
-    assert set(metrics) == set(train_lib.METRIC_KEYS)
+    assert set(metrics) == set(task_lib.METRIC_KEYS)
     assert metrics["loss"] > 0 and math.isfinite(metrics["loss"])
-    for key in train_lib.METRIC_KEYS[1:]:
+    for key in task_lib.METRIC_KEYS[1:]:
       assert 0.0 <= metrics[key] <= 1.0
-  with open(run_dir / train_lib.METRICS_FILE, newline="") as f:
+  with open(run_dir / outputs.METRICS_FILE, newline="") as f:
     rows = list(csv.DictReader(f))
   assert [int(r["round"]) for r in rows] == [1, 2]
-  assert all(math.isfinite(float(r["train_loss"])) for r in rows)
+  assert "train_loss" not in rows[0] and "nonprivate_train_loss" not in rows[0]
   assert all(r["validation_accuracy_no_oov_no_eos"] != "" for r in rows)
   assert all(int(r["clients"]) == 3 for r in rows)
   expected, cursor = expected_skips(task, config.seed, 2, 3)
   assert summary["empty_clients_skipped"] == expected
   assert summary["clients_used"] == cursor
-  with np.load(run_dir / train_lib.FINAL_MODEL_FILE) as weights:
+  with np.load(run_dir / outputs.FINAL_MODEL_FILE) as weights:
+    assert weights.files == task_lib.trainable_variable_names(task.keras_model_fn)
     assert all(np.all(np.isfinite(weights[k])) for k in weights.files)
   # The noise seed is kept only in the checkpoint, never in the readable outputs.
-  for name in (train_lib.SUMMARY_FILE, train_lib.CONFIG_FILE):
+  for name in (outputs.SUMMARY_FILE, outputs.CONFIG_FILE):
     assert str(PINNED_NOISE_SEED) not in (run_dir / name).read_text()
   assert os.listdir(run_dir / "tensorboard")
 
@@ -118,11 +144,27 @@ def test_empty_clients_are_skipped_and_counted(tiny_dir, task, tmp_path):
   expected, cursor = expected_skips(task, seed, 2, 4)
   config = base_config(tiny_dir, tmp_path, mechanism="none", noise_multiplier=None, seed=seed,
                        clients_per_round=4, experiment_name="empty")
-  summary = train_lib.run_training(config, task=task)
+  summary = loop.run_training(config, task=task)
   assert summary["empty_clients_skipped"] == expected >= 2
   assert summary["clients_used"] == cursor == 8 + expected
-  with open(tmp_path / "empty" / train_lib.METRICS_FILE, newline="") as f:
+  with open(tmp_path / "empty" / outputs.METRICS_FILE, newline="") as f:
     rows = list(csv.DictReader(f))
   assert sum(int(r["empty_clients_skipped"]) for r in rows) == expected
   assert all(int(r["clients"]) == 4 for r in rows)
   assert summary["finished"]
+
+
+def test_nonprivate_train_metrics_are_labeled_when_reported(tiny_dir, task, tmp_path):
+  config = base_config(tiny_dir, tmp_path, mechanism="opt_prefix_sum", experiment_name="train",
+                       noise_seed=PINNED_NOISE_SEED, report_train_metrics=True)
+  summary = loop.run_training(config, task=task)
+  with open(tmp_path / "train" / outputs.METRICS_FILE, newline="") as f:
+    rows = list(csv.DictReader(f))
+  assert "train_loss" not in rows[0]
+  assert all(math.isfinite(float(r["nonprivate_train_loss"])) for r in rows)
+  assert set(summary["nonprivate_train_metrics"]) == {"nonprivate_train_loss",
+                                                      "nonprivate_train_accuracy"}
+  assert summary["nonprivate_train_metrics"]["nonprivate_train_loss"] == pytest.approx(
+      float(rows[-1]["nonprivate_train_loss"]))
+  assert any("not covered by epsilon" in note for note in summary["notes"])
+  assert "train_loss" not in summary and "train_accuracy" not in summary

@@ -12,14 +12,19 @@ import time
 import numpy as np
 import psutil
 
+import userenv
 from stackoverflow import fixtures
-from training import train_lib
+from training import checkpoints
+from training import config as config_lib
+from training import loop
+from training import outputs
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = userenv.REPO
 FLAGS = dict(dataset="stackoverflow", mechanism="opt_prefix_sum", noise_multiplier=0.5,
              total_rounds=4, clients_per_round=3, vocab_size=100, embedding_size=8, lstm_size=8,
              projection_size=8, rounds_per_eval=2, rounds_per_checkpoint=1,
-             max_validation_elements=32, max_test_elements=32, seed=3, server_momentum=0.5)
+             max_validation_elements=32, max_test_elements=32, seed=3, server_momentum=0.5,
+             report_train_metrics=True)
 
 
 def command(data_dir, root):
@@ -49,14 +54,14 @@ def test_sigkill_then_rerun_ends_with_the_uninterrupted_model(tmp_path):
   data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=30,
                                                num_empty_train_clients=3)
   root = tmp_path / "runs"
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  checkpoints = root / "run" / "checkpoints"
+  env = userenv.env(home=tmp_path)
+  checkpoint_dir = root / "run" / "checkpoints"
 
   # 1. Start the run (noise seed from OS entropy) and SIGKILL it once round 2 is checkpointed.
   proc = subprocess.Popen(command(data_dir, root), cwd=REPO, env=env, start_new_session=True,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   deadline = time.time() + 400
-  while not (checkpoints / "meta_2").exists():
+  while not (checkpoint_dir / "meta_2").exists():
     assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
     assert time.time() < deadline, "run did not reach round 2"
     time.sleep(0.05)
@@ -66,37 +71,38 @@ def test_sigkill_then_rerun_ends_with_the_uninterrupted_model(tmp_path):
   assert proc.returncode == -signal.SIGKILL
   assert not group_processes(proc.pid)  # no TFF worker_binary left from the killed group
 
-  meta = train_lib.Checkpointer(str(checkpoints)).latest_meta()
-  assert 2 <= meta["round"] < FLAGS["total_rounds"]
-  assert not (root / "run" / train_lib.SUMMARY_FILE).exists()
+  meta = checkpoints.Checkpointer(str(checkpoint_dir)).latest()
+  assert 2 <= meta.round < FLAGS["total_rounds"]
+  assert not (root / "run" / outputs.SUMMARY_FILE).exists()
 
   # 2. Rerun the same command: it resumes, finishes, and leaves no helper process behind.
   rerun = subprocess.Popen(command(data_dir, root), cwd=REPO, env=env, start_new_session=True,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   _, stderr = rerun.communicate(timeout=600)  # returns only once every pipe holder is gone
   assert rerun.returncode == 0, stderr[-3000:]
-  assert f"from round {meta['round']}" in stderr
+  assert f"from round {meta.round}" in stderr
   assert not group_processes(rerun.pid)
 
   # 3. The uninterrupted reference run, with the noise seed the killed run drew.
-  reference = train_lib.TrainingConfig(
+  reference = config_lib.TrainingConfig(
       **FLAGS, data_dir=data_dir, root_output_dir=str(root), experiment_name="reference",
-      matrix_cache=str(root / "matrix_cache"), noise_seed=meta["noise_seed"], progress=False)
-  summary = train_lib.run_training(reference)
+      matrix_cache=str(root / "matrix_cache"), noise_seed=meta.noise_seed, progress=False)
+  summary = loop.run_training(reference)
   assert summary["finished"]
 
-  with np.load(root / "run" / train_lib.FINAL_MODEL_FILE) as a, \
-       np.load(root / "reference" / train_lib.FINAL_MODEL_FILE) as b:
+  with np.load(root / "run" / outputs.FINAL_MODEL_FILE) as a, \
+       np.load(root / "reference" / outputs.FINAL_MODEL_FILE) as b:
     assert a.files == b.files
     for key in a.files:
       np.testing.assert_allclose(a[key], b[key], rtol=0, atol=1e-6)
 
   def rows(name):
-    with open(root / name / train_lib.METRICS_FILE, newline="") as f:
+    with open(root / name / outputs.METRICS_FILE, newline="") as f:
       return list(csv.DictReader(f))
   run_rows, ref_rows = rows("run"), rows("reference")
   assert [r["round"] for r in run_rows] == ["1", "2", "3", "4"]  # no duplicated rounds
   for r, q in zip(run_rows, ref_rows):
-    assert float(r["train_loss"]) == np.float32(float(q["train_loss"])) or abs(
-        float(r["train_loss"]) - float(q["train_loss"])) < 1e-5
+    assert float(r["nonprivate_train_loss"]) == np.float32(
+        float(q["nonprivate_train_loss"])) or abs(
+            float(r["nonprivate_train_loss"]) - float(q["nonprivate_train_loss"])) < 1e-5
     assert r["empty_clients_skipped"] == q["empty_clients_skipped"]

@@ -1,6 +1,7 @@
-"""NaN clients, single-pass sampling limits and flag validation of the training loop."""
+"""NaN clients, single-pass sampling limits, flag validation and clean errors of the loop."""
 
 import collections
+import csv
 import os
 import subprocess
 import sys
@@ -8,9 +9,14 @@ import sys
 import numpy as np
 import pytest
 
-from training import train_lib
+import userenv
+from training import checkpoints
+from training import config as config_lib
+from training import mechanisms
+from training import sampling
+from training.config import TrainingError
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = userenv.REPO
 POISON_TOKEN = 7  # a batch whose targets are all this id trains to NaN (see poisoned_model_fn)
 VOCAB = 20
 SEQ = 5
@@ -58,10 +64,10 @@ def test_nan_client_update_is_zeroed_before_clipping_and_counted(mechanism):
   import tensorflow_federated as tff
   from tff_mf.tf import runtime
   runtime.install_exit_hook()
-  config = train_lib.TrainingConfig(mechanism=mechanism, total_rounds=4, clients_per_round=3,
-                                    noise_multiplier=0.5, noise_seed=11, client_lr=0.5)
-  factory, optimizer, _, _ = train_lib.build_mechanism_setup(config, 0.5, 11)
-  process = train_lib.build_process(poisoned_model_fn(), factory, optimizer, config.client_lr)
+  config = config_lib.TrainingConfig(mechanism=mechanism, total_rounds=4, clients_per_round=3,
+                                     noise_multiplier=0.5, noise_seed=11, client_lr=0.5)
+  setup = mechanisms.build_mechanism_setup(config, 0.5, 11)
+  process = mechanisms.build_process(poisoned_model_fn(), setup, config.client_lr)
   state = process.initialize()
   rng = np.random.default_rng(0)
   c1, c2 = client_dataset(rng), client_dataset(rng)
@@ -107,26 +113,26 @@ def test_zeroing_factory_on_raw_values():
 
 
 def test_too_few_clients_fails_with_the_numbers():
-  with pytest.raises(train_lib.TrainingError, match=r"48 training clients.*--total_rounds=10 × "
+  with pytest.raises(TrainingError, match=r"48 training clients.*--total_rounds=10 × "
                      r"--clients_per_round=5 = 50"):
-    train_lib.check_enough_clients(48, 10, 5)
-  train_lib.check_enough_clients(50, 10, 5)
-  sampler = train_lib.SinglePassSampler(["a", "b", "c"], seed=0)
+    sampling.check_enough_clients(48, 10, 5)
+  sampling.check_enough_clients(50, 10, 5)
+  sampler = sampling.SinglePassSampler(["a", "b", "c"], seed=0)
   sampler.next_round(2, lambda c: c)
-  with pytest.raises(train_lib.TrainingError, match="ran out of clients"):
+  with pytest.raises(TrainingError, match="ran out of clients"):
     sampler.next_round(2, lambda c: c)
 
 
 def test_single_pass_sampler_is_a_seeded_permutation_and_resumable():
   ids = [f"c{i:03d}" for i in range(100)]
-  a = train_lib.SinglePassSampler(ids, seed=3)
+  a = sampling.SinglePassSampler(ids, seed=3)
   rounds = [a.next_round(10, lambda c: c)[0] for _ in range(10)]
   flat = [c for r in rounds for c in r]
   assert sorted(flat) == sorted(ids)  # each client exactly once
   assert flat != sorted(ids)
-  b = train_lib.SinglePassSampler(list(reversed(ids)), seed=3, cursor=40)
+  b = sampling.SinglePassSampler(list(reversed(ids)), seed=3, cursor=40)
   assert b.next_round(10, lambda c: c)[0] == rounds[4]  # resumes in the same order
-  assert train_lib.SinglePassSampler(ids, seed=4).next_round(10, lambda c: c)[0] != rounds[0]
+  assert sampling.SinglePassSampler(ids, seed=4).next_round(10, lambda c: c)[0] != rounds[0]
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -139,10 +145,16 @@ def test_single_pass_sampler_is_a_seeded_permutation_and_resumable():
     (dict(mechanism="tree", noise_multiplier=1.0, server_momentum=1.0), "server_momentum"),
     (dict(mechanism="dp_sgd", noise_multiplier=1.0), "mechanism"),
     (dict(mechanism="tree", noise_multiplier=1.0, clients_per_round=0), "clients_per_round"),
+    (dict(mechanism="tree_restart", noise_multiplier=1.0), "not a trainable mechanism"),
+    (dict(mechanism="tree", noise_multiplier=1.0, total_rounds=2.0), "total_rounds"),
+    (dict(mechanism="tree", noise_multiplier=1.0, experiment_name=".."), "--experiment_name"),
+    (dict(mechanism="tree", noise_multiplier=1.0, experiment_name="a/b"), "--experiment_name"),
+    (dict(mechanism="tree", noise_multiplier=1.0, experiment_name=""), "--experiment_name"),
+    (dict(mechanism="tree", noise_multiplier=1.0, experiment_name="."), "--experiment_name"),
 ])
 def test_conflicting_or_bad_flags_are_errors(kwargs, message):
-  with pytest.raises(train_lib.TrainingError, match=message):
-    train_lib.TrainingConfig(**kwargs).validate()
+  with pytest.raises(TrainingError, match=message):
+    config_lib.TrainingConfig(**kwargs).validate()
 
 
 @pytest.mark.parametrize("kwargs, seed, message", [
@@ -150,49 +162,81 @@ def test_conflicting_or_bad_flags_are_errors(kwargs, message):
     (dict(mechanism="gaussian"), 5, "--mechanism=gaussian.*noise_seed"),
 ])
 def test_mechanism_conflicts_from_build_mechanism_become_errors(kwargs, seed, message):
-  config = train_lib.TrainingConfig(noise_multiplier=1.0, total_rounds=8, **kwargs)
-  with pytest.raises(train_lib.TrainingError, match=message):
-    train_lib.build_mechanism_setup(config, 1.0, seed)
+  config = config_lib.TrainingConfig(noise_multiplier=1.0, total_rounds=8, **kwargs)
+  with pytest.raises(TrainingError, match=message):
+    mechanisms.build_mechanism_setup(config, 1.0, seed)
 
 
 def test_checkpoint_of_another_state_layout_is_a_clear_error_and_kept(tmp_path):
   """A checkpoint whose arrays differ from this run's state (another tff-mf version, model
   or mechanism: e.g. StructuredNoise's buffers) is refused by name, not loaded with the
   wrong shapes, and its files stay."""
-  ckpt = train_lib.Checkpointer(str(tmp_path))
+  ckpt = checkpoints.Checkpointer(str(tmp_path / "checkpoints"))
   written = collections.OrderedDict(
       model=np.zeros([3, 2], np.float32),
       buffers=(np.ones([4], np.float32), np.ones([4], np.float32)))
-  ckpt.save(written, {"round": 5, "cursor": 10, "noise_seed": 1, "empty_clients_skipped": 0,
-                      "zeroed_client_updates": 0, "wall_seconds": 1.0})
-  files = sorted(os.listdir(tmp_path))
+  ckpt.save(written, checkpoints.RunProgress(round=5, cursor=10, noise_seed=1, wall_seconds=1.0))
+  files = sorted(os.listdir(tmp_path / "checkpoints"))
   loaded = ckpt.load_state(5, written)
   np.testing.assert_array_equal(loaded["buffers"][1], written["buffers"][1])
   other_shape = collections.OrderedDict(
       model=np.zeros([3, 2], np.float32),
       buffers=(np.ones([4], np.float32), np.ones([6], np.float32)))
-  with pytest.raises(train_lib.TrainingError,
+  with pytest.raises(TrainingError,
                      match=r"program_state_5 .*state entry buffers/1 is float32\[4\] in the "
                      r"checkpoint but float32\[6\] in this run"):
     ckpt.load_state(5, other_shape)
   other_dtype = collections.OrderedDict(
       model=np.zeros([3, 2], np.float64), buffers=written["buffers"])
-  with pytest.raises(train_lib.TrainingError, match=r"state entry model is float32"):
+  with pytest.raises(TrainingError, match=r"state entry model is float32"):
     ckpt.load_state(5, other_dtype)
   other_nesting = collections.OrderedDict(
       model=np.zeros([3, 2], np.float32), buffers=(np.ones([4], np.float32),) * 3)
-  with pytest.raises(train_lib.TrainingError, match="does not have this run's state structure"):
+  with pytest.raises(TrainingError, match="does not have this run's state structure"):
     ckpt.load_state(5, other_nesting)
-  assert sorted(os.listdir(tmp_path)) == files
-  assert ckpt.latest_meta()["round"] == 5
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == files
+  assert ckpt.latest().round == 5
 
 
 def test_binary_exits_nonzero_on_conflicting_flags(tmp_path):
   result = subprocess.run(
       [sys.executable, os.path.join(REPO, "training", "run_stackoverflow.py"),
-       "--mechanism=none", "--noise_multiplier=1.0", f"--root_output_dir={tmp_path}"],
-      capture_output=True, text=True, timeout=120, cwd=REPO,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+       "--mechanism=none", "--noise_multiplier=1.0", f"--root_output_dir={tmp_path / 'runs'}"],
+      capture_output=True, text=True, timeout=120, cwd=REPO, env=userenv.env())
   assert result.returncode == 1
-  assert "error: --mechanism=none trains without privacy" in result.stderr
-  assert not os.listdir(tmp_path)
+  assert result.stderr.strip().splitlines() == [
+      "error: --mechanism=none trains without privacy; it takes neither --noise_multiplier "
+      "(got 1.0) nor --target_epsilon (got None)"]
+  assert not (tmp_path / "runs").exists()
+
+
+def test_running_past_the_matrix_rounds_is_the_querys_one_line_error(tmp_path, monkeypatch):
+  """A mechanism built for n = 2 rounds in a 3-round run: round 3 fails with the query's own
+  message (not a gRPC dump), and rounds 1-2 (metrics.csv rows, checkpoint) stay."""
+  import dataclasses
+  from stackoverflow import fixtures
+  from training import loop
+  data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=12)
+  build = mechanisms.build_mechanism_setup
+
+  def built_for_fewer_rounds(config, noise_multiplier, noise_seed):
+    return build(dataclasses.replace(config, total_rounds=config.total_rounds - 1),
+                 noise_multiplier, noise_seed)
+
+  monkeypatch.setattr(mechanisms, "build_mechanism_setup", built_for_fewer_rounds)
+  config = config_lib.TrainingConfig(
+      mechanism="opt_prefix_sum", dataset="stackoverflow", data_dir=data_dir, total_rounds=3,
+      clients_per_round=2, noise_multiplier=1.0, noise_seed=5, vocab_size=50, embedding_size=4,
+      lstm_size=4, projection_size=4, rounds_per_eval=100, rounds_per_checkpoint=1,
+      max_validation_elements=16, max_test_elements=16, root_output_dir=str(tmp_path / "runs"),
+      experiment_name="past_n", matrix_cache=str(tmp_path / "cache"), progress=False)
+  with pytest.raises(TrainingError) as error:
+    loop.run_training(config)
+  message = str(error.value)
+  assert message.startswith("round 3: MatrixFactorizationQuery: round index")
+  assert "past the n=2 rounds" in message and "\n" not in message
+  assert "grpc" not in message.lower() and "Traceback" not in message
+  run_dir = tmp_path / "runs" / "past_n"
+  with open(run_dir / "metrics.csv", newline="") as f:
+    assert [r["round"] for r in csv.DictReader(f)] == ["1", "2"]
+  assert checkpoints.Checkpointer(str(run_dir / "checkpoints")).latest().round == 2

@@ -1,6 +1,6 @@
 """Training on TFF's distributed C++ runtime: each round's clients split across workers.
 
-Denisov et al. (`000_…`, App I, "Integration with federated learning") ran the
+Denisov et al. 2022 (arXiv:2202.08312, App I, "Integration with federated learning") ran the
 StackOverflow grids on TFF's distributed C++ runtime, one machine per 10
 clients per round. This module reproduces that arrangement with TFF 0.87:
 

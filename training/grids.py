@@ -2,15 +2,18 @@
 
 Every grid is a named, documented tuple of :class:`RunConfig`; each RunConfig
 maps to the flags of ``training/run_stackoverflow.py`` (:meth:`RunConfig.flags`).
-Sources (``../shared/papers/``):
+Source: Denisov, McMahan, Rush, Smith, Thakurta 2022, "Improved Differential
+Privacy for SGD via Optimal Private Linear Operators on Adaptive Streams",
+arXiv:2202.08312 (Sec 5, Fig 2 and 3, App I Tables 3 and 4).
 
-* ``table3_search`` — Denisov et al. App I Table 3 (`000_…`): the initial
-  search for Fig 2 over client LR × server LR × server momentum × noise
-  multiplier, for the four mechanisms of Table 1 / Fig 2, one seed.
+* ``table3_search`` — App I Table 3: the initial search for Fig 2 over client
+  LR × server LR × server momentum × noise multiplier, for the four mechanisms
+  of Table 1 / Fig 2 (the DP-FTRL tree of the paper is ``honaker_online``, the
+  tree with the online Honaker estimator as a matrix mechanism), one seed.
 * ``table4_repeats`` — App I Table 4: the selected (server LR, client LR,
   momentum) per mechanism and ε, repeated over 10 seeds (App I: error bars
   from 10 seeds; at least 7 converged per setting).
-* ``fig3_schedules`` — Sec 5 / Fig 3 (`001_…`) and App I: ε = 18.9
+* ``fig3_schedules`` — Sec 5 / Fig 3 and App I: ε = 18.9
   (z = 0.341); constant LR with the Table 4 ε = 18.9 settings; LR decay
   (×0.15 over the last 512 rounds) and LR cooldown (linear 1.0 → 0.05 over the
   last 512 rounds) with server LR 0.5, client LR 1.0, momentum 0.95 (App I);
@@ -26,8 +29,9 @@ Sources (``../shared/papers/``):
 
 All runs: 2048 rounds, 100 clients per round unless stated, δ = 1e-6, one
 participation per client (single pass), StackOverflow settings shared with
-Kairouz et al. [6] (App I "Stackoverflow settings": vocabulary 10000, sequence
-length 20, at most 256 examples per client, batch 16, the 4.05M-parameter LSTM).
+Kairouz et al. 2021, arXiv:2103.00039 (App I "Stackoverflow settings": vocabulary
+10000, sequence length 20, at most 256 examples per client, batch 16, the
+4.05M-parameter LSTM).
 
 ε of a noise multiplier z is that of one Gaussian mechanism with sensitivity 1
 (Denisov Thm 4.1; all factorizations are normalized to γ(C) = 1, App I);
@@ -57,23 +61,24 @@ TABLE3_NOISE_MULTIPLIERS = (0.341, 0.682, 1.364, 2.728, 5.456)
 # The paper's ε label (δ = 1e-6) of each noise multiplier (Fig 2, Table 4).
 PAPER_EPSILON = {0.341: 18.9, 0.682: 8.2, 1.364: 3.7, 2.728: 1.7, 5.456: 0.8}
 
-# The four mechanisms of Fig 2 (Denisov Table 1), as run_stackoverflow.py --mechanism values.
-FIG2_MECHANISMS = ("honaker_full", "tree", "opt_prefix_sum", "opt_momentum")
-MECHANISM_LABELS = {
-    "tree": "Honaker Online (DP-FTRL tree)",
-    "honaker_full": "Honaker Full",
-    "opt_prefix_sum": "Opt Prefix Sum",
-    "opt_momentum": "Optimal M = BC",
-    "structured": "Structured (banded + low rank)",
-    "gaussian": "Gaussian (fixed)",
-    "none": "Non-private",
-}
+# The four mechanisms of Fig 2 (Denisov Table 1), as run_stackoverflow.py --mechanism values
+# (tff_mf.registry names; the paper's DP-FTRL tree is the Honaker online matrix mechanism).
+FIG2_MECHANISMS = ("honaker_full", "honaker_online", "opt_prefix_sum", "opt_momentum")
+
+
+def label(mechanism: str) -> str:
+  """Display label of a mechanism (tff_mf.registry's; the name itself if unknown)."""
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
+  try:
+    return registry.label(mechanism)
+  except registry.RegistryError:
+    return mechanism
 
 # Table 4 (App I): mechanism -> {ε label: (server LR, client LR, server momentum)}.
 TABLE4 = {
     "honaker_full": {18.9: (0.5, 1.0, 0.95), 8.2: (0.25, 1.0, 0.95), 3.7: (0.25, 1.0, 0.9),
                      1.7: (0.25, 0.5, 0.9), 0.8: (0.25, 0.5, 0.0)},
-    "tree": {18.9: (0.25, 1.0, 0.95), 8.2: (0.25, 1.0, 0.9), 3.7: (0.25, 0.5, 0.9),
+    "honaker_online": {18.9: (0.25, 1.0, 0.95), 8.2: (0.25, 1.0, 0.9), 3.7: (0.25, 0.5, 0.9),
              1.7: (0.25, 1.0, 0.0), 0.8: (0.25, 0.5, 0.0)},
     "opt_prefix_sum": {18.9: (0.5, 1.0, 0.95), 8.2: (0.25, 0.5, 0.95), 3.7: (0.25, 1.0, 0.9),
                        1.7: (0.25, 0.5, 0.9), 0.8: (0.5, 0.5, 0.0)},
@@ -86,7 +91,7 @@ FIG3_SCHEDULE_SETTING = (0.5, 1.0, 0.95)
 FIG3_MECHANISMS = ("opt_prefix_sum", "opt_momentum")
 FIG3_NOISE_MULTIPLIER = 0.341  # ε = 18.9
 
-# Flags shared by every paper run: the StackOverflow task of Kairouz et al. [6] (App I).
+# Flags shared by every paper run: the StackOverflow task of Kairouz et al. 2021 (App I).
 PAPER_FIXED_FLAGS: Dict[str, object] = {
     "dataset": "stackoverflow",
     "delta": DELTA,
@@ -225,25 +230,26 @@ GRIDS: Dict[str, Grid] = {
         "table3_search",
         "Initial search for Fig 2: 4 mechanisms x 5 noise multipliers x 2 client LRs x "
         "4 server LRs x 3 momenta, seed 0 (480 runs).",
-        "Denisov et al. App I Table 3 (000_0891b0dceb3bb536.txt)",
+        "Denisov et al. 2022, arXiv:2202.08312, App I Table 3",
         _table3_search()),
     "table4_repeats": Grid(
         "table4_repeats",
         "Fig 2 error bars: the Table 4 setting of each mechanism and epsilon, 10 seeds (200 runs).",
-        "Denisov et al. App I Table 4 (000_0891b0dceb3bb536.txt)",
+        "Denisov et al. 2022, arXiv:2202.08312, App I Table 4",
         _table4_repeats()),
     "fig3_schedules": Grid(
         "fig3_schedules",
         "Fig 3 at epsilon 18.9: constant (Table 4 settings), decay x0.15 and cooldown 1.0->0.05 "
         "over the last 512 rounds, cooldown with 167 clients/round; opt_prefix_sum vs "
         "opt_momentum, 10 seeds (80 runs).",
-        "Denisov et al. Sec 5, Fig 3 (001_b1b7d09d53a8fdc8.txt) and App I",
+        "Denisov et al. 2022, arXiv:2202.08312, Sec 5, Fig 3 and App I",
         _fig3_schedules()),
     "nonprivate_reference": Grid(
         "nonprivate_reference",
         "Non-private model (Fig 3's top line) over Table 3's learning rates and momenta, seed 0 "
         "(24 runs). Not a table of the paper.",
-        "Denisov et al. Fig 3 reference line; grid values from App I Table 3",
+        "Denisov et al. 2022, arXiv:2202.08312, Fig 3 reference line; grid values from App I "
+        "Table 3",
         _nonprivate_reference()),
 }
 

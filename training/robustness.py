@@ -10,7 +10,7 @@ non-finite, or arrived as exactly zero. TFF's FedAvg client work
 (``model_delta_client_work``) already replaces a non-finite delta by zeros
 before aggregation, so at this point a diverged client shows up as an all-zero
 update; empty clients are removed earlier by the sampler
-(``training.train_lib``), so an all-zero update here means a client whose
+(``training.sampling``), so an all-zero update here means a client whose
 training was non-finite (with a zero client learning rate every update is
 zero, and every client is counted).
 """

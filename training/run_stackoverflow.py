@@ -1,16 +1,18 @@
 """Trains the StackOverflow next-word-prediction model with a DP mechanism.
 
-Denisov et al. Sec 5 / App I (`001_…`, `000_…`): single-pass DP-FedAvg whose
-per-round sums of clipped client updates go through a matrix-factorization
-mechanism. Rerunning the same command resumes from its latest checkpoint.
+Denisov, McMahan, Rush, Smith, Thakurta 2022 (arXiv:2202.08312), Sec 5 and App I:
+single-pass DP-FedAvg whose per-round sums of clipped client updates go through a
+matrix-factorization mechanism. Rerunning the same command resumes from its
+latest checkpoint.
 
   python training/run_stackoverflow.py --dataset=pydocs --mechanism=opt_momentum \\
       --target_epsilon=8 --total_rounds=200 --clients_per_round=10 \\
       --server_momentum=0.9 --root_output_dir=out/runs --experiment_name=momentum
 
-Writes <root_output_dir>/<experiment_name>/{summary.json, metrics.csv,
-tensorboard/, checkpoints/, final_model.npz}. Exit code 0 on success, 1 on a
-configuration or data error (message on stderr), 2 when training diverged.
+Writes <root_output_dir>/<experiment_name>/{summary.json, metrics.csv, config.json,
+tensorboard/, checkpoints/, final_model.npz}, private to the user (0700/0600).
+Exit code 0 on success, 1 on a configuration, data or run-directory error (one line
+on stderr), 2 when training diverged.
 """
 
 import os
@@ -21,88 +23,153 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from training import train_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from training import config as config_lib  # pylint: disable=wrong-import-position
 
-_DEFAULTS = train_lib.TrainingConfig()
+_DEFAULTS = config_lib.TrainingConfig()
+_NONE = "(default: none: "
 
-flags.DEFINE_enum("mechanism", _DEFAULTS.mechanism, train_lib.MECHANISM_FLAGS,
-                  "DP mechanism: tree (Honaker online, DP-FTRL), honaker_full, opt_prefix_sum, "
-                  "opt_momentum (momentum and lr schedule inside the matrix), structured "
-                  "(banded + low-rank), gaussian (independent noise each round), none (no DP).")
-flags.DEFINE_enum("dataset", _DEFAULTS.dataset, train_lib.DATASETS,
+flags.DEFINE_enum(
+    "mechanism", _DEFAULTS.mechanism, config_lib.trainable_mechanisms(),
+    "DP mechanism, by its tff_mf.registry name or alias: tree (TFF's tree_aggregation), "
+    "honaker_online (the tree as a matrix mechanism, DP-FTRL), honaker_full, opt_prefix_sum, "
+    "opt_momentum (momentum and lr schedule inside the matrix), structured (banded + low "
+    "rank), gaussian (TFF's gaussian_fixed: independent noise each round), none (no DP).")
+flags.DEFINE_enum("dataset", _DEFAULTS.dataset, config_lib.DATASETS,
                   "stackoverflow (TFF's files in --data_dir), pydocs (docstrings of the installed "
-                  "packages, no download), synthetic (TFF's tiny synthetic StackOverflow).")
-flags.DEFINE_string("data_dir", None, "Directory of the dataset files / cache.")
+                  "packages, no download), synthetic (a tiny generated corpus).")
+flags.DEFINE_string("data_dir", None,
+                    "Directory of the dataset files (stackoverflow) or of the built dataset "
+                    f"cache (pydocs) {_NONE}$TFF_MF_STACKOVERFLOW_DIR or ~/.tff for stackoverflow, "
+                    "$TFF_MF_CACHE/datasets/pydocs for pydocs).")
 flags.DEFINE_integer("total_rounds", _DEFAULTS.total_rounds, "Rounds n (the matrix size).")
-flags.DEFINE_integer("clients_per_round", _DEFAULTS.clients_per_round, "Clients per round.")
+flags.DEFINE_integer("clients_per_round", _DEFAULTS.clients_per_round,
+                     "Clients per round (each client is used at most once).")
 flags.DEFINE_float("client_lr", _DEFAULTS.client_lr, "Client SGD learning rate.")
 flags.DEFINE_float("server_lr", _DEFAULTS.server_lr, "Server learning rate.")
-flags.DEFINE_float("server_momentum", _DEFAULTS.server_momentum, "Server momentum β.")
-flags.DEFINE_enum("lr_schedule", _DEFAULTS.lr_schedule, train_lib.LR_SCHEDULES,
+flags.DEFINE_float("server_momentum", _DEFAULTS.server_momentum, "Server momentum β in [0, 1).")
+flags.DEFINE_enum("lr_schedule", _DEFAULTS.lr_schedule, config_lib.LR_SCHEDULES,
                   "Server learning-rate schedule over the last --schedule_rounds rounds.")
-flags.DEFINE_integer("schedule_rounds", None, "Rounds of the decay/cooldown at the end.")
-flags.DEFINE_float("noise_multiplier", None, "Noise multiplier z (σ = z·clip_norm).")
-flags.DEFINE_float("target_epsilon", None, "Calibrate z to this ε (instead of --noise_multiplier).")
+flags.DEFINE_integer("schedule_rounds", None,
+                     f"Rounds of the decay/cooldown at the end {_NONE}only with --lr_schedule="
+                     "decay or cooldown, where it is required).")
+flags.DEFINE_float("noise_multiplier", None,
+                   f"Noise multiplier z (σ = z·clip_norm) {_NONE}give it or --target_epsilon).")
+flags.DEFINE_float("target_epsilon", None,
+                   f"Calibrate z to this ε {_NONE}give it or --noise_multiplier).")
 flags.DEFINE_float("delta", _DEFAULTS.delta, "δ of the (ε, δ) guarantee.")
-flags.DEFINE_enum("accountant", _DEFAULTS.accountant, ("pld", "rdp"), "Privacy accountant.")
+flags.DEFINE_enum("accountant", _DEFAULTS.accountant, config_lib.ACCOUNTANTS,
+                  "Privacy accountant of ε (tff_mf.accounting).")
 flags.DEFINE_float("clip_norm", _DEFAULTS.clip_norm, "Per-client L2 clip norm ζ.")
-flags.DEFINE_integer("noise_seed", None, "Pin the noise seed (default: OS entropy; the seed is "
-                     "kept only in the checkpoint, never in summary/config files).")
-flags.DEFINE_string("matrix_cache", None, "Factorization cache directory (default TFF_MF_CACHE "
-                    "or ~/.cache/tff_mf).")
-flags.DEFINE_integer("bands", None, "structured: bands h of B̂.")
-flags.DEFINE_integer("rank", None, "structured: rank r of B̂'s low-rank part.")
-flags.DEFINE_string("root_output_dir", _DEFAULTS.root_output_dir, "Root of the run directories.")
-flags.DEFINE_string("experiment_name", _DEFAULTS.experiment_name, "Run directory name.")
-flags.DEFINE_integer("rounds_per_eval", _DEFAULTS.rounds_per_eval, "Validation every k rounds.")
+flags.DEFINE_integer("noise_seed", None,
+                     f"Pin the secret noise seed {_NONE}a fresh one from OS entropy; the seed is "
+                     "kept only in the checkpoints, never in summary or config files).")
+flags.DEFINE_string("matrix_cache", None,
+                    f"Factorization cache directory {_NONE}$TFF_MF_CACHE or ~/.cache/tff_mf).")
+flags.DEFINE_integer("bands", None,
+                     f"structured only: bands h of B̂ {_NONE}h + r = ⌈log₂ n⌉, h = ⌈(h+r)/2⌉).")
+flags.DEFINE_integer("rank", None,
+                     f"structured only: rank r of B̂'s low-rank part {_NONE}see --bands).")
+flags.DEFINE_string("root_output_dir", _DEFAULTS.root_output_dir,
+                    "Root of the run directories; per user, never a shared place such as /tmp "
+                    "(the run directory holds the secret noise seed).")
+flags.DEFINE_string("experiment_name", _DEFAULTS.experiment_name,
+                    "Run directory name under --root_output_dir (one path component).")
+flags.DEFINE_integer("rounds_per_eval", _DEFAULTS.rounds_per_eval,
+                     "Validation every k rounds (and after the last).")
 flags.DEFINE_integer("rounds_per_checkpoint", _DEFAULTS.rounds_per_checkpoint,
-                     "Checkpoint every k rounds.")
+                     "Checkpoint every k rounds (and after the last).")
 flags.DEFINE_integer("vocab_size", _DEFAULTS.vocab_size, "Vocabulary words (10000 in the papers).")
-flags.DEFINE_integer("num_oov_buckets", _DEFAULTS.num_oov_buckets, "OOV buckets.")
-flags.DEFINE_integer("embedding_size", _DEFAULTS.embedding_size, "Embedding size (96).")
-flags.DEFINE_integer("lstm_size", _DEFAULTS.lstm_size, "LSTM units (670).")
-flags.DEFINE_integer("projection_size", _DEFAULTS.projection_size, "Projection units (96).")
-flags.DEFINE_integer("sequence_length", _DEFAULTS.sequence_length, "Words per sentence (20).")
+flags.DEFINE_integer("num_oov_buckets", _DEFAULTS.num_oov_buckets, "Out-of-vocabulary buckets.")
+flags.DEFINE_integer("embedding_size", _DEFAULTS.embedding_size,
+                     "Embedding size (96 in the papers).")
+flags.DEFINE_integer("lstm_size", _DEFAULTS.lstm_size, "LSTM units (670 in the papers).")
+flags.DEFINE_integer("projection_size", _DEFAULTS.projection_size,
+                     "Projection units (96 in the papers).")
+flags.DEFINE_integer("sequence_length", _DEFAULTS.sequence_length,
+                     "Words per sentence (20 in the papers).")
 flags.DEFINE_integer("max_elements_per_client", _DEFAULTS.max_elements_per_client,
-                     "Sentences per client (256).")
-flags.DEFINE_integer("client_batch_size", _DEFAULTS.client_batch_size, "Client batch size (16).")
+                     "Sentences per client (256 in the papers).")
+flags.DEFINE_integer("client_batch_size", _DEFAULTS.client_batch_size,
+                     "Client batch size (16 in the papers).")
 flags.DEFINE_integer("max_validation_elements", _DEFAULTS.max_validation_elements,
-                     "Validation sentences (10000).")
-flags.DEFINE_integer("max_test_elements", None, "Cap on test sentences (default: all).")
-flags.DEFINE_bool("progress", True, "Per-round progress lines on stderr.")
-flags.DEFINE_list("workers", [], "host:port,... of remote TFF worker_binary executor services "
-                  "(see training/distributed.py).")
+                     "Validation sentences (10000 in the papers).")
+flags.DEFINE_integer("max_test_elements", None,
+                     f"Cap on the test sentences {_NONE}the whole test split).")
+flags.DEFINE_bool("progress", _DEFAULTS.progress,
+                  "One progress bar per run on stderr (rounds, loss, ETA).")
+flags.DEFINE_bool("report_train_metrics", _DEFAULTS.report_train_metrics,
+                  "Also write the clients' training loss and accuracy (nonprivate_train_* in "
+                  "metrics.csv, TensorBoard and summary.json). Off by default: they are computed "
+                  "on raw client data without noise, so they are not covered by ε; with the "
+                  "flag off, everything a run writes is post-processing of the DP model or of "
+                  "held-out data.")
+flags.DEFINE_list("workers", [],
+                  "host:port,... of remote TFF worker_binary executor services; empty: train in "
+                  "this process (see training/distributed.py).")
 flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of client sampling and model init.")
 
 FLAGS = flags.FLAGS
 
 
-def config_from_flags() -> train_lib.TrainingConfig:
-  names = [f.name for f in train_lib.dataclasses.fields(train_lib.TrainingConfig)]
-  values = {name: FLAGS[name].value for name in names if name in FLAGS}
+def parse_flags_then_import_tensorflow(argv):
+  """absl's flag parsing, then ``import tensorflow`` while absl's app is still initializing.
+
+  Why TensorFlow must be imported before ``app.run`` calls ``main``: on import,
+  TensorFlow registers ``absl.app.call_after_init(_set_total_phsyical_gpus)``
+  (tensorflow/python/distribute/combinations.py). Once absl's app has finished
+  initializing, ``call_after_init`` runs the callback at once, i.e. in the middle
+  of ``import tensorflow``, before TensorFlow has switched to eager mode; the
+  callback creates TensorFlow's eager context then, whose thread-local
+  context-switch stack starts without its eager entry. Afterwards
+  ``executing_eagerly_outside_functions()`` is False inside Keras's functional
+  graph, so ``tf.keras.Input`` makes a graph placeholder instead of a
+  KerasTensor and the LSTM is built eagerly on a symbolic length:
+  "'SymbolicTensor' object cannot be interpreted as an integer". With the import
+  here, absl defers the callback until after initialization, when TensorFlow is
+  fully imported. (Tests used to miss this because their subprocesses inherited
+  ``TF2_BEHAVIOR=1``, which TensorFlow sets in ``os.environ`` of the process that
+  imports it, and which makes the early context eager too.) Parsing first keeps
+  ``--help`` and flag errors fast.
+  """
+  remaining = app.parse_flags_with_usage(argv)
+  import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
+  return remaining
+
+
+def config_from_flags() -> config_lib.TrainingConfig:
+  values = {f.name: FLAGS[f.name].value for f in config_lib.dataclasses.fields(
+      config_lib.TrainingConfig) if f.name in FLAGS}
   values["workers"] = tuple(values.get("workers") or ())
-  return train_lib.TrainingConfig(**values)
+  return config_lib.TrainingConfig(**values)
+
+
+def _one_line(error: BaseException) -> str:
+  return " ".join(str(error).split()) or type(error).__name__
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # absl's INFO lines only with --verbosity
+  from stackoverflow import word_counts  # pylint: disable=g-import-not-at-top
+  from training import distributed  # pylint: disable=g-import-not-at-top
+  from training import loop  # pylint: disable=g-import-not-at-top
   try:
-    summary = train_lib.run_training(config_from_flags())
-  except train_lib.TrainingError as e:
-    print(f"error: {e}", file=sys.stderr)
+    summary = loop.run_training(config_from_flags())
+  except word_counts.DatasetUnavailableError as e:
+    print(f"error: {e}", file=sys.stderr)  # several lines by design: what to fetch, and where
     return 1
-  except Exception as e:  # pylint: disable=broad-except
-    from stackoverflow import data as so_data  # pylint: disable=g-import-not-at-top
-    from training import distributed  # pylint: disable=g-import-not-at-top
-    if isinstance(e, (so_data.DatasetUnavailableError, distributed.WorkerError)):
-      # One clear line; rerunning the same command resumes from the last checkpoint.
-      print(f"error: {e}", file=sys.stderr)
-      return 1
-    raise
+  except (ValueError, distributed.WorkerError) as e:
+    # TrainingError, CheckError, RegistryError and the library's ValueErrors: one line, no
+    # traceback. Everything written so far (checkpoints, metrics.csv) stays; rerunning the
+    # same command resumes from the last checkpoint.
+    print(f"error: {_one_line(e)}", file=sys.stderr)
+    return 1
   return 2 if summary["diverged"] else 0
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags_then_import_tensorflow)

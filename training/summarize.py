@@ -5,7 +5,7 @@ Usage::
   python -m training.summarize --root_output_dir D [--output_dir O] [--accountant pld]
 
 Reads every ``D/*/summary.json`` (the training binary's schema) and follows
-Denisov et al. App I (`000_…`, "Test accuracy details"):
+Denisov et al. 2022 (arXiv:2202.08312), App I "Test accuracy details":
 
 1. Incomplete runs (``finished`` false and not diverged) are left out and counted.
 2. **Divergence rule.** A complete run *diverged* when the training binary
@@ -53,7 +53,7 @@ SETTING_FIELDS = ("server_lr", "client_lr", "server_momentum")
 NON_CELL_FIELDS = frozenset(SETTING_FIELDS) | {
     "seed", "noise_seed", "experiment_name", "root_output_dir", "workers", "rounds_per_eval",
     "rounds_per_checkpoint", "progress", "matrix_cache", "data_dir", "noise_multiplier",
-    "target_epsilon", "accountant", "mechanism"}
+    "target_epsilon", "accountant", "mechanism", "report_train_metrics"}
 MIN_CONVERGED_FIG2 = 7  # App I: at least 7 of 10 seeds converged for each Fig 2 setting
 
 
@@ -155,7 +155,7 @@ def summarize(summaries: Sequence[dict], accountant: str = "pld",
     delta = float(members[0][0].get("delta") or config.get("delta") or 1e-6)
     row = {
         "mechanism": mechanism,
-        "label": grids.MECHANISM_LABELS.get(mechanism, mechanism),
+        "label": grids.label(mechanism),
         "noise_multiplier": z, "delta": delta, "accountant": accountant,
         "epsilon": grids.epsilon_for(z, delta, accountant) if z is not None else None,
         "paper_epsilon": grids.PAPER_EPSILON.get(z) if z is not None else None,
@@ -292,9 +292,10 @@ def plot_fig3(rows: Sequence[dict], path: str, noise_multiplier: Optional[float]
   if nonprivate:
     ax.axhline(100 * max(r["test_mean"] for r in nonprivate), color="black", linestyle="--",
                label="non-private")
-  tree = [r for r in at_z if r["mechanism"] == "tree" and r["lr_schedule"] == "constant"]
+  tree = [r for r in at_z if r["mechanism"] == "honaker_online" and r["lr_schedule"] == "constant"]
   if tree:
-    ax.axhline(100 * tree[0]["test_mean"], color="red", label="DP-FTRL tree, constant LR")
+    ax.axhline(100 * tree[0]["test_mean"], color="red",
+               label="DP-FTRL tree (Honaker online), constant LR")
   ax.set_xticks(range(len(groups)))
   ax.set_xticklabels([f"{s}\n{c} clients/round" for s, c in groups], fontsize=8)
   low = min(100 * r["test_mean"] for r in at_z)

@@ -8,8 +8,9 @@ Usage::
   python -m training.sweep --grid table3_search --slice 0:120 --root_output_dir D \\
       --extra_flags="--workers=w1:8000,w2:8000"
 
-Each configuration runs ``python -m training.run_stackoverflow`` with the
-grid's flags, ``--root_output_dir=D`` and ``--experiment_name=<run name>``
+Each configuration runs ``training/run_stackoverflow.py`` (by path, so the sweep
+works from any directory) with the grid's flags, ``--root_output_dir=D`` and
+``--experiment_name=<run name>``
 (then the ``--extra_flags``, which override). A run whose
 ``D/<name>/summary.json`` says ``finished: true`` is skipped, so rerunning the
 same command after a crash or a kill only runs what is missing; an unfinished
@@ -18,7 +19,8 @@ from its last checkpoint. A finished summary whose recorded flags differ from
 the requested ones is a conflict: it is reported and not overwritten.
 Each run's outcome (status, exit code, wall time, summary path, ε, test
 accuracy) is appended to ``D/sweep_<grid>.jsonl``; the run's output goes to
-``D/<name>/sweep.log``.
+``D/<name>/sweep.log``. Run directories are created private (0700), as the
+training binary requires (``training.rundir``).
 """
 
 from __future__ import annotations
@@ -37,13 +39,16 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from training import grids
+from training import rundir
 
 SUMMARY_FILE = "summary.json"
 LOG_FILE = "sweep.log"
-DEFAULT_BINARY = f"{shlex.quote(sys.executable)} -m training.run_stackoverflow"
+TRAINING_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run_stackoverflow.py")
+DEFAULT_BINARY = f"{shlex.quote(sys.executable)} {shlex.quote(TRAINING_SCRIPT)}"
 # Flags that may differ between a finished run and a rerequest without making it a different run.
 FREE_FLAGS = frozenset({"root_output_dir", "experiment_name", "workers", "rounds_per_checkpoint",
-                        "matrix_cache", "data_dir", "progress", "noise_seed"})
+                        "matrix_cache", "data_dir", "progress", "noise_seed",
+                        "report_train_metrics"})
 
 
 def parse_slice(text: Optional[str], length: int) -> Tuple[int, int]:
@@ -83,7 +88,13 @@ def requested_flag_values(run: grids.RunConfig, extra_flags: Sequence[str]) -> D
   return values
 
 
-def _same_value(recorded, requested) -> bool:
+def _same_value(recorded, requested, name: str = "") -> bool:
+  if name == "mechanism":  # names and aliases of the registry are the same mechanism
+    from tff_mf import registry  # pylint: disable=g-import-not-at-top
+    try:
+      return registry.mechanism(str(recorded)).name == registry.mechanism(str(requested)).name
+    except registry.RegistryError:
+      return str(recorded) == str(requested)
   if recorded is None or requested is None:
     return recorded is None and (requested is None or str(requested).lower() in ("none", ""))
   if isinstance(recorded, bool) or str(requested).lower() in ("true", "false"):
@@ -133,7 +144,7 @@ def run_status(run: grids.RunConfig, root_output_dir: Optional[str],
   for name, value in requested_flag_values(run, extra_flags).items():
     if name in FREE_FLAGS or name not in config:
       continue
-    if not _same_value(config[name], value):
+    if not _same_value(config[name], value, name):
       mismatches.append(f"{name}: recorded {config[name]!r}, requested {value!r}")
   if summary.get("finished") or summary.get("diverged"):
     if mismatches:
@@ -245,10 +256,14 @@ class _Children:
 def _run_one(run: grids.RunConfig, binary: List[str], root_output_dir: str,
              extra_flags: Sequence[str], children: _Children) -> dict:
   run_dir = os.path.join(root_output_dir, run.name)
-  os.makedirs(run_dir, exist_ok=True)
+  try:
+    rundir.make_private_dir(run_dir)
+  except ValueError as e:
+    return {"name": run.name, "status": "failed", "returncode": None, "error": str(e)}
   command = binary + run.flags() + [f"--root_output_dir={root_output_dir}"] + list(extra_flags)
   started = time.time()
-  with open(os.path.join(run_dir, LOG_FILE), "ab") as log:
+  log_fd = os.open(os.path.join(run_dir, LOG_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+  with open(log_fd, "ab") as log:
     log.write(f"\n# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} "
               f"{' '.join(shlex.quote(c) for c in command)}\n".encode())
     log.flush()

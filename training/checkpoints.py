@@ -1,0 +1,141 @@
+"""Checkpoints of a training run through ``tff.program.FileProgramStateManager``.
+
+Two managers in ``<run dir>/checkpoints``: ``meta_<round>`` (a :class:`RunProgress`:
+round, sampler cursor, counters and the secret noise seed; fixed structure, so it
+can be read before the process is built with that seed) and
+``program_state_<round>`` (the LearningAlgorithmState). Meta is written second, so
+its latest version always has a complete process state beside it.
+
+The checkpoints hold the secret noise seed: they are written 0600 in 0700
+directories whatever the umask, and a checkpoint directory or file owned by
+another user or writable by group/others is refused before anything is read or
+written (``training.rundir``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import os
+from typing import Optional
+
+import numpy as np
+
+from training import rundir
+from training.config import TrainingError
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+@dataclasses.dataclass
+class RunProgress:
+  """Where a run is: what ``meta_<round>`` stores (noise_seed -1: the run has none)."""
+  round: int = 0
+  cursor: int = 0
+  noise_seed: int = -1
+  empty_clients_skipped: int = 0
+  zeroed_client_updates: int = 0
+  wall_seconds: float = 0.0
+
+  @property
+  def seed_or_none(self) -> Optional[int]:
+    return None if self.noise_seed < 0 else self.noise_seed
+
+
+def _run(coro):
+  return asyncio.run(coro)
+
+
+def _leaf_dtype(x) -> str:
+  """numpy dtype name of a state leaf (array, tensor or Python scalar)."""
+  dtype = getattr(x, "dtype", None)
+  if dtype is None:
+    return np.asarray(x).dtype.name
+  return getattr(dtype, "name", str(dtype))
+
+
+def _meta_structure() -> "collections.OrderedDict[str, object]":
+  out = collections.OrderedDict()
+  for field in dataclasses.fields(RunProgress):
+    out[field.name] = np.float64(0.0) if field.type == "float" else np.int64(0)
+  return out
+
+
+class Checkpointer:
+  """Saves and loads (RunProgress, program state) pairs in ``directory`` (kept private)."""
+
+  def __init__(self, directory: str, keep: int = 3):
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    self.directory = directory
+    rundir.make_private_dir(directory)
+    rundir.check_private_tree(directory)
+    self.meta = tff.program.FileProgramStateManager(directory, prefix="meta_", keep_total=keep,
+                                                    keep_first=False)
+    self.state = tff.program.FileProgramStateManager(directory, prefix="program_state_",
+                                                     keep_total=keep, keep_first=False)
+
+  def latest(self) -> Optional[RunProgress]:
+    """The RunProgress of the newest checkpoint, or None when there is none."""
+    rundir.check_private_tree(self.directory)
+    versions = _run(self.meta.get_versions())
+    if not versions:
+      return None
+    meta = _run(self.meta.load(versions[-1], _meta_structure()))
+    progress = RunProgress(**{f.name: (float(meta[f.name]) if f.type == "float"
+                                       else int(meta[f.name]))
+                              for f in dataclasses.fields(RunProgress)})
+    if progress.round != versions[-1]:
+      raise TrainingError(f"checkpoint meta_{versions[-1]} in {self.directory} records round "
+                          f"{progress.round}; the checkpoint directory is corrupt")
+    return progress
+
+  def load_state(self, round_num: int, structure):
+    """``program_state_<round_num>``, checked leaf by leaf against ``structure``.
+
+    FileProgramStateManager would return arrays of the checkpoint's shapes for a
+    template of other shapes, and fails with a bare nest error when the nesting
+    differs. Both happen when the checkpoint was written by another tff-mf
+    version or model; either way this raises a TrainingError naming the first
+    difference, and leaves the checkpoint files untouched.
+    """
+    from tensorflow.python.util import nest  # pylint: disable=g-import-not-at-top
+    rundir.check_private_tree(self.directory)
+    name = f"checkpoint program_state_{round_num} in {self.directory}"
+    hint = ("it was written by a different tff-mf version, model or mechanism; resume with "
+            "the code and flags that wrote it, or start a new experiment directory")
+    try:
+      state = _run(self.state.load(round_num, structure))
+    except (ValueError, TypeError) as e:
+      raise TrainingError(f"{name} does not have this run's state structure ({hint}): "
+                          f"{str(e).splitlines()[0]}") from e
+    expected = nest.flatten_with_joined_string_paths(structure)
+    loaded = nest.flatten(state)
+    if len(expected) != len(loaded):
+      raise TrainingError(f"{name} holds {len(loaded)} arrays, this run's state "
+                          f"{len(expected)} ({hint})")
+    for (path, want), got in zip(expected, loaded):
+      want_shape, got_shape = tuple(np.shape(want)), tuple(np.shape(got))
+      want_dtype, got_dtype = _leaf_dtype(want), _leaf_dtype(got)
+      if want_shape != got_shape or want_dtype != got_dtype:
+        raise TrainingError(f"{name}: state entry {path or '<root>'} is "
+                            f"{got_dtype}{list(got_shape)} in the checkpoint but "
+                            f"{want_dtype}{list(want_shape)} in this run ({hint})")
+    return state
+
+  def save(self, state, progress: RunProgress) -> None:
+    """Writes program_state_<round> then meta_<round>, both private (0600 files, 0700 dirs)."""
+    rundir.check_private_tree(self.directory)
+    version = int(progress.round)
+    with rundir.private_umask():
+      for manager in (self.state, self.meta):
+        versions = _run(manager.get_versions()) or []
+        if version in versions:  # left by a run killed between the two writes
+          _run(manager._remove(version))  # pylint: disable=protected-access
+      _run(self.state.save(state, version))
+      values = _meta_structure()
+      for key, value in dataclasses.asdict(progress).items():
+        values[key] = np.float64(value) if isinstance(values[key], np.float64) else np.int64(
+            value)
+      _run(self.meta.save(values, version))
+    rundir.restrict_tree(self.directory)

@@ -1,0 +1,210 @@
+"""One training run's settings as data: ``TrainingConfig``, its checks, the mechanism names.
+
+Every flag of ``training/run_stackoverflow.py`` is a field here (the flag help is
+written in that file). Mechanism names come from ``tff_mf.registry``: any trainable
+mechanism's canonical name or alias is accepted and the run records the canonical
+name, so ``--mechanism=dp_ftrl`` and ``--mechanism=honaker_online`` are the same
+run. Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from typing import Dict, Optional, Tuple
+
+from tff_mf import checks
+from tff_mf import registry
+
+DATASETS = ("stackoverflow", "pydocs", "synthetic")
+LR_SCHEDULES = ("constant", "decay", "cooldown")
+ACCOUNTANTS = ("pld", "rdp")
+# Per user and private, never a shared world-writable place such as /tmp: run
+# directories hold checkpoints with the secret noise seed (see training/rundir.py).
+DEFAULT_ROOT_OUTPUT_DIR = "~/tff_mf_runs"
+# Flags that may differ between the run that wrote a checkpoint and the one resuming it.
+RESUME_FREE_FIELDS = ("noise_seed", "workers", "rounds_per_checkpoint", "rounds_per_eval",
+                      "progress", "root_output_dir", "matrix_cache", "report_train_metrics")
+POSITIVE_INT_FIELDS = ("total_rounds", "clients_per_round", "rounds_per_eval",
+                       "rounds_per_checkpoint", "max_validation_elements", "vocab_size",
+                       "num_oov_buckets", "embedding_size", "lstm_size", "projection_size",
+                       "sequence_length", "max_elements_per_client", "client_batch_size")
+
+
+class TrainingError(checks.CheckError):
+  """A configuration, data or run-directory problem that stops training (one-line message)."""
+
+
+def trainable_mechanisms() -> Tuple[str, ...]:
+  """Every accepted ``--mechanism`` spelling: names and aliases of trainable mechanisms."""
+  return tuple(s for s in registry.all_spellings() if registry.mechanism(s).trainable)
+
+
+def canonical_mechanism(name: str) -> str:
+  """The registry's canonical name of a trainable mechanism spelling; TrainingError otherwise."""
+  if name not in trainable_mechanisms():
+    raise TrainingError(f"--mechanism={name!r} is not a trainable mechanism; expected one of "
+                        f"{', '.join(registry.mechanism_names(trainable=True))} (or an alias)")
+  return registry.mechanism(name).name
+
+
+def is_seedless(mechanism: str) -> bool:
+  """True when the mechanism has no seedable noise stream (TFF's gaussian_fixed, or no noise).
+
+  TFF's gaussian_fixed draws from TensorFlow's stateful RNG (not reproducible
+  across a resume); ``none`` adds no noise. Every other mechanism takes the
+  secret noise seed.
+  """
+  return registry.mechanism(mechanism).noise in ("tff_gaussian", "none")
+
+
+def is_private(mechanism: str) -> bool:
+  return registry.mechanism(mechanism).private
+
+
+@dataclasses.dataclass
+class TrainingConfig:
+  """Every flag of run_stackoverflow.py (defaults: the papers' model, a small schedule)."""
+  mechanism: str = "opt_prefix_sum"
+  dataset: str = "pydocs"
+  data_dir: Optional[str] = None
+  total_rounds: int = 100
+  clients_per_round: int = 10
+  client_lr: float = 0.5
+  server_lr: float = 1.0
+  server_momentum: float = 0.0
+  lr_schedule: str = "constant"
+  schedule_rounds: Optional[int] = None
+  noise_multiplier: Optional[float] = None
+  target_epsilon: Optional[float] = None
+  delta: float = 1e-6
+  accountant: str = "pld"
+  clip_norm: float = 1.0
+  noise_seed: Optional[int] = None
+  matrix_cache: Optional[str] = None
+  bands: Optional[int] = None
+  rank: Optional[int] = None
+  root_output_dir: str = DEFAULT_ROOT_OUTPUT_DIR
+  experiment_name: str = "run"
+  rounds_per_eval: int = 10
+  rounds_per_checkpoint: int = 10
+  vocab_size: int = 10000
+  num_oov_buckets: int = 1
+  embedding_size: int = 96
+  lstm_size: int = 670
+  projection_size: int = 96
+  sequence_length: int = 20
+  max_elements_per_client: int = 256
+  client_batch_size: int = 16
+  max_validation_elements: int = 10000
+  max_test_elements: Optional[int] = None
+  workers: Tuple[str, ...] = ()
+  seed: int = 0
+  progress: bool = True
+  report_train_metrics: bool = False
+
+  @property
+  def canonical_mechanism(self) -> str:
+    return canonical_mechanism(self.mechanism)
+
+  @property
+  def run_dir(self) -> str:
+    """``<root_output_dir>/<experiment_name>``, with ``~`` expanded."""
+    return os.path.join(os.path.expanduser(self.root_output_dir), self.experiment_name)
+
+  def validate(self) -> None:
+    """Raises TrainingError naming the first bad or conflicting value."""
+    try:
+      self._check_names()
+      self._check_numbers()
+      self._check_schedule()
+      self._check_privacy()
+    except TrainingError:
+      raise
+    except checks.CheckError as e:
+      raise TrainingError(str(e)) from None
+
+  def _check_names(self) -> None:
+    canonical_mechanism(self.mechanism)
+    for name, value, allowed in (("dataset", self.dataset, DATASETS),
+                                 ("lr_schedule", self.lr_schedule, LR_SCHEDULES),
+                                 ("accountant", self.accountant, ACCOUNTANTS)):
+      if value not in allowed:
+        raise TrainingError(f"--{name}={value!r}; expected one of {', '.join(allowed)}")
+    checks.path_component(self.experiment_name, "--experiment_name")
+    if not self.root_output_dir:
+      raise TrainingError("--root_output_dir must not be empty")
+
+  def _check_numbers(self) -> None:
+    for name in POSITIVE_INT_FIELDS:
+      value = getattr(self, name)
+      if isinstance(value, float):  # 3.0 is not an integer flag value
+        raise TrainingError(f"--{name} must be a positive integer, got {value!r}")
+      checks.positive_int(value, f"--{name}")
+    if self.max_test_elements is not None:
+      checks.positive_int(self.max_test_elements, "--max_test_elements")
+    for name in ("client_lr", "server_lr", "clip_norm"):
+      checks.positive_float(getattr(self, name), f"--{name}")
+    checks.in_range(self.server_momentum, "--server_momentum", 0.0, 1.0)
+    checks.delta(self.delta, "--delta")
+    checks.nonnegative_int(self.seed, "--seed")
+
+  def _check_schedule(self) -> None:
+    if self.lr_schedule != "constant":
+      if self.schedule_rounds is None or not 1 <= self.schedule_rounds <= self.total_rounds:
+        raise TrainingError(
+            f"--lr_schedule={self.lr_schedule} needs --schedule_rounds in [1, total_rounds="
+            f"{self.total_rounds}], got {self.schedule_rounds}")
+    elif self.schedule_rounds is not None:
+      raise TrainingError("--schedule_rounds is only meaningful with --lr_schedule=decay or "
+                          f"cooldown (got --lr_schedule=constant, --schedule_rounds="
+                          f"{self.schedule_rounds})")
+
+  def _check_privacy(self) -> None:
+    mechanism = canonical_mechanism(self.mechanism)
+    if not is_private(mechanism):
+      if self.noise_multiplier not in (None, 0.0) or self.target_epsilon is not None:
+        raise TrainingError(
+            f"--mechanism={self.mechanism} trains without privacy; it takes neither "
+            f"--noise_multiplier (got {self.noise_multiplier}) nor --target_epsilon (got "
+            f"{self.target_epsilon})")
+    elif (self.noise_multiplier is None) == (self.target_epsilon is None):
+      raise TrainingError(
+          f"--mechanism={self.mechanism} needs exactly one of --noise_multiplier and "
+          f"--target_epsilon (got {self.noise_multiplier} and {self.target_epsilon})")
+    elif self.noise_multiplier is not None:
+      checks.noise_multiplier(self.noise_multiplier, "--noise_multiplier")
+    else:
+      checks.positive_float(self.target_epsilon, "--target_epsilon")
+    if self.noise_seed is not None:
+      checks.seed(self.noise_seed, "--noise_seed")
+
+  def public_dict(self) -> Dict[str, object]:
+    """Every flag value (mechanism by canonical name), except the noise seed.
+
+    The seed is kept only in the checkpoints; here it is replaced by where it came from.
+    """
+    out = dataclasses.asdict(self)
+    out["mechanism"] = self.canonical_mechanism
+    out["workers"] = list(self.workers)
+    if self.noise_seed is not None:
+      out["noise_seed"] = "pinned"
+    elif out["mechanism"] == "none":
+      out["noise_seed"] = "no_noise"
+    elif out["mechanism"] == "gaussian":
+      out["noise_seed"] = "tf_stateful_rng"
+    else:
+      out["noise_seed"] = "os_entropy"
+    return out
+
+  def fingerprint(self) -> str:
+    """Hash of the fields a resumed run must share with the run that checkpointed."""
+    values = {k: v for k, v in self.public_dict().items() if k not in RESUME_FREE_FIELDS}
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
+
+  def changed_fields(self, recorded: Dict[str, object]) -> Tuple[str, ...]:
+    """The resume-relevant fields whose value differs from ``recorded`` (a public_dict)."""
+    return tuple(sorted(k for k, v in self.public_dict().items()
+                        if k not in RESUME_FREE_FIELDS and recorded.get(k) != v))

@@ -1,0 +1,329 @@
+"""The training loop: DP FedAvg over single-pass client rounds, checkpointed and resumable.
+
+The loop of Denisov et al. 2022 (arXiv:2202.08312, Sec 5 and App I): FedAvg where
+each round's clipped client updates go through a matrix-factorization mechanism
+(``training.mechanisms``), each client is used at most once
+(``training.sampling``), ε is that of one Gaussian mechanism (Thm 4.1), and the
+state is checkpointed through ``tff.program.FileProgramStateManager``
+(``training.checkpoints``) in a private, locked run directory (``training.rundir``).
+
+``run_training(TrainingConfig(...))`` is what ``training/run_stackoverflow.py``
+calls; it returns the summary dict it also writes to ``<run dir>/summary.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import sys
+import time
+from typing import Callable, Dict, Optional, Tuple
+
+from tff_mf import checks
+from tff_mf import registry
+from training import checkpoints
+from training import mechanisms
+from training import outputs
+from training import rundir
+from training import sampling
+from training import task as task_lib
+from training.config import TrainingConfig
+from training.config import TrainingError
+from training.config import is_seedless
+
+Log = Callable[[str], None]
+RoundCallback = Callable[[int], None]
+# The library's own in-graph checks (tff_mf.tf.query) name themselves in their message.
+_LIBRARY_ERROR = re.compile(r"(MatrixFactorizationQuery: [^\]\n]*)")
+
+
+def _stderr(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass
+class _Run:
+  """Everything the rounds of one run share."""
+  config: TrainingConfig
+  run_dir: str
+  checkpointer: checkpoints.Checkpointer
+  progress: checkpoints.RunProgress
+  created_utc: str
+  start_utc: str
+  log: Log
+  round_callback: Optional[RoundCallback]
+  session_start: float = dataclasses.field(default_factory=time.perf_counter)
+  wall_before: float = 0.0
+
+  def wall_seconds(self) -> float:
+    return self.wall_before + time.perf_counter() - self.session_start
+
+
+def library_error_message(error: BaseException) -> Optional[str]:
+  """The one-line message of a tff-mf in-graph check inside a TF/TFF/gRPC error, if any."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    match = _LIBRARY_ERROR.search(str(error))
+    if match:
+      return " ".join(match.group(1).split())
+    error = error.__cause__ or error.__context__
+  return None
+
+
+def run_round(process, state, datasets, round_num: int):
+  """``process.next(state, datasets)``; a failed tff-mf check becomes a one-line TrainingError.
+
+  TFF runs the round in its C++ executor, which wraps an in-graph assertion
+  (e.g. running past the n rounds a matrix was built for) in a long gRPC/TF
+  error; the query's own message is what the user needs.
+  """
+  try:
+    return process.next(state, datasets)
+  except Exception as e:  # pylint: disable=broad-except
+    message = library_error_message(e)
+    if message is None:
+      raise
+    raise TrainingError(f"round {round_num}: {message}") from None
+
+
+def _check_resumable(config: TrainingConfig, run_dir: str,
+                     progress: checkpoints.RunProgress) -> str:
+  """Refuses a checkpoint of other flags or seed; returns the run's creation time."""
+  config_path = os.path.join(run_dir, outputs.CONFIG_FILE)
+  if not os.path.exists(config_path):
+    raise TrainingError(f"{run_dir} has checkpoints but no {outputs.CONFIG_FILE}; "
+                        "use a new --experiment_name")
+  with open(config_path, encoding="utf-8") as f:
+    saved = json.load(f)
+  if saved.get("fingerprint") != config.fingerprint():
+    changed = config.changed_fields(saved.get("config", {}))
+    raise TrainingError(
+        f"{run_dir} holds a checkpoint (round {progress.round}) of a run with other flags "
+        f"({', '.join(changed) or 'fingerprint'} differ); rerun the same command to resume, "
+        "or use a new --experiment_name")
+  if config.noise_seed is not None and int(config.noise_seed) != progress.noise_seed:
+    raise TrainingError("--noise_seed differs from the seed recorded in the checkpoint of "
+                        f"{run_dir}; a resumed run must reuse its noise seed")
+  return saved.get("created_utc") or ""
+
+
+def _start_or_resume(config: TrainingConfig, run_dir: str, log: Log,
+                     round_callback: Optional[RoundCallback]) -> _Run:
+  """Opens the checkpoints; resumes from the latest or records a new run's config."""
+  start_utc = outputs.utc_now()
+  checkpointer = checkpoints.Checkpointer(os.path.join(run_dir, checkpoints.CHECKPOINT_DIR))
+  progress = checkpointer.latest()
+  if progress is not None:
+    created_utc = _check_resumable(config, run_dir, progress)
+    log(f"resuming {run_dir} from round {progress.round}")
+  else:
+    if config.noise_seed is not None:
+      seed = int(config.noise_seed)
+    elif is_seedless(config.canonical_mechanism):
+      seed = None
+    else:
+      seed = checks.new_seed()
+    progress = checkpoints.RunProgress(noise_seed=-1 if seed is None else seed)
+    created_utc = start_utc
+    outputs.write_json(os.path.join(run_dir, outputs.CONFIG_FILE),
+                       {"config": config.public_dict(), "fingerprint": config.fingerprint(),
+                        "created_utc": created_utc})
+  return _Run(config=config, run_dir=run_dir, checkpointer=checkpointer, progress=progress,
+              created_utc=created_utc, start_utc=start_utc, log=log,
+              round_callback=round_callback, wall_before=progress.wall_seconds)
+
+
+def _client_loader(task: task_lib.Task):
+  def load_client(client_id):
+    """The client's preprocessed dataset, or None when it has no examples (skipped).
+
+    Checked on the raw examples (cheaper): preprocessing turns any non-empty
+    client into at least one batch (every sentence yields at least [BOS]).
+    """
+    raw = task.train.create_tf_dataset_for_client(client_id)
+    if next(iter(raw.take(1)), None) is None:
+      return None
+    return task.preprocess_fn(raw)
+  return load_client
+
+
+def _initial_state(run: _Run, process, task: task_lib.Task):
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  state = process.initialize()
+  trainable, non_trainable = task_lib.initial_model_weights(task.keras_model_fn, run.config.seed)
+  state = process.set_model_weights(
+      state, tff.learning.models.ModelWeights(trainable=trainable, non_trainable=non_trainable))
+  if run.progress.round > 0:
+    state = run.checkpointer.load_state(run.progress.round, state)
+  return state
+
+
+@dataclasses.dataclass
+class _Trainer:
+  """The built pieces of a run's rounds."""
+  run: _Run
+  task: task_lib.Task
+  process: object
+  sampler: sampling.SinglePassSampler
+  evaluate: task_lib.Evaluator
+  writer: outputs.MetricsWriter
+
+  def round(self, state, round_num: int, load_client) -> Tuple[object, Dict[str, object], bool]:
+    """One round: (new state, its metrics row, whether the model diverged)."""
+    from training import robustness  # pylint: disable=g-import-not-at-top
+    config, progress = self.run.config, self.run.progress
+    start = time.perf_counter()
+    client_ids, datasets, skipped = self.sampler.next_round(config.clients_per_round,
+                                                            load_client)
+    output = run_round(self.process, state, datasets, round_num)
+    zeroed = int(output.metrics["aggregator"][robustness.ZEROED_METRIC])
+    progress.empty_clients_skipped += skipped
+    progress.zeroed_client_updates += zeroed
+    progress.cursor = self.sampler.cursor
+    progress.round = round_num
+    row: Dict[str, object] = {"round": round_num, "round_seconds": time.perf_counter() - start,
+                              "clients": len(client_ids), "empty_clients_skipped": skipped,
+                              "zeroed_client_updates": zeroed}
+    if config.report_train_metrics:
+      train = output.metrics["client_work"]["train"]
+      row["nonprivate_train_loss"] = float(train["loss"])
+      row["nonprivate_train_accuracy"] = float(train.get("accuracy", float("nan")))
+    weights = self.process.get_model_weights(output.state)
+    diverged = not robustness.all_finite(weights.trainable)
+    if not diverged and (round_num % config.rounds_per_eval == 0
+                         or round_num == config.total_rounds):
+      row.update({f"validation_{k}": v for k, v in self.evaluate(weights, self.task.validation)
+                  .items()})
+    return output.state, row, diverged
+
+  def rounds(self, state) -> Tuple[object, bool]:
+    """Runs the remaining rounds (checkpointing); returns (state, diverged)."""
+    run, config = self.run, self.run.config
+    load_client = _client_loader(self.task)
+    bar = outputs.Progress(config.experiment_name, config.total_rounds, run.progress.round,
+                           config.progress)
+    diverged = False
+    try:
+      for round_num in range(run.progress.round + 1, config.total_rounds + 1):
+        state, row, diverged = self.round(state, round_num, load_client)
+        self.writer.write(row)
+        bar.update(row)
+        if run.round_callback is not None:
+          run.round_callback(round_num)
+        if diverged:
+          bar.write(f"round {round_num}: model weights are no longer finite; stopping (diverged)")
+          break
+        if round_num % config.rounds_per_checkpoint == 0 or round_num == config.total_rounds:
+          run.progress.wall_seconds = run.wall_seconds()
+          run.checkpointer.save(state, run.progress)
+    finally:
+      bar.close()
+    return state, diverged
+
+
+def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, eps,
+             sqrt_loss, mechanism_info) -> Dict[str, object]:
+  """Final evaluation, final model, TensorBoard's last scalars, and the summary dict."""
+  run, config, task = trainer.run, trainer.run.config, trainer.task
+  progress = run.progress
+  weights = trainer.process.get_model_weights(state)
+  if diverged:
+    validation = test = {k: None for k in task_lib.METRIC_KEYS}
+  else:
+    validation = trainer.evaluate(weights, task.validation)
+    test = trainer.evaluate(weights, task.test)
+    outputs.save_final_model(run.run_dir, task_lib.trainable_variable_names(task.keras_model_fn),
+                             weights.trainable)
+  trainer.writer.scalars(test, progress.round, prefix="test/")
+  if eps is not None:
+    trainer.writer.scalars({"epsilon": eps}, progress.round, prefix="privacy/")
+  mechanism = config.canonical_mechanism
+  train_rows = [r for r in trainer.writer.rows if r.get("nonprivate_train_loss") not in ("", None)]
+  return {
+      "config": config.public_dict(), "mechanism": mechanism,
+      "mechanism_label": registry.label(mechanism), "noise_multiplier": noise_multiplier,
+      "epsilon": eps, "delta": config.delta if eps is not None else None,
+      "accountant": config.accountant if eps is not None else None,
+      "private": eps is not None, "total_rounds": config.total_rounds,
+      "rounds_completed": progress.round,
+      "finished": progress.round == config.total_rounds and not diverged,
+      "diverged": diverged, "wall_seconds": run.wall_seconds(),
+      "validation_metrics": {k: outputs.finite_or_none(v) for k, v in validation.items()},
+      "test_metrics": {k: outputs.finite_or_none(v) for k, v in test.items()},
+      "sqrt_loss": sqrt_loss,
+      "nonprivate_train_metrics": ({k: float(train_rows[-1][k])
+                                    for k in outputs.NONPRIVATE_TRAIN_KEYS}
+                                   if config.report_train_metrics and train_rows else None),
+      "notes": [outputs.NONPRIVATE_NOTE] if config.report_train_metrics else [],
+      "empty_clients_skipped": progress.empty_clients_skipped,
+      "zeroed_client_updates": progress.zeroed_client_updates,
+      "num_train_clients": len(task.train_client_ids), "clients_used": trainer.sampler.cursor,
+      "mechanism_info": {k: v for k, v in mechanism_info.items()
+                         if isinstance(v, (str, int, float, bool)) and "seed" not in k},
+      "versions": outputs.package_versions(), "dataset": task.dataset,
+      "created_utc": run.created_utc, "start_utc": run.start_utc, "end_utc": outputs.utc_now(),
+  }
+
+
+def _train(run: _Run, task: Optional[task_lib.Task]) -> Dict[str, object]:
+  """Builds the task, mechanism and process; runs the rounds; writes the outputs."""
+  config = run.config
+  noise_multiplier, eps = mechanisms.resolve_noise_multiplier(config)
+  if task is None:
+    task = task_lib.build_task(config)
+  sampling.check_enough_clients(len(task.train_client_ids), config.total_rounds,
+                                config.clients_per_round)
+  sampler = sampling.SinglePassSampler(task.train_client_ids, config.seed,
+                                       cursor=run.progress.cursor)
+  setup = mechanisms.build_mechanism_setup(config, noise_multiplier, run.progress.seed_or_none)
+  process = mechanisms.build_process(task.model_fn, setup, config.client_lr)
+  state = _initial_state(run, process, task)
+  writer = outputs.MetricsWriter(run.run_dir, run.progress.round, config.report_train_metrics)
+  try:
+    writer.hparams(config.public_dict(), config.experiment_name)
+    trainer = _Trainer(run=run, task=task, process=process, sampler=sampler,
+                       evaluate=task_lib.Evaluator(task.keras_model_fn, len(task.vocab),
+                                                   config.num_oov_buckets), writer=writer)
+    state, diverged = trainer.rounds(state)
+    summary = _summary(trainer, state, diverged, noise_multiplier, eps, setup.sqrt_loss,
+                       setup.info)
+  finally:
+    writer.close()
+  path = os.path.join(run.run_dir, outputs.SUMMARY_FILE)
+  outputs.write_json(path, summary)
+  run.log(f"{summary['mechanism']}: {summary['rounds_completed']}/{config.total_rounds} rounds, "
+          f"eps={'inf' if eps is None else f'{eps:.3g}'}, test accuracy (no OOV/EOS) "
+          f"{summary['test_metrics']['accuracy_no_oov_no_eos']}, "
+          f"{summary['wall_seconds']:.1f}s -> {path}")
+  return summary
+
+
+def run_training(config: TrainingConfig, task: Optional[task_lib.Task] = None,
+                 log: Optional[Log] = None,
+                 round_callback: Optional[RoundCallback] = None) -> Dict[str, object]:
+  """Trains (resuming from the latest checkpoint if any); returns the summary dict.
+
+  Args:
+    config: the run's flags.
+    task: a prebuilt task (data and model) to reuse across runs; built from config if None.
+    log: where one-line messages go (default: stderr).
+    round_callback: called with the round number after each round's row is written.
+
+  Raises:
+    TrainingError: bad flags, a run directory that is not private or is in use,
+      a checkpoint of another run, too few clients, or a failed tff-mf check.
+  """
+  config.validate()
+  log = log or _stderr
+  from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
+  runtime.install_exit_hook()
+  run_dir = rundir.open_run_dir(config.run_dir)
+  with rundir.RunLock(run_dir), rundir.private_umask():
+    if config.workers:
+      from training import distributed  # pylint: disable=g-import-not-at-top
+      distributed.configure_execution_context(list(config.workers))
+    run = _start_or_resume(config, run_dir, log, round_callback)
+    return _train(run, task)

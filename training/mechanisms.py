@@ -1,0 +1,127 @@
+"""The DP mechanism, server optimizer and FedAvg process of a run, and its privacy numbers.
+
+Every DP mechanism is built by ``tff_mf.tf.aggregators.build_mechanism`` through
+one function, :func:`build_library_mechanism`; ``none`` is plain FedAvg with the
+same server momentum and learning-rate schedule. All mechanisms are normalized to
+sensitivity γ(C) = 1 under single participation, so a run is one Gaussian
+mechanism with noise multiplier z (Denisov et al. 2022, arXiv:2202.08312,
+Thm 4.1) and ε comes from ``tff_mf.accounting``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from training.config import TrainingConfig
+from training.config import TrainingError
+
+# Today's tff_mf.tf.aggregators spells two registry mechanisms by their TFF names.
+# Once build_mechanism accepts registry names, drop this map (one line below).
+_LIBRARY_SPELLING = {"tree": "tree_aggregation", "gaussian": "gaussian_fixed"}
+
+
+@dataclasses.dataclass
+class MechanismSetup:
+  """What a run trains with.
+
+  Attributes:
+    aggregation_factory: the model aggregator (wrapped to zero non-finite updates).
+    server_optimizer: applies momentum β and the learning-rate schedule.
+    sqrt_loss: √L(B, C) of the factorization (Denisov et al. Eq. 2), None without one.
+    info: JSON-ready description of the mechanism (never the noise seed).
+  """
+  aggregation_factory: Any
+  server_optimizer: Any
+  sqrt_loss: Optional[float]
+  info: Dict[str, Any]
+
+
+def resolve_noise_multiplier(config: TrainingConfig) -> Tuple[Optional[float], Optional[float]]:
+  """(noise multiplier z, ε); both None for a non-private run. ε is an upper bound."""
+  if config.canonical_mechanism == "none":
+    return None, None
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  if config.target_epsilon is not None:
+    z = float(accounting.calibrate_noise_multiplier(config.target_epsilon, config.delta,
+                                                    accountant=config.accountant))
+  else:
+    z = float(config.noise_multiplier)
+  eps = float(accounting.epsilon(z, config.delta, accountant=config.accountant))
+  return z, eps
+
+
+def server_lr_schedule(config: TrainingConfig) -> np.ndarray:
+  """Per-round server learning rates η_i · server_lr (tff_mf.workloads.learning_rates)."""
+  from tff_mf import workloads  # pylint: disable=g-import-not-at-top
+  return config.server_lr * workloads.learning_rates(
+      config.total_rounds, config.lr_schedule, config.schedule_rounds)
+
+
+def build_library_mechanism(name: str, config: TrainingConfig, noise_multiplier: float,
+                            noise_seed: Optional[int]):
+  """``tff_mf.tf.aggregators.build_mechanism`` for registry mechanism ``name`` (canonical)."""
+  from tff_mf.tf import aggregators  # pylint: disable=g-import-not-at-top
+  return aggregators.build_mechanism(
+      _LIBRARY_SPELLING.get(name, name), total_rounds=config.total_rounds,
+      noise_multiplier=noise_multiplier, clients_per_round=config.clients_per_round,
+      clip_norm=config.clip_norm, server_learning_rate=config.server_lr,
+      momentum=config.server_momentum, lr_schedule=config.lr_schedule,
+      schedule_rounds=config.schedule_rounds, noise_seed=noise_seed,
+      cache_dir=config.matrix_cache, bands=config.bands, rank=config.rank,
+      progress=config.progress)
+
+
+def _nonprivate_setup(config: TrainingConfig) -> MechanismSetup:
+  """Plain FedAvg: server SGD with momentum and the same learning-rate schedule, no noise."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from training import robustness  # pylint: disable=g-import-not-at-top
+  rates = server_lr_schedule(config)
+  optimizer = tff.learning.optimizers.build_sgdm(
+      learning_rate=float(rates[0]),
+      momentum=config.server_momentum if config.server_momentum > 0 else None)
+  if config.lr_schedule != "constant":
+    table = tf.constant(rates.astype(np.float32))
+
+    def schedule(round_index):
+      index = tf.minimum(tf.cast(round_index, tf.int32), config.total_rounds - 1)
+      return tf.gather(table, index)
+
+    optimizer = tff.learning.optimizers.schedule_learning_rate(optimizer, schedule)
+  factory = robustness.NonFiniteZeroingFactory(tff.aggregators.UnweightedMeanFactory())
+  return MechanismSetup(factory, optimizer, None, {"private": False})
+
+
+def build_mechanism_setup(config: TrainingConfig, noise_multiplier: Optional[float],
+                          noise_seed: Optional[int]) -> MechanismSetup:
+  """The run's aggregator and server optimizer (conflicting flags raise TrainingError).
+
+  For the DP mechanisms, momentum β and the learning-rate schedule are part of the
+  mechanism's workload (opt_momentum) or its post-processing, and the server
+  optimizer realizes the rest.
+  """
+  from training import robustness  # pylint: disable=g-import-not-at-top
+  mechanism = config.canonical_mechanism
+  if mechanism == "none":
+    return _nonprivate_setup(config)
+  try:
+    setup = build_library_mechanism(mechanism, config, noise_multiplier, noise_seed)
+  except ValueError as e:
+    raise TrainingError(f"--mechanism={config.mechanism}: {e}") from e
+  info = dict(setup.info or {})
+  info["private"] = True
+  return MechanismSetup(robustness.NonFiniteZeroingFactory(setup.aggregation_factory),
+                        setup.server_optimizer, setup.sqrt_loss, info)
+
+
+def build_process(model_fn, setup: MechanismSetup, client_lr: float):
+  """Unweighted FedAvg (each client one clipped update, Denisov et al. Sec 5)."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  return tff.learning.algorithms.build_unweighted_fed_avg(
+      model_fn,
+      client_optimizer_fn=tff.learning.optimizers.build_sgdm(learning_rate=client_lr),
+      server_optimizer_fn=setup.server_optimizer,
+      model_aggregator=setup.aggregation_factory)
