@@ -9,6 +9,8 @@ import time
 import numpy as np
 import pytest
 
+import userenv
+
 from tff_mf import cache
 from tff_mf import factorization as fz
 from tff_mf import families
@@ -378,8 +380,7 @@ while time.time() < end:
 def test_readers_never_see_a_half_replaced_entry(tmp_path):
   spec = _spec("identity", n=300)  # cheap to recompute: a writer rewrites it continually
   cache.load_or_factorize(spec, cache_dir=str(tmp_path))
-  env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
-         "LANG": "C.UTF-8", "PYTHONPATH": REPO}
+  env = userenv.env()
   writer = subprocess.Popen([sys.executable, "-c", _REWRITER, str(tmp_path), "8"], env=env)
   errors, loads = [], 0
   try:

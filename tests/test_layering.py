@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+import userenv
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("tff_mf", "training", "stackoverflow")
 HEAVY = ("tensorflow", "tensorflow_federated", "tensorflow_privacy", "jax", "keras")
@@ -130,8 +132,7 @@ def test_command_modules_are_light():
 
 def _python(code):
   """stdout of ``code`` run in a fresh interpreter from a clean environment."""
-  env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": REPO, "LANG": "C.UTF-8"}
   out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                       timeout=300, env=env)
+                       timeout=300, env=userenv.env())
   assert out.returncode == 0, out.stderr
   return out.stdout

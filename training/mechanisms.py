@@ -13,15 +13,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Optional, Tuple
 
-import numpy as np
-
 from training.config import TrainingConfig
 from training.config import TrainingError
-
-# Today's tff_mf.tf.aggregators spells two registry mechanisms by their TFF names.
-# Once build_mechanism accepts registry names, drop this map (one line below).
-_LIBRARY_SPELLING = {"tree": "tree_aggregation", "gaussian": "gaussian_fixed"}
-
+from training.config import is_private
 
 @dataclasses.dataclass
 class MechanismSetup:
@@ -53,46 +47,18 @@ def resolve_noise_multiplier(config: TrainingConfig) -> Tuple[Optional[float], O
   return z, eps
 
 
-def server_lr_schedule(config: TrainingConfig) -> np.ndarray:
-  """Per-round server learning rates η_i · server_lr (tff_mf.workloads.learning_rates)."""
-  from tff_mf import workloads  # pylint: disable=g-import-not-at-top
-  return config.server_lr * workloads.learning_rates(
-      config.total_rounds, config.lr_schedule, config.schedule_rounds)
-
-
 def build_library_mechanism(name: str, config: TrainingConfig, noise_multiplier: float,
                             noise_seed: Optional[int]):
   """``tff_mf.tf.aggregators.build_mechanism`` for registry mechanism ``name`` (canonical)."""
   from tff_mf.tf import aggregators  # pylint: disable=g-import-not-at-top
   return aggregators.build_mechanism(
-      _LIBRARY_SPELLING.get(name, name), total_rounds=config.total_rounds,
+      name, total_rounds=config.total_rounds,
       noise_multiplier=noise_multiplier, clients_per_round=config.clients_per_round,
       clip_norm=config.clip_norm, server_learning_rate=config.server_lr,
       momentum=config.server_momentum, lr_schedule=config.lr_schedule,
       schedule_rounds=config.schedule_rounds, noise_seed=noise_seed,
       cache_dir=config.matrix_cache, bands=config.bands, rank=config.rank,
       progress=config.progress)
-
-
-def _nonprivate_setup(config: TrainingConfig) -> MechanismSetup:
-  """Plain FedAvg: server SGD with momentum and the same learning-rate schedule, no noise."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from training import robustness  # pylint: disable=g-import-not-at-top
-  rates = server_lr_schedule(config)
-  optimizer = tff.learning.optimizers.build_sgdm(
-      learning_rate=float(rates[0]),
-      momentum=config.server_momentum if config.server_momentum > 0 else None)
-  if config.lr_schedule != "constant":
-    table = tf.constant(rates.astype(np.float32))
-
-    def schedule(round_index):
-      index = tf.minimum(tf.cast(round_index, tf.int32), config.total_rounds - 1)
-      return tf.gather(table, index)
-
-    optimizer = tff.learning.optimizers.schedule_learning_rate(optimizer, schedule)
-  factory = robustness.NonFiniteZeroingFactory(tff.aggregators.UnweightedMeanFactory())
-  return MechanismSetup(factory, optimizer, None, {"private": False})
 
 
 def build_mechanism_setup(config: TrainingConfig, noise_multiplier: Optional[float],
@@ -105,14 +71,12 @@ def build_mechanism_setup(config: TrainingConfig, noise_multiplier: Optional[flo
   """
   from training import robustness  # pylint: disable=g-import-not-at-top
   mechanism = config.canonical_mechanism
-  if mechanism == "none":
-    return _nonprivate_setup(config)
   try:
     setup = build_library_mechanism(mechanism, config, noise_multiplier, noise_seed)
   except ValueError as e:
     raise TrainingError(f"--mechanism={config.mechanism}: {e}") from e
   info = dict(setup.info or {})
-  info["private"] = True
+  info["private"] = is_private(mechanism)
   return MechanismSetup(robustness.NonFiniteZeroingFactory(setup.aggregation_factory),
                         setup.server_optimizer, setup.sqrt_loss, info)
 

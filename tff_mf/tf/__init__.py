@@ -1,1 +1,11 @@
-"""The thin TensorFlow / TFF layer of tff-mf (streaming noise, DPQuery, aggregators)."""
+"""The thin TensorFlow / TFF layer of tff-mf (streaming noise, DPQuery, aggregators).
+
+Importing it sets ``TF2_BEHAVIOR=1`` (unless set) before TensorFlow is imported:
+TensorFlow 2.14 imported for the first time inside absl's ``app.run`` otherwise
+starts its eager context too early and Keras then builds graph placeholders (an
+LSTM crashes with "'SymbolicTensor' object cannot be interpreted as an integer").
+"""
+
+import os
+
+os.environ.setdefault("TF2_BEHAVIOR", "1")
