@@ -5,15 +5,15 @@ pattern P (a set of rounds); the L2 sensitivity of C (m x n, columns = rounds) i
 
   sens(C)² = sup_P sup_{‖x_t‖ ≤ 1} ‖Σ_{t∈P} C[:, t] x_tᵀ‖²_F = sup_P sup Σ_{s,t∈P} X_st ⟨x_s, x_t⟩
 
-with X = CᵀC (Choquette-Choo, McMahan, Rush, Thakurta 2023, arXiv:2211.06530, Sec 2
-and Thm 2.1). Schemas:
+with X = CᵀC (Choquette-Choo, McMahan, Rush, Thakurta 2023, arXiv:2211.06530).
+Schemas:
 
 - ``single``: every pattern is one round (Denisov et al. 2022, arXiv:2202.08312, Eq. 2).
 - ``fixed_epoch(epochs=k)``: n = k·b rounds; the b patterns are {j, j+b, …, j+(k−1)b}
-  ((k, b)-participation, Choquette-Choo et al. 2023, arXiv:2211.06530, Sec 2).
+  ((k, b)-participation, Choquette-Choo et al. 2023, arXiv:2211.06530).
 - ``min_sep(min_sep=b, max_participations=k)``: any ≤ k rounds pairwise ≥ b apart
   (b-min-separation, Choquette-Choo, Ganesh, McMahan, Rush, Steinke, Thakurta 2023,
-  arXiv:2306.08153, Sec 2).
+  arXiv:2306.08153).
 
 Per pattern P the inner supremum is an SDP; this module brackets it by
   lower(P) = max(1ᵀX_P1, tr X_P, max_{s∈{±1}^|P|} sᵀX_P s)   (explicit contributions)
@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from typing import Any, ClassVar, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -48,27 +48,133 @@ EXACT_RTOL = 1e-12
 
 
 @dataclasses.dataclass(frozen=True)
-class Schema:
-  """Base of the participation schemas (frozen; equal schemas are equal keys)."""
-  kind: ClassVar[str] = ""
+class Participation:
+  """A participation schema (frozen; equal schemas are equal cache keys).
 
-  def validate(self, n: int) -> "Schema":
-    """Refuses a schema that does not apply to n rounds; returns self."""
-    checks.positive_int(n, "rounds n")
+  Attributes:
+    kind: one of KINDS.
+    epochs: fixed_epoch: k (n = k·b rounds; b = n/k follows from n).
+    min_sep: min_sep: b, the least separation of two rounds of one user.
+    max_participations: min_sep: k, at most this many rounds (None: as many as fit).
+  """
+  kind: str = "single"
+  epochs: Optional[int] = None
+  min_sep: Optional[int] = None
+  max_participations: Optional[int] = None
+
+  def __post_init__(self):
+    if self.kind not in KINDS:
+      raise checks.CheckError(f"unknown participation {self.kind!r}; expected one of {KINDS}")
+    allowed = {"single": (), "fixed_epoch": ("epochs",),
+               "min_sep": ("min_sep", "max_participations")}[self.kind]
+    extra = [name for name in ("epochs", "min_sep", "max_participations")
+             if getattr(self, name) is not None and name not in allowed]
+    if extra:
+      takes = f"takes only {', '.join(allowed)}" if allowed else "takes no parameters"
+      raise checks.CheckError(f"participation {self.kind} {takes}; got {', '.join(extra)}")
+    if self.kind == "fixed_epoch":
+      if self.epochs is None:
+        raise checks.CheckError("participation fixed_epoch needs epochs")
+      object.__setattr__(self, "epochs", checks.positive_int(self.epochs, "epochs"))
+    if self.kind == "min_sep":
+      if self.min_sep is None:
+        raise checks.CheckError("participation min_sep needs min_sep")
+      object.__setattr__(self, "min_sep", checks.positive_int(self.min_sep, "min_sep"))
+      if self.max_participations is not None:
+        object.__setattr__(self, "max_participations",
+                           checks.positive_int(self.max_participations, "max_participations"))
+
+  # -- validation against n rounds
+
+  def check(self, n: int) -> "Participation":
+    """Refuses (one-line CheckError) a schema that does not apply to n rounds; returns self."""
+    n = checks.positive_int(n, "rounds n")
+    if self.kind == "fixed_epoch":
+      if self.epochs > n:
+        raise checks.CheckError(f"fixed_epoch: epochs={self.epochs} exceeds the number of "
+                                f"rounds n={n}")
+      if n % self.epochs:
+        raise checks.CheckError(f"fixed_epoch: epochs={self.epochs} must divide the number of "
+                                f"rounds n={n}")
+    if self.kind == "min_sep" and self.min_sep > n:
+      raise checks.CheckError(f"min_sep: min_sep={self.min_sep} exceeds the number of rounds "
+                              f"n={n}")
     return self
 
-  def as_dict(self) -> Dict[str, Any]:
-    """JSON-able fields, ``kind`` first (for cache keys and reports)."""
-    out: Dict[str, Any] = {"kind": self.kind}
-    out.update(dataclasses.asdict(self))
-    return out
+  validate = check
 
-  def describe(self) -> str:
-    raise NotImplementedError
+  def separation(self, n: int) -> int:
+    """The least distance of two rounds of one user (n for single participation)."""
+    self.check(n)
+    if self.kind == "fixed_epoch":
+      return n // self.epochs
+    if self.kind == "min_sep":
+      return self.min_sep
+    return n
+
+  def check_bands(self, bands: int, strategy: str) -> None:
+    """Refuses a b-banded C whose bands reach two rounds of one user.
+
+    With bands ≤ the separation, columns of different participations have disjoint
+    row supports and unit columns give sensitivity √k (arXiv:2306.08153),
+    which is what the banded optimizations assume.
+    """
+    bands = checks.positive_int(bands, f"{strategy} bands")
+    if self.kind == "min_sep" and bands > self.min_sep:
+      raise checks.CheckError(f"{strategy}: bands={bands} exceed min_sep={self.min_sep}; a "
+                              f"b-banded C is built for b-min-separation, use bands ≤ "
+                              f"{self.min_sep}")
+
+  def rounds_per_epoch(self, n: int) -> int:
+    """fixed_epoch: b = n / k, the separation of a user's rounds."""
+    if self.kind != "fixed_epoch":
+      raise checks.CheckError(f"rounds_per_epoch needs fixed_epoch participation, not {self.kind}")
+    return self.separation(n)
 
   def max_participations_in(self, n: int) -> int:
     """The largest number of rounds one pattern holds for n rounds."""
-    raise NotImplementedError
+    self.check(n)
+    if self.kind == "fixed_epoch":
+      return self.epochs
+    if self.kind == "min_sep":
+      fit = -(-n // self.min_sep)
+      return fit if self.max_participations is None else min(fit, self.max_participations)
+    return 1
+
+  # -- description
+
+  @property
+  def label(self) -> str:
+    """Short name for file names and tables."""
+    if self.kind == "fixed_epoch":
+      return f"fixed_epoch-k{self.epochs}"
+    if self.kind == "min_sep":
+      k = "all" if self.max_participations is None else self.max_participations
+      return f"min_sep-b{self.min_sep}-k{k}"
+    return "single"
+
+  def describe(self) -> str:
+    if self.kind == "fixed_epoch":
+      return f"fixed_epoch(epochs={self.epochs})"
+    if self.kind == "min_sep":
+      k = "all" if self.max_participations is None else self.max_participations
+      return f"min_sep(min_sep={self.min_sep}, max_participations={k})"
+    return "single"
+
+  def as_dict(self) -> Dict[str, Any]:
+    """JSON-able: ``kind``, ``label`` and the parameters that are set (cache keys, reports)."""
+    out: Dict[str, Any] = {"kind": self.kind, "label": self.label}
+    for name in ("epochs", "min_sep", "max_participations"):
+      if getattr(self, name) is not None:
+        out[name] = getattr(self, name)
+    return out
+
+  # -- patterns
+
+  def pattern_indices(self, n: int) -> np.ndarray:
+    """fixed_epoch: [b, k] integer array, row j the pattern {j, j+b, …, j+(k−1)b}."""
+    b = self.rounds_per_epoch(n)
+    return np.arange(n).reshape(self.epochs, b).T.copy()
 
   def patterns(self, n: int, limit: Optional[int] = None) -> List[Tuple[int, ...]]:
     """The maximal participation patterns for n rounds (every pattern is a subset of one).
@@ -76,107 +182,21 @@ class Schema:
     Sub-patterns need no separate listing: contributions may be zero. ``limit``
     refuses (CheckError) an enumeration that would exceed it.
     """
-    raise NotImplementedError
-
-
-@dataclasses.dataclass(frozen=True)
-class Single(Schema):
-  """Each user participates in at most one round."""
-  kind: ClassVar[str] = "single"
-
-  def describe(self) -> str:
-    return "single"
-
-  def max_participations_in(self, n: int) -> int:
-    return 1
-
-  def patterns(self, n: int, limit: Optional[int] = None) -> List[Tuple[int, ...]]:
-    n = checks.positive_int(n, "rounds n")
-    _check_limit(n, limit, self)
-    return [(t,) for t in range(n)]
-
-
-@dataclasses.dataclass(frozen=True)
-class FixedEpoch(Schema):
-  """(k, b)-participation: n = k·b rounds, rounds j, j+b, …, j+(k−1)b (arXiv:2211.06530)."""
-  kind: ClassVar[str] = "fixed_epoch"
-  epochs: int = 1
-
-  def __post_init__(self):
-    object.__setattr__(self, "epochs", checks.positive_int(self.epochs, "epochs"))
-
-  def validate(self, n: int) -> "FixedEpoch":
-    n = checks.positive_int(n, "rounds n")
-    if n % self.epochs:
-      raise checks.CheckError(f"fixed_epoch: epochs={self.epochs} must divide the number of "
-                              f"rounds n={n}")
-    return self
-
-  def rounds_per_epoch(self, n: int) -> int:
-    """b = n / k, the separation of a user's rounds."""
-    self.validate(n)
-    return n // self.epochs
-
-  def describe(self) -> str:
-    return f"fixed_epoch(epochs={self.epochs})"
-
-  def max_participations_in(self, n: int) -> int:
-    self.validate(n)
-    return self.epochs
-
-  def pattern_indices(self, n: int) -> np.ndarray:
-    """[b, k] integer array: row j is the pattern {j, j+b, …, j+(k−1)b}."""
-    b = self.rounds_per_epoch(n)
-    return np.arange(n).reshape(self.epochs, b).T.copy()
-
-  def patterns(self, n: int, limit: Optional[int] = None) -> List[Tuple[int, ...]]:
-    idx = self.pattern_indices(n)
-    _check_limit(idx.shape[0], limit, self)
-    return [tuple(int(t) for t in row) for row in idx]
-
-
-@dataclasses.dataclass(frozen=True)
-class MinSep(Schema):
-  """b-min-separation: at most k rounds, pairwise ≥ b apart (arXiv:2306.08153).
-
-  ``max_participations`` None means as many as fit (⌈n/b⌉).
-  """
-  kind: ClassVar[str] = "min_sep"
-  min_sep: int = 1
-  max_participations: Optional[int] = None
-
-  def __post_init__(self):
-    object.__setattr__(self, "min_sep", checks.positive_int(self.min_sep, "min_sep"))
-    if self.max_participations is not None:
-      object.__setattr__(self, "max_participations",
-                         checks.positive_int(self.max_participations, "max_participations"))
-
-  def validate(self, n: int) -> "MinSep":
-    n = checks.positive_int(n, "rounds n")
-    if self.min_sep > n:
-      raise checks.CheckError(f"min_sep: min_sep={self.min_sep} exceeds the number of rounds "
-                              f"n={n}")
-    return self
-
-  def describe(self) -> str:
-    k = "all" if self.max_participations is None else self.max_participations
-    return f"min_sep(min_sep={self.min_sep}, max_participations={k})"
-
-  def max_participations_in(self, n: int) -> int:
-    self.validate(n)
-    fit = -(-n // self.min_sep)
-    return fit if self.max_participations is None else min(fit, self.max_participations)
-
-  def patterns(self, n: int, limit: Optional[int] = None) -> List[Tuple[int, ...]]:
-    """Admissible patterns that cannot be extended (≤ k rounds, pairwise ≥ b apart)."""
+    self.check(n)
+    if self.kind == "single":
+      _check_limit(n, limit, self)
+      return [(t,) for t in range(n)]
+    if self.kind == "fixed_epoch":
+      idx = self.pattern_indices(n)
+      _check_limit(idx.shape[0], limit, self)
+      return [tuple(int(t) for t in row) for row in idx]
     k = self.max_participations_in(n)
     b = self.min_sep
     out: List[Tuple[int, ...]] = []
 
     def extend(prefix: Tuple[int, ...], start: int):
-      room = len(prefix) < k
       # A pattern is maximal when it is full, or no round fits before, between or after.
-      if not room or not _has_gap(prefix, n, b):
+      if len(prefix) >= k or not _has_gap(prefix, n, b):
         out.append(prefix)
         if limit is not None and len(out) > limit:
           raise checks.CheckError(f"{self.describe()} has more than {limit} maximal patterns "
@@ -189,80 +209,69 @@ class MinSep(Schema):
     return out
 
 
+Schema = Participation
+SINGLE = Participation()
+
+
 def _has_gap(pattern: Tuple[int, ...], n: int, b: int) -> bool:
   """Some round t ∉ pattern is ≥ b away from every round of the pattern."""
   edges = (-b,) + pattern + (n - 1 + b,)
   return any(hi - lo >= 2 * b for lo, hi in zip(edges[:-1], edges[1:]))
 
 
-def _check_limit(count: int, limit: Optional[int], schema: Schema) -> None:
+def _check_limit(count: int, limit: Optional[int], schema: Participation) -> None:
   if limit is not None and count > limit:
     raise checks.CheckError(f"{schema.describe()} has {count} patterns, more than {limit}")
 
 
-def single() -> Single:
+def single() -> Participation:
   """Single participation."""
-  return Single()
+  return SINGLE
 
 
-def fixed_epoch(epochs: int) -> FixedEpoch:
+def fixed_epoch(epochs: int) -> Participation:
   """(k, b)-participation with k = ``epochs`` (b = n/k is fixed by the number of rounds)."""
-  return FixedEpoch(epochs=epochs)
+  return Participation("fixed_epoch", epochs=epochs)
 
 
-def min_sep(min_sep: int, max_participations: Optional[int] = None) -> MinSep:  # pylint: disable=redefined-outer-name
+def min_sep(min_sep: int, max_participations: Optional[int] = None) -> Participation:  # pylint: disable=redefined-outer-name
   """b-min-separation with at most k = ``max_participations`` rounds (None: as many as fit)."""
-  return MinSep(min_sep=min_sep, max_participations=max_participations)
+  return Participation("min_sep", min_sep=min_sep, max_participations=max_participations)
 
 
 def from_args(kind: str, n: int, epochs: Optional[int] = None, min_sep: Optional[int] = None,  # pylint: disable=redefined-outer-name
-              max_participations: Optional[int] = None) -> Schema:
+              max_participations: Optional[int] = None) -> Participation:
   """The schema named by ``kind`` with its parameters, validated against n rounds.
 
   Refuses (one-line CheckError) unknown kinds, missing or extra parameters, epochs
-  that do not divide n and separations beyond n.
+  that do not divide n and separations beyond n. A min_sep schema without
+  max_participations gets the number that fits, ⌈n/b⌉ (one cache key per schema).
   """
   if kind not in KINDS:
     raise checks.CheckError(f"unknown participation {kind!r}; expected one of {KINDS}")
   n = checks.positive_int(n, "rounds n")
-  given = {"epochs": epochs, "min_sep": min_sep, "max_participations": max_participations}
-  allowed = {"single": (), "fixed_epoch": ("epochs",),
-             "min_sep": ("min_sep", "max_participations")}[kind]
-  extra = [name for name, value in given.items() if value is not None and name not in allowed]
-  if extra:
-    takes = f"takes only {', '.join(allowed)}" if allowed else "takes no parameters"
-    raise checks.CheckError(f"participation {kind} {takes}; got {', '.join(extra)}")
-  if kind == "single":
-    return Single()
-  if kind == "fixed_epoch":
-    if epochs is None:
-      raise checks.CheckError("participation fixed_epoch needs epochs")
-    epochs = checks.positive_int(epochs, "epochs")
-    if epochs > n:
-      raise checks.CheckError(f"fixed_epoch: epochs={epochs} exceeds the number of rounds n={n}")
-    return FixedEpoch(epochs=epochs).validate(n)
-  if min_sep is None:
-    raise checks.CheckError("participation min_sep needs min_sep")
-  return MinSep(min_sep=min_sep, max_participations=max_participations).validate(n)
+  schema = Participation(kind, epochs=epochs, min_sep=min_sep,
+                         max_participations=max_participations).check(n)
+  if kind == "min_sep" and max_participations is None:
+    schema = dataclasses.replace(schema, max_participations=schema.max_participations_in(n))
+  return schema
 
 
-def from_dict(d: Dict[str, Any]) -> Schema:
-  """The inverse of ``Schema.as_dict``."""
+def from_dict(d: Dict[str, Any]) -> Participation:
+  """The inverse of ``Participation.as_dict`` (the label is derived, so ignored)."""
   if not isinstance(d, dict) or d.get("kind") not in KINDS:
     raise checks.CheckError(f"participation must be a dict with kind in {KINDS}, got {d!r}")
-  fields = {key: value for key, value in d.items() if key != "kind"}
-  cls = {"single": Single, "fixed_epoch": FixedEpoch, "min_sep": MinSep}[d["kind"]]
-  names = {f.name for f in dataclasses.fields(cls)}
-  if set(fields) - names:
-    raise checks.CheckError(f"participation {d['kind']}: unknown fields "
-                            f"{sorted(set(fields) - names)}")
-  return cls(**fields)
+  unknown = set(d) - {"kind", "label", "epochs", "min_sep", "max_participations"}
+  if unknown:
+    raise checks.CheckError(f"participation {d['kind']}: unknown fields {sorted(unknown)}")
+  return Participation(d["kind"], epochs=d.get("epochs"), min_sep=d.get("min_sep"),
+                       max_participations=d.get("max_participations"))
 
 
 # ----------------------------------------------------------------------------- sensitivity
 
 
-def sensitivity(c, schema: Schema, n: Optional[int] = None) -> float:
+def sensitivity(c, schema: Participation, n: Optional[int] = None) -> float:
   """L2 sensitivity of the encoder C (m x n) under ``schema``; never below the true value.
 
   Exact (up to float64 rounding) for: ``single`` (max column norm); ``fixed_epoch``
@@ -270,7 +279,7 @@ def sensitivity(c, schema: Schema, n: Optional[int] = None) -> float:
   diagonal (orthogonal columns within patterns: √max_j Σ_{t∈P_j} X_tt); ``min_sep``
   when columns of rounds ≥ b apart have disjoint row supports (e.g. C lower triangular
   with ≤ b bands; then sens² = max over admissible sets of Σ‖C[:, t]‖², by dynamic
-  programming, arXiv:2306.08153 Thm 2). Otherwise an upper bound: arXiv:2306.08153
+  programming, arXiv:2306.08153). Otherwise an upper bound: arXiv:2306.08153
   Eq. 5 (Σ|X_st| per pattern, tightened by |P|·λ_max) for fixed_epoch, and Alg. 4
   (tightened by enumeration when there are few patterns) for min_sep.
   ``sensitivity_report`` says which.
@@ -278,27 +287,25 @@ def sensitivity(c, schema: Schema, n: Optional[int] = None) -> float:
   return sensitivity_report(c, schema, n)["value"]
 
 
-def sensitivity_report(c, schema: Schema, n: Optional[int] = None) -> Dict[str, Any]:
+def sensitivity_report(c, schema: Participation, n: Optional[int] = None) -> Dict[str, Any]:
   """``value`` (the sensitivity returned by ``sensitivity``), ``lower`` (attained by an
   explicit contribution), ``exact`` (value ≤ lower within 1e-12 relative), ``method``
   and ``schema`` (its ``describe()``)."""
   c = checks.matrix(c, "C")
-  if not isinstance(schema, Schema):
-    raise checks.CheckError(f"schema must be a participation Schema, got {type(schema).__name__}")
+  if not isinstance(schema, Participation):
+    raise checks.CheckError(f"schema must be a participation schema, got {type(schema).__name__}")
   rounds = c.shape[1]
   if n is not None and checks.positive_int(n, "rounds n") != rounds:
     raise checks.CheckError(f"C has {rounds} columns (rounds), expected n={n}")
-  schema.validate(rounds)
+  schema.check(rounds)
   col_sq = np.sum(np.square(c), axis=0)
-  if isinstance(schema, Single):
-    upper = lower = float(np.max(col_sq))
-    method = "max_column_norm"
-  elif isinstance(schema, FixedEpoch):
+  if schema.kind == "fixed_epoch":
     upper, lower, method = _fixed_epoch(c, schema, col_sq)
-  elif isinstance(schema, MinSep):
+  elif schema.kind == "min_sep":
     upper, lower, method = _min_sep(c, schema, col_sq)
   else:
-    raise checks.CheckError(f"unsupported participation schema {schema!r}")
+    upper = lower = float(np.max(col_sq))
+    method = "max_column_norm"
   exact = bool(upper <= lower * (1 + EXACT_RTOL) or upper == 0.0)
   return {"value": math.sqrt(upper), "lower": math.sqrt(max(lower, 0.0)), "exact": exact,
           "method": method, "schema": schema.describe()}
@@ -327,7 +334,7 @@ def _block_bounds(blocks: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
   return upper, np.minimum(lower, upper)
 
 
-def _fixed_epoch(c: np.ndarray, schema: FixedEpoch, col_sq: np.ndarray):
+def _fixed_epoch(c: np.ndarray, schema: Participation, col_sq: np.ndarray):
   n = c.shape[1]
   idx = schema.pattern_indices(n)
   if schema.epochs == 1:
@@ -402,7 +409,7 @@ def _disjoint_supports(c: np.ndarray, sep: int) -> bool:
   return bool(np.all(last[s] < suffix_first[s + sep])) if n > sep else True
 
 
-def _min_sep(c: np.ndarray, schema: MinSep, col_sq: np.ndarray):
+def _min_sep(c: np.ndarray, schema: Participation, col_sq: np.ndarray):
   n = c.shape[1]
   b = schema.min_sep
   k = schema.max_participations_in(n)
