@@ -10,7 +10,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORE_MODULES = ("tff_mf", "tff_mf.workloads", "tff_mf.factorization", "tff_mf.tree",
-                "tff_mf.strategies", "tff_mf.optimal", "tff_mf.structured", "tff_mf.cache",
+                "tff_mf.strategies", "tff_mf.families.dense", "tff_mf.structured", "tff_mf.cache",
                 "tff_mf.accounting", "tff_mf.mmcc", "tff_mf.cli", "tff_mf.plots")
 
 

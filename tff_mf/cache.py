@@ -451,7 +451,7 @@ def load_or_factorize(spec: strategies.FactorizationSpec, cache_dir: Optional[st
 
   A present but corrupt or mismatched entry raises CacheError naming the file
   (it is never used); ``force=True`` recomputes and replaces it. A computation
-  that fails (e.g. ``optimal.NotConvergedError``) leaves the cache untouched.
+  that fails (e.g. ``dense.NotConvergedError``) leaves the cache untouched.
   """
   spec.validate()
   directory, params = entry_paths(spec, cache_dir)

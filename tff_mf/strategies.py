@@ -4,7 +4,7 @@
 ``Factorization`` (γ(C) = 1, Denisov et al. App I). Strategies:
 
 - ``optimal``: fixed point φ of Denisov Eq. 5 with the Eq. 8 certificate
-  (``tff_mf.optimal``).
+  (``tff_mf.families.dense``).
 - ``honaker_online`` / ``honaker_full``: binary tree C_T with the streaming /
   full Honaker decoders (McMahan Sec 2.1, Prop 2.1). For a workload A other
   than S the decoder is post-processed, B = A·S⁻¹·B_tree (Denisov Table 1).
@@ -71,8 +71,8 @@ def factorize(spec: FactorizationSpec, progress: bool = False) -> fz.Factorizati
       b_tree = tree.honaker_full_decoder(n)
     b = post_process_prefix_decoder(a, b_tree)
   elif spec.strategy == "optimal":
-    from tff_mf import optimal  # pylint: disable=g-import-not-at-top
-    result = optimal.solve(a, target_gap=spec.target_gap, max_iterations=spec.max_iterations,
+    from tff_mf.families import dense  # pylint: disable=g-import-not-at-top
+    result = dense.solve(a, target_gap=spec.target_gap, max_iterations=spec.max_iterations,
                            allow_unconverged=spec.allow_unconverged, progress=progress)
     b, c = result.b, result.c
     info.update(result.info)
