@@ -1,16 +1,19 @@
-"""Optimal factorization A = B·C by the fixed point φ with a duality-gap certificate.
+"""Optimal dense factorizations A = B·C with a duality-gap certificate (numpy/scipy, no TF).
 
-Numpy/scipy core, no TensorFlow. References (``/work/shared/papers``):
+Two solvers, both through the Lagrange dual of the convex program in X = CᵀC:
 
-- Denisov et al. ``001_…`` Sec 3: the problem min tr(AᵀA X⁻¹) over PD X with
-  X[i, i] ≤ 1 (Eq. 4), the map φ(v) = diagpart((V^½ AᵀA V^½)^½) (Eq. 5), X(v)
-  (Eq. 6) and the lower bound tr(V(2X(v) − I)) (Eq. 8) valid for every v > 0.
-- Denisov et al. ``000_…`` App E.4: float64 throughout, a-priori eigenvalue
-  floors for the square roots.
-- McMahan et al. ``002_…`` Thm 2.1 / Denisov Prop 2.2: a lower-triangular C
-  with CᵀC = X (ψ, here a reversed Cholesky factorization).
+- ``solve``: single participation (Denisov, McMahan, Rush, Smith, Thakurta 2022,
+  arXiv:2202.08312): min tr(AᵀA X⁻¹) over PD X with X[i, i] ≤ 1 (Eq. 4), the map
+  φ(v) = diagpart((V^½ AᵀA V^½)^½) (Eq. 5), X(v) (Eq. 6) and the lower bound
+  tr(V(2X(v) − I)) (Eq. 8) valid for every v > 0; float64 throughout with a-priori
+  eigenvalue floors for the square roots (App E.4); a lower-triangular C with
+  CᵀC = X (Prop 2.2, here a reversed Cholesky factorization).
+- ``solve_fixed_epoch``: (k, b)-fixed-epoch participation (Choquette-Choo, McMahan,
+  Rush, Thakurta 2023, arXiv:2211.06530, Eq. 5): the same objective with columns of
+  one user's rounds orthogonal and their squared norms summing to at most 1; see the
+  comment block before ``FixedEpochDual``.
 
-How the solver is made fast (see benchmarks/results/factorization.md; BLAS
+How ``solve`` is made fast (see benchmarks/results/factorization.md; BLAS
 threads follow the usual OPENBLAS_NUM_THREADS / OMP_NUM_THREADS settings):
 
 1. The certificate. With M = V^½ G V^½ = Q Λ Qᵀ (G = AᵀA) one ``eigh`` gives
@@ -51,6 +54,7 @@ import numpy as np
 import scipy.linalg
 from scipy.linalg import blas as scipy_blas
 
+from tff_mf import checks
 from tff_mf import factorization as fz
 from tff_mf import workloads
 
@@ -106,6 +110,7 @@ class OptimalResult:
   v: np.ndarray
   info: Dict[str, Any]
   history: List[Dict[str, float]] = dataclasses.field(default_factory=list)
+  dual_blocks: Optional[np.ndarray] = None  # fixed epoch: the pattern blocks Λ_j of the dual
 
 
 @dataclasses.dataclass
@@ -172,7 +177,7 @@ class DualProblem:
     return float(np.sum(np.sum(np.square(awq), axis=0) / sqrt_lam))
 
   def factors(self, ev: _Evaluation):
-    """(B, C) from X̃ = W⁻¹ Q Λ^½ Qᵀ W⁻¹ (unit diagonal) via ψ (McMahan Thm 2.1).
+    """(B, C) from X̃ = W⁻¹ Q Λ^½ Qᵀ W⁻¹ (unit diagonal) via ψ (Denisov et al. Prop 2.2).
 
     C is the lower-triangular factor with CᵀC = X̃: with J the reversal
     permutation, J X̃ J = L Lᵀ gives C = J Lᵀ J. B = A C⁻¹ by a triangular solve.
@@ -483,3 +488,477 @@ def _newton_line(ev: _Evaluation, max_cg: int) -> _NewtonLine:
     x = grad / precond
   return _NewtonLine(base=ev, v_base=v, direction=np.clip(x, -_MAX_LOG_STEP, _MAX_LOG_STEP),
                      cg_iterations=iterations)
+
+
+# ============================================================================= fixed epoch
+#
+# Multi-epoch optimum (Choquette-Choo, McMahan, Rush, Thakurta 2023, arXiv:2211.06530,
+# Eq. 5): under (k, b)-participation (n = k·b rounds; user j takes rounds
+# P_j = {j, j+b, …, j+(k−1)b}) minimize tr(G X⁻¹), G = AᵀA, over PD X with
+#   X_st = 0 for s ≠ t in the same pattern   (columns of one user orthogonal), and
+#   Σ_{t∈P_j} X_tt ≤ 1 for every pattern j    (then sensitivity² = max_j Σ X_tt ≤ 1).
+#
+# Lagrange dual. The multiplier is a symmetric Λ supported on same-pattern entries,
+# with diagonal v_j on pattern j (the constraint Σ X_tt ≤ 1 has one multiplier) and free
+# off-diagonal entries. For Λ ≻ 0, min_X tr(G X⁻¹) + ⟨Λ, X⟩ is attained at
+#   X(Λ) = Λ^-½ (Λ^½ G Λ^½)^½ Λ^-½ = L⁻ᵀ M^½ L⁻¹,   M = Lᵀ G L, Λ = L Lᵀ,
+# so d(Λ) = 2·tr M^½ − Σ_j v_j ≤ every feasible loss (weak duality), and — as in Eq. 8
+# of Denisov et al. for k = 1 — its best multiple d(tΛ) gives (tr M^½)²/Σ_j v_j.
+# Ordering the rounds pattern by pattern makes Λ block diagonal with b blocks of k x k,
+# so M costs O(n²k) and one ``eigh`` of M gives: the bound; the pattern blocks of X(Λ),
+# which are the gradient of d (∂d/∂v_j = tr X_jj − 1, ∂d/∂Λ_ac = 2 X_ac); Hessian
+# products by the Daleckii–Krein formula (two n x n products each); and a FEASIBLE
+# primal point X̃ = R X(Λ) Rᵀ with R_j = D_j^½ X_jj^-½ (block diagonal, D_j = the
+# diagonal of X_jj divided by its trace), whose pattern blocks are exactly the diagonal
+# D_j of trace 1; its loss tr(G X̃⁻¹) = ‖A R⁻ᵀ L Q Λ_M^-¼‖²_F costs one triangular product.
+# Newton steps on the concave dual (conjugate gradients preconditioned by the exact
+# within-pattern Hessian blocks, backtracking to keep Λ ≻ 0 and the bound increasing)
+# close the gap in a handful of ``eigh`` for prefix sums.
+
+# Largest number of step halvings before a block-scaling fallback step.
+_MAX_HALVINGS = 30
+_MAX_DUAL_HALVINGS = 5
+
+
+@dataclasses.dataclass
+class _EpochEvaluation:
+  """What one eigendecomposition of M(Λ) yields (pattern-major coordinates)."""
+  theta: np.ndarray  # [b, m]: v_j, then the upper off-diagonal entries of Λ_j
+  chol: np.ndarray  # [b, k, k] lower Cholesky factors L_j of Λ_j
+  chol_inv: np.ndarray  # [b, k, k] L_j⁻¹
+  q: np.ndarray  # eigenvectors of M
+  sqrt_lam: np.ndarray  # floored square roots of the eigenvalues of M
+  dual: float  # best-multiple dual bound (tr M^½)² / Σ v_j
+  x_blocks: np.ndarray  # [b, k, k] pattern blocks of X(Λ)
+  primal: float  # tr(G X̃⁻¹) of the feasible projection X̃
+  r_inv_t: Optional[np.ndarray]  # [b, k, k] R_j⁻ᵀ = D_j^-½ X_jj^½ (None if X_jj singular)
+  d_blocks: Optional[np.ndarray]  # [b, k] the diagonal D_j of X̃'s pattern blocks
+  negative_eigenvalues: int
+
+  @property
+  def trace(self) -> float:
+    return float(np.sum(self.sqrt_lam))
+
+  @property
+  def v_sum(self) -> float:
+    return float(np.sum(self.theta[:, 0]))
+
+
+class FixedEpochDual:
+  """The arXiv:2211.06530 Eq. 5 problem for one workload A and k epochs, through its dual."""
+
+  def __init__(self, a: np.ndarray, epochs: int):
+    self.a = workloads.validate_workload(a)
+    n = self.n = self.a.shape[0]
+    from tff_mf import participation  # pylint: disable=g-import-not-at-top
+    self.schema = participation.fixed_epoch(epochs).check(n)
+    k = self.k = self.schema.epochs
+    b = self.b = n // k
+    checks.dense_matrices_fit(n, 14.0, f"fixed-epoch optimal factorization for n={n}")
+    # Position j·k + e holds round j + e·b (pattern j is a contiguous block).
+    self.perm = self.schema.pattern_indices(n).reshape(-1)
+    gram = self.a.T @ self.a
+    gram = 0.5 * (gram + gram.T)
+    self.gram = np.ascontiguousarray(gram[np.ix_(self.perm, self.perm)])
+    a_inv = scipy.linalg.solve_triangular(self.a, np.eye(n), lower=True, check_finite=False)
+    self.gram_eigenvalue_floor = 1.0 / float(np.sum(np.square(a_inv)))
+    del a_inv
+    self.upper = np.triu_indices(k, 1)
+    self.m = 1 + len(self.upper[0])  # dual coordinates per pattern
+    # Basis of the θ coordinates as k x k matrices (I for v_j; e_a e_cᵀ + e_c e_aᵀ).
+    self.basis = np.zeros((self.m, k, k))
+    self.basis[0] = np.eye(k)
+    for i, (r, c) in enumerate(zip(*self.upper)):
+      self.basis[i + 1, r, c] = self.basis[i + 1, c, r] = 1.0
+    self.pairs = np.triu_indices(k)  # unique (a, a') with a ≤ a'
+    self.pair_index = np.zeros((k, k), dtype=np.int64)
+    self.pair_index[self.pairs] = np.arange(len(self.pairs[0]))
+    self.pair_index[self.pairs[1], self.pairs[0]] = np.arange(len(self.pairs[0]))
+
+  # -- coordinates
+
+  def initial_theta(self) -> np.ndarray:
+    theta = np.zeros((self.b, self.m))
+    theta[:, 0] = 1.0
+    return theta
+
+  def blocks(self, theta: np.ndarray) -> np.ndarray:
+    """Λ_j (b x k x k) from θ (b x m)."""
+    return np.einsum("jm,mac->jac", theta, self.basis)
+
+  def to_theta(self, blocks: np.ndarray) -> np.ndarray:
+    """The adjoint of ``blocks``: ⟨blocks, Λ(θ)⟩ = ⟨to_theta(blocks), θ⟩."""
+    return np.einsum("jac,mac->jm", blocks, self.basis)
+
+  def per_round(self, values: np.ndarray) -> np.ndarray:
+    """[b, k] pattern-major values -> length-n array in round order."""
+    out = np.empty(self.n)
+    out[self.perm] = np.asarray(values).reshape(-1)
+    return out
+
+  # -- evaluation
+
+  def evaluate(self, theta: np.ndarray, with_primal: bool = True) -> Optional[_EpochEvaluation]:
+    """Bound, gradient blocks and feasible primal at Λ(θ); None when Λ is not PD."""
+    n, b, k = self.n, self.b, self.k
+    lam_blocks = self.blocks(theta)
+    lam_min = np.linalg.eigvalsh(lam_blocks)[:, 0]
+    if not np.all(lam_min > 0) or not np.all(np.isfinite(theta)):
+      return None
+    try:
+      chol = np.linalg.cholesky(lam_blocks)
+    except np.linalg.LinAlgError:
+      return None
+    chol_inv = np.linalg.inv(chol)
+    # M = Lᵀ G L for L = blockdiag(L_j): O(n²k).
+    gl = np.matmul(self.gram.reshape(n, b, k).transpose(1, 0, 2), chol)  # G L, [b, n, k]
+    gl = gl.transpose(1, 0, 2).reshape(n, n)  # columns in pattern-major order
+    m = np.matmul(chol.transpose(0, 2, 1), gl.reshape(b, k, n)).reshape(n, n)  # Lᵀ (G L)
+    m = 0.5 * (m + m.T)
+    lam, q = scipy.linalg.eigh(m, lower=True, driver="evd", overwrite_a=True,
+                               check_finite=False)
+    if not (np.all(np.isfinite(lam)) and np.all(np.isfinite(q))):
+      raise LossOfPositiveDefinitenessError(
+          "eigendecomposition of Lᵀ AᵀA L (fixed-epoch dual) produced non-finite values")
+    # λ_min(M) ≥ λ_min(Λ)·λ_min(G): an a-priori floor (Denisov et al. App E.4).
+    floor = float(np.min(lam_min)) * self.gram_eigenvalue_floor
+    negative = int(np.sum(lam < -1e-10 * max(abs(float(lam[-1])), 1e-300)))
+    sqrt_lam = np.sqrt(np.maximum(lam, floor))
+    trace = float(np.sum(sqrt_lam))
+    dual = trace * trace / float(np.sum(theta[:, 0]))
+    q3 = q.reshape(b, k, n)
+    s_blocks = np.matmul(q3 * sqrt_lam, q3.transpose(0, 2, 1))  # pattern blocks of M^½
+    x_blocks = np.matmul(np.matmul(chol_inv.transpose(0, 2, 1), s_blocks), chol_inv)
+    x_blocks = 0.5 * (x_blocks + x_blocks.transpose(0, 2, 1))
+    ev = _EpochEvaluation(theta=theta, chol=chol, chol_inv=chol_inv, q=q, sqrt_lam=sqrt_lam,
+                          dual=dual, x_blocks=x_blocks, primal=float("inf"), r_inv_t=None,
+                          d_blocks=None, negative_eigenvalues=negative)
+    if with_primal:
+      self._primal(ev)
+    return ev
+
+  def _primal(self, ev: _EpochEvaluation) -> None:
+    """Feasible X̃ = R X(Λ) Rᵀ and its loss ‖A R⁻ᵀ L Q Λ_M^-¼‖²_F (one triangular product)."""
+    n, b, k = self.n, self.b, self.k
+    w, u = np.linalg.eigh(ev.x_blocks)
+    if not np.all(w > 0):
+      return
+    d = np.diagonal(ev.x_blocks, axis1=1, axis2=2)
+    d = d / np.sum(d, axis=1, keepdims=True)
+    x_half = np.matmul(u * np.sqrt(w)[:, None, :], u.transpose(0, 2, 1))
+    r_inv_t = x_half / np.sqrt(d)[:, :, None]  # D_j^-½ X_jj^½
+    w_blocks = np.matmul(r_inv_t, ev.chol)  # R_j⁻ᵀ L_j
+    wq = np.matmul(w_blocks, ev.q.reshape(b, k, n)).reshape(n, n)
+    rounds = np.empty_like(wq)
+    rounds[self.perm] = wq
+    rounds *= (1.0 / np.sqrt(ev.sqrt_lam))[None, :]
+    aw = scipy_blas.dtrmm(1.0, self.a, rounds, side=0, lower=1, overwrite_b=1)
+    ev.primal = float(np.sum(np.square(aw)))
+    ev.r_inv_t = r_inv_t
+    ev.d_blocks = d
+
+  def gradient(self, ev: _EpochEvaluation, scale: float = 1.0) -> np.ndarray:
+    """∇_θ d at t·Λ(θ) (t = ``scale``): X(tΛ) = X(Λ)/√t."""
+    g = self.to_theta(ev.x_blocks / np.sqrt(scale))
+    g[:, 0] -= 1.0
+    return g
+
+  # -- Newton direction
+
+  def newton_direction(self, ev: _EpochEvaluation, scale: float, max_cg: int):
+    """Solves (−∇²d) δ = ∇d at t·Λ(θ) by preconditioned CG; returns (δ, CG steps).
+
+    With F = Qᵀ L⁻¹ΔL⁻ᵀ Q (Δ = Λ(δ)) the second derivative of 2·tr M^½ along Δ is
+    −Σ_kl F_kl²·κ_kl with κ_kl = s_k s_l/(s_k + s_l), s = √eig(M) (Daleckii–Krein, first
+    divided differences of x ↦ 1/(2√x)); products run in CG_DTYPE. The preconditioner
+    is the exact Hessian restricted to each pattern's own coordinates.
+    """
+    n, b, k = self.n, self.b, self.k
+    root = np.sqrt(scale)
+    s = ev.sqrt_lam * root
+    kernel = ((s[:, None] * s[None, :]) / (s[:, None] + s[None, :])).astype(CG_DTYPE)
+    q = ev.q.astype(CG_DTYPE)
+    q3 = q.reshape(b, k, n)
+    chol_inv = ev.chol_inv / root
+    chol_inv_t = chol_inv.transpose(0, 2, 1)
+
+    def apply_h(x):  # −∇²d · x
+      delta_p = np.matmul(np.matmul(chol_inv, self.blocks(x)), chol_inv_t).astype(CG_DTYPE)
+      f = q.T @ np.matmul(delta_p, q3).reshape(n, n)
+      f *= kernel
+      u = (q @ f).reshape(b, k, n)
+      y = np.matmul(u, q3.transpose(0, 2, 1)).astype(np.float64)
+      return self.to_theta(np.matmul(np.matmul(chol_inv_t, y), chol_inv))
+
+    # Within-pattern Hessian blocks: T[(a,a'),(c,c')] = (q_a∘q_a')ᵀ κ (q_c∘q_c').
+    ia, ib = self.pairs
+    prods = q3[:, ia, :] * q3[:, ib, :]  # [b, P, n]
+    kp = (prods.reshape(-1, n) @ kernel).reshape(prods.shape)
+    t_pairs = np.matmul(kp, prods.transpose(0, 2, 1)).astype(np.float64)  # [b, P, P]
+    idx = self.pair_index
+    # 𝒯[(a,c),(a',c')] = T[(a,a'),(c,c')]
+    t4 = t_pairs[:, idx[:, None, :, None], idx[None, :, None, :]]  # [b, a, c, a', c']
+    t4 = t4.reshape(b, k * k, k * k)
+    e = np.matmul(np.matmul(chol_inv[:, None], self.basis[None]), chol_inv_t[:, None])
+    e = e.reshape(b, self.m, k * k)
+    pre = np.matmul(np.matmul(e, t4), e.transpose(0, 2, 1))
+    pre = 0.5 * (pre + pre.transpose(0, 2, 1))
+    diag = np.maximum(np.einsum("jmm->jm", pre), 0.0)
+    pre += (1e-10 * np.max(diag, axis=1) + 1e-300)[:, None, None] * np.eye(self.m)
+    try:
+      pre_inv = np.linalg.inv(pre)
+    except np.linalg.LinAlgError:
+      pre_inv = np.eye(self.m)[None] / np.maximum(diag, 1e-300)[:, :, None]
+
+    def precondition(r):
+      return np.matmul(pre_inv, r[:, :, None])[:, :, 0]
+
+    grad = self.gradient(ev, scale)
+    grad_norm = float(np.linalg.norm(grad))
+    tol = min(0.1, (grad_norm / float(np.linalg.norm(ev.theta * scale))) ** FORCING_POWER)
+    tol *= grad_norm
+    x = np.zeros_like(grad)
+    r = grad.copy()
+    z = precondition(r)
+    p = z.copy()
+    rz = float(np.sum(r * z))
+    iterations = 0
+    for _ in range(max_cg):
+      hp = apply_h(p)
+      iterations += 1
+      curvature = float(np.sum(p * hp))
+      if curvature <= 0:
+        break
+      alpha = rz / curvature
+      x += alpha * p
+      r -= alpha * hp
+      if float(np.linalg.norm(r)) <= tol:
+        break
+      z = precondition(r)
+      rz_new = float(np.sum(r * z))
+      p = z + (rz_new / rz) * p
+      rz = rz_new
+    if not np.any(x) or not np.all(np.isfinite(x)):
+      x = precondition(grad)
+    return x, iterations
+
+  # -- factors
+
+  def projected_gram(self, ev: _EpochEvaluation) -> np.ndarray:
+    """X̃ = R X(Λ) Rᵀ in round order, its pattern blocks set exactly to diag(D_j)."""
+    if ev.r_inv_t is None:
+      raise LossOfPositiveDefinitenessError("a pattern block of X(Λ) is not positive definite")
+    n, b, k = self.n, self.b, self.k
+    r_blocks = np.linalg.inv(ev.r_inv_t).transpose(0, 2, 1)  # R_j
+    # X̃ = Zᵀ Z with Z = Λ_M^¼ Qᵀ L⁻¹ Rᵀ (pattern-major).
+    lr = np.matmul(ev.chol_inv, r_blocks.transpose(0, 2, 1))  # L_j⁻¹ R_jᵀ
+    z = np.matmul(ev.q.reshape(b, k, n).transpose(2, 0, 1)[:, :, None, :],
+                  lr[None]).reshape(n, n)  # Qᵀ·blockdiag, rows = eigen index
+    z *= np.sqrt(ev.sqrt_lam)[:, None]
+    x = z.T @ z
+    x = 0.5 * (x + x.T)
+    d = ev.d_blocks / np.sum(ev.d_blocks, axis=1, keepdims=True)
+    blocks = x.reshape(b, k, b, k)
+    jj = np.arange(b)
+    blocks[jj, :, jj, :] = d[:, :, None] * np.eye(k)[None]
+    out = np.empty_like(x)
+    out[np.ix_(self.perm, self.perm)] = x
+    return out
+
+  def factors(self, ev: _EpochEvaluation):
+    """(B, C): C lower triangular with CᵀC = X̃ (reversed Cholesky), B = A C⁻¹."""
+    x = self.projected_gram(ev)
+    try:
+      chol = scipy.linalg.cholesky(x[::-1, ::-1], lower=True, check_finite=False)
+    except np.linalg.LinAlgError as e:
+      raise LossOfPositiveDefinitenessError(
+          "the projected X = CᵀC lost positive definiteness in the Cholesky factorization") from e
+    c = np.tril(np.ascontiguousarray(chol.T[::-1, ::-1]))
+    b_t = scipy.linalg.solve_triangular(c, self.a.T, trans="T", lower=True, check_finite=False)
+    return np.tril(b_t.T), c
+
+  def loss(self, b: np.ndarray, c: np.ndarray) -> float:
+    """sens²·‖B‖²_F with the fixed-epoch sensitivity of the C returned (an upper bound)."""
+    from tff_mf import participation  # pylint: disable=g-import-not-at-top
+    sens = participation.sensitivity(c, self.schema)
+    return sens * sens * float(np.sum(np.square(b)))
+
+
+def solve_fixed_epoch(a: np.ndarray,
+                      epochs: int,
+                      target_gap: float = 1e-6,
+                      max_iterations: int = 1000,
+                      allow_unconverged: bool = False,
+                      progress: bool = False,
+                      max_cg_iterations: int = 200,
+                      stall_iterations: int = 30,
+                      time_limit: Optional[float] = None,
+                      callback: Optional[Callable[[Dict[str, float]], None]] = None
+                      ) -> OptimalResult:
+  """Optimal A = B·C under (k, b)-fixed-epoch participation, to a certified gap.
+
+  Solves arXiv:2211.06530 Eq. 5 (see the comment block above) through its dual. The
+  returned C has Σ_{t∈P_j} ‖C[:, t]‖² = 1 on every pattern and orthogonal columns within
+  each pattern, so its fixed-epoch sensitivity is 1 (``info['sensitivity']``); the gap
+  (loss − bound)/loss is measured with loss = sensitivity²·‖B‖²_F of the (B, C) returned.
+  k = 1 is the single-participation problem (Denisov et al. 2022, arXiv:2202.08312, Eq. 4).
+
+  Args:
+    a: workload, n x n lower triangular, full rank (validated).
+    epochs: k ≥ 1, dividing n.
+    target_gap: stop when the relative duality gap is at most this.
+    max_iterations: limit on eigendecompositions.
+    allow_unconverged: return (``info['converged']`` False) instead of raising
+      NotConvergedError when the gap is not reached.
+    progress: tqdm bar on stderr showing the gap.
+    max_cg_iterations: conjugate-gradient steps per Newton step at most.
+    stall_iterations: stop after this many evaluations without a relative 1e-13 gain.
+    time_limit: optional wall-clock limit in seconds, checked between iterations.
+    callback: called with each history record.
+
+  Returns:
+    OptimalResult; ``v`` holds the per-round diagonal of Λ and ``dual_blocks`` the
+    pattern blocks Λ_j ([b, k, k], pattern j = rounds j, j+b, …).
+  """
+  if not 0 < target_gap < 1:
+    raise checks.CheckError(f"target_gap must be in (0, 1), got {target_gap}")
+  max_iterations = checks.positive_int(max_iterations, "max_iterations")
+  start = time.perf_counter()
+  cpu_start = time.process_time()
+  problem = FixedEpochDual(a, epochs)
+  n, k = problem.n, problem.k
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  decades = round(-np.log10(target_gap), 2)
+  bar = tqdm(total=decades, file=sys.stderr, disable=not progress,
+             desc=f"fixed-epoch optimal n={n} k={k}", leave=False,
+             bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}{postfix}]")
+  history: List[Dict[str, float]] = []
+  best: Optional[_EpochEvaluation] = None
+  best_primal: Optional[_EpochEvaluation] = None
+  result_factors = None
+  final_loss = float("inf")
+  theta = problem.initial_theta()
+  base: Optional[_EpochEvaluation] = None
+  base_theta = direction = None
+  step = 1.0
+  halvings = 0
+  iterations = cg_total = backtracks = fallbacks = negative_total = 0
+  last_improvement = 0
+  converged = False
+  stop_reason = "max_iterations"
+
+  def fallback(ev: _EpochEvaluation) -> np.ndarray:
+    # Scale each block Λ_j by tr X_jj (stays PD): the φ step of Denisov Eq. 5 for k = 1.
+    return ev.theta * np.trace(ev.x_blocks, axis1=1, axis2=2)[:, None]
+
+  try:
+    while iterations < max_iterations:
+      if time_limit is not None and iterations > 0 and time.perf_counter() - start > time_limit:
+        stop_reason = "time_limit"
+        break
+      ev = problem.evaluate(theta)
+      if ev is None:  # Λ not PD: shorten the step without an eigendecomposition
+        halvings += 1
+        backtracks += 1
+        if base is None or halvings > _MAX_HALVINGS:
+          fallbacks += 1
+          theta, base, halvings = fallback(best), None, 0
+        else:
+          step *= 0.5
+          theta = base_theta + step * direction
+        continue
+      iterations += 1
+      negative_total += ev.negative_eigenvalues
+      if best is None or ev.dual > best.dual:
+        if best is None or ev.dual > best.dual + 1e-13 * abs(best.dual):
+          last_improvement = iterations
+        best = ev
+      if best_primal is None or ev.primal < best_primal.primal:
+        if best_primal is None or ev.primal < best_primal.primal * (1 - 1e-13):
+          last_improvement = iterations
+        best_primal = ev
+      gap = relative_gap(best_primal.primal, best.dual)
+      record = {"iteration": iterations, "seconds": time.perf_counter() - start,
+                "cpu_seconds": time.process_time() - cpu_start, "dual": best.dual,
+                "primal": best_primal.primal, "loss": best_primal.primal, "relative_gap": gap}
+      history.append(record)
+      if callback is not None:
+        callback(record)
+      bar.n = float(min(decades, max(0.0, -np.log10(max(gap, 1e-300)))))
+      bar.set_postfix_str(f"iteration {iterations}, gap={gap:.2e}")
+      if gap <= target_gap:
+        b, c = problem.factors(best_primal)
+        loss_bc = problem.loss(b, c)
+        if result_factors is None or loss_bc < final_loss:
+          result_factors, final_loss = (b, c), loss_bc
+        if relative_gap(final_loss, best.dual) <= target_gap:
+          converged = True
+          stop_reason = "target_gap"
+          break
+      if iterations - last_improvement >= stall_iterations:
+        stop_reason = "stalled"
+        break
+      if base is not None and ev.dual < base.dual - 1e-14 * abs(base.dual):
+        # The step lowered the bound: halve it (the Newton model overshot).
+        halvings += 1
+        backtracks += 1
+        if halvings <= _MAX_DUAL_HALVINGS:
+          step *= 0.5
+          theta = base_theta + step * direction
+          continue
+        fallbacks += 1
+        theta, base, halvings = fallback(best), None, 0
+        continue
+      # Newton step from the best multiple t·Λ (free: d(tΛ) is maximal there).
+      scale = (ev.trace / ev.v_sum) ** 2
+      direction, cg = problem.newton_direction(ev, scale, max_cg_iterations)
+      cg_total += cg
+      base, base_theta, step, halvings = ev, ev.theta * scale, 1.0, 0
+      theta = base_theta + direction
+  finally:
+    bar.close()
+
+  if result_factors is None:
+    result_factors = problem.factors(best_primal)
+    final_loss = problem.loss(*result_factors)
+  b, c = result_factors
+  gap = relative_gap(final_loss, best.dual)
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  report = participation.sensitivity_report(c, problem.schema)
+  info = {
+      "relative_gap": gap,
+      "iterations": iterations,
+      "seconds": time.perf_counter() - start,
+      "cpu_seconds": time.process_time() - cpu_start,
+      "converged": bool(converged),
+      "dual_lower_bound": float(best.dual),
+      "loss": float(final_loss),
+      "target_gap": float(target_gap),
+      "max_iterations": int(max_iterations),
+      "stop_reason": stop_reason,
+      "acceleration": "newton",
+      "epochs": int(k),
+      "participation": problem.schema.as_dict(),
+      "sensitivity": float(report["value"]),
+      "sensitivity_exact": bool(report["exact"]),
+      "rmse": float(report["value"] * np.sqrt(np.sum(np.square(b)) / n)),
+      "cg_iterations": cg_total,
+      "newton_backtracks": backtracks,
+      "fallback_steps": fallbacks,
+      "negative_eigenvalues_floored": negative_total,
+  }
+  if negative_total:
+    warnings.warn(
+        f"fixed-epoch optimal factorization (n={n}, k={k}): {negative_total} eigenvalues of "
+        "Lᵀ AᵀA L came out negative (rounding) and were floored at the a-priori bound; the "
+        "certificate accounts for it", RuntimeWarning)
+  lam_blocks = problem.blocks(best.theta)
+  v = problem.per_round(np.repeat(best.theta[:, :1], k, axis=1))
+  result = OptimalResult(b=b, c=c, v=v, info=info, history=history, dual_blocks=lam_blocks)
+  if not converged and not allow_unconverged:
+    raise NotConvergedError(
+        f"fixed-epoch optimal factorization (n={n}, k={k}) did not reach relative duality gap "
+        f"{target_gap:g} within {iterations} iterations ({_STOP_REASONS[stop_reason]}); gap "
+        f"reached {gap:.3g}. Raise max_iterations, loosen target_gap, or pass "
+        f"allow_unconverged=True to use it anyway.", result)
+  return result
