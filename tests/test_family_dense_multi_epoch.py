@@ -43,7 +43,7 @@ def test_one_epoch_is_single_participation(solved, kind):
 
 @pytest.mark.parametrize("n,k,kind", [(64, 4, "prefix_sum"), (48, 3, "prefix_sum"),
                                       (64, 8, "prefix_sum"), (64, 4, "momentum"),
-                                      (60, 5, "momentum")])
+                                      (60, 5, "momentum"), (256, 8, "momentum")])
 def test_constraints_gap_and_sensitivity(solved, n, k, kind):
   a, result = solved(n, k, kind)
   info = result.info

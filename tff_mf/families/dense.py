@@ -515,6 +515,31 @@ def _newton_line(ev: _Evaluation, max_cg: int) -> _NewtonLine:
 # within-pattern Hessian blocks, backtracking to keep Λ ≻ 0 and the bound increasing)
 # close the gap in a handful of ``eigh`` for prefix sums.
 
+# Low-rank approximation of the Daleckii–Krein kernel κ used by the block preconditioner.
+PRECONDITIONER_RANK = 64
+PRECONDITIONER_RTOL = 1e-6
+
+
+def _pivoted_cholesky_kernel(s: np.ndarray, max_rank: int, rtol: float) -> np.ndarray:
+  """F (n x r) with F Fᵀ ≈ κ, κ_kl = s_k s_l/(s_k + s_l), by pivoted Cholesky (O(n r²)).
+
+  Stops when the trace of the remainder is below rtol·tr κ (or at max_rank).
+  """
+  n = s.shape[0]
+  diag = 0.5 * s.copy()
+  total = float(np.sum(diag))
+  rank = min(max_rank, n)
+  f = np.zeros((n, rank))
+  for r in range(rank):
+    i = int(np.argmax(diag))
+    if diag[i] <= 0 or float(np.sum(diag)) <= rtol * total:
+      return f[:, :r]
+    col = s[i] * s / (s[i] + s) - f[:, :r] @ f[i, :r]
+    f[:, r] = col / np.sqrt(diag[i])
+    diag = np.maximum(diag - np.square(f[:, r]), 0.0)
+  return f
+
+
 # Largest number of step halvings before a block-scaling fallback step.
 _MAX_HALVINGS = 30
 _MAX_DUAL_HALVINGS = 5
@@ -663,6 +688,17 @@ class FixedEpochDual:
     g[:, 0] -= 1.0
     return g
 
+  def step(self, theta: np.ndarray, direction: np.ndarray, t: float) -> np.ndarray:
+    """θ moved by t·δ. v_j grows linearly and shrinks multiplicatively (v·exp(t·δv/v), like
+    the log-v steps of ``solve``), so it stays positive; the off-diagonal correlations
+    Γ_j = Λ_j/v_j − I move by their first-order change t·(δμ − Γ·δv)/v."""
+    v = theta[:, :1]
+    dv = t * direction[:, :1]
+    v_new = np.where(dv >= 0, v + dv, v * np.exp(np.maximum(dv / v, -_MAX_LOG_STEP)))
+    gamma = theta[:, 1:] / v
+    gamma_new = gamma + t * (direction[:, 1:] - gamma * direction[:, :1]) / v
+    return np.concatenate([v_new, v_new * gamma_new], axis=1)
+
   # -- Newton direction
 
   def newton_direction(self, ev: _EpochEvaluation, scale: float, max_cg: int):
@@ -690,15 +726,18 @@ class FixedEpochDual:
       y = np.matmul(u, q3.transpose(0, 2, 1)).astype(np.float64)
       return self.to_theta(np.matmul(np.matmul(chol_inv_t, y), chol_inv))
 
-    # Within-pattern Hessian blocks: T[(a,a'),(c,c')] = (q_a∘q_a')ᵀ κ (q_c∘q_c').
+    # Within-pattern Hessian blocks: T[(a,a'),(c,c')] = (q_a∘q_a')ᵀ κ (q_c∘q_c'), with κ
+    # replaced by a low-rank F Fᵀ (pivoted Cholesky; κ is Cauchy-like, its spectrum decays
+    # fast): only the preconditioner uses it.
     ia, ib = self.pairs
     prods = q3[:, ia, :] * q3[:, ib, :]  # [b, P, n]
-    kp = (prods.reshape(-1, n) @ kernel).reshape(prods.shape)
-    t_pairs = np.matmul(kp, prods.transpose(0, 2, 1)).astype(np.float64)  # [b, P, P]
+    factor = _pivoted_cholesky_kernel(s, PRECONDITIONER_RANK, PRECONDITIONER_RTOL)
+    kp = (prods.reshape(-1, n) @ factor.astype(CG_DTYPE)).reshape(b, -1, factor.shape[1])
+    t_pairs = np.matmul(kp, kp.transpose(0, 2, 1)).astype(np.float64)  # [b, P, P]
     idx = self.pair_index
     # 𝒯[(a,c),(a',c')] = T[(a,a'),(c,c')]
     t4 = t_pairs[:, idx[:, None, :, None], idx[None, :, None, :]]  # [b, a, c, a', c']
-    t4 = t4.reshape(b, k * k, k * k)
+    t4 = np.ascontiguousarray(t4.reshape(b, k * k, k * k))  # (BLAS needs contiguous blocks)
     e = np.matmul(np.matmul(chol_inv[:, None], self.basis[None]), chol_inv_t[:, None])
     e = e.reshape(b, self.m, k * k)
     pre = np.matmul(np.matmul(e, t4), e.transpose(0, 2, 1))
@@ -714,9 +753,10 @@ class FixedEpochDual:
       return np.matmul(pre_inv, r[:, :, None])[:, :, 0]
 
     grad = self.gradient(ev, scale)
-    grad_norm = float(np.linalg.norm(grad))
-    tol = min(0.1, (grad_norm / float(np.linalg.norm(ev.theta * scale))) ** FORCING_POWER)
-    tol *= grad_norm
+    # Residuals are measured relative to v (as φ − v = v·∂d/∂log v for k = 1).
+    weight = ev.theta[:, :1] * scale
+    grad_norm = float(np.linalg.norm(weight * grad))
+    tol = min(0.1, (grad_norm / float(np.linalg.norm(weight))) ** FORCING_POWER) * grad_norm
     x = np.zeros_like(grad)
     r = grad.copy()
     z = precondition(r)
@@ -732,7 +772,7 @@ class FixedEpochDual:
       alpha = rz / curvature
       x += alpha * p
       r -= alpha * hp
-      if float(np.linalg.norm(r)) <= tol:
+      if float(np.linalg.norm(weight * r)) <= tol:
         break
       z = precondition(r)
       rz_new = float(np.sum(r * z))
@@ -865,7 +905,7 @@ def solve_fixed_epoch(a: np.ndarray,
           theta, base, halvings = fallback(best), None, 0
         else:
           step *= 0.5
-          theta = base_theta + step * direction
+          theta = problem.step(base_theta, direction, step)
         continue
       iterations += 1
       negative_total += ev.negative_eigenvalues
@@ -904,7 +944,7 @@ def solve_fixed_epoch(a: np.ndarray,
         backtracks += 1
         if halvings <= _MAX_DUAL_HALVINGS:
           step *= 0.5
-          theta = base_theta + step * direction
+          theta = problem.step(base_theta, direction, step)
           continue
         fallbacks += 1
         theta, base, halvings = fallback(best), None, 0
@@ -914,7 +954,7 @@ def solve_fixed_epoch(a: np.ndarray,
       direction, cg = problem.newton_direction(ev, scale, max_cg_iterations)
       cg_total += cg
       base, base_theta, step, halvings = ev, ev.theta * scale, 1.0, 0
-      theta = base_theta + direction
+      theta = problem.step(base_theta, direction, 1.0)
   finally:
     bar.close()
 
