@@ -72,13 +72,13 @@ def test_one_band_is_identity_and_full_bands_match_optimal():
   ident = banded.optimize(a, 1)
   np.testing.assert_array_equal(ident.c, np.eye(n))
   np.testing.assert_array_equal(ident.b, a)
-  dense = banded.optimize(a, n)
+  full = banded.optimize(a, n)
   opt = dense.solve(a)
-  sqrt_banded = np.sqrt(dense.info["objective"])
+  sqrt_banded = np.sqrt(full.info["objective"])
   sqrt_opt = np.sqrt(opt.info["loss"])
   assert sqrt_banded <= sqrt_opt * 1.01
   # The optimum is certified: nothing beats its dual bound.
-  assert dense.info["objective"] >= opt.info["dual_lower_bound"] * (1 - 1e-9)
+  assert full.info["objective"] >= opt.info["dual_lower_bound"] * (1 - 1e-9)
   # bands beyond n mean dense.
   assert banded.optimize(a, 10 * n).bands == n
 
@@ -170,3 +170,19 @@ def test_refusals(call, match):
   with pytest.raises(ValueError, match=match) as err:
     call()
   assert "\n" not in str(err.value)
+
+
+def test_row_signs_of_the_initial_point_do_not_matter():
+  n, bands = 32, 4
+  a = workloads.momentum_matrix(n, 0.9)
+  coeffs = np.broadcast_to(banded.sqrt_prefix_coefficients(bands), (n, bands)).copy()
+  flipped = coeffs * np.where(np.arange(n) % 3 == 0, -1.0, 1.0)[:, None]  # rows of C negated
+  for k in range(bands):
+    flipped[:k, k] = 0.0
+    coeffs[:k, k] = 0.0
+  assert banded.objective(a, flipped) == pytest.approx(banded.objective(a, coeffs), rel=1e-12)
+  one = banded.optimize(a, bands, initial=coeffs)
+  two = banded.optimize(a, bands, initial=flipped)
+  assert one.info["initial_objective"] == pytest.approx(two.info["initial_objective"], rel=1e-12)
+  assert np.all(np.diag(two.c) > 0)
+  assert two.info["objective"] == pytest.approx(one.info["objective"], rel=1e-7)
