@@ -419,6 +419,7 @@ def _min_sep(c: np.ndarray, schema: Participation, col_sq: np.ndarray):
     return lower, lower, "max_column_norm"
   if _disjoint_supports(c, b):
     return lower, lower, "disjoint_supports"  # X_st = 0 for |s − t| ≥ b: exact
+  checks.dense_matrices_fit(n, 6.0, f"the min_sep sensitivity bound for n={n}")
   x = _gram(c)
   # arXiv:2306.08153 Alg. 4: best admissible set per row of |X|, then over the row values.
   row_best = separated_max(np.abs(x), b, k)
