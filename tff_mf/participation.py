@@ -234,12 +234,14 @@ def fixed_epoch(epochs: int) -> Participation:
   return Participation("fixed_epoch", epochs=epochs)
 
 
-def min_sep(min_sep: int, max_participations: Optional[int] = None) -> Participation:  # pylint: disable=redefined-outer-name
+# pylint: disable-next=redefined-outer-name
+def min_sep(min_sep: int, max_participations: Optional[int] = None) -> Participation:
   """b-min-separation with at most k = ``max_participations`` rounds (None: as many as fit)."""
   return Participation("min_sep", min_sep=min_sep, max_participations=max_participations)
 
 
-def from_args(kind: str, n: int, epochs: Optional[int] = None, min_sep: Optional[int] = None,  # pylint: disable=redefined-outer-name
+def from_args(kind: str, n: int, epochs: Optional[int] = None,
+              min_sep: Optional[int] = None,  # pylint: disable=redefined-outer-name
               max_participations: Optional[int] = None) -> Participation:
   """The schema named by ``kind`` with its parameters, validated against n rounds.
 
