@@ -1,7 +1,7 @@
 """Factorization solvers: loss against wall time (Denisov et al. ``000_…`` App E.4, Fig 4).
 
 Compares, on the prefix-sum workload S, in one run:
-- ``newton``: the default solver of ``tff_mf.optimal`` (fixed point φ, Denisov
+- ``newton``: the default solver of ``tff_mf.families.dense`` (fixed point φ, Denisov
   Eq. 5, driven by safeguarded Newton-CG steps on the Eq. 8 dual);
 - ``anderson``: φ with Anderson acceleration;
 - ``plain``: the plain fixed point, one ``eigh`` per iteration (the baseline
@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 from tff_mf import baselines  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf import optimal  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.families import dense  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_mf import workloads  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 MACHINE = "2-core x86_64 CPU, 24 GB, no GPU"
@@ -45,7 +45,7 @@ STYLE = {"newton": ("C0", "-"), "anderson": ("C2", "-"), "plain": ("C1", "--"),
 
 def _fixed_point(method, a, target_gap, time_limit):
   acceleration = {"newton": "newton", "anderson": "anderson", "plain": "none"}[method]
-  r = optimal.solve(a, target_gap=target_gap, acceleration=acceleration,
+  r = dense.solve(a, target_gap=target_gap, acceleration=acceleration,
                     allow_unconverged=True, time_limit=time_limit, progress=True)
   return {"history": r.history, "info": r.info}
 
@@ -124,7 +124,7 @@ def write_markdown(results, path, png_name, command, load_before, load_after, to
             f"Total run: {total_seconds / 60:.1f} min.", ""]
   lines += ["Workload: prefix sum S. Target: relative duality gap (L − d)/L ≤ 1e-6, with L the "
             "loss of the returned factors and d the Eq. 8 lower bound (Denisov et al. Thm 3.2). "
-            "`newton` = default `tff_mf.optimal.solve`; `plain` = one `eigh` per iteration of φ "
+            "`newton` = default `tff_mf.dense.solve`; `plain` = one `eigh` per iteration of φ "
             "(Denisov Eq. 5) with the same certificate; `gradient_descent`/`lbfgs` = Eq. 4 "
             "baselines (`tff_mf.baselines`) run for a fixed wall-time budget.", ""]
   lines += ["| n | method | iterations (one eigh each for fixed points) | CG products | final relative gap / excess | "

@@ -29,7 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from tff_mf import factorization as fz  # pylint: disable=wrong-import-position
-from tff_mf import optimal  # pylint: disable=wrong-import-position
+from tff_mf.families import dense  # pylint: disable=wrong-import-position
 from tff_mf import structured  # pylint: disable=wrong-import-position
 from tff_mf import tree  # pylint: disable=wrong-import-position
 from tff_mf import workloads  # pylint: disable=wrong-import-position
@@ -46,7 +46,7 @@ def part_structured(sizes):
     h, r, paper_opt, paper_eff = PAPER[n]
     a = workloads.prefix_sum(n)
     start = time.perf_counter()
-    opt = optimal.solve(a)
+    opt = dense.solve(a)
     opt_seconds = time.perf_counter() - start
     start = time.perf_counter()
     res = structured.fit(a, h, r, b_opt=opt.b)

@@ -1,71 +1,449 @@
-"""Participation schemas as data, and the sensitivity of an encoder under each (numpy core).
+"""Participation schemas as data, and the sensitivity of an encoder C under each (numpy core).
 
-INTERIM (lead's branch): the interface other modules use; the sensitivity math
-arrives with the participation work.
+A user contributes a vector x_t with ‖x_t‖₂ ≤ 1 in every round t of a participation
+pattern P (a set of rounds); the L2 sensitivity of C (m x n, columns = rounds) is
+
+  sens(C)² = sup_P sup_{‖x_t‖ ≤ 1} ‖Σ_{t∈P} C[:, t] x_tᵀ‖²_F = sup_P sup Σ_{s,t∈P} X_st ⟨x_s, x_t⟩
+
+with X = CᵀC (Choquette-Choo, McMahan, Rush, Thakurta 2023, arXiv:2211.06530).
+Schemas:
+
+- ``single``: every pattern is one round (Denisov et al. 2022, arXiv:2202.08312, Eq. 2).
+- ``fixed_epoch(epochs=k)``: n = k·b rounds; the b patterns are {j, j+b, …, j+(k−1)b}
+  ((k, b)-participation, Choquette-Choo et al. 2023, arXiv:2211.06530).
+- ``min_sep(min_sep=b, max_participations=k)``: any ≤ k rounds pairwise ≥ b apart
+  (b-min-separation, Choquette-Choo, Ganesh, McMahan, Rush, Steinke, Thakurta 2023,
+  arXiv:2306.08153).
+
+Per pattern P the inner supremum is an SDP; this module brackets it by
+  lower(P) = max(1ᵀX_P1, tr X_P, max_{s∈{±1}^|P|} sᵀX_P s)   (explicit contributions)
+  upper(P) = min(Σ_{s,t}|X_st|, |P|·λ_max(X_P))              (arXiv:2306.08153 Eq. 5, and
+                                                             ⟨X_P, VᵀV⟩ ≤ λ_max·tr VᵀV)
+and ``sensitivity`` returns the square root of the maximal upper value, never below the
+true sensitivity (up to float64 rounding of CᵀC). The report says ``exact`` when the
+largest upper value is attained by an explicit contribution (within 1e-12 relative).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Optional
+import itertools
+import math
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from tff_mf import checks
 
 KINDS = ("single", "fixed_epoch", "min_sep")
+# Admissible min-sep patterns enumerated (to tighten the Alg. 4 bound) at most.
+ENUMERATION_LIMIT = 2000
+# Blocks up to this size also try every ±1 sign vector for the lower bound.
+SIGN_ENUMERATION_MAX = 10
+# Upper and lower squared sensitivity within this relative distance count as exact.
+EXACT_RTOL = 1e-12
+
+
+# ----------------------------------------------------------------------------- schemas
 
 
 @dataclasses.dataclass(frozen=True)
 class Participation:
+  """A participation schema (frozen; equal schemas are equal cache keys).
+
+  Attributes:
+    kind: one of KINDS.
+    epochs: fixed_epoch: k (n = k·b rounds; b = n/k follows from n).
+    min_sep: min_sep: b, the least separation of two rounds of one user.
+    max_participations: min_sep: k, at most this many rounds (None: as many as fit).
+  """
   kind: str = "single"
   epochs: Optional[int] = None
   min_sep: Optional[int] = None
   max_participations: Optional[int] = None
 
-  def check(self, n: int) -> None:
-    if self.kind == "fixed_epoch" and n % self.epochs:
-      raise checks.CheckError(f"fixed_epoch: {self.epochs} epochs do not divide n = {n} rounds")
+  def __post_init__(self):
+    if self.kind not in KINDS:
+      raise checks.CheckError(f"unknown participation {self.kind!r}; expected one of {KINDS}")
+    allowed = {"single": (), "fixed_epoch": ("epochs",),
+               "min_sep": ("min_sep", "max_participations")}[self.kind]
+    extra = [name for name in ("epochs", "min_sep", "max_participations")
+             if getattr(self, name) is not None and name not in allowed]
+    if extra:
+      takes = f"takes only {', '.join(allowed)}" if allowed else "takes no parameters"
+      raise checks.CheckError(f"participation {self.kind} {takes}; got {', '.join(extra)}")
+    if self.kind == "fixed_epoch":
+      if self.epochs is None:
+        raise checks.CheckError("participation fixed_epoch needs epochs")
+      object.__setattr__(self, "epochs", checks.positive_int(self.epochs, "epochs"))
+    if self.kind == "min_sep":
+      if self.min_sep is None:
+        raise checks.CheckError("participation min_sep needs min_sep")
+      object.__setattr__(self, "min_sep", checks.positive_int(self.min_sep, "min_sep"))
+      if self.max_participations is not None:
+        object.__setattr__(self, "max_participations",
+                           checks.positive_int(self.max_participations, "max_participations"))
+
+  # -- validation against n rounds
+
+  def check(self, n: int) -> "Participation":
+    """Refuses (one-line CheckError) a schema that does not apply to n rounds; returns self."""
+    n = checks.positive_int(n, "rounds n")
+    if self.kind == "fixed_epoch":
+      if self.epochs > n:
+        raise checks.CheckError(f"fixed_epoch: epochs={self.epochs} exceeds the number of "
+                                f"rounds n={n}")
+      if n % self.epochs:
+        raise checks.CheckError(f"fixed_epoch: epochs={self.epochs} must divide the number of "
+                                f"rounds n={n}")
+    if self.kind == "min_sep" and self.min_sep > n:
+      raise checks.CheckError(f"min_sep: min_sep={self.min_sep} exceeds the number of rounds "
+                              f"n={n}")
+    return self
+
+  validate = check
+
+  def separation(self, n: int) -> int:
+    """The least distance of two rounds of one user (n for single participation)."""
+    self.check(n)
+    if self.kind == "fixed_epoch":
+      return n // self.epochs
+    if self.kind == "min_sep":
+      return self.min_sep
+    return n
 
   def check_bands(self, bands: int, strategy: str) -> None:
-    del bands, strategy
+    """Refuses a b-banded C whose bands reach two rounds of one user.
+
+    With bands ≤ the separation, columns of different participations have disjoint
+    row supports and unit columns give sensitivity √k (arXiv:2306.08153),
+    which is what the banded optimizations assume.
+    """
+    bands = checks.positive_int(bands, f"{strategy} bands")
+    if self.kind == "min_sep" and bands > self.min_sep:
+      raise checks.CheckError(f"{strategy}: bands={bands} exceed min_sep={self.min_sep}; a "
+                              f"b-banded C is built for b-min-separation, use bands ≤ "
+                              f"{self.min_sep}")
+
+  def rounds_per_epoch(self, n: int) -> int:
+    """fixed_epoch: b = n / k, the separation of a user's rounds."""
+    if self.kind != "fixed_epoch":
+      raise checks.CheckError(f"rounds_per_epoch needs fixed_epoch participation, not {self.kind}")
+    return self.separation(n)
+
+  def max_participations_in(self, n: int) -> int:
+    """The largest number of rounds one pattern holds for n rounds."""
+    self.check(n)
+    if self.kind == "fixed_epoch":
+      return self.epochs
+    if self.kind == "min_sep":
+      fit = -(-n // self.min_sep)
+      return fit if self.max_participations is None else min(fit, self.max_participations)
+    return 1
+
+  # -- description
 
   @property
   def label(self) -> str:
-    if self.kind == "single":
-      return "single"
+    """Short name for file names and tables."""
     if self.kind == "fixed_epoch":
       return f"fixed_epoch-k{self.epochs}"
-    return f"min_sep-b{self.min_sep}-k{self.max_participations}"
+    if self.kind == "min_sep":
+      k = "all" if self.max_participations is None else self.max_participations
+      return f"min_sep-b{self.min_sep}-k{k}"
+    return "single"
+
+  def describe(self) -> str:
+    if self.kind == "fixed_epoch":
+      return f"fixed_epoch(epochs={self.epochs})"
+    if self.kind == "min_sep":
+      k = "all" if self.max_participations is None else self.max_participations
+      return f"min_sep(min_sep={self.min_sep}, max_participations={k})"
+    return "single"
 
   def as_dict(self) -> Dict[str, Any]:
-    out = {"kind": self.kind, "label": self.label}
+    """JSON-able: ``kind``, ``label`` and the parameters that are set (cache keys, reports)."""
+    out: Dict[str, Any] = {"kind": self.kind, "label": self.label}
     for name in ("epochs", "min_sep", "max_participations"):
       if getattr(self, name) is not None:
         out[name] = getattr(self, name)
     return out
 
+  # -- patterns
 
+  def pattern_indices(self, n: int) -> np.ndarray:
+    """fixed_epoch: [b, k] integer array, row j the pattern {j, j+b, …, j+(k−1)b}."""
+    b = self.rounds_per_epoch(n)
+    return np.arange(n).reshape(self.epochs, b).T.copy()
+
+  def patterns(self, n: int, limit: Optional[int] = None) -> List[Tuple[int, ...]]:
+    """The maximal participation patterns for n rounds (every pattern is a subset of one).
+
+    Sub-patterns need no separate listing: contributions may be zero. ``limit``
+    refuses (CheckError) an enumeration that would exceed it.
+    """
+    self.check(n)
+    if self.kind == "single":
+      _check_limit(n, limit, self)
+      return [(t,) for t in range(n)]
+    if self.kind == "fixed_epoch":
+      idx = self.pattern_indices(n)
+      _check_limit(idx.shape[0], limit, self)
+      return [tuple(int(t) for t in row) for row in idx]
+    k = self.max_participations_in(n)
+    b = self.min_sep
+    out: List[Tuple[int, ...]] = []
+
+    def extend(prefix: Tuple[int, ...], start: int):
+      # A pattern is maximal when it is full, or no round fits before, between or after.
+      if len(prefix) >= k or not _has_gap(prefix, n, b):
+        out.append(prefix)
+        if limit is not None and len(out) > limit:
+          raise checks.CheckError(f"{self.describe()} has more than {limit} maximal patterns "
+                                  f"at n={n}")
+        return
+      for t in range(start, n):
+        extend(prefix + (t,), t + b)
+
+    extend((), 0)
+    return out
+
+
+Schema = Participation
 SINGLE = Participation()
 
 
+def _has_gap(pattern: Tuple[int, ...], n: int, b: int) -> bool:
+  """Some round t ∉ pattern is ≥ b away from every round of the pattern."""
+  edges = (-b,) + pattern + (n - 1 + b,)
+  return any(hi - lo >= 2 * b for lo, hi in zip(edges[:-1], edges[1:]))
+
+
+def _check_limit(count: int, limit: Optional[int], schema: Participation) -> None:
+  if limit is not None and count > limit:
+    raise checks.CheckError(f"{schema.describe()} has {count} patterns, more than {limit}")
+
+
+def single() -> Participation:
+  """Single participation."""
+  return SINGLE
+
+
+def fixed_epoch(epochs: int) -> Participation:
+  """(k, b)-participation with k = ``epochs`` (b = n/k is fixed by the number of rounds)."""
+  return Participation("fixed_epoch", epochs=epochs)
+
+
+# pylint: disable-next=redefined-outer-name
+def min_sep(min_sep: int, max_participations: Optional[int] = None) -> Participation:
+  """b-min-separation with at most k = ``max_participations`` rounds (None: as many as fit)."""
+  return Participation("min_sep", min_sep=min_sep, max_participations=max_participations)
+
+
+def from_args(kind: str, n: int, epochs: Optional[int] = None,
+              min_sep: Optional[int] = None,  # pylint: disable=redefined-outer-name
+              max_participations: Optional[int] = None) -> Participation:
+  """The schema named by ``kind`` with its parameters, validated against n rounds.
+
+  Refuses (one-line CheckError) unknown kinds, missing or extra parameters, epochs
+  that do not divide n and separations beyond n. A min_sep schema without
+  max_participations gets the number that fits, ⌈n/b⌉ (one cache key per schema).
+  """
+  if kind not in KINDS:
+    raise checks.CheckError(f"unknown participation {kind!r}; expected one of {KINDS}")
+  n = checks.positive_int(n, "rounds n")
+  schema = Participation(kind, epochs=epochs, min_sep=min_sep,
+                         max_participations=max_participations).check(n)
+  if kind == "min_sep" and max_participations is None:
+    schema = dataclasses.replace(schema, max_participations=schema.max_participations_in(n))
+  return schema
+
+
 def from_dict(d: Dict[str, Any]) -> Participation:
-  return Participation(kind=d["kind"], epochs=d.get("epochs"), min_sep=d.get("min_sep"),
+  """The inverse of ``Participation.as_dict`` (the label is derived, so ignored)."""
+  if not isinstance(d, dict) or d.get("kind") not in KINDS:
+    raise checks.CheckError(f"participation must be a dict with kind in {KINDS}, got {d!r}")
+  unknown = set(d) - {"kind", "label", "epochs", "min_sep", "max_participations"}
+  if unknown:
+    raise checks.CheckError(f"participation {d['kind']}: unknown fields {sorted(unknown)}")
+  return Participation(d["kind"], epochs=d.get("epochs"), min_sep=d.get("min_sep"),
                        max_participations=d.get("max_participations"))
 
 
-def sensitivity_report(c: np.ndarray, schema: Participation) -> Dict[str, Any]:
-  if schema.kind != "single":
-    raise NotImplementedError(schema.kind)
-  return {"value": checks.gamma(c), "exact": True, "method": "max column norm"}
+# ----------------------------------------------------------------------------- sensitivity
 
 
-def from_args(kind, n, epochs=None, min_sep=None, max_participations=None) -> Participation:
-  if kind == "single":
-    return SINGLE
-  if kind == "fixed_epoch":
-    p = Participation("fixed_epoch", epochs=epochs)
+def sensitivity(c, schema: Participation, n: Optional[int] = None) -> float:
+  """L2 sensitivity of the encoder C (m x n) under ``schema``; never below the true value.
+
+  Exact (up to float64 rounding) for: ``single`` (max column norm); ``fixed_epoch``
+  when every pattern block of X = CᵀC is non-negative (= max_j √Σ_{s,t∈P_j} X_st) or
+  diagonal (orthogonal columns within patterns: √max_j Σ_{t∈P_j} X_tt); ``min_sep``
+  when columns of rounds ≥ b apart have disjoint row supports (e.g. C lower triangular
+  with ≤ b bands; then sens² = max over admissible sets of Σ‖C[:, t]‖², by dynamic
+  programming, arXiv:2306.08153). Otherwise an upper bound: arXiv:2306.08153
+  Eq. 5 (Σ|X_st| per pattern, tightened by |P|·λ_max) for fixed_epoch, and Alg. 4
+  (tightened by enumeration when there are few patterns) for min_sep.
+  ``sensitivity_report`` says which.
+  """
+  return sensitivity_report(c, schema, n)["value"]
+
+
+def sensitivity_report(c, schema: Participation, n: Optional[int] = None) -> Dict[str, Any]:
+  """``value`` (the sensitivity returned by ``sensitivity``), ``lower`` (attained by an
+  explicit contribution), ``exact`` (value ≤ lower within 1e-12 relative), ``method``
+  and ``schema`` (its ``describe()``)."""
+  c = checks.matrix(c, "C")
+  if not isinstance(schema, Participation):
+    raise checks.CheckError(f"schema must be a participation schema, got {type(schema).__name__}")
+  rounds = c.shape[1]
+  if n is not None and checks.positive_int(n, "rounds n") != rounds:
+    raise checks.CheckError(f"C has {rounds} columns (rounds), expected n={n}")
+  schema.check(rounds)
+  col_sq = np.sum(np.square(c), axis=0)
+  if schema.kind == "fixed_epoch":
+    upper, lower, method = _fixed_epoch(c, schema, col_sq)
+  elif schema.kind == "min_sep":
+    upper, lower, method = _min_sep(c, schema, col_sq)
   else:
-    p = Participation("min_sep", min_sep=min_sep, max_participations=max_participations or -(-n // min_sep))
-  p.check(n)
-  return p
+    upper = lower = float(np.max(col_sq))
+    method = "max_column_norm"
+  exact = bool(upper <= lower * (1 + EXACT_RTOL) or upper == 0.0)
+  return {"value": math.sqrt(upper), "lower": math.sqrt(max(lower, 0.0)), "exact": exact,
+          "method": method, "schema": schema.describe()}
+
+
+def _gram(c: np.ndarray) -> np.ndarray:
+  m, n = c.shape
+  checks.dense_matrices_fit(n, 2.0, f"the Gram matrix CᵀC for n={n}")
+  x = c.T @ c
+  return 0.5 * (x + x.T)
+
+
+def _block_bounds(blocks: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+  """(upper, lower) bounds on the SDP value of each [p, p] block (see the module docstring)."""
+  size = blocks.shape[-1]
+  abs_sum = np.sum(np.abs(blocks), axis=(-2, -1))
+  lam_max = np.linalg.eigvalsh(blocks)[..., -1]
+  upper = np.minimum(abs_sum, size * np.maximum(lam_max, 0.0))
+  lower = np.maximum(np.sum(blocks, axis=(-2, -1)), np.trace(blocks, axis1=-2, axis2=-1))
+  if 1 < size <= SIGN_ENUMERATION_MAX:
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=size - 1)))
+    signs = np.concatenate([np.ones((signs.shape[0], 1)), signs], axis=1)
+    forms = np.einsum("si,...ij,sj->...s", signs, blocks, signs)
+    lower = np.maximum(lower, np.max(forms, axis=-1))
+  # Never report a lower bound above the upper one (they meet when exact; rounding aside).
+  return upper, np.minimum(lower, upper)
+
+
+def _fixed_epoch(c: np.ndarray, schema: Participation, col_sq: np.ndarray):
+  n = c.shape[1]
+  idx = schema.pattern_indices(n)
+  if schema.epochs == 1:
+    value = float(np.max(col_sq))
+    return value, value, "max_column_norm"
+  x = _gram(c)
+  blocks = x[idx[:, :, None], idx[:, None, :]]
+  upper, lower = _block_bounds(blocks)
+  off = blocks * (1.0 - np.eye(schema.epochs))
+  if not np.any(off):
+    method = "pattern_traces"  # exact: orthogonal columns within every pattern
+  elif np.all(blocks >= 0):
+    method = "pattern_sums"  # exact: all-equal contributions attain Σ X_st
+  else:
+    method = "abs_bound"  # arXiv:2306.08153 Eq. 5, tightened by |P|·λ_max
+  return float(np.max(upper)), float(np.max(lower)), method
+
+
+def separated_max(w: np.ndarray, sep: int, k: int) -> np.ndarray:
+  """max Σ_{t∈P} w[..., t] over sets P of ≤ k indices pairwise ≥ sep apart (last axis).
+
+  Dynamic program of arXiv:2306.08153 Alg. 3, vectorized over leading axes; O(n·k).
+  """
+  w = np.asarray(w, dtype=np.float64)
+  n = w.shape[-1]
+  f = np.zeros(w.shape[:-1] + (n + sep,))
+  for _ in range(k):
+    g = np.zeros_like(f)
+    g[..., :n] = np.maximum(w + f[..., sep:sep + n], f[..., :n])
+    f = np.flip(np.maximum.accumulate(np.flip(g, -1), axis=-1), -1)
+  return f[..., 0]
+
+
+def separated_argmax(w: np.ndarray, sep: int, k: int) -> Tuple[float, Tuple[int, ...]]:
+  """``separated_max`` of a vector and a set attaining it."""
+  w = np.asarray(w, dtype=np.float64)
+  n = w.shape[0]
+  tables = [np.zeros(n + sep + 1)]
+  for _ in range(k):
+    f = tables[-1]
+    g = np.zeros(n + sep + 1)
+    g[:n] = np.maximum(w + f[sep:sep + n], f[:n])
+    tables.append(np.maximum.accumulate(g[::-1])[::-1])
+  chosen = []
+  i, j = 0, k
+  while j > 0 and i < n:
+    if tables[j][i] <= 0:
+      break
+    if w[i] + tables[j - 1][i + sep] >= tables[j][i] and w[i] > 0:
+      chosen.append(i)
+      i += sep
+      j -= 1
+    elif tables[j - 1][i] >= tables[j][i]:
+      j -= 1
+    else:
+      i += 1
+  return float(tables[k][0]), tuple(chosen)
+
+
+def _disjoint_supports(c: np.ndarray, sep: int) -> bool:
+  """Columns of rounds ≥ sep apart have disjoint row supports (so X_st = 0 exactly)."""
+  m, n = c.shape
+  nonzero = c != 0
+  has = np.any(nonzero, axis=0)
+  first = np.where(has, np.argmax(nonzero, axis=0), m)
+  last = np.where(has, m - 1 - np.argmax(nonzero[::-1], axis=0), -1)
+  # Smallest first row among columns t ≥ s + sep (suffix minimum).
+  suffix_first = np.minimum.accumulate(first[::-1])[::-1]
+  s = np.arange(n - sep)
+  # Disjoint intervals need every later column to start after s ends, or s to start after
+  # it ends; banded lower-triangular C gives the first case.
+  return bool(np.all(last[s] < suffix_first[s + sep])) if n > sep else True
+
+
+def _min_sep(c: np.ndarray, schema: Participation, col_sq: np.ndarray):
+  n = c.shape[1]
+  b = schema.min_sep
+  k = schema.max_participations_in(n)
+  # Mutually orthogonal unit contributions attain Σ_{t∈P} X_tt: a lower bound for any C.
+  lower, best_set = separated_argmax(col_sq, b, k)
+  if k == 1:
+    return lower, lower, "max_column_norm"
+  if _disjoint_supports(c, b):
+    return lower, lower, "disjoint_supports"  # X_st = 0 for |s − t| ≥ b: exact
+  checks.dense_matrices_fit(n, 6.0, f"the min_sep sensitivity bound for n={n}")
+  x = _gram(c)
+  # arXiv:2306.08153 Alg. 4: best admissible set per row of |X|, then over the row values.
+  row_best = separated_max(np.abs(x), b, k)
+  upper, row_set = separated_argmax(row_best, b, k)
+  method = "alg4_bound"
+  for pattern in (best_set, row_set):
+    if pattern:
+      p = np.asarray(pattern)
+      _, low = _block_bounds(x[np.ix_(p, p)])
+      lower = max(lower, float(low))
+  try:
+    patterns = schema.patterns(n, limit=ENUMERATION_LIMIT)
+  except checks.CheckError:
+    patterns = None
+  if patterns is not None:
+    enum_upper, enum_lower = 0.0, lower
+    for size in sorted({len(p) for p in patterns}):
+      idx = np.array([p for p in patterns if len(p) == size])
+      up, low = _block_bounds(x[idx[:, :, None], idx[:, None, :]])
+      enum_upper = max(enum_upper, float(np.max(up)))
+      enum_lower = max(enum_lower, float(np.max(low)))
+    if enum_upper < upper:
+      upper, method = enum_upper, "enumerated_patterns"
+    lower = enum_lower
+  return upper, min(lower, upper), method
