@@ -62,8 +62,8 @@ def test_constraints_gap_and_sensitivity(solved, n, k, kind):
   assert np.all(sums <= 1 + 1e-9) and np.max(sums) == pytest.approx(1.0, abs=1e-12)
   # Sensitivity under the schema is 1 (exact: orthogonal within patterns).
   report = participation.sensitivity_report(result.c, schema)
-  assert report["exact"] and report["value"] == pytest.approx(1.0, abs=1e-12)
-  assert info["sensitivity"] == pytest.approx(1.0, abs=1e-12)
+  assert report["exact"] and 1.0 <= report["value"] <= 1 + 1e-11
+  assert 1.0 <= info["sensitivity"] <= 1 + 1e-11
   # The reported loss is the loss of the returned factors under the schema.
   assert info["loss"] == pytest.approx(report["value"] ** 2 * np.sum(result.b ** 2), rel=1e-12)
   assert info["rmse"] == pytest.approx(_rmse(result.b, report["value"]), rel=1e-12)

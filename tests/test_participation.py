@@ -131,7 +131,7 @@ def test_min_sep_exact_for_banded_signed_c(n, bands, sep, k):
   assert report["exact"] and report["method"] == "disjoint_supports"
   diag = np.sum(c * c, axis=0)
   expected = max(float(np.sum(diag[list(p)])) for p in brute_patterns(schema, n))
-  assert report["value"] ** 2 == pytest.approx(expected, rel=1e-12)
+  assert expected <= report["value"] ** 2 <= expected * (1 + 1e-11)
   # Orthogonal unit contributions attain it, so it also bounds the vector brute force.
   x = c.T @ c
   assert report["value"] ** 2 >= vector_ascent(x, brute_patterns(schema, n)[:40],
@@ -156,7 +156,7 @@ def test_fixed_epoch_orthogonal_columns_exact_trace():
   report = pa.sensitivity_report(c_exact, pa.fixed_epoch(k))
   traces = [float(np.trace(x[np.ix_(p, p)])) for p in brute_patterns(pa.fixed_epoch(k), n)]
   assert report["exact"]
-  assert report["value"] ** 2 == pytest.approx(max(traces), rel=1e-12)
+  assert max(traces) <= report["value"] ** 2 <= max(traces) * (1 + 1e-11)
   # Exactly orthogonal columns (C = diag): method pattern_traces.
   d = np.diag(rng.uniform(0.5, 1.5, size=n))
   rep = pa.sensitivity_report(d, pa.fixed_epoch(k))

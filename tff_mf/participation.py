@@ -42,6 +42,8 @@ ENUMERATION_LIMIT = 2000
 SIGN_ENUMERATION_MAX = 10
 # Upper and lower squared sensitivity within this relative distance count as exact.
 EXACT_RTOL = 1e-12
+# Relative margin added to every reported sensitivity (float64 rounding of Σ C_ij²).
+ROUNDING_MARGIN = 1e-12
 
 
 # ----------------------------------------------------------------------------- schemas
@@ -309,8 +311,10 @@ def sensitivity_report(c, schema: Participation, n: Optional[int] = None) -> Dic
     upper = lower = float(np.max(col_sq))
     method = "max_column_norm"
   exact = bool(upper <= lower * (1 + EXACT_RTOL) or upper == 0.0)
-  return {"value": math.sqrt(upper), "lower": math.sqrt(max(lower, 0.0)), "exact": exact,
-          "method": method, "schema": schema.describe()}
+  # Rounded up by ROUNDING_MARGIN so that float64 rounding in the sums of squares never
+  # makes the value (and an ε computed from z/value) optimistic.
+  return {"value": math.sqrt(upper) * (1 + ROUNDING_MARGIN), "lower": math.sqrt(max(lower, 0.0)),
+          "exact": exact, "method": method, "schema": schema.describe()}
 
 
 def _gram(c: np.ndarray) -> np.ndarray:
