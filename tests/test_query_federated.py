@@ -17,6 +17,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_mf.tf import aggregators
+from tff_mf import participation
 from tff_mf import registry
 from tff_mf.tf import noise as noise_lib
 from tff_mf.tf import runtime
@@ -56,16 +57,20 @@ def _weights(process, state):
                          for x in process.get_model_weights(state).trainable])
 
 
-def _run(process, state, rounds, start=0):
+def _run(process, state, rounds, start=0, cohorts=None):
   thetas = []
   for i in range(start, start + rounds):
-    state = process.next(state, _datasets(i)).state
+    state = process.next(state, _datasets(i % cohorts if cohorts else i)).state
     thetas.append(_weights(process, state))
   return thetas, state
 
 
-def algorithm1(setup, rounds=N, noise=True):
-  """Denisov Algorithm 1 in float64 with gradients of the same clients at the same iterates."""
+def algorithm1(setup, rounds=N, noise=True, cohorts=None):
+  """Denisov Algorithm 1 in float64 with gradients of the same clients at the same iterates.
+
+  ``cohorts``: the clients of round i are those of round i mod cohorts (repeated
+  participation: the same clients contribute every ``cohorts`` rounds).
+  """
   f = setup.factorization
   a = f.a if f is not None else None
   theta = np.zeros(D_IN + 1)
@@ -74,7 +79,7 @@ def algorithm1(setup, rounds=N, noise=True):
     z = Z_MULT * CLIP * noise_lib.standard_normal_matrix(noise_lib.seed_pair(SEED), f.m, SPECS)
   out = []
   for i in range(rounds):
-    for x, y in DATA[i]:
+    for x, y in DATA[i % cohorts if cohorts else i]:
       x, y = x.astype(np.float64), y[:, 0].astype(np.float64)
       resid = x @ theta[:D_IN] + theta[D_IN] - y
       grad = np.concatenate([2 / len(y) * x.T @ resid, [2 / len(y) * resid.sum()]])
@@ -134,6 +139,30 @@ def test_iterates_equal_numpy_algorithm1(mechanism, cache_dir):
   if mechanism == "honaker_online":
     with pytest.raises(Exception, match="past the n=5 rounds"):
       process.next(state, _datasets(N))
+
+
+@pytest.mark.parametrize("mechanism,schema", [
+    ("opt_momentum", participation.fixed_epoch(2)),
+    ("opt_prefix_sum", participation.fixed_epoch(2)),
+    ("banded", participation.min_sep(3, 2)),
+    ("banded_toeplitz", participation.min_sep(3, 2)),
+    ("blt", participation.min_sep(3, 2)),
+    ("honaker_online", participation.fixed_epoch(2)),
+])
+def test_repeated_participation_iterates_equal_numpy_algorithm1(mechanism, schema, cache_dir):
+  """The same clients contribute in rounds i and i + 3 (6 rounds, 3 cohorts): their clipped
+  updates enter G in each of those rounds, and the noise is the schema's mechanism's."""
+  rounds, cohorts = 6, 3
+  kw = {"bands": 3} if mechanism in ("banded", "banded_toeplitz") else {}
+  setup = _setup(mechanism, cache_dir, total_rounds=rounds, participation=schema, **kw)
+  process = _process(setup)
+  thetas, _ = _run(process, process.initialize(), rounds, cohorts=cohorts)
+  expected = algorithm1(setup, rounds=rounds, cohorts=cohorts)
+  np.testing.assert_allclose(np.array(thetas), expected, rtol=1e-4, atol=1e-5)
+  assert setup.info["participation"]["kind"] == schema.kind
+  assert setup.info["sensitivity"] > 1.0  # k = 2 participations cost more than one
+  assert setup.info["effective_noise_multiplier"] == pytest.approx(
+      Z_MULT / setup.info["sensitivity"])
 
 
 @pytest.mark.parametrize("mechanism", ["gaussian_fixed", "tree_aggregation"])
