@@ -77,7 +77,8 @@ def coefficients(theta, omega, n: int) -> np.ndarray:
   n = checks.positive_int(n, "n")
   theta = np.asarray(theta, dtype=np.float64).reshape(-1)
   omega = np.asarray(omega, dtype=np.float64).reshape(-1)
-  out = np.ones(n)
+  out = np.zeros(n)
+  out[0] = 1.0
   if n > 1 and theta.size:
     powers = np.power(theta[None, :], np.arange(n - 1, dtype=np.float64)[:, None])
     out[1:] = powers @ omega
