@@ -97,8 +97,10 @@ def _float32_run(st, z):
   tables = [np.asarray(t, np.float32) for t in st.tables(0)]
   f, g, w_old, w_new, c = tables
   out = np.empty(z.shape, np.float32)
+  copied = st.copies >= 0
   for i in range(z.shape[0]):
     new = f @ state + g[:, None] * z[i][None, :]
+    new[copied] = state[st.copies[copied]]
     out[i] = w_old @ state + w_new @ new + c * z[i]
     state = new
   return out

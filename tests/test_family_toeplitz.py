@@ -184,3 +184,23 @@ def test_refuses_bad_input():
     toeplitz.stream({"other": np.ones(2)}, 8)
   with pytest.raises(checks.CheckError):
     toeplitz.workload(4, np.triu(np.ones((4, 4))))
+
+
+def test_stream_float32_stability():
+  n = 2048
+  result = toeplitz.optimize(n, 16, dense=False)
+  st = toeplitz.stream(result.extras, n)
+  z = np.random.default_rng(0).normal(size=(n, 8))
+  exact = st.run(z)
+  f, g, _, w_new, _ = (np.asarray(t, np.float32) for t in st.tables(0))
+  state = np.zeros((st.k, 8), np.float32)
+  approx = np.empty((n, 8), np.float32)
+  z32 = z.astype(np.float32)
+  for i in range(n):  # the same recurrence in float32 (row 0 computed, the rest copies)
+    new = np.empty_like(state)
+    new[0] = f[0] @ state + g[0] * z32[i]
+    new[1:] = state[st.copies[1:]]
+    approx[i] = w_new @ new
+    state = new
+  rel = np.linalg.norm(approx - exact, axis=1) / np.linalg.norm(exact, axis=1)
+  assert np.max(rel) < 2e-6 and np.max(rel[-256:]) < 4 * np.max(rel[:256]) + 1e-7
