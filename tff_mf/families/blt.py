@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import scipy.optimize
@@ -257,82 +257,131 @@ def _prune(points: np.ndarray, rtol: float = 1e-12) -> np.ndarray:
   return points
 
 
-def initial_points(n: int, m: int) -> np.ndarray:
-  """Interlaced 1 − θ̂_1 > 1 − θ_1 > … > 1 − θ_m on a geometric grid from 0.5 to 1/n.
+def initial_points(n: int, m: int, smallest: Optional[float] = None) -> np.ndarray:
+  """Interlaced 1 − θ̂_1 > 1 − θ_1 > … > 1 − θ_m on a geometric grid from 0.5 down to
+  ``smallest`` (default 1/n).
 
   A geometric grid with zeros midway between poles approximates the generating function
   (1 − x)^{−1/2} of the square-root factorization (cf. arXiv:2404.16706, Sec 4).
   """
-  return np.exp(np.linspace(math.log(0.5), math.log(1.0 / max(n, 4)), 2 * m))
+  smallest = 1.0 / max(n, 4) if smallest is None else smallest
+  return np.exp(np.linspace(math.log(0.5), math.log(min(smallest, 0.25)), 2 * m))
+
+
+def _start_points(n: int, m: int, starts: int) -> list:
+  """Geometric grids ending at 1/n, 4/n, 16/n, …: several starts against local minima."""
+  return [initial_points(n, m, 4.0 ** s / n) for s in range(starts)]
+
+
+def _insert_pair(points: np.ndarray, n: int) -> np.ndarray:
+  """A start for m + 1 buffers: the m-buffer points plus two in the widest log gap."""
+  ends = np.concatenate([[0.9], points, [0.25 / n]])
+  logs = np.log(ends)
+  i = int(np.argmax(logs[:-1] - logs[1:]))
+  new = np.exp(logs[i] + (logs[i + 1] - logs[i]) * np.array([1 / 3, 2 / 3]))
+  return np.concatenate([points[:i], new, points[i:]])
+
+
+def _interlaced_points(init: BLT, m: int) -> np.ndarray:
+  if init.buffers != m:
+    raise checks.CheckError(f"initial BLT has {init.buffers} buffers, expected {m}")
+  theta_hat, _ = inverse(init.theta, init.omega)
+  u = np.empty(2 * m)
+  u[0::2], u[1::2] = np.sort(theta_hat), np.sort(init.theta)
+  if not (u[0] > 0 and u[-1] < 1 and np.all(np.diff(u) > 0)):
+    raise checks.CheckError("initial BLT must have interlaced decays 0 < θ̂_1 < θ_1 < … "
+                            "< θ_m < 1")
+  return 1.0 - u
+
+
+def _minimize(objective: _Objective, points: np.ndarray, max_iterations: int,
+              tolerance: float):
+  """L-BFGS-B from one start; (objective value, final points, scipy result)."""
+  y0 = _log_gaps(points)
+  # Log-gaps in [e^−30, 20]: adjacent points stay distinct (a collapsed pair is pruned
+  # afterwards) and 1 − θ stays far above underflow.
+  y0 = np.clip(y0, LOG_GAP_BOUNDS[0], LOG_GAP_BOUNDS[1])
+  value0, _ = objective.value_and_grad(y0)
+  if not math.isfinite(value0) or value0 <= 0:
+    return math.inf, points, None
+
+  def fun(y):
+    value, grad = objective.value_and_grad(y)
+    if not math.isfinite(value):
+      return 1e30, np.zeros_like(y)
+    return value / value0, grad / value0
+  res = scipy.optimize.minimize(
+      fun, y0, jac=True, method="L-BFGS-B", bounds=[LOG_GAP_BOUNDS] * y0.size,
+      options={"maxiter": int(max_iterations), "maxfun": 4 * int(max_iterations),
+               "ftol": tolerance, "gtol": 1e-10, "maxcor": 20})
+  return float(res.fun) * value0, _points(res.x), res
 
 
 def optimize(n: int, buffers: int = 4, *, min_sep: Optional[int] = None,
              max_participations: Optional[int] = None, error: str = "mean",
-             workload_a=None, init: Optional[BLT] = None, max_iterations: int = 2000,
-             tolerance: float = 1e-12, dense: bool = True) -> toeplitz.Result:
+             workload_a=None, init: Optional[BLT] = None, starts: int = 4,
+             max_iterations: int = 2000, tolerance: float = 1e-12, dense: bool = True,
+             extra_starts: Sequence[np.ndarray] = ()) -> toeplitz.Result:
   """BLT C with m = ``buffers`` buffers minimizing rmse² (or max_error²) under min-sep.
 
   rmse² = sens²·‖A·C⁻¹‖_F²/n, max_error² = sens²·max_i ‖(A·C⁻¹)[i, :]‖², sens under
   b-min-sep with ≤ k participations (single participation when min_sep is None),
-  minimized by L-BFGS over interlaced (θ̂, θ) (McMahan, Xu, Zhang 2024, arXiv:2408.08868).
-  ``workload_a``: None (prefix sum), a Toeplitz first column, or a lower-triangular A.
-  The reported sensitivity is recomputed from the final coefficients. B = A·C⁻¹ and C
-  are dense only when ``dense``; extras hold θ, ω, θ̂, ω̂.
+  minimized by L-BFGS over interlaced (θ̂, θ) (McMahan, Xu, Zhang 2024, arXiv:2408.08868)
+  from ``starts`` geometric initial grids (the objective has local minima under
+  multiple participations) or from ``init`` alone, plus ``extra_starts`` (interlaced
+  points 1 − u, decreasing); the best result is kept. ``workload_a``: None (prefix sum),
+  a Toeplitz first column, or a lower-triangular A. The reported sensitivity is
+  recomputed from the final coefficients. B = A·C⁻¹ and C are dense only when
+  ``dense``; extras hold θ, ω, θ̂, ω̂.
   """
   start = time.perf_counter()
   n = checks.positive_int(n, "n")
   m = checks.nonnegative_int(buffers, "buffers")
+  starts = checks.positive_int(starts, "starts")
   if error not in toeplitz.ERRORS:
     raise checks.CheckError(f"error must be one of {toeplitz.ERRORS}, got {error!r}")
   ms, k = toeplitz.participations(n, min_sep, max_participations)
   work = toeplitz.workload(n, workload_a)
   iterations, converged, message, evaluations = 0, True, "no buffers: C = I", 0
   if m == 0:
-    blt = BLT(np.zeros(0), np.zeros(0))
+    blt = inv = BLT(np.zeros(0), np.zeros(0))
   else:
     objective = _Objective(work, n, m, error, ms, k)
-    if init is None:
-      y0 = _log_gaps(initial_points(n, m))
-    else:
-      if init.buffers != m:
-        raise checks.CheckError(f"initial BLT has {init.buffers} buffers, expected {m}")
-      theta_hat, _ = inverse(init.theta, init.omega)
-      u = np.empty(2 * m)
-      u[0::2], u[1::2] = np.sort(theta_hat), np.sort(init.theta)
-      if not (u[0] > 0 and u[-1] < 1 and np.all(np.diff(u) > 0)):
-        raise checks.CheckError("initial BLT must have interlaced decays 0 < θ̂_1 < θ_1 < … "
-                                "< θ_m < 1")
-      y0 = _log_gaps(1.0 - u)
-    value0, _ = objective.value_and_grad(y0)
-    if not math.isfinite(value0) or value0 <= 0:
-      raise checks.CheckError(f"the initial BLT gives a non-finite objective ({value0})")
-
-    def fun(y):
-      value, grad = objective.value_and_grad(y)
-      if not math.isfinite(value):
-        return 1e30, np.zeros_like(y)
-      return value / value0, grad / value0
-    # Log-gaps in [e^−30, 20]: adjacent points stay distinct (a collapsed pair is pruned
-    # below) and 1 − θ stays far above underflow.
-    y0 = np.clip(y0, LOG_GAP_BOUNDS[0], LOG_GAP_BOUNDS[1])
-    res = scipy.optimize.minimize(
-        fun, y0, jac=True, method="L-BFGS-B", bounds=[LOG_GAP_BOUNDS] * (2 * m),
-        options={"maxiter": int(max_iterations), "maxfun": 4 * int(max_iterations),
-                 "ftol": tolerance, "gtol": 1e-10, "maxcor": 20})
-    points = _prune(_points(res.x))
+    candidates = [_interlaced_points(init, m)] if init is not None else \
+        _start_points(n, m, starts)
+    candidates += [np.asarray(p, dtype=np.float64) for p in extra_starts]
+    best = None
+    # Several starts are screened with a loose tolerance; the best one is then polished.
+    screen = len(candidates) > 1
+    for points0 in candidates:
+      if points0.shape != (2 * m,):
+        raise checks.CheckError(f"a start needs {2 * m} interlaced points, got {points0.shape}")
+      value, points, res = _minimize(objective, points0,
+                                     min(max_iterations, 300) if screen else max_iterations,
+                                     max(tolerance, 1e-9) if screen else tolerance)
+      if res is not None:
+        iterations += int(res.nit)
+        if best is None or value < best[0]:
+          best = (value, points, res)
+    if best is None:
+      raise checks.CheckError("every initial BLT gives a non-finite objective")
+    if screen:
+      value, points, res = _minimize(objective, best[1], max_iterations, tolerance)
+      iterations += int(res.nit) if res is not None else 0
+      if res is not None and value <= best[0]:
+        best = (value, points, res)
+    points = _prune(best[1])
     blt, inv = from_theta_pair(1.0 - points[1::2], 1.0 - points[0::2])
-    iterations, converged, message = int(res.nit), bool(res.success), str(res.message)
+    converged, message = bool(best[2].success), str(best[2].message)
     evaluations = objective.evaluations
-  if m == 0:
-    inv = blt
   c = blt.coefficients(n)
   h = inv.coefficients(n)
   sens = toeplitz.min_sep_sensitivity(c, n, min_sep, max_participations)
   figures = toeplitz.evaluate_inverse_column(h, sens, work)
   objective_value = (figures["rmse"] if error == "mean" else figures["max_error"]) ** 2
   info = {
-      "family": "blt", "n": n, "buffers": blt.buffers, "buffers_requested": m, "error": error, "workload": work.kind,
-      "min_sep": min_sep, "max_participations": k,
+      "family": "blt", "n": n, "buffers": blt.buffers, "buffers_requested": m,
+      "error": error, "workload": work.kind, "min_sep": min_sep, "max_participations": k,
       "sensitivity_exact": toeplitz.sensitivity_is_exact(c, n, min_sep, max_participations),
       **figures, "objective": objective_value, "iterations": iterations,
       "evaluations": evaluations, "converged": converged, "message": message,
@@ -380,3 +429,37 @@ def stream(params, n) -> streams.LinearStream:
       n=n, copies=-np.ones(m, np.int64), f=np.diag(inv.theta)[None, :, :],
       g=np.ones((1, m)), w_old=inv.omega[None, :].copy(), w_new=np.zeros((1, m)),
       c=np.ones(1), name=f"BLT C⁻¹ ({m} buffers)")
+
+
+def optimize_buffers(n: int, max_buffers: int = 8, rtol: float = 1.01,
+                     **kwargs) -> toeplitz.Result:
+  """``optimize`` with m = 1, 2, … buffers, stopping when one more buffer improves the
+  objective by less than the factor ``rtol`` (or at ``max_buffers``); the best result.
+
+  kwargs go to ``optimize`` (min_sep, max_participations, error, workload_a, dense, …).
+  """
+  max_buffers = checks.positive_int(max_buffers, "max_buffers")
+  rtol = checks.finite_float(rtol, "rtol")
+  dense = kwargs.pop("dense", True)
+  start = time.perf_counter()
+  best, tried = None, []
+  for m in range(1, max_buffers + 1):
+    extra = ()
+    if best is not None and best.info["buffers"] == m - 1:
+      previous = np.empty(2 * (m - 1))
+      previous[0::2] = 1.0 - best.extras["blt_inverse_theta"]
+      previous[1::2] = 1.0 - best.extras["blt_theta"]
+      extra = (_insert_pair(np.sort(previous)[::-1], n),)
+    result = optimize(n, m, dense=False, extra_starts=extra, **kwargs)
+    tried.append({"buffers": m, "objective": result.info["objective"]})
+    if best is not None and result.info["objective"] * rtol >= best.info["objective"]:
+      if result.info["objective"] < best.info["objective"]:
+        best = result
+      break
+    best = result
+  if dense:  # rebuild the dense factors from the chosen BLT (it is its own optimum)
+    best = optimize(n, best.info["buffers"], dense=True,
+                    init=BLT(best.extras["blt_theta"], best.extras["blt_omega"]), **kwargs)
+  best.info["buffers_tried"] = tried
+  best.info["seconds"] = time.perf_counter() - start
+  return best

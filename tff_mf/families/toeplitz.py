@@ -297,7 +297,8 @@ def _row_bound(coeffs: np.ndarray, min_sep: int, k: int) -> float:
   """
   a = np.abs(coeffs)
   b = a.shape[0]
-  r = np.correlate(a, a, mode="full")[b - 1:]
+  r = scipy.signal.fftconvolve(a, a[::-1])[b - 1:] if b > 256 else \
+      np.correlate(a, a, mode="full")[b - 1:]
   others = min(k - 1, 2 * ((b - 1) // min_sep))
   per_side = min(others, (b - 1) // min_sep)
   if per_side == 0:
@@ -307,9 +308,9 @@ def _row_bound(coeffs: np.ndarray, min_sep: int, k: int) -> float:
   prev = np.zeros(b)  # t = 0
   side = [0.0]
   for t in range(1, per_side + 1):
-    cur = np.full(b, neg)
-    for d in range(t * min_sep, b):
-      cur[d] = max(cur[d - 1], prev[d - min_sep] + r[d])
+    candidate = np.full(b, neg)
+    candidate[t * min_sep:] = prev[(t - 1) * min_sep:b - min_sep] + r[t * min_sep:]
+    cur = np.maximum.accumulate(candidate)
     side.append(max(side[-1], float(cur[b - 1])))
     prev = cur
   best = max(side[tl] + side[tr] for tl in range(per_side + 1)
