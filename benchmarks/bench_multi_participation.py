@@ -479,8 +479,8 @@ def write_markdown(result, path, png_name, command, load_before, load_after, tot
     lines.append(
         f"| {r['pair']} | {r['n']} | {r['k']} ({r['k_effective']}) | {r['min_sep']} | "
         f"{_fmt(r.get('ours_rmse'))} | {_fmt(r.get('theirs_rmse'))} | "
-        f"{_fmt(r.get('rmse_ratio'))} | {_fmt(r.get('ours_max_error'))} | "
-        f"{_fmt(r.get('theirs_max_error'))} | {_fmt(r.get('max_error_ratio'))} | "
+        f"{_fmt(r.get('rmse_ratio'), 6)} | {_fmt(r.get('ours_max_error'))} | "
+        f"{_fmt(r.get('theirs_max_error'))} | {_fmt(r.get('max_error_ratio'), 6)} | "
         f"{_secs(r, 'ours')} | {_secs(r, 'theirs')} | "
         f"{r.get('ours_detail') or '—'} | {r.get('theirs_detail') or '—'} | "
         f"{'yes' if exact else 'upper bound'} |")
@@ -493,8 +493,8 @@ def write_markdown(result, path, png_name, command, load_before, load_after, tot
     if r.get("rmse_ratio") is not None:
       ratios.setdefault(r["pair"], []).append(r["rmse_ratio"])
   for pair, values in ratios.items():
-    lines.append(f"- {pair}: rmse ratio ours/theirs from {min(values):.4f} to "
-                 f"{max(values):.4f} over {len(values)} configurations.")
+    lines.append(f"- {pair}: rmse ratio ours/theirs from {min(values):.6f} to "
+                 f"{max(values):.6f} over {len(values)} configurations.")
   lines += ["", "Optimization time at n = 10⁴ (prefix sums, tff-mf only; wall and CPU seconds "
             "of the whole call, no dense matrices; BLT: L-BFGS from 4 initial grids):", "",
             "| family | size | schema | rmse | iterations | converged | wall s | CPU s |",
