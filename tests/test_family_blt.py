@@ -60,7 +60,7 @@ WORKLOADS = {
 @pytest.mark.parametrize("error", ["mean", "max"])
 @pytest.mark.parametrize("min_sep,k,m", [(N, 1, 1), (N, 1, 3), (5, 4, 2), (3, None, 3)])
 def test_gradient_matches_finite_differences(name, error, min_sep, k, m):
-  work = toeplitz.workload(N, WORKLOADS[name])
+  work = toeplitz.workload_operator(N, WORKLOADS[name])
   k = toeplitz.participations(N, min_sep, k)[1]
   objective = blt._Objective(work, N, m, error, min_sep, k)  # pylint: disable=protected-access
   y = blt._log_gaps(blt.initial_points(N, m))  # pylint: disable=protected-access
@@ -73,7 +73,7 @@ def test_gradient_matches_finite_differences(name, error, min_sep, k, m):
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
 def test_factors_and_extras(name):
   a = WORKLOADS[name]
-  result = blt.optimize(N, 3, workload_a=a, min_sep=6, max_participations=4)
+  result = blt.optimize(N, 3, workload=a, min_sep=6, max_participations=4)
   a_dense = workloads.prefix_sum(N) if a is None else a
   checks.product(a_dense, result.b, result.c, "BLT", atol=1e-10)
   ex = result.extras
@@ -178,7 +178,7 @@ def test_optimized_beats_truncation_identity_and_improves_with_buffers():
     rmse = result.info["rmse"]
     same_memory = toeplitz.evaluate(mmcc.sqrt_prefix_coefficients(m + 1), n)["rmse"]
     assert result.info["converged"] and rmse < same_memory and rmse < identity
-    assert rmse <= previous * (1 + 1e-9)
+    assert rmse <= previous * (1 + 1e-7)  # more buffers never hurt (up to L-BFGS accuracy)
     previous = rmse
   # Close to the best banded Toeplitz C with all n bands (a 1% margin).
   full = toeplitz.optimize(n, n, dense=False).info["rmse"]

@@ -28,7 +28,7 @@ WORKLOADS = {
 @pytest.mark.parametrize("error", ["mean", "max"])
 @pytest.mark.parametrize("min_sep,k", [(N, 1), (4, 3), (16, 3)])
 def test_gradient_matches_finite_differences(name, error, min_sep, k):
-  work = toeplitz.workload(N, WORKLOADS[name])
+  work = toeplitz.workload_operator(N, WORKLOADS[name])
   assert work.kind == {"prefix": "prefix_sum", "momentum": "momentum", "cooldown": "dense",
                        "column": "toeplitz"}[name]
   objective = toeplitz._Objective(work, N, 8, error, min_sep, k)  # pylint: disable=protected-access
@@ -43,7 +43,7 @@ def test_gradient_matches_finite_differences(name, error, min_sep, k):
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
 def test_factors_reproduce_the_workload(name):
   a = WORKLOADS[name]
-  result = toeplitz.optimize(N, 6, workload_a=a, min_sep=8, max_participations=3)
+  result = toeplitz.optimize(N, 6, workload=a, min_sep=8, max_participations=3)
   a_dense = workloads.prefix_sum(N) if a is None else (
       toeplitz.lower_toeplitz(a) if a.ndim == 1 else a)
   checks.product(a_dense, result.b, result.c, "banded Toeplitz", atol=1e-10)
@@ -183,7 +183,7 @@ def test_refuses_bad_input():
   with pytest.raises(checks.CheckError):
     toeplitz.stream({"other": np.ones(2)}, 8)
   with pytest.raises(checks.CheckError):
-    toeplitz.workload(4, np.triu(np.ones((4, 4))))
+    toeplitz.workload_operator(4, np.triu(np.ones((4, 4))))
 
 
 def test_stream_float32_stability():

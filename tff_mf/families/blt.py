@@ -136,10 +136,10 @@ def sensitivity(blt: BLT, n: int, min_sep: Optional[int] = None,
   return toeplitz.min_sep_sensitivity(blt.coefficients(n), n, min_sep, max_participations)
 
 
-def evaluate(blt: BLT, n: int, workload_a=None, min_sep: Optional[int] = None,
+def evaluate(blt: BLT, n: int, workload=None, min_sep: Optional[int] = None,
              max_participations: Optional[int] = None) -> Dict[str, Any]:
   """rmse, max_error and sensitivity of the BLT C (O(n·m) for Toeplitz A)."""
-  work = toeplitz.workload(n, workload_a)
+  work = toeplitz.workload_operator(n, workload)
   c = blt.coefficients(n)
   sens = toeplitz.min_sep_sensitivity(c, n, min_sep, max_participations)
   out = toeplitz.evaluate_inverse_column(blt.inverse().coefficients(n), sens, work)
@@ -319,7 +319,7 @@ def _minimize(objective: _Objective, points: np.ndarray, max_iterations: int,
 
 def optimize(n: int, buffers: int = 4, *, min_sep: Optional[int] = None,
              max_participations: Optional[int] = None, error: str = "mean",
-             workload_a=None, init: Optional[BLT] = None, starts: int = 4,
+             workload=None, init: Optional[BLT] = None, starts: int = 4,
              max_iterations: int = 2000, tolerance: float = 1e-12, dense: bool = True,
              extra_starts: Sequence[np.ndarray] = ()) -> toeplitz.Result:
   """BLT C with m = ``buffers`` buffers minimizing rmse² (or max_error²) under min-sep.
@@ -329,7 +329,7 @@ def optimize(n: int, buffers: int = 4, *, min_sep: Optional[int] = None,
   minimized by L-BFGS over interlaced (θ̂, θ) (McMahan, Xu, Zhang 2024, arXiv:2408.08868)
   from ``starts`` geometric initial grids (the objective has local minima under
   multiple participations) or from ``init`` alone, plus ``extra_starts`` (interlaced
-  points 1 − u, decreasing); the best result is kept. ``workload_a``: None (prefix sum),
+  points 1 − u, decreasing); the best result is kept. ``workload``: None (prefix sum),
   a Toeplitz first column, or a lower-triangular A. The reported sensitivity is
   recomputed from the final coefficients. B = A·C⁻¹ and C are dense only when
   ``dense``; extras hold θ, ω, θ̂, ω̂.
@@ -341,8 +341,8 @@ def optimize(n: int, buffers: int = 4, *, min_sep: Optional[int] = None,
   if error not in toeplitz.ERRORS:
     raise checks.CheckError(f"error must be one of {toeplitz.ERRORS}, got {error!r}")
   ms, k = toeplitz.participations(n, min_sep, max_participations)
-  work = toeplitz.workload(n, workload_a)
-  iterations, converged, message, evaluations = 0, True, "no buffers: C = I", 0
+  work = toeplitz.workload_operator(n, workload)
+  iterations, converged, message, evaluations, gradient = 0, True, "no buffers: C = I", 0, 0.0
   if m == 0:
     blt = inv = BLT(np.zeros(0), np.zeros(0))
   else:
@@ -372,7 +372,9 @@ def optimize(n: int, buffers: int = 4, *, min_sep: Optional[int] = None,
         best = (value, points, res)
     points = _prune(best[1])
     blt, inv = from_theta_pair(1.0 - points[1::2], 1.0 - points[0::2])
-    converged, message = bool(best[2].success), str(best[2].message)
+    message = str(best[2].message)
+    gradient = toeplitz.projected_gradient_norm(best[2], [LOG_GAP_BOUNDS] * (2 * m))
+    converged = bool(best[2].success) or gradient <= toeplitz.GRADIENT_TOLERANCE
     evaluations = objective.evaluations
   c = blt.coefficients(n)
   h = inv.coefficients(n)
@@ -385,6 +387,7 @@ def optimize(n: int, buffers: int = 4, *, min_sep: Optional[int] = None,
       "sensitivity_exact": toeplitz.sensitivity_is_exact(c, n, min_sep, max_participations),
       **figures, "objective": objective_value, "iterations": iterations,
       "evaluations": evaluations, "converged": converged, "message": message,
+      "gradient_norm": gradient,
   }
   b_mat = c_mat = None
   if dense:
@@ -436,7 +439,7 @@ def optimize_buffers(n: int, max_buffers: int = 8, rtol: float = 1.01,
   """``optimize`` with m = 1, 2, … buffers, stopping when one more buffer improves the
   objective by less than the factor ``rtol`` (or at ``max_buffers``); the best result.
 
-  kwargs go to ``optimize`` (min_sep, max_participations, error, workload_a, dense, …).
+  kwargs go to ``optimize`` (min_sep, max_participations, error, workload, dense, …).
   """
   max_buffers = checks.positive_int(max_buffers, "max_buffers")
   rtol = checks.finite_float(rtol, "rtol")
