@@ -33,6 +33,8 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
     ("mmcc", "mmcc.md", (("benchmarks/bench_mmcc.py", "fig2"), ("benchmarks/bench_mmcc.py", "fig4"),
                          ("benchmarks/bench_mmcc.py", "speed"),
                          ("benchmarks/bench_mmcc.py", "report"))),
+    ("multi_participation", "multi_participation.md",
+     (("benchmarks/bench_multi_participation.py",),)),  # needs /tmp/peer (jax-privacy)
     ("data", "stackoverflow_data.md", (("benchmarks/stackoverflow_data.py",),)),
     ("main_job", "main_job.md", ()),  # measured with `make demo` (see the section)
     ("training", "training.md", (("benchmarks/training_pydocs.py",),)),

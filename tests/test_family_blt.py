@@ -1,0 +1,214 @@
+"""Buffered linear Toeplitz family (Dvijotham et al. 2024, arXiv:2404.16706; McMahan, Xu,
+Zhang 2024, arXiv:2408.08868): conversions, gradients, sensitivity, stream."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from tff_mf import checks
+from tff_mf import mmcc
+from tff_mf import workloads
+from tff_mf.families import blt
+from tff_mf.families import toeplitz
+
+THETA = np.array([0.995, 0.9, 0.5])
+THETA_HAT = np.array([0.97, 0.7, 0.2])
+
+
+def _fd_gradient(fun, x, eps=1e-6):
+  return np.array([(fun(x + eps * e) - fun(x - eps * e)) / (2 * eps) for e in np.eye(x.size)])
+
+
+def test_inverse_round_trip_and_closed_form():
+  c_blt, inv = blt.from_theta_pair(THETA, THETA_HAT)
+  assert np.all(c_blt.omega > 0) and np.all(inv.omega < 0)
+  # C⁻¹ from (θ, ω) alone (eigenvalues) equals the closed-form pair, and back again.
+  computed = c_blt.inverse()
+  np.testing.assert_allclose(np.sort(computed.theta), np.sort(THETA_HAT), rtol=1e-13)
+  np.testing.assert_allclose(computed.omega[np.argsort(computed.theta)],
+                             inv.omega[np.argsort(inv.theta)], rtol=1e-12)
+  back = computed.inverse()
+  np.testing.assert_allclose(back.theta[np.argsort(back.theta)], np.sort(THETA), rtol=1e-13)
+  np.testing.assert_allclose(back.omega[np.argsort(back.theta)],
+                             c_blt.omega[np.argsort(c_blt.theta)], rtol=1e-12)
+  # The coefficient sequences are inverse to each other (C·C⁻¹ = I), checked densely too.
+  n = 200
+  c, c_inv = c_blt.coefficients(n), inv.coefficients(n)
+  np.testing.assert_allclose(np.convolve(c, c_inv)[:n], np.eye(1, n)[0], atol=1e-14)
+  np.testing.assert_allclose(c_blt.matrix(n) @ inv.matrix(n), np.eye(n), atol=1e-13)
+  # Coefficients by definition: c_0 = 1, c_k = Σ ω θ^{k−1}.
+  assert c[0] == 1.0 and c[5] == pytest.approx(np.sum(c_blt.omega * THETA ** 4), rel=1e-14)
+  # Interlacing makes c positive and non-increasing.
+  assert toeplitz.is_nonincreasing_nonnegative(c)
+
+
+def test_inverse_refuses_complex_decays():
+  with pytest.raises(checks.CheckError, match="complex"):
+    blt.inverse([0.9, 0.8], [0.5, -0.5])
+
+
+N = 40
+WORKLOADS = {
+    "prefix": None,
+    "momentum": workloads.momentum_matrix(N, 0.8),
+    "cooldown": workloads.momentum_matrix(N, 0.8, workloads.learning_rates(N, "cooldown", 10)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+@pytest.mark.parametrize("error", ["mean", "max"])
+@pytest.mark.parametrize("min_sep,k,m", [(N, 1, 1), (N, 1, 3), (5, 4, 2), (3, None, 3)])
+def test_gradient_matches_finite_differences(name, error, min_sep, k, m):
+  work = toeplitz.workload_operator(N, WORKLOADS[name])
+  k = toeplitz.participations(N, min_sep, k)[1]
+  objective = blt._Objective(work, N, m, error, min_sep, k)  # pylint: disable=protected-access
+  y = blt._log_gaps(blt.initial_points(N, m))  # pylint: disable=protected-access
+  y = y + 0.2 * np.random.default_rng(m).normal(size=y.size)
+  _, grad = objective.value_and_grad(y)
+  fd = _fd_gradient(lambda x: objective.value_and_grad(x)[0], y)
+  np.testing.assert_allclose(grad, fd, rtol=0, atol=1e-6 * np.max(np.abs(grad)))
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_factors_and_extras(name):
+  a = WORKLOADS[name]
+  result = blt.optimize(N, 3, workload=a, min_sep=6, max_participations=4)
+  a_dense = workloads.prefix_sum(N) if a is None else a
+  checks.product(a_dense, result.b, result.c, "BLT", atol=1e-10)
+  ex = result.extras
+  assert set(ex) == set(blt.EXTRAS) and all(v.dtype == np.float64 for v in ex.values())
+  c_blt = blt.BLT(ex["blt_theta"], ex["blt_omega"])
+  np.testing.assert_allclose(result.c, c_blt.matrix(N), atol=1e-15)
+  np.testing.assert_allclose(
+      np.linalg.inv(result.c), blt.BLT(ex["blt_inverse_theta"], ex["blt_inverse_omega"]).matrix(N),
+      atol=1e-12)
+  assert np.all((ex["blt_theta"] > 0) & (ex["blt_theta"] < 1))
+  assert result.info["sensitivity_exact"]
+  assert result.info["sensitivity"] == pytest.approx(
+      toeplitz.min_sep_sensitivity(result.c[:, 0], N, 6, 4), rel=1e-14)
+  assert result.info["rmse"] == pytest.approx(
+      result.info["sensitivity"] * np.linalg.norm(result.b) / np.sqrt(N), rel=1e-12)
+
+
+def _float32_run(st, z):
+  """The LinearStream recurrence evaluated entirely in float32."""
+  state = np.zeros((st.k, z.shape[1]), np.float32)
+  tables = [np.asarray(t, np.float32) for t in st.tables(0)]
+  f, g, w_old, w_new, c = tables
+  out = np.empty(z.shape, np.float32)
+  copied = st.copies >= 0
+  for i in range(z.shape[0]):
+    new = f @ state + g[:, None] * z[i][None, :]
+    new[copied] = state[st.copies[copied]]
+    out[i] = w_old @ state + w_new @ new + c * z[i]
+    state = new
+  return out
+
+
+def test_stream_matches_inverse_and_is_float32_stable():
+  result = blt.optimize(256, 4)
+  st = blt.stream(result.extras, 256)
+  assert st.k == result.info["buffers"] and not st.time_varying
+  c_inv = np.linalg.inv(result.c)
+  np.testing.assert_allclose(st.noise_matrix(), c_inv, rtol=0,
+                             atol=1e-10 * np.max(np.abs(c_inv)))
+  c_blt = blt.BLT(result.extras["blt_theta"], result.extras["blt_omega"])
+  np.testing.assert_allclose(blt.stream(c_blt, 256).noise_matrix(), c_inv, atol=1e-10)
+  # float32: relative row error stays at float32 rounding over 2048 rounds.
+  n = 2048
+  long = blt.optimize(n, 4, dense=False)
+  st = blt.stream(long.extras, n)
+  z = np.random.default_rng(0).normal(size=(n, 16))
+  exact = st.run(z)
+  approx = _float32_run(st, z.astype(np.float32)).astype(np.float64)
+  rel = np.linalg.norm(approx - exact, axis=1) / np.linalg.norm(exact, axis=1)
+  assert np.max(rel) < 2e-6
+  assert np.max(rel[-256:]) < 4 * np.max(rel[:256]) + 1e-7  # not growing with the round
+
+
+def _patterns(n, min_sep, k):
+  for size in range(1, k + 1):
+    for rounds in itertools.combinations(range(n), size):
+      if all(b - a >= min_sep for a, b in zip(rounds, rounds[1:])):
+        yield rounds
+
+
+@pytest.mark.parametrize("n,min_sep,k", [(12, 3, 4), (11, 2, 3), (10, 4, None), (9, 1, 9)])
+def test_sensitivity_against_brute_force(n, min_sep, k):
+  c_blt, _ = blt.from_theta_pair(THETA, THETA_HAT)
+  c = c_blt.matrix(n)
+  k_fit = toeplitz.participations(n, min_sep, k)[1]
+  best_rounds, best = None, 0.0
+  for rounds in _patterns(n, min_sep, k_fit):
+    for signs in itertools.product((1.0, -1.0), repeat=len(rounds)):
+      value = np.linalg.norm(c[:, rounds] @ np.array(signs))
+      if value > best + 1e-12:
+        best_rounds, best = rounds, value
+  sens = blt.sensitivity(c_blt, n, min_sep, k)
+  assert sens == pytest.approx(best, rel=1e-12)
+  # The worst pattern is 0, min_sep, 2·min_sep, … (non-negative non-increasing coefficients).
+  assert best_rounds == tuple(range(0, min_sep * k_fit, min_sep))[:len(best_rounds)]
+  assert np.linalg.norm(c[:, best_rounds].sum(axis=1)) == pytest.approx(best, rel=1e-12)
+  rng = np.random.default_rng(2)
+  patterns = list(_patterns(n, min_sep, k_fit))
+  for _ in range(200):
+    rounds = patterns[rng.integers(len(patterns))]
+    g = rng.normal(size=(len(rounds), 4))
+    g /= np.linalg.norm(g, axis=1, keepdims=True)
+    assert np.linalg.norm(c[:, rounds] @ g) <= sens * (1 + 1e-12)
+
+
+def test_sensitivity_upper_bound_without_monotone_coefficients():
+  n, min_sep, k = 10, 2, 4
+  odd = blt.BLT([0.9, 0.3], [0.9, -0.6])  # coefficients rise then fall: not monotone
+  c = odd.matrix(n)
+  assert not toeplitz.is_nonincreasing_nonnegative(c[:, 0])
+  x = np.abs(c.T @ c)
+  worst = max(np.sum(x[np.ix_(r, r)]) for r in _patterns(n, min_sep, k))
+  assert blt.sensitivity(odd, n, min_sep, k) >= np.sqrt(worst) * (1 - 1e-12)
+
+
+def test_optimized_beats_truncation_identity_and_improves_with_buffers():
+  n = 512
+  identity = toeplitz.evaluate([1.0], n)["rmse"]
+  previous = identity
+  for m in range(1, 6):
+    result = blt.optimize(n, m, dense=False)
+    rmse = result.info["rmse"]
+    same_memory = toeplitz.evaluate(mmcc.sqrt_prefix_coefficients(m + 1), n)["rmse"]
+    assert result.info["converged"] and rmse < same_memory and rmse < identity
+    assert rmse <= previous * (1 + 1e-7)  # more buffers never hurt (up to L-BFGS accuracy)
+    previous = rmse
+  # Close to the best banded Toeplitz C with all n bands (a 1% margin).
+  full = toeplitz.optimize(n, n, dense=False).info["rmse"]
+  assert full * (1 - 1e-9) <= previous <= 1.01 * full
+
+
+def test_min_sep_optimization_and_max_error():
+  n, min_sep, k = 256, 16, 8
+  result = blt.optimize(n, 3, min_sep=min_sep, max_participations=k, dense=False)
+  assert result.info["sensitivity_exact"] and result.info["max_participations"] == k
+  assert result.info["rmse"] < toeplitz.evaluate([1.0], n, None, min_sep, k)["rmse"]
+  single = blt.optimize(n, 3, dense=False)
+  assert blt.evaluate(blt.BLT(single.extras["blt_theta"], single.extras["blt_omega"]), n, None,
+                      min_sep, k)["rmse"] >= result.info["rmse"] * (1 - 1e-9)
+  worst = blt.optimize(n, 3, error="max", dense=False)
+  assert worst.info["max_error"] <= single.info["max_error"] * (1 + 1e-9)
+
+
+def test_init_and_refusals():
+  start, _ = blt.from_theta_pair(THETA, THETA_HAT)
+  result = blt.optimize(64, 3, init=start, dense=False)
+  assert result.info["rmse"] <= blt.evaluate(start, 64)["rmse"]
+  with pytest.raises(checks.CheckError):
+    blt.optimize(64, 2, init=start)
+  with pytest.raises(checks.CheckError, match="interlaced"):
+    blt.optimize(64, 1, init=blt.BLT([0.9], [2.0]))  # θ̂ = −1.1
+  with pytest.raises(checks.CheckError, match="diverges"):
+    blt.stream(blt.BLT([0.5], [-1.0]), 8)  # C⁻¹ decays by 1.5
+  with pytest.raises(checks.CheckError, match="lack"):
+    blt.stream({"blt_theta": THETA}, 8)
+  identity = blt.optimize(8, 0)
+  np.testing.assert_array_equal(identity.c, np.eye(8))
+  assert blt.stream(identity.extras, 8).k == 0
