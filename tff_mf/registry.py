@@ -86,7 +86,7 @@ _MCMAHAN = "McMahan, Rush, Thakurta, arXiv:2202.08312 (v1)"
 _MULTI_EPOCH = "Choquette-Choo et al. 2023, arXiv:2211.06530"
 _BANDED = "Choquette-Choo et al. 2023, arXiv:2306.08153"
 _TOEPLITZ = "McKenna 2024, arXiv:2405.15913"
-_BLT = "Dvijotham et al. 2024, arXiv:2404.16706; McMahan et al. 2024, arXiv:2408.08868"
+_BLT = "Dvijotham et al. 2024, arXiv:2404.16706; McMahan, Xu, Zhang 2024, arXiv:2408.08868"
 
 STRATEGIES: Dict[str, Strategy] = {s.name: s for s in (
     Strategy("optimal", "dense", "optimal",
@@ -110,8 +110,7 @@ STRATEGIES: Dict[str, Strategy] = {s.name: s for s in (
     Strategy("banded_toeplitz", "toeplitz", "banded Toeplitz",
              "b-banded Toeplitz C with optimized coefficients", PARTICIPATIONS, True, _TOEPLITZ),
     Strategy("blt", "blt", "BLT",
-             "buffered linear Toeplitz C with m buffers, optimized", ("single", "min_sep"), True,
-             _BLT),
+             "buffered linear Toeplitz C with m buffers, optimized", PARTICIPATIONS, True, _BLT),
 )}
 
 MECHANISMS: Dict[str, Mechanism] = {m.name: m for m in (

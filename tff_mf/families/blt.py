@@ -466,3 +466,33 @@ def optimize_buffers(n: int, max_buffers: int = 8, rtol: float = 1.01,
   best.info["buffers_tried"] = tried
   best.info["seconds"] = time.perf_counter() - start
   return best
+
+
+# ----------------------------------------------------------------------------- family interface
+
+# Bumped whenever the output for the same inputs changes (part of the cache key).
+VERSION = "1"
+
+
+def factorize(a: np.ndarray, spec, context):
+  """The optimized BLT C with ``spec.buffers`` buffers for A under the spec's schema."""
+  from tff_mf.families import FamilyResult  # pylint: disable=g-import-not-at-top
+  del context
+  min_sep, k = toeplitz.schema_arguments(spec.participation, a.shape[0])
+  result = optimize(a.shape[0], spec.buffers, min_sep=min_sep, max_participations=k,
+                    error=spec.error, workload=a)
+  return FamilyResult(b=result.b, c=result.c, info=dict(result.info), extras=dict(result.extras))
+
+
+def check_extras(f) -> None:
+  """(θ, ω), divided by the stored γ, rebuild the normalized C, and (θ̂, ω̂) is its inverse."""
+  gamma = float(np.asarray(f.extras["normalization"])[0])
+  blt = BLT(f.extras["blt_theta"], f.extras["blt_omega"])
+  scale = max(1.0, float(np.max(np.abs(f.c))))
+  err = float(np.max(np.abs(blt.matrix(f.n) / gamma - f.c)))
+  if err > 1e-10 * scale:
+    raise checks.CheckError(f"BLT parameters do not rebuild C (error {err:.3g})")
+  inv = BLT(f.extras["blt_inverse_theta"], f.extras["blt_inverse_omega"])
+  err = float(np.max(np.abs(inv.matrix(f.n) @ blt.matrix(f.n) - np.eye(f.n))))
+  if err > 1e-8:
+    raise checks.CheckError(f"stored BLT inverse is not C⁻¹ (error {err:.3g})")

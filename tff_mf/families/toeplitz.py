@@ -570,3 +570,40 @@ def stream(params, n) -> streams.LinearStream:
   n = _rounds(n)
   return streams.lower_banded_inverse(f[None, :min(f.shape[0], n)], n,
                                       name="banded Toeplitz C⁻¹")
+
+
+# ----------------------------------------------------------------------------- family interface
+
+# Bumped whenever the output for the same inputs changes (part of the cache key).
+VERSION = "1"
+
+
+def schema_arguments(schema, n: int) -> Tuple[Optional[int], Optional[int]]:
+  """(min_sep, max_participations) a schema is optimized under: fixed-epoch (k, b) patterns
+  are b-separated with k rounds, so b-min-sep with ≤ k participations covers them."""
+  if schema.kind == "min_sep":
+    return schema.min_sep, schema.max_participations
+  if schema.kind == "fixed_epoch":
+    return n // schema.epochs, schema.epochs
+  return None, None
+
+
+def factorize(a: np.ndarray, spec, context):
+  """The optimized b-banded Toeplitz C for A under the spec's schema (``optimize``)."""
+  from tff_mf.families import FamilyResult  # pylint: disable=g-import-not-at-top
+  del context
+  min_sep, k = schema_arguments(spec.participation, a.shape[0])
+  result = optimize(a.shape[0], spec.bands, workload=a, error=spec.error, min_sep=min_sep,
+                    max_participations=k)
+  return FamilyResult(b=result.b, c=result.c, info=dict(result.info), extras=dict(result.extras))
+
+
+def check_extras(f) -> None:
+  """The stored coefficients, divided by the stored γ, rebuild the normalized C."""
+  gamma = float(np.asarray(f.extras["normalization"])[0])
+  coeffs = checks.real_array(f.extras["toeplitz_coefficients"], "Toeplitz coefficients")
+  column = np.zeros(f.n)
+  column[:min(coeffs.size, f.n)] = coeffs[:f.n]
+  err = float(np.max(np.abs(lower_toeplitz(column) / gamma - f.c)))
+  if err > 1e-12 * max(1.0, float(np.max(np.abs(f.c)))):
+    raise checks.CheckError(f"Toeplitz coefficients do not rebuild C (error {err:.3g})")
