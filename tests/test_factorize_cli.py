@@ -173,8 +173,8 @@ def test_invalid_matrix_files_fail_with_one_line(tmp_path, name, matrix, message
 @pytest.mark.parametrize("args,message", [
     (("--strategy", "optimal"), "--n is required"),
     (("--strategy", "optimal", "--n", 0), "--n must be"),
-    (("--strategy", "identity", "--n", 8, "--bands", 2), "bands does not apply"),
-    (("--strategy", "identity", "--n", 8, "--rank", 2), "--rank applies to"),
+    (("--strategy", "identity", "--n", 8, "--bands", 2), "--bands does not apply"),
+    (("--strategy", "identity", "--n", 8, "--rank", 2), "--rank does not apply"),
     (("--strategy", "structured", "--n", 8, "--bands", 0, "--rank", 1), "bands"),
     (("--workload", "momentum", "--momentum", 1.5, "--strategy", "identity", "--n", 8), "[0, 1)"),
     (("--workload", "momentum", "--lr-schedule", "decay", "--schedule-rounds", 99,

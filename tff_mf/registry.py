@@ -218,3 +218,36 @@ def default_structure(n: int) -> Tuple[int, int]:
   total = max(1, int(math.ceil(math.log2(max(n, 2)))))
   h = (total + 1) // 2
   return h, total - h
+
+
+# Largest default band count of banded strategies: their noise state is b − 1 model rows.
+DEFAULT_MAX_BANDS = 64
+DEFAULT_SINGLE_PARTICIPATION_BANDS = 16
+DEFAULT_BLT_BUFFERS = 4
+
+
+def default_parameters(strategy_name: str, n: int, schema=None) -> Dict[str, int]:
+  """The strategy parameters used when a caller gives none.
+
+  structured: ``default_structure(n)``. banded, banded_toeplitz: b = the schema's
+  separation (min-sep b, or n/k for k fixed epochs; bands ≤ separation make the
+  sensitivity exact, Choquette-Choo et al. 2023, arXiv:2306.08153), at most
+  ``DEFAULT_MAX_BANDS``, and ``DEFAULT_SINGLE_PARTICIPATION_BANDS`` under single
+  participation. blt: ``DEFAULT_BLT_BUFFERS`` buffers.
+  """
+  strategy(strategy_name)
+  if strategy_name == "structured":
+    h, r = default_structure(n)
+    return {"bands": h, "rank": r}
+  if strategy_name in ("banded", "banded_toeplitz"):
+    kind = getattr(schema, "kind", "single")
+    if kind == "min_sep":
+      bands = schema.min_sep
+    elif kind == "fixed_epoch":
+      bands = n // schema.epochs
+    else:
+      bands = DEFAULT_SINGLE_PARTICIPATION_BANDS
+    return {"bands": max(1, min(n, bands, DEFAULT_MAX_BANDS))}
+  if strategy_name == "blt":
+    return {"buffers": DEFAULT_BLT_BUFFERS}
+  return {}

@@ -97,24 +97,14 @@ def spec_from_args(args: argparse.Namespace):
   from tff_mf import checks, registry, strategies  # pylint: disable=g-import-not-at-top
   workload = workload_from_args(args)
   schema = participation_from_args(args, workload.n)
-  params = {}
-  if args.strategy == "structured":
-    h, r = registry.default_structure(workload.n)
-    params = {"bands": h if args.bands is None else args.bands,
-              "rank": r if args.rank is None else args.rank}
-  else:
-    if args.rank is not None:
-      raise checks.CheckError("--rank applies to --strategy structured only")
-    if args.bands is not None:
-      params["bands"] = args.bands
-    elif args.strategy in ("banded", "banded_toeplitz"):
-      if schema.kind != "min_sep":
-        raise checks.CheckError(f"--strategy {args.strategy} needs --bands")
-      params["bands"] = schema.min_sep
-  if args.buffers is not None:
-    params["buffers"] = args.buffers
-  elif args.strategy == "blt":
-    params["buffers"] = 4
+  params = registry.default_parameters(args.strategy, workload.n, schema)
+  for flag in ("bands", "rank", "buffers"):
+    value = getattr(args, flag)
+    if value is None:
+      continue
+    if flag not in params:
+      raise checks.CheckError(f"--{flag} does not apply to --strategy {args.strategy}")
+    params[flag] = value
   if args.error is not None:
     params["error"] = args.error
   if args.strategy in ("optimal", "structured"):
@@ -159,10 +149,11 @@ def register(subparsers) -> None:
   add_participation_arguments(parser)
   group = parser.add_argument_group("strategy parameters")
   group.add_argument("--bands", type=int, default=None, metavar="B",
-                     help="structured: diagonals h kept exactly (default ⌈log₂n/2⌉); banded, "
-                          "banded_toeplitz: bands b of C (default: --min-sep)")
+                     help="structured: diagonals h kept exactly (default: ⌈log₂n/2⌉); banded, "
+                          "banded_toeplitz: bands b of C (default: the schema's separation, "
+                          "at most 64; 16 under single participation)")
   group.add_argument("--rank", type=int, default=None, metavar="R",
-                     help="structured: rank r of the low-rank part (default ⌊log₂n/2⌋)")
+                     help="structured: rank r of the low-rank part (default: ⌊log₂n/2⌋)")
   group.add_argument("--buffers", type=int, default=None, metavar="M",
                      help="blt: buffers m (default: 4)")
   group.add_argument("--error", choices=("mean", "max"), default=None,

@@ -240,15 +240,9 @@ def _matrix_factorization(cfg: MechanismConfig, info: Dict[str, Any]):
   w_spec = cfg.workload
   factorized = workloads.WorkloadSpec("prefix_sum", cfg.n) if m.post_processes_prefix_decoder \
       else w_spec
-  params = {}
-  if m.strategy == "structured":
-    h0, r0 = registry.default_structure(cfg.n)
-    params = {"bands": cfg.bands if cfg.bands is not None else h0,
-              "rank": cfg.rank if cfg.rank is not None else r0}
-  elif cfg.bands is not None:
-    params = {"bands": cfg.bands}
-  elif cfg.buffers is not None:
-    params = {"buffers": cfg.buffers}
+  params = registry.default_parameters(m.strategy, cfg.n, cfg.participation)
+  params.update({k: v for k, v in (("bands", cfg.bands), ("rank", cfg.rank),
+                                   ("buffers", cfg.buffers)) if v is not None and k in params})
   # C is optimized for the schema where its strategy can be; the noise stream computes the
   # sensitivity under the schema from C either way.
   optimized_for = (cfg.participation if cfg.participation.kind in
