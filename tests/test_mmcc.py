@@ -9,7 +9,7 @@ from scipy import stats
 
 from tff_mf import accounting
 from tff_mf import mmcc
-from tff_mf import tree
+from tff_mf.families import tree
 
 DELTA = 1e-6
 FAST = dict(workers=1, grid_resolution=8)

@@ -78,7 +78,7 @@ from scipy import special
 from scipy import stats
 
 from tff_mf import accounting
-from tff_mf import tree
+from tff_mf.families import tree
 
 STRATEGIES = ("identity", "binary_tree", "tree_restart", "banded_toeplitz")
 
