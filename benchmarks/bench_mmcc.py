@@ -1,4 +1,4 @@
-"""MMCC reproductions and speed benchmark (Choquette-Choo et al. 2024, ``004_…``).
+"""MMCC reproductions and speed benchmark (Choquette-Choo et al. 2024, arXiv:2310.15526).
 
 Parts (each writes ``benchmarks/results/mmcc_<part>.json`` and, with
 ``report``, the markdown ``benchmarks/results/mmcc.md`` plus PNGs):

@@ -1,4 +1,4 @@
-"""MMCC (Choquette-Choo et al. 2024, ``004_…``): amplification for matrix mechanisms."""
+"""MMCC (Choquette-Choo et al. 2024, arXiv:2310.15526): amplification for matrix mechanisms."""
 
 import itertools
 

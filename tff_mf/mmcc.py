@@ -1,7 +1,7 @@
 """MMCC: privacy amplification by sampling for matrix mechanisms (numpy + dp_accounting).
 
 Choquette-Choo, Ganesh, Steinke, Thakurta, *Privacy Amplification for Matrix
-Mechanisms* (ICLR 2024, ``004_…``). A matrix mechanism releases C·x + z,
+Mechanisms* (ICLR 2024, arXiv:2310.15526). A matrix mechanism releases C·x + z,
 z ~ N(0, σ²) per entry, where each example joins each round independently with
 probability p and contributes at most 1 in L2 norm. ``mmcc`` returns an ε such
 that the mechanism is (ε, δ)-DP with δ = δ1 + δ2 (Thm 4.3):
@@ -17,7 +17,9 @@ that the mechanism is (ε, δ)-DP with δ = δ1 + δ2 (Thm 4.3):
 
 The b-min-sep generalization (App D, Figs 6-7) covers sampling schemes where
 an example may join only every b-th round with probability b·p (DP-FTRL-
-TreeRestart, banded matrices of Choquette-Choo et al. 2023a).
+TreeRestart, banded matrices of Choquette-Choo et al. 2023, arXiv:2306.08153).
+Here, as in App D, ``sampling_prob`` p is the average rate; ``tff_mf.accounting``
+takes the probability b·p of joining an eligible round instead.
 
 EVERY APPROXIMATION HERE ONLY OVER-ESTIMATES ε (App F):
 - entries of C are rounded UP to a grid of step Δ2 (F.2; Lemma B.2 / B.4:
@@ -36,7 +38,14 @@ EVERY APPROXIMATION HERE ONLY OVER-ESTIMATES ε (App F):
   ``mixture_tail_mass``) is MOVED UP to the row's largest possible sensitivity
   (stochastic dominance, Cor B.3), which keeps mixtures small;
 - PLDs use dp_accounting's pessimistic connect-the-dots discretization and
-  its pessimistic tail truncation (truncated mass counts as infinite loss);
+  its pessimistic tail truncation (truncated mass counts as infinite loss).
+  The grid step is ``pld_discretization`` unless some row's privacy-loss range
+  would need more than ``MAX_ROW_POINTS`` points (tiny σ); then all rows use
+  the coarser step that fits (still pessimistic, so still an upper bound), and
+  a range that needs a step above ``accounting.PLD_MAX_DISCRETIZATION`` is
+  refused (MMCCNumericError). Where dp_accounting's search for the left
+  truncation point fails by one ulp, the end of its search interval is used
+  (all mass left of it counts as infinite loss);
 - the inverse privacy loss (App F.1) is, as in dp_accounting, the smallest
   point x of a fine grid (step 1e-9) whose loss is ≤ ℓ; we find it by a
   vectorized safeguarded Newton search instead of dp_accounting's recursive
@@ -50,7 +59,7 @@ probabilities and PLD arithmetic.
 Adaptivity (footnote 7, Lemma B.4) needs C lower triangular with rows in
 release order and non-negative entries (Lemma C.3 uses non-negativity). C may
 have more rows than columns when its rows are in release order (the binary
-tree: a node is released in the round of its last leaf, ``tff_mf.tree``).
+tree: a node is released in the round of its last leaf, ``tff_mf.families.tree``).
 Other matrices are rejected unless the caller asserts ``non_adaptive=True``
 (data fixed in advance), where any row order is valid (Observation 3.2) and
 negative entries are replaced by their absolute values (the triangle
