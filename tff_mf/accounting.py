@@ -49,6 +49,7 @@ returning a z whose ε was evaluated to be at most the target.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -634,6 +635,9 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
   pld_discretization = checks.positive_float(pld_discretization, "pld_discretization")
   n = c.shape[1]
   b = sampling_min_sep(schema, n)
+  if schema.kind == "min_sep" and schema.max_participations is None:
+    schema = dataclasses.replace(schema, max_participations=-(-n // b))
+    record.update(participation=schema.label, schema=schema.as_dict())
   sens, sens_exact = poisson_sensitivity(c, b)
   unamplified = epsilon(z, delta, accountant, sensitivity=sens)
   record.update(sampling_prob=p, min_sep=b, sensitivity=sens, sensitivity_exact=sens_exact,
