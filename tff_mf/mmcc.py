@@ -463,16 +463,33 @@ def _fast_mog_class():
         converged = ok & (np.abs(newton - x) <= 0.01 * precision)
         inside = ok & (newton >= lo) & (newton <= hi)
         x = np.where(inside, newton, 0.5 * (lo + hi))
-        if np.all(converged | (hi - lo <= 0.01 * precision)):
+        done = converged | (hi - lo <= 0.01 * precision)
+        if np.all(done):
           break
-      out = np.ceil(np.maximum(x, lo) / precision) * precision
-      for _ in range(1000):
-        bad = self._loss_and_slope(out)[0] > target
-        if not np.any(bad):
-          break
-        out = np.where(bad, out + precision, out)
       else:
-        raise RuntimeError("inverse privacy loss did not converge")
+        # Newton stalled somewhere (kinks where mixture components trade dominance):
+        # plain bisection there until the bracket is tight; hi keeps loss ≤ ℓ.
+        idx = np.nonzero(~done)[0]
+        for _ in range(200):
+          idx = idx[hi[idx] - lo[idx] > 0.01 * precision]
+          if idx.size == 0:
+            break
+          mid = 0.5 * (lo[idx] + hi[idx])
+          above = self._loss_and_slope(mid)[0] > target[idx]
+          lo[idx] = np.where(above, mid, lo[idx])
+          hi[idx] = np.where(above, hi[idx], mid)
+        x = np.where(done, x, hi)
+      out = np.ceil(np.maximum(x, lo) / precision) * precision
+      bad = np.nonzero(self._loss_and_slope(out)[0] > target)[0]
+      for _ in range(64):
+        if bad.size == 0:
+          break
+        out[bad] += precision
+        bad = bad[self._loss_and_slope(out[bad])[0] > target[bad]]
+      if bad.size:
+        # Rounding noise on a flat stretch of the loss: the bracket's upper end had loss
+        # ≤ ℓ when evaluated, so (monotone loss) its grid point upward is the inverse.
+        out[bad] = np.maximum(out[bad], np.ceil(hi[bad] / precision) * precision)
       return out
 
   return FastMixtureGaussianPrivacyLoss
