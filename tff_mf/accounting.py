@@ -433,14 +433,70 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float,
     tolerance = _check_tolerance(tolerance)
   else:
     tolerance = checks.positive_float(tolerance, "tolerance")
-  lo, hi = _exact_calibration(target, delta, sens)
 
   def ok(z):
     return epsilon(z, delta, accountant, sensitivity=sens) <= target
 
-  z, _ = _calibrate(ok, hi if accountant == "exact" else hi * 1.001, tolerance, relative,
-                    lo=lo)
-  return float(z)
+  if accountant == "exact":
+    lo, hi = _exact_calibration(target, delta, sens)
+    z, _ = _calibrate(ok, hi, tolerance, relative, lo=lo)
+    return float(z)
+  return _calibrate_bracketed(ok, target, delta, sens, tolerance, relative)
+
+
+def _calibrate_bracketed(ok: Callable[[float], bool], target: float, delta: float, sens: float,
+                         tolerance: float, relative: bool) -> float:
+  """Calibration for an accountant that upper-bounds the exact Gaussian ε (PLD, RDP).
+
+  A z that fails the exact test fails the accountant's too, so the exact formula
+  brackets first (to 1e-6); then the accountant is searched upward from there in
+  growing steps and bisected to the tolerance. (This is the search tff-mf has always
+  used, so its results are unchanged; the exact test is now evaluated in log space.)
+  """
+  log_delta = math.log(delta)
+
+  def exact_ok(z):
+    m = z / sens
+    return m > 0.0 and _gaussian_log_delta(m, target, upper=False) <= log_delta
+
+  hi = 1.0 * sens
+  while not exact_ok(hi):
+    hi *= 2.0
+    if hi > _MAX_NOISE_MULTIPLIER:
+      raise AccountingError(f"no noise multiplier up to {_MAX_NOISE_MULTIPLIER:g} reaches "
+                            f"epsilon {target} at delta {delta}")
+  lo = hi / 2.0
+  while exact_ok(lo):
+    hi, lo = lo, lo / 2.0
+  for _ in range(60):  # exact bisection to 1e-6 relative: lo fails, hi passes
+    if hi - lo <= 1e-6 * hi:
+      break
+    mid = 0.5 * (lo + hi)
+    if exact_ok(mid):
+      hi = mid
+    else:
+      lo = mid
+  # lo fails the exact test, hence the accountant's. Find an accountant-passing hi.
+  step = 1.01
+  hi = lo * step
+  while not ok(hi):
+    lo, hi = hi, hi * step
+    step = step ** 2
+    if hi > _MAX_NOISE_MULTIPLIER:
+      raise AccountingError(f"no noise multiplier up to {_MAX_NOISE_MULTIPLIER:g} reaches "
+                            f"epsilon {target} at delta {delta}")
+  # Invariant: ε(lo) > target ≥ ε(hi).
+  while True:
+    tol = tolerance * hi if relative else tolerance
+    if hi - lo <= tol:
+      return float(hi)
+    mid = 0.5 * (lo + hi)
+    if not lo < mid < hi:
+      return float(hi)
+    if ok(mid):
+      hi = mid
+    else:
+      lo = mid
 
 
 # ----------------------------------------------------------------------------- schemas and C
