@@ -764,20 +764,72 @@ def calibrate(c: Optional[np.ndarray], schema, target_epsilon: float, delta: flo
     raise checks.CheckError(f"amplification {analysis!r} needs the encoder C")
   b = sampling_min_sep(schema, c.shape[1])
   sens, _ = poisson_sensitivity(c, b)
-  lo, hi = _exact_calibration(target, delta, sens)
-  cache: Dict[float, Dict[str, Any]] = {}
+  # The unamplified calibration passes for every analysis (each reports at most the
+  # unamplified bound), so it is where the search starts.
+  hi = calibrate_noise_multiplier(target, delta, accountant, tolerance, sensitivity=sens)
+  records: Dict[float, Dict[str, Any]] = {}
 
-  def ok(z):
-    cache[z] = epsilon_for(c, schema, z, delta, analysis, sampling_prob, accountant, **options)
-    return cache[z]["epsilon"] <= target
+  def eps_of(z):
+    try:
+      records[z] = epsilon_for(c, schema, z, delta, analysis, sampling_prob, accountant,
+                               **options)
+    except AccountingError:
+      if not records:  # the inputs themselves are refused
+        raise
+      return math.inf  # below a z that worked, the analysis gave up: treat as failing
+    return records[z]["epsilon"]
 
-  if accountant != "exact":
-    hi = calibrate_noise_multiplier(target, delta, accountant, tolerance, sensitivity=sens)
-  z, evaluations = _calibrate(ok, hi, tolerance)
-  record = cache[z] if z in cache else epsilon_for(c, schema, z, delta, analysis,
-                                                   sampling_prob, accountant, **options)
+  z, evaluations = _calibrate_interpolated(eps_of, target, hi, tolerance)
+  record = records[z]
   record.update(target_epsilon=target, tolerance=tolerance, evaluations=evaluations)
   return record
+
+
+def _calibrate_interpolated(eps_of: Callable[[float], float], target: float, hi: float,
+                            tolerance: float) -> Tuple[float, int]:
+  """Smallest z (to relative ``tolerance``) with eps_of(z) ≤ target, in few evaluations.
+
+  For a costly ε(z) (MMCC, amplified banded). Keeps a bracket ε(lo) > target ≥ ε(hi)
+  and probes just above, then just below, the root estimated by interpolating log ε
+  against log z between the bracket ends; for a smooth ε two or three probes close the
+  bracket once the estimate is good. After two probes in a row that do not halve the
+  bracket, one geometric bisection. Returns (hi, evaluations): hi was evaluated to pass.
+  """
+  values: Dict[float, float] = {}
+
+  def f(z):
+    values[z] = eps_of(z)
+    return values[z]
+
+  while f(hi) > target:
+    hi *= 2.0
+    if hi > _MAX_NOISE_MULTIPLIER:
+      raise AccountingError(f"no noise multiplier up to {_MAX_NOISE_MULTIPLIER:g} reaches "
+                            f"epsilon {target}")
+  lo = hi / 2.0
+  while f(lo) <= target:
+    hi, lo = lo, lo / 2.0
+    if lo == 0.0:
+      return hi, len(values)
+  side, slow = 1.0, 0
+  while hi - lo > tolerance * hi:
+    width = hi - lo
+    e_lo, e_hi = values[lo], values[hi]
+    probe = math.sqrt(lo * hi)
+    bisect = slow >= 2
+    if not bisect and math.isfinite(e_lo) and 0.0 < e_hi < e_lo:
+      t = (math.log(e_lo) - math.log(target)) / (math.log(e_lo) - math.log(e_hi))
+      probe = math.exp(math.log(lo) + t * (math.log(hi) - math.log(lo)))
+      probe *= 1.0 + side * 0.3 * tolerance
+      probe = min(max(probe, lo + 0.01 * width), hi - 0.01 * width)
+    if not lo < probe < hi:
+      break
+    if f(probe) <= target:
+      hi, side = probe, -1.0
+    else:
+      lo, side = probe, 1.0
+    slow = 0 if bisect or hi - lo <= 0.5 * width else slow + 1
+  return hi, len(values)
 
 
 def summary(noise_multiplier: float, delta: float, accountant: str = DEFAULT_ACCOUNTANT,

@@ -102,7 +102,7 @@ DEFAULT_MAX_COMPONENTS = 128
 # Largest number of privacy-loss grid points of one row's PLD. At tiny σ the loss
 # range grows like (max sensitivity / σ)²; the grid is then coarsened for all rows
 # (a coarser pessimistic grid is still an upper bound), which bounds memory and time.
-MAX_ROW_POINTS = 1 << 20
+MAX_ROW_POINTS = 1 << 19
 # Standard deviations of noise on either side of a row's support that a PLD's
 # privacy-loss range is estimated to cover (dp_accounting truncates at mass e^-50).
 _TAIL_SIGMAS = 12.0
