@@ -161,6 +161,13 @@ def register(subparsers) -> None:
                         "to --bands bands (MMCC App E) (default: none)")
   parser.set_defaults(func=run)
 
+  def one_line_error(message):  # argparse's usage block would make errors several lines
+    print(f"tff-mf account: error: {message} (tff-mf account --help lists the flags)",
+          file=sys.stderr)
+    sys.exit(2)
+
+  parser.error = one_line_error
+
 
 # ----------------------------------------------------------------------------- inputs
 
