@@ -86,7 +86,7 @@ RDP_ORDERS = tuple(np.concatenate([
 EXACT_TOLERANCE = 1e-12
 # Error allowance of the log-space δ(ε): each log Φ value is taken to carry a
 # relative error up to this (scipy's log_ndtr is accurate to a few ulp; the tests
-# compare with 50-digit mpmath values), plus 8 ulp of every quantity added.
+# compare with 50-digit mpmath values), plus the rounding of its argument and sums.
 _LOG_NDTR_RTOL = 1e-13
 _ULP = float(np.finfo(np.float64).eps)
 
@@ -176,9 +176,14 @@ def _gaussian_log_delta(multiplier: float, eps: float, upper: bool) -> float:
   d = log_t2 - log_t1
   if not upper:
     return log_t1 + _log1mexp(min(d, -1e-300)) if d < 0 else -math.inf
-  err_t1 = _LOG_NDTR_RTOL * abs(log_t1) + 8 * _ULP * (abs(a) + abs(b))
-  err_d = (err_t1 + _LOG_NDTR_RTOL * abs(log_t2 - eps) + 8 * _ULP * (abs(eps) + abs(log_t2)
-                                                                     + abs(log_t1)))
+  # Error allowances: the arguments a ∓ εz carry ~4 ulp of |a| + |εz|, which log Φ
+  # amplifies by its slope φ/Φ ≤ |x| + 1; log_ndtr itself is taken to be within
+  # _LOG_NDTR_RTOL; each sum adds a few ulp of its terms.
+  arg_err = 4 * _ULP * (abs(a) + abs(b))
+  err_t1 = _LOG_NDTR_RTOL * abs(log_t1) + arg_err * (abs(a - b) + 1.0)
+  err_t2 = (_LOG_NDTR_RTOL * abs(log_t2 - eps) + arg_err * (a + b + 1.0)
+            + 4 * _ULP * abs(eps))
+  err_d = err_t1 + err_t2 + 4 * _ULP * (abs(log_t2) + abs(log_t1))
   d_low = min(d - err_d, -err_d)
   if d_low == -math.inf or log_t2 == -math.inf:
     return log_t1 + err_t1
