@@ -1,4 +1,4 @@
-"""MMCC reproductions and speed benchmark (Choquette-Choo et al. 2024, ``004_…``).
+"""MMCC reproductions and speed benchmark (Choquette-Choo et al. 2024, arXiv:2310.15526).
 
 Parts (each writes ``benchmarks/results/mmcc_<part>.json`` and, with
 ``report``, the markdown ``benchmarks/results/mmcc.md`` plus PNGs):
@@ -13,11 +13,15 @@ Parts (each writes ``benchmarks/results/mmcc_<part>.json`` and, with
   dense optimal prefix-sum C at n = 256 timed against a straightforward per-row
   implementation (dp_accounting's own MoG privacy loss, one process, no
   de-duplication) on a sample of rows in the same run.
+- ``edges``: ``tff-mf account`` on edge inputs (tiny noise multipliers, huge target
+  ε, with and without amplification), each in its own process: wall time, peak
+  resident memory, and the answer (a number, "inf", or the one-line error).
 
 Run heavy parts with ``nice``:
   nice .venv/bin/python benchmarks/bench_mmcc.py fig2
   nice .venv/bin/python benchmarks/bench_mmcc.py fig4
   nice .venv/bin/python benchmarks/bench_mmcc.py speed
+  nice .venv/bin/python benchmarks/bench_mmcc.py edges
   .venv/bin/python benchmarks/bench_mmcc.py report
 """
 
@@ -161,18 +165,87 @@ def run_speed(args):
   _save("speed", data)
 
 
+EDGE_CASES = (
+    ("exact, z = 1e-3", ["--noise-multiplier", "1e-3"]),
+    ("pld, z = 1e-3", ["--noise-multiplier", "1e-3", "--accountant", "pld"]),
+    ("rdp, z = 1e-3", ["--noise-multiplier", "1e-3", "--accountant", "rdp"]),
+    ("pld, z = 1e-6", ["--noise-multiplier", "1e-6", "--accountant", "pld"]),
+    ("exact, z = 1e-200", ["--noise-multiplier", "1e-200"]),
+    ("exact, target ε = 710", ["--target-epsilon", "710"]),
+    ("exact, target ε = 1e300", ["--target-epsilon", "1e300"]),
+    ("pld, target ε = 1000", ["--target-epsilon", "1000", "--accountant", "pld"]),
+    ("pld, target ε = 1e6", ["--target-epsilon", "1e6", "--accountant", "pld"]),
+    ("mmcc tree n = 4, p = 1/4, z = 1e-3",
+     ["--mechanism", "binary_tree", "--n", "4", "--amplification", "mmcc", "--sampling-prob",
+      "0.25", "--noise-multiplier", "1e-3", "--no-progress"]),
+    ("mmcc tree n = 4, p = 1/4, z = 1e-5",
+     ["--mechanism", "binary_tree", "--n", "4", "--amplification", "mmcc", "--sampling-prob",
+      "0.25", "--noise-multiplier", "1e-5", "--no-progress"]),
+    ("mmcc tree n = 16, p = 1/16, z = 0.01",
+     ["--mechanism", "binary_tree", "--n", "16", "--amplification", "mmcc", "--sampling-prob",
+      "0.0625", "--noise-multiplier", "0.01", "--no-progress"]),
+    ("mmcc tree n = 4, p = 1/4, target ε = 1000",
+     ["--mechanism", "binary_tree", "--n", "4", "--amplification", "mmcc", "--sampling-prob",
+      "0.25", "--target-epsilon", "1000", "--no-progress"]),
+    ("banded restart n = 64, b = 8, p = 1/2, z = 1e-3",
+     ["--mechanism", "tree_restart", "--height", "4", "--n", "64", "--min-sep", "8",
+      "--amplification", "banded", "--sampling-prob", "0.5", "--noise-multiplier", "1e-3"]),
+    ("banded restart n = 16, b = 4, p = 1/2, target ε = 1000",
+     ["--mechanism", "tree_restart", "--height", "3", "--n", "16", "--min-sep", "4",
+      "--amplification", "banded", "--sampling-prob", "0.5", "--target-epsilon", "1000"]),
+)
+
+_EDGE_DRIVER = (
+    "import resource, sys\n"
+    "from tff_mf import cli\n"
+    "rc = cli.main(sys.argv[1:])\n"
+    "sys.stdout.flush()\n"
+    "print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+    "sys.exit(rc)\n")
+
+
+def run_edges(args):
+  """Each edge case of ``tff-mf account`` in its own process (fresh peak memory)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.path.expanduser("~"),
+         "LANG": "C.UTF-8"}
+  rows = []
+  for label, argv in EDGE_CASES:
+    cmd = ["account"] + argv + ["--delta", "1e-6", "--json", "--workers", str(args.workers)]
+    if "--amplification" not in argv:
+      cmd = cmd[:-2]
+    start = time.time()
+    proc = subprocess.run([sys.executable, "-c", _EDGE_DRIVER] + cmd, cwd=root, env=env,
+                          capture_output=True, text=True, timeout=args.timeout)
+    seconds = time.time() - start
+    err = [l for l in proc.stderr.splitlines() if not l.startswith("MAXRSS_KB")]
+    rss = [int(l.split()[1]) for l in proc.stderr.splitlines() if l.startswith("MAXRSS_KB")]
+    row = {"case": label, "command": "tff-mf " + " ".join(cmd), "rc": proc.returncode,
+           "seconds": seconds, "max_rss_mib": rss[0] / 1024 if rss else None}
+    if proc.returncode == 0:
+      out = json.loads(proc.stdout)
+      row.update({k: out.get(k) for k in ("epsilon", "noise_multiplier", "pld_discretization",
+                                          "evaluations")})
+    else:
+      row["error"] = err[-1] if err else proc.stderr.strip()
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+  _save("edges", {"rows": rows, "delta": DELTA})
+
+
 def run_report(args):
   del args
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  lines = ["# MMCC: privacy amplification for matrix mechanisms", "",
+  lines = ["## MMCC: privacy amplification for matrix mechanisms", "",
            f"Machine: {MACHINE}. Script: `benchmarks/bench_mmcc.py`. All ε are upper bounds "
            "(every approximation in `tff_mf/mmcc.py` is pessimistic). δ = 1e-6, "
            "δ1 = δ2 = δ/2 inside MMCC.", ""]
   fig2 = _load("fig2")
   if fig2:
-    lines += ["## Sec 6.1 / Fig 2: binary tree, σ = c·√(log₂n+1), p = 1/n", "",
+    lines += ["### Sec 6.1 / Fig 2: binary tree, σ = c·√(log₂n+1), p = 1/n", "",
               "Command: `nice .venv/bin/python benchmarks/bench_mmcc.py fig2`", "",
               "| c | n | √(log₂n+1) | unamplified ε | MMCC ε | ratio | max p̃/p | seconds |",
               "|---|---|---|---|---|---|---|---|"]
@@ -214,7 +287,7 @@ def run_report(args):
     lines.append("")
   fig4 = _load("fig4")
   if fig4:
-    lines += ["## Sec 6.3 / Fig 4: TreeRestart n = 512, p = 1/16, h = 4 (b = 8)", "",
+    lines += ["### Sec 6.3 / Fig 4: TreeRestart n = 512, p = 1/16, h = 4 (b = 8)", "",
               "Command: `nice .venv/bin/python benchmarks/bench_mmcc.py fig4`", "",
               "| σ | ε i.i.d. sampling (MMCC) | ε b-min-sep (App D) | i.i.d. lower? | seconds |",
               "|---|---|---|---|---|"]
@@ -245,7 +318,7 @@ def run_report(args):
     lines += ["", "![Fig 4](mmcc_fig4.png)", ""]
   speed = _load("speed")
   if speed:
-    lines += ["## Speed (target: each case within 10 minutes on this machine)", "",
+    lines += ["### Speed (target: each case within 10 minutes on this machine)", "",
               "Command: `nice .venv/bin/python benchmarks/bench_mmcc.py speed` (2 worker "
               "processes).", "",
               "| case | n | σ | p | distinct row PLDs | ε | seconds |", "|---|---|---|---|---|---|---|"]
@@ -276,6 +349,26 @@ def run_report(args):
                 f"{d['baseline_estimated_total_seconds'] / 60:.1f} min vs {d['seconds']:.0f} s "
                 f"measured for ours end to end (×"
                 f"{d['baseline_estimated_total_seconds'] / d['seconds']:.1f}).", ""]
+  edges = _load("edges")
+  if edges:
+    lines += ["### Edge inputs of `tff-mf account` (bounded memory and time)", "",
+              "Command: `nice .venv/bin/python benchmarks/bench_mmcc.py edges` (each case in "
+              "its own process; peak resident memory includes Python, numpy, scipy and "
+              "dp_accounting, about 80 MiB). δ = 1e-6.", "",
+              "| case | answer | PLD grid step | seconds | peak MiB |", "|---|---|---|---|---|"]
+    for r in edges["rows"]:
+      if r["rc"] == 0:
+        value = r["epsilon"] if "target" not in r["case"] else r["noise_multiplier"]
+        answer = (f"z = {value:.6g} (ε = {r['epsilon']:.6g}, {r['evaluations']} evaluations)"
+                  if "target" in r["case"] and r.get("evaluations") else
+                  f"z = {value:.6g}" if "target" in r["case"] else
+                  (f"ε = {value}" if isinstance(value, str) else f"ε = {value:.6g}"))
+      else:
+        answer = "error: " + r["error"].replace("tff-mf account: error: ", "")
+      step = r.get("pld_discretization")
+      lines.append(f"| {r['case']} | {answer} | {'' if step is None else f'{step:.3g}'} | "
+                   f"{r['seconds']:.1f} | {r['max_rss_mib'] or 0:.0f} |")
+    lines.append("")
   with open(os.path.join(RESULTS, "mmcc.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   print("\n".join(lines))
@@ -299,12 +392,15 @@ def main(argv=None):
   ps.add_argument("--dense-sigma", type=float, default=8.0)
   ps.add_argument("--dense-p", type=float, default=1.0 / 64)
   ps.add_argument("--baseline-rows", type=int, default=6)
+  pe = sub.add_parser("edges")
+  pe.add_argument("--timeout", type=float, default=600.0)
   sub.add_parser("report")
-  for p in (p2, p4, ps):
+  for p in (p2, p4, ps, pe):
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--progress", action="store_true")
   args = parser.parse_args(argv)
-  {"fig2": run_fig2, "fig4": run_fig4, "speed": run_speed, "report": run_report}[args.part](args)
+  {"fig2": run_fig2, "fig4": run_fig4, "speed": run_speed, "edges": run_edges,
+   "report": run_report}[args.part](args)
   return 0
 
 

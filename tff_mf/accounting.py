@@ -1,170 +1,478 @@
-"""Single-participation privacy accounting (numpy core + dp_accounting, no TensorFlow).
+"""Privacy accounting of matrix-factorization runs under a participation schema (numpy core).
 
-Denisov et al. Thm 4.1 (``001_…``, Sec 4): when every user contributes to at
-most one round, a matrix-factorization run whose encoder C is normalized to
-γ(C) = 1 (App I, ``000_…``) has exactly the privacy of ONE Gaussian mechanism
-with sensitivity 1 and noise standard deviation z (the noise multiplier), under
-the replace-with-zero notion of DP (App J, Def J.1, ``000_…``). So ε(δ) of a
-whole run is ε(δ) of that Gaussian mechanism.
+A run releases C·G + Z with noise std z (the noise multiplier, in units of the clip
+norm) and the encoder C used as given (cached and built-in encoders are normalized to
+max column norm γ(C) = 1, Denisov et al. 2022, arXiv:2202.08312, App I). Every ε
+returned here is an upper bound on the run's ε at δ (add/remove-one adjacency,
+equivalently replace-with-zero). Three analyses (``epsilon_for``):
 
-Two accountants:
-- ``"pld"`` (default): dp_accounting's privacy-loss-distribution accountant
-  with pessimistic discretization (its ε is an upper bound, and the tightest of
-  the two);
-- ``"rdp"``: Rényi DP converted to (ε, δ), looser.
+- ``"none"`` (no amplification): the run is dominated by ONE Gaussian mechanism with
+  multiplier z / sens, sens the sensitivity of C under the participation schema
+  (``tff_mf.participation``): γ(C) for single participation (Denisov et al. 2022,
+  Thm 4.1), the multi-participation sensitivity for fixed-epoch and b-min-sep
+  participation (Choquette-Choo et al. 2023, arXiv:2211.06530, Sec 2).
+- ``"mmcc"``: amplification by Poisson sampling for any lower-triangular non-negative
+  C (Choquette-Choo et al. 2024, MMCC, arXiv:2310.15526, Fig 1; b-min-sep sampling:
+  App D, Fig 6); ``tff_mf.mmcc``.
+- ``"banded"``: amplified banded MF (Choquette-Choo et al. 2023, "(Amplified) Banded
+  Matrix Factorization", arXiv:2306.08153, Thm 4): when C has at most b non-zero
+  bands and every user belongs to one residue class mod b and joins each round of its
+  class independently with probability p, the run is dominated by ⌈n/b⌉-fold
+  composition of the Poisson-subsampled Gaussian mechanism with multiplier z / γ(C).
 
-``calibrate_noise_multiplier`` searches for the smallest z whose ε does not
-exceed a target, to a stated tolerance, always rounding to the safe side.
+Sampling probability convention (amplified analyses): ``sampling_prob`` p is the
+probability that a user joins a round it is eligible for (every round for b = 1, the
+rounds of its residue class for b-min-sep). This is p of arXiv:2306.08153 and
+jax_privacy's ``amplified_bandmf_event``; MMCC App D writes the same probability as
+b·p (its p is the average rate). Both amplified analyses also compute the
+unamplified bound for the same sampling (every eligible round joined) and report the
+smaller of the two valid bounds.
+
+The single Gaussian mechanism has three accountants:
+
+- ``"exact"`` (default): the analytic ε(δ) of the Gaussian mechanism (Balle & Wang
+  2018, "Improving the Gaussian Mechanism for Differential Privacy", ICML,
+  arXiv:1805.06530, Thm 8), evaluated in log space with ``scipy.special.log_ndtr``
+  so that tiny z and huge ε neither overflow nor allocate anything; the δ used in
+  the bisection is an upper bound that includes a floating-point error allowance, and
+  the bisection returns the upper end of its bracket, so the value is never below
+  the true ε;
+- ``"pld"``: dp_accounting's privacy-loss distributions, pessimistic discretization
+  (1e-4, made coarser when the privacy-loss range would need more than
+  ``PLD_MAX_POINTS`` grid points: a coarser pessimistic grid is still an upper bound);
+- ``"rdp"``: Rényi DP converted to (ε, δ), the loosest.
+
+``calibrate`` (and ``calibrate_noise_multiplier`` for one Gaussian) searches for the
+smallest z, to a relative tolerance, whose ε does not exceed a target, always
+returning a z whose ε was evaluated to be at most the target.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Optional
+import warnings
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
+from scipy import special
 
-ACCOUNTANTS = ("pld", "rdp")
+from tff_mf import checks
+
+ACCOUNTANTS = ("exact", "pld", "rdp")
+DEFAULT_ACCOUNTANT = "exact"
+ANALYSES = ("none", "mmcc", "banded")
 
 # PLD discretization of the privacy loss (dp_accounting's default). Coarser is
 # still an upper bound, only looser.
 PLD_DISCRETIZATION = 1e-4
+# Largest number of privacy-loss grid points one PLD may have (one round, and the
+# composed PLD of the amplified banded analysis); beyond, the grid is coarsened. The
+# Poisson-subsampled Gaussian gets fewer: dp_accounting builds it point by point
+# (about 25 µs a point and adjacency, so about 13 s at the cap).
+PLD_MAX_POINTS = 1 << 20
+PLD_MAX_POINTS_SAMPLED = 1 << 18
+# Largest composed PLD (the amplified banded analysis composes ⌈n/b⌉ rounds by FFT).
+PLD_MAX_COMPOSED_POINTS = 1 << 22
+# Coarsest grid step dp_accounting's connect-the-dots construction handles (it takes
+# exp of the step); a privacy loss needing a coarser one is refused with a clean error.
+PLD_MAX_DISCRETIZATION = 100.0
 
 # Rényi orders for the RDP accountant: dense at small orders, geometric above.
 RDP_ORDERS = tuple(np.concatenate([
     np.linspace(1.01, 8.0, 100), np.geomspace(8.0, 10000.0, 200)[1:]]).tolist())
 
-# Search range for calibration.
-_MIN_NOISE_MULTIPLIER = 1e-3
-_MAX_NOISE_MULTIPLIER = 1e6
+# Relative tolerance of the exact Gaussian ε bisection.
+EXACT_TOLERANCE = 1e-12
+# Error allowance of the log-space δ(ε): each log Φ value is taken to carry a
+# relative error up to this (scipy's log_ndtr is accurate to a few ulp; the tests
+# compare with 50-digit mpmath values), plus the rounding of its argument and sums.
+_LOG_NDTR_RTOL = 1e-13
+_ULP = float(np.finfo(np.float64).eps)
+
+# Largest noise multiplier calibration searches (above it ε = 0 for every δ ≥ 1e-300).
+_MAX_NOISE_MULTIPLIER = 1e300
+
+THEOREMS = {
+    "single": "Denisov et al. 2022, arXiv:2202.08312, Thm 4.1: one Gaussian mechanism with "
+              "multiplier z / sensitivity",
+    "multi": "Choquette-Choo et al. 2023, arXiv:2211.06530: one Gaussian mechanism with "
+             "multiplier z / sensitivity under the participation schema",
+    "mmcc": "Choquette-Choo et al. 2024 (MMCC), arXiv:2310.15526, Fig 1 and App D",
+    "banded": "Choquette-Choo et al. 2023, arXiv:2306.08153, Thm 4: ceil(n/b)-fold composition "
+              "of the Poisson-subsampled Gaussian with multiplier z / max column norm",
+}
 
 
-def check_delta(delta: float, name: str = "delta") -> float:
-  """Raises ValueError unless 0 < δ < 1."""
-  try:
-    delta = float(delta)
-  except (TypeError, ValueError):
-    raise ValueError(f"{name} must be a number in (0, 1), got {delta!r}") from None
-  if not (0.0 < delta < 1.0) or not math.isfinite(delta):
-    raise ValueError(f"{name} must be in (0, 1), got {delta}")
-  return delta
+class AccountingError(checks.CheckError):
+  """An analysis that does not apply to the inputs (the message says why)."""
 
 
-def check_noise_multiplier(noise_multiplier: float,
-                           name: str = "noise_multiplier") -> float:
-  """Raises ValueError unless z is a finite positive number."""
-  try:
-    z = float(noise_multiplier)
-  except (TypeError, ValueError):
-    raise ValueError(f"{name} must be a positive number, got {noise_multiplier!r}") from None
-  if not math.isfinite(z) or z <= 0.0:
-    raise ValueError(f"{name} must be a positive finite number, got {noise_multiplier}")
-  return z
+# ----------------------------------------------------------------------------- checks
+
+
+def check_delta(delta, name: str = "delta") -> float:
+  """0 < δ < 1 (raises CheckError otherwise)."""
+  return checks.delta(delta, name)
+
+
+def check_noise_multiplier(noise_multiplier, name: str = "noise_multiplier") -> float:
+  """A finite z > 0 (raises CheckError otherwise)."""
+  return checks.noise_multiplier(noise_multiplier, name)
 
 
 def check_accountant(accountant: str) -> str:
   if accountant not in ACCOUNTANTS:
-    raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+    raise checks.CheckError(f"accountant must be one of {', '.join(ACCOUNTANTS)}, "
+                            f"got {accountant!r}")
   return accountant
 
 
-def epsilon(noise_multiplier: float, delta: float, accountant: str = "pld") -> float:
-  """ε(δ) of a single-participation run with noise multiplier z (Denisov Thm 4.1).
+def check_sensitivity(sensitivity, name: str = "sensitivity") -> float:
+  return checks.positive_float(sensitivity, name)
 
-  The run is one Gaussian mechanism with sensitivity 1 and noise std z (C
-  normalized to γ = 1). Both accountants return an upper bound on the true ε.
+
+def _check_target(target_epsilon) -> float:
+  return checks.positive_float(target_epsilon, "target_epsilon")
+
+
+def _check_tolerance(tolerance) -> float:
+  return checks.in_range(tolerance, "tolerance", 0.0, 1.0, low_open=True, high_open=True)
+
+
+def _multiplier(noise_multiplier: float, sensitivity: float) -> float:
+  """z / sens, the multiplier of the unit-sensitivity Gaussian (0 when it underflows)."""
+  return noise_multiplier / sensitivity
+
+
+# ----------------------------------------------------------------------------- exact Gaussian
+
+
+def _log1mexp(x: float) -> float:
+  """log(1 − eˣ) for x < 0, accurately (Mächler 2012)."""
+  if x > -math.log(2.0):
+    return math.log(-math.expm1(x))
+  return math.log1p(-math.exp(x))
+
+
+def _gaussian_log_delta(multiplier: float, eps: float, upper: bool) -> float:
+  """log δ(ε) of the Gaussian mechanism with sensitivity 1 and noise std ``multiplier``.
+
+  Balle & Wang 2018 (arXiv:1805.06530), Thm 8: δ = Φ(a − εz) − e^ε·Φ(−a − εz),
+  a = 1/(2z), written as log δ = log Φ(a − εz) + log(1 − r) with log r = ε +
+  log Φ(−a − εz) − log Φ(a − εz) ≤ 0. With ``upper``, every term is moved by its
+  floating-point error allowance in the direction that raises δ, so the value is an
+  upper bound on the true log δ(ε).
   """
-  z = check_noise_multiplier(noise_multiplier)
-  delta = check_delta(delta)
-  check_accountant(accountant)
-  import dp_accounting  # pylint: disable=g-import-not-at-top
-  event = dp_accounting.GaussianDpEvent(z)
-  if accountant == "pld":
-    acc = dp_accounting.pld.PLDAccountant(
-        value_discretization_interval=PLD_DISCRETIZATION)
-  else:
-    acc = dp_accounting.rdp.RdpAccountant(orders=list(RDP_ORDERS))
-  acc.compose(event)
-  eps = float(acc.get_epsilon(delta))
-  return max(eps, 0.0)
+  z = multiplier
+  if eps == math.inf:
+    return -math.inf
+  a = 0.5 / z
+  b = eps * z
+  log_t1 = float(special.log_ndtr(a - b))
+  if log_t1 == -math.inf:  # Φ(a − εz) underflows: δ ≤ Φ(a − εz) is below every double
+    return -math.inf
+  log_t2 = eps + float(special.log_ndtr(-a - b))
+  d = log_t2 - log_t1
+  if not upper:
+    return log_t1 + _log1mexp(min(d, -1e-300)) if d < 0 else -math.inf
+  # Error allowances: the arguments a ∓ εz carry ~4 ulp of |a| + |εz|, which log Φ
+  # amplifies by its slope φ/Φ ≤ |x| + 1; log_ndtr itself is taken to be within
+  # _LOG_NDTR_RTOL; each sum adds a few ulp of its terms.
+  arg_err = 4 * _ULP * (abs(a) + abs(b))
+  err_t1 = _LOG_NDTR_RTOL * abs(log_t1) + arg_err * (abs(a - b) + 1.0)
+  err_t2 = (_LOG_NDTR_RTOL * abs(log_t2 - eps) + arg_err * (a + b + 1.0)
+            + 4 * _ULP * abs(eps))
+  err_d = err_t1 + err_t2 + 4 * _ULP * (abs(log_t2) + abs(log_t1))
+  d_low = min(d - err_d, -err_d)
+  if d_low == -math.inf or log_t2 == -math.inf:
+    return log_t1 + err_t1
+  return log_t1 + err_t1 + _log1mexp(d_low)
 
 
-def gaussian_delta_exact(noise_multiplier: float, eps: float) -> float:
-  """Exact δ(ε) of the Gaussian mechanism (Balle & Wang 2018, Thm 8).
+def gaussian_delta_exact(noise_multiplier: float, eps: float, sensitivity: float = 1.0) -> float:
+  """δ(ε) of the Gaussian mechanism (Balle & Wang 2018, arXiv:1805.06530, Thm 8).
 
-  δ = Φ(1/(2z) − εz) − e^ε·Φ(−1/(2z) − εz). Used to cross-check the accountants.
+  Evaluated in log space (no overflow for huge ε or tiny z); the best estimate, not
+  the error-padded bound ``gaussian_epsilon_exact`` bisects on.
   """
-  from scipy import stats  # pylint: disable=g-import-not-at-top
-  z = check_noise_multiplier(noise_multiplier)
-  a = 1.0 / (2.0 * z)
-  return float(stats.norm.cdf(a - eps * z) - math.exp(eps) * stats.norm.cdf(-a - eps * z))
+  z = _multiplier(check_noise_multiplier(noise_multiplier), check_sensitivity(sensitivity))
+  eps = checks.finite_float(eps, "eps") if eps != math.inf else eps
+  if eps < 0:
+    raise checks.CheckError(f"eps must be non-negative, got {eps:g}")
+  if z == 0.0:
+    return 1.0
+  return math.exp(_gaussian_log_delta(z, eps, upper=False))
 
 
 def gaussian_epsilon_exact(noise_multiplier: float, delta: float,
-                           tolerance: float = 1e-12) -> float:
-  """Exact ε(δ) of the Gaussian mechanism (inverts ``gaussian_delta_exact``).
+                           tolerance: float = EXACT_TOLERANCE,
+                           sensitivity: float = 1.0) -> float:
+  """Exact ε(δ) of the Gaussian mechanism with multiplier z / sensitivity.
 
-  Bisection on the decreasing map ε ↦ δ(ε); returns the upper end of the
-  final bracket, so the value is never below the true ε.
+  Bisection on ε ↦ δ(ε) (decreasing) with the error-padded upper bound on δ; returns
+  the upper end of the final bracket, so the value is never below the true ε. Bounded
+  time (at most ~1100 + 60 evaluations of two log Φ values) and no allocation for any
+  input; returns ``inf`` only when the true ε exceeds the largest double.
   """
-  z = check_noise_multiplier(noise_multiplier)
+  z = _multiplier(check_noise_multiplier(noise_multiplier), check_sensitivity(sensitivity))
   delta = check_delta(delta)
-  if gaussian_delta_exact(z, 0.0) <= delta:
+  tolerance = _check_tolerance(tolerance)
+  if z == 0.0 or 0.5 / z == math.inf:
+    return math.inf
+  log_delta = math.log(delta)
+
+  def ok(eps):
+    return _gaussian_log_delta(z, eps, upper=True) <= log_delta
+
+  if ok(0.0):
     return 0.0
   lo, hi = 0.0, 1.0
-  while gaussian_delta_exact(z, hi) > delta:
+  while not ok(hi):
     lo, hi = hi, 2.0 * hi
-  while hi - lo > tolerance * max(1.0, hi):
+    if hi == math.inf:
+      return math.inf
+  while hi - lo > tolerance * hi:
     mid = 0.5 * (lo + hi)
-    if gaussian_delta_exact(z, mid) > delta:
-      lo = mid
-    else:
+    if mid <= lo or mid >= hi:
+      break
+    if ok(mid):
       hi = mid
+    else:
+      lo = mid
   return hi
 
 
-def calibrate_noise_multiplier(target_epsilon: float, delta: float,
-                               accountant: str = "pld",
-                               tolerance: float = 1e-3,
-                               relative: bool = True) -> float:
-  """Smallest z (to ``tolerance``) with ε(z, δ) ≤ target_epsilon.
+# ----------------------------------------------------------------------------- PLD, RDP
 
-  Bisection on the monotone map z ↦ ε(z). The returned z always satisfies
-  ε(z) ≤ target; z − tol does not (tol = tolerance·z when ``relative``, else
-  the absolute ``tolerance``), so z over-shoots the exact answer by less than
-  tol: the safe side.
+
+def pld_discretization_for(multiplier: float, sampling_prob: float = 1.0, compositions: int = 1,
+                           discretization: float = PLD_DISCRETIZATION,
+                           max_points: Optional[int] = None) -> float:
+  """The PLD grid step to use: ``discretization``, coarsened so no PLD exceeds max_points.
+
+  The single round's privacy-loss range comes from dp_accounting's own connect-the-dots
+  bounds; the range of the composition from dp_accounting's own Chernoff truncation
+  bounds, evaluated on a coarse PLD, is kept within ``PLD_MAX_COMPOSED_POINTS``. A
+  coarser pessimistic grid still gives an upper bound on ε, only a looser one.
+  ``max_points`` (one round) defaults to ``PLD_MAX_POINTS`` without sampling and
+  ``PLD_MAX_POINTS_SAMPLED`` with it (dp_accounting builds the subsampled PLD one grid
+  point at a time). Raises AccountingError when even a grid step of
+  ``PLD_MAX_DISCRETIZATION`` does not fit.
   """
-  try:
-    target = float(target_epsilon)
-  except (TypeError, ValueError):
-    raise ValueError(f"target_epsilon must be a positive number, got {target_epsilon!r}") from None
-  if not math.isfinite(target) or target <= 0.0:
-    raise ValueError(f"target_epsilon must be a positive finite number, got {target_epsilon}")
+  from dp_accounting.pld import common  # pylint: disable=g-import-not-at-top
+  from dp_accounting.pld import privacy_loss_distribution as pld_lib  # pylint: disable=g-import-not-at-top
+  from dp_accounting.pld import privacy_loss_mechanism as plm  # pylint: disable=g-import-not-at-top
+  if max_points is None:
+    max_points = PLD_MAX_POINTS if sampling_prob >= 1.0 else PLD_MAX_POINTS_SAMPLED
+  if sampling_prob >= 1.0:  # k Gaussians compose exactly into one at multiplier / √k
+    multiplier, compositions = multiplier / math.sqrt(compositions), 1
+  adjacencies = [plm.AdjacencyType.REMOVE]
+  if sampling_prob < 1.0:
+    adjacencies.append(plm.AdjacencyType.ADD)
+  width = 0.0
+  for adjacency in adjacencies:
+    bounds = plm.GaussianPrivacyLoss(multiplier, sensitivity=1.0, sampling_prob=sampling_prob,
+                                     adjacency_type=adjacency).connect_dots_bounds()
+    width = max(width, float(bounds.epsilon_upper) - float(bounds.epsilon_lower))
+  interval = max(float(discretization), 1.05 * width / max_points)
+  if compositions > 1 and interval <= PLD_MAX_DISCRETIZATION:
+    coarse = max(interval, width / 2048)
+    pld = pld_lib.from_gaussian_mechanism(multiplier, value_discretization_interval=coarse,
+                                          sampling_prob=sampling_prob)
+    span = 0.0
+    for pmf in (pld._pmf_remove, pld._pmf_add):  # pylint: disable=protected-access
+      probs = getattr(pmf, "_probs", None)
+      if probs is None:  # not dense: the untruncated composition
+        span = max(span, compositions * width)
+        continue
+      lo, hi = common.compute_self_convolve_bounds(probs, compositions, 1e-15)
+      span = max(span, (hi - lo + 3) * coarse)
+    interval = max(interval, 1.1 * span / max(max_points, PLD_MAX_COMPOSED_POINTS))
+  if not (math.isfinite(width) and interval <= PLD_MAX_DISCRETIZATION):
+    raise AccountingError(
+        f"the PLD accountant cannot represent {compositions} composition(s) of the Gaussian "
+        f"mechanism with multiplier {multiplier:.3g} (privacy-loss range {width:.3g}) on a grid "
+        f"of at most {max_points} points with step at most {PLD_MAX_DISCRETIZATION:g}")
+  return interval
+
+
+def pld_gaussian_epsilon(multiplier: float, delta: float, sampling_prob: float = 1.0,
+                         compositions: int = 1, discretization: float = PLD_DISCRETIZATION,
+                         max_points: Optional[int] = None) -> Tuple[float, float]:
+  """(ε, grid step) of ``compositions``-fold Poisson-subsampled Gaussian, dp_accounting PLD.
+
+  Pessimistic connect-the-dots discretization (an upper bound); the grid step is
+  ``pld_discretization_for``'s, so memory stays bounded (about max_points floats per
+  PLD) for every multiplier.
+  """
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  interval = pld_discretization_for(multiplier, sampling_prob, compositions, discretization,
+                                    max_points)
+  acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=interval)
+  event = dp_accounting.GaussianDpEvent(multiplier)
+  if sampling_prob < 1.0:
+    event = dp_accounting.PoissonSampledDpEvent(sampling_prob, event)
+  acc.compose(event, int(compositions))
+  with warnings.catch_warnings(), np.errstate(all="ignore"):
+    # Huge losses overflow a ratio inside dp_accounting; it then returns inf (valid).
+    warnings.simplefilter("ignore", RuntimeWarning)
+    eps = float(acc.get_epsilon(delta))
+  if math.isnan(eps):
+    raise AccountingError("the PLD accountant returned NaN")
+  return max(eps, 0.0), interval
+
+
+def _rdp_epsilon(multiplier: float, delta: float) -> float:
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  acc = dp_accounting.rdp.RdpAccountant(orders=list(RDP_ORDERS))
+  acc.compose(dp_accounting.GaussianDpEvent(multiplier))
+  with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+    eps = float(acc.get_epsilon(delta))
+  if math.isnan(eps):
+    return math.inf
+  return max(eps, 0.0)
+
+
+def epsilon(noise_multiplier: float, delta: float, accountant: str = DEFAULT_ACCOUNTANT,
+            sensitivity: float = 1.0) -> float:
+  """ε(δ) of one Gaussian mechanism with multiplier z / sensitivity (an upper bound).
+
+  A run whose encoder C has sensitivity ``sensitivity`` under its participation schema
+  (γ(C) = 1 for a normalized C under single participation, Denisov et al. 2022,
+  Thm 4.1; Choquette-Choo et al. 2023, arXiv:2211.06530, for multiple participations)
+  has exactly this ε. Bounded time and memory for every input; ``inf`` only when ε
+  exceeds the largest double.
+  """
+  z = check_noise_multiplier(noise_multiplier)
   delta = check_delta(delta)
   check_accountant(accountant)
-  if not (tolerance > 0.0) or not math.isfinite(tolerance):
-    raise ValueError(f"tolerance must be positive, got {tolerance}")
+  sens = check_sensitivity(sensitivity)
+  m = _multiplier(z, sens)
+  if m == 0.0:
+    return math.inf
+  if accountant == "exact":
+    return gaussian_epsilon_exact(z, delta, sensitivity=sens)
+  if accountant == "pld":
+    try:
+      return pld_gaussian_epsilon(m, delta)[0]
+    except AccountingError as e:
+      exact = gaussian_epsilon_exact(z, delta, sensitivity=sens)
+      raise AccountingError(f"{e}; the exact accountant gives epsilon = {exact:.6g}") from None
+  return _rdp_epsilon(m, delta)
 
-  def ok(z):
-    return epsilon(z, delta, accountant) <= target
+
+# ----------------------------------------------------------------------------- calibration
+
+
+def _calibrate(ok: Callable[[float], bool], hi: float, tolerance: float,
+               relative: bool = True, lo: Optional[float] = None) -> Tuple[float, int]:
+  """Smallest z (to tolerance) with ok(z), for a monotone ok; (z, evaluations).
+
+  ``hi`` must be a z believed to pass (it is checked, and raised until it does);
+  ``lo`` one believed to fail (checked, and lowered until it does). Geometric
+  bisection keeps ok(hi) and not ok(lo); returns hi, so the result always passed.
+  """
+  evaluations = 0
+
+  def check(z):
+    nonlocal evaluations
+    evaluations += 1
+    return ok(z)
+
+  while not check(hi):
+    lo, hi = hi, hi * 2.0
+    if hi > _MAX_NOISE_MULTIPLIER:
+      raise AccountingError(f"no noise multiplier up to {_MAX_NOISE_MULTIPLIER:g} reaches the "
+                            "target epsilon")
+  if lo is None or lo >= hi:
+    lo = hi / 2.0
+  while check(lo):
+    hi, lo = lo, lo / 2.0
+    if lo == 0.0:
+      return hi, evaluations
+  while True:
+    width = hi - lo
+    if width <= (tolerance * hi if relative else tolerance):
+      return hi, evaluations
+    mid = math.sqrt(lo * hi) if relative and hi / lo > 2.0 else 0.5 * (lo + hi)
+    if not lo < mid < hi:
+      return hi, evaluations
+    if check(mid):
+      hi = mid
+    else:
+      lo = mid
+
+
+def _exact_calibration(target: float, delta: float, sensitivity: float,
+                       tolerance: float = 1e-9) -> Tuple[float, float]:
+  """(lo, hi): z brackets of the exact Gaussian calibration (ε(lo) > target ≥ ε(hi))."""
+  log_delta = math.log(delta)
 
   def exact_ok(z):
-    return gaussian_delta_exact(z, target) <= delta
+    m = z / sensitivity
+    if m == 0.0:
+      return False
+    return _gaussian_log_delta(m, target, upper=True) <= log_delta
 
-  # Both accountants upper-bound the exact Gaussian ε, so a z that fails the
-  # exact test fails theirs too: bracket with the cheap exact formula first.
-  hi = 1.0
+  hi, _ = _calibrate(exact_ok, sensitivity, tolerance)
+  return hi * (1.0 - tolerance), hi
+
+
+def calibrate_noise_multiplier(target_epsilon: float, delta: float,
+                               accountant: str = DEFAULT_ACCOUNTANT,
+                               tolerance: float = 1e-3, relative: bool = True,
+                               sensitivity: float = 1.0) -> float:
+  """Smallest z (to ``tolerance``) with ε(z / sensitivity, δ) ≤ target_epsilon.
+
+  The returned z always satisfies ε(z) ≤ target; z − tol does not (tol = tolerance·z
+  when ``relative``, else the absolute ``tolerance``), so z over-shoots the exact
+  answer by less than tol: the safe side. Every accountant upper-bounds the exact
+  Gaussian ε, so the search is bracketed with the exact formula first.
+  """
+  target = _check_target(target_epsilon)
+  delta = check_delta(delta)
+  check_accountant(accountant)
+  sens = check_sensitivity(sensitivity)
+  if relative:
+    tolerance = _check_tolerance(tolerance)
+  else:
+    tolerance = checks.positive_float(tolerance, "tolerance")
+
+  def ok(z):
+    return epsilon(z, delta, accountant, sensitivity=sens) <= target
+
+  if accountant == "exact":
+    lo, hi = _exact_calibration(target, delta, sens)
+    z, _ = _calibrate(ok, hi, tolerance, relative, lo=lo)
+    return float(z)
+  return _calibrate_bracketed(ok, target, delta, sens, tolerance, relative)
+
+
+def _calibrate_bracketed(ok: Callable[[float], bool], target: float, delta: float, sens: float,
+                         tolerance: float, relative: bool) -> float:
+  """Calibration for an accountant that upper-bounds the exact Gaussian ε (PLD, RDP).
+
+  A z that fails the exact test fails the accountant's too, so the exact formula
+  brackets first (to 1e-6); then the accountant is searched upward from there in
+  growing steps and bisected to the tolerance. (This is the search tff-mf has always
+  used, so its results are unchanged; the exact test is now evaluated in log space.)
+  """
+  log_delta = math.log(delta)
+
+  def exact_ok(z):
+    m = z / sens
+    return m > 0.0 and _gaussian_log_delta(m, target, upper=False) <= log_delta
+
+  hi = 1.0 * sens
   while not exact_ok(hi):
     hi *= 2.0
     if hi > _MAX_NOISE_MULTIPLIER:
-      raise ValueError(
-          f"no noise multiplier up to {_MAX_NOISE_MULTIPLIER:g} reaches epsilon "
-          f"{target} at delta {delta}")
+      raise AccountingError(f"no noise multiplier up to {_MAX_NOISE_MULTIPLIER:g} reaches "
+                            f"epsilon {target} at delta {delta}")
   lo = hi / 2.0
   while exact_ok(lo):
     hi, lo = lo, lo / 2.0
-    if lo < _MIN_NOISE_MULTIPLIER:
-      break
   for _ in range(60):  # exact bisection to 1e-6 relative: lo fails, hi passes
     if hi - lo <= 1e-6 * hi:
       break
@@ -180,26 +488,358 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float,
     lo, hi = hi, hi * step
     step = step ** 2
     if hi > _MAX_NOISE_MULTIPLIER:
-      raise ValueError(
-          f"no noise multiplier up to {_MAX_NOISE_MULTIPLIER:g} reaches epsilon "
-          f"{target} at delta {delta}")
-  if lo < _MIN_NOISE_MULTIPLIER:
-    return float(hi)
+      raise AccountingError(f"no noise multiplier up to {_MAX_NOISE_MULTIPLIER:g} reaches "
+                            f"epsilon {target} at delta {delta}")
   # Invariant: ε(lo) > target ≥ ε(hi).
   while True:
     tol = tolerance * hi if relative else tolerance
     if hi - lo <= tol:
       return float(hi)
     mid = 0.5 * (lo + hi)
+    if not lo < mid < hi:
+      return float(hi)
     if ok(mid):
       hi = mid
     else:
       lo = mid
 
 
-def summary(noise_multiplier: float, delta: float, accountant: str = "pld",
+# ----------------------------------------------------------------------------- schemas and C
+
+
+def _check_schema(schema):
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  if schema is None:
+    return participation.SINGLE
+  if isinstance(schema, dict):
+    schema = participation.from_dict(schema)
+  if not isinstance(schema, participation.Participation):
+    raise checks.CheckError(f"schema must be a tff_mf.participation.Participation, got "
+                            f"{schema!r}")
+  if schema.kind not in participation.KINDS:
+    raise checks.CheckError(f"participation must be one of {', '.join(participation.KINDS)}, "
+                            f"got {schema.kind!r}")
+  if schema.kind == "fixed_epoch":
+    checks.positive_int(schema.epochs, "epochs")
+  if schema.kind == "min_sep":
+    checks.positive_int(schema.min_sep, "min_sep")
+    if schema.max_participations is not None:
+      checks.positive_int(schema.max_participations, "max_participations")
+  return schema
+
+
+def check_encoder(c, name: str = "C") -> np.ndarray:
+  """A 2-D real finite float64 C with m ≥ n ≥ 1 rows and columns, not all zero."""
+  c = checks.matrix(c, name)
+  m, n = c.shape
+  if m < n:
+    raise checks.CheckError(f"{name} must have at least as many rows as columns (one column "
+                            f"per round), got shape {c.shape}")
+  if not np.any(c):
+    raise checks.CheckError(f"{name} is all zeros")
+  return c
+
+
+def sensitivity_report(c: Optional[np.ndarray], schema) -> Dict[str, Any]:
+  """{value, exact, method}: the sensitivity of C under ``schema`` (tff_mf.participation)."""
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  schema = _check_schema(schema)
+  if c is None:
+    if schema.kind != "single":
+      raise checks.CheckError(f"{schema.kind} participation needs the encoder C (a matrix or "
+                              "a mechanism) to compute its sensitivity")
+    return {"value": 1.0, "exact": True,
+            "method": "C normalized to max column norm 1 (Denisov et al. 2022, App I)"}
+  try:
+    report = participation.sensitivity_report(c, schema)
+  except NotImplementedError:
+    raise AccountingError(f"the sensitivity under {schema.label} participation is not "
+                          "available in this version of tff_mf.participation") from None
+  value = checks.positive_float(report["value"], f"sensitivity under {schema.label}")
+  return {"value": value, "exact": bool(report.get("exact", False)),
+          "method": str(report.get("method", ""))}
+
+
+def sampling_min_sep(schema, n: int) -> int:
+  """b of the Poisson sampling a schema describes for the amplified analyses.
+
+  ``min_sep`` b: each user joins the rounds of one residue class mod b (b = 1: every
+  round, i.i.d. sampling); ``fixed_epoch`` k: b = n/k rounds per epoch, one round per
+  epoch. A cap on participations below ⌈n/b⌉ is not Poisson sampling and is refused.
+  """
+  schema = _check_schema(schema)
+  if schema.kind == "single":
+    raise AccountingError(
+        "amplification analyzes Poisson sampling, where a user may join several rounds; give a "
+        "min_sep schema (min_sep 1: i.i.d. sampling every round) or fixed_epoch, not single")
+  if schema.kind == "fixed_epoch":
+    schema.check(n)
+    return n // schema.epochs
+  b = schema.min_sep
+  if b > n:
+    raise AccountingError(f"min_sep b = {b} exceeds the number of rounds n = {n}")
+  rounds = -(-n // b)
+  if schema.max_participations is not None and schema.max_participations < rounds:
+    raise AccountingError(
+        f"Poisson sampling with min_sep {b} lets a user join up to {rounds} rounds; a cap of "
+        f"{schema.max_participations} participations is not covered by the amplified analyses")
+  return b
+
+
+def poisson_sensitivity(c: np.ndarray, min_sep: int) -> Tuple[float, bool]:
+  """(sens, exact): sensitivity of C when a user joins every round of its residue class mod b.
+
+  sens² = max_r sup_{‖g_j‖ ≤ 1} ‖Σ_{j ≡ r} C_{:,j} g_jᵀ‖²_F ≤ max_r Σ_{j,j' ≡ r} |X_{jj'}|
+  with X = CᵀC (Cauchy-Schwarz on ⟨g_j, g_j'⟩); equality when X has no negative
+  entry on the class (all g_j equal), e.g. for every non-negative C. This is the
+  unamplified bound for the same sampling (every eligible round joined).
+  """
+  n = c.shape[1]
+  best = 0.0
+  exact = True
+  for r in range(min(min_sep, n)):
+    cols = c[:, r::min_sep]
+    x = cols.T @ cols
+    best = max(best, float(np.sum(np.abs(x))))
+    exact = exact and not np.any(x < 0)
+  return math.sqrt(best), exact
+
+
+def band_count(c: np.ndarray) -> int:
+  """Number of non-zero bands of C: max over C[i, j] ≠ 0 of (release round of row i) − j + 1.
+
+  Row i of a square C is released in round i (C must be lower triangular); a C with
+  more rows than rounds has its rows in release order, row i released in the round of
+  its last non-zero column (``tff_mf.mmcc.release_rounds``).
+  """
+  from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
+  rounds = mmcc.release_rounds(c)
+  rows, cols = np.nonzero(c)
+  if rows.size == 0:
+    return 0
+  return int(np.max(rounds[rows] - cols)) + 1
+
+
+# ----------------------------------------------------------------------------- ε of a run
+
+
+def _analysis(amplification) -> str:
+  if amplification is None:
+    return "none"
+  if amplification not in ANALYSES:
+    raise checks.CheckError(f"amplification must be one of {', '.join(ANALYSES)} (or None), "
+                            f"got {amplification!r}")
+  return amplification
+
+
+def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta: float,
+                amplification: Optional[str] = None, sampling_prob: Optional[float] = None,
+                accountant: str = DEFAULT_ACCOUNTANT, *,
+                pld_discretization: float = PLD_DISCRETIZATION, non_adaptive: bool = False,
+                mmcc_options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+  """ε at δ of a run with encoder C, participation ``schema`` and noise multiplier z.
+
+  Args:
+    c: the encoder C (m x n, used as given; cached ones have γ(C) = 1). None only for
+      single participation without amplification (a normalized C: sensitivity 1).
+    schema: a ``tff_mf.participation.Participation`` (or its dict).
+    noise_multiplier: z, the noise std in units of the clip norm.
+    delta: δ in (0, 1).
+    amplification: None / "none" (one Gaussian at z / sensitivity), "mmcc" (MMCC,
+      arXiv:2310.15526) or "banded" (amplified banded, arXiv:2306.08153 Thm 4). The
+      amplified analyses need a min_sep or fixed_epoch schema (see
+      ``sampling_min_sep``) and ``sampling_prob``.
+    sampling_prob: p in (0, 1], the probability that a user joins a round it is
+      eligible for (amplified analyses only).
+    accountant: accountant of the unamplified Gaussian ("exact", "pld" or "rdp").
+    pld_discretization: privacy-loss grid of the amplified analyses' PLDs (coarsened
+      automatically where a PLD would exceed ``PLD_MAX_POINTS`` points).
+    non_adaptive: MMCC only: the data are fixed in advance (allows signed or
+      non-triangular C; ``tff_mf.mmcc``).
+    mmcc_options: further keyword arguments of ``tff_mf.mmcc.mmcc`` (workers,
+      grid_resolution, progress, ...).
+
+  Returns a JSON-ready dict: ``epsilon`` (an upper bound), ``analysis``,
+  ``accountant``, ``sensitivity`` (of the unamplified Gaussian), ``sensitivity_exact``,
+  ``exact`` (ε is the run's exact ε: unamplified, exact accountant, exact
+  sensitivity), the schema, and for amplified analyses ``amplified_epsilon``,
+  ``unamplified_epsilon`` and ``bound`` (which of the two valid bounds is reported).
+  """
+  analysis = _analysis(amplification)
+  z = check_noise_multiplier(noise_multiplier)
+  delta = check_delta(delta)
+  check_accountant(accountant)
+  schema = _check_schema(schema)
+  record: Dict[str, Any] = {"noise_multiplier": z, "delta": delta, "analysis": analysis,
+                            "participation": schema.label, "schema": schema.as_dict()}
+  if c is not None:
+    c = check_encoder(c)
+    record["m"], record["n"] = int(c.shape[0]), int(c.shape[1])
+    schema.check(c.shape[1])
+  if analysis == "none":
+    if sampling_prob is not None:
+      raise checks.CheckError("sampling_prob applies only to the amplified analyses "
+                              "(amplification 'mmcc' or 'banded')")
+    report = sensitivity_report(c, schema)
+    eps = epsilon(z, delta, accountant, sensitivity=report["value"])
+    record.update(epsilon=eps, accountant=accountant, sensitivity=report["value"],
+                  sensitivity_exact=report["exact"], sensitivity_method=report["method"],
+                  exact=bool(accountant == "exact" and report["exact"]),
+                  theorem=THEOREMS["single" if schema.kind == "single" else "multi"])
+    return record
+  if c is None:
+    raise checks.CheckError(f"amplification {analysis!r} needs the encoder C (a matrix or a "
+                            "mechanism)")
+  if sampling_prob is None:
+    raise checks.CheckError(f"amplification {analysis!r} needs sampling_prob")
+  p = checks.probability(sampling_prob, "sampling_prob")
+  pld_discretization = checks.positive_float(pld_discretization, "pld_discretization")
+  n = c.shape[1]
+  b = sampling_min_sep(schema, n)
+  if schema.kind == "min_sep" and schema.max_participations is None:
+    schema = dataclasses.replace(schema, max_participations=-(-n // b))
+    record.update(participation=schema.label, schema=schema.as_dict())
+  sens, sens_exact = poisson_sensitivity(c, b)
+  unamplified = epsilon(z, delta, accountant, sensitivity=sens)
+  record.update(sampling_prob=p, min_sep=b, sensitivity=sens, sensitivity_exact=sens_exact,
+                sensitivity_method=f"every round of a residue class mod {b} joined: "
+                                   "sqrt(max_r sum |X_jj'|) over the class, X = C^T C",
+                unamplified_epsilon=unamplified, unamplified_accountant=accountant,
+                exact=False, theorem=THEOREMS[analysis])
+  if analysis == "banded":
+    bands = band_count(c)
+    if bands > b:
+      raise AccountingError(
+          f"the amplified banded analysis needs C with at most b = {b} non-zero bands (the "
+          f"sampling's min_sep); this C has {bands}. Use amplification 'mmcc' for other C")
+    gamma = checks.gamma(c)
+    rounds = -(-n // b)
+    try:
+      amplified, interval = pld_gaussian_epsilon(z / gamma, delta, p, rounds, pld_discretization)
+    except AccountingError as e:
+      raise AccountingError(f"{e}; the unamplified bound is epsilon = {unamplified:.6g}") from None
+    record.update(accountant="pld", bands=bands, compositions=rounds, column_norm=gamma,
+                  pld_discretization=interval)
+  else:
+    from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
+    options = dict(mmcc_options or {})
+    try:
+      result = mmcc.mmcc(c, p / b, z, delta, min_sep=b, non_adaptive=non_adaptive,
+                         pld_discretization=pld_discretization, **options)
+    except (mmcc.MMCCNumericError, ArithmeticError, RuntimeError, MemoryError) as e:
+      raise AccountingError(
+          f"MMCC could not analyze this run ({e}); the unamplified bound is epsilon = "
+          f"{unamplified:.6g}") from None
+    amplified = result.epsilon
+    record.update(accountant="mmcc", mmcc=result.as_dict(),
+                  pld_discretization=result.pld_discretization)
+  record["amplified_epsilon"] = amplified
+  record["bound"] = "amplified" if amplified <= unamplified else "unamplified"
+  record["epsilon"] = min(amplified, unamplified)
+  return record
+
+
+def calibrate(c: Optional[np.ndarray], schema, target_epsilon: float, delta: float,
+              amplification: Optional[str] = None, sampling_prob: Optional[float] = None,
+              accountant: str = DEFAULT_ACCOUNTANT, tolerance: float = 1e-3,
+              **options) -> Dict[str, Any]:
+  """The smallest z (within relative ``tolerance``) whose ``epsilon_for`` ε ≤ target.
+
+  Returns ``epsilon_for``'s record at that z plus ``target_epsilon``, ``tolerance``
+  and ``evaluations``. Safe side: the returned z was evaluated to give ε ≤ target,
+  and z·(1 − tolerance) was evaluated (or bracketed) to give ε > target when ε is
+  monotone in z. The search starts from the exact unamplified calibration (a valid z
+  for every analysis, since each reports at most the unamplified bound).
+  """
+  target = _check_target(target_epsilon)
+  delta = check_delta(delta)
+  tolerance = _check_tolerance(tolerance)
+  analysis = _analysis(amplification)
+  schema = _check_schema(schema)
+  if c is not None:
+    c = check_encoder(c)
+  # Validate everything once (cheaply) before searching.
+  if analysis == "none":
+    sens = sensitivity_report(c, schema)["value"]
+    z = calibrate_noise_multiplier(target, delta, accountant, tolerance, sensitivity=sens)
+    record = epsilon_for(c, schema, z, delta, analysis, sampling_prob, accountant, **options)
+    record.update(target_epsilon=target, tolerance=tolerance)
+    return record
+  if c is None:
+    raise checks.CheckError(f"amplification {analysis!r} needs the encoder C")
+  b = sampling_min_sep(schema, c.shape[1])
+  sens, _ = poisson_sensitivity(c, b)
+  # The unamplified calibration passes for every analysis (each reports at most the
+  # unamplified bound), so it is where the search starts.
+  hi = calibrate_noise_multiplier(target, delta, accountant, tolerance, sensitivity=sens)
+  records: Dict[float, Dict[str, Any]] = {}
+
+  def eps_of(z):
+    try:
+      records[z] = epsilon_for(c, schema, z, delta, analysis, sampling_prob, accountant,
+                               **options)
+    except AccountingError:
+      if not records:  # the inputs themselves are refused
+        raise
+      return math.inf  # below a z that worked, the analysis gave up: treat as failing
+    return records[z]["epsilon"]
+
+  z, evaluations = _calibrate_interpolated(eps_of, target, hi, tolerance)
+  record = records[z]
+  record.update(target_epsilon=target, tolerance=tolerance, evaluations=evaluations)
+  return record
+
+
+def _calibrate_interpolated(eps_of: Callable[[float], float], target: float, hi: float,
+                            tolerance: float) -> Tuple[float, int]:
+  """Smallest z (to relative ``tolerance``) with eps_of(z) ≤ target, in few evaluations.
+
+  For a costly ε(z) (MMCC, amplified banded). Keeps a bracket ε(lo) > target ≥ ε(hi)
+  and probes just above, then just below, the root estimated by interpolating log ε
+  against log z between the bracket ends; for a smooth ε two or three probes close the
+  bracket once the estimate is good. After two probes in a row that do not halve the
+  bracket, one geometric bisection. Returns (hi, evaluations): hi was evaluated to pass.
+  """
+  values: Dict[float, float] = {}
+
+  def f(z):
+    values[z] = eps_of(z)
+    return values[z]
+
+  while f(hi) > target:
+    hi *= 2.0
+    if hi > _MAX_NOISE_MULTIPLIER:
+      raise AccountingError(f"no noise multiplier up to {_MAX_NOISE_MULTIPLIER:g} reaches "
+                            f"epsilon {target}")
+  lo = hi / 2.0
+  while f(lo) <= target:
+    hi, lo = lo, lo / 2.0
+    if lo == 0.0:
+      return hi, len(values)
+  side, slow = 1.0, 0
+  while hi - lo > tolerance * hi:
+    width = hi - lo
+    e_lo, e_hi = values[lo], values[hi]
+    probe = math.sqrt(lo * hi)
+    bisect = slow >= 2
+    if not bisect and math.isfinite(e_lo) and 0.0 < e_hi < e_lo:
+      t = (math.log(e_lo) - math.log(target)) / (math.log(e_lo) - math.log(e_hi))
+      probe = math.exp(math.log(lo) + t * (math.log(hi) - math.log(lo)))
+      probe *= 1.0 + side * 0.3 * tolerance
+      probe = min(max(probe, lo + 0.01 * width), hi - 0.01 * width)
+    if not lo < probe < hi:
+      break
+    if f(probe) <= target:
+      hi, side = probe, -1.0
+    else:
+      lo, side = probe, 1.0
+    slow = 0 if bisect or hi - lo <= 0.5 * width else slow + 1
+  return hi, len(values)
+
+
+def summary(noise_multiplier: float, delta: float, accountant: str = DEFAULT_ACCOUNTANT,
             target_epsilon: Optional[float] = None) -> dict:
-  """JSON-ready record of a single-participation guarantee."""
+  """JSON-ready record of a single-participation guarantee (C normalized to γ(C) = 1)."""
   eps = epsilon(noise_multiplier, delta, accountant)
   out = {
       "epsilon": eps,
@@ -207,6 +847,9 @@ def summary(noise_multiplier: float, delta: float, accountant: str = "pld",
       "noise_multiplier": float(noise_multiplier),
       "accountant": accountant,
       "participation": "single",
+      "analysis": "none",
+      "sensitivity": 1.0,
+      "exact": accountant == "exact",
       "theorem": "Denisov et al. 2022 Thm 4.1 (C normalized to sensitivity 1)",
   }
   if target_epsilon is not None:

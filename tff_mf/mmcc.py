@@ -1,7 +1,7 @@
 """MMCC: privacy amplification by sampling for matrix mechanisms (numpy + dp_accounting).
 
 Choquette-Choo, Ganesh, Steinke, Thakurta, *Privacy Amplification for Matrix
-Mechanisms* (ICLR 2024, ``004_…``). A matrix mechanism releases C·x + z,
+Mechanisms* (ICLR 2024, arXiv:2310.15526). A matrix mechanism releases C·x + z,
 z ~ N(0, σ²) per entry, where each example joins each round independently with
 probability p and contributes at most 1 in L2 norm. ``mmcc`` returns an ε such
 that the mechanism is (ε, δ)-DP with δ = δ1 + δ2 (Thm 4.3):
@@ -17,7 +17,9 @@ that the mechanism is (ε, δ)-DP with δ = δ1 + δ2 (Thm 4.3):
 
 The b-min-sep generalization (App D, Figs 6-7) covers sampling schemes where
 an example may join only every b-th round with probability b·p (DP-FTRL-
-TreeRestart, banded matrices of Choquette-Choo et al. 2023a).
+TreeRestart, banded matrices of Choquette-Choo et al. 2023, arXiv:2306.08153).
+Here, as in App D, ``sampling_prob`` p is the average rate; ``tff_mf.accounting``
+takes the probability b·p of joining an eligible round instead.
 
 EVERY APPROXIMATION HERE ONLY OVER-ESTIMATES ε (App F):
 - entries of C are rounded UP to a grid of step Δ2 (F.2; Lemma B.2 / B.4:
@@ -36,7 +38,14 @@ EVERY APPROXIMATION HERE ONLY OVER-ESTIMATES ε (App F):
   ``mixture_tail_mass``) is MOVED UP to the row's largest possible sensitivity
   (stochastic dominance, Cor B.3), which keeps mixtures small;
 - PLDs use dp_accounting's pessimistic connect-the-dots discretization and
-  its pessimistic tail truncation (truncated mass counts as infinite loss);
+  its pessimistic tail truncation (truncated mass counts as infinite loss).
+  The grid step is ``pld_discretization`` unless some row's privacy-loss range
+  would need more than ``MAX_ROW_POINTS`` points (tiny σ); then all rows use
+  the coarser step that fits (still pessimistic, so still an upper bound), and
+  a range that needs a step above ``accounting.PLD_MAX_DISCRETIZATION`` is
+  refused (MMCCNumericError). Where dp_accounting's search for the left
+  truncation point fails by one ulp, the end of its search interval is used
+  (all mass left of it counts as infinite loss);
 - the inverse privacy loss (App F.1) is, as in dp_accounting, the smallest
   point x of a fine grid (step 1e-9) whose loss is ≤ ℓ; we find it by a
   vectorized safeguarded Newton search instead of dp_accounting's recursive
@@ -50,7 +59,7 @@ probabilities and PLD arithmetic.
 Adaptivity (footnote 7, Lemma B.4) needs C lower triangular with rows in
 release order and non-negative entries (Lemma C.3 uses non-negativity). C may
 have more rows than columns when its rows are in release order (the binary
-tree: a node is released in the round of its last leaf, ``tff_mf.tree``).
+tree: a node is released in the round of its last leaf, ``tff_mf.families.tree``).
 Other matrices are rejected unless the caller asserts ``non_adaptive=True``
 (data fixed in advance), where any row order is valid (Observation 3.2) and
 negative entries are replaced by their absolute values (the triangle
@@ -78,6 +87,7 @@ from scipy import special
 from scipy import stats
 
 from tff_mf import accounting
+from tff_mf import checks
 from tff_mf.families import tree
 
 STRATEGIES = ("identity", "binary_tree", "tree_restart", "banded_toeplitz")
@@ -89,10 +99,21 @@ DEFAULT_INVERSE_PRECISION = 1e-9  # x-precision of the inverse privacy loss (App
 PROBABILITY_QUANTUM = 2.0 ** -40
 DEFAULT_WORKERS = 2
 DEFAULT_MAX_COMPONENTS = 128
+# Largest number of privacy-loss grid points of one row's PLD. At tiny σ the loss
+# range grows like (max sensitivity / σ)²; the grid is then coarsened for all rows
+# (a coarser pessimistic grid is still an upper bound), which bounds memory and time.
+MAX_ROW_POINTS = 1 << 19
+# Standard deviations of noise on either side of a row's support that a PLD's
+# privacy-loss range is estimated to cover (dp_accounting truncates at mass e^-50).
+_TAIL_SIGMAS = 12.0
 
 
-class MMCCError(ValueError):
+class MMCCError(checks.CheckError):
   """Bad input to the MMCC accountant."""
+
+
+class MMCCNumericError(MMCCError):
+  """The inputs are valid but their privacy loss exceeds what MMCC can represent."""
 
 
 # ---------------------------------------------------------------------------
@@ -197,13 +218,11 @@ def _check_n(n) -> None:
 
 
 def check_sampling_prob(p) -> float:
+  """p in (0, 1] (raises MMCCError otherwise)."""
   try:
-    p = float(p)
-  except (TypeError, ValueError):
-    raise MMCCError(f"sampling_prob must be a number in (0, 1], got {p!r}") from None
-  if not (0.0 < p <= 1.0):
-    raise MMCCError(f"sampling_prob must be in (0, 1], got {p}")
-  return p
+    return checks.probability(p, "sampling_prob")
+  except checks.CheckError as e:
+    raise MMCCError(str(e)) from None
 
 
 def release_rounds(c: np.ndarray, non_adaptive: bool = False) -> np.ndarray:
@@ -265,6 +284,14 @@ def check_encoder(c, non_adaptive: bool = False) -> np.ndarray:
   if not np.any(c > 0):
     raise MMCCError("C is all zeros")
   return c
+
+
+class _TooWide(Exception):
+  """A row's privacy-loss range needs more than MAX_ROW_POINTS points on the current grid."""
+
+  def __init__(self, width: float):
+    super().__init__(width)
+    self.width = width
 
 
 # ---------------------------------------------------------------------------
@@ -355,6 +382,32 @@ def _fast_mog_class():
 
     inverse_precision = DEFAULT_INVERSE_PRECISION
 
+    def privacy_loss_tail(self, precision: float = 1e-4):
+      """dp_accounting's tail, also when its REMOVE-side search finds no point.
+
+      dp_accounting bisects [t − max s, t] (t the noise quantile at half the
+      truncated mass) for the left truncation point and fails when the cdf at
+      t − max s already exceeds that mass, which happens by one ulp when a
+      component at max s carries almost all weight (p̃ ≈ 1 at small σ). Then t −
+      max s itself is used: the mass left of it is counted as infinite loss
+      (pessimistic), so any left truncation point is valid.
+      """
+      if self.adjacency_type != plm.AdjacencyType.REMOVE or not self._pessimistic_estimate:
+        return super().privacy_loss_tail(precision)
+      from dp_accounting.pld import common  # pylint: disable=g-import-not-at-top
+      tail_mass = 0.5 * np.exp(self._log_mass_truncation_bound)
+      z_value = self._gaussian_random_variable.ppf(tail_mass)
+      lower = common.inverse_monotone_function(
+          self.mu_upper_cdf, tail_mass,
+          common.BinarySearchParameters(z_value - self._max_sens, z_value, tolerance=precision),
+          increasing=True)
+      if lower is None:
+        lower = z_value - self._max_sens
+      upper = -z_value
+      return plm.TailPrivacyLossDistribution(
+          lower, upper, {math.inf: self.mu_upper_cdf(lower),
+                         self.privacy_loss(upper): 1 - self.mu_upper_cdf(upper)})
+
     def _loss_and_slope(self, x):
       """Privacy loss at x and its derivative in x (vectorized over x, chunked)."""
       x = np.asarray(x, dtype=np.float64)
@@ -410,16 +463,33 @@ def _fast_mog_class():
         converged = ok & (np.abs(newton - x) <= 0.01 * precision)
         inside = ok & (newton >= lo) & (newton <= hi)
         x = np.where(inside, newton, 0.5 * (lo + hi))
-        if np.all(converged | (hi - lo <= 0.01 * precision)):
+        done = converged | (hi - lo <= 0.01 * precision)
+        if np.all(done):
           break
-      out = np.ceil(np.maximum(x, lo) / precision) * precision
-      for _ in range(1000):
-        bad = self._loss_and_slope(out)[0] > target
-        if not np.any(bad):
-          break
-        out = np.where(bad, out + precision, out)
       else:
-        raise RuntimeError("inverse privacy loss did not converge")
+        # Newton stalled somewhere (kinks where mixture components trade dominance):
+        # plain bisection there until the bracket is tight; hi keeps loss ≤ ℓ.
+        idx = np.nonzero(~done)[0]
+        for _ in range(200):
+          idx = idx[hi[idx] - lo[idx] > 0.01 * precision]
+          if idx.size == 0:
+            break
+          mid = 0.5 * (lo[idx] + hi[idx])
+          above = self._loss_and_slope(mid)[0] > target[idx]
+          lo[idx] = np.where(above, mid, lo[idx])
+          hi[idx] = np.where(above, hi[idx], mid)
+        x = np.where(done, x, hi)
+      out = np.ceil(np.maximum(x, lo) / precision) * precision
+      bad = np.nonzero(self._loss_and_slope(out)[0] > target)[0]
+      for _ in range(64):
+        if bad.size == 0:
+          break
+        out[bad] += precision
+        bad = bad[self._loss_and_slope(out[bad])[0] > target[bad]]
+      if bad.size:
+        # Rounding noise on a flat stretch of the loss: the bracket's upper end had loss
+        # ≤ ℓ when evaluated, so (monotone loss) its grid point upward is the inverse.
+        out[bad] = np.maximum(out[bad], np.ceil(hi[bad] / precision) * precision)
       return out
 
   return FastMixtureGaussianPrivacyLoss
@@ -427,11 +497,13 @@ def _fast_mog_class():
 
 def mixture_pld(sigma: float, sensitivities: np.ndarray, probs: np.ndarray,
                 discretization: float = DEFAULT_PLD_DISCRETIZATION,
-                fast_inverse: bool = True):
+                fast_inverse: bool = True, max_points: Optional[int] = None):
   """PLD (add and remove adjacency) of M_MoG(probs, sensitivities) with noise std σ.
 
   ``fast_inverse=False`` uses dp_accounting's own MixtureGaussianPrivacyLoss
-  (recursive scalar bisection), the baseline of the speed benchmark.
+  (recursive scalar bisection), the baseline of the speed benchmark. With
+  ``max_points``, raises _TooWide (before building anything) when the privacy-loss
+  range (dp_accounting's connect-the-dots bounds) needs more grid points than that.
   """
   from dp_accounting.pld import privacy_loss_distribution as pld_lib  # pylint: disable=g-import-not-at-top
   from dp_accounting.pld import privacy_loss_mechanism as plm  # pylint: disable=g-import-not-at-top
@@ -439,6 +511,14 @@ def mixture_pld(sigma: float, sensitivities: np.ndarray, probs: np.ndarray,
 
   def pmf(adjacency):
     loss = cls(sigma, sensitivities, probs, pessimistic_estimate=True, adjacency_type=adjacency)
+    if max_points is not None:
+      bounds = loss.connect_dots_bounds()
+      width = float(bounds.epsilon_upper) - float(bounds.epsilon_lower)
+      if not math.isfinite(width):
+        raise MMCCNumericError(f"a row's privacy loss at noise multiplier {sigma:g} exceeds "
+                               "the floating-point range")
+      if width > max_points * discretization:
+        raise _TooWide(width)
     return pld_lib._create_pld_pmf_from_monotone_privacy_loss(  # pylint: disable=protected-access
         loss, pessimistic_estimate=True, value_discretization_interval=discretization,
         use_connect_dots=True)
@@ -469,16 +549,26 @@ def coarsen_support(values: np.ndarray, masses: np.ndarray,
 
 
 def _row_pld_task(args):
-  """Worker: PLD of one distinct row mixture, self-composed ``count`` times."""
+  """Worker: PLD of one distinct row mixture, self-composed ``count`` times.
+
+  Returns None for a row that releases nothing about the example, or the float
+  width of its privacy-loss range when that needs more than ``max_points`` points
+  on the grid given (nothing is built then).
+  """
   (units, probs, count, grid_step, sigma, discretization, tail_mass, fast_inverse,
-   max_components) = args
+   max_components) = args[:9]
+  max_points = args[9] if len(args) > 9 else None
   values, masses = sensitivity_pmf(units, probs, tail_mass)
   values, masses = coarsen_support(values, masses, max_components)
   positive = values > 0
   if not np.any(positive):
     return None
   masses = masses / np.sum(masses)
-  pld = mixture_pld(sigma, values * grid_step, masses, discretization, fast_inverse)
+  try:
+    pld = mixture_pld(sigma, values * grid_step, masses, discretization, fast_inverse,
+                      max_points)
+  except _TooWide as e:
+    return e.width
   if count > 1:
     pld = pld.self_compose(count)
   return pld
@@ -613,10 +703,14 @@ class MMCCResult:
   row_blocks: int
   grid_step: float
   sensitivity: float  # γ(C) of the matrix as given
-  unamplified_epsilon: float  # single participation, no sampling (Denisov Thm 4.1), at δ; exact Gaussian ε
+  # ε of the same C under SINGLE participation without sampling (Denisov Thm 4.1; exact
+  # Gaussian at σ/γ(C)): the reference of MMCC Fig 2, NOT a bound for the sampled run (an
+  # example may join many rounds); tff_mf.accounting.epsilon_for reports the valid one.
+  unamplified_epsilon: float
   max_prob_ratio: float  # max p̃/p: MMCC's ε is at most ~ this factor from tight (Sec 4)
   seconds: float
   offsets: int
+  pld_discretization: float = DEFAULT_PLD_DISCRETIZATION  # grid step used (coarsened at tiny σ)
 
   def as_dict(self) -> dict:
     out = dataclasses.asdict(self)
@@ -637,6 +731,31 @@ def _compose_all(plds: Sequence):
       nxt.append(items[-1])
     items = nxt
   return items[0]
+
+
+def _run_jobs(jobs, workers: int, progress: bool) -> dict:
+  """Runs _row_pld_task on every job (in ``workers`` processes); {key: result}."""
+  results = {}
+  bar = None
+  if progress:
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    bar = tqdm(total=len(jobs), desc="row PLDs", file=sys.stderr, leave=False)
+  if workers == 1 or len(jobs) == 1:
+    for key, args in jobs:
+      results[key] = _row_pld_task(args)
+      if bar is not None:
+        bar.update(1)
+  else:
+    ctx = multiprocessing.get_context("fork") if sys.platform.startswith("linux") else None
+    with concurrent.futures.ProcessPoolExecutor(max_workers=int(workers), mp_context=ctx) as pool:
+      futures = {pool.submit(_row_pld_task, args): key for key, args in jobs}
+      for fut in concurrent.futures.as_completed(futures):
+        results[futures[fut]] = fut.result()
+        if bar is not None:
+          bar.update(1)
+  if bar is not None:
+    bar.close()
+  return results
 
 
 def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
@@ -695,8 +814,10 @@ def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
     raise MMCCError(f"max_components must be an integer >= 2, got {max_components}")
   if int(workers) != workers or workers < 1:
     raise MMCCError(f"workers must be a positive integer, got {workers}")
-  if not (pld_discretization > 0):
-    raise MMCCError(f"pld_discretization must be positive, got {pld_discretization}")
+  try:
+    pld_discretization = checks.positive_float(pld_discretization, "pld_discretization")
+  except checks.CheckError as e:
+    raise MMCCError(str(e)) from None
   if not (0.0 <= mixture_tail_mass < 1e-6):
     raise MMCCError(f"mixture_tail_mass must be in [0, 1e-6), got {mixture_tail_mass}")
   rounds = release_rounds(c, non_adaptive=non_adaptive)
@@ -739,31 +860,29 @@ def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
   for key in tasks:
     uses = [cnt[key] for cnt in counts if key in cnt]
     multiplicity[key] = uses[0] if len(uses) == 1 else 1
-  jobs = [(key, (tasks[key].units, tasks[key].probs, multiplicity[key], grid_step, sigma,
-                 pld_discretization, mixture_tail_mass, fast_inverse, max_components))
-          for key in tasks]
-  # Largest first, so the pool stays busy.
-  jobs.sort(key=lambda kv: -int(np.sum(kv[1][0])))
-  results = {}
-  bar = None
-  if progress:
-    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-    bar = tqdm(total=len(jobs), desc="row PLDs", file=sys.stderr, leave=False)
-  if workers == 1 or len(jobs) == 1:
-    for key, args in jobs:
-      results[key] = _row_pld_task(args)
-      if bar is not None:
-        bar.update(1)
+  # One grid for all rows (PLDs compose only on a common grid). A row whose privacy
+  # loss would need more than MAX_ROW_POINTS points (tiny σ) reports its range
+  # instead; the grid is then coarsened to fit the widest row and every row rebuilt
+  # (a coarser pessimistic grid is still an upper bound).
+  discretization = float(pld_discretization)
+  for _ in range(3):
+    jobs = [(key, (tasks[key].units, tasks[key].probs, multiplicity[key], grid_step, sigma,
+                   discretization, mixture_tail_mass, fast_inverse, max_components,
+                   MAX_ROW_POINTS))
+            for key in tasks]
+    # Largest first, so the pool stays busy.
+    jobs.sort(key=lambda kv: -int(np.sum(kv[1][0])))
+    results = _run_jobs(jobs, workers, progress)
+    widths = [r for r in results.values() if isinstance(r, float)]
+    if not widths:
+      break
+    discretization = max(discretization, 1.05 * max(widths) / MAX_ROW_POINTS)
+    if discretization > accounting.PLD_MAX_DISCRETIZATION:
+      raise MMCCNumericError(
+          f"the row privacy losses at noise multiplier {sigma:g} span {max(widths):.3g}, more "
+          f"than {MAX_ROW_POINTS} grid points of step {accounting.PLD_MAX_DISCRETIZATION:g}")
   else:
-    ctx = multiprocessing.get_context("fork") if sys.platform.startswith("linux") else None
-    with concurrent.futures.ProcessPoolExecutor(max_workers=int(workers), mp_context=ctx) as pool:
-      futures = {pool.submit(_row_pld_task, args): key for key, args in jobs}
-      for fut in concurrent.futures.as_completed(futures):
-        results[futures[fut]] = fut.result()
-        if bar is not None:
-          bar.update(1)
-  if bar is not None:
-    bar.close()
+    raise MMCCNumericError("the row PLDs did not fit on a common grid")
 
   eps = 0.0
   for counter in counts:
@@ -785,7 +904,7 @@ def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
       sampling_prob=p, noise_multiplier=sigma, min_sep=min_sep, n=n, m=m,
       distinct_rows=len(tasks), row_blocks=blocks_total, grid_step=float(grid_step),
       sensitivity=gamma, unamplified_epsilon=unamplified, max_prob_ratio=max_ratio,
-      seconds=time.time() - start, offsets=len(offsets))
+      seconds=time.time() - start, offsets=len(offsets), pld_discretization=discretization)
 
 
 def mmcc_epsilon(c, sampling_prob: float, noise_multiplier: float, delta: float,
