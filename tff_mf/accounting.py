@@ -550,11 +550,7 @@ def sensitivity_report(c: Optional[np.ndarray], schema) -> Dict[str, Any]:
                               "a mechanism) to compute its sensitivity")
     return {"value": 1.0, "exact": True,
             "method": "C normalized to max column norm 1 (Denisov et al. 2022, App I)"}
-  try:
-    report = participation.sensitivity_report(c, schema)
-  except NotImplementedError:
-    raise AccountingError(f"the sensitivity under {schema.label} participation is not "
-                          "available in this version of tff_mf.participation") from None
+  report = participation.sensitivity_report(c, schema)
   value = checks.positive_float(report["value"], f"sensitivity under {schema.label}")
   return {"value": value, "exact": bool(report.get("exact", False)),
           "method": str(report.get("method", ""))}
