@@ -306,6 +306,29 @@ def test_clipping_to_global_norm():
 
 
 # -- errors ----------------------------------------------------------------------------------
+def test_build_mechanism_calibrates_z_to_a_target_epsilon_under_the_schema():
+  """ε of one Gaussian at z/sens with sens from the mechanism's own C, checked against the
+  analytic Gaussian δ(ε) (Balle & Wang 2018) computed here with scipy."""
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  for schema in (participation.SINGLE, participation.fixed_epoch(2)):
+    setup = aggregators.build_mechanism("opt_momentum", total_rounds=8, target_epsilon=2.0,
+                                        delta=1e-5, clients_per_round=2, clip_norm=1.0,
+                                        momentum=0.9, participation=schema)
+    info = setup.info
+    assert info["calibrated"] and info["epsilon"] <= 2.0
+    mu = info["sensitivity"] / info["noise_multiplier"]
+    delta = (scipy.stats.norm.cdf(mu / 2 - 2.0 / mu)
+             - np.exp(2.0) * scipy.stats.norm.cdf(-mu / 2 - 2.0 / mu))
+    assert delta <= 1e-5 * (1 + 1e-6)  # ε(z) ≤ 2 exactly, not only by the code's own function
+    smaller = 0.99 * info["noise_multiplier"]
+    mu = info["sensitivity"] / smaller
+    assert (scipy.stats.norm.cdf(mu / 2 - 2.0 / mu)
+            - np.exp(2.0) * scipy.stats.norm.cdf(-mu / 2 - 2.0 / mu)) > 1e-5  # and z is tight
+  with pytest.raises(ValueError, match="exactly one of noise_multiplier and target_epsilon"):
+    aggregators.build_mechanism("opt_momentum", total_rounds=8, clients_per_round=2,
+                                clip_norm=1.0)
+
+
 def test_zero_noise_needs_an_explicit_opt_in():
   noise = noise_lib.DenseNoise(_random_square_factorization().c)
   with pytest.raises(ValueError, match="allow_no_noise=True"):
@@ -486,8 +509,8 @@ def test_every_spelling_builds_its_registry_mechanism():
 
 def test_tree_aggregation_seed_comes_from_os_entropy():
   """Never TFF's clock-based default: two unpinned builds differ in every bit pattern."""
-  cfg = aggregators._config("tree", 8, 1.0, 2, 1.0, 1.0, 0.0, "constant", None, None,  # pylint: disable=protected-access
-                            None, None, None, None, None, False, False)
+  cfg = aggregators._config("tree", 8, (1.0, None, None, "exact"), 2, 1.0, 1.0, 0.0,  # pylint: disable=protected-access
+                            "constant", None, None, None, None, None, None, None, False, False)
   seeds = {aggregators.tree_aggregation_params(cfg).noise_seed for _ in range(4)}
   assert len(seeds) == 4 and all(0 <= s < 2**63 for s in seeds)
 

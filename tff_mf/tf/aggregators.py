@@ -70,7 +70,10 @@ class MechanismConfig:
   """The checked arguments of ``build_mechanism``."""
   mechanism: registry.Mechanism
   n: int
-  noise_multiplier: float
+  noise_multiplier: Optional[float]  # None: calibrated to target_epsilon
+  target_epsilon: Optional[float]
+  delta: Optional[float]
+  accountant: str
   clients_per_round: float
   clip_norm: float
   server_learning_rate: float
@@ -150,9 +153,32 @@ def _optional(value, check, name):
   return None if value is None else check(value, name)
 
 
-def _config(name, total_rounds, noise_multiplier, clients_per_round, clip_norm,
-            server_learning_rate, momentum, lr_schedule, schedule_rounds, participation,
-            noise_seed, cache_dir, bands, rank, buffers, allow_no_noise, progress):
+def _privacy_arguments(mechanism, noise_multiplier, target_epsilon, delta, accountant,
+                       allow_no_noise):
+  """(z or None, target ε or None, δ or None, accountant), checked."""
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  if accountant not in accounting.ACCOUNTANTS:
+    raise checks.CheckError(f"accountant must be one of {accounting.ACCOUNTANTS}, got "
+                            f"{accountant!r}")
+  if not mechanism.private:
+    if noise_multiplier not in (None, 0.0) or target_epsilon is not None:
+      raise checks.CheckError(f"mechanism {mechanism.name!r} adds no noise; it takes neither "
+                              "noise_multiplier nor target_epsilon")
+    return 0.0, None, None, accountant
+  if (noise_multiplier is None) == (target_epsilon is None):
+    raise checks.CheckError("give exactly one of noise_multiplier and target_epsilon")
+  delta = None if delta is None else checks.delta(delta)
+  if target_epsilon is not None:
+    if delta is None:
+      raise checks.CheckError("target_epsilon needs delta")
+    return None, checks.positive_float(target_epsilon, "target_epsilon"), delta, accountant
+  return (checks.noise_multiplier(noise_multiplier, allow_zero=allow_no_noise), None, delta,
+          accountant)
+
+
+def _config(name, total_rounds, privacy, clients_per_round, clip_norm, server_learning_rate,
+            momentum, lr_schedule, schedule_rounds, participation, noise_seed, cache_dir, bands,
+            rank, buffers, allow_no_noise, progress):
   mechanism = registry.mechanism(name)
   if not mechanism.trainable:
     raise checks.CheckError(f"mechanism {mechanism.name!r} cannot be trained: "
@@ -163,25 +189,24 @@ def _config(name, total_rounds, noise_multiplier, clients_per_round, clip_norm,
                             f"{', '.join(mechanism.participations)}, not {schema.kind!r}")
   n = checks.positive_int(total_rounds, "total_rounds")
   schema.check(n)
-  z = (checks.noise_multiplier(noise_multiplier, allow_zero=allow_no_noise) if mechanism.private
-       else 0.0)
+  z, target, delta, accountant = _privacy_arguments(mechanism, *privacy, allow_no_noise)
   if lr_schedule not in workloads.LR_SCHEDULES:
     raise checks.CheckError(f"unknown lr_schedule {lr_schedule!r}; expected one of "
                             f"{workloads.LR_SCHEDULES}")
   if (lr_schedule == "constant") != (schedule_rounds is None):
     raise checks.CheckError("schedule_rounds goes with lr_schedule 'decay' or 'cooldown', and "
                             "only with them")
-  family_params = {"bands": bands, "rank": rank, "buffers": buffers}
-  accepted = {"structured": ("bands", "rank"), "banded": ("bands",),
-              "banded_toeplitz": ("bands",), "blt": ("buffers",)}.get(mechanism.name, ())
-  for key, value in family_params.items():
+  accepted = registry.default_parameters(mechanism.strategy, n, schema) \
+      if mechanism.strategy in registry.STRATEGIES else {}
+  for key, value in (("bands", bands), ("rank", rank), ("buffers", buffers)):
     if value is not None and key not in accepted:
       raise checks.CheckError(f"{key} does not apply to mechanism {mechanism.name!r}")
   if mechanism.noise == "tff_gaussian" and noise_seed is not None:
     raise checks.CheckError("TFF's gaussian_fixed draws from TensorFlow's stateful RNG and "
                             "cannot pin noise_seed; leave it None")
   return MechanismConfig(
-      mechanism=mechanism, n=n, noise_multiplier=z,
+      mechanism=mechanism, n=n, noise_multiplier=z, target_epsilon=target, delta=delta,
+      accountant=accountant,
       clients_per_round=checks.positive_float(clients_per_round, "clients_per_round"),
       clip_norm=checks.positive_float(clip_norm, "clip_norm"),
       server_learning_rate=checks.positive_float(server_learning_rate, "server_learning_rate"),
@@ -194,10 +219,12 @@ def _config(name, total_rounds, noise_multiplier, clients_per_round, clip_norm,
       allow_no_noise=bool(allow_no_noise), progress=bool(progress))
 
 
-def build_mechanism(mechanism: str, *, total_rounds: int, noise_multiplier: float,
-                    clients_per_round: float, clip_norm: float, server_learning_rate: float = 1.0,
-                    momentum: float = 0.0, lr_schedule: str = "constant",
-                    schedule_rounds: Optional[int] = None,
+def build_mechanism(mechanism: str, *, total_rounds: int,
+                    noise_multiplier: Optional[float] = None, clients_per_round: float,
+                    clip_norm: float, target_epsilon: Optional[float] = None,
+                    delta: Optional[float] = None, accountant: str = "exact",
+                    server_learning_rate: float = 1.0, momentum: float = 0.0,
+                    lr_schedule: str = "constant", schedule_rounds: Optional[int] = None,
                     participation: Optional[participation_lib.Participation] = None,
                     noise_seed: Optional[int] = None, cache_dir: Optional[str] = None,
                     bands: Optional[int] = None, rank: Optional[int] = None,
@@ -205,32 +232,69 @@ def build_mechanism(mechanism: str, *, total_rounds: int, noise_multiplier: floa
                     progress: bool = False) -> MechanismSetup:
   """Aggregator + server optimizer for a registry mechanism (any accepted spelling).
 
+  Give the noise multiplier z, or ``target_epsilon`` and ``delta`` to calibrate the
+  smallest z whose ε (one Gaussian at z/sens, sens computed from the mechanism's C
+  under ``participation``, without amplification) is at most the target.
   ``participation`` is the schema clients are sampled under (default single
-  participation); ``noise_multiplier`` z must be positive unless
-  ``allow_no_noise=True``. Raises ``CheckError`` (a ValueError) naming the first
-  bad or conflicting argument.
+  participation); z must be positive unless ``allow_no_noise=True``. Raises
+  ``CheckError`` (a ValueError) naming the first bad or conflicting argument.
   """
-  cfg = _config(mechanism, total_rounds, noise_multiplier, clients_per_round, clip_norm,
-                server_learning_rate, momentum, lr_schedule, schedule_rounds, participation,
-                noise_seed, cache_dir, bands, rank, buffers, allow_no_noise, progress)
+  cfg = _config(mechanism, total_rounds, (noise_multiplier, target_epsilon, delta, accountant),
+                clients_per_round, clip_norm, server_learning_rate, momentum, lr_schedule,
+                schedule_rounds, participation, noise_seed, cache_dir, bands, rank, buffers,
+                allow_no_noise, progress)
   etas = workloads.learning_rates(cfg.n, cfg.lr_schedule, cfg.schedule_rounds)
   server_optimizer = build_server_optimizer(cfg.server_learning_rate, cfg.momentum, etas)
   info: Dict[str, Any] = {
       "mechanism": cfg.mechanism.name, "label": cfg.mechanism.label, "total_rounds": cfg.n,
-      "noise_multiplier": cfg.noise_multiplier, "clients_per_round": cfg.clients_per_round,
-      "clip_norm": cfg.clip_norm, "stddev_per_round_sum": cfg.noise_multiplier * cfg.clip_norm,
+      "clients_per_round": cfg.clients_per_round, "clip_norm": cfg.clip_norm,
       "server_learning_rate": cfg.server_learning_rate, "momentum": cfg.momentum,
       "lr_schedule": cfg.lr_schedule, "schedule_rounds": cfg.schedule_rounds,
       "participation": cfg.participation.as_dict(), "noise_kind": cfg.mechanism.noise,
       "noise_seed_pinned": cfg.noise_seed is not None,
   }
-  build = _BUILDERS[cfg.mechanism.noise]
-  factory, f, noise = build(cfg, info)
+  built = _BUILDERS[cfg.mechanism.noise](cfg, info)
+  cfg = _resolve_privacy(cfg, built.sensitivity, info)
+  factory = built.factory(cfg)
+  f = built.factorization
   if f is not None:
     info.update(strategy=f.strategy, sqrt_loss=f.sqrt_loss)
   return MechanismSetup(aggregation_factory=DPAggregatorFactory(factory, cfg.mechanism.name),
-                        server_optimizer=server_optimizer, factorization=f, noise=noise,
+                        server_optimizer=server_optimizer, factorization=f, noise=built.noise,
                         sqrt_loss=None if f is None else f.sqrt_loss, info=info)
+
+
+@dataclasses.dataclass
+class _Built:
+  """A mechanism before its noise multiplier is fixed."""
+  factory: Callable[[MechanismConfig], Callable[[Any], Any]]
+  factorization: Optional[fz.Factorization]
+  noise: Optional[noise_lib.StreamingNoise]
+  sensitivity: Optional[float]  # of one unit of noise std (per node for TFF's tree)
+
+
+def _resolve_privacy(cfg: MechanismConfig, sensitivity: Optional[float],
+                     info: Dict[str, Any]) -> MechanismConfig:
+  """Fixes z (given, or calibrated to the target ε) and records z, z/sens and ε."""
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  if not cfg.mechanism.private:
+    info.update(noise_multiplier=0.0, private=False)
+    return cfg
+  z = cfg.noise_multiplier
+  if z is None:
+    z = accounting.calibrate_noise_multiplier(cfg.target_epsilon, cfg.delta, cfg.accountant,
+                                              sensitivity=sensitivity)
+    info.update(target_epsilon=cfg.target_epsilon, calibrated=True)
+  cfg = dataclasses.replace(cfg, noise_multiplier=float(z))
+  info.update(noise_multiplier=cfg.noise_multiplier,
+              stddev_per_round_sum=cfg.noise_multiplier * cfg.clip_norm,
+              effective_noise_multiplier=cfg.noise_multiplier / sensitivity)
+  if cfg.delta is not None:
+    info.update(delta=cfg.delta, accountant=cfg.accountant,
+                epsilon=accounting.epsilon(cfg.noise_multiplier, cfg.delta, cfg.accountant,
+                                           sensitivity=sensitivity),
+                epsilon_analysis="one Gaussian at z/sens, without amplification")
+  return cfg
 
 
 def _matrix_factorization(cfg: MechanismConfig, info: Dict[str, Any]):
@@ -263,7 +327,11 @@ def _matrix_factorization(cfg: MechanismConfig, info: Dict[str, Any]):
   return f, a_factorized
 
 
-def _query_factory(cfg: MechanismConfig, noise: noise_lib.StreamingNoise):
+def _query_factory(noise: noise_lib.StreamingNoise):
+  return lambda cfg: _make_query_factory(cfg, noise)
+
+
+def _make_query_factory(cfg: MechanismConfig, noise: noise_lib.StreamingNoise):
   def make_factory(specs):
     q = query_lib.MatrixFactorizationQuery(
         noise, l2_norm_clip=cfg.clip_norm, noise_multiplier=cfg.noise_multiplier,
@@ -273,27 +341,26 @@ def _query_factory(cfg: MechanismConfig, noise: noise_lib.StreamingNoise):
   return make_factory
 
 
-def _record_noise(info: Dict[str, Any], cfg: MechanismConfig, noise) -> None:
+def _record_noise(info: Dict[str, Any], noise) -> None:
   info.update(sensitivity=noise.sensitivity,
               sensitivity_exact=noise.sensitivity_report["exact"],
               sensitivity_method=noise.sensitivity_report["method"],
-              effective_noise_multiplier=cfg.noise_multiplier / noise.sensitivity,
               noise_implementation=noise.describe(), state_rows=noise.buffer_rows())
 
 
 def _build_dense(cfg: MechanismConfig, info: Dict[str, Any]):
   f, _ = _matrix_factorization(cfg, info)
   noise = noise_lib.DenseNoise(f.c, f.noise_matrix() if f.m != f.n else None, cfg.participation)
-  _record_noise(info, cfg, noise)
-  return _query_factory(cfg, noise), f, noise
+  _record_noise(info, noise)
+  return _Built(_query_factory(noise), f, noise, noise.sensitivity)
 
 
 def _build_linear(cfg: MechanismConfig, info: Dict[str, Any]):
   f, a_factorized = _matrix_factorization(cfg, info)
   stream = families.stream(cfg.mechanism.strategy, f.extras, a_factorized)
   noise = noise_lib.LinearNoise(stream, f.c, cfg.participation)
-  _record_noise(info, cfg, noise)
-  return _query_factory(cfg, noise), f, noise
+  _record_noise(info, noise)
+  return _Built(_query_factory(noise), f, noise, noise.sensitivity)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,57 +372,65 @@ class TreeAggregationParams:
 
 
 def tree_aggregation_params(cfg: MechanismConfig) -> TreeAggregationParams:
-  """Per-node multiplier z·√levels: each round is in ``levels`` nodes, so the whole run has
-  sensitivity √levels per unit node noise, the privacy of multiplier z (McMahan et al.
-  Sec 2.1). The seed is pinned or drawn from OS entropy (never TFF's clock-based default)."""
+  """Per-node multiplier z·√levels: each round is in ``levels`` nodes, so a single-participation
+  run has sensitivity √levels per unit of node noise, the privacy of multiplier z (McMahan
+  et al. Sec 2.1). The seed is pinned or drawn from OS entropy (never TFF's clock-based
+  default)."""
   levels = tree.tree_levels(cfg.n)
   seed = cfg.noise_seed if cfg.noise_seed is not None else checks.new_seed()
   return TreeAggregationParams(cfg.noise_multiplier * math.sqrt(levels), levels, seed)
 
 
 def _build_tff_tree(cfg: MechanismConfig, info: Dict[str, Any]):
-  params = tree_aggregation_params(cfg)
-  # The nodes TFF adds noise to are the rows of C_T (unnormalized, unit node noise).
+  # The nodes TFF adds noise to are the rows of C_T (unnormalized, unit node noise); z is the
+  # node multiplier divided by √levels, so the sensitivity per unit of z is sens(C_T)/√levels.
+  levels = tree.tree_levels(cfg.n)
   report = participation_lib.sensitivity_report(tree.tree_encoder(cfg.n), cfg.participation)
-  info.update(tree_levels=params.levels,
-              noise_multiplier_per_node=params.noise_multiplier_per_node,
-              sensitivity_per_node=report["value"], sensitivity_exact=report["exact"],
-              sensitivity_method=report["method"],
-              effective_noise_multiplier=params.noise_multiplier_per_node / report["value"],
+  info.update(tree_levels=levels, sensitivity_per_node=report["value"],
+              sensitivity=report["value"] / math.sqrt(levels),
+              sensitivity_exact=report["exact"], sensitivity_method=report["method"],
               tff_dp_events="TFF's tree query reports UnsupportedDpEvent",
               noise_seed_source="pinned" if cfg.noise_seed is not None else "os_entropy")
 
-  def make_factory(specs):
-    return tff.aggregators.DifferentiallyPrivateFactory.tree_aggregation(
-        noise_multiplier=params.noise_multiplier_per_node,
-        clients_per_round=cfg.clients_per_round, l2_norm_clip=cfg.clip_norm, record_specs=specs,
-        noise_seed=params.noise_seed, use_efficient=True)
+  def factory(cfg: MechanismConfig):
+    params = tree_aggregation_params(cfg)
+    info.update(noise_multiplier_per_node=params.noise_multiplier_per_node)
 
-  return make_factory, None, None
+    def make_factory(specs):
+      return tff.aggregators.DifferentiallyPrivateFactory.tree_aggregation(
+          noise_multiplier=params.noise_multiplier_per_node,
+          clients_per_round=cfg.clients_per_round, l2_norm_clip=cfg.clip_norm,
+          record_specs=specs, noise_seed=params.noise_seed, use_efficient=True)
+
+    return make_factory
+
+  return _Built(factory, None, None, report["value"] / math.sqrt(levels))
 
 
 def _build_tff_gaussian(cfg: MechanismConfig, info: Dict[str, Any]):
   f = strategies.factorize(strategies.FactorizationSpec(workload=cfg.workload,
                                                         strategy="identity"))
   sens = participation_lib.sensitivity_report(f.c, cfg.participation)["value"]
-  info.update(sensitivity=sens, effective_noise_multiplier=cfg.noise_multiplier / sens,
+  info.update(sensitivity=sens,
               tff_dp_events="TFF reports GaussianDpEvent(z) every round; composing them "
                             "over-counts (an upper bound)",
               noise_seed_source="TensorFlow's stateful RNG (seeded from OS entropy)")
 
-  def make_factory(specs):
-    del specs
-    return tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
-        noise_multiplier=cfg.noise_multiplier, clients_per_round=cfg.clients_per_round,
-        clip=cfg.clip_norm)
+  def factory(cfg: MechanismConfig):
+    def make_factory(specs):
+      del specs
+      return tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+          noise_multiplier=cfg.noise_multiplier, clients_per_round=cfg.clients_per_round,
+          clip=cfg.clip_norm)
+    return make_factory
 
-  return make_factory, f, None
+  return _Built(factory, f, None, sens)
 
 
 def _build_none(cfg: MechanismConfig, info: Dict[str, Any]):
-  del cfg
-  info.update(private=False)
-  return lambda specs: tff.aggregators.UnweightedMeanFactory(), None, None
+  del cfg, info
+  return _Built(lambda cfg: (lambda specs: tff.aggregators.UnweightedMeanFactory()), None, None,
+                None)
 
 
 _BUILDERS = {"dense": _build_dense, "linear": _build_linear, "tff_tree": _build_tff_tree,
