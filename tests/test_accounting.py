@@ -11,7 +11,6 @@ import itertools
 import math
 import time
 
-import dp_accounting
 import mpmath
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from scipy import stats
 
 from tff_mf import accounting
 from tff_mf import checks
+from tff_mf import gaussian
 from tff_mf import mmcc
 from tff_mf import participation
 
@@ -164,7 +164,7 @@ def _min_sep(b, k=None):
 @pytest.mark.parametrize("multiplier", [1e-5, 1e-3, 0.05, 0.5, 1.0, 4.2, 30.0, 1e4])
 @pytest.mark.parametrize("delta", [1e-300, 1e-12, 1e-6, 0.1])
 def test_exact_is_tight_against_50_digit_reference(multiplier, delta):
-  eps = accounting.gaussian_epsilon_exact(multiplier, delta)
+  eps = gaussian.gaussian_epsilon_exact(multiplier, delta)
   if eps == 0.0:
     assert _delta_mp(multiplier, 0) <= delta
     return
@@ -190,8 +190,8 @@ def test_default_accountant_is_exact():
 
 def test_known_value_gaussian_mechanism():
   # z = 1, δ = 1e-5: the analytic Gaussian mechanism gives ε ≈ 4.36 (Balle & Wang 2018).
-  exact = accounting.gaussian_epsilon_exact(1.0, 1e-5)
-  assert abs(accounting.gaussian_delta_exact(1.0, exact) - 1e-5) < 1e-12
+  exact = gaussian.gaussian_epsilon_exact(1.0, 1e-5)
+  assert abs(gaussian.gaussian_delta_exact(1.0, exact) - 1e-5) < 1e-12
   assert 4.3 < exact < 4.45
 
 
@@ -211,7 +211,7 @@ def test_tiny_noise_and_huge_epsilon_are_bounded():
   assert eps == pytest.approx(_epsilon_mp(1e-3, DELTA, eps), rel=1e-9)
   assert accounting.epsilon(1e-30, DELTA) == pytest.approx(0.5e60, rel=1e-9)
   assert accounting.epsilon(1e-200, DELTA) == math.inf  # ε ≈ 5e399 exceeds every double
-  assert accounting.gaussian_delta_exact(0.03, 710.0) > 0
+  assert gaussian.gaussian_delta_exact(0.03, 710.0) > 0
   assert time.perf_counter() - start < 1.0
   pld = accounting.epsilon(1e-3, DELTA, "pld")  # coarser pessimistic grid, bounded memory
   assert eps <= pld <= eps * (1 + 1e-5)
@@ -380,7 +380,7 @@ def test_banded_matches_dp_accounting_and_valid_bounds(n, height, p, z):
   assert r["epsilon"] >= _dpsgd_pld(k, p, z, pessimistic=False, discretization=DISC)
   assert r["epsilon"] >= _one_round_epsilon(z, p)
   # Never above the unamplified Gaussian at z/√k (every round of the class joined).
-  unamplified = accounting.gaussian_epsilon_exact(z / math.sqrt(k), DELTA)
+  unamplified = gaussian.gaussian_epsilon_exact(z / math.sqrt(k), DELTA)
   assert r["unamplified_epsilon"] == pytest.approx(unamplified, rel=1e-12)
   assert r["epsilon"] <= unamplified
 
@@ -489,7 +489,7 @@ def test_mmcc_tree_lower_bound_from_its_leaf_rows():
   sens = float(np.linalg.norm(mmcc.binary_tree_matrix(n).sum(axis=1)))
   assert r["sensitivity"] == pytest.approx(sens)
   assert r["unamplified_epsilon"] == pytest.approx(
-      accounting.gaussian_epsilon_exact(z / sens, DELTA), rel=1e-12)
+      gaussian.gaussian_epsilon_exact(z / sens, DELTA), rel=1e-12)
   assert r["epsilon"] <= r["unamplified_epsilon"]
 
 

@@ -62,3 +62,13 @@ def test_tests_are_py_test_targets(rule):
   tested = {src for kind, _, srcs, _ in _targets() if kind == rule for src in srcs}
   for path in sorted((ROOT / "tests").glob("test_*.py")):
     assert path.relative_to(ROOT).as_posix() in tested, f"{path.name} is not a py_test"
+
+
+def test_build_is_generated_from_the_imports():
+  """BUILD is what scripts/generate_build.py writes: every target's deps are its imports."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import userenv  # pylint: disable=g-import-not-at-top
+  out = subprocess.run([sys.executable, str(ROOT / "scripts" / "generate_build.py"), "--check"],
+                       cwd=ROOT, env=userenv.env(), capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr

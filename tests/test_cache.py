@@ -13,10 +13,8 @@ import userenv
 
 from tff_mf import cache
 from tff_mf import factorization as fz
-from tff_mf import families
 from tff_mf import strategies
 from tff_mf import workloads
-from tff_mf.families import structured
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -333,7 +331,7 @@ def test_structured_entry_reuses_cached_optimum_and_stores_algorithm3_pieces(tmp
   assert f.sqrt_loss >= opt.sqrt_loss * (1 - 1e-9)
   assert entry.metadata["info"]["optimal_sqrt_loss"] == pytest.approx(opt.sqrt_loss)
   loaded = cache.load(entry.npz_path)
-  stream = families.stream("structured", loaded.extras, loaded.a)
+  stream = strategies.stream("structured", loaded.extras, loaded.a)
   z = np.random.default_rng(0).standard_normal((32, 3))
   np.testing.assert_allclose(stream.run(z), np.linalg.solve(f.c, z), atol=1e-9)
   assert len(cache.list_entries(str(tmp_path))) == 2
@@ -354,7 +352,7 @@ def test_structured_pieces_that_do_not_rebuild_b_are_refused(tmp_path):
 def test_solver_version_change_is_a_miss(tmp_path, monkeypatch, count_factorizations):
   spec = _spec("honaker_online", n=8)
   _, first = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
-  monkeypatch.setattr(families.module("tree"), "VERSION", "999")
+  monkeypatch.setattr(strategies.family_module("honaker_online"), "VERSION", "999")
   _, second = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
   assert not second.cache_hit and second.directory != first.directory
   assert len(count_factorizations) == 2

@@ -9,7 +9,6 @@ import pkgutil
 import subprocess
 import sys
 
-import pytest
 
 import userenv
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tff_mf import accounting
+from tff_mf import gaussian
 from tff_mf import mmcc
 from tff_mf.families import tree
 
@@ -44,7 +44,7 @@ def _random_c(n, seed, density=0.7):
 
 def _no_amplification_epsilon(c, sigma, delta=DELTA):
   """Same mechanism, every example in every round: Gaussian with sensitivity ‖C·1‖ (Lemma B.2)."""
-  return accounting.gaussian_epsilon_exact(sigma / np.linalg.norm(c.sum(axis=1)), delta)
+  return gaussian.gaussian_epsilon_exact(sigma / np.linalg.norm(c.sum(axis=1)), delta)
 
 
 @pytest.mark.parametrize("n,p,sigma", [(10, 0.2, 1.5), (40, 0.05, 1.0), (100, 0.01, 0.8)])
@@ -78,7 +78,7 @@ def test_random_matrices_amplification_properties(seed):
   full = mmcc.mmcc(c, 1.0, 4.0, DELTA, **FAST)
   assert full.delta_tail == 0.0  # p̃ = 1 needs no tail bound
   assert full.epsilon >= full.unamplified_epsilon
-  assert full.epsilon >= accounting.gaussian_epsilon_exact(4.0, DELTA)
+  assert full.epsilon >= gaussian.gaussian_epsilon_exact(4.0, DELTA)
   # Rounding C up to the grid is the only slack at p = 1.
   rounded = mmcc.round_up_to_grid(c, full.grid_step) * full.grid_step * (c > 0)
   assert full.epsilon == pytest.approx(_no_amplification_epsilon(rounded, 4.0), rel=2e-3)
@@ -148,8 +148,8 @@ def test_tiny_noise_coarsens_the_grid_and_refuses_beyond(monkeypatch):
   monkeypatch.setattr(mmcc, "MAX_ROW_POINTS", 1 << 16)
   r = mmcc.mmcc(mmcc.identity_matrix(2), 0.5, 1e-3, DELTA, workers=1)
   assert r.pld_discretization > 3e4 * mmcc.DEFAULT_PLD_DISCRETIZATION
-  gaussian = accounting.gaussian_epsilon_exact(1e-3, DELTA)
-  assert gaussian * 0.99 <= r.epsilon <= 2 * gaussian  # two rounds, each ≈ ε_G + log p
+  eps_gaussian = gaussian.gaussian_epsilon_exact(1e-3, DELTA)
+  assert eps_gaussian * 0.99 <= r.epsilon <= 2 * eps_gaussian  # two rounds, each ≈ ε_G + log p
   with pytest.raises(mmcc.MMCCNumericError, match="grid points"):
     mmcc.mmcc(mmcc.identity_matrix(2), 0.5, 1e-4, DELTA, workers=1)
 
@@ -179,7 +179,7 @@ def test_inverse_privacy_loss_with_negligible_components():
   sens, probs = np.array([0.0, 0.5, 1.0]), np.array([1e-17, 1e-17, 1.0 - 2e-17])
   pld = mmcc.mixture_pld(0.1, sens, probs, discretization=1e-2)
   eps = pld.get_epsilon_for_delta(DELTA)
-  assert eps >= accounting.gaussian_epsilon_exact(0.1, DELTA) * (1 - 1e-3)
+  assert eps >= gaussian.gaussian_epsilon_exact(0.1, DELTA) * (1 - 1e-3)
 
 
 def test_iid_sampling_beats_min_sep_tree_restart():

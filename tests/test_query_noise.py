@@ -12,7 +12,6 @@ import scipy.linalg
 import scipy.stats
 import tensorflow as tf
 
-from tff_mf import checks
 from tff_mf import factorization as fz
 from tff_mf import registry
 from tff_mf import streams

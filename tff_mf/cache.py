@@ -109,7 +109,7 @@ def file_sha256(path: str) -> str:
 def solver_version(strategy: str) -> str:
   """``<family>-<VERSION>`` of the family module that computes ``strategy``."""
   family = registry.strategy(strategy).family
-  return f"{family}-{families.module(family).VERSION}"
+  return f"{family}-{strategies.family_module(strategy).VERSION}"
 
 
 def workload_key_params(workload: workloads.WorkloadSpec) -> Dict[str, Any]:
@@ -256,13 +256,12 @@ def _check_consistency(f: fz.Factorization, metadata: Dict[str, Any], npz_path: 
   if expected_workload is not None and (expected_workload.shape != f.a.shape or not np.allclose(
       f.a, expected_workload, rtol=1e-12, atol=1e-12)):
     raise CacheError(f"{name}: its A is not the requested workload")
-  family = families.module(registry.strategy(f.strategy).family)
-  check_extras = getattr(family, "check_extras", None)
+  check_extras = getattr(strategies.family_module(f.strategy), "check_extras", None)
   try:
     if check_extras is not None:
       check_extras(f)
     elif registry.strategy(f.strategy).streams:
-      families.stream(f.strategy, f.extras, f.a)
+      strategies.stream(f.strategy, f.extras, f.a)
     schema = participation_lib.from_dict(metadata["info"]["participation"])
     figures = dict(strategies.error_figures(f, schema), sqrt_loss=f.sqrt_loss)
   except (checks.CheckError, KeyError, TypeError) as e:

@@ -42,7 +42,7 @@ EVERY APPROXIMATION HERE ONLY OVER-ESTIMATES ε (App F):
   The grid step is ``pld_discretization`` unless some row's privacy-loss range
   would need more than ``MAX_ROW_POINTS`` points (tiny σ); then all rows use
   the coarser step that fits (still pessimistic, so still an upper bound), and
-  a range that needs a step above ``accounting.PLD_MAX_DISCRETIZATION`` is
+  a range that needs a step above ``gaussian.PLD_MAX_DISCRETIZATION`` is
   refused (MMCCNumericError). Where dp_accounting's search for the left
   truncation point fails by one ulp, the end of its search interval is used
   (all mass left of it counts as infinite loss);
@@ -86,7 +86,7 @@ import numpy as np
 from scipy import special
 from scipy import stats
 
-from tff_mf import accounting
+from tff_mf import gaussian
 from tff_mf import checks
 from tff_mf.families import tree
 
@@ -798,8 +798,8 @@ def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
   start = time.time()
   c = check_encoder(c, non_adaptive=non_adaptive)
   p = check_sampling_prob(sampling_prob)
-  sigma = accounting.check_noise_multiplier(noise_multiplier)
-  delta = accounting.check_delta(delta)
+  sigma = checks.noise_multiplier(noise_multiplier)
+  delta = checks.delta(delta)
   if not (0.0 < delta_split < 1.0):
     raise MMCCError(f"delta_split must be in (0, 1), got {delta_split}")
   m, n = c.shape
@@ -877,10 +877,10 @@ def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
     if not widths:
       break
     discretization = max(discretization, 1.05 * max(widths) / MAX_ROW_POINTS)
-    if discretization > accounting.PLD_MAX_DISCRETIZATION:
+    if discretization > gaussian.PLD_MAX_DISCRETIZATION:
       raise MMCCNumericError(
           f"the row privacy losses at noise multiplier {sigma:g} span {max(widths):.3g}, more "
-          f"than {MAX_ROW_POINTS} grid points of step {accounting.PLD_MAX_DISCRETIZATION:g}")
+          f"than {MAX_ROW_POINTS} grid points of step {gaussian.PLD_MAX_DISCRETIZATION:g}")
   else:
     raise MMCCNumericError("the row PLDs did not fit on a common grid")
 
@@ -898,7 +898,7 @@ def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
     if total is not None:
       eps = max(eps, float(total.get_epsilon_for_delta(delta_pld)))
   gamma = float(np.sqrt(np.max(np.sum(c * c, axis=0))))
-  unamplified = accounting.gaussian_epsilon_exact(sigma / gamma, delta)
+  unamplified = gaussian.gaussian_epsilon_exact(sigma / gamma, delta)
   return MMCCResult(
       epsilon=eps, delta=delta, delta_tail=delta_tail, delta_pld=delta_pld,
       sampling_prob=p, noise_multiplier=sigma, min_sep=min_sep, n=n, m=m,

@@ -18,7 +18,19 @@ from tff_mf import factorization as fz
 from tff_mf import families
 from tff_mf import participation as participation_lib
 from tff_mf import registry
+from tff_mf import streams
 from tff_mf import workloads
+from tff_mf.families import banded
+from tff_mf.families import blt
+from tff_mf.families import dense
+from tff_mf.families import identity
+from tff_mf.families import structured
+from tff_mf.families import toeplitz
+from tff_mf.families import tree
+
+# Family name (tff_mf.registry.Strategy.family) -> its module.
+FAMILIES = {"banded": banded, "blt": blt, "dense": dense, "identity": identity,
+            "structured": structured, "toeplitz": toeplitz, "tree": tree}
 
 STRATEGIES = tuple(registry.STRATEGIES)
 DEFAULT_TARGET_GAP = 1e-6
@@ -123,8 +135,7 @@ def factorize(spec: FactorizationSpec, progress: bool = False,
   a = spec.workload.build()
   start = time.perf_counter()
   context = context or families.Context(progress=progress)
-  entry = registry.strategy(spec.strategy)
-  result = families.module(entry.family).factorize(a, spec, context).normalized()
+  result = family_module(spec.strategy).factorize(a, spec, context).normalized()
   info = dict(result.info)
   info.setdefault("seconds", time.perf_counter() - start)
   f = fz.Factorization(a=a, b=result.b, c=result.c, strategy=spec.strategy, info=info,
@@ -150,3 +161,23 @@ def post_processed(f_prefix: fz.Factorization, a, name: str) -> fz.Factorization
   return fz.Factorization(a=a, b=b, c=f_prefix.c, strategy=name, info=info,
                           extras=dict(f_prefix.extras)).validate(atol=1e-6)
 
+
+
+def family_module(strategy: str):
+  """The family module that computes ``strategy``."""
+  return FAMILIES[registry.strategy(strategy).family]
+
+
+def stream(strategy: str, extras: Dict[str, Any], a) -> streams.LinearStream:
+  """The LinearStream of a normalized factorization, rebuilt from its stored extras.
+
+  The family rebuilds the stream of its unnormalized C⁻¹; the outputs are then
+  multiplied by the stored ``normalization`` γ, since (C/γ)⁻¹ = γ·C⁻¹.
+  """
+  if not registry.strategy(strategy).streams:
+    raise checks.CheckError(f"strategy {strategy!r} has no streaming form")
+  gamma = extras.get("normalization")
+  if gamma is None or getattr(gamma, "shape", None) != (1,):
+    raise checks.CheckError(f"{strategy}: stored parameters lack the normalization γ")
+  return family_module(strategy).stream(extras, a).scaled(
+      checks.positive_float(float(gamma[0]), f"{strategy}: normalization γ"))

@@ -1,24 +1,24 @@
 """Strategy families: each module owns the math of one family of encoders C (numpy core).
 
-A family module exposes ``factorize(a, spec, context) -> FamilyResult`` (an
-unnormalized B, C with B·C = A, JSON-ready info and the float64 parameters the
-cache stores beside A, B and C) and, when the family streams its noise,
-``stream(extras, a) -> tff_mf.streams.LinearStream`` rebuilding the stream from
-those parameters. ``tff_mf.registry.STRATEGIES`` maps strategy names to families;
-``tff_mf.strategies.factorize`` normalizes and validates what a family returns.
+A family module exposes ``VERSION`` (part of cache keys), ``factorize(a, spec,
+context) -> FamilyResult`` (an unnormalized B, C with B·C = A, JSON-ready info and
+the float64 parameters the cache stores beside A, B and C), optionally
+``check_extras(factorization)`` (its parameters rebuild its matrices) and, when the
+family streams its noise, ``stream(extras, a) -> tff_mf.streams.LinearStream``
+rebuilding the stream from those parameters. ``tff_mf.registry.STRATEGIES`` names
+each strategy's family and ``tff_mf.strategies`` dispatches to the modules, then
+normalizes and validates what a family returns. This package module holds only the
+types the families share.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-from types import ModuleType
 from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
 from tff_mf import checks
-from tff_mf import streams
 
 
 @dataclasses.dataclass
@@ -46,25 +46,3 @@ class Context:
   """What a family may need besides A: the optimal decoder for A (structured)."""
   optimal: Optional[Callable[[], Any]] = None
   progress: bool = False
-
-
-def module(family: str) -> ModuleType:
-  """The family module ``tff_mf.families.<family>``."""
-  return importlib.import_module(f"tff_mf.families.{family}")
-
-
-def stream(strategy: str, extras: Dict[str, np.ndarray], a: np.ndarray) -> streams.LinearStream:
-  """The LinearStream of a normalized factorization from its stored extras.
-
-  The family rebuilds the stream of its unnormalized C⁻¹; the outputs are then
-  multiplied by the stored ``normalization`` γ, since (C/γ)⁻¹ = γ·C⁻¹.
-  """
-  from tff_mf import registry  # pylint: disable=g-import-not-at-top
-  entry = registry.strategy(strategy)
-  if not entry.streams:
-    raise checks.CheckError(f"strategy {strategy!r} has no streaming form")
-  gamma = extras.get("normalization")
-  if gamma is None or np.shape(gamma) != (1,):
-    raise checks.CheckError(f"{strategy}: stored parameters lack the normalization γ")
-  return module(entry.family).stream(extras, a).scaled(
-      checks.positive_float(float(gamma[0]), f"{strategy}: normalization γ"))

@@ -30,7 +30,6 @@ import tensorflow_privacy as tfp
 
 from tff_mf import checks
 from tff_mf import factorization as fz
-from tff_mf import families
 from tff_mf import participation as participation_lib
 from tff_mf import registry
 from tff_mf import strategies
@@ -357,7 +356,7 @@ def _build_dense(cfg: MechanismConfig, info: Dict[str, Any]):
 
 def _build_linear(cfg: MechanismConfig, info: Dict[str, Any]):
   f, a_factorized = _matrix_factorization(cfg, info)
-  stream = families.stream(cfg.mechanism.strategy, f.extras, a_factorized)
+  stream = strategies.stream(cfg.mechanism.strategy, f.extras, a_factorized)
   noise = noise_lib.LinearNoise(stream, f.c, cfg.participation)
   _record_noise(info, noise)
   return _Built(_query_factory(noise), f, noise, noise.sensitivity)
