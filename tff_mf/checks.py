@@ -24,6 +24,11 @@ class CheckError(ValueError):
   """An argument, matrix or file fails a check (the message says which and why)."""
 
 
+# Starts the message of every check tff-mf runs inside a TensorFlow graph (e.g. a round past
+# the n rounds a matrix was built for), so callers can find it inside TF/TFF/gRPC errors.
+IN_GRAPH_PREFIX = "tff-mf check failed: "
+
+
 # ----------------------------------------------------------------------------- numbers
 
 

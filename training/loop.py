@@ -36,7 +36,7 @@ from training.config import is_seedless
 Log = Callable[[str], None]
 RoundCallback = Callable[[int], None]
 # The library's own in-graph checks (tff_mf.tf.query) name themselves in their message.
-_LIBRARY_ERROR = re.compile(r"(MatrixFactorizationQuery: [^\]\n]*)")
+_LIBRARY_ERROR = re.compile(re.escape(checks.IN_GRAPH_PREFIX) + r"([^\]\n]*)")
 
 
 def _stderr(message: str) -> None:

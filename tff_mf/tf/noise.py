@@ -171,8 +171,9 @@ class StreamingNoise(abc.ABC):
     """
     past_end = tf.debugging.assert_less(
         tf.cast(round_index, tf.int64), tf.constant(self.n, tf.int64), summarize=1,
-        message=f"{self.describe()}: round index (first value) is past the n={self.n} rounds "
-                "this mechanism was built for (second value); build one for more rounds")
+        message=f"{checks.IN_GRAPH_PREFIX}{self.describe()}: round index (first value) is past "
+                f"the n={self.n} rounds this mechanism was built for (second value); build one "
+                "for more rounds")
     with tf.control_dependencies([past_end]):
       i = tf.identity(tf.cast(round_index, tf.int64))
     return self._noise_row(seed, i, buffers, flat_specs(specs), float(stddev))
@@ -376,8 +377,8 @@ class PrecomputedNoise(StreamingNoise):
   def _noise_row(self, seed, i, buffers, specs, stddev):
     check = tf.debugging.assert_equal(
         tf.convert_to_tensor(seed, tf.int64), tf.constant(self.seed),
-        message="PrecomputedNoise: the query's seed differs from the seed these rows were "
-        "computed for; precomputed noise cannot serve another seed")
+        message=f"{checks.IN_GRAPH_PREFIX}PrecomputedNoise: the query's seed differs from the "
+        "seed these rows were computed for; precomputed noise cannot serve another seed")
     with tf.control_dependencies([check]):
       row = tf.gather(tf.constant(self._rows * stddev), i)
     parts = tf.split(row, self._sizes) if len(self._sizes) > 1 else [row]

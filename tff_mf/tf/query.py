@@ -177,7 +177,8 @@ class MatrixFactorizationQuery(tfp.SumAggregationDPQuery):
     self._check_structure(record, "the client update")
     flat = tf.nest.flatten(record)
     checks = [tf.debugging.assert_all_finite(
-        x, message=f"MatrixFactorizationQuery: client update leaf #{k} contains NaN or Inf")
+        x, message=f"{checks.IN_GRAPH_PREFIX}MatrixFactorizationQuery: client update leaf #{k} "
+        "contains NaN or Inf")
               for k, x in enumerate(flat)]
     with tf.control_dependencies(checks):
       clipped, _ = tf.clip_by_global_norm(flat, tf.cast(params, tf.float32))
