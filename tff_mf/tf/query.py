@@ -176,11 +176,10 @@ class MatrixFactorizationQuery(tfp.SumAggregationDPQuery):
   def preprocess_record(self, params, record):
     self._check_structure(record, "the client update")
     flat = tf.nest.flatten(record)
-    checks = [tf.debugging.assert_all_finite(
+    finite = [tf.debugging.assert_all_finite(
         x, message=f"{checks.IN_GRAPH_PREFIX}MatrixFactorizationQuery: client update leaf #{k} "
-        "contains NaN or Inf")
-              for k, x in enumerate(flat)]
-    with tf.control_dependencies(checks):
+        "contains NaN or Inf") for k, x in enumerate(flat)]
+    with tf.control_dependencies(finite):
       clipped, _ = tf.clip_by_global_norm(flat, tf.cast(params, tf.float32))
     return tf.nest.pack_sequence_as(record, clipped)
 
