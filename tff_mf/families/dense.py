@@ -136,31 +136,65 @@ def relative_gap(primal: float, dual: float) -> float:
   return float((primal - dual) / primal)
 
 
+def _symmetric_gram(a: np.ndarray) -> np.ndarray:
+  """G = AᵀA, exactly symmetric."""
+  gram = a.T @ a
+  return 0.5 * (gram + gram.T)
+
+
+def _gram_eigenvalue_floor(a: np.ndarray) -> float:
+  """λ_min(G) = σ_min(A)² ≥ 1/‖A⁻¹‖²_F (Denisov et al. App E.4: a-priori eigenvalue floor)."""
+  a_inv = scipy.linalg.solve_triangular(a, np.eye(a.shape[0]), lower=True, check_finite=False)
+  return 1.0 / float(np.sum(np.square(a_inv)))
+
+
+def _floored_eigh(m: np.ndarray, floor: float, what: str):
+  """(Q, floored √Λ, count of numerically negative eigenvalues) of the symmetric M = ``what``.
+
+  M is overwritten. Eigenvalues are floored at the a-priori bound ``floor`` (App E.4), so
+  the square roots exist and the dual bound stays valid.
+  """
+  lam, q = scipy.linalg.eigh(m, lower=True, driver="evd", overwrite_a=True,
+                             check_finite=False)
+  if not (np.all(np.isfinite(lam)) and np.all(np.isfinite(q))):
+    raise LossOfPositiveDefinitenessError(
+        f"eigendecomposition of {what} produced non-finite values")
+  negative = int(np.sum(lam < -1e-10 * max(abs(float(lam[-1])), 1e-300)))
+  return q, np.sqrt(np.maximum(lam, floor)), negative
+
+
+def _factors_from_gram(x: np.ndarray, a: np.ndarray, message: str):
+  """(B, C): C lower triangular with CᵀC = X (Denisov et al. Prop 2.2), B = A C⁻¹.
+
+  With J the reversal permutation, J X J = L Lᵀ gives C = J Lᵀ J; B C = A is solved as
+  Cᵀ Bᵀ = Aᵀ (one triangular solve). ``message`` is the error when the Cholesky
+  factorization finds X not positive definite.
+  """
+  try:
+    chol = scipy.linalg.cholesky(x[::-1, ::-1], lower=True, check_finite=False)
+  except np.linalg.LinAlgError as e:
+    raise LossOfPositiveDefinitenessError(message) from e
+  c = np.tril(np.ascontiguousarray(chol.T[::-1, ::-1]))
+  b_t = scipy.linalg.solve_triangular(c, a.T, trans="T", lower=True, check_finite=False)
+  return np.tril(b_t.T), c
+
+
 class DualProblem:
   """The Eq. 4 problem for one workload A, evaluated through its dual in v (Eq. 5-8)."""
 
   def __init__(self, a: np.ndarray):
     self.a = workloads.validate_workload(a)
     self.n = self.a.shape[0]
-    gram = self.a.T @ self.a
-    self.gram = 0.5 * (gram + gram.T)  # G = AᵀA, exactly symmetric
-    # λ_min(G) = σ_min(A)² ≥ 1/‖A⁻¹‖²_F (App E.4: a-priori eigenvalue floor).
-    a_inv = scipy.linalg.solve_triangular(self.a, np.eye(self.n), lower=True, check_finite=False)
-    self.gram_eigenvalue_floor = 1.0 / float(np.sum(np.square(a_inv)))
+    self.gram = _symmetric_gram(self.a)
+    self.gram_eigenvalue_floor = _gram_eigenvalue_floor(self.a)
 
   def evaluate(self, v: np.ndarray, with_primal: bool = True) -> _Evaluation:
     """φ(v), the Eq. 8 bound and the rescaled primal from one ``eigh`` of M(v)."""
     r = np.sqrt(v)
     m = self.gram * r[:, None]
     m *= r[None, :]
-    lam, q = scipy.linalg.eigh(m, lower=True, driver="evd", overwrite_a=True,
-                               check_finite=False)
-    if not (np.all(np.isfinite(lam)) and np.all(np.isfinite(q))):
-      raise LossOfPositiveDefinitenessError(
-          "eigendecomposition of diag(v)^½ AᵀA diag(v)^½ produced non-finite values")
-    floor = float(np.min(v)) * self.gram_eigenvalue_floor
-    negative = int(np.sum(lam < -1e-10 * max(abs(float(lam[-1])), 1e-300)))
-    sqrt_lam = np.sqrt(np.maximum(lam, floor))
+    q, sqrt_lam, negative = _floored_eigh(m, float(np.min(v)) * self.gram_eigenvalue_floor,
+                                          "diag(v)^½ AᵀA diag(v)^½")
     phi = np.square(q) @ sqrt_lam
     trace = float(np.sum(sqrt_lam))
     # Eq. 8 at the best multiple t·v: d(t·v) = 2√t·tr Λ^½ − t·Σv is maximal at
@@ -186,18 +220,8 @@ class DualProblem:
     z /= np.sqrt(ev.phi)[:, None]
     x = z @ z.T
     x = 0.5 * (x + x.T)
-    x_rev = x[::-1, ::-1]
-    try:
-      chol = scipy.linalg.cholesky(x_rev, lower=True, check_finite=False)
-    except np.linalg.LinAlgError as e:
-      raise LossOfPositiveDefinitenessError(
-          "X = CᵀC lost positive definiteness in the Cholesky factorization (ψ)") from e
-    c = np.ascontiguousarray(chol.T[::-1, ::-1])
-    c = np.tril(c)
-    # B C = A  <=>  Cᵀ Bᵀ = Aᵀ.
-    b_t = scipy.linalg.solve_triangular(c, self.a.T, trans="T", lower=True, check_finite=False)
-    b = np.tril(b_t.T)
-    return b, c
+    return _factors_from_gram(
+        x, self.a, "X = CᵀC lost positive definiteness in the Cholesky factorization (ψ)")
 
 
 def solve(a: np.ndarray,
@@ -585,12 +609,9 @@ class FixedEpochDual:
     checks.dense_matrices_fit(n, 14.0, f"fixed-epoch optimal factorization for n={n}")
     # Position j·k + e holds round j + e·b (pattern j is a contiguous block).
     self.perm = self.schema.pattern_indices(n).reshape(-1)
-    gram = self.a.T @ self.a
-    gram = 0.5 * (gram + gram.T)
+    gram = _symmetric_gram(self.a)
     self.gram = np.ascontiguousarray(gram[np.ix_(self.perm, self.perm)])
-    a_inv = scipy.linalg.solve_triangular(self.a, np.eye(n), lower=True, check_finite=False)
-    self.gram_eigenvalue_floor = 1.0 / float(np.sum(np.square(a_inv)))
-    del a_inv
+    self.gram_eigenvalue_floor = _gram_eigenvalue_floor(self.a)
     self.upper = np.triu_indices(k, 1)
     self.m = 1 + len(self.upper[0])  # dual coordinates per pattern
     # Basis of the θ coordinates as k x k matrices (I for v_j; e_a e_cᵀ + e_c e_aᵀ).
@@ -643,15 +664,9 @@ class FixedEpochDual:
     gl = gl.transpose(1, 0, 2).reshape(n, n)  # columns in pattern-major order
     m = np.matmul(chol.transpose(0, 2, 1), gl.reshape(b, k, n)).reshape(n, n)  # Lᵀ (G L)
     m = 0.5 * (m + m.T)
-    lam, q = scipy.linalg.eigh(m, lower=True, driver="evd", overwrite_a=True,
-                               check_finite=False)
-    if not (np.all(np.isfinite(lam)) and np.all(np.isfinite(q))):
-      raise LossOfPositiveDefinitenessError(
-          "eigendecomposition of Lᵀ AᵀA L (fixed-epoch dual) produced non-finite values")
     # λ_min(M) ≥ λ_min(Λ)·λ_min(G): an a-priori floor (Denisov et al. App E.4).
-    floor = float(np.min(lam_min)) * self.gram_eigenvalue_floor
-    negative = int(np.sum(lam < -1e-10 * max(abs(float(lam[-1])), 1e-300)))
-    sqrt_lam = np.sqrt(np.maximum(lam, floor))
+    q, sqrt_lam, negative = _floored_eigh(m, float(np.min(lam_min)) * self.gram_eigenvalue_floor,
+                                          "Lᵀ AᵀA L (fixed-epoch dual)")
     trace = float(np.sum(sqrt_lam))
     dual = trace * trace / float(np.sum(theta[:, 0]))
     q3 = q.reshape(b, k, n)
@@ -811,15 +826,9 @@ class FixedEpochDual:
 
   def factors(self, ev: _EpochEvaluation):
     """(B, C): C lower triangular with CᵀC = X̃ (reversed Cholesky), B = A C⁻¹."""
-    x = self.projected_gram(ev)
-    try:
-      chol = scipy.linalg.cholesky(x[::-1, ::-1], lower=True, check_finite=False)
-    except np.linalg.LinAlgError as e:
-      raise LossOfPositiveDefinitenessError(
-          "the projected X = CᵀC lost positive definiteness in the Cholesky factorization") from e
-    c = np.tril(np.ascontiguousarray(chol.T[::-1, ::-1]))
-    b_t = scipy.linalg.solve_triangular(c, self.a.T, trans="T", lower=True, check_finite=False)
-    return np.tril(b_t.T), c
+    return _factors_from_gram(
+        self.projected_gram(ev), self.a,
+        "the projected X = CᵀC lost positive definiteness in the Cholesky factorization")
 
   def loss(self, b: np.ndarray, c: np.ndarray) -> float:
     """sens²·‖B‖²_F with the fixed-epoch sensitivity of the C returned (an upper bound)."""
