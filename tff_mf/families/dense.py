@@ -266,6 +266,26 @@ def solve(a: np.ndarray,
     NotConvergedError: target gap not reached and allow_unconverged is False.
     LossOfPositiveDefinitenessError: the square roots broke down numerically.
   """
+  _check_solve_arguments(target_gap, max_iterations, acceleration, anderson_memory)
+  run = _Run(target_gap=target_gap, callback=callback)
+  problem = DualProblem(a)
+  v = _initial_v(initial_v, problem.n)
+  steps = _SingleSteps(acceleration, anderson_memory, max_cg_iterations)
+  run.open_bar(progress, f"optimal n={problem.n}")
+  try:
+    while run.iterations < max_iterations:
+      if run.out_of_time(time_limit):
+        break
+      ev = problem.evaluate(v)
+      if run.update(ev, problem.factors, fz.loss, stall_iterations):
+        break
+      v = steps.next_v(ev, run.best)
+  finally:
+    run.bar.close()
+  return _single_result(run, problem, steps, max_iterations, allow_unconverged)
+
+
+def _check_solve_arguments(target_gap, max_iterations, acceleration, anderson_memory) -> None:
   if not 0 < target_gap < 1:
     raise ValueError(f"target_gap must be in (0, 1), got {target_gap}")
   if int(max_iterations) < 1:
@@ -274,136 +294,191 @@ def solve(a: np.ndarray,
     raise ValueError(f"unknown acceleration {acceleration!r}; expected one of {ACCELERATIONS}")
   if anderson_memory < 1:
     raise ValueError(f"anderson_memory must be at least 1, got {anderson_memory}")
-  start = time.perf_counter()
-  cpu_start = time.process_time()
-  problem = DualProblem(a)
-  n = problem.n
+
+
+def _initial_v(initial_v: Optional[np.ndarray], n: int) -> np.ndarray:
+  """The starting dual point: all ones, or a validated copy of ``initial_v``."""
   if initial_v is None:
-    v = np.ones(n)
-  else:
-    v = np.asarray(initial_v, dtype=np.float64).copy()
-    if v.shape != (n,) or not np.all(np.isfinite(v)) or np.any(v <= 0):
-      raise ValueError(f"initial_v must be {n} finite positive numbers")
+    return np.ones(n)
+  v = np.asarray(initial_v, dtype=np.float64).copy()
+  if v.shape != (n,) or not np.all(np.isfinite(v)) or np.any(v <= 0):
+    raise ValueError(f"initial_v must be {n} finite positive numbers")
+  return v
 
-  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-  # The bar fills with the decades of duality gap closed: -log10(gap) of -log10(target).
-  decades = round(-np.log10(target_gap), 2)
-  bar = tqdm(total=decades, file=sys.stderr, disable=not progress, desc=f"optimal n={n}",
-             leave=False, bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}{postfix}]")
-  history: List[Dict[str, float]] = []
-  best: Optional[_Evaluation] = None  # highest dual bound so far
-  best_primal: Optional[_Evaluation] = None  # lowest primal so far
-  result_factors = None
-  final_loss = float("inf")
-  s_hist: List[np.ndarray] = []
-  f_hist: List[np.ndarray] = []
-  restarts = 0
-  backtracks = 0
-  line: Optional[_NewtonLine] = None
-  cg_total = 0
-  negative_total = 0
-  iterations = 0
-  last_improvement = 0
-  converged = False
-  stop_reason = "max_iterations"
-  try:
-    while iterations < max_iterations:
-      if (time_limit is not None and iterations > 0
-          and time.perf_counter() - start > time_limit):
-        stop_reason = "time_limit"
-        break
-      ev = problem.evaluate(v)
-      iterations += 1
-      negative_total += ev.negative_eigenvalues
-      if best is None or ev.dual > best.dual:
-        if best is None or ev.dual > best.dual + 1e-13 * abs(best.dual):
-          last_improvement = iterations
-        best = ev
-      if best_primal is None or ev.primal < best_primal.primal:
-        if best_primal is None or ev.primal < best_primal.primal * (1 - 1e-13):
-          last_improvement = iterations
-        best_primal = ev
-      gap = relative_gap(best_primal.primal, best.dual)
-      record = {"iteration": iterations, "seconds": time.perf_counter() - start,
-                "cpu_seconds": time.process_time() - cpu_start, "dual": best.dual,
-                "primal": best_primal.primal, "loss": best_primal.primal, "relative_gap": gap}
-      history.append(record)
-      if callback is not None:
-        callback(record)
-      bar.n = float(min(decades, max(0.0, -np.log10(max(gap, 1e-300)))))
-      bar.set_postfix_str(f"iteration {iterations}, gap={gap:.2e}")
-      if gap <= target_gap:
-        b, c = problem.factors(best_primal)
-        loss_bc = fz.loss(b, c)
-        if result_factors is None or loss_bc < final_loss:
-          result_factors, final_loss = (b, c), loss_bc
-        if relative_gap(final_loss, best.dual) <= target_gap:
-          converged = True
-          stop_reason = "target_gap"
-          break
-      if iterations - last_improvement >= stall_iterations:
-        stop_reason = "stalled"
-        break
-      if acceleration == "newton":
-        # Backtracking on the dual bound: a Newton step must not lower it.
-        if line is not None and ev.dual < line.base.dual - 1e-14 * abs(line.base.dual):
-          line.scale *= 0.5
-          backtracks += 1
-          if line.scale >= _MIN_NEWTON_SCALE:
-            v = line.point()
-            continue
-          line = None
-          v = None
-        else:
-          line = _newton_line(ev, max_cg_iterations)
-          cg_total += line.cg_iterations
-          v = line.point()
-      else:
-        v = _next_v(ev, best, s_hist, f_hist, acceleration, anderson_memory)
-      if v is None:  # safeguard triggered: plain step from the best dual point
-        restarts += 1
-        s_hist.clear()
-        f_hist.clear()
-        v = best.phi.copy()
-  finally:
-    bar.close()
 
-  if result_factors is None:
-    result_factors = problem.factors(best_primal)
-    final_loss = fz.loss(*result_factors)
-  b, c = result_factors
-  gap = relative_gap(final_loss, best.dual)
+@dataclasses.dataclass
+class _Run:
+  """What both solvers carry across iterations: the best dual point (highest bound), the
+  best primal point (lowest loss), the history, and the certified factors, if any."""
+  target_gap: float
+  callback: Optional[Callable[[Dict[str, float]], None]]
+  start: float = dataclasses.field(default_factory=time.perf_counter)
+  cpu_start: float = dataclasses.field(default_factory=time.process_time)
+  bar: Any = None
+  decades: float = 0.0
+  history: List[Dict[str, float]] = dataclasses.field(default_factory=list)
+  best: Any = None  # highest dual bound so far
+  best_primal: Any = None  # lowest primal so far
+  result_factors: Optional[tuple] = None
+  final_loss: float = float("inf")
+  iterations: int = 0
+  last_improvement: int = 0
+  negative_total: int = 0
+  converged: bool = False
+  stop_reason: str = "max_iterations"
+
+  def open_bar(self, progress: bool, desc: str) -> None:
+    """tqdm bar on stderr that fills with the decades of gap closed: -log10(gap) of -log10(target)."""
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    self.decades = round(-np.log10(self.target_gap), 2)
+    self.bar = tqdm(total=self.decades, file=sys.stderr, disable=not progress, desc=desc,
+                    leave=False, bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}{postfix}]")
+
+  def out_of_time(self, time_limit: Optional[float]) -> bool:
+    if (time_limit is not None and self.iterations > 0
+        and time.perf_counter() - self.start > time_limit):
+      self.stop_reason = "time_limit"
+      return True
+    return False
+
+  def update(self, ev, factors, loss, stall_iterations: int) -> bool:
+    """Takes one evaluation; True when the solver stops (gap certified, or stalled)."""
+    gap = self._observe(ev)
+    if gap <= self.target_gap and self._certify(factors, loss):
+      self.converged = True
+      self.stop_reason = "target_gap"
+      return True
+    if self.iterations - self.last_improvement >= stall_iterations:
+      self.stop_reason = "stalled"
+      return True
+    return False
+
+  def _observe(self, ev) -> float:
+    """Counts the evaluation, keeps the best points, records history; the relative gap."""
+    self.iterations += 1
+    self.negative_total += ev.negative_eigenvalues
+    if self.best is None or ev.dual > self.best.dual:
+      if self.best is None or ev.dual > self.best.dual + 1e-13 * abs(self.best.dual):
+        self.last_improvement = self.iterations
+      self.best = ev
+    if self.best_primal is None or ev.primal < self.best_primal.primal:
+      if self.best_primal is None or ev.primal < self.best_primal.primal * (1 - 1e-13):
+        self.last_improvement = self.iterations
+      self.best_primal = ev
+    gap = relative_gap(self.best_primal.primal, self.best.dual)
+    record = {"iteration": self.iterations, "seconds": time.perf_counter() - self.start,
+              "cpu_seconds": time.process_time() - self.cpu_start, "dual": self.best.dual,
+              "primal": self.best_primal.primal, "loss": self.best_primal.primal,
+              "relative_gap": gap}
+    self.history.append(record)
+    if self.callback is not None:
+      self.callback(record)
+    self.bar.n = float(min(self.decades, max(0.0, -np.log10(max(gap, 1e-300)))))
+    self.bar.set_postfix_str(f"iteration {self.iterations}, gap={gap:.2e}")
+    return gap
+
+  def _certify(self, factors, loss) -> bool:
+    """Builds (B, C) at the best primal point; True when their own loss meets the target."""
+    b, c = factors(self.best_primal)
+    loss_bc = loss(b, c)
+    if self.result_factors is None or loss_bc < self.final_loss:
+      self.result_factors, self.final_loss = (b, c), loss_bc
+    return relative_gap(self.final_loss, self.best.dual) <= self.target_gap
+
+  def finish(self, factors, loss):
+    """(B, C, gap): the certified factors, else those of the best primal point."""
+    if self.result_factors is None:
+      self.result_factors = factors(self.best_primal)
+      self.final_loss = loss(*self.result_factors)
+    b, c = self.result_factors
+    return b, c, relative_gap(self.final_loss, self.best.dual)
+
+  def info(self, gap: float, max_iterations: int, acceleration: str) -> Dict[str, Any]:
+    return {
+        "relative_gap": gap,
+        "iterations": self.iterations,
+        "seconds": time.perf_counter() - self.start,
+        "cpu_seconds": time.process_time() - self.cpu_start,
+        "converged": bool(self.converged),
+        "dual_lower_bound": float(self.best.dual),
+        "loss": float(self.final_loss),
+        "target_gap": float(self.target_gap),
+        "max_iterations": int(max_iterations),
+        "stop_reason": self.stop_reason,
+        "acceleration": acceleration,
+    }
+
+  def check_converged(self, result: OptimalResult, allow_unconverged: bool, what: str) -> None:
+    """Raises NotConvergedError (holding ``result``) unless converged or allowed."""
+    if not self.converged and not allow_unconverged:
+      raise NotConvergedError(
+          f"{what} did not reach relative duality gap {self.target_gap:g} within "
+          f"{self.iterations} iterations ({_STOP_REASONS[self.stop_reason]}); gap reached "
+          f"{result.info['relative_gap']:.3g}. Raise max_iterations, loosen target_gap, or pass "
+          f"allow_unconverged=True to use it anyway.", result)
+
+
+@dataclasses.dataclass
+class _SingleSteps:
+  """The step rule of ``solve``: plain φ, Anderson mixing, or safeguarded Newton lines."""
+  acceleration: str
+  anderson_memory: int
+  max_cg_iterations: int
+  s_hist: List[np.ndarray] = dataclasses.field(default_factory=list)
+  f_hist: List[np.ndarray] = dataclasses.field(default_factory=list)
+  line: Optional["_NewtonLine"] = None
+  restarts: int = 0
+  backtracks: int = 0
+  cg_total: int = 0
+
+  def next_v(self, ev: _Evaluation, best: _Evaluation) -> np.ndarray:
+    """The next dual point; a plain step from the best dual point when a safeguard fires."""
+    if self.acceleration == "newton":
+      v = self._newton(ev)
+    else:
+      v = _next_v(ev, best, self.s_hist, self.f_hist, self.acceleration, self.anderson_memory)
+    if v is None:  # safeguard triggered: plain step from the best dual point
+      self.restarts += 1
+      self.s_hist.clear()
+      self.f_hist.clear()
+      v = best.phi.copy()
+    return v
+
+  def _newton(self, ev: _Evaluation) -> Optional[np.ndarray]:
+    # Backtracking on the dual bound: a Newton step must not lower it.
+    line = self.line
+    if line is not None and ev.dual < line.base.dual - 1e-14 * abs(line.base.dual):
+      line.scale *= 0.5
+      self.backtracks += 1
+      if line.scale >= _MIN_NEWTON_SCALE:
+        return line.point()
+      self.line = None
+      return None
+    self.line = _newton_line(ev, self.max_cg_iterations)
+    self.cg_total += self.line.cg_iterations
+    return self.line.point()
+
+
+def _single_result(run: _Run, problem: DualProblem, steps: _SingleSteps, max_iterations: int,
+                   allow_unconverged: bool) -> OptimalResult:
+  """Packages ``solve``: factors, info, the rounding warning, NotConvergedError."""
+  b, c, gap = run.finish(problem.factors, fz.loss)
   info = {
-      "relative_gap": gap,
-      "iterations": iterations,
-      "seconds": time.perf_counter() - start,
-      "cpu_seconds": time.process_time() - cpu_start,
-      "converged": bool(converged),
-      "dual_lower_bound": float(best.dual),
-      "loss": float(final_loss),
-      "target_gap": float(target_gap),
-      "max_iterations": int(max_iterations),
-      "stop_reason": stop_reason,
-      "acceleration": acceleration,
-      "anderson_memory": int(anderson_memory) if acceleration == "anderson" else 0,
-      "safeguard_restarts": restarts,
-      "cg_iterations": cg_total,
-      "newton_backtracks": backtracks,
-      "negative_eigenvalues_floored": negative_total,
+      **run.info(gap, max_iterations, steps.acceleration),
+      "anderson_memory": int(steps.anderson_memory) if steps.acceleration == "anderson" else 0,
+      "safeguard_restarts": steps.restarts,
+      "cg_iterations": steps.cg_total,
+      "newton_backtracks": steps.backtracks,
+      "negative_eigenvalues_floored": run.negative_total,
   }
-  if negative_total:
+  if run.negative_total:
     warnings.warn(
-        f"optimal factorization (n={n}): {negative_total} eigenvalues of "
+        f"optimal factorization (n={problem.n}): {run.negative_total} eigenvalues of "
         "diag(v)^½ AᵀA diag(v)^½ came out negative (loss of positive definiteness by "
         "rounding) and were floored at the a-priori bound; the certificate accounts for it",
         RuntimeWarning)
-  result = OptimalResult(b=b, c=c, v=best.v.copy(), info=info, history=history)
-  if not converged and not allow_unconverged:
-    raise NotConvergedError(
-        f"optimal factorization (n={n}) did not reach relative duality gap {target_gap:g} "
-        f"within {iterations} iterations ({_STOP_REASONS[stop_reason]}); gap reached {gap:.3g}. "
-        f"Raise max_iterations, loosen target_gap, or pass allow_unconverged=True to use "
-        f"it anyway.", result)
+  result = OptimalResult(b=b, c=c, v=run.best.v.copy(), info=info, history=run.history)
+  run.check_converged(result, allow_unconverged, f"optimal factorization (n={problem.n})")
   return result
 
 
@@ -876,144 +951,107 @@ def solve_fixed_epoch(a: np.ndarray,
   if not 0 < target_gap < 1:
     raise checks.CheckError(f"target_gap must be in (0, 1), got {target_gap}")
   max_iterations = checks.positive_int(max_iterations, "max_iterations")
-  start = time.perf_counter()
-  cpu_start = time.process_time()
+  run = _Run(target_gap=target_gap, callback=callback)
   problem = FixedEpochDual(a, epochs)
-  n, k = problem.n, problem.k
-  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-  decades = round(-np.log10(target_gap), 2)
-  bar = tqdm(total=decades, file=sys.stderr, disable=not progress,
-             desc=f"fixed-epoch optimal n={n} k={k}", leave=False,
-             bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}{postfix}]")
-  history: List[Dict[str, float]] = []
-  best: Optional[_EpochEvaluation] = None
-  best_primal: Optional[_EpochEvaluation] = None
-  result_factors = None
-  final_loss = float("inf")
-  theta = problem.initial_theta()
-  base: Optional[_EpochEvaluation] = None
-  base_theta = direction = None
-  step = 1.0
-  halvings = 0
-  iterations = cg_total = backtracks = fallbacks = negative_total = 0
-  last_improvement = 0
-  converged = False
-  stop_reason = "max_iterations"
-
-  def fallback(ev: _EpochEvaluation) -> np.ndarray:
-    # Scale each block Λ_j by tr X_jj (stays PD): the φ step of Denisov Eq. 5 for k = 1.
-    return ev.theta * np.trace(ev.x_blocks, axis1=1, axis2=2)[:, None]
-
+  steps = _EpochSteps(problem, max_cg_iterations, theta=problem.initial_theta())
+  run.open_bar(progress, f"fixed-epoch optimal n={problem.n} k={problem.k}")
   try:
-    while iterations < max_iterations:
-      if time_limit is not None and iterations > 0 and time.perf_counter() - start > time_limit:
-        stop_reason = "time_limit"
+    while run.iterations < max_iterations:
+      if run.out_of_time(time_limit):
         break
-      ev = problem.evaluate(theta)
+      ev = problem.evaluate(steps.theta)
       if ev is None:  # Λ not PD: shorten the step without an eigendecomposition
-        halvings += 1
-        backtracks += 1
-        if base is None or halvings > _MAX_HALVINGS:
-          fallbacks += 1
-          theta, base, halvings = fallback(best), None, 0
-        else:
-          step *= 0.5
-          theta = problem.step(base_theta, direction, step)
+        steps.not_positive_definite(run.best)
         continue
-      iterations += 1
-      negative_total += ev.negative_eigenvalues
-      if best is None or ev.dual > best.dual:
-        if best is None or ev.dual > best.dual + 1e-13 * abs(best.dual):
-          last_improvement = iterations
-        best = ev
-      if best_primal is None or ev.primal < best_primal.primal:
-        if best_primal is None or ev.primal < best_primal.primal * (1 - 1e-13):
-          last_improvement = iterations
-        best_primal = ev
-      gap = relative_gap(best_primal.primal, best.dual)
-      record = {"iteration": iterations, "seconds": time.perf_counter() - start,
-                "cpu_seconds": time.process_time() - cpu_start, "dual": best.dual,
-                "primal": best_primal.primal, "loss": best_primal.primal, "relative_gap": gap}
-      history.append(record)
-      if callback is not None:
-        callback(record)
-      bar.n = float(min(decades, max(0.0, -np.log10(max(gap, 1e-300)))))
-      bar.set_postfix_str(f"iteration {iterations}, gap={gap:.2e}")
-      if gap <= target_gap:
-        b, c = problem.factors(best_primal)
-        loss_bc = problem.loss(b, c)
-        if result_factors is None or loss_bc < final_loss:
-          result_factors, final_loss = (b, c), loss_bc
-        if relative_gap(final_loss, best.dual) <= target_gap:
-          converged = True
-          stop_reason = "target_gap"
-          break
-      if iterations - last_improvement >= stall_iterations:
-        stop_reason = "stalled"
+      if run.update(ev, problem.factors, problem.loss, stall_iterations):
         break
-      if base is not None and ev.dual < base.dual - 1e-14 * abs(base.dual):
-        # The step lowered the bound: halve it (the Newton model overshot).
-        halvings += 1
-        backtracks += 1
-        if halvings <= _MAX_DUAL_HALVINGS:
-          step *= 0.5
-          theta = problem.step(base_theta, direction, step)
-          continue
-        fallbacks += 1
-        theta, base, halvings = fallback(best), None, 0
-        continue
-      # Newton step from the best multiple t·Λ (free: d(tΛ) is maximal there).
-      scale = (ev.trace / ev.v_sum) ** 2
-      direction, cg = problem.newton_direction(ev, scale, max_cg_iterations)
-      cg_total += cg
-      base, base_theta, step, halvings = ev, ev.theta * scale, 1.0, 0
-      theta = problem.step(base_theta, direction, 1.0)
+      steps.advance(ev, run.best)
   finally:
-    bar.close()
+    run.bar.close()
+  return _fixed_epoch_result(run, problem, steps, max_iterations, allow_unconverged)
 
-  if result_factors is None:
-    result_factors = problem.factors(best_primal)
-    final_loss = problem.loss(*result_factors)
-  b, c = result_factors
-  gap = relative_gap(final_loss, best.dual)
+
+@dataclasses.dataclass
+class _EpochSteps:
+  """The step rule of ``solve_fixed_epoch``: Newton steps from the best multiple t·Λ, halved
+  while Λ is not PD or the bound would decrease, else a block-scaling fallback step."""
+  problem: "FixedEpochDual"
+  max_cg_iterations: int
+  theta: np.ndarray  # the next point to evaluate
+  base: Optional[_EpochEvaluation] = None  # the point the current Newton step starts from
+  base_theta: Optional[np.ndarray] = None
+  direction: Optional[np.ndarray] = None
+  step: float = 1.0
+  halvings: int = 0
+  backtracks: int = 0
+  fallbacks: int = 0
+  cg_total: int = 0
+
+  def not_positive_definite(self, best: _EpochEvaluation) -> None:
+    self.halvings += 1
+    self.backtracks += 1
+    if self.base is None or self.halvings > _MAX_HALVINGS:
+      self._fall_back(best)
+    else:
+      self._halve()
+
+  def advance(self, ev: _EpochEvaluation, best: _EpochEvaluation) -> None:
+    if self.base is not None and ev.dual < self.base.dual - 1e-14 * abs(self.base.dual):
+      # The step lowered the bound: halve it (the Newton model overshot).
+      self.halvings += 1
+      self.backtracks += 1
+      if self.halvings <= _MAX_DUAL_HALVINGS:
+        self._halve()
+      else:
+        self._fall_back(best)
+      return
+    # Newton step from the best multiple t·Λ (free: d(tΛ) is maximal there).
+    scale = (ev.trace / ev.v_sum) ** 2
+    self.direction, cg = self.problem.newton_direction(ev, scale, self.max_cg_iterations)
+    self.cg_total += cg
+    self.base, self.base_theta, self.step, self.halvings = ev, ev.theta * scale, 1.0, 0
+    self.theta = self.problem.step(self.base_theta, self.direction, 1.0)
+
+  def _halve(self) -> None:
+    self.step *= 0.5
+    self.theta = self.problem.step(self.base_theta, self.direction, self.step)
+
+  def _fall_back(self, best: _EpochEvaluation) -> None:
+    # Scale each block Λ_j by tr X_jj (stays PD): the φ step of Denisov Eq. 5 for k = 1.
+    self.fallbacks += 1
+    self.theta = best.theta * np.trace(best.x_blocks, axis1=1, axis2=2)[:, None]
+    self.base, self.halvings = None, 0
+
+
+def _fixed_epoch_result(run: _Run, problem: FixedEpochDual, steps: _EpochSteps,
+                        max_iterations: int, allow_unconverged: bool) -> OptimalResult:
+  """Packages ``solve_fixed_epoch``: factors, sensitivity, info, warning, NotConvergedError."""
+  b, c, gap = run.finish(problem.factors, problem.loss)
+  n, k = problem.n, problem.k
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
   report = participation.sensitivity_report(c, problem.schema)
   info = {
-      "relative_gap": gap,
-      "iterations": iterations,
-      "seconds": time.perf_counter() - start,
-      "cpu_seconds": time.process_time() - cpu_start,
-      "converged": bool(converged),
-      "dual_lower_bound": float(best.dual),
-      "loss": float(final_loss),
-      "target_gap": float(target_gap),
-      "max_iterations": int(max_iterations),
-      "stop_reason": stop_reason,
-      "acceleration": "newton",
+      **run.info(gap, max_iterations, "newton"),
       "epochs": int(k),
       "participation": problem.schema.as_dict(),
       "sensitivity": float(report["value"]),
       "sensitivity_exact": bool(report["exact"]),
       "rmse": float(report["value"] * np.sqrt(np.sum(np.square(b)) / n)),
-      "cg_iterations": cg_total,
-      "newton_backtracks": backtracks,
-      "fallback_steps": fallbacks,
-      "negative_eigenvalues_floored": negative_total,
+      "cg_iterations": steps.cg_total,
+      "newton_backtracks": steps.backtracks,
+      "fallback_steps": steps.fallbacks,
+      "negative_eigenvalues_floored": run.negative_total,
   }
-  if negative_total:
+  if run.negative_total:
     warnings.warn(
-        f"fixed-epoch optimal factorization (n={n}, k={k}): {negative_total} eigenvalues of "
-        "Lᵀ AᵀA L came out negative (rounding) and were floored at the a-priori bound; the "
+        f"fixed-epoch optimal factorization (n={n}, k={k}): {run.negative_total} eigenvalues "
+        "of Lᵀ AᵀA L came out negative (rounding) and were floored at the a-priori bound; the "
         "certificate accounts for it", RuntimeWarning)
-  lam_blocks = problem.blocks(best.theta)
-  v = problem.per_round(np.repeat(best.theta[:, :1], k, axis=1))
-  result = OptimalResult(b=b, c=c, v=v, info=info, history=history, dual_blocks=lam_blocks)
-  if not converged and not allow_unconverged:
-    raise NotConvergedError(
-        f"fixed-epoch optimal factorization (n={n}, k={k}) did not reach relative duality gap "
-        f"{target_gap:g} within {iterations} iterations ({_STOP_REASONS[stop_reason]}); gap "
-        f"reached {gap:.3g}. Raise max_iterations, loosen target_gap, or pass "
-        f"allow_unconverged=True to use it anyway.", result)
+  lam_blocks = problem.blocks(run.best.theta)
+  v = problem.per_round(np.repeat(run.best.theta[:, :1], k, axis=1))
+  result = OptimalResult(b=b, c=c, v=v, info=info, history=run.history, dual_blocks=lam_blocks)
+  run.check_converged(result, allow_unconverged,
+                      f"fixed-epoch optimal factorization (n={n}, k={k})")
   return result
 
 
