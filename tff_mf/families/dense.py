@@ -512,6 +512,45 @@ def _next_v(ev: _Evaluation, best: _Evaluation, s_hist, f_hist, acceleration: st
   return np.exp(s + step)
 
 
+def _forcing_tolerance(grad_norm: float, reference_norm: float) -> float:
+  """CG residual target min(0.1, (‖∇‖/‖ref‖)^FORCING_POWER)·‖∇‖ (Eisenstat–Walker style)."""
+  return min(0.1, (grad_norm / reference_norm) ** FORCING_POWER) * grad_norm
+
+
+def _conjugate_gradients(apply, precondition, grad, inner, residual_norm, tol: float,
+                         max_cg: int):
+  """(x, steps): preconditioned conjugate gradients for H x = ``grad`` (H = ``apply``).
+
+  Stops after ``max_cg`` steps, at non-positive curvature, or when ``residual_norm`` of
+  the residual is at most ``tol``; a zero or non-finite x falls back to the preconditioned
+  gradient.
+  """
+  x = np.zeros_like(grad)
+  r = grad.copy()
+  z = precondition(r)
+  p = z.copy()
+  rz = inner(r, z)
+  iterations = 0
+  for _ in range(max_cg):
+    hp = apply(p)
+    iterations += 1
+    curvature = inner(p, hp)
+    if curvature <= 0:
+      break
+    alpha = rz / curvature
+    x += alpha * p
+    r -= alpha * hp
+    if residual_norm(r) <= tol:
+      break
+    z = precondition(r)
+    rz_new = inner(r, z)
+    p = z + (rz_new / rz) * p
+    rz = rz_new
+  if not np.any(x) or not np.all(np.isfinite(x)):
+    x = precondition(grad)
+  return x, iterations
+
+
 @dataclasses.dataclass
 class _NewtonLine:
   """The Newton direction from an accepted point, and the step fraction tried."""
@@ -560,31 +599,10 @@ def _newton_line(ev: _Evaluation, max_cg: int) -> _NewtonLine:
     e_tilde *= kernel
     return phi * x - np.sum((q @ e_tilde) * q, axis=1, dtype=np.float64)
 
-  grad_norm = float(np.linalg.norm(grad))
-  tol = min(0.1, (grad_norm / float(np.linalg.norm(v))) ** FORCING_POWER) * grad_norm
-  x = np.zeros_like(grad)
-  r = grad.copy()
-  z = r / precond
-  p = z.copy()
-  rz = float(r @ z)
-  iterations = 0
-  for _ in range(max_cg):
-    ap = apply_p(p)
-    iterations += 1
-    curvature = float(p @ ap)
-    if curvature <= 0:
-      break
-    alpha = rz / curvature
-    x += alpha * p
-    r -= alpha * ap
-    if float(np.linalg.norm(r)) <= tol:
-      break
-    z = r / precond
-    rz_new = float(r @ z)
-    p = z + (rz_new / rz) * p
-    rz = rz_new
-  if not np.any(x) or not np.all(np.isfinite(x)):
-    x = grad / precond
+  tol = _forcing_tolerance(float(np.linalg.norm(grad)), float(np.linalg.norm(v)))
+  x, iterations = _conjugate_gradients(
+      apply_p, lambda r: r / precond, grad, inner=lambda x, y: float(x @ y),
+      residual_norm=lambda r: float(np.linalg.norm(r)), tol=tol, max_cg=max_cg)
   return _NewtonLine(base=ev, v_base=v, direction=np.clip(x, -_MAX_LOG_STEP, _MAX_LOG_STEP),
                      cg_iterations=iterations)
 
@@ -820,9 +838,26 @@ class FixedEpochDual:
       y = np.matmul(u, q3.transpose(0, 2, 1)).astype(np.float64)
       return self.to_theta(np.matmul(np.matmul(chol_inv_t, y), chol_inv))
 
-    # Within-pattern Hessian blocks: T[(a,a'),(c,c')] = (q_a∘q_a')ᵀ κ (q_c∘q_c'), with κ
-    # replaced by a low-rank F Fᵀ (pivoted Cholesky; κ is Cauchy-like, its spectrum decays
-    # fast): only the preconditioner uses it.
+    pre_inv = self._block_preconditioner(q3, s, chol_inv, chol_inv_t)
+
+    def precondition(r):
+      return np.matmul(pre_inv, r[:, :, None])[:, :, 0]
+
+    grad = self.gradient(ev, scale)
+    # Residuals are measured relative to v (as φ − v = v·∂d/∂log v for k = 1).
+    weight = ev.theta[:, :1] * scale
+    tol = _forcing_tolerance(float(np.linalg.norm(weight * grad)), float(np.linalg.norm(weight)))
+    return _conjugate_gradients(
+        apply_h, precondition, grad, inner=lambda x, y: float(np.sum(x * y)),
+        residual_norm=lambda r: float(np.linalg.norm(weight * r)), tol=tol, max_cg=max_cg)
+
+  def _block_preconditioner(self, q3, s, chol_inv, chol_inv_t) -> np.ndarray:
+    """[b, m, m] inverses of the within-pattern blocks of −∇²d (the CG preconditioner).
+
+    The blocks are T[(a,a'),(c,c')] = (q_a∘q_a')ᵀ κ (q_c∘q_c') with κ replaced by a
+    low-rank F Fᵀ (pivoted Cholesky; κ is Cauchy-like, its spectrum decays fast).
+    """
+    n, b, k = self.n, self.b, self.k
     ia, ib = self.pairs
     prods = q3[:, ia, :] * q3[:, ib, :]  # [b, P, n]
     factor = _pivoted_cholesky_kernel(s, PRECONDITIONER_RANK, PRECONDITIONER_RTOL)
@@ -839,42 +874,9 @@ class FixedEpochDual:
     diag = np.maximum(np.einsum("jmm->jm", pre), 0.0)
     pre += (1e-10 * np.max(diag, axis=1) + 1e-300)[:, None, None] * np.eye(self.m)
     try:
-      pre_inv = np.linalg.inv(pre)
+      return np.linalg.inv(pre)
     except np.linalg.LinAlgError:
-      pre_inv = np.eye(self.m)[None] / np.maximum(diag, 1e-300)[:, :, None]
-
-    def precondition(r):
-      return np.matmul(pre_inv, r[:, :, None])[:, :, 0]
-
-    grad = self.gradient(ev, scale)
-    # Residuals are measured relative to v (as φ − v = v·∂d/∂log v for k = 1).
-    weight = ev.theta[:, :1] * scale
-    grad_norm = float(np.linalg.norm(weight * grad))
-    tol = min(0.1, (grad_norm / float(np.linalg.norm(weight))) ** FORCING_POWER) * grad_norm
-    x = np.zeros_like(grad)
-    r = grad.copy()
-    z = precondition(r)
-    p = z.copy()
-    rz = float(np.sum(r * z))
-    iterations = 0
-    for _ in range(max_cg):
-      hp = apply_h(p)
-      iterations += 1
-      curvature = float(np.sum(p * hp))
-      if curvature <= 0:
-        break
-      alpha = rz / curvature
-      x += alpha * p
-      r -= alpha * hp
-      if float(np.linalg.norm(weight * r)) <= tol:
-        break
-      z = precondition(r)
-      rz_new = float(np.sum(r * z))
-      p = z + (rz_new / rz) * p
-      rz = rz_new
-    if not np.any(x) or not np.all(np.isfinite(x)):
-      x = precondition(grad)
-    return x, iterations
+      return np.eye(self.m)[None] / np.maximum(diag, 1e-300)[:, :, None]
 
   # -- factors
 
