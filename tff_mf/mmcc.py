@@ -88,6 +88,7 @@ from scipy import stats
 
 from tff_mf import gaussian
 from tff_mf import checks
+from tff_mf import workloads
 from tff_mf.families import tree
 
 STRATEGIES = ("identity", "binary_tree", "tree_restart", "banded_toeplitz")
@@ -160,14 +161,9 @@ def tree_restart_matrix(n: int, height: int) -> np.ndarray:
   return _normalized(c)
 
 
-def sqrt_prefix_coefficients(n: int) -> np.ndarray:
-  """f(0) = 1, f(k) = f(k−1)·(1 − 1/(2k)): the Toeplitz square root of the prefix-sum matrix.
-
-  MMCC App E (Fichtenberger et al. 2023; Henzinger et al. 2023). All positive
-  and decreasing; C_f·C_f = S.
-  """
-  k = np.arange(1, n)
-  return np.concatenate([[1.0], np.cumprod(1.0 - 0.5 / k)])
+# The Toeplitz square root of the prefix-sum matrix (MMCC App E; Fichtenberger et al. 2023;
+# Henzinger et al. 2023).
+sqrt_prefix_coefficients = workloads.sqrt_prefix_coefficients
 
 
 def banded_toeplitz_matrix(n: int, bands: int) -> np.ndarray:

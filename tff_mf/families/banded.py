@@ -236,11 +236,8 @@ def objective_and_gradient(a: np.ndarray, params: np.ndarray) -> Tuple[float, np
   return value, obj.unpack(grad)
 
 
-def sqrt_prefix_coefficients(bands: int) -> np.ndarray:
-  """f(0) = 1, f(k) = f(k−1)·(1 − 1/(2k)): Toeplitz square root of the prefix sum S
-  (Fichtenberger, Henzinger, Upadhyay 2023), the starting point of the optimization."""
-  k = np.arange(1, bands)
-  return np.concatenate([[1.0], np.cumprod(1.0 - 0.5 / k)])
+# The Toeplitz square root of S (first ``bands`` coefficients): the optimization's start.
+sqrt_prefix_coefficients = workloads.sqrt_prefix_coefficients
 
 
 # ----------------------------------------------------------------------------- optimize

@@ -41,6 +41,7 @@ import scipy.signal
 
 from tff_mf import checks
 from tff_mf import streams
+from tff_mf import workloads
 
 ERRORS = ("mean", "max")
 
@@ -502,8 +503,7 @@ def check_error(error: str) -> None:
 def _initial_coefficients(init, bands: int, monotone: bool) -> np.ndarray:
   """f_0 = 1 start: the given coefficients (made non-increasing where ``monotone``) or √S."""
   if init is None:
-    from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
-    f0 = mmcc.sqrt_prefix_coefficients(bands)
+    f0 = workloads.sqrt_prefix_coefficients(bands)
   else:
     f0 = check_coefficients(init, "initial coefficients")
     if f0.shape[0] != bands:
