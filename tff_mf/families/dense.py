@@ -328,11 +328,12 @@ class _Run:
   stop_reason: str = "max_iterations"
 
   def open_bar(self, progress: bool, desc: str) -> None:
-    """tqdm bar on stderr that fills with the decades of gap closed: -log10(gap) of -log10(target)."""
+    """tqdm bar on stderr filling with the decades of gap closed: -log10(gap) of -log10(target)."""
     from tqdm import tqdm  # pylint: disable=g-import-not-at-top
     self.decades = round(-np.log10(self.target_gap), 2)
     self.bar = tqdm(total=self.decades, file=sys.stderr, disable=not progress, desc=desc,
-                    leave=False, bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}{postfix}]")
+                    leave=False,
+                    bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}{postfix}]")
 
   def out_of_time(self, time_limit: Optional[float]) -> bool:
     if (time_limit is not None and self.iterations > 0
