@@ -1,7 +1,8 @@
 """Layering, stated once and tested: the numpy core (``tff_mf`` outside ``tff_mf.tf``) imports
 no TensorFlow; the library (``tff_mf``) imports neither the harness (``training``) nor the data
 package (``stackoverflow``); the data package does not import the harness; and no module
-imports, directly or through others, a module that imports it back."""
+imports, directly or through others, a module that imports it back; and no library function
+runs over MAX_FUNCTION_LINES lines."""
 
 import ast
 import os
@@ -127,6 +128,23 @@ def test_command_modules_are_light():
       "print('LOADED', sorted(m for m in ('matplotlib', 'tqdm', 'scipy.linalg') "
       "if m in sys.modules))\n")
   assert "LOADED []" in _python(code)
+
+
+# Longest function (or method) of the library, in lines from ``def`` to its last line,
+# docstring included.
+MAX_FUNCTION_LINES = 80
+
+
+def test_library_functions_are_short():
+  long = []
+  for name, path in sorted(_modules("tff_mf").items()):
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    for node in ast.walk(tree):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        lines = node.end_lineno - node.lineno + 1
+        if lines > MAX_FUNCTION_LINES:
+          long.append(f"{name}.{node.name} (line {node.lineno}): {lines} lines")
+  assert long == [], f"split into helpers (at most {MAX_FUNCTION_LINES} lines): {long}"
 
 
 def _python(code):

@@ -474,16 +474,7 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
     record["m"], record["n"] = int(c.shape[0]), int(c.shape[1])
     schema.check(c.shape[1])
   if analysis == "none":
-    if sampling_prob is not None:
-      raise checks.CheckError("sampling_prob applies only to the amplified analyses "
-                              "(amplification 'mmcc' or 'banded')")
-    report = sensitivity_report(c, schema)
-    eps = epsilon(z, delta, accountant, sensitivity=report["value"])
-    record.update(epsilon=eps, accountant=accountant, sensitivity=report["value"],
-                  sensitivity_exact=report["exact"], sensitivity_method=report["method"],
-                  exact=bool(accountant == "exact" and report["exact"]),
-                  theorem=THEOREMS["single" if schema.kind == "single" else "multi"])
-    return record
+    return _unamplified_record(record, c, schema, z, delta, accountant, sampling_prob)
   if c is None:
     raise checks.CheckError(f"amplification {analysis!r} needs the encoder C (a matrix or a "
                             "mechanism)")
@@ -504,36 +495,67 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
                 unamplified_epsilon=unamplified, unamplified_accountant=accountant,
                 exact=False, theorem=THEOREMS[analysis])
   if analysis == "banded":
-    bands = band_count(c)
-    if bands > b:
-      raise AccountingError(
-          f"the amplified banded analysis needs C with at most b = {b} non-zero bands (the "
-          f"sampling's min_sep); this C has {bands}. Use amplification 'mmcc' for other C")
-    gamma = checks.gamma(c)
-    rounds = -(-n // b)
-    try:
-      amplified, interval = pld_gaussian_epsilon(z / gamma, delta, p, rounds, pld_discretization)
-    except AccountingError as e:
-      raise AccountingError(f"{e}; the unamplified bound is epsilon = {unamplified:.6g}") from None
-    record.update(accountant="pld", bands=bands, compositions=rounds, column_norm=gamma,
-                  pld_discretization=interval)
+    amplified = _banded_epsilon(record, c, b, z, delta, p, pld_discretization, unamplified)
   else:
-    from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
-    options = dict(mmcc_options or {})
-    try:
-      result = mmcc.mmcc(c, p / b, z, delta, min_sep=b, non_adaptive=non_adaptive,
-                         pld_discretization=pld_discretization, **options)
-    except (mmcc.MMCCNumericError, ArithmeticError, RuntimeError, MemoryError) as e:
-      raise AccountingError(
-          f"MMCC could not analyze this run ({e}); the unamplified bound is epsilon = "
-          f"{unamplified:.6g}") from None
-    amplified = result.epsilon
-    record.update(accountant="mmcc", mmcc=result.as_dict(),
-                  pld_discretization=result.pld_discretization)
+    amplified = _mmcc_epsilon(record, c, b, z, delta, p, pld_discretization, unamplified,
+                              non_adaptive, mmcc_options)
   record["amplified_epsilon"] = amplified
   record["bound"] = "amplified" if amplified <= unamplified else "unamplified"
   record["epsilon"] = min(amplified, unamplified)
   return record
+
+
+def _unamplified_record(record: Dict[str, Any], c: Optional[np.ndarray], schema, z: float,
+                        delta: float, accountant: str,
+                        sampling_prob: Optional[float]) -> Dict[str, Any]:
+  """``epsilon_for`` without amplification: one Gaussian at z / sensitivity under the schema."""
+  if sampling_prob is not None:
+    raise checks.CheckError("sampling_prob applies only to the amplified analyses "
+                            "(amplification 'mmcc' or 'banded')")
+  report = sensitivity_report(c, schema)
+  eps = epsilon(z, delta, accountant, sensitivity=report["value"])
+  record.update(epsilon=eps, accountant=accountant, sensitivity=report["value"],
+                sensitivity_exact=report["exact"], sensitivity_method=report["method"],
+                exact=bool(accountant == "exact" and report["exact"]),
+                theorem=THEOREMS["single" if schema.kind == "single" else "multi"])
+  return record
+
+
+def _banded_epsilon(record: Dict[str, Any], c: np.ndarray, b: int, z: float, delta: float,
+                    p: float, pld_discretization: float, unamplified: float) -> float:
+  """Amplified banded ε (arXiv:2306.08153 Thm 4): ⌈n/b⌉-fold Poisson-subsampled Gaussian."""
+  bands = band_count(c)
+  if bands > b:
+    raise AccountingError(
+        f"the amplified banded analysis needs C with at most b = {b} non-zero bands (the "
+        f"sampling's min_sep); this C has {bands}. Use amplification 'mmcc' for other C")
+  gamma = checks.gamma(c)
+  rounds = -(-c.shape[1] // b)
+  try:
+    amplified, interval = pld_gaussian_epsilon(z / gamma, delta, p, rounds, pld_discretization)
+  except AccountingError as e:
+    raise AccountingError(f"{e}; the unamplified bound is epsilon = {unamplified:.6g}") from None
+  record.update(accountant="pld", bands=bands, compositions=rounds, column_norm=gamma,
+                pld_discretization=interval)
+  return amplified
+
+
+def _mmcc_epsilon(record: Dict[str, Any], c: np.ndarray, b: int, z: float, delta: float,
+                  p: float, pld_discretization: float, unamplified: float, non_adaptive: bool,
+                  mmcc_options: Optional[Dict[str, Any]]) -> float:
+  """MMCC ε (arXiv:2310.15526) at the average rate p / b of b-min-sep sampling."""
+  from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
+  options = dict(mmcc_options or {})
+  try:
+    result = mmcc.mmcc(c, p / b, z, delta, min_sep=b, non_adaptive=non_adaptive,
+                       pld_discretization=pld_discretization, **options)
+  except (mmcc.MMCCNumericError, ArithmeticError, RuntimeError, MemoryError) as e:
+    raise AccountingError(
+        f"MMCC could not analyze this run ({e}); the unamplified bound is epsilon = "
+        f"{unamplified:.6g}") from None
+  record.update(accountant="mmcc", mmcc=result.as_dict(),
+                pld_discretization=result.pld_discretization)
+  return result.epsilon
 
 
 def calibrate(c: Optional[np.ndarray], schema, target_epsilon: float, delta: float,

@@ -88,6 +88,7 @@ from scipy import stats
 
 from tff_mf import gaussian
 from tff_mf import checks
+from tff_mf import workloads
 from tff_mf.families import tree
 
 STRATEGIES = ("identity", "binary_tree", "tree_restart", "banded_toeplitz")
@@ -160,14 +161,9 @@ def tree_restart_matrix(n: int, height: int) -> np.ndarray:
   return _normalized(c)
 
 
-def sqrt_prefix_coefficients(n: int) -> np.ndarray:
-  """f(0) = 1, f(k) = f(k−1)·(1 − 1/(2k)): the Toeplitz square root of the prefix-sum matrix.
-
-  MMCC App E (Fichtenberger et al. 2023; Henzinger et al. 2023). All positive
-  and decreasing; C_f·C_f = S.
-  """
-  k = np.arange(1, n)
-  return np.concatenate([[1.0], np.cumprod(1.0 - 0.5 / k)])
+# The Toeplitz square root of the prefix-sum matrix (MMCC App E; Fichtenberger et al. 2023;
+# Henzinger et al. 2023).
+sqrt_prefix_coefficients = workloads.sqrt_prefix_coefficients
 
 
 def banded_toeplitz_matrix(n: int, bands: int) -> np.ndarray:
@@ -383,30 +379,11 @@ def _fast_mog_class():
     inverse_precision = DEFAULT_INVERSE_PRECISION
 
     def privacy_loss_tail(self, precision: float = 1e-4):
-      """dp_accounting's tail, also when its REMOVE-side search finds no point.
-
-      dp_accounting bisects [t − max s, t] (t the noise quantile at half the
-      truncated mass) for the left truncation point and fails when the cdf at
-      t − max s already exceeds that mass, which happens by one ulp when a
-      component at max s carries almost all weight (p̃ ≈ 1 at small σ). Then t −
-      max s itself is used: the mass left of it is counted as infinite loss
-      (pessimistic), so any left truncation point is valid.
-      """
+      """dp_accounting's tail, also when its REMOVE-side search finds no point
+      (``_remove_side_tail``)."""
       if self.adjacency_type != plm.AdjacencyType.REMOVE or not self._pessimistic_estimate:
         return super().privacy_loss_tail(precision)
-      from dp_accounting.pld import common  # pylint: disable=g-import-not-at-top
-      tail_mass = 0.5 * np.exp(self._log_mass_truncation_bound)
-      z_value = self._gaussian_random_variable.ppf(tail_mass)
-      lower = common.inverse_monotone_function(
-          self.mu_upper_cdf, tail_mass,
-          common.BinarySearchParameters(z_value - self._max_sens, z_value, tolerance=precision),
-          increasing=True)
-      if lower is None:
-        lower = z_value - self._max_sens
-      upper = -z_value
-      return plm.TailPrivacyLossDistribution(
-          lower, upper, {math.inf: self.mu_upper_cdf(lower),
-                         self.privacy_loss(upper): 1 - self.mu_upper_cdf(upper)})
+      return _remove_side_tail(self, precision)
 
     def _loss_and_slope(self, x):
       """Privacy loss at x and its derivative in x (vectorized over x, chunked)."""
@@ -433,66 +410,101 @@ def _fast_mog_class():
           privacy_losses, self.inverse_precision if precision is None else precision)
 
     def _inverse_privacy_losses_with_range(self, privacy_losses, bounds, precision=1e-6):
-      """Smallest multiple x of ``precision`` in ``bounds`` with loss(x) ≤ ℓ, for every ℓ.
-
-      Brackets each ℓ on a table of the (non-increasing) loss, then refines with
-      safeguarded Newton steps to near machine precision, rounds up to the
-      precision grid and steps up until loss(x) ≤ ℓ holds exactly.
-      """
-      target = np.asarray(privacy_losses, dtype=np.float64)
-      if target.size == 0:
-        return target
-      lo_b, hi_b = float(bounds[0]), float(bounds[1])
-      grid = np.linspace(lo_b, hi_b, 4097)
-      table = np.concatenate([self._loss_and_slope(grid[i:i + 8192])[0]
-                              for i in range(0, grid.size, 8192)])
-      # table is non-increasing; bracket index k with table[k] > ℓ >= table[k+1].
-      k = np.searchsorted(-table, -target, side="left") - 1
-      k = np.clip(k, 0, grid.size - 2)
-      lo = grid[k]
-      hi = grid[k + 1]
-      x = 0.5 * (lo + hi)
-      for _ in range(80):
-        loss, slope = self._loss_and_slope(x)
-        above = loss > target
-        lo = np.where(above, x, lo)
-        hi = np.where(above, hi, x)
-        with np.errstate(divide="ignore", invalid="ignore"):
-          newton = x - (loss - target) / slope
-        ok = np.isfinite(newton)
-        converged = ok & (np.abs(newton - x) <= 0.01 * precision)
-        inside = ok & (newton >= lo) & (newton <= hi)
-        x = np.where(inside, newton, 0.5 * (lo + hi))
-        done = converged | (hi - lo <= 0.01 * precision)
-        if np.all(done):
-          break
-      else:
-        # Newton stalled somewhere (kinks where mixture components trade dominance):
-        # plain bisection there until the bracket is tight; hi keeps loss ≤ ℓ.
-        idx = np.nonzero(~done)[0]
-        for _ in range(200):
-          idx = idx[hi[idx] - lo[idx] > 0.01 * precision]
-          if idx.size == 0:
-            break
-          mid = 0.5 * (lo[idx] + hi[idx])
-          above = self._loss_and_slope(mid)[0] > target[idx]
-          lo[idx] = np.where(above, mid, lo[idx])
-          hi[idx] = np.where(above, hi[idx], mid)
-        x = np.where(done, x, hi)
-      out = np.ceil(np.maximum(x, lo) / precision) * precision
-      bad = np.nonzero(self._loss_and_slope(out)[0] > target)[0]
-      for _ in range(64):
-        if bad.size == 0:
-          break
-        out[bad] += precision
-        bad = bad[self._loss_and_slope(out[bad])[0] > target[bad]]
-      if bad.size:
-        # Rounding noise on a flat stretch of the loss: the bracket's upper end had loss
-        # ≤ ℓ when evaluated, so (monotone loss) its grid point upward is the inverse.
-        out[bad] = np.maximum(out[bad], np.ceil(hi[bad] / precision) * precision)
-      return out
+      """Smallest multiple x of ``precision`` in ``bounds`` with loss(x) ≤ ℓ, for every ℓ."""
+      return _inverse_losses(self._loss_and_slope, privacy_losses, bounds, precision)
 
   return FastMixtureGaussianPrivacyLoss
+
+
+def _remove_side_tail(loss, precision: float):
+  """The REMOVE-side tail of a pessimistic MoG privacy loss, valid where dp_accounting's fails.
+
+  dp_accounting bisects [t − max s, t] (t the noise quantile at half the truncated mass)
+  for the left truncation point and fails when the cdf at t − max s already exceeds that
+  mass, which happens by one ulp when a component at max s carries almost all weight
+  (p̃ ≈ 1 at small σ). Then t − max s itself is used: the mass left of it is counted as
+  infinite loss (pessimistic), so any left truncation point is valid.
+  """
+  from dp_accounting.pld import common  # pylint: disable=g-import-not-at-top
+  from dp_accounting.pld import privacy_loss_mechanism as plm  # pylint: disable=g-import-not-at-top
+  # pylint: disable=protected-access
+  tail_mass = 0.5 * np.exp(loss._log_mass_truncation_bound)
+  z_value = loss._gaussian_random_variable.ppf(tail_mass)
+  lower = common.inverse_monotone_function(
+      loss.mu_upper_cdf, tail_mass,
+      common.BinarySearchParameters(z_value - loss._max_sens, z_value, tolerance=precision),
+      increasing=True)
+  if lower is None:
+    lower = z_value - loss._max_sens
+  # pylint: enable=protected-access
+  upper = -z_value
+  return plm.TailPrivacyLossDistribution(
+      lower, upper, {math.inf: loss.mu_upper_cdf(lower),
+                     loss.privacy_loss(upper): 1 - loss.mu_upper_cdf(upper)})
+
+
+def _inverse_losses(loss_and_slope, privacy_losses, bounds, precision: float) -> np.ndarray:
+  """Smallest multiple x of ``precision`` in ``bounds`` with loss(x) ≤ ℓ, for every ℓ.
+
+  Brackets each ℓ on a table of the (non-increasing) loss, then refines with
+  safeguarded Newton steps to near machine precision, rounds up to the precision
+  grid and steps up until loss(x) ≤ ℓ holds exactly.
+  """
+  target = np.asarray(privacy_losses, dtype=np.float64)
+  if target.size == 0:
+    return target
+  lo_b, hi_b = float(bounds[0]), float(bounds[1])
+  grid = np.linspace(lo_b, hi_b, 4097)
+  table = np.concatenate([loss_and_slope(grid[i:i + 8192])[0]
+                          for i in range(0, grid.size, 8192)])
+  # table is non-increasing; bracket index k with table[k] > ℓ >= table[k+1].
+  k = np.searchsorted(-table, -target, side="left") - 1
+  k = np.clip(k, 0, grid.size - 2)
+  x, lo, hi = _refine_inverse(loss_and_slope, target, grid[k], grid[k + 1], precision)
+  out = np.ceil(np.maximum(x, lo) / precision) * precision
+  bad = np.nonzero(loss_and_slope(out)[0] > target)[0]
+  for _ in range(64):
+    if bad.size == 0:
+      break
+    out[bad] += precision
+    bad = bad[loss_and_slope(out[bad])[0] > target[bad]]
+  if bad.size:
+    # Rounding noise on a flat stretch of the loss: the bracket's upper end had loss
+    # ≤ ℓ when evaluated, so (monotone loss) its grid point upward is the inverse.
+    out[bad] = np.maximum(out[bad], np.ceil(hi[bad] / precision) * precision)
+  return out
+
+
+def _refine_inverse(loss_and_slope, target, lo, hi, precision: float):
+  """(x, lo, hi): safeguarded Newton steps for loss(x) = ℓ inside brackets [lo, hi] with
+  loss(lo) > ℓ ≥ loss(hi), to a bracket or step of 0.01·``precision``."""
+  x = 0.5 * (lo + hi)
+  for _ in range(80):
+    loss, slope = loss_and_slope(x)
+    above = loss > target
+    lo = np.where(above, x, lo)
+    hi = np.where(above, hi, x)
+    with np.errstate(divide="ignore", invalid="ignore"):
+      newton = x - (loss - target) / slope
+    ok = np.isfinite(newton)
+    converged = ok & (np.abs(newton - x) <= 0.01 * precision)
+    inside = ok & (newton >= lo) & (newton <= hi)
+    x = np.where(inside, newton, 0.5 * (lo + hi))
+    done = converged | (hi - lo <= 0.01 * precision)
+    if np.all(done):
+      return x, lo, hi
+  # Newton stalled somewhere (kinks where mixture components trade dominance):
+  # plain bisection there until the bracket is tight; hi keeps loss ≤ ℓ.
+  idx = np.nonzero(~done)[0]
+  for _ in range(200):
+    idx = idx[hi[idx] - lo[idx] > 0.01 * precision]
+    if idx.size == 0:
+      break
+    mid = 0.5 * (lo[idx] + hi[idx])
+    above = loss_and_slope(mid)[0] > target[idx]
+    lo[idx] = np.where(above, mid, lo[idx])
+    hi[idx] = np.where(above, hi[idx], mid)
+  return np.where(done, x, hi), lo, hi
 
 
 def mixture_pld(sigma: float, sensitivities: np.ndarray, probs: np.ndarray,
@@ -800,9 +812,39 @@ def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
   p = check_sampling_prob(sampling_prob)
   sigma = checks.noise_multiplier(noise_multiplier)
   delta = checks.delta(delta)
+  m, n = c.shape
+  min_sep, pld_discretization = _check_options(
+      n, p, delta_split, min_sep, max_components, workers, pld_discretization, mixture_tail_mass)
+  rounds = release_rounds(c, non_adaptive=non_adaptive)
+  grid_step = _grid_step(c, grid_step, grid_resolution)
+  offsets = list(range(min_sep)) if (min_sep > 1 and all_offsets) else [0]
+  delta_tail = delta_split * delta
+  per_offset, max_ratio, blocks_total = _offset_mixtures(
+      c, rounds, p, sigma, delta_tail, min_sep, offsets, grid_step, progress)
+  needs_tail = any(info["nontrivial_pairs"] for _, info in per_offset)
+  if not needs_tail:
+    delta_tail = 0.0
+  delta_pld = delta - delta_tail
+  tasks, counts, multiplicity = _distinct_rows(per_offset, dedupe)
+  results, discretization = _row_plds(
+      tasks, multiplicity, grid_step, sigma, float(pld_discretization), mixture_tail_mass,
+      fast_inverse, max_components, workers, progress)
+  eps = _worst_offset_epsilon(counts, results, multiplicity, delta_pld)
+  gamma = float(np.sqrt(np.max(np.sum(c * c, axis=0))))
+  unamplified = gaussian.gaussian_epsilon_exact(sigma / gamma, delta)
+  return MMCCResult(
+      epsilon=eps, delta=delta, delta_tail=delta_tail, delta_pld=delta_pld,
+      sampling_prob=p, noise_multiplier=sigma, min_sep=min_sep, n=n, m=m,
+      distinct_rows=len(tasks), row_blocks=blocks_total, grid_step=float(grid_step),
+      sensitivity=gamma, unamplified_epsilon=unamplified, max_prob_ratio=max_ratio,
+      seconds=time.time() - start, offsets=len(offsets), pld_discretization=discretization)
+
+
+def _check_options(n: int, p: float, delta_split, min_sep, max_components, workers,
+                   pld_discretization, mixture_tail_mass) -> Tuple[int, float]:
+  """Validates ``mmcc``'s options; (min_sep, pld_discretization) as int and float."""
   if not (0.0 < delta_split < 1.0):
     raise MMCCError(f"delta_split must be in (0, 1), got {delta_split}")
-  m, n = c.shape
   if int(min_sep) != min_sep or not (1 <= min_sep <= n):
     raise MMCCError(f"min_sep must be an integer in [1, n={n}], got {min_sep}")
   min_sep = int(min_sep)
@@ -820,16 +862,22 @@ def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
     raise MMCCError(str(e)) from None
   if not (0.0 <= mixture_tail_mass < 1e-6):
     raise MMCCError(f"mixture_tail_mass must be in [0, 1e-6), got {mixture_tail_mass}")
-  rounds = release_rounds(c, non_adaptive=non_adaptive)
+  return min_sep, pld_discretization
+
+
+def _grid_step(c: np.ndarray, grid_step: Optional[float], grid_resolution: int) -> float:
+  """Δ2 of App F.2: ``grid_step``, or max|C| / ``grid_resolution`` (validated)."""
   if grid_step is None:
     if int(grid_resolution) != grid_resolution or grid_resolution < 1:
       raise MMCCError(f"grid_resolution must be a positive integer, got {grid_resolution}")
     grid_step = float(np.max(c)) / grid_resolution
   if not (grid_step > 0) or not math.isfinite(grid_step):
     raise MMCCError(f"grid_step must be positive, got {grid_step}")
+  return grid_step
 
-  offsets = list(range(min_sep)) if (min_sep > 1 and all_offsets) else [0]
-  delta_tail = delta_split * delta
+
+def _offset_mixtures(c, rounds, p, sigma, delta_tail, min_sep, offsets, grid_step, progress):
+  """(per offset [(mixtures, info)], max p̃/p, total row blocks) over the residue classes."""
   per_offset = []
   max_ratio = 1.0
   blocks_total = 0
@@ -839,12 +887,16 @@ def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
     per_offset.append((mixtures, info))
     max_ratio = max(max_ratio, info["max_prob_ratio"])
     blocks_total += info["blocks"]
-  needs_tail = any(info["nontrivial_pairs"] for _, info in per_offset)
-  if not needs_tail:
-    delta_tail = 0.0
-  delta_pld = delta - delta_tail
+  return per_offset, max_ratio, blocks_total
 
-  # Distinct row mixtures and how often each occurs per offset.
+
+def _distinct_rows(per_offset, dedupe: bool):
+  """(tasks, counts, multiplicity): the distinct row mixtures (F.4), how often each occurs
+  per offset, and the self-composition each one's worker applies.
+
+  A row that belongs to a single offset is self-composed by its count inside the worker;
+  one shared between offsets is built once (multiplicity 1) and composed per offset.
+  """
   tasks: Dict[bytes, RowMixture] = {}
   counts: List[collections.Counter] = []
   for mixtures, _ in per_offset:
@@ -854,17 +906,22 @@ def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
       tasks.setdefault(key, mix)
       counter[key] += 1
     counts.append(counter)
-  # Each distinct row is self-composed by its multiplicity inside the worker when
-  # it belongs to a single offset; otherwise composed once and reused.
   multiplicity = {}
   for key in tasks:
     uses = [cnt[key] for cnt in counts if key in cnt]
     multiplicity[key] = uses[0] if len(uses) == 1 else 1
-  # One grid for all rows (PLDs compose only on a common grid). A row whose privacy
-  # loss would need more than MAX_ROW_POINTS points (tiny σ) reports its range
-  # instead; the grid is then coarsened to fit the widest row and every row rebuilt
-  # (a coarser pessimistic grid is still an upper bound).
-  discretization = float(pld_discretization)
+  return tasks, counts, multiplicity
+
+
+def _row_plds(tasks, multiplicity, grid_step, sigma, discretization, mixture_tail_mass,
+              fast_inverse, max_components, workers, progress):
+  """({key: PLD or None}, grid step used): every distinct row's PLD on one common grid.
+
+  PLDs compose only on a common grid. A row whose privacy loss would need more than
+  MAX_ROW_POINTS points (tiny σ) reports its range instead; the grid is then coarsened
+  to fit the widest row and every row rebuilt (a coarser pessimistic grid is still an
+  upper bound).
+  """
   for _ in range(3):
     jobs = [(key, (tasks[key].units, tasks[key].probs, multiplicity[key], grid_step, sigma,
                    discretization, mixture_tail_mass, fast_inverse, max_components,
@@ -875,15 +932,17 @@ def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
     results = _run_jobs(jobs, workers, progress)
     widths = [r for r in results.values() if isinstance(r, float)]
     if not widths:
-      break
+      return results, discretization
     discretization = max(discretization, 1.05 * max(widths) / MAX_ROW_POINTS)
     if discretization > gaussian.PLD_MAX_DISCRETIZATION:
       raise MMCCNumericError(
           f"the row privacy losses at noise multiplier {sigma:g} span {max(widths):.3g}, more "
           f"than {MAX_ROW_POINTS} grid points of step {gaussian.PLD_MAX_DISCRETIZATION:g}")
-  else:
-    raise MMCCNumericError("the row PLDs did not fit on a common grid")
+  raise MMCCNumericError("the row PLDs did not fit on a common grid")
 
+
+def _worst_offset_epsilon(counts, results, multiplicity, delta_pld: float) -> float:
+  """max over offsets of ε at δ2 of the composition of that offset's row PLDs (0 if none)."""
   eps = 0.0
   for counter in counts:
     parts = []
@@ -897,14 +956,7 @@ def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
     total = _compose_all(parts)
     if total is not None:
       eps = max(eps, float(total.get_epsilon_for_delta(delta_pld)))
-  gamma = float(np.sqrt(np.max(np.sum(c * c, axis=0))))
-  unamplified = gaussian.gaussian_epsilon_exact(sigma / gamma, delta)
-  return MMCCResult(
-      epsilon=eps, delta=delta, delta_tail=delta_tail, delta_pld=delta_pld,
-      sampling_prob=p, noise_multiplier=sigma, min_sep=min_sep, n=n, m=m,
-      distinct_rows=len(tasks), row_blocks=blocks_total, grid_step=float(grid_step),
-      sensitivity=gamma, unamplified_epsilon=unamplified, max_prob_ratio=max_ratio,
-      seconds=time.time() - start, offsets=len(offsets), pld_discretization=discretization)
+  return eps
 
 
 def mmcc_epsilon(c, sampling_prob: float, noise_multiplier: float, delta: float,

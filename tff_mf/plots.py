@@ -39,11 +39,7 @@ def plot_per_round_variance(curves: Dict[str, np.ndarray], path: str, title: str
   ax.set_title(title)
   ax.grid(alpha=0.3)
   ax.legend()
-  fig.tight_layout()
-  _makedirs_for(path)
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  return _save(plt, fig, path, dpi=120)
 
 
 def _rank_normalized(x: np.ndarray) -> np.ndarray:
@@ -59,25 +55,24 @@ def _rank_normalized(x: np.ndarray) -> np.ndarray:
   return out.reshape(x.shape)
 
 
+def _heatmap(fig, ax, values: np.ndarray, vmax: float, label: str, title: str) -> None:
+  """``values`` (row i, column j) on a white-to-red scale [0, vmax] with a colorbar."""
+  image = ax.imshow(values, cmap="Reds", vmin=0.0, vmax=vmax, interpolation="nearest")
+  fig.colorbar(image, ax=ax, label=label)
+  ax.set_title(title)
+  ax.set_xlabel("column j")
+  ax.set_ylabel("row i")
+
+
 def plot_heatmaps(b: np.ndarray, c: np.ndarray, path: str, title: str) -> str:
   """B and C side by side: |entries| (own scale, colorbar), rank of |entries|, histograms."""
   plt = _pyplot()
   fig, axes = plt.subplots(3, 2, figsize=(11, 14))
   for col, (name, x) in enumerate((("B (decoder)", b), ("C (encoder)", c))):
-    ax = axes[0, col]
-    image = ax.imshow(np.abs(x), cmap="Reds", vmin=0.0, vmax=float(np.max(np.abs(x))) or 1.0,
-                      interpolation="nearest")
-    fig.colorbar(image, ax=ax, label="|entry|")
-    ax.set_title(f"{name}: |entry|")
-    ax.set_xlabel("column j")
-    ax.set_ylabel("row i")
-    ax = axes[1, col]
-    image = ax.imshow(_rank_normalized(x), cmap="Reds", vmin=0.0, vmax=1.0,
-                      interpolation="nearest")
-    fig.colorbar(image, ax=ax, label="rank of |entry| (fraction of non-zeros)")
-    ax.set_title(f"{name}: rank of |entry|")
-    ax.set_xlabel("column j")
-    ax.set_ylabel("row i")
+    _heatmap(fig, axes[0, col], np.abs(x), float(np.max(np.abs(x))) or 1.0, "|entry|",
+             f"{name}: |entry|")
+    _heatmap(fig, axes[1, col], _rank_normalized(x), 1.0,
+             "rank of |entry| (fraction of non-zeros)", f"{name}: rank of |entry|")
     ax = axes[2, col]
     nonzero = np.abs(x[x != 0])
     counts, edges = np.histogram(nonzero, bins=100) if nonzero.size else (np.zeros(1), [0, 1])
@@ -87,11 +82,7 @@ def plot_heatmaps(b: np.ndarray, c: np.ndarray, path: str, title: str) -> str:
     ax.set_ylabel("count")
     ax.set_title(f"{name}: histogram")
   fig.suptitle(title)
-  fig.tight_layout()
-  _makedirs_for(path)
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
+  return _save(plt, fig, path, dpi=100)
 
 
 def plot_sqrt_loss_bars(table: Dict[str, Dict[str, Optional[float]]], path: str, title: str,
@@ -123,9 +114,14 @@ def plot_sqrt_loss_bars(table: Dict[str, Dict[str, Optional[float]]], path: str,
     ax.set_ylabel("√L (log scale)")
     ax.set_title(workload)
   fig.suptitle(title)
+  return _save(plt, fig, path, dpi=120)
+
+
+def _save(plt, fig, path: str, dpi: int) -> str:
+  """Lays out, writes (creating the folder) and closes ``fig``; returns ``path``."""
   fig.tight_layout()
   _makedirs_for(path)
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=dpi)
   plt.close(fig)
   return path
 

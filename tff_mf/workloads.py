@@ -89,6 +89,14 @@ def momentum_matrix(n: int, beta: float, etas: Optional[np.ndarray] = None) -> n
   return np.cumsum(etas[:, None] * m_beta, axis=0)
 
 
+def sqrt_prefix_coefficients(n: int) -> np.ndarray:
+  """f(0) = 1, f(k) = f(k−1)·(1 − 1/(2k)) for k < n: the first column of the Toeplitz square
+  root C_f of the prefix-sum matrix (C_f·C_f = S; Fichtenberger, Henzinger, Upadhyay 2023;
+  MMCC App E). All positive and decreasing."""
+  k = np.arange(1, n)
+  return np.concatenate([[1.0], np.cumprod(1.0 - 0.5 / k)])
+
+
 def validate_workload(a, name: str = "A") -> np.ndarray:
   """A finite, real, square, lower-triangular, full-rank float64 matrix (``checks.workload``)."""
   try:

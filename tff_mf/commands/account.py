@@ -68,6 +68,24 @@ def register(subparsers) -> None:
           "amplified banded MF (Choquette-Choo et al. 2023, arXiv:2306.08153, Thm 4) for a C "
           "with at most b non-zero bands under b-min-sep sampling."),
       epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+  _add_run_arguments(parser)
+  _add_schema_arguments(parser.add_argument_group("participation schema"))
+  _add_encoder_arguments(
+      parser.add_argument_group("encoder C (needed for other schemas and amplification)"))
+  _add_amplification_arguments(parser.add_argument_group("amplification by Poisson sampling"))
+  _add_deprecated_arguments(parser.add_argument_group("deprecated"))
+  parser.set_defaults(func=run)
+
+  def one_line_error(message):  # argparse's usage block would make errors several lines
+    print(f"tff-mf account: error: {message} (tff-mf account --help lists the flags)",
+          file=sys.stderr)
+    sys.exit(2)
+
+  parser.error = one_line_error
+
+
+def _add_run_arguments(parser) -> None:
+  """The noise (or target ε), δ, the accountant and the output format."""
   parser.add_argument("--noise-multiplier", type=float, default=None, metavar="Z",
                       help="noise multiplier z: noise std / clip norm (default: none; give this "
                            "or --target-epsilon)")
@@ -88,7 +106,8 @@ def register(subparsers) -> None:
                       help="print one strict JSON object instead of key: value lines "
                            "(default: off)")
 
-  schema = parser.add_argument_group("participation schema")
+
+def _add_schema_arguments(schema) -> None:
   schema.add_argument("--participation", choices=("single", "fixed_epoch", "min_sep"),
                       default=None,
                       help="how often and how far apart a user may contribute (default: the "
@@ -107,7 +126,8 @@ def register(subparsers) -> None:
                       help="min_sep: most contributions of a user (default: ceil(n / b), all "
                            "that b allows)")
 
-  matrix = parser.add_argument_group("encoder C (needed for other schemas and amplification)")
+
+def _add_encoder_arguments(matrix) -> None:
   matrix.add_argument("--mechanism", default=None, metavar="NAME",
                       help="mechanism with a built-in C, by its registry name or alias: gaussian "
                            "(identity, dp_fedavg: C = I), tree / honaker_online (binary_tree) / "
@@ -126,7 +146,8 @@ def register(subparsers) -> None:
                       help="deprecated --strategy banded_toeplitz: number of bands (default: "
                            "none)")
 
-  amp = parser.add_argument_group("amplification by Poisson sampling")
+
+def _add_amplification_arguments(amp) -> None:
   amp.add_argument("--amplification", choices=("none", "mmcc", "banded"), default=None,
                    help="none: one Gaussian at z / sensitivity; mmcc: MMCC for any "
                         "lower-triangular non-negative C; banded: amplified banded MF for C "
@@ -149,7 +170,8 @@ def register(subparsers) -> None:
   amp.add_argument("--no-progress", action="store_true",
                    help="mmcc: no progress bars on stderr (default: off)")
 
-  old = parser.add_argument_group("deprecated")
+
+def _add_deprecated_arguments(old) -> None:
   old.add_argument("--mmcc", action="store_true",
                    help="same as --amplification mmcc, except that --sampling-prob is then the "
                         "average rate p: with --min-sep b a user joins each of its rounds with "
@@ -159,14 +181,6 @@ def register(subparsers) -> None:
                         "binary_tree = --mechanism honaker_online, tree_restart; "
                         "banded_toeplitz is the square root of the prefix-sum matrix truncated "
                         "to --bands bands (MMCC App E) (default: none)")
-  parser.set_defaults(func=run)
-
-  def one_line_error(message):  # argparse's usage block would make errors several lines
-    print(f"tff-mf account: error: {message} (tff-mf account --help lists the flags)",
-          file=sys.stderr)
-    sys.exit(2)
-
-  parser.error = one_line_error
 
 
 # ----------------------------------------------------------------------------- inputs

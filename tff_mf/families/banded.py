@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import scipy.linalg
@@ -236,11 +236,8 @@ def objective_and_gradient(a: np.ndarray, params: np.ndarray) -> Tuple[float, np
   return value, obj.unpack(grad)
 
 
-def sqrt_prefix_coefficients(bands: int) -> np.ndarray:
-  """f(0) = 1, f(k) = f(k−1)·(1 − 1/(2k)): Toeplitz square root of the prefix sum S
-  (Fichtenberger, Henzinger, Upadhyay 2023), the starting point of the optimization."""
-  k = np.arange(1, bands)
-  return np.concatenate([[1.0], np.cumprod(1.0 - 0.5 / k)])
+# The Toeplitz square root of S (first ``bands`` coefficients): the optimization's start.
+sqrt_prefix_coefficients = workloads.sqrt_prefix_coefficients
 
 
 # ----------------------------------------------------------------------------- optimize
@@ -300,6 +297,20 @@ def optimize(a: np.ndarray,
   checks.in_range(tolerance, "tolerance", 0.0, 1.0, low_open=True)
   checks.dense_matrices_fit(n, 5.0, f"banded optimization for n={n}")
   obj = _Objective(a, bands)
+  search = _GaugedSearch(obj, _start_parameters(initial, obj), start)
+  initial_value, _ = search.value_and_gradient(search.p[search.free])
+  search.history.append(initial_value)
+  message = "bands = 1: C = I"
+  converged = True
+  if bands > 1:
+    message, converged = search.minimize(max_iterations, tolerance, time_limit, progress,
+                                         callback)
+  return _banded_result(a, obj, search, initial_value, message, converged, tolerance)
+
+
+def _start_parameters(initial: Optional[np.ndarray], obj: _Objective) -> np.ndarray:
+  """Gauged column-band start: the given row-band coefficients or the Toeplitz √S."""
+  n, bands = obj.n, obj.bands
   if initial is None:
     p0 = np.broadcast_to(sqrt_prefix_coefficients(bands), (n, bands)).copy()
   else:
@@ -309,66 +320,87 @@ def optimize(a: np.ndarray,
                               f"got {init.shape}")
     p0 = row_to_column_bands(init)
   p0[~obj.mask] = 0.0
-  p0 = _gauge(p0)
-  free = obj.mask.copy()
-  free[:, 0] = False  # the unit diagonal is fixed
+  return _gauge(p0)
 
-  def value_and_gradient(y):
-    p = p0.copy()
-    p[free] = y
-    value, grad = obj.value_and_gradient(p[obj.mask])
-    state["value"] = value
-    return value, obj.unpack(grad)[free]
 
-  state: Dict[str, Any] = {"iterations": 0, "value": None, "x": p0[free], "reason": None}
-  initial_value, _ = value_and_gradient(p0[free])
-  history = [initial_value]
-  message = "bands = 1: C = I"
-  converged = True
-  if bands > 1:
+class _Stop(Exception):
+  """Ends L-BFGS early: the objective stopped falling, or the time limit passed."""
+
+
+@dataclasses.dataclass
+class _GaugedSearch:
+  """L-BFGS over the free (sub-diagonal) band entries of a unit-diagonal C̃; ``p`` holds the
+  current column-band parameters (the start until ``minimize`` writes the result)."""
+  obj: _Objective
+  p: np.ndarray
+  start: float
+  free: np.ndarray = dataclasses.field(init=False)  # the entries L-BFGS moves
+  x: np.ndarray = dataclasses.field(init=False)  # the last accepted iterate
+  iterations: int = 0
+  value: Optional[float] = None  # objective at the point evaluated last
+  reason: Optional[str] = None  # why _Stop was raised
+  history: List[float] = dataclasses.field(default_factory=list)
+
+  def __post_init__(self):
+    self.free = self.obj.mask.copy()
+    self.free[:, 0] = False  # the unit diagonal is fixed
+    self.x = self.p[self.free]
+
+  def value_and_gradient(self, y: np.ndarray) -> Tuple[float, np.ndarray]:
+    p = self.p.copy()
+    p[self.free] = y
+    value, grad = self.obj.value_and_gradient(p[self.obj.mask])
+    self.value = value
+    return value, self.obj.unpack(grad)[self.free]
+
+  def minimize(self, max_iterations, tolerance, time_limit, progress, callback):
+    """Runs L-BFGS-B from ``p`` and stores the result there; (message, converged)."""
     from tqdm import tqdm  # pylint: disable=g-import-not-at-top
     bar = tqdm(total=max_iterations, file=sys.stderr, disable=not progress,
-               desc=f"banded n={n} b={bands}", leave=False)
-
-    class _Stop(Exception):
-      pass
-
-    def on_iteration(xk):
-      # L-BFGS-B accepts the point it evaluated last, so state["value"] is f(xk).
-      state["iterations"] += 1
-      state["x"] = xk.copy()
-      history.append(state["value"])
-      record = {"iteration": state["iterations"], "objective": state["value"],
-                "seconds": time.perf_counter() - start}
-      bar.update(1)
-      bar.set_postfix_str(f"objective {state['value']:.8g}")
-      if callback is not None:
-        callback(record)
-      if len(history) > STOP_WINDOW:
-        old = history[-1 - STOP_WINDOW]
-        if old - state["value"] <= tolerance * abs(state["value"]):
-          state["reason"] = "tolerance"
-          raise _Stop()
-      if time_limit is not None and record["seconds"] > time_limit:
-        state["reason"] = "time limit reached"
-        raise _Stop()
-
+               desc=f"banded n={self.obj.n} b={self.obj.bands}", leave=False)
     try:
       res = scipy.optimize.minimize(
-          value_and_gradient, p0[free], jac=True, method="L-BFGS-B", callback=on_iteration,
+          self.value_and_gradient, self.p[self.free], jac=True, method="L-BFGS-B",
+          callback=lambda xk: self._on_iteration(xk, bar, tolerance, time_limit, callback),
           options={"maxiter": int(max_iterations), "ftol": 1e-15, "gtol": 0.0,
                    "maxcor": LBFGS_MEMORY, "maxfun": 4 * int(max_iterations)})
       x = res.x
       message = str(res.message)
       converged = bool(res.success) and "ITERATIONS" not in message.upper()
     except _Stop:
-      x = state["x"]
-      message = state["reason"]
+      x = self.x
+      message = self.reason
       converged = message == "tolerance"
     finally:
       bar.close()
-    p0[free] = x
-  u, _ = obj.normalized(p0)
+    self.p[self.free] = x
+    return message, converged
+
+  def _on_iteration(self, xk, bar, tolerance, time_limit, callback) -> None:
+    # L-BFGS-B accepts the point it evaluated last, so self.value is f(xk).
+    self.iterations += 1
+    self.x = xk.copy()
+    self.history.append(self.value)
+    record = {"iteration": self.iterations, "objective": self.value,
+              "seconds": time.perf_counter() - self.start}
+    bar.update(1)
+    bar.set_postfix_str(f"objective {self.value:.8g}")
+    if callback is not None:
+      callback(record)
+    if len(self.history) > STOP_WINDOW:
+      old = self.history[-1 - STOP_WINDOW]
+      if old - self.value <= tolerance * abs(self.value):
+        self.reason = "tolerance"
+        raise _Stop()
+    if time_limit is not None and record["seconds"] > time_limit:
+      self.reason = "time limit reached"
+      raise _Stop()
+
+
+def _banded_result(a: np.ndarray, obj: _Objective, search: _GaugedSearch, initial_value: float,
+                   message: str, converged: bool, tolerance: float) -> BandedResult:
+  """Normalized C from the final parameters, B = A·C⁻¹, and the info record."""
+  u, _ = obj.normalized(search.p)
   c = _dense_from_columns(u)
   b_t = scipy.linalg.solve_triangular(c, a.T, trans="T", lower=True, check_finite=False)
   b = np.tril(b_t.T)
@@ -379,13 +411,13 @@ def optimize(a: np.ndarray,
   info = {
       "objective": value,
       "initial_objective": float(initial_value),
-      "iterations": int(state["iterations"]),
+      "iterations": int(search.iterations),
       "function_evaluations": obj.evaluations,
-      "seconds": time.perf_counter() - start,
+      "seconds": time.perf_counter() - search.start,
       "converged": bool(converged),
       "message": message,
-      "bands": int(bands),
-      "n": int(n),
+      "bands": int(obj.bands),
+      "n": int(obj.n),
       "tolerance": float(tolerance),
   }
   return BandedResult(b=b, c=c, info=info,

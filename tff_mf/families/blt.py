@@ -32,7 +32,6 @@ import time
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
-import scipy.optimize
 
 from tff_mf import checks
 from tff_mf import streams
@@ -310,10 +309,7 @@ def _minimize(objective: _Objective, points: np.ndarray, max_iterations: int,
     if not math.isfinite(value):
       return 1e30, np.zeros_like(y)
     return value / value0, grad / value0
-  res = scipy.optimize.minimize(
-      fun, y0, jac=True, method="L-BFGS-B", bounds=[LOG_GAP_BOUNDS] * y0.size,
-      options={"maxiter": int(max_iterations), "maxfun": 4 * int(max_iterations),
-               "ftol": tolerance, "gtol": 1e-10, "maxcor": 20})
+  res = toeplitz.lbfgs(fun, y0, [LOG_GAP_BOUNDS] * y0.size, max_iterations, tolerance)
   return float(res.fun) * value0, _points(res.x), res
 
 
@@ -338,8 +334,7 @@ def optimize(n: int, buffers: int = 4, *, min_sep: Optional[int] = None,
   n = checks.positive_int(n, "n")
   m = checks.nonnegative_int(buffers, "buffers")
   starts = checks.positive_int(starts, "starts")
-  if error not in toeplitz.ERRORS:
-    raise checks.CheckError(f"error must be one of {toeplitz.ERRORS}, got {error!r}")
+  toeplitz.check_error(error)
   ms, k = toeplitz.participations(n, min_sep, max_participations)
   work = toeplitz.workload_operator(n, workload)
   iterations, converged, message, evaluations, gradient = 0, True, "no buffers: C = I", 0, 0.0
@@ -350,54 +345,48 @@ def optimize(n: int, buffers: int = 4, *, min_sep: Optional[int] = None,
     candidates = [_interlaced_points(init, m)] if init is not None else \
         _start_points(n, m, starts)
     candidates += [np.asarray(p, dtype=np.float64) for p in extra_starts]
-    best = None
-    # Several starts are screened with a loose tolerance; the best one is then polished.
-    screen = len(candidates) > 1
-    for points0 in candidates:
-      if points0.shape != (2 * m,):
-        raise checks.CheckError(f"a start needs {2 * m} interlaced points, got {points0.shape}")
-      value, points, res = _minimize(objective, points0,
-                                     min(max_iterations, 300) if screen else max_iterations,
-                                     max(tolerance, 1e-9) if screen else tolerance)
-      if res is not None:
-        iterations += int(res.nit)
-        if best is None or value < best[0]:
-          best = (value, points, res)
-    if best is None:
-      raise checks.CheckError("every initial BLT gives a non-finite objective")
-    if screen:
-      value, points, res = _minimize(objective, best[1], max_iterations, tolerance)
-      iterations += int(res.nit) if res is not None else 0
-      if res is not None and value <= best[0]:
-        best = (value, points, res)
-    points = _prune(best[1])
+    points, res, iterations = _best_of_starts(objective, candidates, m, max_iterations, tolerance)
     blt, inv = from_theta_pair(1.0 - points[1::2], 1.0 - points[0::2])
-    message = str(best[2].message)
-    gradient = toeplitz.projected_gradient_norm(best[2], [LOG_GAP_BOUNDS] * (2 * m))
-    converged = bool(best[2].success) or gradient <= toeplitz.GRADIENT_TOLERANCE
+    message, gradient, converged = toeplitz.lbfgs_outcome(res, [LOG_GAP_BOUNDS] * (2 * m))
     evaluations = objective.evaluations
-  c = blt.coefficients(n)
-  h = inv.coefficients(n)
-  sens = toeplitz.min_sep_sensitivity(c, n, min_sep, max_participations)
-  figures = toeplitz.evaluate_inverse_column(h, sens, work)
-  objective_value = (figures["rmse"] if error == "mean" else figures["max_error"]) ** 2
-  info = {
-      "family": "blt", "n": n, "buffers": blt.buffers, "buffers_requested": m,
-      "error": error, "workload": work.kind, "min_sep": min_sep, "max_participations": k,
-      "sensitivity_exact": toeplitz.sensitivity_is_exact(c, n, min_sep, max_participations),
-      **figures, "objective": objective_value, "iterations": iterations,
-      "evaluations": evaluations, "converged": converged, "message": message,
-      "gradient_norm": gradient,
-  }
-  b_mat = c_mat = None
-  if dense:
-    checks.dense_matrices_fit(n, 3 if work.toeplitz else 5, f"BLT B and C (n={n})")
-    c_mat = toeplitz.lower_toeplitz(c)
-    b_mat = work.b_matrix(h)
-  info["seconds"] = time.perf_counter() - start
   extras = {"blt_theta": blt.theta.copy(), "blt_omega": blt.omega.copy(),
             "blt_inverse_theta": inv.theta.copy(), "blt_inverse_omega": inv.omega.copy()}
-  return toeplitz.Result(b=b_mat, c=c_mat, info=info, extras=extras)
+  return toeplitz.result_from_coefficients(
+      blt.coefficients(n), inv.coefficients(n), work, error=error, min_sep=min_sep,
+      max_participations=max_participations, k=k,
+      family_info={"family": "blt", "n": n, "buffers": blt.buffers, "buffers_requested": m},
+      fit={"iterations": iterations, "evaluations": evaluations, "converged": converged,
+           "message": message, "gradient_norm": gradient},
+      dense=dense, what="BLT", start=start, extras=extras)
+
+
+def _best_of_starts(objective: _Objective, candidates, m: int, max_iterations: int,
+                    tolerance: float):
+  """(pruned points, scipy result, total L-BFGS iterations) of the best start.
+
+  Several starts are screened with a loose tolerance; the best one is then polished.
+  """
+  best = None
+  iterations = 0
+  screen = len(candidates) > 1
+  for points0 in candidates:
+    if points0.shape != (2 * m,):
+      raise checks.CheckError(f"a start needs {2 * m} interlaced points, got {points0.shape}")
+    value, points, res = _minimize(objective, points0,
+                                   min(max_iterations, 300) if screen else max_iterations,
+                                   max(tolerance, 1e-9) if screen else tolerance)
+    if res is not None:
+      iterations += int(res.nit)
+      if best is None or value < best[0]:
+        best = (value, points, res)
+  if best is None:
+    raise checks.CheckError("every initial BLT gives a non-finite objective")
+  if screen:
+    value, points, res = _minimize(objective, best[1], max_iterations, tolerance)
+    iterations += int(res.nit) if res is not None else 0
+    if res is not None and value <= best[0]:
+      best = (value, points, res)
+  return _prune(best[1]), best[2], iterations
 
 
 # ----------------------------------------------------------------------------- streaming

@@ -136,31 +136,65 @@ def relative_gap(primal: float, dual: float) -> float:
   return float((primal - dual) / primal)
 
 
+def _symmetric_gram(a: np.ndarray) -> np.ndarray:
+  """G = AᵀA, exactly symmetric."""
+  gram = a.T @ a
+  return 0.5 * (gram + gram.T)
+
+
+def _gram_eigenvalue_floor(a: np.ndarray) -> float:
+  """λ_min(G) = σ_min(A)² ≥ 1/‖A⁻¹‖²_F (Denisov et al. App E.4: a-priori eigenvalue floor)."""
+  a_inv = scipy.linalg.solve_triangular(a, np.eye(a.shape[0]), lower=True, check_finite=False)
+  return 1.0 / float(np.sum(np.square(a_inv)))
+
+
+def _floored_eigh(m: np.ndarray, floor: float, what: str):
+  """(Q, floored √Λ, count of numerically negative eigenvalues) of the symmetric M = ``what``.
+
+  M is overwritten. Eigenvalues are floored at the a-priori bound ``floor`` (App E.4), so
+  the square roots exist and the dual bound stays valid.
+  """
+  lam, q = scipy.linalg.eigh(m, lower=True, driver="evd", overwrite_a=True,
+                             check_finite=False)
+  if not (np.all(np.isfinite(lam)) and np.all(np.isfinite(q))):
+    raise LossOfPositiveDefinitenessError(
+        f"eigendecomposition of {what} produced non-finite values")
+  negative = int(np.sum(lam < -1e-10 * max(abs(float(lam[-1])), 1e-300)))
+  return q, np.sqrt(np.maximum(lam, floor)), negative
+
+
+def _factors_from_gram(x: np.ndarray, a: np.ndarray, message: str):
+  """(B, C): C lower triangular with CᵀC = X (Denisov et al. Prop 2.2), B = A C⁻¹.
+
+  With J the reversal permutation, J X J = L Lᵀ gives C = J Lᵀ J; B C = A is solved as
+  Cᵀ Bᵀ = Aᵀ (one triangular solve). ``message`` is the error when the Cholesky
+  factorization finds X not positive definite.
+  """
+  try:
+    chol = scipy.linalg.cholesky(x[::-1, ::-1], lower=True, check_finite=False)
+  except np.linalg.LinAlgError as e:
+    raise LossOfPositiveDefinitenessError(message) from e
+  c = np.tril(np.ascontiguousarray(chol.T[::-1, ::-1]))
+  b_t = scipy.linalg.solve_triangular(c, a.T, trans="T", lower=True, check_finite=False)
+  return np.tril(b_t.T), c
+
+
 class DualProblem:
   """The Eq. 4 problem for one workload A, evaluated through its dual in v (Eq. 5-8)."""
 
   def __init__(self, a: np.ndarray):
     self.a = workloads.validate_workload(a)
     self.n = self.a.shape[0]
-    gram = self.a.T @ self.a
-    self.gram = 0.5 * (gram + gram.T)  # G = AᵀA, exactly symmetric
-    # λ_min(G) = σ_min(A)² ≥ 1/‖A⁻¹‖²_F (App E.4: a-priori eigenvalue floor).
-    a_inv = scipy.linalg.solve_triangular(self.a, np.eye(self.n), lower=True, check_finite=False)
-    self.gram_eigenvalue_floor = 1.0 / float(np.sum(np.square(a_inv)))
+    self.gram = _symmetric_gram(self.a)
+    self.gram_eigenvalue_floor = _gram_eigenvalue_floor(self.a)
 
   def evaluate(self, v: np.ndarray, with_primal: bool = True) -> _Evaluation:
     """φ(v), the Eq. 8 bound and the rescaled primal from one ``eigh`` of M(v)."""
     r = np.sqrt(v)
     m = self.gram * r[:, None]
     m *= r[None, :]
-    lam, q = scipy.linalg.eigh(m, lower=True, driver="evd", overwrite_a=True,
-                               check_finite=False)
-    if not (np.all(np.isfinite(lam)) and np.all(np.isfinite(q))):
-      raise LossOfPositiveDefinitenessError(
-          "eigendecomposition of diag(v)^½ AᵀA diag(v)^½ produced non-finite values")
-    floor = float(np.min(v)) * self.gram_eigenvalue_floor
-    negative = int(np.sum(lam < -1e-10 * max(abs(float(lam[-1])), 1e-300)))
-    sqrt_lam = np.sqrt(np.maximum(lam, floor))
+    q, sqrt_lam, negative = _floored_eigh(m, float(np.min(v)) * self.gram_eigenvalue_floor,
+                                          "diag(v)^½ AᵀA diag(v)^½")
     phi = np.square(q) @ sqrt_lam
     trace = float(np.sum(sqrt_lam))
     # Eq. 8 at the best multiple t·v: d(t·v) = 2√t·tr Λ^½ − t·Σv is maximal at
@@ -186,18 +220,8 @@ class DualProblem:
     z /= np.sqrt(ev.phi)[:, None]
     x = z @ z.T
     x = 0.5 * (x + x.T)
-    x_rev = x[::-1, ::-1]
-    try:
-      chol = scipy.linalg.cholesky(x_rev, lower=True, check_finite=False)
-    except np.linalg.LinAlgError as e:
-      raise LossOfPositiveDefinitenessError(
-          "X = CᵀC lost positive definiteness in the Cholesky factorization (ψ)") from e
-    c = np.ascontiguousarray(chol.T[::-1, ::-1])
-    c = np.tril(c)
-    # B C = A  <=>  Cᵀ Bᵀ = Aᵀ.
-    b_t = scipy.linalg.solve_triangular(c, self.a.T, trans="T", lower=True, check_finite=False)
-    b = np.tril(b_t.T)
-    return b, c
+    return _factors_from_gram(
+        x, self.a, "X = CᵀC lost positive definiteness in the Cholesky factorization (ψ)")
 
 
 def solve(a: np.ndarray,
@@ -242,6 +266,26 @@ def solve(a: np.ndarray,
     NotConvergedError: target gap not reached and allow_unconverged is False.
     LossOfPositiveDefinitenessError: the square roots broke down numerically.
   """
+  _check_solve_arguments(target_gap, max_iterations, acceleration, anderson_memory)
+  run = _Run(target_gap=target_gap, callback=callback)
+  problem = DualProblem(a)
+  v = _initial_v(initial_v, problem.n)
+  steps = _SingleSteps(acceleration, anderson_memory, max_cg_iterations)
+  run.open_bar(progress, f"optimal n={problem.n}")
+  try:
+    while run.iterations < max_iterations:
+      if run.out_of_time(time_limit):
+        break
+      ev = problem.evaluate(v)
+      if run.update(ev, problem.factors, fz.loss, stall_iterations):
+        break
+      v = steps.next_v(ev, run.best)
+  finally:
+    run.bar.close()
+  return _single_result(run, problem, steps, max_iterations, allow_unconverged)
+
+
+def _check_solve_arguments(target_gap, max_iterations, acceleration, anderson_memory) -> None:
   if not 0 < target_gap < 1:
     raise ValueError(f"target_gap must be in (0, 1), got {target_gap}")
   if int(max_iterations) < 1:
@@ -250,136 +294,192 @@ def solve(a: np.ndarray,
     raise ValueError(f"unknown acceleration {acceleration!r}; expected one of {ACCELERATIONS}")
   if anderson_memory < 1:
     raise ValueError(f"anderson_memory must be at least 1, got {anderson_memory}")
-  start = time.perf_counter()
-  cpu_start = time.process_time()
-  problem = DualProblem(a)
-  n = problem.n
+
+
+def _initial_v(initial_v: Optional[np.ndarray], n: int) -> np.ndarray:
+  """The starting dual point: all ones, or a validated copy of ``initial_v``."""
   if initial_v is None:
-    v = np.ones(n)
-  else:
-    v = np.asarray(initial_v, dtype=np.float64).copy()
-    if v.shape != (n,) or not np.all(np.isfinite(v)) or np.any(v <= 0):
-      raise ValueError(f"initial_v must be {n} finite positive numbers")
+    return np.ones(n)
+  v = np.asarray(initial_v, dtype=np.float64).copy()
+  if v.shape != (n,) or not np.all(np.isfinite(v)) or np.any(v <= 0):
+    raise ValueError(f"initial_v must be {n} finite positive numbers")
+  return v
 
-  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-  # The bar fills with the decades of duality gap closed: -log10(gap) of -log10(target).
-  decades = round(-np.log10(target_gap), 2)
-  bar = tqdm(total=decades, file=sys.stderr, disable=not progress, desc=f"optimal n={n}",
-             leave=False, bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}{postfix}]")
-  history: List[Dict[str, float]] = []
-  best: Optional[_Evaluation] = None  # highest dual bound so far
-  best_primal: Optional[_Evaluation] = None  # lowest primal so far
-  result_factors = None
-  final_loss = float("inf")
-  s_hist: List[np.ndarray] = []
-  f_hist: List[np.ndarray] = []
-  restarts = 0
-  backtracks = 0
-  line: Optional[_NewtonLine] = None
-  cg_total = 0
-  negative_total = 0
-  iterations = 0
-  last_improvement = 0
-  converged = False
-  stop_reason = "max_iterations"
-  try:
-    while iterations < max_iterations:
-      if (time_limit is not None and iterations > 0
-          and time.perf_counter() - start > time_limit):
-        stop_reason = "time_limit"
-        break
-      ev = problem.evaluate(v)
-      iterations += 1
-      negative_total += ev.negative_eigenvalues
-      if best is None or ev.dual > best.dual:
-        if best is None or ev.dual > best.dual + 1e-13 * abs(best.dual):
-          last_improvement = iterations
-        best = ev
-      if best_primal is None or ev.primal < best_primal.primal:
-        if best_primal is None or ev.primal < best_primal.primal * (1 - 1e-13):
-          last_improvement = iterations
-        best_primal = ev
-      gap = relative_gap(best_primal.primal, best.dual)
-      record = {"iteration": iterations, "seconds": time.perf_counter() - start,
-                "cpu_seconds": time.process_time() - cpu_start, "dual": best.dual,
-                "primal": best_primal.primal, "loss": best_primal.primal, "relative_gap": gap}
-      history.append(record)
-      if callback is not None:
-        callback(record)
-      bar.n = float(min(decades, max(0.0, -np.log10(max(gap, 1e-300)))))
-      bar.set_postfix_str(f"iteration {iterations}, gap={gap:.2e}")
-      if gap <= target_gap:
-        b, c = problem.factors(best_primal)
-        loss_bc = fz.loss(b, c)
-        if result_factors is None or loss_bc < final_loss:
-          result_factors, final_loss = (b, c), loss_bc
-        if relative_gap(final_loss, best.dual) <= target_gap:
-          converged = True
-          stop_reason = "target_gap"
-          break
-      if iterations - last_improvement >= stall_iterations:
-        stop_reason = "stalled"
-        break
-      if acceleration == "newton":
-        # Backtracking on the dual bound: a Newton step must not lower it.
-        if line is not None and ev.dual < line.base.dual - 1e-14 * abs(line.base.dual):
-          line.scale *= 0.5
-          backtracks += 1
-          if line.scale >= _MIN_NEWTON_SCALE:
-            v = line.point()
-            continue
-          line = None
-          v = None
-        else:
-          line = _newton_line(ev, max_cg_iterations)
-          cg_total += line.cg_iterations
-          v = line.point()
-      else:
-        v = _next_v(ev, best, s_hist, f_hist, acceleration, anderson_memory)
-      if v is None:  # safeguard triggered: plain step from the best dual point
-        restarts += 1
-        s_hist.clear()
-        f_hist.clear()
-        v = best.phi.copy()
-  finally:
-    bar.close()
 
-  if result_factors is None:
-    result_factors = problem.factors(best_primal)
-    final_loss = fz.loss(*result_factors)
-  b, c = result_factors
-  gap = relative_gap(final_loss, best.dual)
+@dataclasses.dataclass
+class _Run:
+  """What both solvers carry across iterations: the best dual point (highest bound), the
+  best primal point (lowest loss), the history, and the certified factors, if any."""
+  target_gap: float
+  callback: Optional[Callable[[Dict[str, float]], None]]
+  start: float = dataclasses.field(default_factory=time.perf_counter)
+  cpu_start: float = dataclasses.field(default_factory=time.process_time)
+  bar: Any = None
+  decades: float = 0.0
+  history: List[Dict[str, float]] = dataclasses.field(default_factory=list)
+  best: Any = None  # highest dual bound so far
+  best_primal: Any = None  # lowest primal so far
+  result_factors: Optional[tuple] = None
+  final_loss: float = float("inf")
+  iterations: int = 0
+  last_improvement: int = 0
+  negative_total: int = 0
+  converged: bool = False
+  stop_reason: str = "max_iterations"
+
+  def open_bar(self, progress: bool, desc: str) -> None:
+    """tqdm bar on stderr filling with the decades of gap closed: -log10(gap) of -log10(target)."""
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    self.decades = round(-np.log10(self.target_gap), 2)
+    self.bar = tqdm(total=self.decades, file=sys.stderr, disable=not progress, desc=desc,
+                    leave=False,
+                    bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}{postfix}]")
+
+  def out_of_time(self, time_limit: Optional[float]) -> bool:
+    if (time_limit is not None and self.iterations > 0
+        and time.perf_counter() - self.start > time_limit):
+      self.stop_reason = "time_limit"
+      return True
+    return False
+
+  def update(self, ev, factors, loss, stall_iterations: int) -> bool:
+    """Takes one evaluation; True when the solver stops (gap certified, or stalled)."""
+    gap = self._observe(ev)
+    if gap <= self.target_gap and self._certify(factors, loss):
+      self.converged = True
+      self.stop_reason = "target_gap"
+      return True
+    if self.iterations - self.last_improvement >= stall_iterations:
+      self.stop_reason = "stalled"
+      return True
+    return False
+
+  def _observe(self, ev) -> float:
+    """Counts the evaluation, keeps the best points, records history; the relative gap."""
+    self.iterations += 1
+    self.negative_total += ev.negative_eigenvalues
+    if self.best is None or ev.dual > self.best.dual:
+      if self.best is None or ev.dual > self.best.dual + 1e-13 * abs(self.best.dual):
+        self.last_improvement = self.iterations
+      self.best = ev
+    if self.best_primal is None or ev.primal < self.best_primal.primal:
+      if self.best_primal is None or ev.primal < self.best_primal.primal * (1 - 1e-13):
+        self.last_improvement = self.iterations
+      self.best_primal = ev
+    gap = relative_gap(self.best_primal.primal, self.best.dual)
+    record = {"iteration": self.iterations, "seconds": time.perf_counter() - self.start,
+              "cpu_seconds": time.process_time() - self.cpu_start, "dual": self.best.dual,
+              "primal": self.best_primal.primal, "loss": self.best_primal.primal,
+              "relative_gap": gap}
+    self.history.append(record)
+    if self.callback is not None:
+      self.callback(record)
+    self.bar.n = float(min(self.decades, max(0.0, -np.log10(max(gap, 1e-300)))))
+    self.bar.set_postfix_str(f"iteration {self.iterations}, gap={gap:.2e}")
+    return gap
+
+  def _certify(self, factors, loss) -> bool:
+    """Builds (B, C) at the best primal point; True when their own loss meets the target."""
+    b, c = factors(self.best_primal)
+    loss_bc = loss(b, c)
+    if self.result_factors is None or loss_bc < self.final_loss:
+      self.result_factors, self.final_loss = (b, c), loss_bc
+    return relative_gap(self.final_loss, self.best.dual) <= self.target_gap
+
+  def finish(self, factors, loss):
+    """(B, C, gap): the certified factors, else those of the best primal point."""
+    if self.result_factors is None:
+      self.result_factors = factors(self.best_primal)
+      self.final_loss = loss(*self.result_factors)
+    b, c = self.result_factors
+    return b, c, relative_gap(self.final_loss, self.best.dual)
+
+  def info(self, gap: float, max_iterations: int, acceleration: str) -> Dict[str, Any]:
+    return {
+        "relative_gap": gap,
+        "iterations": self.iterations,
+        "seconds": time.perf_counter() - self.start,
+        "cpu_seconds": time.process_time() - self.cpu_start,
+        "converged": bool(self.converged),
+        "dual_lower_bound": float(self.best.dual),
+        "loss": float(self.final_loss),
+        "target_gap": float(self.target_gap),
+        "max_iterations": int(max_iterations),
+        "stop_reason": self.stop_reason,
+        "acceleration": acceleration,
+    }
+
+  def check_converged(self, result: OptimalResult, allow_unconverged: bool, what: str) -> None:
+    """Raises NotConvergedError (holding ``result``) unless converged or allowed."""
+    if not self.converged and not allow_unconverged:
+      raise NotConvergedError(
+          f"{what} did not reach relative duality gap {self.target_gap:g} within "
+          f"{self.iterations} iterations ({_STOP_REASONS[self.stop_reason]}); gap reached "
+          f"{result.info['relative_gap']:.3g}. Raise max_iterations, loosen target_gap, or pass "
+          f"allow_unconverged=True to use it anyway.", result)
+
+
+@dataclasses.dataclass
+class _SingleSteps:
+  """The step rule of ``solve``: plain φ, Anderson mixing, or safeguarded Newton lines."""
+  acceleration: str
+  anderson_memory: int
+  max_cg_iterations: int
+  s_hist: List[np.ndarray] = dataclasses.field(default_factory=list)
+  f_hist: List[np.ndarray] = dataclasses.field(default_factory=list)
+  line: Optional["_NewtonLine"] = None
+  restarts: int = 0
+  backtracks: int = 0
+  cg_total: int = 0
+
+  def next_v(self, ev: _Evaluation, best: _Evaluation) -> np.ndarray:
+    """The next dual point; a plain step from the best dual point when a safeguard fires."""
+    if self.acceleration == "newton":
+      v = self._newton(ev)
+    else:
+      v = _next_v(ev, best, self.s_hist, self.f_hist, self.acceleration, self.anderson_memory)
+    if v is None:  # safeguard triggered: plain step from the best dual point
+      self.restarts += 1
+      self.s_hist.clear()
+      self.f_hist.clear()
+      v = best.phi.copy()
+    return v
+
+  def _newton(self, ev: _Evaluation) -> Optional[np.ndarray]:
+    # Backtracking on the dual bound: a Newton step must not lower it.
+    line = self.line
+    if line is not None and ev.dual < line.base.dual - 1e-14 * abs(line.base.dual):
+      line.scale *= 0.5
+      self.backtracks += 1
+      if line.scale >= _MIN_NEWTON_SCALE:
+        return line.point()
+      self.line = None
+      return None
+    self.line = _newton_line(ev, self.max_cg_iterations)
+    self.cg_total += self.line.cg_iterations
+    return self.line.point()
+
+
+def _single_result(run: _Run, problem: DualProblem, steps: _SingleSteps, max_iterations: int,
+                   allow_unconverged: bool) -> OptimalResult:
+  """Packages ``solve``: factors, info, the rounding warning, NotConvergedError."""
+  b, c, gap = run.finish(problem.factors, fz.loss)
   info = {
-      "relative_gap": gap,
-      "iterations": iterations,
-      "seconds": time.perf_counter() - start,
-      "cpu_seconds": time.process_time() - cpu_start,
-      "converged": bool(converged),
-      "dual_lower_bound": float(best.dual),
-      "loss": float(final_loss),
-      "target_gap": float(target_gap),
-      "max_iterations": int(max_iterations),
-      "stop_reason": stop_reason,
-      "acceleration": acceleration,
-      "anderson_memory": int(anderson_memory) if acceleration == "anderson" else 0,
-      "safeguard_restarts": restarts,
-      "cg_iterations": cg_total,
-      "newton_backtracks": backtracks,
-      "negative_eigenvalues_floored": negative_total,
+      **run.info(gap, max_iterations, steps.acceleration),
+      "anderson_memory": int(steps.anderson_memory) if steps.acceleration == "anderson" else 0,
+      "safeguard_restarts": steps.restarts,
+      "cg_iterations": steps.cg_total,
+      "newton_backtracks": steps.backtracks,
+      "negative_eigenvalues_floored": run.negative_total,
   }
-  if negative_total:
+  if run.negative_total:
     warnings.warn(
-        f"optimal factorization (n={n}): {negative_total} eigenvalues of "
+        f"optimal factorization (n={problem.n}): {run.negative_total} eigenvalues of "
         "diag(v)^½ AᵀA diag(v)^½ came out negative (loss of positive definiteness by "
         "rounding) and were floored at the a-priori bound; the certificate accounts for it",
         RuntimeWarning)
-  result = OptimalResult(b=b, c=c, v=best.v.copy(), info=info, history=history)
-  if not converged and not allow_unconverged:
-    raise NotConvergedError(
-        f"optimal factorization (n={n}) did not reach relative duality gap {target_gap:g} "
-        f"within {iterations} iterations ({_STOP_REASONS[stop_reason]}); gap reached {gap:.3g}. "
-        f"Raise max_iterations, loosen target_gap, or pass allow_unconverged=True to use "
-        f"it anyway.", result)
+  result = OptimalResult(b=b, c=c, v=run.best.v.copy(), info=info, history=run.history)
+  run.check_converged(result, allow_unconverged, f"optimal factorization (n={problem.n})")
   return result
 
 
@@ -411,6 +511,45 @@ def _next_v(ev: _Evaluation, best: _Evaluation, s_hist, f_hist, acceleration: st
       return None
   step = np.clip(step, -_MAX_LOG_STEP, _MAX_LOG_STEP)
   return np.exp(s + step)
+
+
+def _forcing_tolerance(grad_norm: float, reference_norm: float) -> float:
+  """CG residual target min(0.1, (‖∇‖/‖ref‖)^FORCING_POWER)·‖∇‖ (Eisenstat–Walker style)."""
+  return min(0.1, (grad_norm / reference_norm) ** FORCING_POWER) * grad_norm
+
+
+def _conjugate_gradients(apply, precondition, grad, inner, residual_norm, tol: float,
+                         max_cg: int):
+  """(x, steps): preconditioned conjugate gradients for H x = ``grad`` (H = ``apply``).
+
+  Stops after ``max_cg`` steps, at non-positive curvature, or when ``residual_norm`` of
+  the residual is at most ``tol``; a zero or non-finite x falls back to the preconditioned
+  gradient.
+  """
+  x = np.zeros_like(grad)
+  r = grad.copy()
+  z = precondition(r)
+  p = z.copy()
+  rz = inner(r, z)
+  iterations = 0
+  for _ in range(max_cg):
+    hp = apply(p)
+    iterations += 1
+    curvature = inner(p, hp)
+    if curvature <= 0:
+      break
+    alpha = rz / curvature
+    x += alpha * p
+    r -= alpha * hp
+    if residual_norm(r) <= tol:
+      break
+    z = precondition(r)
+    rz_new = inner(r, z)
+    p = z + (rz_new / rz) * p
+    rz = rz_new
+  if not np.any(x) or not np.all(np.isfinite(x)):
+    x = precondition(grad)
+  return x, iterations
 
 
 @dataclasses.dataclass
@@ -461,31 +600,10 @@ def _newton_line(ev: _Evaluation, max_cg: int) -> _NewtonLine:
     e_tilde *= kernel
     return phi * x - np.sum((q @ e_tilde) * q, axis=1, dtype=np.float64)
 
-  grad_norm = float(np.linalg.norm(grad))
-  tol = min(0.1, (grad_norm / float(np.linalg.norm(v))) ** FORCING_POWER) * grad_norm
-  x = np.zeros_like(grad)
-  r = grad.copy()
-  z = r / precond
-  p = z.copy()
-  rz = float(r @ z)
-  iterations = 0
-  for _ in range(max_cg):
-    ap = apply_p(p)
-    iterations += 1
-    curvature = float(p @ ap)
-    if curvature <= 0:
-      break
-    alpha = rz / curvature
-    x += alpha * p
-    r -= alpha * ap
-    if float(np.linalg.norm(r)) <= tol:
-      break
-    z = r / precond
-    rz_new = float(r @ z)
-    p = z + (rz_new / rz) * p
-    rz = rz_new
-  if not np.any(x) or not np.all(np.isfinite(x)):
-    x = grad / precond
+  tol = _forcing_tolerance(float(np.linalg.norm(grad)), float(np.linalg.norm(v)))
+  x, iterations = _conjugate_gradients(
+      apply_p, lambda r: r / precond, grad, inner=lambda x, y: float(x @ y),
+      residual_norm=lambda r: float(np.linalg.norm(r)), tol=tol, max_cg=max_cg)
   return _NewtonLine(base=ev, v_base=v, direction=np.clip(x, -_MAX_LOG_STEP, _MAX_LOG_STEP),
                      cg_iterations=iterations)
 
@@ -585,12 +703,9 @@ class FixedEpochDual:
     checks.dense_matrices_fit(n, 14.0, f"fixed-epoch optimal factorization for n={n}")
     # Position j·k + e holds round j + e·b (pattern j is a contiguous block).
     self.perm = self.schema.pattern_indices(n).reshape(-1)
-    gram = self.a.T @ self.a
-    gram = 0.5 * (gram + gram.T)
+    gram = _symmetric_gram(self.a)
     self.gram = np.ascontiguousarray(gram[np.ix_(self.perm, self.perm)])
-    a_inv = scipy.linalg.solve_triangular(self.a, np.eye(n), lower=True, check_finite=False)
-    self.gram_eigenvalue_floor = 1.0 / float(np.sum(np.square(a_inv)))
-    del a_inv
+    self.gram_eigenvalue_floor = _gram_eigenvalue_floor(self.a)
     self.upper = np.triu_indices(k, 1)
     self.m = 1 + len(self.upper[0])  # dual coordinates per pattern
     # Basis of the θ coordinates as k x k matrices (I for v_j; e_a e_cᵀ + e_c e_aᵀ).
@@ -643,15 +758,9 @@ class FixedEpochDual:
     gl = gl.transpose(1, 0, 2).reshape(n, n)  # columns in pattern-major order
     m = np.matmul(chol.transpose(0, 2, 1), gl.reshape(b, k, n)).reshape(n, n)  # Lᵀ (G L)
     m = 0.5 * (m + m.T)
-    lam, q = scipy.linalg.eigh(m, lower=True, driver="evd", overwrite_a=True,
-                               check_finite=False)
-    if not (np.all(np.isfinite(lam)) and np.all(np.isfinite(q))):
-      raise LossOfPositiveDefinitenessError(
-          "eigendecomposition of Lᵀ AᵀA L (fixed-epoch dual) produced non-finite values")
     # λ_min(M) ≥ λ_min(Λ)·λ_min(G): an a-priori floor (Denisov et al. App E.4).
-    floor = float(np.min(lam_min)) * self.gram_eigenvalue_floor
-    negative = int(np.sum(lam < -1e-10 * max(abs(float(lam[-1])), 1e-300)))
-    sqrt_lam = np.sqrt(np.maximum(lam, floor))
+    q, sqrt_lam, negative = _floored_eigh(m, float(np.min(lam_min)) * self.gram_eigenvalue_floor,
+                                          "Lᵀ AᵀA L (fixed-epoch dual)")
     trace = float(np.sum(sqrt_lam))
     dual = trace * trace / float(np.sum(theta[:, 0]))
     q3 = q.reshape(b, k, n)
@@ -730,9 +839,26 @@ class FixedEpochDual:
       y = np.matmul(u, q3.transpose(0, 2, 1)).astype(np.float64)
       return self.to_theta(np.matmul(np.matmul(chol_inv_t, y), chol_inv))
 
-    # Within-pattern Hessian blocks: T[(a,a'),(c,c')] = (q_a∘q_a')ᵀ κ (q_c∘q_c'), with κ
-    # replaced by a low-rank F Fᵀ (pivoted Cholesky; κ is Cauchy-like, its spectrum decays
-    # fast): only the preconditioner uses it.
+    pre_inv = self._block_preconditioner(q3, s, chol_inv, chol_inv_t)
+
+    def precondition(r):
+      return np.matmul(pre_inv, r[:, :, None])[:, :, 0]
+
+    grad = self.gradient(ev, scale)
+    # Residuals are measured relative to v (as φ − v = v·∂d/∂log v for k = 1).
+    weight = ev.theta[:, :1] * scale
+    tol = _forcing_tolerance(float(np.linalg.norm(weight * grad)), float(np.linalg.norm(weight)))
+    return _conjugate_gradients(
+        apply_h, precondition, grad, inner=lambda x, y: float(np.sum(x * y)),
+        residual_norm=lambda r: float(np.linalg.norm(weight * r)), tol=tol, max_cg=max_cg)
+
+  def _block_preconditioner(self, q3, s, chol_inv, chol_inv_t) -> np.ndarray:
+    """[b, m, m] inverses of the within-pattern blocks of −∇²d (the CG preconditioner).
+
+    The blocks are T[(a,a'),(c,c')] = (q_a∘q_a')ᵀ κ (q_c∘q_c') with κ replaced by a
+    low-rank F Fᵀ (pivoted Cholesky; κ is Cauchy-like, its spectrum decays fast).
+    """
+    n, b, k = self.n, self.b, self.k
     ia, ib = self.pairs
     prods = q3[:, ia, :] * q3[:, ib, :]  # [b, P, n]
     factor = _pivoted_cholesky_kernel(s, PRECONDITIONER_RANK, PRECONDITIONER_RTOL)
@@ -749,42 +875,9 @@ class FixedEpochDual:
     diag = np.maximum(np.einsum("jmm->jm", pre), 0.0)
     pre += (1e-10 * np.max(diag, axis=1) + 1e-300)[:, None, None] * np.eye(self.m)
     try:
-      pre_inv = np.linalg.inv(pre)
+      return np.linalg.inv(pre)
     except np.linalg.LinAlgError:
-      pre_inv = np.eye(self.m)[None] / np.maximum(diag, 1e-300)[:, :, None]
-
-    def precondition(r):
-      return np.matmul(pre_inv, r[:, :, None])[:, :, 0]
-
-    grad = self.gradient(ev, scale)
-    # Residuals are measured relative to v (as φ − v = v·∂d/∂log v for k = 1).
-    weight = ev.theta[:, :1] * scale
-    grad_norm = float(np.linalg.norm(weight * grad))
-    tol = min(0.1, (grad_norm / float(np.linalg.norm(weight))) ** FORCING_POWER) * grad_norm
-    x = np.zeros_like(grad)
-    r = grad.copy()
-    z = precondition(r)
-    p = z.copy()
-    rz = float(np.sum(r * z))
-    iterations = 0
-    for _ in range(max_cg):
-      hp = apply_h(p)
-      iterations += 1
-      curvature = float(np.sum(p * hp))
-      if curvature <= 0:
-        break
-      alpha = rz / curvature
-      x += alpha * p
-      r -= alpha * hp
-      if float(np.linalg.norm(weight * r)) <= tol:
-        break
-      z = precondition(r)
-      rz_new = float(np.sum(r * z))
-      p = z + (rz_new / rz) * p
-      rz = rz_new
-    if not np.any(x) or not np.all(np.isfinite(x)):
-      x = precondition(grad)
-    return x, iterations
+      return np.eye(self.m)[None] / np.maximum(diag, 1e-300)[:, :, None]
 
   # -- factors
 
@@ -811,15 +904,9 @@ class FixedEpochDual:
 
   def factors(self, ev: _EpochEvaluation):
     """(B, C): C lower triangular with CᵀC = X̃ (reversed Cholesky), B = A C⁻¹."""
-    x = self.projected_gram(ev)
-    try:
-      chol = scipy.linalg.cholesky(x[::-1, ::-1], lower=True, check_finite=False)
-    except np.linalg.LinAlgError as e:
-      raise LossOfPositiveDefinitenessError(
-          "the projected X = CᵀC lost positive definiteness in the Cholesky factorization") from e
-    c = np.tril(np.ascontiguousarray(chol.T[::-1, ::-1]))
-    b_t = scipy.linalg.solve_triangular(c, self.a.T, trans="T", lower=True, check_finite=False)
-    return np.tril(b_t.T), c
+    return _factors_from_gram(
+        self.projected_gram(ev), self.a,
+        "the projected X = CᵀC lost positive definiteness in the Cholesky factorization")
 
   def loss(self, b: np.ndarray, c: np.ndarray) -> float:
     """sens²·‖B‖²_F with the fixed-epoch sensitivity of the C returned (an upper bound)."""
@@ -867,144 +954,107 @@ def solve_fixed_epoch(a: np.ndarray,
   if not 0 < target_gap < 1:
     raise checks.CheckError(f"target_gap must be in (0, 1), got {target_gap}")
   max_iterations = checks.positive_int(max_iterations, "max_iterations")
-  start = time.perf_counter()
-  cpu_start = time.process_time()
+  run = _Run(target_gap=target_gap, callback=callback)
   problem = FixedEpochDual(a, epochs)
-  n, k = problem.n, problem.k
-  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-  decades = round(-np.log10(target_gap), 2)
-  bar = tqdm(total=decades, file=sys.stderr, disable=not progress,
-             desc=f"fixed-epoch optimal n={n} k={k}", leave=False,
-             bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}{postfix}]")
-  history: List[Dict[str, float]] = []
-  best: Optional[_EpochEvaluation] = None
-  best_primal: Optional[_EpochEvaluation] = None
-  result_factors = None
-  final_loss = float("inf")
-  theta = problem.initial_theta()
-  base: Optional[_EpochEvaluation] = None
-  base_theta = direction = None
-  step = 1.0
-  halvings = 0
-  iterations = cg_total = backtracks = fallbacks = negative_total = 0
-  last_improvement = 0
-  converged = False
-  stop_reason = "max_iterations"
-
-  def fallback(ev: _EpochEvaluation) -> np.ndarray:
-    # Scale each block Λ_j by tr X_jj (stays PD): the φ step of Denisov Eq. 5 for k = 1.
-    return ev.theta * np.trace(ev.x_blocks, axis1=1, axis2=2)[:, None]
-
+  steps = _EpochSteps(problem, max_cg_iterations, theta=problem.initial_theta())
+  run.open_bar(progress, f"fixed-epoch optimal n={problem.n} k={problem.k}")
   try:
-    while iterations < max_iterations:
-      if time_limit is not None and iterations > 0 and time.perf_counter() - start > time_limit:
-        stop_reason = "time_limit"
+    while run.iterations < max_iterations:
+      if run.out_of_time(time_limit):
         break
-      ev = problem.evaluate(theta)
+      ev = problem.evaluate(steps.theta)
       if ev is None:  # Λ not PD: shorten the step without an eigendecomposition
-        halvings += 1
-        backtracks += 1
-        if base is None or halvings > _MAX_HALVINGS:
-          fallbacks += 1
-          theta, base, halvings = fallback(best), None, 0
-        else:
-          step *= 0.5
-          theta = problem.step(base_theta, direction, step)
+        steps.not_positive_definite(run.best)
         continue
-      iterations += 1
-      negative_total += ev.negative_eigenvalues
-      if best is None or ev.dual > best.dual:
-        if best is None or ev.dual > best.dual + 1e-13 * abs(best.dual):
-          last_improvement = iterations
-        best = ev
-      if best_primal is None or ev.primal < best_primal.primal:
-        if best_primal is None or ev.primal < best_primal.primal * (1 - 1e-13):
-          last_improvement = iterations
-        best_primal = ev
-      gap = relative_gap(best_primal.primal, best.dual)
-      record = {"iteration": iterations, "seconds": time.perf_counter() - start,
-                "cpu_seconds": time.process_time() - cpu_start, "dual": best.dual,
-                "primal": best_primal.primal, "loss": best_primal.primal, "relative_gap": gap}
-      history.append(record)
-      if callback is not None:
-        callback(record)
-      bar.n = float(min(decades, max(0.0, -np.log10(max(gap, 1e-300)))))
-      bar.set_postfix_str(f"iteration {iterations}, gap={gap:.2e}")
-      if gap <= target_gap:
-        b, c = problem.factors(best_primal)
-        loss_bc = problem.loss(b, c)
-        if result_factors is None or loss_bc < final_loss:
-          result_factors, final_loss = (b, c), loss_bc
-        if relative_gap(final_loss, best.dual) <= target_gap:
-          converged = True
-          stop_reason = "target_gap"
-          break
-      if iterations - last_improvement >= stall_iterations:
-        stop_reason = "stalled"
+      if run.update(ev, problem.factors, problem.loss, stall_iterations):
         break
-      if base is not None and ev.dual < base.dual - 1e-14 * abs(base.dual):
-        # The step lowered the bound: halve it (the Newton model overshot).
-        halvings += 1
-        backtracks += 1
-        if halvings <= _MAX_DUAL_HALVINGS:
-          step *= 0.5
-          theta = problem.step(base_theta, direction, step)
-          continue
-        fallbacks += 1
-        theta, base, halvings = fallback(best), None, 0
-        continue
-      # Newton step from the best multiple t·Λ (free: d(tΛ) is maximal there).
-      scale = (ev.trace / ev.v_sum) ** 2
-      direction, cg = problem.newton_direction(ev, scale, max_cg_iterations)
-      cg_total += cg
-      base, base_theta, step, halvings = ev, ev.theta * scale, 1.0, 0
-      theta = problem.step(base_theta, direction, 1.0)
+      steps.advance(ev, run.best)
   finally:
-    bar.close()
+    run.bar.close()
+  return _fixed_epoch_result(run, problem, steps, max_iterations, allow_unconverged)
 
-  if result_factors is None:
-    result_factors = problem.factors(best_primal)
-    final_loss = problem.loss(*result_factors)
-  b, c = result_factors
-  gap = relative_gap(final_loss, best.dual)
+
+@dataclasses.dataclass
+class _EpochSteps:
+  """The step rule of ``solve_fixed_epoch``: Newton steps from the best multiple t·Λ, halved
+  while Λ is not PD or the bound would decrease, else a block-scaling fallback step."""
+  problem: "FixedEpochDual"
+  max_cg_iterations: int
+  theta: np.ndarray  # the next point to evaluate
+  base: Optional[_EpochEvaluation] = None  # the point the current Newton step starts from
+  base_theta: Optional[np.ndarray] = None
+  direction: Optional[np.ndarray] = None
+  step: float = 1.0
+  halvings: int = 0
+  backtracks: int = 0
+  fallbacks: int = 0
+  cg_total: int = 0
+
+  def not_positive_definite(self, best: _EpochEvaluation) -> None:
+    self.halvings += 1
+    self.backtracks += 1
+    if self.base is None or self.halvings > _MAX_HALVINGS:
+      self._fall_back(best)
+    else:
+      self._halve()
+
+  def advance(self, ev: _EpochEvaluation, best: _EpochEvaluation) -> None:
+    if self.base is not None and ev.dual < self.base.dual - 1e-14 * abs(self.base.dual):
+      # The step lowered the bound: halve it (the Newton model overshot).
+      self.halvings += 1
+      self.backtracks += 1
+      if self.halvings <= _MAX_DUAL_HALVINGS:
+        self._halve()
+      else:
+        self._fall_back(best)
+      return
+    # Newton step from the best multiple t·Λ (free: d(tΛ) is maximal there).
+    scale = (ev.trace / ev.v_sum) ** 2
+    self.direction, cg = self.problem.newton_direction(ev, scale, self.max_cg_iterations)
+    self.cg_total += cg
+    self.base, self.base_theta, self.step, self.halvings = ev, ev.theta * scale, 1.0, 0
+    self.theta = self.problem.step(self.base_theta, self.direction, 1.0)
+
+  def _halve(self) -> None:
+    self.step *= 0.5
+    self.theta = self.problem.step(self.base_theta, self.direction, self.step)
+
+  def _fall_back(self, best: _EpochEvaluation) -> None:
+    # Scale each block Λ_j by tr X_jj (stays PD): the φ step of Denisov Eq. 5 for k = 1.
+    self.fallbacks += 1
+    self.theta = best.theta * np.trace(best.x_blocks, axis1=1, axis2=2)[:, None]
+    self.base, self.halvings = None, 0
+
+
+def _fixed_epoch_result(run: _Run, problem: FixedEpochDual, steps: _EpochSteps,
+                        max_iterations: int, allow_unconverged: bool) -> OptimalResult:
+  """Packages ``solve_fixed_epoch``: factors, sensitivity, info, warning, NotConvergedError."""
+  b, c, gap = run.finish(problem.factors, problem.loss)
+  n, k = problem.n, problem.k
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
   report = participation.sensitivity_report(c, problem.schema)
   info = {
-      "relative_gap": gap,
-      "iterations": iterations,
-      "seconds": time.perf_counter() - start,
-      "cpu_seconds": time.process_time() - cpu_start,
-      "converged": bool(converged),
-      "dual_lower_bound": float(best.dual),
-      "loss": float(final_loss),
-      "target_gap": float(target_gap),
-      "max_iterations": int(max_iterations),
-      "stop_reason": stop_reason,
-      "acceleration": "newton",
+      **run.info(gap, max_iterations, "newton"),
       "epochs": int(k),
       "participation": problem.schema.as_dict(),
       "sensitivity": float(report["value"]),
       "sensitivity_exact": bool(report["exact"]),
       "rmse": float(report["value"] * np.sqrt(np.sum(np.square(b)) / n)),
-      "cg_iterations": cg_total,
-      "newton_backtracks": backtracks,
-      "fallback_steps": fallbacks,
-      "negative_eigenvalues_floored": negative_total,
+      "cg_iterations": steps.cg_total,
+      "newton_backtracks": steps.backtracks,
+      "fallback_steps": steps.fallbacks,
+      "negative_eigenvalues_floored": run.negative_total,
   }
-  if negative_total:
+  if run.negative_total:
     warnings.warn(
-        f"fixed-epoch optimal factorization (n={n}, k={k}): {negative_total} eigenvalues of "
-        "Lᵀ AᵀA L came out negative (rounding) and were floored at the a-priori bound; the "
+        f"fixed-epoch optimal factorization (n={n}, k={k}): {run.negative_total} eigenvalues "
+        "of Lᵀ AᵀA L came out negative (rounding) and were floored at the a-priori bound; the "
         "certificate accounts for it", RuntimeWarning)
-  lam_blocks = problem.blocks(best.theta)
-  v = problem.per_round(np.repeat(best.theta[:, :1], k, axis=1))
-  result = OptimalResult(b=b, c=c, v=v, info=info, history=history, dual_blocks=lam_blocks)
-  if not converged and not allow_unconverged:
-    raise NotConvergedError(
-        f"fixed-epoch optimal factorization (n={n}, k={k}) did not reach relative duality gap "
-        f"{target_gap:g} within {iterations} iterations ({_STOP_REASONS[stop_reason]}); gap "
-        f"reached {gap:.3g}. Raise max_iterations, loosen target_gap, or pass "
-        f"allow_unconverged=True to use it anyway.", result)
+  lam_blocks = problem.blocks(run.best.theta)
+  v = problem.per_round(np.repeat(run.best.theta[:, :1], k, axis=1))
+  result = OptimalResult(b=b, c=c, v=v, info=info, history=run.history, dual_blocks=lam_blocks)
+  run.check_converged(result, allow_unconverged,
+                      f"fixed-epoch optimal factorization (n={n}, k={k})")
   return result
 
 

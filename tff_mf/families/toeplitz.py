@@ -41,6 +41,7 @@ import scipy.signal
 
 from tff_mf import checks
 from tff_mf import streams
+from tff_mf import workloads
 
 ERRORS = ("mean", "max")
 
@@ -465,81 +466,124 @@ def optimize(n: int, bands: int, *, workload=None, error: str = "mean",
   start = time.perf_counter()
   n = checks.positive_int(n, "n")
   bands = min(checks.positive_int(bands, "bands"), n)
-  if error not in ERRORS:
-    raise checks.CheckError(f"error must be one of {ERRORS}, got {error!r}")
+  check_error(error)
   ms, k = participations(n, min_sep, max_participations)
   work = workload_operator(n, workload)
+  monotone = k > 1 and bands > ms
+  f0 = _initial_coefficients(init, bands, monotone)
+  objective = _Objective(work, n, bands, error, ms, k)
+  value0, _ = objective.value_and_grad(f0)
+  if not math.isfinite(value0) or value0 <= 0:
+    raise checks.CheckError(f"the initial coefficients give a non-finite objective ({value0})")
+  to_f, fun, x0, bounds = _parametrization(objective, f0, value0, monotone)
+  iterations, converged, message, gradient = 0, True, "one band: C = I", 0.0
+  if x0.size:
+    res = lbfgs(fun, x0, bounds, max_iterations, tolerance)
+    x = res.x
+    iterations = int(res.nit)
+    message, gradient, converged = lbfgs_outcome(res, bounds)
+  else:
+    x = x0
+  f = to_f(x)
+  f = f / f[0]
+  return result_from_coefficients(
+      f, inverse_column(f, n), work, error=error, min_sep=min_sep,
+      max_participations=max_participations, k=k,
+      family_info={"family": "banded_toeplitz", "n": n, "bands": bands},
+      fit={"iterations": iterations, "evaluations": objective.evaluations,
+           "converged": converged, "message": message, "gradient_norm": gradient},
+      dense=dense, what="banded Toeplitz", start=start, extras={"toeplitz_coefficients": f.copy()})
+
+
+def check_error(error: str) -> None:
+  if error not in ERRORS:
+    raise checks.CheckError(f"error must be one of {ERRORS}, got {error!r}")
+
+
+def _initial_coefficients(init, bands: int, monotone: bool) -> np.ndarray:
+  """f_0 = 1 start: the given coefficients (made non-increasing where ``monotone``) or √S."""
   if init is None:
-    from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
-    f0 = mmcc.sqrt_prefix_coefficients(bands)
+    f0 = workloads.sqrt_prefix_coefficients(bands)
   else:
     f0 = check_coefficients(init, "initial coefficients")
     if f0.shape[0] != bands:
       raise checks.CheckError(f"initial coefficients have {f0.shape[0]} bands, expected {bands}")
     f0 = f0 / f0[0]
-  objective = _Objective(work, n, bands, error, ms, k)
-  monotone = k > 1 and bands > ms
   if monotone and not is_nonincreasing_nonnegative(f0):
     f0 = np.maximum.accumulate(np.abs(f0)[::-1])[::-1]
     f0 = f0 / f0[0]
-  value0, _ = objective.value_and_grad(f0)
-  if not math.isfinite(value0) or value0 <= 0:
-    raise checks.CheckError(f"the initial coefficients give a non-finite objective ({value0})")
+  return f0
+
+
+def _parametrization(objective: _Objective, f0: np.ndarray, value0: float, monotone: bool):
+  """(to_f, fun, x0, bounds): L-BFGS variables x for f, objective scaled by its start value.
+
+  Monotone: f_k = Σ_{t≥k} x_t with x ≥ 0 (f_0 = 1 held by a penalty); otherwise f_0 = 1
+  and x = f_1..f_{b−1} are free.
+  """
+  def suffix_sums(x):
+    return np.cumsum(x[::-1])[::-1]
+
+  def monotone_fun(x):
+    f = suffix_sums(x)
+    value, g_f = objective.value_and_grad(f)
+    penalty = (f[0] - 1.0) ** 2
+    return value / value0 + penalty, np.cumsum(g_f) / value0 + 2.0 * (f[0] - 1.0)
+
+  def unit_first(x):
+    return np.concatenate([[1.0], x])
+
+  def free_fun(x):
+    value, g_f = objective.value_and_grad(unit_first(x))
+    return value / value0, g_f[1:] / value0
 
   if monotone:
-    def to_f(x):
-      return np.cumsum(x[::-1])[::-1]
+    return suffix_sums, monotone_fun, f0 - np.append(f0[1:], 0.0), [(0.0, None)] * f0.shape[0]
+  return unit_first, free_fun, f0[1:].copy(), None
 
-    def fun(x):
-      f = to_f(x)
-      value, g_f = objective.value_and_grad(f)
-      penalty = (f[0] - 1.0) ** 2
-      return value / value0 + penalty, np.cumsum(g_f) / value0 + 2.0 * (f[0] - 1.0)
-    x0 = f0 - np.append(f0[1:], 0.0)
-    bounds = [(0.0, None)] * bands
-  else:
-    def to_f(x):
-      return np.concatenate([[1.0], x])
 
-    def fun(x):
-      value, g_f = objective.value_and_grad(to_f(x))
-      return value / value0, g_f[1:] / value0
-    x0 = f0[1:].copy()
-    bounds = None
+def lbfgs(fun, x0: np.ndarray, bounds, max_iterations: int, tolerance: float):
+  """scipy's L-BFGS-B on ``fun`` (value and gradient) with the Toeplitz families' options."""
+  return scipy.optimize.minimize(
+      fun, x0, jac=True, method="L-BFGS-B", bounds=bounds,
+      options={"maxiter": int(max_iterations), "maxfun": 4 * int(max_iterations),
+               "ftol": tolerance, "gtol": 1e-10, "maxcor": 20})
 
-  iterations, converged, message, gradient = 0, True, "one band: C = I", 0.0
-  if x0.size:
-    res = scipy.optimize.minimize(
-        fun, x0, jac=True, method="L-BFGS-B", bounds=bounds,
-        options={"maxiter": int(max_iterations), "maxfun": 4 * int(max_iterations),
-                 "ftol": tolerance, "gtol": 1e-10, "maxcor": 20})
-    x = res.x
-    iterations, message = int(res.nit), str(res.message)
-    gradient = projected_gradient_norm(res, bounds)
-    converged = bool(res.success) or gradient <= GRADIENT_TOLERANCE
-  else:
-    x = x0
-  f = to_f(x)
-  f = f / f[0]
-  h = inverse_column(f, n)
-  sens = min_sep_sensitivity(f, n, min_sep, max_participations)
+
+def lbfgs_outcome(res, bounds) -> Tuple[str, float, bool]:
+  """(message, projected gradient norm, converged) of an L-BFGS-B result: converged when
+  scipy says so or the projected gradient is below GRADIENT_TOLERANCE."""
+  gradient = projected_gradient_norm(res, bounds)
+  return str(res.message), gradient, bool(res.success) or gradient <= GRADIENT_TOLERANCE
+
+
+def result_from_coefficients(coeffs: np.ndarray, h: np.ndarray, work: Workload, *, error: str,
+                             min_sep: Optional[int], max_participations: Optional[int], k: int,
+                             family_info: Dict[str, Any], fit: Dict[str, Any], dense: bool,
+                             what: str, start: float, extras: Dict[str, np.ndarray]) -> Result:
+  """The Result of a Toeplitz-type C (first-column ``coeffs``, h = C⁻¹·e_0).
+
+  The sensitivity under b-min-sep is recomputed from the coefficients; info is
+  ``family_info``, the schema, the figures, the objective and the ``fit`` record; B and C
+  are dense only when ``dense`` (``what`` names them in the memory check).
+  """
+  n = work.n
+  sens = min_sep_sensitivity(coeffs, n, min_sep, max_participations)
   figures = evaluate_inverse_column(h, sens, work)
   objective_value = (figures["rmse"] if error == "mean" else figures["max_error"]) ** 2
   info = {
-      "family": "banded_toeplitz", "n": n, "bands": bands, "error": error,
-      "workload": work.kind, "min_sep": min_sep, "max_participations": k,
-      "sensitivity_exact": sensitivity_is_exact(f, n, min_sep, max_participations),
-      **figures, "objective": objective_value, "iterations": iterations,
-      "evaluations": objective.evaluations, "converged": converged, "message": message,
-      "gradient_norm": gradient,
+      **family_info, "error": error, "workload": work.kind, "min_sep": min_sep,
+      "max_participations": k,
+      "sensitivity_exact": sensitivity_is_exact(coeffs, n, min_sep, max_participations),
+      **figures, "objective": objective_value, **fit,
   }
   b_mat = c_mat = None
   if dense:
-    checks.dense_matrices_fit(n, 3 if work.toeplitz else 5, f"banded Toeplitz B and C (n={n})")
-    c_mat = lower_toeplitz(_padded(f, n))
+    checks.dense_matrices_fit(n, 3 if work.toeplitz else 5, f"{what} B and C (n={n})")
+    c_mat = lower_toeplitz(_padded(coeffs, n))
     b_mat = work.b_matrix(h)
   info["seconds"] = time.perf_counter() - start
-  return Result(b=b_mat, c=c_mat, info=info, extras={"toeplitz_coefficients": f.copy()})
+  return Result(b=b_mat, c=c_mat, info=info, extras=extras)
 
 
 # ----------------------------------------------------------------------------- streaming
