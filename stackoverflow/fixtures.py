@@ -17,11 +17,17 @@ word-count reader of `stackoverflow.data` read:
 Content is deterministic (a fixed seed) and built from a few dozen
 hand-written StackOverflow-style sentences, so loading, preprocessing and
 training run through the real code path in seconds.
+
+From a shell (the small stand-in for the download in docs/reproduce.md)::
+
+  .venv/bin/python -m stackoverflow.fixtures out/stackoverflow [--num_train_clients 48]
 """
 
+import argparse
 import collections
 import os
 import sqlite3
+import sys
 
 import numpy as np
 
@@ -177,3 +183,28 @@ def write_tiny_stackoverflow(directory: str,
     for word, count in word_counts(clients["train"]):
       f.write(f"{word} {count}\n")
   return directory
+
+
+def main(argv=None) -> int:
+  """``python -m stackoverflow.fixtures DIR``: writes the tiny copy into DIR."""
+  parser = argparse.ArgumentParser(
+      prog="python -m stackoverflow.fixtures",
+      description="Write a tiny StackOverflow copy in TFF's on-disk format (for --data_dir).")
+  parser.add_argument("directory", help="where to write stackoverflow.sqlite and datasets/")
+  parser.add_argument("--num_train_clients", type=int, default=48)
+  parser.add_argument("--num_heldout_clients", type=int, default=6)
+  parser.add_argument("--num_test_clients", type=int, default=6)
+  args = parser.parse_args(argv)
+  for name in ("num_train_clients", "num_heldout_clients", "num_test_clients"):
+    if getattr(args, name) < 1:
+      parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+  directory = write_tiny_stackoverflow(args.directory, args.num_train_clients,
+                                       args.num_heldout_clients, args.num_test_clients)
+  print(f"wrote a tiny StackOverflow copy ({args.num_train_clients} train, "
+        f"{args.num_heldout_clients} heldout, {args.num_test_clients} test clients) to "
+        f"{directory}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
