@@ -182,3 +182,17 @@ def test_classify_rule():
   assert summarize.classify({**ok, "test_metrics": {"loss": math.inf,
                                                     "accuracy_no_oov_no_eos": 0.2}}) == "diverged"
   assert summarize.classify(ok, min_val_accuracy=0.5) == "diverged"
+
+
+def test_outputs_inside_the_root_are_not_read_back_as_runs(synthetic_runs, capsys):
+  """docs/reproduce.md step 3: two summaries written under the root, one after the other."""
+  root = str(synthetic_runs)
+  assert summarize.main(["--root_output_dir", root, "--output_dir",
+                         os.path.join(root, "summary_search")]) == 0
+  assert summarize.main(["--root_output_dir", root, "--selection_min_seeds", "7"]) == 0
+  assert summarize.main(["--root_output_dir", root]) == 0  # default output: <root>/summary
+  assert "error" not in capsys.readouterr().err
+  runs = summarize.load_summaries(root)
+  assert runs and all(isinstance(r["config"], dict) for r in runs)
+  written = json.loads((synthetic_runs / "summary" / "summary.json").read_text())
+  assert written["kind"] == summarize.SWEEP_SUMMARY_KIND

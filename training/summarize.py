@@ -54,6 +54,8 @@ NON_CELL_FIELDS = frozenset(SETTING_FIELDS) | {
     "seed", "noise_seed", "experiment_name", "root_output_dir", "workers", "rounds_per_eval",
     "rounds_per_checkpoint", "progress", "matrix_cache", "data_dir", "noise_multiplier",
     "target_epsilon", "accountant", "mechanism", "report_train_metrics"}
+# The "kind" of the summary.json this command writes, so that a later call skips it.
+SWEEP_SUMMARY_KIND = "tff_mf_sweep_summary"
 MIN_CONVERGED_FIG2 = 7  # App I: at least 7 of 10 seeds converged for each Fig 2 setting
 
 
@@ -61,8 +63,17 @@ def _finite(value) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def is_sweep_summary(summary) -> bool:
+  """True for a summary.json this command wrote (not a training run's)."""
+  return isinstance(summary, dict) and (summary.get("kind") == SWEEP_SUMMARY_KIND or (
+      "config" not in summary and set(summary) == {"root_output_dir", "rows"}))
+
+
 def load_summaries(root_output_dir: str) -> List[dict]:
-  """Every ``<root>/*/summary.json`` (and one level deeper), each with ``_path`` added."""
+  """Every run's ``<root>/*/summary.json`` (and one level deeper), each with ``_path`` added.
+
+  The summaries this command writes (``<root>/summary/summary.json`` by default) are skipped.
+  """
   paths = sorted(set(glob.glob(os.path.join(root_output_dir, "*", "summary.json")) +
                      glob.glob(os.path.join(root_output_dir, "*", "*", "summary.json"))))
   out = []
@@ -72,6 +83,8 @@ def load_summaries(root_output_dir: str) -> List[dict]:
         summary = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
       raise ValueError(f"corrupt run summary {path}: {e}") from None
+    if is_sweep_summary(summary):
+      continue  # this command's own output (the default --output_dir is <root>/summary)
     if not isinstance(summary, dict) or not isinstance(summary.get("config"), dict):
       raise ValueError(f"run summary {path} has no 'config' object; not a training summary")
     summary["_path"] = path
@@ -344,7 +357,8 @@ def main(argv: Optional[List[str]] = None) -> int:
   with open(os.path.join(output_dir, "summary.md"), "w") as f:
     f.write(f"# Sweep summary: {args.root_output_dir}\n\n{table}\n")
   with open(os.path.join(output_dir, "summary.json"), "w") as f:
-    json.dump({"root_output_dir": args.root_output_dir, "rows": rows}, f, indent=1)
+    json.dump({"kind": SWEEP_SUMMARY_KIND, "root_output_dir": args.root_output_dir,
+               "rows": rows}, f, indent=1)
   written = ["summary.md", "summary.json"]
   if plot_fig2(rows, os.path.join(output_dir, "fig2_accuracy_vs_epsilon.png")):
     written.append("fig2_accuracy_vs_epsilon.png")
