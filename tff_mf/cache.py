@@ -497,15 +497,21 @@ def load_or_factorize(spec: strategies.FactorizationSpec, cache_dir: Optional[st
 # ----------------------------------------------------------------------------- listing, verifying
 
 
+def _being_written(directory: str) -> bool:
+  """A first write in progress: no sidecar yet, only a writer's temporary files."""
+  names = os.listdir(directory)
+  return METADATA_FILE not in names and bool(names) and all(n.startswith(".tmp-") for n in names)
+
+
 def _entry_dirs(cache_dir: Optional[str], must_exist: bool) -> List[str]:
   root = resolve_dir(cache_dir)
   if not os.path.isdir(root):
     if must_exist:
       raise CacheError(f"cache directory {root} does not exist")
     return []
-  return sorted(os.path.join(root, d) for d in os.listdir(root)
-                if os.path.isdir(os.path.join(root, d)) and not d.startswith(".")
-                and d not in RESERVED_DIRS)
+  dirs = (os.path.join(root, d) for d in sorted(os.listdir(root))
+          if not d.startswith(".") and d not in RESERVED_DIRS)
+  return [d for d in dirs if os.path.isdir(d) and not _being_written(d)]
 
 
 def list_entries(cache_dir: Optional[str] = None) -> List[Dict[str, Any]]:
