@@ -214,3 +214,54 @@ def test_plot_writes_pngs(tmp_path):
   names = sorted(os.path.basename(p) for p in paths)
   assert names == ["heatmap_optimal_momentum0.9_n32.png", "heatmap_optimal_prefix_sum_n32.png",
                    "variance_momentum0.9_n32.png", "variance_prefix_sum_n32.png"]
+
+
+def test_bare_command_prints_help_and_version_exists():
+  out = run_cli()
+  assert out.returncode == 0 and "usage: tff-mf" in out.stdout and "factorize" in out.stdout
+  version = run_cli("--version")
+  assert version.returncode == 0 and version.stdout.startswith("tff-mf ")
+
+
+@pytest.mark.parametrize("strategy", ["optimal", "honaker_online", "banded", "blt",
+                                      "banded_toeplitz", "structured", "identity"])
+def test_one_round_is_a_valid_factorization(tmp_path, strategy):
+  out = run_cli("factorize", "--strategy", strategy, "--n", 1, "--json", cache_dir=tmp_path)
+  assert out.returncode == 0, out.stderr
+  record = json.loads(out.stdout)
+  with np.load(record["path"]) as d:
+    np.testing.assert_allclose(d["B"] @ d["C"], d["A"])
+  assert record["sensitivity"] == pytest.approx(1.0) and record["rmse"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("n,strategy", [(10**6, "optimal"), (10**6, "blt"), (300_000, "identity")])
+def test_sizes_that_cannot_fit_are_refused_before_allocating(tmp_path, n, strategy):
+  """n = 10⁶ asked for a 7 TiB allocation; now a one-line error with the memory it needs,
+  in about the time of the interpreter start, under a 2 GiB address-space limit."""
+  code = ("import resource, sys\n"
+          "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+          "from tff_mf import cli\n"
+          f"sys.exit(cli.main(['factorize', '--strategy', '{strategy}', '--n', '{n}', "
+          f"'--cache-dir', {str(tmp_path)!r}]))\n")
+  start = time.perf_counter()
+  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=userenv.env(),
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 2, out.stderr[-2000:]
+  lines = error_lines(out.stderr)
+  assert len(lines) == 1 and "needs about" in lines[0] and "iB of memory" in lines[0], out.stderr
+  assert "Traceback" not in out.stderr and time.perf_counter() - start < 60
+
+
+def test_complex_matrix_file_is_refused(tmp_path):
+  path = tmp_path / "complex.npy"
+  np.save(path, np.tril(np.ones((4, 4))) * (1 + 1j))
+  out = run_cli("factorize", "--matrix-file", path, "--strategy", "optimal", cache_dir=tmp_path)
+  assert out.returncode == 2 and "real numbers" in error_lines(out.stderr)[0]
+
+
+def test_json_is_strict_even_with_unbounded_figures(tmp_path):
+  """A non-finite figure is written as null, never as the non-JSON Infinity/NaN."""
+  out = run_cli("factorize", "--strategy", "optimal", "--n", 8, "--allow-unconverged",
+                "--max-iterations", 1, "--target-gap", 1e-12, "--json", cache_dir=tmp_path)
+  assert out.returncode == 0, out.stderr
+  json.loads(out.stdout, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
