@@ -1,6 +1,6 @@
-"""Optimal factorization (Denisov Eq. 4-8) and the baselines of Denisov App E.4.
+"""Optimal factorization (Denisov et al. 2022, arXiv:2202.08312, Eq. 4-8) and the App E.4 baselines.
 
-Paper numbers: McMahan et al. (``002_…``) Table 1 — √L of the optimal
+Paper numbers: McMahan, Rush, Thakurta (arXiv:2202.08312 v1) Table 1 — √L of the optimal
 factorization and of the Honaker online (streaming) tree estimator of the
 prefix sum S.
 """

@@ -3,7 +3,7 @@
 A linear model on synthetic clients; every round K clients take one full-batch
 SGD step, TFF clips and sums their deltas, adds the mechanism's noise row and
 the server optimizer applies momentum β and the learning-rate schedule. The
-iterates must equal θ_i = −(η/K)·(A·G + B·Z)[i] of Algorithm 1 (``001_…``
+iterates must equal θ_i = −(η/K)·(A·G + B·Z)[i] of Algorithm 1 (Denisov et al. 2022, arXiv:2202.08312,
 Sec 4) computed in numpy with the same seed and the same clipped gradients.
 """
 

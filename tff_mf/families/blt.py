@@ -412,7 +412,7 @@ def stream(params, n) -> streams.LinearStream:
   extras; ``n``: the rounds (or the workload A, whose size is used).
   """
   inv = _inverse_from(params)
-  n = toeplitz._rounds(n)  # pylint: disable=protected-access
+  n = toeplitz.rounds_of(n)
   m = inv.buffers
   if m and not np.max(np.abs(inv.theta)) < 1.0:
     raise checks.CheckError(f"BLT C⁻¹ has a buffer decay of modulus ≥ 1 "

@@ -597,7 +597,8 @@ def _coefficients_from(params) -> np.ndarray:
   return check_coefficients(params)
 
 
-def _rounds(n) -> int:
+def rounds_of(n) -> int:
+  """n, or the size of a workload A given instead."""
   if isinstance(n, np.ndarray) and n.ndim == 2:
     return checks.positive_int(n.shape[0], "rounds n")
   return checks.positive_int(n, "rounds n")
@@ -611,7 +612,7 @@ def stream(params, n) -> streams.LinearStream:
   2023, arXiv:2306.08153, Sec 4.
   """
   f = _coefficients_from(params)
-  n = _rounds(n)
+  n = rounds_of(n)
   return streams.lower_banded_inverse(f[None, :min(f.shape[0], n)], n,
                                       name="banded Toeplitz C⁻¹")
 
