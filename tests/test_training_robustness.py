@@ -235,7 +235,7 @@ def test_running_past_the_matrix_rounds_is_the_querys_one_line_error(tmp_path, m
   with pytest.raises(TrainingError) as error:
     loop.run_training(config)
   message = str(error.value)
-  assert message.startswith("round 3: MatrixFactorizationQuery: round index")
+  assert message.startswith("round 3: DenseNoise(n=2, m=2, nnz=3): round index")
   assert "past the n=2 rounds" in message and "\n" not in message
   assert "grpc" not in message.lower() and "Traceback" not in message
   run_dir = tmp_path / "runs" / "past_n"

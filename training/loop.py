@@ -41,8 +41,10 @@ from training.config import is_seedless
 
 Log = Callable[[str], None]
 RoundCallback = Callable[[int], None]
-# The library's own in-graph checks (tff_mf.tf.query) name themselves in their message.
-_LIBRARY_ERROR = re.compile(r"(MatrixFactorizationQuery: [^\]\n]*)")
+# The library's own in-graph checks (tff_mf.tf.query, tff_mf.tf.noise) name themselves in their
+# message: "MatrixFactorizationQuery: ..." or the noise stream's describe(), "DenseNoise(...): ...".
+_LIBRARY_ERROR = re.compile(r"((?:MatrixFactorizationQuery|[A-Za-z]+Noise\([^)\]\n]*\)): "
+                            r"[^\]\n]*)")
 
 
 def _stderr(message: str) -> None:
@@ -286,6 +288,7 @@ def _privacy_summary(trainer: _Trainer, noise_multiplier, record, participation
   if not participation["follows_schema"]:
     eps, reason = None, ("the sampled rounds broke the participation schema (" +
                          "; ".join(participation["violations"]) + "); no epsilon is reported")
+    block = privacy.without_epsilons(block)
   elif not math.isfinite(eps):
     eps, reason = None, "the noise is too small for a finite epsilon"
   block["epsilon"], block["epsilon_reason"] = eps, reason

@@ -186,6 +186,17 @@ def finite_json(value):
   return value
 
 
+def without_epsilons(value, key: str = ""):
+  """``value`` with every ε in it (but the target) set to None: for a run that broke its schema."""
+  if isinstance(value, dict):
+    return {k: without_epsilons(v, k) for k, v in value.items()}
+  if isinstance(value, list):
+    return [without_epsilons(v, key) for v in value]
+  if "epsilon" in key and key != "target_epsilon" and isinstance(value, (int, float)):
+    return None
+  return value
+
+
 def check_against_mechanism(z: float, record: Dict[str, Any], info: Dict[str, Any]) -> None:
   """The aggregator's z / sens (from its own C and schema) equals the accountant's."""
   mechanism_value = info.get("effective_noise_multiplier")

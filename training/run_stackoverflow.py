@@ -63,19 +63,19 @@ flags.DEFINE_enum("participation", _DEFAULTS.participation, config_lib.PARTICIPA
                   "--sampling_prob). ε is computed for the schema (summary.json names the "
                   "analysis); a run whose sampled rounds break it reports no ε.")
 flags.DEFINE_integer("epochs", None,
-                     f"fixed_epoch only: epochs k; must divide --total_rounds {_NONE}required "
-                     "with --participation=fixed_epoch).")
+                     f"Epochs k {_NONE}required with --participation=fixed_epoch, and only "
+                     "there); k must divide --total_rounds.")
 flags.DEFINE_integer("min_sep", None,
-                     f"min_sep only: separation b of a client's rounds {_NONE}required with "
-                     "--participation=min_sep).")
+                     f"Separation b {_NONE}required with --participation=min_sep, and only "
+                     "there): a client's rounds are at least b apart (one residue class mod b).")
 flags.DEFINE_float("sampling_prob", None,
-                   f"min_sep only: probability p that a client joins a round of its residue "
-                   f"class {_NONE}required with --participation=min_sep). p < 1 without a cap "
-                   "enables amplification by sampling (MMCC, or amplified banded MF).")
+                   f"Probability p {_NONE}required with --participation=min_sep): a client "
+                   "joins each round of its residue class with probability p. p < 1 without a "
+                   "cap enables amplification by sampling (MMCC, or amplified banded MF).")
 flags.DEFINE_integer("max_participations", None,
-                     f"min_sep only: a client joins at most k rounds {_NONE}as many as fit, "
-                     "⌈total_rounds/b⌉). A smaller cap is not Poisson sampling: ε is then "
-                     "unamplified.")
+                     f"Cap k {_NONE}as many as fit, ⌈total_rounds/b⌉): with "
+                     "--participation=min_sep a client joins at most k rounds. A smaller cap is "
+                     "not Poisson sampling: ε is then unamplified.")
 flags.DEFINE_float("client_lr", _DEFAULTS.client_lr, "Client SGD learning rate.")
 flags.DEFINE_float("server_lr", _DEFAULTS.server_lr, "Server learning rate.")
 flags.DEFINE_float("server_momentum", _DEFAULTS.server_momentum, "Server momentum β in [0, 1).")
