@@ -108,12 +108,25 @@ def test_mechanism_with_another_sensitivity_is_refused():
     privacy.check_against_mechanism(2.0, record, {"effective_noise_multiplier": 2.0 / 1.5})
 
 
-def test_tree_and_gaussian_encoders_come_from_the_registry():
-  tree = privacy.encoder(config(mechanism="tree"), None)
-  assert tree.shape[0] > tree.shape[1] == N  # one row per tree node
-  np.testing.assert_allclose(np.max(np.linalg.norm(tree, axis=0)), 1.0)
-  gaussian = privacy.encoder(config(mechanism="gaussian"), None)
+def test_tree_and_gaussian_encoders_are_what_tff_adds_noise_for():
+  from tff_mf.families import tree as tree_lib  # pylint: disable=g-import-not-at-top
+  for n in (N, 12):  # 12: not a power of two, no leaf is in all 5 levels' released nodes
+    tree = privacy.encoder(config(mechanism="tree", total_rounds=n), None)
+    assert tree.shape[0] > tree.shape[1] == n  # one row per tree node
+    levels = tree_lib.tree_levels(n)
+    gamma = np.max(np.linalg.norm(tree, axis=0))
+    # TFF adds z·√levels per node: the accountant's C is C_T / √levels.
+    np.testing.assert_allclose(tree * np.sqrt(levels), tree_lib.tree_encoder(n))
+    assert gamma == pytest.approx(1.0) if n == N else gamma < 1.0
+  gaussian = privacy.encoder(config(mechanism="gaussian"), _Identity(N))
   np.testing.assert_array_equal(gaussian, np.eye(N))
+  with pytest.raises(TrainingError, match="no encoder"):
+    privacy.encoder(config(mechanism="opt_momentum"), None)
+
+
+class _Identity:  # what build_mechanism returns as the factorization of TFF's gaussian_fixed
+  def __init__(self, n):
+    self.c = np.eye(n)
 
 
 def test_sampling_secret_is_derived_from_a_pinned_noise_seed_only():

@@ -15,8 +15,8 @@ Every number comes from ``tff_mf.accounting`` and is an upper bound on the run's
   smallest and names the analysis that gave it.
 
 C is the encoder the mechanism adds noise for: the factorization's C for the matrix
-mechanisms, TFF's tree C_T (normalized, the registry's ``honaker_online`` strategy)
-for ``tree`` and C = I for ``gaussian``. ``check_against_mechanism`` refuses a run
+mechanisms, C_T / √levels for TFF's tree (the nodes it adds z·√levels noise to) and
+C = I for ``gaussian``. ``check_against_mechanism`` refuses a run
 whose aggregator computed another sensitivity than the accountant.
 
 The aggregators also report DpEvents each round; :class:`EventLedger` keeps them
@@ -81,17 +81,23 @@ def sampling_secret(config: TrainingConfig, noise_seed: Optional[int]) -> int:
 
 
 def encoder(config: TrainingConfig, factorization) -> np.ndarray:
-  """C the mechanism adds noise for (normalized, γ(C) = 1)."""
+  """C the mechanism adds unit-multiplier noise for: z·C's rows are what the run adds.
+
+  Matrix mechanisms: the factorization's C (γ(C) = 1). TFF's tree adds noise of
+  multiplier z·√levels to every node of C_T (``tff_mf.tf.aggregators``), so its C is
+  C_T / √levels; when n is not a power of two no leaf is in all ``levels`` released
+  nodes and this C has γ < 1 (the tree adds more noise than its sensitivity needs).
+  TFF's gaussian_fixed: C = I.
+  """
   if factorization is not None:
     return np.asarray(factorization.c, np.float64)
-  from tff_mf import registry, strategies, workloads  # pylint: disable=g-import-not-at-top
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
+  from tff_mf.families import tree  # pylint: disable=g-import-not-at-top
   mechanism = registry.mechanism(config.canonical_mechanism)
-  if mechanism.strategy is None:
+  if mechanism.noise != "tff_tree":
     raise TrainingError(f"--mechanism={config.mechanism} has no encoder to account for")
-  spec = strategies.FactorizationSpec(
-      workload=workloads.WorkloadSpec(kind="prefix_sum", n=config.total_rounds),
-      strategy=mechanism.strategy)
-  return np.asarray(strategies.factorize(spec).c, np.float64)
+  n = config.total_rounds
+  return np.asarray(tree.tree_encoder(n), np.float64) / math.sqrt(tree.tree_levels(n))
 
 
 def _amplification(config: TrainingConfig, c: np.ndarray) -> str:
