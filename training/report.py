@@ -145,6 +145,9 @@ def _sentences(result: dict, settings: dict) -> str:
     elif d["verdict"] == "worse":
       parts.append(f"{_label(m)} loses to the tree on test loss by {d['mean']:.3f} ± "
                    f"{d['std']:.3f} nats (interval [{low:+.3f}, {high:+.3f}] excludes 0)")
+    elif d["verdict"] == "undecided":
+      parts.append(f"{_label(m)} cannot be compared with the tree beyond the seeds' spread "
+                   f"from {len(d['per_seed'])} seed (difference {d['mean']:+.3f} nats)")
     else:
       parts.append(f"{_label(m)} does NOT beat the tree beyond the seeds' spread on test loss "
                    f"(difference {d['mean']:+.3f} ± {d['std']:.3f} nats, interval "
@@ -193,8 +196,9 @@ def markdown(result: dict, settings: dict) -> str:
   c = result["conclusion"]
   verdict = ("MF wins on the leading metric." if c["mf_wins"] else
              "MF does NOT win on the leading metric beyond the seeds' spread.")
+  seeds = len(result["seeds"])
   lines = [f"# Main job: {settings['title']}", "", _sentences(result, settings), "",
-           f"**Conclusion (test loss, {len(result['seeds'])} seeds): {verdict}**", "",
+           f"**Conclusion (test loss, {seeds} seed{'s' if seeds > 1 else ''}): {verdict}**", "",
            *_main_table(result), "", *_seed_table(result), "",
            "![validation loss and accuracy (mean ± std over seeds), final test loss]"
            "(training.png)", "", "## How to read this", "", *settings["notes"], ""]
