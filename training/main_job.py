@@ -160,8 +160,9 @@ def schema_text(settings: dict) -> str:
   kind = settings.get("participation", "single")
   if kind == "fixed_epoch":
     b = settings["total_rounds"] // settings["epochs"]
-    return (f"{settings['epochs']} fixed epochs (each client in every {b}th round, "
-            f"{settings['epochs']} participations)")
+    return (f"{settings['epochs']} fixed epochs ({b} cohorts of "
+            f"{settings['clients_per_round']} clients, each client in {settings['epochs']} "
+            f"rounds {b} apart)")
   if kind == "min_sep":
     return (f"{settings['min_sep']}-min-sep Poisson sampling with p = "
             f"{settings['sampling_prob']:g}")

@@ -125,8 +125,10 @@ def _sentences(result: dict, settings: dict) -> str:
   others = [m for m in mech if m != baseline]
   eps = max(e for m in mech.values() for e in m["epsilon"] if e is not None)
   schema = settings["schema_text"]
-  first = (f"These are {len(mech)} mechanisms × {len(result['seeds'])} pinned noise seeds "
-           f"({', '.join(map(str, result['seeds']))}) of DP federated training of a small "
+  seeds = len(result["seeds"])
+  first = (f"These are {len(mech)} mechanisms × {seeds} pinned noise seed"
+           f"{'s' if seeds > 1 else ''} ({', '.join(map(str, result['seeds']))}) of DP "
+           f"federated training of a small "
            f"next-word LSTM on the docstring dataset ({settings['total_rounds']} rounds of "
            f"{settings['clients_per_round']} clients, {schema}, ε ≤ {eps:.3g} at δ = "
            f"{settings['delta']:g} for every run): TFF's tree aggregator against "
