@@ -85,6 +85,20 @@ def test_fixed_epoch_needs_b_cohorts_of_clients_and_says_so_with_the_numbers():
     config(participation="fixed_epoch", epochs=5).validate()
 
 
+def test_fixed_epoch_loads_each_client_once_per_session():
+  calls = collections.Counter()
+
+  def load(c):
+    calls[c] += 1
+    return c
+
+  sampler = sampling.FixedEpochSampler(IDS, seed=4, total_rounds=12, epochs=3,
+                                       clients_per_round=5)
+  rounds = [sampler.next_round(t, load)[0] for t in range(1, 13)]
+  assert len(calls) == 20 and set(calls.values()) == {1}
+  assert rounds[4:8] == rounds[:4] == rounds[8:]
+
+
 def test_fixed_epoch_sampler_resumes_with_the_same_cohorts():
   a = sampling.FixedEpochSampler(IDS, seed=3, total_rounds=12, epochs=2, clients_per_round=4)
   straight = run_rounds(a, 12)

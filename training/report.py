@@ -133,9 +133,11 @@ def _sentences(result: dict, settings: dict) -> str:
            f"{settings['clients_per_round']} clients, {schema}, ε ≤ {eps:.3g} at δ = "
            f"{settings['delta']:g} for every run): TFF's tree aggregator against "
            f"{', '.join(_label(m) for m in others)}.")
-  second = ("The table leads with test loss (lower is better), the metric the conclusion is "
-            "drawn on, as mean ± std over the seeds and as the paired per-seed difference to "
-            f"the tree with its {int(CONFIDENCE * 100)}% t-interval.")
+  initial = (result.get("initial_test_metrics") or {}).get("loss")
+  start = f" (the untrained model scores {initial:.2f})" if initial is not None else ""
+  second = (f"The table leads with test loss (lower is better{start}), the metric the "
+            "conclusion is drawn on, as mean ± std over the seeds and as the paired per-seed "
+            f"difference to the tree with its {int(CONFIDENCE * 100)}% t-interval.")
   parts = []
   for m in others:
     d = mech[m]["loss"]["vs_baseline"]
@@ -237,9 +239,12 @@ def plot(result: dict, curves: Dict[str, Dict[str, List[Dict[int, float]]]], pat
       line, = ax.plot(rounds, mean, marker="o", markersize=3, label=_label(name))
       ax.fill_between(rounds, np.maximum(mean - std, 0.0), mean + std,
                       color=line.get_color(), alpha=0.25)
+    initial = (result.get("initial_test_metrics") or {}).get(metric)
+    if initial is not None:
+      ax.axhline(initial, color="gray", linestyle="--", linewidth=1,
+                 label=f"untrained model ({initial:.3g}, test)")
     ax.set_xlabel("round")
     ax.set_ylabel(label)
-    ax.set_ylim(bottom=0.0)
     ax.grid(alpha=0.3)
     ax.legend(title=f"mean ± std, {len(result['seeds'])} seeds")
   ax = axes[2]
@@ -253,6 +258,10 @@ def plot(result: dict, curves: Dict[str, Dict[str, List[Dict[int, float]]]], pat
   for i, m in enumerate(names):
     seeds = result["mechanisms"][m]["loss"]["per_seed"]
     ax.plot([i] * len(seeds), seeds, "k.", markersize=6)
+  initial = (result.get("initial_test_metrics") or {}).get("loss")
+  if initial is not None:
+    ax.axhline(initial, color="gray", linestyle="--", linewidth=1, label="untrained model")
+    ax.legend(loc="lower right")
   ax.set_xticks(x, [_label(m) for m in names], rotation=10)
   ax.set_ylabel("final test loss (nats/token), mean ± std")
   ax.set_ylim(bottom=0.0)

@@ -118,7 +118,9 @@ class FixedEpochSampler(_Sampler):
 
   A cohort is filled from the permutation the first time it is used (empty clients
   skipped and counted) and kept in ``cohorts`` (checkpointed), so each client is in
-  one cohort and joins exactly the rounds j, j + b, …, of the (k, b) schema.
+  one cohort and joins exactly the rounds j, j + b, …, of the (k, b) schema. The
+  loaded datasets of a cohort are kept for its later epochs (``load`` is called once
+  per client and session).
   """
   kind = "fixed_epoch"
 
@@ -131,6 +133,7 @@ class FixedEpochSampler(_Sampler):
     self.cohort_count = total_rounds // epochs
     self.clients_per_round = int(clients_per_round)
     self.cohorts = np.full([self.cohort_count, self.clients_per_round], -1, np.int64)
+    self._loaded: Dict[int, Round] = {}
 
   def state(self):
     out = super().state()
@@ -144,6 +147,7 @@ class FixedEpochSampler(_Sampler):
       raise TrainingError(f"the checkpoint's cohorts have shape {cohorts.shape}, this run's "
                           f"{self.cohorts.shape}")
     self.cohorts = cohorts.copy()
+    self._loaded = {}
 
   def next_round(self, round_num: int, load: Load) -> Round:
     j = (int(round_num) - 1) % self.cohort_count
@@ -154,12 +158,16 @@ class FixedEpochSampler(_Sampler):
       indices, loaded, skipped = self._draw(
           self.clients_per_round, load, f"cohort {j} of {self.cohort_count} (fixed epochs)")
       self.cohorts[j] = indices
+      self._loaded[j] = ([self.client_ids[i] for i in indices], loaded, 0)
       return [self.client_ids[i] for i in indices], loaded, skipped
-    chosen, loaded, skipped = self._load_all(self.cohorts[j], load)
-    if skipped:
-      raise TrainingError(f"round {round_num}: {skipped} client(s) of cohort {j} have no data "
-                          "any more; the dataset changed under the run")
-    return chosen, loaded, 0
+    if j not in self._loaded:
+      chosen, loaded, skipped = self._load_all(self.cohorts[j], load)
+      if skipped:
+        raise TrainingError(f"round {round_num}: {skipped} client(s) of cohort {j} have no "
+                            "data any more; the dataset changed under the run")
+      self._loaded[j] = (chosen, loaded, 0)
+    chosen, loaded, _ = self._loaded[j]
+    return list(chosen), list(loaded), 0
 
 
 class MinSepSampler(_Sampler):
