@@ -196,3 +196,24 @@ def test_outputs_inside_the_root_are_not_read_back_as_runs(synthetic_runs, capsy
   assert runs and all(isinstance(r["config"], dict) for r in runs)
   written = json.loads((synthetic_runs / "summary" / "summary.json").read_text())
   assert written["kind"] == summarize.SWEEP_SUMMARY_KIND
+
+
+def test_multi_participation_cells_keep_the_epsilon_their_runs_recorded(tmp_path):
+  """ε of a fixed-epoch run is not the single-participation Gaussian at z: the table takes
+  the largest ε the runs recorded (None when one of them reported none)."""
+  root = tmp_path / "runs"
+  for seed, eps in ((0, 3.5), (1, 3.25)):
+    _write(root, f"fe{seed}", mechanism="opt_momentum", z=0.682, setting=A, seed=seed,
+           val=0.2, test=0.2)
+    path = root / f"fe{seed}" / "summary.json"
+    summary = json.loads(path.read_text())
+    summary["config"].update(participation="fixed_epoch", epochs=2)
+    summary["epsilon"] = eps
+    path.write_text(json.dumps(summary))
+  rows = summarize.summarize(summarize.load_summaries(str(root)))
+  assert len(rows) == 1 and rows[0]["epsilon"] == 3.5
+  assert rows[0]["epsilon"] != pytest.approx(accounting.epsilon(0.682, 1e-6, "pld"))
+  summary = json.loads((root / "fe1" / "summary.json").read_text())
+  summary["epsilon"] = None  # a run that broke its schema
+  (root / "fe1" / "summary.json").write_text(json.dumps(summary))
+  assert summarize.summarize(summarize.load_summaries(str(root)))[0]["epsilon"] is None

@@ -56,11 +56,10 @@ def empty_client_ids(task):
 
 def expected_skips(task, seed, rounds, clients_per_round):
   empties = empty_client_ids(task)
-  sampler = sampling.SinglePassSampler(task.train_client_ids, seed)
+  sampler = sampling.SinglePassSampler(task.train_client_ids, seed, clients_per_round)
   total = 0
-  for _ in range(rounds):
-    _, _, skipped = sampler.next_round(clients_per_round,
-                                       lambda c: None if c in empties else c)
+  for t in range(1, rounds + 1):
+    _, _, skipped = sampler.next_round(t, lambda c: None if c in empties else c)
     total += skipped
   return total, sampler.cursor
 

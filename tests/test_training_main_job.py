@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import userenv
@@ -55,24 +56,129 @@ def test_tff_mf_cli_has_no_demo_and_the_library_does_not_import_the_harness():
   assert "tff-mf demo" not in makefile
 
 
+def fake_summary(loss, accuracy=0.2, eps=4.0):
+  return {"test_metrics": {"loss": loss, "accuracy": accuracy, "accuracy_no_oov_no_eos": 0.01},
+          "epsilon": eps, "analysis": "none", "noise_multiplier": 1.0, "sqrt_loss": 10.0,
+          "privacy": {"sensitivity": 1.0}, "wall_seconds": 1.0}
+
+
+def test_paired_comparison_wins_only_when_the_interval_excludes_zero():
+  from training import report  # pylint: disable=g-import-not-at-top
+  runs = {"tree": {s: fake_summary(5.0 + 0.01 * s) for s in range(3)},
+          "opt_momentum": {s: fake_summary(4.5 + 0.02 * s) for s in range(3)},
+          "blt": {s: fake_summary(v) for s, v in enumerate((4.9, 5.1, 5.03))}}
+  result = report.compare(runs, baseline="tree")
+  mf = result["mechanisms"]["opt_momentum"]["loss"]["vs_baseline"]
+  assert mf["per_seed"] == pytest.approx([-0.5, -0.49, -0.48])
+  assert mf["mean"] == pytest.approx(-0.49) and mf["std"] == pytest.approx(0.01)
+  half = 4.302652729911275 * 0.01 / 3 ** 0.5  # t(0.975, 2 dof)
+  assert mf["interval"] == pytest.approx([-0.49 - half, -0.49 + half])
+  assert mf["verdict"] == "better" and mf["excludes_zero"] and mf["better_for_seeds"] == 3
+  blt = result["mechanisms"]["blt"]["loss"]["vs_baseline"]
+  assert blt["verdict"] == "not distinguishable" and not blt["excludes_zero"]
+  assert result["conclusion"] == {"metric": "loss", "winners": ["opt_momentum"],
+                                  "mf_wins": True,
+                                  "verdicts": {"opt_momentum": "better",
+                                               "blt": "not distinguishable"}}
+  worse = report.paired([5.5, 5.6, 5.55], [5.0, 5.0, 5.0], lower_is_better=True)
+  assert worse["verdict"] == "worse"
+  assert report.paired([0.3, 0.31, 0.32], [0.2, 0.2, 0.2], False)["verdict"] == "better"
+
+
+def test_results_open_with_three_sentences_and_say_plainly_when_mf_does_not_win(tmp_path):
+  from training import report  # pylint: disable=g-import-not-at-top
+  runs = {"tree": {s: fake_summary(v) for s, v in enumerate((5.0, 5.2, 4.9))},
+          "opt_momentum": {s: fake_summary(v) for s, v in enumerate((4.95, 5.25, 4.8))}}
+  result = report.compare(runs, baseline="tree")
+  assert not result["conclusion"]["mf_wins"]
+  settings = dict(main_job.MAIN_JOB_DEFAULTS, schema_text="2 fixed epochs", notes=["- note"],
+                  title="t")
+  curves = {m: {"tree": [{10: 5.5, 20: 5.0}] * 3, "opt_momentum": [{10: 5.4, 20: 4.9}] * 3}
+            for m in ("loss", "accuracy")}
+  text = report.write_results(str(tmp_path), result, settings, curves)
+  opening = text.split("\n\n")[1]
+  assert len([s for s in opening.replace("e.g.", "").split(". ") if s.strip()]) == 3
+  assert "does NOT beat the tree beyond the seeds' spread" in opening
+  assert "MF does NOT win on the leading metric" in text
+  header = [line for line in text.splitlines() if line.startswith("| mechanism |")][0]
+  assert header.split("|")[2].strip().startswith("**test loss**")  # the table leads with it
+  saved = json.loads((tmp_path / "results.json").read_text())
+  assert saved["conclusion"]["mf_wins"] is False and saved["leading_metric"] == "loss"
+  assert os.path.getsize(tmp_path / "training.png") > 10000
+
+
+def test_error_bars_never_go_below_zero(tmp_path, monkeypatch):
+  import matplotlib.axes  # pylint: disable=g-import-not-at-top
+  from training import report  # pylint: disable=g-import-not-at-top
+  runs = {"tree": {s: fake_summary(v) for s, v in enumerate((0.1, 3.0, 0.2))},
+          "opt_momentum": {s: fake_summary(v) for s, v in enumerate((0.05, 0.1, 2.5))}}
+  result = report.compare(runs, baseline="tree")
+  lows, bands = [], []
+  original_errorbar = matplotlib.axes.Axes.errorbar
+  original_fill = matplotlib.axes.Axes.fill_between
+
+  def errorbar(self, x, y, yerr=None, **kw):
+    lows.extend(np.asarray(y) - np.asarray(yerr[0]))
+    return original_errorbar(self, x, y, yerr=yerr, **kw)
+
+  def fill_between(self, x, y1, y2=0, **kw):
+    bands.extend(np.asarray(y1))
+    return original_fill(self, x, y1, y2, **kw)
+
+  monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", errorbar)
+  monkeypatch.setattr(matplotlib.axes.Axes, "fill_between", fill_between)
+  curves = {m: {"tree": [{1: 0.1}, {1: 3.0}, {1: 0.2}],
+                "opt_momentum": [{1: 0.05}, {1: 0.1}, {1: 2.5}]} for m in ("loss", "accuracy")}
+  report.plot(result, curves, str(tmp_path / "p.png"), "t")
+  assert lows and min(lows) >= 0.0
+  assert bands and min(bands) >= 0.0
+  assert result["mechanisms"]["tree"]["loss"]["std"] > result["mechanisms"]["tree"]["loss"][
+      "mean"]  # the unclipped band would have gone below 0
+
+
 @pytest.mark.slow
-def test_main_job_writes_table_plot_and_results(tmp_path, capfd):
+def test_main_job_writes_results_and_plot(tmp_path, capfd):
   data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=30)
-  code = main_job.run_main_job(
-      str(tmp_path / "out"), str(tmp_path / "cache"), data_dir=data_dir, dataset="stackoverflow",
-      total_rounds=3, clients_per_round=2, vocab_size=100, embedding_size=8, lstm_size=8,
-      projection_size=8, rounds_per_eval=1, max_validation_elements=32, max_test_elements=32,
-      progress=False)
+  overrides = dict(dataset="stackoverflow", total_rounds=4, clients_per_round=2, vocab_size=100,
+                   embedding_size=8, lstm_size=8, projection_size=8, rounds_per_eval=2,
+                   max_validation_elements=32, max_test_elements=32, target_epsilon=8.0)
+  code = main_job.run_main_job(str(tmp_path / "out"), str(tmp_path / "cache"),
+                               data_dir=data_dir, seeds=(0, 1), progress=False, **overrides)
   assert code == 0
   out = capfd.readouterr().out
-  for mechanism in main_job.MAIN_JOB_MECHANISMS:
-    assert f"| {mechanism} |" in out
+  assert "**test loss**" in out
   results = json.loads((tmp_path / "out" / "results.json").read_text())
-  rows = {r["mechanism"]: r for r in results["results"]}
-  assert set(rows) == set(main_job.MAIN_JOB_MECHANISMS)
-  # Same ε for every mechanism (one calibrated noise multiplier), √L from each factorization.
-  assert len({r["epsilon"] for r in rows.values()}) == 1
-  assert rows["honaker_online"]["epsilon"] <= main_job.MAIN_JOB_DEFAULTS["target_epsilon"]
-  assert rows["opt_momentum"]["sqrt_loss"] <= rows["honaker_online"]["sqrt_loss"]
-  assert os.path.getsize(tmp_path / "out" / "accuracy.png") > 0
-  assert "| honaker_online |" in (tmp_path / "out" / "results.md").read_text()
+  assert results["seeds"] == [0, 1] and results["leading_metric"] == "loss"
+  assert set(results["mechanisms"]) == set(main_job.MAIN_JOB_MECHANISMS)
+  for name, entry in results["mechanisms"].items():
+    assert all(e <= 8.0 for e in entry["epsilon"])  # every run within the target
+    assert len(entry["loss"]["per_seed"]) == 2
+    if name != "tree":
+      assert len(entry["loss"]["vs_baseline"]["per_seed"]) == 2
+  for name in main_job.MAIN_JOB_MECHANISMS:
+    for seed in (0, 1):
+      summary = json.loads((tmp_path / "out" / "runs" / f"{name}-seed{seed}" /
+                            "summary.json").read_text())
+      assert summary["participation"]["follows_schema"]
+      assert summary["config"]["noise_seed"] == "pinned"
+  assert os.path.getsize(tmp_path / "out" / "training.png") > 10000
+
+
+@pytest.mark.slow
+def test_two_consecutive_runs_of_the_demo_give_the_same_conclusion(tmp_path):
+  """``make demo``'s training twice from scratch (shared caches): the same conclusion, the
+  same numbers up to floating-point non-determinism."""
+  env = userenv.env(home=tmp_path, TFF_MF_CACHE=str(tmp_path / "cache"))
+  results = []
+  for name in ("first", "second"):
+    out = tmp_path / name
+    result = subprocess.run(
+        [sys.executable, "-m", "training.main_job", "--output_dir", str(out), "--n", "16",
+         "--no_progress"], cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results.append(json.loads((out / "training" / "results.json").read_text()))
+  first, second = results
+  assert first["conclusion"] == second["conclusion"]
+  for name, entry in first["mechanisms"].items():
+    np.testing.assert_allclose(entry["loss"]["per_seed"],
+                               second["mechanisms"][name]["loss"]["per_seed"], atol=1e-3)

@@ -117,22 +117,24 @@ def test_too_few_clients_fails_with_the_numbers():
                      r"--clients_per_round=5 = 50"):
     sampling.check_enough_clients(48, 10, 5)
   sampling.check_enough_clients(50, 10, 5)
-  sampler = sampling.SinglePassSampler(["a", "b", "c"], seed=0)
-  sampler.next_round(2, lambda c: c)
+  sampler = sampling.SinglePassSampler(["a", "b", "c"], seed=0, clients_per_round=2)
+  sampler.next_round(1, lambda c: c)
   with pytest.raises(TrainingError, match="ran out of clients"):
     sampler.next_round(2, lambda c: c)
 
 
 def test_single_pass_sampler_is_a_seeded_permutation_and_resumable():
   ids = [f"c{i:03d}" for i in range(100)]
-  a = sampling.SinglePassSampler(ids, seed=3)
-  rounds = [a.next_round(10, lambda c: c)[0] for _ in range(10)]
+  a = sampling.SinglePassSampler(ids, seed=3, clients_per_round=10)
+  rounds = [a.next_round(t, lambda c: c)[0] for t in range(1, 11)]
   flat = [c for r in rounds for c in r]
   assert sorted(flat) == sorted(ids)  # each client exactly once
   assert flat != sorted(ids)
-  b = sampling.SinglePassSampler(list(reversed(ids)), seed=3, cursor=40)
-  assert b.next_round(10, lambda c: c)[0] == rounds[4]  # resumes in the same order
-  assert sampling.SinglePassSampler(ids, seed=4).next_round(10, lambda c: c)[0] != rounds[0]
+  b = sampling.SinglePassSampler(list(reversed(ids)), seed=3, clients_per_round=10)
+  b.restore({"cursor": [40]})
+  assert b.next_round(5, lambda c: c)[0] == rounds[4]  # resumes in the same order
+  other = sampling.SinglePassSampler(ids, seed=4, clients_per_round=10)
+  assert other.next_round(1, lambda c: c)[0] != rounds[0]
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -1,12 +1,15 @@
 """Checkpoints of a training run through ``tff.program.FileProgramStateManager``.
 
-Two managers in ``<run dir>/checkpoints``: ``meta_<round>`` (a :class:`RunProgress`:
-round, sampler cursor, counters and the secret noise seed; fixed structure, so it
-can be read before the process is built with that seed) and
-``program_state_<round>`` (the LearningAlgorithmState). Meta is written second, so
-its latest version always has a complete process state beside it.
+Three managers in ``<run dir>/checkpoints``: ``meta_<round>`` (a :class:`RunProgress`:
+round, sampler cursor, counters, the secret noise seed and the secret sampling seed;
+fixed structure, so it can be read before the process is built with that seed),
+``sampling_<round>`` (the sampler's state and the participation record,
+``training.sampling``: fixed-shape int64 arrays) and ``program_state_<round>`` (the
+LearningAlgorithmState). Meta is written last, so its latest version always has a
+complete process state and sampling state beside it.
 
-The checkpoints hold the secret noise seed: they are written 0600 in 0700
+The checkpoints hold the secret noise and sampling seeds and who joined which round
+(amplification by sampling assumes that is secret): they are written 0600 in 0700
 directories whatever the umask, and a checkpoint directory or file owned by
 another user or writable by group/others is refused before anything is read or
 written (``training.rundir``).
@@ -34,6 +37,7 @@ class RunProgress:
   round: int = 0
   cursor: int = 0
   noise_seed: int = -1
+  sampling_secret: int = -1
   empty_clients_skipped: int = 0
   zeroed_client_updates: int = 0
   wall_seconds: float = 0.0
@@ -74,6 +78,8 @@ class Checkpointer:
                                                     keep_first=False)
     self.state = tff.program.FileProgramStateManager(directory, prefix="program_state_",
                                                      keep_total=keep, keep_first=False)
+    self.sampling = tff.program.FileProgramStateManager(directory, prefix="sampling_",
+                                                        keep_total=keep, keep_first=False)
 
   def latest(self) -> Optional[RunProgress]:
     """The RunProgress of the newest checkpoint, or None when there is none."""
@@ -123,16 +129,36 @@ class Checkpointer:
                             f"{want_dtype}{list(want_shape)} in this run ({hint})")
     return state
 
-  def save(self, state, progress: RunProgress) -> None:
-    """Writes program_state_<round> then meta_<round>, both private (0600 files, 0700 dirs)."""
+  def load_sampling(self, round_num: int, structure):
+    """``sampling_<round_num>``: arrays of ``structure``'s shapes (TrainingError otherwise)."""
+    rundir.check_private_tree(self.directory)
+    name = f"checkpoint sampling_{round_num} in {self.directory}"
+    try:
+      loaded = _run(self.sampling.load(round_num, structure))
+    except (ValueError, TypeError) as e:
+      raise TrainingError(f"{name} does not match this run's sampler: "
+                          f"{str(e).splitlines()[0]}") from e
+    out = collections.OrderedDict()
+    for key, want in structure.items():
+      got = np.asarray(loaded[key])
+      if got.shape != np.shape(want):
+        raise TrainingError(f"{name}: {key} has shape {list(got.shape)}, this run's sampler "
+                            f"{list(np.shape(want))}; resume with the same dataset and flags")
+      out[key] = got.astype(np.int64)
+    return out
+
+  def save(self, state, progress: RunProgress, sampling=None) -> None:
+    """Writes program_state_<round>, sampling_<round>, then meta_<round>, all private."""
     rundir.check_private_tree(self.directory)
     version = int(progress.round)
     with rundir.private_umask():
-      for manager in (self.state, self.meta):
+      for manager in (self.state, self.sampling, self.meta):
         versions = _run(manager.get_versions()) or []
-        if version in versions:  # left by a run killed between the two writes
+        if version in versions:  # left by a run killed between the writes
           _run(manager._remove(version))  # pylint: disable=protected-access
       _run(self.state.save(state, version))
+      if sampling is not None:
+        _run(self.sampling.save(sampling, version))
       values = _meta_structure()
       for key, value in dataclasses.asdict(progress).items():
         values[key] = np.float64(value) if isinstance(values[key], np.float64) else np.int64(

@@ -20,7 +20,9 @@ from tff_mf import registry
 
 DATASETS = ("stackoverflow", "pydocs", "synthetic")
 LR_SCHEDULES = ("constant", "decay", "cooldown")
-ACCOUNTANTS = ("pld", "rdp")
+# tff_mf.accounting's accountants of the unamplified Gaussian; "exact" is the library's default.
+ACCOUNTANTS = ("exact", "pld", "rdp")
+PARTICIPATIONS = ("single", "fixed_epoch", "min_sep")
 # Per user and private, never a shared world-writable place such as /tmp: run
 # directories hold checkpoints with the secret noise seed (see training/rundir.py).
 DEFAULT_ROOT_OUTPUT_DIR = "~/tff_mf_runs"
@@ -80,12 +82,18 @@ class TrainingConfig:
   noise_multiplier: Optional[float] = None
   target_epsilon: Optional[float] = None
   delta: float = 1e-6
-  accountant: str = "pld"
+  accountant: str = "exact"
   clip_norm: float = 1.0
   noise_seed: Optional[int] = None
   matrix_cache: Optional[str] = None
   bands: Optional[int] = None
   rank: Optional[int] = None
+  buffers: Optional[int] = None
+  participation: str = "single"
+  epochs: Optional[int] = None
+  min_sep: Optional[int] = None
+  sampling_prob: Optional[float] = None
+  max_participations: Optional[int] = None
   root_output_dir: str = DEFAULT_ROOT_OUTPUT_DIR
   experiment_name: str = "run"
   rounds_per_eval: int = 10
@@ -120,6 +128,7 @@ class TrainingConfig:
       self._check_names()
       self._check_numbers()
       self._check_schedule()
+      self._check_participation()
       self._check_privacy()
     except TrainingError:
       raise
@@ -130,7 +139,8 @@ class TrainingConfig:
     canonical_mechanism(self.mechanism)
     for name, value, allowed in (("dataset", self.dataset, DATASETS),
                                  ("lr_schedule", self.lr_schedule, LR_SCHEDULES),
-                                 ("accountant", self.accountant, ACCOUNTANTS)):
+                                 ("accountant", self.accountant, ACCOUNTANTS),
+                                 ("participation", self.participation, PARTICIPATIONS)):
       if value not in allowed:
         raise TrainingError(f"--{name}={value!r}; expected one of {', '.join(allowed)}")
     checks.path_component(self.experiment_name, "--experiment_name")
@@ -161,6 +171,46 @@ class TrainingConfig:
       raise TrainingError("--schedule_rounds is only meaningful with --lr_schedule=decay or "
                           f"cooldown (got --lr_schedule=constant, --schedule_rounds="
                           f"{self.schedule_rounds})")
+
+  def _check_participation(self) -> None:
+    """The schema's flags go with their --participation, and only with it."""
+    takes = {"single": (), "fixed_epoch": ("epochs",),
+             "min_sep": ("min_sep", "sampling_prob", "max_participations")}[self.participation]
+    for name in ("epochs", "min_sep", "sampling_prob", "max_participations"):
+      value = getattr(self, name)
+      if value is not None and name not in takes:
+        raise TrainingError(f"--{name}={value} does not apply to --participation="
+                            f"{self.participation}")
+    if self.participation == "fixed_epoch":
+      if self.epochs is None:
+        raise TrainingError("--participation=fixed_epoch needs --epochs=k")
+      checks.positive_int(self.epochs, "--epochs")
+      if self.total_rounds % self.epochs:
+        raise TrainingError(f"--epochs={self.epochs} must divide --total_rounds="
+                            f"{self.total_rounds} (n = k·b rounds, b cohorts)")
+    if self.participation == "min_sep":
+      if self.min_sep is None or self.sampling_prob is None:
+        raise TrainingError("--participation=min_sep needs --min_sep=b and --sampling_prob=p "
+                            f"(got {self.min_sep} and {self.sampling_prob})")
+      checks.positive_int(self.min_sep, "--min_sep")
+      if self.min_sep > self.total_rounds:
+        raise TrainingError(f"--min_sep={self.min_sep} exceeds --total_rounds="
+                            f"{self.total_rounds}")
+      checks.probability(self.sampling_prob, "--sampling_prob")
+      if self.max_participations is not None:
+        checks.positive_int(self.max_participations, "--max_participations")
+    if self.buffers is not None:
+      checks.positive_int(self.buffers, "--buffers")
+
+  def schema(self):
+    """The ``tff_mf.participation`` schema the run samples clients under (validated)."""
+    from tff_mf import participation  # pylint: disable=g-import-not-at-top
+    try:
+      return participation.from_args(self.participation, self.total_rounds, epochs=self.epochs,
+                                     min_sep=self.min_sep,
+                                     max_participations=self.max_participations)
+    except checks.CheckError as e:
+      raise TrainingError(f"--participation={self.participation}: {e}") from None
 
   def _check_privacy(self) -> None:
     mechanism = canonical_mechanism(self.mechanism)

@@ -1,11 +1,14 @@
-"""The training loop: DP FedAvg over single-pass client rounds, checkpointed and resumable.
+"""The training loop: DP FedAvg over sampled client rounds, checkpointed and resumable.
 
 The loop of Denisov et al. 2022 (arXiv:2202.08312, Sec 5 and App I): FedAvg where
 each round's clipped client updates go through a matrix-factorization mechanism
-(``training.mechanisms``), each client is used at most once
-(``training.sampling``), ε is that of one Gaussian mechanism (Thm 4.1), and the
-state is checkpointed through ``tff.program.FileProgramStateManager``
+(``training.mechanisms``), clients are sampled under the run's participation schema
+(``training.sampling``: single pass, fixed epochs or b-min-sep Poisson sampling), ε
+is that of the schema and its analysis (``training.privacy``), and the state is
+checkpointed through ``tff.program.FileProgramStateManager``
 (``training.checkpoints``) in a private, locked run directory (``training.rundir``).
+The participations actually sampled are recorded; a run that broke its schema
+reports no ε.
 
 ``run_training(TrainingConfig(...))`` is what ``training/run_stackoverflow.py``
 calls; it returns the summary dict it also writes to ``<run dir>/summary.json``.
@@ -13,19 +16,22 @@ calls; it returns the summary dict it also writes to ``<run dir>/summary.json``.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
+import math
 import os
 import re
 import sys
 import time
-from typing import Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from tff_mf import checks
 from tff_mf import registry
 from training import checkpoints
 from training import mechanisms
 from training import outputs
+from training import privacy
 from training import rundir
 from training import sampling
 from training import task as task_lib
@@ -126,7 +132,8 @@ def _start_or_resume(config: TrainingConfig, run_dir: str, log: Log,
       seed = None
     else:
       seed = checks.new_seed()
-    progress = checkpoints.RunProgress(noise_seed=-1 if seed is None else seed)
+    progress = checkpoints.RunProgress(noise_seed=-1 if seed is None else seed,
+                                       sampling_secret=privacy.sampling_secret(config, seed))
     created_utc = start_utc
     outputs.write_json(os.path.join(run_dir, outputs.CONFIG_FILE),
                        {"config": config.public_dict(), "fingerprint": config.fingerprint(),
@@ -167,18 +174,37 @@ class _Trainer:
   run: _Run
   task: task_lib.Task
   process: object
-  sampler: sampling.SinglePassSampler
+  sampler: object  # a training.sampling sampler
+  log: sampling.ParticipationLog
+  ledger: Optional[privacy.EventLedger]
   evaluate: task_lib.Evaluator
   writer: outputs.MetricsWriter
 
+  def sampling_state(self):
+    """The sampler's and the participation log's arrays, as one checkpointable structure."""
+    out = collections.OrderedDict()
+    for prefix, part in (("sampler_", self.sampler), ("log_", self.log)):
+      out.update((prefix + k, v) for k, v in part.state().items())
+    return out
+
+  def restore_sampling(self, round_num: int) -> None:
+    loaded = self.run.checkpointer.load_sampling(round_num, self.sampling_state())
+    for prefix, part in (("sampler_", self.sampler), ("log_", self.log)):
+      part.restore({k[len(prefix):]: v for k, v in loaded.items() if k.startswith(prefix)})
+
   def round(self, state, round_num: int, load_client) -> Tuple[object, Dict[str, object], bool]:
-    """One round: (new state, its metrics row, whether the model diverged)."""
+    """One round: (new state, its metrics row, whether the model diverged).
+
+    A round may have no clients (Poisson sampling): it still runs, so its noise is added.
+    """
     from training import robustness  # pylint: disable=g-import-not-at-top
     config, progress = self.run.config, self.run.progress
     start = time.perf_counter()
-    client_ids, datasets, skipped = self.sampler.next_round(config.clients_per_round,
-                                                            load_client)
+    client_ids, datasets, skipped = self.sampler.next_round(round_num, load_client)
     output = run_round(self.process, state, datasets, round_num)
+    self.log.observe(round_num, client_ids)
+    if self.ledger is not None:
+      self.ledger.write(round_num, privacy.round_event(output.state.aggregator))
     zeroed = int(output.metrics["aggregator"][robustness.ZEROED_METRIC])
     progress.empty_clients_skipped += skipped
     progress.zeroed_client_updates += zeroed
@@ -218,13 +244,56 @@ class _Trainer:
           break
         if round_num % config.rounds_per_checkpoint == 0 or round_num == config.total_rounds:
           run.progress.wall_seconds = run.wall_seconds()
-          run.checkpointer.save(state, run.progress)
+          run.checkpointer.save(state, run.progress, self.sampling_state())
     finally:
       bar.close()
     return state, diverged
 
 
-def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, eps,
+def _participation_summary(trainer: _Trainer) -> Dict[str, object]:
+  """The schema, the participations observed in the rounds run, and how they break it."""
+  config = trainer.run.config
+  schema = config.schema()
+  violations = trainer.log.violations(schema, config.total_rounds)
+  out: Dict[str, object] = {
+      "schema": schema.as_dict(), "describe": schema.describe(),
+      "separation_required": schema.separation(config.total_rounds),
+      "max_participations_allowed": schema.max_participations_in(config.total_rounds),
+      "observed": trainer.log.observed(), "follows_schema": not violations,
+      "violations": violations}
+  if config.participation == "min_sep":
+    smallest, largest = trainer.sampler.class_sizes()
+    out.update(sampling_prob=config.sampling_prob, residue_class_sizes=[smallest, largest],
+               expected_clients_per_round=config.sampling_prob * len(trainer.sampler) /
+               config.min_sep,
+               sampling_secret=("derived from the pinned noise seed"
+                                if config.noise_seed is not None else "os_entropy"))
+  return out
+
+
+def _privacy_summary(trainer: _Trainer, noise_multiplier, record, participation
+                     ) -> Tuple[Optional[float], Optional[str], Optional[Dict[str, Any]]]:
+  """(ε to report or None, why None, the privacy block of summary.json)."""
+  config = trainer.run.config
+  if record is None:
+    return None, "non-private run", None
+  block = privacy.finite_json(record)
+  block["noise_multiplier"] = noise_multiplier
+  if trainer.ledger is not None:
+    block["dp_event_cross_check"] = privacy.dp_event_epsilon(
+        trainer.ledger.events(), config.delta, trainer.run.progress.round)
+  eps, reason = record["epsilon"], None
+  if not participation["follows_schema"]:
+    eps, reason = None, ("the sampled rounds broke the participation schema (" +
+                         "; ".join(participation["violations"]) + "); no epsilon is reported")
+    block = privacy.without_epsilons(block)
+  elif not math.isfinite(eps):
+    eps, reason = None, "the noise is too small for a finite epsilon"
+  block["epsilon"], block["epsilon_reason"] = eps, reason
+  return eps, reason, block
+
+
+def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, record,
              sqrt_loss, mechanism_info) -> Dict[str, object]:
   """Final evaluation, final model, TensorBoard's last scalars, and the summary dict."""
   run, config, task = trainer.run, trainer.run.config, trainer.task
@@ -237,6 +306,8 @@ def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, eps,
     test = trainer.evaluate(weights, task.test)
     outputs.save_final_model(run.run_dir, task_lib.trainable_variable_names(task.keras_model_fn),
                              weights.trainable)
+  participation = _participation_summary(trainer)
+  eps, reason, privacy_block = _privacy_summary(trainer, noise_multiplier, record, participation)
   trainer.writer.scalars(test, progress.round, prefix="test/")
   if eps is not None:
     trainer.writer.scalars({"epsilon": eps}, progress.round, prefix="privacy/")
@@ -245,10 +316,12 @@ def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, eps,
   return {
       "config": config.public_dict(), "mechanism": mechanism,
       "mechanism_label": registry.label(mechanism), "noise_multiplier": noise_multiplier,
-      "epsilon": eps, "delta": config.delta if eps is not None else None,
-      "accountant": config.accountant if eps is not None else None,
-      "private": eps is not None, "total_rounds": config.total_rounds,
-      "rounds_completed": progress.round,
+      "epsilon": eps, "epsilon_reason": reason,
+      "delta": config.delta if record is not None else None,
+      "accountant": record["accountant"] if record is not None else None,
+      "analysis": record["analysis"] if record is not None else None,
+      "private": record is not None, "privacy": privacy_block, "participation": participation,
+      "total_rounds": config.total_rounds, "rounds_completed": progress.round,
       "finished": progress.round == config.total_rounds and not diverged,
       "diverged": diverged, "wall_seconds": run.wall_seconds(),
       "validation_metrics": {k: outputs.finite_or_none(v) for k, v in validation.items()},
@@ -268,35 +341,47 @@ def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, eps,
   }
 
 
+def _build_trainer(run: _Run, task: task_lib.Task, setup) -> Tuple[_Trainer, object]:
+  """The sampler (restored at the checkpoint's round), process and writers; the start state."""
+  config = run.config
+  sampler = sampling.build_sampler(config, task.train_client_ids, run.progress.sampling_secret)
+  log = sampling.ParticipationLog(task.train_client_ids, sampling.schema_period(config))
+  process = mechanisms.build_process(task.model_fn, setup, config.client_lr)
+  state = _initial_state(run, process, task)
+  private = setup.info.get("private", False)
+  trainer = _Trainer(run=run, task=task, process=process, sampler=sampler, log=log,
+                     ledger=privacy.EventLedger(run.run_dir, run.progress.round) if private
+                     else None,
+                     evaluate=task_lib.Evaluator(task.keras_model_fn, len(task.vocab),
+                                                 config.num_oov_buckets),
+                     writer=outputs.MetricsWriter(run.run_dir, run.progress.round,
+                                                  config.report_train_metrics))
+  if run.progress.round > 0:
+    trainer.restore_sampling(run.progress.round)
+  return trainer, state
+
+
 def _train(run: _Run, task: Optional[task_lib.Task]) -> Dict[str, object]:
   """Builds the task, mechanism and process; runs the rounds; writes the outputs."""
   config = run.config
-  noise_multiplier, eps = mechanisms.resolve_noise_multiplier(config)
   if task is None:
     task = task_lib.build_task(config)
-  sampling.check_enough_clients(len(task.train_client_ids), config.total_rounds,
-                                config.clients_per_round)
-  sampler = sampling.SinglePassSampler(task.train_client_ids, config.seed,
-                                       cursor=run.progress.cursor)
-  setup = mechanisms.build_mechanism_setup(config, noise_multiplier, run.progress.seed_or_none)
-  process = mechanisms.build_process(task.model_fn, setup, config.client_lr)
-  state = _initial_state(run, process, task)
-  writer = outputs.MetricsWriter(run.run_dir, run.progress.round, config.report_train_metrics)
+  sampling.build_sampler(config, task.train_client_ids, run.progress.sampling_secret)
+  setup, noise_multiplier, record = mechanisms.resolve_privacy(config, run.progress.seed_or_none)
+  trainer, state = _build_trainer(run, task, setup)
   try:
-    writer.hparams(config.public_dict(), config.experiment_name)
-    trainer = _Trainer(run=run, task=task, process=process, sampler=sampler,
-                       evaluate=task_lib.Evaluator(task.keras_model_fn, len(task.vocab),
-                                                   config.num_oov_buckets), writer=writer)
+    trainer.writer.hparams(config.public_dict(), config.experiment_name)
     state, diverged = trainer.rounds(state)
-    summary = _summary(trainer, state, diverged, noise_multiplier, eps, setup.sqrt_loss,
+    summary = _summary(trainer, state, diverged, noise_multiplier, record, setup.sqrt_loss,
                        setup.info)
   finally:
-    writer.close()
+    trainer.writer.close()
   path = os.path.join(run.run_dir, outputs.SUMMARY_FILE)
   outputs.write_json(path, summary)
+  eps = summary["epsilon"]
   run.log(f"{summary['mechanism']}: {summary['rounds_completed']}/{config.total_rounds} rounds, "
-          f"eps={'inf' if eps is None else f'{eps:.3g}'}, test accuracy (no OOV/EOS) "
-          f"{summary['test_metrics']['accuracy_no_oov_no_eos']}, "
+          f"eps={'none' if eps is None else f'{eps:.3g}'} ({summary['analysis'] or 'no DP'}), "
+          f"test loss {summary['test_metrics']['loss']}, "
           f"{summary['wall_seconds']:.1f}s -> {path}")
   return summary
 

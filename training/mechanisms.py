@@ -1,11 +1,11 @@
 """The DP mechanism, server optimizer and FedAvg process of a run, and its privacy numbers.
 
 Every DP mechanism is built by ``tff_mf.tf.aggregators.build_mechanism`` through
-one function, :func:`build_library_mechanism`; ``none`` is plain FedAvg with the
-same server momentum and learning-rate schedule. All mechanisms are normalized to
-sensitivity γ(C) = 1 under single participation, so a run is one Gaussian
-mechanism with noise multiplier z (Denisov et al. 2022, arXiv:2202.08312,
-Thm 4.1) and ε comes from ``tff_mf.accounting``.
+one function, :func:`build_library_mechanism`, with the run's participation schema
+(the library computes the sensitivity of C under it); ``none`` is plain FedAvg with
+the same server momentum and learning-rate schedule. The noise multiplier z is the
+flag's or calibrated to ``--target_epsilon`` under the schema, and ε comes from
+``tff_mf.accounting`` (``training.privacy``).
 """
 
 from __future__ import annotations
@@ -26,25 +26,34 @@ class MechanismSetup:
     server_optimizer: applies momentum β and the learning-rate schedule.
     sqrt_loss: √L(B, C) of the factorization (Denisov et al. Eq. 2), None without one.
     info: JSON-ready description of the mechanism (never the noise seed).
+    factorization: the library's A = B·C (None for TFF's tree and ``none``).
   """
   aggregation_factory: Any
   server_optimizer: Any
   sqrt_loss: Optional[float]
   info: Dict[str, Any]
+  factorization: Any = None
 
 
-def resolve_noise_multiplier(config: TrainingConfig) -> Tuple[Optional[float], Optional[float]]:
-  """(noise multiplier z, ε); both None for a non-private run. ε is an upper bound."""
-  if config.canonical_mechanism == "none":
-    return None, None
-  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  if config.target_epsilon is not None:
-    z = float(accounting.calibrate_noise_multiplier(config.target_epsilon, config.delta,
-                                                    accountant=config.accountant))
-  else:
-    z = float(config.noise_multiplier)
-  eps = float(accounting.epsilon(z, config.delta, accountant=config.accountant))
-  return z, eps
+def resolve_privacy(config: TrainingConfig, noise_seed: Optional[int]
+                    ) -> Tuple["MechanismSetup", Optional[float], Optional[Dict[str, Any]]]:
+  """(setup, z, ε record): the mechanism built at the run's noise multiplier.
+
+  With ``--target_epsilon``, z is calibrated on the mechanism's own C (a first build
+  at z = 1 gives C; a matrix cache hit the second time). The aggregator's
+  sensitivity must agree with the accountant's (``training.privacy``). Both z and
+  the record are None for a non-private run.
+  """
+  from training import privacy  # pylint: disable=g-import-not-at-top
+  if not is_private(config.canonical_mechanism):
+    return build_mechanism_setup(config, None, noise_seed), None, None
+  z = config.noise_multiplier
+  setup = build_mechanism_setup(config, 1.0 if z is None else z, noise_seed)
+  z, record = privacy.guarantee(config, privacy.encoder(config, setup.factorization))
+  if config.noise_multiplier is None:
+    setup = build_mechanism_setup(config, z, noise_seed)
+  privacy.check_against_mechanism(z, record, setup.info)
+  return setup, z, record
 
 
 def build_library_mechanism(name: str, config: TrainingConfig, noise_multiplier: float,
@@ -58,7 +67,7 @@ def build_library_mechanism(name: str, config: TrainingConfig, noise_multiplier:
       momentum=config.server_momentum, lr_schedule=config.lr_schedule,
       schedule_rounds=config.schedule_rounds, noise_seed=noise_seed,
       cache_dir=config.matrix_cache, bands=config.bands, rank=config.rank,
-      progress=config.progress)
+      buffers=config.buffers, participation=config.schema(), progress=config.progress)
 
 
 def build_mechanism_setup(config: TrainingConfig, noise_multiplier: Optional[float],
@@ -78,7 +87,7 @@ def build_mechanism_setup(config: TrainingConfig, noise_multiplier: Optional[flo
   info = dict(setup.info or {})
   info["private"] = is_private(mechanism)
   return MechanismSetup(robustness.NonFiniteZeroingFactory(setup.aggregation_factory),
-                        setup.server_optimizer, setup.sqrt_loss, info)
+                        setup.server_optimizer, setup.sqrt_loss, info, setup.factorization)
 
 
 def build_process(model_fn, setup: MechanismSetup, client_lr: float):

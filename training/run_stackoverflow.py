@@ -1,13 +1,18 @@
 """Trains the StackOverflow next-word-prediction model with a DP mechanism.
 
 Denisov, McMahan, Rush, Smith, Thakurta 2022 (arXiv:2202.08312), Sec 5 and App I:
-single-pass DP-FedAvg whose per-round sums of clipped client updates go through a
-matrix-factorization mechanism. Rerunning the same command resumes from its
-latest checkpoint.
+DP-FedAvg whose per-round sums of clipped client updates go through a
+matrix-factorization mechanism, with clients sampled under a participation schema
+(single pass; k fixed epochs, Choquette-Choo et al. 2023, arXiv:2211.06530; b-min-sep
+Poisson sampling, Choquette-Choo et al. 2023, arXiv:2306.08153). Rerunning the same
+command resumes from its latest checkpoint.
 
   python training/run_stackoverflow.py --dataset=pydocs --mechanism=opt_momentum \\
       --target_epsilon=8 --total_rounds=200 --clients_per_round=10 \\
       --server_momentum=0.9 --root_output_dir=out/runs --experiment_name=momentum
+  python training/run_stackoverflow.py ... --participation=fixed_epoch --epochs=2
+  python training/run_stackoverflow.py ... --participation=min_sep --min_sep=20 \\
+      --sampling_prob=0.05
 
 Writes <root_output_dir>/<experiment_name>/{summary.json, metrics.csv, config.json,
 tensorboard/, checkpoints/, final_model.npz}, private to the user (0700/0600).
@@ -35,7 +40,8 @@ flags.DEFINE_enum(
     "DP mechanism, by its tff_mf.registry name or alias: tree (TFF's tree_aggregation), "
     "honaker_online (the tree as a matrix mechanism, DP-FTRL), honaker_full, opt_prefix_sum, "
     "opt_momentum (momentum and lr schedule inside the matrix), structured (banded + low "
-    "rank), gaussian (TFF's gaussian_fixed: independent noise each round), none (no DP).")
+    "rank), banded, banded_toeplitz, blt (buffered linear Toeplitz), gaussian (TFF's "
+    "gaussian_fixed: independent noise each round), none (no DP).")
 flags.DEFINE_enum("dataset", _DEFAULTS.dataset, config_lib.DATASETS,
                   "stackoverflow (TFF's files in --data_dir), pydocs (docstrings of the installed "
                   "packages, no download), synthetic (a tiny generated corpus).")
@@ -45,7 +51,31 @@ flags.DEFINE_string("data_dir", None,
                     "$TFF_MF_CACHE/datasets/pydocs for pydocs).")
 flags.DEFINE_integer("total_rounds", _DEFAULTS.total_rounds, "Rounds n (the matrix size).")
 flags.DEFINE_integer("clients_per_round", _DEFAULTS.clients_per_round,
-                     "Clients per round (each client is used at most once).")
+                     "Clients per round (single, fixed_epoch). With --participation=min_sep the "
+                     "number varies from round to round (Poisson sampling); this is then the "
+                     "expected count the aggregator divides the noised sum by.")
+flags.DEFINE_enum("participation", _DEFAULTS.participation, config_lib.PARTICIPATIONS,
+                  "Participation schema the clients are sampled under: single (each client at "
+                  "most once), fixed_epoch (--epochs=k: the clients split into b = "
+                  "total_rounds/k cohorts of clients_per_round, taken in order, so each client "
+                  "joins every b-th round), min_sep (--min_sep=b: each client in one residue "
+                  "class mod b, joining each round of its class with probability "
+                  "--sampling_prob). ε is computed for the schema (summary.json names the "
+                  "analysis); a run whose sampled rounds break it reports no ε.")
+flags.DEFINE_integer("epochs", None,
+                     f"Epochs k {_NONE}required with --participation=fixed_epoch, and only "
+                     "there); k must divide --total_rounds.")
+flags.DEFINE_integer("min_sep", None,
+                     f"Separation b {_NONE}required with --participation=min_sep, and only "
+                     "there): a client's rounds are at least b apart (one residue class mod b).")
+flags.DEFINE_float("sampling_prob", None,
+                   f"Probability p {_NONE}required with --participation=min_sep): a client "
+                   "joins each round of its residue class with probability p. p < 1 without a "
+                   "cap enables amplification by sampling (MMCC, or amplified banded MF).")
+flags.DEFINE_integer("max_participations", None,
+                     f"Cap k {_NONE}as many as fit, ⌈total_rounds/b⌉): with "
+                     "--participation=min_sep a client joins at most k rounds. A smaller cap is "
+                     "not Poisson sampling: ε is then unamplified.")
 flags.DEFINE_float("client_lr", _DEFAULTS.client_lr, "Client SGD learning rate.")
 flags.DEFINE_float("server_lr", _DEFAULTS.server_lr, "Server learning rate.")
 flags.DEFINE_float("server_momentum", _DEFAULTS.server_momentum, "Server momentum β in [0, 1).")
@@ -60,7 +90,9 @@ flags.DEFINE_float("target_epsilon", None,
                    f"Calibrate z to this ε {_NONE}give it or --noise_multiplier).")
 flags.DEFINE_float("delta", _DEFAULTS.delta, "δ of the (ε, δ) guarantee.")
 flags.DEFINE_enum("accountant", _DEFAULTS.accountant, config_lib.ACCOUNTANTS,
-                  "Privacy accountant of ε (tff_mf.accounting).")
+                  "Accountant of the unamplified Gaussian ε (tff_mf.accounting): exact (Balle & "
+                  "Wang's analytic Gaussian), pld, rdp. Amplified analyses use PLD (amplified "
+                  "banded) or MMCC; every reported ε is an upper bound.")
 flags.DEFINE_float("clip_norm", _DEFAULTS.clip_norm, "Per-client L2 clip norm ζ.")
 flags.DEFINE_integer("noise_seed", None,
                      f"Pin the secret noise seed {_NONE}a fresh one from OS entropy; the seed is "
@@ -68,9 +100,13 @@ flags.DEFINE_integer("noise_seed", None,
 flags.DEFINE_string("matrix_cache", None,
                     f"Factorization cache directory {_NONE}$TFF_MF_CACHE or ~/.cache/tff_mf).")
 flags.DEFINE_integer("bands", None,
-                     f"structured only: bands h of B̂ {_NONE}h + r = ⌈log₂ n⌉, h = ⌈(h+r)/2⌉).")
+                     f"structured: bands h of B̂ {_NONE}h + r = ⌈log₂ n⌉, h = ⌈(h+r)/2⌉); banded, "
+                     "banded_toeplitz: bands b of C (default: the schema's separation, at most "
+                     "64; 16 for single participation).")
 flags.DEFINE_integer("rank", None,
                      f"structured only: rank r of B̂'s low-rank part {_NONE}see --bands).")
+flags.DEFINE_integer("buffers", None,
+                     f"blt only: buffers m of the BLT {_NONE}4).")
 flags.DEFINE_string("root_output_dir", _DEFAULTS.root_output_dir,
                     "Root of the run directories; per user, never a shared place such as /tmp "
                     "(the run directory holds the secret noise seed).")

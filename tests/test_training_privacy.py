@@ -1,0 +1,156 @@
+"""ε of a run under each participation schema (training.privacy; no TensorFlow).
+
+Calibration hits ε ≤ target under every schema and analysis; min-sep Poisson sampling
+reports the smallest valid bound (amplified banded or MMCC vs unamplified) and names it;
+a cap on participations or p = 1 is never amplified; an aggregator whose sensitivity
+differs from the accountant's is refused; DpEvents compose to the unamplified ε.
+"""
+
+import dp_accounting
+import numpy as np
+import pytest
+
+from tff_mf import accounting
+from tff_mf import strategies
+from tff_mf import workloads
+from training import config as config_lib
+from training import privacy
+from training.config import TrainingError
+
+N = 8
+
+
+def config(**kw):
+  values = dict(mechanism="opt_prefix_sum", dataset="synthetic", total_rounds=N,
+                clients_per_round=2, target_epsilon=4.0)
+  values.update(kw)
+  return config_lib.TrainingConfig(**values)
+
+
+def encoder(strategy="optimal", schema=None, **params):
+  spec = strategies.FactorizationSpec(
+      workload=workloads.WorkloadSpec(kind="prefix_sum", n=N), strategy=strategy,
+      **({"participation": schema} if schema is not None else {}), **params)
+  return strategies.factorize(spec).c
+
+
+@pytest.mark.parametrize("kw, strategy, analysis", [
+    (dict(), "optimal", "none"),
+    (dict(participation="fixed_epoch", epochs=2), "optimal", "none"),
+    (dict(participation="min_sep", min_sep=4, sampling_prob=0.2), "banded", "banded"),
+    (dict(participation="min_sep", min_sep=2, sampling_prob=0.2), "honaker_online", "mmcc"),
+    (dict(participation="min_sep", min_sep=2, sampling_prob=0.2, max_participations=2),
+     "optimal", "none"),
+    (dict(participation="min_sep", min_sep=2, sampling_prob=1.0), "optimal", "none"),
+])
+def test_calibration_hits_the_target_under_each_schema(kw, strategy, analysis):
+  cfg = config(**kw)
+  cfg.validate()
+  params = {"bands": 4} if strategy == "banded" else {}
+  c = encoder(strategy, **params)
+  z, record = privacy.guarantee(cfg, c)
+  assert record["epsilon"] <= cfg.target_epsilon
+  assert record["epsilon"] >= 0.95 * cfg.target_epsilon  # calibrated, not just any safe z
+  assert record["analysis"] == analysis
+  assert record["noise_multiplier"] == z
+  assert record["schema"] == cfg.schema().as_dict()
+  # The reported bound is the smallest candidate, and each candidate is a valid bound.
+  assert record["epsilon"] == min(c["epsilon"] for c in record["candidates"])
+  plain = accounting.epsilon_for(c, cfg.schema(), z, cfg.delta)
+  assert record["epsilon"] <= plain["epsilon"] * (1 + 1e-12)
+  if analysis != "none":
+    assert record["amplified_epsilon"] < plain["epsilon"]  # amplification helped here
+  # Given z instead of a target: the same record.
+  again = privacy.guarantee(config(**kw, noise_multiplier=z, target_epsilon=None), c)[1]
+  assert again["epsilon"] == pytest.approx(record["epsilon"], rel=1e-9)
+
+
+def test_fixed_epoch_epsilon_is_the_gaussian_at_z_over_the_schemas_sensitivity():
+  cfg = config(participation="fixed_epoch", epochs=2, noise_multiplier=2.0, target_epsilon=None)
+  c = encoder()
+  _, record = privacy.guarantee(cfg, c)
+  sens = accounting.sensitivity_report(c, cfg.schema())["value"]
+  assert sens > 1.0
+  assert record["sensitivity"] == sens
+  assert record["epsilon"] == pytest.approx(accounting.epsilon(2.0, 1e-6, sensitivity=sens))
+  assert record["epsilon"] > accounting.epsilon(2.0, 1e-6)  # more than single participation
+
+
+def test_a_participation_cap_below_what_fits_is_not_amplified():
+  cfg = config(participation="min_sep", min_sep=2, sampling_prob=0.1, max_participations=3)
+  assert not privacy.amplified(cfg)
+  assert privacy.amplified(config(participation="min_sep", min_sep=2, sampling_prob=0.1,
+                                  max_participations=4))
+  assert not privacy.amplified(config(participation="min_sep", min_sep=2, sampling_prob=1.0))
+
+
+def test_an_inapplicable_amplified_analysis_falls_back_with_a_note(monkeypatch):
+  cfg = config(participation="min_sep", min_sep=2, sampling_prob=0.2)
+
+  def refuse(*args, **kwargs):
+    raise accounting.AccountingError("MMCC could not analyze this run")
+
+  monkeypatch.setattr(accounting, "calibrate", lambda *a, **k: (
+      refuse() if a[4] == "mmcc" else ORIGINAL_CALIBRATE(*a, **k)))
+  z, record = privacy.guarantee(cfg, encoder("honaker_online"))
+  assert record["analysis"] == "none" and record["epsilon"] <= cfg.target_epsilon
+  assert any("mmcc analysis not applicable" in n for n in record["notes"])
+
+
+ORIGINAL_CALIBRATE = accounting.calibrate
+
+
+def test_mechanism_with_another_sensitivity_is_refused():
+  cfg = config(noise_multiplier=2.0, target_epsilon=None)
+  _, record = privacy.guarantee(cfg, encoder())
+  privacy.check_against_mechanism(2.0, record, {"effective_noise_multiplier": 2.0 / 1.0})
+  with pytest.raises(TrainingError, match="refusing to report an epsilon"):
+    privacy.check_against_mechanism(2.0, record, {"effective_noise_multiplier": 2.0 / 1.5})
+
+
+def test_tree_and_gaussian_encoders_are_what_tff_adds_noise_for():
+  from tff_mf.families import tree as tree_lib  # pylint: disable=g-import-not-at-top
+  for n in (N, 12):  # 12: not a power of two, no leaf is in all 5 levels' released nodes
+    tree = privacy.encoder(config(mechanism="tree", total_rounds=n), None)
+    assert tree.shape[0] > tree.shape[1] == n  # one row per tree node
+    levels = tree_lib.tree_levels(n)
+    gamma = np.max(np.linalg.norm(tree, axis=0))
+    # TFF adds z·√levels per node: the accountant's C is C_T / √levels.
+    np.testing.assert_allclose(tree * np.sqrt(levels), tree_lib.tree_encoder(n))
+    assert gamma == pytest.approx(1.0) if n == N else gamma < 1.0
+  gaussian = privacy.encoder(config(mechanism="gaussian"), _Identity(N))
+  np.testing.assert_array_equal(gaussian, np.eye(N))
+  with pytest.raises(TrainingError, match="no encoder"):
+    privacy.encoder(config(mechanism="opt_momentum"), None)
+
+
+class _Identity:  # what build_mechanism returns as the factorization of TFF's gaussian_fixed
+  def __init__(self, n):
+    self.c = np.eye(n)
+
+
+def test_sampling_secret_is_derived_from_a_pinned_noise_seed_only():
+  cfg = config(participation="min_sep", min_sep=2, sampling_prob=0.5, noise_seed=17)
+  assert privacy.sampling_secret(cfg, 17) == privacy.sampling_secret(cfg, 17) >= 0
+  assert privacy.sampling_secret(cfg, 17) != 17
+  free = config(participation="min_sep", min_sep=2, sampling_prob=0.5)
+  assert privacy.sampling_secret(free, None) != privacy.sampling_secret(free, None)
+  assert privacy.sampling_secret(config(), 17) == -1
+
+
+def test_dp_events_round_trip_and_compose_to_the_unamplified_gaussian():
+  z = 1.3
+  events = [dp_accounting.PoissonSampledDpEvent(1.0 if i == 0 else 0.0,
+                                                dp_accounting.GaussianDpEvent(z))
+            for i in range(5)]
+  as_json = [privacy.event_to_json(e) for e in events]
+  assert [privacy.event_from_json(e) for e in as_json] == events
+  check = privacy.dp_event_epsilon(as_json, 1e-6, 5)
+  reference = dp_accounting.pld.PLDAccountant()
+  reference.compose(dp_accounting.GaussianDpEvent(z))
+  assert check["epsilon"] == pytest.approx(reference.get_epsilon(1e-6), rel=1e-9)
+  assert check["epsilon"] == pytest.approx(accounting.epsilon(z, 1e-6), rel=1e-3)
+  unsupported = privacy.dp_event_epsilon(
+      [privacy.event_to_json(dp_accounting.UnsupportedDpEvent())] * 5, 1e-6, 5)
+  assert unsupported["epsilon"] is None and "Unsupported" in unsupported["reason"]
+  assert privacy.dp_event_epsilon(as_json[:4], 1e-6, 5)["epsilon"] is None

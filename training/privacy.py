@@ -1,0 +1,305 @@
+"""The ε of a training run under its participation schema, and the DpEvent cross-check.
+
+Every number comes from ``tff_mf.accounting`` and is an upper bound on the run's ε at δ:
+
+- ``single`` and ``fixed_epoch`` (and ``min_sep`` with a participation cap or p = 1):
+  the run is one Gaussian mechanism with multiplier z / sens, sens the sensitivity of
+  the encoder C under the schema (Denisov et al. 2022, arXiv:2202.08312, Thm 4.1;
+  Choquette-Choo et al. 2023, arXiv:2211.06530), no amplification.
+- ``min_sep`` Poisson sampling (p < 1, no cap): amplification by sampling, the
+  amplified banded analysis when C has at most b bands (Choquette-Choo et al. 2023,
+  arXiv:2306.08153, Thm 4), MMCC otherwise (Choquette-Choo et al. 2024,
+  arXiv:2310.15526, App D). Both also bound the unamplified ε with every eligible
+  round joined (``accounting.poisson_sensitivity``); the unamplified Gaussian at
+  z / sens under the min-sep schema is a third valid bound. The run reports the
+  smallest and names the analysis that gave it.
+
+C is the encoder the mechanism adds noise for: the factorization's C for the matrix
+mechanisms, C_T / √levels for TFF's tree (the nodes it adds z·√levels noise to) and
+C = I for ``gaussian``. ``check_against_mechanism`` refuses a run
+whose aggregator computed another sensitivity than the accountant.
+
+The aggregators also report DpEvents each round; :class:`EventLedger` keeps them
+(``dp_events.jsonl``) and :func:`dp_event_epsilon` composes them with dp_accounting's
+PLD accountant, a cross-check of the unamplified guarantee recorded beside ε.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import math
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from training.config import TrainingConfig
+from training.config import TrainingError
+
+ANALYSIS_LABELS = {
+    "none": "unamplified Gaussian mechanism at z / sensitivity",
+    "banded": "amplified banded MF (Poisson sampling within residue classes)",
+    "mmcc": "MMCC (Poisson sampling within residue classes)",
+}
+EVENTS_FILE = "dp_events.jsonl"
+# MMCC in this process only: no forked workers inside a process that runs TensorFlow and
+# TFF's gRPC threads.
+MMCC_OPTIONS = {"workers": 1}
+# Relative tolerance between the aggregator's and the accountant's z / sensitivity.
+SENSITIVITY_RTOL = 1e-9
+
+
+def schema(config: TrainingConfig):
+  """The participation schema of the run (min_sep without a cap: k = ⌈n/b⌉)."""
+  return config.schema()
+
+
+def amplified(config: TrainingConfig) -> bool:
+  """Whether an amplified analysis applies: min_sep Poisson sampling with p < 1, no binding cap."""
+  if config.participation != "min_sep" or config.sampling_prob >= 1.0:
+    return False
+  fit = -(-config.total_rounds // config.min_sep)
+  return config.max_participations is None or config.max_participations >= fit
+
+
+def sampling_secret(config: TrainingConfig, noise_seed: Optional[int]) -> int:
+  """The secret seed of min_sep's Poisson coins (-1 for the other schemas).
+
+  Derived from a pinned ``--noise_seed`` (so pinning it pins the whole run), else fresh
+  from OS entropy. Kept only in the checkpoints, like the noise seed.
+  """
+  if config.participation != "min_sep":
+    return -1
+  from tff_mf import checks  # pylint: disable=g-import-not-at-top
+  if config.noise_seed is None and noise_seed is None:
+    return checks.new_seed()
+  seed = int(config.noise_seed if config.noise_seed is not None else noise_seed)
+  digest = hashlib.sha256(f"tff_mf min_sep sampling {seed}".encode()).digest()
+  return int.from_bytes(digest[:8], "little") >> 1
+
+
+def encoder(config: TrainingConfig, factorization) -> np.ndarray:
+  """C the mechanism adds unit-multiplier noise for: z·C's rows are what the run adds.
+
+  Matrix mechanisms: the factorization's C (γ(C) = 1). TFF's tree adds noise of
+  multiplier z·√levels to every node of C_T (``tff_mf.tf.aggregators``), so its C is
+  C_T / √levels; when n is not a power of two no leaf is in all ``levels`` released
+  nodes and this C has γ < 1 (the tree adds more noise than its sensitivity needs).
+  TFF's gaussian_fixed: C = I.
+  """
+  if factorization is not None:
+    return np.asarray(factorization.c, np.float64)
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
+  from tff_mf.families import tree  # pylint: disable=g-import-not-at-top
+  mechanism = registry.mechanism(config.canonical_mechanism)
+  if mechanism.noise != "tff_tree":
+    raise TrainingError(f"--mechanism={config.mechanism} has no encoder to account for")
+  n = config.total_rounds
+  return np.asarray(tree.tree_encoder(n), np.float64) / math.sqrt(tree.tree_levels(n))
+
+
+def _amplification(config: TrainingConfig, c: np.ndarray) -> str:
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  return "banded" if accounting.band_count(c) <= config.min_sep else "mmcc"
+
+
+def _candidate(record: Dict[str, Any]) -> Dict[str, Any]:
+  return {"analysis": record["analysis"], "epsilon": record["epsilon"],
+          "sensitivity": record.get("sensitivity"), "accountant": record.get("accountant")}
+
+
+def _unamplified(config: TrainingConfig, c: np.ndarray, z: float) -> Dict[str, Any]:
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  return accounting.epsilon_for(c, schema(config), z, config.delta, None,
+                                accountant=config.accountant)
+
+
+def _amplified(config: TrainingConfig, c: np.ndarray, z: float,
+               target: Optional[float] = None) -> Tuple[Optional[Dict[str, Any]], str]:
+  """(record, note): the amplified analysis at z (or calibrated to ``target``)."""
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  analysis = _amplification(config, c)
+  try:
+    if target is not None:
+      record = accounting.calibrate(c, schema(config), target, config.delta, analysis,
+                                    config.sampling_prob, config.accountant,
+                                    mmcc_options=MMCC_OPTIONS)
+    else:
+      record = accounting.epsilon_for(c, schema(config), z, config.delta, analysis,
+                                      config.sampling_prob, config.accountant,
+                                      mmcc_options=MMCC_OPTIONS)
+  except ValueError as e:  # AccountingError, CheckError: the analysis does not apply
+    return None, f"{analysis} analysis not applicable: {' '.join(str(e).split())}"
+  return record, ""
+
+
+def guarantee(config: TrainingConfig, c: np.ndarray) -> Tuple[float, Dict[str, Any]]:
+  """(z, record): the noise multiplier (given or calibrated) and the run's ε record.
+
+  The record holds the reported bound (``epsilon``, ``analysis``, ``theorem``,
+  ``sensitivity``...), every ``candidates`` bound computed, and ``notes``.
+  """
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  target = config.target_epsilon
+  notes: List[str] = []
+  try:
+    if amplified(config):
+      record, note = _amplified(config, c, config.noise_multiplier, target)
+      if record is not None:
+        z = float(record["noise_multiplier"])
+      else:
+        notes.append(note)
+        z = float(config.noise_multiplier) if target is None else float(accounting.calibrate(
+            c, schema(config), target, config.delta, None,
+            accountant=config.accountant)["noise_multiplier"])
+      plain = _unamplified(config, c, z)
+      candidates = [plain] + ([record] if record is not None else [])
+    else:
+      if target is not None:
+        plain = accounting.calibrate(c, schema(config), target, config.delta, None,
+                                     accountant=config.accountant)
+        z = float(plain["noise_multiplier"])
+      else:
+        z = float(config.noise_multiplier)
+        plain = _unamplified(config, c, z)
+      candidates = [plain]
+  except ValueError as e:
+    raise TrainingError(f"privacy accounting: {' '.join(str(e).split())}") from None
+  best = dict(min(candidates, key=lambda r: r["epsilon"]))
+  best.update(candidates=[_candidate(r) for r in candidates], notes=notes,
+              analysis_label=ANALYSIS_LABELS[best["analysis"]],
+              unamplified_sensitivity=plain["sensitivity"],
+              unamplified_sensitivity_exact=plain["sensitivity_exact"],
+              unamplified_sensitivity_method=plain["sensitivity_method"])
+  if target is not None:
+    best["target_epsilon"] = float(target)
+    if not best["epsilon"] <= target:
+      raise TrainingError(f"calibration gave epsilon {best['epsilon']} above the target {target}")
+  best.pop("mmcc", None)  # per-row details: too large for summary.json
+  return z, best
+
+
+def finite_json(value):
+  """``value`` with every non-finite float replaced by None (strict JSON)."""
+  if isinstance(value, float):
+    return value if math.isfinite(value) else None
+  if isinstance(value, dict):
+    return {k: finite_json(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [finite_json(v) for v in value]
+  return value
+
+
+def without_epsilons(value, key: str = ""):
+  """``value`` with every ε in it (but the target) set to None: for a run that broke its schema."""
+  if isinstance(value, dict):
+    return {k: without_epsilons(v, k) for k, v in value.items()}
+  if isinstance(value, list):
+    return [without_epsilons(v, key) for v in value]
+  if "epsilon" in key and key != "target_epsilon" and isinstance(value, (int, float)):
+    return None
+  return value
+
+
+def check_against_mechanism(z: float, record: Dict[str, Any], info: Dict[str, Any]) -> None:
+  """The aggregator's z / sens (from its own C and schema) equals the accountant's."""
+  mechanism_value = info.get("effective_noise_multiplier")
+  if mechanism_value is None:
+    return
+  accountant_value = z / record["unamplified_sensitivity"]
+  if not math.isclose(mechanism_value, accountant_value, rel_tol=SENSITIVITY_RTOL):
+    raise TrainingError(
+        f"the aggregator adds noise for z / sensitivity = {mechanism_value:.12g}, the accountant "
+        f"computed {accountant_value:.12g}; refusing to report an epsilon for another C")
+
+
+# ----------------------------------------------------------------------------- DpEvents
+
+
+def event_to_json(event) -> Dict[str, Any]:
+  """A dp_accounting DpEvent as JSON (unknown kinds become Unsupported)."""
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  name = type(event).__name__
+  if isinstance(event, dp_accounting.GaussianDpEvent):
+    return {"type": name, "noise_multiplier": float(np.asarray(event.noise_multiplier))}
+  if isinstance(event, dp_accounting.PoissonSampledDpEvent):
+    return {"type": name, "sampling_probability": float(np.asarray(event.sampling_probability)),
+            "event": event_to_json(event.event)}
+  if isinstance(event, dp_accounting.ComposedDpEvent):
+    return {"type": name, "events": [event_to_json(e) for e in event.events]}
+  if isinstance(event, dp_accounting.SelfComposedDpEvent):
+    return {"type": name, "count": int(np.asarray(event.count)),
+            "event": event_to_json(event.event)}
+  if isinstance(event, (dp_accounting.NoOpDpEvent, dp_accounting.NonPrivateDpEvent,
+                        dp_accounting.UnsupportedDpEvent)):
+    return {"type": name}
+  return {"type": "UnsupportedDpEvent", "was": name}
+
+
+def event_from_json(value: Dict[str, Any]):
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  kind = value["type"]
+  if kind == "GaussianDpEvent":
+    return dp_accounting.GaussianDpEvent(value["noise_multiplier"])
+  if kind == "PoissonSampledDpEvent":
+    return dp_accounting.PoissonSampledDpEvent(value["sampling_probability"],
+                                               event_from_json(value["event"]))
+  if kind == "ComposedDpEvent":
+    return dp_accounting.ComposedDpEvent([event_from_json(e) for e in value["events"]])
+  if kind == "SelfComposedDpEvent":
+    return dp_accounting.SelfComposedDpEvent(event_from_json(value["event"]), value["count"])
+  if kind in ("NoOpDpEvent", "NonPrivateDpEvent"):
+    return getattr(dp_accounting, kind)()
+  return dp_accounting.UnsupportedDpEvent()
+
+
+def round_event(aggregator_state) -> Optional[Dict[str, Any]]:
+  """The JSON DpEvent a DP aggregator reported for its last round (None: it has none)."""
+  from tff_mf.tf import aggregators  # pylint: disable=g-import-not-at-top
+  try:
+    return event_to_json(aggregators.dp_event_from_state(aggregator_state))
+  except (AttributeError, KeyError, TypeError, ValueError):
+    return None
+
+
+class EventLedger:
+  """``<run dir>/dp_events.jsonl``: one line per round, kept up to the resumed round."""
+
+  def __init__(self, run_dir: str, resume_round: int):
+    self.path = os.path.join(run_dir, EVENTS_FILE)
+    kept = []
+    if resume_round > 0 and os.path.exists(self.path):
+      with open(self.path, encoding="utf-8") as f:
+        kept = [line for line in f if line.strip() and json.loads(line)["round"] <= resume_round]
+    with open(self.path, "w", encoding="utf-8") as f:
+      f.writelines(kept)
+
+  def write(self, round_num: int, event: Optional[Dict[str, Any]]) -> None:
+    with open(self.path, "a", encoding="utf-8") as f:
+      f.write(json.dumps({"round": int(round_num), "event": event}, sort_keys=True) + "\n")
+
+  def events(self) -> List[Optional[Dict[str, Any]]]:
+    with open(self.path, encoding="utf-8") as f:
+      return [json.loads(line)["event"] for line in f if line.strip()]
+
+
+def dp_event_epsilon(events: Sequence[Optional[Dict[str, Any]]], delta: float,
+                     rounds: int) -> Dict[str, Any]:
+  """ε of the composed per-round DpEvents (dp_accounting PLD), or None with the reason."""
+  out: Dict[str, Any] = {"accountant": "pld (dp_accounting)", "events": len(events)}
+  if len(events) != rounds or any(e is None for e in events):
+    return dict(out, epsilon=None, reason="not every round reported a DpEvent")
+  if any("Unsupported" in json.dumps(e) for e in events):
+    return dict(out, epsilon=None, reason="the aggregator reports UnsupportedDpEvent")
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  counts = collections.Counter(json.dumps(e, sort_keys=True) for e in events)
+  composed = dp_accounting.ComposedDpEvent([
+      dp_accounting.SelfComposedDpEvent(event_from_json(json.loads(k)), count)
+      for k, count in sorted(counts.items())])
+  accountant = dp_accounting.pld.PLDAccountant()
+  accountant.compose(composed)
+  with np.errstate(all="ignore"):
+    eps = float(accountant.get_epsilon(delta))
+  return dict(out, epsilon=eps if math.isfinite(eps) else None, distinct_events=len(counts))

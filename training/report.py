@@ -1,0 +1,285 @@
+"""The main job's comparison: mean ± std over noise seeds, paired differences to the tree, plot.
+
+Given one ``summary.json`` per (mechanism, seed) run, :func:`compare` computes, for the
+leading metric and the others, the mean and sample standard deviation over seeds and,
+for every mechanism against the baseline (TFF's tree), the per-seed paired
+differences, their mean ± std and the 95% Student-t interval of the mean difference
+(n − 1 degrees of freedom). A mechanism *wins* on a metric only when that interval
+lies entirely on its better side: the difference is then larger than the seeds'
+spread explains. :func:`write_results` writes ``results.json``, ``results.md`` (three
+sentences first) and ``training.png`` (validation curves with shaded ±std bands,
+final test metrics with error bars that never go below 0).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+# (metric key in summary["test_metrics"], label, lower is better)
+METRICS = (("loss", "test loss (nats/token)", True),
+           ("accuracy", "test accuracy, all tokens", False),
+           ("accuracy_no_oov_no_eos", "test accuracy, no OOV/EOS", False))
+CONFIDENCE = 0.95
+
+
+def _label(mechanism: str) -> str:
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
+  return registry.label(mechanism)
+
+
+def mean_std(values: Sequence[float]) -> Tuple[float, float]:
+  """Mean and sample standard deviation (ddof = 1; 0 for one value)."""
+  x = np.asarray(values, dtype=float)
+  return float(x.mean()), float(x.std(ddof=1)) if x.size > 1 else 0.0
+
+
+def t_interval(values: Sequence[float], confidence: float = CONFIDENCE
+               ) -> Tuple[Optional[float], Optional[float]]:
+  """Student-t interval of the mean (None, None for fewer than two values)."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  x = np.asarray(values, dtype=float)
+  if x.size < 2:
+    return None, None
+  mean, std = mean_std(x)
+  half = float(stats.t.ppf(0.5 + confidence / 2, x.size - 1)) * std / math.sqrt(x.size)
+  return mean - half, mean + half
+
+
+def paired(values: Sequence[float], baseline: Sequence[float], lower_is_better: bool
+           ) -> Dict[str, object]:
+  """Per-seed differences (mechanism − baseline), their mean ± std, interval and verdict."""
+  diffs = [float(a) - float(b) for a, b in zip(values, baseline)]
+  mean, std = mean_std(diffs)
+  low, high = t_interval(diffs)
+  better = (lambda d: d < 0) if lower_is_better else (lambda d: d > 0)
+  if low is None:
+    verdict = "undecided"
+  elif better(low) and better(high):
+    verdict = "better"
+  elif not better(low) and not better(high) and low != 0 and high != 0:
+    verdict = "worse"
+  else:
+    verdict = "not distinguishable"
+  return {"per_seed": diffs, "mean": mean, "std": std, "interval": [low, high],
+          "confidence": CONFIDENCE, "excludes_zero": verdict in ("better", "worse"),
+          "better_for_seeds": sum(1 for d in diffs if better(d)), "verdict": verdict}
+
+
+def compare(runs: Dict[str, Dict[int, dict]], baseline: str, leading: str = "loss"
+            ) -> Dict[str, object]:
+  """{mechanisms: {name: {metric: {per_seed, mean, std, vs_baseline}}}, conclusion}.
+
+  ``runs[mechanism][seed]`` is that run's summary; seeds are paired across mechanisms.
+  """
+  seeds = sorted(set.intersection(*[set(r) for r in runs.values()]))
+  out: Dict[str, dict] = {}
+  for mechanism, by_seed in runs.items():
+    entry: Dict[str, object] = {"label": _label(mechanism)}
+    for key, label, lower in METRICS:
+      values = [by_seed[s]["test_metrics"][key] for s in seeds]
+      mean, std = mean_std(values)
+      metric = {"label": label, "lower_is_better": lower, "per_seed": values, "mean": mean,
+                "std": std}
+      if mechanism != baseline:
+        metric["vs_baseline"] = paired(
+            values, [runs[baseline][s]["test_metrics"][key] for s in seeds], lower)
+      entry[key] = metric
+    first = by_seed[seeds[0]]
+    entry.update(epsilon=[by_seed[s]["epsilon"] for s in seeds],
+                 analysis=first.get("analysis"), noise_multiplier=first["noise_multiplier"],
+                 sensitivity=(first.get("privacy") or {}).get("sensitivity"),
+                 sqrt_loss=first.get("sqrt_loss"),
+                 wall_seconds=[by_seed[s]["wall_seconds"] for s in seeds])
+    out[mechanism] = entry
+  return {"seeds": seeds, "baseline": baseline, "leading_metric": leading,
+          "mechanisms": out, "conclusion": conclusion(out, baseline, leading)}
+
+
+def conclusion(mechanisms: Dict[str, dict], baseline: str, leading: str) -> Dict[str, object]:
+  """The verdict on the leading metric: which MF mechanisms beat the tree beyond the spread."""
+  winners, verdicts = [], {}
+  for name, entry in mechanisms.items():
+    if name == baseline:
+      continue
+    verdicts[name] = entry[leading]["vs_baseline"]["verdict"]
+    if verdicts[name] == "better":
+      winners.append(name)
+  return {"metric": leading, "verdicts": verdicts, "winners": winners,
+          "mf_wins": bool(winners)}
+
+
+def _fmt(value, spec=".4f") -> str:
+  return "—" if value is None else format(value, spec)
+
+
+def _sentences(result: dict, settings: dict) -> str:
+  """The three sentences results.md opens with."""
+  mech = result["mechanisms"]
+  baseline = result["baseline"]
+  others = [m for m in mech if m != baseline]
+  eps = max(e for m in mech.values() for e in m["epsilon"] if e is not None)
+  schema = settings["schema_text"]
+  seeds = len(result["seeds"])
+  first = (f"These are {len(mech)} mechanisms × {seeds} pinned noise seed"
+           f"{'s' if seeds > 1 else ''} ({', '.join(map(str, result['seeds']))}) of DP "
+           f"federated training of a small "
+           f"next-word LSTM on the docstring dataset ({settings['total_rounds']} rounds of "
+           f"{settings['clients_per_round']} clients, {schema}, ε ≤ {eps:.3g} at δ = "
+           f"{settings['delta']:g} for every run): TFF's tree aggregator against "
+           f"{', '.join(_label(m) for m in others)}.")
+  initial = (result.get("initial_test_metrics") or {}).get("loss")
+  start = f" (the untrained model scores {initial:.2f})" if initial is not None else ""
+  second = (f"The table leads with test loss (lower is better{start}), the metric the "
+            "conclusion is drawn on, as mean ± std over the seeds and as the paired per-seed "
+            f"difference to the tree with its {int(CONFIDENCE * 100)}% t-interval.")
+  parts = []
+  for m in others:
+    d = mech[m]["loss"]["vs_baseline"]
+    low, high = d["interval"]
+    if d["verdict"] == "better":
+      parts.append(f"{_label(m)} beats the tree on test loss by {-d['mean']:.3f} ± "
+                   f"{d['std']:.3f} nats, beyond the seeds' spread (interval "
+                   f"[{low:+.3f}, {high:+.3f}] excludes 0)")
+    elif d["verdict"] == "worse":
+      parts.append(f"{_label(m)} loses to the tree on test loss by {d['mean']:.3f} ± "
+                   f"{d['std']:.3f} nats (interval [{low:+.3f}, {high:+.3f}] excludes 0)")
+    elif d["verdict"] == "undecided":
+      parts.append(f"{_label(m)} cannot be compared with the tree beyond the seeds' spread "
+                   f"from {len(d['per_seed'])} seed (difference {d['mean']:+.3f} nats)")
+    else:
+      parts.append(f"{_label(m)} does NOT beat the tree beyond the seeds' spread on test loss "
+                   f"(difference {d['mean']:+.3f} ± {d['std']:.3f} nats, interval "
+                   f"[{_fmt(low, '+.3f')}, {_fmt(high, '+.3f')}] includes 0)")
+  third = "; ".join(parts) + "."
+  return f"{first} {second} {third[0].upper()}{third[1:]}"
+
+
+def _main_table(result: dict) -> List[str]:
+  mech, baseline = result["mechanisms"], result["baseline"]
+  lines = ["| mechanism | **test loss** (mean ± std) | paired Δ loss vs tree (mean ± std; "
+           f"{int(CONFIDENCE * 100)}% interval) | test accuracy, all tokens | "
+           "test accuracy, no OOV/EOS | ε (analysis) | z | sensitivity | wall s / run |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  for name, e in mech.items():
+    if name == baseline:
+      delta = "baseline"
+    else:
+      d = e["loss"]["vs_baseline"]
+      low, high = d["interval"]
+      delta = (f"{d['mean']:+.4f} ± {d['std']:.4f} ([{_fmt(low, '+.4f')}, "
+               f"{_fmt(high, '+.4f')}]; {d['verdict']}, {d['better_for_seeds']}/"
+               f"{len(d['per_seed'])} seeds)")
+    eps = max(x for x in e["epsilon"]) if all(x is not None for x in e["epsilon"]) else None
+    lines.append(
+        f"| {e['label']} | **{e['loss']['mean']:.4f} ± {e['loss']['std']:.4f}** | {delta} | "
+        f"{e['accuracy']['mean']:.4f} ± {e['accuracy']['std']:.4f} | "
+        f"{e['accuracy_no_oov_no_eos']['mean']:.4f} ± {e['accuracy_no_oov_no_eos']['std']:.4f}"
+        f" | {_fmt(eps, '.3g')} ({e['analysis']}) | {_fmt(e['noise_multiplier'], '.4g')} | "
+        f"{_fmt(e['sensitivity'], '.4g')} | {np.mean(e['wall_seconds']):.0f} |")
+  return lines
+
+
+def _seed_table(result: dict) -> List[str]:
+  seeds = result["seeds"]
+  lines = ["| mechanism | " + " | ".join(f"seed {s}: test loss" for s in seeds) + " |",
+           "| --- | " + " | ".join("---" for _ in seeds) + " |"]
+  for e in result["mechanisms"].values():
+    lines.append(f"| {e['label']} | " + " | ".join(f"{v:.4f}" for v in e["loss"]["per_seed"])
+                 + " |")
+  return lines
+
+
+def markdown(result: dict, settings: dict) -> str:
+  """results.md: three sentences, the leading table, the per-seed table, how to read it."""
+  c = result["conclusion"]
+  verdict = ("MF wins on the leading metric." if c["mf_wins"] else
+             "MF does NOT win on the leading metric beyond the seeds' spread.")
+  seeds = len(result["seeds"])
+  lines = [f"# Main job: {settings['title']}", "", _sentences(result, settings), "",
+           f"**Conclusion (test loss, {seeds} seed{'s' if seeds > 1 else ''}): {verdict}**", "",
+           *_main_table(result), "", *_seed_table(result), "",
+           "![validation loss and accuracy (mean ± std over seeds), final test loss]"
+           "(training.png)", "", "## How to read this", "", *settings["notes"], ""]
+  return "\n".join(lines)
+
+
+def read_curve(metrics_csv: str, metric: str) -> Dict[int, float]:
+  """{round: validation ``metric``} of a run's metrics.csv."""
+  points = {}
+  with open(metrics_csv, newline="", encoding="utf-8") as f:
+    for row in csv.DictReader(f):
+      value = row.get(f"validation_{metric}", "")
+      if value not in ("", None):
+        points[int(row["round"])] = float(value)
+  return points
+
+
+def plot(result: dict, curves: Dict[str, Dict[str, List[Dict[int, float]]]], path: str,
+         title: str) -> str:
+  """training.png: validation loss and accuracy (mean ± std shaded), final test loss bars."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+  for ax, (metric, label) in zip(axes[:2], (("loss", "validation loss (nats/token)"),
+                                            ("accuracy", "validation accuracy, all tokens"))):
+    for name, per_seed in curves[metric].items():
+      rounds = sorted(set.intersection(*[set(c) for c in per_seed]))
+      if not rounds:
+        continue
+      values = np.array([[c[r] for r in rounds] for c in per_seed])
+      mean = values.mean(axis=0)
+      std = values.std(axis=0, ddof=1) if len(per_seed) > 1 else np.zeros_like(mean)
+      line, = ax.plot(rounds, mean, marker="o", markersize=3, label=_label(name))
+      ax.fill_between(rounds, np.maximum(mean - std, 0.0), mean + std,
+                      color=line.get_color(), alpha=0.25)
+    initial = (result.get("initial_test_metrics") or {}).get(metric)
+    if initial is not None:
+      ax.axhline(initial, color="gray", linestyle="--", linewidth=1,
+                 label=f"untrained model ({initial:.3g}, test)")
+    ax.set_xlabel("round")
+    ax.set_ylabel(label)
+    ax.grid(alpha=0.3)
+    ax.legend(title=f"mean ± std, {len(result['seeds'])} seeds")
+  ax = axes[2]
+  names = list(result["mechanisms"])
+  means = np.array([result["mechanisms"][m]["loss"]["mean"] for m in names])
+  stds = np.array([result["mechanisms"][m]["loss"]["std"] for m in names])
+  x = np.arange(len(names))
+  ax.bar(x, means, color=[f"C{i}" for i in range(len(names))], alpha=0.7)
+  ax.errorbar(x, means, yerr=[np.minimum(stds, means), stds], fmt="none", ecolor="black",
+              capsize=6)
+  for i, m in enumerate(names):
+    seeds = result["mechanisms"][m]["loss"]["per_seed"]
+    ax.plot([i] * len(seeds), seeds, "k.", markersize=6)
+  initial = (result.get("initial_test_metrics") or {}).get("loss")
+  if initial is not None:
+    ax.axhline(initial, color="gray", linestyle="--", linewidth=1, label="untrained model")
+    ax.legend(loc="lower right")
+  ax.set_xticks(x, [_label(m) for m in names], rotation=10)
+  ax.set_ylabel("final test loss (nats/token), mean ± std")
+  ax.set_ylim(bottom=0.0)
+  ax.grid(alpha=0.3, axis="y")
+  fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def write_results(output_dir: str, result: dict, settings: dict, curves: dict) -> str:
+  """results.json, results.md, training.png; returns the markdown."""
+  text = markdown(result, settings)
+  plot(result, curves, os.path.join(output_dir, "training.png"), settings["title"])
+  with open(os.path.join(output_dir, "results.md"), "w", encoding="utf-8") as f:
+    f.write(text)
+  with open(os.path.join(output_dir, "results.json"), "w", encoding="utf-8") as f:
+    json.dump(dict(result, settings={k: v for k, v in settings.items() if k != "notes"}),
+              f, indent=2, sort_keys=True)
+  return text
