@@ -71,7 +71,7 @@ def assert_covariance(samples: np.ndarray, cov: np.ndarray, alpha: float,
 
 
 def gaussian_delta(multiplier: float, eps: float) -> float:
-  """δ(ε) of the Gaussian mechanism with noise std = multiplier × sensitivity (Balle-Wang Thm 8)."""
+  """δ(ε) of the Gaussian mechanism, noise std = multiplier × sensitivity (Balle-Wang Thm 8)."""
   mu = 1.0 / multiplier
   return float(scipy.stats.norm.cdf(-eps / mu + mu / 2.0)
                - math.exp(eps) * scipy.stats.norm.cdf(-eps / mu - mu / 2.0))

@@ -161,7 +161,8 @@ def _cov(b, sigma_over_k):
 
 def _alternatives(b, scale, others):
   """The stated covariance with the noise std 5% off, and other mechanisms' covariances."""
-  out = {"noise std 5% smaller": _cov(b, 0.95 * scale), "noise std 5% larger": _cov(b, 1.05 * scale)}
+  out = {"noise std 5% smaller": _cov(b, 0.95 * scale),
+         "noise std 5% larger": _cov(b, 1.05 * scale)}
   out.update({name: _cov(other, scale) for name, other in others.items()})
   return out
 
