@@ -11,8 +11,8 @@ each, the rejection rate at α = 0.001 was 0.0009–0.0013 for n = 8 and k = 200
 
 ``gaussian_epsilon`` is the analytic ε(δ) of one Gaussian mechanism (Balle & Wang
 2018, "Improving the Gaussian Mechanism for Differential Privacy", ICML,
-arXiv:1805.06530, Thm 8), computed here with scipy's normal CDF and a root finder,
-independently of ``tff_mf.accounting``.
+arXiv:1805.06530, Thm 8): its forward formula δ(ε) in 50-digit mpmath arithmetic,
+inverted by bisection, independently of ``tff_mf.accounting``.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import math
 from typing import Dict, Tuple
 
 import numpy as np
+import mpmath
 import scipy.linalg
-import scipy.optimize
 import scipy.stats
 
 
@@ -70,19 +70,31 @@ def assert_covariance(samples: np.ndarray, cov: np.ndarray, alpha: float,
   return out
 
 
-def gaussian_delta(multiplier: float, eps: float) -> float:
-  """δ(ε) of the Gaussian mechanism, noise std = multiplier × sensitivity (Balle-Wang Thm 8)."""
-  mu = 1.0 / multiplier
-  return float(scipy.stats.norm.cdf(-eps / mu + mu / 2.0)
-               - math.exp(eps) * scipy.stats.norm.cdf(-eps / mu - mu / 2.0))
+def gaussian_delta(multiplier: float, eps: float):
+  """δ(ε) of the Gaussian mechanism, noise std = multiplier × sensitivity (Balle & Wang
+  Thm 8), in 50-digit arithmetic (an mpmath number)."""
+  with mpmath.workdps(50):
+    m, e = mpmath.mpf(multiplier), mpmath.mpf(eps)
+    a = 1 / (2 * m)
+    return mpmath.ncdf(a - e * m) - mpmath.exp(e) * mpmath.ncdf(-a - e * m)
 
 
 def gaussian_epsilon(multiplier: float, delta: float) -> float:
-  """The smallest ε with δ(ε) ≤ delta (δ(ε) is decreasing in ε), to 1e-12 relative."""
-  if gaussian_delta(multiplier, 0.0) <= delta:
-    return 0.0
-  hi = 1.0
-  while gaussian_delta(multiplier, hi) > delta:
-    hi *= 2.0
-  return float(scipy.optimize.brentq(lambda e: gaussian_delta(multiplier, e) - delta, 0.0, hi,
-                                     xtol=1e-14, rtol=1e-12))
+  """The smallest ε with δ(ε) ≤ delta, by 50-digit bisection on the forward formula
+  (δ(ε) is decreasing); the upper end of the final bracket, so never below the true ε.
+  Huge ε (tiny multipliers) are fine: nothing overflows at 50 digits."""
+  with mpmath.workdps(50):
+    if gaussian_delta(multiplier, 0) <= delta:
+      return 0.0
+    lo, hi = mpmath.mpf(0), mpmath.mpf(1)
+    while gaussian_delta(multiplier, hi) > delta:
+      lo, hi = hi, hi * 2
+    for _ in range(200):
+      if hi - lo <= hi * mpmath.mpf(10) ** -17:
+        break
+      mid = (lo + hi) / 2
+      if gaussian_delta(multiplier, mid) > delta:
+        lo = mid
+      else:
+        hi = mid
+    return float(hi)
