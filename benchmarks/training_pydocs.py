@@ -10,6 +10,11 @@ rounds). The tree is the baseline measured in the same run (Denisov Sec 5,
 Fig 2: optimal MF should beat it at equal ε).
 
   nice .venv/bin/python benchmarks/training_pydocs.py --seeds 0 1 2 --out out/bench_training
+  .venv/bin/python benchmarks/training_pydocs.py --smoke --out /tmp/x \
+      --results_md /tmp/x/training.md   # synthetic data, 2 rounds, one seed (a minute)
+
+The section's command states every setting it ran with (rounds, clients, ε), so it
+reproduces the section whatever the main job's defaults are.
 
 Seeds whose ``<out>/seed<k>/results.json`` already exists with the same
 settings are reused (the runs also resume from checkpoints).
@@ -59,11 +64,20 @@ def main(argv=None):
   parser.add_argument("--target_epsilon", type=float, default=None)
   parser.add_argument("--results_md", default=os.path.join(REPO, "benchmarks", "results",
                                                            "training.md"))
+  parser.add_argument("--smoke", action="store_true",
+                      help="synthetic data, 2 rounds x 2 clients, seed 0 only: checks that the "
+                      "script runs")
   args = parser.parse_args(argv)
   from training import main_job  # pylint: disable=g-import-not-at-top
-  settings = {k: v for k, v in (("total_rounds", args.total_rounds),
-                                ("clients_per_round", args.clients_per_round),
-                                ("target_epsilon", args.target_epsilon)) if v is not None}
+  settings = {k: v if v is not None else main_job.MAIN_JOB_DEFAULTS[k]
+              for k, v in (("total_rounds", args.total_rounds),
+                           ("clients_per_round", args.clients_per_round),
+                           ("target_epsilon", args.target_epsilon))}
+  if args.smoke:
+    args.seeds = [0]
+    settings.update(total_rounds=2, clients_per_round=2, dataset="synthetic", vocab_size=100,
+                    rounds_per_eval=1, rounds_per_checkpoint=1, max_validation_elements=32,
+                    max_test_elements=32)
   start = time.perf_counter()
   per_seed = {s: run_seed(args.out, s, args.cache_dir, args.data_dir, settings)
               for s in args.seeds}
@@ -92,11 +106,13 @@ def main(argv=None):
   lines = [
       "## Training: tree vs optimal matrix factorization at equal ε (docstring dataset)",
       "",
-      f"Command: `nice .venv/bin/python benchmarks/training_pydocs.py --seeds "
-      f"{' '.join(map(str, args.seeds))}"
-      f"{''.join(f' --{k} {v}' for k, v in settings.items())}`  ",
+      f"Command: `nice .venv/bin/python benchmarks/training_pydocs.py "
+      + ("--smoke" if args.smoke else f"--seeds {' '.join(map(str, args.seeds))}"
+         + "".join(f" --{k} {v:g}" for k, v in settings.items()))
+      + "`  ",
       f"Machine: {MACHINE} (shared with other jobs while it ran; wall times are indicative).  ",
-      f"Setup: pydocs (docstrings of the installed packages), vocabulary {merged['vocab_size']}, "
+      f"Setup: {merged['dataset']} (pydocs: docstrings of the installed packages), vocabulary "
+      f"{merged['vocab_size']}, "
       f"LSTM {merged['embedding_size']}/{merged['lstm_size']}/{merged['projection_size']}, "
       f"{merged['total_rounds']} single-pass rounds × {merged['clients_per_round']} clients, "
       f"clip ζ = {merged['clip_norm']}, client lr {merged['client_lr']}, server lr "
