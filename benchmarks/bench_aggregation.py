@@ -260,6 +260,7 @@ def write_results(args, n, d, results, losses, infos, window, load_after_rounds)
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.ticker  # pylint: disable=g-import-not-at-top
   os.makedirs(args.out, exist_ok=True)
   rounds = sorted(set(args.rounds) | set(args.dense_rounds))
   command = " ".join(["benchmarks/bench_aggregation.py"] + (
@@ -360,17 +361,22 @@ def write_results(args, n, d, results, losses, infos, window, load_after_rounds)
                "sqrt_loss": losses, "mechanisms": infos, "d": d, "n": n,
                "load": [LOAD_AT_START, load_after_rounds],
                "window": window}, fh, indent=1, default=float)
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  for name in MECHS:
-    xs = [x for x in rounds if (name, x) in results]
-    ax.plot(xs, [results[(name, x)]["seconds"] * 1e3 for x in xs], marker="o", label=name)
-  ax.set_xscale("log", base=2)
+  fig, ax = plt.subplots(figsize=(7.5, 4.5))
+  # Rounds as categories (1 and 2048 are far apart, 2047 and 2048 adjacent on any scale).
+  for k, name in enumerate(MECHS):
+    pos = [i + (k - (len(MECHS) - 1) / 2) * 0.1 for i, x in enumerate(rounds)
+           if (name, x) in results]
+    ax.plot(pos, [results[(name, x)]["seconds"] * 1e3 for x in rounds if (name, x) in results],
+            marker="o", linestyle=":", label=name)
+  ax.set_xticks(range(len(rounds)))
+  ax.set_xticklabels([str(x) for x in rounds])
   ax.set_yscale("log")
+  ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
   ax.set_xlabel("round")
-  ax.set_ylabel("ms per round (get_noised_result)")
+  ax.set_ylabel("ms per round (get_noised_result, wall)")
+  ax.grid(True, axis="y", which="both", alpha=0.3)
   ax.set_title(f"DP aggregation cost, d = {d:,}, n = {n}")
-  ax.grid(True, which="both", alpha=0.3)
-  ax.legend(fontsize=8)
+  ax.legend(fontsize=8, ncol=2)
   fig.tight_layout()
   fig.savefig(os.path.join(args.out, "aggregation.png"), dpi=120)
   plt.close(fig)

@@ -182,3 +182,33 @@ def test_classify_rule():
   assert summarize.classify({**ok, "test_metrics": {"loss": math.inf,
                                                     "accuracy_no_oov_no_eos": 0.2}}) == "diverged"
   assert summarize.classify(ok, min_val_accuracy=0.5) == "diverged"
+
+
+def test_error_bars_never_go_below_zero(tmp_path, monkeypatch):
+  """A mean of 0.5% with a 2% std: the lower bar stops at 0 (accuracy is never negative), in
+  both figures, and neither axis shows negative accuracy."""
+  assert summarize._error_bars([0.5, 20.0], [2.0, 1.0]) == [[0.5, 1.0], [2.0, 1.0]]  # pylint: disable=protected-access
+  root = tmp_path / "runs"
+  k = 0
+  for mechanism, z, schedule, tests in (
+      ("honaker_online", 5.456, "constant", (0.0, 0.0, 0.015)),
+      ("honaker_online", 0.341, "constant", (0.20, 0.21, 0.22)),
+      ("opt_momentum", 0.341, "cooldown", (0.0, 0.001, 0.03))):
+    for seed, value in enumerate(tests):
+      _write(root, f"run{k:02d}", mechanism=mechanism, z=z, setting=A, seed=seed, val=value,
+             test=value, schedule=schedule)
+      k += 1
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  figures = []
+  monkeypatch.setattr(plt, "close", figures.append)  # keep the figures to inspect them
+  rows = summarize.summarize(summarize.load_summaries(str(root)))
+  assert summarize.plot_fig2(rows, str(tmp_path / "fig2.png"))
+  assert summarize.plot_fig3(rows, str(tmp_path / "fig3.png"))
+  assert len(figures) == 2
+  for fig in figures:
+    ax = fig.axes[0]
+    assert ax.get_ylim()[0] >= 0.0
+    assert not ax.patches  # points with error bars, no bars on a truncated axis
+    segments = [seg for coll in ax.collections for seg in coll.get_segments()]
+    assert segments  # the error bars were drawn
+    assert min(float(seg[:, 1].min()) for seg in segments) >= 0.0
