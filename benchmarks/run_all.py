@@ -34,7 +34,7 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
     ("structured", "structured_cache.md", (("benchmarks/structured_cache.py", "--full"),)),
     ("aggregation", "aggregation.md", (
         ("benchmarks/bench_aggregation.py", "--rounds", "1", "256", "1024", "2047", "2048",
-         "--dense-rounds", "1", "256", "1024", "2048", "--reps", "7", "--dense-reps", "1",
+         "--dense-rounds", "1", "256", "1024", "2048", "--reps", "15", "--dense-reps", "1",
          "--window", "64"),)),
     ("mmcc", "mmcc.md", (("benchmarks/bench_mmcc.py", "fig2"),
                          ("benchmarks/bench_mmcc.py", "fig2", "--c", "4", "8", "--max-log2", "8",
