@@ -378,6 +378,7 @@ def write_plot(figure, path):
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.ticker  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(6.5, 4.5))
   for (label, values), marker in zip(figure["curves"].items(), "osD^v"):
     ax.plot(figure["k"], values, marker=marker, label=label)
@@ -385,6 +386,10 @@ def write_plot(figure, path):
   ax.set_yscale("log")
   ax.set_xticks(figure["k"])
   ax.set_xticklabels([str(k) for k in figure["k"]])
+  plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+  ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
+  ax.yaxis.set_major_formatter(plain)
+  ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
   ax.set_xlabel("participations k (k epochs of n/k rounds)")
   ax.set_ylabel("rmse = sens·‖B‖_F/√n (prefix sums)")
   ax.set_title(f"Prefix sums, n = {figure['n']}: error vs participations")
@@ -511,7 +516,13 @@ def main(argv=None):
                       help="n of the figure (256; 32 with --smoke)")
   parser.add_argument("--out-dir", default=RESULTS)
   parser.add_argument("--name", default="multi_participation")
+  parser.add_argument("--plot-only", action="store_true",
+                      help="redraw <out-dir>/<name>.png from the run's <name>.json (no run)")
   args = parser.parse_args(argv)
+  if args.plot_only:
+    with open(os.path.join(args.out_dir, f"{args.name}.json"), encoding="utf-8") as f:
+      write_plot(json.load(f)["figure"], os.path.join(args.out_dir, f"{args.name}.png"))
+    return
   if args.figure_n is None:
     args.figure_n = 32 if args.smoke else 256
   if args.peer_budget is None:
