@@ -128,24 +128,45 @@ def part_hit_latency(cache_dir, cases, repeats=5):
 
 
 def write_png(rows, path):
+  """Left: √L against n (log-log, plain ticks); right: each strategy's √L / the optimum's,
+  where the structured fit and the paper's Efficient column are distinguishable."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(7, 4.5))
+  import matplotlib.ticker  # pylint: disable=g-import-not-at-top
+  fig, (ax, ratio_ax) = plt.subplots(1, 2, figsize=(11, 4.5))
   ns = [row["n"] for row in rows]
-  for key, label, marker in (("honaker_online", "Honaker online (tree)", "o"),
-                             ("structured", "structured h+r=log₂n (ours)", "s"),
-                             ("paper_efficient", "Efficient (paper: McMahan Table 1)", "x"),
-                             ("optimal", "optimal (ours)", "^")):
-    pts = [(row["n"], row[key]) for row in rows if row[key] is not None]
-    if pts:
-      ax.plot(*zip(*pts), marker=marker, label=label)
-  ax.set_xscale("log", base=2)
-  ax.set_xlabel("n")
-  ax.set_ylabel("√L")
-  ax.set_title("Prefix sums: structured banded + low-rank vs optimal and tree")
-  ax.grid(alpha=0.3)
-  ax.legend()
+  curves = (("honaker_online", "optimal", "Honaker online (tree)", "o", "C0"),
+            ("structured", "optimal", "structured, h + r = ⌈log₂ n⌉ (ours)", "s", "C1"),
+            ("paper_efficient", "paper_optimal", "Efficient (paper: McMahan Table 1)", "x", "C2"),
+            ("optimal", "optimal", "optimal (ours)", "^", "C3"))
+  for key, base, label, marker, color in curves:
+    pts = [(row["n"], row[key], row[key] / row[base]) for row in rows
+           if row[key] is not None and row[base] is not None]
+    if not pts:
+      continue
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=color, label=label)
+    if key != "honaker_online":
+      ratio_ax.plot([p[0] for p in pts], [p[2] for p in pts], marker=marker, color=color,
+                    label=label)
+  plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+  for a in (ax, ratio_ax):
+    a.set_xscale("log", base=2)
+    a.set_xticks(ns)
+    a.xaxis.set_major_formatter(plain)
+    a.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    a.set_xlabel("n (rounds)")
+    a.grid(alpha=0.3)
+  ax.set_yscale("log")
+  ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
+  ax.yaxis.set_major_formatter(plain)
+  ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+  ax.set_ylabel("√L (log scale)")
+  ax.set_title("Prefix sums: √L")
+  ax.legend(fontsize=8)
+  ratio_ax.set_ylabel("√L / √L of the optimum (paper: / paper optimum)")
+  ratio_ax.set_title("Relative to the optimum")
+  ratio_ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
