@@ -17,10 +17,14 @@ Parts (each writes ``benchmarks/results/mmcc_<part>.json`` and, with
   ε, with and without amplification), each in its own process: wall time, peak
   resident memory, and the answer (a number, "inf", or the one-line error).
 
+- ``smoke``: tiny versions of fig2, fig4, speed and edges, then ``report`` (seconds; with
+  ``--results-dir`` elsewhere, a check that the script runs).
+
 Run heavy parts with ``nice``:
   nice .venv/bin/python benchmarks/bench_mmcc.py fig2
   nice .venv/bin/python benchmarks/bench_mmcc.py fig4
   nice .venv/bin/python benchmarks/bench_mmcc.py speed
+  nice .venv/bin/python benchmarks/bench_mmcc.py fig2 --c 4 8 --max-log2 8 --out fig2_small_c
   nice .venv/bin/python benchmarks/bench_mmcc.py edges
   .venv/bin/python benchmarks/bench_mmcc.py report
 """
@@ -40,7 +44,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+DEFAULT_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+RESULTS = DEFAULT_RESULTS  # set from --results-dir in main()
 MACHINE = "2-core x86_64 CPU, 24 GB, no GPU (shared with other jobs)"
 DELTA = 1e-6
 
@@ -77,7 +82,7 @@ def run_fig2(args):
 
 
 def run_fig4(args):
-  n, h, p = 512, 4, 1.0 / 16
+  n, h, p = args.n, 4, 1.0 / 16
   b = 1 << (h - 1)
   c = mmcc.tree_restart_matrix(n, h)
   rows = []
@@ -211,7 +216,7 @@ def run_edges(args):
   env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.path.expanduser("~"),
          "LANG": "C.UTF-8"}
   rows = []
-  for label, argv in EDGE_CASES:
+  for label, argv in EDGE_CASES[:args.max_cases]:
     cmd = ["account"] + argv + ["--delta", "1e-6", "--json", "--workers", str(args.workers)]
     if "--amplification" not in argv:
       cmd = cmd[:-2]
@@ -287,7 +292,7 @@ def run_report(args):
     lines.append("")
   fig4 = _load("fig4")
   if fig4:
-    lines += ["### Sec 6.3 / Fig 4: TreeRestart n = 512, p = 1/16, h = 4 (b = 8)", "",
+    lines += [f"### Sec 6.3 / Fig 4: TreeRestart n = {fig4['n']}, p = 1/16, h = 4 (b = 8)", "",
               "Command: `nice .venv/bin/python benchmarks/bench_mmcc.py fig4`", "",
               "| σ | ε i.i.d. sampling (MMCC) | ε b-min-sep (App D) | i.i.d. lower? | seconds |",
               "|---|---|---|---|---|"]
@@ -310,7 +315,7 @@ def run_report(args):
                 label="b-min-sep sampling (App D)")
     ax.set_xlabel("noise multiplier σ")
     ax.set_ylabel("ε (δ = 1e-6)")
-    ax.set_title("DP-FTRL-TreeRestart, n = 512, p = 1/16, h = 4")
+    ax.set_title(f"DP-FTRL-TreeRestart, n = {fig4['n']}, p = 1/16, h = 4")
     ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(RESULTS, "mmcc_fig4.png"), dpi=120)
@@ -376,6 +381,8 @@ def run_report(args):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--results-dir", default=DEFAULT_RESULTS,
+                      help="where mmcc_<part>.json, mmcc.md and the PNGs go")
   sub = parser.add_subparsers(dest="part", required=True)
   p2 = sub.add_parser("fig2")
   p2.add_argument("--c", type=float, nargs="+", default=[16.0, 32.0, 64.0])
@@ -384,6 +391,7 @@ def main(argv=None):
   p4 = sub.add_parser("fig4")
   p4.add_argument("--sigmas", type=float, nargs="+",
                   default=[4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0])
+  p4.add_argument("--n", type=int, default=512)
   ps = sub.add_parser("speed")
   ps.add_argument("--cases", nargs="+", default=["banded", "tree", "dense"])
   ps.add_argument("--banded-sigmas", type=float, nargs="+", default=[16.0, 4.0])
@@ -394,14 +402,30 @@ def main(argv=None):
   ps.add_argument("--baseline-rows", type=int, default=6)
   pe = sub.add_parser("edges")
   pe.add_argument("--timeout", type=float, default=600.0)
+  pe.add_argument("--max-cases", type=int, default=len(EDGE_CASES))
   sub.add_parser("report")
+  pm = sub.add_parser("smoke")
+  pm.add_argument("--timeout", type=float, default=120.0)
   for p in (p2, p4, ps, pe):
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--progress", action="store_true")
   args = parser.parse_args(argv)
+  global RESULTS
+  RESULTS = args.results_dir
   {"fig2": run_fig2, "fig4": run_fig4, "speed": run_speed, "edges": run_edges,
-   "report": run_report}[args.part](args)
+   "report": run_report, "smoke": run_smoke}[args.part](args)
   return 0
+
+
+def run_smoke(args):
+  """Every part at a tiny size, then the report (into --results-dir)."""
+  ns = argparse.Namespace
+  common = dict(workers=1, progress=False)
+  run_fig2(ns(c=[16.0], max_log2=2, out="fig2", **common))
+  run_fig4(ns(sigmas=[32.0], n=16, **common))
+  run_speed(ns(cases=["tree"], tree_sigmas=[16.0], **common))
+  run_edges(ns(timeout=args.timeout, max_cases=1, **common))
+  run_report(args)
 
 
 if __name__ == "__main__":

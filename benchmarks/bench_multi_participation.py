@@ -11,27 +11,30 @@ n/k rounds (fixed epoch, Choquette-Choo et al. 2023, arXiv:2211.06530). Pairs:
   arXiv:2408.08868): ``tff_mf.families.blt.optimize`` with the number of buffers
   jax_privacy chose, and ``blt.optimize_buffers`` (our own choice), vs jax_privacy
   ``buffered_toeplitz.optimize(n=, min_sep=, max_participations=, error='mean')``;
-- optimal fixed-epoch (``tff_mf.families.dense.solve_fixed_epoch``) vs ``dense.optimize(n,
-  epochs=k)`` and banded (``tff_mf.families.banded``) vs ``banded.optimize(n, bands=b)``,
-  when those tff-mf modules exist (skipped with a note otherwise).
+- optimal fixed-epoch (``tff_mf.families.dense.solve_fixed_epoch``, certified duality gap)
+  vs jax_privacy ``dense.optimize(n, epochs=k)``;
+- banded (``tff_mf.families.banded.optimize``, b bands, unit columns; with b ≤ the
+  separation the min-sep sensitivity is that of single participation times √k, so both
+  optimize the same objective) vs jax_privacy ``banded.optimize(n, bands=b)``.
 
 Every rmse = sens·‖B‖_F/√n and max_error = sens·max_i ‖B[i, :]‖ is computed by tff-mf's
 own evaluation code for both sides: from their C (or its Toeplitz / BLT parameters),
 B = S·C⁻¹ and the sensitivity under the same schema. jax_privacy runs in a separate
 benchmark-only interpreter (``--peer-python``, default /tmp/peer/bin/python, x64 enabled)
-through ``benchmarks/peer_jax_privacy.py``; it is no dependency of tff-mf. Also plots
-rmse against k at fixed n for the binary tree, banded Toeplitz, BLT and the optimal
-fixed-epoch strategy. Writes ``benchmarks/results/multi_participation.{md,png,json}``.
+through ``benchmarks/peer_jax_privacy.py``; it is no dependency of tff-mf. Each pair
+reports the rmse ratio (ours / theirs, target ≤ 1) and the time ratio (theirs / ours, one
+call each). Also plots rmse against k at fixed n for the binary tree, banded Toeplitz,
+BLT, banded and tff-mf's optimal fixed-epoch strategy. Writes
+``benchmarks/results/multi_participation.{md,png,json}``.
 
-  nice -n 10 .venv/bin/python benchmarks/bench_multi_participation.py          # ~20 min
+  nice -n 10 .venv/bin/python benchmarks/bench_multi_participation.py          # about 1 h
   nice -n 10 .venv/bin/python benchmarks/bench_multi_participation.py --quick  # a few min
+  .venv/bin/python benchmarks/bench_multi_participation.py --smoke --out-dir /tmp/x  # seconds
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import inspect
 import json
 import math
 import os
@@ -48,8 +51,11 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 from tff_mf import workloads  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.families import banded  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_mf.families import blt  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.families import dense  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_mf.families import toeplitz  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.families import tree  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 MACHINE = "2-core x86_64 CPU, 24 GB, no GPU (shared with other jobs)"
@@ -119,18 +125,8 @@ def _schema(kind: str, k: int, min_sep: Optional[int] = None) -> Dict[str, Any]:
   return {"kind": kind, "k": k, "min_sep": min_sep}
 
 
-def _tree_module():
-  for name in ("tff_mf.families.tree", "tff_mf.tree"):
-    try:
-      return importlib.import_module(name)
-    except ImportError:
-      continue
-  raise ImportError("no tff_mf tree module")
-
-
 def tree_rmse(n: int, k: int) -> Dict[str, Any]:
   """Binary tree C_T with the streaming Honaker decoder, k epochs of n/k rounds."""
-  tree = _tree_module()
   c = tree.tree_encoder(n)
   b = tree.honaker_online_decoder(n)
   sens = sensitivity_dense(c, _schema("fixed_epoch", k))
@@ -142,50 +138,20 @@ def tree_rmse(n: int, k: int) -> Dict[str, Any]:
 # ----------------------------------------------------------------------------- ours
 
 
-def _optional(module: str, attribute: Optional[str] = None):
-  """The tff-mf module (or its attribute), or None with the reason."""
-  try:
-    mod = importlib.import_module(module)
-  except ImportError as e:
-    return None, f"`{module}` is not in this tree ({e})"
-  if attribute and not hasattr(mod, attribute):
-    return None, f"`{module}.{attribute}` does not exist"
-  return (getattr(mod, attribute) if attribute else mod), None
-
-
-def _call_with_supported(fn, *args, **kwargs):
-  params = inspect.signature(fn).parameters
-  if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-    kwargs = {key: value for key, value in kwargs.items() if key in params}
-  return fn(*args, **kwargs)
-
-
-def ours_fixed_epoch(n: int, k: int):
-  """tff-mf's optimal fixed-epoch C (pluggable: the dense family may not exist yet)."""
-  fn, why = _optional("tff_mf.families.dense", "solve_fixed_epoch")
-  if fn is None:
-    return None, why
+def ours_fixed_epoch(n: int, k: int) -> Dict[str, Any]:
+  """tff-mf's optimal fixed-epoch C (dual fixed point, certified gap 1e-6)."""
   start, cpu = time.perf_counter(), time.process_time()
-  result = _call_with_supported(fn, workloads.prefix_sum(n), epochs=k, k=k)
+  result = dense.solve_fixed_epoch(workloads.prefix_sum(n), k)
   return {"c": np.asarray(result.c), "seconds": time.perf_counter() - start,
-          "cpu_seconds": time.process_time() - cpu}, None
+          "cpu_seconds": time.process_time() - cpu, "detail": f"gap {result.info['relative_gap']:.1e}"}
 
 
-def ours_banded(n: int, bands: int, min_sep: int, k: int):
-  mod, why = _optional("tff_mf.families.banded")
-  if mod is None:
-    return None, why
-  fn = getattr(mod, "optimize", None) or getattr(mod, "solve", None)
-  if fn is None:
-    return None, "`tff_mf.families.banded` has no optimize/solve"
+def ours_banded(n: int, bands: int) -> Dict[str, Any]:
+  """tff-mf's b-banded C with unit columns (L-BFGS on ‖S·C⁻¹‖²_F)."""
   start, cpu = time.perf_counter(), time.process_time()
-  try:
-    result = _call_with_supported(fn, n, bands=bands, min_sep=min_sep, max_participations=k)
-  except TypeError:
-    result = _call_with_supported(fn, workloads.prefix_sum(n), bands=bands, min_sep=min_sep,
-                                  max_participations=k)
+  result = banded.optimize(workloads.prefix_sum(n), bands)
   return {"c": np.asarray(result.c), "seconds": time.perf_counter() - start,
-          "cpu_seconds": time.process_time() - cpu}, None
+          "cpu_seconds": time.process_time() - cpu, "detail": f"{bands} bands"}
 
 
 # ----------------------------------------------------------------------------- peer
@@ -251,35 +217,41 @@ def _row(pair, config, ours, theirs, note=""):
   return out
 
 
+def _settings(args) -> Dict[str, Any]:
+  """Sizes of one run: full, --quick, or --smoke (seconds; a check that the script runs)."""
+  if args.smoke:
+    return {"sizes": [32], "ks": [2], "seps": [8], "fig_ks": [1, 2],
+            "timing_n": 256, "timing_cases": ((16, None, None), (8, 8, 4)),
+            "blt_timing_cases": ((2, None, None), (2, 16, 4))}
+  return {"sizes": [512] if args.quick else [512, 1024], "ks": [4, 8],
+          "seps": [64] if args.quick else [32, 64, 128],
+          "fig_ks": [1, 2, 4, 8] if args.quick else [1, 2, 4, 8, 16],
+          "timing_n": 10_000,
+          "timing_cases": ((16, None, None), (64, None, None), (64, 64, 16), (64, 32, 32)),
+          "blt_timing_cases": ((4, None, None), (8, None, None), (4, 625, 16), (8, 625, 16))}
+
+
 def run(args) -> Dict[str, Any]:
-  sizes = [512] if args.quick else [512, 1024]
-  ks = [4, 8]
-  seps = [64] if args.quick else [32, 64, 128]
-  dense_ok = _optional("tff_mf.families.dense", "solve_fixed_epoch")[0] is not None
-  banded_ok = _optional("tff_mf.families.banded")[0] is not None
+  settings = _settings(args)
+  sizes, ks, seps, fig_ks = (settings["sizes"], settings["ks"], settings["seps"],
+                             settings["fig_ks"])
   fig_n = args.figure_n
-  fig_ks = [1, 2, 4, 8] if args.quick else [1, 2, 4, 8, 16]
   # Peer tasks in priority order (a run stopped at its budget keeps the first ones).
   tasks: List[Dict[str, Any]] = []
   for n in sizes:
     for b in seps:
       tasks.append({"id": f"toep_n{n}_b{b}", "kind": "banded_toeplitz", "n": n, "bands": b})
-  if not dense_ok and args.peer_optimal_in_figure:
-    for k in fig_ks:
-      tasks.append({"id": f"figdense_n{fig_n}_k{k}", "kind": "dense", "n": fig_n, "epochs": k})
   for n in sizes:
     for b in seps:
       for k in ks:
         tasks.append({"id": f"blt_n{n}_b{b}_k{k}", "kind": "blt", "n": n, "min_sep": b,
                       "max_participations": k, "error": "mean"})
-  if dense_ok:
-    for n in sizes:
-      for k in ks:
-        tasks.append({"id": f"dense_n{n}_k{k}", "kind": "dense", "n": n, "epochs": k})
-  if banded_ok:
-    for n in sizes:
-      for b in seps:
-        tasks.append({"id": f"banded_n{n}_b{b}", "kind": "banded", "n": n, "bands": b})
+  for n in sizes:
+    for k in ks:
+      tasks.append({"id": f"dense_n{n}_k{k}", "kind": "dense", "n": n, "epochs": k})
+  for n in sizes:
+    for b in seps:
+      tasks.append({"id": f"banded_n{n}_b{b}", "kind": "banded", "n": n, "bands": b})
   if args.no_peer:
     arrays, peer_meta, peer_note = {}, {}, "peer not run (--no-peer)"
   else:
@@ -295,10 +267,17 @@ def run(args) -> Dict[str, Any]:
     return {key.split("/", 1)[1]: value for key, value in arrays.items()
             if key.startswith(task_id + "/")}, (meta["seconds"], meta["cpu_seconds"])
 
+  def dense_side(c, seconds, cpu_seconds, schema, detail):
+    return dict(evaluate_dense(c, schema), seconds=seconds, cpu_seconds=cpu_seconds,
+                detail=detail)
+
   rows = []
   for n in sizes:
     for b in seps:
       their_toep, t_toep = theirs(f"toep_n{n}_b{b}")
+      mine_banded = ours_banded(n, b)
+      _log(f"banded n={n} b={b}: ours {mine_banded['seconds']:.1f} s")
+      their_banded, t_banded = theirs(f"banded_n{n}_b{b}")
       for k in ks:
         config = {"n": n, "k": k, "min_sep": b,
                   "k_effective": toeplitz.participations(n, b, k)[1]}
@@ -335,44 +314,39 @@ def run(args) -> Dict[str, Any]:
         _log(f"blt n={n} b={b} k={k}: ours {same['rmse']:.4f} / auto {auto['rmse']:.4f}"
              + (f", theirs {other['rmse']:.4f} ({m_theirs} buffers)" if other else ""))
 
-        if banded_ok:
-          mine, why = ours_banded(n, b, b, k)
-          their_banded, t_banded = theirs(f"banded_n{n}_b{b}")
-          schema = _schema("min_sep", k, b)
-          ours_row = dict(evaluate_dense(mine["c"], schema), seconds=mine["seconds"],
-                          cpu_seconds=mine["cpu_seconds"]) if mine else None
-          other = dict(evaluate_dense(their_banded["c"], schema), seconds=t_banded[0],
-                       cpu_seconds=t_banded[1]) if their_banded is not None else None
-          rows.append(_row("banded", config, ours_row, other, why or ""))
+        schema = _schema("min_sep", k, b)
+        ours_row = dense_side(mine_banded["c"], mine_banded["seconds"],
+                              mine_banded["cpu_seconds"], schema, mine_banded["detail"])
+        other = (dense_side(their_banded["c"], t_banded[0], t_banded[1], schema,
+                            f"{b} bands") if their_banded is not None else None)
+        rows.append(_row("banded", config, ours_row, other,
+                         "" if other else f"jax_privacy: {t_banded}"))
     for k in ks:
       config = {"n": n, "k": k, "min_sep": n // k, "k_effective": k}
-      if not dense_ok:
-        rows.append(_row("optimal fixed-epoch", config, None, None,
-                         _optional("tff_mf.families.dense", "solve_fixed_epoch")[1]))
-        continue
-      mine, why = ours_fixed_epoch(n, k)
+      mine = ours_fixed_epoch(n, k)
+      _log(f"fixed epoch n={n} k={k}: ours {mine['seconds']:.1f} s")
       their_dense, t_dense = theirs(f"dense_n{n}_k{k}")
       schema = _schema("fixed_epoch", k)
-      ours_row = dict(evaluate_dense(mine["c"], schema), seconds=mine["seconds"],
-                      cpu_seconds=mine["cpu_seconds"]) if mine else None
-      other = dict(evaluate_dense(their_dense["c"], schema), seconds=t_dense[0],
-                   cpu_seconds=t_dense[1]) if their_dense is not None else None
-      rows.append(_row("optimal fixed-epoch", config, ours_row, other, why or ""))
+      ours_row = dense_side(mine["c"], mine["seconds"], mine["cpu_seconds"], schema,
+                            mine["detail"])
+      other = (dense_side(their_dense["c"], t_dense[0], t_dense[1], schema,
+                          "dense.optimize") if their_dense is not None else None)
+      rows.append(_row("optimal fixed-epoch", config, ours_row, other,
+                       "" if other else f"jax_privacy: {t_dense}"))
 
   timings = []
-  for n, size, min_sep, k in ((10_000, 16, None, None), (10_000, 64, None, None),
-                              (10_000, 64, 64, 16), (10_000, 64, 32, 32)):
+  tn = settings["timing_n"]
+  for size, min_sep, k in settings["timing_cases"]:
     cpu = time.process_time()
-    info = toeplitz.optimize(n, size, min_sep=min_sep, max_participations=k, dense=False).info
-    timings.append({"family": "banded Toeplitz", "n": n, "size": f"{size} bands",
+    info = toeplitz.optimize(tn, size, min_sep=min_sep, max_participations=k, dense=False).info
+    timings.append({"family": "banded Toeplitz", "n": tn, "size": f"{size} bands",
                     "min_sep": min_sep, "k": info["max_participations"], "rmse": info["rmse"],
                     "seconds": info["seconds"], "cpu_seconds": time.process_time() - cpu,
                     "iterations": info["iterations"], "converged": info["converged"]})
-  for n, size, min_sep, k in ((10_000, 4, None, None), (10_000, 8, None, None),
-                              (10_000, 4, 625, 16), (10_000, 8, 625, 16)):
+  for size, min_sep, k in settings["blt_timing_cases"]:
     cpu = time.process_time()
-    info = blt.optimize(n, size, min_sep=min_sep, max_participations=k, dense=False).info
-    timings.append({"family": "BLT (4 starts)", "n": n, "size": f"{size} buffers",
+    info = blt.optimize(tn, size, min_sep=min_sep, max_participations=k, dense=False).info
+    timings.append({"family": "BLT (4 starts)", "n": tn, "size": f"{size} buffers",
                     "min_sep": min_sep, "k": info["max_participations"], "rmse": info["rmse"],
                     "seconds": info["seconds"], "cpu_seconds": time.process_time() - cpu,
                     "iterations": info["iterations"], "converged": info["converged"]})
@@ -390,24 +364,11 @@ def run(args) -> Dict[str, Any]:
     curves.setdefault("BLT", []).append(
         blt.optimize_buffers(fig_n, min_sep=sep, max_participations=k,
                              dense=False).info["rmse"])
-    if banded_ok:
-      mine, _ = ours_banded(fig_n, sep, sep, k)
-      if mine:
-        curves.setdefault("banded (tff_mf.families.banded)", []).append(
-            evaluate_dense(mine["c"], _schema("min_sep", k, sep))["rmse"])
-    if dense_ok:
-      mine, _ = ours_fixed_epoch(fig_n, k)
-      curves.setdefault("optimal fixed-epoch", []).append(
-          evaluate_dense(mine["c"], _schema("fixed_epoch", k))["rmse"])
-    else:
-      their_dense, _ = theirs(f"figdense_n{fig_n}_k{k}")
-      if their_dense is not None:
-        curves.setdefault("optimal fixed-epoch (jax_privacy)", []).append(
-            evaluate_dense(their_dense["c"], _schema("fixed_epoch", k))["rmse"])
-  curves = {key: value for key, value in curves.items() if len(value) == len(fig_ks)}
-  figure["curves"] = curves
-  return {"rows": rows, "figure": figure, "timings": timings, "peer": peer_note,
-          "dense_available": dense_ok, "banded_available": banded_ok}
+    curves.setdefault("banded, b = n/k", []).append(
+        evaluate_dense(ours_banded(fig_n, sep)["c"], _schema("min_sep", k, sep))["rmse"])
+    curves.setdefault("optimal fixed-epoch (tff-mf)", []).append(
+        evaluate_dense(ours_fixed_epoch(fig_n, k)["c"], _schema("fixed_epoch", k))["rmse"])
+  return {"rows": rows, "figure": figure, "timings": timings, "peer": peer_note}
 
 
 # ----------------------------------------------------------------------------- output
@@ -417,6 +378,7 @@ def write_plot(figure, path):
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.ticker  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(6.5, 4.5))
   for (label, values), marker in zip(figure["curves"].items(), "osD^v"):
     ax.plot(figure["k"], values, marker=marker, label=label)
@@ -424,6 +386,10 @@ def write_plot(figure, path):
   ax.set_yscale("log")
   ax.set_xticks(figure["k"])
   ax.set_xticklabels([str(k) for k in figure["k"]])
+  plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+  ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
+  ax.yaxis.set_major_formatter(plain)
+  ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
   ax.set_xlabel("participations k (k epochs of n/k rounds)")
   ax.set_ylabel("rmse = sens·‖B‖_F/√n (prefix sums)")
   ax.set_title(f"Prefix sums, n = {figure['n']}: error vs participations")
@@ -459,15 +425,22 @@ def write_markdown(result, path, png_name, command, load_before, load_after, tot
             f"{result['peer']}, x64, CPU). Load average (1 min) at start / end: "
             f"{load_before:.1f} / {load_after:.1f}. Total run: {total_seconds / 60:.1f} min.", ""]
   lines += ["Workload: prefix sums S. Schema: k participations at least b rounds apart "
-            "(b-min-sep; k_eff = min(k, ⌈n/b⌉)), or k epochs of n/k rounds for the fixed-epoch "
-            "optimum. Both sides are scored by tff-mf's evaluation: rmse = sens·‖S·C⁻¹‖_F/√n, "
+            "(b-min-sep; k_eff = min(k, ⌈n/b⌉)) for the banded Toeplitz, BLT and banded pairs "
+            "(banded C with b bands ≤ the separation: sens = √k_eff for unit columns), or k "
+            "epochs of n/k rounds for the fixed-epoch optimum. Both sides are scored by "
+            "tff-mf's evaluation: rmse = sens·‖S·C⁻¹‖_F/√n, "
             "max error = sens·max_i ‖(S·C⁻¹)[i, :]‖, sensitivity recomputed from each side's C "
             "under the same schema (exact for every row marked exact). Ratios are ours / "
-            "theirs (< 1: ours better). jax_privacy seconds are one call each, including jax "
-            "compilation for a new shape; ours include everything (no dense matrices built). "
-            "jax_privacy's `optimize_banded_toeplitz` optimizes single participation (its "
-            "min-sep value is proportional when bands ≤ b); its `buffered_toeplitz.optimize` "
-            "chooses the number of buffers (up to 10, stop below 1% gain).", ""]
+            "theirs (< 1: ours better). Seconds are one call each (jax_privacy's include jax "
+            "compilation for a new shape); banded Toeplitz and BLT build no dense matrices, "
+            "banded and the fixed-epoch optimum are dense on both sides; our banded C is "
+            "optimized once per (n, b) and scored for each k. "
+            "jax_privacy's `optimize_banded_toeplitz` and `banded.optimize` optimize single "
+            "participation (their min-sep value is proportional when bands ≤ b); its "
+            "`buffered_toeplitz.optimize` chooses the number of buffers (up to 10, stop below "
+            "1% gain); ours: `dense.solve_fixed_epoch` stops at a certified relative duality "
+            "gap of 1e-6, `banded.optimize` is L-BFGS with a relative-decrease stopping rule.",
+            ""]
   lines += ["| pair | n | k (eff) | b | ours rmse | theirs rmse | rmse ratio | ours max err | "
             "theirs max err | max-err ratio | ours s (CPU) | theirs s (CPU) | ours | theirs | "
             "exact sens |",
@@ -488,14 +461,23 @@ def write_markdown(result, path, png_name, command, load_before, load_after, tot
   notes = sorted({f"{r['pair']}: {r['note']}" for r in result["rows"] if r.get("note")})
   if notes:
     lines += ["Skipped or incomplete:", ""] + [f"- {note}" for note in notes] + [""]
-  ratios = {}
+  ratios, speed = {}, {}
   for r in result["rows"]:
     if r.get("rmse_ratio") is not None:
       ratios.setdefault(r["pair"], []).append(r["rmse_ratio"])
+      if r.get("ours_seconds") and r.get("theirs_seconds"):
+        speed.setdefault(r["pair"], []).append(r["theirs_seconds"] / r["ours_seconds"])
   for pair, values in ratios.items():
+    times = speed.get(pair, [])
     lines.append(f"- {pair}: rmse ratio ours/theirs from {min(values):.6f} to "
-                 f"{max(values):.6f} over {len(values)} configurations.")
-  lines += ["", "Optimization time at n = 10⁴ (prefix sums, tff-mf only; wall and CPU seconds "
+                 f"{max(values):.6f} over {len(values)} configurations (no worse, to 1e-6: "
+                 f"{'yes' if max(values) <= 1 + 1e-6 else 'NO'})"
+                 + (f"; time ratio theirs/ours (wall, one call each) from {min(times):.3g} "
+                    f"to {max(times):.3g}, median {float(np.median(times)):.3g}" if times else "")
+                 + ".")
+  timing_n = result["timings"][0]["n"] if result["timings"] else 0
+  lines += ["", f"Optimization time at n = {timing_n} (prefix sums, tff-mf only; wall and CPU "
+            "seconds "
             "of the whole call, no dense matrices; BLT: L-BFGS from 4 initial grids):", "",
             "| family | size | schema | rmse | iterations | converged | wall s | CPU s |",
             "|---|---|---|---|---|---|---|---|"]
@@ -523,23 +505,30 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true",
                       help="n = 512, b = 64 only, k ≤ 8 in the figure (a few minutes)")
+  parser.add_argument("--smoke", action="store_true",
+                      help="tiny sizes, no peer (seconds): checks that the script runs")
   parser.add_argument("--peer-python", default=os.environ.get("TFF_MF_PEER_PYTHON",
                                                               "/tmp/peer/bin/python"))
   parser.add_argument("--peer-budget", type=float, default=None,
-                      help="seconds for the whole jax_privacy run (default 1500, quick 600)")
+                      help="seconds for the whole jax_privacy run (default 3600, quick 900)")
   parser.add_argument("--no-peer", action="store_true", help="tff-mf side only")
-  parser.add_argument("--figure-n", type=int, default=None, help="n of the figure (256)")
-  parser.add_argument("--no-peer-optimal-in-figure", dest="peer_optimal_in_figure",
-                      action="store_false",
-                      help="without tff_mf.families.dense, leave the optimum out of the figure "
-                           "instead of using jax_privacy's")
+  parser.add_argument("--figure-n", type=int, default=None,
+                      help="n of the figure (256; 32 with --smoke)")
   parser.add_argument("--out-dir", default=RESULTS)
   parser.add_argument("--name", default="multi_participation")
+  parser.add_argument("--plot-only", action="store_true",
+                      help="redraw <out-dir>/<name>.png from the run's <name>.json (no run)")
   args = parser.parse_args(argv)
+  if args.plot_only:
+    with open(os.path.join(args.out_dir, f"{args.name}.json"), encoding="utf-8") as f:
+      write_plot(json.load(f)["figure"], os.path.join(args.out_dir, f"{args.name}.png"))
+    return
   if args.figure_n is None:
-    args.figure_n = 256
+    args.figure_n = 32 if args.smoke else 256
   if args.peer_budget is None:
-    args.peer_budget = 600.0 if args.quick else 1500.0
+    args.peer_budget = 900.0 if args.quick else 3600.0
+  if args.smoke:
+    args.no_peer = True
   os.makedirs(args.out_dir, exist_ok=True)
   command = "nice -n 10 .venv/bin/python benchmarks/bench_multi_participation.py" + (
       " " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))

@@ -22,11 +22,16 @@ import json
 import sys
 import time
 
+if __name__ == "__main__" and (len(sys.argv) != 3 or sys.argv[1] in ("-h", "--help")):
+  # Usage without jax: `--help` works in any interpreter (the smoke test runs it in tff-mf's).
+  print(__doc__)
+  sys.exit(0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 import jax
 
 jax.config.update("jax_enable_x64", True)
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np
 from jax_privacy.matrix_factorization import banded
 from jax_privacy.matrix_factorization import buffered_toeplitz

@@ -8,6 +8,11 @@ concatenates the sections, in a fixed order, into ``BENCHMARKS.md``.
   python benchmarks/run_all.py                 # run everything (hours on 2 cores)
   python benchmarks/run_all.py --only mmcc     # one benchmark
   python benchmarks/run_all.py --assemble-only # just rebuild BENCHMARKS.md
+  python benchmarks/run_all.py --smoke         # every script at a tiny size (minutes)
+
+Every section's command below is the one its section states, so ``make bench`` rebuilds
+exactly what BENCHMARKS.md shows. ``SMOKE`` gives each script in benchmarks/ a mode that
+runs in seconds into a temporary directory (``tests/test_benchmarks.py`` runs them all).
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import os
 import platform
 import subprocess
 import sys
-from typing import List, Sequence, Tuple
+import tempfile
+from typing import Dict, List, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results")
@@ -28,18 +34,47 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
     ("structured", "structured_cache.md", (("benchmarks/structured_cache.py", "--full"),)),
     ("aggregation", "aggregation.md", (
         ("benchmarks/bench_aggregation.py", "--rounds", "1", "256", "1024", "2047", "2048",
-         "--dense-rounds", "1", "256", "1024", "2048", "--reps", "7", "--dense-reps", "1"),
-        ("benchmarks/bench_aggregation.py", "--window", "64"))),
-    ("mmcc", "mmcc.md", (("benchmarks/bench_mmcc.py", "fig2"), ("benchmarks/bench_mmcc.py", "fig4"),
+         "--dense-rounds", "1", "256", "1024", "2048", "--reps", "15", "--dense-reps", "1",
+         "--window", "64"),)),
+    ("mmcc", "mmcc.md", (("benchmarks/bench_mmcc.py", "fig2"),
+                         ("benchmarks/bench_mmcc.py", "fig2", "--c", "4", "8", "--max-log2", "8",
+                          "--out", "fig2_small_c"),
+                         ("benchmarks/bench_mmcc.py", "fig4"),
                          ("benchmarks/bench_mmcc.py", "speed"),
+                         ("benchmarks/bench_mmcc.py", "edges"),
                          ("benchmarks/bench_mmcc.py", "report"))),
     ("multi_participation", "multi_participation.md",
      (("benchmarks/bench_multi_participation.py",),)),  # needs /tmp/peer (jax-privacy)
     ("data", "stackoverflow_data.md", (("benchmarks/stackoverflow_data.py",),)),
-    ("main_job", "main_job.md", ()),  # measured with `make demo` (see the section)
-    ("training", "training.md", (("benchmarks/training_pydocs.py",),)),
-    ("distributed", "distributed.md", (("benchmarks/bench_distributed.py",),)),
+    ("main_job", "main_job.md", (("benchmarks/bench_main_job.py",),)),
+    ("training", "training.md", (("benchmarks/training_pydocs.py", "--seeds", "0", "1", "2",
+                                  "--total_rounds", "64", "--clients_per_round", "4",
+                                  "--target_epsilon", "16"),)),
+    ("distributed", "distributed.md", (("benchmarks/bench_distributed.py", "--rounds=4",
+                                        "--clients=4", "--examples=400", "--hidden=256"),)),
 )
+
+# script -> arguments of a run in seconds that writes only under OUT (a temporary directory).
+SMOKE: Dict[str, Tuple[str, ...]] = {
+    "bench_factorization.py": ("--smoke", "--out-dir", "{out}"),
+    "structured_cache.py": ("--smoke", "--out-dir", "{out}"),
+    "bench_aggregation.py": ("--smoke", "--out", "{out}", "--cache-dir", "{out}/cache"),
+    "bench_mmcc.py": ("--results-dir", "{out}", "smoke"),
+    "bench_multi_participation.py": ("--smoke", "--out-dir", "{out}"),
+    "peer_jax_privacy.py": ("--help",),  # runs in the jax-privacy interpreter; --help anywhere
+    "stackoverflow_data.py": ("--smoke", "--out-dir", "{out}"),
+    "bench_main_job.py": ("--smoke", "--out-dir", "{out}"),
+    "training_pydocs.py": ("--smoke", "--out", "{out}/runs", "--results_md", "{out}/training.md"),
+    "bench_distributed.py": ("--smoke", "--out", "{out}"),
+    "run_all.py": ("--help",),
+}
+
+
+def smoke_command(script: str, out: str) -> List[str]:
+  """The smoke run of ``benchmarks/<script>`` writing under ``out``."""
+  return [sys.executable, os.path.join("benchmarks", script),
+          *(a.format(out=out) for a in SMOKE[script])]
+
 
 HEADER = """# Benchmarks
 
@@ -92,12 +127,30 @@ def assemble(path: str = os.path.join(REPO, "BENCHMARKS.md")) -> str:
   return path
 
 
+def smoke() -> int:
+  """Every script's smoke run, each into its own temporary directory; the failures."""
+  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+  failed = 0
+  for script in sorted(SMOKE):
+    with tempfile.TemporaryDirectory() as out:
+      code = subprocess.call(smoke_command(script, out), cwd=REPO, env=env,
+                             stdout=subprocess.DEVNULL)
+    print(f"[smoke] {script}: {'ok' if code == 0 else f'FAILED (exit {code})'}",
+          file=sys.stderr)
+    failed += code != 0
+  return 1 if failed else 0
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--only", nargs="*", default=[],
                       choices=[name for name, _, _ in BENCHMARKS], help="benchmarks to run")
   parser.add_argument("--assemble-only", action="store_true")
+  parser.add_argument("--smoke", action="store_true",
+                      help="run every script at a tiny size into temporary directories")
   args = parser.parse_args(argv)
+  if args.smoke:
+    return smoke()
   failed = [] if args.assemble_only else run(args.only)
   print(f"wrote {assemble()}", file=sys.stderr)
   for line in failed:

@@ -9,8 +9,10 @@ Measures, in one run on this machine:
 Writes benchmarks/results/stackoverflow_data.md and .png.
 
   .venv/bin/python benchmarks/stackoverflow_data.py
+  .venv/bin/python benchmarks/stackoverflow_data.py --smoke --out-dir /tmp/x  # seconds
 """
 
+import argparse
 import os
 import platform
 import sys
@@ -37,22 +39,22 @@ def _median_seconds(fn, repeats):
   return float(np.median(times))
 
 
-def bench_pydocs(cache_dir):
+def bench_pydocs(cache_dir, options):
   from stackoverflow import pydocs  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
-  built = pydocs.build(cache_dir, progress=True)
+  built = pydocs.build(cache_dir, progress=True, **options)
   cold = time.perf_counter() - start
-  hit = _median_seconds(lambda: pydocs.build(cache_dir, progress=False), 3)
+  hit = _median_seconds(lambda: pydocs.build(cache_dir, progress=False, **options), 3)
   return built, cold, hit
 
 
-def bench_preprocessing(cache_dir, num_clients=300):
+def bench_preprocessing(cache_dir, options, num_clients=300):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tensorflow_federated.python.simulation.baselines import client_spec  # pylint: disable=g-import-not-at-top
   from tensorflow_federated.python.simulation.baselines.stackoverflow import word_prediction_preprocessing as tff_pre  # pylint: disable=g-import-not-at-top
   from stackoverflow import pydocs  # pylint: disable=g-import-not-at-top
   from stackoverflow import preprocessing  # pylint: disable=g-import-not-at-top
-  loaded = pydocs.load(cache_dir, progress=False)
+  loaded = pydocs.load(cache_dir, progress=False, **options)
   vocab = loaded.vocab[:10000]
   sentences = []
   for client in loaded.train.client_ids[:num_clients]:
@@ -77,15 +79,12 @@ def bench_preprocessing(cache_dir, num_clients=300):
   return len(sentences), t_ours, t_theirs
 
 
-def bench_model_step():
+def bench_model_step(models, repeats):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from stackoverflow import metrics  # pylint: disable=g-import-not-at-top
   from stackoverflow import model  # pylint: disable=g-import-not-at-top
   results = {}
-  for name, kwargs in (
-      ("papers (96/670/96, V=10,000)", {}),
-      ("small (32/128/32, V=10,000)",
-       dict(embedding_size=32, lstm_size=128, projection_size=32))):
+  for name, kwargs in models:
     keras_model = model.create_keras_model(seed=1, **kwargs)
     loss_fn = metrics.MaskedSparseCategoricalCrossentropy()
     optimizer = tf.keras.optimizers.SGD(0.1)
@@ -102,31 +101,52 @@ def bench_model_step():
       return loss
 
     step()
-    seconds = _median_seconds(step, 20)
+    seconds = _median_seconds(step, repeats)
     results[name] = (keras_model.count_params(), seconds)
   return results
 
 
-def main():
+MODELS = (("papers (96/670/96, V=10,000)", {}),
+          ("small (32/128/32, V=10,000)",
+           dict(embedding_size=32, lstm_size=128, projection_size=32)))
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--smoke", action="store_true",
+                      help="one small package, 20 clients, two tiny models (seconds)")
+  parser.add_argument("--out-dir", default=RESULTS)
+  args = parser.parse_args(argv)
+  if args.smoke:
+    options, num_clients, repeats = dict(distributions=["absl-py"], include_stdlib=False), 20, 2
+    models = (("tiny (8/16/8, V=10,000)", dict(embedding_size=8, lstm_size=16,
+                                               projection_size=8)),
+              ("tiny (4/8/4, V=10,000)", dict(embedding_size=4, lstm_size=8,
+                                              projection_size=4)))
+  else:
+    options, num_clients, repeats, models = {}, 300, 20, MODELS
   load_before = os.getloadavg()[0]
   with tempfile.TemporaryDirectory() as cache_dir:
-    built, cold, hit = bench_pydocs(cache_dir)
-    num_sentences, t_ours, t_theirs = bench_preprocessing(cache_dir)
+    built, cold, hit = bench_pydocs(cache_dir, options)
+    num_sentences, t_ours, t_theirs = bench_preprocessing(cache_dir, options, num_clients)
     with open(built.word_count_path, encoding="utf-8") as f:
       vocab_words = sum(1 for _ in f)
-  steps = bench_model_step()
+  steps = bench_model_step(models, repeats)
   load_after = os.getloadavg()[0]
   meta = built.metadata
   lines = [
       "## stackoverflow/: pydocs dataset, preprocessing, model",
       "",
-      "Command: `.venv/bin/python benchmarks/stackoverflow_data.py` — machine: "
+      "Command: `.venv/bin/python benchmarks/stackoverflow_data.py"
+      + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
+      + "` — machine: "
       "2-core x86_64 CPU, 24 GB, no GPU "
       f"({platform.machine()}, Python {platform.python_version()}); 1-minute "
       f"load average {load_before:.1f} before and {load_after:.1f} after "
       "(other helpers' jobs shared the 2 cores, so wall times are inflated).",
       "",
-      "### Docstring dataset (`stackoverflow.pydocs`, default options)",
+      "### Docstring dataset (`stackoverflow.pydocs`, "
+      + (f"options {options}" if options else "default options") + ")",
       "",
       "| source files parsed | clients (train / heldout / test) | sentences "
       "(train / heldout / test) | train vocabulary | cold build s | cache hit s"
@@ -145,7 +165,8 @@ def main():
           cold, hit, cold / hit),
       "",
       f"Fingerprint `{meta['fingerprint'][:20]}` "
-      f"({len(meta['source']['distributions'])} distributions + stdlib, "
+      f"({len(meta['source']['distributions'])} distributions"
+      f"{' + stdlib' if meta['source'].get('stdlib', True) else ''}, "
       f"content sha256 `{meta['content_sha256'][:16]}`).",
       "",
       "### Preprocessing throughput (V = 10,000, L = 20, batch 16)",
@@ -155,9 +176,9 @@ def main():
       f"| {num_sentences} | {t_ours:.2f} | {t_theirs:.2f} | "
       f"{t_theirs / t_ours:.2f}x | yes |",
       "",
-      "### One client SGD step, batch 16 x 20 tokens (median of 20)",
+      f"### One client SGD step, batch 16 x 20 tokens (median of {repeats})",
       "",
-      "| model | parameters | step ms | relative to papers' model |",
+      "| model | parameters | step ms | relative to the first row |",
       "|---|---|---|---|",
   ]
   paper_seconds = next(iter(steps.values()))[1]
@@ -165,8 +186,8 @@ def main():
     lines.append(f"| {name} | {params:,} | {1000 * seconds:.1f} | "
                  f"{seconds / paper_seconds:.2f} |")
   lines.append("")
-  os.makedirs(RESULTS, exist_ok=True)
-  with open(os.path.join(RESULTS, "stackoverflow_data.md"), "w",
+  os.makedirs(args.out_dir, exist_ok=True)
+  with open(os.path.join(args.out_dir, "stackoverflow_data.md"), "w",
             encoding="utf-8") as f:
     f.write("\n".join(lines))
   fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
@@ -184,7 +205,7 @@ def main():
   axes[2].set_ylabel("ms per step")
   axes[2].set_title("client step, batch 16x20")
   fig.tight_layout()
-  fig.savefig(os.path.join(RESULTS, "stackoverflow_data.png"), dpi=110)
+  fig.savefig(os.path.join(args.out_dir, "stackoverflow_data.png"), dpi=110)
   print("\n".join(lines))
   return 0
 

@@ -1,17 +1,17 @@
-"""Benchmark: structured banded + low-rank mechanism, cache-hit latency, demo runtime.
+"""Benchmark: structured banded + low-rank mechanism and cache-hit latency.
 
-1. √L of the structured approximation (Denisov App H / McMahan Sec 4.2) against
-   the optimum, the tree (Honaker online) and the papers' "Efficient" column,
-   with fit times.
-2. Per-round noise cost at round n: Denisov Algorithm 3 (O((h + r)·d)) against
-   the dense row B[n, :]·Z (O(n·d)) in the same run.
-3. `tff-mf factorize --json` wall time on a cache hit (interpreter start
-   included) against a bare `python -c "import numpy, scipy.linalg"`.
-4. `tff-mf demo` cold (empty cache) and warm.
+1. √L of the structured approximation (Denisov et al. 2022, arXiv:2202.08312, App H;
+   McMahan, Rush, Thakurta, arXiv:2202.08312 v1, Sec 4.2) against the optimum and the
+   tree (Honaker online), all computed here, with solve and fit times; the papers'
+   "Efficient" column is shown beside them, labeled as the paper's.
+2. Per-round noise cost at round n: the structured ``LinearStream`` step (O((h′ + r)·d))
+   against the dense row N[n, :]·Z (O(n·d), N = C⁻¹) in the same run.
+3. ``tff-mf factorize --json`` wall time on a cache miss and hit (interpreter start
+   included) against a bare ``python -c "import numpy, scipy.linalg"``.
 
 Writes ``benchmarks/results/structured_cache.md`` and ``structured_cache.png``.
-Usage: ``.venv/bin/python benchmarks/structured_cache.py [--full]`` (``--full``
-adds n = 2048 and 4096 to part 1).
+Usage: ``.venv/bin/python benchmarks/structured_cache.py [--full]`` (``--full`` adds
+n = 2048 and 4096 to parts 1 and 2; ``--smoke``: n = 32, 64 and a small CLI check, seconds).
 """
 
 import argparse
@@ -24,26 +24,30 @@ import tempfile
 import time
 
 import numpy as np
+import scipy.linalg
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from tff_mf import factorization as fz  # pylint: disable=wrong-import-position
-from tff_mf.families import dense  # pylint: disable=wrong-import-position
-from tff_mf import structured  # pylint: disable=wrong-import-position
-from tff_mf import tree  # pylint: disable=wrong-import-position
+from tff_mf import registry  # pylint: disable=wrong-import-position
 from tff_mf import workloads  # pylint: disable=wrong-import-position
+from tff_mf.families import dense  # pylint: disable=wrong-import-position
+from tff_mf.families import structured  # pylint: disable=wrong-import-position
+from tff_mf.families import tree  # pylint: disable=wrong-import-position
 
-# McMahan et al. Table 1 (002_…) = Denisov et al. Table 2 (000_…): n -> (h, r, optimal, efficient).
-PAPER = {256: (4, 4, 40.4, 40.4), 512: (5, 4, 62.0, 62.2), 1024: (5, 5, 94.6, 95.5),
-         2048: (6, 5, 143.6, 145.8), 4096: (6, 6, 217.3, 224.0)}
+# Paper values, shown beside ours and labeled as the paper's: McMahan, Rush, Thakurta
+# (arXiv:2202.08312 v1) Table 1 = Denisov et al. 2022 Table 2, n -> (optimal, Efficient).
+PAPER = {256: (40.4, 40.4), 512: (62.0, 62.2), 1024: (94.6, 95.5), 2048: (143.6, 145.8),
+         4096: (217.3, 224.0)}
 MACHINE = "2-core x86_64 CPU, 24 GB, no GPU"
 
 
 def part_structured(sizes):
   rows = []
   for n in sizes:
-    h, r, paper_opt, paper_eff = PAPER[n]
+    h, r = registry.default_structure(n)
+    paper_opt, paper_eff = PAPER.get(n, (None, None))
     a = workloads.prefix_sum(n)
     start = time.perf_counter()
     opt = dense.solve(a)
@@ -57,48 +61,49 @@ def part_structured(sizes):
                  "paper_optimal": paper_opt, "paper_efficient": paper_eff,
                  "optimal_seconds": opt_seconds, "fit_seconds": fit_seconds,
                  "als_iterations": res.info["als_iterations"],
-                 "approximation_error": res.info["approximation_error"], "result": res})
+                 "approximation_error": res.info["approximation_error"], "result": res,
+                 "workload": a})
     print(f"n={n}: structured {rows[-1]['structured']:.2f} (paper {paper_eff}), optimal "
           f"{rows[-1]['optimal']:.2f}", flush=True)
   return rows
 
 
 def part_noise_cost(row, d=20_000, repeats=20):
-  """Time of round n's noise: Algorithm 3 step vs the dense row B[n, :]·Z."""
-  res = row["result"]
+  """Time of round n's noise: the structured LinearStream step vs the dense row N[n, :]·Z."""
+  res, a = row["result"], row["workload"]
   n = res.n
   rng = np.random.default_rng(0)
   z = rng.standard_normal((n, d))
-  stream = res.noise_stream(d)
+  stream = structured.pieces_stream(res.diagonals, res.u, res.v, a)
+  state = np.zeros((stream.k, d))
   for i in range(n - 1):
-    stream.next(z[i])
-  # Time the last round of the stream (restore state for each repeat).
-  saved = (stream._recent.copy(), stream._beta.copy(), stream.round)  # pylint: disable=protected-access
+    _, state = stream.step(state, z[i], i)
   times = []
   for _ in range(repeats):
-    stream._recent[:], stream._beta[:], stream.round = saved[0], saved[1], saved[2]  # pylint: disable=protected-access
     start = time.perf_counter()
-    y = stream.next(z[n - 1])
+    y, _ = stream.step(state, z[n - 1], n - 1)
     times.append(time.perf_counter() - start)
+  n_last = scipy.linalg.solve_triangular(res.c, np.eye(n)[:, -1], lower=True, trans="T")
   dense_times = []
   for _ in range(repeats):
     start = time.perf_counter()
-    y_dense = res.b[n - 1] @ z
+    y_dense = n_last @ z  # row n of N = C⁻¹: what dense regeneration computes
     dense_times.append(time.perf_counter() - start)
-  assert np.allclose(y, y_dense, atol=1e-8)
-  return {"n": n, "d": d, "h": res.bands, "r": res.rank,
-          "stream_ms": 1e3 * float(np.median(times)), "dense_ms": 1e3 * float(np.median(dense_times))}
+  assert np.allclose(y, y_dense, atol=1e-6 * max(1.0, float(np.max(np.abs(y_dense)))))
+  return {"n": n, "d": d, "h": res.bands, "r": res.rank, "state_rows": stream.k,
+          "stream_ms": 1e3 * float(np.median(times)),
+          "dense_ms": 1e3 * float(np.median(dense_times))}
 
 
 def _cli(args, cache_dir):
-  env = dict(os.environ, TFF_MF_CACHE=cache_dir)
+  env = dict(os.environ, TFF_MF_CACHE=cache_dir, PYTHONPATH=REPO)
   start = time.perf_counter()
   out = subprocess.run([sys.executable, "-m", "tff_mf.cli", *args], cwd=REPO, env=env,
                        capture_output=True, text=True, check=True)
   return time.perf_counter() - start, out.stdout
 
 
-def part_hit_latency(cache_dir, repeats=5):
+def part_hit_latency(cache_dir, cases, repeats=5):
   rows = []
   base = []
   for _ in range(repeats):
@@ -106,7 +111,7 @@ def part_hit_latency(cache_dir, repeats=5):
     subprocess.run([sys.executable, "-c", "import numpy, scipy.linalg"], check=True)
     base.append(time.perf_counter() - start)
   baseline = float(np.median(base))
-  for workload, n in (("prefix_sum", 512), ("momentum", 512), ("prefix_sum", 1024)):
+  for workload, n in cases:
     args = ["factorize", "--workload", workload, "--strategy", "optimal", "--n", str(n), "--json"]
     miss_seconds, out = _cli(args, cache_dir)
     assert json.loads(out)["cache_hit"] is False
@@ -122,84 +127,114 @@ def part_hit_latency(cache_dir, repeats=5):
   return rows
 
 
-def part_demo(cache_dir, output_dir):
-  out = {}
-  for label in ("cold", "warm"):
-    seconds, _ = _cli(["demo", "--output-dir", output_dir, "--cache-dir", cache_dir], cache_dir)
-    out[label] = seconds
-    print(f"demo {label}: {seconds:.1f} s", flush=True)
-  return out
-
-
 def write_png(rows, path):
+  """Left: √L against n (log-log, plain ticks); right: each strategy's √L / the optimum's,
+  where the structured fit and the paper's Efficient column are distinguishable."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(7, 4.5))
+  import matplotlib.ticker  # pylint: disable=g-import-not-at-top
+  fig, (ax, ratio_ax) = plt.subplots(1, 2, figsize=(11, 4.5))
   ns = [row["n"] for row in rows]
-  for key, label, marker in (("honaker_online", "Honaker online (tree)", "o"),
-                             ("structured", "structured h+r=log₂n (ours)", "s"),
-                             ("paper_efficient", "Efficient (McMahan Table 1)", "x"),
-                             ("optimal", "optimal (ours)", "^")):
-    ax.plot(ns, [row[key] for row in rows], marker=marker, label=label)
-  ax.set_xscale("log", base=2)
-  ax.set_xlabel("n")
-  ax.set_ylabel("√L")
-  ax.set_title("Prefix sums: structured banded + low-rank vs optimal and tree")
-  ax.grid(alpha=0.3)
-  ax.legend()
+  curves = (("honaker_online", "optimal", "Honaker online (tree)", "o", "C0"),
+            ("structured", "optimal", "structured, h + r = ⌈log₂ n⌉ (ours)", "s", "C1"),
+            ("paper_efficient", "paper_optimal", "Efficient (paper: McMahan Table 1)", "x", "C2"),
+            ("optimal", "optimal", "optimal (ours)", "^", "C3"))
+  for key, base, label, marker, color in curves:
+    pts = [(row["n"], row[key], row[key] / row[base]) for row in rows
+           if row[key] is not None and row[base] is not None]
+    if not pts:
+      continue
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=color, label=label)
+    if key != "honaker_online":
+      ratio_ax.plot([p[0] for p in pts], [p[2] for p in pts], marker=marker, color=color,
+                    label=label)
+  plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+  for a in (ax, ratio_ax):
+    a.set_xscale("log", base=2)
+    a.set_xticks(ns)
+    a.xaxis.set_major_formatter(plain)
+    a.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    a.set_xlabel("n (rounds)")
+    a.grid(alpha=0.3)
+  ax.set_yscale("log")
+  ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
+  ax.yaxis.set_major_formatter(plain)
+  ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+  ax.set_ylabel("√L (log scale)")
+  ax.set_title("Prefix sums: √L")
+  ax.legend(fontsize=8)
+  ratio_ax.set_ylabel("√L / √L of the optimum (paper: / paper optimum)")
+  ratio_ax.set_title("Relative to the optimum")
+  ratio_ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
 
 
-def main():
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--full", action="store_true", help="add n = 2048, 4096 to part 1")
-  parser.add_argument("--skip-cli", action="store_true", help="skip parts 3 and 4")
-  args = parser.parse_args()
-  sizes = [256, 512, 1024] + ([2048, 4096] if args.full else [])
+  parser.add_argument("--full", action="store_true", help="add n = 2048, 4096 to parts 1 and 2")
+  parser.add_argument("--skip-cli", action="store_true", help="skip part 3")
+  parser.add_argument("--smoke", action="store_true",
+                      help="n = 32, 64, d = 500 and one small CLI case (seconds)")
+  parser.add_argument("--out-dir", default=os.path.join(REPO, "benchmarks", "results"))
+  args = parser.parse_args(argv)
+  if args.smoke:
+    sizes, d, cli_cases = [32, 64], 500, (("prefix_sum", 32),)
+  else:
+    sizes = [256, 512, 1024] + ([2048, 4096] if args.full else [])
+    d, cli_cases = 20_000, (("prefix_sum", 512), ("momentum", 512), ("prefix_sum", 1024))
+  load_start = os.getloadavg()[0]
   rows = part_structured(sizes)
-  costs = [part_noise_cost(row) for row in rows]
+  costs = [part_noise_cost(row, d=d) for row in rows]
   load = os.getloadavg()[0]
-  results_dir = os.path.join(REPO, "benchmarks", "results")
+  results_dir = args.out_dir
   os.makedirs(results_dir, exist_ok=True)
   png = os.path.join(results_dir, "structured_cache.png")
   write_png(rows, png)
-  lines = ["## Structured mechanism, cache hits and the demo", "",
-           f"Command: `.venv/bin/python benchmarks/structured_cache.py{' --full' if args.full else ''}`"
+  flags = " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
+  lines = ["## Structured mechanism and cache hits", "",
+           f"Command: `.venv/bin/python benchmarks/structured_cache.py{' ' + flags if flags else ''}`"
            f" — machine: {MACHINE} ({platform.machine()}, Python {platform.python_version()}); "
-           f"1-minute load average at the end of part 1: {load:.1f} (other jobs inflate wall times).",
-           "",
-           "### √L of the banded + low-rank approximation (Denisov App H, McMahan Table 1)", "",
-           "| n | (h, r) | Honaker online | optimal | structured | paper Efficient | structured / optimal "
-           "| ‖B̂−B*‖/‖B*‖ | optimal s | ALS fit s |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           f"1-minute load average {load_start:.1f} at the start, {load:.1f} at the end of parts "
+           "1 and 2 (other jobs inflate wall times).", "",
+           "### √L of the banded + low-rank approximation (Denisov et al. 2022, App H)", "",
+           "Every value is computed by this run except the last two columns, which are the "
+           "papers' (McMahan, Rush, Thakurta Table 1 = Denisov et al. Table 2). (h, r) = "
+           "`registry.default_structure(n)`; optimal = `dense.solve` to a certified gap of "
+           "1e-6; structured = `structured.fit` (ALS to the optimal B*).", "",
+           "| n | (h, r) | Honaker online | optimal | structured | structured / optimal "
+           "| ‖B̂−B*‖/‖B*‖ | optimal s | ALS fit s | paper optimal | paper Efficient |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
   for row in rows:
+    paper = ["–" if row[k] is None else f"{row[k]}" for k in ("paper_optimal", "paper_efficient")]
     lines.append(
-        f"| {row['n']} | ({row['h']}, {row['r']}) | {row['honaker_online']:.1f} | {row['optimal']:.2f} "
-        f"| {row['structured']:.2f} | {row['paper_efficient']} | "
+        f"| {row['n']} | ({row['h']}, {row['r']}) | {row['honaker_online']:.1f} | "
+        f"{row['optimal']:.2f} | {row['structured']:.2f} | "
         f"{row['structured'] / row['optimal']:.4f} | {row['approximation_error']:.3f} | "
-        f"{row['optimal_seconds']:.1f} | {row['fit_seconds']:.1f} |")
-  lines += ["", "### Noise for the last round n (d columns): Algorithm 3 vs dense B[n, :]·Z", "",
-            "| n | d | (h, r) | Algorithm 3 ms | dense row ms | speed-up |", "|---|---|---|---|---|---|"]
+        f"{row['optimal_seconds']:.1f} | {row['fit_seconds']:.1f} | {paper[0]} | {paper[1]} |")
+  lines += ["", "### Noise for the last round n (d columns): stream step vs dense row", "",
+            "The structured `LinearStream` (`structured.pieces_stream`, float64 numpy "
+            "reference of what `LinearNoise` runs) against the dense row N[n, :]·Z with "
+            "N = C⁻¹ (what `DenseNoise` regenerates), median of 20; both give the same row.", "",
+            "| n | d | (h, r) | state rows | stream step ms | dense row ms | speed-up |",
+            "|---|---|---|---|---|---|---|"]
   for c in costs:
-    lines.append(f"| {c['n']} | {c['d']} | ({c['h']}, {c['r']}) | {c['stream_ms']:.2f} | "
-                 f"{c['dense_ms']:.2f} | {c['dense_ms'] / c['stream_ms']:.1f}× |")
+    lines.append(f"| {c['n']} | {c['d']} | ({c['h']}, {c['r']}) | {c['state_rows']} | "
+                 f"{c['stream_ms']:.2f} | {c['dense_ms']:.2f} | "
+                 f"{c['dense_ms'] / c['stream_ms']:.1f}× |")
   if not args.skip_cli:
     with tempfile.TemporaryDirectory() as tmp:
-      hits = part_hit_latency(os.path.join(tmp, "cache"))
-      demo = part_demo(os.path.join(tmp, "demo_cache"), os.path.join(tmp, "demo_out"))
-    lines += ["", "### `tff-mf factorize --strategy optimal --json`: cache miss vs hit (wall, interpreter "
-              "start included)", "",
-              "| workload | n | miss s | hit s (median of 5) | bare `python -c 'import numpy, scipy.linalg'` s |",
-              "|---|---|---|---|---|"]
+      hits = part_hit_latency(os.path.join(tmp, "cache"), cli_cases)
+    lines += ["", "### `tff-mf factorize --strategy optimal --json`: cache miss vs hit (wall, "
+              "interpreter start included)", "",
+              "| workload | n | miss s | hit s (median of 5) | bare `python -c 'import numpy, "
+              "scipy.linalg'` s |", "|---|---|---|---|---|"]
     for h in hits:
-      lines.append(f"| {h['workload']} | {h['n']} | {h['miss_seconds']:.2f} | {h['hit_seconds']:.2f} | "
-                   f"{h['baseline_seconds']:.2f} |")
-    lines += ["", f"### `tff-mf demo` (n = 512): cold cache {demo['cold']:.1f} s, warm cache "
-              f"{demo['warm']:.1f} s"]
-  lines += ["", f"![structured vs optimal](structured_cache.png)", ""]
+      lines.append(f"| {h['workload']} | {h['n']} | {h['miss_seconds']:.2f} | "
+                   f"{h['hit_seconds']:.2f} | {h['baseline_seconds']:.2f} |")
+  lines += ["", "![structured vs optimal](structured_cache.png)", ""]
   with open(os.path.join(results_dir, "structured_cache.md"), "w", encoding="utf-8") as f:
     f.write("\n".join(lines))
   print("\n".join(lines))

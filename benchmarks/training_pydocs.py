@@ -8,6 +8,11 @@ overrides given here and copies its ``results.md`` and ``training.png`` to
 ``benchmarks/results/training.md`` / ``training_pydocs.png``.
 
   nice .venv/bin/python benchmarks/training_pydocs.py --seeds 0 1 2 3 4 --out out/bench_training
+  .venv/bin/python benchmarks/training_pydocs.py --smoke --out /tmp/x \
+      --results_md /tmp/x/training.md   # synthetic data, 2 rounds, one seed (a minute)
+
+The section's command states every setting it ran with (rounds, clients, ε), so it
+reproduces the section whatever the main job's defaults are.
 
 Finished runs under ``<out>/runs/`` are reused (the runs resume from checkpoints).
 """
@@ -37,11 +42,22 @@ def main(argv=None):
   parser.add_argument("--target_epsilon", type=float, default=None)
   parser.add_argument("--results_md", default=os.path.join(REPO, "benchmarks", "results",
                                                            "training.md"))
+  parser.add_argument("--smoke", action="store_true",
+                      help="synthetic data, 2 rounds x 2 clients, seed 0 only: checks that the "
+                      "script runs")
   args = parser.parse_args(argv)
   from training import main_job  # pylint: disable=g-import-not-at-top
-  settings = {k: v for k, v in (("total_rounds", args.total_rounds),
-                                ("clients_per_round", args.clients_per_round),
-                                ("target_epsilon", args.target_epsilon)) if v is not None}
+  settings = {k: v if v is not None else main_job.MAIN_JOB_DEFAULTS[k]
+              for k, v in (("total_rounds", args.total_rounds),
+                           ("clients_per_round", args.clients_per_round),
+                           ("target_epsilon", args.target_epsilon))}
+  flags = "".join(f" --{k} {v:g}" for k, v in settings.items())
+  if args.smoke:
+    flags = " --smoke"
+    args.seeds = [0]
+    settings.update(total_rounds=2, clients_per_round=2, dataset="synthetic", vocab_size=100,
+                    rounds_per_eval=1, rounds_per_checkpoint=1, max_validation_elements=32,
+                    max_test_elements=32)
   start = time.perf_counter()
   code = main_job.run_main_job(args.out, args.cache_dir, data_dir=args.data_dir,
                                seeds=args.seeds, **settings)
@@ -50,8 +66,7 @@ def main(argv=None):
   with open(os.path.join(args.out, "results.md"), encoding="utf-8") as f:
     text = f.read().replace("(training.png)", "(training_pydocs.png)")
   command = (f"nice .venv/bin/python benchmarks/training_pydocs.py --seeds "
-             f"{' '.join(map(str, args.seeds))}"
-             f"{''.join(f' --{k} {v}' for k, v in settings.items())}")
+             f"{' '.join(map(str, args.seeds))}{flags}")
   text = text.replace("# Main job:", "## Training (main job settings):", 1)
   text = text.replace("## How to read this", "### How to read this", 1)
   header, _, rest = text.partition("\n\n")

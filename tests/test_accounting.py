@@ -23,6 +23,8 @@ from tff_mf import gaussian
 from tff_mf import mmcc
 from tff_mf import participation
 
+import statcheck
+
 DELTA = 1e-6
 SINGLE = participation.SINGLE
 # A coarser PLD grid than the default 1e-4 keeps the amplified tests fast; the
@@ -40,25 +42,13 @@ def _delta_scipy(multiplier, eps):
       -a - eps * multiplier)
 
 
-def _delta_mp(multiplier, eps):
-  m, e = mpmath.mpf(multiplier), mpmath.mpf(eps)
-  a = 1 / (2 * m)
-  return mpmath.ncdf(a - e * m) - mpmath.exp(e) * mpmath.ncdf(-a - e * m)
+_delta_mp = statcheck.gaussian_delta
 
 
-def _epsilon_mp(multiplier, delta, guess):
+def _epsilon_mp(multiplier, delta, guess=None):
   """ε(δ) by 50-digit bisection on the forward formula (an independent reference)."""
-  with mpmath.workdps(50):
-    lo, hi = mpmath.mpf(0), mpmath.mpf(guess) * 2 + 1
-    while _delta_mp(multiplier, hi) > delta:
-      hi *= 2
-    for _ in range(120):
-      mid = (lo + hi) / 2
-      if _delta_mp(multiplier, mid) > delta:
-        lo = mid
-      else:
-        hi = mid
-    return float(hi)
+  del guess
+  return statcheck.gaussian_epsilon(multiplier, delta)
 
 
 def _assert_tight(eps, multiplier, delta=DELTA, rel=1e-7):

@@ -192,8 +192,6 @@ def _binary_command(root, data_dir, cache, workers=None):
 
 @pytest.mark.slow
 def test_binary_kill_worker_mid_run_then_resume_with_healthy_workers(tmp_path):
-  if not os.path.exists(os.path.join(REPO, "training", "run_stackoverflow.py")):
-    pytest.skip("training/run_stackoverflow.py is not present")
   from stackoverflow import fixtures
   from training import distributed
   data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "data"))

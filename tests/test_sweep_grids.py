@@ -4,6 +4,7 @@ import io
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,7 @@ import pytest
 import userenv
 from tff_mf import registry
 from training import grids
+from training import run_stackoverflow  # imported plainly: an import crash fails here
 from training import sweep
 
 # Transcribed independently from Denisov, McMahan, Rush, Smith, Thakurta 2022
@@ -94,7 +96,7 @@ def test_fig3_schedules():
 
 
 def test_grid_flags_are_flags_of_the_training_binary():
-  binary = pytest.importorskip("training.run_stackoverflow")
+  binary = run_stackoverflow
   names = {run_flag for grid in grids.GRIDS.values() for run in grid.runs
            for run_flag in run.flag_values()}
   assert {name for name in names if name not in binary.FLAGS} == set()
@@ -136,7 +138,9 @@ def test_dry_run_epsilons_rdp_close_to_paper_and_pld_tighter():
   with redirect_stdout(text):
     assert sweep.main(["--grid", "table3_search", "--dry-run", "--slice", "0:3"]) == 0
   lines = text.getvalue().splitlines()
-  assert any("z = 0.341" in line and "RDP eps =  18.69" in line for line in lines)
+  printed = [re.search(r"z = 0\.341\b.*RDP eps = +([0-9.]+)", line) for line in lines]
+  printed = [float(m.group(1)) for m in printed if m]
+  assert printed and all(abs(eps - 18.9) <= 0.03 * 18.9 for eps in printed), printed  # paper
   assert sum(1 for line in lines if "honaker_full" in line) == 3
 
 
@@ -254,7 +258,6 @@ def test_running_needs_root_output_dir():
 @pytest.mark.slow
 def test_sweep_with_the_real_binary_on_tiny_data_then_summarize(tmp_path):
   """Two table4_repeats runs through run_stackoverflow.py, shrunk by --extra_flags; rerun skips."""
-  pytest.importorskip("training.run_stackoverflow")
   from stackoverflow import fixtures
   from training import summarize
   data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "data"))

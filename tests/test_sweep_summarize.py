@@ -8,8 +8,9 @@ import statistics
 import pytest
 
 from training import summarize
-from tff_mf import accounting
 from tff_mf import registry
+
+import statcheck
 
 
 def _write(root, name, *, mechanism, z, setting, seed, val, test, schedule="constant",
@@ -100,7 +101,10 @@ def test_summary_table_matches_independent_computation(synthetic_runs):
   assert (tree["runs"], tree["runs_converged"], tree["runs_diverged"], tree["runs_incomplete"]) == (
       7, 5, 1, 1)
   assert tree["seeds"] == 3 and tree["below_min_converged"]
-  assert tree["epsilon"] == pytest.approx(accounting.epsilon(0.341, 1e-6, "rdp"))
+  # RDP: an upper bound on the analytic Gaussian ε, within 3% of the paper's 18.9 (Denisov et
+  # al. 2022, App I Table 4, z = 0.341; its accountant used a coarser order grid).
+  assert statcheck.gaussian_epsilon(0.341, 1e-6) < tree["epsilon"] <= 1.03 * 18.9
+  assert tree["epsilon"] >= 0.97 * 18.9
 
   mom = by_key[("opt_momentum", 0.341, "constant", 100)]
   assert mom["selected"] == {"server_lr": 0.5, "client_lr": 1.0, "server_momentum": 0.9}
@@ -217,3 +221,33 @@ def test_multi_participation_cells_keep_the_epsilon_their_runs_recorded(tmp_path
   summary["epsilon"] = None  # a run that broke its schema
   (root / "fe1" / "summary.json").write_text(json.dumps(summary))
   assert summarize.summarize(summarize.load_summaries(str(root)))[0]["epsilon"] is None
+
+
+def test_error_bars_never_go_below_zero(tmp_path, monkeypatch):
+  """A mean of 0.5% with a 2% std: the lower bar stops at 0 (accuracy is never negative), in
+  both figures, and neither axis shows negative accuracy."""
+  assert summarize._error_bars([0.5, 20.0], [2.0, 1.0]) == [[0.5, 1.0], [2.0, 1.0]]  # pylint: disable=protected-access
+  root = tmp_path / "runs"
+  k = 0
+  for mechanism, z, schedule, tests in (
+      ("honaker_online", 5.456, "constant", (0.0, 0.0, 0.015)),
+      ("honaker_online", 0.341, "constant", (0.20, 0.21, 0.22)),
+      ("opt_momentum", 0.341, "cooldown", (0.0, 0.001, 0.03))):
+    for seed, value in enumerate(tests):
+      _write(root, f"run{k:02d}", mechanism=mechanism, z=z, setting=A, seed=seed, val=value,
+             test=value, schedule=schedule)
+      k += 1
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  figures = []
+  monkeypatch.setattr(plt, "close", figures.append)  # keep the figures to inspect them
+  rows = summarize.summarize(summarize.load_summaries(str(root)))
+  assert summarize.plot_fig2(rows, str(tmp_path / "fig2.png"))
+  assert summarize.plot_fig3(rows, str(tmp_path / "fig3.png"))
+  assert len(figures) == 2
+  for fig in figures:
+    ax = fig.axes[0]
+    assert ax.get_ylim()[0] >= 0.0
+    assert not ax.patches  # points with error bars, no bars on a truncated axis
+    segments = [seg for coll in ax.collections for seg in coll.get_segments()]
+    assert segments  # the error bars were drawn
+    assert min(float(seg[:, 1].min()) for seg in segments) >= 0.0

@@ -6,7 +6,8 @@
 - Heatmaps of B and C (Denisov et al. 2022, App G, Fig 5): each matrix on its own
   color scale with a colorbar, entries mapped to their rank, and a histogram of
   the non-zero magnitudes.
-- √L per strategy on a log scale, with the lower bound for any factorization.
+- √L per strategy as markers on a log axis (a log axis has no zero for bars to start
+  from), each value labeled, with the lower bound for any factorization.
 """
 
 from __future__ import annotations
@@ -82,44 +83,58 @@ def plot_heatmaps(b: np.ndarray, c: np.ndarray, path: str, title: str) -> str:
     ax.set_ylabel("count")
     ax.set_title(f"{name}: histogram")
   fig.suptitle(title)
-  return _save(plt, fig, path, dpi=100)
+  return _save(plt, fig, path, dpi=100, rect=(0, 0, 1, 0.975))  # suptitle clear of the panels
 
 
-def plot_sqrt_loss_bars(table: Dict[str, Dict[str, Optional[float]]], path: str, title: str,
-                        lower_bounds: Optional[Dict[str, float]] = None) -> str:
-  """Grouped bars of √L, ``table[workload][strategy]``, on a log scale.
+def plot_sqrt_loss(table: Dict[str, Dict[str, Optional[float]]], path: str, title: str,
+                   lower_bounds: Optional[Dict[str, float]] = None) -> str:
+  """√L, ``table[workload][strategy]``, one panel per workload, one row per strategy.
 
-  ``lower_bounds[workload]`` (√ of McMahan et al. App C's bound for any
-  factorization) is drawn as a dashed line.
+  Markers on a log axis with plain-number ticks, each labeled with its value;
+  ``lower_bounds[workload]`` (√ of the bound ‖A‖²_*/n for any factorization,
+  ``tff_mf.factorization.lower_bound_nuclear``) is drawn as a dashed line.
   """
+  import matplotlib.ticker  # pylint: disable=g-import-not-at-top
   plt = _pyplot()
   workload_names = list(table)
   strategies = list(dict.fromkeys(s for row in table.values() for s in row))
-  fig, axes = plt.subplots(1, len(workload_names), figsize=(5.5 * len(workload_names), 4.8),
-                           squeeze=False)
+  rows = list(range(len(strategies)))[::-1]  # the first strategy on top
+  fig, axes = plt.subplots(1, len(workload_names), sharey=True, squeeze=False,
+                           figsize=(4.5 * len(workload_names) + 3.0,
+                                    0.5 * len(strategies) + 2.0))
+  plain = matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}")
   for ax, workload in zip(axes[0], workload_names):
     values = [table[workload].get(s) for s in strategies]
-    positions = [k for k, v in enumerate(values) if v]
-    bars = ax.bar(positions, [values[k] for k in positions], color="steelblue")
-    for bar, k in zip(bars, positions):
-      ax.text(bar.get_x() + bar.get_width() / 2, values[k], f"{values[k]:.1f}", ha="center",
-              va="bottom", fontsize=8)
-    if lower_bounds and lower_bounds.get(workload):
-      ax.axhline(lower_bounds[workload], color="black", linestyle="--", linewidth=1,
-                 label=f"lower bound {lower_bounds[workload]:.1f}")
-      ax.legend(loc="upper right", fontsize=8)
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(strategies)))
-    ax.set_xticklabels(strategies, rotation=30, ha="right")
-    ax.set_ylabel("√L (log scale)")
+    shown = [(v, y) for v, y in zip(values, rows) if v]
+    ax.plot([v for v, _ in shown], [y for _, y in shown], "o", color="steelblue", markersize=7)
+    for v, y in shown:
+      ax.annotate(f"{v:.1f}", (v, y), xytext=(7, 0), textcoords="offset points", va="center",
+                  fontsize=9)
+    low, high = min(v for v, _ in shown), max(v for v, _ in shown)
+    bound = (lower_bounds or {}).get(workload)
+    if bound:
+      ax.axvline(bound, color="black", linestyle="--", linewidth=1,
+                 label=f"lower bound ‖A‖_*/√n = {bound:.1f}")
+      ax.legend(loc="lower right", fontsize=8)
+      low = min(low, bound)
+    ax.set_xscale("log")
+    ax.set_xlim(low / 1.2, high * 1.5)  # room for the value labels
+    ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_ylim(-0.6, len(strategies) - 0.4)
+    ax.set_yticks(rows)
+    ax.set_yticklabels(strategies)
+    ax.set_xlabel("√L (log scale; lower is better)")
     ax.set_title(workload)
+    ax.grid(True, axis="x", which="both", alpha=0.3)
   fig.suptitle(title)
   return _save(plt, fig, path, dpi=120)
 
 
-def _save(plt, fig, path: str, dpi: int) -> str:
-  """Lays out, writes (creating the folder) and closes ``fig``; returns ``path``."""
-  fig.tight_layout()
+def _save(plt, fig, path: str, dpi: int, rect=(0, 0, 1, 1)) -> str:
+  """Lays out (within ``rect``), writes (creating the folder) and closes ``fig``; returns ``path``."""
+  fig.tight_layout(rect=rect)
   _makedirs_for(path)
   fig.savefig(path, dpi=dpi)
   plt.close(fig)

@@ -143,9 +143,10 @@ def run_factorization_demo(output_dir: str, cache_dir: Optional[str] = None,
   with open(os.path.join(output_dir, "sqrt_loss_table.md"), "w", encoding="utf-8") as f:
     f.write(table + "\n")
   png_paths = plot_cmd.make_plots(output_dir, n, momentum=DEMO_MOMENTUM, cache_dir=cache_dir)
-  png_paths.append(plots.plot_sqrt_loss_bars(
+  png_paths.append(plots.plot_sqrt_loss(
       {c: {labels[s]: values[c][s] for s in DEMO_STRATEGIES} for c in columns},
-      os.path.join(output_dir, f"sqrt_loss_n{n}.png"), f"√L by strategy, n={n}"))
+      os.path.join(output_dir, f"sqrt_loss_n{n}.png"), f"√L by strategy, n={n}",
+      lower_bounds=lower_bounds))
   with open(os.path.join(output_dir, "factorizations.json"), "w", encoding="utf-8") as f:
     json.dump({"n": n, "factorizations": records, "lower_bound_sqrt": lower_bounds,
                "plots": png_paths, "wall_seconds": time.perf_counter() - start},

@@ -246,6 +246,12 @@ def markdown_table(rows: Sequence[dict], min_converged: int = MIN_CONVERGED_FIG2
   return "\n".join(lines)
 
 
+def _error_bars(means: Sequence[float], stds: Sequence[float]) -> List[List[float]]:
+  """[lower, upper] error-bar lengths: ± std, the lower one clipped so no bar goes below 0
+  (an accuracy is never negative)."""
+  return [[min(s, max(m, 0.0)) for m, s in zip(means, stds)], list(stds)]
+
+
 def plot_fig2(rows: Sequence[dict], path: str) -> bool:
   """Accuracy (no OOV/EOS) against ε, one line per mechanism, constant LR cells. False if none."""
   import matplotlib  # pylint: disable=g-import-not-at-top
@@ -262,18 +268,21 @@ def plot_fig2(rows: Sequence[dict], path: str) -> bool:
   fig, ax = plt.subplots(figsize=(6.4, 4.2))
   for (label, clients), points in sorted(series.items(), key=lambda kv: str(kv[0])):
     points = sorted(points, key=lambda r: r["epsilon"])
-    ax.errorbar([p["epsilon"] for p in points], [100 * p["test_mean"] for p in points],
-                yerr=[100 * (p["test_std"] or 0.0) for p in points], marker="o", capsize=3,
+    means = [100 * p["test_mean"] for p in points]
+    ax.errorbar([p["epsilon"] for p in points], means,
+                yerr=_error_bars(means, [100 * (p["test_std"] or 0.0) for p in points]),
+                marker="o", capsize=3,
                 label=label + (f", {clients} clients/round" if several_counts else ""))
   ax.set_xscale("log")
-  ticks = sorted({round(p["epsilon"], 2) for points in series.values() for p in points})
-  ax.set_xticks(ticks)
+  ticks = sorted({float(f"{p['epsilon']:.3g}") for points in series.values() for p in points})
+  ax.set_xticks(ticks)  # one labeled tick per ε of the runs (3 significant digits)
   ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-  ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+  ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+  ax.set_ylim(bottom=0.0)
   ax.set_xlabel(f"ε (δ = {rows[0]['delta']:g}, {rows[0]['accountant']})")
   ax.set_ylabel("test accuracy without OOV/EOS (%)")
   ax.set_title("Accuracy vs ε (Denisov et al. Fig 2 style)")
-  ax.grid(True, which="both", alpha=0.3)
+  ax.grid(True, alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
@@ -282,7 +291,9 @@ def plot_fig2(rows: Sequence[dict], path: str) -> bool:
 
 
 def plot_fig3(rows: Sequence[dict], path: str, noise_multiplier: Optional[float] = None) -> bool:
-  """Bars per (schedule, clients per round) and mechanism at one noise multiplier. False if nothing to plot."""
+  """Mean ± std per (schedule, clients per round) and mechanism at one noise multiplier, as
+  points with error bars (not bars: the accuracy axis does not start at 0, so bar lengths
+  would mislead). False if there is nothing to plot."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -299,8 +310,9 @@ def plot_fig3(rows: Sequence[dict], path: str, noise_multiplier: Optional[float]
   if len(groups) < 2:
     return False
   mechanisms = sorted({r["label"] for r in at_z})
-  fig, ax = plt.subplots(figsize=(7.0, 4.2))
+  fig, ax = plt.subplots(figsize=(7.0, 4.6))
   width = 0.8 / len(mechanisms)
+  low, high = math.inf, -math.inf
   for m_index, label in enumerate(mechanisms):
     xs, ys, es = [], [], []
     for g_index, (schedule, clients) in enumerate(groups):
@@ -310,23 +322,30 @@ def plot_fig3(rows: Sequence[dict], path: str, noise_multiplier: Optional[float]
         xs.append(g_index - 0.4 + width * (m_index + 0.5))
         ys.append(100 * match[0]["test_mean"])
         es.append(100 * (match[0]["test_std"] or 0.0))
-    ax.bar(xs, ys, width=width, yerr=es, capsize=3, label=label)
+    if xs:
+      bars = _error_bars(ys, es)
+      ax.errorbar(xs, ys, yerr=bars, fmt="o", markersize=6, capsize=4, label=label)
+      low = min(low, min(y - e for y, e in zip(ys, bars[0])))
+      high = max(high, max(y + e for y, e in zip(ys, bars[1])))
   nonprivate = [r for r in rows if r["noise_multiplier"] is None and r["test_mean"] is not None]
   if nonprivate:
-    ax.axhline(100 * max(r["test_mean"] for r in nonprivate), color="black", linestyle="--",
-               label="non-private")
+    level = 100 * max(r["test_mean"] for r in nonprivate)
+    ax.axhline(level, color="black", linestyle="--", label="non-private")
+    high = max(high, level)
   tree = [r for r in at_z if r["mechanism"] == "honaker_online" and r["lr_schedule"] == "constant"]
   if tree:
-    ax.axhline(100 * tree[0]["test_mean"], color="red",
+    ax.axhline(100 * tree[0]["test_mean"], color="red", linewidth=0.8,
                label="DP-FTRL tree (Honaker online), constant LR")
   ax.set_xticks(range(len(groups)))
   ax.set_xticklabels([f"{s}\n{c} clients/round" for s, c in groups], fontsize=8)
-  low = min(100 * r["test_mean"] for r in at_z)
-  ax.set_ylim(bottom=max(0.0, low - 2.0))
+  ax.set_xlim(-0.5, len(groups) - 0.5)
+  span = max(high - low, 1.0)
+  ax.set_ylim(max(0.0, low - 0.15 * span), high + 0.45 * span)  # room for the legend above
+  ax.grid(True, axis="y", alpha=0.3)
   eps = at_z[0]["epsilon"]
   ax.set_ylabel("test accuracy without OOV/EOS (%)")
   ax.set_title(f"LR schedules at z = {noise_multiplier:g} (ε = {eps:.2f}; Denisov et al. Fig 3 style)")
-  ax.legend(fontsize=8)
+  ax.legend(fontsize=8, loc="upper center", ncol=2)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)

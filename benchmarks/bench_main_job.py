@@ -1,0 +1,103 @@
+"""The main job (``make demo``) end to end on an empty cache: wall time of each part.
+
+Runs ``python -m training.main_job --output_dir <tmp>/demo`` (what ``make demo`` runs)
+in a subprocess whose ``TFF_MF_CACHE`` is a fresh directory, so the run includes the
+factorizations of the √L table and the docstring-dataset build. Parts: the √L table
+and plots (``factorizations.json``), each mechanism's training run (its
+``summary.json`` wall time), and the rest (the dataset build, task construction,
+interpreter start) as the difference to the total. Then the job's own result table.
+Writes ``benchmarks/results/main_job.md``.
+
+  nice -n 10 .venv/bin/python benchmarks/bench_main_job.py           # about 12 min idle
+  .venv/bin/python benchmarks/bench_main_job.py --smoke --out-dir /tmp/x  # table only, n = 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "benchmarks", "results")
+MACHINE = "2-core x86_64 CPU, 24 GB, no GPU"
+
+
+def run_job(job_args, workdir):
+  """(exit code, wall seconds, stderr tail) of the main job on an empty cache."""
+  env = dict(os.environ, TFF_MF_CACHE=os.path.join(workdir, "cache"), PYTHONPATH=REPO,
+             TF_CPP_MIN_LOG_LEVEL="3")
+  start = time.perf_counter()
+  proc = subprocess.run([sys.executable, "-m", "training.main_job",
+                         "--output_dir", os.path.join(workdir, "demo"), *job_args],
+                        cwd=REPO, env=env, capture_output=True, text=True)
+  return proc.returncode, time.perf_counter() - start, proc.stderr[-3000:]
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--smoke", action="store_true",
+                      help="n = 16 and --skip_training: checks that the script runs (seconds)")
+  parser.add_argument("--out-dir", default=RESULTS)
+  args = parser.parse_args(argv)
+  job_args = ["--n", "16", "--skip_training"] if args.smoke else []
+  load_start = os.getloadavg()[0]
+  with tempfile.TemporaryDirectory() as workdir:
+    code, total, stderr = run_job(job_args, workdir)
+    if code not in (0, 2):
+      print(stderr, file=sys.stderr)
+      raise SystemExit(f"the main job failed with exit code {code}")
+    with open(os.path.join(workdir, "demo", "factorizations.json"), encoding="utf-8") as f:
+      table = json.load(f)
+    results, job_table = None, ""
+    results_path = os.path.join(workdir, "demo", "training", "results.json")
+    if os.path.exists(results_path):
+      with open(results_path, encoding="utf-8") as f:
+        results = json.load(f)
+      with open(os.path.join(workdir, "demo", "training", "results.md"), encoding="utf-8") as f:
+        job_table = "\n".join(line for line in f.read().splitlines() if line.startswith("|"))
+  load_end = os.getloadavg()[0]
+  parts = [("factorization table and plots", table["wall_seconds"])]
+  if results:
+    parts += [(f"{r['mechanism']} ({r['total_rounds']} rounds)", r["wall_seconds"])
+              for r in results["results"]]
+  parts.append(("dataset build, task, interpreter (the rest)",
+                total - sum(seconds for _, seconds in parts)))
+  settings = results["settings"] if results else {}
+  command = ".venv/bin/python benchmarks/bench_main_job.py" + "".join(
+      f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
+  lines = ["## Main job (`make demo`): wall time on 2 cores", "",
+           f"Command: `{command}` — runs `python -m training.main_job"
+           f"{''.join(' ' + a for a in job_args)}` (what `make demo` runs) with an empty "
+           "cache, so the run includes the n = "
+           f"{table['n']} factorizations and the docstring-dataset build. Machine: {MACHINE} "
+           f"({platform.machine()}, Python {platform.python_version()}); 1-minute load "
+           f"average {load_start:.1f} at the start, {load_end:.1f} at the end. Exit code "
+           f"{code}.", ""]
+  if settings:
+    lines += [f"Settings: {settings['total_rounds']} single-pass rounds × "
+              f"{settings['clients_per_round']} clients per mechanism, ε = "
+              f"{settings['target_epsilon']:g}, δ = {settings['delta']:g}, LSTM "
+              f"{settings['embedding_size']}/{settings['lstm_size']}/"
+              f"{settings['projection_size']}, vocabulary {settings['vocab_size']}.", ""]
+  lines += ["| part | wall s |", "| --- | --- |"]
+  lines += [f"| {name} | {seconds:.0f} |" for name, seconds in parts]
+  lines += [f"| **total** | **{total:.0f}** ({total / 60:.1f} min) |", ""]
+  if job_table:
+    lines += ["The job's result table (one noise seed from OS entropy, seed 0; a short run, "
+              "not the papers' regime; the three-seed comparison is the training section):",
+              "", job_table, ""]
+  os.makedirs(args.out_dir, exist_ok=True)
+  with open(os.path.join(args.out_dir, "main_job.md"), "w", encoding="utf-8") as f:
+    f.write("\n".join(lines))
+  print("\n".join(lines))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

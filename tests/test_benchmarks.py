@@ -1,0 +1,76 @@
+"""Every benchmark script runs against the current library (its smoke mode, in seconds).
+
+The benchmarks import the library directly; an API change once left several of them
+failing at import with nobody noticing. ``benchmarks/run_all.py`` lists a smoke run for
+each script (``SMOKE``): a tiny configuration that writes only into a temporary
+directory. Each runs here in a clean-shell subprocess (``tests/userenv.py``), and a
+script without a smoke entry fails the test.
+"""
+
+import importlib.util
+import os
+import subprocess
+
+import pytest
+
+import userenv
+
+REPO = userenv.REPO
+BENCHMARKS = os.path.join(REPO, "benchmarks")
+
+
+def _run_all():
+  spec = importlib.util.spec_from_file_location("run_all", os.path.join(BENCHMARKS,
+                                                                        "run_all.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+RUN_ALL = _run_all()
+# Minutes of CPU even when tiny (three TFF training runs): with the slow tests; its --help
+# runs in the default suite.
+SLOW = {"training_pydocs.py"}
+
+
+def test_every_script_has_a_smoke_run():
+  scripts = {name for name in os.listdir(BENCHMARKS) if name.endswith(".py")}
+  assert scripts == set(RUN_ALL.SMOKE)
+
+
+def test_every_section_has_a_command_and_a_known_script():
+  for name, section, commands in RUN_ALL.BENCHMARKS:
+    assert commands, f"section {name} ({section}) has no command"
+    for command in commands:
+      assert os.path.basename(command[0]) in RUN_ALL.SMOKE, command
+
+
+def _smoke(script, tmp_path, argv=None):
+  out = tmp_path / "out"
+  out.mkdir()
+  command = RUN_ALL.smoke_command(script, str(out)) if argv is None else [
+      RUN_ALL.sys.executable, os.path.join("benchmarks", script), *argv]
+  return subprocess.run(command, cwd=REPO, env=userenv.env(home=tmp_path, pythonpath=True),
+                        capture_output=True, text=True, timeout=900), out
+
+
+@pytest.mark.parametrize("script", sorted(set(RUN_ALL.SMOKE) - SLOW))
+def test_smoke_run(script, tmp_path):
+  result, out = _smoke(script, tmp_path)
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+  if RUN_ALL.SMOKE[script] != ("--help",):
+    assert any(name.endswith(".md") for _, _, files in os.walk(out) for name in files)
+
+
+@pytest.mark.parametrize("script", sorted(SLOW))
+def test_help_of_slow_scripts(script, tmp_path):
+  result, _ = _smoke(script, tmp_path, ["--help"])
+  assert result.returncode == 0, result.stderr[-4000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(SLOW))
+def test_smoke_run_slow(script, tmp_path):
+  result, out = _smoke(script, tmp_path)
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+  assert any(name.endswith(".md") for _, _, files in os.walk(out) for name in files)
