@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from training import summarize
-from tff_mf import registry
+from tff_mf import accounting, registry
 
 import statcheck
 
