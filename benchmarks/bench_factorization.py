@@ -6,7 +6,7 @@ Compares, on the prefix-sum workload S, in one run:
 - ``anderson``: φ with Anderson acceleration;
 - ``plain``: the plain fixed point, one ``eigh`` per iteration (the baseline
   for the speed-up ratio), with the same certificate;
-- ``gradient_descent`` and ``lbfgs`` on Eq. 4 (``tff_mf.baselines``), given a
+- ``gradient_descent`` and ``lbfgs`` on Eq. 4 (``benchmarks/baselines.py``), given a
   wall-time budget.
 
 For each method it records the loss L(t) of the best factorization so far and
@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-from tff_mf import baselines  # pylint: disable=g-import-not-at-top,wrong-import-position
+from benchmarks import baselines  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_mf.families import dense  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_mf import workloads  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -152,7 +152,7 @@ def write_markdown(results, momentum, path, png_name, command, load_before, load
             "`newton` = default `tff_mf.families.dense.solve`; `plain` = one `eigh` per "
             "iteration of φ "
             "(Denisov Eq. 5) with the same certificate; `gradient_descent`/`lbfgs` = Eq. 4 "
-            "baselines (`tff_mf.baselines`) run for a fixed wall-time budget.", ""]
+            "baselines (`benchmarks/baselines.py`) run for a fixed wall-time budget.", ""]
   lines += ["| n | method | iterations (one eigh each for fixed points) | CG products | final relative gap / excess | "
             "time to 1e-6 (s) | CPU s to 1e-6 | total wall (s) | √L |",
             "|---|---|---|---|---|---|---|---|---|"]

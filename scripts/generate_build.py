@@ -97,7 +97,8 @@ def _deps(path: str, modules: Dict[str, str]) -> List[str]:
     elif top in THIRD_PARTY:
       deps.add("@pypi//" + THIRD_PARTY[top])
     elif not (top in PEER_ONLY or top in sys.stdlib_module_names or top in modules
-              or top == "__future__"):
+              or top == "__future__" or any(m.startswith(name + ".") for m in modules)):
+      # (the last: a folder without __init__.py, such as benchmarks/, as a namespace package)
       raise SystemExit(f"{path} imports {name!r}: add its distribution to THIRD_PARTY")
   parts = module_name(path).split(".")
   for k in range(1, len(parts)):  # the enclosing packages' __init__

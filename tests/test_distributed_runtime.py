@@ -181,7 +181,7 @@ def test_training_loop_two_workers_equal_single_process_kill_then_resume(tmp_pat
 
 
 def _binary_command(root, data_dir, cache, workers=None):
-  flags = dict(TINY_FLAGS, data_dir=data_dir, matrix_cache=cache, root_output_dir=root,
+  flags = dict(TINY_FLAGS, data_dir=data_dir, cache_dir=cache, root_output_dir=root,
                experiment_name="run")
   del flags["max_test_elements"]  # a TrainingConfig field without a binary flag
   if workers:
@@ -305,7 +305,7 @@ def _loop_driver(out_dir):
   from training import distributed  # pylint: disable=g-import-not-at-top
   from training import loop  # pylint: disable=g-import-not-at-top
   data_dir = fixtures.write_tiny_stackoverflow(os.path.join(out_dir, "data"))
-  base = dict(TINY_FLAGS, data_dir=data_dir, matrix_cache=os.path.join(out_dir, "cache"),
+  base = dict(TINY_FLAGS, data_dir=data_dir, cache_dir=os.path.join(out_dir, "cache"),
               experiment_name="run")
 
   def config(name, workers=()):

@@ -8,7 +8,7 @@ prefix sum S.
 import numpy as np
 import pytest
 
-from tff_mf import baselines
+from benchmarks import baselines
 from tff_mf import factorization as fz
 from tff_mf.families import dense
 from tff_mf import strategies

@@ -262,7 +262,7 @@ def test_sweep_with_the_real_binary_on_tiny_data_then_summarize(tmp_path):
   from training import summarize
   data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "data"))
   root = str(tmp_path / "runs")
-  tiny = (f"--data_dir={data_dir} --matrix_cache={tmp_path / 'cache'} --total_rounds=2 "
+  tiny = (f"--data_dir={data_dir} --cache_dir={tmp_path / 'cache'} --total_rounds=2 "
           "--clients_per_round=2 --vocab_size=100 --embedding_size=8 --lstm_size=16 "
           "--projection_size=8 --max_validation_elements=40 --rounds_per_eval=2 "
           "--rounds_per_checkpoint=1")

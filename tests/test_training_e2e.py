@@ -42,7 +42,7 @@ def base_config(tiny_dir, root, **kw):
                 noise_multiplier=Z, vocab_size=100, embedding_size=8, lstm_size=8,
                 projection_size=8, rounds_per_eval=1, rounds_per_checkpoint=1,
                 max_validation_elements=64, max_test_elements=64, root_output_dir=str(root),
-                matrix_cache=str(root / "matrix_cache"), progress=False)
+                cache_dir=str(root / "cache_dir"), progress=False)
   values.update(kw)
   return config_lib.TrainingConfig(**values)
 

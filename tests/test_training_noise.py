@@ -71,7 +71,7 @@ def _config(root, mechanism, **kw):
   values = dict(MODEL, mechanism=mechanism, total_rounds=ROUNDS, clients_per_round=CLIENTS,
                 client_lr=CLIENT_LR, clip_norm=CLIP, server_lr=SERVER_LR, delta=DELTA,
                 rounds_per_eval=ROUNDS, rounds_per_checkpoint=1, root_output_dir=str(root),
-                experiment_name=mechanism, matrix_cache=str(root / "matrix_cache"),
+                experiment_name=mechanism, cache_dir=str(root / "cache_dir"),
                 progress=False)
   values.update(kw)
   return config_lib.TrainingConfig(**values)
@@ -259,7 +259,7 @@ def test_binary_adds_the_reported_noise_in_a_clean_shell(tmp_path):
                client_lr=CLIENT_LR, clip_norm=CLIP, server_lr=SERVER_LR, server_momentum=beta,
                target_epsilon=target, delta=DELTA, noise_seed=SEED, rounds_per_eval=n,
                rounds_per_checkpoint=1, root_output_dir=tmp_path / "runs",
-               experiment_name="momentum", matrix_cache=tmp_path / "cache", progress=False)
+               experiment_name="momentum", cache_dir=tmp_path / "cache", progress=False)
   args = [f"--{k}={v}" if not isinstance(v, bool) else f"--{'' if v else 'no'}{k}"
           for k, v in flags.items()]
   (tmp_path / "home").mkdir()
@@ -275,7 +275,7 @@ def test_binary_adds_the_reported_noise_in_a_clean_shell(tmp_path):
                   if name.startswith("program_state_"))
   assert rounds == [n - 2, n - 1, n]
   config = config_lib.TrainingConfig(**{k: v for k, v in flags.items()
-                                        if k not in ("root_output_dir", "matrix_cache")})
+                                        if k not in ("root_output_dir", "cache_dir")})
   task = task_lib.build_task(config)
   theta_0 = _initial_model(task, config.seed)
   models = [_checkpointed_model(run_dir, r) for r in rounds]

@@ -36,7 +36,7 @@ TINY = dict(dataset="synthetic", vocab_size=50, embedding_size=4, lstm_size=4, p
 
 def tiny_config(root, **kw):
   values = dict(TINY, total_rounds=4, clients_per_round=2, root_output_dir=str(root),
-                matrix_cache=str(root / "matrix_cache"), progress=False, noise_seed=12345)
+                cache_dir=str(root / "cache_dir"), progress=False, noise_seed=12345)
   values.update(kw)
   return config_lib.TrainingConfig(**values)
 

@@ -31,7 +31,7 @@ def command(data_dir, root):
   args = [f"--{k}={v}" for k, v in FLAGS.items()]
   return [sys.executable, os.path.join(REPO, "training", "run_stackoverflow.py"), *args,
           f"--data_dir={data_dir}", f"--root_output_dir={root}", "--experiment_name=run",
-          f"--matrix_cache={root}/matrix_cache"]
+          f"--cache_dir={root}/cache_dir"]
 
 
 def group_processes(pgid, wait=5.0):
@@ -86,7 +86,7 @@ def test_sigkill_then_rerun_ends_with_the_uninterrupted_model(tmp_path):
   # 3. The uninterrupted reference run, with the noise seed the killed run drew.
   reference = config_lib.TrainingConfig(
       **FLAGS, data_dir=data_dir, root_output_dir=str(root), experiment_name="reference",
-      matrix_cache=str(root / "matrix_cache"), noise_seed=meta.noise_seed, progress=False)
+      cache_dir=str(root / "cache_dir"), noise_seed=meta.noise_seed, progress=False)
   summary = loop.run_training(reference)
   assert summary["finished"]
 

@@ -231,7 +231,7 @@ def test_running_past_the_matrix_rounds_is_the_querys_one_line_error(tmp_path, m
       clients_per_round=2, noise_multiplier=1.0, noise_seed=5, vocab_size=50, embedding_size=4,
       lstm_size=4, projection_size=4, rounds_per_eval=100, rounds_per_checkpoint=1,
       max_validation_elements=16, max_test_elements=16, root_output_dir=str(tmp_path / "runs"),
-      experiment_name="past_n", matrix_cache=str(tmp_path / "cache"), progress=False)
+      experiment_name="past_n", cache_dir=str(tmp_path / "cache"), progress=False)
   with pytest.raises(TrainingError) as error:
     loop.run_training(config)
   message = str(error.value)

@@ -28,7 +28,7 @@ PARTICIPATIONS = ("single", "fixed_epoch", "min_sep")
 DEFAULT_ROOT_OUTPUT_DIR = "~/tff_mf_runs"
 # Flags that may differ between the run that wrote a checkpoint and the one resuming it.
 RESUME_FREE_FIELDS = ("noise_seed", "workers", "rounds_per_checkpoint", "rounds_per_eval",
-                      "progress", "root_output_dir", "matrix_cache", "report_train_metrics")
+                      "progress", "root_output_dir", "cache_dir", "report_train_metrics")
 POSITIVE_INT_FIELDS = ("total_rounds", "clients_per_round", "rounds_per_eval",
                        "rounds_per_checkpoint", "max_validation_elements", "vocab_size",
                        "num_oov_buckets", "embedding_size", "lstm_size", "projection_size",
@@ -85,7 +85,7 @@ class TrainingConfig:
   accountant: str = "exact"
   clip_norm: float = 1.0
   noise_seed: Optional[int] = None
-  matrix_cache: Optional[str] = None
+  cache_dir: Optional[str] = None
   bands: Optional[int] = None
   rank: Optional[int] = None
   buffers: Optional[int] = None

@@ -176,7 +176,7 @@ def _config(mechanism: str, seed: int, output_dir: str, cache_dir, data_dir, pro
   from training import config as config_lib  # pylint: disable=g-import-not-at-top
   seedless = config_lib.is_seedless(mechanism)
   return config_lib.TrainingConfig(
-      mechanism=mechanism, data_dir=data_dir, matrix_cache=cache_dir,
+      mechanism=mechanism, data_dir=data_dir, cache_dir=cache_dir,
       root_output_dir=os.path.join(output_dir, "runs"),
       experiment_name=f"{mechanism}-seed{seed}", seed=seed,
       noise_seed=None if seedless else seed, progress=progress, **settings)

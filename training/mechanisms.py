@@ -66,7 +66,7 @@ def build_library_mechanism(name: str, config: TrainingConfig, noise_multiplier:
       clip_norm=config.clip_norm, server_learning_rate=config.server_lr,
       momentum=config.server_momentum, lr_schedule=config.lr_schedule,
       schedule_rounds=config.schedule_rounds, noise_seed=noise_seed,
-      cache_dir=config.matrix_cache, bands=config.bands, rank=config.rank,
+      cache_dir=config.cache_dir, bands=config.bands, rank=config.rank,
       buffers=config.buffers, participation=config.schema(), progress=config.progress)
 
 

@@ -97,7 +97,7 @@ flags.DEFINE_float("clip_norm", _DEFAULTS.clip_norm, "Per-client L2 clip norm ζ
 flags.DEFINE_integer("noise_seed", None,
                      f"Pin the secret noise seed {_NONE}a fresh one from OS entropy; the seed is "
                      "kept only in the checkpoints, never in summary or config files).")
-flags.DEFINE_string("matrix_cache", None,
+flags.DEFINE_string("cache_dir", None,
                     f"Factorization cache directory {_NONE}$TFF_MF_CACHE or ~/.cache/tff_mf).")
 flags.DEFINE_integer("bands", None,
                      f"structured: bands h of B̂ {_NONE}h + r = ⌈log₂ n⌉, h = ⌈(h+r)/2⌉); banded, "

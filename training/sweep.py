@@ -47,7 +47,7 @@ TRAINING_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run_
 DEFAULT_BINARY = f"{shlex.quote(sys.executable)} {shlex.quote(TRAINING_SCRIPT)}"
 # Flags that may differ between a finished run and a rerequest without making it a different run.
 FREE_FLAGS = frozenset({"root_output_dir", "experiment_name", "workers", "rounds_per_checkpoint",
-                        "matrix_cache", "data_dir", "progress", "noise_seed",
+                        "cache_dir", "data_dir", "progress", "noise_seed",
                         "report_train_metrics"})
 
 

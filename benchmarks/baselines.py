@@ -1,7 +1,7 @@
 """Baseline solvers for Denisov Eq. 4, for the factorization benchmark (numpy core).
 
-Denisov et al. ``000_…`` App E.4 / Fig 4 compare the fixed point φ with
-gradient-based methods on Eq. 4 (``001_…``):
+Denisov et al. 2022 (arXiv:2202.08312) App E.4 / Fig 4 compare the fixed point φ
+with gradient-based methods on their Eq. 4 (after Yuan et al. 2016):
 
     min tr(AᵀA X⁻¹)  over positive-definite X with X[i, i] ≤ 1.
 
