@@ -48,8 +48,11 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
     ("data", "stackoverflow_data.md", (("benchmarks/stackoverflow_data.py",),)),
     ("main_job", "main_job.md", (("benchmarks/bench_main_job.py",),)),
     ("training", "training.md", (("benchmarks/training_pydocs.py", "--seeds", "0", "1", "2",
-                                  "--total_rounds", "64", "--clients_per_round", "4",
-                                  "--target_epsilon", "16"),)),
+                                  "3", "4"),)),
+    ("multi_epoch_training", "training_multi_epoch.md", (
+        ("benchmarks/training_pydocs.py", "--mechanisms", "tree", "gaussian", "banded", "blt",
+         "--seeds", "0", "1", "2", "--out", "out/bench_multi_epoch", "--results_md",
+         "benchmarks/results/training_multi_epoch.md"),)),
     ("distributed", "distributed.md", (("benchmarks/bench_distributed.py", "--rounds=4",
                                         "--clients=4", "--examples=400", "--hidden=256"),)),
 )

@@ -71,11 +71,11 @@ COVERED_ELSEWHERE: Dict[str, Tuple[str, ...]] = {
     "make venv": ("tests/test_docs_commands.py::test_make_targets_run_the_documented_commands",),
     # The main job at full size takes ~12 minutes: the slow test runs it end to end on the tiny
     # StackOverflow fixture, the fast ones its √L table from a clean shell and the Makefile line.
-    "make demo": ("tests/test_training_main_job.py::test_main_job_writes_table_plot_and_results",
+    "make demo": ("tests/test_training_main_job.py::test_main_job_writes_results_and_plot",
                   "tests/test_training_main_job.py::test_factorization_table_from_a_clean_shell",
                   "tests/test_docs_commands.py::test_make_targets_run_the_documented_commands"),
     ".venv/bin/python -m training.main_job --output_dir out/demo": (
-        "tests/test_training_main_job.py::test_main_job_writes_table_plot_and_results",
+        "tests/test_training_main_job.py::test_main_job_writes_results_and_plot",
         "tests/test_training_main_job.py::test_factorization_table_from_a_clean_shell"),
     # The benchmarks take hours and write BENCHMARKS.md; no test runs them. Only the Makefile
     # line is pinned.
