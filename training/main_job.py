@@ -65,9 +65,9 @@ MAIN_JOB_DEFAULTS = dict(
     max_test_elements=2000,
 )
 READING_NOTES = (
-    "- Test loss is the token-weighted cross-entropy of the final model on 2000 held-out test "
-    "sentences. It leads because it is what training minimizes and it moves smoothly with the "
-    "noise: at this scale the models predict mostly frequent tokens, so the accuracy without "
+    "- Test loss is the token-weighted cross-entropy of the final model on {max_test_elements} "
+    "held-out test sentences. It leads because it is what training minimizes and it moves "
+    "smoothly with the noise: at this scale the models predict mostly frequent tokens, so the accuracy without "
     "OOV/EOS targets (the papers' headline after 2048 rounds of 100 clients) stays near 0 and is "
     "mostly noise; both accuracies are shown.",
     "- Every mechanism trains at the same target ε under the same participation schema; z is "
@@ -77,8 +77,8 @@ READING_NOTES = (
     "- Replicate r pins the noise seed, the client order and the model init to r, so two runs "
     "of `make demo` give the same numbers (up to floating-point non-determinism) and the same "
     "conclusion; the paired difference compares the mechanisms on the same clients and init.",
-    "- A mechanism wins only when the 95% t-interval of its paired differences (2 degrees of "
-    "freedom for 3 seeds) excludes 0 on its better side.",
+    "- A mechanism wins only when the 95% t-interval of its paired differences (n − 1 degrees "
+    "of freedom for n seeds) excludes 0 on its better side.",
 )
 DEMO_N = 512
 DEMO_MOMENTUM = 0.95
@@ -247,7 +247,8 @@ def run_main_job(output_dir: str, cache_dir: Optional[str] = None, *,
   result = report.compare(runs, baseline=mechanisms[0], leading=LEADING_METRIC)
   result["initial_test_metrics"] = curves.pop("initial")
   result["wall_seconds"] = time.perf_counter() - start
-  described = dict(settings, schema_text=schema_text(settings), notes=list(READING_NOTES),
+  notes = [note.format(**settings) for note in READING_NOTES]
+  described = dict(settings, schema_text=schema_text(settings), notes=notes,
                    title=(f"pydocs, {settings['total_rounds']} rounds x "
                           f"{settings['clients_per_round']} clients, {schema_text(settings)}, "
                           f"target eps {settings['target_epsilon']:g}"))
