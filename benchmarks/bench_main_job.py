@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import os
 import platform
 import subprocess
@@ -46,6 +47,7 @@ def main(argv=None):
   parser.add_argument("--out-dir", default=RESULTS)
   args = parser.parse_args(argv)
   job_args = ["--n", "16", "--skip_training"] if args.smoke else []
+  os.makedirs(args.out_dir, exist_ok=True)
   load_start = os.getloadavg()[0]
   with tempfile.TemporaryDirectory() as workdir:
     code, total, stderr = run_job(job_args, workdir)
@@ -60,12 +62,17 @@ def main(argv=None):
       with open(results_path, encoding="utf-8") as f:
         results = json.load(f)
       with open(os.path.join(workdir, "demo", "training", "results.md"), encoding="utf-8") as f:
-        job_table = "\n".join(line for line in f.read().splitlines() if line.startswith("|"))
+        body = f.read().split("\n", 1)[1]  # without the title
+      job_table = body.split("## How to read this")[0].replace("(training.png)",
+                                                               "(main_job_training.png)")
+      shutil.copy(os.path.join(workdir, "demo", "training", "training.png"),
+                  os.path.join(args.out_dir, "main_job_training.png"))
   load_end = os.getloadavg()[0]
   parts = [("factorization table and plots", table["wall_seconds"])]
   if results:
-    parts += [(f"{r['mechanism']} ({r['total_rounds']} rounds)", r["wall_seconds"])
-              for r in results["results"]]
+    rounds = results["settings"]["total_rounds"]
+    parts += [(f"{name} ({rounds} rounds, {len(entry['wall_seconds'])} seeds)",
+               sum(entry["wall_seconds"])) for name, entry in results["mechanisms"].items()]
   parts.append(("dataset build, task, interpreter (the rest)",
                 total - sum(seconds for _, seconds in parts)))
   settings = results["settings"] if results else {}
@@ -80,8 +87,9 @@ def main(argv=None):
            f"average {load_start:.1f} at the start, {load_end:.1f} at the end. Exit code "
            f"{code}.", ""]
   if settings:
-    lines += [f"Settings: {settings['total_rounds']} single-pass rounds × "
-              f"{settings['clients_per_round']} clients per mechanism, ε = "
+    lines += [f"Settings: {settings['total_rounds']} rounds × "
+              f"{settings['clients_per_round']} clients per run, {settings['schema_text']}, "
+              f"seeds {', '.join(map(str, results['seeds']))}, ε = "
               f"{settings['target_epsilon']:g}, δ = {settings['delta']:g}, LSTM "
               f"{settings['embedding_size']}/{settings['lstm_size']}/"
               f"{settings['projection_size']}, vocabulary {settings['vocab_size']}.", ""]
@@ -89,9 +97,8 @@ def main(argv=None):
   lines += [f"| {name} | {seconds:.0f} |" for name, seconds in parts]
   lines += [f"| **total** | **{total:.0f}** ({total / 60:.1f} min) |", ""]
   if job_table:
-    lines += ["The job's result table (one noise seed from OS entropy, seed 0; a short run, "
-              "not the papers' regime; the three-seed comparison is the training section):",
-              "", job_table, ""]
+    lines += ["What the job reported in this run (its results.md without the reading notes):",
+              "", job_table.strip(), ""]
   os.makedirs(args.out_dir, exist_ok=True)
   with open(os.path.join(args.out_dir, "main_job.md"), "w", encoding="utf-8") as f:
     f.write("\n".join(lines))
