@@ -51,6 +51,7 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
                                   "3", "4"),)),
     ("multi_epoch_training", "training_multi_epoch.md", (
         ("benchmarks/training_pydocs.py", "--mechanisms", "tree", "gaussian", "banded", "blt",
+         "opt_momentum",
          "--seeds", "0", "1", "2", "--out", "out/bench_multi_epoch", "--results_md",
          "benchmarks/results/training_multi_epoch.md"),)),
     ("distributed", "distributed.md", (("benchmarks/bench_distributed.py", "--rounds=4",
