@@ -16,10 +16,11 @@ reproduces the section whatever the main job's defaults are.
 
 With ``--mechanisms`` it compares other mechanisms (the first is the baseline), for
 example the multi-epoch comparison of TFF's tree, independent noise (TFF's
-``gaussian_fixed``), banded and BLT at equal ε under the main job's fixed-epoch schema:
+``gaussian_fixed``), banded, BLT and the fixed-epoch optimum for momentum at equal ε
+under the main job's fixed-epoch schema:
 
   nice .venv/bin/python benchmarks/training_pydocs.py --mechanisms tree gaussian banded blt \
-      --out out/bench_multi_epoch --results_md benchmarks/results/training_multi_epoch.md
+      opt_momentum --out out/bench_multi_epoch --results_md benchmarks/results/training_multi_epoch.md
 
 When ``gaussian`` is among them, the section adds each matrix mechanism's paired
 test-loss difference to it (the papers' claim: MF ahead of independent noise in
