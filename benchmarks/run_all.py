@@ -47,8 +47,6 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
      (("benchmarks/bench_multi_participation.py",),)),  # needs /tmp/peer (jax-privacy)
     ("data", "stackoverflow_data.md", (("benchmarks/stackoverflow_data.py",),)),
     ("main_job", "main_job.md", (("benchmarks/bench_main_job.py",),)),
-    ("training", "training.md", (("benchmarks/training_pydocs.py", "--seeds", "0", "1", "2",
-                                  "3", "4"),)),
     ("multi_epoch_training", "training_multi_epoch.md", (
         ("benchmarks/training_pydocs.py", "--mechanisms", "tree", "gaussian", "banded", "blt",
          "opt_momentum",
