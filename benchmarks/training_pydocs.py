@@ -35,7 +35,6 @@ import os
 import platform
 import shutil
 import sys
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -101,7 +100,6 @@ def main(argv=None):
     settings.update(total_rounds=2, clients_per_round=2, dataset="synthetic", vocab_size=100,
                     rounds_per_eval=1, rounds_per_checkpoint=1, max_validation_elements=32,
                     max_test_elements=32)
-  start = time.perf_counter()
   code = main_job.run_main_job(args.out, args.cache_dir, data_dir=args.data_dir,
                                mechanisms=mechanisms, seeds=args.seeds, **settings)
   if code not in (0, 2):
@@ -122,9 +120,11 @@ def main(argv=None):
   text = text.replace("## How to read this", "### How to read this", 1)
   header, _, rest = text.partition("\n\n")
   rest += vs_independent_noise(os.path.join(args.out, "results.json"))
+  with open(os.path.join(args.out, "results.json"), encoding="utf-8") as f:
+    trained = sum(sum(e["wall_seconds"]) for e in json.load(f)["mechanisms"].values())
   section = (f"{header}\n\nCommand: `{command}`  \nMachine: {MACHINE} (wall times depend on "
-             f"the load; {time.perf_counter() - start:.0f} s in all, Python "
-             f"{platform.python_version()}).\n\n{rest}")
+             f"the load; {trained:.0f} s of training in all, the sum of the runs' wall times; "
+             f"Python {platform.python_version()}).\n\n{rest}")
   os.makedirs(os.path.dirname(os.path.abspath(args.results_md)), exist_ok=True)
   with open(args.results_md, "w", encoding="utf-8") as f:
     f.write(section)

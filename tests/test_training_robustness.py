@@ -242,3 +242,29 @@ def test_running_past_the_matrix_rounds_is_the_querys_one_line_error(tmp_path, m
   with open(run_dir / "metrics.csv", newline="") as f:
     assert [r["round"] for r in csv.DictReader(f)] == ["1", "2"]
   assert checkpoints.Checkpointer(str(run_dir / "checkpoints")).latest().round == 2
+
+
+def test_tff_tree_run_resumes_with_its_grown_level_buffer(tmp_path, capfd):
+  """TFF's tree_aggregation keeps one node per completed level, so its state after round 2
+  has another leading dimension than the initial state; rerunning the command resumes from
+  that checkpoint (it used to be refused as "a different tff-mf version") and keeps the model."""
+  from stackoverflow import fixtures
+  from training import loop
+  from training import outputs
+  data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=12)
+  config = config_lib.TrainingConfig(
+      mechanism="tree", dataset="stackoverflow", data_dir=data_dir, total_rounds=2,
+      clients_per_round=2, noise_multiplier=1.0, vocab_size=50, embedding_size=4,
+      lstm_size=4, projection_size=4, rounds_per_eval=100, rounds_per_checkpoint=1,
+      max_validation_elements=16, max_test_elements=16, root_output_dir=str(tmp_path / "runs"),
+      experiment_name="tree", cache_dir=str(tmp_path / "cache"), progress=False)
+  assert loop.run_training(config)["finished"]
+  run_dir = tmp_path / "runs" / "tree"
+  with np.load(run_dir / outputs.FINAL_MODEL_FILE) as f:
+    first = {k: f[k] for k in f.files}
+  capfd.readouterr()
+  assert loop.run_training(config)["finished"]
+  assert "from round 2" in capfd.readouterr().err
+  with np.load(run_dir / outputs.FINAL_MODEL_FILE) as f:
+    for key, value in first.items():
+      np.testing.assert_array_equal(f[key], value)

@@ -29,6 +29,9 @@ from training import rundir
 from training.config import TrainingError
 
 CHECKPOINT_DIR = "checkpoints"
+# State entries whose leading dimension grows during a run: TFF's tree_aggregation keeps one
+# buffered node per level completed so far (tensorflow_privacy tree_aggregation.TreeState).
+GROWING_ENTRIES = ("tree_state/level_buffer",)
 
 
 @dataclasses.dataclass
@@ -49,6 +52,11 @@ class RunProgress:
 
 def _run(coro):
   return asyncio.run(coro)
+
+
+def _grows(path: str) -> bool:
+  """Whether state entry ``path`` may have another leading dimension than the initial state."""
+  return any(entry in path for entry in GROWING_ENTRIES)
 
 
 def _leaf_dtype(x) -> str:
@@ -123,6 +131,8 @@ class Checkpointer:
     for (path, want), got in zip(expected, loaded):
       want_shape, got_shape = tuple(np.shape(want)), tuple(np.shape(got))
       want_dtype, got_dtype = _leaf_dtype(want), _leaf_dtype(got)
+      if _grows(path) and len(want_shape) == len(got_shape) >= 1:
+        want_shape, got_shape = want_shape[1:], got_shape[1:]
       if want_shape != got_shape or want_dtype != got_dtype:
         raise TrainingError(f"{name}: state entry {path or '<root>'} is "
                             f"{got_dtype}{list(got_shape)} in the checkpoint but "

@@ -134,7 +134,7 @@ def _sentences(result: dict, settings: dict) -> str:
            f"{settings['delta']:g} for every run): TFF's tree aggregator against "
            f"{', '.join(_label(m) for m in others)}.")
   initial = (result.get("initial_test_metrics") or {}).get("loss")
-  start = f" (the untrained model scores {initial:.2f})" if initial is not None else ""
+  start = f"; the untrained model scores {initial:.2f}" if initial is not None else ""
   second = (f"The table leads with test loss (lower is better{start}), the metric the "
             "conclusion is drawn on, as mean ± std over the seeds and as the paired per-seed "
             f"difference to the tree with its {int(CONFIDENCE * 100)}% t-interval.")
@@ -262,7 +262,7 @@ def plot(result: dict, curves: Dict[str, Dict[str, List[Dict[int, float]]]], pat
   if initial is not None:
     ax.axhline(initial, color="gray", linestyle="--", linewidth=1, label="untrained model")
     ax.legend(loc="lower right")
-  ax.set_xticks(x, [_label(m) for m in names], rotation=10)
+  ax.set_xticks(x, [_label(m) for m in names], rotation=25, ha="right")
   ax.set_ylabel("final test loss (nats/token), mean ± std")
   ax.set_ylim(bottom=0.0)
   ax.grid(alpha=0.3, axis="y")
