@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -99,7 +99,6 @@ def main(argv=None):
   if job_table:
     lines += ["What the job reported in this run (its results.md without the reading notes):",
               "", job_table.strip(), ""]
-  os.makedirs(args.out_dir, exist_ok=True)
   with open(os.path.join(args.out_dir, "main_job.md"), "w", encoding="utf-8") as f:
     f.write("\n".join(lines))
   print("\n".join(lines))

@@ -45,27 +45,31 @@ DEFAULT_RESULTS_MD = os.path.join(REPO, "benchmarks", "results", "training.md")
 MACHINE = "2-core x86_64 CPU, 24 GB, no GPU"
 
 
-def vs_independent_noise(results_path: str) -> str:
-  """Paired test-loss differences of each matrix mechanism to ``gaussian`` ("" without it)."""
+def vs_independent_noise(mechanisms: dict) -> str:
+  """Paired test-loss differences of each matrix mechanism to ``gaussian`` ("" without it).
+
+  ``mechanisms``: the ``mechanisms`` entry of the main job's results.json.
+  """
   from training import report  # pylint: disable=g-import-not-at-top
-  with open(results_path, encoding="utf-8") as f:
-    mechanisms = json.load(f)["mechanisms"]
   if "gaussian" not in mechanisms:
     return ""
   reference = mechanisms["gaussian"]["loss"]["per_seed"]
-  lines = ["", "### Against independent noise (TFF's gaussian_fixed, same ε and schema)", "",
-           f"| mechanism | paired Δ test loss vs gaussian (mean ± std; "
-           f"{int(report.CONFIDENCE * 100)}% interval) | verdict |", "| --- | --- | --- |"]
+  rows = []
   for name, entry in mechanisms.items():
     if name in ("gaussian", "tree", "none"):
       continue
     d = report.paired(entry["loss"]["per_seed"], reference, lower_is_better=True)
     low, high = d["interval"]
     interval = "—" if low is None else f"[{low:+.4f}, {high:+.4f}]"
-    lines.append(f"| {entry['label']} | {d['mean']:+.4f} ± {d['std']:.4f} ({interval}) | "
+    rows.append(f"| {entry['label']} | {d['mean']:+.4f} ± {d['std']:.4f} ({interval}) | "
                  f"{d['verdict']}, better for {d['better_for_seeds']}/{len(d['per_seed'])} "
                  "seeds |")
-  return "\n".join(lines) + "\n"
+  if not rows:
+    return ""
+  return "\n".join(["", "### Against independent noise (TFF's gaussian_fixed, same ε and schema)",
+                    "", f"| mechanism | paired Δ test loss vs gaussian (mean ± std; "
+                    f"{int(report.CONFIDENCE * 100)}% interval) | verdict |",
+                    "| --- | --- | --- |", *rows]) + "\n"
 
 
 def main(argv=None):
@@ -119,9 +123,10 @@ def main(argv=None):
   text = text.replace("# Main job:", title, 1)
   text = text.replace("## How to read this", "### How to read this", 1)
   header, _, rest = text.partition("\n\n")
-  rest += vs_independent_noise(os.path.join(args.out, "results.json"))
   with open(os.path.join(args.out, "results.json"), encoding="utf-8") as f:
-    trained = sum(sum(e["wall_seconds"]) for e in json.load(f)["mechanisms"].values())
+    runs = json.load(f)["mechanisms"]
+  rest += vs_independent_noise(runs)
+  trained = sum(sum(e["wall_seconds"]) for e in runs.values())
   section = (f"{header}\n\nCommand: `{command}`  \nMachine: {MACHINE} (wall times depend on "
              f"the load; {trained:.0f} s of training in all, the sum of the runs' wall times; "
              f"Python {platform.python_version()}).\n\n{rest}")
