@@ -6,9 +6,17 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 venv="$root/.venv"
+# The interpreter: $PYTHON if set, else the first python3.11 on PATH, else python3.
 python="${PYTHON:-python3.11}"
 command -v "$python" >/dev/null 2>&1 || python=python3
-"$python" -c 'import sys; assert sys.version_info[:2] == (3, 11), "tff-mf needs Python 3.11, found %s" % sys.version.split()[0]'
+if ! command -v "$python" >/dev/null 2>&1; then
+  echo "[bootstrap] no Python found: install Python 3.11 or set PYTHON=/path/to/python3.11" >&2
+  exit 1
+fi
+if ! "$python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+  echo "[bootstrap] tff-mf needs Python 3.11, $(command -v "$python") is $("$python" -V 2>&1); set PYTHON=/path/to/python3.11" >&2
+  exit 1
+fi
 stamp_want="$(cat requirements/lock.txt requirements/lock-nodeps.txt setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)"
 stamp_file="$venv/.tff_mf_stamp"
 if [[ -x "$venv/bin/python" && -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp_want" ]]; then
@@ -25,7 +33,7 @@ sys.exit(os.path.dirname(os.path.dirname(os.path.abspath(tff_mf.__file__))) != s
   "$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e .
   exit 0
 fi
-echo "[bootstrap] creating $venv from requirements/lock.txt" >&2
+echo "[bootstrap] creating $venv from requirements/lock.txt with $(command -v "$python") ($("$python" -V 2>&1))" >&2
 rm -rf "$venv"
 "$python" -m venv "$venv"
 export PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -51,15 +51,15 @@ def _no_amplification_epsilon(c, sigma, delta=DELTA):
 def test_identity_is_dpsgd(n, p, sigma):
   """C = I reduces to DP-SGD with Poisson sampling (Sec 2.2).
 
-  One-sided: never below a valid lower bound (dp_accounting's optimistic PLD), and
-  at most 1e-6 above dp_accounting's pessimistic PLD on the same grid. (The two
-  pessimistic PLDs of the same mechanism differ by ~1e-10 relative either way: the
-  inverse privacy loss is found on different grids.)
+  Privacy side: never below a valid lower bound on the true ε (dp_accounting's
+  optimistic PLD), with no tolerance. Tightness side: at most 1e-6 relative above
+  dp_accounting's pessimistic PLD of the same mechanism on the same 1e-4 grid; the
+  two pessimistic PLDs are the same discretized mechanism and differ only in where
+  the inverse privacy loss is located on the grid (about 1e-9 relative either way,
+  depending on the platform's libm), so there is no lower check against it.
   """
   eps = mmcc.mmcc_epsilon(mmcc.identity_matrix(n), p, sigma, DELTA, workers=1)
-  ref = _dpsgd_epsilon(n, p, sigma)
-  assert _dpsgd_lower(n, p, sigma) * (1 - 1e-9) <= eps <= ref * (1 + 1e-6)
-  assert eps >= ref * (1 - 1e-9)
+  assert _dpsgd_lower(n, p, sigma) <= eps <= _dpsgd_epsilon(n, p, sigma) * (1 + 1e-6)
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -161,12 +161,13 @@ def test_symlinked_run_directory_of_another_user_is_refused(tmp_path, monkeypatc
     loop.run_training(tiny_config(tmp_path / "runs"))
 
 
-def test_default_root_output_dir_is_per_user_and_not_shared():
+@pytest.mark.parametrize("home", ["/home/alice", "/tmp/ci home/alice"])
+def test_default_root_output_dir_is_per_user_and_not_shared(home, monkeypatch):
+  """The default lives in the user's HOME, wherever HOME is (CI containers put it under /tmp)."""
+  monkeypatch.setenv("HOME", home)
   default = config_lib.TrainingConfig().root_output_dir
   assert default == config_lib.DEFAULT_ROOT_OUTPUT_DIR == "~/tff_mf_runs"
-  expanded = os.path.expanduser(default)
-  assert expanded.startswith(os.path.expanduser("~") + os.sep)
-  assert not expanded.startswith(("/tmp", "/var/tmp", "/dev/shm"))
+  assert os.path.expanduser(default) == os.path.join(home, "tff_mf_runs")
 
 
 def test_run_lock_is_exclusive_and_private(tmp_path):
