@@ -136,6 +136,8 @@ def key_params(spec: strategies.FactorizationSpec) -> Dict[str, Any]:
   params = {"format": FORMAT_VERSION, "solver": solver_version(spec.strategy),
             "workload": workload_key_params(spec.workload)}
   params.update(spec.key_params())
+  if spec.participation.kind == "min_sep":
+    params["min_sep_analysis"] = participation_lib.MIN_SEP_ANALYSIS_VERSION
   return params
 
 

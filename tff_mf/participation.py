@@ -15,6 +15,11 @@ Schemas:
   (b-min-separation, Choquette-Choo, Ganesh, McMahan, Rush, Steinke, Thakurta 2023,
   arXiv:2306.08153).
 
+For min_sep the value is exact when columns ≥ b apart have disjoint supports, and when C
+is lower-triangular Toeplitz with non-negative, non-increasing coefficients (BLT and
+banded Toeplitz almost always are): then the earliest pattern {0, b, …, (k−1)b} is the
+worst one, O(n·k) (``_earliest_pattern_toeplitz``).
+
 Per pattern P the inner supremum is an SDP; this module brackets it by
   lower(P) = max(1ᵀX_P1, tr X_P, max_{s∈{±1}^|P|} sᵀX_P s)   (explicit contributions)
   upper(P) = min(Σ_{s,t}|X_st|, |P|·λ_max(X_P))              (arXiv:2306.08153 Eq. 5, and
@@ -44,6 +49,10 @@ SIGN_ENUMERATION_MAX = 10
 EXACT_RTOL = 1e-12
 # Relative margin added to every reported sensitivity (float64 rounding of Σ C_ij²).
 ROUNDING_MARGIN = 1e-12
+# Version of the min_sep analysis (2: exact earliest-pattern value for non-negative,
+# non-increasing Toeplitz C). Part of min_sep cache keys, so that entries whose sidecar
+# figures came from an older analysis are recomputed rather than refused as edited.
+MIN_SEP_ANALYSIS_VERSION = 2
 
 
 # ----------------------------------------------------------------------------- schemas
@@ -415,6 +424,44 @@ def _disjoint_supports(c: np.ndarray, sep: int) -> bool:
   return bool(np.all(last[s] < suffix_first[s + sep])) if n > sep else True
 
 
+def toeplitz_coefficients(c: np.ndarray) -> Optional[np.ndarray]:
+  """c_0..c_{n−1} when C (n x n) is exactly lower-triangular Toeplitz, C[i, j] = c_{i−j}; else None."""
+  m, n = c.shape
+  if m != n or np.any(np.triu(c, 1)):
+    return None
+  coef = c[:, 0]
+  # Every diagonal equals its first entry: compare C with the Toeplitz matrix of its column.
+  idx = np.arange(n)
+  diff = idx[:, None] - idx[None, :]
+  built = np.where(diff >= 0, coef[np.maximum(diff, 0)], 0.0)
+  return coef.copy() if np.array_equal(built, c) else None
+
+
+def _earliest_pattern_toeplitz(coef: np.ndarray, b: int, k: int) -> Optional[float]:
+  """Σ_{i,j<k} X_{ib, jb} for C = Toeplitz(coef), in O(n·k); None unless coef ≥ 0 is non-increasing.
+
+  X_st = Σ_{l=0}^{n−1−max(s,t)} c_l c_{l+|s−t|}. With c_0 ≥ c_1 ≥ … ≥ 0 every X_st is
+  non-negative and non-increasing in |s − t| and in max(s, t), so the earliest pattern
+  {0, b, …, (k−1)b} dominates every admissible pattern term by term (its i-th and j-th
+  rounds are no farther apart and no later), and equal contributions attain Σ X_st
+  (X ≥ 0): the value is the exact squared sensitivity (cf. Kalinin, Lampert 2024,
+  arXiv:2405.13763, for the same domination argument under b-min-separation).
+  """
+  n = coef.shape[0]
+  if np.any(coef < 0) or np.any(np.diff(coef) > 0):
+    return None
+  total = 0.0
+  for gap in range(k):  # pairs (i, j) with |i − j| = gap, max(i, j) = i
+    d = gap * b
+    # cum[r] = Σ_{l < r} c_l c_{l+d}; X_{s,s+d} with max = s + d sums l ≤ n − 1 − (s + d).
+    prod = coef[:n - d] * coef[d:]
+    cum = np.concatenate([[0.0], np.cumsum(prod)])
+    rows = np.arange(gap, k) * b  # max(i, j)·b for i = gap..k−1
+    terms = cum[n - rows]
+    total += (1.0 if gap == 0 else 2.0) * float(np.sum(terms))
+  return total
+
+
 def _min_sep(c: np.ndarray, schema: Participation, col_sq: np.ndarray):
   n = c.shape[1]
   b = schema.min_sep
@@ -425,6 +472,10 @@ def _min_sep(c: np.ndarray, schema: Participation, col_sq: np.ndarray):
     return lower, lower, "max_column_norm"
   if _disjoint_supports(c, b):
     return lower, lower, "disjoint_supports"  # X_st = 0 for |s − t| ≥ b: exact
+  coef = toeplitz_coefficients(c)
+  earliest = None if coef is None else _earliest_pattern_toeplitz(coef, b, k)
+  if earliest is not None:
+    return earliest, earliest, "toeplitz_earliest_pattern"
   checks.dense_matrices_fit(n, 6.0, f"the min_sep sensitivity bound for n={n}")
   x = _gram(c)
   # arXiv:2306.08153 Alg. 4: best admissible set per row of |X|, then over the row values.
