@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Union
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 import tensorflow_privacy as tfp
 
+from tff_mf import adaptive_clipping
 from tff_mf import checks
 from tff_mf import factorization as fz
 from tff_mf import participation as participation_lib
@@ -87,6 +88,7 @@ class MechanismConfig:
   buffers: Optional[int]
   allow_no_noise: bool
   progress: bool
+  adaptive: Optional[adaptive_clipping.AdaptiveClipping] = None  # None: fixed clip_norm
 
   @property
   def workload(self) -> workloads.WorkloadSpec:
@@ -175,9 +177,30 @@ def _privacy_arguments(mechanism, noise_multiplier, target_epsilon, delta, accou
           accountant)
 
 
+def _clipping(mechanism, clip_norm, adaptive, clients_per_round):
+  """(ζ_0, checked AdaptiveClipping or None) from ``clip_norm`` (a number or "adaptive")."""
+  if isinstance(clip_norm, str):
+    if clip_norm != "adaptive":
+      raise checks.CheckError(f"clip_norm must be a positive number or 'adaptive', got "
+                              f"{clip_norm!r}")
+    if not mechanism.private:
+      raise checks.CheckError(f"mechanism {mechanism.name!r} adds no noise and clips nothing; "
+                              "adaptive clipping does not apply")
+    if mechanism.noise == "tff_tree":
+      raise checks.CheckError(
+          "adaptive clipping with TFF's tree: use mechanism 'honaker_online' (the same tree "
+          "and estimator as a matrix mechanism, which takes clip_norm='adaptive')")
+    checked = adaptive.checked(clients_per_round)
+    return checked.initial_clip_norm, checked
+  if adaptive != adaptive_clipping.AdaptiveClipping():
+    raise checks.CheckError("target_quantile, initial_clip_norm, clip_learning_rate and "
+                            "clipped_count_stddev go with clip_norm='adaptive' only")
+  return checks.positive_float(clip_norm, "clip_norm"), None
+
+
 def _config(name, total_rounds, privacy, clients_per_round, clip_norm, server_learning_rate,
             momentum, lr_schedule, schedule_rounds, participation, noise_seed, cache_dir, bands,
-            rank, buffers, allow_no_noise, progress):
+            rank, buffers, allow_no_noise, progress, adaptive):
   mechanism = registry.mechanism(name)
   if not mechanism.trainable:
     raise checks.CheckError(f"mechanism {mechanism.name!r} cannot be trained: "
@@ -203,11 +226,12 @@ def _config(name, total_rounds, privacy, clients_per_round, clip_norm, server_le
   if mechanism.noise == "tff_gaussian" and noise_seed is not None:
     raise checks.CheckError("TFF's gaussian_fixed draws from TensorFlow's stateful RNG and "
                             "cannot pin noise_seed; leave it None")
+  clients_per_round = checks.positive_float(clients_per_round, "clients_per_round")
+  clip_norm, adaptive = _clipping(mechanism, clip_norm, adaptive, clients_per_round)
   return MechanismConfig(
       mechanism=mechanism, n=n, noise_multiplier=z, target_epsilon=target, delta=delta,
       accountant=accountant,
-      clients_per_round=checks.positive_float(clients_per_round, "clients_per_round"),
-      clip_norm=checks.positive_float(clip_norm, "clip_norm"),
+      clients_per_round=clients_per_round, clip_norm=clip_norm, adaptive=adaptive,
       server_learning_rate=checks.positive_float(server_learning_rate, "server_learning_rate"),
       momentum=checks.in_range(momentum, "momentum", 0.0, 1.0), lr_schedule=lr_schedule,
       schedule_rounds=_optional(schedule_rounds, checks.positive_int, "schedule_rounds"),
@@ -220,7 +244,7 @@ def _config(name, total_rounds, privacy, clients_per_round, clip_norm, server_le
 
 def build_mechanism(mechanism: str, *, total_rounds: int,
                     noise_multiplier: Optional[float] = None, clients_per_round: float,
-                    clip_norm: float, target_epsilon: Optional[float] = None,
+                    clip_norm: Union[float, str], target_epsilon: Optional[float] = None,
                     delta: Optional[float] = None, accountant: str = "exact",
                     server_learning_rate: float = 1.0, momentum: float = 0.0,
                     lr_schedule: str = "constant", schedule_rounds: Optional[int] = None,
@@ -228,7 +252,11 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
                     noise_seed: Optional[int] = None, cache_dir: Optional[str] = None,
                     bands: Optional[int] = None, rank: Optional[int] = None,
                     buffers: Optional[int] = None, allow_no_noise: bool = False,
-                    progress: bool = False) -> MechanismSetup:
+                    progress: bool = False,
+                    target_quantile: float = adaptive_clipping.DEFAULT_TARGET_QUANTILE,
+                    initial_clip_norm: float = adaptive_clipping.DEFAULT_INITIAL_CLIP_NORM,
+                    clip_learning_rate: float = adaptive_clipping.DEFAULT_LEARNING_RATE,
+                    clipped_count_stddev: Optional[float] = None) -> MechanismSetup:
   """Aggregator + server optimizer for a registry mechanism (any accepted spelling).
 
   Give the noise multiplier z, or ``target_epsilon`` and ``delta`` to calibrate the
@@ -237,11 +265,20 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
   ``participation`` is the schema clients are sampled under (default single
   participation); z must be positive unless ``allow_no_noise=True``. Raises
   ``CheckError`` (a ValueError) naming the first bad or conflicting argument.
+
+  ``clip_norm="adaptive"`` clips round i to ζ_i, a private estimate of the
+  ``target_quantile`` of the update norms (``tff_mf.adaptive_clipping``; defaults of
+  TFF's ``gaussian_adaptive``: ζ_0 = ``initial_clip_norm`` 0.1, ``clip_learning_rate``
+  0.2, ``clipped_count_stddev`` 0.05·clients_per_round). z is then the MF noise
+  multiplier; ε covers the MF noise and the count queries together, and a target ε is
+  split between them as TFF splits it (the count's σ_b fixed, z takes the rest).
   """
   cfg = _config(mechanism, total_rounds, (noise_multiplier, target_epsilon, delta, accountant),
                 clients_per_round, clip_norm, server_learning_rate, momentum, lr_schedule,
                 schedule_rounds, participation, noise_seed, cache_dir, bands, rank, buffers,
-                allow_no_noise, progress)
+                allow_no_noise, progress,
+                adaptive_clipping.AdaptiveClipping(target_quantile, initial_clip_norm,
+                                                   clip_learning_rate, clipped_count_stddev))
   etas = workloads.learning_rates(cfg.n, cfg.lr_schedule, cfg.schedule_rounds)
   server_optimizer = build_server_optimizer(cfg.server_learning_rate, cfg.momentum, etas)
   info: Dict[str, Any] = {
@@ -251,7 +288,10 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
       "lr_schedule": cfg.lr_schedule, "schedule_rounds": cfg.schedule_rounds,
       "participation": cfg.participation.as_dict(), "noise_kind": cfg.mechanism.noise,
       "noise_seed_pinned": cfg.noise_seed is not None,
+      "clipping": "fixed" if cfg.adaptive is None else "adaptive",
   }
+  if cfg.adaptive is not None:
+    info["adaptive_clipping"] = cfg.adaptive.as_dict()
   built = _BUILDERS[cfg.mechanism.noise](cfg, info)
   cfg = _resolve_privacy(cfg, built.sensitivity, info)
   factory = built.factory(cfg)
@@ -279,6 +319,8 @@ def _resolve_privacy(cfg: MechanismConfig, sensitivity: Optional[float],
   if not cfg.mechanism.private:
     info.update(noise_multiplier=0.0, private=False)
     return cfg
+  if cfg.adaptive is not None:
+    return _resolve_adaptive_privacy(cfg, sensitivity, info)
   z = cfg.noise_multiplier
   if z is None:
     z = accounting.calibrate_noise_multiplier(cfg.target_epsilon, cfg.delta, cfg.accountant,
@@ -293,6 +335,42 @@ def _resolve_privacy(cfg: MechanismConfig, sensitivity: Optional[float],
                 epsilon=accounting.epsilon(cfg.noise_multiplier, cfg.delta, cfg.accountant,
                                            sensitivity=sensitivity),
                 epsilon_analysis="one Gaussian at z/sens, without amplification")
+  return cfg
+
+
+def _resolve_adaptive_privacy(cfg: MechanismConfig, sensitivity: float,
+                              info: Dict[str, Any]) -> MechanismConfig:
+  """z of the MF noise and ε of the run with its clip-norm count queries (one Gaussian at 1/μ).
+
+  μ² = (sens/z)² + k·(½/σ_b)², k the most participations of one client under the schema
+  (``tff_mf.adaptive_clipping``). A target ε fixes 1/μ; σ_b keeps its value and z takes
+  the rest of the budget.
+  """
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  k = cfg.participation.max_participations_in(cfg.n)
+  sigma_b = cfg.adaptive.clipped_count_stddev
+  if cfg.noise_multiplier is None:
+    total = accounting.calibrate_noise_multiplier(cfg.target_epsilon, cfg.delta, cfg.accountant)
+    z = adaptive_clipping.value_noise_multiplier(total, sensitivity, sigma_b, k)
+    info.update(target_epsilon=cfg.target_epsilon, calibrated=True,
+                budget_split="clipped_count_stddev fixed; the MF noise takes the rest")
+  else:
+    z = cfg.noise_multiplier
+  total = adaptive_clipping.combined_noise_multiplier(z, sensitivity, sigma_b, k)
+  cfg = dataclasses.replace(cfg, noise_multiplier=float(z))
+  count_mu = adaptive_clipping.count_mu(sigma_b, k)
+  info.update(noise_multiplier=cfg.noise_multiplier,
+              effective_noise_multiplier_value=(cfg.noise_multiplier / sensitivity
+                                                if sensitivity else math.inf),
+              effective_noise_multiplier_count=(1.0 / count_mu if count_mu else math.inf),
+              count_participations=k, effective_noise_multiplier=total)
+  if cfg.delta is not None:
+    info.update(delta=cfg.delta, accountant=cfg.accountant,
+                epsilon=(math.inf if total == 0.0 else
+                         accounting.epsilon(total, cfg.delta, cfg.accountant)),
+                epsilon_analysis="MF Gaussian at z/sens composed with the clip-norm count "
+                                 "queries (sqrt(k)/2 per sigma_b): one Gaussian at 1/mu, "
+                                 "without amplification")
   return cfg
 
 
@@ -332,9 +410,16 @@ def _query_factory(noise: noise_lib.StreamingNoise):
 
 def _make_query_factory(cfg: MechanismConfig, noise: noise_lib.StreamingNoise):
   def make_factory(specs):
-    q = query_lib.MatrixFactorizationQuery(
-        noise, l2_norm_clip=cfg.clip_norm, noise_multiplier=cfg.noise_multiplier,
-        record_specs=specs, noise_seed=cfg.noise_seed, allow_no_noise=cfg.allow_no_noise)
+    if cfg.adaptive is not None:
+      q = query_lib.AdaptiveClipMatrixFactorizationQuery(
+          noise, adaptive=cfg.adaptive, noise_multiplier=cfg.noise_multiplier,
+          clients_per_round=cfg.clients_per_round,
+          participations=cfg.participation.max_participations_in(cfg.n), record_specs=specs,
+          noise_seed=cfg.noise_seed, allow_no_noise=cfg.allow_no_noise)
+    else:
+      q = query_lib.MatrixFactorizationQuery(
+          noise, l2_norm_clip=cfg.clip_norm, noise_multiplier=cfg.noise_multiplier,
+          record_specs=specs, noise_seed=cfg.noise_seed, allow_no_noise=cfg.allow_no_noise)
     return tff.aggregators.DifferentiallyPrivateFactory(
         tfp.NormalizedQuery(q, denominator=cfg.clients_per_round))
   return make_factory
@@ -418,12 +503,30 @@ def _build_tff_gaussian(cfg: MechanismConfig, info: Dict[str, Any]):
   def factory(cfg: MechanismConfig):
     def make_factory(specs):
       del specs
+      if cfg.adaptive is not None:
+        return _tff_gaussian_adaptive(cfg)
       return tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
           noise_multiplier=cfg.noise_multiplier, clients_per_round=cfg.clients_per_round,
           clip=cfg.clip_norm)
     return make_factory
 
   return _Built(factory, f, None, sens)
+
+
+def _tff_gaussian_adaptive(cfg: MechanismConfig):
+  """TFF's own ``gaussian_adaptive`` with value multiplier z and count stddev σ_b.
+
+  TFF takes the per-round total 1/√(1/z² + 1/(2σ_b)²) and splits it back into z.
+  """
+  a = cfg.adaptive
+  if a.clipped_count_stddev <= 0.0 or cfg.noise_multiplier <= 0.0:
+    raise checks.CheckError("TFF's gaussian_adaptive needs a positive noise_multiplier and "
+                            "clipped_count_stddev")
+  total = (cfg.noise_multiplier ** -2 + (2.0 * a.clipped_count_stddev) ** -2) ** -0.5
+  return tff.aggregators.DifferentiallyPrivateFactory.gaussian_adaptive(
+      noise_multiplier=total, clients_per_round=cfg.clients_per_round,
+      initial_l2_norm_clip=a.initial_clip_norm, target_unclipped_quantile=a.target_quantile,
+      learning_rate=a.learning_rate, clipped_count_stddev=a.clipped_count_stddev)
 
 
 def _build_none(cfg: MechanismConfig, info: Dict[str, Any]):

@@ -31,6 +31,7 @@ and fixes its result type, hence the probability field rather than a switch to
 from __future__ import annotations
 
 import collections
+import math
 from typing import Optional
 
 import dp_accounting
@@ -201,3 +202,118 @@ class MatrixFactorizationQuery(tfp.SumAggregationDPQuery):
 
   def derive_metrics(self, global_state):
     return collections.OrderedDict(round_index=global_state.round_index)
+
+
+AdaptiveClipState = collections.namedtuple(
+    "AdaptiveClipState", ["round_index", "seed", "buffers", "clip"])
+
+# Row tag of the count noise: Z rows use fold_in(seed, j) with j ≥ 0 (``noise.standard_normal_row``).
+_COUNT_NOISE_TAG = -1
+
+
+class AdaptiveClipMatrixFactorizationQuery(MatrixFactorizationQuery):
+  """``MatrixFactorizationQuery`` whose clip norm ζ_i follows a private quantile estimate.
+
+  Round i clips each update to ζ_i and adds ζ_i·(C⁻¹Z)[i] with Z ~ N(0, z²); the clip
+  norm then moves geometrically toward the target quantile of the update norms from a
+  noisy count of unclipped updates (Andrew et al. 2021, arXiv:1905.03871), as in
+  ``tff_mf.adaptive_clipping`` (the float64 reference and the privacy split). The count
+  noise is drawn from the run's secret seed (a stream apart from Z's rows), so a
+  checkpoint resumes the identical clip sequence and noise. With learning rate 0 every
+  round equals the fixed-clip query at ζ_0 bit for bit.
+
+  Args:
+    noise: the ``StreamingNoise`` of the mechanism.
+    adaptive: a checked ``tff_mf.adaptive_clipping.AdaptiveClipping``.
+    noise_multiplier: z of the MF noise (per unit of clip norm).
+    clients_per_round: K, the expected number of updates per round (normalizes the count).
+    participations: k, the most rounds one client joins under the schema (count sensitivity).
+    record_specs, noise_seed, allow_no_noise: as for ``MatrixFactorizationQuery``.
+  """
+
+  def __init__(self, noise: noise_lib.StreamingNoise, *, adaptive, noise_multiplier: float,
+               clients_per_round: float, participations: int, record_specs,
+               noise_seed: Optional[int] = None, allow_no_noise: bool = False):
+    super().__init__(noise, l2_norm_clip=adaptive.initial_clip_norm,
+                     noise_multiplier=noise_multiplier, record_specs=record_specs,
+                     noise_seed=noise_seed, allow_no_noise=allow_no_noise)
+    from tff_mf import adaptive_clipping  # pylint: disable=g-import-not-at-top
+    self._adaptive = adaptive
+    self._clients = checks.positive_float(clients_per_round, "clients_per_round")
+    self._participations = checks.positive_int(participations, "participations")
+    self._count_stddev = float(adaptive.clipped_count_stddev)
+    if self._count_stddev == 0.0 and not allow_no_noise:
+      raise checks.CheckError("clipped_count_stddev = 0 releases the count of unclipped "
+                              "updates without noise; pass allow_no_noise=True to accept that")
+    mu_count = adaptive_clipping.count_mu(self._count_stddev, self._participations)
+    self._count_multiplier = 0.0 if math.isinf(mu_count) else 1.0 / mu_count
+
+  @property
+  def count_noise_multiplier(self) -> float:
+    """σ_b/(½·√k): the multiplier of the single Gaussian all count queries of a run are."""
+    return self._count_multiplier
+
+  def initial_global_state(self):
+    base = super().initial_global_state()
+    return AdaptiveClipState(round_index=base.round_index, seed=base.seed, buffers=base.buffers,
+                             clip=tf.constant(self._adaptive.initial_clip_norm, tf.float32))
+
+  def derive_sample_params(self, global_state):
+    return global_state.clip
+
+  def initial_sample_state(self, template=None):
+    values = super().initial_sample_state(template)
+    return values, tf.constant(0.0, tf.float32)
+
+  def preprocess_record(self, params, record):
+    self._check_structure(record, "the client update")
+    flat = tf.nest.flatten(record)
+    finite = [tf.debugging.assert_all_finite(
+        x, message=f"{checks.IN_GRAPH_PREFIX}AdaptiveClipMatrixFactorizationQuery: client "
+        f"update leaf #{k} contains NaN or Inf") for k, x in enumerate(flat)]
+    with tf.control_dependencies(finite):
+      clip = tf.cast(params, tf.float32)
+      clipped, norm = tf.clip_by_global_norm(flat, clip)
+    unclipped = tf.cast(norm <= clip, tf.float32) - 0.5
+    return tf.nest.pack_sequence_as(record, clipped), unclipped
+
+  def _count_noise(self, seed, i):
+    count_seed = tf.random.experimental.stateless_fold_in(
+        tf.random.experimental.stateless_fold_in(seed, tf.constant(_COUNT_NOISE_TAG, tf.int64),
+                                                 alg=noise_lib.PHILOX),
+        tf.cast(i, tf.int64), alg=noise_lib.PHILOX)
+    return self._count_stddev * tf.random.stateless_normal(
+        [], seed=count_seed, dtype=tf.float64, alg=noise_lib.PHILOX)
+
+  def get_noised_result(self, sample_state, global_state):
+    values, count = sample_state
+    i, clip = global_state.round_index, global_state.clip
+    clip0 = self._adaptive.initial_clip_norm
+    # The stream runs at the constant scale z·ζ_0, so its state stays consistent; the row is
+    # rescaled to ζ_i (a factor of exactly 1.0 while ζ_i = ζ_0).
+    noise_flat, buffers = self._noise.noise_row(
+        global_state.seed, i, global_state.buffers, self._flat_specs, self.stddev)
+    scale = clip / tf.constant(clip0, tf.float32)
+    flat = tf.nest.flatten(values)
+    result = tf.nest.pack_sequence_as(
+        values, [x + tf.cast(z, x.dtype) * tf.cast(scale, x.dtype)
+                 for x, z in zip(flat, noise_flat)])
+    noisy = tf.cast(count, tf.float64) + self._count_noise(global_state.seed, i)
+    unclipped = tf.clip_by_value(noisy / self._clients + 0.5, 0.0, 1.0)
+    new_clip = tf.cast(clip, tf.float64) * tf.exp(
+        -self._adaptive.learning_rate * (unclipped - self._adaptive.target_quantile))
+    new_state = AdaptiveClipState(round_index=i + 1, seed=global_state.seed, buffers=buffers,
+                                  clip=tf.cast(new_clip, tf.float32))
+    first = tf.where(tf.equal(i, 0), tf.constant(1.0, tf.float64), tf.constant(0.0, tf.float64))
+    event = dp_accounting.ComposedDpEvent([
+        dp_accounting.PoissonSampledDpEvent(
+            sampling_probability=first, event=dp_accounting.GaussianDpEvent(
+                tf.constant(self.effective_noise_multiplier, tf.float64))),
+        dp_accounting.PoissonSampledDpEvent(
+            sampling_probability=first, event=dp_accounting.GaussianDpEvent(
+                tf.constant(self._count_multiplier, tf.float64)))])
+    return result, new_state, event
+
+  def derive_metrics(self, global_state):
+    return collections.OrderedDict(round_index=global_state.round_index,
+                                   clip_norm=global_state.clip)
