@@ -87,6 +87,9 @@ _MULTI_EPOCH = "Choquette-Choo et al. 2023, arXiv:2211.06530"
 _BANDED = "Choquette-Choo et al. 2023, arXiv:2306.08153"
 _TOEPLITZ = "McKenna 2024, arXiv:2405.15913"
 _BLT = "Dvijotham et al. 2024, arXiv:2404.16706; McMahan, Xu, Zhang 2024, arXiv:2408.08868"
+_BSR = "Kalinin, Lampert 2024, arXiv:2405.13763"
+_BISR = "Kalinin, Lampert et al. 2025, arXiv:2505.12128"
+_LAMBDA_CGD = "Kalinin, McKenna, Pagh, Lampert 2026, arXiv:2601.22334"
 
 STRATEGIES: Dict[str, Strategy] = {s.name: s for s in (
     Strategy("optimal", "dense", "optimal",
@@ -111,6 +114,15 @@ STRATEGIES: Dict[str, Strategy] = {s.name: s for s in (
              "b-banded Toeplitz C with optimized coefficients", PARTICIPATIONS, True, _TOEPLITZ),
     Strategy("blt", "blt", "BLT",
              "buffered linear Toeplitz C with m buffers, optimized", PARTICIPATIONS, True, _BLT),
+    Strategy("bsr", "square_root", "BSR",
+             "banded square root: C = the first b diagonals of A^(1/2), closed form",
+             PARTICIPATIONS, True, _BSR),
+    Strategy("bisr", "square_root", "BISR",
+             "banded inverse square root: C⁻¹ = the first b diagonals of A^(-1/2), closed form",
+             PARTICIPATIONS, True, _BISR),
+    Strategy("lambda_cgd", "square_root", "λCGD",
+             "C⁻¹ = I − λ·shift (round i cancels λ of round i−1's noise), λ optimized for the "
+             "schema", PARTICIPATIONS, True, _LAMBDA_CGD),
 )}
 
 MECHANISMS: Dict[str, Mechanism] = {m.name: m for m in (
@@ -143,6 +155,15 @@ MECHANISMS: Dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("blt", ("buffered_linear_toeplitz",), "BLT",
               "buffered linear Toeplitz C for the training workload with O(m·d) noise state",
               "blt", "training", "linear", PARTICIPATIONS),
+    Mechanism("bsr", ("banded_square_root",), "BSR",
+              "banded square root of the training workload, O(b·d) noise state", "bsr",
+              "training", "linear", PARTICIPATIONS),
+    Mechanism("bisr", ("banded_inverse_square_root",), "BISR",
+              "banded inverse square root of the training workload: round i adds the last b "
+              "rows of Z, O(b·d) state", "bisr", "training", "linear", PARTICIPATIONS),
+    Mechanism("lambda_cgd", ("dp_lambda_cgd",), "λCGD",
+              "each round cancels a fraction λ of the previous round's noise (one row of state)",
+              "lambda_cgd", "training", "linear", PARTICIPATIONS),
     Mechanism("gaussian", ("gaussian_fixed", "identity", "dp_fedavg"),
               "gaussian (independent noise)",
               "TFF's DifferentiallyPrivateFactory.gaussian_fixed: independent noise each round "
@@ -229,7 +250,7 @@ DEFAULT_BLT_BUFFERS = 4
 def default_parameters(strategy_name: str, n: int, schema=None) -> Dict[str, int]:
   """The strategy parameters used when a caller gives none.
 
-  structured: ``default_structure(n)``. banded, banded_toeplitz: b = the schema's
+  structured: ``default_structure(n)``. banded, banded_toeplitz, bsr, bisr: b = the schema's
   separation (min-sep b, or n/k for k fixed epochs; bands ≤ separation make the
   sensitivity exact, Choquette-Choo et al. 2023, arXiv:2306.08153), at most
   ``DEFAULT_MAX_BANDS``, and ``DEFAULT_SINGLE_PARTICIPATION_BANDS`` under single
@@ -239,7 +260,7 @@ def default_parameters(strategy_name: str, n: int, schema=None) -> Dict[str, int
   if strategy_name == "structured":
     h, r = default_structure(n)
     return {"bands": h, "rank": r}
-  if strategy_name in ("banded", "banded_toeplitz"):
+  if strategy_name in ("banded", "banded_toeplitz", "bsr", "bisr"):
     kind = getattr(schema, "kind", "single")
     if kind == "min_sep":
       bands = schema.min_sep

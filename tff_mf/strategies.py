@@ -24,13 +24,15 @@ from tff_mf.families import banded
 from tff_mf.families import blt
 from tff_mf.families import dense
 from tff_mf.families import identity
+from tff_mf.families import square_root
 from tff_mf.families import structured
 from tff_mf.families import toeplitz
 from tff_mf.families import tree
 
 # Family name (tff_mf.registry.Strategy.family) -> its module.
 FAMILIES = {"banded": banded, "blt": blt, "dense": dense, "identity": identity,
-            "structured": structured, "toeplitz": toeplitz, "tree": tree}
+            "square_root": square_root, "structured": structured, "toeplitz": toeplitz,
+            "tree": tree}
 
 STRATEGIES = tuple(registry.STRATEGIES)
 DEFAULT_TARGET_GAP = 1e-6
@@ -43,10 +45,13 @@ _PARAMETERS = {
     "banded": ("bands",),
     "banded_toeplitz": ("bands", "error"),
     "blt": ("buffers", "error"),
+    "bsr": ("bands",),
+    "bisr": ("bands",),
 }
 # Dense n x n float64 matrices a family holds at its peak (memory check before A is built).
 _PEAK_MATRICES = {"optimal": 12, "structured": 14, "banded": 8, "banded_toeplitz": 6,
-                  "blt": 6, "honaker_online": 8, "honaker_full": 10, "identity": 4}
+                  "blt": 6, "honaker_online": 8, "honaker_full": 10, "identity": 4,
+                  "bsr": 8, "bisr": 8, "lambda_cgd": 8}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +102,10 @@ class FactorizationSpec:
       if self.bands > self.n:
         raise checks.CheckError(f"{self.strategy} bands b={self.bands} exceed n={self.n}")
       self.participation.check_bands(self.bands, self.strategy)
+    if self.strategy in ("bsr", "bisr"):
+      checks.positive_int(self.bands, f"{self.strategy} bands b")
+      if self.bands > self.n:
+        raise checks.CheckError(f"{self.strategy} bands b={self.bands} exceed n={self.n}")
     if self.strategy == "blt":
       checks.positive_int(self.buffers, "blt buffers m")
     if self.error not in ERRORS:
@@ -111,7 +120,7 @@ class FactorizationSpec:
       value = getattr(self, name)
       params[name] = float(value) if name == "target_gap" else value
     if self.participation.kind != "single" or self.strategy in ("banded", "banded_toeplitz",
-                                                                  "blt"):
+                                                                  "blt", "lambda_cgd"):
       params["participation"] = self.participation.as_dict()
     return params
 

@@ -390,7 +390,8 @@ def _matrix_factorization(cfg: MechanismConfig, info: Dict[str, Any]):
                    registry.strategy(m.strategy).participations else participation_lib.SINGLE)
   spec = strategies.FactorizationSpec(workload=factorized, strategy=m.strategy,
                                       participation=optimized_for, **params)
-  if m.strategy in ("optimal", "structured", "banded", "banded_toeplitz", "blt"):
+  if m.strategy in ("optimal", "structured", "banded", "banded_toeplitz", "blt", "bsr", "bisr",
+                    "lambda_cgd"):
     f, entry = cache.load_or_factorize(spec, cache_dir=cfg.cache_dir, progress=cfg.progress)
     info.update(cache_npz=entry.npz_path, cache_hit=entry.cache_hit)
   else:

@@ -1,0 +1,241 @@
+"""Square-root factorizations in closed form: BSR, BISR and DP-λCGD (numpy core).
+
+All three start from the workload's square root A^{1/2} (lower triangular, positive
+diagonal). For a Toeplitz A with first column a (prefix sums: a = 1; momentum β with a
+constant learning rate) A^{1/2} is Toeplitz and its coefficients are the power series
+√(Σ a_k x^k); otherwise the triangular square root is computed (scipy's Schur method).
+
+- ``bsr`` (banded square root, Kalinin & Lampert 2024, arXiv:2405.13763): C = the first
+  b diagonals of A^{1/2}, B = A·C⁻¹. No optimization; C is b-banded, so its noise is the
+  banded-C stream of ``families.banded`` (b − 1 rows of state).
+- ``bisr`` (banded inverse square root, Kalinin, Lampert et al. 2025, arXiv:2505.12128):
+  C⁻¹ = the first b diagonals of A^{−1/2}, B = A·C⁻¹ (b-banded for Toeplitz A). Round i
+  adds Σ_{j<b} C⁻¹[i, i−j]·Z[i−j]: the last b rows of Z, regenerated from the seed or kept
+  as b − 1 rows of state (``fir_stream``).
+- ``lambda_cgd`` (DP-λCGD, Kalinin, McKenna, Pagh, Lampert 2026, arXiv:2601.22334): round
+  i adds Z[i] − λ·Z[i−1], i.e. C⁻¹ = I − λ·(shift), C[i, j] = λ^{i−j}; λ ∈ [0, 1) minimizes
+  the rmse under the participation schema (a bounded scalar search).
+
+For non-negative, non-increasing Toeplitz C (λCGD always; BSR and BISR of prefix sums)
+the min-sep sensitivity is exact (``participation``'s earliest-pattern path).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import numpy as np
+import scipy.linalg
+import scipy.optimize
+
+from tff_mf import checks
+from tff_mf import factorization as fz
+from tff_mf import participation as participation_lib
+from tff_mf import streams
+from tff_mf.families import FamilyResult
+from tff_mf.families import banded
+
+# Bumped whenever the output for the same inputs changes (part of the cache key).
+VERSION = "1"
+# λCGD's search stops when λ is known to this absolute precision.
+LAMBDA_XTOL = 1e-6
+
+
+def toeplitz_column(a: np.ndarray) -> Optional[np.ndarray]:
+  """The first column of A when A is exactly lower-triangular Toeplitz, else None."""
+  return participation_lib.toeplitz_coefficients(a)
+
+
+def series_sqrt(a: np.ndarray) -> np.ndarray:
+  """Coefficients of √(Σ a_k x^k) (a_0 > 0): the first column of Toeplitz(a)^{1/2}."""
+  n = a.shape[0]
+  c = np.zeros(n)
+  c[0] = np.sqrt(a[0])
+  for k in range(1, n):
+    c[k] = (a[k] - np.dot(c[1:k], c[k - 1:0:-1])) / (2.0 * c[0])
+  return c
+
+
+def series_inverse(h: np.ndarray, n: int) -> np.ndarray:
+  """The first n coefficients of 1/(Σ h_j x^j) (h_0 ≠ 0): the first column of Toeplitz(h)⁻¹."""
+  x = np.zeros(n)
+  x[0] = 1.0 / h[0]
+  taps = h[1:]
+  for k in range(1, n):
+    m = min(k, taps.shape[0])
+    x[k] = -np.dot(taps[:m], x[k - 1::-1][:m]) / h[0]
+  return x
+
+
+def toeplitz_matrix(column: np.ndarray) -> np.ndarray:
+  """Lower-triangular Toeplitz matrix with the given first column (exactly Toeplitz)."""
+  n = column.shape[0]
+  idx = np.arange(n)
+  diff = idx[:, None] - idx[None, :]
+  return np.where(diff >= 0, column[np.maximum(diff, 0)], 0.0)
+
+
+def triangular_sqrt(a: np.ndarray) -> np.ndarray:
+  """The lower-triangular square root of A with positive diagonal."""
+  if np.any(np.diag(a) <= 0):
+    raise checks.CheckError("the workload's square root needs a positive diagonal")
+  root = scipy.linalg.sqrtm(a)
+  if np.iscomplexobj(root):
+    if np.max(np.abs(root.imag)) > 1e-8 * max(1.0, np.max(np.abs(root.real))):
+      raise checks.CheckError("the workload has no real square root")
+    root = root.real
+  return np.tril(root)
+
+
+def band(x: np.ndarray, bands: int) -> np.ndarray:
+  """The first ``bands`` diagonals of a lower-triangular matrix (the rest zeroed)."""
+  n = x.shape[0]
+  return x * (np.tri(n) - np.tri(n, k=-bands))
+
+
+def constant_taps(h_rows: np.ndarray) -> bool:
+  """Every row's taps equal the last row's on the entries it has: a Toeplitz banded matrix."""
+  n, bands = h_rows.shape
+  valid = np.arange(bands)[None, :] <= np.arange(n)[:, None]
+  return bool(np.all(np.where(valid, h_rows == h_rows[-1], True)))
+
+
+def row_band_coefficients(x: np.ndarray, bands: int) -> np.ndarray:
+  """coeffs[i, k] = X[i, i − k] for k < bands (0 where i < k): the banded families' format."""
+  n = x.shape[0]
+  out = np.zeros((n, bands))
+  for k in range(min(bands, n)):
+    idx = np.arange(k, n)
+    out[k:, k] = x[idx, idx - k]
+  return out
+
+
+# ----------------------------------------------------------------------------- BSR
+
+
+def factorize_bsr(a: np.ndarray, bands: int) -> FamilyResult:
+  """C = band_b(A^{1/2}), B = A·C⁻¹ (Kalinin & Lampert 2024, arXiv:2405.13763)."""
+  column = toeplitz_column(a)
+  if column is not None:
+    c = band(toeplitz_matrix(series_sqrt(column)), bands)
+  else:
+    c = band(triangular_sqrt(a), bands)
+  b = scipy.linalg.solve_triangular(c.T, a.T, lower=False).T  # B = A·C⁻¹
+  coeffs = row_band_coefficients(c, bands)
+  return FamilyResult(b=b, c=c, info={"family": "square_root", "form": "bsr",
+                                      "toeplitz_workload": column is not None},
+                      extras={"banded_coefficients": coeffs})
+
+
+# ----------------------------------------------------------------------------- BISR, λCGD
+
+
+def _inverse_banded(a: np.ndarray, h_rows: np.ndarray, info: Dict) -> FamilyResult:
+  """C from the row-band coefficients of C⁻¹ (exact Toeplitz when the taps do not vary)."""
+  n, bands = h_rows.shape
+  c_inv = banded.banded_matrix(h_rows)
+  if constant_taps(h_rows):
+    c = toeplitz_matrix(series_inverse(h_rows[-1], n))  # exactly Toeplitz
+  else:
+    c = scipy.linalg.solve_triangular(c_inv, np.eye(n), lower=True)
+  b = a @ c_inv
+  return FamilyResult(b=b, c=c, info=info, extras={"inverse_band_coefficients": h_rows})
+
+
+def factorize_bisr(a: np.ndarray, bands: int) -> FamilyResult:
+  """C⁻¹ = band_b(A^{−1/2}) (Kalinin, Lampert et al. 2025, arXiv:2505.12128)."""
+  n = a.shape[0]
+  column = toeplitz_column(a)
+  if column is not None:
+    inv_root = series_inverse(series_sqrt(column), n)
+    taps = inv_root[:bands]
+    h_rows = np.tile(taps, (n, 1))
+    for k in range(min(bands, n)):
+      h_rows[:k, k] = 0.0
+  else:
+    root = triangular_sqrt(a)
+    inv_root = scipy.linalg.solve_triangular(root, np.eye(n), lower=True)
+    h_rows = row_band_coefficients(inv_root, bands)
+  return _inverse_banded(a, h_rows, {"family": "square_root", "form": "bisr",
+                                     "toeplitz_workload": column is not None})
+
+
+def lambda_cgd_result(a: np.ndarray, lam: float) -> FamilyResult:
+  """C⁻¹ = I − λ·shift for a given λ."""
+  n = a.shape[0]
+  h_rows = np.zeros((n, 2))
+  h_rows[:, 0] = 1.0
+  h_rows[1:, 1] = -lam
+  return _inverse_banded(a, h_rows, {"family": "square_root", "form": "lambda_cgd",
+                                     "lambda": float(lam)})
+
+
+def _normalized_rmse(result: FamilyResult, schema) -> float:
+  gamma = checks.gamma(result.c)
+  sens = participation_lib.sensitivity(result.c / gamma, schema)
+  return fz.rmse(result.b * gamma, sens)
+
+
+def factorize_lambda_cgd(a: np.ndarray, schema) -> FamilyResult:
+  """λ ∈ [0, 1) minimizing the rmse under ``schema`` (bounded Brent search), and its C."""
+  search = scipy.optimize.minimize_scalar(
+      lambda lam: _normalized_rmse(lambda_cgd_result(a, lam), schema), bounds=(0.0, 1.0 - 1e-9),
+      method="bounded", options={"xatol": LAMBDA_XTOL})
+  lam = float(search.x)
+  result = lambda_cgd_result(a, lam)
+  result.info.update(lambda_search_evaluations=int(search.nfev))
+  return result
+
+
+def factorize(a: np.ndarray, spec, context) -> FamilyResult:
+  del context
+  if spec.strategy == "bsr":
+    return factorize_bsr(a, spec.bands)
+  if spec.strategy == "bisr":
+    return factorize_bisr(a, spec.bands)
+  return factorize_lambda_cgd(a, spec.participation)
+
+
+# ----------------------------------------------------------------------------- streams
+
+
+def fir_stream(h_rows: np.ndarray, name: str = "banded C⁻¹ (FIR)") -> streams.LinearStream:
+  """y_i = Σ_{j<b} C⁻¹[i, i−j]·Z[i−j], keeping the last b − 1 rows of Z (newest first)."""
+  h = checks.real_array(h_rows, f"{name}: taps")
+  n, bands = h.shape
+  k = bands - 1
+  table = h[-1:] if constant_taps(h) else h
+  t = table.shape[0]
+  if k == 0:
+    return streams.LinearStream(n=n, copies=np.zeros(0, np.int64), f=np.zeros((t, 0, 0)),
+                                g=np.zeros((t, 0)), w_old=np.zeros((t, 0)),
+                                w_new=np.zeros((t, 0)), c=table[:, 0], name=name)
+  copies = np.concatenate([[-1], np.arange(k - 1)]).astype(np.int64)
+  g = np.zeros((t, k))
+  g[:, 0] = 1.0
+  # Before round k the missing older rows of Z are zero, so Toeplitz taps are valid there too.
+  return streams.LinearStream(n=n, copies=copies, f=np.zeros((t, k, k)), g=g,
+                              w_old=table[:, 1:].copy(), w_new=np.zeros((t, k)),
+                              c=table[:, 0].copy(), name=name)
+
+
+def stream(extras: Dict[str, np.ndarray], a: np.ndarray) -> streams.LinearStream:
+  """The stream of the unnormalized C⁻¹: banded C (BSR) or banded C⁻¹ (BISR, λCGD)."""
+  if "banded_coefficients" in extras:
+    return banded.stream(extras, a, name="BSR: banded C⁻¹")
+  if "inverse_band_coefficients" not in extras:
+    raise checks.CheckError("square-root factorization: stored parameters lack its bands")
+  return fir_stream(extras["inverse_band_coefficients"])
+
+
+def check_extras(f) -> None:
+  """The stored bands, with the stored γ, rebuild the normalized C (BSR) or C⁻¹ (BISR, λCGD)."""
+  gamma = float(np.asarray(f.extras["normalization"])[0])
+  if "banded_coefficients" in f.extras:
+    banded.check_extras(f)
+    return
+  c_inv = banded.banded_matrix(checks.real_array(f.extras["inverse_band_coefficients"],
+                                                 "inverse band coefficients")) * gamma
+  err = float(np.max(np.abs(c_inv @ f.c - np.eye(f.c.shape[0]))))
+  if err > 1e-9:
+    raise checks.CheckError(f"stored C⁻¹ bands do not invert C (error {err:.3g})")
