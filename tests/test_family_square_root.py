@@ -153,3 +153,26 @@ def test_factorize_cli_caches_and_reloads_bisr(tmp_path):
                                       strategy="bisr", bands=4, participation=pa.min_sep(8, 8))
   f, entry = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
   assert entry.cache_hit and math.isclose(f.info["rmse"], out["rmse"], rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("n,schema", [(64, pa.SINGLE), (128, pa.fixed_epoch(4)),
+                                      (128, pa.min_sep(16, 4))], ids=lambda x: str(x))
+def test_banded_inverse_is_no_worse_than_bisr_and_lambda_cgd(n, schema):
+  """BandInvMF optimizes the taps of C⁻¹ from BISR's and λCGD's: never worse than either."""
+  w = workloads.WorkloadSpec(kind="prefix_sum", n=n)
+  f = _factorize(w, "banded_inverse", schema, bands=6)
+  bisr = _factorize(w, "bisr", schema, bands=6)
+  lam = _factorize(w, "lambda_cgd", schema)
+  assert f.info["rmse"] <= min(bisr.info["rmse"], lam.info["rmse"]) * (1 + 1e-9)
+  c_inv = np.linalg.inv(f.c)
+  assert np.max(np.abs(np.tril(c_inv, -6))) < 1e-9 * np.max(np.abs(c_inv))  # 6 bands
+  stream = strategies.stream("banded_inverse", f.extras, f.a)
+  z = np.random.default_rng(1).normal(size=(n, 3))
+  np.testing.assert_allclose(stream.run(z), np.linalg.solve(f.c, z), atol=1e-8)
+
+
+def test_banded_inverse_refuses_a_schedule_workload_in_one_line():
+  from tff_mf import checks  # pylint: disable=g-import-not-at-top
+  with pytest.raises(checks.CheckError, match="use bisr") as e:
+    _factorize(COOLDOWN, "banded_inverse", bands=4)
+  assert "\n" not in str(e.value)

@@ -120,6 +120,9 @@ STRATEGIES: Dict[str, Strategy] = {s.name: s for s in (
     Strategy("bisr", "square_root", "BISR",
              "banded inverse square root: C⁻¹ = the first b diagonals of A^(-1/2), closed form",
              PARTICIPATIONS, True, _BISR),
+    Strategy("banded_inverse", "square_root", "BandInvMF",
+             "C⁻¹ Toeplitz with b taps optimized for the schema's rmse (from BISR's taps)",
+             PARTICIPATIONS, True, _BISR),
     Strategy("lambda_cgd", "square_root", "λCGD",
              "C⁻¹ = I − λ·shift (round i cancels λ of round i−1's noise), λ optimized for the "
              "schema", PARTICIPATIONS, True, _LAMBDA_CGD),
@@ -161,6 +164,10 @@ MECHANISMS: Dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("bisr", ("banded_inverse_square_root",), "BISR",
               "banded inverse square root of the training workload: round i adds the last b "
               "rows of Z, O(b·d) state", "bisr", "training", "linear", PARTICIPATIONS),
+    Mechanism("banded_inverse", ("band_inv_mf", "bandinvmf"), "BandInvMF",
+              "banded-inverse C⁻¹ with optimized taps for the prefix sum (momentum and the "
+              "schedule as post-processing), O(b·d) noise state", "banded_inverse",
+              "prefix_sum", "linear", PARTICIPATIONS),
     Mechanism("lambda_cgd", ("dp_lambda_cgd",), "λCGD",
               "each round cancels a fraction λ of the previous round's noise (one row of state)",
               "lambda_cgd", "training", "linear", PARTICIPATIONS),
@@ -250,7 +257,8 @@ DEFAULT_BLT_BUFFERS = 4
 def default_parameters(strategy_name: str, n: int, schema=None) -> Dict[str, int]:
   """The strategy parameters used when a caller gives none.
 
-  structured: ``default_structure(n)``. banded, banded_toeplitz, bsr, bisr: b = the schema's
+  structured: ``default_structure(n)``. banded, banded_toeplitz and the square-root
+  family's banded strategies: b = the schema's
   separation (min-sep b, or n/k for k fixed epochs; bands ≤ separation make the
   sensitivity exact, Choquette-Choo et al. 2023, arXiv:2306.08153), at most
   ``DEFAULT_MAX_BANDS``, and ``DEFAULT_SINGLE_PARTICIPATION_BANDS`` under single
@@ -260,7 +268,7 @@ def default_parameters(strategy_name: str, n: int, schema=None) -> Dict[str, int
   if strategy_name == "structured":
     h, r = default_structure(n)
     return {"bands": h, "rank": r}
-  if strategy_name in ("banded", "banded_toeplitz", "bsr", "bisr"):
+  if strategy_name in ("banded", "banded_toeplitz", "bsr", "bisr", "banded_inverse"):
     kind = getattr(schema, "kind", "single")
     if kind == "min_sep":
       bands = schema.min_sep

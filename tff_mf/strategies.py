@@ -47,11 +47,13 @@ _PARAMETERS = {
     "blt": ("buffers", "error"),
     "bsr": ("bands",),
     "bisr": ("bands",),
+    "banded_inverse": ("bands",),
 }
 # Dense n x n float64 matrices a family holds at its peak (memory check before A is built).
 _PEAK_MATRICES = {"optimal": 12, "structured": 14, "banded": 8, "banded_toeplitz": 6,
                   "blt": 6, "honaker_online": 8, "honaker_full": 10, "identity": 4,
-                  "bsr": 8, "bisr": 8, "lambda_cgd": 8}
+                  "bsr": 8, "bisr": 8, "banded_inverse": 8,
+                  "lambda_cgd": 8}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +104,7 @@ class FactorizationSpec:
       if self.bands > self.n:
         raise checks.CheckError(f"{self.strategy} bands b={self.bands} exceed n={self.n}")
       self.participation.check_bands(self.bands, self.strategy)
-    if self.strategy in ("bsr", "bisr"):
+    if self.strategy in ("bsr", "bisr", "banded_inverse"):
       checks.positive_int(self.bands, f"{self.strategy} bands b")
       if self.bands > self.n:
         raise checks.CheckError(f"{self.strategy} bands b={self.bands} exceed n={self.n}")
@@ -120,7 +122,8 @@ class FactorizationSpec:
       value = getattr(self, name)
       params[name] = float(value) if name == "target_gap" else value
     if self.participation.kind != "single" or self.strategy in ("banded", "banded_toeplitz",
-                                                                  "blt", "lambda_cgd"):
+                                                                  "blt", "lambda_cgd",
+                                                                  "banded_inverse"):
       params["participation"] = self.participation.as_dict()
     return params
 

@@ -12,6 +12,8 @@ constant learning rate) A^{1/2} is Toeplitz and its coefficients are the power s
   C⁻¹ = the first b diagonals of A^{−1/2}, B = A·C⁻¹ (b-banded for Toeplitz A). Round i
   adds Σ_{j<b} C⁻¹[i, i−j]·Z[i−j]: the last b rows of Z, regenerated from the seed or kept
   as b − 1 rows of state (``fir_stream``).
+- ``banded_inverse`` (BandInvMF): the b Toeplitz taps of C⁻¹ optimized for the schema's
+  rmse, starting from BISR's (Toeplitz workloads).
 - ``lambda_cgd`` (DP-λCGD, Kalinin, McKenna, Pagh, Lampert 2026, arXiv:2601.22334): round
   i adds Z[i] − λ·Z[i−1], i.e. C⁻¹ = I − λ·(shift), C[i, j] = λ^{i−j}; λ ∈ [0, 1) minimizes
   the rmse under the participation schema (a bounded scalar search).
@@ -39,6 +41,8 @@ from tff_mf.families import banded
 VERSION = "1"
 # λCGD's search stops when λ is known to this absolute precision.
 LAMBDA_XTOL = 1e-6
+# A C whose first column's norm exceeds this is numerically unstable (BandInvMF's search).
+_UNSTABLE = 1e150
 
 
 def toeplitz_column(a: np.ndarray) -> Optional[np.ndarray]:
@@ -177,14 +181,100 @@ def _normalized_rmse(result: FamilyResult, schema) -> float:
 
 
 def factorize_lambda_cgd(a: np.ndarray, schema) -> FamilyResult:
-  """λ ∈ [0, 1) minimizing the rmse under ``schema`` (bounded Brent search), and its C."""
-  search = scipy.optimize.minimize_scalar(
-      lambda lam: _normalized_rmse(lambda_cgd_result(a, lam), schema), bounds=(0.0, 1.0 - 1e-9),
-      method="bounded", options={"xatol": LAMBDA_XTOL})
+  """λ ∈ [0, 1) minimizing the rmse under ``schema`` (bounded Brent search), and its C.
+
+  Toeplitz workloads evaluate the rmse in O(n·k) (``banded_inverse_objective``), others
+  from the dense matrices.
+  """
+  column = toeplitz_column(a)
+  if column is not None:
+    objective = lambda lam: banded_inverse_objective(np.array([-lam]), column, schema)
+  else:
+    objective = lambda lam: _normalized_rmse(lambda_cgd_result(a, lam), schema)
+  search = scipy.optimize.minimize_scalar(objective, bounds=(0.0, 1.0 - 1e-9),
+                                          method="bounded", options={"xatol": LAMBDA_XTOL})
   lam = float(search.x)
   result = lambda_cgd_result(a, lam)
   result.info.update(lambda_search_evaluations=int(search.nfev))
   return result
+
+
+# ----------------------------------------------------------------------------- BandInvMF
+
+
+def _schema_separation(schema, n: int):
+  """(min_sep, k) whose earliest-pattern value bounds the schema (exact for C ≥ 0 non-increasing).
+
+  Fixed-epoch patterns {j, j + n/k, …} are min-sep patterns with separation n/k.
+  """
+  if schema.kind == "single":
+    return None, None
+  if schema.kind == "fixed_epoch":
+    return n // schema.epochs, schema.epochs
+  return schema.min_sep, schema.max_participations_in(n)
+
+
+def banded_inverse_objective(free_taps: np.ndarray, a_column: np.ndarray, schema) -> float:
+  """rmse² of C⁻¹ = Toeplitz(1, free_taps) for the Toeplitz workload with first column a.
+
+  C's first column is the power series 1/h (O(n·b)), normalized to γ(C) = ‖c‖ = 1;
+  B = A·C⁻¹ is Toeplitz with first column a * h, so ‖B‖²_F = Σ_i (n − i)·β_i²; the
+  sensitivity is ``toeplitz.min_sep_sensitivity`` (exact for non-negative,
+  non-increasing c, else a valid upper bound).
+  """
+  from tff_mf.families import toeplitz  # pylint: disable=g-import-not-at-top
+  n = a_column.shape[0]
+  taps = np.concatenate([[1.0], free_taps])
+  with np.errstate(over="ignore", invalid="ignore"):
+    c = series_inverse(taps, n)
+    gamma = float(np.linalg.norm(c))
+  if not np.isfinite(gamma) or gamma > _UNSTABLE:
+    # 1/h grows without bound (a root of h inside the unit disk): far worse than any start.
+    return _UNSTABLE * (1.0 + float(np.sum(np.square(free_taps))))
+  sep, k = _schema_separation(schema, n)
+  sens = 1.0 if sep is None else toeplitz.min_sep_sensitivity(c / gamma, n, sep, k)
+  beta = np.convolve(a_column, taps)[:n] * gamma
+  return sens ** 2 * float(np.sum((n - np.arange(n)) * beta ** 2)) / n
+
+
+def factorize_banded_inverse(a: np.ndarray, bands: int, schema) -> FamilyResult:
+  """BandInvMF: the b Toeplitz taps of C⁻¹ minimizing the rmse under the schema.
+
+  Starts from BISR's taps (Kalinin, Lampert et al. 2025, arXiv:2505.12128) and runs
+  L-BFGS-B over the b − 1 free taps (the first is 1: C's scale is normalized away).
+  Only for Toeplitz workloads (prefix sums, momentum with a constant learning rate).
+  """
+  column = toeplitz_column(a)
+  if column is None:
+    raise checks.CheckError("banded_inverse optimizes Toeplitz workloads (prefix sums, momentum "
+                            "with a constant learning rate); use bisr for a learning-rate "
+                            "schedule")
+  n = a.shape[0]
+  bisr = series_inverse(series_sqrt(column), n)[:bands]
+  bisr = bisr[1:] / bisr[0]
+  lam = factorize_lambda_cgd(a, schema).info["lambda"]
+  starts = {"bisr": bisr, "lambda_cgd": np.concatenate([[-lam], np.zeros(bands - 2)])}
+  best = None
+  for name, start in starts.items():
+    if start.shape[0] == 0:  # one band: C = I
+      continue
+    search = scipy.optimize.minimize(banded_inverse_objective, start, args=(column, schema),
+                                     method="L-BFGS-B", options={"maxiter": 1000})
+    if best is None or search.fun < best[1].fun:
+      best = (name, search)
+  bisr_value = banded_inverse_objective(bisr, column, schema)
+  if best is None:
+    taps, info = np.ones(1), {"optimizer": "none (one band: C = I)"}
+  else:
+    name, search = best
+    taps = np.concatenate([[1.0], search.x])
+    info = {"optimizer": "L-BFGS-B", "start": name, "iterations": int(search.nit),
+            "converged": bool(search.success), "solver_message": str(search.message),
+            "rmse_improvement_over_bisr": float(np.sqrt(bisr_value / search.fun))}
+  h_rows = np.tile(taps, (n, 1))
+  for k in range(min(bands, n)):
+    h_rows[:k, k] = 0.0
+  return _inverse_banded(a, h_rows, dict(info, family="square_root", form="banded_inverse"))
 
 
 def factorize(a: np.ndarray, spec, context) -> FamilyResult:
@@ -193,6 +283,8 @@ def factorize(a: np.ndarray, spec, context) -> FamilyResult:
     return factorize_bsr(a, spec.bands)
   if spec.strategy == "bisr":
     return factorize_bisr(a, spec.bands)
+  if spec.strategy == "banded_inverse":
+    return factorize_banded_inverse(a, spec.bands, spec.participation)
   return factorize_lambda_cgd(a, spec.participation)
 
 

@@ -391,7 +391,7 @@ def _matrix_factorization(cfg: MechanismConfig, info: Dict[str, Any]):
   spec = strategies.FactorizationSpec(workload=factorized, strategy=m.strategy,
                                       participation=optimized_for, **params)
   if m.strategy in ("optimal", "structured", "banded", "banded_toeplitz", "blt", "bsr", "bisr",
-                    "lambda_cgd"):
+                    "banded_inverse", "lambda_cgd"):
     f, entry = cache.load_or_factorize(spec, cache_dir=cfg.cache_dir, progress=cfg.progress)
     info.update(cache_npz=entry.npz_path, cache_hit=entry.cache_hit)
   else:
