@@ -200,9 +200,6 @@ def _config(name, total_rounds, privacy, clients_per_round, clip_norm, server_le
   for key, value in (("bands", bands), ("rank", rank), ("buffers", buffers)):
     if value is not None and key not in accepted:
       raise checks.CheckError(f"{key} does not apply to mechanism {mechanism.name!r}")
-  if mechanism.noise == "tff_gaussian" and noise_seed is not None:
-    raise checks.CheckError("TFF's gaussian_fixed draws from TensorFlow's stateful RNG and "
-                            "cannot pin noise_seed; leave it None")
   return MechanismConfig(
       mechanism=mechanism, n=n, noise_multiplier=z, target_epsilon=target, delta=delta,
       accountant=accountant,
@@ -413,14 +410,17 @@ def _build_tff_gaussian(cfg: MechanismConfig, info: Dict[str, Any]):
   info.update(sensitivity=sens,
               tff_dp_events="TFF reports GaussianDpEvent(z) every round; composing them "
                             "over-counts (an upper bound)",
-              noise_seed_source="TensorFlow's stateful RNG (seeded from OS entropy)")
+              noise_seed_source="pinned" if cfg.noise_seed is not None else "os_entropy")
 
   def factory(cfg: MechanismConfig):
+    # gaussian_fixed's query, with its noise drawn from the seed (replayable, never reused).
+    seed = cfg.noise_seed if cfg.noise_seed is not None else checks.new_seed()
+
     def make_factory(specs):
       del specs
-      return tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
-          noise_multiplier=cfg.noise_multiplier, clients_per_round=cfg.clients_per_round,
-          clip=cfg.clip_norm)
+      return tff.aggregators.DifferentiallyPrivateFactory(tfp.NormalizedQuery(
+          query_lib.SeededGaussianSumQuery(cfg.clip_norm, cfg.clip_norm * cfg.noise_multiplier,
+                                           seed), denominator=cfg.clients_per_round))
     return make_factory
 
   return _Built(factory, f, None, sens)
