@@ -84,9 +84,6 @@ def test_killed_runs_replay_their_logged_rounds_bit_for_bit(tmp_path, mechanism,
   run_dir = config.run_dir
   run_until(config, kill_after=1)  # before the first checkpoint (round 2)
   first = metric_rows(run_dir)
-  with open(os.path.join(run_dir, identity.IDENTITY_FILE)) as f:
-    recorded = json.load(f)
-  assert oct(os.stat(os.path.join(run_dir, identity.IDENTITY_FILE)).st_mode & 0o777) == "0o600"
   run_until(resumed, kill_after=3)  # between the checkpoints of rounds 2 and 4
   second = metric_rows(run_dir)
   summary = run_until(resumed)
@@ -98,6 +95,10 @@ def test_killed_runs_replay_their_logged_rounds_bit_for_bit(tmp_path, mechanism,
   assert tensorboard_steps(run_dir) == [1, 2, 3, 4]  # one version of each round
   with open(os.path.join(run_dir, identity.RELEASES_FILE)) as f:
     assert [json.loads(line)["round"] for line in f] == [1, 2, 3, 4]
+  path = os.path.join(run_dir, identity.IDENTITY_FILE)
+  assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+  with open(path) as f:
+    recorded = json.load(f)
   source = "pinned" if first_seed is not None else "os_entropy"
   assert recorded["seed_source"] == source
   assert summary["config"]["noise_seed"] == source

@@ -20,9 +20,11 @@ seen half done. Every load checks the sha256, that the file named by the sidecar
 lies in the entry's own folder, every array (dtype, shape, triangularity,
 γ(C) = 1, B·C = A by the full product up to n = ``FULL_CHECK_MAX_N``, beyond by a
 product with secret random vectors), that A is the requested workload, that the
-family's parameters rebuild its matrices, and that every figure in the sidecar
-matches the arrays. Any problem raises ``CacheError`` naming the file, which is
-then never used.
+family's parameters rebuild its matrices, that the key recomputed from the
+sidecar's parameters names the entry's folder and its schema is the one in the
+sidecar, and that every figure in the sidecar (top level and ``info``) matches
+the arrays under the key's schema. ``verify`` applies the same checks. Any
+problem raises ``CacheError`` naming the file, which is then never used.
 """
 
 from __future__ import annotations
