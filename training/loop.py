@@ -17,6 +17,7 @@ calls; it returns the summary dict it also writes to ``<run dir>/summary.json``.
 from __future__ import annotations
 
 import collections
+import csv
 import dataclasses
 import json
 import math
@@ -127,6 +128,18 @@ def _check_resumable(config: TrainingConfig, run_dir: str, what: str,
   return saved.get("created_utc") or ""
 
 
+def _last_logged_round(run_dir: str, releases: identity_lib.ReleaseLog) -> int:
+  """The last round this run directory ever logged (releases.jsonl, or metrics.csv of a run
+  directory written before releases were recorded)."""
+  last = releases.last_round
+  path = os.path.join(run_dir, outputs.METRICS_FILE)
+  if os.path.exists(path):
+    with open(path, newline="", encoding="utf-8") as f:
+      rounds = [int(row["round"]) for row in csv.DictReader(f) if row.get("round")]
+    last = max([last] + rounds)
+  return last
+
+
 def _new_progress(config: TrainingConfig) -> Tuple[checkpoints.RunProgress, str]:
   """A fresh run's seeds (pinned or from OS entropy) and where the noise seed came from."""
   if config.noise_seed is not None:
@@ -147,6 +160,7 @@ def _start_or_resume(config: TrainingConfig, run_dir: str, log: Log,
   progress = checkpointer.latest()
   recorded = identity_lib.load(run_dir)
   releases = identity_lib.ReleaseLog(run_dir)
+  logged = _last_logged_round(run_dir, releases)
   if progress is not None:
     created_utc = _check_resumable(config, run_dir, f"a checkpoint (round {progress.round})",
                                    recorded, progress.noise_seed)
@@ -154,17 +168,18 @@ def _start_or_resume(config: TrainingConfig, run_dir: str, log: Log,
       raise TrainingError(f"the checkpoint of {run_dir} holds another sampling secret than "
                           f"its {identity_lib.IDENTITY_FILE}; the run directory is corrupt")
     log(f"resuming {run_dir} from round {progress.round}")
-  elif releases.last_round or (recorded is not None and
-                               recorded.config_fingerprint == config.fingerprint()):
+  elif logged or (recorded is not None and
+                               recorded.config_fingerprint == config.fingerprint() and
+                               config.noise_seed in (None, recorded.noise_seed)):
     # A rerun before the first checkpoint: the same seeds replay the rounds already logged.
-    created_utc = _check_resumable(config, run_dir, f"rounds 1-{releases.last_round} already "
-                                   "released" if releases.last_round else "a started run",
-                                   recorded, recorded.noise_seed if recorded else -1)
+    created_utc = _check_resumable(config, run_dir, f"rounds 1-{logged} already released"
+                                   if logged else "a started run", recorded,
+                                   recorded.noise_seed if recorded else -1)
     progress = checkpoints.RunProgress(noise_seed=recorded.noise_seed,
                                        sampling_secret=recorded.sampling_secret)
-    if releases.last_round:
-      log(f"restarting {run_dir} from round 0 with its recorded seeds (rounds 1-"
-          f"{releases.last_round} were logged and must replay identically)")
+    if logged:
+      log(f"restarting {run_dir} from round 0 with its recorded seeds (rounds 1-{logged} "
+          "were logged and must replay identically)")
   else:
     recorded = None  # no round was released: a new run (new seeds, identity rewritten)
     progress, source = _new_progress(config)
