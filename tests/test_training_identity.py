@@ -76,7 +76,7 @@ def tensorboard_steps(run_dir, tag="validation/loss"):
 
 
 @pytest.mark.parametrize("mechanism,first_seed", [
-    ("gaussian", None), ("opt_prefix_sum", None),
+    pytest.param("gaussian", None, marks=pytest.mark.slow), ("opt_prefix_sum", None),
     pytest.param("tree", 5, marks=pytest.mark.slow)])
 def test_killed_runs_replay_their_logged_rounds_bit_for_bit(tmp_path, mechanism, first_seed):
   config = tiny(tmp_path, mechanism=mechanism, noise_seed=first_seed)
