@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -419,3 +420,89 @@ def test_unconverged_result_is_keyed_separately(tmp_path):
   loose = strategies.FactorizationSpec(workload=converged.workload, strategy="optimal",
                                        allow_unconverged=True, max_iterations=1)
   assert cache.key_params(converged) != cache.key_params(loose)
+
+
+def _fixed_epoch_spec(n=16, epochs=4):
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  return strategies.FactorizationSpec(
+      workload=workloads.WorkloadSpec(kind="prefix_sum", n=n), strategy="optimal",
+      participation=participation.Participation("fixed_epoch", epochs=epochs))
+
+
+def _relabel_single(entry):
+  """The schema in the sidecar says single, and every figure is rewritten to match it."""
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  f = cache.load(entry.npz_path)
+  figures = strategies.error_figures(f, participation.SINGLE)
+  with open(entry.json_path) as fh:
+    metadata = json.load(fh)
+  for key in ("participation", "sensitivity", "rmse", "max_error"):
+    metadata[key] = figures[key]
+    metadata["info"][key] = figures[key]
+  with open(entry.json_path, "w") as fh:
+    json.dump(metadata, fh)
+
+
+def _edit_key_schema(entry):
+  with open(entry.json_path) as fh:
+    metadata = json.load(fh)
+  metadata["params"]["participation"]["epochs"] = 2
+  with open(entry.json_path, "w") as fh:
+    json.dump(metadata, fh)
+
+
+def _edit_info_sensitivity(entry):
+  with open(entry.json_path) as fh:
+    metadata = json.load(fh)
+  metadata["info"]["sensitivity"] *= 0.5
+  with open(entry.json_path, "w") as fh:
+    json.dump(metadata, fh)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (_relabel_single, "participation is .* but its key names"),
+    (_edit_key_schema, "key recomputed from its sidecar"),
+    (_edit_info_sensitivity, "sidecar says info.sensitivity"),
+])
+def test_verify_and_load_refuse_an_edited_schema_or_figure(tmp_path, edit, message):
+  spec = _fixed_epoch_spec()
+  _, entry = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+  edit(entry)
+  [result] = cache.verify(str(tmp_path))
+  assert not result["ok"] and re.search(message, result["error"]), result
+  with pytest.raises(cache.CacheError, match=message):
+    cache.load(entry.npz_path)
+  if edit is not _edit_key_schema:  # (an edited key is "other parameters" for a keyed load)
+    with pytest.raises(cache.CacheError, match=message):
+      cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+
+
+def test_verify_refuses_entries_swapped_between_keys(tmp_path):
+  _, e1 = cache.load_or_factorize(_spec("identity", n=8), cache_dir=str(tmp_path))
+  _, e2 = cache.load_or_factorize(_spec("honaker_online", n=8), cache_dir=str(tmp_path))
+  os.rename(e1.directory, str(tmp_path / "swap"))
+  os.rename(e2.directory, e1.directory)
+  os.rename(str(tmp_path / "swap"), e2.directory)
+  results = cache.verify(str(tmp_path))
+  assert len(results) == 2 and not any(r["ok"] for r in results)
+  assert all("key recomputed from its sidecar" in r["error"] for r in results)
+  with pytest.raises(cache.CacheError, match="key recomputed"):
+    cache.load(os.path.join(e1.directory, os.path.basename(e2.npz_path)))
+
+
+def test_account_matrix_prints_the_schema_of_the_entry_and_refuses_a_relabelled_one(
+    tmp_path, capsys):
+  from tff_mf import cli  # pylint: disable=g-import-not-at-top
+  _, entry = cache.load_or_factorize(_fixed_epoch_spec(), cache_dir=str(tmp_path))
+  argv = ["account", "--matrix", entry.npz_path, "--noise-multiplier", "2", "--delta", "1e-6",
+          "--json"]
+  assert cli.main(argv) == 0
+  record = json.loads(capsys.readouterr().out)
+  assert record["schema"]["kind"] == "fixed_epoch" and record["schema"]["epochs"] == 4
+  assert record["schema_source"].startswith("the cache entry's key")
+  eps = record["epsilon"]
+  _relabel_single(entry)
+  rc = cli.main(argv)
+  captured = capsys.readouterr()
+  assert rc != 0 and "participation is" in captured.err and captured.err.count("\n") == 1
+  assert eps == pytest.approx(4.114, abs=1e-3)

@@ -212,3 +212,26 @@ def test_init_and_refusals():
   identity = blt.optimize(8, 0)
   np.testing.assert_array_equal(identity.c, np.eye(8))
   assert blt.stream(identity.extras, 8).k == 0
+
+
+@pytest.mark.parametrize("n,momentum,schedule", [
+    (16, 0.99, "constant"), (16, 0.99, "cooldown"), (24, 0.8, "cooldown"),
+    (24, 0.95, "constant")])
+def test_momentum_fixed_epoch_factorizes_when_buffers_collapse_to_decay_one(n, momentum,
+                                                                            schedule):
+  """The optimizer may push pole/zero pairs to θ = 1 in float64 ("BLT buffer decays must be
+  distinct" before): such pairs are pruned and a valid, smaller BLT is returned."""
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  from tff_mf import strategies  # pylint: disable=g-import-not-at-top
+  from tff_mf import workloads  # pylint: disable=g-import-not-at-top
+  kw = {} if schedule == "constant" else {"schedule_rounds": n // 2}
+  spec = strategies.FactorizationSpec(
+      workload=workloads.WorkloadSpec(kind="momentum", n=n, momentum=momentum,
+                                      lr_schedule=schedule, **kw),
+      strategy="blt", participation=participation.Participation("fixed_epoch", epochs=2),
+      buffers=4)
+  f = strategies.factorize(spec)
+  assert 1 <= f.info["buffers"] < 4
+  theta = f.extras["blt_theta"]
+  assert len(set(theta.tolist())) == theta.size
+  np.testing.assert_allclose(f.b @ f.c, f.a, atol=1e-9)

@@ -448,7 +448,6 @@ def test_default_structure_matches_denisov_table2():
     (dict(mechanism="structured", bands=0), "bands must be a positive integer"),
     (dict(noise_seed=-3), "noise_seed must be in"),
     (dict(server_learning_rate=0.0), "server_learning_rate must be positive"),
-    (dict(mechanism="gaussian_fixed", noise_seed=3), "cannot pin noise_seed"),
 ])
 def test_build_mechanism_rejects_bad_arguments(kwargs, match):
   args = dict(mechanism="honaker_online", total_rounds=8, noise_multiplier=1.0,
@@ -525,3 +524,28 @@ def test_structured_n2048_near_optimal_and_streams_its_noise_matrix():
   expected = setup.noise.noise_matrix() @ noise_lib.standard_normal_matrix(
       noise_lib.seed_pair(3), n, SPECS)
   np.testing.assert_allclose(np.array(rows), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_seeded_gaussian_query_replays_its_noise_from_the_seed():
+  """gaussian's query: same seed, same noise (a rerun replays it); another seed, other noise;
+  the state after a round continues the stream; std σ = z·ζ and GaussianDpEvent(z)."""
+  def rounds(seed, count=2, state=None):
+    q = query_lib.SeededGaussianSumQuery(1.0, 0.7, seed)
+    state = q.initial_global_state() if state is None else state
+    out = []
+    for _ in range(count):
+      result, state, event = q.get_noised_result([tf.zeros([4000])], state)
+      out.append(result[0].numpy())
+    return out, state, event
+
+  (a1, a2), state, event = rounds(11)
+  (b1, b2), _, _ = rounds(11)
+  (c1, _), _, _ = rounds(12)
+  np.testing.assert_array_equal(a1, b1)
+  np.testing.assert_array_equal(a2, b2)
+  assert not np.allclose(a1, c1) and not np.allclose(a1, a2)
+  assert abs(np.std(a1) - 0.7) < 0.05
+  assert float(event.noise_multiplier) == pytest.approx(0.7)
+  (cont,), _, _ = rounds(11, count=1, state=rounds(11, count=1)[1])
+  np.testing.assert_array_equal(cont, a2)
+  del state

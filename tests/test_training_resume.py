@@ -3,6 +3,7 @@ with the same model as an uninterrupted run (same seeds; the noise seed and the
 client-sampling position come back from the tff.program checkpoint)."""
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import userenv
 from stackoverflow import fixtures
 from training import checkpoints
 from training import config as config_lib
+from training import identity
 from training import loop
 from training import outputs
 
@@ -32,6 +34,12 @@ def command(data_dir, root):
   return [sys.executable, os.path.join(REPO, "training", "run_stackoverflow.py"), *args,
           f"--data_dir={data_dir}", f"--root_output_dir={root}", "--experiment_name=run",
           f"--cache_dir={root}/cache_dir"]
+
+
+def rows_without_timing(run_dir):
+  with open(os.path.join(run_dir, outputs.METRICS_FILE), newline="") as f:
+    return {r["round"]: {k: v for k, v in r.items() if k != "round_seconds"}
+            for r in csv.DictReader(f)}
 
 
 def group_processes(pgid, wait=5.0):
@@ -74,6 +82,10 @@ def test_sigkill_then_rerun_ends_with_the_uninterrupted_model(tmp_path):
   meta = checkpoints.Checkpointer(str(checkpoint_dir)).latest()
   assert 2 <= meta.round < FLAGS["total_rounds"]
   assert not (root / "run" / outputs.SUMMARY_FILE).exists()
+  with open(root / "run" / identity.IDENTITY_FILE) as f:  # written before round 1, 0600
+    assert json.load(f)["noise_seed"] == meta.noise_seed
+  assert (root / "run" / identity.IDENTITY_FILE).stat().st_mode & 0o777 == 0o600
+  logged_before = rows_without_timing(root / "run")
 
   # 2. Rerun the same command: it resumes, finishes, and leaves no helper process behind.
   rerun = subprocess.Popen(command(data_dir, root), cwd=REPO, env=env, start_new_session=True,
@@ -82,6 +94,9 @@ def test_sigkill_then_rerun_ends_with_the_uninterrupted_model(tmp_path):
   assert rerun.returncode == 0, stderr[-3000:]
   assert f"from round {meta.round}" in stderr
   assert not group_processes(rerun.pid)
+  logged_after = rows_without_timing(root / "run")
+  for round_num, row in logged_before.items():  # what was logged before the kill replays
+    assert logged_after[round_num] == row, round_num
 
   # 3. The uninterrupted reference run, with the noise seed the killed run drew.
   reference = config_lib.TrainingConfig(

@@ -20,9 +20,11 @@ seen half done. Every load checks the sha256, that the file named by the sidecar
 lies in the entry's own folder, every array (dtype, shape, triangularity,
 γ(C) = 1, B·C = A by the full product up to n = ``FULL_CHECK_MAX_N``, beyond by a
 product with secret random vectors), that A is the requested workload, that the
-family's parameters rebuild its matrices, and that every figure in the sidecar
-matches the arrays. Any problem raises ``CacheError`` naming the file, which is
-then never used.
+family's parameters rebuild its matrices, that the key recomputed from the
+sidecar's parameters names the entry's folder and its schema is the one in the
+sidecar, and that every figure in the sidecar (top level and ``info``) matches
+the arrays under the key's schema. ``verify`` applies the same checks. Any
+problem raises ``CacheError`` naming the file, which is then never used.
 """
 
 from __future__ import annotations
@@ -251,9 +253,48 @@ def _factorization(arrays: Dict[str, np.ndarray], metadata: Dict[str, Any], npz_
                           extras=extras)
 
 
+def key_schema(params: Any) -> participation_lib.Participation:
+  """The participation schema an entry's key names (no ``participation``: single)."""
+  if not isinstance(params, dict):
+    raise checks.CheckError(f"key parameters must be a dict, got {params!r}")
+  schema = params.get("participation")
+  return participation_lib.SINGLE if schema is None else participation_lib.from_dict(schema)
+
+
+def _check_key(directory: str, metadata: Dict[str, Any], json_path: str
+               ) -> participation_lib.Participation:
+  """The key recomputed from the sidecar's parameters names this folder; returns its schema.
+
+  A sidecar whose parameters, key or folder disagree (an edited schema, folders
+  swapped between keys) is refused: what an entry was computed for is its key.
+  """
+  params = metadata.get("params")
+  try:
+    schema = key_schema(params)
+    expected = entry_name(params)
+  except (checks.CheckError, KeyError, TypeError, ValueError) as e:
+    raise CacheError(f"cache sidecar {json_path} has invalid key parameters: {e}") from None
+  if metadata.get("key") != key_hash(params) or os.path.basename(directory) != expected:
+    raise CacheError(f"cache entry {directory}: the key recomputed from its sidecar's "
+                     f"parameters names {expected} (sidecar key {metadata.get('key')!r}); the "
+                     "entry was moved or its sidecar edited: recompute with --force")
+  for where, stored in (("participation", metadata.get("participation")),
+                        ("info.participation", (metadata.get("info") or {}).get(
+                            "participation"))):
+    if stored != schema.as_dict():
+      raise CacheError(f"cache sidecar {json_path}: {where} is {stored!r} but its key names "
+                       f"{schema.as_dict()!r}; recompute with --force")
+  return schema
+
+
 def _check_consistency(f: fz.Factorization, metadata: Dict[str, Any], npz_path: str,
-                       expected_workload: Optional[np.ndarray]) -> None:
-  """A is the requested workload, the family's parameters rebuild it, the figures match."""
+                       expected_workload: Optional[np.ndarray],
+                       schema: participation_lib.Participation) -> None:
+  """A is the requested workload, the family's parameters rebuild it, every figure matches.
+
+  The figures are recomputed from C under the schema of the entry's key, and checked
+  both at the sidecar's top level and in its ``info``.
+  """
   name = f"cache file {npz_path}"
   if expected_workload is not None and (expected_workload.shape != f.a.shape or not np.allclose(
       f.a, expected_workload, rtol=1e-12, atol=1e-12)):
@@ -264,15 +305,15 @@ def _check_consistency(f: fz.Factorization, metadata: Dict[str, Any], npz_path: 
       check_extras(f)
     elif registry.strategy(f.strategy).streams:
       strategies.stream(f.strategy, f.extras, f.a)
-    schema = participation_lib.from_dict(metadata["info"]["participation"])
     figures = dict(strategies.error_figures(f, schema), sqrt_loss=f.sqrt_loss)
   except (checks.CheckError, KeyError, TypeError) as e:
     raise CacheError(f"{name}: its stored parameters do not describe its matrices: {e}") from None
-  for key in _FIGURES:
-    stored = metadata.get(key)
+  info = metadata.get("info") or {}
+  for where, key in [("", k) for k in _FIGURES] + [("info.", k) for k in _FIGURES if k in info]:
+    stored = (info if where else metadata).get(key)
     if not isinstance(stored, (int, float)) or not np.isclose(figures[key], stored, rtol=1e-9):
       raise CacheError(f"{name}: {key} = {figures[key]:.10g} from the arrays, but its sidecar "
-                       f"says {stored!r}")
+                       f"says {where}{key} = {stored!r}")
 
 
 def _load_entry(directory: str, full_check: Optional[bool],
@@ -292,10 +333,11 @@ def _load_entry(directory: str, full_check: Optional[bool],
       arrays = _load_arrays(npz_path, metadata["npz_sha256"])
     except _Replaced:
       continue  # a writer replaced the entry between our two reads: read the new sidecar
+    schema = _check_key(directory, metadata, json_path)
     f = _factorization(arrays, metadata, npz_path, full_check)
     if expected_workload is None:
       expected_workload = _workload_from_params(metadata.get("params"), json_path)
-    _check_consistency(f, metadata, npz_path, expected_workload)
+    _check_consistency(f, metadata, npz_path, expected_workload, schema)
     return f, CacheEntry(npz_path=npz_path, json_path=json_path, metadata=metadata,
                          cache_hit=True)
   raise CacheError(f"cache entry {directory} kept changing while it was read; try again")

@@ -22,7 +22,7 @@ PARTICIPATIONS = ("single", "fixed_epoch", "min_sep")
 #   dense        row i of N·Z regenerated from the secret seed (tff_mf.tf.noise.DenseNoise)
 #   linear       a LinearStream recurrence with O(k·d) state (tff_mf.tf.noise.LinearNoise)
 #   tff_tree     TFF's DifferentiallyPrivateFactory.tree_aggregation
-#   tff_gaussian TFF's DifferentiallyPrivateFactory.gaussian_fixed
+#   tff_gaussian TFF's DifferentiallyPrivateFactory with gaussian_fixed's query, seeded
 #   none         no noise (non-private)
 NOISE_KINDS = ("dense", "linear", "tff_tree", "tff_gaussian", "none")
 

@@ -53,13 +53,8 @@ def canonical_mechanism(name: str) -> str:
 
 
 def is_seedless(mechanism: str) -> bool:
-  """True when the mechanism has no seedable noise stream (TFF's gaussian_fixed, or no noise).
-
-  TFF's gaussian_fixed draws from TensorFlow's stateful RNG (not reproducible
-  across a resume); ``none`` adds no noise. Every other mechanism takes the
-  secret noise seed.
-  """
-  return registry.mechanism(mechanism).noise in ("tff_gaussian", "none")
+  """True when the mechanism adds no noise (``none``); every other one takes the secret seed."""
+  return registry.mechanism(mechanism).noise == "none"
 
 
 def is_private(mechanism: str) -> bool:
@@ -234,7 +229,9 @@ class TrainingConfig:
   def public_dict(self) -> Dict[str, object]:
     """Every flag value (mechanism by canonical name), except the noise seed.
 
-    The seed is kept only in the checkpoints; here it is replaced by where it came from.
+    The seed is kept only in the run's identity file and checkpoints; here it is replaced
+    by where this invocation's flags say it comes from (a resumed run's summary records
+    the source of the run's start, ``training.identity``).
     """
     out = dataclasses.asdict(self)
     out["mechanism"] = self.canonical_mechanism
@@ -243,8 +240,6 @@ class TrainingConfig:
       out["noise_seed"] = "pinned"
     elif out["mechanism"] == "none":
       out["noise_seed"] = "no_noise"
-    elif out["mechanism"] == "gaussian":
-      out["noise_seed"] = "tf_stateful_rng"
     else:
       out["noise_seed"] = "os_entropy"
     return out

@@ -17,6 +17,7 @@ calls; it returns the summary dict it also writes to ``<run dir>/summary.json``.
 from __future__ import annotations
 
 import collections
+import csv
 import dataclasses
 import json
 import math
@@ -29,6 +30,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from tff_mf import checks
 from tff_mf import registry
 from training import checkpoints
+from training import identity as identity_lib
 from training import mechanisms
 from training import outputs
 from training import privacy
@@ -60,6 +62,9 @@ class _Run:
   start_utc: str
   log: Log
   round_callback: Optional[RoundCallback]
+  identity: Optional[identity_lib.RunIdentity]  # None until the mechanism is built and bound
+  releases: identity_lib.ReleaseLog
+  seed_source: str
   session_start: float = dataclasses.field(default_factory=time.perf_counter)
   wall_before: float = 0.0
 
@@ -95,25 +100,56 @@ def run_round(process, state, datasets, round_num: int):
     raise TrainingError(f"round {round_num}: {message}") from None
 
 
-def _check_resumable(config: TrainingConfig, run_dir: str,
-                     progress: checkpoints.RunProgress) -> str:
-  """Refuses a checkpoint of other flags or seed; returns the run's creation time."""
+def _check_resumable(config: TrainingConfig, run_dir: str, what: str,
+                     recorded: Optional[identity_lib.RunIdentity], noise_seed: int) -> str:
+  """Refuses a run directory (holding ``what``) of other flags, seed or no identity.
+
+  Returns the run's creation time.
+  """
   config_path = os.path.join(run_dir, outputs.CONFIG_FILE)
-  if not os.path.exists(config_path):
-    raise TrainingError(f"{run_dir} has checkpoints but no {outputs.CONFIG_FILE}; "
-                        "use a new --experiment_name")
+  if not os.path.exists(config_path) or recorded is None:
+    missing = outputs.CONFIG_FILE if recorded is not None else identity_lib.IDENTITY_FILE
+    raise TrainingError(f"{run_dir} holds {what} but no {missing} (its seeds and mechanism "
+                        "cannot be proven); use a new --experiment_name")
   with open(config_path, encoding="utf-8") as f:
     saved = json.load(f)
   if saved.get("fingerprint") != config.fingerprint():
     changed = config.changed_fields(saved.get("config", {}))
     raise TrainingError(
-        f"{run_dir} holds a checkpoint (round {progress.round}) of a run with other flags "
+        f"{run_dir} holds {what} of a run with other flags "
         f"({', '.join(changed) or 'fingerprint'} differ); rerun the same command to resume, "
         "or use a new --experiment_name")
-  if config.noise_seed is not None and int(config.noise_seed) != progress.noise_seed:
-    raise TrainingError("--noise_seed differs from the seed recorded in the checkpoint of "
-                        f"{run_dir}; a resumed run must reuse its noise seed")
+  if recorded.noise_seed != noise_seed:
+    raise TrainingError(f"the checkpoint of {run_dir} holds another noise seed than its "
+                        f"{identity_lib.IDENTITY_FILE}; the run directory is corrupt")
+  if config.noise_seed is not None and int(config.noise_seed) != recorded.noise_seed:
+    raise TrainingError(f"--noise_seed differs from the seed recorded in {run_dir}; a "
+                        "resumed or repeated run must reuse its noise seed")
   return saved.get("created_utc") or ""
+
+
+def _last_logged_round(run_dir: str, releases: identity_lib.ReleaseLog) -> int:
+  """The last round this run directory ever logged (releases.jsonl, or metrics.csv of a run
+  directory written before releases were recorded)."""
+  last = releases.last_round
+  path = os.path.join(run_dir, outputs.METRICS_FILE)
+  if os.path.exists(path):
+    with open(path, newline="", encoding="utf-8") as f:
+      rounds = [int(row["round"]) for row in csv.DictReader(f) if row.get("round")]
+    last = max([last] + rounds)
+  return last
+
+
+def _new_progress(config: TrainingConfig) -> Tuple[checkpoints.RunProgress, str]:
+  """A fresh run's seeds (pinned or from OS entropy) and where the noise seed came from."""
+  if config.noise_seed is not None:
+    seed, source = int(config.noise_seed), "pinned"
+  elif is_seedless(config.canonical_mechanism):
+    seed, source = None, "no_noise"
+  else:
+    seed, source = checks.new_seed(), "os_entropy"
+  return checkpoints.RunProgress(noise_seed=-1 if seed is None else seed,
+                                 sampling_secret=privacy.sampling_secret(config, seed)), source
 
 
 def _start_or_resume(config: TrainingConfig, run_dir: str, log: Log,
@@ -122,25 +158,57 @@ def _start_or_resume(config: TrainingConfig, run_dir: str, log: Log,
   start_utc = outputs.utc_now()
   checkpointer = checkpoints.Checkpointer(os.path.join(run_dir, checkpoints.CHECKPOINT_DIR))
   progress = checkpointer.latest()
+  recorded = identity_lib.load(run_dir)
+  releases = identity_lib.ReleaseLog(run_dir)
+  logged = _last_logged_round(run_dir, releases)
   if progress is not None:
-    created_utc = _check_resumable(config, run_dir, progress)
+    created_utc = _check_resumable(config, run_dir, f"a checkpoint (round {progress.round})",
+                                   recorded, progress.noise_seed)
+    if recorded.sampling_secret != progress.sampling_secret:
+      raise TrainingError(f"the checkpoint of {run_dir} holds another sampling secret than "
+                          f"its {identity_lib.IDENTITY_FILE}; the run directory is corrupt")
     log(f"resuming {run_dir} from round {progress.round}")
+  elif logged or (recorded is not None and
+                               recorded.config_fingerprint == config.fingerprint() and
+                               config.noise_seed in (None, recorded.noise_seed)):
+    # A rerun before the first checkpoint: the same seeds replay the rounds already logged.
+    created_utc = _check_resumable(config, run_dir, f"rounds 1-{logged} already released"
+                                   if logged else "a started run", recorded,
+                                   recorded.noise_seed if recorded else -1)
+    progress = checkpoints.RunProgress(noise_seed=recorded.noise_seed,
+                                       sampling_secret=recorded.sampling_secret)
+    if logged:
+      log(f"restarting {run_dir} from round 0 with its recorded seeds (rounds 1-{logged} "
+          "were logged and must replay identically)")
   else:
-    if config.noise_seed is not None:
-      seed = int(config.noise_seed)
-    elif is_seedless(config.canonical_mechanism):
-      seed = None
-    else:
-      seed = checks.new_seed()
-    progress = checkpoints.RunProgress(noise_seed=-1 if seed is None else seed,
-                                       sampling_secret=privacy.sampling_secret(config, seed))
+    recorded = None  # no round was released: a new run (new seeds, identity rewritten)
+    progress, source = _new_progress(config)
     created_utc = start_utc
     outputs.write_json(os.path.join(run_dir, outputs.CONFIG_FILE),
                        {"config": config.public_dict(), "fingerprint": config.fingerprint(),
                         "created_utc": created_utc})
   return _Run(config=config, run_dir=run_dir, checkpointer=checkpointer, progress=progress,
               created_utc=created_utc, start_utc=start_utc, log=log,
-              round_callback=round_callback, wall_before=progress.wall_seconds)
+              round_callback=round_callback, identity=recorded, releases=releases,
+              seed_source=recorded.seed_source if recorded is not None else source,
+              wall_before=progress.wall_seconds)
+
+
+def _bind_identity(run: _Run, setup) -> None:
+  """Records the run's seeds, encoder and schema before round 1, or checks them on a restart."""
+  config = run.config
+  c = privacy.encoder(config, setup.factorization) if setup.info.get("private") else None
+  b = setup.factorization.b if setup.factorization is not None else None
+  encoder = identity_lib.encoder_sha256(c, b)
+  schema = identity_lib.schema_sha256(config.schema().as_dict())
+  if run.identity is not None:
+    identity_lib.check_same_mechanism(run.identity, encoder, schema, run.run_dir)
+    return
+  run.identity = identity_lib.RunIdentity(
+      noise_seed=run.progress.noise_seed, sampling_secret=run.progress.sampling_secret,
+      seed_source=run.seed_source, config_fingerprint=config.fingerprint(),
+      encoder_sha256=encoder, schema_sha256=schema)
+  identity_lib.save(run.run_dir, run.identity)
 
 
 def _client_loader(task: task_lib.Task):
@@ -232,10 +300,15 @@ class _Trainer:
     bar = outputs.Progress(config.experiment_name, config.total_rounds, run.progress.round,
                            config.progress)
     diverged = False
+    if run.progress.round == 0 and isinstance(self.sampler, sampling.FixedEpochSampler):
+      self.sampler.form_cohorts(load_client)  # too few non-empty clients: refused before round 1
     try:
       for round_num in range(run.progress.round + 1, config.total_rounds + 1):
         state, row, diverged = self.round(state, round_num, load_client)
-        self.writer.write(row)
+        digest = identity_lib.model_digest(self.process.get_model_weights(state).trainable)
+        replayed = run.releases.replays(round_num, digest)  # raises on a different release
+        run.releases.record(round_num, digest)
+        self.writer.write(row, tensorboard=not replayed)
         bar.update(row)
         if run.round_callback is not None:
           run.round_callback(round_num)
@@ -267,7 +340,7 @@ def _participation_summary(trainer: _Trainer) -> Dict[str, object]:
                expected_clients_per_round=config.sampling_prob * len(trainer.sampler) /
                config.min_sep,
                sampling_secret=("derived from the pinned noise seed"
-                                if config.noise_seed is not None else "os_entropy"))
+                                if trainer.run.seed_source == "pinned" else "os_entropy"))
   return out
 
 
@@ -308,13 +381,20 @@ def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, record,
                              weights.trainable)
   participation = _participation_summary(trainer)
   eps, reason, privacy_block = _privacy_summary(trainer, noise_multiplier, record, participation)
+  public = dict(config.public_dict(), noise_seed=run.seed_source)  # the source of the run's start
+  notes = [outputs.NONPRIVATE_NOTE] if config.report_train_metrics else []
+  if privacy_block is not None:
+    privacy_block["noise_seed_source"] = run.seed_source
+    if run.seed_source == "pinned":
+      privacy_block["warning"] = identity_lib.PINNED_WARNING
+      notes.append(identity_lib.PINNED_WARNING)
   trainer.writer.scalars(test, progress.round, prefix="test/")
   if eps is not None:
     trainer.writer.scalars({"epsilon": eps}, progress.round, prefix="privacy/")
   mechanism = config.canonical_mechanism
   train_rows = [r for r in trainer.writer.rows if r.get("nonprivate_train_loss") not in ("", None)]
   return {
-      "config": config.public_dict(), "mechanism": mechanism,
+      "config": public, "mechanism": mechanism,
       "mechanism_label": registry.label(mechanism), "noise_multiplier": noise_multiplier,
       "epsilon": eps, "epsilon_reason": reason,
       "delta": config.delta if record is not None else None,
@@ -330,7 +410,7 @@ def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, record,
       "nonprivate_train_metrics": ({k: float(train_rows[-1][k])
                                     for k in outputs.NONPRIVATE_TRAIN_KEYS}
                                    if config.report_train_metrics and train_rows else None),
-      "notes": [outputs.NONPRIVATE_NOTE] if config.report_train_metrics else [],
+      "notes": notes,
       "empty_clients_skipped": progress.empty_clients_skipped,
       "zeroed_client_updates": progress.zeroed_client_updates,
       "num_train_clients": len(task.train_client_ids), "clients_used": trainer.sampler.cursor,
@@ -368,6 +448,7 @@ def _train(run: _Run, task: Optional[task_lib.Task]) -> Dict[str, object]:
     task = task_lib.build_task(config)
   sampling.build_sampler(config, task.train_client_ids, run.progress.sampling_secret)
   setup, noise_multiplier, record = mechanisms.resolve_privacy(config, run.progress.seed_or_none)
+  _bind_identity(run, setup)
   trainer, state = _build_trainer(run, task, setup)
   try:
     trainer.writer.hparams(config.public_dict(), config.experiment_name)

@@ -128,11 +128,16 @@ class MetricsWriter:
           tf.summary.scalar(prefix + key if prefix else _tensorboard_tag(key), value, step=step)
     self._tb.flush()
 
-  def write(self, row: Dict[str, object]) -> None:
-    """One round's row into metrics.csv and TensorBoard (fields not in the header dropped)."""
+  def write(self, row: Dict[str, object], tensorboard: bool = True) -> None:
+    """One round's row into metrics.csv and TensorBoard (fields not in the header dropped).
+
+    ``tensorboard=False`` for a round replayed identically after a restart: TensorBoard
+    already holds it (its events cannot be rewritten), and keeps one version.
+    """
     row = {k: row.get(k, "") for k in self.fields}
     self._append(row)
-    self.scalars({k: v for k, v in row.items() if k != "round"}, int(row["round"]))
+    if tensorboard:
+      self.scalars({k: v for k, v in row.items() if k != "round"}, int(row["round"]))
 
   def hparams(self, config: Dict[str, object], run_name: str) -> None:
     """The config as TensorBoard hparams (and as a text table)."""

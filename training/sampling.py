@@ -149,6 +149,26 @@ class FixedEpochSampler(_Sampler):
     self.cohorts = cohorts.copy()
     self._loaded = {}
 
+  def form_cohorts(self, load: Load) -> None:
+    """Forms every cohort not yet formed, in order (the same cohorts as forming them lazily).
+
+    Called before round 1, so that a dataset with too few non-empty clients is refused
+    before any round is released; the clients skipped as empty are reported in each
+    cohort's first round.
+    """
+    for j in range(self.cohort_count):
+      if self.cohorts[j, 0] >= 0:
+        continue
+      try:
+        indices, loaded, skipped = self._draw(
+            self.clients_per_round, load, f"cohort {j} of {self.cohort_count} (fixed epochs)")
+      except TrainingError as e:
+        raise TrainingError(
+            f"before round 1: too few non-empty clients for --participation=fixed_epoch "
+            f"({self.cohort_count} cohorts of {self.clients_per_round}): {e}") from None
+      self.cohorts[j] = indices
+      self._loaded[j] = ([self.client_ids[i] for i in indices], loaded, skipped)
+
   def next_round(self, round_num: int, load: Load) -> Round:
     j = (int(round_num) - 1) % self.cohort_count
     if self.cohorts[j, 0] < 0:
@@ -166,8 +186,9 @@ class FixedEpochSampler(_Sampler):
         raise TrainingError(f"round {round_num}: {skipped} client(s) of cohort {j} have no "
                             "data any more; the dataset changed under the run")
       self._loaded[j] = (chosen, loaded, 0)
-    chosen, loaded, _ = self._loaded[j]
-    return list(chosen), list(loaded), 0
+    chosen, loaded, skipped = self._loaded[j]
+    self._loaded[j] = (chosen, loaded, 0)  # empty clients are reported in the first round only
+    return list(chosen), list(loaded), skipped
 
 
 class MinSepSampler(_Sampler):

@@ -285,6 +285,20 @@ def _encoder(args: argparse.Namespace):
   return c, mech.name, None
 
 
+def _schema_source(args: argparse.Namespace, cached, amplified: bool) -> str:
+  """Where the schema accounted for came from (printed with it)."""
+  if args.participation is not None:
+    return "--participation"
+  for flag in ("epochs", "min_sep", "max_participations"):
+    if getattr(args, flag) is not None:
+      return f"--{flag.replace('_', '-')}"
+  if cached:
+    return ("the cache entry's key (its C was built for this schema)" if not amplified or
+            cached.get("kind") != "single" else
+            "the cache entry's key (single), as min_sep b = 1 for amplification")
+  return "default (min_sep b = 1 when amplified)" if amplified else "default (single)"
+
+
 def _schema(args: argparse.Namespace, n, cached, amplified: bool):
   """The participation schema of the run (see --participation's help)."""
   from tff_mf import checks  # pylint: disable=g-import-not-at-top
@@ -408,6 +422,8 @@ def run(args: argparse.Namespace) -> int:
     record = accounting.epsilon_for(c, schema, args.noise_multiplier, args.delta, analysis,
                                     args.sampling_prob, args.accountant, **options)
   record["matrix"] = source
+  record["schema"] = schema.as_dict()
+  record["schema_source"] = _schema_source(args, cached, amplified)
   for flag in ("height", "bands"):
     if getattr(args, flag) is not None:
       record.setdefault(flag, getattr(args, flag))

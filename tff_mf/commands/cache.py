@@ -16,7 +16,9 @@ def register(subparsers) -> None:
   actions.required = True
   for name, help_text in (("list", "one line per cached factorization"),
                           ("verify", "check every entry (sha256, shapes, dtype, triangularity, "
-                                     "B·C = A, stored figures); exit 1 naming each bad entry")):
+                                     "B·C = A, the key and schema recomputed from the sidecar, every "
+                                     "figure recomputed from C): every check a load applies; exit 1 "
+                                     "naming each bad entry")):
     sub = actions.add_parser(name, help=help_text)
     sub.add_argument("--cache-dir", default=None,
                      help="cache directory (default: $TFF_MF_CACHE or ~/.cache/tff_mf)")

@@ -245,10 +245,15 @@ def _prune(points: np.ndarray, rtol: float = 1e-12) -> np.ndarray:
 
   Removing u_i ≈ u_{i+1} keeps the sequence alternating and changes the coefficients by
   at most (u_{i+1} − u_i)/(1 − u_{i+1}) ≤ rtol in total (a buffer the optimizer turned off).
+  Points whose decays θ = 1 − e coincide in float64 (e below the rounding of 1, where the
+  optimizer may push a pole and its zero together) are such a pair as well: kept, they
+  would make the buffer decays equal.
   """
   points = np.asarray(points, dtype=np.float64)
   while points.size:
-    rel = -np.diff(points) / points[:-1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+      rel = -np.diff(points) / points[:-1]
+    rel[~np.isfinite(rel) | ((1.0 - points[:-1]) == (1.0 - points[1:]))] = 0.0
     i = int(np.argmin(rel))
     if rel[i] > rtol:
       break

@@ -223,9 +223,6 @@ def _config(name, total_rounds, privacy, clients_per_round, clip_norm, server_le
   for key, value in (("bands", bands), ("rank", rank), ("buffers", buffers)):
     if value is not None and key not in accepted:
       raise checks.CheckError(f"{key} does not apply to mechanism {mechanism.name!r}")
-  if mechanism.noise == "tff_gaussian" and noise_seed is not None:
-    raise checks.CheckError("TFF's gaussian_fixed draws from TensorFlow's stateful RNG and "
-                            "cannot pin noise_seed; leave it None")
   clients_per_round = checks.positive_float(clients_per_round, "clients_per_round")
   clip_norm, adaptive = _clipping(mechanism, clip_norm, adaptive, clients_per_round)
   return MechanismConfig(
@@ -499,35 +496,38 @@ def _build_tff_gaussian(cfg: MechanismConfig, info: Dict[str, Any]):
   info.update(sensitivity=sens,
               tff_dp_events="TFF reports GaussianDpEvent(z) every round; composing them "
                             "over-counts (an upper bound)",
-              noise_seed_source="TensorFlow's stateful RNG (seeded from OS entropy)")
+              noise_seed_source="pinned" if cfg.noise_seed is not None else "os_entropy")
 
   def factory(cfg: MechanismConfig):
+    # gaussian_fixed's query, with its noise drawn from the seed (replayable, never reused).
+    seed = cfg.noise_seed if cfg.noise_seed is not None else checks.new_seed()
+
     def make_factory(specs):
-      del specs
       if cfg.adaptive is not None:
-        return _tff_gaussian_adaptive(cfg)
-      return tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
-          noise_multiplier=cfg.noise_multiplier, clients_per_round=cfg.clients_per_round,
-          clip=cfg.clip_norm)
+        return _seeded_gaussian_adaptive(cfg, specs, seed)
+      return tff.aggregators.DifferentiallyPrivateFactory(tfp.NormalizedQuery(
+          query_lib.SeededGaussianSumQuery(cfg.clip_norm, cfg.clip_norm * cfg.noise_multiplier,
+                                           seed), denominator=cfg.clients_per_round))
     return make_factory
 
   return _Built(factory, f, None, sens)
 
 
-def _tff_gaussian_adaptive(cfg: MechanismConfig):
-  """TFF's own ``gaussian_adaptive`` with value multiplier z and count stddev σ_b.
+def _seeded_gaussian_adaptive(cfg: MechanismConfig, specs, seed: int):
+  """Independent noise (C = I) with adaptive clipping, drawn from the run's seed.
 
-  TFF takes the per-round total 1/√(1/z² + 1/(2σ_b)²) and splits it back into z.
+  The query of the matrix mechanisms with C = I: the noise and the count noise come from
+  the seed (a replayed round adds the same noise), unlike TFF's ``gaussian_adaptive``,
+  whose stateful generator cannot be replayed.
   """
-  a = cfg.adaptive
-  if a.clipped_count_stddev <= 0.0 or cfg.noise_multiplier <= 0.0:
-    raise checks.CheckError("TFF's gaussian_adaptive needs a positive noise_multiplier and "
-                            "clipped_count_stddev")
-  total = (cfg.noise_multiplier ** -2 + (2.0 * a.clipped_count_stddev) ** -2) ** -0.5
-  return tff.aggregators.DifferentiallyPrivateFactory.gaussian_adaptive(
-      noise_multiplier=total, clients_per_round=cfg.clients_per_round,
-      initial_l2_norm_clip=a.initial_clip_norm, target_unclipped_quantile=a.target_quantile,
-      learning_rate=a.learning_rate, clipped_count_stddev=a.clipped_count_stddev)
+  noise = noise_lib.DenseNoise(np.eye(cfg.n), None, cfg.participation)
+  q = query_lib.AdaptiveClipMatrixFactorizationQuery(
+      noise, adaptive=cfg.adaptive, noise_multiplier=cfg.noise_multiplier,
+      clients_per_round=cfg.clients_per_round,
+      participations=cfg.participation.max_participations_in(cfg.n), record_specs=specs,
+      noise_seed=seed, allow_no_noise=cfg.allow_no_noise)
+  return tff.aggregators.DifferentiallyPrivateFactory(
+      tfp.NormalizedQuery(q, denominator=cfg.clients_per_round))
 
 
 def _build_none(cfg: MechanismConfig, info: Dict[str, Any]):

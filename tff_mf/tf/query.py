@@ -317,3 +317,38 @@ class AdaptiveClipMatrixFactorizationQuery(MatrixFactorizationQuery):
   def derive_metrics(self, global_state):
     return collections.OrderedDict(round_index=global_state.round_index,
                                    clip_norm=global_state.clip)
+
+SeededGaussianState = collections.namedtuple(
+    "SeededGaussianState", ["l2_norm_clip", "stddev", "seed"])
+
+
+class SeededGaussianSumQuery(tfp.GaussianSumQuery):
+  """tensorflow_privacy's ``GaussianSumQuery`` (DP-FedAvg, McMahan et al. 2017,
+  arXiv:1710.06963) with noise drawn from a seed in its state.
+
+  The same clipping and the same noise N(0, σ²) per coordinate, the same
+  ``GaussianDpEvent(σ/ζ)`` each round; only the generator differs: the noise of a
+  round is ``tf.random.stateless_normal`` keyed by the state's seed, which is then
+  split for the next round (TensorFlow's stateful RNG, which ``gaussian_fixed``
+  uses, cannot be replayed). A run restarted from its seed, or from a checkpoint of
+  the state, adds the very noise it added before, so a replayed round releases
+  nothing new. The seed is secret: the state, hence any checkpoint, holds it.
+  """
+
+  def __init__(self, l2_norm_clip: float, stddev: float, noise_seed: int):
+    super().__init__(l2_norm_clip=l2_norm_clip, stddev=stddev)
+    self._seed = noise_lib.seed_pair(noise_seed)
+
+  def initial_global_state(self):
+    return SeededGaussianState(tf.cast(self._l2_norm_clip, tf.float32),
+                               tf.cast(self._stddev, tf.float32), tf.constant(self._seed))
+
+  def get_noised_result(self, sample_state, global_state):
+    flat = tf.nest.flatten(sample_state)
+    seeds = tf.random.experimental.stateless_split(global_state.seed, num=len(flat) + 1)
+    noised = [x + tf.cast(tf.random.stateless_normal(tf.shape(x), seed=seeds[k],
+                                                     stddev=global_state.stddev), x.dtype)
+              for k, x in enumerate(flat)]
+    event = dp_accounting.GaussianDpEvent(global_state.stddev / global_state.l2_norm_clip)
+    new_state = SeededGaussianState(global_state.l2_norm_clip, global_state.stddev, seeds[-1])
+    return tf.nest.pack_sequence_as(sample_state, noised), new_state, event

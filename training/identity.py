@@ -1,0 +1,179 @@
+"""What makes a resumed or repeated run the same mechanism: its identity and its releases.
+
+``<run dir>/identity.json`` (0600) is written once, after the mechanism is built and
+before round 1 is computed. It holds the secret noise seed and sampling secret, where
+the seed came from (``pinned`` or ``os_entropy``), the fingerprint of the run's flags,
+the sha256 of the encoder C the noise realizes (float64; for a non-square C also the
+decoder B that fixes the per-round noise A⁻¹·B) and the sha256 of the participation
+schema. Every later start of the same run directory, with or without a checkpoint,
+reuses the seeds and source, and refuses, naming both fingerprints, an encoder or
+schema other than the recorded ones: whatever ``--cache_dir``, ``--force`` or solver
+version produced the C at hand, a run is one mechanism (Denisov et al. 2022,
+arXiv:2202.08312, Thm 4.1, holds for one fixed C only).
+
+``<run dir>/releases.jsonl`` (0600) records, for every round ever logged, the sha256
+and ℓ2 norm of the model that round released. It is never truncated: a rerun that
+replays a logged round must reproduce it bit for bit (same seed, same cohorts, same
+noise), or the run stops before that second release is logged; a replayed round is not written
+to TensorBoard again. No TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+
+from training import rundir
+from training.config import TrainingError
+
+IDENTITY_FILE = "identity.json"
+RELEASES_FILE = "releases.jsonl"
+SEED_SOURCES = ("pinned", "os_entropy", "no_noise")
+PINNED_WARNING = ("the noise seed was pinned with --noise_seed: anyone who knows it can "
+                  "regenerate the noise and subtract it, so epsilon holds only while that "
+                  "seed stays secret")
+
+
+@dataclasses.dataclass
+class RunIdentity:
+  """The seeds and fingerprints a run keeps from its first start (noise_seed -1: none)."""
+  noise_seed: int
+  sampling_secret: int
+  seed_source: str
+  config_fingerprint: str
+  encoder_sha256: Optional[str] = None
+  schema_sha256: Optional[str] = None
+
+
+def _path(run_dir: str) -> str:
+  return os.path.join(run_dir, IDENTITY_FILE)
+
+
+def load(run_dir: str) -> Optional[RunIdentity]:
+  """The recorded identity, None when the run directory has none (TrainingError if bad)."""
+  path = _path(run_dir)
+  if not os.path.lexists(path):
+    return None
+  rundir.check_private(path)
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+    identity = RunIdentity(**value)
+  except (OSError, ValueError, TypeError) as e:
+    raise TrainingError(f"{path} is unreadable ({type(e).__name__}); the run's seeds and "
+                        "mechanism cannot be proven: use a new --experiment_name") from None
+  if identity.seed_source not in SEED_SOURCES:
+    raise TrainingError(f"{path} records seed source {identity.seed_source!r}; expected one "
+                        f"of {', '.join(SEED_SOURCES)}")
+  return identity
+
+
+def save(run_dir: str, identity: RunIdentity) -> None:
+  """Writes identity.json atomically, 0600."""
+  path = _path(run_dir)
+  tmp = path + ".tmp"
+  with rundir.private_umask():
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(dataclasses.asdict(identity), f, indent=2, sort_keys=True)
+      f.flush()
+      os.fsync(f.fileno())
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def _sha256(*arrays: np.ndarray) -> str:
+  digest = hashlib.sha256()
+  for x in arrays:
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    digest.update(repr(x.shape).encode())
+    digest.update(x.tobytes())
+  return digest.hexdigest()
+
+
+def encoder_sha256(c: Optional[np.ndarray], b: Optional[np.ndarray] = None) -> Optional[str]:
+  """sha256 of the float64 C the noise realizes (and of B when C is not square)."""
+  if c is None:
+    return None
+  c = np.asarray(c, np.float64)
+  if b is not None and c.shape[0] != c.shape[1]:
+    return _sha256(c, np.asarray(b, np.float64))
+  return _sha256(c)
+
+
+def schema_sha256(schema_dict: Dict[str, object]) -> str:
+  """sha256 of a participation schema's canonical JSON."""
+  return hashlib.sha256(json.dumps(schema_dict, sort_keys=True).encode()).hexdigest()
+
+
+def check_same_mechanism(recorded: RunIdentity, encoder: Optional[str], schema: str,
+                         run_dir: str) -> None:
+  """Refuses (one line, both fingerprints) an encoder or schema other than the recorded."""
+  for what, old, new in (("encoder C", recorded.encoder_sha256, encoder),
+                         ("participation schema", recorded.schema_sha256, schema)):
+    if old != new:
+      raise TrainingError(
+          f"{run_dir} was started with {what} sha256 {old} but this run has {new}: a resumed "
+          "run must keep its mechanism (the cache entry may have been recomputed or replaced, "
+          "or --cache_dir changed); restore that entry or use a new --experiment_name")
+
+
+def model_digest(arrays: Sequence[np.ndarray]) -> Dict[str, object]:
+  """sha256 and ℓ2 norm of a released model (its trainable arrays, as stored)."""
+  digest = hashlib.sha256()
+  norm = 0.0
+  for x in arrays:
+    x = np.ascontiguousarray(np.asarray(x))
+    digest.update(f"{x.dtype.str}{x.shape}".encode())
+    digest.update(x.tobytes())
+    norm += float(np.sum(np.square(x, dtype=np.float64)))
+  return {"sha256": digest.hexdigest(), "l2": math.sqrt(norm)}
+
+
+class ReleaseLog:
+  """``releases.jsonl``: the model digest of every round ever logged (never truncated)."""
+
+  def __init__(self, run_dir: str):
+    self.path = os.path.join(run_dir, RELEASES_FILE)
+    self.logged: Dict[int, Dict[str, object]] = {}
+    if os.path.lexists(self.path):
+      rundir.check_private(self.path)
+      with open(self.path, encoding="utf-8") as f:
+        for line in f:
+          if line.strip():
+            try:
+              entry = json.loads(line)
+              self.logged[int(entry["round"])] = entry
+            except (ValueError, KeyError, TypeError):
+              break  # a line cut by a kill: nothing after it was logged
+
+  @property
+  def last_round(self) -> int:
+    return max(self.logged, default=0)
+
+  def replays(self, round_num: int, digest: Dict[str, object]) -> bool:
+    """True if ``round_num`` was logged and ``digest`` reproduces it; raises if it does not."""
+    old = self.logged.get(round_num)
+    if old is None:
+      return False
+    if old["sha256"] == digest["sha256"]:
+      return True
+    raise TrainingError(
+        f"round {round_num} was already released by this run and the rerun computed another "
+        f"model (sha256 {str(old['sha256'])[:16]}… logged, {str(digest['sha256'])[:16]}… now); "
+        "refusing to release it twice: use a new --experiment_name")
+
+  def record(self, round_num: int, digest: Dict[str, object]) -> None:
+    if round_num in self.logged:
+      return
+    entry = {"round": int(round_num), **digest}
+    with rundir.private_umask():
+      fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+      with os.fdopen(fd, "a", encoding="utf-8") as f:
+        f.write(json.dumps(entry, sort_keys=True) + "\n")
+    self.logged[round_num] = entry
