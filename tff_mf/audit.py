@@ -303,3 +303,58 @@ def compare_with_claim(reports: Dict[str, Dict[str, Any]], delta: float,
                           "claimed_epsilon": float(claimed[k])}
     out["violation"] = bool(out["violation"] or mu_lb > claimed_mu)
   return out
+
+
+# ----------------------------------------------------------------------------- plot
+
+
+def epsilon_delta_tradeoff(eps: float, delta: float, alpha: np.ndarray) -> np.ndarray:
+  """The trade-off curve of (ε, δ)-DP: max(0, 1 − δ − e^ε α, e^−ε (1 − δ − α))."""
+  alpha = np.asarray(alpha, dtype=np.float64)
+  return np.maximum.reduce([np.zeros_like(alpha), 1 - delta - math.exp(eps) * alpha,
+                            math.exp(-eps) * (1 - delta - alpha)])
+
+
+def plot_audit(report: Dict[str, Any], path: str, statistic: str = "reported_sigma") -> str:
+  """Two panels: the statistic's two distributions, and the trade-off curves (claimed, the
+  empirical one, its confidence points, and GDP at the estimated μ)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  s0, s1 = report["scores"][statistic]
+  pts = report["points"][statistic]
+  fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+  lo, hi = np.percentile(np.concatenate([s0, s1]), [0.1, 99.9])
+  bins = np.linspace(lo, hi, 60)
+  left.hist(s0, bins=bins, alpha=0.6, density=True, label=f"without canary ({len(s0)} trials)")
+  left.hist(s1, bins=bins, alpha=0.6, density=True, label=f"with canary ({len(s1)} trials)")
+  left.set_xlabel("test statistic (projection on Σ⁻¹μ)" if report.get("claimed_mu")
+                  else "test statistic (log likelihood ratio of the Poisson canary)")
+  left.set_ylabel("density")
+  left.set_title(f"{report['mechanism']}, {report['participation']['label']}, "
+                 f"n={report['total_rounds']}")
+  left.legend()
+  a = np.linspace(0.0, 1.0, 401)
+  if report.get("claimed_mu"):
+    right.plot(a, gdp_tradeoff(report["claimed_mu"], a), "k-",
+               label=f"claimed: {report['claimed_mu']:.3g}-GDP (sens/z)")
+    right.plot(a, gdp_tradeoff(report["mu_estimate"], a), "C2--",
+               label=f"GDP at estimated μ = {report['mu_estimate']:.3g}")
+  else:
+    right.plot(a, epsilon_delta_tradeoff(report["claimed_epsilon"], report["delta"], a), "k-",
+               label=f"claimed: ε = {report['claimed_epsilon']:.3g} at δ = {report['delta']:g}")
+  order = np.argsort(pts["fpr"])
+  right.plot(pts["fpr"][order], pts["fnr"][order], "C0.-", label="empirical (FPR, FNR)")
+  right.plot(pts["fpr_hi"], pts["fnr_hi"], "C3x",
+             label=f"upper confidence points ({report['confidence']:g}, simultaneous)")
+  right.set_xlabel("false positive rate α (type I error)")
+  right.set_ylabel("false negative rate β (type II error)")
+  right.set_xlim(0, 1)
+  right.set_ylim(0, 1)
+  right.set_title(f"trade-off: ε lower bound {report['epsilon_lower_bound']:.3g} at "
+                  f"δ = {report['delta']:g} (claimed {report['claimed_epsilon']:.3g})")
+  right.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
