@@ -17,18 +17,12 @@ import sys
 
 import numpy as np
 import pytest
-import tensorflow as tf
-import tensorflow_federated as tff
-import tensorflow_privacy as tfp
 
 import statcheck
 import userenv
 from tff_mf import audit as audit_lib
 from tff_mf import participation
-from tff_mf.tf import aggregators
 from tff_mf.tf import audit
-from tff_mf.tf import noise as noise_lib
-from tff_mf.tf import query as query_lib
 from tff_mf.tf import runtime
 
 runtime.install_exit_hook()
@@ -116,60 +110,23 @@ def _violation(r):
   return r["violation"] and r["mu_lower_bound"] > r["claimed_mu"]
 
 
-def test_flags_under_reported_sensitivity(fixed_epoch_pair):
-  claimed, packed = fixed_epoch_pair
-  info = dict(claimed.info, sensitivity=0.8 * claimed.info["sensitivity"])
-  r = audit.audit_setups(dataclasses.replace(claimed, info=info), packed, OPTIONS, seed=1)
-  assert _violation(r), r
-
-
-def _factory_with(noise, packed, noise_multiplier):
-  info = packed.info
-
-  def make(specs):
-    q = query_lib.MatrixFactorizationQuery(noise, l2_norm_clip=info["clip_norm"],
-                                           noise_multiplier=noise_multiplier, record_specs=specs)
-    return tff.aggregators.DifferentiallyPrivateFactory(
-        tfp.NormalizedQuery(q, denominator=info["clients_per_round"]))
-
-  return aggregators.DPAggregatorFactory(make, "planted fault")
-
-
-def test_flags_noise_divided_by_an_extra_factor(fixed_epoch_pair):
-  claimed, packed = fixed_epoch_pair
-  faulty = _factory_with(packed.noise, packed, packed.info["noise_multiplier"] / 1.25)
-  r = audit.audit_setups(claimed, dataclasses.replace(packed, aggregation_factory=faulty),
-                         OPTIONS, seed=2)
-  assert _violation(r), r
-
-
-class _RepeatedRow(noise_lib.DenseNoise):
-  """Round ``repeat + 1`` adds the noise row of round ``repeat`` again (a resume that did not
-  advance the round index); planted at the canary's first round, where the release then
-  reveals the canary's update without noise."""
-
-  repeat = 0
-
-  def _noise_row(self, seed, i, buffers, specs, stddev):
-    j = tf.where(tf.equal(i, self.repeat + 1), tf.constant(self.repeat, tf.int64), i)
-    return super()._noise_row(seed, j, buffers, specs, stddev)
-
-
-def test_flags_a_noise_row_used_in_two_rounds(fixed_epoch_pair):
-  claimed, packed = fixed_epoch_pair
-  noise = _RepeatedRow(packed.noise.encoder(), participation=packed.noise.participation)
-  pats = audit_lib.canary_patterns("fixed_epoch", N, epochs=2)
-  noise.repeat = audit_lib.worst_canary(packed.noise.noise_matrix(), pats)["pattern"][0]
-  faulty = _factory_with(noise, packed, packed.info["noise_multiplier"])
-  r = audit.audit_setups(claimed, dataclasses.replace(packed, aggregation_factory=faulty),
-                         OPTIONS, seed=3)
-  assert _violation(r), r
-  assert r["statistics"]["estimated_sigma"]["mu_lower_bound"] > r["claimed_mu"]
+@pytest.mark.parametrize("fault", ["under_reported_sensitivity", "noise_divided",
+                                   "repeated_noise_row"])
+def test_flags_a_planted_fault(fault, fixed_epoch_pair):
+  """Sensitivity under-reported by 20% (claim 0.8·sens); noise divided by an extra factor 1.25;
+  the noise row of the canary's first round added again in the next round. Each must be
+  flagged: the μ lower bound (confidence 0.99) exceeds the claimed μ."""
+  claimed, packed, schema = audit.plant_fault(fault, *fixed_epoch_pair)
+  r = audit.audit_setups(claimed, packed, OPTIONS, schema=schema, seed=1)
+  assert _violation(r), audit.json_ready(r)
+  if fault == "repeated_noise_row":
+    assert r["statistics"]["estimated_sigma"]["mu_lower_bound"] > r["claimed_mu"]
 
 
 def test_flags_a_fixed_epoch_run_accounted_as_single_participation():
-  claimed, packed = audit.build_pair("opt_prefix_sum", OPTIONS.trials_per_run, **_kwargs())
-  r = audit.audit_setups(claimed, packed, OPTIONS, schema=participation.fixed_epoch(2), seed=4)
+  claimed, packed, schema = audit.plant_fault(
+      "schema_ignored", *audit.build_pair("opt_prefix_sum", OPTIONS.trials_per_run, **_kwargs()))
+  r = audit.audit_setups(claimed, packed, OPTIONS, schema=schema, seed=4)
   assert r["claimed_sensitivity"] == pytest.approx(1.0)
   assert r["release_mu"] > 1.2 * r["claimed_mu"]
-  assert _violation(r), r
+  assert _violation(r), audit.json_ready(r)

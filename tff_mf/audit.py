@@ -286,10 +286,16 @@ def compare_with_claim(reports: Dict[str, Dict[str, Any]], delta: float,
   A GDP claim μ is refuted when a point lies below its trade-off curve, i.e. when
   ε_lb(δ') > ε_μ(δ') at some δ'; the δ' with the largest excess is reported. An
   (ε, δ) claim (amplified runs) is refuted when ε_lb(δ) > ε.
+
+  ``epsilon_of_mu_lower_bound`` is ε(δ) of μ_lb-GDP (the estimate of Nasr et al. 2023,
+  arXiv:2302.07956): a lower bound on the mechanism's ε(δ) only if its trade-off curve is
+  Gaussian, as an unamplified Gaussian mechanism's is; ``epsilon_lower_bound`` assumes
+  nothing.
   """
   eps_lb = max(r["epsilon_lower_bound"] for r in reports.values())
   mu_lb = max(r["mu_lower_bound"] for r in reports.values())
   out: Dict[str, Any] = {"epsilon_lower_bound": eps_lb, "mu_lower_bound": mu_lb,
+                         "epsilon_of_mu_lower_bound": gdp_epsilon(mu_lb, delta),
                          "delta": delta, "violation": False}
   if claimed_epsilon is not None:
     out["claimed_epsilon"] = claimed_epsilon

@@ -170,6 +170,10 @@ def _print_text(r) -> None:
   lines.append(f"epsilon at delta={r['delta']:g}: empirical LOWER bound "
                f"{r['epsilon_lower_bound']:.4g}, claimed (upper bound) "
                f"{r['claimed_epsilon']:.4g}")
+  if r.get("claimed_mu"):
+    lines.append(f"epsilon at delta={r['delta']:g} of the mu lower bound: "
+                 f"{r['epsilon_of_mu_lower_bound']:.4g} (a LOWER bound if the trade-off curve "
+                 "is Gaussian, as claimed)")
   lines.append("verdict: " + ("VIOLATION: the audit refutes the claim" if r["violation"]
                               else "no violation found (an audit cannot prove privacy)"))
   if r.get("plot"):

@@ -42,6 +42,7 @@ from tff_mf import audit as audit_lib
 from tff_mf import checks
 from tff_mf import participation as participation_lib
 from tff_mf.tf import aggregators
+from tff_mf.tf import noise as noise_lib
 
 # Mechanisms whose noise seed is drawn at every ``initialize`` (fresh seeds per run).
 AUDITABLE_NOISE = ("dense", "linear", "tff_gaussian")
@@ -418,3 +419,72 @@ def json_ready(report: Dict[str, Any]) -> Dict[str, Any]:
       return bool(v)
     return v
   return clean({k: v for k, v in report.items() if k not in ("scores", "points")})
+
+
+# ----------------------------------------------------------------------------- planted faults
+
+FAULTS = ("under_reported_sensitivity", "noise_divided", "repeated_noise_row",
+          "schema_ignored")
+
+
+class RepeatedRowNoise(noise_lib.DenseNoise):
+  """A faulty copy of a dense stream: round ``repeat + 1`` adds round ``repeat``'s noise row
+  again (as after a resume that did not advance the round index)."""
+
+  def __init__(self, c, participation, repeat: int):
+    super().__init__(c, participation=participation)
+    self.repeat = int(repeat)
+
+  def _noise_row(self, seed, i, buffers, specs, stddev):
+    j = tf.where(tf.equal(i, self.repeat + 1), tf.constant(self.repeat, tf.int64), i)
+    return super()._noise_row(seed, j, buffers, specs, stddev)
+
+
+def _factory_with(noise, packed, noise_multiplier: float):
+  import tensorflow_privacy as tfp  # pylint: disable=g-import-not-at-top
+  from tff_mf.tf import query as query_lib  # pylint: disable=g-import-not-at-top
+  info = packed.info
+
+  def make(specs):
+    q = query_lib.MatrixFactorizationQuery(noise, l2_norm_clip=info["clip_norm"],
+                                           noise_multiplier=noise_multiplier, record_specs=specs)
+    return tff.aggregators.DifferentiallyPrivateFactory(
+        tfp.NormalizedQuery(q, denominator=info["clients_per_round"]))
+
+  return aggregators.DPAggregatorFactory(make, f"{info['mechanism']} (planted fault)")
+
+
+def plant_fault(fault: str, claimed, packed, factor: float = 1.25):
+  """(claimed, packed, canary schema) with one known fault planted in copies of the setups.
+
+  ``under_reported_sensitivity``: the claim's sensitivity divided by ``factor``;
+  ``noise_divided``: the aggregator's noise divided by ``factor``; ``repeated_noise_row``:
+  the noise row of the canary's first round added again in the next round (dense streams);
+  ``schema_ignored``: the mechanism built and accounted for single participation while
+  the canary follows fixed_epoch(2). The audit should refute each claim; its power on a
+  configuration is how often it does.
+  """
+  schema = participation_lib.from_dict(claimed.info["participation"])
+  if fault == "under_reported_sensitivity":
+    info = dict(claimed.info, sensitivity=claimed.info["sensitivity"] / factor)
+    return dataclasses.replace(claimed, info=info), packed, schema
+  if fault == "noise_divided":
+    if packed.noise is None:
+      raise checks.CheckError("noise_divided needs a matrix mechanism's stream")
+    faulty = _factory_with(packed.noise, packed, packed.info["noise_multiplier"] / factor)
+    return claimed, dataclasses.replace(packed, aggregation_factory=faulty), schema
+  if fault == "repeated_noise_row":
+    if not isinstance(packed.noise, noise_lib.DenseNoise) or packed.noise.m != packed.noise.n:
+      raise checks.CheckError("repeated_noise_row is planted in a square dense stream")
+    n = packed.noise.n
+    first = audit_lib.worst_canary(packed.noise.noise_matrix(),
+                                   _schema_patterns(schema, n))["pattern"][0]
+    noise = RepeatedRowNoise(packed.noise.encoder(), packed.noise.participation,
+                             min(first, n - 2))
+    faulty = _factory_with(noise, packed, packed.info["noise_multiplier"])
+    return claimed, dataclasses.replace(packed, aggregation_factory=faulty), schema
+  if fault == "schema_ignored":
+    if schema.kind != "single":
+      raise checks.CheckError("schema_ignored takes a mechanism built for single participation")
+    return claimed, packed, participation_lib.fixed_epoch(2)
+  raise checks.CheckError(f"unknown fault {fault!r}; expected one of {', '.join(FAULTS)}")
