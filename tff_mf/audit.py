@@ -20,16 +20,18 @@ pattern is found by brute force over the schema's patterns (``worst_canary``), a
 the Gaussian-DP conversions are our own (Dong, Roth, Su 2019, arXiv:1905.02383,
 Cor 2.13; equal to Balle & Wang 2018, arXiv:1805.06530, Thm 8).
 
-Confidence. Thresholds are fixed before the scores are seen; at each, the false
-positive rate gets a one-sided Clopper–Pearson upper bound and the true positive
-rate a lower one, all at α/(2·thresholds) (Bonferroni), so every point
-(FPR_hi, FNR_hi) is simultaneously an upper bound on a point of the mechanism's
-trade-off curve. Then ε ≥ log((1 − FNR_hi − δ)/FPR_hi) (and the same with the roles
+Confidence. At every threshold the false positive rate gets a one-sided
+Clopper–Pearson upper bound and the true positive rate a lower one, simultaneously
+valid with probability ≥ 1 − α (a union bound over order statistics for all
+thresholds, and over a few thresholds planned in advance on the claim's score laws;
+``tradeoff_points``), so every point (FPR_hi, FNR_hi) is an upper bound on a point of
+the mechanism's trade-off curve. Then ε ≥ log((1 − FNR_hi − δ)/FPR_hi) (and the same with the roles
 exchanged), and the mechanism is not μ'-GDP for μ' < Φ⁻¹(1 − FPR_hi) − Φ⁻¹(FNR_hi).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -44,12 +46,74 @@ from tff_mf import checks
 
 # Enumerated (pattern, sign vector) pairs at most, in ``worst_canary``.
 ENUMERATION_LIMIT = 2_000_000
-# Thresholds per score (fixed before the data are seen; Bonferroni over them).
+# Evenly spaced thresholds of ``threshold_grid``.
 THRESHOLDS = 40
+# Planned thresholds: the best expected ones and neighbours at these multiples of the
+# model's standard deviation (``planned_thresholds``; Bonferroni over all of them).
+PLAN_OFFSETS = (-0.3, -0.15, -0.05, 0.0, 0.05, 0.15, 0.3)
+PLAN_SEED = 20231011
+# Share of the confidence budget for all thresholds (order statistics); the rest goes to
+# the planned ones.
+ADAPTIVE_SHARE = 0.5
+# Order-statistic counts (false positives, false negatives) that get a larger share.
+TAIL_COUNTS = 32
 # Ridge added to an estimated covariance, relative to its mean eigenvalue.
 RIDGE = 1e-10
 # δ' grid on which a violation of the claimed privacy profile is looked for.
 DELTA_GRID = np.logspace(-12, math.log10(0.5), 80)
+
+
+# Noise kinds whose seed is drawn at every ``initialize`` (fresh seeds per run); TFF's tree
+# fixes its seed when it is built.
+AUDITABLE_NOISE = ("dense", "linear", "tff_gaussian")
+
+
+def check_auditable(mechanism: str) -> str:
+  """The canonical name of a mechanism the audit can run, or a one-line CheckError."""
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
+  m = registry.mechanism(mechanism)
+  if not m.private:
+    raise checks.CheckError(f"mechanism {m.name!r} adds no noise: nothing to audit")
+  if not m.trainable or m.noise not in AUDITABLE_NOISE:
+    raise checks.CheckError(f"mechanism {m.name!r} cannot be audited: its noise seed is fixed "
+                            f"when it is built or it cannot be trained (audit the "
+                            f"{', '.join(AUDITABLE_NOISE)} noise kinds)")
+  return m.name
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditOptions:
+  """How many trials, at what confidence.
+
+  Attributes:
+    trials: trials per world (with and without the canary).
+    trials_per_run: trials packed into one run's coordinates (T).
+    calibration_trials: extra canary-free trials that estimate Σ (0: reported Σ only).
+    delta: δ of the reported ε lower bound.
+    alpha: the bounds hold with probability ≥ 1 − alpha (false-alarm rate of a flag).
+    others: "zero" or "random" updates of the other clients of each round.
+    sampling_prob: None (the canary joins every round of its pattern), or p: it joins
+      each round of its residue class with probability p (Poisson, min_sep only).
+  """
+  trials: int = 2048
+  trials_per_run: int = 256
+  calibration_trials: int = 1024
+  delta: float = 1e-5
+  alpha: float = 0.01
+  others: str = "zero"
+  sampling_prob: Optional[float] = None
+
+  def checked(self) -> "AuditOptions":
+    if self.others not in ("zero", "random"):
+      raise checks.CheckError(f"others must be 'zero' or 'random', got {self.others!r}")
+    checks.positive_int(self.trials, "trials")
+    checks.positive_int(self.trials_per_run, "trials_per_run")
+    checks.nonnegative_int(self.calibration_trials, "calibration_trials")
+    checks.delta(self.delta)
+    checks.in_range(self.alpha, "alpha", 0.0, 0.5, low_open=True)
+    if self.sampling_prob is not None:
+      checks.probability(self.sampling_prob, "sampling_prob")
+    return self
 
 
 # ----------------------------------------------------------------------------- canary
@@ -219,22 +283,87 @@ def clopper_pearson_lower(k: np.ndarray, trials: int, alpha: float) -> np.ndarra
 
 
 def threshold_grid(mu_reference: float, count: int = THRESHOLDS) -> np.ndarray:
-  """Thresholds for a score that is N(0, 1) without and N(μ, 1) with the canary."""
+  """Evenly spaced thresholds for a score that is N(0, 1) without and N(μ, 1) with the
+  canary (a simple plan; ``planned_thresholds`` is the audit's)."""
   mu = min(max(float(mu_reference), 0.0), 50.0)
   return np.linspace(-2.0, mu + 4.0, count)
 
 
-def tradeoff_points(s0: np.ndarray, s1: np.ndarray, thresholds: np.ndarray,
+def gaussian_model(mu_reference: float, draws: int = 400_000) -> Tuple[np.ndarray, np.ndarray]:
+  """Model scores N(0, 1) and N(μ, 1) (fixed seed), for ``planned_thresholds``."""
+  rng = np.random.default_rng(PLAN_SEED)
+  mu = min(max(float(mu_reference), 0.0), 50.0)
+  return rng.standard_normal(draws), rng.standard_normal(draws) + mu
+
+
+def planned_thresholds(model0: np.ndarray, model1: np.ndarray, trials0: int, trials1: int,
+                       alpha: float, delta: float) -> np.ndarray:
+  """Thresholds fixed before the audit's scores are seen, where the bounds are expected to
+  be largest.
+
+  On the model's score laws (samples ``model0``/``model1``, e.g. the claim's), the bounds
+  the audit would report at the expected counts are evaluated on a fine candidate grid;
+  the best candidates for the ε lower bound at δ and for the μ lower bound, and
+  neighbours at ±PLAN_OFFSETS model standard deviations, become the thresholds (a few,
+  so that the Bonferroni correction over them costs little).
+  """
+  m0, m1 = np.sort(np.asarray(model0, np.float64)), np.sort(np.asarray(model1, np.float64))
+  pooled = np.concatenate([m0, m1])
+  candidates = np.unique(np.quantile(pooled, np.linspace(0.0005, 0.9995, 2000)))
+  count = 2 * len(PLAN_OFFSETS)
+  fp = np.rint(trials0 * (1.0 - np.searchsorted(m0, candidates, side="right") / len(m0)))
+  tp = np.rint(trials1 * (1.0 - np.searchsorted(m1, candidates, side="right") / len(m1)))
+  each = (1 - ADAPTIVE_SHARE) * alpha / (2 * count)  # the level of a planned threshold
+  fpr_hi = clopper_pearson_upper(fp, trials0, each)
+  fnr_hi = 1.0 - clopper_pearson_lower(tp, trials1, each)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    eps = np.maximum(np.log(np.maximum(1 - fnr_hi - delta, 0)) - np.log(fpr_hi),
+                     np.log(np.maximum(1 - fpr_hi - delta, 0)) - np.log(fnr_hi))
+    mu = scipy.stats.norm.ppf(1.0 - fpr_hi) - scipy.stats.norm.ppf(fnr_hi)
+  scale = float(np.std(m0)) or 1.0
+  best = [candidates[int(np.nanargmax(np.where(np.isfinite(v), v, -np.inf)))] for v in (eps, mu)]
+  return np.sort(np.array([b + o * scale for b in best for o in PLAN_OFFSETS]))
+
+
+def tradeoff_points(s0: np.ndarray, s1: np.ndarray, planned: np.ndarray,
                     alpha: float) -> Dict[str, np.ndarray]:
-  """Simultaneous (1 − alpha) upper bounds on (FPR, FNR) of the tests "score > t"."""
-  s0, s1 = np.asarray(s0, np.float64), np.asarray(s1, np.float64)
-  each = alpha / (2 * len(thresholds))
-  fp = np.array([np.sum(s0 > t) for t in thresholds])
-  tp = np.array([np.sum(s1 > t) for t in thresholds])
-  return {"thresholds": np.asarray(thresholds, np.float64),
-          "fpr": fp / len(s0), "fnr": 1.0 - tp / len(s1),
-          "fpr_hi": clopper_pearson_upper(fp, len(s0), each),
-          "fnr_hi": 1.0 - clopper_pearson_lower(tp, len(s1), each)}
+  """Simultaneous (1 − alpha) upper bounds on (FPR, FNR) of the tests "score > t", at the
+  planned thresholds and at every threshold the data allow.
+
+  Union bound over two families of events, per side (FPR upper, TPR lower bounds; α/2
+  each). Planned thresholds (fixed in advance) share 1 − ADAPTIVE_SHARE of the budget.
+  Order statistics share the rest: for each possible count k, the event that some
+  threshold with count k violates its bound is one binomial tail (the worst threshold
+  with count k is at an order statistic), so T + 1 events cover every threshold, which
+  keeps the audit sensitive to score laws the plan did not foresee. Half of that share
+  goes to the TAIL_COUNTS + 1 extreme counts (few false positives, few false negatives),
+  where the bound on ε at small δ is decided.
+  """
+  s0, s1 = np.sort(np.asarray(s0, np.float64)), np.sort(np.asarray(s1, np.float64))
+  t0, t1 = len(s0), len(s1)
+  planned = np.asarray(planned, np.float64)
+  share = ADAPTIVE_SHARE if planned.size else 1.0
+  every = np.concatenate([[-np.inf], np.unique(np.concatenate([s0, s1]))])
+  thresholds = np.concatenate([planned, every])
+  fp = t0 - np.searchsorted(s0, thresholds, side="right")
+  tp = t1 - np.searchsorted(s1, thresholds, side="right")
+  level_fp = _order_levels(fp, t0, share * alpha / 2, tail="low")
+  level_tp = _order_levels(tp, t1, share * alpha / 2, tail="high")
+  level_fp[:planned.size] = (1 - share) * alpha / (2 * max(planned.size, 1))
+  level_tp[:planned.size] = (1 - share) * alpha / (2 * max(planned.size, 1))
+  return {"thresholds": thresholds, "planned": np.arange(thresholds.size) < planned.size,
+          "fpr": fp / t0, "fnr": 1.0 - tp / t1,
+          "fpr_hi": clopper_pearson_upper(fp, t0, level_fp),
+          "fnr_hi": 1.0 - clopper_pearson_lower(tp, t1, level_tp)}
+
+
+def _order_levels(counts: np.ndarray, trials: int, budget: float, tail: str) -> np.ndarray:
+  """Per-count levels of the order-statistic events: half of ``budget`` over all trials + 1
+  counts, half over the TAIL_COUNTS + 1 extreme ones (smallest false-positive counts, or
+  largest true-positive counts)."""
+  extreme = min(TAIL_COUNTS, trials) + 1
+  in_tail = counts <= TAIL_COUNTS if tail == "low" else counts >= trials - TAIL_COUNTS
+  return budget / 2 / (trials + 1) + np.where(in_tail, budget / 2 / extreme, 0.0)
 
 
 def epsilon_lower_bound(fpr_hi: np.ndarray, fnr_hi: np.ndarray, delta: float) -> float:

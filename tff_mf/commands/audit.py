@@ -102,6 +102,14 @@ def _add_audit_arguments(g) -> None:
   g.add_argument("--seed", type=int, default=None,
                  help="seed of the audit's own randomness (Poisson canary, random others); the "
                       "mechanism's noise seeds are always fresh (default: OS entropy)")
+  g.add_argument("--plant-fault", default=None, metavar="FAULT",
+                 choices=("under_reported_sensitivity", "noise_divided", "repeated_noise_row",
+                          "schema_ignored"),
+                 help="audit a copy of the mechanism with this fault planted, to see that the "
+                      "audit has the power to catch it at these trials: "
+                      "under_reported_sensitivity (claim sens/1.25), noise_divided (noise/1.25), "
+                      "repeated_noise_row (dense streams), schema_ignored (a single-participation "
+                      "mechanism, canary in fixed_epoch 2) (default: none)")
   g.add_argument("--json", action="store_true", help="print one strict JSON object")
   g.add_argument("--plot", default=None, metavar="PNG",
                  help="write the score distributions and trade-off curves to this PNG")
@@ -123,17 +131,18 @@ def _schema(kind, args):
 
 
 def run(args: argparse.Namespace) -> int:
-  from tff_mf.tf import audit, runtime  # pylint: disable=g-import-not-at-top
   from tff_mf import audit as audit_lib  # pylint: disable=g-import-not-at-top
-  runtime.install_exit_hook()
+  audit_lib.check_auditable(args.mechanism)
   schema = _schema(args.participation, args)
   accounted = _schema(args.accounted_as, args) if args.accounted_as else schema
-  options = audit.AuditOptions(
+  options = audit_lib.AuditOptions(
       trials=args.trials, trials_per_run=args.trials_per_run,
       calibration_trials=args.calibration_trials, delta=args.delta, alpha=args.alpha,
       others=args.others, sampling_prob=args.sampling_prob).checked()
   if args.plot:
     os.makedirs(os.path.dirname(os.path.abspath(args.plot)), exist_ok=True)
+  from tff_mf.tf import audit, runtime  # pylint: disable=g-import-not-at-top
+  runtime.install_exit_hook()
   build = dict(total_rounds=args.n, noise_multiplier=args.noise_multiplier,
                target_epsilon=args.target_epsilon, clients_per_round=args.clients_per_round,
                clip_norm=args.clip_norm, momentum=args.momentum,
@@ -141,8 +150,12 @@ def run(args: argparse.Namespace) -> int:
                bands=args.bands, buffers=args.buffers, rank=args.rank)
   if args.target_epsilon is not None:
     build["delta"] = args.delta
-  report = audit.audit(args.mechanism, options=options, schema=schema,
-                       progress=not args.no_progress, seed=args.seed, **build)
+  claimed, packed = audit.build_pair(args.mechanism, options.trials_per_run, **build)
+  if args.plant_fault:
+    claimed, packed, schema = audit.plant_fault(args.plant_fault, claimed, packed)
+  report = audit.audit_setups(claimed, packed, options, schema=schema,
+                              progress=not args.no_progress, seed=args.seed)
+  report["planted_fault"] = args.plant_fault
   if args.plot:
     report["plot"] = audit_lib.plot_audit(report, args.plot)
   out = audit.json_ready(report)
@@ -174,6 +187,8 @@ def _print_text(r) -> None:
     lines.append(f"epsilon at delta={r['delta']:g} of the mu lower bound: "
                  f"{r['epsilon_of_mu_lower_bound']:.4g} (a LOWER bound if the trade-off curve "
                  "is Gaussian, as claimed)")
+  if r.get("planted_fault"):
+    lines.append(f"planted fault: {r['planted_fault']} (a violation is the expected outcome)")
   lines.append("verdict: " + ("VIOLATION: the audit refutes the claim" if r["violation"]
                               else "no violation found (an audit cannot prove privacy)"))
   if r.get("plot"):

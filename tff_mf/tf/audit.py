@@ -44,43 +44,10 @@ from tff_mf import participation as participation_lib
 from tff_mf.tf import aggregators
 from tff_mf.tf import noise as noise_lib
 
-# Mechanisms whose noise seed is drawn at every ``initialize`` (fresh seeds per run).
-AUDITABLE_NOISE = ("dense", "linear", "tff_gaussian")
+AUDITABLE_NOISE = audit_lib.AUDITABLE_NOISE
 
 
-@dataclasses.dataclass(frozen=True)
-class AuditOptions:
-  """How many trials, at what confidence.
-
-  Attributes:
-    trials: trials per world (with and without the canary).
-    trials_per_run: trials packed into one run's coordinates (T).
-    calibration_trials: extra canary-free trials that estimate Σ (0: reported Σ only).
-    delta: δ of the reported ε lower bound.
-    alpha: the bounds hold with probability ≥ 1 − alpha (false-alarm rate of a flag).
-    others: "zero" or "random" updates of the other clients of each round.
-    sampling_prob: None (the canary joins every round of its pattern), or p: it joins
-      each round of its residue class with probability p (Poisson, min_sep only).
-  """
-  trials: int = 2048
-  trials_per_run: int = 256
-  calibration_trials: int = 1024
-  delta: float = 1e-5
-  alpha: float = 0.01
-  others: str = "zero"
-  sampling_prob: Optional[float] = None
-
-  def checked(self) -> "AuditOptions":
-    if self.others not in ("zero", "random"):
-      raise checks.CheckError(f"others must be 'zero' or 'random', got {self.others!r}")
-    checks.positive_int(self.trials, "trials")
-    checks.positive_int(self.trials_per_run, "trials_per_run")
-    checks.nonnegative_int(self.calibration_trials, "calibration_trials")
-    checks.delta(self.delta)
-    checks.in_range(self.alpha, "alpha", 0.0, 0.5, low_open=True)
-    if self.sampling_prob is not None:
-      checks.probability(self.sampling_prob, "sampling_prob")
-    return self
+AuditOptions = audit_lib.AuditOptions
 
 
 @dataclasses.dataclass
@@ -123,6 +90,7 @@ def build_pair(mechanism: str, trials_per_run: int, **kwargs):
   ``target_epsilon`` and ``delta``, ``clients_per_round``, ``clip_norm``,
   ``participation``, ...). The packed setup has clip ζ·√T and multiplier z/√T.
   """
+  audit_lib.check_auditable(mechanism)
   if kwargs.get("noise_seed") is not None:
     raise checks.CheckError("the audit draws a fresh noise seed per run: leave noise_seed unset")
   claimed = aggregators.build_mechanism(mechanism, **kwargs)
@@ -281,28 +249,27 @@ def _scores(x0, x1, cal, shift, cov_rep, poisson, opts: AuditOptions) -> Dict[st
       s0 = audit_lib.projection_scores(x0, shift, cov)
       s1 = audit_lib.projection_scores(x1, shift, cov)
       w = np.linalg.solve(cov, shift)
-      grid = audit_lib.threshold_grid(math.sqrt(float(shift @ w)))
+      m0, m1 = audit_lib.gaussian_model(math.sqrt(float(shift @ w)))
+      grid = audit_lib.planned_thresholds(m0, m1, len(s0), len(s1), alpha, opts.delta)
     else:
       s0 = audit_lib.mixture_log_likelihood_ratio(x0, poisson, opts.sampling_prob, cov)
       s1 = audit_lib.mixture_log_likelihood_ratio(x1, poisson, opts.sampling_prob, cov)
-      grid = _simulated_grid(shift.size, poisson, opts.sampling_prob, cov)
+      m0, m1 = _simulated_mixture(shift.size, poisson, opts.sampling_prob, cov)
+      grid = audit_lib.planned_thresholds(m0, m1, len(s0), len(s1), alpha, opts.delta)
     report = audit_lib.score_report(s0, s1, grid, alpha, opts.delta)
     out[name] = dict(report, scores=(s0, s1), alpha=alpha)
   return out
 
 
-def _simulated_grid(n: int, rounds, prob: float, cov: np.ndarray) -> np.ndarray:
-  """Thresholds for the mixture statistic: quantiles of its law under the model (simulated
-  with a fixed seed, before and independently of the audit's data)."""
-  rng = np.random.default_rng(20240524)
+def _simulated_mixture(n: int, rounds, prob: float, cov: np.ndarray):
+  """The mixture statistic's laws without and with the Poisson canary under the model
+  (simulated with a fixed seed, before and independently of the audit's data)."""
+  rng = np.random.default_rng(audit_lib.PLAN_SEED)
   chol = np.linalg.cholesky(cov)
-  z0 = rng.standard_normal((20000, n)) @ chol.T
-  joined = (rng.random((20000, len(rounds))) < prob).astype(np.float64)
-  z1 = z0.copy()
-  z1[:, rounds] += joined
-  llr = np.concatenate([audit_lib.mixture_log_likelihood_ratio(z, rounds, prob, cov)
-                        for z in (z0, z1)])
-  return np.unique(np.quantile(llr, np.linspace(0.01, 0.999, audit_lib.THRESHOLDS)))
+  z0 = rng.standard_normal((50000, n)) @ chol.T
+  z1 = rng.standard_normal((50000, n)) @ chol.T
+  z1[:, rounds] += (rng.random((50000, len(rounds))) < prob).astype(np.float64)
+  return tuple(audit_lib.mixture_log_likelihood_ratio(z, rounds, prob, cov) for z in (z0, z1))
 
 
 def audit_setups(claimed: aggregators.MechanismSetup, packed: aggregators.MechanismSetup,
