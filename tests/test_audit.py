@@ -93,8 +93,9 @@ def fixed_epoch_pair():
 
 
 def test_tight_and_no_false_alarm(fixed_epoch_pair):
+  """With random updates of the other clients (known to the audit and subtracted)."""
   claimed, packed = fixed_epoch_pair
-  r = audit.audit_setups(claimed, packed, OPTIONS, seed=0)
+  r = audit.audit_setups(claimed, packed, dataclasses.replace(OPTIONS, others="random"), seed=0)
   assert r["canary"]["pattern"] in ([0, 4], [1, 5], [2, 6], [3, 7])
   assert r["release_mu"] == pytest.approx(r["claimed_mu"], rel=1e-6)
   assert abs(r["mu_ratio"] - 1) <= 0.10, r

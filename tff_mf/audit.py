@@ -479,16 +479,21 @@ def plot_audit(report: Dict[str, Any], path: str, statistic: str = "reported_sig
     right.plot(a, epsilon_delta_tradeoff(report["claimed_epsilon"], report["delta"], a), "k-",
                label=f"claimed: ε = {report['claimed_epsilon']:.3g} at δ = {report['delta']:g}")
   order = np.argsort(pts["fpr"])
-  right.plot(pts["fpr"][order], pts["fnr"][order], "C0.-", label="empirical (FPR, FNR)")
-  right.plot(pts["fpr_hi"], pts["fnr_hi"], "C3x",
-             label=f"upper confidence points ({report['confidence']:g}, simultaneous)")
+  right.plot(pts["fpr"][order], pts["fnr"][order], "C0-", label="empirical (FPR, FNR)")
+  every = ~pts["planned"]
+  order = np.argsort(pts["fpr_hi"][every])
+  right.plot(pts["fpr_hi"][every][order], pts["fnr_hi"][every][order], "C3-", linewidth=0.8,
+             label="upper confidence bounds, every threshold")
+  right.plot(pts["fpr_hi"][pts["planned"]], pts["fnr_hi"][pts["planned"]], "C3x",
+             label="upper confidence bounds, planned thresholds")
   right.set_xlabel("false positive rate α (type I error)")
   right.set_ylabel("false negative rate β (type II error)")
   right.set_xlim(0, 1)
   right.set_ylim(0, 1)
   right.set_title(f"trade-off: ε lower bound {report['epsilon_lower_bound']:.3g} at "
                   f"δ = {report['delta']:g} (claimed {report['claimed_epsilon']:.3g})")
-  right.legend(fontsize=8)
+  right.legend(fontsize=8, title=f"confidence {report['confidence']:g} (simultaneous)",
+               title_fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)

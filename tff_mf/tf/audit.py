@@ -192,13 +192,14 @@ def canary_updates(rel: Released, vector: np.ndarray, prob: Optional[float],
 
 
 def packing_check(scores: np.ndarray, per_run: int) -> Dict[str, float]:
-  """Coordinates of one run are independent: the run means of unit-variance scores have
-  variance 1/T; Σ_runs T·mean² is χ² with (runs) degrees of freedom (two-sided p-value)."""
+  """Coordinates of one run are independent: the run means of standardized scores have
+  variance 1/T, so Σ_runs T·mean² is about χ² with runs − 1 degrees of freedom (two-sided
+  p-value; correlated coordinates inflate it)."""
   import scipy.stats  # pylint: disable=g-import-not-at-top
   s = np.asarray(scores).reshape(-1, per_run)
   s = (s - s.mean()) / s.std()
   stat = float(np.sum(per_run * s.mean(axis=1) ** 2))
-  dof = s.shape[0]
+  dof = max(s.shape[0] - 1, 1)
   cdf = float(scipy.stats.chi2.cdf(stat, dof))
   return {"statistic": stat, "dof": dof, "p_value": 2 * min(cdf, 1 - cdf)}
 
