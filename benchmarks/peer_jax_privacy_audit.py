@@ -8,8 +8,11 @@ numpy, scipy, dp_accounting and ``jax_privacy.auditing`` only, never tff_mf.
 
 TASKS.json: {"significance": α, "delta": δ, "files": [path.npz, ...]}, each npz holding
 ``held_in`` (scores with the canary) and ``out`` (without). Prints one JSON line per file:
-{"file", "clopper_pearson_bonferroni", "clopper_pearson_multisplit", "gdp"} (ε lower
-bounds at δ, two-sided, at significance α), or {"file", "error"}.
+{"file", "frontier_thresholds" (how many thresholds its Bonferroni correction counts),
+"clopper_pearson_bonferroni", "clopper_pearson_multisplit", "gdp"} (ε lower bounds at δ,
+two-sided, at significance α), or {"file", "error"}. A file whose arrays are 2-D holds
+repetitions (rows) of exact Gaussian scores with ``true_epsilon`` at ``delta``: then
+{"file", "repetitions", "mean_epsilon", "exceed_true_epsilon"}.
 """
 
 import json
@@ -45,8 +48,14 @@ auditing, AUDITING_PATH = _load_auditing()
 
 def run_file(path, significance, delta):
   data = np.load(path)
+  if data["out"].ndim == 2:  # repetitions: coverage of the Clopper-Pearson bound
+    eps = [auditing.CanaryScoreAuditor(s1, s0).epsilon_clopper_pearson(
+        significance, float(data["delta"]), one_sided=False)
+           for s0, s1 in zip(data["out"], data["held_in"])]
+    return {"repetitions": len(eps), "mean_epsilon": float(np.mean(eps)),
+            "exceed_true_epsilon": int(np.sum(np.array(eps) > float(data["true_epsilon"])))}
   auditor = auditing.CanaryScoreAuditor(data["held_in"], data["out"])
-  return {
+  return {"frontier_thresholds": int(len(auditor._thresholds)),  # pylint: disable=protected-access
       "clopper_pearson_bonferroni": float(auditor.epsilon_clopper_pearson(
           significance, delta, one_sided=False)),
       "clopper_pearson_multisplit": float(auditor.epsilon_clopper_pearson(

@@ -354,6 +354,7 @@ def _report(claimed, schema, opts, rel, canary, poisson, stats, claim, verdict):
     out["mu_ratio"] = main["mu_estimate"] / claim["claimed_mu"]
   if poisson is not None:
     out.update(claimed_analysis=claim.get("claimed_analysis"),
+               claimed_bound=claim.get("claimed_bound"),
                epsilon_ratio=verdict["epsilon_lower_bound"] / claim["claimed_epsilon"])
   out["scores"] = {k: v["scores"] for k, v in stats.items()}
   out["points"] = {k: v["points"] for k, v in stats.items()}
