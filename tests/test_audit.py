@@ -11,6 +11,7 @@ below 1e-4 per check).
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 
@@ -81,6 +82,16 @@ def test_bounds_cover_at_their_confidence_and_detect_a_larger_mu():
     detected += r["mu_lower_bound"] > 2.0
   assert misses <= 5
   assert detected >= 95
+
+
+def test_packing_check_detects_coordinates_that_share_noise():
+  """64 runs of 256 packed trials: independent scores pass (false alarm 1e-4 at most by the
+  χ² tail, two-sided), a shared per-run component of variance 0.05 fails."""
+  rng = np.random.default_rng(3)
+  independent = rng.standard_normal((64, 256))
+  shared = independent + math.sqrt(0.05) * rng.standard_normal((64, 1))
+  assert audit.packing_check(independent.ravel(), 256)["p_value"] > 1e-4
+  assert audit.packing_check(shared.ravel(), 256)["p_value"] < 1e-4
 
 
 # ----------------------------------------------------------------------------- the aggregator

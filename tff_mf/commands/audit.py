@@ -187,6 +187,7 @@ def _print_text(r) -> None:
     lines.append(f"epsilon at delta={r['delta']:g} of the mu lower bound: "
                  f"{r['epsilon_of_mu_lower_bound']:.4g} (a LOWER bound if the trade-off curve "
                  "is Gaussian, as claimed)")
+  lines += [f"warning: {w}" for w in r.get("warnings", [])]
   if r.get("planted_fault"):
     lines.append(f"planted fault: {r['planted_fault']} (a violation is the expected outcome)")
   lines.append("verdict: " + ("VIOLATION: the audit refutes the claim" if r["violation"]

@@ -350,6 +350,11 @@ def _report(claimed, schema, opts, rel, canary, poisson, stats, claim, verdict):
       "epsilon_kind": "empirical LOWER bound on epsilon (holds with probability >= "
                       f"{1 - opts.alpha:g} over the trials); never an upper bound",
   }
+  out["warnings"] = [
+      f"{name}: the trials packed into one run look dependent (packing check p = "
+      f"{stat['packing_check']['p_value']:.2g}); the confidence assumes independent "
+      "coordinates: rerun with trials_per_run = 1"
+      for name, stat in statistics.items() if stat["packing_check"]["p_value"] < opts.alpha]
   if claim["claimed_mu"]:
     out["mu_ratio"] = main["mu_estimate"] / claim["claimed_mu"]
   if poisson is not None:
