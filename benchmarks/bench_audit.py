@@ -1,7 +1,7 @@
 """Empirical privacy audit of every trainable mechanism (``tff-mf audit``), and a peer check.
 
-Writes ``benchmarks/results/audit.md`` and ``audit.json`` (scores: ``audit_scores/*.npz``,
-not versioned):
+Writes ``benchmarks/results/audit.md`` (the raw report and scores go to
+``out/audit_scores/``):
 
 1. Tightness: every auditable trainable mechanism under single, fixed-epoch (k = 2) and
    min-sep (b = 2, k = 4) participation, n = 8, z = 0.5: the claimed μ = sens/z, the μ
@@ -124,6 +124,9 @@ def peer(peer_python, files, alpha, delta, out_dir):
   return {os.path.basename(e["file"]): e for e in lines if "file" in e}, lines[0]
 
 
+# The peer's source: `fetch github:google-deepmind/jax_privacy`, `git archive HEAD`, installed
+# with --no-deps over jax-privacy==2.0.0 in a benchmark-only venv.
+PEER_SOURCE = "newest source, commit 8967688c26d4 of 2026-08-20"
 COVERAGE = ((1.0, 0.1), (2.0, 0.05))  # (μ, δ) where the bounds come close to the true ε
 
 
@@ -236,8 +239,8 @@ def _peer_section(sweep_rows, peer_rows, peer_info, options):
   if peer_rows is None:
     return lines + ["Not run: no peer interpreter (`--peer-python`).", ""]
   lines += [
-      f"Peer: `{peer_info.get('auditing')}` (jax_privacy's newest source, "
-      f"`{peer_info.get('version', 'dev')}`), run by `benchmarks/peer_jax_privacy_audit.py` "
+      f"Peer: jax_privacy {peer_info.get('version', '?')} ({PEER_SOURCE}), "
+      "`jax_privacy/auditing.py`, run by `benchmarks/peer_jax_privacy_audit.py` "
       "in a benchmark-only interpreter. Same scores (the reported-Σ statistic of section 1), "
       f"same confidence {1 - options.alpha:g}, δ = {options.delta:g}, two-sided. Ours here is "
       "that one statistic's bound at the full α (the audit itself splits α over its two "
@@ -306,7 +309,8 @@ def main(argv=None):
   runtime.install_exit_hook()
   start = time.perf_counter()
   os.makedirs(args.out_dir, exist_ok=True)
-  scores_dir = os.path.join(args.out_dir, "audit_scores")
+  scores_dir = os.path.join(args.out_dir if args.smoke else os.path.join(REPO, "out"),
+                            "audit_scores")
   os.makedirs(scores_dir, exist_ok=True)
   if args.smoke:
     options = audit.AuditOptions(trials=256, trials_per_run=256, calibration_trials=256,
@@ -335,7 +339,7 @@ def main(argv=None):
                   time.perf_counter() - start)
   with open(os.path.join(args.out_dir, "audit.md"), "w", encoding="utf-8") as f:
     f.write(text)
-  with open(os.path.join(args.out_dir, "audit.json"), "w", encoding="utf-8") as f:
+  with open(os.path.join(scores_dir, "audit.json"), "w", encoding="utf-8") as f:
     json.dump({"sweep": rows, "faults": fault_rows, "poisson": poisson_rows,
                "peer": peer_rows}, f, indent=1, default=str)
   print(text)

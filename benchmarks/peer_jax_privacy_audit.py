@@ -68,7 +68,9 @@ def run_file(path, significance, delta):
 def main(argv):
   with open(argv[1]) as f:
     tasks = json.load(f)
-  print(json.dumps({"auditing": AUDITING_PATH}), flush=True)
+  from importlib import metadata  # pylint: disable=g-import-not-at-top
+  print(json.dumps({"auditing": AUDITING_PATH, "version": metadata.version("jax_privacy")}),
+        flush=True)
   for path in tasks["files"]:
     try:
       entry = dict(file=path, **run_file(path, tasks["significance"], tasks["delta"]))

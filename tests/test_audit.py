@@ -180,10 +180,15 @@ def _auditable():
 @pytest.mark.parametrize("schema", [participation.SINGLE, participation.fixed_epoch(2),
                                     participation.min_sep(2, 4)], ids=lambda s: s.label)
 def test_every_mechanism_and_schema_is_tight(mechanism, schema):
-  """Issue 24, point 2: μ̂ within 10 % of sens/z and no violation, for every trainable
-  mechanism with fresh seeds (all but TFF's tree) under single, fixed-epoch and min-sep."""
+  """Issue 24, point 2, for every trainable mechanism with fresh seeds (all but TFF's tree)
+  under single, fixed-epoch and min-sep: the μ of the release (computed by the audit from
+  the reported noise matrix) is within 10 % of sens/z and never above it; μ̂ is within 10 %
+  of it (≥ 5 standard errors at 2048 trials, μ ≤ 5.7); no violation. (honaker_online's
+  release is worth 0.93-0.98 of its claim: its online decoder discards information, so
+  comparing μ̂ with the claim directly would leave less than 2 standard errors.)"""
   r = audit.audit(mechanism, options=OPTIONS, **_kwargs(participation=schema))
-  assert abs(r["mu_ratio"] - 1) <= 0.10, audit.json_ready(r)
+  assert 0.9 <= r["release_mu"] / r["claimed_mu"] <= 1 + 1e-9, audit.json_ready(r)
+  assert abs(r["mu_estimate"] / r["release_mu"] - 1) <= 0.10, audit.json_ready(r)
   assert not r["violation"], audit.json_ready(r)
 
 
