@@ -54,6 +54,7 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
          "benchmarks/results/training_multi_epoch.md"),)),
     ("distributed", "distributed.md", (("benchmarks/bench_distributed.py", "--rounds=4",
                                         "--clients=4", "--examples=400", "--hidden=256"),)),
+    ("audit", "audit.md", (("benchmarks/bench_audit.py",),)),  # peer: /tmp/peer24 (jax_privacy)
 )
 
 # script -> arguments of a run in seconds that writes only under OUT (a temporary directory).
@@ -69,6 +70,8 @@ SMOKE: Dict[str, Tuple[str, ...]] = {
     "training_pydocs.py": ("--smoke", "--out", "{out}/runs", "--results_md", "{out}/training.md"),
     "bench_distributed.py": ("--smoke", "--out", "{out}"),
     "run_all.py": ("--help",),
+    "bench_audit.py": ("--smoke", "--out-dir", "{out}"),
+    "peer_jax_privacy_audit.py": ("--help",),  # runs in the jax_privacy interpreter
 }
 
 

@@ -97,6 +97,9 @@ SLOW_BLOCKS: Dict[str, str] = {  # (times measured at load 6-9 on 2 cores)
         "a training run on two TFF workers: about a minute"),
     "training.run_stackoverflow --mechanism=opt_momentum": (
         "a training run on two TFF workers: 1-1.5 minutes"),
+    "tff-mf audit --mechanism opt_prefix_sum": (
+        "two audits, each building and running federated averaging: 1-2 minutes (the command "
+        "itself is tested in tests/test_audit.py)"),
 }
 
 

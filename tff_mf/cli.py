@@ -21,6 +21,7 @@ COMMANDS = (
     ("cache", "tff_mf.commands.cache"),
     ("plot", "tff_mf.commands.plot"),
     ("account", "tff_mf.commands.account"),
+    ("audit", "tff_mf.commands.audit"),
 )
 
 

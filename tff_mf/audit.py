@@ -1,0 +1,500 @@
+"""Empirical privacy audit of a Gaussian matrix mechanism from its outputs (numpy core).
+
+The audit runs a mechanism on two neighbouring datasets, with and without one
+canary user, many times, and turns the two samples of a test statistic into an
+empirical LOWER bound on ε at δ (and on the Gaussian-DP parameter μ) that holds
+with probability at least 1 − α over the trials (Jagielski, Ullman, Oprea 2020,
+arXiv:2006.07709; Nasr et al. 2023, arXiv:2302.07956; DP-Auditorium, Kong et al.
+2023, arXiv:2307.05608). A bound above the claimed ε refutes the claim at that
+confidence; a bound below it proves nothing about the claim (an audit never
+certifies privacy).
+
+Model (``docs/notation.md``). After undoing the server's workload, the release of
+a residual-form matrix mechanism is X = G + σ·N·Z per model coordinate, N = A⁻¹·B
+the per-round noise matrix the aggregator reports. In units of the clip norm a
+canary contributing ±1 in the rounds of a pattern P shifts X by p = Σ_{t∈P} s_t e_t,
+so X ~ N(p·1[canary], z²·N·Nᵀ), and the Neyman–Pearson optimal statistic is the
+projection ⟨X, Σ⁻¹p⟩. Everything here is computed from N, z and the outputs, and
+nothing from ``tff_mf.participation`` or ``tff_mf.accounting``: the canary's
+pattern is found by brute force over the schema's patterns (``worst_canary``), and
+the Gaussian-DP conversions are our own (Dong, Roth, Su 2019, arXiv:1905.02383,
+Cor 2.13; equal to Balle & Wang 2018, arXiv:1805.06530, Thm 8).
+
+Confidence. At every threshold the false positive rate gets a one-sided
+Clopper–Pearson upper bound and the true positive rate a lower one, simultaneously
+valid with probability ≥ 1 − α (a union bound over order statistics for all
+thresholds, and over a few thresholds planned in advance on the claim's score laws;
+``tradeoff_points``), so every point (FPR_hi, FNR_hi) is an upper bound on a point of
+the mechanism's trade-off curve. Then ε ≥ log((1 − FNR_hi − δ)/FPR_hi) (and the same with the roles
+exchanged), and the mechanism is not μ'-GDP for μ' < Φ⁻¹(1 − FPR_hi) − Φ⁻¹(FNR_hi).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import scipy.linalg
+import scipy.optimize
+import scipy.special
+import scipy.stats
+
+from tff_mf import checks
+
+# Enumerated (pattern, sign vector) pairs at most, in ``worst_canary``.
+ENUMERATION_LIMIT = 2_000_000
+# Evenly spaced thresholds of ``threshold_grid``.
+THRESHOLDS = 40
+# Planned thresholds: the best expected ones and neighbours at these multiples of the
+# model's standard deviation (``planned_thresholds``; Bonferroni over all of them).
+PLAN_OFFSETS = (-0.3, -0.15, -0.05, 0.0, 0.05, 0.15, 0.3)
+PLAN_SEED = 20231011
+# Share of the confidence budget for all thresholds (order statistics); the rest goes to
+# the planned ones.
+ADAPTIVE_SHARE = 0.5
+# Order-statistic counts (false positives, false negatives) that get a larger share.
+TAIL_COUNTS = 32
+# Ridge added to an estimated covariance, relative to its mean eigenvalue.
+RIDGE = 1e-10
+# δ' grid on which a violation of the claimed privacy profile is looked for.
+DELTA_GRID = np.logspace(-12, math.log10(0.5), 80)
+
+
+# Noise kinds whose seed is drawn at every ``initialize`` (fresh seeds per run); TFF's tree
+# fixes its seed when it is built.
+AUDITABLE_NOISE = ("dense", "linear", "tff_gaussian")
+
+
+def check_auditable(mechanism: str) -> str:
+  """The canonical name of a mechanism the audit can run, or a one-line CheckError."""
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
+  m = registry.mechanism(mechanism)
+  if not m.private:
+    raise checks.CheckError(f"mechanism {m.name!r} adds no noise: nothing to audit")
+  if not m.trainable or m.noise not in AUDITABLE_NOISE:
+    raise checks.CheckError(f"mechanism {m.name!r} cannot be audited: its noise seed is fixed "
+                            f"when it is built or it cannot be trained (audit the "
+                            f"{', '.join(AUDITABLE_NOISE)} noise kinds)")
+  return m.name
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditOptions:
+  """How many trials, at what confidence.
+
+  Attributes:
+    trials: trials per world (with and without the canary).
+    trials_per_run: trials packed into one run's coordinates (T).
+    calibration_trials: extra canary-free trials that estimate Σ (0: reported Σ only).
+    delta: δ of the reported ε lower bound.
+    alpha: the bounds hold with probability ≥ 1 − alpha (false-alarm rate of a flag).
+    others: "zero" or "random" updates of the other clients of each round.
+    sampling_prob: None (the canary joins every round of its pattern), or p: it joins
+      each round of its residue class with probability p (Poisson, min_sep only).
+  """
+  trials: int = 2048
+  trials_per_run: int = 256
+  calibration_trials: int = 1024
+  delta: float = 1e-5
+  alpha: float = 0.01
+  others: str = "zero"
+  sampling_prob: Optional[float] = None
+
+  def checked(self) -> "AuditOptions":
+    if self.others not in ("zero", "random"):
+      raise checks.CheckError(f"others must be 'zero' or 'random', got {self.others!r}")
+    checks.positive_int(self.trials, "trials")
+    checks.positive_int(self.trials_per_run, "trials_per_run")
+    checks.nonnegative_int(self.calibration_trials, "calibration_trials")
+    checks.delta(self.delta)
+    checks.in_range(self.alpha, "alpha", 0.0, 0.5, low_open=True)
+    if self.sampling_prob is not None:
+      checks.probability(self.sampling_prob, "sampling_prob")
+    return self
+
+
+# ----------------------------------------------------------------------------- canary
+
+
+def canary_patterns(kind: str, n: int, epochs: Optional[int] = None,
+                    min_sep: Optional[int] = None,  # pylint: disable=redefined-outer-name
+                    max_participations: Optional[int] = None) -> List[Tuple[int, ...]]:
+  """Every non-empty set of rounds one user may join under the schema (enumerated here).
+
+  ``single``: one round; ``fixed_epoch``: {j, j + n/k, …} (k = epochs); ``min_sep``:
+  every set of ≤ k rounds pairwise ≥ b apart (subsets too: the canary's contributions
+  are ±1, never 0).
+  """
+  n = checks.positive_int(n, "rounds n")
+  if kind == "single":
+    return [(t,) for t in range(n)]
+  if kind == "fixed_epoch":
+    k = checks.positive_int(epochs, "epochs")
+    if n % k:
+      raise checks.CheckError(f"fixed_epoch: epochs={k} must divide n={n}")
+    b = n // k
+    return [tuple(range(j, n, b)) for j in range(b)]
+  if kind == "min_sep":
+    b = checks.positive_int(min_sep, "min_sep")
+    k = -(-n // b) if max_participations is None else checks.positive_int(
+        max_participations, "max_participations")
+    out: List[Tuple[int, ...]] = []
+
+    def extend(prefix: Tuple[int, ...], start: int) -> None:
+      if prefix:
+        out.append(prefix)
+        if len(out) > ENUMERATION_LIMIT:
+          raise checks.CheckError(f"min_sep(b={b}) has more than {ENUMERATION_LIMIT} patterns "
+                                  f"at n={n}; audit fewer rounds")
+      if len(prefix) < k:
+        for t in range(start, n):
+          extend(prefix + (t,), t + b)
+
+    extend((), 0)
+    return out
+  raise checks.CheckError(f"unknown participation {kind!r}")
+
+
+def precision_matrix(noise_matrix: np.ndarray) -> np.ndarray:
+  """(N·Nᵀ)⁻¹ for the n x m per-round noise matrix N (full row rank)."""
+  nm = checks.matrix(noise_matrix, "noise matrix N")
+  cov = nm @ nm.T
+  cov = 0.5 * (cov + cov.T)
+  chol = scipy.linalg.cho_factor(cov, lower=True)
+  prec = scipy.linalg.cho_solve(chol, np.eye(cov.shape[0]))
+  return 0.5 * (prec + prec.T)
+
+
+def worst_canary(noise_matrix: np.ndarray, patterns: Sequence[Tuple[int, ...]]) -> Dict[str, Any]:
+  """The pattern P and signs s maximizing pᵀ(N·Nᵀ)⁻¹p, p = Σ_{t∈P} s_t e_t (brute force).
+
+  √ of the maximum is the sensitivity of the released Gaussian mechanism for a canary
+  whose update is ±(one fixed direction), i.e. the largest μ·z such a canary attains.
+  """
+  prec = precision_matrix(noise_matrix)
+  n = prec.shape[0]
+  total = sum(2 ** (len(p) - 1) for p in patterns)
+  if total > ENUMERATION_LIMIT:
+    raise checks.CheckError(f"{total} canary patterns and signs exceed {ENUMERATION_LIMIT}; "
+                            "audit fewer rounds")
+  best = (-math.inf, None, None)
+  for size in sorted({len(p) for p in patterns}):
+    idx = np.array([p for p in patterns if len(p) == size], dtype=np.int64)
+    if idx.size and idx.max() >= n:
+      raise checks.CheckError(f"pattern round {idx.max()} is past the n={n} rounds of N")
+    signs = np.array([(1.0,) + s for s in itertools.product((1.0, -1.0), repeat=size - 1)])
+    blocks = prec[idx[:, :, None], idx[:, None, :]]
+    forms = np.einsum("si,pij,sj->ps", signs, blocks, signs)
+    i, j = np.unravel_index(int(np.argmax(forms)), forms.shape)
+    if forms[i, j] > best[0]:
+      best = (float(forms[i, j]), tuple(int(t) for t in idx[i]), tuple(signs[j]))
+  value, pattern, sign = best
+  vector = np.zeros(n)
+  vector[list(pattern)] = sign
+  return {"pattern": list(pattern), "signs": [int(s) for s in sign], "vector": vector,
+          "sensitivity": math.sqrt(max(value, 0.0)), "patterns_searched": total}
+
+
+# ----------------------------------------------------------------------------- scores
+
+
+def projection_scores(x: np.ndarray, shift: np.ndarray, cov: np.ndarray) -> np.ndarray:
+  """⟨x, Σ⁻¹p⟩ / √(pᵀΣ⁻¹p) for each row x (trials x n): N(0, 1) vs N(√(pᵀΣ⁻¹p), 1)."""
+  w = scipy.linalg.solve(cov, shift, assume_a="pos")
+  return np.asarray(x, dtype=np.float64) @ w / math.sqrt(float(shift @ w))
+
+
+def estimated_covariance(samples: np.ndarray) -> np.ndarray:
+  """Sample covariance of held-out canary-free trials (rows), with a tiny ridge."""
+  samples = np.asarray(samples, dtype=np.float64)
+  centered = samples - samples.mean(axis=0)
+  cov = centered.T @ centered / max(samples.shape[0] - 1, 1)
+  ridge = RIDGE * max(float(np.trace(cov)) / cov.shape[0], 1e-300)
+  return 0.5 * (cov + cov.T) + ridge * np.eye(cov.shape[0])
+
+
+def mixture_log_likelihood_ratio(x: np.ndarray, rounds: Sequence[int], prob: float,
+                                 cov: np.ndarray) -> np.ndarray:
+  """log of Σ_S p^|S|(1−p)^(|R|−|S|) exp(⟨x, Σ⁻¹1_S⟩ − ½ 1_SᵀΣ⁻¹1_S) over S ⊆ R.
+
+  The optimal statistic when the canary joins each round of R with probability p
+  (Poisson sampling) and contributes +1 in the rounds it joins.
+  """
+  x = np.asarray(x, dtype=np.float64)
+  n = cov.shape[0]
+  rounds = list(rounds)
+  subsets = np.array(list(itertools.product((0.0, 1.0), repeat=len(rounds))))
+  vectors = np.zeros((len(subsets), n))
+  vectors[:, rounds] = subsets
+  w = scipy.linalg.solve(cov, vectors.T, assume_a="pos")  # n x S
+  quad = np.einsum("ns,ns->s", vectors.T, w)
+  k = subsets.sum(axis=1)
+  log_prior = k * math.log(prob) + (len(rounds) - k) * math.log1p(-prob) if prob < 1 else \
+      np.where(k == len(rounds), 0.0, -np.inf)
+  return scipy.special.logsumexp(x @ w - 0.5 * quad + log_prior, axis=1)
+
+
+# ----------------------------------------------------------------------------- Gaussian DP
+
+
+def gdp_delta(mu: float, eps: float) -> float:
+  """δ(ε) of μ-GDP: Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) (Dong, Roth, Su Cor 2.13)."""
+  if mu <= 0:
+    return 0.0
+  a = scipy.special.log_ndtr(-eps / mu + mu / 2)
+  b = eps + scipy.special.log_ndtr(-eps / mu - mu / 2)
+  return float(math.exp(a) * -math.expm1(min(b - a, 0.0)))
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+  """The smallest ε with δ(ε) ≤ δ for μ-GDP (bisection on ``gdp_delta``)."""
+  if mu <= 0 or gdp_delta(mu, 0.0) <= delta:
+    return 0.0
+  hi = 1.0
+  while gdp_delta(mu, hi) > delta:
+    hi *= 2.0
+  return float(scipy.optimize.brentq(lambda e: gdp_delta(mu, e) - delta, 0.0, hi,
+                                     xtol=1e-12, rtol=1e-12))
+
+
+def gdp_tradeoff(mu: float, alpha: np.ndarray) -> np.ndarray:
+  """The μ-GDP trade-off curve β = Φ(Φ⁻¹(1 − α) − μ)."""
+  return scipy.stats.norm.cdf(scipy.stats.norm.ppf(1.0 - np.asarray(alpha)) - mu)
+
+
+# ----------------------------------------------------------------------------- bounds
+
+
+def clopper_pearson_upper(k: np.ndarray, trials: int, alpha: float) -> np.ndarray:
+  """One-sided (1 − alpha) Clopper–Pearson upper bound on a binomial rate, k successes."""
+  k = np.asarray(k, dtype=np.float64)
+  out = scipy.stats.beta.ppf(1.0 - alpha, k + 1, trials - k)
+  return np.where(k >= trials, 1.0, out)
+
+
+def clopper_pearson_lower(k: np.ndarray, trials: int, alpha: float) -> np.ndarray:
+  """One-sided (1 − alpha) Clopper–Pearson lower bound on a binomial rate, k successes."""
+  k = np.asarray(k, dtype=np.float64)
+  out = scipy.stats.beta.ppf(alpha, k, trials - k + 1)
+  return np.where(k <= 0, 0.0, out)
+
+
+def threshold_grid(mu_reference: float, count: int = THRESHOLDS) -> np.ndarray:
+  """Evenly spaced thresholds for a score that is N(0, 1) without and N(μ, 1) with the
+  canary (a simple plan; ``planned_thresholds`` is the audit's)."""
+  mu = min(max(float(mu_reference), 0.0), 50.0)
+  return np.linspace(-2.0, mu + 4.0, count)
+
+
+def gaussian_model(mu_reference: float, draws: int = 400_000) -> Tuple[np.ndarray, np.ndarray]:
+  """Model scores N(0, 1) and N(μ, 1) (fixed seed), for ``planned_thresholds``."""
+  rng = np.random.default_rng(PLAN_SEED)
+  mu = min(max(float(mu_reference), 0.0), 50.0)
+  return rng.standard_normal(draws), rng.standard_normal(draws) + mu
+
+
+def planned_thresholds(model0: np.ndarray, model1: np.ndarray, trials0: int, trials1: int,
+                       alpha: float, delta: float) -> np.ndarray:
+  """Thresholds fixed before the audit's scores are seen, where the bounds are expected to
+  be largest.
+
+  On the model's score laws (samples ``model0``/``model1``, e.g. the claim's), the bounds
+  the audit would report at the expected counts are evaluated on a fine candidate grid;
+  the best candidates for the ε lower bound at δ and for the μ lower bound, and
+  neighbours at ±PLAN_OFFSETS model standard deviations, become the thresholds (a few,
+  so that the Bonferroni correction over them costs little).
+  """
+  m0, m1 = np.sort(np.asarray(model0, np.float64)), np.sort(np.asarray(model1, np.float64))
+  pooled = np.concatenate([m0, m1])
+  candidates = np.unique(np.quantile(pooled, np.linspace(0.0005, 0.9995, 2000)))
+  count = 2 * len(PLAN_OFFSETS)
+  fp = np.rint(trials0 * (1.0 - np.searchsorted(m0, candidates, side="right") / len(m0)))
+  tp = np.rint(trials1 * (1.0 - np.searchsorted(m1, candidates, side="right") / len(m1)))
+  each = (1 - ADAPTIVE_SHARE) * alpha / (2 * count)  # the level of a planned threshold
+  fpr_hi = clopper_pearson_upper(fp, trials0, each)
+  fnr_hi = 1.0 - clopper_pearson_lower(tp, trials1, each)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    eps = np.maximum(np.log(np.maximum(1 - fnr_hi - delta, 0)) - np.log(fpr_hi),
+                     np.log(np.maximum(1 - fpr_hi - delta, 0)) - np.log(fnr_hi))
+    mu = scipy.stats.norm.ppf(1.0 - fpr_hi) - scipy.stats.norm.ppf(fnr_hi)
+  scale = float(np.std(m0)) or 1.0
+  best = [candidates[int(np.nanargmax(np.where(np.isfinite(v), v, -np.inf)))] for v in (eps, mu)]
+  return np.sort(np.array([b + o * scale for b in best for o in PLAN_OFFSETS]))
+
+
+def tradeoff_points(s0: np.ndarray, s1: np.ndarray, planned: np.ndarray,
+                    alpha: float) -> Dict[str, np.ndarray]:
+  """Simultaneous (1 − alpha) upper bounds on (FPR, FNR) of the tests "score > t", at the
+  planned thresholds and at every threshold the data allow.
+
+  Union bound over two families of events, per side (FPR upper, TPR lower bounds; α/2
+  each). Planned thresholds (fixed in advance) share 1 − ADAPTIVE_SHARE of the budget.
+  Order statistics share the rest: for each possible count k, the event that some
+  threshold with count k violates its bound is one binomial tail (the worst threshold
+  with count k is at an order statistic), so T + 1 events cover every threshold, which
+  keeps the audit sensitive to score laws the plan did not foresee. Half of that share
+  goes to the TAIL_COUNTS + 1 extreme counts (few false positives, few false negatives),
+  where the bound on ε at small δ is decided.
+  """
+  s0, s1 = np.sort(np.asarray(s0, np.float64)), np.sort(np.asarray(s1, np.float64))
+  t0, t1 = len(s0), len(s1)
+  planned = np.asarray(planned, np.float64)
+  share = ADAPTIVE_SHARE if planned.size else 1.0
+  every = np.concatenate([[-np.inf], np.unique(np.concatenate([s0, s1]))])
+  thresholds = np.concatenate([planned, every])
+  fp = t0 - np.searchsorted(s0, thresholds, side="right")
+  tp = t1 - np.searchsorted(s1, thresholds, side="right")
+  level_fp = _order_levels(fp, t0, share * alpha / 2, tail="low")
+  level_tp = _order_levels(tp, t1, share * alpha / 2, tail="high")
+  level_fp[:planned.size] = (1 - share) * alpha / (2 * max(planned.size, 1))
+  level_tp[:planned.size] = (1 - share) * alpha / (2 * max(planned.size, 1))
+  return {"thresholds": thresholds, "planned": np.arange(thresholds.size) < planned.size,
+          "fpr": fp / t0, "fnr": 1.0 - tp / t1,
+          "fpr_hi": clopper_pearson_upper(fp, t0, level_fp),
+          "fnr_hi": 1.0 - clopper_pearson_lower(tp, t1, level_tp)}
+
+
+def _order_levels(counts: np.ndarray, trials: int, budget: float, tail: str) -> np.ndarray:
+  """Per-count levels of the order-statistic events: half of ``budget`` over all trials + 1
+  counts, half over the TAIL_COUNTS + 1 extreme ones (smallest false-positive counts, or
+  largest true-positive counts)."""
+  extreme = min(TAIL_COUNTS, trials) + 1
+  in_tail = counts <= TAIL_COUNTS if tail == "low" else counts >= trials - TAIL_COUNTS
+  return budget / 2 / (trials + 1) + np.where(in_tail, budget / 2 / extreme, 0.0)
+
+
+def epsilon_lower_bound(fpr_hi: np.ndarray, fnr_hi: np.ndarray, delta: float) -> float:
+  """max over points of log((1 − FNR − δ)/FPR) and log((1 − FPR − δ)/FNR), at least 0."""
+  with np.errstate(divide="ignore", invalid="ignore"):
+    a = np.log(np.maximum(1.0 - fnr_hi - delta, 0.0)) - np.log(fpr_hi)
+    b = np.log(np.maximum(1.0 - fpr_hi - delta, 0.0)) - np.log(fnr_hi)
+  values = np.concatenate([a, b])
+  values = values[np.isfinite(values) | (values > 0)]
+  return float(max(0.0, np.max(values))) if values.size else 0.0
+
+
+def gdp_mu_lower_bound(fpr_hi: np.ndarray, fnr_hi: np.ndarray) -> float:
+  """The largest μ' whose GDP trade-off curve passes above one of the points (≥ 0)."""
+  with np.errstate(divide="ignore", invalid="ignore"):
+    mu = scipy.stats.norm.ppf(1.0 - fpr_hi) - scipy.stats.norm.ppf(fnr_hi)
+  mu = mu[~np.isnan(mu)]
+  return float(max(0.0, np.max(mu))) if mu.size else 0.0
+
+
+def mu_estimate(s0: np.ndarray, s1: np.ndarray) -> Tuple[float, float]:
+  """(mean difference / pooled standard deviation, its standard error): the GDP μ if
+  both samples are Gaussian with one variance."""
+  s0, s1 = np.asarray(s0, np.float64), np.asarray(s1, np.float64)
+  n0, n1 = len(s0), len(s1)
+  pooled = math.sqrt(((n0 - 1) * s0.var(ddof=1) + (n1 - 1) * s1.var(ddof=1)) / (n0 + n1 - 2))
+  mu = float((s1.mean() - s0.mean()) / pooled) if pooled > 0 else math.inf
+  se = math.sqrt(1.0 / n0 + 1.0 / n1 + mu * mu / (2.0 * (n0 + n1 - 2))) if pooled > 0 else 0.0
+  return mu, se
+
+
+def score_report(s0: np.ndarray, s1: np.ndarray, thresholds: np.ndarray, alpha: float,
+                 delta: float) -> Dict[str, Any]:
+  """Lower bounds from one score: ε at δ, the GDP μ, and the profile ε_lb(δ') on a grid."""
+  pts = tradeoff_points(s0, s1, thresholds, alpha)
+  mu_hat, mu_se = mu_estimate(s0, s1)
+  return {"epsilon_lower_bound": epsilon_lower_bound(pts["fpr_hi"], pts["fnr_hi"], delta),
+          "mu_lower_bound": gdp_mu_lower_bound(pts["fpr_hi"], pts["fnr_hi"]),
+          "mu_estimate": mu_hat, "mu_standard_error": mu_se,
+          "profile": [epsilon_lower_bound(pts["fpr_hi"], pts["fnr_hi"], d) for d in DELTA_GRID],
+          "points": pts}
+
+
+def compare_with_claim(reports: Dict[str, Dict[str, Any]], delta: float,
+                       claimed_mu: Optional[float],
+                       claimed_epsilon: Optional[float]) -> Dict[str, Any]:
+  """The verdict: the largest lower bounds over the scores, and whether they refute the claim.
+
+  A GDP claim μ is refuted when a point lies below its trade-off curve, i.e. when
+  ε_lb(δ') > ε_μ(δ') at some δ'; the δ' with the largest excess is reported. An
+  (ε, δ) claim (amplified runs) is refuted when ε_lb(δ) > ε.
+
+  ``epsilon_of_mu_lower_bound`` is ε(δ) of μ_lb-GDP (the estimate of Nasr et al. 2023,
+  arXiv:2302.07956): a lower bound on the mechanism's ε(δ) only if its trade-off curve is
+  Gaussian, as an unamplified Gaussian mechanism's is; ``epsilon_lower_bound`` assumes
+  nothing.
+  """
+  eps_lb = max(r["epsilon_lower_bound"] for r in reports.values())
+  mu_lb = max(r["mu_lower_bound"] for r in reports.values())
+  out: Dict[str, Any] = {"epsilon_lower_bound": eps_lb, "mu_lower_bound": mu_lb,
+                         "epsilon_of_mu_lower_bound": gdp_epsilon(mu_lb, delta),
+                         "delta": delta, "violation": False}
+  if claimed_epsilon is not None:
+    out["claimed_epsilon"] = claimed_epsilon
+    out["violation"] = bool(eps_lb > claimed_epsilon)
+  if claimed_mu is not None:
+    out["claimed_mu"] = claimed_mu
+    profile = np.max([r["profile"] for r in reports.values()], axis=0)
+    claimed = np.array([gdp_epsilon(claimed_mu, d) for d in DELTA_GRID])
+    k = int(np.argmax(profile - claimed))
+    out["worst_delta"] = {"delta": float(DELTA_GRID[k]), "epsilon_lower_bound": float(profile[k]),
+                          "claimed_epsilon": float(claimed[k])}
+    out["violation"] = bool(out["violation"] or mu_lb > claimed_mu)
+  return out
+
+
+# ----------------------------------------------------------------------------- plot
+
+
+def epsilon_delta_tradeoff(eps: float, delta: float, alpha: np.ndarray) -> np.ndarray:
+  """The trade-off curve of (ε, δ)-DP: max(0, 1 − δ − e^ε α, e^−ε (1 − δ − α))."""
+  alpha = np.asarray(alpha, dtype=np.float64)
+  return np.maximum.reduce([np.zeros_like(alpha), 1 - delta - math.exp(eps) * alpha,
+                            math.exp(-eps) * (1 - delta - alpha)])
+
+
+def plot_audit(report: Dict[str, Any], path: str, statistic: str = "reported_sigma") -> str:
+  """Two panels: the statistic's two distributions, and the trade-off curves (claimed, the
+  empirical one, its confidence points, and GDP at the estimated μ)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  s0, s1 = report["scores"][statistic]
+  pts = report["points"][statistic]
+  fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+  lo, hi = np.percentile(np.concatenate([s0, s1]), [0.1, 99.9])
+  bins = np.linspace(lo, hi, 60)
+  left.hist(s0, bins=bins, alpha=0.6, density=True, label=f"without canary ({len(s0)} trials)")
+  left.hist(s1, bins=bins, alpha=0.6, density=True, label=f"with canary ({len(s1)} trials)")
+  left.set_xlabel("test statistic (projection on Σ⁻¹μ)" if report.get("claimed_mu")
+                  else "test statistic (log likelihood ratio of the Poisson canary)")
+  left.set_ylabel("density")
+  left.set_title(f"{report['mechanism']}, {report['participation']['label']}, "
+                 f"n={report['total_rounds']}")
+  left.legend()
+  a = np.linspace(0.0, 1.0, 401)
+  if report.get("claimed_mu"):
+    right.plot(a, gdp_tradeoff(report["claimed_mu"], a), "k-",
+               label=f"claimed: {report['claimed_mu']:.3g}-GDP (sens/z)")
+    right.plot(a, gdp_tradeoff(report["mu_estimate"], a), "C2--",
+               label=f"GDP at estimated μ = {report['mu_estimate']:.3g}")
+  else:
+    right.plot(a, epsilon_delta_tradeoff(report["claimed_epsilon"], report["delta"], a), "k-",
+               label=f"claimed: ε = {report['claimed_epsilon']:.3g} at δ = {report['delta']:g}")
+  order = np.argsort(pts["fpr"])
+  right.plot(pts["fpr"][order], pts["fnr"][order], "C0-", label="empirical (FPR, FNR)")
+  every = ~pts["planned"]
+  order = np.argsort(pts["fpr_hi"][every])
+  right.plot(pts["fpr_hi"][every][order], pts["fnr_hi"][every][order], "C3-", linewidth=0.8,
+             label="upper confidence bounds, every threshold")
+  right.plot(pts["fpr_hi"][pts["planned"]], pts["fnr_hi"][pts["planned"]], "C3x",
+             label="upper confidence bounds, planned thresholds")
+  right.set_xlabel("false positive rate α (type I error)")
+  right.set_ylabel("false negative rate β (type II error)")
+  right.set_xlim(0, 1)
+  right.set_ylim(0, 1)
+  right.set_title(f"trade-off: ε lower bound {report['epsilon_lower_bound']:.3g} at "
+                  f"δ = {report['delta']:g} (claimed {report['claimed_epsilon']:.3g})")
+  right.legend(fontsize=8, title=f"confidence {report['confidence']:g} (simultaneous)",
+               title_fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
