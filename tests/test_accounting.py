@@ -202,7 +202,7 @@ def test_tiny_noise_and_huge_epsilon_are_bounded():
   assert accounting.epsilon(1e-30, DELTA) == pytest.approx(0.5e60, rel=1e-9)
   assert accounting.epsilon(1e-200, DELTA) == math.inf  # ε ≈ 5e399 exceeds every double
   assert gaussian.gaussian_delta_exact(0.03, 710.0) > 0
-  assert time.perf_counter() - start < 1.0
+  assert time.perf_counter() - start < 10.0  # milliseconds idle; a hang took minutes
   pld = accounting.epsilon(1e-3, DELTA, "pld")  # coarser pessimistic grid, bounded memory
   assert eps <= pld <= eps * (1 + 1e-5)
   assert accounting.epsilon(1e-3, DELTA, "rdp") >= eps

@@ -44,15 +44,17 @@ def test_factorize_json_then_fast_hit(tmp_path):
   assert record["relative_gap"] <= 1e-6
   assert record["loss"] == pytest.approx(record["sqrt_loss"] ** 2)
   assert os.path.isfile(record["path"])
-  start = time.perf_counter()
+  before = os.stat(record["path"]).st_mtime_ns
   second = run_cli("factorize", "--workload", "prefix_sum", "--strategy", "optimal", "--n", 64,
                    "--json", cache_dir=tmp_path)
-  wall = time.perf_counter() - start
   assert second.returncode == 0, second.stderr
   hit = json.loads(second.stdout)
   assert hit["cache_hit"] is True and hit["path"] == record["path"]
   assert hit["sqrt_loss"] == record["sqrt_loss"]
-  assert wall < 5.0  # interpreter start included; about a second on an idle machine
+  # A hit reads the entry and recomputes nothing (its speed is measured in BENCHMARKS.md's
+  # cache section, not asserted here: wall time depends on the machine's load).
+  assert os.stat(record["path"]).st_mtime_ns == before
+  assert hit.get("iterations") == record.get("iterations")
 
 
 def test_hit_path_imports_no_tensorflow_or_matplotlib(tmp_path):

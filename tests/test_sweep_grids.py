@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+import shlex
 import sys
 import textwrap
 from contextlib import redirect_stdout
@@ -209,7 +210,8 @@ def test_sweep_runs_slice_skips_finished_and_resumes_after_a_crash(tmp_path):
   grid = grids.get_grid("table4_repeats")
   names = [r.name for r in grid.runs[2:6]]
   args = ["--grid", "table4_repeats", "--slice", "2:6", "--processes", "2",
-          "--root_output_dir", root, "--binary", f"{sys.executable} {binary}", "--no_progress"]
+          "--root_output_dir", root, "--binary", f"{shlex.quote(sys.executable)} {shlex.quote(str(binary))}",
+          "--no_progress"]
   result = _sweep(args, tmp_path, FAKE_CALLS=calls, FAKE_CRASH=names[1])
   assert result.returncode == 1, result.stderr  # one run crashed
   assert sorted(_calls(calls)) == sorted(names)
