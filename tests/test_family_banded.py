@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from tff_mf import checks
+from tff_mf import dense_single
 from tff_mf import mmcc
-from tff_mf.families import dense
 from tff_mf import participation
 from tff_mf import workloads
 from tff_mf.families import banded
@@ -73,7 +73,7 @@ def test_one_band_is_identity_and_full_bands_match_optimal():
   np.testing.assert_array_equal(ident.c, np.eye(n))
   np.testing.assert_array_equal(ident.b, a)
   full = banded.optimize(a, n)
-  opt = dense.solve(a)
+  opt = dense_single.solve(a)
   sqrt_banded = np.sqrt(full.info["objective"])
   sqrt_opt = np.sqrt(opt.info["loss"])
   assert sqrt_banded <= sqrt_opt * 1.01

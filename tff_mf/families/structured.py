@@ -200,7 +200,7 @@ def fit(a: np.ndarray, bands: int, rank: int, progress: bool = False,
   Denisov et al. App H / McMahan et al. Sec 4.2. ``b_opt`` is the optimal
   decoder B* for A when the caller already has it (any positive scaling of it
   gives the same mechanism); otherwise it is computed with
-  ``tff_mf.dense.solve`` (``target_gap``, ``max_iterations`` and
+  ``tff_mf.dense_single.solve`` (``target_gap``, ``max_iterations`` and
   ``allow_unconverged`` are passed through). The result is not normalized;
   ``strategies.factorize`` normalizes it so that γ(C) = 1.
   """
@@ -211,13 +211,13 @@ def fit(a: np.ndarray, bands: int, rank: int, progress: bool = False,
   n = a.shape[0]
   info: Dict[str, Any] = {"bands": bands, "rank": rank}
   if b_opt is None:
-    from tff_mf.families import dense  # pylint: disable=g-import-not-at-top
+    from tff_mf import dense_single  # pylint: disable=g-import-not-at-top
     kwargs = {"progress": progress, "allow_unconverged": allow_unconverged}
     if target_gap is not None:
       kwargs["target_gap"] = target_gap
     if max_iterations is not None:
       kwargs["max_iterations"] = max_iterations
-    opt = dense.solve(a, **kwargs)
+    opt = dense_single.solve(a, **kwargs)
     b_opt = opt.b
     for key in ("relative_gap", "iterations", "converged", "dual_lower_bound"):
       if key in opt.info:
