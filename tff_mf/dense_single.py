@@ -48,6 +48,7 @@ import numpy as np
 import scipy.linalg
 from scipy.linalg import blas as scipy_blas
 
+from tff_mf import checks
 from tff_mf import dense_run
 from tff_mf import factorization as fz
 from tff_mf import workloads
@@ -183,13 +184,13 @@ def solve(a: np.ndarray,
 
 def _check_solve_arguments(target_gap, max_iterations, acceleration, anderson_memory) -> None:
   if not 0 < target_gap < 1:
-    raise ValueError(f"target_gap must be in (0, 1), got {target_gap}")
+    raise checks.CheckError(f"target_gap must be in (0, 1), got {target_gap}")
   if int(max_iterations) < 1:
-    raise ValueError(f"max_iterations must be at least 1, got {max_iterations}")
+    raise checks.CheckError(f"max_iterations must be at least 1, got {max_iterations}")
   if acceleration not in ACCELERATIONS:
-    raise ValueError(f"unknown acceleration {acceleration!r}; expected one of {ACCELERATIONS}")
+    raise checks.CheckError(f"unknown acceleration {acceleration!r}; expected one of {ACCELERATIONS}")
   if anderson_memory < 1:
-    raise ValueError(f"anderson_memory must be at least 1, got {anderson_memory}")
+    raise checks.CheckError(f"anderson_memory must be at least 1, got {anderson_memory}")
 
 
 def _initial_v(initial_v: Optional[np.ndarray], n: int) -> np.ndarray:
@@ -198,7 +199,7 @@ def _initial_v(initial_v: Optional[np.ndarray], n: int) -> np.ndarray:
     return np.ones(n)
   v = np.asarray(initial_v, dtype=np.float64).copy()
   if v.shape != (n,) or not np.all(np.isfinite(v)) or np.any(v <= 0):
-    raise ValueError(f"initial_v must be {n} finite positive numbers")
+    raise checks.CheckError(f"initial_v must be {n} finite positive numbers")
   return v
 
 

@@ -108,7 +108,8 @@ def _add_run_arguments(parser) -> None:
 
 
 def _add_schema_arguments(schema) -> None:
-  schema.add_argument("--participation", choices=("single", "fixed_epoch", "min_sep"),
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  schema.add_argument("--participation", choices=participation.KINDS,
                       default=None,
                       help="how often and how far apart a user may contribute (default: the "
                            "schema --matrix was built for; otherwise min_sep when --min-sep or "

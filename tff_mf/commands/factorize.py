@@ -36,8 +36,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser, n_required: bool = F
 
 
 def add_participation_arguments(parser: argparse.ArgumentParser) -> None:
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
   group = parser.add_argument_group("participation schema")
-  group.add_argument("--participation", choices=("single", "fixed_epoch", "min_sep"),
+  group.add_argument("--participation", choices=participation.KINDS,
                      default="single",
                      help="how often a user contributes: at most once; every b = n/K rounds for "
                           "K epochs; at most --max-participations times, --min-sep apart "

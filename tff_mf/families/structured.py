@@ -180,14 +180,14 @@ def approximate(b_opt: np.ndarray, bands: int, rank: int, **als_kwargs):
 
 def _check_inputs(a: np.ndarray, bands: int, rank: int) -> None:
   if not isinstance(a, np.ndarray) or a.ndim != 2 or a.shape[0] != a.shape[1]:
-    raise ValueError(f"A must be a square matrix, got shape {getattr(a, 'shape', None)}")
+    raise checks.CheckError(f"A must be a square matrix, got shape {getattr(a, 'shape', None)}")
   n = a.shape[0]
   if int(bands) != bands or bands < 1:
-    raise ValueError(f"structured needs bands h >= 1 (the diagonal), got {bands}")
+    raise checks.CheckError(f"structured needs bands h >= 1 (the diagonal), got {bands}")
   if int(rank) != rank or rank < 0:
-    raise ValueError(f"structured needs rank r >= 0, got {rank}")
+    raise checks.CheckError(f"structured needs rank r >= 0, got {rank}")
   if rank > n:
-    raise ValueError(f"rank r={rank} exceeds n={n}")
+    raise checks.CheckError(f"rank r={rank} exceeds n={n}")
 
 
 def fit(a: np.ndarray, bands: int, rank: int, progress: bool = False,
@@ -226,12 +226,12 @@ def fit(a: np.ndarray, bands: int, rank: int, progress: bool = False,
   else:
     b_opt = np.asarray(b_opt, dtype=np.float64)
     if b_opt.shape != (n, n):
-      raise ValueError(f"optimal decoder must be {n}x{n}, got {b_opt.shape}")
+      raise checks.CheckError(f"optimal decoder must be {n}x{n}, got {b_opt.shape}")
   b_hat, diagonals, u, v, als_used = approximate(
       b_opt, bands, rank, max_iterations=als_iterations, tolerance=als_tolerance,
       progress=progress)
   if np.any(np.abs(np.diag(b_hat)) <= 1e-12 * np.max(np.abs(b_hat))):
-    raise ValueError("structured decoder B̂ is singular (zero on its diagonal)")
+    raise checks.CheckError("structured decoder B̂ is singular (zero on its diagonal)")
   c = scipy.linalg.solve_triangular(b_hat, a, lower=True)
   c = np.tril(c)  # exact zeros above the diagonal (B̂ and A are lower triangular)
   info.update({
