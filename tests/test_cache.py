@@ -419,3 +419,16 @@ def test_unconverged_result_is_keyed_separately(tmp_path):
   loose = strategies.FactorizationSpec(workload=converged.workload, strategy="optimal",
                                        allow_unconverged=True, max_iterations=1)
   assert cache.key_params(converged) != cache.key_params(loose)
+
+
+def test_one_json_policy_for_every_writer():
+  """tff_mf.jsonio: numpy as Python values, ±inf as "inf"/"-inf", NaN refused; read back."""
+  from tff_mf import jsonio  # pylint: disable=g-import-not-at-top
+  value = {"a": np.float64("inf"), "b": [np.int64(2), -np.inf, np.bool_(True)],
+           "c": np.arange(2.0)}
+  text = jsonio.dumps(value)
+  assert json.loads(text) == {"a": "inf", "b": [2, "-inf", True], "c": [0.0, 1.0]}
+  assert jsonio.number("inf") == np.inf and jsonio.number("-inf") == -np.inf
+  assert jsonio.number("x") == "x"
+  with pytest.raises(ValueError, match="NaN"):
+    jsonio.dumps({"x": float("nan")})

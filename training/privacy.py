@@ -181,17 +181,6 @@ def guarantee(config: TrainingConfig, c: np.ndarray) -> Tuple[float, Dict[str, A
   return z, best
 
 
-def finite_json(value):
-  """``value`` with every non-finite float replaced by None (strict JSON)."""
-  if isinstance(value, float):
-    return value if math.isfinite(value) else None
-  if isinstance(value, dict):
-    return {k: finite_json(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [finite_json(v) for v in value]
-  return value
-
-
 def without_epsilons(value, key: str = ""):
   """``value`` with every ε in it (but the target) set to None: for a run that broke its schema."""
   if isinstance(value, dict):
@@ -218,41 +207,58 @@ def check_against_mechanism(z: float, record: Dict[str, Any], info: Dict[str, An
 # ----------------------------------------------------------------------------- DpEvents
 
 
+# DpEvents are stored in dp_accounting's own named-tuple form (``DpEvent.to_named_tuple``,
+# ``DpEvent.from_named_tuple``) as JSON objects; only classes of this module are rebuilt.
+DP_EVENT_MODULE = "dp_accounting.dp_event"
+
+
 def event_to_json(event) -> Dict[str, Any]:
-  """A dp_accounting DpEvent as JSON (unknown kinds become Unsupported)."""
+  """A dp_accounting DpEvent as JSON: the fields of its ``to_named_tuple`` (an event that has
+  no named-tuple form, or is not a DpEvent, becomes UnsupportedDpEvent)."""
   import dp_accounting  # pylint: disable=g-import-not-at-top
-  name = type(event).__name__
-  if isinstance(event, dp_accounting.GaussianDpEvent):
-    return {"type": name, "noise_multiplier": float(np.asarray(event.noise_multiplier))}
-  if isinstance(event, dp_accounting.PoissonSampledDpEvent):
-    return {"type": name, "sampling_probability": float(np.asarray(event.sampling_probability)),
-            "event": event_to_json(event.event)}
-  if isinstance(event, dp_accounting.ComposedDpEvent):
-    return {"type": name, "events": [event_to_json(e) for e in event.events]}
-  if isinstance(event, dp_accounting.SelfComposedDpEvent):
-    return {"type": name, "count": int(np.asarray(event.count)),
-            "event": event_to_json(event.event)}
-  if isinstance(event, (dp_accounting.NoOpDpEvent, dp_accounting.NonPrivateDpEvent,
-                        dp_accounting.UnsupportedDpEvent)):
-    return {"type": name}
-  return {"type": "UnsupportedDpEvent", "was": name}
+  if isinstance(event, dp_accounting.DpEvent):
+    try:
+      return _tuple_to_json(event.to_named_tuple())
+    except (TypeError, ValueError):
+      pass
+  return _tuple_to_json(dp_accounting.UnsupportedDpEvent().to_named_tuple())
+
+
+def _tuple_to_json(value):
+  if hasattr(value, "_fields"):
+    return {k: _tuple_to_json(getattr(value, k)) for k in value._fields}
+  if isinstance(value, (list, tuple)):
+    return [_tuple_to_json(v) for v in value]
+  if isinstance(value, bytes):
+    return value.decode()
+  if isinstance(value, (np.ndarray, np.generic)):
+    return value.item()
+  return value
 
 
 def event_from_json(value: Dict[str, Any]):
+  """The DpEvent ``event_to_json`` wrote (``DpEvent.from_named_tuple``); lines written before
+  the named-tuple form ({"type": class name, fields...}) are read too; anything else, or a
+  class outside dp_accounting.dp_event, is UnsupportedDpEvent."""
   import dp_accounting  # pylint: disable=g-import-not-at-top
-  kind = value["type"]
-  if kind == "GaussianDpEvent":
-    return dp_accounting.GaussianDpEvent(value["noise_multiplier"])
-  if kind == "PoissonSampledDpEvent":
-    return dp_accounting.PoissonSampledDpEvent(value["sampling_probability"],
-                                               event_from_json(value["event"]))
-  if kind == "ComposedDpEvent":
-    return dp_accounting.ComposedDpEvent([event_from_json(e) for e in value["events"]])
-  if kind == "SelfComposedDpEvent":
-    return dp_accounting.SelfComposedDpEvent(event_from_json(value["event"]), value["count"])
-  if kind in ("NoOpDpEvent", "NonPrivateDpEvent"):
-    return getattr(dp_accounting, kind)()
-  return dp_accounting.UnsupportedDpEvent()
+  try:
+    return dp_accounting.DpEvent.from_named_tuple(_json_to_tuple(value))
+  except (AttributeError, KeyError, TypeError, ValueError):
+    return dp_accounting.UnsupportedDpEvent()
+
+
+def _json_to_tuple(value):
+  if isinstance(value, list):
+    return [_json_to_tuple(v) for v in value]
+  if not isinstance(value, dict):
+    return value
+  if "class_name" not in value and "type" in value:  # the format before the named-tuple form
+    value = dict({k: v for k, v in value.items() if k not in ("type", "was")},
+                 module_name=DP_EVENT_MODULE, class_name=value["type"])
+  if value.get("module_name") != DP_EVENT_MODULE:
+    raise ValueError(f"not a dp_accounting DpEvent: {value!r}")
+  fields = {k: _json_to_tuple(v) for k, v in value.items()}
+  return collections.namedtuple("DpEventNamedTuple", sorted(fields))(**fields)
 
 
 def round_event(aggregator_state) -> Optional[Dict[str, Any]]:
@@ -302,4 +308,4 @@ def dp_event_epsilon(events: Sequence[Optional[Dict[str, Any]]], delta: float,
   accountant.compose(composed)
   with np.errstate(all="ignore"):
     eps = float(accountant.get_epsilon(delta))
-  return dict(out, epsilon=eps if math.isfinite(eps) else None, distinct_events=len(counts))
+  return dict(out, epsilon=eps, distinct_events=len(counts))

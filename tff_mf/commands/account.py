@@ -23,7 +23,6 @@ Imports nothing heavy at module level (numpy and dp_accounting only inside ``run
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import textwrap
@@ -330,36 +329,16 @@ def _schema(args: argparse.Namespace, n, cached, amplified: bool):
 # ----------------------------------------------------------------------------- output
 
 
-def _jsonable(x):
-  """x with numpy values as Python ones and ±inf as the strings "inf"/"-inf"; NaN refused."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  if isinstance(x, dict):
-    return {str(k): _jsonable(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [_jsonable(v) for v in x]
-  if isinstance(x, (bool, np.bool_)):
-    return bool(x)
-  if isinstance(x, (np.integer,)):
-    return int(x)
-  if isinstance(x, (float, np.floating)):
-    x = float(x)
-    if math.isnan(x):
-      raise ValueError("internal error: a NaN reached the output")
-    if math.isinf(x):
-      return "inf" if x > 0 else "-inf"
-    return x
-  return x
-
-
 def _print(record: dict, as_json: bool) -> None:
-  record = _jsonable(record)
+  from tff_mf import jsonio  # pylint: disable=g-import-not-at-top
+  record = jsonio.jsonable(record)
   if as_json:
-    print(json.dumps(record, sort_keys=True, allow_nan=False))
+    print(jsonio.dumps(record))
     return
   for key in sorted(record):
     value = record[key]
     if isinstance(value, (dict, list)):
-      value = json.dumps(value, sort_keys=True, allow_nan=False)
+      value = jsonio.dumps(value)
     print(f"{key}: {value}")
 
 

@@ -9,7 +9,6 @@ imports stay light (no TensorFlow, no matplotlib) so a hit answers in about a se
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -182,6 +181,7 @@ def _fmt(value, spec) -> str:
 
 def run(args: argparse.Namespace) -> int:
   from tff_mf import cache  # pylint: disable=g-import-not-at-top
+  from tff_mf import jsonio  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
   spec = spec_from_args(args)
   f, entry = cache.load_or_factorize(spec, cache_dir=args.cache_dir, force=args.force,
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
   record = result_record(f, entry)
   record["wall_seconds"] = time.perf_counter() - start
   if args.json:
-    print(json.dumps(cache.jsonable(record), sort_keys=True, allow_nan=False))
+    print(jsonio.dumps(record))
     return 0
   info = entry.metadata.get("info", {})
   structured = f.strategy == "structured"
