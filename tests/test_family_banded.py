@@ -51,7 +51,7 @@ def test_factorization_is_banded_unit_columns_and_exact(kind, n, bands):
 def test_beats_banded_toeplitz_square_root(kind, bands):
   n = 64
   a = _workloads(n)[kind]
-  c0 = mmcc.banded_toeplitz_matrix(n, bands)  # truncated √S, γ = 1
+  c0 = mmcc.truncated_sqrt_prefix_matrix(n, bands)  # truncated √S, γ = 1
   b0 = a @ np.linalg.inv(c0)
   loss0 = checks.gamma(c0) ** 2 * float(np.sum(b0 * b0))
   result = banded.optimize(a, bands)

@@ -141,7 +141,7 @@ def test_optimized_beats_square_root_truncation_and_identity():
   for bands in (2, 4, 8, 16, 32):
     sqrt_s = toeplitz_ops.evaluate(mmcc.sqrt_prefix_coefficients(bands), n)["rmse"]
     # Same numbers as the dense matrix of tff_mf.mmcc (normalized to γ = 1).
-    c = mmcc.banded_toeplitz_matrix(n, bands)
+    c = mmcc.truncated_sqrt_prefix_matrix(n, bands)
     b = workloads.prefix_sum(n) @ np.linalg.inv(c)
     assert sqrt_s == pytest.approx(np.linalg.norm(b) / np.sqrt(n), rel=1e-10)
     result = toeplitz.optimize(n, bands, dense=False)

@@ -187,7 +187,8 @@ def without_epsilons(value, key: str = ""):
     return {k: without_epsilons(v, k) for k, v in value.items()}
   if isinstance(value, list):
     return [without_epsilons(v, key) for v in value]
-  if "epsilon" in key and key != "target_epsilon" and isinstance(value, (int, float)):
+  if "epsilon" in key and key != "target_epsilon" and (
+      isinstance(value, (int, float)) or value in ("inf", "-inf")):
     return None
   return value
 

@@ -257,8 +257,9 @@ def _encoder(args: argparse.Namespace):
     if args.bands is None:
       _fail("--strategy banded_toeplitz needs --bands")
     checks.dense_matrices_fit(n, 2, f"banded_toeplitz at n = {n}")
-    return (mmcc.banded_toeplitz_matrix(n, checks.positive_int(args.bands, "--bands")),
-            "banded_toeplitz (square root of S truncated to bands, MMCC App E)", None)
+    return (mmcc.truncated_sqrt_prefix_matrix(n, checks.positive_int(args.bands, "--bands")),
+            "truncated_sqrt_prefix (square root of S truncated to bands, MMCC App E; "
+            "--strategy banded_toeplitz)", None)
   name = LEGACY_STRATEGIES[args.legacy_strategy] if args.legacy_strategy else args.mechanism
   mech = registry.mechanism(name)
   if mech.name == "none":
