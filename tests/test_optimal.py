@@ -54,7 +54,7 @@ def _check_factorization(f: fz.Factorization, target_gap=1e-6):
   assert np.max(np.abs(b @ c - a)) <= 1e-8 * max(1.0, np.max(np.abs(a)))
   assert np.all(np.triu(c, 1) == 0), "C must be lower triangular"
   assert np.all(np.triu(b, 1) == 0), "B must be lower triangular"
-  assert f.sensitivity == pytest.approx(1.0, abs=1e-9)
+  assert f.gamma == pytest.approx(1.0, abs=1e-9)
   info = f.info
   assert info["converged"] is True
   assert 0 <= info["relative_gap"] <= target_gap

@@ -364,7 +364,7 @@ def _metadata(params: Dict[str, Any], spec: strategies.FactorizationSpec, f: fz.
       "strategy": f.strategy, "n": f.n, "m": f.m, "loss": f.loss, "sqrt_loss": f.sqrt_loss,
       "sensitivity": info["sensitivity"], "rmse": info["rmse"], "max_error": info["max_error"],
       "participation": info["participation"],
-      "sensitivity_before_normalization": info.get("sensitivity_before_normalization"),
+      "gamma_before_normalization": info.get("gamma_before_normalization"),
       "relative_gap": info.get("relative_gap", info.get("optimal_relative_gap")),
       "iterations": info.get("iterations", info.get("als_iterations")),
       "seconds": info.get("seconds"), "info": info,

@@ -129,7 +129,9 @@ def result_record(f, entry) -> dict:
       "rmse": md.get("rmse"), "max_error": md.get("max_error"), "sqrt_loss": f.sqrt_loss,
       "loss": f.loss, "relative_gap": md.get("relative_gap"), "iterations": md.get("iterations"),
       "seconds": md.get("seconds"),
-      "sensitivity_before_normalization": md.get("sensitivity_before_normalization"),
+      # Entries written before the rename call γ "sensitivity_before_normalization".
+      "gamma_before_normalization": md.get("gamma_before_normalization",
+                                           md.get("sensitivity_before_normalization")),
       "path": entry.npz_path, "metadata_path": entry.json_path, "cache_hit": entry.cache_hit,
       "key": md.get("key"), "params": md.get("params"),
   }

@@ -35,8 +35,8 @@ class FamilyResult:
     to them as ``normalization`` so the stream is rebuilt for the normalized C."""
     gamma = checks.gamma(self.c)
     if not np.isfinite(gamma) or gamma <= 0:
-      raise checks.CheckError(f"C has invalid sensitivity {gamma}")
-    info = dict(self.info, sensitivity_before_normalization=gamma)
+      raise checks.CheckError(f"C has invalid largest column norm γ = {gamma}")
+    info = dict(self.info, gamma_before_normalization=gamma)
     extras = dict(self.extras, normalization=np.array([gamma]))
     return FamilyResult(b=self.b * gamma, c=self.c / gamma, info=info, extras=extras)
 
