@@ -7,7 +7,9 @@ workload A = M(η)·M(β) (Denisov et al. 2022, arXiv:2202.08312, Prop 4.2, Eq. 
 the aggregator's outputs, so that the model after round i is
 θ_0 − (η_server/K)·(A·G + B·Z)[i] (Algorithm 1, K clients per round). Names,
 aliases, workloads and noise kinds come from ``tff_mf.registry``; the algebra of
-each mechanism is in ``docs/mechanisms.md``.
+each mechanism is in ``docs/mechanisms.md``. What the mechanism is — its factorization,
+stream, encoder, sensitivity and privacy record — is decided in numpy by
+``tff_mf.mechanisms``; this module only turns that into TFF objects.
 
 ``noise_multiplier`` z is the noise standard deviation per clip norm of each row of
 Z for the normalized encoder (γ(C) = 1). Under the participation schema the run is
@@ -20,7 +22,6 @@ is divided by the clients per round like TFF's own DP factories
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable, Dict, Optional
 
 import numpy as np
@@ -30,9 +31,9 @@ import tensorflow_privacy as tfp
 
 from tff_mf import checks
 from tff_mf import factorization as fz
+from tff_mf import mechanisms
 from tff_mf import participation as participation_lib
 from tff_mf import registry
-from tff_mf import strategies
 from tff_mf import workloads
 from tff_mf.families import tree
 from tff_mf.tf import noise as noise_lib
@@ -55,6 +56,9 @@ class MechanismSetup:
     sqrt_loss: √L(B, C) (Denisov Eq. 2), or None.
     info: JSON-ready description (mechanism, participation, sensitivity, the
       effective noise multiplier, the cache entry, ...).
+    mechanism: the numpy ``tff_mf.mechanisms.Resolved`` the TFF objects were built from
+      (its encoder, sensitivity and stream).
+    privacy: its ``tff_mf.mechanisms.PrivacyRecord`` (z, sens, z/sens, ε).
   """
   aggregation_factory: Any
   server_optimizer: Any
@@ -62,6 +66,8 @@ class MechanismSetup:
   noise: Optional[noise_lib.StreamingNoise]
   sqrt_loss: Optional[float]
   info: Dict[str, Any]
+  mechanism: Optional[mechanisms.Resolved] = None
+  privacy: Optional[mechanisms.PrivacyRecord] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,82 +258,22 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
       "participation": cfg.participation.as_dict(), "noise_kind": cfg.mechanism.noise,
       "noise_seed_pinned": cfg.noise_seed is not None,
   }
-  built = _BUILDERS[cfg.mechanism.noise](cfg, info)
-  cfg = _resolve_privacy(cfg, built.sensitivity, info)
-  factory = built.factory(cfg)
-  f = built.factorization
+  resolved = mechanisms.resolve(cfg.mechanism, cfg.workload, cfg.participation,
+                                cache_dir=cfg.cache_dir, bands=cfg.bands, rank=cfg.rank,
+                                buffers=cfg.buffers, progress=cfg.progress, info=info)
+  record = mechanisms.privacy(resolved, cfg.noise_multiplier, cfg.target_epsilon, cfg.delta,
+                              cfg.accountant)
+  if record.private:
+    cfg = dataclasses.replace(cfg, noise_multiplier=record.noise_multiplier)
+  info.update(record.info(cfg.clip_norm))
+  factory, noise = _BUILDERS[cfg.mechanism.noise](cfg, resolved, info)
+  f = resolved.factorization
   if f is not None:
     info.update(strategy=f.strategy, sqrt_loss=f.sqrt_loss)
   return MechanismSetup(aggregation_factory=DPAggregatorFactory(factory, cfg.mechanism.name),
-                        server_optimizer=server_optimizer, factorization=f, noise=built.noise,
-                        sqrt_loss=None if f is None else f.sqrt_loss, info=info)
-
-
-@dataclasses.dataclass
-class _Built:
-  """A mechanism before its noise multiplier is fixed."""
-  factory: Callable[[MechanismConfig], Callable[[Any], Any]]
-  factorization: Optional[fz.Factorization]
-  noise: Optional[noise_lib.StreamingNoise]
-  sensitivity: Optional[float]  # of one unit of noise std (per node for TFF's tree)
-
-
-def _resolve_privacy(cfg: MechanismConfig, sensitivity: Optional[float],
-                     info: Dict[str, Any]) -> MechanismConfig:
-  """Fixes z (given, or calibrated to the target ε) and records z, z/sens and ε."""
-  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  if not cfg.mechanism.private:
-    info.update(noise_multiplier=0.0, private=False)
-    return cfg
-  z = cfg.noise_multiplier
-  if z is None:
-    z = accounting.calibrate_noise_multiplier(cfg.target_epsilon, cfg.delta, cfg.accountant,
-                                              sensitivity=sensitivity)
-    info.update(target_epsilon=cfg.target_epsilon, calibrated=True)
-  cfg = dataclasses.replace(cfg, noise_multiplier=float(z))
-  info.update(noise_multiplier=cfg.noise_multiplier,
-              stddev_per_round_sum=cfg.noise_multiplier * cfg.clip_norm,
-              effective_noise_multiplier=cfg.noise_multiplier / sensitivity)
-  if cfg.delta is not None:
-    info.update(delta=cfg.delta, accountant=cfg.accountant,
-                epsilon=accounting.epsilon(cfg.noise_multiplier, cfg.delta, cfg.accountant,
-                                           sensitivity=sensitivity),
-                epsilon_analysis="one Gaussian at z/sens, without amplification")
-  return cfg
-
-
-def _matrix_factorization(cfg: MechanismConfig, info: Dict[str, Any]):
-  """(factorization for the training A, workload of the stream) from the cache, checked."""
-  from tff_mf import cache  # pylint: disable=g-import-not-at-top
-  m = cfg.mechanism
-  w_spec = cfg.workload
-  factorized = workloads.WorkloadSpec("prefix_sum", cfg.n) if m.post_processes_prefix_decoder \
-      else w_spec
-  params = registry.default_parameters(m.strategy, cfg.n, cfg.participation)
-  params.update({k: v for k, v in (("bands", cfg.bands), ("rank", cfg.rank),
-                                   ("buffers", cfg.buffers)) if v is not None and k in params})
-  # C is optimized for the schema where its strategy can be; the noise stream computes the
-  # sensitivity under the schema from C either way.
-  optimized_for = (cfg.participation if cfg.participation.kind in
-                   registry.strategy(m.strategy).participations else participation_lib.SINGLE)
-  spec = strategies.FactorizationSpec(workload=factorized, strategy=m.strategy,
-                                      participation=optimized_for, **params)
-  if m.strategy in ("optimal", "structured", "banded", "banded_toeplitz", "blt"):
-    f, entry = cache.load_or_factorize(spec, cache_dir=cfg.cache_dir, progress=cfg.progress)
-    info.update(cache_npz=entry.npz_path, cache_hit=entry.cache_hit)
-  else:
-    f = strategies.factorize(spec, progress=cfg.progress)
-  info.update(params, optimized_for=optimized_for.as_dict())
-  a_factorized = f.a
-  if factorized != w_spec:
-    f = strategies.post_processed(f, w_spec.build(), m.name)
-  # Every path above ran every check of ``checks.factors`` once (B·C = A on every entry,
-  # γ(C) = 1): the cache's load, ``strategies.factorize`` and ``post_processed``.
-  return f, a_factorized
-
-
-def _query_factory(noise: noise_lib.StreamingNoise):
-  return lambda cfg: _make_query_factory(cfg, noise)
+                        server_optimizer=server_optimizer, factorization=f, noise=noise,
+                        sqrt_loss=None if f is None else f.sqrt_loss, info=info,
+                        mechanism=resolved, privacy=record)
 
 
 def _make_query_factory(cfg: MechanismConfig, noise: noise_lib.StreamingNoise):
@@ -341,25 +287,22 @@ def _make_query_factory(cfg: MechanismConfig, noise: noise_lib.StreamingNoise):
 
 
 def _record_noise(info: Dict[str, Any], noise) -> None:
-  info.update(sensitivity=noise.sensitivity,
-              sensitivity_exact=noise.sensitivity_report["exact"],
-              sensitivity_method=noise.sensitivity_report["method"],
-              noise_implementation=noise.describe(), state_rows=noise.buffer_rows())
+  info.update(noise_implementation=noise.describe(), state_rows=noise.buffer_rows())
 
 
-def _build_dense(cfg: MechanismConfig, info: Dict[str, Any]):
-  f, _ = _matrix_factorization(cfg, info)
-  noise = noise_lib.DenseNoise(f.c, f.noise_matrix() if f.m != f.n else None, cfg.participation)
+def _build_dense(cfg: MechanismConfig, resolved: mechanisms.Resolved, info: Dict[str, Any]):
+  f = resolved.factorization
+  noise = noise_lib.DenseNoise(f.c, f.noise_matrix() if f.m != f.n else None, cfg.participation,
+                               sensitivity_report=resolved.sensitivity_report)
   _record_noise(info, noise)
-  return _Built(_query_factory(noise), f, noise, noise.sensitivity)
+  return _make_query_factory(cfg, noise), noise
 
 
-def _build_linear(cfg: MechanismConfig, info: Dict[str, Any]):
-  f, a_factorized = _matrix_factorization(cfg, info)
-  stream = strategies.stream(cfg.mechanism.strategy, f.extras, a_factorized)
-  noise = noise_lib.LinearNoise(stream, f.c, cfg.participation)
+def _build_linear(cfg: MechanismConfig, resolved: mechanisms.Resolved, info: Dict[str, Any]):
+  noise = noise_lib.LinearNoise(resolved.stream, resolved.factorization.c, cfg.participation,
+                                sensitivity_report=resolved.sensitivity_report)
   _record_noise(info, noise)
-  return _Built(_query_factory(noise), f, noise, noise.sensitivity)
+  return _make_query_factory(cfg, noise), noise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -371,65 +314,51 @@ class TreeAggregationParams:
 
 
 def tree_aggregation_params(cfg: MechanismConfig) -> TreeAggregationParams:
-  """Per-node multiplier z·√levels: each round is in ``levels`` nodes, so a single-participation
-  run has sensitivity √levels per unit of node noise, the privacy of multiplier z (McMahan
-  et al. Sec 2.1). The seed is pinned or drawn from OS entropy (never TFF's clock-based
-  default)."""
-  levels = tree.tree_levels(cfg.n)
+  """Per-node multiplier z·√levels (``mechanisms.tree_node_multiplier``). The seed is pinned
+  or drawn from OS entropy (never TFF's clock-based default)."""
   seed = cfg.noise_seed if cfg.noise_seed is not None else checks.new_seed()
-  return TreeAggregationParams(cfg.noise_multiplier * math.sqrt(levels), levels, seed)
+  return TreeAggregationParams(mechanisms.tree_node_multiplier(cfg.noise_multiplier, cfg.n),
+                               tree.tree_levels(cfg.n), seed)
 
 
-def _build_tff_tree(cfg: MechanismConfig, info: Dict[str, Any]):
-  # The nodes TFF adds noise to are the rows of C_T (unnormalized, unit node noise); z is the
-  # node multiplier divided by √levels, so the sensitivity per unit of z is sens(C_T)/√levels.
-  levels = tree.tree_levels(cfg.n)
-  report = participation_lib.sensitivity_report(tree.tree_encoder(cfg.n), cfg.participation)
-  info.update(tree_levels=levels, sensitivity_per_node=report["value"],
-              sensitivity=report["value"] / math.sqrt(levels),
-              sensitivity_exact=report["exact"], sensitivity_method=report["method"],
-              tff_dp_events="TFF's tree query reports UnsupportedDpEvent",
-              noise_seed_source="pinned" if cfg.noise_seed is not None else "os_entropy")
+def _build_tff_tree(cfg: MechanismConfig, resolved: mechanisms.Resolved,
+                    info: Dict[str, Any]):
+  # The nodes TFF adds noise to are the rows of C_T; the run is calibrated for C_T/√levels
+  # (``tff_mf.mechanisms``).
+  del resolved
+  params = tree_aggregation_params(cfg)
+  info.update(tff_dp_events="TFF's tree query reports UnsupportedDpEvent",
+              noise_seed_source="pinned" if cfg.noise_seed is not None else "os_entropy",
+              noise_multiplier_per_node=params.noise_multiplier_per_node)
 
-  def factory(cfg: MechanismConfig):
-    params = tree_aggregation_params(cfg)
-    info.update(noise_multiplier_per_node=params.noise_multiplier_per_node)
+  def make_factory(specs):
+    return tff.aggregators.DifferentiallyPrivateFactory.tree_aggregation(
+        noise_multiplier=params.noise_multiplier_per_node,
+        clients_per_round=cfg.clients_per_round, l2_norm_clip=cfg.clip_norm,
+        record_specs=specs, noise_seed=params.noise_seed, use_efficient=True)
 
-    def make_factory(specs):
-      return tff.aggregators.DifferentiallyPrivateFactory.tree_aggregation(
-          noise_multiplier=params.noise_multiplier_per_node,
-          clients_per_round=cfg.clients_per_round, l2_norm_clip=cfg.clip_norm,
-          record_specs=specs, noise_seed=params.noise_seed, use_efficient=True)
-
-    return make_factory
-
-  return _Built(factory, None, None, report["value"] / math.sqrt(levels))
+  return make_factory, None
 
 
-def _build_tff_gaussian(cfg: MechanismConfig, info: Dict[str, Any]):
-  f = strategies.factorize(strategies.FactorizationSpec(workload=cfg.workload,
-                                                        strategy="identity"))
-  sens = participation_lib.sensitivity_report(f.c, cfg.participation)["value"]
-  info.update(sensitivity=sens,
-              tff_dp_events="TFF reports GaussianDpEvent(z) every round; composing them "
+def _build_tff_gaussian(cfg: MechanismConfig, resolved: mechanisms.Resolved,
+                        info: Dict[str, Any]):
+  del resolved
+  info.update(tff_dp_events="TFF reports GaussianDpEvent(z) every round; composing them "
                             "over-counts (an upper bound)",
               noise_seed_source="TensorFlow's stateful RNG (seeded from OS entropy)")
 
-  def factory(cfg: MechanismConfig):
-    def make_factory(specs):
-      del specs
-      return tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
-          noise_multiplier=cfg.noise_multiplier, clients_per_round=cfg.clients_per_round,
-          clip=cfg.clip_norm)
-    return make_factory
+  def make_factory(specs):
+    del specs
+    return tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+        noise_multiplier=cfg.noise_multiplier, clients_per_round=cfg.clients_per_round,
+        clip=cfg.clip_norm)
 
-  return _Built(factory, f, None, sens)
+  return make_factory, None
 
 
-def _build_none(cfg: MechanismConfig, info: Dict[str, Any]):
-  del cfg, info
-  return _Built(lambda cfg: (lambda specs: tff.aggregators.UnweightedMeanFactory()), None, None,
-                None)
+def _build_none(cfg: MechanismConfig, resolved: mechanisms.Resolved, info: Dict[str, Any]):
+  del cfg, resolved, info
+  return (lambda specs: tff.aggregators.UnweightedMeanFactory()), None
 
 
 _BUILDERS = {"dense": _build_dense, "linear": _build_linear, "tff_tree": _build_tff_tree,
