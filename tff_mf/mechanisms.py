@@ -57,6 +57,8 @@ class Resolved:
     sensitivity_report: {value, exact, method} of the encoder's sensitivity under the
       schema (for TFF's tree: of C_T, per node); None for ``none``.
     sensitivity: sens per unit of z (for TFF's tree sens(C_T)/√levels); None for ``none``.
+    info: JSON-ready fields for the run record (the factorization's parameters, the cache
+      entry, the sensitivity and how it was computed).
   """
   mechanism: registry.Mechanism
   workload: workloads.WorkloadSpec
@@ -67,6 +69,7 @@ class Resolved:
   encoder: Optional[np.ndarray]
   sensitivity_report: Optional[Dict[str, Any]]
   sensitivity: Optional[float]
+  info: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
   @property
   def n(self) -> int:
@@ -106,6 +109,15 @@ class PrivacyRecord:
     return out
 
 
+def training_workload(n: int, momentum: float, lr_schedule: str,
+                      schedule_rounds: Optional[int]) -> workloads.WorkloadSpec:
+  """The workload A a run trains with: S, or momentum with a learning-rate schedule."""
+  if momentum == 0.0 and lr_schedule == "constant":
+    return workloads.WorkloadSpec(kind="prefix_sum", n=n)
+  return workloads.WorkloadSpec(kind="momentum", n=n, momentum=momentum,
+                                lr_schedule=lr_schedule, schedule_rounds=schedule_rounds)
+
+
 def tree_encoder(n: int) -> np.ndarray:
   """C_T/√levels: the encoder TFF's tree aggregation is calibrated for (module docstring)."""
   return np.asarray(tree.tree_encoder(n), np.float64) / math.sqrt(tree.tree_levels(n))
@@ -119,11 +131,9 @@ def tree_node_multiplier(noise_multiplier: float, n: int) -> float:
 def resolve(mechanism: registry.Mechanism, workload: workloads.WorkloadSpec,
             participation: participation_lib.Participation, *, cache_dir: Optional[str] = None,
             bands: Optional[int] = None, rank: Optional[int] = None,
-            buffers: Optional[int] = None, progress: bool = False,
-            info: Optional[Dict[str, Any]] = None) -> Resolved:
-  """The ``Resolved`` mechanism (see the class); ``info`` receives the factorization's
-  parameters, the cache entry and the sensitivity fields ``build_mechanism`` records."""
-  info = {} if info is None else info
+            buffers: Optional[int] = None, progress: bool = False) -> Resolved:
+  """The ``Resolved`` mechanism (see the class)."""
+  info: Dict[str, Any] = {}
   f = a_factorized = stream = encoder = report = sens = None
   n = workload.n
   if mechanism.noise in ("dense", "linear"):
@@ -151,7 +161,7 @@ def resolve(mechanism: registry.Mechanism, workload: workloads.WorkloadSpec,
                 sensitivity_method=report["method"])
   return Resolved(mechanism=mechanism, workload=workload, participation=participation,
                   factorization=f, a_factorized=a_factorized, stream=stream, encoder=encoder,
-                  sensitivity_report=report, sensitivity=sens)
+                  sensitivity_report=report, sensitivity=sens, info=info)
 
 
 def _matrix_factorization(m: registry.Mechanism, w_spec: workloads.WorkloadSpec,
@@ -172,7 +182,7 @@ def _matrix_factorization(m: registry.Mechanism, w_spec: workloads.WorkloadSpec,
                    registry.strategy(m.strategy).participations else participation_lib.SINGLE)
   spec = strategies.FactorizationSpec(workload=factorized, strategy=m.strategy,
                                       participation=optimized_for, **params)
-  if m.strategy in ("optimal", "structured", "banded", "banded_toeplitz", "blt"):
+  if strategies.cached(m.strategy):
     f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=progress)
     info.update(cache_npz=entry.npz_path, cache_hit=entry.cache_hit)
   else:

@@ -83,21 +83,19 @@ def sampling_secret(config: TrainingConfig, noise_seed: Optional[int]) -> int:
 def encoder(config: TrainingConfig, factorization) -> np.ndarray:
   """C the mechanism adds unit-multiplier noise for: z·C's rows are what the run adds.
 
-  Matrix mechanisms: the factorization's C (γ(C) = 1). TFF's tree adds noise of
-  multiplier z·√levels to every node of C_T (``tff_mf.tf.aggregators``), so its C is
-  C_T / √levels; when n is not a power of two no leaf is in all ``levels`` released
-  nodes and this C has γ < 1 (the tree adds more noise than its sensitivity needs).
-  TFF's gaussian_fixed: C = I.
+  Matrix mechanisms: the factorization's C (γ(C) = 1); TFF's tree: C_T/√levels; TFF's
+  gaussian_fixed: C = I — the encoders of ``tff_mf.mechanisms`` (where they are stated
+  once, with the reason), which ``training.mechanisms.resolve_privacy`` reads from the
+  resolved mechanism.
   """
   if factorization is not None:
     return np.asarray(factorization.c, np.float64)
+  from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
   from tff_mf import registry  # pylint: disable=g-import-not-at-top
-  from tff_mf.families import tree  # pylint: disable=g-import-not-at-top
   mechanism = registry.mechanism(config.canonical_mechanism)
   if mechanism.noise != "tff_tree":
     raise TrainingError(f"--mechanism={config.mechanism} has no encoder to account for")
-  n = config.total_rounds
-  return np.asarray(tree.tree_encoder(n), np.float64) / math.sqrt(tree.tree_levels(n))
+  return mechanisms.tree_encoder(config.total_rounds)
 
 
 def _amplification(config: TrainingConfig, c: np.ndarray) -> str:

@@ -5,9 +5,10 @@ context) -> FamilyResult`` (an unnormalized B, C with B·C = A, JSON-ready info 
 the float64 parameters the cache stores beside A, B and C), optionally
 ``check_extras(factorization)`` (its parameters rebuild its matrices) and, when the
 family streams its noise, ``stream(extras, a) -> tff_mf.streams.LinearStream``
-rebuilding the stream from those parameters. ``tff_mf.registry.STRATEGIES`` names
-each strategy's family and ``tff_mf.strategies`` dispatches to the modules, then
-normalizes and validates what a family returns. This package module holds only the
+rebuilding the stream from those parameters, and ``CACHED = False`` when mechanisms
+should rebuild it rather than load it from the cache (closed forms).
+``tff_mf.registry.STRATEGIES`` names each strategy's family and ``tff_mf.strategies``
+dispatches to the modules, then normalizes and validates what a family returns. This package module holds only the
 types the families share.
 """
 

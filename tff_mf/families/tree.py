@@ -38,6 +38,9 @@ from tff_mf import checks
 
 # Bumped whenever the output for the same inputs changes (part of the cache key).
 VERSION = "1"
+# A closed form: mechanisms rebuild it instead of loading it from the cache
+# (``strategies.cached``).
+CACHED = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -96,11 +96,8 @@ class MechanismConfig:
 
   @property
   def workload(self) -> workloads.WorkloadSpec:
-    if self.momentum == 0.0 and self.lr_schedule == "constant":
-      return workloads.WorkloadSpec(kind="prefix_sum", n=self.n)
-    return workloads.WorkloadSpec(kind="momentum", n=self.n, momentum=self.momentum,
-                                  lr_schedule=self.lr_schedule,
-                                  schedule_rounds=self.schedule_rounds)
+    return mechanisms.training_workload(self.n, self.momentum, self.lr_schedule,
+                                        self.schedule_rounds)
 
 
 class DPAggregatorFactory(tff.aggregators.UnweightedAggregationFactory,
@@ -234,7 +231,8 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
                     noise_seed: Optional[int] = None, cache_dir: Optional[str] = None,
                     bands: Optional[int] = None, rank: Optional[int] = None,
                     buffers: Optional[int] = None, allow_no_noise: bool = False,
-                    progress: bool = False) -> MechanismSetup:
+                    progress: bool = False, resolved: Optional[mechanisms.Resolved] = None,
+                    _resolve_only: bool = False) -> MechanismSetup:
   """Aggregator + server optimizer for a registry mechanism (any accepted spelling).
 
   Give the noise multiplier z, or ``target_epsilon`` and ``delta`` to calibrate the
@@ -243,11 +241,16 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
   ``participation`` is the schema clients are sampled under (default single
   participation); z must be positive unless ``allow_no_noise=True``. Raises
   ``CheckError`` (a ValueError) naming the first bad or conflicting argument.
+  ``resolved``: the numpy mechanism ``resolve_mechanism`` returned for the same mechanism,
+  workload and schema (not resolved again: one cache load, one check).
   """
   cfg = _config(mechanism, total_rounds, (noise_multiplier, target_epsilon, delta, accountant),
                 clients_per_round, clip_norm, server_learning_rate, momentum, lr_schedule,
                 schedule_rounds, participation, noise_seed, cache_dir, bands, rank, buffers,
                 allow_no_noise, progress)
+  resolved = _resolved(cfg, resolved)
+  if _resolve_only:
+    return resolved
   etas = workloads.learning_rates(cfg.n, cfg.lr_schedule, cfg.schedule_rounds)
   server_optimizer = build_server_optimizer(cfg.server_learning_rate, cfg.momentum, etas)
   info: Dict[str, Any] = {
@@ -258,9 +261,7 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
       "participation": cfg.participation.as_dict(), "noise_kind": cfg.mechanism.noise,
       "noise_seed_pinned": cfg.noise_seed is not None,
   }
-  resolved = mechanisms.resolve(cfg.mechanism, cfg.workload, cfg.participation,
-                                cache_dir=cfg.cache_dir, bands=cfg.bands, rank=cfg.rank,
-                                buffers=cfg.buffers, progress=cfg.progress, info=info)
+  info.update(resolved.info)
   record = mechanisms.privacy(resolved, cfg.noise_multiplier, cfg.target_epsilon, cfg.delta,
                               cfg.accountant)
   if record.private:
@@ -274,6 +275,27 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
                         server_optimizer=server_optimizer, factorization=f, noise=noise,
                         sqrt_loss=None if f is None else f.sqrt_loss, info=info,
                         mechanism=resolved, privacy=record)
+
+
+def resolve_mechanism(mechanism: str, **kwargs) -> mechanisms.Resolved:
+  """The numpy ``tff_mf.mechanisms.Resolved`` that ``build_mechanism`` with the same arguments
+  wires, checked the same way, without building TFF objects: its encoder is what the run's
+  privacy is accounted for; pass it back to ``build_mechanism(..., resolved=)``."""
+  return build_mechanism(mechanism, _resolve_only=True, **kwargs)
+
+
+def _resolved(cfg: MechanismConfig,
+              resolved: Optional[mechanisms.Resolved]) -> mechanisms.Resolved:
+  if resolved is None:
+    return mechanisms.resolve(cfg.mechanism, cfg.workload, cfg.participation,
+                              cache_dir=cfg.cache_dir, bands=cfg.bands, rank=cfg.rank,
+                              buffers=cfg.buffers, progress=cfg.progress)
+  if (resolved.mechanism != cfg.mechanism or resolved.workload != cfg.workload
+      or resolved.participation != cfg.participation):
+    raise checks.CheckError(f"the resolved mechanism ({resolved.mechanism.name}, "
+                            f"{resolved.workload}, {resolved.participation.describe()}) is not "
+                            f"the one asked for ({cfg.mechanism.name})")
+  return resolved
 
 
 def _make_query_factory(cfg: MechanismConfig, noise: noise_lib.StreamingNoise):
