@@ -34,8 +34,9 @@ import numpy as np
 import scipy.linalg
 import scipy.optimize
 
+from tff_mf import dense_run
+from tff_mf import dense_single
 from tff_mf import factorization as fz
-from tff_mf.families import dense
 from tff_mf import workloads
 
 METHODS = ("gradient_descent", "lbfgs")
@@ -45,7 +46,7 @@ _LBFGS_SCALE = 100.0
 
 @dataclasses.dataclass
 class BaselineResult:
-  """B·C = A from a baseline solver; same fields as ``dense.OptimalResult`` (no v).
+  """B·C = A from a baseline solver; same fields as ``dense_run.OptimalResult`` (no v).
 
   ``history``: dicts with ``iteration``, ``seconds``, ``loss`` (tr(G X⁻¹) at
   unit diagonal, which is the loss L of the factorization).
@@ -86,7 +87,7 @@ class _Objective:
 
 def initial_x(a: np.ndarray) -> np.ndarray:
   """X(v) of Denisov Eq. 6 at v = 1, rescaled to unit diagonal (the Fig 4 start)."""
-  problem = dense.DualProblem(a)
+  problem = dense_single.DualProblem(a)
   ev = problem.evaluate(np.ones(problem.n), with_primal=False)
   z = ev.q * np.sqrt(ev.sqrt_lam)[None, :]
   z /= np.sqrt(ev.phi)[:, None]
@@ -114,7 +115,7 @@ def gradient_descent(a: np.ndarray, max_iterations: int = 100_000,
   x = initial_x(a)
   chol = obj.cholesky(x)
   if chol is None:
-    raise dense.LossOfPositiveDefinitenessError("initial X is not positive definite")
+    raise dense_run.LossOfPositiveDefinitenessError("initial X is not positive definite")
   f, grad = obj.value_and_gradient(chol)
   step = 1.0 / max(float(np.max(np.abs(grad))), 1e-300)
   history = [{"iteration": 0, "seconds": time.perf_counter() - start,

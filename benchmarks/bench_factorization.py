@@ -36,7 +36,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 from benchmarks import baselines  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf.families import dense  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf import dense_single  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_mf import workloads  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 MACHINE = "2-core x86_64 CPU, 24 GB, no GPU"
@@ -52,7 +52,7 @@ STYLE = {"newton": ("C0", "-"), "anderson": ("C2", "-"), "plain": ("C1", "--"),
 
 def _fixed_point(method, a, target_gap, time_limit):
   acceleration = {"newton": "newton", "anderson": "anderson", "plain": "none"}[method]
-  r = dense.solve(a, target_gap=target_gap, acceleration=acceleration,
+  r = dense_single.solve(a, target_gap=target_gap, acceleration=acceleration,
                     allow_unconverged=True, time_limit=time_limit, progress=True)
   return {"history": r.history, "info": r.info}
 
@@ -93,7 +93,7 @@ def run_momentum(n, target_gap, max_iterations):
     for method in FIXED_POINT_METHODS:
       print(f"momentum n={n} {schedule}: {method} ...", file=sys.stderr, flush=True)
       acceleration = {"newton": "newton", "anderson": "anderson", "plain": "none"}[method]
-      r = dense.solve(a, target_gap=target_gap, acceleration=acceleration,
+      r = dense_single.solve(a, target_gap=target_gap, acceleration=acceleration,
                       allow_unconverged=True, max_iterations=max_iterations)
       rows.append({"n": n, "schedule": schedule, "method": method, **{
           key: r.info.get(key) for key in ("iterations", "cg_iterations", "relative_gap",
@@ -149,7 +149,7 @@ def write_markdown(results, momentum, path, png_name, command, load_before, load
             f"Total run: {total_seconds / 60:.1f} min.", ""]
   lines += ["Workload: prefix sum S. Target: relative duality gap (L − d)/L ≤ 1e-6, with L the "
             "loss of the returned factors and d the Eq. 8 lower bound (Denisov et al. Thm 3.2). "
-            "`newton` = default `tff_mf.families.dense.solve`; `plain` = one `eigh` per "
+            "`newton` = default `tff_mf.dense_single.solve`; `plain` = one `eigh` per "
             "iteration of φ "
             "(Denisov Eq. 5) with the same certificate; `gradient_descent`/`lbfgs` = Eq. 4 "
             "baselines (`benchmarks/baselines.py`) run for a fixed wall-time budget.", ""]

@@ -123,7 +123,7 @@ def run_speed(args):
     data["banded"] = []
     for sigma in args.banded_sigmas:
       n, b, p = 2048, 64, args.banded_p
-      c = mmcc.banded_toeplitz_matrix(n, b)
+      c = mmcc.truncated_sqrt_prefix_matrix(n, b)
       r = mmcc.mmcc(c, p, sigma, DELTA, workers=args.workers, progress=args.progress)
       data["banded"].append({"n": n, "bands": b, "sigma": sigma, "p": p, "epsilon": r.epsilon,
                              "seconds": r.seconds, "distinct_rows": r.distinct_rows,

@@ -11,7 +11,7 @@ n/k rounds (fixed epoch, Choquette-Choo et al. 2023, arXiv:2211.06530). Pairs:
   arXiv:2408.08868): ``tff_mf.families.blt.optimize`` with the number of buffers
   jax_privacy chose, and ``blt.optimize_buffers`` (our own choice), vs jax_privacy
   ``buffered_toeplitz.optimize(n=, min_sep=, max_participations=, error='mean')``;
-- optimal fixed-epoch (``tff_mf.families.dense.solve_fixed_epoch``, certified duality gap)
+- optimal fixed-epoch (``tff_mf.dense_fixed_epoch.solve_fixed_epoch``, certified duality gap)
   vs jax_privacy ``dense.optimize(n, epochs=k)``;
 - banded (``tff_mf.families.banded.optimize``, b bands, unit columns; with b ≤ the
   separation the min-sep sensitivity is that of single participation times √k, so both
@@ -50,10 +50,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
+from tff_mf import dense_fixed_epoch  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf import toeplitz_ops  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_mf import workloads  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_mf.families import banded  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_mf.families import blt  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf.families import dense  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_mf.families import toeplitz  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_mf.families import tree  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -100,7 +101,7 @@ def sensitivity_dense(c: np.ndarray, schema: Dict[str, Any]) -> Dict[str, Any]:
       exact = exact and bool(np.all(sub >= -1e-12 * np.max(np.abs(sub))))
       best = max(best, float(np.sum(np.abs(sub))))
     return {"sensitivity": math.sqrt(best), "sensitivity_exact": exact}
-  min_sep, k = toeplitz.participations(n, schema["min_sep"], schema["k"])
+  min_sep, k = toeplitz_ops.participations(n, schema["min_sep"], schema["k"])
   rows, cols = np.nonzero(np.abs(c) > 1e-15 * np.max(np.abs(c)))
   # Columns at least `width` apart have disjoint supports.
   width = int(np.max(rows - cols)) + int(np.max(cols - rows)) + 1
@@ -141,7 +142,7 @@ def tree_rmse(n: int, k: int) -> Dict[str, Any]:
 def ours_fixed_epoch(n: int, k: int) -> Dict[str, Any]:
   """tff-mf's optimal fixed-epoch C (dual fixed point, certified gap 1e-6)."""
   start, cpu = time.perf_counter(), time.process_time()
-  result = dense.solve_fixed_epoch(workloads.prefix_sum(n), k)
+  result = dense_fixed_epoch.solve_fixed_epoch(workloads.prefix_sum(n), k)
   return {"c": np.asarray(result.c), "seconds": time.perf_counter() - start,
           "cpu_seconds": time.process_time() - cpu, "detail": f"gap {result.info['relative_gap']:.1e}"}
 
@@ -280,12 +281,12 @@ def run(args) -> Dict[str, Any]:
       their_banded, t_banded = theirs(f"banded_n{n}_b{b}")
       for k in ks:
         config = {"n": n, "k": k, "min_sep": b,
-                  "k_effective": toeplitz.participations(n, b, k)[1]}
+                  "k_effective": toeplitz_ops.participations(n, b, k)[1]}
         ours, cpu = _timed(toeplitz.optimize, n, b, min_sep=b, max_participations=k, dense=False)
         ours = dict(ours.info, detail=f"{b} bands", cpu_seconds=cpu)
         other = None
         if their_toep is not None:
-          other = dict(toeplitz.evaluate(their_toep["coefficients"], n, None, b, k),
+          other = dict(toeplitz_ops.evaluate(their_toep["coefficients"], n, None, b, k),
                        seconds=t_toep[0], cpu_seconds=t_toep[1],
                        detail=f"{their_toep['coefficients'].size} bands")
         rows.append(_row("banded Toeplitz", config, ours, other,
@@ -438,8 +439,9 @@ def write_markdown(result, path, png_name, command, load_before, load_after, tot
             "jax_privacy's `optimize_banded_toeplitz` and `banded.optimize` optimize single "
             "participation (their min-sep value is proportional when bands ≤ b); its "
             "`buffered_toeplitz.optimize` chooses the number of buffers (up to 10, stop below "
-            "1% gain); ours: `dense.solve_fixed_epoch` stops at a certified relative duality "
-            "gap of 1e-6, `banded.optimize` is L-BFGS with a relative-decrease stopping rule.",
+            "1% gain); ours: `dense_fixed_epoch.solve_fixed_epoch` stops at a certified "
+            "relative duality gap of 1e-6, `banded.optimize` is L-BFGS with a relative-decrease "
+            "stopping rule.",
             ""]
   lines += ["| pair | n | k (eff) | b | ours rmse | theirs rmse | rmse ratio | ours max err | "
             "theirs max err | max-err ratio | ours s (CPU) | theirs s (CPU) | ours | theirs | "

@@ -66,12 +66,12 @@ def test_round_trip_and_hit_without_recomputing(tmp_path, count_factorizations):
   assert f2.sqrt_loss == pytest.approx(f1.sqrt_loss)
   # The sidecar carries the figures the issue asks for.
   md = e2.metadata
-  for key in ("params", "n", "loss", "sqrt_loss", "sensitivity_before_normalization",
+  for key in ("params", "n", "loss", "sqrt_loss", "gamma_before_normalization",
               "relative_gap", "iterations", "seconds", "package_versions", "npz_sha256",
               "sensitivity", "rmse", "max_error", "participation"):
     assert key in md
   assert md["npz_sha256"] == cache.file_sha256(e2.npz_path)
-  assert md["sensitivity_before_normalization"] == pytest.approx(np.sqrt(6))  # 6 tree levels
+  assert md["gamma_before_normalization"] == pytest.approx(np.sqrt(6))  # 6 tree levels
   assert md["package_versions"]["numpy"] == np.__version__
   # cache.load of the file gives the same matrices.
   f3 = cache.load(e2.npz_path, full_check=True)
@@ -149,7 +149,7 @@ def _corrupt_non_triangular_c(entry):
     a = d["A"]
   n = a.shape[0]
   c = np.eye(n) + 0.3 * np.random.default_rng(0).standard_normal((n, n))
-  c /= fz.sensitivity(c)
+  c /= np.max(np.linalg.norm(c, axis=0))  # γ(C) = 1
   b = a @ np.linalg.inv(c)
   assert np.max(np.abs(b @ c - a)) < 1e-10
   _replace_npz(entry, A=a, B=b, C=c)
@@ -506,3 +506,16 @@ def test_account_matrix_prints_the_schema_of_the_entry_and_refuses_a_relabelled_
   captured = capsys.readouterr()
   assert rc != 0 and "participation is" in captured.err and captured.err.count("\n") == 1
   assert eps == pytest.approx(4.114, abs=1e-3)
+
+
+def test_one_json_policy_for_every_writer():
+  """tff_mf.jsonio: numpy as Python values, ±inf as "inf"/"-inf", NaN refused; read back."""
+  from tff_mf import jsonio  # pylint: disable=g-import-not-at-top
+  value = {"a": np.float64("inf"), "b": [np.int64(2), -np.inf, np.bool_(True)],
+           "c": np.arange(2.0)}
+  text = jsonio.dumps(value)
+  assert json.loads(text) == {"a": "inf", "b": [2, "-inf", True], "c": [0.0, 1.0]}
+  assert jsonio.number("inf") == np.inf and jsonio.number("-inf") == -np.inf
+  assert jsonio.number("x") == "x"
+  with pytest.raises(ValueError, match="NaN"):
+    jsonio.dumps({"x": float("nan")})

@@ -262,7 +262,8 @@ def test_complex_matrix_file_is_refused(tmp_path):
 
 
 def test_json_is_strict_even_with_unbounded_figures(tmp_path):
-  """A non-finite figure is written as null, never as the non-JSON Infinity/NaN."""
+  """A non-finite figure is written as the string "inf" (tff_mf.jsonio), never as the non-JSON
+  Infinity/NaN."""
   out = run_cli("factorize", "--strategy", "optimal", "--n", 8, "--allow-unconverged",
                 "--max-iterations", 1, "--target-gap", 1e-12, "--json", cache_dir=tmp_path)
   assert out.returncode == 0, out.stderr

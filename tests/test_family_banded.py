@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from tff_mf import checks
+from tff_mf import dense_single
 from tff_mf import mmcc
-from tff_mf.families import dense
 from tff_mf import participation
 from tff_mf import workloads
 from tff_mf.families import banded
@@ -51,7 +51,7 @@ def test_factorization_is_banded_unit_columns_and_exact(kind, n, bands):
 def test_beats_banded_toeplitz_square_root(kind, bands):
   n = 64
   a = _workloads(n)[kind]
-  c0 = mmcc.banded_toeplitz_matrix(n, bands)  # truncated √S, γ = 1
+  c0 = mmcc.truncated_sqrt_prefix_matrix(n, bands)  # truncated √S, γ = 1
   b0 = a @ np.linalg.inv(c0)
   loss0 = checks.gamma(c0) ** 2 * float(np.sum(b0 * b0))
   result = banded.optimize(a, bands)
@@ -73,7 +73,7 @@ def test_one_band_is_identity_and_full_bands_match_optimal():
   np.testing.assert_array_equal(ident.c, np.eye(n))
   np.testing.assert_array_equal(ident.b, a)
   full = banded.optimize(a, n)
-  opt = dense.solve(a)
+  opt = dense_single.solve(a)
   sqrt_banded = np.sqrt(full.info["objective"])
   sqrt_opt = np.sqrt(opt.info["loss"])
   assert sqrt_banded <= sqrt_opt * 1.01

@@ -8,6 +8,7 @@ import pytest
 
 from tff_mf import checks
 from tff_mf import mmcc
+from tff_mf import toeplitz_ops
 from tff_mf import workloads
 from tff_mf.families import blt
 from tff_mf.families import toeplitz
@@ -40,7 +41,7 @@ def test_inverse_round_trip_and_closed_form():
   # Coefficients by definition: c_0 = 1, c_k = Σ ω θ^{k−1}.
   assert c[0] == 1.0 and c[5] == pytest.approx(np.sum(c_blt.omega * THETA ** 4), rel=1e-14)
   # Interlacing makes c positive and non-increasing.
-  assert toeplitz.is_nonincreasing_nonnegative(c)
+  assert toeplitz_ops.is_nonincreasing_nonnegative(c)
 
 
 def test_inverse_refuses_complex_decays():
@@ -60,8 +61,8 @@ WORKLOADS = {
 @pytest.mark.parametrize("error", ["mean", "max"])
 @pytest.mark.parametrize("min_sep,k,m", [(N, 1, 1), (N, 1, 3), (5, 4, 2), (3, None, 3)])
 def test_gradient_matches_finite_differences(name, error, min_sep, k, m):
-  work = toeplitz.workload_operator(N, WORKLOADS[name])
-  k = toeplitz.participations(N, min_sep, k)[1]
+  work = toeplitz_ops.workload_operator(N, WORKLOADS[name])
+  k = toeplitz_ops.participations(N, min_sep, k)[1]
   objective = blt._Objective(work, N, m, error, min_sep, k)  # pylint: disable=protected-access
   y = blt._log_gaps(blt.initial_points(N, m))  # pylint: disable=protected-access
   y = y + 0.2 * np.random.default_rng(m).normal(size=y.size)
@@ -86,7 +87,7 @@ def test_factors_and_extras(name):
   assert np.all((ex["blt_theta"] > 0) & (ex["blt_theta"] < 1))
   assert result.info["sensitivity_exact"]
   assert result.info["sensitivity"] == pytest.approx(
-      toeplitz.min_sep_sensitivity(result.c[:, 0], N, 6, 4), rel=1e-14)
+      toeplitz_ops.min_sep_sensitivity(result.c[:, 0], N, 6, 4), rel=1e-14)
   assert result.info["rmse"] == pytest.approx(
       result.info["sensitivity"] * np.linalg.norm(result.b) / np.sqrt(N), rel=1e-12)
 
@@ -138,7 +139,7 @@ def _patterns(n, min_sep, k):
 def test_sensitivity_against_brute_force(n, min_sep, k):
   c_blt, _ = blt.from_theta_pair(THETA, THETA_HAT)
   c = c_blt.matrix(n)
-  k_fit = toeplitz.participations(n, min_sep, k)[1]
+  k_fit = toeplitz_ops.participations(n, min_sep, k)[1]
   best_rounds, best = None, 0.0
   for rounds in _patterns(n, min_sep, k_fit):
     for signs in itertools.product((1.0, -1.0), repeat=len(rounds)):
@@ -163,7 +164,7 @@ def test_sensitivity_upper_bound_without_monotone_coefficients():
   n, min_sep, k = 10, 2, 4
   odd = blt.BLT([0.9, 0.3], [0.9, -0.6])  # coefficients rise then fall: not monotone
   c = odd.matrix(n)
-  assert not toeplitz.is_nonincreasing_nonnegative(c[:, 0])
+  assert not toeplitz_ops.is_nonincreasing_nonnegative(c[:, 0])
   x = np.abs(c.T @ c)
   worst = max(np.sum(x[np.ix_(r, r)]) for r in _patterns(n, min_sep, k))
   assert blt.sensitivity(odd, n, min_sep, k) >= np.sqrt(worst) * (1 - 1e-12)
@@ -171,12 +172,12 @@ def test_sensitivity_upper_bound_without_monotone_coefficients():
 
 def test_optimized_beats_truncation_identity_and_improves_with_buffers():
   n = 512
-  identity = toeplitz.evaluate([1.0], n)["rmse"]
+  identity = toeplitz_ops.evaluate([1.0], n)["rmse"]
   previous = identity
   for m in range(1, 6):
     result = blt.optimize(n, m, dense=False)
     rmse = result.info["rmse"]
-    same_memory = toeplitz.evaluate(mmcc.sqrt_prefix_coefficients(m + 1), n)["rmse"]
+    same_memory = toeplitz_ops.evaluate(mmcc.sqrt_prefix_coefficients(m + 1), n)["rmse"]
     assert result.info["converged"] and rmse < same_memory and rmse < identity
     assert rmse <= previous * (1 + 1e-7)  # more buffers never hurt (up to L-BFGS accuracy)
     previous = rmse
@@ -189,7 +190,7 @@ def test_min_sep_optimization_and_max_error():
   n, min_sep, k = 256, 16, 8
   result = blt.optimize(n, 3, min_sep=min_sep, max_participations=k, dense=False)
   assert result.info["sensitivity_exact"] and result.info["max_participations"] == k
-  assert result.info["rmse"] < toeplitz.evaluate([1.0], n, None, min_sep, k)["rmse"]
+  assert result.info["rmse"] < toeplitz_ops.evaluate([1.0], n, None, min_sep, k)["rmse"]
   single = blt.optimize(n, 3, dense=False)
   assert blt.evaluate(blt.BLT(single.extras["blt_theta"], single.extras["blt_omega"]), n, None,
                       min_sep, k)["rmse"] >= result.info["rmse"] * (1 - 1e-9)

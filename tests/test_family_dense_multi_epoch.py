@@ -5,9 +5,11 @@ import numpy as np
 import pytest
 
 from tff_mf import checks
+from tff_mf import dense_fixed_epoch
+from tff_mf import dense_run
+from tff_mf import dense_single
 from tff_mf import participation
 from tff_mf import workloads
-from tff_mf.families import dense
 
 
 def _rmse(b, sens):
@@ -24,7 +26,7 @@ def solved():
         a = workloads.prefix_sum(n)
       else:
         a = workloads.momentum_matrix(n, 0.95, workloads.learning_rates(n, "cooldown", n // 4))
-      cache[n, k, kind] = (a, dense.solve_fixed_epoch(a, k))
+      cache[n, k, kind] = (a, dense_fixed_epoch.solve_fixed_epoch(a, k))
     return cache[n, k, kind]
 
   return get
@@ -33,7 +35,7 @@ def solved():
 @pytest.mark.parametrize("kind", ["prefix_sum", "momentum"])
 def test_one_epoch_is_single_participation(solved, kind):
   a, result = solved(48, 1, kind)
-  single = dense.solve(a)
+  single = dense_single.solve(a)
   assert result.info["loss"] == pytest.approx(single.info["loss"], rel=3e-6)
   # Both are certified: each loss is above the other's lower bound.
   assert result.info["loss"] >= single.info["dual_lower_bound"] * (1 - 1e-12)
@@ -72,7 +74,7 @@ def test_constraints_gap_and_sensitivity(solved, n, k, kind):
 
 def test_projected_gram_is_exactly_feasible():
   n, k = 48, 4
-  problem = dense.FixedEpochDual(workloads.prefix_sum(n), k)
+  problem = dense_fixed_epoch.FixedEpochDual(workloads.prefix_sum(n), k)
   theta = problem.initial_theta()
   rng = np.random.default_rng(0)
   theta[:, 1:] = 0.05 * rng.normal(size=theta[:, 1:].shape)  # a non-optimal, PD Λ
@@ -92,7 +94,7 @@ def test_projected_gram_is_exactly_feasible():
 
 def test_dual_bound_holds_at_arbitrary_multipliers(solved):
   a, result = solved(64, 4)
-  problem = dense.FixedEpochDual(a, 4)
+  problem = dense_fixed_epoch.FixedEpochDual(a, 4)
   rng = np.random.default_rng(2)
   for scale in (1e-3, 1.0, 50.0):
     theta = problem.initial_theta() * scale * np.exp(rng.normal(size=(16, 1)))
@@ -108,7 +110,7 @@ def test_gradient_and_hessian_of_the_dual():
   """∇d from the pattern blocks of X(Λ), and the CG Hessian, against finite differences."""
   n, k = 24, 3
   a = workloads.momentum_matrix(n, 0.9)
-  problem = dense.FixedEpochDual(a, k)
+  problem = dense_fixed_epoch.FixedEpochDual(a, k)
   rng = np.random.default_rng(4)
   theta = problem.initial_theta() * np.exp(0.3 * rng.normal(size=(n // k, 1)))
   theta[:, 1:] = 0.2 * rng.normal(size=theta[:, 1:].shape)
@@ -145,7 +147,7 @@ def test_beats_identity_and_single_participation_optimum(solved, kind):
   identity = _rmse(a, participation.sensitivity(np.eye(n), schema))
   assert participation.sensitivity(np.eye(n), schema) == pytest.approx(np.sqrt(k))
   # Single-participation optimum, evaluated under the fixed-epoch schema.
-  single = dense.solve(a)
+  single = dense_single.solve(a)
   single_rmse = _rmse(single.b, participation.sensitivity(single.c, schema))
   assert rmse < identity * (1 - 1e-3)
   assert rmse < single_rmse * (1 - 1e-3)
@@ -166,26 +168,27 @@ def test_not_worse_than_jax_privacy_reference(solved):
 
 def test_unconverged_and_refusals():
   a = workloads.prefix_sum(32)
-  with pytest.raises(dense.NotConvergedError, match="did not reach") as err:
-    dense.solve_fixed_epoch(a, 4, target_gap=1e-12, max_iterations=1)
+  with pytest.raises(dense_run.NotConvergedError, match="did not reach") as err:
+    dense_fixed_epoch.solve_fixed_epoch(a, 4, target_gap=1e-12, max_iterations=1)
   assert not err.value.result.info["converged"]
-  r = dense.solve_fixed_epoch(a, 4, target_gap=1e-12, max_iterations=2, allow_unconverged=True)
+  r = dense_fixed_epoch.solve_fixed_epoch(a, 4, target_gap=1e-12, max_iterations=2,
+                                          allow_unconverged=True)
   assert not r.info["converged"] and r.info["stop_reason"] == "max_iterations"
   checks.product(a, r.b, r.c, "unconverged")
   assert r.info["loss"] >= r.info["dual_lower_bound"]
   with pytest.raises(checks.CheckError, match="must divide"):
-    dense.solve_fixed_epoch(a, 3)
+    dense_fixed_epoch.solve_fixed_epoch(a, 3)
   with pytest.raises(checks.CheckError, match="target_gap"):
-    dense.solve_fixed_epoch(a, 2, target_gap=0)
+    dense_fixed_epoch.solve_fixed_epoch(a, 2, target_gap=0)
   with pytest.raises(ValueError, match="lower triangular"):
-    dense.solve_fixed_epoch(np.ones((4, 4)), 2)
+    dense_fixed_epoch.solve_fixed_epoch(np.ones((4, 4)), 2)
   with pytest.raises(checks.CheckError, match="epochs must be a positive integer"):
-    dense.solve_fixed_epoch(a, 0)
+    dense_fixed_epoch.solve_fixed_epoch(a, 0)
 
 
 def test_progress_and_history():
   records = []
-  r = dense.solve_fixed_epoch(workloads.prefix_sum(32), 2, progress=True,
+  r = dense_fixed_epoch.solve_fixed_epoch(workloads.prefix_sum(32), 2, progress=True,
                               callback=records.append)
   assert records and records == r.history
   assert records[-1]["relative_gap"] <= 1e-6

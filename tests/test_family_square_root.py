@@ -53,7 +53,7 @@ def test_bsr_is_the_banded_square_root(workload):
   root = scipy.linalg.sqrtm(a).real
   np.testing.assert_allclose(root @ root, a, atol=1e-8 * np.max(a))
   f = _factorize(workload, "bsr", bands=5)
-  gamma = f.info["sensitivity_before_normalization"]
+  gamma = f.info["gamma_before_normalization"]
   expected = sr.band(np.tril(root), 5)
   np.testing.assert_allclose(f.c * gamma, expected, atol=1e-8)
   assert np.all(np.tril(f.c, -5) == 0)  # exactly banded
@@ -66,7 +66,7 @@ def test_bisr_inverse_is_the_banded_inverse_square_root(workload):
   a = workload.build()
   inv_root = np.linalg.inv(np.tril(scipy.linalg.sqrtm(a).real))
   f = _factorize(workload, "bisr", bands=4)
-  gamma = f.info["sensitivity_before_normalization"]
+  gamma = f.info["gamma_before_normalization"]
   c_inv = np.linalg.inv(f.c) / gamma
   np.testing.assert_allclose(c_inv, sr.band(inv_root, 4), atol=1e-7)
   stored = f.extras["inverse_band_coefficients"]
@@ -102,7 +102,7 @@ def test_lambda_cgd_minimizes_the_rmse_over_lambda(schema):
   f = _factorize(PREFIX, "lambda_cgd", schema)
   lam = f.info["lambda"]
   assert 0.0 < lam < 1.0
-  gamma = f.info["sensitivity_before_normalization"]
+  gamma = f.info["gamma_before_normalization"]
   k = np.arange(48)
   i, j = np.indices((48, 48))
   np.testing.assert_allclose(f.c * gamma, np.where(i >= j, lam ** np.maximum(i - j, 0), 0.0),

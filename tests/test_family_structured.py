@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import scipy.linalg
 
+from tff_mf import dense_single
 from tff_mf import factorization as fz
 from tff_mf import workloads
-from tff_mf.families import dense
 from tff_mf.families import structured
 
 # McMahan et al. Table 1 / Denisov et al. 2022 Table 2: n -> (h, r, optimal √L,
@@ -23,7 +23,7 @@ PAPER_TABLE = {
 def _check_paper_row(n, max_ratio=1.02):
   bands, rank, paper_optimal, paper_efficient = PAPER_TABLE[n]
   a = workloads.prefix_sum(n)
-  opt = dense.solve(a)
+  opt = dense_single.solve(a)
   result = structured.fit(a, bands, rank, b_opt=opt.b)
   optimal_sqrt_loss = fz.sqrt_loss(opt.b, opt.c)
   structured_sqrt_loss = fz.sqrt_loss(result.b, result.c)
@@ -54,7 +54,7 @@ def test_structured_matches_paper_efficient_column_2048():
 @pytest.fixture(scope="module")
 def momentum_64():
   a = workloads.momentum_matrix(64, 0.9)
-  return a, dense.solve(a)
+  return a, dense_single.solve(a)
 
 
 def test_structure_triangularity_and_pieces(momentum_64):

@@ -7,6 +7,7 @@ import pytest
 
 from tff_mf import checks
 from tff_mf import mmcc
+from tff_mf import toeplitz_ops
 from tff_mf import workloads
 from tff_mf.families import toeplitz
 
@@ -28,7 +29,7 @@ WORKLOADS = {
 @pytest.mark.parametrize("error", ["mean", "max"])
 @pytest.mark.parametrize("min_sep,k", [(N, 1), (4, 3), (16, 3)])
 def test_gradient_matches_finite_differences(name, error, min_sep, k):
-  work = toeplitz.workload_operator(N, WORKLOADS[name])
+  work = toeplitz_ops.workload_operator(N, WORKLOADS[name])
   assert work.kind == {"prefix": "prefix_sum", "momentum": "momentum", "cooldown": "dense",
                        "column": "toeplitz"}[name]
   objective = toeplitz._Objective(work, N, 8, error, min_sep, k)  # pylint: disable=protected-access
@@ -45,14 +46,14 @@ def test_factors_reproduce_the_workload(name):
   a = WORKLOADS[name]
   result = toeplitz.optimize(N, 6, workload=a, min_sep=8, max_participations=3)
   a_dense = workloads.prefix_sum(N) if a is None else (
-      toeplitz.lower_toeplitz(a) if a.ndim == 1 else a)
+      toeplitz_ops.lower_toeplitz(a) if a.ndim == 1 else a)
   checks.product(a_dense, result.b, result.c, "banded Toeplitz", atol=1e-10)
   f = result.extras["toeplitz_coefficients"]
   assert f.shape == (6,) and f[0] == 1.0
   np.testing.assert_array_equal(result.c[:, 0], np.pad(f, (0, N - 6)))
   assert checks.is_lower_triangular(result.c) and np.all(np.tril(result.c, -6) == 0)  # 6 bands
   # The reported figures are what a dense evaluation gives.
-  sens = toeplitz.min_sep_sensitivity(f, N, 8, 3)
+  sens = toeplitz_ops.min_sep_sensitivity(f, N, 8, 3)
   row_norms = np.linalg.norm(result.b, axis=1)
   assert result.info["rmse"] == pytest.approx(sens * np.linalg.norm(result.b) / np.sqrt(N),
                                               rel=1e-12)
@@ -103,12 +104,12 @@ COEFFICIENTS = {
                                          (12, 5, None)])
 def test_sensitivity_against_brute_force(name, n, min_sep, k):
   f = COEFFICIENTS[name]
-  c = toeplitz.lower_toeplitz(np.pad(f, (0, max(0, n - f.size)))[:n])
-  k_fit = toeplitz.participations(n, min_sep, k)[1]
+  c = toeplitz_ops.lower_toeplitz(np.pad(f, (0, max(0, n - f.size)))[:n])
+  k_fit = toeplitz_ops.participations(n, min_sep, k)[1]
   scalar, absolute = _brute_force(c, min_sep, k_fit)
-  sens = toeplitz.min_sep_sensitivity(f, n, min_sep, k)
+  sens = toeplitz_ops.min_sep_sensitivity(f, n, min_sep, k)
   assert sens >= absolute * (1 - 1e-12)  # an upper bound on every contribution pattern
-  if toeplitz.sensitivity_is_exact(f, n, min_sep, k):
+  if toeplitz_ops.sensitivity_is_exact(f, n, min_sep, k):
     assert sens == pytest.approx(scalar, rel=1e-12)
   # Vector contributions: unit rows g_p at any min-sep pattern never exceed the bound.
   rng = np.random.default_rng(1)
@@ -122,25 +123,25 @@ def test_sensitivity_against_brute_force(name, n, min_sep, k):
 
 def test_sensitivity_cases():
   f = np.array([1.0, 0.5, 0.25])
-  assert toeplitz.min_sep_sensitivity(f, 100, None) == pytest.approx(np.linalg.norm(f))
+  assert toeplitz_ops.min_sep_sensitivity(f, 100, None) == pytest.approx(np.linalg.norm(f))
   # b ≤ min_sep: √k·‖f‖ whenever all k columns are complete.
-  assert toeplitz.min_sep_sensitivity(f, 100, 3, 5) == pytest.approx(np.sqrt(5) * np.linalg.norm(f))
+  assert toeplitz_ops.min_sep_sensitivity(f, 100, 3, 5) == pytest.approx(np.sqrt(5) * np.linalg.norm(f))
   # k is capped by how many participations fit: ceil(10 / 4) = 3.
-  assert toeplitz.participations(10, 4, 7) == (4, 3)
+  assert toeplitz_ops.participations(10, 4, 7) == (4, 3)
   with pytest.raises(checks.CheckError):
-    toeplitz.min_sep_sensitivity(f, 10, None, 2)
+    toeplitz_ops.min_sep_sensitivity(f, 10, None, 2)
   with pytest.raises(checks.CheckError):
-    toeplitz.min_sep_sensitivity(f, 10, 0, 2)
+    toeplitz_ops.min_sep_sensitivity(f, 10, 0, 2)
 
 
 def test_optimized_beats_square_root_truncation_and_identity():
   n = 256
-  identity = toeplitz.evaluate([1.0], n)["rmse"]
+  identity = toeplitz_ops.evaluate([1.0], n)["rmse"]
   previous = identity
   for bands in (2, 4, 8, 16, 32):
-    sqrt_s = toeplitz.evaluate(mmcc.sqrt_prefix_coefficients(bands), n)["rmse"]
+    sqrt_s = toeplitz_ops.evaluate(mmcc.sqrt_prefix_coefficients(bands), n)["rmse"]
     # Same numbers as the dense matrix of tff_mf.mmcc (normalized to γ = 1).
-    c = mmcc.banded_toeplitz_matrix(n, bands)
+    c = mmcc.truncated_sqrt_prefix_matrix(n, bands)
     b = workloads.prefix_sum(n) @ np.linalg.inv(c)
     assert sqrt_s == pytest.approx(np.linalg.norm(b) / np.sqrt(n), rel=1e-10)
     result = toeplitz.optimize(n, bands, dense=False)
@@ -155,14 +156,14 @@ def test_min_sep_optimization_keeps_coefficients_monotone():
   n, min_sep, k = 96, 4, 8
   result = toeplitz.optimize(n, 12, min_sep=min_sep, max_participations=k, dense=False)
   f = result.extras["toeplitz_coefficients"]
-  assert toeplitz.is_nonincreasing_nonnegative(f)
+  assert toeplitz_ops.is_nonincreasing_nonnegative(f)
   assert result.info["sensitivity_exact"]
   assert result.info["sensitivity"] == pytest.approx(
-      toeplitz.min_sep_sensitivity(f, n, min_sep, k), rel=1e-14)
+      toeplitz_ops.min_sep_sensitivity(f, n, min_sep, k), rel=1e-14)
   # Better than a 4-band optimum (bands ≤ min_sep) and than the identity under the schema.
   four = toeplitz.optimize(n, 4, min_sep=min_sep, max_participations=k, dense=False)
   assert result.info["rmse"] < four.info["rmse"]
-  assert four.info["rmse"] < toeplitz.evaluate([1.0], n, None, min_sep, k)["rmse"]
+  assert four.info["rmse"] < toeplitz_ops.evaluate([1.0], n, None, min_sep, k)["rmse"]
 
 
 def test_max_error_optimization():
@@ -183,7 +184,7 @@ def test_refuses_bad_input():
   with pytest.raises(checks.CheckError):
     toeplitz.stream({"other": np.ones(2)}, 8)
   with pytest.raises(checks.CheckError):
-    toeplitz.workload_operator(4, np.triu(np.ones((4, 4))))
+    toeplitz_ops.workload_operator(4, np.triu(np.ones((4, 4))))
 
 
 def test_stream_float32_stability():

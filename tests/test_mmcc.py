@@ -107,8 +107,8 @@ def test_workers_and_dedupe_do_not_change_epsilon():
   assert a.epsilon == pytest.approx(b.epsilon, rel=1e-6)
 
 
-def test_banded_toeplitz_rows_repeat_after_2b_minus_1():
-  c = mmcc.banded_toeplitz_matrix(24, 4)
+def test_truncated_sqrt_prefix_rows_repeat_after_2b_minus_1():
+  c = mmcc.truncated_sqrt_prefix_matrix(24, 4)
   r = mmcc.mmcc(c, 0.1, 4.0, DELTA, workers=1, grid_resolution=8)
   assert r.distinct_rows <= 2 * 4 - 1
 
@@ -197,7 +197,7 @@ def test_iid_sampling_beats_min_sep_tree_restart():
 
 def test_strategy_matrices():
   for c in (mmcc.identity_matrix(8), mmcc.binary_tree_matrix(8), mmcc.tree_restart_matrix(16, 3),
-            mmcc.banded_toeplitz_matrix(16, 5)):
+            mmcc.truncated_sqrt_prefix_matrix(16, 5)):
     assert np.all(c >= 0)
     assert np.max(np.sum(c * c, axis=0)) == pytest.approx(1.0)
     mmcc.release_rounds(c)  # valid release order
@@ -206,14 +206,17 @@ def test_strategy_matrices():
   r = mmcc.tree_restart_matrix(16, 3)
   assert r.shape == (4 * 7, 16) and np.allclose(r[:7, :4] * np.sqrt(3), tree.tree_encoder(4))
   assert np.all(r[:7, 4:] == 0)
-  band = mmcc.banded_toeplitz_matrix(10, 3)
+  band = mmcc.truncated_sqrt_prefix_matrix(10, 3)
   assert np.all(np.tril(band, -3) == 0) and np.all(np.diag(band, -2) > 0)
-  full = mmcc.banded_toeplitz_matrix(12, 12) / mmcc.banded_toeplitz_matrix(12, 12)[0, 0]
+  dense = mmcc.truncated_sqrt_prefix_matrix(12, 12)
+  full = dense / dense[0, 0]
   assert np.allclose(full @ full, np.tril(np.ones((12, 12))))  # square root of S (App E)
   with pytest.raises(ValueError, match="height"):
     mmcc.strategy_matrix("tree_restart", 8)
   with pytest.raises(ValueError, match="bands"):
-    mmcc.strategy_matrix("banded_toeplitz", 8)
+    mmcc.strategy_matrix("truncated_sqrt_prefix", 8)
+  # The older name of the truncated √S is still accepted.
+  assert np.array_equal(mmcc.strategy_matrix("banded_toeplitz", 10, bands=3), band)
   with pytest.raises(ValueError, match="unknown strategy"):
     mmcc.strategy_matrix("fft", 8)
 

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from benchmarks import baselines
+from tff_mf import dense_run
+from tff_mf import dense_single
 from tff_mf import factorization as fz
-from tff_mf.families import dense
 from tff_mf import strategies
 from tff_mf import workloads
 
@@ -53,7 +54,7 @@ def _check_factorization(f: fz.Factorization, target_gap=1e-6):
   assert np.max(np.abs(b @ c - a)) <= 1e-8 * max(1.0, np.max(np.abs(a)))
   assert np.all(np.triu(c, 1) == 0), "C must be lower triangular"
   assert np.all(np.triu(b, 1) == 0), "B must be lower triangular"
-  assert f.sensitivity == pytest.approx(1.0, abs=1e-9)
+  assert f.gamma == pytest.approx(1.0, abs=1e-9)
   info = f.info
   assert info["converged"] is True
   assert 0 <= info["relative_gap"] <= target_gap
@@ -117,7 +118,7 @@ def test_optimum_is_never_below_the_lower_bounds(prefix_factorizations, n):
 def test_eq8_bound_at_arbitrary_v_is_below_the_optimum(prefix_factorizations):
   """Denisov Thm 3.2: tr(diag(v)(2X(v) − I)) ≤ optimum for every v > 0."""
   f = prefix_factorizations(256)
-  problem = dense.DualProblem(f.a)
+  problem = dense_single.DualProblem(f.a)
   rng = np.random.default_rng(1)
   for scale in (1e-3, 1.0, 30.0):
     v = scale * np.exp(rng.normal(size=256))
@@ -137,8 +138,8 @@ def test_every_acceleration_reaches_the_same_optimum(kind):
     a = workloads.prefix_sum(n)
   else:
     a = workloads.momentum_matrix(n, 0.95, workloads.learning_rates(n, "cooldown", n // 4))
-  results = {acc: dense.solve(a, acceleration=acc, max_iterations=2000)
-             for acc in dense.ACCELERATIONS}
+  results = {acc: dense_single.solve(a, acceleration=acc, max_iterations=2000)
+             for acc in dense_single.ACCELERATIONS}
   plain = results["none"]
   for acc, r in results.items():
     assert r.info["converged"] and r.info["acceleration"] == acc
@@ -151,8 +152,8 @@ def test_every_acceleration_reaches_the_same_optimum(kind):
 
 def test_not_converged_is_an_error():
   a = workloads.prefix_sum(64)
-  with pytest.raises(dense.NotConvergedError, match="did not reach relative duality gap") as e:
-    dense.solve(a, target_gap=1e-10, max_iterations=2)
+  with pytest.raises(dense_run.NotConvergedError, match="did not reach relative duality gap") as e:
+    dense_single.solve(a, target_gap=1e-10, max_iterations=2)
   assert isinstance(e.value, ValueError)
   assert e.value.result.info["converged"] is False
   assert e.value.result.info["relative_gap"] > 1e-10
@@ -160,7 +161,7 @@ def test_not_converged_is_an_error():
 
 def test_opt_in_unconverged_reports_the_gap():
   a = workloads.prefix_sum(64)
-  r = dense.solve(a, target_gap=1e-10, max_iterations=2, allow_unconverged=True)
+  r = dense_single.solve(a, target_gap=1e-10, max_iterations=2, allow_unconverged=True)
   assert r.info["converged"] is False
   assert r.info["iterations"] == 2
   gap = r.info["relative_gap"]
@@ -176,7 +177,7 @@ def test_strategies_unconverged_opt_in_reaches_the_factorization_info():
       target_gap=1e-12, max_iterations=1, allow_unconverged=True)
   f = strategies.factorize(spec)
   assert f.info["converged"] is False and f.info["relative_gap"] > 1e-12
-  with pytest.raises(dense.NotConvergedError):
+  with pytest.raises(dense_run.NotConvergedError):
     strategies.factorize(dataclass_replace(spec, allow_unconverged=False))
 
 
@@ -217,25 +218,25 @@ def test_ill_conditioned_workload_stops_instead_of_spinning():
   """A random triangular A is so ill-conditioned that float64 limits the gap (App E.4)."""
   rng = np.random.default_rng(0)
   a = np.tril(rng.normal(size=(256, 256))) + 3 * np.eye(256)
-  with pytest.raises(dense.NotConvergedError, match="no progress") as e:
-    dense.solve(a, target_gap=1e-9, stall_iterations=5, max_cg_iterations=20)
+  with pytest.raises(dense_run.NotConvergedError, match="no progress") as e:
+    dense_single.solve(a, target_gap=1e-9, stall_iterations=5, max_cg_iterations=20)
   assert e.value.result.info["stop_reason"] == "stalled"
   assert e.value.result.info["iterations"] < 100
 
 
 def test_bad_workloads_are_rejected():
   with pytest.raises(workloads.WorkloadError, match="lower triangular"):
-    dense.solve(np.ones((4, 4)))
+    dense_single.solve(np.ones((4, 4)))
   with pytest.raises(workloads.WorkloadError, match="square"):
-    dense.solve(np.ones((4, 3)))
+    dense_single.solve(np.ones((4, 3)))
   with pytest.raises(workloads.WorkloadError, match="singular"):
-    dense.solve(np.diag([1.0, 0.0, 1.0]))
+    dense_single.solve(np.diag([1.0, 0.0, 1.0]))
   with pytest.raises(ValueError, match="target_gap"):
-    dense.solve(np.eye(3), target_gap=0)
+    dense_single.solve(np.eye(3), target_gap=0)
 
 
 def test_progress_bar_shows_the_gap(capsys):
-  dense.solve(workloads.prefix_sum(32), progress=True)
+  dense_single.solve(workloads.prefix_sum(32), progress=True)
   err = capsys.readouterr().err
   assert "gap=" in err
 
@@ -243,7 +244,7 @@ def test_progress_bar_shows_the_gap(capsys):
 @pytest.mark.parametrize("method", baselines.METHODS)
 def test_baselines_descend_but_stay_above_the_optimum(method):
   a = workloads.prefix_sum(48)
-  opt = dense.solve(a, target_gap=1e-9)
+  opt = dense_single.solve(a, target_gap=1e-9)
   r = baselines.run(method, a, max_iterations=60)
   losses = [h["loss"] for h in r.history]
   seconds = [h["seconds"] for h in r.history]

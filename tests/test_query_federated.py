@@ -65,11 +65,12 @@ def _run(process, state, rounds, start=0, cohorts=None):
   return thetas, state
 
 
-def algorithm1(setup, rounds=N, noise=True, cohorts=None):
+def algorithm1(setup, rounds=N, noise=True, cohorts=None, noise_rows=None):
   """Denisov Algorithm 1 in float64 with gradients of the same clients at the same iterates.
 
   ``cohorts``: the clients of round i are those of round i mod cohorts (repeated
-  participation: the same clients contribute every ``cohorts`` rounds).
+  participation: the same clients contribute every ``cohorts`` rounds). ``noise_rows``: the
+  per-round noise N·Z given instead of B·Z (released = A·(G + N·Z)).
   """
   f = setup.factorization
   a = f.a if f is not None else None
@@ -86,7 +87,9 @@ def algorithm1(setup, rounds=N, noise=True, cohorts=None):
       delta = CLIENT_LR * grad
       g[i] += delta * min(1.0, CLIP / np.linalg.norm(delta))
     released = a[i, :i + 1] @ g[:i + 1]
-    if noise:
+    if noise_rows is not None:
+      released = a[i, :i + 1] @ (g[:i + 1] + noise_rows[:i + 1])
+    elif noise:
       released = released + f.b[i] @ z
     theta = -(SERVER_LR / K) * released
     out.append(theta)
@@ -139,6 +142,25 @@ def test_iterates_equal_numpy_algorithm1(mechanism, cache_dir):
   if mechanism == "honaker_online":
     with pytest.raises(Exception, match="past the n=5 rounds"):
       process.next(state, _datasets(N))
+
+
+@pytest.mark.parametrize("mechanism", ["banded", "blt"])
+def test_record_stream_run_in_numpy_is_the_aggregators_noise(mechanism, cache_dir):
+  """The numpy layer (tff_mf.mechanisms): the resolved mechanism's LinearStream, run in float64
+  numpy for a few rounds on the Z the query draws, is the noise the TFF aggregator adds, and
+  its privacy record holds the z and z/sens the aggregator was built with."""
+  setup, process = _built(mechanism, cache_dir)
+  resolved, record = setup.mechanism, setup.privacy
+  assert resolved.stream is not None and resolved.encoder is setup.factorization.c
+  assert record.noise_multiplier == Z_MULT
+  assert record.effective_noise_multiplier == setup.info["effective_noise_multiplier"]
+  assert record.effective_noise_multiplier == pytest.approx(Z_MULT / resolved.sensitivity)
+  thetas, _ = _run(process, process.initialize(), N)
+  z = Z_MULT * CLIP * noise_lib.standard_normal_matrix(noise_lib.seed_pair(SEED),
+                                                       resolved.stream.n, SPECS)
+  expected = algorithm1(setup, noise_rows=resolved.stream.run(z))
+  np.testing.assert_allclose(np.array(thetas), expected, rtol=1e-4, atol=1e-5)
+  assert np.max(np.abs(expected - algorithm1(setup, noise=False))) > 1e-2  # noise is present
 
 
 @pytest.mark.parametrize("mechanism,schema", [

@@ -6,6 +6,8 @@ a cap on participations or p = 1 is never amplified; an aggregator whose sensiti
 differs from the accountant's is refused; DpEvents compose to the unamplified ε.
 """
 
+import json
+
 import dp_accounting
 import numpy as np
 import pytest
@@ -154,3 +156,20 @@ def test_dp_events_round_trip_and_compose_to_the_unamplified_gaussian():
       [privacy.event_to_json(dp_accounting.UnsupportedDpEvent())] * 5, 1e-6, 5)
   assert unsupported["epsilon"] is None and "Unsupported" in unsupported["reason"]
   assert privacy.dp_event_epsilon(as_json[:4], 1e-6, 5)["epsilon"] is None
+
+
+def test_dp_events_use_dp_accounting_named_tuples_and_read_the_older_lines():
+  event = dp_accounting.SelfComposedDpEvent(
+      dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(0.7),
+                                     dp_accounting.NoOpDpEvent()]), 3)
+  as_json = json.loads(json.dumps(privacy.event_to_json(event)))
+  assert as_json["class_name"] == "SelfComposedDpEvent"
+  assert privacy.event_from_json(as_json) == event
+  older = {"type": "PoissonSampledDpEvent", "sampling_probability": 0.5,
+           "event": {"type": "GaussianDpEvent", "noise_multiplier": 1.1}}
+  assert privacy.event_from_json(older) == dp_accounting.PoissonSampledDpEvent(
+      0.5, dp_accounting.GaussianDpEvent(1.1))
+  assert isinstance(privacy.event_from_json({"type": "UnsupportedDpEvent", "was": "X"}),
+                    dp_accounting.UnsupportedDpEvent)
+  elsewhere = dict(privacy.event_to_json(dp_accounting.GaussianDpEvent(1.0)), module_name="os")
+  assert isinstance(privacy.event_from_json(elsewhere), dp_accounting.UnsupportedDpEvent)

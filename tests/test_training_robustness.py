@@ -221,7 +221,8 @@ def test_running_past_the_matrix_rounds_is_the_querys_one_line_error(tmp_path, m
   data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=12)
   build = mechanisms.build_mechanism_setup
 
-  def built_for_fewer_rounds(config, noise_multiplier, noise_seed):
+  def built_for_fewer_rounds(config, noise_multiplier, noise_seed, resolved=None):
+    del resolved  # resolved for the run's n rounds: build for fewer from scratch
     return build(dataclasses.replace(config, total_rounds=config.total_rounds - 1),
                  noise_multiplier, noise_seed)
 

@@ -206,5 +206,5 @@ def test_tree_for_momentum_by_post_processing(strategy):
       strategy=strategy)
   f = strategies.factorize(spec)
   np.testing.assert_allclose(f.b @ f.c, f.a, atol=1e-9)
-  assert f.sensitivity == pytest.approx(1.0)
+  assert f.gamma == pytest.approx(1.0)
   assert f.c.shape == (len(tree.tree_nodes(n)), n)

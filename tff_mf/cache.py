@@ -45,6 +45,7 @@ import numpy as np
 from tff_mf import checks
 from tff_mf import factorization as fz
 from tff_mf import families
+from tff_mf import jsonio
 from tff_mf import participation as participation_lib
 from tff_mf import registry
 from tff_mf import strategies
@@ -394,37 +395,20 @@ def _package_versions() -> Dict[str, str]:
   return versions
 
 
-def jsonable(x: Any) -> Any:
-  """``x`` with numpy scalars/arrays as Python values and non-finite floats as None."""
-  if isinstance(x, dict):
-    return {str(k): jsonable(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [jsonable(v) for v in x]
-  if isinstance(x, (np.floating, float)):
-    return float(x) if np.isfinite(x) else None
-  if isinstance(x, np.integer):
-    return int(x)
-  if isinstance(x, np.bool_):
-    return bool(x)
-  if isinstance(x, np.ndarray):
-    return jsonable(x.tolist())
-  return x
-
-
 def _metadata(params: Dict[str, Any], spec: strategies.FactorizationSpec, f: fz.Factorization,
               sha: str, npz_name: str, npz_bytes: int) -> Dict[str, Any]:
-  info = jsonable(f.info)
+  info = jsonio.jsonable(f.info)
   w = spec.workload
   return {
       "format": FORMAT_VERSION, "key": key_hash(params), "params": params,
       "spec": {"workload": w.kind, "n": w.n, "momentum": w.momentum,
                "lr_schedule": w.lr_schedule, "schedule_rounds": w.schedule_rounds,
                "matrix_file": os.path.abspath(w.matrix_file) if w.matrix_file else None,
-               **{k: jsonable(v) for k, v in spec.key_params().items()}},
+               **{k: jsonio.jsonable(v) for k, v in spec.key_params().items()}},
       "strategy": f.strategy, "n": f.n, "m": f.m, "loss": f.loss, "sqrt_loss": f.sqrt_loss,
       "sensitivity": info["sensitivity"], "rmse": info["rmse"], "max_error": info["max_error"],
       "participation": info["participation"],
-      "sensitivity_before_normalization": info.get("sensitivity_before_normalization"),
+      "gamma_before_normalization": info.get("gamma_before_normalization"),
       "relative_gap": info.get("relative_gap", info.get("optimal_relative_gap")),
       "iterations": info.get("iterations", info.get("als_iterations")),
       "seconds": info.get("seconds"), "info": info,
@@ -469,7 +453,7 @@ def _write_entry(directory: str, params: Dict[str, Any], spec: strategies.Factor
       old_npz = _read_metadata(json_path)["npz_file"]
     except (FileNotFoundError, CacheError):
       old_npz = None
-    text = json.dumps(metadata, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    text = jsonio.dumps(metadata, indent=2) + "\n"
     tmp_json = _write_atomically(directory, ".json", lambda out: out.write(text.encode()))
     os.replace(tmp_json, json_path)  # the commit point
     tmp_json = None

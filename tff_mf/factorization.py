@@ -28,14 +28,9 @@ from tff_mf import checks
 FactorizationError = checks.CheckError
 
 
-def sensitivity(c: np.ndarray) -> float:
-  """γ(C) = max_j ‖C[:, j]‖₂ (Denisov et al. 2022, Eq. 2; Thm 4.1)."""
-  return checks.gamma(c)
-
-
 def loss(b: np.ndarray, c: np.ndarray) -> float:
   """L(B, C) = γ(C)²·‖B‖²_F (Denisov et al. 2022, Eq. 2)."""
-  return sensitivity(c) ** 2 * float(np.sum(np.square(b)))
+  return checks.gamma(c) ** 2 * float(np.sum(np.square(b)))
 
 
 def sqrt_loss(b: np.ndarray, c: np.ndarray) -> float:
@@ -58,7 +53,7 @@ def per_round_variance(b: np.ndarray, c: np.ndarray) -> np.ndarray:
 
   McMahan et al. Fig 1; Denisov et al. 2022, Fig 1.
   """
-  return sensitivity(c) ** 2 * np.sum(np.square(b), axis=1)
+  return checks.gamma(c) ** 2 * np.sum(np.square(b), axis=1)
 
 
 def lower_bound_prop_c1(a: np.ndarray) -> float:
@@ -83,9 +78,9 @@ def lower_bound_nuclear(a: np.ndarray) -> float:
 
 def normalize(b: np.ndarray, c: np.ndarray):
   """(γB, C/γ, γ) with γ = γ(C), so that the returned C has γ = 1."""
-  gamma = sensitivity(c)
+  gamma = checks.gamma(c)
   if not np.isfinite(gamma) or gamma <= 0:
-    raise checks.CheckError(f"C has invalid sensitivity {gamma}")
+    raise checks.CheckError(f"C has invalid largest column norm γ = {gamma}")
   return b * gamma, c / gamma, gamma
 
 
@@ -114,7 +109,7 @@ class Factorization:
     c: encoder C, m x n (m = n for square strategies; m = 2n − 1 for the tree).
     strategy: how C was chosen (``optimal``, ``honaker_online``, ...).
     info: metadata (``relative_gap``, ``iterations``, ``seconds``,
-      ``sensitivity_before_normalization`` ...), JSON-serializable.
+      ``gamma_before_normalization``, ``sensitivity`` under the schema ...), JSON-serializable.
     extras: float64 parameters of the strategy family (structured pieces, Toeplitz
       coefficients, BLT buffers, ...), stored beside A, B, C in the cache.
   """
@@ -142,8 +137,10 @@ class Factorization:
     return sqrt_loss(self.b, self.c)
 
   @property
-  def sensitivity(self) -> float:
-    return sensitivity(self.c)
+  def gamma(self) -> float:
+    """γ(C), the largest column norm (1 once normalized). The sensitivity under a schema is
+    ``participation.sensitivity(c, schema)``, recorded as ``info["sensitivity"]``."""
+    return checks.gamma(self.c)
 
   def per_round_variance(self) -> np.ndarray:
     return per_round_variance(self.b, self.c)

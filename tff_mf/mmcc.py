@@ -91,7 +91,10 @@ from tff_mf import checks
 from tff_mf import workloads
 from tff_mf.families import tree
 
-STRATEGIES = ("identity", "binary_tree", "tree_restart", "banded_toeplitz")
+STRATEGIES = ("identity", "binary_tree", "tree_restart", "truncated_sqrt_prefix")
+# Older names still accepted by ``strategy_matrix``: "banded_toeplitz" was the truncated √S
+# (not the registry's optimized banded Toeplitz strategy).
+STRATEGY_ALIASES = {"banded_toeplitz": "truncated_sqrt_prefix"}
 
 DEFAULT_GRID_RESOLUTION = 64  # Δ2 = max entry of C / 64 unless grid_step is given
 DEFAULT_PLD_DISCRETIZATION = 1e-4  # Δ of the privacy-loss grid
@@ -122,7 +125,7 @@ class MMCCNumericError(MMCCError):
 
 
 def _normalized(c: np.ndarray) -> np.ndarray:
-  gamma = float(np.sqrt(np.max(np.sum(c * c, axis=0))))
+  gamma = checks.gamma(c)
   return c / gamma
 
 
@@ -166,8 +169,9 @@ def tree_restart_matrix(n: int, height: int) -> np.ndarray:
 sqrt_prefix_coefficients = workloads.sqrt_prefix_coefficients
 
 
-def banded_toeplitz_matrix(n: int, bands: int) -> np.ndarray:
-  """b-banded Toeplitz C: the square root of the prefix-sum matrix truncated to b bands.
+def truncated_sqrt_prefix_matrix(n: int, bands: int) -> np.ndarray:
+  """The square root of the prefix-sum matrix truncated to b bands (a b-banded Toeplitz C;
+  not the registry's optimized ``banded_toeplitz`` strategy).
 
   C_ij = f(i − j) for 0 ≤ i − j < b (f from ``sqrt_prefix_coefficients``),
   normalized to γ = 1. Non-negative and lower triangular, so MMCC's adaptive
@@ -176,7 +180,7 @@ def banded_toeplitz_matrix(n: int, bands: int) -> np.ndarray:
   """
   _check_n(n)
   if int(bands) != bands or bands < 1:
-    raise MMCCError(f"banded_toeplitz bands must be a positive integer, got {bands}")
+    raise MMCCError(f"truncated_sqrt_prefix bands must be a positive integer, got {bands}")
   bands = min(int(bands), n)
   f = sqrt_prefix_coefficients(bands)
   c = np.zeros((n, n))
@@ -188,7 +192,9 @@ def banded_toeplitz_matrix(n: int, bands: int) -> np.ndarray:
 
 def strategy_matrix(strategy: str, n: int, height: Optional[int] = None,
                     bands: Optional[int] = None) -> np.ndarray:
-  """Built-in encoder C for ``strategy`` in STRATEGIES, normalized to γ = 1."""
+  """Built-in encoder C for ``strategy`` in STRATEGIES (or STRATEGY_ALIASES), normalized to
+  γ = 1."""
+  strategy = STRATEGY_ALIASES.get(strategy, strategy)
   if strategy == "identity":
     return identity_matrix(n)
   if strategy == "binary_tree":
@@ -197,10 +203,10 @@ def strategy_matrix(strategy: str, n: int, height: Optional[int] = None,
     if height is None:
       raise MMCCError("tree_restart needs a height (--height)")
     return tree_restart_matrix(n, height)
-  if strategy == "banded_toeplitz":
+  if strategy == "truncated_sqrt_prefix":
     if bands is None:
-      raise MMCCError("banded_toeplitz needs a number of bands (--bands)")
-    return banded_toeplitz_matrix(n, bands)
+      raise MMCCError("truncated_sqrt_prefix needs a number of bands (--bands)")
+    return truncated_sqrt_prefix_matrix(n, bands)
   raise MMCCError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
 
 
@@ -830,7 +836,7 @@ def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
       tasks, multiplicity, grid_step, sigma, float(pld_discretization), mixture_tail_mass,
       fast_inverse, max_components, workers, progress)
   eps = _worst_offset_epsilon(counts, results, multiplicity, delta_pld)
-  gamma = float(np.sqrt(np.max(np.sum(c * c, axis=0))))
+  gamma = checks.gamma(c)
   unamplified = gaussian.gaussian_epsilon_exact(sigma / gamma, delta)
   return MMCCResult(
       epsilon=eps, delta=delta, delta_tail=delta_tail, delta_pld=delta_pld,

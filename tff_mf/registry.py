@@ -16,7 +16,10 @@ import dataclasses
 import math
 from typing import Dict, Optional, Tuple
 
-PARTICIPATIONS = ("single", "fixed_epoch", "min_sep")
+from tff_mf import checks
+from tff_mf import participation
+
+PARTICIPATIONS = participation.KINDS  # every schema kind
 
 # Noise kinds: how the TF layer realizes a mechanism.
 #   dense        row i of N·Z regenerated from the secret seed (tff_mf.tf.noise.DenseNoise)
@@ -27,7 +30,7 @@ PARTICIPATIONS = ("single", "fixed_epoch", "min_sep")
 NOISE_KINDS = ("dense", "linear", "tff_tree", "tff_gaussian", "none")
 
 
-class RegistryError(ValueError):
+class RegistryError(checks.CheckError):
   """An unknown strategy or mechanism name."""
 
 

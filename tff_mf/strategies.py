@@ -180,6 +180,13 @@ def family_module(strategy: str):
   return FAMILIES[registry.strategy(strategy).family]
 
 
+def cached(strategy: str) -> bool:
+  """Whether a mechanism loads this strategy's factorization through ``tff_mf.cache``: every
+  family unless its module declares ``CACHED = False`` (closed forms, cheaper to rebuild
+  than to load and check)."""
+  return bool(getattr(family_module(strategy), "CACHED", True))
+
+
 def stream(strategy: str, extras: Dict[str, Any], a) -> streams.LinearStream:
   """The LinearStream of a normalized factorization, rebuilt from its stored extras.
 

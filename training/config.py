@@ -16,13 +16,14 @@ import os
 from typing import Dict, Optional, Tuple
 
 from tff_mf import checks
+from tff_mf import participation
 from tff_mf import registry
 
 DATASETS = ("stackoverflow", "pydocs", "synthetic")
 LR_SCHEDULES = ("constant", "decay", "cooldown")
 # tff_mf.accounting's accountants of the unamplified Gaussian; "exact" is the library's default.
 ACCOUNTANTS = ("exact", "pld", "rdp")
-PARTICIPATIONS = ("single", "fixed_epoch", "min_sep")
+PARTICIPATIONS = participation.KINDS
 # Per user and private, never a shared world-writable place such as /tmp: run
 # directories hold checkpoints with the secret noise seed (see training/rundir.py).
 DEFAULT_ROOT_OUTPUT_DIR = "~/tff_mf_runs"
@@ -199,7 +200,6 @@ class TrainingConfig:
 
   def schema(self):
     """The ``tff_mf.participation`` schema the run samples clients under (validated)."""
-    from tff_mf import participation  # pylint: disable=g-import-not-at-top
     try:
       return participation.from_args(self.participation, self.total_rounds, epochs=self.epochs,
                                      min_sep=self.min_sep,

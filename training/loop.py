@@ -28,6 +28,7 @@ import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from tff_mf import checks
+from tff_mf import jsonio
 from tff_mf import registry
 from training import checkpoints
 from training import identity as identity_lib
@@ -350,7 +351,7 @@ def _privacy_summary(trainer: _Trainer, noise_multiplier, record, participation
   config = trainer.run.config
   if record is None:
     return None, "non-private run", None
-  block = privacy.finite_json(record)
+  block = jsonio.jsonable(record)
   block["noise_multiplier"] = noise_multiplier
   if trainer.ledger is not None:
     block["dp_event_cross_check"] = privacy.dp_event_epsilon(

@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from tff_mf import jsonio
 from training.task import METRIC_KEYS
 
 SUMMARY_FILE = "summary.json"
@@ -70,7 +71,7 @@ def write_json(path: str, value) -> None:
   """Writes strict JSON atomically (a temporary file, then rename)."""
   tmp = path + ".tmp"
   with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(value, f, indent=2, sort_keys=True, allow_nan=False)
+    f.write(jsonio.dumps(value, indent=2))
   os.replace(tmp, path)
 
 
@@ -143,7 +144,7 @@ class MetricsWriter:
     """The config as TensorBoard hparams (and as a text table)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from tensorboard.plugins.hparams import api as hp  # pylint: disable=g-import-not-at-top
-    values = {k: (v if isinstance(v, (bool, int, float, str)) else json.dumps(v))
+    values = {k: (v if isinstance(v, (bool, int, float, str)) else jsonio.dumps(v, sort_keys=False))
               for k, v in config.items()}
     with self._tb.as_default():
       hp.hparams(values, trial_id=run_name)

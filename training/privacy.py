@@ -83,21 +83,19 @@ def sampling_secret(config: TrainingConfig, noise_seed: Optional[int]) -> int:
 def encoder(config: TrainingConfig, factorization) -> np.ndarray:
   """C the mechanism adds unit-multiplier noise for: z·C's rows are what the run adds.
 
-  Matrix mechanisms: the factorization's C (γ(C) = 1). TFF's tree adds noise of
-  multiplier z·√levels to every node of C_T (``tff_mf.tf.aggregators``), so its C is
-  C_T / √levels; when n is not a power of two no leaf is in all ``levels`` released
-  nodes and this C has γ < 1 (the tree adds more noise than its sensitivity needs).
-  TFF's gaussian_fixed: C = I.
+  Matrix mechanisms: the factorization's C (γ(C) = 1); TFF's tree: C_T/√levels; TFF's
+  gaussian_fixed: C = I — the encoders of ``tff_mf.mechanisms`` (where they are stated
+  once, with the reason), which ``training.mechanisms.resolve_privacy`` reads from the
+  resolved mechanism.
   """
   if factorization is not None:
     return np.asarray(factorization.c, np.float64)
+  from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
   from tff_mf import registry  # pylint: disable=g-import-not-at-top
-  from tff_mf.families import tree  # pylint: disable=g-import-not-at-top
   mechanism = registry.mechanism(config.canonical_mechanism)
   if mechanism.noise != "tff_tree":
     raise TrainingError(f"--mechanism={config.mechanism} has no encoder to account for")
-  n = config.total_rounds
-  return np.asarray(tree.tree_encoder(n), np.float64) / math.sqrt(tree.tree_levels(n))
+  return mechanisms.tree_encoder(config.total_rounds)
 
 
 def _amplification(config: TrainingConfig, c: np.ndarray) -> str:
@@ -181,24 +179,14 @@ def guarantee(config: TrainingConfig, c: np.ndarray) -> Tuple[float, Dict[str, A
   return z, best
 
 
-def finite_json(value):
-  """``value`` with every non-finite float replaced by None (strict JSON)."""
-  if isinstance(value, float):
-    return value if math.isfinite(value) else None
-  if isinstance(value, dict):
-    return {k: finite_json(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [finite_json(v) for v in value]
-  return value
-
-
 def without_epsilons(value, key: str = ""):
   """``value`` with every ε in it (but the target) set to None: for a run that broke its schema."""
   if isinstance(value, dict):
     return {k: without_epsilons(v, k) for k, v in value.items()}
   if isinstance(value, list):
     return [without_epsilons(v, key) for v in value]
-  if "epsilon" in key and key != "target_epsilon" and isinstance(value, (int, float)):
+  if "epsilon" in key and key != "target_epsilon" and (
+      isinstance(value, (int, float)) or value in ("inf", "-inf")):
     return None
   return value
 
@@ -218,41 +206,58 @@ def check_against_mechanism(z: float, record: Dict[str, Any], info: Dict[str, An
 # ----------------------------------------------------------------------------- DpEvents
 
 
+# DpEvents are stored in dp_accounting's own named-tuple form (``DpEvent.to_named_tuple``,
+# ``DpEvent.from_named_tuple``) as JSON objects; only classes of this module are rebuilt.
+DP_EVENT_MODULE = "dp_accounting.dp_event"
+
+
 def event_to_json(event) -> Dict[str, Any]:
-  """A dp_accounting DpEvent as JSON (unknown kinds become Unsupported)."""
+  """A dp_accounting DpEvent as JSON: the fields of its ``to_named_tuple`` (an event that has
+  no named-tuple form, or is not a DpEvent, becomes UnsupportedDpEvent)."""
   import dp_accounting  # pylint: disable=g-import-not-at-top
-  name = type(event).__name__
-  if isinstance(event, dp_accounting.GaussianDpEvent):
-    return {"type": name, "noise_multiplier": float(np.asarray(event.noise_multiplier))}
-  if isinstance(event, dp_accounting.PoissonSampledDpEvent):
-    return {"type": name, "sampling_probability": float(np.asarray(event.sampling_probability)),
-            "event": event_to_json(event.event)}
-  if isinstance(event, dp_accounting.ComposedDpEvent):
-    return {"type": name, "events": [event_to_json(e) for e in event.events]}
-  if isinstance(event, dp_accounting.SelfComposedDpEvent):
-    return {"type": name, "count": int(np.asarray(event.count)),
-            "event": event_to_json(event.event)}
-  if isinstance(event, (dp_accounting.NoOpDpEvent, dp_accounting.NonPrivateDpEvent,
-                        dp_accounting.UnsupportedDpEvent)):
-    return {"type": name}
-  return {"type": "UnsupportedDpEvent", "was": name}
+  if isinstance(event, dp_accounting.DpEvent):
+    try:
+      return _tuple_to_json(event.to_named_tuple())
+    except (TypeError, ValueError):
+      pass
+  return _tuple_to_json(dp_accounting.UnsupportedDpEvent().to_named_tuple())
+
+
+def _tuple_to_json(value):
+  if hasattr(value, "_fields"):
+    return {k: _tuple_to_json(getattr(value, k)) for k in value._fields}
+  if isinstance(value, (list, tuple)):
+    return [_tuple_to_json(v) for v in value]
+  if isinstance(value, bytes):
+    return value.decode()
+  if isinstance(value, (np.ndarray, np.generic)):
+    return value.item()
+  return value
 
 
 def event_from_json(value: Dict[str, Any]):
+  """The DpEvent ``event_to_json`` wrote (``DpEvent.from_named_tuple``); lines written before
+  the named-tuple form ({"type": class name, fields...}) are read too; anything else, or a
+  class outside dp_accounting.dp_event, is UnsupportedDpEvent."""
   import dp_accounting  # pylint: disable=g-import-not-at-top
-  kind = value["type"]
-  if kind == "GaussianDpEvent":
-    return dp_accounting.GaussianDpEvent(value["noise_multiplier"])
-  if kind == "PoissonSampledDpEvent":
-    return dp_accounting.PoissonSampledDpEvent(value["sampling_probability"],
-                                               event_from_json(value["event"]))
-  if kind == "ComposedDpEvent":
-    return dp_accounting.ComposedDpEvent([event_from_json(e) for e in value["events"]])
-  if kind == "SelfComposedDpEvent":
-    return dp_accounting.SelfComposedDpEvent(event_from_json(value["event"]), value["count"])
-  if kind in ("NoOpDpEvent", "NonPrivateDpEvent"):
-    return getattr(dp_accounting, kind)()
-  return dp_accounting.UnsupportedDpEvent()
+  try:
+    return dp_accounting.DpEvent.from_named_tuple(_json_to_tuple(value))
+  except (AttributeError, KeyError, TypeError, ValueError):
+    return dp_accounting.UnsupportedDpEvent()
+
+
+def _json_to_tuple(value):
+  if isinstance(value, list):
+    return [_json_to_tuple(v) for v in value]
+  if not isinstance(value, dict):
+    return value
+  if "class_name" not in value and "type" in value:  # the format before the named-tuple form
+    value = dict({k: v for k, v in value.items() if k not in ("type", "was")},
+                 module_name=DP_EVENT_MODULE, class_name=value["type"])
+  if value.get("module_name") != DP_EVENT_MODULE:
+    raise ValueError(f"not a dp_accounting DpEvent: {value!r}")
+  fields = {k: _json_to_tuple(v) for k, v in value.items()}
+  return collections.namedtuple("DpEventNamedTuple", sorted(fields))(**fields)
 
 
 def round_event(aggregator_state) -> Optional[Dict[str, Any]]:
@@ -302,4 +307,4 @@ def dp_event_epsilon(events: Sequence[Optional[Dict[str, Any]]], delta: float,
   accountant.compose(composed)
   with np.errstate(all="ignore"):
     eps = float(accountant.get_epsilon(delta))
-  return dict(out, epsilon=eps if math.isfinite(eps) else None, distinct_events=len(counts))
+  return dict(out, epsilon=eps, distinct_events=len(counts))

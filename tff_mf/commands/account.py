@@ -23,7 +23,6 @@ Imports nothing heavy at module level (numpy and dp_accounting only inside ``run
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import textwrap
@@ -108,7 +107,8 @@ def _add_run_arguments(parser) -> None:
 
 
 def _add_schema_arguments(schema) -> None:
-  schema.add_argument("--participation", choices=("single", "fixed_epoch", "min_sep"),
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  schema.add_argument("--participation", choices=participation.KINDS,
                       default=None,
                       help="how often and how far apart a user may contribute (default: the "
                            "schema --matrix was built for; otherwise min_sep when --min-sep or "
@@ -257,8 +257,9 @@ def _encoder(args: argparse.Namespace):
     if args.bands is None:
       _fail("--strategy banded_toeplitz needs --bands")
     checks.dense_matrices_fit(n, 2, f"banded_toeplitz at n = {n}")
-    return (mmcc.banded_toeplitz_matrix(n, checks.positive_int(args.bands, "--bands")),
-            "banded_toeplitz (square root of S truncated to bands, MMCC App E)", None)
+    return (mmcc.truncated_sqrt_prefix_matrix(n, checks.positive_int(args.bands, "--bands")),
+            "truncated_sqrt_prefix (square root of S truncated to bands, MMCC App E; "
+            "--strategy banded_toeplitz)", None)
   name = LEGACY_STRATEGIES[args.legacy_strategy] if args.legacy_strategy else args.mechanism
   mech = registry.mechanism(name)
   if mech.name == "none":
@@ -343,36 +344,16 @@ def _schema(args: argparse.Namespace, n, cached, amplified: bool):
 # ----------------------------------------------------------------------------- output
 
 
-def _jsonable(x):
-  """x with numpy values as Python ones and ±inf as the strings "inf"/"-inf"; NaN refused."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  if isinstance(x, dict):
-    return {str(k): _jsonable(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [_jsonable(v) for v in x]
-  if isinstance(x, (bool, np.bool_)):
-    return bool(x)
-  if isinstance(x, (np.integer,)):
-    return int(x)
-  if isinstance(x, (float, np.floating)):
-    x = float(x)
-    if math.isnan(x):
-      raise ValueError("internal error: a NaN reached the output")
-    if math.isinf(x):
-      return "inf" if x > 0 else "-inf"
-    return x
-  return x
-
-
 def _print(record: dict, as_json: bool) -> None:
-  record = _jsonable(record)
+  from tff_mf import jsonio  # pylint: disable=g-import-not-at-top
+  record = jsonio.jsonable(record)
   if as_json:
-    print(json.dumps(record, sort_keys=True, allow_nan=False))
+    print(jsonio.dumps(record))
     return
   for key in sorted(record):
     value = record[key]
     if isinstance(value, (dict, list)):
-      value = json.dumps(value, sort_keys=True, allow_nan=False)
+      value = jsonio.dumps(value)
     print(f"{key}: {value}")
 
 

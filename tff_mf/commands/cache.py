@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 
@@ -36,13 +35,14 @@ def _fmt(x, spec):
 
 def run(args: argparse.Namespace) -> int:
   from tff_mf import cache  # pylint: disable=g-import-not-at-top
+  from tff_mf import jsonio  # pylint: disable=g-import-not-at-top
   root = cache.resolve_dir(args.cache_dir)
   if args.cache_action == "list":
     if args.cache_dir is not None and not os.path.isdir(root):
       raise cache.CacheError(f"cache directory {root} does not exist")
     rows = cache.list_entries(args.cache_dir)
     if args.json:
-      print(json.dumps({"cache_dir": root, "entries": rows}, sort_keys=True))
+      print(jsonio.dumps({"cache_dir": root, "entries": rows}))
       return 0
     print(f"cache: {root} ({len(rows)} entries)")
     if rows:
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
   results = cache.verify(args.cache_dir, full_check=not args.quick)
   bad = [r for r in results if not r["ok"]]
   if args.json:
-    print(json.dumps({"cache_dir": root, "entries": results, "bad": len(bad)}, sort_keys=True))
+    print(jsonio.dumps({"cache_dir": root, "entries": results, "bad": len(bad)}))
   else:
     for r in results:
       print(("ok   " if r["ok"] else "BAD  ") + (r["path"] if r["ok"] else r["error"]))

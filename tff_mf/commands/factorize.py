@@ -9,7 +9,6 @@ imports stay light (no TensorFlow, no matplotlib) so a hit answers in about a se
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -36,8 +35,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser, n_required: bool = F
 
 
 def add_participation_arguments(parser: argparse.ArgumentParser) -> None:
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
   group = parser.add_argument_group("participation schema")
-  group.add_argument("--participation", choices=("single", "fixed_epoch", "min_sep"),
+  group.add_argument("--participation", choices=participation.KINDS,
                      default="single",
                      help="how often a user contributes: at most once; every b = n/K rounds for "
                           "K epochs; at most --max-participations times, --min-sep apart "
@@ -129,7 +129,9 @@ def result_record(f, entry) -> dict:
       "rmse": md.get("rmse"), "max_error": md.get("max_error"), "sqrt_loss": f.sqrt_loss,
       "loss": f.loss, "relative_gap": md.get("relative_gap"), "iterations": md.get("iterations"),
       "seconds": md.get("seconds"),
-      "sensitivity_before_normalization": md.get("sensitivity_before_normalization"),
+      # Entries written before the rename call γ "sensitivity_before_normalization".
+      "gamma_before_normalization": md.get("gamma_before_normalization",
+                                           md.get("sensitivity_before_normalization")),
       "path": entry.npz_path, "metadata_path": entry.json_path, "cache_hit": entry.cache_hit,
       "key": md.get("key"), "params": md.get("params"),
   }
@@ -181,6 +183,7 @@ def _fmt(value, spec) -> str:
 
 def run(args: argparse.Namespace) -> int:
   from tff_mf import cache  # pylint: disable=g-import-not-at-top
+  from tff_mf import jsonio  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
   spec = spec_from_args(args)
   f, entry = cache.load_or_factorize(spec, cache_dir=args.cache_dir, force=args.force,
@@ -188,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
   record = result_record(f, entry)
   record["wall_seconds"] = time.perf_counter() - start
   if args.json:
-    print(json.dumps(cache.jsonable(record), sort_keys=True, allow_nan=False))
+    print(jsonio.dumps(record))
     return 0
   info = entry.metadata.get("info", {})
   structured = f.strategy == "structured"

@@ -78,10 +78,11 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+  from tff_mf import checks  # pylint: disable=g-import-not-at-top
   if args.n < 2:
-    raise ValueError(f"--n must be at least 2, got {args.n}")
+    raise checks.CheckError(f"--n must be at least 2, got {args.n}")
   if args.momentum is not None and not 0.0 <= args.momentum < 1.0:
-    raise ValueError(f"--momentum must be in [0, 1), got {args.momentum}")
+    raise checks.CheckError(f"--momentum must be in [0, 1), got {args.momentum}")
   for path in make_plots(args.output_dir, args.n, args.momentum, args.cache_dir):
     print(path)
   return 0

@@ -5,9 +5,10 @@ context) -> FamilyResult`` (an unnormalized B, C with B·C = A, JSON-ready info 
 the float64 parameters the cache stores beside A, B and C), optionally
 ``check_extras(factorization)`` (its parameters rebuild its matrices) and, when the
 family streams its noise, ``stream(extras, a) -> tff_mf.streams.LinearStream``
-rebuilding the stream from those parameters. ``tff_mf.registry.STRATEGIES`` names
-each strategy's family and ``tff_mf.strategies`` dispatches to the modules, then
-normalizes and validates what a family returns. This package module holds only the
+rebuilding the stream from those parameters, and ``CACHED = False`` when mechanisms
+should rebuild it rather than load it from the cache (closed forms).
+``tff_mf.registry.STRATEGIES`` names each strategy's family and ``tff_mf.strategies``
+dispatches to the modules, then normalizes and validates what a family returns. This package module holds only the
 types the families share.
 """
 
@@ -35,8 +36,8 @@ class FamilyResult:
     to them as ``normalization`` so the stream is rebuilt for the normalized C."""
     gamma = checks.gamma(self.c)
     if not np.isfinite(gamma) or gamma <= 0:
-      raise checks.CheckError(f"C has invalid sensitivity {gamma}")
-    info = dict(self.info, sensitivity_before_normalization=gamma)
+      raise checks.CheckError(f"C has invalid largest column norm γ = {gamma}")
+    info = dict(self.info, gamma_before_normalization=gamma)
     extras = dict(self.extras, normalization=np.array([gamma]))
     return FamilyResult(b=self.b * gamma, c=self.c / gamma, info=info, extras=extras)
 

@@ -271,7 +271,7 @@ def optimize(a: np.ndarray,
   scale of each column is fixed by the normalization, so this removes n flat
   directions); L-BFGS stops when the objective fell by less than ``tolerance``
   (relative) over the last STOP_WINDOW iterations. A local method: no certificate (for
-  bands = n compare with ``dense.solve``, whose gap is certified).
+  bands = n compare with ``dense_single.solve``, whose gap is certified).
 
   Args:
     a: workload, n x n lower triangular, full rank (validated).

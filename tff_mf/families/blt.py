@@ -18,10 +18,10 @@ Practice: Don't Use Tree Aggregation, Use BLTs", arXiv:2408.08868) is over the p
 through unconstrained log-gaps of 1 − θ. Interlacing gives ω > 0 and ω̂ < 0, and then
 c is positive and non-increasing (c_k − c_{k+1} = Σ_j ω_j θ_j^{k−1}(1 − θ_j) > 0 and
 c_1 = Σ_j (θ_j − θ̂_j) < 1), the condition under which the min-sep sensitivity of
-``toeplitz.min_sep_sensitivity`` is exact; it is the class of well-behaved BLTs of
+``toeplitz_ops.min_sep_sensitivity`` is exact; it is the class of well-behaved BLTs of
 McMahan & Pillutla 2025, arXiv:2504.21413, Thm 1. Each evaluation costs O(n·m) for
 Toeplitz workloads (the coefficients of C and C⁻¹, then the Toeplitz-workload path of
-``tff_mf.families.toeplitz``).
+``tff_mf.toeplitz_ops``).
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from tff_mf import checks
+from tff_mf import lbfgs
 from tff_mf import streams
-from tff_mf.families import toeplitz
+from tff_mf import toeplitz_ops
 
 LOG_GAP_BOUNDS = (-30.0, math.log(20.0))
 EXTRAS = ("blt_theta", "blt_omega", "blt_inverse_theta", "blt_inverse_omega")
@@ -68,7 +69,7 @@ class BLT:
 
   def matrix(self, n: int) -> np.ndarray:
     """The dense n x n C."""
-    return toeplitz.lower_toeplitz(self.coefficients(n))
+    return toeplitz_ops.lower_toeplitz(self.coefficients(n))
 
 
 def coefficients(theta, omega, n: int) -> np.ndarray:
@@ -130,19 +131,19 @@ def sensitivity(blt: BLT, n: int, min_sep: Optional[int] = None,
 
   The worst pattern is rounds 0, min_sep, 2·min_sep, … when the coefficients are
   non-negative and non-increasing (always so for interlaced θ̂ < θ); otherwise a valid
-  upper bound (``toeplitz.min_sep_sensitivity``).
+  upper bound (``toeplitz_ops.min_sep_sensitivity``).
   """
-  return toeplitz.min_sep_sensitivity(blt.coefficients(n), n, min_sep, max_participations)
+  return toeplitz_ops.min_sep_sensitivity(blt.coefficients(n), n, min_sep, max_participations)
 
 
 def evaluate(blt: BLT, n: int, workload=None, min_sep: Optional[int] = None,
              max_participations: Optional[int] = None) -> Dict[str, Any]:
   """rmse, max_error and sensitivity of the BLT C (O(n·m) for Toeplitz A)."""
-  work = toeplitz.workload_operator(n, workload)
+  work = toeplitz_ops.workload_operator(n, workload)
   c = blt.coefficients(n)
-  sens = toeplitz.min_sep_sensitivity(c, n, min_sep, max_participations)
-  out = toeplitz.evaluate_inverse_column(blt.inverse().coefficients(n), sens, work)
-  out["sensitivity_exact"] = toeplitz.sensitivity_is_exact(c, n, min_sep, max_participations)
+  sens = toeplitz_ops.min_sep_sensitivity(c, n, min_sep, max_participations)
+  out = toeplitz_ops.evaluate_inverse_column(blt.inverse().coefficients(n), sens, work)
+  out["sensitivity_exact"] = toeplitz_ops.sensitivity_is_exact(c, n, min_sep, max_participations)
   return out
 
 
@@ -180,7 +181,7 @@ def _scales_and_grad_factors(e_num: np.ndarray, e_den: np.ndarray):
 class _Objective:
   """sens(c)²·E(ĉ)/scale over interlaced (θ̂, θ), O(n·m) per call for Toeplitz A."""
 
-  def __init__(self, work: toeplitz.Workload, n: int, m: int, error: str, min_sep: int,
+  def __init__(self, work: toeplitz_ops.Workload, n: int, m: int, error: str, min_sep: int,
                k: int):
     self.work, self.n, self.m, self.error = work, n, m, error
     self.min_sep, self.k = min_sep, k
@@ -216,9 +217,9 @@ class _Objective:
     c, p_c = self._coefficients(omega, e)
     c_hat, p_i = self._coefficients(omega_hat, e_hat)
     err, g_chat = self.work.loss_and_grad(c_hat, self.error)
-    v = toeplitz.minsep_vector(c, self.min_sep, self.k)
+    v = toeplitz_ops.minsep_vector(c, self.min_sep, self.k)
     s = float(np.dot(v, v))
-    g_c = 2.0 * toeplitz.minsep_vector_adjoint(v, self.min_sep, self.k)
+    g_c = 2.0 * toeplitz_ops.minsep_vector_adjoint(v, self.min_sep, self.k)
     value = s * err / self.scale
     g_c *= err / self.scale
     g_chat *= s / self.scale
@@ -314,7 +315,7 @@ def _minimize(objective: _Objective, points: np.ndarray, max_iterations: int,
     if not math.isfinite(value):
       return 1e30, np.zeros_like(y)
     return value / value0, grad / value0
-  res = toeplitz.lbfgs(fun, y0, [LOG_GAP_BOUNDS] * y0.size, max_iterations, tolerance)
+  res = lbfgs.minimize(fun, y0, [LOG_GAP_BOUNDS] * y0.size, max_iterations, tolerance)
   return float(res.fun) * value0, _points(res.x), res
 
 
@@ -322,7 +323,7 @@ def optimize(n: int, buffers: int = 4, *, min_sep: Optional[int] = None,
              max_participations: Optional[int] = None, error: str = "mean",
              workload=None, init: Optional[BLT] = None, starts: int = 4,
              max_iterations: int = 2000, tolerance: float = 1e-12, dense: bool = True,
-             extra_starts: Sequence[np.ndarray] = ()) -> toeplitz.Result:
+             extra_starts: Sequence[np.ndarray] = ()) -> toeplitz_ops.Result:
   """BLT C with m = ``buffers`` buffers minimizing rmse² (or max_error²) under min-sep.
 
   rmse² = sens²·‖A·C⁻¹‖_F²/n, max_error² = sens²·max_i ‖(A·C⁻¹)[i, :]‖², sens under
@@ -339,9 +340,9 @@ def optimize(n: int, buffers: int = 4, *, min_sep: Optional[int] = None,
   n = checks.positive_int(n, "n")
   m = checks.nonnegative_int(buffers, "buffers")
   starts = checks.positive_int(starts, "starts")
-  toeplitz.check_error(error)
-  ms, k = toeplitz.participations(n, min_sep, max_participations)
-  work = toeplitz.workload_operator(n, workload)
+  toeplitz_ops.check_error(error)
+  ms, k = toeplitz_ops.participations(n, min_sep, max_participations)
+  work = toeplitz_ops.workload_operator(n, workload)
   iterations, converged, message, evaluations, gradient = 0, True, "no buffers: C = I", 0, 0.0
   if m == 0:
     blt = inv = BLT(np.zeros(0), np.zeros(0))
@@ -352,11 +353,11 @@ def optimize(n: int, buffers: int = 4, *, min_sep: Optional[int] = None,
     candidates += [np.asarray(p, dtype=np.float64) for p in extra_starts]
     points, res, iterations = _best_of_starts(objective, candidates, m, max_iterations, tolerance)
     blt, inv = from_theta_pair(1.0 - points[1::2], 1.0 - points[0::2])
-    message, gradient, converged = toeplitz.lbfgs_outcome(res, [LOG_GAP_BOUNDS] * (2 * m))
+    message, gradient, converged = lbfgs.outcome(res, [LOG_GAP_BOUNDS] * (2 * m))
     evaluations = objective.evaluations
   extras = {"blt_theta": blt.theta.copy(), "blt_omega": blt.omega.copy(),
             "blt_inverse_theta": inv.theta.copy(), "blt_inverse_omega": inv.omega.copy()}
-  return toeplitz.result_from_coefficients(
+  return toeplitz_ops.result_from_coefficients(
       blt.coefficients(n), inv.coefficients(n), work, error=error, min_sep=min_sep,
       max_participations=max_participations, k=k,
       family_info={"family": "blt", "n": n, "buffers": blt.buffers, "buffers_requested": m},
@@ -417,7 +418,7 @@ def stream(params, n) -> streams.LinearStream:
   extras; ``n``: the rounds (or the workload A, whose size is used).
   """
   inv = _inverse_from(params)
-  n = toeplitz.rounds_of(n)
+  n = toeplitz_ops.rounds_of(n)
   m = inv.buffers
   if m and not np.max(np.abs(inv.theta)) < 1.0:
     raise checks.CheckError(f"BLT C⁻¹ has a buffer decay of modulus ≥ 1 "
@@ -429,7 +430,7 @@ def stream(params, n) -> streams.LinearStream:
 
 
 def optimize_buffers(n: int, max_buffers: int = 8, rtol: float = 1.01,
-                     **kwargs) -> toeplitz.Result:
+                     **kwargs) -> toeplitz_ops.Result:
   """``optimize`` with m = 1, 2, … buffers, stopping when one more buffer improves the
   objective by less than the factor ``rtol`` (or at ``max_buffers``); the best result.
 
@@ -472,7 +473,7 @@ def factorize(a: np.ndarray, spec, context):
   """The optimized BLT C with ``spec.buffers`` buffers for A under the spec's schema."""
   from tff_mf.families import FamilyResult  # pylint: disable=g-import-not-at-top
   del context
-  min_sep, k = toeplitz.schema_arguments(spec.participation, a.shape[0])
+  min_sep, k = toeplitz_ops.schema_arguments(spec.participation, a.shape[0])
   result = optimize(a.shape[0], spec.buffers, min_sep=min_sep, max_participations=k,
                     error=spec.error, workload=a)
   return FamilyResult(b=result.b, c=result.c, info=dict(result.info), extras=dict(result.extras))

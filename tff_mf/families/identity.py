@@ -15,6 +15,9 @@ from tff_mf.families import FamilyResult
 
 # Bumped whenever the output for the same inputs changes (part of the cache key).
 VERSION = "1"
+# A closed form: mechanisms rebuild it instead of loading it from the cache
+# (``strategies.cached``).
+CACHED = False
 
 
 def factorize(a: np.ndarray, spec, context) -> FamilyResult:

@@ -219,10 +219,10 @@ def banded_inverse_objective(free_taps: np.ndarray, a_column: np.ndarray, schema
 
   C's first column is the power series 1/h (O(n·b)), normalized to γ(C) = ‖c‖ = 1;
   B = A·C⁻¹ is Toeplitz with first column a * h, so ‖B‖²_F = Σ_i (n − i)·β_i²; the
-  sensitivity is ``toeplitz.min_sep_sensitivity`` (exact for non-negative,
+  sensitivity is ``toeplitz_ops.min_sep_sensitivity`` (exact for non-negative,
   non-increasing c, else a valid upper bound).
   """
-  from tff_mf.families import toeplitz  # pylint: disable=g-import-not-at-top
+  from tff_mf import toeplitz_ops  # pylint: disable=g-import-not-at-top
   n = a_column.shape[0]
   taps = np.concatenate([[1.0], free_taps])
   with np.errstate(over="ignore", invalid="ignore"):
@@ -232,7 +232,7 @@ def banded_inverse_objective(free_taps: np.ndarray, a_column: np.ndarray, schema
     # 1/h grows without bound (a root of h inside the unit disk): far worse than any start.
     return _UNSTABLE * (1.0 + float(np.sum(np.square(free_taps))))
   sep, k = _schema_separation(schema, n)
-  sens = 1.0 if sep is None else toeplitz.min_sep_sensitivity(c / gamma, n, sep, k)
+  sens = 1.0 if sep is None else toeplitz_ops.min_sep_sensitivity(c / gamma, n, sep, k)
   beta = np.convolve(a_column, taps)[:n] * gamma
   return sens ** 2 * float(np.sum((n - np.arange(n)) * beta ** 2)) / n
 

@@ -180,14 +180,14 @@ def approximate(b_opt: np.ndarray, bands: int, rank: int, **als_kwargs):
 
 def _check_inputs(a: np.ndarray, bands: int, rank: int) -> None:
   if not isinstance(a, np.ndarray) or a.ndim != 2 or a.shape[0] != a.shape[1]:
-    raise ValueError(f"A must be a square matrix, got shape {getattr(a, 'shape', None)}")
+    raise checks.CheckError(f"A must be a square matrix, got shape {getattr(a, 'shape', None)}")
   n = a.shape[0]
   if int(bands) != bands or bands < 1:
-    raise ValueError(f"structured needs bands h >= 1 (the diagonal), got {bands}")
+    raise checks.CheckError(f"structured needs bands h >= 1 (the diagonal), got {bands}")
   if int(rank) != rank or rank < 0:
-    raise ValueError(f"structured needs rank r >= 0, got {rank}")
+    raise checks.CheckError(f"structured needs rank r >= 0, got {rank}")
   if rank > n:
-    raise ValueError(f"rank r={rank} exceeds n={n}")
+    raise checks.CheckError(f"rank r={rank} exceeds n={n}")
 
 
 def fit(a: np.ndarray, bands: int, rank: int, progress: bool = False,
@@ -200,7 +200,7 @@ def fit(a: np.ndarray, bands: int, rank: int, progress: bool = False,
   Denisov et al. App H / McMahan et al. Sec 4.2. ``b_opt`` is the optimal
   decoder B* for A when the caller already has it (any positive scaling of it
   gives the same mechanism); otherwise it is computed with
-  ``tff_mf.dense.solve`` (``target_gap``, ``max_iterations`` and
+  ``tff_mf.dense_single.solve`` (``target_gap``, ``max_iterations`` and
   ``allow_unconverged`` are passed through). The result is not normalized;
   ``strategies.factorize`` normalizes it so that γ(C) = 1.
   """
@@ -211,13 +211,13 @@ def fit(a: np.ndarray, bands: int, rank: int, progress: bool = False,
   n = a.shape[0]
   info: Dict[str, Any] = {"bands": bands, "rank": rank}
   if b_opt is None:
-    from tff_mf.families import dense  # pylint: disable=g-import-not-at-top
+    from tff_mf import dense_single  # pylint: disable=g-import-not-at-top
     kwargs = {"progress": progress, "allow_unconverged": allow_unconverged}
     if target_gap is not None:
       kwargs["target_gap"] = target_gap
     if max_iterations is not None:
       kwargs["max_iterations"] = max_iterations
-    opt = dense.solve(a, **kwargs)
+    opt = dense_single.solve(a, **kwargs)
     b_opt = opt.b
     for key in ("relative_gap", "iterations", "converged", "dual_lower_bound"):
       if key in opt.info:
@@ -226,12 +226,12 @@ def fit(a: np.ndarray, bands: int, rank: int, progress: bool = False,
   else:
     b_opt = np.asarray(b_opt, dtype=np.float64)
     if b_opt.shape != (n, n):
-      raise ValueError(f"optimal decoder must be {n}x{n}, got {b_opt.shape}")
+      raise checks.CheckError(f"optimal decoder must be {n}x{n}, got {b_opt.shape}")
   b_hat, diagonals, u, v, als_used = approximate(
       b_opt, bands, rank, max_iterations=als_iterations, tolerance=als_tolerance,
       progress=progress)
   if np.any(np.abs(np.diag(b_hat)) <= 1e-12 * np.max(np.abs(b_hat))):
-    raise ValueError("structured decoder B̂ is singular (zero on its diagonal)")
+    raise checks.CheckError("structured decoder B̂ is singular (zero on its diagonal)")
   c = scipy.linalg.solve_triangular(b_hat, a, lower=True)
   c = np.tril(c)  # exact zeros above the diagonal (B̂ and A are lower triangular)
   info.update({

@@ -34,8 +34,13 @@ from typing import List, Tuple
 import numpy as np
 import scipy.linalg
 
+from tff_mf import checks
+
 # Bumped whenever the output for the same inputs changes (part of the cache key).
 VERSION = "1"
+# A closed form: mechanisms rebuild it instead of loading it from the cache
+# (``strategies.cached``).
+CACHED = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +53,7 @@ class TreeNode:
 def tree_levels(n: int) -> int:
   """Number of tree levels covering n leaves (height of the root + 1)."""
   if n < 1:
-    raise ValueError(f"n must be positive, got {n}")
+    raise checks.CheckError(f"n must be positive, got {n}")
   return int(np.ceil(np.log2(n))) + 1 if n > 1 else 1
 
 

@@ -7,7 +7,9 @@ workload A = M(η)·M(β) (Denisov et al. 2022, arXiv:2202.08312, Prop 4.2, Eq. 
 the aggregator's outputs, so that the model after round i is
 θ_0 − (η_server/K)·(A·G + B·Z)[i] (Algorithm 1, K clients per round). Names,
 aliases, workloads and noise kinds come from ``tff_mf.registry``; the algebra of
-each mechanism is in ``docs/mechanisms.md``.
+each mechanism is in ``docs/mechanisms.md``. What the mechanism is — its factorization,
+stream, encoder, sensitivity and privacy record — is decided in numpy by
+``tff_mf.mechanisms``; this module only turns that into TFF objects.
 
 ``noise_multiplier`` z is the noise standard deviation per clip norm of each row of
 Z for the normalized encoder (γ(C) = 1). Under the participation schema the run is
@@ -31,9 +33,9 @@ import tensorflow_privacy as tfp
 from tff_mf import adaptive_clipping
 from tff_mf import checks
 from tff_mf import factorization as fz
+from tff_mf import mechanisms
 from tff_mf import participation as participation_lib
 from tff_mf import registry
-from tff_mf import strategies
 from tff_mf import workloads
 from tff_mf.families import tree
 from tff_mf.tf import noise as noise_lib
@@ -56,6 +58,9 @@ class MechanismSetup:
     sqrt_loss: √L(B, C) (Denisov Eq. 2), or None.
     info: JSON-ready description (mechanism, participation, sensitivity, the
       effective noise multiplier, the cache entry, ...).
+    mechanism: the numpy ``tff_mf.mechanisms.Resolved`` the TFF objects were built from
+      (its encoder, sensitivity and stream).
+    privacy: its ``tff_mf.mechanisms.PrivacyRecord`` (z, sens, z/sens, ε).
   """
   aggregation_factory: Any
   server_optimizer: Any
@@ -63,6 +68,8 @@ class MechanismSetup:
   noise: Optional[noise_lib.StreamingNoise]
   sqrt_loss: Optional[float]
   info: Dict[str, Any]
+  mechanism: Optional[mechanisms.Resolved] = None
+  privacy: Optional[mechanisms.PrivacyRecord] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,11 +99,8 @@ class MechanismConfig:
 
   @property
   def workload(self) -> workloads.WorkloadSpec:
-    if self.momentum == 0.0 and self.lr_schedule == "constant":
-      return workloads.WorkloadSpec(kind="prefix_sum", n=self.n)
-    return workloads.WorkloadSpec(kind="momentum", n=self.n, momentum=self.momentum,
-                                  lr_schedule=self.lr_schedule,
-                                  schedule_rounds=self.schedule_rounds)
+    return mechanisms.training_workload(self.n, self.momentum, self.lr_schedule,
+                                        self.schedule_rounds)
 
 
 class DPAggregatorFactory(tff.aggregators.UnweightedAggregationFactory,
@@ -249,11 +253,12 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
                     noise_seed: Optional[int] = None, cache_dir: Optional[str] = None,
                     bands: Optional[int] = None, rank: Optional[int] = None,
                     buffers: Optional[int] = None, allow_no_noise: bool = False,
-                    progress: bool = False,
+                    progress: bool = False, resolved: Optional[mechanisms.Resolved] = None,
                     target_quantile: float = adaptive_clipping.DEFAULT_TARGET_QUANTILE,
                     initial_clip_norm: float = adaptive_clipping.DEFAULT_INITIAL_CLIP_NORM,
                     clip_learning_rate: float = adaptive_clipping.DEFAULT_LEARNING_RATE,
-                    clipped_count_stddev: Optional[float] = None) -> MechanismSetup:
+                    clipped_count_stddev: Optional[float] = None,
+                    _resolve_only: bool = False) -> MechanismSetup:
   """Aggregator + server optimizer for a registry mechanism (any accepted spelling).
 
   Give the noise multiplier z, or ``target_epsilon`` and ``delta`` to calibrate the
@@ -262,6 +267,8 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
   ``participation`` is the schema clients are sampled under (default single
   participation); z must be positive unless ``allow_no_noise=True``. Raises
   ``CheckError`` (a ValueError) naming the first bad or conflicting argument.
+  ``resolved``: the numpy mechanism ``resolve_mechanism`` returned for the same mechanism,
+  workload and schema (not resolved again: one cache load, one check).
 
   ``clip_norm="adaptive"`` clips round i to ζ_i, a private estimate of the
   ``target_quantile`` of the update norms (``tff_mf.adaptive_clipping``; defaults of
@@ -276,6 +283,9 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
                 allow_no_noise, progress,
                 adaptive_clipping.AdaptiveClipping(target_quantile, initial_clip_norm,
                                                    clip_learning_rate, clipped_count_stddev))
+  resolved = _resolved(cfg, resolved)
+  if _resolve_only:
+    return resolved
   etas = workloads.learning_rates(cfg.n, cfg.lr_schedule, cfg.schedule_rounds)
   server_optimizer = build_server_optimizer(cfg.server_learning_rate, cfg.momentum, etas)
   info: Dict[str, Any] = {
@@ -289,121 +299,88 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
   }
   if cfg.adaptive is not None:
     info["adaptive_clipping"] = cfg.adaptive.as_dict()
-  built = _BUILDERS[cfg.mechanism.noise](cfg, info)
-  cfg = _resolve_privacy(cfg, built.sensitivity, info)
-  factory = built.factory(cfg)
-  f = built.factorization
+  info.update(resolved.info)
+  if cfg.adaptive is None:
+    record = mechanisms.privacy(resolved, cfg.noise_multiplier, cfg.target_epsilon, cfg.delta,
+                                cfg.accountant)
+  else:
+    record = _adaptive_record(cfg, resolved)
+  if record.private:
+    cfg = dataclasses.replace(cfg, noise_multiplier=record.noise_multiplier)
+  info.update(record.info(cfg.clip_norm))
+  if cfg.adaptive is not None:
+    info.update(_adaptive_info(cfg, resolved))
+  factory, noise = _BUILDERS[cfg.mechanism.noise](cfg, resolved, info)
+  f = resolved.factorization
   if f is not None:
     info.update(strategy=f.strategy, sqrt_loss=f.sqrt_loss)
   return MechanismSetup(aggregation_factory=DPAggregatorFactory(factory, cfg.mechanism.name),
-                        server_optimizer=server_optimizer, factorization=f, noise=built.noise,
-                        sqrt_loss=None if f is None else f.sqrt_loss, info=info)
+                        server_optimizer=server_optimizer, factorization=f, noise=noise,
+                        sqrt_loss=None if f is None else f.sqrt_loss, info=info,
+                        mechanism=resolved, privacy=record)
 
 
-@dataclasses.dataclass
-class _Built:
-  """A mechanism before its noise multiplier is fixed."""
-  factory: Callable[[MechanismConfig], Callable[[Any], Any]]
-  factorization: Optional[fz.Factorization]
-  noise: Optional[noise_lib.StreamingNoise]
-  sensitivity: Optional[float]  # of one unit of noise std (per node for TFF's tree)
+def resolve_mechanism(mechanism: str, **kwargs) -> mechanisms.Resolved:
+  """The numpy ``tff_mf.mechanisms.Resolved`` that ``build_mechanism`` with the same arguments
+  wires, checked the same way, without building TFF objects: its encoder is what the run's
+  privacy is accounted for; pass it back to ``build_mechanism(..., resolved=)``."""
+  return build_mechanism(mechanism, _resolve_only=True, **kwargs)
 
 
-def _resolve_privacy(cfg: MechanismConfig, sensitivity: Optional[float],
-                     info: Dict[str, Any]) -> MechanismConfig:
-  """Fixes z (given, or calibrated to the target ε) and records z, z/sens and ε."""
-  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  if not cfg.mechanism.private:
-    info.update(noise_multiplier=0.0, private=False)
-    return cfg
-  if cfg.adaptive is not None:
-    return _resolve_adaptive_privacy(cfg, sensitivity, info)
-  z = cfg.noise_multiplier
-  if z is None:
-    z = accounting.calibrate_noise_multiplier(cfg.target_epsilon, cfg.delta, cfg.accountant,
-                                              sensitivity=sensitivity)
-    info.update(target_epsilon=cfg.target_epsilon, calibrated=True)
-  cfg = dataclasses.replace(cfg, noise_multiplier=float(z))
-  info.update(noise_multiplier=cfg.noise_multiplier,
-              stddev_per_round_sum=cfg.noise_multiplier * cfg.clip_norm,
-              effective_noise_multiplier=cfg.noise_multiplier / sensitivity)
-  if cfg.delta is not None:
-    info.update(delta=cfg.delta, accountant=cfg.accountant,
-                epsilon=accounting.epsilon(cfg.noise_multiplier, cfg.delta, cfg.accountant,
-                                           sensitivity=sensitivity),
-                epsilon_analysis="one Gaussian at z/sens, without amplification")
-  return cfg
+def _resolved(cfg: MechanismConfig,
+              resolved: Optional[mechanisms.Resolved]) -> mechanisms.Resolved:
+  if resolved is None:
+    return mechanisms.resolve(cfg.mechanism, cfg.workload, cfg.participation,
+                              cache_dir=cfg.cache_dir, bands=cfg.bands, rank=cfg.rank,
+                              buffers=cfg.buffers, progress=cfg.progress)
+  if (resolved.mechanism != cfg.mechanism or resolved.workload != cfg.workload
+      or resolved.participation != cfg.participation):
+    raise checks.CheckError(f"the resolved mechanism ({resolved.mechanism.name}, "
+                            f"{resolved.workload}, {resolved.participation.describe()}) is not "
+                            f"the one asked for ({cfg.mechanism.name})")
+  return resolved
 
 
-def _resolve_adaptive_privacy(cfg: MechanismConfig, sensitivity: float,
-                              info: Dict[str, Any]) -> MechanismConfig:
-  """z of the MF noise and ε of the run with its clip-norm count queries (one Gaussian at 1/μ).
+def _adaptive_record(cfg: MechanismConfig, resolved: mechanisms.Resolved):
+  """The privacy record of an adaptively clipped run: one Gaussian at 1/μ.
 
   μ² = (sens/z)² + k·(½/σ_b)², k the most participations of one client under the schema
   (``tff_mf.adaptive_clipping``). A target ε fixes 1/μ; σ_b keeps its value and z takes
-  the rest of the budget.
+  the rest of the budget. ``noise_multiplier`` is z of the MF noise.
   """
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   k = cfg.participation.max_participations_in(cfg.n)
-  sigma_b = cfg.adaptive.clipped_count_stddev
+  sigma_b, sens = cfg.adaptive.clipped_count_stddev, resolved.sensitivity
   if cfg.noise_multiplier is None:
     total = accounting.calibrate_noise_multiplier(cfg.target_epsilon, cfg.delta, cfg.accountant)
-    z = adaptive_clipping.value_noise_multiplier(total, sensitivity, sigma_b, k)
-    info.update(target_epsilon=cfg.target_epsilon, calibrated=True,
-                budget_split="clipped_count_stddev fixed; the MF noise takes the rest")
+    z = adaptive_clipping.value_noise_multiplier(total, sens, sigma_b, k)
   else:
     z = cfg.noise_multiplier
-  total = adaptive_clipping.combined_noise_multiplier(z, sensitivity, sigma_b, k)
-  cfg = dataclasses.replace(cfg, noise_multiplier=float(z))
-  count_mu = adaptive_clipping.count_mu(sigma_b, k)
-  info.update(noise_multiplier=cfg.noise_multiplier,
-              effective_noise_multiplier_value=(cfg.noise_multiplier / sensitivity
-                                                if sensitivity else math.inf),
-              effective_noise_multiplier_count=(1.0 / count_mu if count_mu else math.inf),
-              count_participations=k, effective_noise_multiplier=total)
+  total = adaptive_clipping.combined_noise_multiplier(z, sens, sigma_b, k)
+  eps = None
   if cfg.delta is not None:
-    info.update(delta=cfg.delta, accountant=cfg.accountant,
-                epsilon=(math.inf if total == 0.0 else
-                         accounting.epsilon(total, cfg.delta, cfg.accountant)),
-                epsilon_analysis="MF Gaussian at z/sens composed with the clip-norm count "
-                                 "queries (sqrt(k)/2 per sigma_b): one Gaussian at 1/mu, "
-                                 "without amplification")
-  return cfg
+    eps = math.inf if total == 0.0 else accounting.epsilon(total, cfg.delta, cfg.accountant)
+  return mechanisms.PrivacyRecord(
+      private=True, noise_multiplier=float(z), sensitivity=sens, delta=cfg.delta,
+      accountant=cfg.accountant if cfg.delta is not None else None, epsilon=eps,
+      target_epsilon=cfg.target_epsilon,
+      analysis="MF Gaussian at z/sens composed with the clip-norm count queries "
+               "(sqrt(k)/2 per sigma_b): one Gaussian at 1/mu, without amplification")
 
 
-def _matrix_factorization(cfg: MechanismConfig, info: Dict[str, Any]):
-  """(factorization for the training A, workload of the stream) from the cache, checked."""
-  from tff_mf import cache  # pylint: disable=g-import-not-at-top
-  m = cfg.mechanism
-  w_spec = cfg.workload
-  factorized = workloads.WorkloadSpec("prefix_sum", cfg.n) if m.post_processes_prefix_decoder \
-      else w_spec
-  params = registry.default_parameters(m.strategy, cfg.n, cfg.participation)
-  params.update({k: v for k, v in (("bands", cfg.bands), ("rank", cfg.rank),
-                                   ("buffers", cfg.buffers)) if v is not None and k in params})
-  # C is optimized for the schema where its strategy can be; the noise stream computes the
-  # sensitivity under the schema from C either way.
-  optimized_for = (cfg.participation if cfg.participation.kind in
-                   registry.strategy(m.strategy).participations else participation_lib.SINGLE)
-  spec = strategies.FactorizationSpec(workload=factorized, strategy=m.strategy,
-                                      participation=optimized_for, **params)
-  if m.strategy in ("optimal", "structured", "banded", "banded_toeplitz", "blt", "bsr", "bisr",
-                    "banded_inverse", "lambda_cgd"):
-    f, entry = cache.load_or_factorize(spec, cache_dir=cfg.cache_dir, progress=cfg.progress)
-    info.update(cache_npz=entry.npz_path, cache_hit=entry.cache_hit)
-  else:
-    f = strategies.factorize(spec, progress=cfg.progress)
-  info.update(params, optimized_for=optimized_for.as_dict())
-  a_factorized = f.a
-  if factorized != w_spec:
-    f = strategies.post_processed(f, w_spec.build(), m.name)
-  # Checked where it becomes noise: every entry of B·C = A and γ(C) = 1.
-  checks.factors(f.a, f.b, f.c, name=f"mechanism {m.name}")
-  return f, a_factorized
-
-
-def _query_factory(noise: noise_lib.StreamingNoise):
-  return lambda cfg: _make_query_factory(cfg, noise)
+def _adaptive_info(cfg: MechanismConfig, resolved: mechanisms.Resolved) -> Dict[str, Any]:
+  k = cfg.participation.max_participations_in(cfg.n)
+  sigma_b, sens = cfg.adaptive.clipped_count_stddev, resolved.sensitivity
+  count_mu = adaptive_clipping.count_mu(sigma_b, k)
+  out = {"effective_noise_multiplier_value": cfg.noise_multiplier / sens,
+         "effective_noise_multiplier_count": 1.0 / count_mu if count_mu else math.inf,
+         "count_participations": k,
+         "effective_noise_multiplier": adaptive_clipping.combined_noise_multiplier(
+             cfg.noise_multiplier, sens, sigma_b, k),
+         "stddev_per_round_sum": f"{cfg.noise_multiplier:g} x the round's clip norm"}
+  if cfg.target_epsilon is not None:
+    out["budget_split"] = "clipped_count_stddev fixed; the MF noise takes the rest"
+  return out
 
 
 def _make_query_factory(cfg: MechanismConfig, noise: noise_lib.StreamingNoise):
@@ -424,25 +401,22 @@ def _make_query_factory(cfg: MechanismConfig, noise: noise_lib.StreamingNoise):
 
 
 def _record_noise(info: Dict[str, Any], noise) -> None:
-  info.update(sensitivity=noise.sensitivity,
-              sensitivity_exact=noise.sensitivity_report["exact"],
-              sensitivity_method=noise.sensitivity_report["method"],
-              noise_implementation=noise.describe(), state_rows=noise.buffer_rows())
+  info.update(noise_implementation=noise.describe(), state_rows=noise.buffer_rows())
 
 
-def _build_dense(cfg: MechanismConfig, info: Dict[str, Any]):
-  f, _ = _matrix_factorization(cfg, info)
-  noise = noise_lib.DenseNoise(f.c, f.noise_matrix() if f.m != f.n else None, cfg.participation)
+def _build_dense(cfg: MechanismConfig, resolved: mechanisms.Resolved, info: Dict[str, Any]):
+  f = resolved.factorization
+  noise = noise_lib.DenseNoise(f.c, f.noise_matrix() if f.m != f.n else None, cfg.participation,
+                               sensitivity_report=resolved.sensitivity_report)
   _record_noise(info, noise)
-  return _Built(_query_factory(noise), f, noise, noise.sensitivity)
+  return _make_query_factory(cfg, noise), noise
 
 
-def _build_linear(cfg: MechanismConfig, info: Dict[str, Any]):
-  f, a_factorized = _matrix_factorization(cfg, info)
-  stream = strategies.stream(cfg.mechanism.strategy, f.extras, a_factorized)
-  noise = noise_lib.LinearNoise(stream, f.c, cfg.participation)
+def _build_linear(cfg: MechanismConfig, resolved: mechanisms.Resolved, info: Dict[str, Any]):
+  noise = noise_lib.LinearNoise(resolved.stream, resolved.factorization.c, cfg.participation,
+                                sensitivity_report=resolved.sensitivity_report)
   _record_noise(info, noise)
-  return _Built(_query_factory(noise), f, noise, noise.sensitivity)
+  return _make_query_factory(cfg, noise), noise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -454,73 +428,60 @@ class TreeAggregationParams:
 
 
 def tree_aggregation_params(cfg: MechanismConfig) -> TreeAggregationParams:
-  """Per-node multiplier z·√levels: each round is in ``levels`` nodes, so a single-participation
-  run has sensitivity √levels per unit of node noise, the privacy of multiplier z (McMahan
-  et al. Sec 2.1). The seed is pinned or drawn from OS entropy (never TFF's clock-based
-  default)."""
-  levels = tree.tree_levels(cfg.n)
+  """Per-node multiplier z·√levels (``mechanisms.tree_node_multiplier``). The seed is pinned
+  or drawn from OS entropy (never TFF's clock-based default)."""
   seed = cfg.noise_seed if cfg.noise_seed is not None else checks.new_seed()
-  return TreeAggregationParams(cfg.noise_multiplier * math.sqrt(levels), levels, seed)
+  return TreeAggregationParams(mechanisms.tree_node_multiplier(cfg.noise_multiplier, cfg.n),
+                               tree.tree_levels(cfg.n), seed)
 
 
-def _build_tff_tree(cfg: MechanismConfig, info: Dict[str, Any]):
-  # The nodes TFF adds noise to are the rows of C_T (unnormalized, unit node noise); z is the
-  # node multiplier divided by √levels, so the sensitivity per unit of z is sens(C_T)/√levels.
-  levels = tree.tree_levels(cfg.n)
-  report = participation_lib.sensitivity_report(tree.tree_encoder(cfg.n), cfg.participation)
-  info.update(tree_levels=levels, sensitivity_per_node=report["value"],
-              sensitivity=report["value"] / math.sqrt(levels),
-              sensitivity_exact=report["exact"], sensitivity_method=report["method"],
-              tff_dp_events="TFF's tree query reports UnsupportedDpEvent",
-              noise_seed_source="pinned" if cfg.noise_seed is not None else "os_entropy")
+def _build_tff_tree(cfg: MechanismConfig, resolved: mechanisms.Resolved,
+                    info: Dict[str, Any]):
+  # The nodes TFF adds noise to are the rows of C_T; the run is calibrated for C_T/√levels
+  # (``tff_mf.mechanisms``).
+  del resolved
+  params = tree_aggregation_params(cfg)
+  info.update(tff_dp_events="TFF's tree query reports UnsupportedDpEvent",
+              noise_seed_source="pinned" if cfg.noise_seed is not None else "os_entropy",
+              noise_multiplier_per_node=params.noise_multiplier_per_node)
 
-  def factory(cfg: MechanismConfig):
-    params = tree_aggregation_params(cfg)
-    info.update(noise_multiplier_per_node=params.noise_multiplier_per_node)
+  def make_factory(specs):
+    return tff.aggregators.DifferentiallyPrivateFactory.tree_aggregation(
+        noise_multiplier=params.noise_multiplier_per_node,
+        clients_per_round=cfg.clients_per_round, l2_norm_clip=cfg.clip_norm,
+        record_specs=specs, noise_seed=params.noise_seed, use_efficient=True)
 
-    def make_factory(specs):
-      return tff.aggregators.DifferentiallyPrivateFactory.tree_aggregation(
-          noise_multiplier=params.noise_multiplier_per_node,
-          clients_per_round=cfg.clients_per_round, l2_norm_clip=cfg.clip_norm,
-          record_specs=specs, noise_seed=params.noise_seed, use_efficient=True)
-
-    return make_factory
-
-  return _Built(factory, None, None, report["value"] / math.sqrt(levels))
+  return make_factory, None
 
 
-def _build_tff_gaussian(cfg: MechanismConfig, info: Dict[str, Any]):
-  f = strategies.factorize(strategies.FactorizationSpec(workload=cfg.workload,
-                                                        strategy="identity"))
-  sens = participation_lib.sensitivity_report(f.c, cfg.participation)["value"]
-  info.update(sensitivity=sens,
-              tff_dp_events="TFF reports GaussianDpEvent(z) every round; composing them "
+def _build_tff_gaussian(cfg: MechanismConfig, resolved: mechanisms.Resolved,
+                        info: Dict[str, Any]):
+  info.update(tff_dp_events="TFF reports GaussianDpEvent(z) every round; composing them "
                             "over-counts (an upper bound)",
               noise_seed_source="pinned" if cfg.noise_seed is not None else "os_entropy")
+  # gaussian_fixed's query, with its noise drawn from the seed (replayable, never reused).
+  seed = cfg.noise_seed if cfg.noise_seed is not None else checks.new_seed()
 
-  def factory(cfg: MechanismConfig):
-    # gaussian_fixed's query, with its noise drawn from the seed (replayable, never reused).
-    seed = cfg.noise_seed if cfg.noise_seed is not None else checks.new_seed()
+  def make_factory(specs):
+    if cfg.adaptive is not None:
+      return _seeded_gaussian_adaptive(cfg, resolved, specs, seed)
+    return tff.aggregators.DifferentiallyPrivateFactory(tfp.NormalizedQuery(
+        query_lib.SeededGaussianSumQuery(cfg.clip_norm, cfg.clip_norm * cfg.noise_multiplier,
+                                         seed), denominator=cfg.clients_per_round))
 
-    def make_factory(specs):
-      if cfg.adaptive is not None:
-        return _seeded_gaussian_adaptive(cfg, specs, seed)
-      return tff.aggregators.DifferentiallyPrivateFactory(tfp.NormalizedQuery(
-          query_lib.SeededGaussianSumQuery(cfg.clip_norm, cfg.clip_norm * cfg.noise_multiplier,
-                                           seed), denominator=cfg.clients_per_round))
-    return make_factory
-
-  return _Built(factory, f, None, sens)
+  return make_factory, None
 
 
-def _seeded_gaussian_adaptive(cfg: MechanismConfig, specs, seed: int):
+def _seeded_gaussian_adaptive(cfg: MechanismConfig, resolved: mechanisms.Resolved, specs,
+                              seed: int):
   """Independent noise (C = I) with adaptive clipping, drawn from the run's seed.
 
   The query of the matrix mechanisms with C = I: the noise and the count noise come from
   the seed (a replayed round adds the same noise), unlike TFF's ``gaussian_adaptive``,
   whose stateful generator cannot be replayed.
   """
-  noise = noise_lib.DenseNoise(np.eye(cfg.n), None, cfg.participation)
+  noise = noise_lib.DenseNoise(resolved.encoder, None, cfg.participation,
+                               sensitivity_report=resolved.sensitivity_report)
   q = query_lib.AdaptiveClipMatrixFactorizationQuery(
       noise, adaptive=cfg.adaptive, noise_multiplier=cfg.noise_multiplier,
       clients_per_round=cfg.clients_per_round,
@@ -530,10 +491,9 @@ def _seeded_gaussian_adaptive(cfg: MechanismConfig, specs, seed: int):
       tfp.NormalizedQuery(q, denominator=cfg.clients_per_round))
 
 
-def _build_none(cfg: MechanismConfig, info: Dict[str, Any]):
-  del cfg, info
-  return _Built(lambda cfg: (lambda specs: tff.aggregators.UnweightedMeanFactory()), None, None,
-                None)
+def _build_none(cfg: MechanismConfig, resolved: mechanisms.Resolved, info: Dict[str, Any]):
+  del cfg, resolved, info
+  return (lambda specs: tff.aggregators.UnweightedMeanFactory()), None
 
 
 _BUILDERS = {"dense": _build_dense, "linear": _build_linear, "tff_tree": _build_tff_tree,

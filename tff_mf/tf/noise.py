@@ -132,7 +132,8 @@ class StreamingNoise(abc.ABC):
     sensitivity_report: {value, exact, method} of that computation.
   """
 
-  def __init__(self, c: np.ndarray, participation: participation_lib.Participation):
+  def __init__(self, c: np.ndarray, participation: participation_lib.Participation,
+               sensitivity_report: Optional[Dict[str, Any]] = None):
     c = checks.matrix(c, "encoder C")
     n = c.shape[1]
     if c.shape[0] < n:
@@ -146,7 +147,11 @@ class StreamingNoise(abc.ABC):
     self.n, self.m = int(n), int(c.shape[0])
     self.participation = participation
     self._c = c
-    self.sensitivity_report = participation_lib.sensitivity_report(c, participation)
+    # ``sensitivity_report``: participation.sensitivity_report of this same C and schema,
+    # when the caller (tff_mf.mechanisms) computed it already.
+    if sensitivity_report is None:
+      sensitivity_report = participation_lib.sensitivity_report(c, participation)
+    self.sensitivity_report = dict(sensitivity_report)
     self.sensitivity = float(self.sensitivity_report["value"])
     if not np.isfinite(self.sensitivity) or self.sensitivity <= 0:
       raise NoiseError(f"encoder C has invalid sensitivity {self.sensitivity}")
@@ -204,8 +209,9 @@ class DenseNoise(StreamingNoise):
   """
 
   def __init__(self, c: np.ndarray, noise_matrix: Optional[np.ndarray] = None,
-               participation: participation_lib.Participation = participation_lib.SINGLE):
-    super().__init__(c, participation)
+               participation: participation_lib.Participation = participation_lib.SINGLE,
+               sensitivity_report: Optional[Dict[str, Any]] = None):
+    super().__init__(c, participation, sensitivity_report)
     if noise_matrix is None:
       if self.m != self.n:
         raise NoiseError(f"encoder C is {self.m} x {self.n}; pass its noise matrix N = A⁻¹·B")
@@ -268,11 +274,11 @@ class LinearNoise(StreamingNoise):
 
   def __init__(self, stream: streams.LinearStream, c: np.ndarray,
                participation: participation_lib.Participation = participation_lib.SINGLE,
-               jit_compile: bool = True):
+               jit_compile: bool = True, sensitivity_report: Optional[Dict[str, Any]] = None):
     if not isinstance(stream, streams.LinearStream):
       raise NoiseError(f"stream must be a tff_mf.streams.LinearStream, got "
                        f"{type(stream).__name__}")
-    super().__init__(c, participation)
+    super().__init__(c, participation, sensitivity_report)
     if stream.n != self.n or self.m != self.n:
       raise NoiseError(f"{stream.name} has {stream.n} rounds, encoder C is {self._c.shape}")
     _check_inverse(stream.run, self._c, stream.name, probe=self.n > FULL_CHECK_MAX_N)

@@ -160,12 +160,12 @@ class MatrixFactorizationQuery(tfp.SumAggregationDPQuery):
     try:
       tf.nest.assert_same_structure(template, self._record_specs, check_types=False)
     except (ValueError, TypeError) as e:
-      raise ValueError(f"MatrixFactorizationQuery: {what} does not match the record specs the "
+      raise checks.CheckError(f"MatrixFactorizationQuery: {what} does not match the record specs the "
                        f"query was built for: {e}") from e
     for k, (x, s) in enumerate(zip(tf.nest.flatten(template), self._flat_specs)):
       shape = tf.TensorShape(x.shape)
       if not shape.is_compatible_with(s.shape) or tf.as_dtype(x.dtype) != s.dtype:
-        raise ValueError(
+        raise checks.CheckError(
             f"MatrixFactorizationQuery: {what} leaf #{k} is {tf.as_dtype(x.dtype).name}"
             f"{shape}, the record specs say {s.dtype.name}{s.shape}")
 
