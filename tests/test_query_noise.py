@@ -551,3 +551,14 @@ def test_seeded_gaussian_query_replays_its_noise_from_the_seed():
   (cont,), _, _ = rounds(11, count=1, state=rounds(11, count=1)[1])
   np.testing.assert_array_equal(cont, a2)
   del state
+
+
+def test_unpinned_seeded_gaussian_draws_a_new_seed_at_every_initialize():
+  """Without a pinned seed two initial states of one query (two runs of one built process)
+  never share noise: the seed comes from OS entropy when the state is computed."""
+  q = query_lib.SeededGaussianSumQuery(1.0, 0.7)
+  first, second = q.initial_global_state(), q.initial_global_state()
+  assert not np.array_equal(first.seed.numpy(), second.seed.numpy())
+  a, _, _ = q.get_noised_result([tf.zeros([1000])], first)
+  b, _, _ = q.get_noised_result([tf.zeros([1000])], second)
+  assert not np.allclose(a[0].numpy(), b[0].numpy())

@@ -459,8 +459,9 @@ def _build_tff_gaussian(cfg: MechanismConfig, resolved: mechanisms.Resolved,
   info.update(tff_dp_events="TFF reports GaussianDpEvent(z) every round; composing them "
                             "over-counts (an upper bound)",
               noise_seed_source="pinned" if cfg.noise_seed is not None else "os_entropy")
-  # gaussian_fixed's query, with its noise drawn from the seed (replayable, never reused).
-  seed = cfg.noise_seed if cfg.noise_seed is not None else checks.new_seed()
+  # gaussian_fixed's query, with its noise drawn from the seed (replayable, never reused): a
+  # pinned seed, else one from OS entropy at every initialize().
+  seed = cfg.noise_seed
 
   def make_factory(specs):
     if cfg.adaptive is not None:

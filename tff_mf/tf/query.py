@@ -332,16 +332,24 @@ class SeededGaussianSumQuery(tfp.GaussianSumQuery):
   split for the next round (TensorFlow's stateful RNG, which ``gaussian_fixed``
   uses, cannot be replayed). A run restarted from its seed, or from a checkpoint of
   the state, adds the very noise it added before, so a replayed round releases
-  nothing new. The seed is secret: the state, hence any checkpoint, holds it.
+  nothing new. The seed is secret: the state, hence any checkpoint, holds it. Without
+  a pinned ``noise_seed`` every ``initialize()`` draws a new seed from OS entropy (as
+  ``MatrixFactorizationQuery`` does), so two runs of one built process never share noise.
   """
 
-  def __init__(self, l2_norm_clip: float, stddev: float, noise_seed: int):
+  def __init__(self, l2_norm_clip: float, stddev: float, noise_seed: Optional[int] = None):
     super().__init__(l2_norm_clip=l2_norm_clip, stddev=stddev)
-    self._seed = noise_lib.seed_pair(noise_seed)
+    self._seed = None if noise_seed is None else noise_lib.seed_pair(noise_seed)
 
   def initial_global_state(self):
+    if self._seed is None:
+      seed = tf.raw_ops.RandomUniformInt(
+          shape=tf.constant([2], tf.int32), minval=tf.constant(_SEED_LOW, tf.int64),
+          maxval=tf.constant(_SEED_HIGH, tf.int64), seed=0, seed2=0)
+    else:
+      seed = tf.constant(self._seed)
     return SeededGaussianState(tf.cast(self._l2_norm_clip, tf.float32),
-                               tf.cast(self._stddev, tf.float32), tf.constant(self._seed))
+                               tf.cast(self._stddev, tf.float32), seed)
 
   def get_noised_result(self, sample_state, global_state):
     flat = tf.nest.flatten(sample_state)
