@@ -161,7 +161,7 @@ def test_conflicting_or_bad_flags_are_errors(kwargs, message):
 
 @pytest.mark.parametrize("kwargs, seed, message", [
     (dict(mechanism="opt_prefix_sum", bands=2, rank=1), 0, "--mechanism=opt_prefix_sum.*bands"),
-    (dict(mechanism="gaussian"), 5, "--mechanism=gaussian.*noise_seed"),
+    (dict(mechanism="gaussian", buffers=2), 5, "--mechanism=gaussian.*buffers"),
 ])
 def test_mechanism_conflicts_from_build_mechanism_become_errors(kwargs, seed, message):
   config = config_lib.TrainingConfig(noise_multiplier=1.0, total_rounds=8, **kwargs)
