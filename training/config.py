@@ -13,7 +13,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 from tff_mf import checks
 from tff_mf import participation
@@ -62,6 +62,11 @@ def is_private(mechanism: str) -> bool:
   return registry.mechanism(mechanism).private
 
 
+# The quantile estimator's flags (--clip_norm=adaptive; tff_mf.adaptive_clipping).
+ADAPTIVE_FLAGS = ("target_quantile", "initial_clip_norm", "clip_learning_rate",
+                  "clipped_count_stddev")
+
+
 @dataclasses.dataclass
 class TrainingConfig:
   """Every flag of run_stackoverflow.py (defaults: the papers' model, a small schedule)."""
@@ -79,7 +84,11 @@ class TrainingConfig:
   target_epsilon: Optional[float] = None
   delta: float = 1e-6
   accountant: str = "exact"
-  clip_norm: float = 1.0
+  clip_norm: Union[float, str] = 1.0  # or "adaptive"
+  target_quantile: float = 0.5
+  initial_clip_norm: float = 0.1
+  clip_learning_rate: float = 0.2
+  clipped_count_stddev: Optional[float] = None
   noise_seed: Optional[int] = None
   cache_dir: Optional[str] = None
   bands: Optional[int] = None
@@ -108,6 +117,17 @@ class TrainingConfig:
   seed: int = 0
   progress: bool = True
   report_train_metrics: bool = False
+
+  @property
+  def adaptive_clipping(self) -> bool:
+    """--clip_norm=adaptive: the clip norm follows a private quantile estimate."""
+    return self.clip_norm == "adaptive"
+
+  def adaptive_kwargs(self) -> Dict[str, object]:
+    """The quantile estimator's arguments of ``build_mechanism`` (empty for a fixed clip)."""
+    if not self.adaptive_clipping:
+      return {}
+    return {name: getattr(self, name) for name in ADAPTIVE_FLAGS}
 
   @property
   def canonical_mechanism(self) -> str:
@@ -151,8 +171,18 @@ class TrainingConfig:
       checks.positive_int(value, f"--{name}")
     if self.max_test_elements is not None:
       checks.positive_int(self.max_test_elements, "--max_test_elements")
-    for name in ("client_lr", "server_lr", "clip_norm"):
+    for name in ("client_lr", "server_lr"):
       checks.positive_float(getattr(self, name), f"--{name}")
+    if self.adaptive_clipping:
+      if not is_private(self.canonical_mechanism):
+        raise TrainingError(f"--clip_norm=adaptive needs a private --mechanism, not "
+                            f"{self.mechanism!r}")
+    else:
+      checks.positive_float(self.clip_norm, "--clip_norm")
+      defaults = TrainingConfig()
+      for name in ADAPTIVE_FLAGS:
+        if getattr(self, name) != getattr(defaults, name):
+          raise TrainingError(f"--{name} goes with --clip_norm=adaptive only")
     checks.in_range(self.server_momentum, "--server_momentum", 0.0, 1.0)
     checks.delta(self.delta, "--delta")
     checks.nonnegative_int(self.seed, "--seed")

@@ -85,6 +85,18 @@ def library_error_message(error: BaseException) -> Optional[str]:
   return None
 
 
+def _find_metric(metrics, name: str):
+  """The value of key ``name`` anywhere in TFF's nested measurements (None when absent)."""
+  if isinstance(metrics, dict):
+    if name in metrics:
+      return metrics[name]
+    for value in metrics.values():
+      found = _find_metric(value, name)
+      if found is not None:
+        return found
+  return None
+
+
 def run_round(process, state, datasets, round_num: int):
   """``process.next(state, datasets)``; a failed tff-mf check becomes a one-line TrainingError.
 
@@ -275,6 +287,7 @@ class _Trainer:
     if self.ledger is not None:
       self.ledger.write(round_num, privacy.round_event(output.state.aggregator))
     zeroed = int(output.metrics["aggregator"][robustness.ZEROED_METRIC])
+    clip = _find_metric(output.metrics["aggregator"], "clip_norm")
     progress.empty_clients_skipped += skipped
     progress.zeroed_client_updates += zeroed
     progress.cursor = self.sampler.cursor
@@ -282,6 +295,8 @@ class _Trainer:
     row: Dict[str, object] = {"round": round_num, "round_seconds": time.perf_counter() - start,
                               "clients": len(client_ids), "empty_clients_skipped": skipped,
                               "zeroed_client_updates": zeroed}
+    if clip is not None:  # adaptive clipping: ζ after this round's update (TFF reports the new state)
+      row["next_clip_norm"] = float(clip)
     if config.report_train_metrics:
       train = output.metrics["client_work"]["train"]
       row["nonprivate_train_loss"] = float(train["loss"])
@@ -436,7 +451,8 @@ def _build_trainer(run: _Run, task: task_lib.Task, setup) -> Tuple[_Trainer, obj
                      evaluate=task_lib.Evaluator(task.keras_model_fn, len(task.vocab),
                                                  config.num_oov_buckets),
                      writer=outputs.MetricsWriter(run.run_dir, run.progress.round,
-                                                  config.report_train_metrics))
+                                                  config.report_train_metrics,
+                                                  config.adaptive_clipping))
   if run.progress.round > 0:
     trainer.restore_sampling(run.progress.round)
   return trainer, state

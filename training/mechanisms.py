@@ -82,7 +82,7 @@ def build_library_mechanism(name: str, config: TrainingConfig, noise_multiplier:
       schedule_rounds=config.schedule_rounds, noise_seed=noise_seed,
       cache_dir=config.cache_dir, bands=config.bands, rank=config.rank,
       buffers=config.buffers, participation=config.schema(), progress=config.progress,
-      **kwargs)
+      **config.adaptive_kwargs(), **kwargs)
 
 
 def build_mechanism_setup(config: TrainingConfig, noise_multiplier: Optional[float],

@@ -79,11 +79,13 @@ def finite_or_none(value):
   return value if isinstance(value, float) and math.isfinite(value) else None
 
 
-def metric_fields(report_train_metrics: bool) -> tuple:
-  """The columns of metrics.csv."""
+def metric_fields(report_train_metrics: bool, adaptive_clipping: bool = False) -> tuple:
+  """The columns of metrics.csv (``next_clip_norm``: with adaptive clipping, the clip norm
+  ζ_{i+1} that round i's private count update set for the next round)."""
   train = NONPRIVATE_TRAIN_KEYS if report_train_metrics else ()
+  clip = ("next_clip_norm",) if adaptive_clipping else ()
   return ("round", *train, "round_seconds", "clients", "empty_clients_skipped",
-          "zeroed_client_updates", *(f"validation_{k}" for k in METRIC_KEYS))
+          "zeroed_client_updates", *clip, *(f"validation_{k}" for k in METRIC_KEYS))
 
 
 def _tensorboard_tag(key: str) -> str:
@@ -97,9 +99,10 @@ def _tensorboard_tag(key: str) -> str:
 class MetricsWriter:
   """metrics.csv (one row per round, kept up to the resumed round) and TensorBoard."""
 
-  def __init__(self, run_dir: str, resume_round: int, report_train_metrics: bool):
+  def __init__(self, run_dir: str, resume_round: int, report_train_metrics: bool,
+               adaptive_clipping: bool = False):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    self.fields = metric_fields(report_train_metrics)
+    self.fields = metric_fields(report_train_metrics, adaptive_clipping)
     self.path = os.path.join(run_dir, METRICS_FILE)
     kept = []
     if resume_round > 0 and os.path.exists(self.path):

@@ -42,6 +42,8 @@ ANALYSIS_LABELS = {
     "none": "unamplified Gaussian mechanism at z / sensitivity",
     "banded": "amplified banded MF (Poisson sampling within residue classes)",
     "mmcc": "MMCC (Poisson sampling within residue classes)",
+    "adaptive": "unamplified Gaussian at z / sensitivity composed with the adaptive clip norm's "
+                "count queries (one Gaussian at 1/mu)",
 }
 EVENTS_FILE = "dp_events.jsonl"
 # MMCC in this process only: no forked workers inside a process that runs TensorFlow and
@@ -142,6 +144,8 @@ def guarantee(config: TrainingConfig, c: np.ndarray) -> Tuple[float, Dict[str, A
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   target = config.target_epsilon
   notes: List[str] = []
+  if config.adaptive_clipping:
+    return _adaptive_guarantee(config, c)
   try:
     if amplified(config):
       record, note = _amplified(config, c, config.noise_multiplier, target)
@@ -179,6 +183,51 @@ def guarantee(config: TrainingConfig, c: np.ndarray) -> Tuple[float, Dict[str, A
   return z, best
 
 
+def _adaptive_guarantee(config: TrainingConfig, c: np.ndarray) -> Tuple[float, Dict[str, Any]]:
+  """(z, record) with adaptive clipping: the MF Gaussian and the count queries composed.
+
+  μ² = (sens/z)² + k·(½/σ_b)² (``tff_mf.adaptive_clipping``); no amplification is claimed
+  for the count queries, so min_sep Poisson runs report this unamplified bound.
+  """
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  from tff_mf import adaptive_clipping  # pylint: disable=g-import-not-at-top
+  s = schema(config)
+  k = s.max_participations_in(config.total_rounds)
+  adaptive = adaptive_clipping.AdaptiveClipping(
+      config.target_quantile, config.initial_clip_norm, config.clip_learning_rate,
+      config.clipped_count_stddev).checked(config.clients_per_round)
+  sigma_b = adaptive.clipped_count_stddev
+  try:
+    sens = accounting.sensitivity_report(c, s)["value"]
+    if config.target_epsilon is not None:
+      total = accounting.calibrate_noise_multiplier(config.target_epsilon, config.delta,
+                                                    config.accountant)
+      z = adaptive_clipping.value_noise_multiplier(total, sens, sigma_b, k)
+    else:
+      z = float(config.noise_multiplier)
+    plain = _unamplified(config, c, z)
+    total = adaptive_clipping.combined_noise_multiplier(z, sens, sigma_b, k)
+    eps = math.inf if total == 0.0 else accounting.epsilon(total, config.delta,
+                                                           config.accountant)
+  except ValueError as e:
+    raise TrainingError(f"privacy accounting: {' '.join(str(e).split())}") from None
+  record = dict(plain, epsilon=eps, analysis="adaptive", noise_multiplier=z,
+                effective_noise_multiplier=total, count_participations=k,
+                clipped_count_stddev=sigma_b)
+  record.update(candidates=[_candidate(record)], analysis_label=ANALYSIS_LABELS["adaptive"],
+                notes=["adaptive clipping: the count queries are accounted without "
+                       "amplification"] if amplified(config) else [],
+                unamplified_sensitivity=plain["sensitivity"],
+                unamplified_sensitivity_exact=plain["sensitivity_exact"],
+                unamplified_sensitivity_method=plain["sensitivity_method"])
+  if config.target_epsilon is not None:
+    record["target_epsilon"] = float(config.target_epsilon)
+    if not eps <= config.target_epsilon:
+      raise TrainingError(f"calibration gave epsilon {eps} above the target "
+                          f"{config.target_epsilon}")
+  return z, record
+
+
 def without_epsilons(value, key: str = ""):
   """``value`` with every ε in it (but the target) set to None: for a run that broke its schema."""
   if isinstance(value, dict):
@@ -193,7 +242,8 @@ def without_epsilons(value, key: str = ""):
 
 def check_against_mechanism(z: float, record: Dict[str, Any], info: Dict[str, Any]) -> None:
   """The aggregator's z / sens (from its own C and schema) equals the accountant's."""
-  mechanism_value = info.get("effective_noise_multiplier")
+  mechanism_value = info.get("effective_noise_multiplier_value",
+                             info.get("effective_noise_multiplier"))
   if mechanism_value is None:
     return
   accountant_value = z / record["unamplified_sensitivity"]

@@ -93,7 +93,19 @@ flags.DEFINE_enum("accountant", _DEFAULTS.accountant, config_lib.ACCOUNTANTS,
                   "Accountant of the unamplified Gaussian ε (tff_mf.accounting): exact (Balle & "
                   "Wang's analytic Gaussian), pld, rdp. Amplified analyses use PLD (amplified "
                   "banded) or MMCC; every reported ε is an upper bound.")
-flags.DEFINE_float("clip_norm", _DEFAULTS.clip_norm, "Per-client L2 clip norm ζ.")
+flags.DEFINE_string("clip_norm", str(_DEFAULTS.clip_norm),
+                    "Per-client L2 clip norm ζ, or 'adaptive': ζ follows a private estimate of "
+                    "--target_quantile of the update norms (Andrew et al. 2021, "
+                    "arXiv:1905.03871; docs/mechanisms.md).")
+flags.DEFINE_float("target_quantile", _DEFAULTS.target_quantile,
+                   "--clip_norm=adaptive: fraction of client updates left unclipped.")
+flags.DEFINE_float("initial_clip_norm", _DEFAULTS.initial_clip_norm,
+                   "--clip_norm=adaptive: the clip norm of round 1.")
+flags.DEFINE_float("clip_learning_rate", _DEFAULTS.clip_learning_rate,
+                   "--clip_norm=adaptive: learning rate of the geometric clip update.")
+flags.DEFINE_float("clipped_count_stddev", None,
+                   "--clip_norm=adaptive: noise std of the count of unclipped updates (default: "
+                   "0.05 x --clients_per_round, TFF's gaussian_adaptive default).")
 flags.DEFINE_integer("noise_seed", None,
                      f"Pin the secret noise seed {_NONE}a fresh one from OS entropy; the seed is "
                      "kept only in the checkpoints, never in summary or config files).")
@@ -178,7 +190,19 @@ def config_from_flags() -> config_lib.TrainingConfig:
   values = {f.name: FLAGS[f.name].value for f in config_lib.dataclasses.fields(
       config_lib.TrainingConfig) if f.name in FLAGS}
   values["workers"] = tuple(values.get("workers") or ())
+  values["clip_norm"] = _clip_norm(values["clip_norm"])
   return config_lib.TrainingConfig(**values)
+
+
+def _clip_norm(text: str):
+  """--clip_norm: "adaptive" or a number (a bad value is a one-line error from the config)."""
+  if text == "adaptive":
+    return text
+  try:
+    return float(text)
+  except ValueError:
+    raise config_lib.TrainingError(
+        f"--clip_norm must be a positive number or 'adaptive', got {text!r}") from None
 
 
 def _one_line(error: BaseException) -> str:
