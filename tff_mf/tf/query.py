@@ -48,6 +48,16 @@ MatrixFactorizationState = collections.namedtuple(
 _SEED_LOW, _SEED_HIGH = -(2**62), 2**62
 
 
+def initial_seed(pinned: Optional[np.ndarray]):
+  """The state's seed: the pinned pair, else one drawn from OS entropy each time the initial
+  state is computed (``RandomUniformInt`` with seed attributes 0, 0 reads /dev/urandom)."""
+  if pinned is not None:
+    return tf.constant(pinned)
+  return tf.raw_ops.RandomUniformInt(
+      shape=tf.constant([2], tf.int32), minval=tf.constant(_SEED_LOW, tf.int64),
+      maxval=tf.constant(_SEED_HIGH, tf.int64), seed=0, seed2=0)
+
+
 def single_participation_event(noise_multiplier: float) -> dp_accounting.DpEvent:
   """The whole run's guarantee (Denisov Thm 4.1): one Gaussian mechanism with multiplier z."""
   return dp_accounting.GaussianDpEvent(noise_multiplier)
@@ -142,14 +152,8 @@ class MatrixFactorizationQuery(tfp.SumAggregationDPQuery):
 
   # -- DPQuery ----------------------------------------------------------------
   def initial_global_state(self):
-    if self._seed is None:
-      seed = tf.raw_ops.RandomUniformInt(
-          shape=tf.constant([2], tf.int32), minval=tf.constant(_SEED_LOW, tf.int64),
-          maxval=tf.constant(_SEED_HIGH, tf.int64), seed=0, seed2=0)
-    else:
-      seed = tf.constant(self._seed)
     return MatrixFactorizationState(
-        round_index=tf.constant(0, tf.int32), seed=seed,
+        round_index=tf.constant(0, tf.int32), seed=initial_seed(self._seed),
         buffers=self._noise.initial_buffers(self._flat_specs))
 
   def derive_sample_params(self, global_state):
@@ -174,14 +178,19 @@ class MatrixFactorizationQuery(tfp.SumAggregationDPQuery):
       self._check_structure(template, "the value type")
     return super().initial_sample_state(self._record_specs)
 
-  def preprocess_record(self, params, record):
+  def _clipped(self, params, record):
+    """(clipped leaves, global norm) of a checked, finite client update."""
     self._check_structure(record, "the client update")
     flat = tf.nest.flatten(record)
+    name = type(self).__name__
     finite = [tf.debugging.assert_all_finite(
-        x, message=f"{checks.IN_GRAPH_PREFIX}MatrixFactorizationQuery: client update leaf #{k} "
-        "contains NaN or Inf") for k, x in enumerate(flat)]
+        x, message=f"{checks.IN_GRAPH_PREFIX}{name}: client update leaf #{k} contains NaN or "
+        "Inf") for k, x in enumerate(flat)]
     with tf.control_dependencies(finite):
-      clipped, _ = tf.clip_by_global_norm(flat, tf.cast(params, tf.float32))
+      return tf.clip_by_global_norm(flat, tf.cast(params, tf.float32))
+
+  def preprocess_record(self, params, record):
+    clipped, _ = self._clipped(params, record)
     return tf.nest.pack_sequence_as(record, clipped)
 
   def get_noised_result(self, sample_state, global_state):
@@ -266,15 +275,8 @@ class AdaptiveClipMatrixFactorizationQuery(MatrixFactorizationQuery):
     return values, tf.constant(0.0, tf.float32)
 
   def preprocess_record(self, params, record):
-    self._check_structure(record, "the client update")
-    flat = tf.nest.flatten(record)
-    finite = [tf.debugging.assert_all_finite(
-        x, message=f"{checks.IN_GRAPH_PREFIX}AdaptiveClipMatrixFactorizationQuery: client "
-        f"update leaf #{k} contains NaN or Inf") for k, x in enumerate(flat)]
-    with tf.control_dependencies(finite):
-      clip = tf.cast(params, tf.float32)
-      clipped, norm = tf.clip_by_global_norm(flat, clip)
-    unclipped = tf.cast(norm <= clip, tf.float32) - 0.5
+    clipped, norm = self._clipped(params, record)
+    unclipped = tf.cast(norm <= tf.cast(params, tf.float32), tf.float32) - 0.5
     return tf.nest.pack_sequence_as(record, clipped), unclipped
 
   def _count_noise(self, seed, i):
@@ -342,14 +344,8 @@ class SeededGaussianSumQuery(tfp.GaussianSumQuery):
     self._seed = None if noise_seed is None else noise_lib.seed_pair(noise_seed)
 
   def initial_global_state(self):
-    if self._seed is None:
-      seed = tf.raw_ops.RandomUniformInt(
-          shape=tf.constant([2], tf.int32), minval=tf.constant(_SEED_LOW, tf.int64),
-          maxval=tf.constant(_SEED_HIGH, tf.int64), seed=0, seed2=0)
-    else:
-      seed = tf.constant(self._seed)
     return SeededGaussianState(tf.cast(self._l2_norm_clip, tf.float32),
-                               tf.cast(self._stddev, tf.float32), seed)
+                               tf.cast(self._stddev, tf.float32), initial_seed(self._seed))
 
   def get_noised_result(self, sample_state, global_state):
     flat = tf.nest.flatten(sample_state)
