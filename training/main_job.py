@@ -90,7 +90,8 @@ DEMO_STRATEGIES = ("identity", "honaker_online", "honaker_full", "optimal", "str
 
 def _strategy_labels(n: int) -> Dict[str, str]:
   from tff_mf import registry  # pylint: disable=g-import-not-at-top
-  bands, rank = registry.default_structure(n)
+  structure = registry.default_parameters("structured", n)
+  bands, rank = structure["bands"], structure["rank"]
   labels = {s: registry.strategy(s).label for s in DEMO_STRATEGIES}
   labels["structured"] += f" (h={bands}, r={rank})"
   return labels
@@ -101,7 +102,8 @@ def _factorize_columns(n: int, cache_dir: Optional[str]):
   from tff_mf import cache, registry, strategies, workloads  # pylint: disable=g-import-not-at-top
   from tff_mf import factorization as fz  # pylint: disable=g-import-not-at-top
   from tff_mf.commands import factorize as factorize_cmd  # pylint: disable=g-import-not-at-top
-  bands, rank = registry.default_structure(n)
+  structure = registry.default_parameters("structured", n)
+  bands, rank = structure["bands"], structure["rank"]
   columns = {
       "prefix sum": workloads.WorkloadSpec(kind="prefix_sum", n=n),
       f"momentum {DEMO_MOMENTUM:g}": workloads.WorkloadSpec(kind="momentum", n=n,

@@ -107,12 +107,14 @@ def spec_from_args(args: argparse.Namespace):
     params[flag] = value
   if args.error is not None:
     params["error"] = args.error
-  if args.strategy in ("optimal", "structured"):
+  if "target_gap" in registry.strategy(args.strategy).declaration.parameters:
     params.update(target_gap=args.target_gap, max_iterations=args.max_iterations,
                   allow_unconverged=args.allow_unconverged)
   elif (args.target_gap, args.max_iterations, args.allow_unconverged) != (1e-6, 10_000, False):
+    solvers = [name for name, entry in registry.STRATEGIES.items()
+               if "target_gap" in entry.declaration.parameters]
     raise checks.CheckError("--target-gap/--max-iterations/--allow-unconverged apply to "
-                            "--strategy optimal and structured only")
+                            f"--strategy {' and '.join(solvers)} only")
   spec = strategies.FactorizationSpec(workload=workload, strategy=args.strategy,
                                       participation=schema, **params)
   spec.validate()
@@ -194,7 +196,8 @@ def run(args: argparse.Namespace) -> int:
     print(jsonio.dumps(record))
     return 0
   info = entry.metadata.get("info", {})
-  structured = f.strategy == "structured"
+  # A fit to the optimal decoder (structured) reports the optimal solver's figures too.
+  structured = info.get("optimal_sqrt_loss") is not None
   lines = [
       f"{'cache hit' if entry.cache_hit else 'computed'}: {f.strategy} for "
       f"{record['workload']} n={f.n}, participation {record['participation']['label']}",
