@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import re
 import sys
 from typing import Dict, Iterable, List, Optional, Sequence
@@ -60,7 +61,7 @@ def normalize_argv(argv: Sequence[str], known: Iterable[str],
     if token == "--":
       out.extend(argv[i:])
       break
-    if token.startswith("--") and len(token) > 2:
+    if token.startswith("--") and len(token) > 2 and not any(c.isspace() for c in token):
       name, eq, value = token[2:].partition("=")
       canonical = name.replace("-", "_")
       if canonical in known:
@@ -241,7 +242,7 @@ def parse_absl_flags(argv: Sequence[str], flag_values=None) -> List[str]:
   from absl import app  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
   flag_values = flags.FLAGS if flag_values is None else flag_values
-  prog = argv[0] if argv else "program"
+  prog = os.path.basename(argv[0]) if argv else "program"
   args = list(argv[1:])
   head = args[:args.index("--")] if "--" in args else args
   if any(a in HELP_FLAGS for a in head):
