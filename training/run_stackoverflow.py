@@ -98,7 +98,7 @@ flags.DEFINE_enum("accountant", _DEFAULTS.accountant, config_lib.ACCOUNTANTS,
                   "Accountant of the unamplified Gaussian ε (tff_mf.accounting): "
                   f"{clitools.ACCOUNTANT_HELP}. It is what summary.json records as epsilon "
                   "for an unamplified run; amplified analyses use PLD (amplified banded) or "
-                  "MMCC and record which (epsilon_analysis); every reported ε is an upper bound.")
+                  "MMCC and summary.json names it (analysis); every reported ε is an upper bound.")
 flags.DEFINE_string("clip_norm", str(_DEFAULTS.clip_norm),
                     "Per-client L2 clip norm ζ, or 'adaptive': ζ follows a private estimate of "
                     "--target_quantile of the update norms (Andrew et al. 2021, "

@@ -143,14 +143,7 @@ def _add_encoder_arguments(matrix) -> None:
                       help="a cached factorization .npz (tff-mf factorize prints its path); it "
                            "is checked on load and its normalized C is used (default: none)")
   factorize_cmd.add_workload_arguments(matrix)
-  matrix.add_argument("--bands", type=int, default=None, metavar="B",
-                      help="banded strategies (as tff-mf factorize): bands b of C; "
-                           "truncated_sqrt_prefix: bands kept (default: the registry's default "
-                           "for the schema)")
-  matrix.add_argument("--rank", type=int, default=None, metavar="R",
-                      help="structured: rank r of the low-rank part (default: the registry's)")
-  matrix.add_argument("--buffers", type=int, default=None, metavar="M",
-                      help="blt: buffers m (default: the registry's, 4)")
+  factorize_cmd.add_parameter_arguments(matrix)  # truncated_sqrt_prefix: --bands too
   matrix.add_argument("--height", type=int, default=None,
                       help="tree_restart: height h of each tree, restarted every 2^(h-1) rounds "
                            "(default: none)")

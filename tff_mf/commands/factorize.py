@@ -54,6 +54,22 @@ def add_participation_arguments(parser: argparse.ArgumentParser) -> None:
                      help="min_sep: participations per user, at most K (default: ⌈n/B⌉)")
 
 
+# The strategy parameters (registry.default_parameters): flag, metavar, help.
+PARAMETER_FLAGS = (
+    ("bands", "B", "structured: diagonals h kept exactly (default: ⌈log₂n/2⌉); banded, "
+                   "banded_toeplitz, bsr, bisr, banded_inverse: bands b of C (default: the "
+                   "schema's separation, at most 64; 16 under single participation)"),
+    ("rank", "R", "structured: rank r of the low-rank part (default: ⌊log₂n/2⌋)"),
+    ("buffers", "M", "blt: buffers m (default: 4)"),
+)
+
+
+def add_parameter_arguments(group) -> None:
+  """--bands, --rank, --buffers (``PARAMETER_FLAGS``)."""
+  for flag, metavar, text in PARAMETER_FLAGS:
+    group.add_argument(f"--{flag}", type=int, default=None, metavar=metavar, help=text)
+
+
 def workload_from_args(args: argparse.Namespace):
   """A ``WorkloadSpec`` from the parsed flags (validating a matrix file at once)."""
   from tff_mf import checks, workloads  # pylint: disable=g-import-not-at-top
@@ -183,14 +199,7 @@ def register(subparsers) -> None:
                       + clitools.mechanism_help())
   add_participation_arguments(parser)
   group = parser.add_argument_group("strategy parameters")
-  group.add_argument("--bands", type=int, default=None, metavar="B",
-                     help="structured: diagonals h kept exactly (default: ⌈log₂n/2⌉); banded, "
-                          "banded_toeplitz: bands b of C (default: the schema's separation, "
-                          "at most 64; 16 under single participation)")
-  group.add_argument("--rank", type=int, default=None, metavar="R",
-                     help="structured: rank r of the low-rank part (default: ⌊log₂n/2⌋)")
-  group.add_argument("--buffers", type=int, default=None, metavar="M",
-                     help="blt: buffers m (default: 4)")
+  add_parameter_arguments(group)
   group.add_argument("--error", choices=("mean", "max"), default=None,
                      help="banded_toeplitz, blt: optimize the mean (rmse) or the max error "
                           "(default: mean)")
