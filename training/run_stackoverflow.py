@@ -41,12 +41,8 @@ _NONE = "(default: none: "
 
 flags.DEFINE_string(
     "mechanism", _DEFAULTS.mechanism,
-    "DP mechanism, by its tff_mf.registry name or alias: tree (TFF's tree_aggregation), "
-    "honaker_online (the tree as a matrix mechanism, DP-FTRL), honaker_full, opt_prefix_sum, "
-    "opt_momentum (momentum and lr schedule inside the matrix), structured (banded + low "
-    "rank), banded, banded_toeplitz, blt (buffered linear Toeplitz), gaussian (TFF's "
-    "gaussian_fixed: independent noise each round), none (no DP). "
-    f"{clitools.mechanism_help(trainable=True)}.")
+    "DP mechanism, by its tff_mf.registry name or alias (README.md describes each; tree is "
+    f"TFF's tree_aggregation, none trains without DP): {clitools.mechanism_help(trainable=True)}.")
 flags.DEFINE_enum("dataset", _DEFAULTS.dataset, config_lib.DATASETS,
                   "stackoverflow (TFF's files in --data_dir), pydocs (docstrings of the installed "
                   "packages, no download), synthetic (a tiny generated corpus).")

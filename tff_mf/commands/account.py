@@ -181,7 +181,7 @@ def _fail(message: str):
   raise checks.CheckError(message)
 
 
-_WORKLOAD_FLAGS = ("workload", "momentum", "schedule_rounds", "matrix_file")
+_WORKLOAD_FLAGS = ("workload", "momentum", "schedule_rounds", "matrix_file", "cache_dir")
 _PARAMETER_FLAGS = ("bands", "rank", "buffers", "height")
 
 
@@ -253,7 +253,8 @@ def _mmcc_matrix(args: argparse.Namespace):
   from tff_mf import checks  # pylint: disable=g-import-not-at-top
   from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
   for flag in _given(args, ("rank", "buffers") + _WORKLOAD_FLAGS):
-    _fail(f"--{flag} does not apply to --mechanism {args.mechanism}")
+    if flag != "cache_dir":  # accepted (nothing to cache), so one command fits every mechanism
+      _fail(f"--{flag} does not apply to --mechanism {args.mechanism}")
   n = checks.positive_int(args.n, "--n")
   checks.dense_matrices_fit(n, 2, f"{args.mechanism} at n = {n}", m=2 * n)
   if args.mechanism == "tree_restart":
