@@ -259,25 +259,25 @@ def run_main_job(output_dir: str, cache_dir: Optional[str] = None, *,
   print(f"plot: {os.path.join(output_dir, 'training.png')}  "
         f"({time.perf_counter() - start:.0f} s)")
   diverged = any(s["diverged"] for by_seed in runs.values() for s in by_seed.values())
-  return 2 if diverged else 0
+  return 3 if diverged else 0  # 2 is a usage error
 
 
 # ----------------------------------------------------------------------------- entry point
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  from tff_mf import clitools  # pylint: disable=g-import-not-at-top
+  parser = clitools.ArgumentParser(
       prog="python -m training.main_job",
       description="The main job: the √L table and plots of every strategy for n rounds, then "
                   "DP training on the docstring dataset, TFF's tree vs MF at equal ε, once "
-                  "per pinned noise seed, compared on test loss.",
-      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                  "per pinned noise seed, compared on test loss. Exit status 0, 2 on a usage "
+                  "error, 1 on another error, 3 when a run diverged.")
   parser.add_argument("--output_dir", default=os.path.join("out", "demo"),
                       help="table and plots here, training results under <output_dir>/training")
-  parser.add_argument("--cache_dir", default=None,
-                      help="factorization cache (None: $TFF_MF_CACHE or ~/.cache/tff_mf)")
+  clitools.add_cache_dir_flag(parser)
   parser.add_argument("--data_dir", default=None,
-                      help="docstring-dataset cache (None: $TFF_MF_CACHE/datasets/pydocs)")
+                      help="docstring-dataset cache (default: $TFF_MF_CACHE/datasets/pydocs)")
   parser.add_argument("--n", type=int, default=DEMO_N, help="rounds n of the √L table")
   parser.add_argument("--skip_training", action="store_true",
                       help="only the factorization table and plots (no training run)")
@@ -289,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
                       default=MAIN_JOB_DEFAULTS["target_epsilon"], help="ε of every run")
   parser.add_argument("--seeds", type=int, nargs="+", default=list(NOISE_SEEDS),
                       help="replicates: seed r pins the noise, client order and model init")
-  parser.add_argument("--no_progress", action="store_true", help="no progress bars")
+  clitools.add_progress_flags(parser)
   return parser
 
 
@@ -298,7 +298,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = build_parser().parse_args(argv)
   if args.n < 2:
     print(f"error: --n must be at least 2, got {args.n}", file=sys.stderr)
-    return 1
+    return 2
   start = time.perf_counter()
   try:
     table = run_factorization_demo(args.output_dir, cache_dir=args.cache_dir, n=args.n)
@@ -313,7 +313,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   print(f"\nTraining on the docstring dataset: {', '.join(MAIN_JOB_MECHANISMS)} at equal ε, "
         f"seeds {' '.join(map(str, args.seeds))}", flush=True)
   return run_main_job(os.path.join(args.output_dir, "training"), cache_dir=args.cache_dir,
-                      data_dir=args.data_dir, seeds=args.seeds, progress=not args.no_progress,
+                      data_dir=args.data_dir, seeds=args.seeds, progress=args.progress,
                       total_rounds=args.total_rounds, clients_per_round=args.clients_per_round,
                       target_epsilon=args.target_epsilon)
 
