@@ -17,7 +17,8 @@ command resumes from its latest checkpoint.
 Writes <root_output_dir>/<experiment_name>/{summary.json, metrics.csv, config.json,
 tensorboard/, checkpoints/, final_model.npz}, private to the user (0700/0600).
 Exit code 0 on success, 1 on a configuration, data or run-directory error (one line
-on stderr), 2 when training diverged.
+on stderr), 2 when training diverged, 130 after Ctrl-C (the run stops at the end of the
+current round, checkpointed; a second Ctrl-C stops at once).
 """
 
 import os
@@ -30,7 +31,14 @@ from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-positio
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from tff_mf import interrupt  # pylint: disable=wrong-import-position
 from training import config as config_lib  # pylint: disable=wrong-import-position
+
+# Before TensorFlow's import: a first Ctrl-C stops at the next safe point (the end of the
+# current round, checkpointed), a second at once; never a traceback, never swallowed.
+interrupt.install(defer=True, prog="run_stackoverflow.py",
+                  notice="Ctrl-C: stopping at the next safe point, the end of the current "
+                         "round, checkpointed (Ctrl-C again stops at once)")
 
 _DEFAULTS = config_lib.TrainingConfig()
 _NONE = "(default: none: "
@@ -218,7 +226,11 @@ def main(argv):
   from training import distributed  # pylint: disable=g-import-not-at-top
   from training import loop  # pylint: disable=g-import-not-at-top
   try:
+    interrupt.check("interrupted; nothing was written")
     summary = loop.run_training(config_from_flags())
+  except interrupt.Interrupted as e:
+    print(e, file=sys.stderr)  # the rounds run are checkpointed: the same command resumes
+    return interrupt.EXIT_CODE
   except word_counts.DatasetUnavailableError as e:
     print(f"error: {e}", file=sys.stderr)  # several lines by design: what to fetch, and where
     return 1

@@ -13,6 +13,8 @@ import sys
 import time
 
 WORKLOADS = ("prefix_sum", "momentum", "file")
+# After Ctrl-C (tff_mf.cli): cache entries are written atomically (tff_mf.cache).
+INTERRUPTED = "interrupted; no partial cache entry was written (finished ones stay cached)"
 DEFAULT_MOMENTUM = 0.95  # Denisov et al. 2022, arXiv:2202.08312, Fig 1 (right), Sec 5
 
 
