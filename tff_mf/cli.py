@@ -17,6 +17,7 @@ import sys
 from typing import List, Optional
 
 from tff_mf import clitools
+from tff_mf import interrupt
 
 # Subcommand name -> module (in the order `tff-mf --help` lists them).
 COMMANDS = (
@@ -49,6 +50,8 @@ def main(argv: Optional[List[str]] = None) -> int:
   if args.command is None:
     parser.print_help()
     return 0
+  # Ctrl-C stops at once, one line, exit 130; a second Ctrl-C during clean-up exits at once.
+  interrupt.install(defer=False, prog=f"tff-mf {args.command}")
   try:
     return int(args.func(args) or 0)
   except (ValueError, OSError, MemoryError) as e:  # user-facing errors: one line, no traceback
@@ -56,8 +59,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"tff-mf {args.command}: error: {message}", file=sys.stderr)
     return 2
   except KeyboardInterrupt:
-    print(f"tff-mf {args.command}: interrupted", file=sys.stderr)
-    return 130
+    module = importlib.import_module(dict(COMMANDS)[args.command])
+    print(f"tff-mf {args.command}: "
+          f"{getattr(module, 'INTERRUPTED', 'interrupted; nothing was written')}",
+          file=sys.stderr)
+    return interrupt.EXIT_CODE
 
 
 if __name__ == "__main__":

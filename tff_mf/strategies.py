@@ -14,8 +14,10 @@ import time
 from typing import Any, Dict, Optional
 
 from tff_mf import checks
+from tff_mf import dense_run
 from tff_mf import factorization as fz
 from tff_mf import families
+from tff_mf import lbfgs
 from tff_mf import participation as participation_lib
 from tff_mf import registry
 from tff_mf import streams
@@ -108,7 +110,67 @@ def factorize(spec: FactorizationSpec, progress: bool = False,
   f = fz.Factorization(a=a, b=result.b, c=result.c, strategy=spec.strategy, info=info,
                        extras=result.extras).validate()
   f.info.update(error_figures(f, spec.participation))
+  f.info[OUTCOME] = solver_outcome(spec, f.info)
+  if f.info[OUTCOME] is None:
+    raise checks.CheckError(f"strategy {spec.strategy!r} returned other parameters than "
+                            "requested without saying why")
   return f
+
+
+class SolverOutcomeError(checks.CheckError):
+  """``strict``: a solver returned other parameters than requested, or did not converge."""
+
+
+# The info key of the record of what was asked and what was done (``solver_outcome``).
+OUTCOME = "outcome"
+# Family parameters a solver may return changed (e.g. BLT buffers it switched off).
+_RETURNED = ("bands", "rank", "buffers")
+
+
+def solver_outcome(spec: FactorizationSpec, info: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+  """What was asked and what was done, in one shape for every family.
+
+  ``requested`` and ``returned``: the family parameters (bands, rank, buffers) of the spec
+  and of the result; ``converged``: the solver's own verdict (for structured, also those of
+  the optimal decoder and of the ALS fit); ``why``: one line, empty unless they differ or
+  it did not converge. Computed from the factorization info alone; None when that info
+  (cached before the outcome was recorded) cannot say why parameters differ or whether
+  the ALS fit converged.
+  """
+  requested = {k: getattr(spec, k) for k in _RETURNED if k in _PARAMETERS.get(spec.strategy, ())}
+  returned = {k: int(info.get(k, v)) for k, v in requested.items()}
+  if ((returned != requested and "returned_why" not in info)
+      or (spec.strategy == "structured" and "als_converged" not in info)):
+    return None
+  converged = all(bool(info.get(k, True))
+                  for k in ("converged", "optimal_converged", "als_converged"))
+  why = [f"{key} {returned[key]} returned for {value} requested: {info['returned_why']}"
+         for key, value in requested.items() if returned[key] != value]
+  if not converged:
+    why.append(f"not converged: {_why_unconverged(info)}")
+  return {"requested": requested, "returned": returned, "converged": converged,
+          "why": "; ".join(why)}
+
+
+def _why_unconverged(info: Dict[str, Any]) -> str:
+  if not info.get("als_converged", True) and all(
+      info.get(k, True) for k in ("converged", "optimal_converged")):
+    return (f"the ALS fit of the low-rank part stopped at its iteration limit "
+            f"({info['als_iterations']}) before its relative decrease reached "
+            f"{structured.DEFAULT_ALS_TOLERANCE:g}")
+  if "gradient_norm" in info and "message" in info:
+    return lbfgs.why_unconverged(info["message"], info["gradient_norm"])
+  if "relative_gap" in info or "optimal_relative_gap" in info:
+    prefix = "" if "relative_gap" in info else "optimal_"
+    reason = dense_run.STOP_REASONS.get(info.get(f"{prefix}stop_reason"), "stopped")
+    return (f"{'the optimal decoder: ' if prefix else ''}relative duality gap "
+            f"{info[prefix + 'relative_gap']:.3g} above the target ({reason})")
+  return str(info.get("message") or info.get("solver_message") or "the solver says so")
+
+
+def deviates(outcome: Dict[str, Any]) -> bool:
+  """Whether a ``solver_outcome`` differs from the request or did not converge."""
+  return outcome["requested"] != outcome["returned"] or not outcome["converged"]
 
 
 def error_figures(f: fz.Factorization,

@@ -32,6 +32,8 @@ import sys
 import time
 from typing import Dict, Optional, Sequence
 
+from tff_mf import interrupt
+
 # The baseline first: TFF's tree aggregator (what users train with today), then MF.
 MAIN_JOB_MECHANISMS = ("tree", "opt_momentum")
 # Pinned for reproducibility: replicate r uses client order / model init seed r and noise
@@ -83,6 +85,9 @@ READING_NOTES = (
 DEMO_N = 512
 DEMO_MOMENTUM = 0.95
 DEMO_STRATEGIES = ("identity", "honaker_online", "honaker_full", "optimal", "structured")
+# What a Ctrl-C during the √L table leaves (each factorization is cached atomically).
+FACTORIZATION_INTERRUPTED = ("interrupted; the factorizations done so far are cached, nothing "
+                             "else was written; run the same command to go on")
 
 
 # ----------------------------------------------------------------------------- √L table
@@ -118,6 +123,7 @@ def _factorize_columns(n: int, cache_dir: Optional[str]):
                                           bands=bands if structured else 0,
                                           rank=rank if structured else 0)
       f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=True)
+      interrupt.check(FACTORIZATION_INTERRUPTED)
       values[column][strategy] = f.sqrt_loss
       records.append(dict(factorize_cmd.result_record(f, entry), column=column))
     lower_bounds[column] = float(fz.lower_bound_nuclear(workload.build()) ** 0.5)
@@ -294,8 +300,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+  """The job; a first Ctrl-C stops it at the next safe point (the current factorization
+  or training round, checkpointed), a second at once (``tff_mf.interrupt``): exit 130."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   args = build_parser().parse_args(argv)
+  interrupt.install(defer=True, prog="main_job",
+                    notice="Ctrl-C: stopping after the current factorization or training "
+                           "round, checkpointed (Ctrl-C again stops at once)")
+  try:
+    return _main(args)
+  except interrupt.Interrupted as e:
+    print(e, file=sys.stderr)
+    return interrupt.EXIT_CODE
+
+
+def _main(args: argparse.Namespace) -> int:
   if args.n < 2:
     print(f"error: --n must be at least 2, got {args.n}", file=sys.stderr)
     return 2

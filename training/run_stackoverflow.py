@@ -19,7 +19,8 @@ tensorboard/, checkpoints/, final_model.npz}, private to the user (0700/0600).
 Flags may be spelled ``--flag_name`` or ``--flag-name`` (``tff_mf.clitools``). Exit code
 0 on success, 2 on a usage error (a bad flag, value or configuration: one line on stderr
 with the closest valid spelling), 1 on a data or run-directory error (one line), 3 when
-training diverged.
+training diverged, 130 after Ctrl-C (the run stops at the end of the current round,
+checkpointed; a second Ctrl-C stops at once).
 """
 
 import os
@@ -33,7 +34,14 @@ from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-posit
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from tff_mf import clitools  # pylint: disable=wrong-import-position
+from tff_mf import interrupt  # pylint: disable=wrong-import-position
 from training import config as config_lib  # pylint: disable=wrong-import-position
+
+# Before TensorFlow's import: a first Ctrl-C stops at the next safe point (the end of the
+# current round, checkpointed), a second at once; never a traceback, never swallowed.
+interrupt.install(defer=True, prog="run_stackoverflow.py",
+                  notice="Ctrl-C: stopping at the next safe point, the end of the current "
+                         "round, checkpointed (Ctrl-C again stops at once)")
 
 _DEFAULTS = config_lib.TrainingConfig()
 DIVERGED = 3  # exit status of a run whose model diverged (2 is a usage error)
@@ -230,7 +238,11 @@ def main(argv):
   from training import distributed  # pylint: disable=g-import-not-at-top
   from training import loop  # pylint: disable=g-import-not-at-top
   try:
+    interrupt.check("interrupted; nothing was written")
     summary = loop.run_training(config)
+  except interrupt.Interrupted as e:
+    print(e, file=sys.stderr)  # the rounds run are checkpointed: the same command resumes
+    return interrupt.EXIT_CODE
   except word_counts.DatasetUnavailableError as e:
     print(f"error: {e}", file=sys.stderr)  # several lines by design: what to fetch, and where
     return 1

@@ -20,7 +20,10 @@ the requested ones is a conflict: it is reported and not overwritten.
 Each run's outcome (status, exit code, wall time, summary path, ε, test
 accuracy) is appended to ``D/sweep_<grid>.jsonl``; the run's output goes to
 ``D/<name>/sweep.log``. Run directories are created private (0700), as the
-training binary requires (``training.rundir``).
+training binary requires (``training.rundir``). Ctrl-C (``tff_mf.interrupt``) is forwarded
+to the runs in flight, which checkpoint their current round and exit 130; no new run
+starts, and the sweep exits 130 with one line (rerunning resumes); a second Ctrl-C is
+forwarded too and the sweep exits at once.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from tff_mf import interrupt
 from training import grids
 from training import rundir
 
@@ -232,10 +236,23 @@ class _Children:
     self._lock = threading.Lock()
     self._procs: Dict[int, subprocess.Popen] = {}
     self.stopping = False
+    self.interrupted = False
 
   def add(self, proc):
     with self._lock:
       self._procs[proc.pid] = proc
+      interrupted = self.interrupted
+    if interrupted:  # started as a Ctrl-C came: it stops at its first safe point
+      _signal_group(proc, signal.SIGINT)
+
+  def interrupt_all(self):
+    """Ctrl-C: each run stops at the end of its current round, checkpointed (a second
+    Ctrl-C, forwarded the same way, stops them at once); no new run starts."""
+    with self._lock:
+      self.stopping = self.interrupted = True
+      procs = list(self._procs.values())
+    for proc in procs:
+      _signal_group(proc, signal.SIGINT)
 
   def remove(self, proc):
     with self._lock:
@@ -259,6 +276,14 @@ class _Children:
           os.killpg(proc.pid, signal.SIGKILL)
         except OSError:
           pass
+
+
+def _signal_group(proc: subprocess.Popen, signum: int) -> None:
+  if proc.poll() is None:
+    try:
+      os.killpg(proc.pid, signum)
+    except OSError:
+      pass
 
 
 def _run_one(run: grids.RunConfig, binary: List[str], root_output_dir: str,
@@ -293,7 +318,9 @@ def _run_one(run: grids.RunConfig, binary: List[str], root_output_dir: str,
   except ValueError as e:
     summary = None
     record["error"] = str(e)
-  if summary is not None and (summary.get("finished") or summary.get("diverged")):
+  if returncode == interrupt.EXIT_CODE and children.interrupted:
+    record["status"] = "interrupted"  # checkpointed: the same command resumes it
+  elif summary is not None and (summary.get("finished") or summary.get("diverged")):
     record["status"] = "diverged" if summary.get("diverged") else "finished"
     record["epsilon"] = summary.get("epsilon")
     record["test_accuracy_no_oov_no_eos"] = (summary.get("test_metrics") or {}).get(
@@ -327,6 +354,10 @@ def run_grid(grid: grids.Grid, start: int, stop: int, root_output_dir: str, proc
       todo.append(run)
   children = _Children()
   previous_handlers = {}
+  # Ctrl-C (tff_mf.interrupt, installed by main): forwarded to the runs, which checkpoint
+  # the current round and exit 130; a second one is forwarded too, and the sweep exits.
+  interrupt.on_request(children.interrupt_all)
+  interrupt.on_force_exit(children.interrupt_all)
 
   def _on_signal(signum, frame):
     del frame
@@ -334,7 +365,7 @@ def run_grid(grid: grids.Grid, start: int, stop: int, root_output_dir: str, proc
     raise SystemExit(128 + signum)
 
   if threading.current_thread() is threading.main_thread():
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in (signal.SIGTERM,) + (() if interrupt.installed() else (signal.SIGINT,)):
       previous_handlers[signum] = signal.signal(signum, _on_signal)
   lock = threading.Lock()
   try:
@@ -395,6 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
   from tff_mf import clitools  # pylint: disable=g-import-not-at-top
   args = build_parser().parse_args(argv)
+  interrupt.install(defer=True, prog="sweep",
+                    notice="sweep: Ctrl-C: each run stops at the end of its current round, "
+                           "checkpointed (Ctrl-C again stops at once)")
   try:
     if args.grid not in grids.GRIDS:
       raise ValueError(f"unknown grid {args.grid!r}{clitools.did_you_mean(args.grid, grids.GRIDS)}"
@@ -428,6 +462,9 @@ def main(argv: Optional[List[str]] = None) -> int:
   except ValueError as e:
     print(f"sweep: error: {e}", file=sys.stderr)
     return 2
+  if interrupt.requested():
+    print("sweep: interrupted; run the same command to resume", file=sys.stderr)
+    return interrupt.EXIT_CODE
   counts: Dict[str, int] = {}
   for record in records:
     counts[record["status"]] = counts.get(record["status"], 0) + 1

@@ -15,6 +15,8 @@ import time
 from tff_mf import clitools
 
 WORKLOADS = ("prefix_sum", "momentum", "file")
+# After Ctrl-C (tff_mf.cli): cache entries are written atomically (tff_mf.cache).
+INTERRUPTED = "interrupted; no partial cache entry was written (finished ones stay cached)"
 DEFAULT_MOMENTUM = 0.95  # Denisov et al. 2022, arXiv:2202.08312, Fig 1 (right), Sec 5
 
 
@@ -183,6 +185,8 @@ def result_record(f, entry) -> dict:
                                            md.get("sensitivity_before_normalization")),
       "path": entry.npz_path, "metadata_path": entry.json_path, "cache_hit": entry.cache_hit,
       "key": md.get("key"), "params": md.get("params"),
+      # What was asked and what was done (tff_mf.strategies.solver_outcome).
+      "outcome": f.info.get("outcome"),
   }
 
 
@@ -217,6 +221,10 @@ def register(subparsers) -> None:
                       help="recompute even if the cache has this entry; replaces a corrupt one "
                            "(default: off)")
   parser.add_argument("--json", action="store_true", help="print one JSON object (default: off)")
+  parser.add_argument("--strict", action="store_true",
+                      help="fail (exit 2) when the solver returns other parameters than "
+                           "requested or does not converge, instead of warning; the result "
+                           "stays cached (default: off)")
   parser.set_defaults(func=run)
 
 
@@ -230,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
   start = time.perf_counter()
   spec = spec_from_args(args)
   f, entry = cache.load_or_factorize(spec, cache_dir=args.cache_dir, force=args.force,
-                                     progress=not args.json)
+                                     progress=not args.json, strict=args.strict)
   record = result_record(f, entry)
   record["wall_seconds"] = time.perf_counter() - start
   if args.json:
@@ -248,9 +256,8 @@ def run(args: argparse.Namespace) -> int:
       f"  max_error      {record['max_error']:.6g}",
       f"  sqrt(L)        {f.sqrt_loss:.4f}",
   ]
-  for key in ("bands", "rank", "buffers"):
-    if key in record["params"]:
-      lines.append(f"  {key:<14} {record['params'][key]}")
+  for key, value in record["outcome"]["returned"].items():
+    lines.append(f"  {key:<14} {value}")
   if structured and info.get("optimal_sqrt_loss") is not None:
     lines.append(f"  optimal sqrt(L) {info['optimal_sqrt_loss']:.4f}")
   if record["relative_gap"] is not None:
@@ -261,6 +268,8 @@ def run(args: argparse.Namespace) -> int:
                  f"{record['iterations']}")
   lines.append(f"  solver seconds {_fmt(record['seconds'], '.2f')}")
   lines.append(f"  file           {entry.npz_path}")
+  if record["outcome"]["why"]:
+    lines.append(f"  warning: {record['outcome']['why']}")
   print("\n".join(lines))
   sys.stdout.flush()
   return 0

@@ -269,6 +269,8 @@ def fit(a: np.ndarray, bands: int, rank: int, progress: bool = False,
   c = np.tril(c)  # exact zeros above the diagonal (B̂ and A are lower triangular)
   info.update({
       "als_iterations": als_used,
+      # Stopped by its tolerance, before its iteration limit (read by the solver outcome).
+      "als_converged": bool(als_used < als_iterations),
       "als_regularization": ALS_REGULARIZATION,
       "approximation_error": float(np.linalg.norm(b_hat - b_opt) / np.linalg.norm(b_opt)),
       "seconds": time.perf_counter() - start,
