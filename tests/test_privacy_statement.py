@@ -1,9 +1,9 @@
-"""The privacy statement (tff_mf.statement), ε per round and dp_events.jsonl's header
-(training.privacy); numpy and dp_accounting only, no TensorFlow."""
+"""The privacy statement (tff_mf.statement) of runs and of ``tff-mf account``, and the JSON
+fields and zero-noise errors it stands beside (no TensorFlow). ε per round and
+dp_events.jsonl's header: tests/test_training_privacy.py."""
 
 import json
 
-import dp_accounting
 import numpy as np
 import pytest
 
@@ -11,10 +11,7 @@ from tff_mf import accounting
 from tff_mf import mechanisms
 from tff_mf import participation
 from tff_mf import statement
-from tff_mf import strategies
-from tff_mf import workloads
 from training import config as config_lib
-from training import privacy
 
 
 @pytest.mark.parametrize("value, text", [
@@ -75,10 +72,8 @@ def test_statement_names_what_is_not_private():
 
 
 def test_statement_of_amplified_analyses_says_which_bound_was_used():
-  c = strategies.factorize(strategies.FactorizationSpec(
-      workloads.WorkloadSpec("prefix_sum", 8), strategy="banded", bands=2,
-      participation=participation.min_sep(2))).c
-  record = accounting.epsilon_for(c, participation.min_sep(2), 1.0, 1e-6, "banded", 0.1)
+  record = accounting.epsilon_for(np.eye(8), participation.min_sep(2), 1.0, 1e-6, "banded",
+                                  0.1, pld_discretization=1e-3)
   assert record["bound"] == "amplified"
   s = statement.privacy_statement(record, run=False)
   assert "amplified banded MF" in s["analysis"] and "PLD" in s["analysis"]
@@ -87,77 +82,50 @@ def test_statement_of_amplified_analyses_says_which_bound_was_used():
   assert "no amplification (the banded amplified bound was larger)" in loose["analysis"]
 
 
-# ----------------------------------------------------------------------------- ε per round
-
-N = 12
+# ----------------------------------------------------------------------------- JSON fields
 
 
-def run_config(**kw):
-  values = dict(mechanism="opt_prefix_sum", dataset="synthetic", total_rounds=N,
-                clients_per_round=2, noise_multiplier=2.0)
-  values.update(kw)
-  return config_lib.TrainingConfig(**values)
+def test_mmcc_record_holds_each_field_once_per_meaning():
+  c = mechanisms.tree_encoder(4) * np.sqrt(3)  # γ(C) = 1
+  record = accounting.epsilon_for(c, participation.min_sep(2), 3.0, 1e-6, "mmcc", 0.5,
+                                  mmcc_options={"workers": 1})
+  details = record["mmcc"]
+  assert not set(details) & set(record), set(details) & set(record)
+  assert details["average_sampling_rate"] == pytest.approx(0.5 / 2)  # MMCC App D's p = p/b
+  assert record["sampling_prob"] == 0.5 and "column_norm" in details
+  assert "single_participation_reference_epsilon" in details
 
 
-def optimal_c(n=N):
-  return strategies.factorize(strategies.FactorizationSpec(
-      workloads.WorkloadSpec("prefix_sum", n), strategy="optimal")).c
+def test_sensitivity_method_agrees_with_exact():
+  report = participation.sensitivity_report(mechanisms.tree_encoder(16),
+                                            participation.min_sep(2))
+  assert report["exact"] and report["method"] == "alg4_bound_attained"
+  rng = np.random.default_rng(5)
+  loose = participation.sensitivity_report(np.tril(rng.normal(size=(64, 64))),
+                                           participation.min_sep(4, 3))
+  assert not loose["exact"] and loose["method"] in ("alg4_bound", "enumerated_patterns")
 
 
-@pytest.mark.parametrize("kw, c", [
-    (dict(participation="fixed_epoch", epochs=2), optimal_c()),
-    (dict(), optimal_c()),
-    (dict(mechanism="tree", participation="min_sep", min_sep=3, max_participations=2,
-          sampling_prob=0.5),
-     mechanisms.tree_encoder(N)),
-    (dict(clip_norm="adaptive", participation="fixed_epoch", epochs=3), optimal_c()),
-])
-def test_epsilon_per_round_is_non_decreasing_and_ends_at_the_runs_epsilon(kw, c):
-  cfg = run_config(**kw)
-  cfg.validate()
-  z, record = privacy.guarantee(cfg, c)
-  eps = privacy.epsilon_per_round(cfg, c, z, record)
-  assert len(eps) == N and eps[-1] == record["epsilon"]
-  assert all(a <= b for a, b in zip(eps, eps[1:]))
-  assert 0 < eps[0] < eps[-1]  # round 1 has released less than the whole run
+def test_zero_noise_errors_name_what_exists_on_each_surface(capsys):
+  from tff_mf import checks  # pylint: disable=g-import-not-at-top
+  from tff_mf import cli  # pylint: disable=g-import-not-at-top
+  with pytest.raises(config_lib.TrainingError, match="--mechanism=none trains without noise"):
+    config_lib.TrainingConfig(mechanism="opt_prefix_sum", noise_multiplier=0.0).validate()
+  assert cli.main(["account", "--noise-multiplier", "0", "--delta", "1e-6"]) != 0
+  err = capsys.readouterr().err
+  assert "must be positive" in err and "allow_no_noise" not in err
+  with pytest.raises(checks.CheckError, match="allow_no_noise=True"):
+    checks.noise_multiplier(0.0, no_noise_hint=checks.PYTHON_NO_NOISE_HINT)
 
 
-def test_epsilon_after_r_rounds_matches_dp_accounting_directly():
-  """C = I (gaussian) in 2 fixed epochs of 6 rounds: after r ≤ 6 rounds a client has joined
-  at most once, after r > 6 at most twice; dp_accounting's PLD of the self-composed
-  Gaussian is an independent upper bound within its discretization of the exact value."""
-  cfg = run_config(mechanism="gaussian", participation="fixed_epoch", epochs=2,
-                   noise_multiplier=1.5)
-  c = np.eye(N)
-  z, record = privacy.guarantee(cfg, c)
-  eps = privacy.epsilon_per_round(cfg, c, z, record)
-  for r, joins in ((3, 1), (6, 1), (7, 2), (N, 2)):
-    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
-    acc.compose(dp_accounting.GaussianDpEvent(1.5), joins)
-    reference = acc.get_epsilon(1e-6)
-    assert eps[r - 1] <= reference * (1 + 1e-9)  # exact ≤ PLD's pessimistic bound
-    assert eps[r - 1] >= reference - 5e-3  # PLD's discretization error at this ε
-  assert eps[0] == eps[5] < eps[6] == eps[-1]
-
-
-def test_released_rows_of_the_tree_encoder_are_those_of_finished_rounds():
-  c = mechanisms.tree_encoder(4)
-  for r in range(1, 5):
-    rows = privacy.released_rows(c, r)
-    assert not np.any(rows[:, r:])  # nothing of a later round
-    assert np.all(np.any(rows[:, :r] != 0, axis=0))  # every round so far
-
-
-def test_dp_events_file_starts_with_a_header_that_readers_skip(tmp_path):
-  ledger = privacy.EventLedger(str(tmp_path), 0)
-  event = privacy.event_to_json(dp_accounting.PoissonSampledDpEvent(
-      0.0, dp_accounting.GaussianDpEvent(1.0)))
-  for r in (1, 2, 3):
-    ledger.write(r, event)
-  lines = (tmp_path / privacy.EVENTS_FILE).read_text().splitlines()
-  header = json.loads(lines[0])
-  assert list(header) == ["dp_events"] and "sampling_probability 0.0" in header["dp_events"]
-  assert len(lines) == 4 and ledger.events() == [event] * 3
-  resumed = privacy.EventLedger(str(tmp_path), 2)  # a resume keeps the header and rounds 1-2
-  lines = (tmp_path / privacy.EVENTS_FILE).read_text().splitlines()
-  assert json.loads(lines[0]) == header and len(lines) == 3 and resumed.events() == [event] * 2
+def test_account_prints_the_statement_for_its_configuration(capsys):
+  from tff_mf import cli  # pylint: disable=g-import-not-at-top
+  argv = ["account", "--mechanism", "gaussian", "--n", "8", "--participation", "fixed_epoch",
+          "--epochs", "2", "--noise-multiplier", "2", "--delta", "1e-6"]
+  assert cli.main(argv) == 0
+  text = capsys.readouterr().out
+  assert cli.main(argv + ["--json"]) == 0
+  record = json.loads(capsys.readouterr().out)
+  s = record["privacy_statement"]
+  assert s["text"] in text and s["epsilon"] == statement.round_up(record["epsilon"])
+  assert "fixed_epoch(epochs=2)" in s["participation"] and "as configured" in s["participation"]

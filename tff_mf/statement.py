@@ -220,7 +220,7 @@ def privacy_statement(record: Mapping[str, Any], *, schema=None,
   if eps is not None and math.isnan(eps):
     raise ValueError("internal error: a NaN epsilon reached the privacy statement")
   schema_text = _schema_text(record, schema)
-  if sampling_prob is None and record.get("bound") == "amplified":
+  if sampling_prob is None:
     sampling_prob = record.get("sampling_prob")
   not_covered = list(NOT_COVERED_RUN if run else NOT_COVERED_ACCOUNT)
   if nonprivate_metrics:

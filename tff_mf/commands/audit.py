@@ -133,6 +133,9 @@ def _schema(kind, args):
 def run(args: argparse.Namespace) -> int:
   from tff_mf import audit as audit_lib  # pylint: disable=g-import-not-at-top
   audit_lib.check_auditable(args.mechanism)
+  if args.noise_multiplier is not None:  # z = 0 is no claim to audit (no flag allows it)
+    from tff_mf import checks  # pylint: disable=g-import-not-at-top
+    checks.noise_multiplier(args.noise_multiplier, "--noise-multiplier")
   schema = _schema(args.participation, args)
   accounted = _schema(args.accounted_as, args) if args.accounted_as else schema
   options = audit_lib.AuditOptions(
