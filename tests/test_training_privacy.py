@@ -239,3 +239,18 @@ def test_dp_events_file_starts_with_a_header_that_readers_skip(tmp_path):
   resumed = privacy.EventLedger(str(tmp_path), 2)  # a resume keeps the header and rounds 1-2
   lines = (tmp_path / privacy.EVENTS_FILE).read_text().splitlines()
   assert json.loads(lines[0]) == header and len(lines) == 3 and resumed.events() == [event] * 2
+
+
+def test_the_privacy_record_holds_a_sensitivity_once_per_meaning():
+  plain_cfg = config(participation="fixed_epoch", epochs=2, noise_multiplier=2.0,
+                     target_epsilon=None)
+  _, plain = privacy.guarantee(plain_cfg, encoder())
+  assert "unamplified_sensitivity" not in plain  # `sensitivity` is the one the noise is for
+  privacy.check_against_mechanism(2.0, plain, {"effective_noise_multiplier":
+                                               2.0 / plain["sensitivity"]})
+  cfg = config(participation="min_sep", min_sep=4, sampling_prob=0.2, noise_multiplier=2.0,
+               target_epsilon=None)
+  _, banded = privacy.guarantee(cfg, encoder("banded", bands=4))
+  assert banded["analysis"] == "banded"  # `sensitivity`: every eligible round joined
+  assert banded["unamplified_sensitivity"] == accounting.sensitivity_report(
+      encoder("banded", bands=4), cfg.schema())["value"]

@@ -24,7 +24,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 DIGITS = 3
 UNIT = ("client-level: one client's whole data, in every round it joins. Adjacency is "
         "add/remove one client (equivalently, replacing all of its clipped updates by zero); "
-        "a replace-one guarantee is not what is accounted (it needs twice the sensitivity)")
+        "a replace-one guarantee is not what is accounted (it would take twice the sensitivity)")
 ACCOUNTANT_WORDS = {
     "exact": "the analytic Gaussian mechanism (Balle & Wang 2018, arXiv:1805.06530, Thm 8)",
     "pld": "dp_accounting's privacy-loss distributions (pessimistic discretization)",
@@ -106,7 +106,7 @@ def _fmt(x: Optional[float]) -> str:
 
 def _sensitivity_words(record: Mapping[str, Any], schema_text: str) -> str:
   exact = record.get("sensitivity_exact")
-  kind = "exact" if exact else "an upper bound" if exact is not None else "as given"
+  kind = "exact" if exact else "an upper bound" if exact is not None else "as recorded"
   method = record.get("sensitivity_method")
   return (f"sens = the sensitivity of the encoder C under {schema_text} ({kind}"
           f"{'; ' + str(method) if method else ''})")
@@ -258,10 +258,11 @@ def statement_text(statement: Mapping[str, Any]) -> str:
   """The statement as lines of text (what a run prints at its end)."""
   eps = statement["epsilon_text"]
   delta = statement.get("delta")
+  delta = "?" if delta is None else f"{float(delta):g}"
   if statement["epsilon"] is None:
     guarantee = f"no epsilon is reported: {statement.get('epsilon_reason')}"
   else:
-    guarantee = (f"(epsilon = {eps}, delta = {delta:g})-DP, epsilon rounded up to "
+    guarantee = (f"(epsilon = {eps}, delta = {delta})-DP, epsilon rounded up to "
                  f"{DIGITS} significant digits" +
                  (" (VOID for this run: see below)" if statement.get("void") else ""))
   lines = ["Privacy statement",

@@ -172,15 +172,25 @@ def guarantee(config: TrainingConfig, c: np.ndarray) -> Tuple[float, Dict[str, A
   best = dict(min(candidates, key=lambda r: r["epsilon"]))
   best.update(candidates=[_candidate(r) for r in candidates], notes=notes,
               analysis_label=ANALYSIS_LABELS[best["analysis"]],
-              unamplified_sensitivity=plain["sensitivity"],
-              unamplified_sensitivity_exact=plain["sensitivity_exact"],
-              unamplified_sensitivity_method=plain["sensitivity_method"])
+              **_unamplified_fields(best, plain))
   if target is not None:
     best["target_epsilon"] = float(target)
     if not best["epsilon"] <= target:
       raise TrainingError(f"calibration gave epsilon {best['epsilon']} above the target {target}")
   best.pop("mmcc", None)  # per-row details: too large for summary.json
   return z, best
+
+
+def _unamplified_fields(best: Dict[str, Any], plain: Dict[str, Any]) -> Dict[str, Any]:
+  """The unamplified Gaussian's sensitivity (what the aggregator calibrates its noise for),
+  when the reported bound is an amplified one: its ``sensitivity`` then means every
+  eligible round joined. Otherwise ``sensitivity`` is already that one (one field a meaning).
+  """
+  if best["analysis"] not in ("banded", "mmcc"):
+    return {}
+  return {"unamplified_sensitivity": plain["sensitivity"],
+          "unamplified_sensitivity_exact": plain["sensitivity_exact"],
+          "unamplified_sensitivity_method": plain["sensitivity_method"]}
 
 
 def _adaptive_guarantee(config: TrainingConfig, c: np.ndarray) -> Tuple[float, Dict[str, Any]]:
@@ -216,10 +226,7 @@ def _adaptive_guarantee(config: TrainingConfig, c: np.ndarray) -> Tuple[float, D
                 clipped_count_stddev=sigma_b)
   record.update(candidates=[_candidate(record)], analysis_label=ANALYSIS_LABELS["adaptive"],
                 notes=["adaptive clipping: the count queries are accounted without "
-                       "amplification"] if amplified(config) else [],
-                unamplified_sensitivity=plain["sensitivity"],
-                unamplified_sensitivity_exact=plain["sensitivity_exact"],
-                unamplified_sensitivity_method=plain["sensitivity_method"])
+                       "amplification"] if amplified(config) else [])
   if config.target_epsilon is not None:
     record["target_epsilon"] = float(config.target_epsilon)
     if not eps <= config.target_epsilon:
@@ -338,7 +345,7 @@ def check_against_mechanism(z: float, record: Dict[str, Any], info: Dict[str, An
                              info.get("effective_noise_multiplier"))
   if mechanism_value is None:
     return
-  accountant_value = z / record["unamplified_sensitivity"]
+  accountant_value = z / record.get("unamplified_sensitivity", record["sensitivity"])
   if not math.isclose(mechanism_value, accountant_value, rel_tol=SENSITIVITY_RTOL):
     raise TrainingError(
         f"the aggregator adds noise for z / sensitivity = {mechanism_value:.12g}, the accountant "
