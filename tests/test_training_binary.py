@@ -58,6 +58,19 @@ def test_binary_finishes_in_a_clean_shell(clean_run):
   assert summary["mechanism"] == "opt_momentum"
 
 
+def test_run_ends_with_its_privacy_statement_and_logs_epsilon_per_round(clean_run):
+  result, run_dir = clean_run
+  summary = json.loads((run_dir / "summary.json").read_text())
+  statement = summary["privacy_statement"]
+  assert result.stdout.strip().endswith(statement["text"])
+  assert f"epsilon = {statement['epsilon_text']}, delta = 1e-06" in result.stdout
+  assert statement["epsilon"] >= summary["epsilon"] and not statement["void"]
+  with open(run_dir / "metrics.csv", newline="") as f:
+    per_round = [float(row["epsilon"]) for row in csv.DictReader(f)]
+  assert len(per_round) == 3 and per_round == sorted(per_round)
+  assert per_round[-1] == summary["epsilon"]
+
+
 def test_default_stderr_is_one_progress_bar_without_absl_info(clean_run):
   result, _ = clean_run
   assert not re.search(r"^I\d{4} ", result.stderr, re.M), result.stderr[-3000:]

@@ -498,9 +498,26 @@ def _mmcc_epsilon(record: Dict[str, Any], c: np.ndarray, b: int, z: float, delta
     raise AccountingError(
         f"MMCC could not analyze this run ({e}); the unamplified bound is epsilon = "
         f"{unamplified:.6g}") from None
-  record.update(accountant="mmcc", mmcc=result.as_dict(),
+  record.update(accountant="mmcc", mmcc=mmcc_details(result),
                 pld_discretization=result.pld_discretization)
   return result.epsilon
+
+
+# MMCC's own fields that the record already holds under one name (epsilon is the
+# record's amplified_epsilon), and those renamed for the meaning they have in a record.
+_MMCC_SHARED = ("accountant", "delta", "epsilon", "min_sep", "n", "m", "noise_multiplier",
+                "pld_discretization")
+_MMCC_RENAMED = {
+    "sampling_prob": "average_sampling_rate",  # p / b, MMCC App D's p; the record's is p
+    "sensitivity": "column_norm",  # γ(C); the record's sensitivity is the unamplified one's
+    "unamplified_epsilon": "single_participation_reference_epsilon",  # not a bound here
+}
+
+
+def mmcc_details(result) -> Dict[str, Any]:
+  """MMCC's solver details for an ``epsilon_for`` record: each field once per meaning."""
+  return {_MMCC_RENAMED.get(k, k): v for k, v in result.as_dict().items()
+          if k not in _MMCC_SHARED}
 
 
 def calibrate(c: Optional[np.ndarray], schema, target_epsilon: float, delta: float,

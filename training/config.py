@@ -256,7 +256,8 @@ class TrainingConfig:
           f"--mechanism={self.mechanism} needs exactly one of --noise_multiplier and "
           f"--target_epsilon (got {self.noise_multiplier} and {self.target_epsilon})")
     elif self.noise_multiplier is not None:
-      checks.noise_multiplier(self.noise_multiplier, "--noise_multiplier")
+      checks.noise_multiplier(self.noise_multiplier, "--noise_multiplier",
+                              no_noise_hint="--mechanism=none trains without noise")
     else:
       checks.positive_float(self.target_epsilon, "--target_epsilon")
     if self.noise_seed is not None:

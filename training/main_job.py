@@ -30,7 +30,7 @@ import json
 import os
 import sys
 import time
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from tff_mf import interrupt
 
@@ -88,6 +88,14 @@ DEMO_STRATEGIES = ("identity", "honaker_online", "honaker_full", "optimal", "str
 # What a Ctrl-C during the √L table leaves (each factorization is cached atomically).
 FACTORIZATION_INTERRUPTED = ("interrupted; the factorizations done so far are cached, nothing "
                              "else was written; run the same command to go on")
+# The strategies for clients who take part more than once, optimized for the main job's
+# schema (2 fixed epochs): the multi-epoch optimum (Choquette-Choo et al. 2023,
+# arXiv:2211.06530), banded (arXiv:2306.08153), banded Toeplitz (arXiv:2405.15913), BLT
+# (arXiv:2404.16706, arXiv:2408.08868) and the closed-form square-root family (BSR
+# arXiv:2405.13763, BISR arXiv:2505.12128, λCGD arXiv:2601.22334). All cached; banded's
+# bands and BLT's buffers are the registry's defaults for the schema. BandInvMF is left out:
+# its Toeplitz search takes minutes at n = 512.
+MULTI_STRATEGIES = ("optimal", "banded", "banded_toeplitz", "blt", "bsr", "bisr", "lambda_cgd")
 
 
 # ----------------------------------------------------------------------------- √L table
@@ -102,19 +110,22 @@ def _strategy_labels(n: int) -> Dict[str, str]:
   return labels
 
 
+def _workloads(n: int):
+  from tff_mf import workloads  # pylint: disable=g-import-not-at-top
+  return {"prefix sum": workloads.WorkloadSpec(kind="prefix_sum", n=n),
+          f"momentum {DEMO_MOMENTUM:g}": workloads.WorkloadSpec(kind="momentum", n=n,
+                                                                momentum=DEMO_MOMENTUM)}
+
+
 def _factorize_columns(n: int, cache_dir: Optional[str]):
-  """{column: {strategy: √L}}, the cache records, and {column: √(lower bound)}."""
-  from tff_mf import cache, registry, strategies, workloads  # pylint: disable=g-import-not-at-top
+  """{column: {strategy: factorization}}, the cache records, and {column: √(lower bound)}."""
+  from tff_mf import cache, registry, strategies  # pylint: disable=g-import-not-at-top
   from tff_mf import factorization as fz  # pylint: disable=g-import-not-at-top
   from tff_mf.commands import factorize as factorize_cmd  # pylint: disable=g-import-not-at-top
   structure = registry.default_parameters("structured", n)
   bands, rank = structure["bands"], structure["rank"]
-  columns = {
-      "prefix sum": workloads.WorkloadSpec(kind="prefix_sum", n=n),
-      f"momentum {DEMO_MOMENTUM:g}": workloads.WorkloadSpec(kind="momentum", n=n,
-                                                            momentum=DEMO_MOMENTUM),
-  }
-  values: Dict[str, Dict[str, float]] = {column: {} for column in columns}
+  columns = _workloads(n)
+  values: Dict[str, Dict[str, object]] = {column: {} for column in columns}
   records, lower_bounds = [], {}
   for column, workload in columns.items():
     for strategy in DEMO_STRATEGIES:
@@ -124,21 +135,84 @@ def _factorize_columns(n: int, cache_dir: Optional[str]):
                                           rank=rank if structured else 0)
       f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=True)
       interrupt.check(FACTORIZATION_INTERRUPTED)
-      values[column][strategy] = f.sqrt_loss
+      values[column][strategy] = f
       records.append(dict(factorize_cmd.result_record(f, entry), column=column))
     lower_bounds[column] = float(fz.lower_bound_nuclear(workload.build()) ** 0.5)
   return values, records, lower_bounds
 
 
+def main_job_schema():
+  """The participation schema the main job trains under (``MAIN_JOB_DEFAULTS``)."""
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  return participation.from_args(MAIN_JOB_DEFAULTS["participation"], MAIN_JOB_DEFAULTS[
+      "total_rounds"], epochs=MAIN_JOB_DEFAULTS.get("epochs"))
+
+
+def _multi_label(strategy: str, params: dict, schema) -> str:
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
+  label = registry.strategy(strategy).label
+  if strategy == "optimal":
+    return f"multi-epoch optimal ({schema.epochs} epochs)"
+  if "bands" in params:
+    return f"{label} (b={params['bands']})"
+  if "buffers" in params:
+    return f"{label} ({params['buffers']} buffers)"
+  return label
+
+
+def _schema_rows(n: int, cache_dir: Optional[str], single: Dict[str, Dict[str, object]]):
+  """Rows {label: {column: (√L, sens, rmse)}} under the main job's schema, and the records.
+
+  The single-participation strategies of the first table are measured under the schema
+  (their C is not optimized for it); ``MULTI_STRATEGIES`` are optimized for it.
+  """
+  from tff_mf import cache, registry, strategies  # pylint: disable=g-import-not-at-top
+  from tff_mf.commands import factorize as factorize_cmd  # pylint: disable=g-import-not-at-top
+  schema = main_job_schema()
+  labels = _strategy_labels(n)
+  rows: Dict[str, Dict[str, tuple]] = {}
+  records = []
+  for column, workload in _workloads(n).items():
+    for strategy in DEMO_STRATEGIES:
+      f = single[column][strategy]
+      figures = strategies.error_figures(f, schema)
+      rows.setdefault(labels[strategy], {})[column] = (f.sqrt_loss, figures["sensitivity"],
+                                                       figures["rmse"])
+    for strategy in MULTI_STRATEGIES:
+      params = registry.default_parameters(strategy, n, schema)
+      spec = strategies.FactorizationSpec(workload=workload, strategy=strategy,
+                                          participation=schema, **params)
+      f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=True)
+      rows.setdefault(_multi_label(strategy, params, schema), {})[column] = (
+          f.sqrt_loss, f.info["sensitivity"], f.info["rmse"])
+      records.append(dict(factorize_cmd.result_record(f, entry), column=column))
+  return rows, records, schema
+
+
+def _schema_table(n: int, rows: Dict[str, Dict[str, tuple]], schema) -> List[str]:
+  columns = list(next(iter(rows.values())))
+  head = " | ".join(f"√L {c} | sens {c} | rmse {c}" for c in columns)
+  lines = [f"Under the main job's schema, {schema.epochs} fixed epochs (n = {n}: a client in "
+           f"rounds j, j + {n // schema.epochs}, …): sensitivity of C under it and rmse = "
+           "sens·‖B‖_F/√n (lower is better), for the strategies above (C built for single "
+           "participation) and those optimized for the schema", "",
+           f"| strategy | {head} |", "|" + "---|" * (3 * len(columns) + 1)]
+  for label, by_column in rows.items():
+    cells = " | ".join(f"{v[0]:.2f} | {v[1]:.3f} | {v[2]:.3f}" for v in by_column.values())
+    lines.append(f"| {label} | {cells} |")
+  return lines
+
+
 def run_factorization_demo(output_dir: str, cache_dir: Optional[str] = None,
                            n: int = DEMO_N) -> str:
-  """Writes ``sqrt_loss_table.md``, ``factorizations.json`` and PNGs; returns the table."""
+  """Writes ``sqrt_loss_table.md``, ``factorizations.json`` and PNGs; returns the tables."""
   from tff_mf import plots  # pylint: disable=g-import-not-at-top
   from tff_mf.commands import plot as plot_cmd  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
   os.makedirs(output_dir, exist_ok=True)
   labels = _strategy_labels(n)
-  values, records, lower_bounds = _factorize_columns(n, cache_dir)
+  single, records, lower_bounds = _factorize_columns(n, cache_dir)
+  values = {c: {s: f.sqrt_loss for s, f in by.items()} for c, by in single.items()}
   columns = list(values)
   lines = [f"√L = sqrt(γ(C)²·‖B‖²_F) for n = {n} (Denisov et al. Eq. 2; lower is better)", "",
            f"| strategy | √L {' | √L '.join(columns)} |", "|" + "---|" * (len(columns) + 1)]
@@ -147,6 +221,10 @@ def run_factorization_demo(output_dir: str, cache_dir: Optional[str] = None,
     lines.append(f"| {labels[strategy]} | {cells} |")
   cells = " | ".join(f"{lower_bounds[c]:.2f}" for c in columns)
   lines.append(f"| lower bound ‖A‖_*/√n | {cells} |")
+  if n % MAIN_JOB_DEFAULTS["epochs"] == 0:
+    rows, schema_records, schema = _schema_rows(n, cache_dir, single)
+    lines += ["", *_schema_table(n, rows, schema)]
+    records += [dict(r, schema=schema.as_dict()) for r in schema_records]
   table = "\n".join(lines)
   with open(os.path.join(output_dir, "sqrt_loss_table.md"), "w", encoding="utf-8") as f:
     f.write(table + "\n")

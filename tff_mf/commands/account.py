@@ -330,17 +330,28 @@ def _schema(args: argparse.Namespace, n, cached, amplified: bool):
 # ----------------------------------------------------------------------------- output
 
 
+def _with_statement(record: dict) -> dict:
+  """The record and its privacy statement (``tff_mf.statement``, for the configuration
+  given: no run, nothing sampled)."""
+  from tff_mf import statement  # pylint: disable=g-import-not-at-top
+  return dict(record, privacy_statement=statement.privacy_statement(record, run=False))
+
+
 def _print(record: dict, as_json: bool) -> None:
+  """key: value lines (the privacy statement last, as text), or one JSON object."""
   from tff_mf import jsonio  # pylint: disable=g-import-not-at-top
   record = jsonio.jsonable(record)
   if as_json:
     print(jsonio.dumps(record))
     return
+  text = record.pop("privacy_statement", {}).get("text")
   for key in sorted(record):
     value = record[key]
     if isinstance(value, (dict, list)):
       value = jsonio.dumps(value)
     print(f"{key}: {value}")
+  if text:
+    print(f"\n{text}")
 
 
 # ----------------------------------------------------------------------------- run
@@ -372,7 +383,7 @@ def run(args: argparse.Namespace) -> int:
       record["tolerance"] = args.tolerance
     else:
       record = accounting.summary(args.noise_multiplier, args.delta, args.accountant)
-    _print(record, args.json)
+    _print(_with_statement(record), args.json)
     return 0
   options = {}
   if amplified:
@@ -396,6 +407,6 @@ def run(args: argparse.Namespace) -> int:
   for flag in ("height", "bands"):
     if getattr(args, flag) is not None:
       record.setdefault(flag, getattr(args, flag))
-  _print(record, args.json)
+  _print(_with_statement(record), args.json)
   sys.stdout.flush()
   return 0

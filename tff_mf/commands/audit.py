@@ -128,6 +128,9 @@ def run(args: argparse.Namespace) -> int:
   from tff_mf import audit as audit_lib  # pylint: disable=g-import-not-at-top
   clitools.resolve_mechanism(args.mechanism)  # an unknown name: the closest spelling
   audit_lib.check_auditable(args.mechanism)
+  if args.noise_multiplier is not None:  # z = 0 is no claim to audit (no flag allows it)
+    from tff_mf import checks  # pylint: disable=g-import-not-at-top
+    checks.noise_multiplier(args.noise_multiplier, "--noise-multiplier")
   schema = _schema(args.participation, args)
   accounted = _schema(args.accounted_as, args) if args.accounted_as else schema
   options = audit_lib.AuditOptions(

@@ -82,7 +82,8 @@ class MatrixFactorizationQuery(tfp.SumAggregationDPQuery):
     if not isinstance(noise, noise_lib.StreamingNoise):
       raise TypeError(f"noise must be a StreamingNoise, got {type(noise).__name__}")
     self._clip = checks.positive_float(l2_norm_clip, "l2_norm_clip")
-    self._noise_multiplier = checks.noise_multiplier(noise_multiplier, allow_zero=allow_no_noise)
+    self._noise_multiplier = checks.noise_multiplier(
+        noise_multiplier, allow_zero=allow_no_noise, no_noise_hint=checks.PYTHON_NO_NOISE_HINT)
     self._record_specs = record_specs
     self._flat_specs = noise_lib.flat_specs(record_specs)
     self._noise = noise
