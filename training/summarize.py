@@ -393,7 +393,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows = summarize(summaries, args.accountant, args.min_val_accuracy, args.min_converged,
                      args.selection_min_seeds)
   except ValueError as e:
-    print(f"summarize: error: {e}", file=sys.stderr)
+    print(f"{parser.prog}: error: {' '.join(str(e).split())}", file=sys.stderr)
     return 2
   output_dir = args.output_dir or os.path.join(args.root_output_dir, "summary")
   os.makedirs(output_dir, exist_ok=True)

@@ -460,7 +460,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     records = run_grid(grid, start, stop, args.root_output_dir, args.processes, extra_flags,
                        shlex.split(args.binary), progress=args.progress)
   except ValueError as e:
-    print(f"sweep: error: {e}", file=sys.stderr)
+    print(f"python -m training.sweep: error: {clitools.one_line(e)}", file=sys.stderr)
     return 2
   if interrupt.requested():
     print("sweep: interrupted; run the same command to resume", file=sys.stderr)
