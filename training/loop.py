@@ -226,17 +226,8 @@ def _bind_identity(run: _Run, setup) -> None:
 
 
 def _client_loader(task: task_lib.Task):
-  def load_client(client_id):
-    """The client's preprocessed dataset, or None when it has no examples (skipped).
-
-    Checked on the raw examples (cheaper): preprocessing turns any non-empty
-    client into at least one batch (every sentence yields at least [BOS]).
-    """
-    raw = task.train.create_tf_dataset_for_client(client_id)
-    if next(iter(raw.take(1)), None) is None:
-      return None
-    return task.preprocess_fn(raw)
-  return load_client
+  """The client's preprocessed dataset, or None when it has no examples (skipped)."""
+  return task.client_datasets.load
 
 
 def _initial_state(run: _Run, process, task: task_lib.Task):
