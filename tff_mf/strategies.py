@@ -137,7 +137,8 @@ def solver_outcome(spec: FactorizationSpec, info: Dict[str, Any]) -> Optional[Di
   (cached before the outcome was recorded) cannot say why parameters differ or whether
   the ALS fit converged.
   """
-  requested = {k: getattr(spec, k) for k in _RETURNED if k in _PARAMETERS.get(spec.strategy, ())}
+  declared = registry.strategy(spec.strategy).declaration.parameters
+  requested = {k: getattr(spec, k) for k in _RETURNED if k in declared}
   returned = {k: int(info.get(k, v)) for k, v in requested.items()}
   if ((returned != requested and "returned_why" not in info)
       or (spec.strategy == "structured" and "als_converged" not in info)):
@@ -153,6 +154,7 @@ def solver_outcome(spec: FactorizationSpec, info: Dict[str, Any]) -> Optional[Di
 
 
 def _why_unconverged(info: Dict[str, Any]) -> str:
+  from tff_mf.families import structured  # pylint: disable=g-import-not-at-top
   if not info.get("als_converged", True) and all(
       info.get(k, True) for k in ("converged", "optimal_converged")):
     return (f"the ALS fit of the low-rank part stopped at its iteration limit "
