@@ -323,3 +323,24 @@ def test_a_cache_hit_checks_the_product_and_the_sensitivity_once(mechanism, cach
   setup = _setup(mechanism, cache_dir, total_rounds=6, participation=schema)
   assert setup.info["cache_hit"]
   assert calls == {"factors": 1, "product": 1, "sensitivity_report": 1}
+
+
+def test_stateless_and_stateful_banded_inverse_streams_add_the_same_noise(cache_dir):
+  """BISR's C⁻¹ is banded: regenerating round i's b rows of Z from the seed (no state) and
+  running the FIR recurrence (b − 1 state rows) add the same noise C⁻¹·Z, Algorithm 1's."""
+  from tff_mf import checks  # pylint: disable=g-import-not-at-top
+  setups = {kind: _setup("bisr", cache_dir, bands=3, noise_stream=kind)
+            for kind in ("stateful", "stateless")}
+  assert setups["stateful"].info["state_rows"] == 2 and setups["stateless"].info["state_rows"] == 0
+  assert setups["stateless"].noise.row_nonzeros(N - 1) == 3  # b rows of Z, not i + 1
+  thetas = {}
+  for kind, setup in setups.items():
+    process = _process(setup)
+    thetas[kind] = np.array(_run(process, process.initialize(), N)[0])
+  expected = algorithm1(setups["stateless"])
+  for kind in setups:
+    np.testing.assert_allclose(thetas[kind], expected, rtol=1e-4, atol=1e-5)
+  for mechanism, kind in (("opt_momentum", "stateful"), ("tree", "stateless"),
+                          ("bisr", "cheap")):
+    with pytest.raises(checks.CheckError, match="noise_stream"):
+      _setup(mechanism, cache_dir, noise_stream=kind)

@@ -96,6 +96,7 @@ class MechanismConfig:
   allow_no_noise: bool
   progress: bool
   adaptive: Optional[adaptive_clipping.AdaptiveClipping] = None  # None: fixed clip_norm
+  noise_stream: str = "auto"  # NOISE_STREAMS
 
   @property
   def workload(self) -> workloads.WorkloadSpec:
@@ -259,6 +260,7 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
                     initial_clip_norm: float = adaptive_clipping.DEFAULT_INITIAL_CLIP_NORM,
                     clip_learning_rate: float = adaptive_clipping.DEFAULT_LEARNING_RATE,
                     clipped_count_stddev: Optional[float] = None,
+                    noise_stream: str = "auto",
                     _resolve_only: bool = False) -> MechanismSetup:
   """Aggregator + server optimizer for a registry mechanism (any accepted spelling).
 
@@ -277,6 +279,13 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
   0.2, ``clipped_count_stddev`` 0.05·clients_per_round). z is then the MF noise
   multiplier; ε covers the MF noise and the count queries together, and a target ε is
   split between them as TFF splits it (the count's σ_b fixed, z takes the rest).
+
+  ``noise_stream`` (linear-noise mechanisms): ``"stateful"`` runs the family's recurrence
+  and carries its k model-sized state rows between rounds; ``"stateless"`` regenerates the
+  rows of Z that round i's noise needs from the secret seed and keeps no state (cost ∝ the
+  non-zeros of C⁻¹'s row i: b for the banded-inverse family, BISR and λCGD, whose C⁻¹ is
+  banded; Kalinin et al. 2025, arXiv:2505.12128). Both add the same noise C⁻¹·Z.
+  ``"auto"``: the registry's kind (stateful for linear, stateless for dense noise).
   """
   cfg = _config(mechanism, total_rounds, (noise_multiplier, target_epsilon, delta, accountant),
                 clients_per_round, clip_norm, server_learning_rate, momentum, lr_schedule,
@@ -284,6 +293,7 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
                 allow_no_noise, progress,
                 adaptive_clipping.AdaptiveClipping(target_quantile, initial_clip_norm,
                                                    clip_learning_rate, clipped_count_stddev))
+  cfg = dataclasses.replace(cfg, noise_stream=_noise_stream(cfg.mechanism, noise_stream))
   resolved = _resolved(cfg, resolved)
   if _resolve_only:
     return resolved
@@ -295,6 +305,7 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
       "server_learning_rate": cfg.server_learning_rate, "momentum": cfg.momentum,
       "lr_schedule": cfg.lr_schedule, "schedule_rounds": cfg.schedule_rounds,
       "participation": cfg.participation.as_dict(), "noise_kind": cfg.mechanism.noise,
+      "noise_stream": cfg.noise_stream,
       "noise_seed_pinned": cfg.noise_seed is not None,
       "clipping": "fixed" if cfg.adaptive is None else "adaptive",
   }
@@ -319,6 +330,25 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
                         server_optimizer=server_optimizer, factorization=f, noise=noise,
                         sqrt_loss=None if f is None else f.sqrt_loss, info=info,
                         mechanism=resolved, privacy=record)
+
+
+NOISE_STREAMS = ("auto", "stateful", "stateless")
+
+
+def _noise_stream(mechanism: registry.Mechanism, value: str) -> str:
+  """The noise stream asked for, checked against the mechanism's noise kind."""
+  if value not in NOISE_STREAMS:
+    raise checks.CheckError(f"noise_stream must be one of {', '.join(NOISE_STREAMS)}, got "
+                            f"{value!r}")
+  if value == "auto":
+    return {"linear": "stateful", "dense": "stateless"}.get(mechanism.noise, "auto")
+  allowed = {"linear": ("stateful", "stateless"), "dense": ("stateless",)}.get(mechanism.noise,
+                                                                            ())
+  if value not in allowed:
+    raise checks.CheckError(f"noise_stream={value!r} does not apply to mechanism "
+                            f"{mechanism.name!r} (its noise is {mechanism.noise}"
+                            f"{': stateless only' if allowed else ''})")
+  return value
 
 
 def resolve_mechanism(mechanism: str, **kwargs) -> mechanisms.Resolved:
@@ -414,8 +444,15 @@ def _build_dense(cfg: MechanismConfig, resolved: mechanisms.Resolved, info: Dict
 
 
 def _build_linear(cfg: MechanismConfig, resolved: mechanisms.Resolved, info: Dict[str, Any]):
-  noise = noise_lib.LinearNoise(resolved.stream, resolved.factorization.c, cfg.participation,
-                                sensitivity_report=resolved.sensitivity_report)
+  if cfg.noise_stream == "stateless":
+    # The rows of Z that round i's noise needs, regenerated from the seed: N = C⁻¹ from the
+    # stream itself (run on Z = I, so entries outside C⁻¹'s band are exact zeros).
+    noise = noise_lib.DenseNoise(resolved.factorization.c, resolved.stream.noise_matrix(),
+                                 cfg.participation,
+                                 sensitivity_report=resolved.sensitivity_report)
+  else:
+    noise = noise_lib.LinearNoise(resolved.stream, resolved.factorization.c, cfg.participation,
+                                  sensitivity_report=resolved.sensitivity_report)
   _record_noise(info, noise)
   return _make_query_factory(cfg, noise), noise
 
