@@ -11,6 +11,9 @@ normalized query: add this round's noise, divide by the clients) at rounds 1, 25
   arXiv:2404.16706),
 - banded C with b = 64 bands (``LinearNoise``, the last 63 noise rows as state;
   Choquette-Choo et al. 2023, arXiv:2306.08153),
+- BISR with b = 64 (banded C⁻¹; Kalinin et al. 2025, arXiv:2505.12128) twice: its FIR
+  recurrence (``LinearNoise``, 63 state rows) and the stateless stream
+  (``noise_stream="stateless"``: ``DenseNoise`` regenerating 64 rows of Z, no state),
 - TFF's ``tree_aggregation`` (TreeResidualSumQuery, efficient Honaker tree, with the
   per-node multiplier ``build_mechanism('tree')`` reports),
 - TFF's ``gaussian_fixed`` (GaussianSumQuery): the baseline of the ratios,
@@ -57,8 +60,13 @@ MACHINE = "2-core x86_64 CPU, 24 GB, no GPU"
 CLIP, Z, CLIENTS = 1.0, 1.0, 100.0
 # name -> (registry mechanism, build_mechanism keyword arguments); None: a TFF query.
 MATRIX = {"dense": ("opt_prefix_sum", {}), "structured": ("structured", {}),
-          "blt": ("blt", {}), "banded": ("banded", {})}  # banded: b = --bands
-MECHS = ("dense", "structured", "blt", "banded", "tree_aggregation", "gaussian_fixed")
+          "blt": ("blt", {}), "banded": ("banded", {}),  # banded: b = --bands
+          # BISR (banded C⁻¹, b = --bands): the FIR recurrence with b − 1 state rows, and the
+          # stateless stream regenerating its b rows of Z from the seed each round.
+          "bisr": ("bisr", {"noise_stream": "stateful"}),
+          "bisr_stateless": ("bisr", {"noise_stream": "stateless"})}
+MECHS = ("dense", "structured", "blt", "banded", "bisr", "bisr_stateless", "tree_aggregation",
+         "gaussian_fixed")
 BASELINE = "gaussian_fixed"
 LOAD_AT_START = os.getloadavg()[0]
 
@@ -122,8 +130,8 @@ def build_queries(n, specs, bands, cache_dir):
                 cache_dir=cache_dir, progress=True)
   queries, losses, infos = {}, {}, {}
   for name, (mechanism, kwargs) in MATRIX.items():
-    if mechanism == "banded":
-      kwargs = {"bands": bands}
+    if mechanism in ("banded", "bisr"):
+      kwargs = dict(kwargs, bands=bands)
     setup = aggregators.build_mechanism(mechanism, **common, **kwargs)
     queries[name] = normalized(query_lib.MatrixFactorizationQuery(
         setup.noise, l2_norm_clip=CLIP, noise_multiplier=Z, record_specs=specs, noise_seed=1))
