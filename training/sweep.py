@@ -408,9 +408,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
   args = build_parser().parse_args(argv)
-  interrupt.install(defer=True, prog="sweep",
-                    notice="sweep: Ctrl-C: each run stops at the end of its current round, "
-                           "checkpointed (Ctrl-C again stops at once)")
+  with interrupt.handled(defer=True, prog="sweep",
+                         notice="sweep: Ctrl-C: each run stops at the end of its current "
+                                "round, checkpointed (Ctrl-C again stops at once)"):
+    return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
   try:
     grid = grids.get_grid(args.grid)
     start, stop = parse_slice(args.slice, len(grid.runs))
