@@ -291,3 +291,24 @@ def test_main_job_ctrl_c_during_the_table_keeps_finished_factorizations(tmp_path
                        "was written; run the same command to go on")
   assert not (out / "sqrt_loss_table.md").exists()
   assert all((d / "metadata.json").exists() for d in cache_dir.iterdir())
+
+
+def test_tff_mf_account_and_audit_stop_at_once_on_ctrl_c(tmp_path):
+  commands = {
+      "account": ["account", "--mechanism", "honaker_online", "--n", "256", "--amplification",
+                  "mmcc", "--sampling-prob", "0.1", "--noise-multiplier", "1", "--delta",
+                  "1e-6", "--workers", "2"],  # MMCC: minutes of row PLDs in two processes
+      "audit": ["audit", "--mechanism", "opt_prefix_sum", "--n", "8", "--noise-multiplier",
+                "0.5", "--participation", "fixed_epoch", "--epochs", "2", "--plot",
+                str(tmp_path / "audit.png")],  # TFF start-up, then many TFF rounds
+  }
+  for name, args in commands.items():
+    proc = _start([sys.executable, "-m", "tff_mf.cli", *args], tmp_path, name)
+    time.sleep(5)
+    _ctrl_c(proc)
+    sent = time.time()
+    code, lines = _finish(proc, timeout=60)
+    assert code == 130 and time.time() - sent < 30, (name, lines[-3:])
+    assert lines[-1] == f"tff-mf {name}: interrupted; nothing was written"
+    assert not group_processes(proc.pid)  # MMCC workers, TFF's worker_binary: all gone
+  assert not (tmp_path / "audit.png").exists()
