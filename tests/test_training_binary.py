@@ -58,6 +58,19 @@ def test_binary_finishes_in_a_clean_shell(clean_run):
   assert summary["mechanism"] == "opt_momentum"
 
 
+def test_run_ends_with_its_privacy_statement_and_logs_epsilon_per_round(clean_run):
+  result, run_dir = clean_run
+  summary = json.loads((run_dir / "summary.json").read_text())
+  statement = summary["privacy_statement"]
+  assert result.stdout.strip().endswith(statement["text"])
+  assert f"epsilon = {statement['epsilon_text']}, delta = 1e-06" in result.stdout
+  assert statement["epsilon"] >= summary["epsilon"] and not statement["void"]
+  with open(run_dir / "metrics.csv", newline="") as f:
+    per_round = [float(row["epsilon"]) for row in csv.DictReader(f)]
+  assert len(per_round) == 3 and per_round == sorted(per_round)
+  assert per_round[-1] == summary["epsilon"]
+
+
 def test_default_stderr_is_one_progress_bar_without_absl_info(clean_run):
   result, _ = clean_run
   assert not re.search(r"^I\d{4} ", result.stderr, re.M), result.stderr[-3000:]
@@ -140,7 +153,7 @@ def test_tensorboard_has_evaluation_epsilon_and_hparams(clean_run):
 
 def test_help_describes_every_flag_with_its_default(tmp_path):
   result = run_binary(["--help"], cwd=tmp_path, home=tmp_path, timeout=120)
-  assert result.returncode == 1, result.stderr[-2000:]  # absl's --help exits 1
+  assert result.returncode == 0, result.stderr[-2000:]
   text = result.stdout
   blocks = re.split(r"\n  --", text.split("run_stackoverflow.py:", 1)[1])[1:]
   assert len(blocks) >= 30
@@ -160,11 +173,11 @@ def test_help_describes_every_flag_with_its_default(tmp_path):
     ("--experiment_name=a/b", "--experiment_name"),
     ("--noise_multiplier=-1", "--noise_multiplier"),
 ])
-def test_configuration_errors_are_one_line_exit_1(flag, message, tmp_path):
+def test_configuration_errors_are_one_line_exit_2(flag, message, tmp_path):
   root = tmp_path / "runs"
   result = run_binary(TINY + [f"--root_output_dir={root}", flag], cwd=tmp_path, home=tmp_path,
                       timeout=300)
-  assert result.returncode == 1, result.stderr[-3000:]
+  assert result.returncode == 2, result.stderr[-3000:]  # a usage error
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
   assert not root.exists() or not os.listdir(root)

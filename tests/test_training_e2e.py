@@ -84,7 +84,7 @@ def test_mechanism_flag_takes_the_registrys_trainable_spellings():
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
-def test_end_to_end(mechanism, tiny_dir, task, tmp_path):
+def test_end_to_end(mechanism, tiny_dir, task, tmp_path, capfd):
   private = mechanism != "none"
   config = base_config(tiny_dir, tmp_path, mechanism=mechanism, experiment_name=mechanism,
                        noise_multiplier=Z if private else None,
@@ -125,6 +125,15 @@ def test_end_to_end(mechanism, tiny_dir, task, tmp_path):
   assert "train_loss" not in rows[0] and "nonprivate_train_loss" not in rows[0]
   assert all(r["validation_accuracy_no_oov_no_eos"] != "" for r in rows)
   assert all(int(r["clients"]) == 3 for r in rows)
+  statement = summary["privacy_statement"]
+  assert statement["text"] in capfd.readouterr().out  # printed at the end of the run
+  if private:  # ε spent after each round: non-decreasing, the run's ε after the last
+    per_round = [float(r["epsilon"]) for r in rows]
+    assert per_round == sorted(per_round) and per_round[-1] == summary["epsilon"]
+    assert statement["epsilon"] >= summary["epsilon"] and "client-level" in statement["unit"]
+    assert statement["void"]  # the pinned noise seed
+  else:
+    assert "epsilon" not in rows[0] and statement["epsilon"] is None
   expected, cursor = expected_skips(task, config.seed, 2, 3)
   assert summary["empty_clients_skipped"] == expected
   assert summary["clients_used"] == cursor

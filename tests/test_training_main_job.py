@@ -14,6 +14,7 @@ import pytest
 
 import userenv
 from stackoverflow import fixtures
+from tff_mf import statement
 from training import main_job
 
 REPO = userenv.REPO
@@ -31,8 +32,9 @@ def test_factorization_table_from_a_clean_shell(tmp_path):
   for label in ("identity", "Honaker online", "Honaker full", "optimal", "(h=2, r=2)",
                 "lower bound"):
     assert label in table
+  first, schema_table = table.split("\n\nUnder the main job's schema")
   rows = {line.split("|")[1].strip(): [float(x) for x in line.split("|")[2:4]]
-          for line in table.splitlines() if line.startswith("| ") and "strategy" not in line}
+          for line in first.splitlines() if line.startswith("| ") and "strategy" not in line}
   bound_label = "lower bound ‖A‖_*/√n"
   for column in range(2):
     values = {k: v[column] for k, v in rows.items()}
@@ -41,8 +43,23 @@ def test_factorization_table_from_a_clean_shell(tmp_path):
     assert values[bound_label] <= values["optimal"] * (1 + 1e-9)
     assert values["optimal"] <= min(v for k, v in values.items() if k != bound_label) * (
         1 + 1e-9)
+  # The multi-participation strategies beside √L: sensitivity and rmse under 2 fixed epochs.
+  schema_rows = {line.split("|")[1].strip(): [float(x) for x in line.split("|")[2:8]]
+                 for line in schema_table.splitlines()
+                 if line.startswith("| ") and "strategy" not in line}
+  for label in ("multi-epoch optimal (2 epochs)", "banded (b=8)", "banded Toeplitz (b=8)",
+                "BLT (4 buffers)", "BSR (b=8)", "BISR (b=8)", "λCGD", "identity", "optimal"):
+    assert label in schema_rows, sorted(schema_rows)
+  for label, (sqrt_l, sens, rmse, *_) in schema_rows.items():
+    assert rmse == pytest.approx(sens * sqrt_l / 4, rel=1e-2)  # sens·‖B‖_F/√n, γ(C) = 1
+    assert 1.0 <= sens <= 2.0  # γ(C) = 1 ≤ sens ≤ k·γ(C) for k = 2 participations
+  assert schema_rows["identity"][1] == pytest.approx(2 ** 0.5, abs=5e-4)  # printed to 3 places
+  # Optimized for the schema, the multi-epoch optimum has the smallest rmse of all.
+  best = schema_rows["multi-epoch optimal (2 epochs)"]
+  for column in (2, 5):
+    assert best[column] <= min(v[column] for v in schema_rows.values()) * (1 + 1e-6)
   summary = json.loads((out / "factorizations.json").read_text())
-  assert len(summary["factorizations"]) == 10
+  assert len(summary["factorizations"]) == 10 + 2 * len(main_job.MULTI_STRATEGIES)
   for path in summary["plots"]:
     assert os.path.getsize(path) > 1000
   assert not (out / "training").exists()
@@ -59,7 +76,10 @@ def test_tff_mf_cli_has_no_demo_and_the_library_does_not_import_the_harness():
 def fake_summary(loss, accuracy=0.2, eps=4.0):
   return {"test_metrics": {"loss": loss, "accuracy": accuracy, "accuracy_no_oov_no_eos": 0.01},
           "epsilon": eps, "analysis": "none", "noise_multiplier": 1.0, "sqrt_loss": 10.0,
-          "privacy": {"sensitivity": 1.0}, "wall_seconds": 1.0}
+          "privacy": {"sensitivity": 1.0}, "wall_seconds": 1.0,
+          "privacy_statement": statement.privacy_statement(
+              {"epsilon": eps, "delta": 1e-6, "analysis": "none", "accountant": "exact",
+               "noise_multiplier": 1.0, "sensitivity": 1.0}, noise_seed_source="pinned")}
 
 
 def test_paired_comparison_wins_only_when_the_interval_excludes_zero():
@@ -96,7 +116,10 @@ def test_results_open_with_three_sentences_and_say_plainly_when_mf_does_not_win(
   curves = {m: {"tree": [{10: 5.5, 20: 5.0}] * 3, "opt_momentum": [{10: 5.4, 20: 4.9}] * 3}
             for m in ("loss", "accuracy")}
   text = report.write_results(str(tmp_path), result, settings, curves)
-  opening = text.split("\n\n")[1]
+  # The privacy statement of each mechanism comes first, its ε rounded up.
+  assert text.index("## Privacy") < text.index("## Results") < text.index("| mechanism |")
+  assert text.count("Privacy statement") == 2 and "epsilon = 4.00, delta = 1e-06" in text
+  opening = text.split("## Results\n\n")[1].split("\n\n")[0]
   assert len([s for s in opening.replace("e.g.", "").split(". ") if s.strip()]) == 3
   assert "does NOT beat the tree beyond the seeds' spread" in opening
   assert "MF does NOT win on the leading metric" in text

@@ -3,7 +3,9 @@
 Calibration hits ε ≤ target under every schema and analysis; min-sep Poisson sampling
 reports the smallest valid bound (amplified banded or MMCC vs unamplified) and names it;
 a cap on participations or p = 1 is never amplified; an aggregator whose sensitivity
-differs from the accountant's is refused; DpEvents compose to the unamplified ε.
+differs from the accountant's is refused; DpEvents compose to the unamplified ε;
+the ε spent after each round is non-decreasing and ends at the run's ε; dp_events.jsonl
+starts with a header line its readers skip.
 """
 
 import json
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 
 from tff_mf import accounting
+from tff_mf import mechanisms
 from tff_mf import strategies
 from tff_mf import workloads
 from training import config as config_lib
@@ -173,3 +176,81 @@ def test_dp_events_use_dp_accounting_named_tuples_and_read_the_older_lines():
                     dp_accounting.UnsupportedDpEvent)
   elsewhere = dict(privacy.event_to_json(dp_accounting.GaussianDpEvent(1.0)), module_name="os")
   assert isinstance(privacy.event_from_json(elsewhere), dp_accounting.UnsupportedDpEvent)
+
+
+def run_config(**kw):
+  return config(**dict(dict(noise_multiplier=2.0, target_epsilon=None), **kw))
+
+
+@pytest.mark.parametrize("kw, c", [
+    (dict(participation="fixed_epoch", epochs=2), encoder()),
+    (dict(), encoder()),
+    (dict(mechanism="tree", participation="min_sep", min_sep=3, max_participations=2,
+          sampling_prob=0.5),
+     mechanisms.tree_encoder(N)),
+    (dict(clip_norm="adaptive", participation="fixed_epoch", epochs=4), encoder()),
+])
+def test_epsilon_per_round_is_non_decreasing_and_ends_at_the_runs_epsilon(kw, c):
+  cfg = run_config(**kw)
+  cfg.validate()
+  z, record = privacy.guarantee(cfg, c)
+  eps = privacy.epsilon_per_round(cfg, c, z, record)
+  assert len(eps) == N and eps[-1] == record["epsilon"]
+  assert all(a <= b for a, b in zip(eps, eps[1:]))
+  assert 0 < eps[0] < eps[-1]  # round 1 has released less than the whole run
+
+
+def test_epsilon_after_r_rounds_matches_dp_accounting_directly():
+  """C = I (gaussian) in 2 fixed epochs of 4 rounds: after r ≤ 4 rounds a client has joined
+  at most once, after r > 4 at most twice; dp_accounting's PLD of the self-composed
+  Gaussian is an independent upper bound within its discretization of the exact value."""
+  cfg = run_config(mechanism="gaussian", participation="fixed_epoch", epochs=2,
+                   noise_multiplier=1.5)
+  c = np.eye(N)
+  z, record = privacy.guarantee(cfg, c)
+  eps = privacy.epsilon_per_round(cfg, c, z, record)
+  for r, joins in ((2, 1), (4, 1), (5, 2), (N, 2)):
+    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3)
+    acc.compose(dp_accounting.GaussianDpEvent(1.5), joins)
+    reference = acc.get_epsilon(1e-6)
+    assert eps[r - 1] <= reference * (1 + 1e-9)  # exact ≤ PLD's pessimistic bound
+    assert eps[r - 1] >= reference * (1 - 1e-4)  # PLD is tight to ~1e-6 here (grid 1e-3)
+  assert eps[0] == eps[3] < eps[4] == eps[-1]
+
+
+def test_released_rows_of_the_tree_encoder_are_those_of_finished_rounds():
+  c = mechanisms.tree_encoder(4)
+  for r in range(1, 5):
+    rows = privacy.released_rows(c, r)
+    assert not np.any(rows[:, r:])  # nothing of a later round
+    assert np.all(np.any(rows[:, :r] != 0, axis=0))  # every round so far
+
+
+def test_dp_events_file_starts_with_a_header_that_readers_skip(tmp_path):
+  ledger = privacy.EventLedger(str(tmp_path), 0)
+  event = privacy.event_to_json(dp_accounting.PoissonSampledDpEvent(
+      0.0, dp_accounting.GaussianDpEvent(1.0)))
+  for r in (1, 2, 3):
+    ledger.write(r, event)
+  lines = (tmp_path / privacy.EVENTS_FILE).read_text().splitlines()
+  header = json.loads(lines[0])
+  assert list(header) == ["dp_events"] and "sampling_probability 0.0" in header["dp_events"]
+  assert len(lines) == 4 and ledger.events() == [event] * 3
+  resumed = privacy.EventLedger(str(tmp_path), 2)  # a resume keeps the header and rounds 1-2
+  lines = (tmp_path / privacy.EVENTS_FILE).read_text().splitlines()
+  assert json.loads(lines[0]) == header and len(lines) == 3 and resumed.events() == [event] * 2
+
+
+def test_the_privacy_record_holds_a_sensitivity_once_per_meaning():
+  plain_cfg = config(participation="fixed_epoch", epochs=2, noise_multiplier=2.0,
+                     target_epsilon=None)
+  _, plain = privacy.guarantee(plain_cfg, encoder())
+  assert "unamplified_sensitivity" not in plain  # `sensitivity` is the one the noise is for
+  privacy.check_against_mechanism(2.0, plain, {"effective_noise_multiplier":
+                                               2.0 / plain["sensitivity"]})
+  cfg = config(participation="min_sep", min_sep=4, sampling_prob=0.2, noise_multiplier=2.0,
+               target_epsilon=None)
+  _, banded = privacy.guarantee(cfg, encoder("banded", bands=4))
+  assert banded["analysis"] == "banded"  # `sensitivity`: every eligible round joined
+  assert banded["unamplified_sensitivity"] == accounting.sensitivity_report(
+      encoder("banded", bands=4), cfg.schema())["value"]

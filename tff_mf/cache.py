@@ -158,10 +158,12 @@ def entry_name(params: Dict[str, Any]) -> str:
     if w.get("lr_schedule", "constant") != "constant":
       label += f"-{w['lr_schedule']}{w.get('schedule_rounds')}"
   strategy = params["strategy"]
-  for field, short in (("bands", "h" if strategy == "structured" else "b"), ("rank", "r"),
-                       ("buffers", "m")):
-    if field in params:
-      strategy += f"{'-' if short in ('h', 'b', 'm') else ''}{short}{params[field]}"
+  declared = registry.strategy(strategy).declaration if strategy in registry.STRATEGIES \
+      else families.Declaration()
+  shown = "".join(f"{declared.label(field)}{params[field]}"
+                  for field in ("bands", "rank", "buffers") if field in params)
+  if shown:
+    strategy += f"-{shown}"
   schema = params.get("participation", {}).get("label", "")
   return "-".join(x for x in (strategy, label, f"n{w['n']}", schema, key_hash(params)) if x)
 
@@ -469,7 +471,8 @@ def _write_entry(directory: str, params: Dict[str, Any], spec: strategies.Factor
 def _check_disk(directory: str, spec: strategies.FactorizationSpec, memory: float,
                 progress: bool) -> None:
   """Refuses a computation whose result could not be stored; announces a large one."""
-  stored = 8.0 * spec.n * spec.n * (4 if spec.strategy.startswith("honaker") else 3)
+  # A, B and C: n² + 2·n·(n·encoder_rows) float64 entries.
+  stored = 8.0 * spec.n * spec.n * (2 + registry.strategy(spec.strategy).declaration.encoder_rows)
   parent = directory
   while not os.path.isdir(parent) and os.path.dirname(parent) != parent:
     parent = os.path.dirname(parent)

@@ -90,14 +90,24 @@ def delta(x, name: str = "delta") -> float:
   return in_range(x, name, 0.0, 1.0, low_open=True, high_open=True)
 
 
-def noise_multiplier(z, name: str = "noise_multiplier", allow_zero: bool = False) -> float:
-  """z > 0; z = 0 (no noise, ε = ∞) only when the caller passes ``allow_zero=True``."""
+def noise_multiplier(z, name: str = "noise_multiplier", allow_zero: bool = False,
+                     no_noise_hint: str = "") -> float:
+  """z > 0; z = 0 (no noise, ε = ∞) only when the caller passes ``allow_zero=True``.
+
+  ``no_noise_hint``: how the caller's surface runs without noise, if it can (e.g. the
+  Python API's ``allow_no_noise=True``, the training binary's ``--mechanism=none``); the
+  z = 0 error names it, and nothing where there is no such way.
+  """
   value = finite_float(z, name)
   if value < 0 or (value == 0 and not allow_zero):
-    hint = "" if value < 0 else (" (z = 0 adds no noise and gives ε = ∞; pass "
-                                 "allow_no_noise=True to run without privacy)")
+    hint = "" if value < 0 else (" (z = 0 adds no noise and gives ε = ∞" +
+                                 (f"; {no_noise_hint}" if no_noise_hint else "") + ")")
     raise CheckError(f"{name} must be positive, got {value:g}{hint}")
   return value
+
+
+# The Python API's way to run without noise (build_mechanism, the queries).
+PYTHON_NO_NOISE_HINT = "pass allow_no_noise=True to run without privacy"
 
 
 def seed(x, name: str = "noise_seed") -> int:

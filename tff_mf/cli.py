@@ -4,7 +4,8 @@ Each command module defines ``register(subparsers)``, which adds its parser and 
 ``func`` to a callable taking the parsed arguments and returning an exit code.
 Command modules import nothing heavy at module level, so that ``tff-mf factorize``
 on a cache hit answers in about a second. Every error a user can cause is one line
-on stderr (``tff-mf <command>: error: ...``) and exit status 2, never a traceback.
+on stderr (``tff-mf <command>: error: ...``) and exit status 2, never a traceback; flags
+are spelled as in every other tool (``tff_mf.clitools``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import sys
 from typing import List, Optional
 
+from tff_mf import clitools
 from tff_mf import interrupt
 
 # Subcommand name -> module (in the order `tff-mf --help` lists them).
@@ -29,7 +31,7 @@ COMMANDS = (
 
 def build_parser() -> argparse.ArgumentParser:
   from tff_mf import __version__  # pylint: disable=g-import-not-at-top
-  parser = argparse.ArgumentParser(
+  parser = clitools.ArgumentParser(
       prog="tff-mf",
       description="Matrix-factorization mechanisms for differentially private federated "
                   "learning: factorize workloads, inspect the matrix cache, plot, and account "

@@ -320,6 +320,8 @@ def sensitivity_report(c, schema: Participation, n: Optional[int] = None) -> Dic
     upper = lower = float(np.max(col_sq))
     method = "max_column_norm"
   exact = bool(upper <= lower * (1 + EXACT_RTOL) or upper == 0.0)
+  if exact and method.endswith("_bound"):  # the bound meets an explicit contribution
+    method += "_attained"
   # Rounded up by ROUNDING_MARGIN so that float64 rounding in the sums of squares never
   # makes the value (and an ε computed from z/value) optimistic.
   return {"value": math.sqrt(upper) * (1 + ROUNDING_MARGIN), "lower": math.sqrt(max(lower, 0.0)),

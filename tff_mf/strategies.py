@@ -22,40 +22,10 @@ from tff_mf import participation as participation_lib
 from tff_mf import registry
 from tff_mf import streams
 from tff_mf import workloads
-from tff_mf.families import banded
-from tff_mf.families import blt
-from tff_mf.families import dense
-from tff_mf.families import identity
-from tff_mf.families import square_root
-from tff_mf.families import structured
-from tff_mf.families import toeplitz
-from tff_mf.families import tree
-
-# Family name (tff_mf.registry.Strategy.family) -> its module.
-FAMILIES = {"banded": banded, "blt": blt, "dense": dense, "identity": identity,
-            "square_root": square_root, "structured": structured, "toeplitz": toeplitz,
-            "tree": tree}
 
 STRATEGIES = tuple(registry.STRATEGIES)
 DEFAULT_TARGET_GAP = 1e-6
 ERRORS = ("mean", "max")
-
-# Strategy -> the spec fields it reads (others must keep their defaults).
-_PARAMETERS = {
-    "optimal": ("target_gap", "max_iterations", "allow_unconverged"),
-    "structured": ("bands", "rank", "target_gap", "max_iterations", "allow_unconverged"),
-    "banded": ("bands",),
-    "banded_toeplitz": ("bands", "error"),
-    "blt": ("buffers", "error"),
-    "bsr": ("bands",),
-    "bisr": ("bands",),
-    "banded_inverse": ("bands",),
-}
-# Dense n x n float64 matrices a family holds at its peak (memory check before A is built).
-_PEAK_MATRICES = {"optimal": 12, "structured": 14, "banded": 8, "banded_toeplitz": 6,
-                  "blt": 6, "honaker_online": 8, "honaker_full": 10, "identity": 4,
-                  "bsr": 8, "bisr": 8, "banded_inverse": 8,
-                  "lambda_cgd": 8}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,45 +57,29 @@ class FactorizationSpec:
           f"strategy {self.strategy!r} supports participation "
           f"{', '.join(entry.participations)}, not {self.participation.kind!r}")
     self.participation.check(self.n)
-    used = _PARAMETERS.get(self.strategy, ())
+    declared = entry.declaration
     defaults = FactorizationSpec(workload=self.workload)
-    for name in ("target_gap", "max_iterations", "allow_unconverged", "bands", "rank", "buffers",
-                 "error"):
-      if name not in used and getattr(self, name) != getattr(defaults, name):
+    for name in families.SPEC_PARAMETERS:
+      if name not in declared.parameters and getattr(self, name) != getattr(defaults, name):
         raise checks.CheckError(f"{name} does not apply to strategy {self.strategy!r}")
-    if "target_gap" in used:
+    if "target_gap" in declared.parameters:
       checks.in_range(self.target_gap, "target_gap", 0.0, 1.0, low_open=True)
       checks.positive_int(self.max_iterations, "max_iterations")
-    if self.strategy == "structured":
-      checks.positive_int(self.bands, "structured bands h")
-      checks.nonnegative_int(self.rank, "structured rank r")
-      if self.rank > self.n:
-        raise checks.CheckError(f"structured rank r={self.rank} exceeds n={self.n}")
-    if self.strategy in ("banded", "banded_toeplitz"):
-      checks.positive_int(self.bands, f"{self.strategy} bands b")
-      if self.bands > self.n:
-        raise checks.CheckError(f"{self.strategy} bands b={self.bands} exceed n={self.n}")
-      self.participation.check_bands(self.bands, self.strategy)
-    if self.strategy in ("bsr", "bisr", "banded_inverse"):
-      checks.positive_int(self.bands, f"{self.strategy} bands b")
-      if self.bands > self.n:
-        raise checks.CheckError(f"{self.strategy} bands b={self.bands} exceed n={self.n}")
-    if self.strategy == "blt":
-      checks.positive_int(self.buffers, "blt buffers m")
+    if declared.check_spec is not None:
+      declared.check_spec(self)
     if self.error not in ERRORS:
       raise checks.CheckError(f"error must be one of {ERRORS}, got {self.error!r}")
 
   def key_params(self) -> Dict[str, Any]:
     """The parameters that determine the stored matrices (part of the cache key)."""
+    declared = registry.strategy(self.strategy).declaration
     params: Dict[str, Any] = {"strategy": self.strategy}
-    for name in _PARAMETERS.get(self.strategy, ()):
+    for name in declared.parameters:
       if name in ("max_iterations", "allow_unconverged") and not self.allow_unconverged:
         continue  # a converged result does not depend on the iteration limit
       value = getattr(self, name)
       params[name] = float(value) if name == "target_gap" else value
-    if self.participation.kind != "single" or self.strategy in ("banded", "banded_toeplitz",
-                                                                  "blt", "lambda_cgd",
-                                                                  "banded_inverse"):
+    if self.participation.kind != "single" or declared.schema_dependent:
       params["participation"] = self.participation.as_dict()
     return params
 
@@ -135,8 +89,9 @@ def check_size(spec: FactorizationSpec) -> float:
 
   Returns the bytes of memory the computation plans for.
   """
-  copies = _PEAK_MATRICES.get(spec.strategy, 12)
-  m = 2 * spec.n if spec.strategy.startswith("honaker") else spec.n
+  declared = registry.strategy(spec.strategy).declaration
+  copies = declared.peak_matrices
+  m = declared.encoder_rows * spec.n
   checks.dense_matrices_fit(spec.n, copies, f"strategy {spec.strategy} at n = {spec.n}", m=m)
   return 8.0 * spec.n * m * copies
 
@@ -182,7 +137,8 @@ def solver_outcome(spec: FactorizationSpec, info: Dict[str, Any]) -> Optional[Di
   (cached before the outcome was recorded) cannot say why parameters differ or whether
   the ALS fit converged.
   """
-  requested = {k: getattr(spec, k) for k in _RETURNED if k in _PARAMETERS.get(spec.strategy, ())}
+  declared = registry.strategy(spec.strategy).declaration.parameters
+  requested = {k: getattr(spec, k) for k in _RETURNED if k in declared}
   returned = {k: int(info.get(k, v)) for k, v in requested.items()}
   if ((returned != requested and "returned_why" not in info)
       or (spec.strategy == "structured" and "als_converged" not in info)):
@@ -199,6 +155,7 @@ def solver_outcome(spec: FactorizationSpec, info: Dict[str, Any]) -> Optional[Di
 
 def _why_unconverged(info: Dict[str, Any]) -> str:
   """Each solver that did not converge, and why (one line)."""
+  from tff_mf.families import structured  # pylint: disable=g-import-not-at-top
   reasons = []
   if not info.get("converged", True):
     if "gradient_norm" in info and "message" in info:
@@ -226,7 +183,7 @@ def deviates(outcome: Dict[str, Any]) -> bool:
 def error_figures(f: fz.Factorization,
                   schema: participation_lib.Participation) -> Dict[str, Any]:
   """sensitivity (under ``schema``), rmse, max_error and the analysis that gave them."""
-  report = participation_lib.sensitivity_report(f.c, schema)
+  report = f.sensitivity_report(schema)
   sens = report["value"]
   return {"participation": schema.as_dict(), "sensitivity": sens,
           "sensitivity_exact": report["exact"], "sensitivity_method": report["method"],
@@ -237,21 +194,22 @@ def post_processed(f_prefix: fz.Factorization, a, name: str) -> fz.Factorization
   """A = (A·S⁻¹·B_S)·C_S: a prefix-sum factorization serving workload A (Denisov Table 1)."""
   b = fz.post_process_prefix_decoder(a, f_prefix.b)
   info = dict(f_prefix.info, post_processed_from=f_prefix.strategy)
-  return fz.Factorization(a=a, b=b, c=f_prefix.c, strategy=name, info=info,
-                          extras=dict(f_prefix.extras)).validate(atol=1e-6)
+  f = fz.Factorization(a=a, b=b, c=f_prefix.c, strategy=name, info=info,
+                       extras=dict(f_prefix.extras)).validate(atol=1e-6)
+  f._sensitivity_reports.update(f_prefix._sensitivity_reports)  # pylint: disable=protected-access
+  return f
 
 
 
 def family_module(strategy: str):
   """The family module that computes ``strategy``."""
-  return FAMILIES[registry.strategy(strategy).family]
+  return registry.strategy(strategy).module
 
 
 def cached(strategy: str) -> bool:
-  """Whether a mechanism loads this strategy's factorization through ``tff_mf.cache``: every
-  family unless its module declares ``CACHED = False`` (closed forms, cheaper to rebuild
-  than to load and check)."""
-  return bool(getattr(family_module(strategy), "CACHED", True))
+  """Whether a mechanism loads this strategy's factorization through ``tff_mf.cache``
+  (its family's declaration; closed forms are cheaper to rebuild than to load and check)."""
+  return bool(registry.strategy(strategy).declaration.cached)
 
 
 def stream(strategy: str, extras: Dict[str, Any], a) -> streams.LinearStream:

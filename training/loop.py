@@ -226,17 +226,8 @@ def _bind_identity(run: _Run, setup) -> None:
 
 
 def _client_loader(task: task_lib.Task):
-  def load_client(client_id):
-    """The client's preprocessed dataset, or None when it has no examples (skipped).
-
-    Checked on the raw examples (cheaper): preprocessing turns any non-empty
-    client into at least one batch (every sentence yields at least [BOS]).
-    """
-    raw = task.train.create_tf_dataset_for_client(client_id)
-    if next(iter(raw.take(1)), None) is None:
-      return None
-    return task.preprocess_fn(raw)
-  return load_client
+  """The client's preprocessed dataset, or None when it has no examples (skipped)."""
+  return task.client_datasets.load
 
 
 def _initial_state(run: _Run, process, task: task_lib.Task):
@@ -261,6 +252,7 @@ class _Trainer:
   ledger: Optional[privacy.EventLedger]
   evaluate: task_lib.Evaluator
   writer: outputs.MetricsWriter
+  epsilons: Optional[list] = None  # ε spent after each round (privacy.epsilon_per_round)
 
   def sampling_state(self):
     """The sampler's and the participation log's arrays, as one checkpointable structure."""
@@ -296,6 +288,9 @@ class _Trainer:
     row: Dict[str, object] = {"round": round_num, "round_seconds": time.perf_counter() - start,
                               "clients": len(client_ids), "empty_clients_skipped": skipped,
                               "zeroed_client_updates": zeroed}
+    if self.epsilons is not None and not self.log.violations(config.schema(),
+                                                             config.total_rounds):
+      row["epsilon"] = self.epsilons[round_num - 1]  # none once the schema is broken
     if clip is not None:  # adaptive clipping: ζ after this round's update (TFF reports the new state)
       row["next_clip_norm"] = float(clip)
     if config.report_train_metrics:
@@ -421,6 +416,8 @@ def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, record,
       "accountant": record["accountant"] if record is not None else None,
       "analysis": record["analysis"] if record is not None else None,
       "private": record is not None, "privacy": privacy_block, "participation": participation,
+      "privacy_statement": privacy.run_statement(config, record, eps, reason, participation,
+                                                 run.seed_source),
       "total_rounds": config.total_rounds, "rounds_completed": progress.round,
       "finished": progress.round == config.total_rounds and not diverged,
       "diverged": diverged, "wall_seconds": run.wall_seconds(),
@@ -456,7 +453,7 @@ def _build_trainer(run: _Run, task: task_lib.Task, setup) -> Tuple[_Trainer, obj
                                                  config.num_oov_buckets),
                      writer=outputs.MetricsWriter(run.run_dir, run.progress.round,
                                                   config.report_train_metrics,
-                                                  config.adaptive_clipping))
+                                                  config.adaptive_clipping, private))
   if run.progress.round > 0:
     trainer.restore_sampling(run.progress.round)
   return trainer, state
@@ -484,6 +481,9 @@ def _train(run: _Run, task: Optional[task_lib.Task]) -> Dict[str, object]:
   interrupt.check(where)
   _bind_identity(run, setup)
   trainer, state = _build_trainer(run, task, setup)
+  if record is not None:
+    trainer.epsilons = privacy.epsilon_per_round(
+        config, privacy.encoder(config, setup.factorization), noise_multiplier, record)
   interrupt.check(where)
   try:
     trainer.writer.hparams(config.public_dict(), config.experiment_name)
@@ -494,11 +494,12 @@ def _train(run: _Run, task: Optional[task_lib.Task]) -> Dict[str, object]:
     trainer.writer.close()
   path = os.path.join(run.run_dir, outputs.SUMMARY_FILE)
   outputs.write_json(path, summary)
-  eps = summary["epsilon"]
+  statement = summary["privacy_statement"]
   run.log(f"{summary['mechanism']}: {summary['rounds_completed']}/{config.total_rounds} rounds, "
-          f"eps={'none' if eps is None else f'{eps:.3g}'} ({summary['analysis'] or 'no DP'}), "
+          f"eps={statement['epsilon_text'] if summary['private'] else 'none (no DP)'}, "
           f"test loss {summary['test_metrics']['loss']}, "
           f"{summary['wall_seconds']:.1f}s -> {path}")
+  print(statement["text"], flush=True)
   return summary
 
 

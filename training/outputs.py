@@ -2,9 +2,10 @@
 
 * ``metrics.csv``: one row per round (rewritten on resume up to the checkpoint).
 * ``tensorboard/``: the same rows as scalars (``validation/<metric>``,
-  ``round/<counter>``), the test metrics and ε at the end, the config as hparams
+  ``round/<counter>``, ``privacy/epsilon``: the ε spent after each round), the test metrics
+  and ε at the end, the config as hparams
   (``tensorboard.plugins.hparams``) and as text.
-* ``summary.json``: ε, metrics, √L, package versions, the dataset fingerprint,
+* ``summary.json``: ε and the privacy statement (``tff_mf.statement``), metrics, √L, package versions, the dataset fingerprint,
   UTC start and end times and the full config (never the noise seed).
 * ``final_model.npz``: the trained weights, each array named by its model variable.
 
@@ -79,13 +80,16 @@ def finite_or_none(value):
   return value if isinstance(value, float) and math.isfinite(value) else None
 
 
-def metric_fields(report_train_metrics: bool, adaptive_clipping: bool = False) -> tuple:
+def metric_fields(report_train_metrics: bool, adaptive_clipping: bool = False,
+                  private: bool = False) -> tuple:
   """The columns of metrics.csv (``next_clip_norm``: with adaptive clipping, the clip norm
-  ζ_{i+1} that round i's private count update set for the next round)."""
+  ζ_{i+1} that round i's private count update set for the next round; ``epsilon``: in a DP
+  run, the ε spent after the round, ``training.privacy.epsilon_per_round``)."""
   train = NONPRIVATE_TRAIN_KEYS if report_train_metrics else ()
   clip = ("next_clip_norm",) if adaptive_clipping else ()
+  eps = ("epsilon",) if private else ()
   return ("round", *train, "round_seconds", "clients", "empty_clients_skipped",
-          "zeroed_client_updates", *clip, *(f"validation_{k}" for k in METRIC_KEYS))
+          "zeroed_client_updates", *clip, *eps, *(f"validation_{k}" for k in METRIC_KEYS))
 
 
 def _tensorboard_tag(key: str) -> str:
@@ -93,6 +97,8 @@ def _tensorboard_tag(key: str) -> str:
     return "validation/" + key[len("validation_"):]
   if key.startswith("nonprivate_"):
     return "nonprivate/" + key[len("nonprivate_"):]
+  if key == "epsilon":
+    return "privacy/epsilon"
   return "round/" + key
 
 
@@ -100,9 +106,9 @@ class MetricsWriter:
   """metrics.csv (one row per round, kept up to the resumed round) and TensorBoard."""
 
   def __init__(self, run_dir: str, resume_round: int, report_train_metrics: bool,
-               adaptive_clipping: bool = False):
+               adaptive_clipping: bool = False, private: bool = False):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    self.fields = metric_fields(report_train_metrics, adaptive_clipping)
+    self.fields = metric_fields(report_train_metrics, adaptive_clipping, private)
     self.path = os.path.join(run_dir, METRICS_FILE)
     kept = []
     if resume_round > 0 and os.path.exists(self.path):

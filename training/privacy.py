@@ -172,15 +172,25 @@ def guarantee(config: TrainingConfig, c: np.ndarray) -> Tuple[float, Dict[str, A
   best = dict(min(candidates, key=lambda r: r["epsilon"]))
   best.update(candidates=[_candidate(r) for r in candidates], notes=notes,
               analysis_label=ANALYSIS_LABELS[best["analysis"]],
-              unamplified_sensitivity=plain["sensitivity"],
-              unamplified_sensitivity_exact=plain["sensitivity_exact"],
-              unamplified_sensitivity_method=plain["sensitivity_method"])
+              **_unamplified_fields(best, plain))
   if target is not None:
     best["target_epsilon"] = float(target)
     if not best["epsilon"] <= target:
       raise TrainingError(f"calibration gave epsilon {best['epsilon']} above the target {target}")
   best.pop("mmcc", None)  # per-row details: too large for summary.json
   return z, best
+
+
+def _unamplified_fields(best: Dict[str, Any], plain: Dict[str, Any]) -> Dict[str, Any]:
+  """The unamplified Gaussian's sensitivity (what the aggregator calibrates its noise for),
+  when the reported bound is an amplified one: its ``sensitivity`` then means every
+  eligible round joined. Otherwise ``sensitivity`` is already that one (one field a meaning).
+  """
+  if best["analysis"] not in ("banded", "mmcc"):
+    return {}
+  return {"unamplified_sensitivity": plain["sensitivity"],
+          "unamplified_sensitivity_exact": plain["sensitivity_exact"],
+          "unamplified_sensitivity_method": plain["sensitivity_method"]}
 
 
 def _adaptive_guarantee(config: TrainingConfig, c: np.ndarray) -> Tuple[float, Dict[str, Any]]:
@@ -216,16 +226,105 @@ def _adaptive_guarantee(config: TrainingConfig, c: np.ndarray) -> Tuple[float, D
                 clipped_count_stddev=sigma_b)
   record.update(candidates=[_candidate(record)], analysis_label=ANALYSIS_LABELS["adaptive"],
                 notes=["adaptive clipping: the count queries are accounted without "
-                       "amplification"] if amplified(config) else [],
-                unamplified_sensitivity=plain["sensitivity"],
-                unamplified_sensitivity_exact=plain["sensitivity_exact"],
-                unamplified_sensitivity_method=plain["sensitivity_method"])
+                       "amplification"] if amplified(config) else [])
   if config.target_epsilon is not None:
     record["target_epsilon"] = float(config.target_epsilon)
     if not eps <= config.target_epsilon:
       raise TrainingError(f"calibration gave epsilon {eps} above the target "
                           f"{config.target_epsilon}")
   return z, record
+
+
+# ----------------------------------------------------------------------------- ε per round
+
+
+# Rounds at which the per-round ε is evaluated, at most (the others take the next evaluated
+# round's value, a valid and non-decreasing upper bound): keeps long runs cheap.
+MAX_EPSILON_POINTS = 64
+
+
+def released_rows(c: np.ndarray, rounds: int) -> np.ndarray:
+  """The rows of C released after ``rounds`` rounds, all n columns kept.
+
+  Row i of a square (lower-triangular) C is released in round i; a C with more rows than
+  rounds (TFF's tree, C_T/√levels) has its rows in release order, each released in the
+  round of its last non-zero column (``tff_mf.mmcc.release_rounds``). Taken no earlier
+  than any later column it touches, so the rows kept depend only on rounds 1..``rounds``.
+  """
+  m, n = c.shape
+  nonzero = c != 0
+  last = np.where(nonzero.any(axis=1), n - 1 - np.argmax(nonzero[:, ::-1], axis=1), -1)
+  release = np.maximum(last, np.arange(m)) if m == n else np.maximum.accumulate(last)
+  return c[release < rounds]
+
+
+def _evaluated_rounds(n: int) -> List[int]:
+  return sorted(set(np.ceil(np.linspace(1, n, min(n, MAX_EPSILON_POINTS))).astype(int).tolist())
+                | {n})
+
+
+def epsilon_per_round(config: TrainingConfig, c: np.ndarray, z: float,
+                      record: Dict[str, Any]) -> List[float]:
+  """ε spent after rounds 1..n: upper bounds, non-decreasing, the last one ``record``'s ε.
+
+  After r rounds the run has released the rows of C of rounds ≤ r (``released_rows``): the
+  Gaussian mechanism at z / sens_r, sens_r the sensitivity of those rows under the
+  schema (its patterns restricted to rounds ≤ r, since the rows have zero columns
+  beyond), by the run's accountant; with adaptive clipping composed with the count
+  queries (all k of them: an upper bound). ε after r rounds is at most ε after any later
+  round (the earlier release is a post-processing of the later one), so each value is
+  the smallest of these bounds from r on, and the last is the run's reported ε (amplified
+  where the run is). Computed once, before round 1, at ≤ ``MAX_EPSILON_POINTS`` rounds.
+  """
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  n = config.total_rounds
+  final = float(record["epsilon"])
+  s = schema(config)
+  bounds = {}
+  for r in _evaluated_rounds(n)[:-1]:
+    rows = released_rows(c, r)
+    if not np.any(rows):
+      bounds[r] = 0.0
+      continue
+    sens = accounting.sensitivity_report(rows, s)["value"]
+    bounds[r] = _epsilon_at(config, z, sens, record)
+  bounds[n] = final
+  out, best = [0.0] * n, final
+  for r in range(n, 0, -1):
+    best = min(best, bounds.get(r, best))
+    out[r - 1] = best
+  return out
+
+
+def _epsilon_at(config: TrainingConfig, z: float, sens: float, record: Dict[str, Any]) -> float:
+  """ε of the released prefix with sensitivity ``sens`` (the run's analysis, unamplified)."""
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  if record.get("analysis") == "adaptive":
+    from tff_mf import adaptive_clipping  # pylint: disable=g-import-not-at-top
+    total = adaptive_clipping.combined_noise_multiplier(
+        z, sens, record["clipped_count_stddev"], record["count_participations"])
+    return math.inf if total == 0.0 else accounting.epsilon(total, config.delta,
+                                                            config.accountant)
+  return accounting.epsilon(z, config.delta, config.accountant, sensitivity=sens)
+
+
+# ----------------------------------------------------------------------------- statement
+
+
+def run_statement(config: TrainingConfig, record: Optional[Dict[str, Any]],
+                  epsilon: Optional[float], reason: Optional[str],
+                  participation: Dict[str, Any], seed_source: str) -> Dict[str, Any]:
+  """The run's privacy statement (``tff_mf.statement``) for summary.json and stdout."""
+  from tff_mf import statement  # pylint: disable=g-import-not-at-top
+  from training import outputs  # pylint: disable=g-import-not-at-top
+  if record is None:
+    return statement.no_privacy_statement(f"--mechanism={config.mechanism} adds no noise")
+  return statement.privacy_statement(
+      dict(record, epsilon=epsilon), schema=participation["schema"],
+      observed=participation["observed"],
+      sampling_prob=config.sampling_prob if config.participation == "min_sep" else None,
+      noise_seed_source=seed_source, epsilon_reason=reason,
+      nonprivate_metrics=outputs.NONPRIVATE_TRAIN_KEYS if config.report_train_metrics else ())
 
 
 def without_epsilons(value, key: str = ""):
@@ -246,7 +345,7 @@ def check_against_mechanism(z: float, record: Dict[str, Any], info: Dict[str, An
                              info.get("effective_noise_multiplier"))
   if mechanism_value is None:
     return
-  accountant_value = z / record["unamplified_sensitivity"]
+  accountant_value = z / record.get("unamplified_sensitivity", record["sensitivity"])
   if not math.isclose(mechanism_value, accountant_value, rel_tol=SENSITIVITY_RTOL):
     raise TrainingError(
         f"the aggregator adds noise for z / sensitivity = {mechanism_value:.12g}, the accountant "
@@ -319,16 +418,33 @@ def round_event(aggregator_state) -> Optional[Dict[str, Any]]:
     return None
 
 
+# The first line of dp_events.jsonl: what its lines mean (readers skip it: it has no "round").
+EVENTS_HEADER = {"dp_events": (
+    "one JSON line per round after this one: {round, event}; event is the DpEvent the "
+    "aggregator reported for that round, in dp_accounting's DpEvent.to_named_tuple form "
+    "(module_name, class_name, then its fields), or null when it reported none. A tff-mf "
+    "matrix mechanism accounts for the whole run in round 1: PoissonSampledDpEvent with "
+    "sampling_probability 1.0 around GaussianDpEvent(z/sens), the one Gaussian mechanism the "
+    "run is; in rounds 2..n the same event has sampling_probability 0.0, i.e. no further "
+    "privacy loss (the probability is a field, not a different event, because TFF fixes the "
+    "event's type). With adaptive clipping each round holds two such events, the second for "
+    "the count queries. TFF's gaussian reports GaussianDpEvent(z) every round (composing "
+    "them over-counts: an upper bound); TFF's tree reports UnsupportedDpEvent. Amplification "
+    "by sampling is never in these events: summary.json's privacy block reports it.")}
+
+
 class EventLedger:
-  """``<run dir>/dp_events.jsonl``: one line per round, kept up to the resumed round."""
+  """``<run dir>/dp_events.jsonl``: a header line (``EVENTS_HEADER``), then one line per
+  round, kept up to the resumed round."""
 
   def __init__(self, run_dir: str, resume_round: int):
     self.path = os.path.join(run_dir, EVENTS_FILE)
     kept = []
     if resume_round > 0 and os.path.exists(self.path):
-      with open(self.path, encoding="utf-8") as f:
-        kept = [line for line in f if line.strip() and json.loads(line)["round"] <= resume_round]
+      kept = [json.dumps(line, sort_keys=True) + "\n" for line in read_event_lines(self.path)
+              if line["round"] <= resume_round]
     with open(self.path, "w", encoding="utf-8") as f:
+      f.write(json.dumps(EVENTS_HEADER, sort_keys=True) + "\n")
       f.writelines(kept)
 
   def write(self, round_num: int, event: Optional[Dict[str, Any]]) -> None:
@@ -336,8 +452,14 @@ class EventLedger:
       f.write(json.dumps({"round": int(round_num), "event": event}, sort_keys=True) + "\n")
 
   def events(self) -> List[Optional[Dict[str, Any]]]:
-    with open(self.path, encoding="utf-8") as f:
-      return [json.loads(line)["event"] for line in f if line.strip()]
+    return [line["event"] for line in read_event_lines(self.path)]
+
+
+def read_event_lines(path: str) -> List[Dict[str, Any]]:
+  """The round lines of a dp_events.jsonl ({round, event}), without its header line."""
+  with open(path, encoding="utf-8") as f:
+    lines = [json.loads(line) for line in f if line.strip()]
+  return [line for line in lines if "round" in line]
 
 
 def dp_event_epsilon(events: Sequence[Optional[Dict[str, Any]]], delta: float,

@@ -6,8 +6,8 @@ for every mechanism against the baseline (TFF's tree), the per-seed paired
 differences, their mean ± std and the 95% Student-t interval of the mean difference
 (n − 1 degrees of freedom). A mechanism *wins* on a metric only when that interval
 lies entirely on its better side: the difference is then larger than the seeds'
-spread explains. :func:`write_results` writes ``results.json``, ``results.md`` (three
-sentences first) and ``training.png`` (validation curves with shaded ±std bands,
+spread explains. :func:`write_results` writes ``results.json``, ``results.md`` (each
+mechanism's privacy statement, then three sentences) and ``training.png`` (validation curves with shaded ±std bands,
 final test metrics with error bars that never go below 0).
 """
 
@@ -20,6 +20,8 @@ import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from tff_mf.statement import epsilon_text
 
 # (metric key in summary["test_metrics"], label, lower is better)
 METRICS = (("loss", "test loss (nats/token)", True),
@@ -91,6 +93,7 @@ def compare(runs: Dict[str, Dict[int, dict]], baseline: str, leading: str = "los
             values, [runs[baseline][s]["test_metrics"][key] for s in seeds], lower)
       entry[key] = metric
     first = by_seed[seeds[0]]
+    entry["privacy_statement"] = _largest_statement([by_seed[s] for s in seeds])
     entry.update(epsilon=[by_seed[s]["epsilon"] for s in seeds],
                  analysis=first.get("analysis"), noise_multiplier=first["noise_multiplier"],
                  sensitivity=(first.get("privacy") or {}).get("sensitivity"),
@@ -99,6 +102,26 @@ def compare(runs: Dict[str, Dict[int, dict]], baseline: str, leading: str = "los
     out[mechanism] = entry
   return {"seeds": seeds, "baseline": baseline, "leading_metric": leading,
           "mechanisms": out, "conclusion": conclusion(out, baseline, leading)}
+
+
+def _largest_statement(summaries: Sequence[dict]) -> Optional[dict]:
+  """The privacy statement (``tff_mf.statement``) of the run with the largest ε (None: a
+  summary written before statements were)."""
+  statements = [s.get("privacy_statement") for s in summaries]
+  if any(s is None for s in statements):
+    return None
+  return max(statements, key=lambda s: -1.0 if s["epsilon"] is None else s["epsilon"])
+
+
+def privacy_section(result: dict) -> List[str]:
+  """The top of results.md: each mechanism's privacy statement (its largest-ε seed's)."""
+  lines = ["## Privacy", ""]
+  for entry in result["mechanisms"].values():
+    statement = entry.get("privacy_statement")
+    if statement is None:
+      continue
+    lines += [f"{entry['label']}:", "", "```text", statement["text"], "```", ""]
+  return lines if len(lines) > 2 else []
 
 
 def conclusion(mechanisms: Dict[str, dict], baseline: str, leading: str) -> Dict[str, object]:
@@ -130,7 +153,7 @@ def _sentences(result: dict, settings: dict) -> str:
            f"{'s' if seeds > 1 else ''} ({', '.join(map(str, result['seeds']))}) of DP "
            f"federated training of a small "
            f"next-word LSTM on the docstring dataset ({settings['total_rounds']} rounds of "
-           f"{settings['clients_per_round']} clients, {schema}, ε ≤ {eps:.3g} at δ = "
+           f"{settings['clients_per_round']} clients, {schema}, ε ≤ {epsilon_text(eps)} at δ = "
            f"{settings['delta']:g} for every run): TFF's tree aggregator against "
            f"{', '.join(_label(m) for m in others)}.")
   initial = (result.get("initial_test_metrics") or {}).get("loss")
@@ -180,7 +203,7 @@ def _main_table(result: dict) -> List[str]:
         f"| {e['label']} | **{e['loss']['mean']:.4f} ± {e['loss']['std']:.4f}** | {delta} | "
         f"{e['accuracy']['mean']:.4f} ± {e['accuracy']['std']:.4f} | "
         f"{e['accuracy_no_oov_no_eos']['mean']:.4f} ± {e['accuracy_no_oov_no_eos']['std']:.4f}"
-        f" | {_fmt(eps, '.3g')} ({e['analysis']}) | {_fmt(e['noise_multiplier'], '.4g')} | "
+        f" | {epsilon_text(eps)} ({e['analysis']}) | {_fmt(e['noise_multiplier'], '.4g')} | "
         f"{_fmt(e['sensitivity'], '.4g')} | {np.mean(e['wall_seconds']):.0f} |")
   return lines
 
@@ -196,12 +219,14 @@ def _seed_table(result: dict) -> List[str]:
 
 
 def markdown(result: dict, settings: dict) -> str:
-  """results.md: three sentences, the leading table, the per-seed table, how to read it."""
+  """results.md: the privacy statements, three sentences, the leading table, the per-seed
+  table, how to read it."""
   c = result["conclusion"]
   verdict = ("MF wins on the leading metric." if c["mf_wins"] else
              "MF does NOT win on the leading metric beyond the seeds' spread.")
   seeds = len(result["seeds"])
-  lines = [f"# Main job: {settings['title']}", "", _sentences(result, settings), "",
+  lines = [f"# Main job: {settings['title']}", "", *privacy_section(result),
+           "## Results", "", _sentences(result, settings), "",
            f"**Conclusion (test loss, {seeds} seed{'s' if seeds > 1 else ''}): {verdict}**", "",
            *_main_table(result), "", *_seed_table(result), "",
            "![validation loss and accuracy (mean ± std over seeds), final test loss]"

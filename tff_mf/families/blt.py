@@ -34,7 +34,9 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from tff_mf import checks
+from tff_mf import families
 from tff_mf import lbfgs
+from tff_mf import participation
 from tff_mf import streams
 from tff_mf import toeplitz_ops
 
@@ -497,6 +499,12 @@ def optimize_buffers(n: int, max_buffers: int = 8, rtol: float = 1.01,
 
 # Bumped whenever the output for the same inputs changes (part of the cache key).
 VERSION = "1"
+DEFAULT_BUFFERS = 4
+
+STRATEGIES = {"blt": families.Declaration(
+    parameters=("buffers", "error"), defaults=lambda n, schema: {"buffers": DEFAULT_BUFFERS},
+    participations=participation.KINDS, schema_dependent=True, peak_matrices=6, streams=True,
+    check_spec=lambda spec: checks.positive_int(spec.buffers, "blt buffers m"))}
 
 
 def factorize(a: np.ndarray, spec, context):

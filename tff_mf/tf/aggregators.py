@@ -177,7 +177,8 @@ def _privacy_arguments(mechanism, noise_multiplier, target_epsilon, delta, accou
     if delta is None:
       raise checks.CheckError("target_epsilon needs delta")
     return None, checks.positive_float(target_epsilon, "target_epsilon"), delta, accountant
-  return (checks.noise_multiplier(noise_multiplier, allow_zero=allow_no_noise), None, delta,
+  return (checks.noise_multiplier(noise_multiplier, allow_zero=allow_no_noise,
+                                  no_noise_hint=checks.PYTHON_NO_NOISE_HINT), None, delta,
           accountant)
 
 
@@ -401,7 +402,7 @@ def _make_query_factory(cfg: MechanismConfig, noise: noise_lib.StreamingNoise):
 
 
 def _record_noise(info: Dict[str, Any], noise) -> None:
-  info.update(noise_implementation=noise.describe(), state_rows=noise.buffer_rows())
+  info.update(noise_implementation=noise.describe(), state_rows=noise.state_rows())
 
 
 def _build_dense(cfg: MechanismConfig, resolved: mechanisms.Resolved, info: Dict[str, Any]):

@@ -1,0 +1,276 @@
+"""The privacy statement of a run, in words (numpy core, no TensorFlow).
+
+In the spirit of TF Privacy's ``compute_dp_sgd_privacy_statement``: one function,
+:func:`privacy_statement`, renders the privacy record of a run (``tff_mf.accounting``'s
+``epsilon_for`` / ``calibrate`` record, or the training harness's record built from it)
+as a structured, JSON-ready dict and a short text that names
+
+- the unit of privacy: one client's whole data, under add/remove adjacency (the
+  accountant's: ``tff_mf.accounting``);
+- ε at δ, to 3 significant digits rounded UP (:func:`round_up`), so that the printed ε
+  stays an upper bound;
+- the analysis in words (which theorem, which multiplier, which accountant);
+- the participation schema, and what the sampler recorded when there was a run;
+- what the guarantee covers (the released models) and what it does not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import decimal
+import math
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+DIGITS = 3
+UNIT = ("client-level: one client's whole data, in every round it joins. Adjacency is "
+        "add/remove one client (equivalently, replacing all of its clipped updates by zero); "
+        "a replace-one guarantee is not what is accounted (it would take twice the sensitivity)")
+ACCOUNTANT_WORDS = {
+    "exact": "the analytic Gaussian mechanism (Balle & Wang 2018, arXiv:1805.06530, Thm 8)",
+    "pld": "dp_accounting's privacy-loss distributions (pessimistic discretization)",
+    "rdp": "Renyi DP (dp_accounting), converted to (epsilon, delta)",
+}
+COVERS_RUN = ("the models released after every round (the aggregator's noisy output), hence "
+              "the final model and anything computed from the models and held-out data alone "
+              "(validation and test metrics)")
+COVERS_ACCOUNT = "the models released after each of the n rounds of a run with this configuration"
+NOT_COVERED_RUN = (
+    "the per-round counters and timings of metrics.csv (clients, empty_clients_skipped, "
+    "zeroed_client_updates, round_seconds) are computed without noise",
+    "the held-out validation and test data are not protected by this guarantee",
+)
+NONPRIVATE_METRICS = ("metrics marked nonprivate_ ({names}) are computed on the clients' raw "
+                      "data without noise: not covered")
+PINNED = ("the noise seed was pinned: anyone who knows it can regenerate and subtract the "
+          "noise, so this run has no privacy guarantee while the seed is known (the epsilon "
+          "above is the mechanism's with a secret seed)")
+SECRET_SEED = ("the secret noise seed lives in identity.json and the checkpoints: whoever "
+               "reads them can remove the noise (keep them private)")
+NOT_COVERED_ACCOUNT = (
+    "anything computed from the clients' data without noise (e.g. training metrics)",
+    "a run whose noise seed is pinned or leaked, or whose clients join more rounds than the "
+    "schema allows",
+)
+
+
+# ----------------------------------------------------------------------------- ε, rounded up
+
+
+def round_up(value: float, digits: int = DIGITS) -> float:
+  """``value`` rounded UP to ``digits`` significant digits, as a float never below it.
+
+  The exact binary value is rounded with ``decimal.ROUND_CEILING`` (7.999999994 → 8.00,
+  1.2341 → 1.24, 1.23 → 1.23); the float nearest that decimal is still ≥ ``value``
+  (rounding to nearest is monotone and ``value`` is itself a float). ∞ stays ∞.
+  """
+  value = float(value)
+  if not math.isfinite(value) or value == 0.0:
+    return value
+  return float(_ceil_decimal(value, digits))
+
+
+def _ceil_decimal(value: float, digits: int) -> decimal.Decimal:
+  exact = decimal.Decimal(value)
+  exponent = exact.adjusted()
+  rounded = exact.quantize(decimal.Decimal(1).scaleb(exponent - digits + 1),
+                           rounding=decimal.ROUND_CEILING)
+  if rounded.adjusted() > exponent:  # 9.999 → 10.0: one digit more, requantize
+    rounded = rounded.quantize(decimal.Decimal(1).scaleb(exponent - digits + 2),
+                               rounding=decimal.ROUND_CEILING)
+  return rounded
+
+
+def epsilon_text(value: Optional[float], digits: int = DIGITS) -> str:
+  """ε for people: ``digits`` significant digits rounded up ("8.00", "1.24", "0.0124",
+  "1.24e+05"), "inf" when unbounded, "not reported" for None."""
+  if value is None:
+    return "not reported"
+  value = float(value)
+  if math.isinf(value):
+    return "inf"
+  if value == 0.0:
+    return "0"
+  rounded = _ceil_decimal(value, digits)
+  exponent = rounded.adjusted()
+  if -4 <= exponent < 4:
+    return f"{rounded:.{max(0, digits - 1 - exponent)}f}"
+  return f"{float(rounded):.{digits - 1}e}"
+
+
+# ----------------------------------------------------------------------------- analysis
+
+
+def _fmt(x: Optional[float]) -> str:
+  return "?" if x is None else f"{float(x):.4g}"
+
+
+def _sensitivity_words(record: Mapping[str, Any], schema_text: str) -> str:
+  exact = record.get("sensitivity_exact")
+  kind = "exact" if exact else "an upper bound" if exact is not None else "as recorded"
+  method = record.get("sensitivity_method")
+  return (f"sens = the sensitivity of the encoder C under {schema_text} ({kind}"
+          f"{'; ' + str(method) if method else ''})")
+
+
+def analysis_words(record: Mapping[str, Any], schema_text: str) -> str:
+  """The analysis behind ``record['epsilon']``, in words (what the code computed)."""
+  z, sens = record.get("noise_multiplier"), record.get("sensitivity")
+  accountant = ACCOUNTANT_WORDS.get(record.get("unamplified_accountant") or
+                                    record.get("accountant"), str(record.get("accountant")))
+  analysis = record.get("analysis", "none")
+  ratio = (f"z/sens = {_fmt(z)}/{_fmt(sens)} = {_fmt(z / sens)}" if z is not None and sens
+           else f"z = {_fmt(z)}")
+  if analysis == "adaptive":
+    return (f"no amplification by sampling: the matrix mechanism's Gaussian at {ratio} "
+            f"({_sensitivity_words(record, schema_text)}) composed with the "
+            f"{record.get('count_participations')} count queries of adaptive clipping (noise "
+            f"std {_fmt(record.get('clipped_count_stddev'))}, sensitivity 1/2 each) as one "
+            f"Gaussian with noise multiplier {_fmt(record.get('effective_noise_multiplier'))}; "
+            f"epsilon by {accountant}")
+  if analysis in ("banded", "mmcc") and record.get("bound") == "amplified":
+    return _amplified_words(record, analysis)
+  if analysis in ("banded", "mmcc"):
+    return (f"no amplification (the {analysis} amplified bound was larger): one Gaussian "
+            f"mechanism at {ratio}, sens with every eligible round of a client joined "
+            f"(residue classes mod {record.get('min_sep')}); epsilon by {accountant}")
+  return (f"no amplification by sampling: the whole run is one Gaussian mechanism with noise "
+          f"multiplier {ratio}, {_sensitivity_words(record, schema_text)} (Denisov et al. "
+          f"2022, arXiv:2202.08312, Thm 4.1; Choquette-Choo et al. 2023, arXiv:2211.06530); "
+          f"epsilon by {accountant}")
+
+
+def _amplified_words(record: Mapping[str, Any], analysis: str) -> str:
+  z, p, b = record.get("noise_multiplier"), record.get("sampling_prob"), record.get("min_sep")
+  sampling = (f"amplification by Poisson sampling (a client joins each round of its residue "
+              f"class mod {b} with probability {_fmt(p)})")
+  if analysis == "banded":
+    gamma = record.get("column_norm")
+    return (f"{sampling}: amplified banded MF (Choquette-Choo et al. 2023, arXiv:2306.08153, "
+            f"Thm 4), the {record.get('compositions')}-fold composition of the "
+            f"Poisson-subsampled Gaussian with noise multiplier z/max column norm = "
+            f"{_fmt(z)}/{_fmt(gamma)}, composed via PLD (dp_accounting, pessimistic)")
+  return (f"{sampling}: MMCC (Choquette-Choo et al. 2024, arXiv:2310.15526, App D) for C with "
+          f"noise multiplier z = {_fmt(z)}, the rows' mixture-of-Gaussians PLDs composed via "
+          f"PLD (dp_accounting, pessimistic)")
+
+
+# ----------------------------------------------------------------------------- participation
+
+
+def _schema_text(record: Mapping[str, Any], schema: Optional[Mapping[str, Any]]) -> str:
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  schema = schema if schema is not None else record.get("schema")
+  if isinstance(schema, Mapping):
+    return participation.from_dict(dict(schema)).describe()
+  if isinstance(schema, participation.Participation):
+    return schema.describe()
+  return str(record.get("participation") or "single")
+
+
+def participation_words(schema_text: str, observed: Optional[Mapping[str, Any]],
+                        sampling_prob: Optional[float]) -> str:
+  """The schema, and what the sampler recorded (None: no run, accounting only)."""
+  text = schema_text
+  if sampling_prob is not None:
+    text += f", Poisson sampling with probability {sampling_prob:g} per eligible round"
+  if observed is None:
+    return text + " (as configured: no rounds were sampled)"
+  gap = observed.get("min_separation")
+  return (f"{text}; as sampled: {observed.get('distinct_clients')} distinct clients over "
+          f"{observed.get('rounds')} rounds, at most {observed.get('max_participations')} "
+          f"rounds per client, "
+          + ("no client in two rounds" if gap is None else
+             f"two rounds of one client at least {gap} apart"))
+
+
+# ----------------------------------------------------------------------------- the statement
+
+
+def privacy_statement(record: Mapping[str, Any], *, schema=None,
+                      observed: Optional[Mapping[str, Any]] = None,
+                      sampling_prob: Optional[float] = None, run: bool = True,
+                      noise_seed_source: Optional[str] = None,
+                      nonprivate_metrics: Sequence[str] = (),
+                      epsilon_reason: Optional[str] = None) -> Dict[str, Any]:
+  """The privacy statement of ``record`` (see the module docstring), JSON-ready.
+
+  Args:
+    record: the privacy record: ``epsilon`` (None: not reported, ``epsilon_reason``
+      says why), ``delta``, ``analysis``, ``accountant``, ``noise_multiplier``,
+      ``sensitivity`` (and ``sensitivity_exact``/``_method``), ``schema`` and, for the
+      amplified analyses, ``bound``, ``sampling_prob``, ``min_sep``... as
+      ``tff_mf.accounting.epsilon_for`` returns them. A ``PrivacyRecord`` of
+      ``tff_mf.mechanisms`` is accepted too.
+    schema: the participation schema (a ``Participation`` or its dict), if not in record.
+    observed: what the sampler recorded (max participations, min separation, distinct
+      clients, rounds); None for accounting without a run.
+    sampling_prob: Poisson sampling probability per eligible round, if any.
+    run: a training run (True) or accounting for a configuration (False).
+    noise_seed_source: "pinned" voids the guarantee; "os_entropy" (secret) otherwise.
+    nonprivate_metrics: names of metrics written without noise.
+    epsilon_reason: why ε is not reported, when it is not.
+
+  Returns {unit, epsilon, epsilon_text, epsilon_unrounded, delta, analysis,
+  participation, covers, not_covered, void, text}; ``epsilon`` is rounded up.
+  """
+  if dataclasses.is_dataclass(record):
+    record = dict(dataclasses.asdict(record), analysis="none")
+  eps = record.get("epsilon")
+  eps = None if eps is None else float(eps)
+  if eps is not None and math.isnan(eps):
+    raise ValueError("internal error: a NaN epsilon reached the privacy statement")
+  schema_text = _schema_text(record, schema)
+  if sampling_prob is None:
+    sampling_prob = record.get("sampling_prob")
+  not_covered = list(NOT_COVERED_RUN if run else NOT_COVERED_ACCOUNT)
+  if nonprivate_metrics:
+    not_covered.insert(0, NONPRIVATE_METRICS.format(names=", ".join(nonprivate_metrics)))
+  void = noise_seed_source == "pinned"
+  if void:
+    not_covered.insert(0, PINNED)
+  elif run and noise_seed_source is not None:
+    not_covered.append(SECRET_SEED)
+  out = {"unit": UNIT,
+         "epsilon": None if eps is None else round_up(eps),
+         "epsilon_text": epsilon_text(eps), "epsilon_unrounded": eps,
+         "delta": record.get("delta"),
+         "analysis": analysis_words(record, schema_text),
+         "participation": participation_words(schema_text, observed, sampling_prob),
+         "covers": COVERS_RUN if run else COVERS_ACCOUNT,
+         "not_covered": not_covered, "void": void}
+  if eps is None:
+    out["epsilon_reason"] = epsilon_reason or "not reported"
+  out["text"] = statement_text(out)
+  return out
+
+
+def no_privacy_statement(reason: str) -> Dict[str, Any]:
+  """The statement of a run without DP noise: nothing it releases is private."""
+  return {"unit": None, "epsilon": None, "epsilon_text": "inf", "epsilon_unrounded": None,
+          "delta": None, "analysis": None, "participation": None, "covers": None,
+          "not_covered": ["everything this run releases"], "void": True,
+          "epsilon_reason": reason,
+          "text": f"Privacy statement\n  None: {reason}; nothing this run releases is "
+                  "differentially private."}
+
+
+def statement_text(statement: Mapping[str, Any]) -> str:
+  """The statement as lines of text (what a run prints at its end)."""
+  eps = statement["epsilon_text"]
+  delta = statement.get("delta")
+  delta = "?" if delta is None else f"{float(delta):g}"
+  if statement["epsilon"] is None:
+    guarantee = f"no epsilon is reported: {statement.get('epsilon_reason')}"
+  else:
+    guarantee = (f"(epsilon = {eps}, delta = {delta})-DP, epsilon rounded up to "
+                 f"{DIGITS} significant digits" +
+                 (" (VOID for this run: see below)" if statement.get("void") else ""))
+  lines = ["Privacy statement",
+           f"  Unit of privacy: {statement['unit']}.",
+           f"  Guarantee: {guarantee}.",
+           f"  Analysis: {statement['analysis']}.",
+           f"  Participation: {statement['participation']}.",
+           f"  Covers: {statement['covers']}.",
+           "  Not covered:"]
+  lines += [f"    - {item}." for item in statement["not_covered"]]
+  return "\n".join(lines)
