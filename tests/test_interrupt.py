@@ -21,6 +21,7 @@ import pytest
 
 import userenv
 from stackoverflow import fixtures
+from tff_mf import interrupt
 from test_sweep_grids import FAKE_BINARY
 from test_training_resume import group_processes
 from training import config as config_lib
@@ -63,6 +64,12 @@ def _wait_for(proc, condition, what, timeout=400):
     time.sleep(0.05)
 
 
+def _ctrl_c(proc):
+  """SIGINT as a terminal's Ctrl-C sends it: to the whole process group (TFF's
+  worker_binary included)."""
+  os.killpg(proc.pid, signal.SIGINT)
+
+
 def _finish(proc, timeout=300):
   """(exit code, stderr lines without progress-bar redraws)."""
   proc.wait(timeout=timeout)
@@ -85,6 +92,30 @@ def _checkpoints(run_dir):
       os.path.join(run_dir, "checkpoints", "meta_*")))
 
 
+def _until(condition, timeout=10.0):
+  deadline = time.time() + timeout
+  while not condition() and time.time() < deadline:
+    time.sleep(0.01)
+  return condition()
+
+
+def test_handled_defers_or_raises_then_restores_the_previous_handling():
+  before = signal.getsignal(signal.SIGINT)
+  with interrupt.handled(defer=True):
+    assert signal.getsignal(signal.SIGINT) is not before
+    os.kill(os.getpid(), signal.SIGINT)
+    assert _until(interrupt.requested)  # a flag, nothing raised
+    with pytest.raises(interrupt.Interrupted, match="^at round 4$"):
+      interrupt.check("at round 4")
+  assert signal.getsignal(signal.SIGINT) is before and not interrupt.requested()
+  interrupt.check("not raised: no SIGINT since")
+  with pytest.raises(interrupt.Interrupted):
+    with interrupt.handled(defer=False):
+      os.kill(os.getpid(), signal.SIGINT)
+      _until(lambda: False, timeout=5.0)  # the handler raises in this loop
+  assert signal.getsignal(signal.SIGINT) is before
+
+
 def _interrupt_at_start_up_then_mid_run(tmp_path):
   """Two runs of the same command, each stopped by one SIGINT; (argv, run dir, round)."""
   data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=30,
@@ -97,7 +128,7 @@ def _interrupt_at_start_up_then_mid_run(tmp_path):
   proc = _start(argv, tmp_path, "startup")
   _wait_for(proc, lambda: os.path.exists(os.path.join(run_dir, outputs.CONFIG_FILE)),
             "the run directory")
-  proc.send_signal(signal.SIGINT)
+  _ctrl_c(proc)
   code, lines = _finish(proc)
   assert code == 130 and lines[-1] == "interrupted at round 0; run the same command to resume"
   assert _checkpoints(run_dir) == [] and _metrics_rounds(run_dir) == []
@@ -107,7 +138,7 @@ def _interrupt_at_start_up_then_mid_run(tmp_path):
   # checkpointed before the run stops.
   proc = _start(argv, tmp_path, "midrun")
   _wait_for(proc, lambda: _metrics_rounds(run_dir), "round 1")
-  proc.send_signal(signal.SIGINT)
+  _ctrl_c(proc)
   code, lines = _finish(proc)
   assert code == 130, lines[-5:]
   match = RESUME_LINE.match(lines[-1])
@@ -154,7 +185,7 @@ def test_ctrl_c_while_tensorflow_loads_writes_nothing(tmp_path):
   root = tmp_path / "runs"
   proc = _start(_binary(tmp_path / "no_data", root), tmp_path, "import")
   time.sleep(1.5)  # the handler is installed before TensorFlow's import, which takes longer
-  proc.send_signal(signal.SIGINT)
+  _ctrl_c(proc)
   code, lines = _finish(proc)
   assert code == 130 and lines[-1] == "interrupted; nothing was written", lines[-5:]
   assert not root.exists()
@@ -165,9 +196,9 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path):
   root = tmp_path / "runs"
   proc = _start(_binary(data_dir, root), tmp_path, "twice")
   _wait_for(proc, lambda: (root / "run" / outputs.CONFIG_FILE).exists(), "the run directory")
-  proc.send_signal(signal.SIGINT)
+  _ctrl_c(proc)
   time.sleep(0.3)
-  proc.send_signal(signal.SIGINT)
+  _ctrl_c(proc)
   sent = time.time()
   code, lines = _finish(proc, timeout=60)
   assert code == 130 and time.time() - sent < 20
@@ -213,7 +244,7 @@ def test_sweep_forwards_ctrl_c_to_its_runs_which_resume(tmp_path):
   while sum((root / n / "starts").exists() for n in names) < 2:
     assert proc.poll() is None and time.time() < deadline
     time.sleep(0.05)
-  proc.send_signal(signal.SIGINT)  # to the sweep only: its runs are in their own sessions
+  _ctrl_c(proc)  # the sweep only: its runs are in their own sessions
   _, err = proc.communicate(timeout=60)
   assert proc.returncode == 130 and "Traceback" not in err, err
   assert err.strip().splitlines()[-1] == "sweep: interrupted; run the same command to resume"
@@ -237,7 +268,7 @@ def test_tff_mf_factorize_ctrl_c_writes_no_partial_entry(tmp_path):
           "1500", "--cache-dir", str(cache_dir)]
   proc = _start(argv, tmp_path, "factorize")
   time.sleep(3)  # imports done, the solver running (it needs far longer at n = 1500)
-  proc.send_signal(signal.SIGINT)
+  _ctrl_c(proc)
   code, lines = _finish(proc, timeout=60)
   assert code == 130
   assert lines[-1] == ("tff-mf factorize: interrupted; no partial cache entry was written "
@@ -253,10 +284,31 @@ def test_main_job_ctrl_c_during_the_table_keeps_finished_factorizations(tmp_path
   proc = _start(argv, tmp_path, "main_job")
   _wait_for(proc, lambda: cache_dir.exists() and any(cache_dir.iterdir()),
             "the first factorization")
-  proc.send_signal(signal.SIGINT)
+  _ctrl_c(proc)
   code, lines = _finish(proc, timeout=120)
   assert code == 130, lines[-5:]
   assert lines[-1] == ("interrupted; the factorizations done so far are cached, nothing else "
                        "was written; run the same command to go on")
   assert not (out / "sqrt_loss_table.md").exists()
   assert all((d / "metadata.json").exists() for d in cache_dir.iterdir())
+
+
+def test_tff_mf_account_and_audit_stop_at_once_on_ctrl_c(tmp_path):
+  commands = {
+      "account": ["account", "--mechanism", "honaker_online", "--n", "256", "--amplification",
+                  "mmcc", "--sampling-prob", "0.1", "--noise-multiplier", "1", "--delta",
+                  "1e-6", "--workers", "2"],  # MMCC: minutes of row PLDs in two processes
+      "audit": ["audit", "--mechanism", "opt_prefix_sum", "--n", "8", "--noise-multiplier",
+                "0.5", "--participation", "fixed_epoch", "--epochs", "2", "--plot",
+                str(tmp_path / "audit.png")],  # TFF start-up, then many TFF rounds
+  }
+  for name, args in commands.items():
+    proc = _start([sys.executable, "-m", "tff_mf.cli", *args], tmp_path, name)
+    time.sleep(5)
+    _ctrl_c(proc)
+    sent = time.time()
+    code, lines = _finish(proc, timeout=60)
+    assert code == 130 and time.time() - sent < 30, (name, lines[-3:])
+    assert lines[-1] == f"tff-mf {name}: interrupted; nothing was written"
+    assert not group_processes(proc.pid)  # MMCC workers, TFF's worker_binary: all gone
+  assert not (tmp_path / "audit.png").exists()

@@ -116,3 +116,15 @@ def test_unconverged_lbfgs_says_why():
   assert "ABNORMAL_TERMINATION_IN_LNSRCH" in outcome["why"] and "0.0003" in outcome["why"]
   converged = strategies.solver_outcome(spec, dict(info, converged=True))
   assert not strategies.deviates(converged) and converged["why"] == ""
+
+
+def test_unconverged_optimal_warns_and_strict_refuses(tmp_path):
+  args = ("--strategy", "optimal", "--n", 64, "--max-iterations", 2, "--allow-unconverged")
+  record = json.loads(factorize(*args, "--json", cache_dir=tmp_path).stdout)
+  outcome = record["outcome"]
+  assert outcome["converged"] is False and outcome["requested"] == outcome["returned"] == {}
+  assert outcome["why"] == (f"not converged: relative duality gap {record['relative_gap']:.3g} "
+                            "above the target (iteration limit reached)")
+  assert record["relative_gap"] > 1e-6
+  strict = factorize(*args, "--strict", cache_dir=tmp_path)
+  assert strict.returncode == 2 and "refused by strict" in strict.stderr

@@ -51,7 +51,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.print_help()
     return 0
   # Ctrl-C stops at once, one line, exit 130; a second Ctrl-C during clean-up exits at once.
-  interrupt.install(defer=False, prog=f"tff-mf {args.command}")
+  with interrupt.handled(defer=False, prog=f"tff-mf {args.command}"):
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
   try:
     return int(args.func(args) or 0)
   except (ValueError, OSError, MemoryError) as e:  # user-facing errors: one line, no traceback

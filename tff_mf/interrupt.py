@@ -2,7 +2,8 @@
 
 The first SIGINT asks the tool to stop. With ``install(defer=True)`` (the training loop,
 the sweep, the main job) it only sets a flag, which the tool reads at its safe points
-(``requested``, ``check``), e.g. once the current round is checkpointed; with
+(``requested``, ``check``), e.g. once the current round is checkpointed (the processes it
+starts afterwards do not see a Ctrl-C at the terminal: it stops them itself); with
 ``install(defer=False)`` (``tff-mf`` commands, which write nothing until they are done) it
 raises ``Interrupted`` at once, between two Python bytecodes. Either way the tool prints one
 line and exits with ``EXIT_CODE`` (130) without a traceback. A second SIGINT exits at once
@@ -14,11 +15,12 @@ run went on). A process forked afterwards (MMCC's workers) gets Python's default
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
-from typing import Callable, List, Optional
+from typing import Callable, Iterator, List, Optional
 
 EXIT_CODE = 130
 
@@ -32,12 +34,13 @@ _requested = threading.Event()
 _on_request: List[Callable[[], None]] = []  # run once, at the first SIGINT
 _on_force: List[Callable[[], None]] = []  # run at the second SIGINT, before exiting
 _state = {"installed": False, "defer": True, "count": 0, "raised": False, "notified": False,
-          "notice": None, "prog": None}
+          "notice": None, "prog": None, "restore": None, "fork_hook": False}
 
 
 def install(defer: bool = True, notice: Optional[str] = None,
             prog: Optional[str] = None) -> bool:
-  """Installs the SIGINT handling described in the module docstring.
+  """Installs the SIGINT handling described in the module docstring, for good (a script's
+  ``__main__``; ``handled`` scopes it to a ``with`` block).
 
   ``notice``: printed on stderr at the first SIGINT (deferred mode); ``prog`` names the
   tool in the line a second SIGINT prints. Only from the main thread (returns False
@@ -52,11 +55,53 @@ def install(defer: bool = True, notice: Optional[str] = None,
     _state["installed"] = True
   read_fd, write_fd = os.pipe()
   os.set_blocking(write_fd, False)
-  signal.signal(signal.SIGINT, _python_handler)
-  signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+  previous_handler = signal.signal(signal.SIGINT, _python_handler)
+  previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
   threading.Thread(target=_watch, args=(read_fd,), name="tff-mf-sigint", daemon=True).start()
-  os.register_at_fork(after_in_child=_reset_in_child)
+  # Deferred: SIGINT stays blocked in the main thread, hence in the threads and processes
+  # started from it afterwards (TFF's worker_binary, the sweep's runs; a signal mask survives
+  # exec), so that a Ctrl-C at the terminal, sent to the whole process group, stops them
+  # through this process, in order, instead of killing them mid-round. The watcher thread
+  # takes the signal. Raising: the main thread takes it, to be interrupted at once.
+  previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK if defer else signal.SIG_UNBLOCK,
+                                         {signal.SIGINT})
+  _state["restore"] = (previous_handler, previous_fd, write_fd, previous_mask,
+                       len(_on_request), len(_on_force))
+  if not _state["fork_hook"]:
+    os.register_at_fork(after_in_child=_reset_in_child)
+    _state["fork_hook"] = True
   return True
+
+
+@contextlib.contextmanager
+def handled(defer: bool = True, notice: Optional[str] = None,
+            prog: Optional[str] = None) -> Iterator[None]:
+  """``install`` for a ``with`` block (a tool's ``main``, also when called in-process): the
+  previous SIGINT handling comes back afterwards. Nested or elsewhere installed: no-op."""
+  if _state["installed"] or not install(defer, notice, prog):
+    yield
+    return
+  try:
+    yield
+  finally:
+    _uninstall()
+
+
+def _uninstall() -> None:
+  _state["defer"] = True  # a SIGINT from here on no longer raises (the tool has returned)
+  previous_handler, previous_fd, write_fd, previous_mask, requests, forces = _state["restore"]
+  signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+  signal.set_wakeup_fd(previous_fd)
+  signal.signal(signal.SIGINT, previous_handler)
+  os.close(write_fd)  # the watcher reads EOF and ends
+  _clear(requests, forces)  # the callbacks registered before ``install`` stay
+
+
+def _clear(requests: int = 0, forces: int = 0) -> None:
+  _requested.clear()
+  _state.update(installed=False, count=0, raised=False, notified=False, restore=None)
+  del _on_request[requests:]
+  del _on_force[forces:]
 
 
 def on_request(callback: Callable[[], None]) -> None:
@@ -118,12 +163,14 @@ def _python_handler(signum, frame) -> None:
 
 def _watch(read_fd: int) -> None:
   """Counts SIGINTs as the C-level handler reports them, even while Python is blocked."""
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by a parent, maybe
   while True:
     try:
       data = os.read(read_fd, 64)
     except OSError:
-      return
-    if not data:
+      data = b""
+    if not data:  # uninstalled: the write end is closed
+      os.close(read_fd)
       return
     for signum in data:
       if signum != signal.SIGINT:
@@ -170,7 +217,4 @@ def _reset_in_child() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
   except ValueError:
     pass
-  _requested.clear()
-  _state.update(installed=False, count=0, raised=False, notified=False)
-  _on_request.clear()
-  _on_force.clear()
+  _clear()

@@ -154,20 +154,25 @@ def solver_outcome(spec: FactorizationSpec, info: Dict[str, Any]) -> Optional[Di
 
 
 def _why_unconverged(info: Dict[str, Any]) -> str:
+  """Each solver that did not converge, and why (one line)."""
   from tff_mf.families import structured  # pylint: disable=g-import-not-at-top
-  if not info.get("als_converged", True) and all(
-      info.get(k, True) for k in ("converged", "optimal_converged")):
-    return (f"the ALS fit of the low-rank part stopped at its iteration limit "
-            f"({info['als_iterations']}) before its relative decrease reached "
-            f"{structured.DEFAULT_ALS_TOLERANCE:g}")
-  if "gradient_norm" in info and "message" in info:
-    return lbfgs.why_unconverged(info["message"], info["gradient_norm"])
-  if "relative_gap" in info or "optimal_relative_gap" in info:
-    prefix = "" if "relative_gap" in info else "optimal_"
-    reason = dense_run.STOP_REASONS.get(info.get(f"{prefix}stop_reason"), "stopped")
-    return (f"{'the optimal decoder: ' if prefix else ''}relative duality gap "
-            f"{info[prefix + 'relative_gap']:.3g} above the target ({reason})")
-  return str(info.get("message") or info.get("solver_message") or "the solver says so")
+  reasons = []
+  if not info.get("converged", True):
+    if "gradient_norm" in info and "message" in info:
+      reasons.append(lbfgs.why_unconverged(info["message"], info["gradient_norm"]))
+    elif "relative_gap" in info:
+      reasons.append(f"relative duality gap {info['relative_gap']:.3g} above the target "
+                     f"({dense_run.STOP_REASONS.get(info.get('stop_reason'), 'stopped')})")
+    else:
+      reasons.append(str(info.get("message") or info.get("solver_message") or "stopped"))
+  if not info.get("optimal_converged", True):
+    reasons.append(f"the optimal decoder's relative duality gap "
+                   f"{info.get('optimal_relative_gap', float('nan')):.3g} is above the target")
+  if not info.get("als_converged", True):
+    reasons.append(f"the ALS fit of the low-rank part stopped at its iteration limit "
+                   f"({info['als_iterations']}) before its relative decrease reached "
+                   f"{structured.DEFAULT_ALS_TOLERANCE:g}")
+  return "; ".join(reasons)
 
 
 def deviates(outcome: Dict[str, Any]) -> bool:

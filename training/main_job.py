@@ -382,14 +382,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   or training round, checkpointed), a second at once (``tff_mf.interrupt``): exit 130."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   args = build_parser().parse_args(argv)
-  interrupt.install(defer=True, prog="main_job",
-                    notice="Ctrl-C: stopping after the current factorization or training "
-                           "round, checkpointed (Ctrl-C again stops at once)")
-  try:
-    return _main(args)
-  except interrupt.Interrupted as e:
-    print(e, file=sys.stderr)
-    return interrupt.EXIT_CODE
+  with interrupt.handled(defer=True, prog="main_job",
+                         notice="Ctrl-C: stopping after the current factorization or training "
+                                "round, checkpointed (Ctrl-C again stops at once)"):
+    try:
+      return _main(args)
+    except interrupt.Interrupted as e:
+      print(e, file=sys.stderr)
+      return interrupt.EXIT_CODE
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -37,12 +37,6 @@ from tff_mf import clitools  # pylint: disable=wrong-import-position
 from tff_mf import interrupt  # pylint: disable=wrong-import-position
 from training import config as config_lib  # pylint: disable=wrong-import-position
 
-# Before TensorFlow's import: a first Ctrl-C stops at the next safe point (the end of the
-# current round, checkpointed), a second at once; never a traceback, never swallowed.
-interrupt.install(defer=True, prog="run_stackoverflow.py",
-                  notice="Ctrl-C: stopping at the next safe point, the end of the current "
-                         "round, checkpointed (Ctrl-C again stops at once)")
-
 _DEFAULTS = config_lib.TrainingConfig()
 DIVERGED = 3  # exit status of a run whose model diverged (2 is a usage error)
 _NONE = "(default: none: "
@@ -256,4 +250,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  # Before TensorFlow's import: a first Ctrl-C stops at the next safe point (the end of the
+  # current round, checkpointed), a second at once; never a traceback, never swallowed.
+  interrupt.install(defer=True, prog="run_stackoverflow.py",
+                    notice="Ctrl-C: stopping at the next safe point, the end of the current "
+                           "round, checkpointed (Ctrl-C again stops at once)")
   app.run(main, flags_parser=parse_flags_then_import_tensorflow)

@@ -426,9 +426,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
   from tff_mf import clitools  # pylint: disable=g-import-not-at-top
   args = build_parser().parse_args(argv)
-  interrupt.install(defer=True, prog="sweep",
-                    notice="sweep: Ctrl-C: each run stops at the end of its current round, "
-                           "checkpointed (Ctrl-C again stops at once)")
+  with interrupt.handled(defer=True, prog="sweep",
+                         notice="sweep: Ctrl-C: each run stops at the end of its current "
+                                "round, checkpointed (Ctrl-C again stops at once)"):
+    return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
   try:
     if args.grid not in grids.GRIDS:
       raise ValueError(f"unknown grid {args.grid!r}{clitools.did_you_mean(args.grid, grids.GRIDS)}"
