@@ -217,7 +217,7 @@ def run_edges(args):
          "LANG": "C.UTF-8"}
   rows = []
   for label, argv in EDGE_CASES[:args.max_cases]:
-    cmd = ["account"] + argv + ["--delta", "1e-6", "--json", "--workers", str(args.workers)]
+    cmd = ["account"] + argv + ["--delta", "1e-6", "--json", "--processes", str(args.workers)]
     if "--amplification" not in argv:
       cmd = cmd[:-2]
     start = time.time()

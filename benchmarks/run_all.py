@@ -46,6 +46,7 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
     ("multi_participation", "multi_participation.md",
      (("benchmarks/bench_multi_participation.py",),)),  # needs /tmp/peer (jax-privacy)
     ("data", "stackoverflow_data.md", (("benchmarks/stackoverflow_data.py",),)),
+    ("harness", "harness.md", (("benchmarks/bench_harness.py",),)),
     ("main_job", "main_job.md", (("benchmarks/bench_main_job.py",),)),
     ("multi_epoch_training", "training_multi_epoch.md", (
         ("benchmarks/training_pydocs.py", "--mechanisms", "tree", "gaussian", "banded", "blt",
@@ -66,6 +67,7 @@ SMOKE: Dict[str, Tuple[str, ...]] = {
     "bench_multi_participation.py": ("--smoke", "--out-dir", "{out}"),
     "peer_jax_privacy.py": ("--help",),  # runs in the jax-privacy interpreter; --help anywhere
     "stackoverflow_data.py": ("--smoke", "--out-dir", "{out}"),
+    "bench_harness.py": ("--smoke", "--out-dir", "{out}"),
     "bench_main_job.py": ("--smoke", "--out-dir", "{out}"),
     "training_pydocs.py": ("--smoke", "--out", "{out}/runs", "--results_md", "{out}/training.md"),
     "bench_distributed.py": ("--smoke", "--out", "{out}"),

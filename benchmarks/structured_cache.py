@@ -31,7 +31,6 @@ sys.path.insert(0, REPO)
 
 from tff_mf import dense_single  # pylint: disable=wrong-import-position
 from tff_mf import factorization as fz  # pylint: disable=wrong-import-position
-from tff_mf import registry  # pylint: disable=wrong-import-position
 from tff_mf import workloads  # pylint: disable=wrong-import-position
 from tff_mf.families import structured  # pylint: disable=wrong-import-position
 from tff_mf.families import tree  # pylint: disable=wrong-import-position
@@ -46,7 +45,7 @@ MACHINE = "2-core x86_64 CPU, 24 GB, no GPU"
 def part_structured(sizes):
   rows = []
   for n in sizes:
-    h, r = registry.default_structure(n)
+    h, r = structured.default_structure(n)
     paper_opt, paper_eff = PAPER.get(n, (None, None))
     a = workloads.prefix_sum(n)
     start = time.perf_counter()
@@ -202,7 +201,7 @@ def main(argv=None):
            "### √L of the banded + low-rank approximation (Denisov et al. 2022, App H)", "",
            "Every value is computed by this run except the last two columns, which are the "
            "papers' (McMahan, Rush, Thakurta Table 1 = Denisov et al. Table 2). (h, r) = "
-           "`registry.default_structure(n)`; optimal = `dense_single.solve` to a certified gap of "
+           "`structured.default_structure(n)`; optimal = `dense_single.solve` to a certified gap of "
            "1e-6; structured = `structured.fit` (ALS to the optimal B*).", "",
            "| n | (h, r) | Honaker online | optimal | structured | structured / optimal "
            "| ‖B̂−B*‖/‖B*‖ | optimal s | ALS fit s | paper optimal | paper Efficient |",

@@ -4,7 +4,9 @@
 a `tff.simulation.datasets.ClientData` of raw examples (dicts with at least a
 `tokens` string of space-separated lowercase tokens), validation and test sets
 as `tf.data.Dataset`s of raw examples, and the vocabulary. Preprocess them with
-`stackoverflow.preprocessing.build_preprocess_fn(vocab, ...)`.
+`stackoverflow.preprocessing.build_preprocess_fn(vocab, ...)`. `train_tokens`
+reads a train client's `tokens` strings without building a dataset (for
+`stackoverflow.preprocessing.build_client_ids_fn`).
 
 - "stackoverflow": TFF's federated StackOverflow (Denisov et al. 2022, Sec 5
   and App I, arXiv:2202.08312), read
@@ -28,7 +30,9 @@ import hashlib
 import json
 import lzma
 import os
-from typing import Any, Optional
+import pathlib
+import sqlite3
+from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -76,6 +80,10 @@ class FederatedData:
     info: facts about the data (paths, counts, fingerprint).
     fingerprint: sha256 hex that changes whenever the data can (see
       `dataset_fingerprint`); record it with results.
+    train_tokens: fn(client_id, limit=None) -> numpy array of the `tokens`
+      strings (bytes) of the train client's first `limit` examples (all when
+      None), the ones `train.create_tf_dataset_for_client` yields, in its order;
+      read without building a `tf.data` pipeline.
   """
   name: str
   train: Any
@@ -85,6 +93,7 @@ class FederatedData:
   train_client_ids: list
   info: dict
   fingerprint: str
+  train_tokens: Callable[..., np.ndarray]
 
 
 def load_federated_data(dataset: str,
@@ -132,6 +141,7 @@ def load_federated_data(dataset: str,
                        f"{sorted(dataset_options)}.")
     train, heldout, test, vocab, info = _load_stackoverflow(
         data_dir, vocab_size, progress)
+    train_tokens = sqlite_train_tokens(info["sqlite_path"])
   elif dataset == "pydocs":
     from stackoverflow import pydocs  # pylint: disable=g-import-not-at-top
     try:
@@ -143,8 +153,10 @@ def load_federated_data(dataset: str,
     vocab = loaded.vocab[:vocab_size]
     info = dict(loaded.metadata)
     info["cache_path"] = loaded.directory
+    train_tokens = sqlite_train_tokens(
+        os.path.join(loaded.directory, pydocs.SQLITE_FILENAME))
   else:
-    train, heldout, test, vocab, info = _load_synthetic(
+    train, heldout, test, vocab, info, train_tokens = _load_synthetic(
         vocab_size, **dataset_options)
   if not train.client_ids:
     raise DatasetUnavailableError(f"{dataset}: the train split has no clients.")
@@ -160,7 +172,44 @@ def load_federated_data(dataset: str,
   return FederatedData(name=dataset, train=train, validation=validation,
                        test=test_dataset, vocab=list(vocab),
                        train_client_ids=sorted(train.client_ids), info=info,
-                       fingerprint=dataset_fingerprint(dataset, info, vocab))
+                       fingerprint=dataset_fingerprint(dataset, info, vocab),
+                       train_tokens=train_tokens)
+
+
+# The `tokens` feature of the stored tf.train.Examples, as the loaders parse it.
+_TOKENS_FEATURE = {"tokens": tf.io.FixedLenFeature([], tf.string)}
+
+
+@tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
+def _parse_tokens(serialized):
+  return tf.io.parse_example(serialized, _TOKENS_FEATURE)["tokens"]
+
+
+def sqlite_train_tokens(sqlite_path: str, split: str = "train"
+                       ) -> Callable[..., np.ndarray]:
+  """`FederatedData.train_tokens` of a database in TFF's SqlClientData format.
+
+  The query is `tff.simulation.datasets.SqlClientData`'s (its rows come in the
+  same stored order), run by Python's sqlite3 on a read-only connection; the
+  examples are parsed in one pre-traced graph. No per-client `tf.data` pipeline
+  (SqlClientData's dataset plus the parse map it traces for every client).
+  """
+  uri = pathlib.Path(os.path.abspath(sqlite_path)).as_uri() + "?mode=ro"
+  query = ("SELECT serialized_example_proto FROM examples WHERE client_id = ? "
+           "and split_name = ?")
+  connection = []
+
+  def train_tokens(client_id: str, limit: Optional[int] = None) -> np.ndarray:
+    if not connection:
+      connection.append(sqlite3.connect(uri, uri=True, check_same_thread=False))
+    cursor = connection[0].execute(query, (client_id, split))
+    rows = cursor.fetchmany(limit) if limit is not None else cursor.fetchall()
+    cursor.close()
+    if not rows:
+      return np.zeros([0], dtype=object)
+    return _parse_tokens(tf.constant([row[0] for row in rows])).numpy()
+
+  return train_tokens
 
 
 def dataset_fingerprint(dataset: str, info: dict, vocab: list) -> str:
@@ -364,5 +413,10 @@ def _load_synthetic(vocab_size, **options):
   info = dict(generator="synthetic_client_sentences", options=options,
               content_sha256=hashlib.sha256(
                   json.dumps(clients, sort_keys=True).encode()).hexdigest())
+
+  def train_tokens(client_id, limit=None):
+    return np.array([s.encode() for s in clients["train"][client_id][:limit]],
+                    dtype=object)
+
   return (_client_data(clients["train"]), _client_data(clients["heldout"]),
-          _client_data(clients["test"]), vocab, info)
+          _client_data(clients["test"]), vocab, info, train_tokens)

@@ -21,6 +21,7 @@ into inputs x = ids[:-1] and next-word targets y = ids[1:].
 import collections
 from typing import Callable, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 DEFAULT_VOCAB_SIZE = 10000
@@ -173,6 +174,67 @@ def build_preprocess_fn(
                        num_parallel_calls=tf.data.AUTOTUNE)
 
   return preprocess_fn
+
+
+def build_client_ids_fn(
+    vocab: Sequence[str],
+    sequence_length: int = DEFAULT_SEQUENCE_LENGTH,
+    num_oov_buckets: int = DEFAULT_NUM_OOV_BUCKETS,
+) -> Callable[[Sequence[bytes]], np.ndarray]:
+  """Returns fn(a client's sentences) -> int64 numpy ids [n, L+1], padded with pad.
+
+  Row i is sentence i (a `tokens` string) exactly as `build_preprocess_fn` puts it
+  in its batches before splitting x = ids[:, :-1], y = ids[:, 1:] (`client_dataset`
+  batches the rows). One pre-traced graph runs over all of a client's sentences at
+  once: no per-client `tf.data` map, whose tracing dominated the clients' share of a
+  training round.
+  """
+  vocab = _check_vocab(vocab)
+  _check_positive_int("sequence_length", sequence_length)
+  special = special_token_ids(len(vocab), num_oov_buckets)
+  table = tf.lookup.StaticVocabularyTable(
+      tf.lookup.KeyValueTensorInitializer(
+          tf.constant(vocab, dtype=tf.string),
+          tf.range(len(vocab), dtype=tf.int64)),
+      num_oov_buckets=num_oov_buckets)
+  width = sequence_length + 1
+
+  @tf.function(input_signature=[tf.TensorSpec([None], tf.string)],
+               autograph=False)
+  def sentences_to_ids(tokens):
+    # build_to_ids_fn, vectorized over the sentences.
+    words = tf.strings.split(tokens)[:, :sequence_length]
+    ids = tf.ragged.map_flat_values(table.lookup, words) + 1
+    lengths = ids.row_lengths()
+    rows = tf.shape(lengths, out_type=tf.int64)[0]
+    body = ids.to_tensor(default_value=special.pad,
+                         shape=tf.stack([rows, sequence_length]))
+    out = tf.concat([tf.fill([rows, 1], tf.constant(special.bos, tf.int64)),
+                     body], axis=1)
+    # EOS right after the last word of every sentence shorter than L.
+    eos_at = tf.one_hot(lengths + 1, width, dtype=tf.int64) * tf.cast(
+        tf.expand_dims(lengths < sequence_length, 1), tf.int64)
+    return out + eos_at * special.eos
+
+  def client_ids(sentences: Sequence[bytes]) -> np.ndarray:
+    if not len(sentences):
+      return np.zeros((0, width), dtype=np.int64)
+    return sentences_to_ids(tf.constant(sentences, dtype=tf.string)).numpy()
+
+  return client_ids
+
+
+def client_dataset(ids: np.ndarray, batch_size: int = DEFAULT_CLIENT_BATCH_SIZE
+                  ) -> tf.data.Dataset:
+  """The (x, y) batches of `build_preprocess_fn` from `build_client_ids_fn`'s rows.
+
+  An in-memory dataset (its graph holds the ids, no functions), so TFF
+  serializes it cheaply and runs no preprocessing per round.
+  """
+  _check_positive_int("batch_size", batch_size)
+  ids = np.asarray(ids, dtype=np.int64)
+  return tf.data.Dataset.from_tensor_slices(
+      (ids[:, :-1], ids[:, 1:])).batch(batch_size)
 
 
 def batch_spec(sequence_length: int = DEFAULT_SEQUENCE_LENGTH):

@@ -28,9 +28,9 @@ def _run_all():
 
 
 RUN_ALL = _run_all()
-# Minutes of CPU even when tiny (three TFF training runs): with the slow tests; its --help
+# Minutes of CPU even when tiny (TFF training runs): with the slow tests; their --help
 # runs in the default suite.
-SLOW = {"training_pydocs.py"}
+SLOW = {"training_pydocs.py", "bench_harness.py"}
 
 
 def test_every_script_has_a_smoke_run():

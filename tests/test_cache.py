@@ -494,7 +494,7 @@ def test_account_matrix_prints_the_schema_of_the_entry_and_refuses_a_relabelled_
     tmp_path, capsys):
   from tff_mf import cli  # pylint: disable=g-import-not-at-top
   _, entry = cache.load_or_factorize(_fixed_epoch_spec(), cache_dir=str(tmp_path))
-  argv = ["account", "--matrix", entry.npz_path, "--noise-multiplier", "2", "--delta", "1e-6",
+  argv = ["account", "--matrix", entry.npz_path, "--noise_multiplier", "2", "--delta", "1e-6",
           "--json"]
   assert cli.main(argv) == 0
   record = json.loads(capsys.readouterr().out)

@@ -29,7 +29,7 @@ def run_cli(*args, cache_dir=None, env_cache=None):
     env["TFF_MF_CACHE"] = str(env_cache)
   argv = [sys.executable, "-m", "tff_mf.cli", *map(str, args)]
   if cache_dir is not None:
-    argv += ["--cache-dir", str(cache_dir)]
+    argv += ["--cache_dir", str(cache_dir)]
   return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -62,7 +62,7 @@ def test_hit_path_imports_no_tensorflow_or_matplotlib(tmp_path):
       "import sys\n"
       "from tff_mf import cli\n"
       f"rc = cli.main(['factorize', '--strategy', 'identity', '--n', '8', '--json', "
-      f"'--cache-dir', {str(tmp_path)!r}])\n"
+      f"'--cache_dir', {str(tmp_path)!r}])\n"
       "heavy = [m for m in ('tensorflow', 'tensorflow_federated', 'matplotlib') "
       "if m in sys.modules]\n"
       "print('HEAVY', heavy)\n"
@@ -75,8 +75,8 @@ def test_hit_path_imports_no_tensorflow_or_matplotlib(tmp_path):
 
 
 def test_momentum_schedule_and_structured_flags(tmp_path):
-  out = run_cli("factorize", "--workload", "momentum", "--momentum", 0.9, "--lr-schedule",
-                "cooldown", "--schedule-rounds", 8, "--strategy", "structured", "--bands", 2,
+  out = run_cli("factorize", "--workload", "momentum", "--momentum", 0.9, "--lr_schedule",
+                "cooldown", "--schedule_rounds", 8, "--strategy", "structured", "--bands", 2,
                 "--rank", 2, "--n", 32, "--json", cache_dir=tmp_path)
   assert out.returncode == 0, out.stderr
   record = json.loads(out.stdout)
@@ -138,7 +138,7 @@ def test_user_matrix_file_workload(tmp_path):
   a = np.tril(rng.uniform(0.2, 1.0, (24, 24))) + np.eye(24)
   path = tmp_path / "a.npy"
   np.save(path, a)
-  out = run_cli("factorize", "--matrix-file", path, "--strategy", "optimal", "--json",
+  out = run_cli("factorize", "--matrix_file", path, "--strategy", "optimal", "--json",
                 cache_dir=tmp_path / "c")
   assert out.returncode == 0, out.stderr
   record = json.loads(out.stdout)
@@ -148,7 +148,7 @@ def test_user_matrix_file_workload(tmp_path):
   np.testing.assert_allclose(f.b @ f.c, a, atol=1e-8)
   # Same contents under another name: a cache hit.
   np.save(tmp_path / "copy.npy", a)
-  again = json.loads(run_cli("factorize", "--matrix-file", tmp_path / "copy.npy", "--strategy",
+  again = json.loads(run_cli("factorize", "--matrix_file", tmp_path / "copy.npy", "--strategy",
                              "optimal", "--json", cache_dir=tmp_path / "c").stdout)
   assert again["cache_hit"] is True
 
@@ -162,7 +162,7 @@ def test_user_matrix_file_workload(tmp_path):
 def test_invalid_matrix_files_fail_with_one_line(tmp_path, name, matrix, message):
   path = tmp_path / f"{name}.npy"
   np.save(path, matrix)
-  out = run_cli("factorize", "--matrix-file", path, "--strategy", "optimal", "--json",
+  out = run_cli("factorize", "--matrix_file", path, "--strategy", "optimal", "--json",
                 cache_dir=tmp_path / "c")
   assert out.returncode == 2
   lines = error_lines(out.stderr)
@@ -179,10 +179,10 @@ def test_invalid_matrix_files_fail_with_one_line(tmp_path, name, matrix, message
     (("--strategy", "identity", "--n", 8, "--rank", 2), "--rank does not apply"),
     (("--strategy", "structured", "--n", 8, "--bands", 0, "--rank", 1), "bands"),
     (("--workload", "momentum", "--momentum", 1.5, "--strategy", "identity", "--n", 8), "[0, 1)"),
-    (("--workload", "momentum", "--lr-schedule", "decay", "--schedule-rounds", 99,
+    (("--workload", "momentum", "--lr_schedule", "decay", "--schedule_rounds", 99,
       "--strategy", "identity", "--n", 8), "schedule_rounds"),
-    (("--strategy", "optimal", "--n", 8, "--target-gap", 0), "target_gap"),
-    (("--matrix-file", "/nonexistent/a.npy", "--strategy", "optimal"), "does not exist"),
+    (("--strategy", "optimal", "--n", 8, "--target_gap", 0), "target_gap"),
+    (("--matrix_file", "/nonexistent/a.npy", "--strategy", "optimal"), "does not exist"),
 ])
 def test_invalid_arguments_fail_with_one_line(tmp_path, args, message):
   out = run_cli("factorize", *args, cache_dir=tmp_path)
@@ -194,18 +194,18 @@ def test_invalid_arguments_fail_with_one_line(tmp_path, args, message):
 
 def test_unconverged_is_an_error_unless_allowed(tmp_path):
   args = ("factorize", "--workload", "momentum", "--strategy", "optimal", "--n", 64,
-          "--target-gap", 1e-12, "--max-iterations", 2, "--json")
+          "--target_gap", 1e-12, "--max_iterations", 2, "--json")
   refused = run_cli(*args, cache_dir=tmp_path)
   assert refused.returncode == 2 and len(error_lines(refused.stderr)) == 1
   assert "gap reached" in error_lines(refused.stderr)[0]
   assert cache.list_entries(str(tmp_path)) == []
-  allowed = run_cli(*args, "--allow-unconverged", cache_dir=tmp_path)
+  allowed = run_cli(*args, "--allow_unconverged", cache_dir=tmp_path)
   assert allowed.returncode == 0, allowed.stderr
   assert json.loads(allowed.stdout)["relative_gap"] > 1e-12
 
 
 def test_plot_writes_pngs(tmp_path):
-  out = run_cli("plot", "--n", 32, "--momentum", 0.9, "--output-dir", tmp_path / "plots",
+  out = run_cli("plot", "--n", 32, "--momentum", 0.9, "--output_dir", tmp_path / "plots",
                 cache_dir=tmp_path / "c")
   assert out.returncode == 0, out.stderr
   paths = out.stdout.split()
@@ -244,7 +244,7 @@ def test_sizes_that_cannot_fit_are_refused_before_allocating(tmp_path, n, strate
           "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
           "from tff_mf import cli\n"
           f"sys.exit(cli.main(['factorize', '--strategy', '{strategy}', '--n', '{n}', "
-          f"'--cache-dir', {str(tmp_path)!r}]))\n")
+          f"'--cache_dir', {str(tmp_path)!r}]))\n")
   start = time.perf_counter()
   out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=userenv.env(),
                        capture_output=True, text=True, timeout=120)
@@ -257,14 +257,14 @@ def test_sizes_that_cannot_fit_are_refused_before_allocating(tmp_path, n, strate
 def test_complex_matrix_file_is_refused(tmp_path):
   path = tmp_path / "complex.npy"
   np.save(path, np.tril(np.ones((4, 4))) * (1 + 1j))
-  out = run_cli("factorize", "--matrix-file", path, "--strategy", "optimal", cache_dir=tmp_path)
+  out = run_cli("factorize", "--matrix_file", path, "--strategy", "optimal", cache_dir=tmp_path)
   assert out.returncode == 2 and "real numbers" in error_lines(out.stderr)[0]
 
 
 def test_json_is_strict_even_with_unbounded_figures(tmp_path):
   """A non-finite figure is written as the string "inf" (tff_mf.jsonio), never as the non-JSON
   Infinity/NaN."""
-  out = run_cli("factorize", "--strategy", "optimal", "--n", 8, "--allow-unconverged",
-                "--max-iterations", 1, "--target-gap", 1e-12, "--json", cache_dir=tmp_path)
+  out = run_cli("factorize", "--strategy", "optimal", "--n", 8, "--allow_unconverged",
+                "--max_iterations", 1, "--target_gap", 1e-12, "--json", cache_dir=tmp_path)
   assert out.returncode == 0, out.stderr
   json.loads(out.stdout, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))

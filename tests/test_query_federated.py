@@ -8,6 +8,8 @@ Sec 4) computed in numpy with the same seed and the same clipped gradients.
 """
 
 import asyncio
+import json
+import os
 
 import dp_accounting
 from dp_accounting.pld import pld_privacy_accountant
@@ -239,3 +241,85 @@ def test_unpinned_seed_runs_differ(cache_dir):
   a, _ = _run(process, process.initialize(), 1)
   b, _ = _run(process, process.initialize(), 1)
   assert not np.allclose(a, b)
+
+
+def test_a_new_family_is_one_module_and_one_registry_entry(cache_dir, capsys):
+  """The family protocol (tff_mf.families): a family module (tests/toy_family.py) plus one
+  registry entry added at run time factorizes, caches, accounts and trains through
+  build_mechanism; no other file names it."""
+  from tff_mf import cache, cli, mechanisms, strategies, workloads  # pylint: disable=g-import-not-at-top
+  registry.register(
+      registry.Strategy("toy_geometric", "toy_family", "toy", "Toeplitz C with taps 2^-j, j < b",
+                        "none (a test family)"),
+      registry.Mechanism("toy_geometric", ("toy",), "toy", "the toy family for the training "
+                         "workload", "toy_geometric", "training", "dense",
+                         registry.PARTICIPATIONS))
+  try:
+    rounds, cohorts, schema = 6, 3, participation.min_sep(3, 2)
+    assert registry.default_parameters("toy_geometric", rounds, schema) == {"bands": 3}
+    assert strategies.cached("toy_geometric")
+    # tff-mf factorize computes it, then serves it from the cache.
+    argv = ["factorize", "--strategy", "toy_geometric", "--n", str(rounds), "--bands", "2",
+            "--cache-dir", cache_dir, "--json"]
+    records = []
+    for _ in range(2):
+      assert cli.main(argv) == 0
+      records.append(json.loads(capsys.readouterr().out))
+    assert records[0]["strategy"] == "toy_geometric"
+    assert records[0]["sensitivity"] == pytest.approx(1.0, rel=1e-12)  # γ(C) = 1 after normalizing
+    assert records[1]["seconds"] == records[0]["seconds"]  # the second run read the stored entry
+    spec = strategies.FactorizationSpec(workload=workloads.WorkloadSpec("prefix_sum", rounds),
+                                        strategy="toy_geometric", bands=2)
+    f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir)
+    assert entry.cache_hit and os.path.basename(os.path.dirname(entry.npz_path)).startswith(
+        "toy_geometric-b2-prefix_sum-n6")
+    np.testing.assert_allclose(f.b @ f.c, f.a, atol=1e-12)
+    # It accounts: tff-mf account on its cached matrix, and the mechanism layer's calibration.
+    assert cli.main(["account", "--matrix", entry.npz_path, "--noise-multiplier", "2",
+                     "--delta", "1e-5", "--json"]) == 0
+    accounted = json.loads(capsys.readouterr().out)
+    resolved = mechanisms.resolve(registry.mechanism("toy"), spec.workload, participation.SINGLE,
+                                  cache_dir=cache_dir, bands=2)
+    record = mechanisms.privacy(resolved, 2.0, None, 1e-5, "exact")
+    assert record.epsilon == pytest.approx(accounted["epsilon"], rel=1e-9)
+    calibrated = mechanisms.privacy(resolved, None, record.epsilon, 1e-5, "exact")
+    # The smallest z meeting ε(z = 2) is 2; calibration returns it within its 1e-3 tolerance.
+    assert calibrated.epsilon <= record.epsilon
+    assert calibrated.noise_multiplier <= 2.0 * (1 + 1e-3)
+    # It trains: TFF FedAvg with its noise equals numpy Algorithm 1 under the min-sep schema.
+    with capsys.disabled():  # TFF may start its worker binary here, which needs a real stdout
+      setup = _setup("toy", cache_dir, total_rounds=rounds, participation=schema)
+      process = _process(setup)
+      thetas, _ = _run(process, process.initialize(), rounds, cohorts=cohorts)
+    np.testing.assert_allclose(np.array(thetas), algorithm1(setup, rounds=rounds, cohorts=cohorts),
+                               rtol=1e-4, atol=1e-5)
+    assert setup.info["mechanism"] == "toy_geometric" and setup.info["bands"] == 3
+    assert setup.info["sensitivity"] > 1.0
+  finally:
+    registry.unregister(strategy_name="toy_geometric", mechanism_name="toy_geometric")
+  with pytest.raises(registry.RegistryError, match="unknown mechanism 'toy'"):
+    registry.mechanism("toy")
+
+
+@pytest.mark.parametrize("mechanism", ["opt_momentum", "blt"])
+def test_a_cache_hit_checks_the_product_and_the_sensitivity_once(mechanism, cache_dir,
+                                                                  monkeypatch):
+  """build_mechanism on a cached entry: checks.factors, the full B·C product and the
+  sensitivity under the schema each run once (the cache's load computes them; the mechanism
+  layer and the noise reuse them)."""
+  from tff_mf import checks  # pylint: disable=g-import-not-at-top
+  schema = participation.fixed_epoch(2) if mechanism == "opt_momentum" \
+      else participation.min_sep(3, 2)
+  _setup(mechanism, cache_dir, total_rounds=6, participation=schema)  # fills the cache
+  calls = {}
+  for module, name in ((checks, "factors"), (checks, "product"),
+                       (participation, "sensitivity_report")):
+    original = getattr(module, name)
+
+    def counted(*args, _original=original, _name=name, **kwargs):
+      calls[_name] = calls.get(_name, 0) + 1
+      return _original(*args, **kwargs)
+    monkeypatch.setattr(module, name, counted)
+  setup = _setup(mechanism, cache_dir, total_rounds=6, participation=schema)
+  assert setup.info["cache_hit"]
+  assert calls == {"factors": 1, "product": 1, "sensitivity_report": 1}

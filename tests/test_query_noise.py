@@ -428,9 +428,9 @@ def test_nan_update_is_an_error():
 
 # -- build_mechanism without processes ---------------------------------------------------------
 def test_default_structure_matches_denisov_table2():
-  assert [registry.default_structure(2**k) for k in range(8, 13)] == [
+  assert [structured.default_structure(2**k) for k in range(8, 13)] == [
       (4, 4), (5, 4), (5, 5), (6, 5), (6, 6)]
-  assert registry.default_structure(1) == registry.default_structure(2) == (1, 0)
+  assert structured.default_structure(1) == structured.default_structure(2) == (1, 0)
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -163,7 +163,7 @@ def test_command_writes_table_json_and_pngs(synthetic_runs, tmp_path, capsys):
   md = (out / "summary.md").read_text()
   assert md.count("\n| ") == 7  # header + 6 cells
   rows = json.loads((out / "summary.json").read_text())["rows"]
-  assert len(rows) == 6 and all(r["accountant"] == "pld" for r in rows)
+  assert len(rows) == 6 and all(r["accountant"] == "exact" for r in rows)
   assert registry.label("honaker_online") in capsys.readouterr().out
 
 

@@ -63,7 +63,7 @@ def test_binary_trains_under_the_schema_from_a_clean_shell(schema_flags, analysi
   flags = [f"--{k}={v}" for k, v in TINY.items()]
   result = run_binary(flags + schema_flags + [
       "--mechanism=banded", "--total_rounds=4", "--clients_per_round=2",
-      f"--root_output_dir={tmp_path / 'runs'}", "--experiment_name=x", "--noprogress"],
+      f"--root_output_dir={tmp_path / 'runs'}", "--experiment_name=x", "--no_progress"],
                       tmp_path)
   assert result.returncode == 0, result.stderr[-3000:]
   summary = json.loads((tmp_path / "runs" / "x" / "summary.json").read_text())

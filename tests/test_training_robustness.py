@@ -205,7 +205,7 @@ def test_binary_exits_nonzero_on_conflicting_flags(tmp_path):
       [sys.executable, os.path.join(REPO, "training", "run_stackoverflow.py"),
        "--mechanism=none", "--noise_multiplier=1.0", f"--root_output_dir={tmp_path / 'runs'}"],
       capture_output=True, text=True, timeout=120, cwd=REPO, env=userenv.env())
-  assert result.returncode == 1
+  assert result.returncode == 2  # a usage error
   assert result.stderr.strip().splitlines() == [
       "error: --mechanism=none trains without privacy; it takes neither --noise_multiplier "
       "(got 1.0) nor --target_epsilon (got None)"]

@@ -166,60 +166,6 @@ def epsilon(noise_multiplier: float, delta: float, accountant: str = DEFAULT_ACC
 # ----------------------------------------------------------------------------- calibration
 
 
-def _calibrate(ok: Callable[[float], bool], hi: float, tolerance: float,
-               relative: bool = True, lo: Optional[float] = None) -> Tuple[float, int]:
-  """Smallest z (to tolerance) with ok(z), for a monotone ok; (z, evaluations).
-
-  ``hi`` must be a z believed to pass (it is checked, and raised until it does);
-  ``lo`` one believed to fail (checked, and lowered until it does). Geometric
-  bisection keeps ok(hi) and not ok(lo); returns hi, so the result always passed.
-  """
-  evaluations = 0
-
-  def check(z):
-    nonlocal evaluations
-    evaluations += 1
-    return ok(z)
-
-  while not check(hi):
-    lo, hi = hi, hi * 2.0
-    if hi > _MAX_NOISE_MULTIPLIER:
-      raise AccountingError(f"no noise multiplier up to {_MAX_NOISE_MULTIPLIER:g} reaches the "
-                            "target epsilon")
-  if lo is None or lo >= hi:
-    lo = hi / 2.0
-  while check(lo):
-    hi, lo = lo, lo / 2.0
-    if lo == 0.0:
-      return hi, evaluations
-  while True:
-    width = hi - lo
-    if width <= (tolerance * hi if relative else tolerance):
-      return hi, evaluations
-    mid = math.sqrt(lo * hi) if relative and hi / lo > 2.0 else 0.5 * (lo + hi)
-    if not lo < mid < hi:
-      return hi, evaluations
-    if check(mid):
-      hi = mid
-    else:
-      lo = mid
-
-
-def _exact_calibration(target: float, delta: float, sensitivity: float,
-                       tolerance: float = 1e-9) -> Tuple[float, float]:
-  """(lo, hi): z brackets of the exact Gaussian calibration (ε(lo) > target ≥ ε(hi))."""
-  log_delta = math.log(delta)
-
-  def exact_ok(z):
-    m = z / sensitivity
-    if m == 0.0:
-      return False
-    return gaussian.gaussian_log_delta(m, target, upper=True) <= log_delta
-
-  hi, _ = _calibrate(exact_ok, sensitivity, tolerance)
-  return hi * (1.0 - tolerance), hi
-
-
 def calibrate_noise_multiplier(target_epsilon: float, delta: float,
                                accountant: str = DEFAULT_ACCOUNTANT,
                                tolerance: float = 1e-3, relative: bool = True,
@@ -229,7 +175,7 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float,
   The returned z always satisfies ε(z) ≤ target; z − tol does not (tol = tolerance·z
   when ``relative``, else the absolute ``tolerance``), so z over-shoots the exact
   answer by less than tol: the safe side. Every accountant upper-bounds the exact
-  Gaussian ε, so the search is bracketed with the exact formula first.
+  Gaussian ε, so the exact calibration (to 1e-9) is where the search starts.
   """
   target = _check_target(target_epsilon)
   delta = check_delta(delta)
@@ -239,70 +185,69 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float,
     tolerance = _check_tolerance(tolerance)
   else:
     tolerance = checks.positive_float(tolerance, "tolerance")
-
-  def ok(z):
-    return epsilon(z, delta, accountant, sensitivity=sens) <= target
-
-  if accountant == "exact":
-    lo, hi = _exact_calibration(target, delta, sens)
-    z, _ = _calibrate(ok, hi, tolerance, relative, lo=lo)
-    return float(z)
-  return _calibrate_bracketed(ok, target, delta, sens, tolerance, relative)
+  start = None
+  if accountant != "exact":
+    start, _ = _search(lambda z: epsilon(z, delta, "exact", sensitivity=sens), target, sens,
+                       1e-9)
+  z, _ = _search(lambda z: epsilon(z, delta, accountant, sensitivity=sens), target,
+                 start or sens, tolerance, relative)
+  return float(z)
 
 
-def _calibrate_bracketed(ok: Callable[[float], bool], target: float, delta: float, sens: float,
-                         tolerance: float, relative: bool) -> float:
-  """Calibration for an accountant that upper-bounds the exact Gaussian ε (PLD, RDP).
+def _search(eps_of: Callable[[float], float], target: float, hi: float, tolerance: float,
+            relative: bool = True) -> Tuple[float, int]:
+  """The one calibration search: the smallest z with eps_of(z) ≤ target, for ε non-increasing
+  in z. Returns (z, evaluations); z was evaluated to pass, and a z' < z evaluated to fail
+  lies within the tolerance (relative to z, or absolute).
 
-  A z that fails the exact test fails the accountant's too, so the exact formula
-  brackets first (to 1e-6); then the accountant is searched upward from there in
-  growing steps and bisected to the tolerance. (This is the search tff-mf has always
-  used, so its results are unchanged; the exact test is now evaluated in log space.)
+  Keeps a bracket ε(lo) > target ≥ ε(hi) and probes just above, then just below, the
+  root estimated by interpolating log ε against log z between the bracket ends: for a
+  smooth ε (the Gaussian, PLD, MMCC, amplified banded) two or three probes close the
+  bracket. After two probes in a row that do not halve it, one bisection (geometric
+  while the bracket spans more than a factor 2). ``hi`` is the first z tried; an
+  ε that raises ``AccountingError`` below a z that worked counts as failing.
   """
-  log_delta = math.log(delta)
+  values: Dict[float, float] = {}
 
-  def exact_ok(z):
-    m = z / sens
-    return m > 0.0 and gaussian.gaussian_log_delta(m, target, upper=False) <= log_delta
+  def f(z):
+    try:
+      values[z] = eps_of(z)
+    except AccountingError:
+      if not any(v <= target for v in values.values()):
+        raise  # the inputs themselves are refused
+      values[z] = math.inf  # below a z that worked, the analysis gave up: failing
+    return values[z]
 
-  hi = 1.0 * sens
-  while not exact_ok(hi):
+  while f(hi) > target:
     hi *= 2.0
     if hi > _MAX_NOISE_MULTIPLIER:
       raise AccountingError(f"no noise multiplier up to {_MAX_NOISE_MULTIPLIER:g} reaches "
-                            f"epsilon {target} at delta {delta}")
-  lo = hi / 2.0
-  while exact_ok(lo):
+                            f"epsilon {target}")
+  lo = max((z for z, v in values.items() if v > target and z < hi), default=hi / 2.0)
+  while f(lo) <= target:
     hi, lo = lo, lo / 2.0
-  for _ in range(60):  # exact bisection to 1e-6 relative: lo fails, hi passes
-    if hi - lo <= 1e-6 * hi:
+    if lo == 0.0:
+      return hi, len(values)
+  side, slow = 1.0, 0
+  while hi - lo > (tolerance * hi if relative else tolerance):
+    width = hi - lo
+    e_lo, e_hi = values[lo], values[hi]
+    probe = math.sqrt(lo * hi) if hi > 2.0 * lo else 0.5 * (lo + hi)
+    bisect = slow >= 2
+    if not bisect and math.isfinite(e_lo) and 0.0 < e_hi < e_lo:
+      t = (math.log(e_lo) - math.log(target)) / (math.log(e_lo) - math.log(e_hi))
+      probe = math.exp(math.log(lo) + t * (math.log(hi) - math.log(lo)))
+      step = (tolerance * hi if relative else tolerance)
+      probe += side * 0.3 * step
+      probe = min(max(probe, lo + 0.01 * width), hi - 0.01 * width)
+    if not lo < probe < hi:
       break
-    mid = 0.5 * (lo + hi)
-    if exact_ok(mid):
-      hi = mid
+    if f(probe) <= target:
+      hi, side = probe, -1.0
     else:
-      lo = mid
-  # lo fails the exact test, hence the accountant's. Find an accountant-passing hi.
-  step = 1.01
-  hi = lo * step
-  while not ok(hi):
-    lo, hi = hi, hi * step
-    step = step ** 2
-    if hi > _MAX_NOISE_MULTIPLIER:
-      raise AccountingError(f"no noise multiplier up to {_MAX_NOISE_MULTIPLIER:g} reaches "
-                            f"epsilon {target} at delta {delta}")
-  # Invariant: ε(lo) > target ≥ ε(hi).
-  while True:
-    tol = tolerance * hi if relative else tolerance
-    if hi - lo <= tol:
-      return float(hi)
-    mid = 0.5 * (lo + hi)
-    if not lo < mid < hi:
-      return float(hi)
-    if ok(mid):
-      hi = mid
-    else:
-      lo = mid
+      lo, side = probe, 1.0
+    slow = 0 if bisect or hi - lo <= 0.5 * width else slow + 1
+  return hi, len(values)
 
 
 # ----------------------------------------------------------------------------- schemas and C
@@ -611,66 +556,14 @@ def calibrate(c: Optional[np.ndarray], schema, target_epsilon: float, delta: flo
   records: Dict[float, Dict[str, Any]] = {}
 
   def eps_of(z):
-    try:
-      records[z] = epsilon_for(c, schema, z, delta, analysis, sampling_prob, accountant,
-                               **options)
-    except AccountingError:
-      if not records:  # the inputs themselves are refused
-        raise
-      return math.inf  # below a z that worked, the analysis gave up: treat as failing
+    records[z] = epsilon_for(c, schema, z, delta, analysis, sampling_prob, accountant,
+                             **options)
     return records[z]["epsilon"]
 
-  z, evaluations = _calibrate_interpolated(eps_of, target, hi, tolerance)
+  z, evaluations = _search(eps_of, target, hi, tolerance)
   record = records[z]
   record.update(target_epsilon=target, tolerance=tolerance, evaluations=evaluations)
   return record
-
-
-def _calibrate_interpolated(eps_of: Callable[[float], float], target: float, hi: float,
-                            tolerance: float) -> Tuple[float, int]:
-  """Smallest z (to relative ``tolerance``) with eps_of(z) ≤ target, in few evaluations.
-
-  For a costly ε(z) (MMCC, amplified banded). Keeps a bracket ε(lo) > target ≥ ε(hi)
-  and probes just above, then just below, the root estimated by interpolating log ε
-  against log z between the bracket ends; for a smooth ε two or three probes close the
-  bracket once the estimate is good. After two probes in a row that do not halve the
-  bracket, one geometric bisection. Returns (hi, evaluations): hi was evaluated to pass.
-  """
-  values: Dict[float, float] = {}
-
-  def f(z):
-    values[z] = eps_of(z)
-    return values[z]
-
-  while f(hi) > target:
-    hi *= 2.0
-    if hi > _MAX_NOISE_MULTIPLIER:
-      raise AccountingError(f"no noise multiplier up to {_MAX_NOISE_MULTIPLIER:g} reaches "
-                            f"epsilon {target}")
-  lo = hi / 2.0
-  while f(lo) <= target:
-    hi, lo = lo, lo / 2.0
-    if lo == 0.0:
-      return hi, len(values)
-  side, slow = 1.0, 0
-  while hi - lo > tolerance * hi:
-    width = hi - lo
-    e_lo, e_hi = values[lo], values[hi]
-    probe = math.sqrt(lo * hi)
-    bisect = slow >= 2
-    if not bisect and math.isfinite(e_lo) and 0.0 < e_hi < e_lo:
-      t = (math.log(e_lo) - math.log(target)) / (math.log(e_lo) - math.log(e_hi))
-      probe = math.exp(math.log(lo) + t * (math.log(hi) - math.log(lo)))
-      probe *= 1.0 + side * 0.3 * tolerance
-      probe = min(max(probe, lo + 0.01 * width), hi - 0.01 * width)
-    if not lo < probe < hi:
-      break
-    if f(probe) <= target:
-      hi, side = probe, -1.0
-    else:
-      lo, side = probe, 1.0
-    slow = 0 if bisect or hi - lo <= 0.5 * width else slow + 1
-  return hi, len(values)
 
 
 def summary(noise_multiplier: float, delta: float, accountant: str = DEFAULT_ACCOUNTANT,

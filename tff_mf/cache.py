@@ -158,10 +158,12 @@ def entry_name(params: Dict[str, Any]) -> str:
     if w.get("lr_schedule", "constant") != "constant":
       label += f"-{w['lr_schedule']}{w.get('schedule_rounds')}"
   strategy = params["strategy"]
-  for field, short in (("bands", "h" if strategy == "structured" else "b"), ("rank", "r"),
-                       ("buffers", "m")):
-    if field in params:
-      strategy += f"{'-' if short in ('h', 'b', 'm') else ''}{short}{params[field]}"
+  declared = registry.strategy(strategy).declaration if strategy in registry.STRATEGIES \
+      else families.Declaration()
+  shown = "".join(f"{declared.label(field)}{params[field]}"
+                  for field in ("bands", "rank", "buffers") if field in params)
+  if shown:
+    strategy += f"-{shown}"
   schema = params.get("participation", {}).get("label", "")
   return "-".join(x for x in (strategy, label, f"n{w['n']}", schema, key_hash(params)) if x)
 
@@ -469,7 +471,8 @@ def _write_entry(directory: str, params: Dict[str, Any], spec: strategies.Factor
 def _check_disk(directory: str, spec: strategies.FactorizationSpec, memory: float,
                 progress: bool) -> None:
   """Refuses a computation whose result could not be stored; announces a large one."""
-  stored = 8.0 * spec.n * spec.n * (4 if spec.strategy.startswith("honaker") else 3)
+  # A, B and C: n² + 2·n·(n·encoder_rows) float64 entries.
+  stored = 8.0 * spec.n * spec.n * (2 + registry.strategy(spec.strategy).declaration.encoder_rows)
   parent = directory
   while not os.path.isdir(parent) and os.path.dirname(parent) != parent:
     parent = os.path.dirname(parent)
@@ -491,20 +494,55 @@ def _remove_quietly(path: str) -> None:
 
 
 def load_or_factorize(spec: strategies.FactorizationSpec, cache_dir: Optional[str] = None,
-                      force: bool = False, progress: bool = False,
+                      force: bool = False, progress: bool = False, strict: bool = False,
                       ) -> Tuple[fz.Factorization, CacheEntry]:
   """The factorization for ``spec``: from the cache if present, else computed and stored.
 
   A present but corrupt or mismatched entry raises CacheError naming the file (it is
   never used); ``force=True`` recomputes and replaces it. A computation that fails
-  (e.g. the solver does not converge) leaves the cache untouched.
+  (e.g. the solver does not converge) leaves the cache untouched. The info holds the
+  solver's outcome (``strategies.solver_outcome``); ``strict=True`` raises
+  ``strategies.SolverOutcomeError`` when it differs from the request or did not converge
+  (the entry stays in the cache: a rerun without ``strict`` is a hit).
   """
+  f, entry = _load_or_factorize(spec, cache_dir, force, progress)
+  outcome = f.info[strategies.OUTCOME]
+  if strict and strategies.deviates(outcome):
+    raise strategies.SolverOutcomeError(
+        f"{spec.strategy}: {outcome['why']} (refused by strict; the result stays cached in "
+        f"{entry.directory})")
+  return f, entry
+
+
+def _with_outcome(spec: strategies.FactorizationSpec, f: fz.Factorization,
+                  entry: CacheEntry) -> bool:
+  """Adds the solver outcome to an entry cached before it was recorded (in memory).
+
+  False when its info cannot say what the outcome needs (e.g. why BLT buffers were
+  switched off, with both rmses): such an entry is recomputed.
+  """
+  if strategies.OUTCOME in f.info:
+    return True
+  outcome = strategies.solver_outcome(spec, f.info)
+  if outcome is None:
+    return False
+  f.info[strategies.OUTCOME] = outcome
+  entry.metadata.setdefault("info", {})[strategies.OUTCOME] = outcome
+  return True
+
+
+def _load_or_factorize(spec: strategies.FactorizationSpec, cache_dir: Optional[str],
+                       force: bool, progress: bool) -> Tuple[fz.Factorization, CacheEntry]:
   spec.validate()
   memory = strategies.check_size(spec)
   directory, params = entry_paths(spec, cache_dir)
   expected = spec.workload.build()
   if not force and os.path.exists(os.path.join(directory, METADATA_FILE)):
-    return _load_entry(directory, None, expected, params)
+    f, entry = _load_entry(directory, None, expected, params)
+    if _with_outcome(spec, f, entry):
+      return f, entry
+    print(f"tff-mf: cache entry {directory} predates the solver outcome record; recomputing "
+          f"it", file=sys.stderr, flush=True)
   _check_disk(directory, spec, memory, progress)
 
   def optimal():

@@ -4,7 +4,8 @@ Each command module defines ``register(subparsers)``, which adds its parser and 
 ``func`` to a callable taking the parsed arguments and returning an exit code.
 Command modules import nothing heavy at module level, so that ``tff-mf factorize``
 on a cache hit answers in about a second. Every error a user can cause is one line
-on stderr (``tff-mf <command>: error: ...``) and exit status 2, never a traceback.
+on stderr (``tff-mf <command>: error: ...``) and exit status 2, never a traceback; flags
+are spelled as in every other tool (``tff_mf.clitools``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import importlib
 import os
 import sys
 from typing import List, Optional
+
+from tff_mf import clitools
+from tff_mf import interrupt
 
 # Subcommand name -> module (in the order `tff-mf --help` lists them).
 COMMANDS = (
@@ -27,7 +31,7 @@ COMMANDS = (
 
 def build_parser() -> argparse.ArgumentParser:
   from tff_mf import __version__  # pylint: disable=g-import-not-at-top
-  parser = argparse.ArgumentParser(
+  parser = clitools.ArgumentParser(
       prog="tff-mf",
       description="Matrix-factorization mechanisms for differentially private federated "
                   "learning: factorize workloads, inspect the matrix cache, plot, and account "
@@ -46,6 +50,8 @@ def main(argv: Optional[List[str]] = None) -> int:
   if args.command is None:
     parser.print_help()
     return 0
+  # Ctrl-C stops at once, one line, exit 130; a second Ctrl-C during clean-up exits at once.
+  interrupt.install(defer=False, prog=f"tff-mf {args.command}")
   try:
     return int(args.func(args) or 0)
   except (ValueError, OSError, MemoryError) as e:  # user-facing errors: one line, no traceback
@@ -53,8 +59,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"tff-mf {args.command}: error: {message}", file=sys.stderr)
     return 2
   except KeyboardInterrupt:
-    print(f"tff-mf {args.command}: interrupted", file=sys.stderr)
-    return 130
+    module = importlib.import_module(dict(COMMANDS)[args.command])
+    print(f"tff-mf {args.command}: "
+          f"{getattr(module, 'INTERRUPTED', 'interrupted; nothing was written')}",
+          file=sys.stderr)
+    return interrupt.EXIT_CODE
 
 
 if __name__ == "__main__":

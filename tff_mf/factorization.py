@@ -119,6 +119,8 @@ class Factorization:
   strategy: str
   info: Dict[str, Any] = dataclasses.field(default_factory=dict)
   extras: Dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  _sensitivity_reports: Dict[Any, Dict[str, Any]] = dataclasses.field(
+      default_factory=dict, init=False, repr=False, compare=False)
 
   @property
   def n(self) -> int:
@@ -139,8 +141,17 @@ class Factorization:
   @property
   def gamma(self) -> float:
     """γ(C), the largest column norm (1 once normalized). The sensitivity under a schema is
-    ``participation.sensitivity(c, schema)``, recorded as ``info["sensitivity"]``."""
+    ``sensitivity_report(schema)["value"]``, recorded as ``info["sensitivity"]``."""
     return checks.gamma(self.c)
+
+  def sensitivity_report(self, schema) -> Dict[str, Any]:
+    """``participation.sensitivity_report`` of C under ``schema``, computed once per schema
+    (C is not to be modified in place once a report exists)."""
+    from tff_mf import participation  # pylint: disable=g-import-not-at-top
+    key = (schema, id(self.c))
+    if key not in self._sensitivity_reports:
+      self._sensitivity_reports[key] = participation.sensitivity_report(self.c, schema)
+    return dict(self._sensitivity_reports[key])
 
   def per_round_variance(self) -> np.ndarray:
     return per_round_variance(self.b, self.c)

@@ -40,3 +40,9 @@ def outcome(res, bounds) -> Tuple[str, float, bool]:
   scipy says so or the projected gradient is below GRADIENT_TOLERANCE."""
   gradient = projected_gradient_norm(res, bounds)
   return str(res.message), gradient, bool(res.success) or gradient <= GRADIENT_TOLERANCE
+
+
+def why_unconverged(message: str, gradient: float) -> str:
+  """Why an L-BFGS-B run that ``outcome`` calls unconverged stopped, in one line."""
+  return (f"L-BFGS-B stopped with {message} while the projected gradient was {gradient:.2g} "
+          f"(converged means below {GRADIENT_TOLERANCE:g})")

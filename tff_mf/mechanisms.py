@@ -142,7 +142,7 @@ def resolve(mechanism: registry.Mechanism, workload: workloads.WorkloadSpec,
     if mechanism.noise == "linear":
       stream = strategies.stream(mechanism.strategy, f.extras, a_factorized)
     encoder = f.c
-    report = participation_lib.sensitivity_report(encoder, participation)
+    report = f.sensitivity_report(participation)
     sens = float(report["value"])
   elif mechanism.noise == "tff_tree":
     levels = tree.tree_levels(n)

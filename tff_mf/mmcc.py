@@ -767,10 +767,16 @@ def _run_jobs(jobs, workers: int, progress: bool) -> dict:
     ctx = multiprocessing.get_context("fork") if sys.platform.startswith("linux") else None
     with concurrent.futures.ProcessPoolExecutor(max_workers=int(workers), mp_context=ctx) as pool:
       futures = {pool.submit(_row_pld_task, args): key for key, args in jobs}
-      for fut in concurrent.futures.as_completed(futures):
-        results[futures[fut]] = fut.result()
-        if bar is not None:
-          bar.update(1)
+      try:
+        for fut in concurrent.futures.as_completed(futures):
+          results[futures[fut]] = fut.result()
+          if bar is not None:
+            bar.update(1)
+      except KeyboardInterrupt:  # Ctrl-C: stop the workers now rather than at their task's end
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+          process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
   if bar is not None:
     bar.close()
   return results

@@ -13,8 +13,9 @@ so one name means one mechanism everywhere.
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Dict, Optional, Tuple
+import importlib
+import importlib.util
+from typing import Any, Dict, Optional, Tuple
 
 from tff_mf import checks
 from tff_mf import participation
@@ -36,14 +37,50 @@ class RegistryError(checks.CheckError):
 
 @dataclasses.dataclass(frozen=True)
 class Strategy:
-  """A family of encoders C (``tff_mf.families.<family>``)."""
+  """A way to choose C, computed by a family module (``tff_mf.families``).
+
+  ``family`` names the module: a module of ``tff_mf.families`` ("banded") or any
+  other importable module ("my_project.my_family"). The module declares what the
+  strategy reads, supports and costs (``STRATEGIES[name]``, a
+  ``tff_mf.families.Declaration``); the properties below read that declaration.
+  """
   name: str
   family: str
   label: str
   description: str
-  participations: Tuple[str, ...]
-  streams: bool  # the family has a LinearStream (O(k·d) noise state)
   citation: str
+
+  @property
+  def module(self):
+    """The family module that computes this strategy."""
+    path = self.family
+    if "." not in path and importlib.util.find_spec(f"tff_mf.families.{path}") is not None:
+      path = f"tff_mf.families.{path}"
+    try:
+      return importlib.import_module(path)
+    except ImportError as e:
+      raise RegistryError(f"strategy {self.name!r}: family module {path!r} cannot be "
+                          f"imported ({e})") from None
+
+  @property
+  def declaration(self) -> Any:
+    """The family's ``tff_mf.families.Declaration`` for this strategy."""
+    module = self.module
+    declared = getattr(module, "STRATEGIES", {}).get(self.name)
+    if declared is None:
+      raise RegistryError(f"family module {module.__name__!r} declares no strategy "
+                          f"{self.name!r} in its STRATEGIES")
+    return declared
+
+  @property
+  def participations(self) -> Tuple[str, ...]:
+    """The schema kinds C can be optimized for."""
+    return tuple(self.declaration.participations)
+
+  @property
+  def streams(self) -> bool:
+    """The family has a LinearStream (O(k·d) noise state)."""
+    return bool(self.declaration.streams)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,37 +135,30 @@ STRATEGIES: Dict[str, Strategy] = {s.name: s for s in (
     Strategy("optimal", "dense", "optimal",
              "optimal dense C: fixed point of Denisov et al. Eq. 5 (single participation) or the "
              "multi-epoch dual fixed point (fixed-epoch participation), with a duality-gap "
-             "certificate", ("single", "fixed_epoch"), False, f"{_DENISOV}; {_MULTI_EPOCH}"),
+             "certificate", f"{_DENISOV}; {_MULTI_EPOCH}"),
     Strategy("honaker_online", "tree", "Honaker online (tree)",
-             "binary tree C_T with the streaming Honaker decoder (DP-FTRL)", ("single",), False,
-             _MCMAHAN),
+             "binary tree C_T with the streaming Honaker decoder (DP-FTRL)", _MCMAHAN),
     Strategy("honaker_full", "tree", "Honaker full",
-             "binary tree C_T with the full Honaker decoder S·C_T⁺", ("single",), False, _MCMAHAN),
+             "binary tree C_T with the full Honaker decoder S·C_T⁺", _MCMAHAN),
     Strategy("identity", "identity", "identity",
-             "C = I: independent noise every round (DP-SGD / DP-FedAvg)",
-             PARTICIPATIONS, True, _DENISOV),
+             "C = I: independent noise every round (DP-SGD / DP-FedAvg)", _DENISOV),
     Strategy("structured", "structured", "structured (banded + low rank)",
-             "banded + low-rank approximation B̂ of the optimal decoder, C = B̂⁻¹·A (App H)",
-             ("single",), True, _DENISOV),
+             "banded + low-rank approximation B̂ of the optimal decoder, C = B̂⁻¹·A (App H)", _DENISOV),
     Strategy("banded", "banded", "banded",
-             "b-banded C with unit column norms, optimized (valid under b-min-sep)",
-             PARTICIPATIONS, True, _BANDED),
+             "b-banded C with unit column norms, optimized (valid under b-min-sep)", _BANDED),
     Strategy("banded_toeplitz", "toeplitz", "banded Toeplitz",
-             "b-banded Toeplitz C with optimized coefficients", PARTICIPATIONS, True, _TOEPLITZ),
+             "b-banded Toeplitz C with optimized coefficients", _TOEPLITZ),
     Strategy("blt", "blt", "BLT",
-             "buffered linear Toeplitz C with m buffers, optimized", PARTICIPATIONS, True, _BLT),
+             "buffered linear Toeplitz C with m buffers, optimized", _BLT),
     Strategy("bsr", "square_root", "BSR",
-             "banded square root: C = the first b diagonals of A^(1/2), closed form",
-             PARTICIPATIONS, True, _BSR),
+             "banded square root: C = the first b diagonals of A^(1/2), closed form", _BSR),
     Strategy("bisr", "square_root", "BISR",
-             "banded inverse square root: C⁻¹ = the first b diagonals of A^(-1/2), closed form",
-             PARTICIPATIONS, True, _BISR),
+             "banded inverse square root: C⁻¹ = the first b diagonals of A^(-1/2), closed form", _BISR),
     Strategy("banded_inverse", "square_root", "BandInvMF",
-             "C⁻¹ Toeplitz with b taps optimized for the schema's rmse (from BISR's taps)",
-             PARTICIPATIONS, True, _BISR),
+             "C⁻¹ Toeplitz with b taps optimized for the schema's rmse (from BISR's taps)", _BISR),
     Strategy("lambda_cgd", "square_root", "λCGD",
              "C⁻¹ = I − λ·shift (round i cancels λ of round i−1's noise), λ optimized for the "
-             "schema", PARTICIPATIONS, True, _LAMBDA_CGD),
+             "schema", _LAMBDA_CGD),
 )}
 
 MECHANISMS: Dict[str, Mechanism] = {m.name: m for m in (
@@ -241,45 +271,46 @@ def label(name: str) -> str:
   return mechanism(name).label
 
 
-def default_structure(n: int) -> Tuple[int, int]:
-  """(h, r) of the structured mechanism: h + r = ⌈log₂ n⌉ (at least 1), h = ⌈(h + r)/2⌉.
-
-  Denisov et al. 2022 App H, Table 2 ((6, 5) for n = 2048).
-  """
-  total = max(1, int(math.ceil(math.log2(max(n, 2)))))
-  h = (total + 1) // 2
-  return h, total - h
-
-
-# Largest default band count of banded strategies: their noise state is b − 1 model rows.
-DEFAULT_MAX_BANDS = 64
-DEFAULT_SINGLE_PARTICIPATION_BANDS = 16
-DEFAULT_BLT_BUFFERS = 4
-
-
 def default_parameters(strategy_name: str, n: int, schema=None) -> Dict[str, int]:
-  """The strategy parameters used when a caller gives none.
+  """The strategy parameters used when a caller gives none (the family's declaration)."""
+  return dict(strategy(strategy_name).declaration.defaults(n, schema))
 
-  structured: ``default_structure(n)``. banded, banded_toeplitz and the square-root
-  family's banded strategies: b = the schema's
-  separation (min-sep b, or n/k for k fixed epochs; bands ≤ separation make the
-  sensitivity exact, Choquette-Choo et al. 2023, arXiv:2306.08153), at most
-  ``DEFAULT_MAX_BANDS``, and ``DEFAULT_SINGLE_PARTICIPATION_BANDS`` under single
-  participation. blt: ``DEFAULT_BLT_BUFFERS`` buffers.
+
+def register(strategy_entry: Optional[Strategy] = None,
+             mechanism_entry: Optional["Mechanism"] = None) -> None:
+  """Adds a strategy and/or a mechanism at run time (a family of one's own).
+
+  The strategy's family module must declare it (``STRATEGIES``); the mechanism's
+  name and aliases must be new. Every surface reads the tables, so the new entries
+  factorize, cache, account and train like the built-in ones.
   """
-  strategy(strategy_name)
-  if strategy_name == "structured":
-    h, r = default_structure(n)
-    return {"bands": h, "rank": r}
-  if strategy_name in ("banded", "banded_toeplitz", "bsr", "bisr", "banded_inverse"):
-    kind = getattr(schema, "kind", "single")
-    if kind == "min_sep":
-      bands = schema.min_sep
-    elif kind == "fixed_epoch":
-      bands = n // schema.epochs
-    else:
-      bands = DEFAULT_SINGLE_PARTICIPATION_BANDS
-    return {"bands": max(1, min(n, bands, DEFAULT_MAX_BANDS))}
-  if strategy_name == "blt":
-    return {"buffers": DEFAULT_BLT_BUFFERS}
-  return {}
+  global _ALIASES
+  if strategy_entry is not None:
+    if strategy_entry.name in STRATEGIES:
+      raise RegistryError(f"strategy {strategy_entry.name!r} is already registered")
+    _ = strategy_entry.declaration  # the family module must declare it
+    STRATEGIES[strategy_entry.name] = strategy_entry
+  if mechanism_entry is not None:
+    taken = [s for s in (mechanism_entry.name,) + mechanism_entry.aliases if s in _ALIASES]
+    if taken:
+      if strategy_entry is not None:
+        del STRATEGIES[strategy_entry.name]
+      raise RegistryError(f"mechanism spelling {taken[0]!r} is already registered")
+    if mechanism_entry.strategy is not None:
+      strategy(mechanism_entry.strategy)
+    MECHANISMS[mechanism_entry.name] = mechanism_entry
+    _ALIASES = _index()
+
+
+def unregister(strategy_name: Optional[str] = None, mechanism_name: Optional[str] = None) -> None:
+  """Removes entries added by ``register`` (built-in entries stay)."""
+  global _ALIASES
+  for table, name in ((MECHANISMS, mechanism_name), (STRATEGIES, strategy_name)):
+    if name is not None:
+      if name in _BUILTIN_NAMES:
+        raise RegistryError(f"{name!r} is built in and cannot be removed")
+      table.pop(name, None)
+  _ALIASES = _index()
+
+
+_BUILTIN_NAMES = frozenset(STRATEGIES) | frozenset(MECHANISMS)

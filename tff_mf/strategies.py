@@ -14,46 +14,18 @@ import time
 from typing import Any, Dict, Optional
 
 from tff_mf import checks
+from tff_mf import dense_run
 from tff_mf import factorization as fz
 from tff_mf import families
+from tff_mf import lbfgs
 from tff_mf import participation as participation_lib
 from tff_mf import registry
 from tff_mf import streams
 from tff_mf import workloads
-from tff_mf.families import banded
-from tff_mf.families import blt
-from tff_mf.families import dense
-from tff_mf.families import identity
-from tff_mf.families import square_root
-from tff_mf.families import structured
-from tff_mf.families import toeplitz
-from tff_mf.families import tree
-
-# Family name (tff_mf.registry.Strategy.family) -> its module.
-FAMILIES = {"banded": banded, "blt": blt, "dense": dense, "identity": identity,
-            "square_root": square_root, "structured": structured, "toeplitz": toeplitz,
-            "tree": tree}
 
 STRATEGIES = tuple(registry.STRATEGIES)
 DEFAULT_TARGET_GAP = 1e-6
 ERRORS = ("mean", "max")
-
-# Strategy -> the spec fields it reads (others must keep their defaults).
-_PARAMETERS = {
-    "optimal": ("target_gap", "max_iterations", "allow_unconverged"),
-    "structured": ("bands", "rank", "target_gap", "max_iterations", "allow_unconverged"),
-    "banded": ("bands",),
-    "banded_toeplitz": ("bands", "error"),
-    "blt": ("buffers", "error"),
-    "bsr": ("bands",),
-    "bisr": ("bands",),
-    "banded_inverse": ("bands",),
-}
-# Dense n x n float64 matrices a family holds at its peak (memory check before A is built).
-_PEAK_MATRICES = {"optimal": 12, "structured": 14, "banded": 8, "banded_toeplitz": 6,
-                  "blt": 6, "honaker_online": 8, "honaker_full": 10, "identity": 4,
-                  "bsr": 8, "bisr": 8, "banded_inverse": 8,
-                  "lambda_cgd": 8}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,45 +57,29 @@ class FactorizationSpec:
           f"strategy {self.strategy!r} supports participation "
           f"{', '.join(entry.participations)}, not {self.participation.kind!r}")
     self.participation.check(self.n)
-    used = _PARAMETERS.get(self.strategy, ())
+    declared = entry.declaration
     defaults = FactorizationSpec(workload=self.workload)
-    for name in ("target_gap", "max_iterations", "allow_unconverged", "bands", "rank", "buffers",
-                 "error"):
-      if name not in used and getattr(self, name) != getattr(defaults, name):
+    for name in families.SPEC_PARAMETERS:
+      if name not in declared.parameters and getattr(self, name) != getattr(defaults, name):
         raise checks.CheckError(f"{name} does not apply to strategy {self.strategy!r}")
-    if "target_gap" in used:
+    if "target_gap" in declared.parameters:
       checks.in_range(self.target_gap, "target_gap", 0.0, 1.0, low_open=True)
       checks.positive_int(self.max_iterations, "max_iterations")
-    if self.strategy == "structured":
-      checks.positive_int(self.bands, "structured bands h")
-      checks.nonnegative_int(self.rank, "structured rank r")
-      if self.rank > self.n:
-        raise checks.CheckError(f"structured rank r={self.rank} exceeds n={self.n}")
-    if self.strategy in ("banded", "banded_toeplitz"):
-      checks.positive_int(self.bands, f"{self.strategy} bands b")
-      if self.bands > self.n:
-        raise checks.CheckError(f"{self.strategy} bands b={self.bands} exceed n={self.n}")
-      self.participation.check_bands(self.bands, self.strategy)
-    if self.strategy in ("bsr", "bisr", "banded_inverse"):
-      checks.positive_int(self.bands, f"{self.strategy} bands b")
-      if self.bands > self.n:
-        raise checks.CheckError(f"{self.strategy} bands b={self.bands} exceed n={self.n}")
-    if self.strategy == "blt":
-      checks.positive_int(self.buffers, "blt buffers m")
+    if declared.check_spec is not None:
+      declared.check_spec(self)
     if self.error not in ERRORS:
       raise checks.CheckError(f"error must be one of {ERRORS}, got {self.error!r}")
 
   def key_params(self) -> Dict[str, Any]:
     """The parameters that determine the stored matrices (part of the cache key)."""
+    declared = registry.strategy(self.strategy).declaration
     params: Dict[str, Any] = {"strategy": self.strategy}
-    for name in _PARAMETERS.get(self.strategy, ()):
+    for name in declared.parameters:
       if name in ("max_iterations", "allow_unconverged") and not self.allow_unconverged:
         continue  # a converged result does not depend on the iteration limit
       value = getattr(self, name)
       params[name] = float(value) if name == "target_gap" else value
-    if self.participation.kind != "single" or self.strategy in ("banded", "banded_toeplitz",
-                                                                  "blt", "lambda_cgd",
-                                                                  "banded_inverse"):
+    if self.participation.kind != "single" or declared.schema_dependent:
       params["participation"] = self.participation.as_dict()
     return params
 
@@ -133,8 +89,9 @@ def check_size(spec: FactorizationSpec) -> float:
 
   Returns the bytes of memory the computation plans for.
   """
-  copies = _PEAK_MATRICES.get(spec.strategy, 12)
-  m = 2 * spec.n if spec.strategy.startswith("honaker") else spec.n
+  declared = registry.strategy(spec.strategy).declaration
+  copies = declared.peak_matrices
+  m = declared.encoder_rows * spec.n
   checks.dense_matrices_fit(spec.n, copies, f"strategy {spec.strategy} at n = {spec.n}", m=m)
   return 8.0 * spec.n * m * copies
 
@@ -153,13 +110,75 @@ def factorize(spec: FactorizationSpec, progress: bool = False,
   f = fz.Factorization(a=a, b=result.b, c=result.c, strategy=spec.strategy, info=info,
                        extras=result.extras).validate()
   f.info.update(error_figures(f, spec.participation))
+  f.info[OUTCOME] = solver_outcome(spec, f.info)
+  if f.info[OUTCOME] is None:
+    raise checks.CheckError(f"strategy {spec.strategy!r} returned other parameters than "
+                            "requested without saying why")
   return f
+
+
+class SolverOutcomeError(checks.CheckError):
+  """``strict``: a solver returned other parameters than requested, or did not converge."""
+
+
+# The info key of the record of what was asked and what was done (``solver_outcome``).
+OUTCOME = "outcome"
+# Family parameters a solver may return changed (e.g. BLT buffers it switched off).
+_RETURNED = ("bands", "rank", "buffers")
+
+
+def solver_outcome(spec: FactorizationSpec, info: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+  """What was asked and what was done, in one shape for every family.
+
+  ``requested`` and ``returned``: the family parameters (bands, rank, buffers) of the spec
+  and of the result; ``converged``: the solver's own verdict (for structured, also those of
+  the optimal decoder and of the ALS fit); ``why``: one line, empty unless they differ or
+  it did not converge. Computed from the factorization info alone; None when that info
+  (cached before the outcome was recorded) cannot say why parameters differ or whether
+  the ALS fit converged.
+  """
+  declared = registry.strategy(spec.strategy).declaration.parameters
+  requested = {k: getattr(spec, k) for k in _RETURNED if k in declared}
+  returned = {k: int(info.get(k, v)) for k, v in requested.items()}
+  if ((returned != requested and "returned_why" not in info)
+      or (spec.strategy == "structured" and "als_converged" not in info)):
+    return None
+  converged = all(bool(info.get(k, True))
+                  for k in ("converged", "optimal_converged", "als_converged"))
+  why = [f"{key} {returned[key]} returned for {value} requested: {info['returned_why']}"
+         for key, value in requested.items() if returned[key] != value]
+  if not converged:
+    why.append(f"not converged: {_why_unconverged(info)}")
+  return {"requested": requested, "returned": returned, "converged": converged,
+          "why": "; ".join(why)}
+
+
+def _why_unconverged(info: Dict[str, Any]) -> str:
+  from tff_mf.families import structured  # pylint: disable=g-import-not-at-top
+  if not info.get("als_converged", True) and all(
+      info.get(k, True) for k in ("converged", "optimal_converged")):
+    return (f"the ALS fit of the low-rank part stopped at its iteration limit "
+            f"({info['als_iterations']}) before its relative decrease reached "
+            f"{structured.DEFAULT_ALS_TOLERANCE:g}")
+  if "gradient_norm" in info and "message" in info:
+    return lbfgs.why_unconverged(info["message"], info["gradient_norm"])
+  if "relative_gap" in info or "optimal_relative_gap" in info:
+    prefix = "" if "relative_gap" in info else "optimal_"
+    reason = dense_run.STOP_REASONS.get(info.get(f"{prefix}stop_reason"), "stopped")
+    return (f"{'the optimal decoder: ' if prefix else ''}relative duality gap "
+            f"{info[prefix + 'relative_gap']:.3g} above the target ({reason})")
+  return str(info.get("message") or info.get("solver_message") or "the solver says so")
+
+
+def deviates(outcome: Dict[str, Any]) -> bool:
+  """Whether a ``solver_outcome`` differs from the request or did not converge."""
+  return outcome["requested"] != outcome["returned"] or not outcome["converged"]
 
 
 def error_figures(f: fz.Factorization,
                   schema: participation_lib.Participation) -> Dict[str, Any]:
   """sensitivity (under ``schema``), rmse, max_error and the analysis that gave them."""
-  report = participation_lib.sensitivity_report(f.c, schema)
+  report = f.sensitivity_report(schema)
   sens = report["value"]
   return {"participation": schema.as_dict(), "sensitivity": sens,
           "sensitivity_exact": report["exact"], "sensitivity_method": report["method"],
@@ -170,21 +189,22 @@ def post_processed(f_prefix: fz.Factorization, a, name: str) -> fz.Factorization
   """A = (A·S⁻¹·B_S)·C_S: a prefix-sum factorization serving workload A (Denisov Table 1)."""
   b = fz.post_process_prefix_decoder(a, f_prefix.b)
   info = dict(f_prefix.info, post_processed_from=f_prefix.strategy)
-  return fz.Factorization(a=a, b=b, c=f_prefix.c, strategy=name, info=info,
-                          extras=dict(f_prefix.extras)).validate(atol=1e-6)
+  f = fz.Factorization(a=a, b=b, c=f_prefix.c, strategy=name, info=info,
+                       extras=dict(f_prefix.extras)).validate(atol=1e-6)
+  f._sensitivity_reports.update(f_prefix._sensitivity_reports)  # pylint: disable=protected-access
+  return f
 
 
 
 def family_module(strategy: str):
   """The family module that computes ``strategy``."""
-  return FAMILIES[registry.strategy(strategy).family]
+  return registry.strategy(strategy).module
 
 
 def cached(strategy: str) -> bool:
-  """Whether a mechanism loads this strategy's factorization through ``tff_mf.cache``: every
-  family unless its module declares ``CACHED = False`` (closed forms, cheaper to rebuild
-  than to load and check)."""
-  return bool(getattr(family_module(strategy), "CACHED", True))
+  """Whether a mechanism loads this strategy's factorization through ``tff_mf.cache``
+  (its family's declaration; closed forms are cheaper to rebuild than to load and check)."""
+  return bool(registry.strategy(strategy).declaration.cached)
 
 
 def stream(strategy: str, extras: Dict[str, Any], a) -> streams.LinearStream:

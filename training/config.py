@@ -15,14 +15,16 @@ import json
 import os
 from typing import Dict, Optional, Tuple, Union
 
+from tff_mf import accounting
 from tff_mf import checks
+from tff_mf import clitools
 from tff_mf import participation
 from tff_mf import registry
 
 DATASETS = ("stackoverflow", "pydocs", "synthetic")
 LR_SCHEDULES = ("constant", "decay", "cooldown")
-# tff_mf.accounting's accountants of the unamplified Gaussian; "exact" is the library's default.
-ACCOUNTANTS = ("exact", "pld", "rdp")
+# tff_mf.accounting's accountants of the unamplified Gaussian, and its default (every tool's).
+ACCOUNTANTS = accounting.ACCOUNTANTS
 PARTICIPATIONS = participation.KINDS
 # Per user and private, never a shared world-writable place such as /tmp: run
 # directories hold checkpoints with the secret noise seed (see training/rundir.py).
@@ -48,8 +50,12 @@ def trainable_mechanisms() -> Tuple[str, ...]:
 def canonical_mechanism(name: str) -> str:
   """The registry's canonical name of a trainable mechanism spelling; TrainingError otherwise."""
   if name not in trainable_mechanisms():
-    raise TrainingError(f"--mechanism={name!r} is not a trainable mechanism; expected one of "
-                        f"{', '.join(registry.mechanism_names(trainable=True))} (or an alias)")
+    if name in registry.all_spellings():
+      why = f" ({registry.mechanism(name).why_not_trainable})"
+    else:
+      why = clitools.did_you_mean(name, trainable_mechanisms())
+    raise TrainingError(f"--mechanism={name!r} is not a trainable mechanism{why} (expected one "
+                        f"of {', '.join(registry.mechanism_names(trainable=True))} or an alias)")
   return registry.mechanism(name).name
 
 
@@ -83,7 +89,7 @@ class TrainingConfig:
   noise_multiplier: Optional[float] = None
   target_epsilon: Optional[float] = None
   delta: float = 1e-6
-  accountant: str = "exact"
+  accountant: str = accounting.DEFAULT_ACCOUNTANT
   clip_norm: Union[float, str] = 1.0  # or "adaptive"
   target_quantile: float = 0.5
   initial_clip_norm: float = 0.1

@@ -40,7 +40,6 @@ can amplify that (benchmarks/results/distributed.md).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import atexit
 import contextlib
@@ -415,20 +414,32 @@ def local_workers(count: int, **kwargs) -> Iterator[List[Tuple[str, subprocess.P
     stop_local_workers(workers)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-  """``python -m training.distributed {serve,check,binary}``: start or probe TFF workers."""
-  parser = argparse.ArgumentParser(
+def build_parser():
+  """The parser of ``python -m training.distributed``."""
+  from tff_mf import clitools  # pylint: disable=g-import-not-at-top
+  parser = clitools.ArgumentParser(
       prog="python -m training.distributed",
-      description="Start or check TFF C++ executor services (worker_binary) for --workers.")
-  sub = parser.add_subparsers(dest="command", required=True)
+      description="Start or check TFF C++ executor services (worker_binary) for --workers. "
+                  "Exit status 0, 1 when a worker is not ready, 2 on a usage error.")
+  sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
   serve = sub.add_parser("serve", help="run worker_binary in the foreground (exec) on --port")
-  serve.add_argument("--port", type=int, required=True)
+  serve.add_argument("--port", type=int, required=True,
+                     help="TCP port the worker listens on, 1..65535")
   serve.add_argument("--max_concurrent_computation_calls", type=int, default=-1,
                      help="limit of parallel client computations on this worker (-1: no limit)")
   check = sub.add_parser("check", help="check that every worker in --workers accepts connections")
-  check.add_argument("--workers", required=True, help="host:port,host:port,...")
-  check.add_argument("--timeout", type=float, default=10.0)
+  check.add_argument("--workers", required=True,
+                     help="TFF worker addresses host:port,host:port,... (as the training "
+                          "binary's --workers)")
+  check.add_argument("--timeout", type=float, default=10.0,
+                     help="seconds to wait for each worker to accept a connection")
   sub.add_parser("binary", help="print the path of worker_binary")
+  return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+  """``python -m training.distributed {serve,check,binary}``: start or probe TFF workers."""
+  parser = build_parser()
   args = parser.parse_args(argv)
   if args.command == "binary":
     print(worker_binary_path())

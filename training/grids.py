@@ -263,9 +263,11 @@ def get_grid(name: str) -> Grid:
 
 
 def epsilon_for(noise_multiplier: Optional[float], delta: float = DELTA,
-                accountant: str = "pld") -> Optional[float]:
-  """ε of one Gaussian mechanism with sensitivity 1 (Denisov Thm 4.1); None when non-private."""
+                accountant: Optional[str] = None) -> Optional[float]:
+  """ε of one Gaussian mechanism with sensitivity 1 (Denisov Thm 4.1); None when non-private.
+  ``accountant``: one of ``tff_mf.accounting.ACCOUNTANTS`` (None: its default)."""
   if noise_multiplier is None:
     return None
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  return float(accounting.epsilon(noise_multiplier, delta, accountant=accountant))
+  return float(accounting.epsilon(noise_multiplier, delta,
+                                  accountant=accountant or accounting.DEFAULT_ACCOUNTANT))

@@ -28,6 +28,7 @@ import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from tff_mf import checks
+from tff_mf import interrupt
 from tff_mf import jsonio
 from tff_mf import registry
 from training import checkpoints
@@ -225,17 +226,8 @@ def _bind_identity(run: _Run, setup) -> None:
 
 
 def _client_loader(task: task_lib.Task):
-  def load_client(client_id):
-    """The client's preprocessed dataset, or None when it has no examples (skipped).
-
-    Checked on the raw examples (cheaper): preprocessing turns any non-empty
-    client into at least one batch (every sentence yields at least [BOS]).
-    """
-    raw = task.train.create_tf_dataset_for_client(client_id)
-    if next(iter(raw.take(1)), None) is None:
-      return None
-    return task.preprocess_fn(raw)
-  return load_client
+  """The client's preprocessed dataset, or None when it has no examples (skipped)."""
+  return task.client_datasets.load
 
 
 def _initial_state(run: _Run, process, task: task_lib.Task):
@@ -335,9 +327,12 @@ class _Trainer:
         if diverged:
           bar.write(f"round {round_num}: model weights are no longer finite; stopping (diverged)")
           break
-        if round_num % config.rounds_per_checkpoint == 0 or round_num == config.total_rounds:
+        # A first Ctrl-C (tff_mf.interrupt) stops here, with this round checkpointed.
+        if (round_num % config.rounds_per_checkpoint == 0 or round_num == config.total_rounds
+            or interrupt.requested()):
           run.progress.wall_seconds = run.wall_seconds()
           run.checkpointer.save(state, run.progress, self.sampling_state())
+        interrupt.check(interrupted_message(round_num))
     finally:
       bar.close()
     return state, diverged
@@ -464,18 +459,32 @@ def _build_trainer(run: _Run, task: task_lib.Task, setup) -> Tuple[_Trainer, obj
   return trainer, state
 
 
+def interrupted_message(round_num: int) -> str:
+  """The line a run stopped by Ctrl-C prints (``tff_mf.interrupt``)."""
+  return f"interrupted at round {round_num}; run the same command to resume"
+
+
 def _train(run: _Run, task: Optional[task_lib.Task]) -> Dict[str, object]:
-  """Builds the task, mechanism and process; runs the rounds; writes the outputs."""
+  """Builds the task, mechanism and process; runs the rounds; writes the outputs.
+
+  A Ctrl-C during start-up stops at the next step (nothing of the rounds is lost: the run
+  restarts from its checkpoint, or from round 0 with its recorded seeds).
+  """
   config = run.config
+  where = interrupted_message(run.progress.round)
+  interrupt.check(where)
   if task is None:
     task = task_lib.build_task(config)
+    interrupt.check(where)
   sampling.build_sampler(config, task.train_client_ids, run.progress.sampling_secret)
   setup, noise_multiplier, record = mechanisms.resolve_privacy(config, run.progress.seed_or_none)
+  interrupt.check(where)
   _bind_identity(run, setup)
   trainer, state = _build_trainer(run, task, setup)
   if record is not None:
     trainer.epsilons = privacy.epsilon_per_round(
         config, privacy.encoder(config, setup.factorization), noise_multiplier, record)
+  interrupt.check(where)
   try:
     trainer.writer.hparams(config.public_dict(), config.experiment_name)
     state, diverged = trainer.rounds(state)

@@ -32,6 +32,8 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
+from tff_mf import interrupt
+
 # The baseline first: TFF's tree aggregator (what users train with today), then MF.
 MAIN_JOB_MECHANISMS = ("tree", "opt_momentum")
 # Pinned for reproducibility: replicate r uses client order / model init seed r and noise
@@ -83,6 +85,9 @@ READING_NOTES = (
 DEMO_N = 512
 DEMO_MOMENTUM = 0.95
 DEMO_STRATEGIES = ("identity", "honaker_online", "honaker_full", "optimal", "structured")
+# What a Ctrl-C during the √L table leaves (each factorization is cached atomically).
+FACTORIZATION_INTERRUPTED = ("interrupted; the factorizations done so far are cached, nothing "
+                             "else was written; run the same command to go on")
 # The strategies for clients who take part more than once, optimized for the main job's
 # schema (2 fixed epochs): the multi-epoch optimum (Choquette-Choo et al. 2023,
 # arXiv:2211.06530), banded (arXiv:2306.08153), banded Toeplitz (arXiv:2405.15913), BLT
@@ -98,7 +103,8 @@ MULTI_STRATEGIES = ("optimal", "banded", "banded_toeplitz", "blt", "bsr", "bisr"
 
 def _strategy_labels(n: int) -> Dict[str, str]:
   from tff_mf import registry  # pylint: disable=g-import-not-at-top
-  bands, rank = registry.default_structure(n)
+  structure = registry.default_parameters("structured", n)
+  bands, rank = structure["bands"], structure["rank"]
   labels = {s: registry.strategy(s).label for s in DEMO_STRATEGIES}
   labels["structured"] += f" (h={bands}, r={rank})"
   return labels
@@ -116,7 +122,8 @@ def _factorize_columns(n: int, cache_dir: Optional[str]):
   from tff_mf import cache, registry, strategies  # pylint: disable=g-import-not-at-top
   from tff_mf import factorization as fz  # pylint: disable=g-import-not-at-top
   from tff_mf.commands import factorize as factorize_cmd  # pylint: disable=g-import-not-at-top
-  bands, rank = registry.default_structure(n)
+  structure = registry.default_parameters("structured", n)
+  bands, rank = structure["bands"], structure["rank"]
   columns = _workloads(n)
   values: Dict[str, Dict[str, object]] = {column: {} for column in columns}
   records, lower_bounds = [], {}
@@ -127,6 +134,7 @@ def _factorize_columns(n: int, cache_dir: Optional[str]):
                                           bands=bands if structured else 0,
                                           rank=rank if structured else 0)
       f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=True)
+      interrupt.check(FACTORIZATION_INTERRUPTED)
       values[column][strategy] = f
       records.append(dict(factorize_cmd.result_record(f, entry), column=column))
     lower_bounds[column] = float(fz.lower_bound_nuclear(workload.build()) ** 0.5)
@@ -335,25 +343,25 @@ def run_main_job(output_dir: str, cache_dir: Optional[str] = None, *,
   print(f"plot: {os.path.join(output_dir, 'training.png')}  "
         f"({time.perf_counter() - start:.0f} s)")
   diverged = any(s["diverged"] for by_seed in runs.values() for s in by_seed.values())
-  return 2 if diverged else 0
+  return 3 if diverged else 0  # 2 is a usage error
 
 
 # ----------------------------------------------------------------------------- entry point
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  from tff_mf import clitools  # pylint: disable=g-import-not-at-top
+  parser = clitools.ArgumentParser(
       prog="python -m training.main_job",
       description="The main job: the √L table and plots of every strategy for n rounds, then "
                   "DP training on the docstring dataset, TFF's tree vs MF at equal ε, once "
-                  "per pinned noise seed, compared on test loss.",
-      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                  "per pinned noise seed, compared on test loss. Exit status 0, 2 on a usage "
+                  "error, 1 on another error, 3 when a run diverged.")
   parser.add_argument("--output_dir", default=os.path.join("out", "demo"),
                       help="table and plots here, training results under <output_dir>/training")
-  parser.add_argument("--cache_dir", default=None,
-                      help="factorization cache (None: $TFF_MF_CACHE or ~/.cache/tff_mf)")
+  clitools.add_cache_dir_flag(parser)
   parser.add_argument("--data_dir", default=None,
-                      help="docstring-dataset cache (None: $TFF_MF_CACHE/datasets/pydocs)")
+                      help="docstring-dataset cache (default: $TFF_MF_CACHE/datasets/pydocs)")
   parser.add_argument("--n", type=int, default=DEMO_N, help="rounds n of the √L table")
   parser.add_argument("--skip_training", action="store_true",
                       help="only the factorization table and plots (no training run)")
@@ -365,16 +373,29 @@ def build_parser() -> argparse.ArgumentParser:
                       default=MAIN_JOB_DEFAULTS["target_epsilon"], help="ε of every run")
   parser.add_argument("--seeds", type=int, nargs="+", default=list(NOISE_SEEDS),
                       help="replicates: seed r pins the noise, client order and model init")
-  parser.add_argument("--no_progress", action="store_true", help="no progress bars")
+  clitools.add_progress_flags(parser)
   return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+  """The job; a first Ctrl-C stops it at the next safe point (the current factorization
+  or training round, checkpointed), a second at once (``tff_mf.interrupt``): exit 130."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   args = build_parser().parse_args(argv)
+  interrupt.install(defer=True, prog="main_job",
+                    notice="Ctrl-C: stopping after the current factorization or training "
+                           "round, checkpointed (Ctrl-C again stops at once)")
+  try:
+    return _main(args)
+  except interrupt.Interrupted as e:
+    print(e, file=sys.stderr)
+    return interrupt.EXIT_CODE
+
+
+def _main(args: argparse.Namespace) -> int:
   if args.n < 2:
     print(f"error: --n must be at least 2, got {args.n}", file=sys.stderr)
-    return 1
+    return 2
   start = time.perf_counter()
   try:
     table = run_factorization_demo(args.output_dir, cache_dir=args.cache_dir, n=args.n)
@@ -389,7 +410,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   print(f"\nTraining on the docstring dataset: {', '.join(MAIN_JOB_MECHANISMS)} at equal ε, "
         f"seeds {' '.join(map(str, args.seeds))}", flush=True)
   return run_main_job(os.path.join(args.output_dir, "training"), cache_dir=args.cache_dir,
-                      data_dir=args.data_dir, seeds=args.seeds, progress=not args.no_progress,
+                      data_dir=args.data_dir, seeds=args.seeds, progress=args.progress,
                       total_rounds=args.total_rounds, clients_per_round=args.clients_per_round,
                       target_epsilon=args.target_epsilon)
 

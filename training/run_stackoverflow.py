@@ -16,8 +16,11 @@ command resumes from its latest checkpoint.
 
 Writes <root_output_dir>/<experiment_name>/{summary.json, metrics.csv, config.json,
 tensorboard/, checkpoints/, final_model.npz}, private to the user (0700/0600).
-Exit code 0 on success, 1 on a configuration, data or run-directory error (one line
-on stderr), 2 when training diverged.
+Flags may be spelled ``--flag_name`` or ``--flag-name`` (``tff_mf.clitools``). Exit code
+0 on success, 2 on a usage error (a bad flag, value or configuration: one line on stderr
+with the closest valid spelling), 1 on a data or run-directory error (one line), 3 when
+training diverged, 130 after Ctrl-C (the run stops at the end of the current round,
+checkpointed; a second Ctrl-C stops at once).
 """
 
 import os
@@ -30,18 +33,24 @@ from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-positio
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from tff_mf import clitools  # pylint: disable=wrong-import-position
+from tff_mf import interrupt  # pylint: disable=wrong-import-position
 from training import config as config_lib  # pylint: disable=wrong-import-position
 
+# Before TensorFlow's import: a first Ctrl-C stops at the next safe point (the end of the
+# current round, checkpointed), a second at once; never a traceback, never swallowed.
+interrupt.install(defer=True, prog="run_stackoverflow.py",
+                  notice="Ctrl-C: stopping at the next safe point, the end of the current "
+                         "round, checkpointed (Ctrl-C again stops at once)")
+
 _DEFAULTS = config_lib.TrainingConfig()
+DIVERGED = 3  # exit status of a run whose model diverged (2 is a usage error)
 _NONE = "(default: none: "
 
-flags.DEFINE_enum(
-    "mechanism", _DEFAULTS.mechanism, config_lib.trainable_mechanisms(),
-    "DP mechanism, by its tff_mf.registry name or alias: tree (TFF's tree_aggregation), "
-    "honaker_online (the tree as a matrix mechanism, DP-FTRL), honaker_full, opt_prefix_sum, "
-    "opt_momentum (momentum and lr schedule inside the matrix), structured (banded + low "
-    "rank), banded, banded_toeplitz, blt (buffered linear Toeplitz), gaussian (TFF's "
-    "gaussian_fixed: independent noise each round), none (no DP).")
+flags.DEFINE_string(
+    "mechanism", _DEFAULTS.mechanism,
+    "DP mechanism, by its tff_mf.registry name or alias (README.md describes each; tree is "
+    f"TFF's tree_aggregation, none trains without DP): {clitools.mechanism_help(trainable=True)}.")
 flags.DEFINE_enum("dataset", _DEFAULTS.dataset, config_lib.DATASETS,
                   "stackoverflow (TFF's files in --data_dir), pydocs (docstrings of the installed "
                   "packages, no download), synthetic (a tiny generated corpus).")
@@ -90,9 +99,10 @@ flags.DEFINE_float("target_epsilon", None,
                    f"Calibrate z to this ε {_NONE}give it or --noise_multiplier).")
 flags.DEFINE_float("delta", _DEFAULTS.delta, "δ of the (ε, δ) guarantee.")
 flags.DEFINE_enum("accountant", _DEFAULTS.accountant, config_lib.ACCOUNTANTS,
-                  "Accountant of the unamplified Gaussian ε (tff_mf.accounting): exact (Balle & "
-                  "Wang's analytic Gaussian), pld, rdp. Amplified analyses use PLD (amplified "
-                  "banded) or MMCC; every reported ε is an upper bound.")
+                  "Accountant of the unamplified Gaussian ε (tff_mf.accounting): "
+                  f"{clitools.ACCOUNTANT_HELP}. It is what summary.json records as epsilon "
+                  "for an unamplified run; amplified analyses use PLD (amplified banded) or "
+                  "MMCC and summary.json names it (analysis); every reported ε is an upper bound.")
 flags.DEFINE_string("clip_norm", str(_DEFAULTS.clip_norm),
                     "Per-client L2 clip norm ζ, or 'adaptive': ζ follows a private estimate of "
                     "--target_quantile of the update norms (Andrew et al. 2021, "
@@ -146,7 +156,8 @@ flags.DEFINE_integer("max_validation_elements", _DEFAULTS.max_validation_element
 flags.DEFINE_integer("max_test_elements", None,
                      f"Cap on the test sentences {_NONE}the whole test split).")
 flags.DEFINE_bool("progress", _DEFAULTS.progress,
-                  "One progress bar per run on stderr (rounds, loss, ETA).")
+                  "One progress bar per run on stderr (rounds, loss, ETA); --no_progress turns "
+                  "it off.")
 flags.DEFINE_bool("report_train_metrics", _DEFAULTS.report_train_metrics,
                   "Also write the clients' training loss and accuracy (nonprivate_train_* in "
                   "metrics.csv, TensorBoard and summary.json). Off by default: they are computed "
@@ -179,9 +190,13 @@ def parse_flags_then_import_tensorflow(argv):
   fully imported. (Tests used to miss this because their subprocesses inherited
   ``TF2_BEHAVIOR=1``, which TensorFlow sets in ``os.environ`` of the process that
   imports it, and which makes the early context eager too.) Parsing first keeps
-  ``--help`` and flag errors fast.
+  ``--help`` and flag errors fast. Flags are parsed with the vocabulary of every tool
+  (``tff_mf.clitools``: both spellings, one-line errors with the closest spelling, exit
+  status 2; ``--help`` exits 0).
   """
-  remaining = app.parse_flags_with_usage(argv)
+  remaining = clitools.parse_absl_flags(argv)
+  if len(remaining) > 1:
+    clitools.usage_error(os.path.basename(argv[0]), f"unexpected arguments: {remaining[1:]}")
   import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
   return remaining
 
@@ -210,15 +225,24 @@ def _one_line(error: BaseException) -> str:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  del argv  # parse_flags_then_import_tensorflow refused positional arguments
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # absl's INFO lines only with --verbosity
+  try:
+    config = config_from_flags()
+    config.validate()
+  except config_lib.TrainingError as e:  # a usage error: one line, exit status 2
+    print(f"error: {_one_line(e)}", file=sys.stderr)
+    return clitools.USAGE_ERROR
   from stackoverflow import word_counts  # pylint: disable=g-import-not-at-top
   from training import distributed  # pylint: disable=g-import-not-at-top
   from training import loop  # pylint: disable=g-import-not-at-top
   try:
-    summary = loop.run_training(config_from_flags())
+    interrupt.check("interrupted; nothing was written")
+    summary = loop.run_training(config)
+  except interrupt.Interrupted as e:
+    print(e, file=sys.stderr)  # the rounds run are checkpointed: the same command resumes
+    return interrupt.EXIT_CODE
   except word_counts.DatasetUnavailableError as e:
     print(f"error: {e}", file=sys.stderr)  # several lines by design: what to fetch, and where
     return 1
@@ -228,7 +252,7 @@ def main(argv):
     # same command resumes from the last checkpoint.
     print(f"error: {_one_line(e)}", file=sys.stderr)
     return 1
-  return 2 if summary["diverged"] else 0
+  return DIVERGED if summary["diverged"] else 0
 
 
 if __name__ == "__main__":

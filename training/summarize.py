@@ -2,7 +2,7 @@
 
 Usage::
 
-  python -m training.summarize --root_output_dir D [--output_dir O] [--accountant pld]
+  python -m training.summarize --root_output_dir D [--output_dir O] [--accountant exact]
 
 Reads every ``D/*/summary.json`` (the training binary's schema) and follows
 Denisov et al. 2022 (arXiv:2202.08312), App I "Test accuracy details":
@@ -39,7 +39,6 @@ tree results as horizontal lines when present).
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import math
@@ -145,7 +144,7 @@ def _recorded_epsilon(summaries) -> Optional[float]:
   return None if not values or any(v is None for v in values) else max(values)
 
 
-def summarize(summaries: Sequence[dict], accountant: str = "pld",
+def summarize(summaries: Sequence[dict], accountant: Optional[str] = None,
               min_val_accuracy: Optional[float] = None,
               min_converged: int = MIN_CONVERGED_FIG2,
               selection_min_seeds: int = 1) -> List[dict]:
@@ -156,7 +155,9 @@ def summarize(summaries: Sequence[dict], accountant: str = "pld",
   repeats in one directory, ``selection_min_seeds=7`` reports the repeated
   settings, as App I does.
   """
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   from training import grids  # pylint: disable=g-import-not-at-top
+  accountant = accountant or accounting.DEFAULT_ACCOUNTANT
   cells: Dict[tuple, List[Tuple[dict, str]]] = {}
   for s in summaries:
     cells.setdefault(cell_key(s), []).append((s, classify(s, min_val_accuracy)))
@@ -239,7 +240,7 @@ def markdown_table(rows: Sequence[dict], min_converged: int = MIN_CONVERGED_FIG2
         f"| {r['seeds']} of {r['runs']} ({r['runs_diverged']} diverged, {r['runs_incomplete']} "
         f"incomplete) | {_pct(r['validation_mean'])} | {test} |")
   lines.append("")
-  lines.append(f"ε: {rows[0]['accountant'] if rows else 'pld'} accountant, one Gaussian mechanism "
+  lines.append(f"ε: {rows[0]['accountant'] if rows else 'the default'} accountant, one Gaussian mechanism "
                "with sensitivity 1 (Denisov Thm 4.1). Std: sample standard deviation over the "
                "converged seeds of the selected setting. † fewer than "
                f"{min_converged} converged seeds (App I asks for at least 7 of 10 in Fig 2).")
@@ -352,24 +353,38 @@ def plot_fig3(rows: Sequence[dict], path: str, noise_multiplier: Optional[float]
   return True
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-  parser = argparse.ArgumentParser(
+def build_parser():
+  """The parser of ``python -m training.summarize``."""
+  from tff_mf import clitools  # pylint: disable=g-import-not-at-top
+  parser = clitools.ArgumentParser(
       prog="python -m training.summarize",
       description="Select hyperparameters by validation accuracy and report test accuracy "
-                  "(mean ± std over seeds) per mechanism and ε, with Fig 2/3 style plots.")
-  parser.add_argument("--root_output_dir", "--root-output-dir", dest="root_output_dir",
-                      required=True)
-  parser.add_argument("--output_dir", "--output-dir", dest="output_dir", default=None,
-                      help="default: <root_output_dir>/summary")
-  parser.add_argument("--accountant", choices=("pld", "rdp"), default="pld")
+                  "(mean ± std over seeds) per mechanism and ε, with Fig 2/3 style plots. "
+                  "Exit status 0, 2 on a usage error or when no run is found.")
+  parser.add_argument("--root_output_dir", required=True,
+                      help="the sweep's root: every <root_output_dir>/*/summary.json is read")
+  parser.add_argument("--output_dir", default=None,
+                      help="where summary.md, summary.json and the plots go (default: "
+                           "<root_output_dir>/summary)")
+  clitools.add_accountant_flag(parser, "the table's ε for single-participation runs (one "
+                                       "Gaussian mechanism, sensitivity 1, Denisov et al. 2022 "
+                                       "Thm 4.1; other schemas show the ε each run recorded)")
   parser.add_argument("--min_val_accuracy", type=float, default=None,
-                      help="treat runs with validation accuracy (no OOV/EOS) below this as diverged")
+                      help="treat runs with validation accuracy (no OOV/EOS) below this as "
+                           "diverged (default: none, off)")
   parser.add_argument("--min_converged", type=int, default=MIN_CONVERGED_FIG2,
                       help="mark cells whose selected setting has fewer converged seeds")
   parser.add_argument("--selection_min_seeds", type=int, default=1,
                       help="only settings with this many converged seeds compete in the "
                            "selection (all if none has); 7 reports the 10-seed repeats")
-  parser.add_argument("--fig3_noise_multiplier", type=float, default=None)
+  parser.add_argument("--fig3_noise_multiplier", type=float, default=None,
+                      help="the noise multiplier of the Fig 3 style plot (default: none, the "
+                           "largest one with schedules)")
+  return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+  parser = build_parser()
   args = parser.parse_args(argv)
   try:
     summaries = load_summaries(args.root_output_dir)
@@ -378,7 +393,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows = summarize(summaries, args.accountant, args.min_val_accuracy, args.min_converged,
                      args.selection_min_seeds)
   except ValueError as e:
-    print(f"summarize: error: {e}", file=sys.stderr)
+    print(f"{parser.prog}: error: {' '.join(str(e).split())}", file=sys.stderr)
     return 2
   output_dir = args.output_dir or os.path.join(args.root_output_dir, "summary")
   os.makedirs(output_dir, exist_ok=True)

@@ -2,8 +2,8 @@
 
 Usage::
 
-  python -m training.sweep --grid table3_search --dry-run            # table with ε (RDP, PLD)
-  python -m training.sweep --grid table3_search --dry-run --json     # the same as JSON
+  python -m training.sweep --grid table3_search --dry_run            # table with ε
+  python -m training.sweep --grid table3_search --dry_run --json     # the same as JSON
   python -m training.sweep --grid table4_repeats --root_output_dir D --processes 2
   python -m training.sweep --grid table3_search --slice 0:120 --root_output_dir D \\
       --extra_flags="--workers=w1:8000,w2:8000"
@@ -20,7 +20,10 @@ the requested ones is a conflict: it is reported and not overwritten.
 Each run's outcome (status, exit code, wall time, summary path, ε, test
 accuracy) is appended to ``D/sweep_<grid>.jsonl``; the run's output goes to
 ``D/<name>/sweep.log``. Run directories are created private (0700), as the
-training binary requires (``training.rundir``).
+training binary requires (``training.rundir``). Ctrl-C (``tff_mf.interrupt``) is forwarded
+to the runs in flight, which checkpoint their current round and exit 130; no new run
+starts, and the sweep exits 130 with one line (rerunning resumes); a second Ctrl-C is
+forwarded too and the sweep exits at once.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from tff_mf import interrupt
 from training import grids
 from training import rundir
 
@@ -76,7 +80,8 @@ def parse_extra_flags(items: Optional[Sequence[str]]) -> List[str]:
         raise ValueError(f"--extra_flags entries must look like --name=value, got {token!r}")
       if token.split("=", 1)[0][2:] in ("experiment_name", "root_output_dir"):
         raise ValueError(f"{token.split('=', 1)[0]} is set by the sweep; do not pass it in --extra_flags")
-      out.append(token)
+      name, value = token[2:].split("=", 1)
+      out.append(f"--{name.replace('-', '_')}={value}")  # one spelling, as the binary reads it
   return out
 
 
@@ -154,8 +159,10 @@ def run_status(run: grids.RunConfig, root_output_dir: Optional[str],
 
 
 def dry_run_rows(grid: grids.Grid, start: int, stop: int, root_output_dir: Optional[str],
-                 extra_flags: Sequence[str] = ()) -> List[dict]:
-  """One dict per configuration of the slice, with ε from tff_mf.accounting (RDP and PLD)."""
+                 extra_flags: Sequence[str] = (), accountant: Optional[str] = None) -> List[dict]:
+  """One dict per configuration of the slice, with ε from tff_mf.accounting (``accountant``:
+  the library's default when None)."""
+  accountant = accountant or _default_accountant()
   eps_cache: Dict[Tuple[Optional[float], float, str], Optional[float]] = {}
 
   def eps(z, delta, accountant):
@@ -171,8 +178,7 @@ def dry_run_rows(grid: grids.Grid, start: int, stop: int, root_output_dir: Optio
     rows.append({
         "index": index, "name": run.name, "mechanism": run.mechanism,
         "noise_multiplier": run.noise_multiplier, "delta": run.delta,
-        "epsilon_rdp": eps(run.noise_multiplier, run.delta, "rdp"),
-        "epsilon_pld": eps(run.noise_multiplier, run.delta, "pld"),
+        "epsilon": eps(run.noise_multiplier, run.delta, accountant), "accountant": accountant,
         "paper_epsilon": run.paper_epsilon,
         "client_lr": run.client_lr, "server_lr": run.server_lr,
         "server_momentum": run.server_momentum, "lr_schedule": run.lr_schedule,
@@ -191,10 +197,10 @@ def _fmt(value, spec=".2f") -> str:
 
 def format_table(rows: Sequence[dict]) -> str:
   """A plain-text table of dry-run rows."""
-  header = ("#", "mechanism", "z", "eps_rdp", "eps_pld", "paper_eps", "server_lr", "client_lr",
-            "momentum", "schedule", "clients", "seed", "status")
+  header = ("#", "mechanism", "z", f"eps_{rows[0]['accountant'] if rows else ''}", "paper_eps",
+            "server_lr", "client_lr", "momentum", "schedule", "clients", "seed", "status")
   body = [(str(r["index"]), r["mechanism"], _fmt(r["noise_multiplier"], "g"),
-           _fmt(r["epsilon_rdp"]), _fmt(r["epsilon_pld"]), _fmt(r["paper_epsilon"], "g"),
+           _fmt(r["epsilon"]), _fmt(r["paper_epsilon"], "g"),
            _fmt(r["server_lr"], "g"), _fmt(r["client_lr"], "g"), _fmt(r["server_momentum"], "g"),
            r["lr_schedule"] + (f"/{r['schedule_rounds']}" if r["schedule_rounds"] else ""),
            str(r["clients_per_round"]), str(r["seed"]), r["status"]) for r in rows]
@@ -205,14 +211,20 @@ def format_table(rows: Sequence[dict]) -> str:
   return "\n".join(lines)
 
 
-def epsilon_table(grid: grids.Grid) -> List[dict]:
-  """ε per distinct noise multiplier of the grid (RDP and PLD), with the paper's label."""
+def _default_accountant() -> str:
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  return accounting.DEFAULT_ACCOUNTANT
+
+
+def epsilon_table(grid: grids.Grid, accountant: Optional[str] = None) -> List[dict]:
+  """ε per distinct noise multiplier of the grid (``accountant``: the library's default when
+  None), with the paper's ε (Denisov et al. 2022 accounted with RDP)."""
+  accountant = accountant or _default_accountant()
   out = []
   for z in sorted({r.noise_multiplier for r in grid.runs if r.noise_multiplier is not None}):
     delta = grid.runs[0].delta
-    out.append({"noise_multiplier": z, "delta": delta,
-                "epsilon_rdp": grids.epsilon_for(z, delta, "rdp"),
-                "epsilon_pld": grids.epsilon_for(z, delta, "pld"),
+    out.append({"noise_multiplier": z, "delta": delta, "accountant": accountant,
+                "epsilon": grids.epsilon_for(z, delta, accountant),
                 "paper_epsilon": grids.PAPER_EPSILON.get(z)})
   return out
 
@@ -224,10 +236,23 @@ class _Children:
     self._lock = threading.Lock()
     self._procs: Dict[int, subprocess.Popen] = {}
     self.stopping = False
+    self.interrupted = False
 
   def add(self, proc):
     with self._lock:
       self._procs[proc.pid] = proc
+      interrupted = self.interrupted
+    if interrupted:  # started as a Ctrl-C came: it stops at its first safe point
+      _signal_group(proc, signal.SIGINT)
+
+  def interrupt_all(self):
+    """Ctrl-C: each run stops at the end of its current round, checkpointed (a second
+    Ctrl-C, forwarded the same way, stops them at once); no new run starts."""
+    with self._lock:
+      self.stopping = self.interrupted = True
+      procs = list(self._procs.values())
+    for proc in procs:
+      _signal_group(proc, signal.SIGINT)
 
   def remove(self, proc):
     with self._lock:
@@ -251,6 +276,14 @@ class _Children:
           os.killpg(proc.pid, signal.SIGKILL)
         except OSError:
           pass
+
+
+def _signal_group(proc: subprocess.Popen, signum: int) -> None:
+  if proc.poll() is None:
+    try:
+      os.killpg(proc.pid, signum)
+    except OSError:
+      pass
 
 
 def _run_one(run: grids.RunConfig, binary: List[str], root_output_dir: str,
@@ -285,7 +318,9 @@ def _run_one(run: grids.RunConfig, binary: List[str], root_output_dir: str,
   except ValueError as e:
     summary = None
     record["error"] = str(e)
-  if summary is not None and (summary.get("finished") or summary.get("diverged")):
+  if returncode == interrupt.EXIT_CODE and children.interrupted:
+    record["status"] = "interrupted"  # checkpointed: the same command resumes it
+  elif summary is not None and (summary.get("finished") or summary.get("diverged")):
     record["status"] = "diverged" if summary.get("diverged") else "finished"
     record["epsilon"] = summary.get("epsilon")
     record["test_accuracy_no_oov_no_eos"] = (summary.get("test_metrics") or {}).get(
@@ -319,6 +354,10 @@ def run_grid(grid: grids.Grid, start: int, stop: int, root_output_dir: str, proc
       todo.append(run)
   children = _Children()
   previous_handlers = {}
+  # Ctrl-C (tff_mf.interrupt, installed by main): forwarded to the runs, which checkpoint
+  # the current round and exit 130; a second one is forwarded too, and the sweep exits.
+  interrupt.on_request(children.interrupt_all)
+  interrupt.on_force_exit(children.interrupt_all)
 
   def _on_signal(signum, frame):
     del frame
@@ -326,7 +365,7 @@ def run_grid(grid: grids.Grid, start: int, stop: int, root_output_dir: str, proc
     raise SystemExit(128 + signum)
 
   if threading.current_thread() is threading.main_thread():
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in (signal.SIGTERM,) + (() if interrupt.installed() else (signal.SIGINT,)):
       previous_handlers[signum] = signal.signal(signum, _on_signal)
   lock = threading.Lock()
   try:
@@ -355,57 +394,77 @@ def run_grid(grid: grids.Grid, start: int, stop: int, root_output_dir: str, proc
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  from tff_mf import clitools  # pylint: disable=g-import-not-at-top
+  parser = clitools.ArgumentParser(
       prog="python -m training.sweep",
-      description="List (--dry-run) or run a named grid of training/grids.py.")
+      description="List (--dry_run) or run a named grid of training/grids.py. Exit status 0, "
+                  "2 on a usage error, 1 when a run failed or conflicts.")
   parser.add_argument("--grid", required=True, help=f"one of: {', '.join(grids.GRIDS)}")
-  parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
+  parser.add_argument("--dry_run", action="store_true",
                       help="list the configurations with their epsilon; run nothing")
-  parser.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
-  parser.add_argument("--slice", default=None, help="i:j, the configurations to list or run")
+  parser.add_argument("--json", action="store_true", help="with --dry_run: print JSON")
+  parser.add_argument("--slice", default=None, metavar="I:J",
+                      help="the configurations i..j-1 to list or run, Python slice syntax "
+                           "(default: all)")
   parser.add_argument("--processes", type=int, default=1,
-                      help="training processes at a time on this machine")
-  parser.add_argument("--root_output_dir", "--root-output-dir", dest="root_output_dir",
-                      default=None, help="where each run writes <name>/summary.json")
-  parser.add_argument("--extra_flags", "--extra-flags", dest="extra_flags", action="append",
-                      default=[], help='more run_stackoverflow.py flags, e.g. "--workers=h:8000"')
+                      help="training processes run at a time on this machine (each may use "
+                           "TFF workers given by --extra_flags=--workers=...)")
+  parser.add_argument("--root_output_dir", default=None,
+                      help="where each run writes <name>/summary.json (default: none; needed "
+                           "to run, and to show the status of each run with --dry_run)")
+  parser.add_argument("--extra_flags", action="append", default=[],
+                      help='more run_stackoverflow.py flags, e.g. "--workers=h:8000" '
+                           "(repeatable; default: none)")
   parser.add_argument("--binary", default=DEFAULT_BINARY,
                       help="training command the flags are appended to (default: %(default)s)")
-  parser.add_argument("--no_progress", action="store_true", help="no tqdm bar")
+  clitools.add_accountant_flag(parser, "the dry run's epsilon (one Gaussian mechanism, "
+                                       "sensitivity 1, Denisov et al. 2022 Thm 4.1)")
+  clitools.add_progress_flags(parser, what="a progress bar on stderr")
   return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+  from tff_mf import clitools  # pylint: disable=g-import-not-at-top
   args = build_parser().parse_args(argv)
+  interrupt.install(defer=True, prog="sweep",
+                    notice="sweep: Ctrl-C: each run stops at the end of its current round, "
+                           "checkpointed (Ctrl-C again stops at once)")
   try:
+    if args.grid not in grids.GRIDS:
+      raise ValueError(f"unknown grid {args.grid!r}{clitools.did_you_mean(args.grid, grids.GRIDS)}"
+                       f"; known grids: {', '.join(grids.GRIDS)}")
     grid = grids.get_grid(args.grid)
     start, stop = parse_slice(args.slice, len(grid.runs))
     extra_flags = parse_extra_flags(args.extra_flags)
     if args.dry_run:
-      rows = dry_run_rows(grid, start, stop, args.root_output_dir, extra_flags)
+      rows = dry_run_rows(grid, start, stop, args.root_output_dir, extra_flags, args.accountant)
       if args.json:
         json.dump({"grid": grid.name, "description": grid.description, "source": grid.source,
                    "slice": [start, stop], "size": len(grid.runs),
-                   "epsilons": epsilon_table(grid), "runs": rows}, sys.stdout, indent=1)
+                   "accountant": args.accountant, "epsilons": epsilon_table(grid, args.accountant),
+                   "runs": rows}, sys.stdout, indent=1)
         print()
       else:
         print(f"grid {grid.name}: {grid.description}\nsource: {grid.source}\n"
               f"configurations {start}:{stop} of {len(grid.runs)}\n")
-        print("epsilon per noise multiplier (delta = "
+        print(f"epsilon per noise multiplier ({args.accountant} accountant, delta = "
               f"{grid.runs[0].delta:g}; one Gaussian mechanism, sensitivity 1, Denisov Thm 4.1):")
-        for e in epsilon_table(grid):
-          print(f"  z = {e['noise_multiplier']:<6g} RDP eps = {e['epsilon_rdp']:6.2f}   "
-                f"PLD eps = {e['epsilon_pld']:6.2f}   paper: {_fmt(e['paper_epsilon'], 'g')}")
+        for e in epsilon_table(grid, args.accountant):
+          print(f"  z = {e['noise_multiplier']:<6g} eps = {e['epsilon']:6.2f}   "
+                f"paper (RDP): {_fmt(e['paper_epsilon'], 'g')}")
         print()
         print(format_table(rows))
       return 0
     if not args.root_output_dir:
       raise ValueError("running a grid needs --root_output_dir")
     records = run_grid(grid, start, stop, args.root_output_dir, args.processes, extra_flags,
-                       shlex.split(args.binary), progress=not args.no_progress)
+                       shlex.split(args.binary), progress=args.progress)
   except ValueError as e:
-    print(f"sweep: error: {e}", file=sys.stderr)
+    print(f"python -m training.sweep: error: {clitools.one_line(e)}", file=sys.stderr)
     return 2
+  if interrupt.requested():
+    print("sweep: interrupted; run the same command to resume", file=sys.stderr)
+    return interrupt.EXIT_CODE
   counts: Dict[str, int] = {}
   for record in records:
     counts[record["status"]] = counts.get(record["status"], 0) + 1

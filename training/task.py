@@ -6,12 +6,61 @@ Next-word prediction on StackOverflow-style text with the LSTM of Denisov et al.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 from training.config import TrainingConfig
 
 METRIC_KEYS = ("loss", "accuracy", "accuracy_no_oov", "accuracy_no_oov_no_eos")
+# Bytes of clients' token ids kept between rounds (a client of 256 sentences of
+# L = 20 holds 43 kB): repeated participations reuse them.
+CLIENT_CACHE_BYTES = 256 << 20
+
+
+class ClientDatasets:
+  """A train client's preprocessed batches, materialized once per client.
+
+  ``load(client_id)`` is the dataset ``preprocess_fn`` makes of the client's raw
+  examples (same sentences, order, ids and batches), or None for a client
+  without examples; it is built in memory from the client's token ids: its
+  sentences (``read_sentences(client_id)``, already cut to the
+  ``max_elements_per_client`` first) through
+  ``stackoverflow.preprocessing.build_client_ids_fn``, read and preprocessed once
+  and kept (least recently used first out, at most ``cache_bytes``).
+  """
+
+  def __init__(self, read_sentences: Callable, client_ids_fn: Callable, batch_size: int,
+               cache_bytes: int = CLIENT_CACHE_BYTES):
+    self._read_sentences = read_sentences
+    self._client_ids_fn = client_ids_fn
+    self._batch_size = batch_size
+    self._cache_bytes = cache_bytes
+    self._cached_bytes = 0
+    self._cache: "collections.OrderedDict[str, object]" = collections.OrderedDict()
+
+  def token_ids(self, client_id: str):
+    """The client's ids [n, L+1] (numpy int64; n = 0 for a client without examples)."""
+    ids = self._cache.get(client_id)
+    if ids is not None:
+      self._cache.move_to_end(client_id)
+      return ids
+    ids = self._client_ids_fn(self._read_sentences(client_id))
+    ids.setflags(write=False)
+    self._cache[client_id] = ids
+    self._cached_bytes += ids.nbytes
+    while self._cached_bytes > self._cache_bytes and len(self._cache) > 1:
+      _, dropped = self._cache.popitem(last=False)
+      self._cached_bytes -= dropped.nbytes
+    return ids
+
+  def load(self, client_id: str) -> Optional[object]:
+    """The client's (x, y) batches as a tf.data.Dataset, None when it has no examples."""
+    from stackoverflow import preprocessing  # pylint: disable=g-import-not-at-top
+    ids = self.token_ids(client_id)
+    if not len(ids):
+      return None
+    return preprocessing.client_dataset(ids, self._batch_size)
 
 
 @dataclasses.dataclass
@@ -21,7 +70,8 @@ class Task:
   train_client_ids: List[str]
   validation: object  # tf.data.Dataset of (x, y) batches
   test: object
-  preprocess_fn: Callable
+  preprocess_fn: Callable  # raw client dataset -> (x, y) batches (lazy tf.data pipeline)
+  client_datasets: ClientDatasets  # the same batches, materialized per client
   vocab: List[str]
   model_fn: Callable
   keras_model_fn: Callable
@@ -56,6 +106,11 @@ def build_task(config: TrainingConfig) -> Task:
       vocab, sequence_length=config.sequence_length,
       max_elements_per_client=config.max_elements_per_client,
       batch_size=config.client_batch_size, num_oov_buckets=config.num_oov_buckets)
+  client_ids_fn = preprocessing.build_client_ids_fn(
+      vocab, sequence_length=config.sequence_length, num_oov_buckets=config.num_oov_buckets)
+
+  def read_sentences(client_id):
+    return federated.train_tokens(client_id, config.max_elements_per_client)
   central = preprocessing.build_preprocess_fn(
       vocab, sequence_length=config.sequence_length, max_elements_per_client=None,
       batch_size=256, num_oov_buckets=config.num_oov_buckets)
@@ -69,7 +124,10 @@ def build_task(config: TrainingConfig) -> Task:
 
   return Task(train=federated.train, train_client_ids=list(federated.train_client_ids),
               validation=central(federated.validation), test=central(federated.test),
-              preprocess_fn=preprocess_fn, vocab=vocab, model_fn=model_fn,
+              preprocess_fn=preprocess_fn,
+              client_datasets=ClientDatasets(read_sentences, client_ids_fn,
+                                             config.client_batch_size),
+              vocab=vocab, model_fn=model_fn,
               keras_model_fn=keras_model_fn, dataset=_dataset_record(federated))
 
 

@@ -4,18 +4,20 @@ Without a matrix, single participation (Denisov et al. 2022, arXiv:2202.08312,
 Thm 4.1): the run is one Gaussian mechanism with multiplier z (C normalized to
 sensitivity 1)::
 
-  tff-mf account --noise-multiplier 4.2 --delta 1e-6 [--accountant exact|pld|rdp] [--json]
-  tff-mf account --target-epsilon 1.0 --delta 1e-6 --json
+  tff-mf account --noise_multiplier 4.2 --delta 1e-6 [--accountant exact|pld|rdp] [--json]
+  tff-mf account --target_epsilon 1.0 --delta 1e-6 --json
 
-With a built-in mechanism (``--mechanism``) or a cached factorization (``--matrix``),
-under any schema, unamplified (one Gaussian at z / sensitivity) or amplified by
-Poisson sampling (MMCC, Choquette-Choo et al. 2024, arXiv:2310.15526; amplified banded,
-Choquette-Choo et al. 2023, arXiv:2306.08153)::
+With a mechanism (``--mechanism``, any registry name, alias or strategy name: its C is
+built, or factorized once into the cache and reused, exactly as training resolves it,
+``tff_mf.mechanisms.resolve``) or a cached factorization (``--matrix``), under any schema,
+unamplified (one Gaussian at z / sensitivity) or amplified by Poisson sampling (MMCC,
+Choquette-Choo et al. 2024, arXiv:2310.15526; amplified banded, Choquette-Choo et al.
+2023, arXiv:2306.08153)::
 
-  tff-mf account --mechanism binary_tree --n 1024 --amplification mmcc \\
-      --sampling-prob 0.001 --noise-multiplier 16 --delta 1e-6 --json
-  tff-mf account --matrix CACHE.npz --participation min_sep --min-sep 8 \\
-      --amplification banded --sampling-prob 0.5 --target-epsilon 2 --delta 1e-6
+  tff-mf account --mechanism blt --n 256 --min_sep 32 --amplification mmcc \\
+      --sampling_prob 0.25 --noise_multiplier 2 --delta 1e-6 --cache_dir D --json
+  tff-mf account --matrix CACHE.npz --participation min_sep --min_sep 8 \\
+      --amplification banded --sampling_prob 0.5 --target_epsilon 2 --delta 1e-6
 
 Imports nothing heavy at module level (numpy and dp_accounting only inside ``run``).
 """
@@ -23,30 +25,44 @@ Imports nothing heavy at module level (numpy and dp_accounting only inside ``run
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import textwrap
 
-# Deprecated --strategy spellings -> mechanism (None: the legacy banded Toeplitz matrix).
-LEGACY_STRATEGIES = {"identity": "gaussian", "binary_tree": "honaker_online",
-                     "tree_restart": "tree_restart", "banded_toeplitz": None}
-# Mechanisms whose C is built in (closed form); the others have an optimized C that
-# lives in the cache (pass it with --matrix).
-BUILTIN_ENCODERS = {"gaussian": "identity", "tree": "binary_tree",
-                    "honaker_online": "binary_tree", "honaker_full": "binary_tree",
-                    "tree_restart": "tree_restart"}
+from tff_mf import clitools
+from tff_mf.commands import factorize as factorize_cmd
+
+# MMCC's own matrices (Choquette-Choo et al. 2024, arXiv:2310.15526, Sec 6.3 and App E),
+# closed forms of tff_mf.mmcc that are no registry strategy, under names that say what they
+# are: binary trees restarted every 2^(h-1) rounds (also the registry's accounting-only
+# mechanism tree_restart) and the square root of the prefix-sum matrix truncated to b bands.
+MMCC_MATRICES = {
+    "tree_restart": "binary trees restarted every 2^(h-1) rounds (needs --height)",
+    "truncated_sqrt_prefix": "the square root of the prefix-sum matrix truncated to --bands "
+                             "bands (MMCC App E)",
+}
+# Flags that no longer exist, and what replaces them (a one-line error names it).
+REMOVED_FLAGS = {
+    "strategy": "use --mechanism (strategy and mechanism names both work; the old "
+                "banded_toeplitz is --mechanism truncated_sqrt_prefix)",
+    "mmcc": "use --amplification mmcc; --sampling_prob is the probability of each round a "
+            "user may join (with --min_sep b: b times the old average rate)",
+    "workers": "use --processes (local processes; --workers means TFF worker addresses in "
+               "every tool)",
+}
 
 _EXAMPLES = """examples:
-  tff-mf account --noise-multiplier 4.2 --delta 1e-6
-  tff-mf account --target-epsilon 1 --delta 1e-6 --json
-  tff-mf account --mechanism gaussian --n 64 --participation min_sep --min-sep 8 \\
-      --noise-multiplier 4 --delta 1e-6
-  tff-mf account --mechanism binary_tree --n 1024 --amplification mmcc \\
-      --sampling-prob 0.001 --noise-multiplier 16 --delta 1e-6
+  tff-mf account --noise_multiplier 4.2 --delta 1e-6
+  tff-mf account --target_epsilon 1 --delta 1e-6 --json
+  tff-mf account --mechanism gaussian --n 64 --participation min_sep --min_sep 8 \\
+      --noise_multiplier 4 --delta 1e-6
+  tff-mf account --mechanism honaker_online --n 1024 --amplification mmcc \\
+      --sampling_prob 0.001 --noise_multiplier 16 --delta 1e-6
+  tff-mf account --mechanism blt --n 256 --min_sep 32 --amplification mmcc \\
+      --sampling_prob 0.25 --noise_multiplier 2 --delta 1e-6
   tff-mf account --mechanism tree_restart --height 4 --n 512 --participation min_sep \\
-      --min-sep 8 --amplification banded --sampling-prob 0.5 --target-epsilon 2 --delta 1e-6
+      --min_sep 8 --amplification banded --sampling_prob 0.5 --target_epsilon 2 --delta 1e-6
   tff-mf account --matrix ~/.cache/tff_mf/<entry>/<file>.npz --amplification mmcc \\
-      --sampling-prob 0.01 --noise-multiplier 8 --delta 1e-6
+      --sampling_prob 0.01 --noise_multiplier 8 --delta 1e-6
 
 Every epsilon printed is an upper bound. --json prints one strict JSON object (an
 unbounded epsilon is the string "inf")."""
@@ -66,39 +82,27 @@ def register(subparsers) -> None:
           "arXiv:2310.15526, Fig 1 and App D) for any lower-triangular non-negative C, or "
           "amplified banded MF (Choquette-Choo et al. 2023, arXiv:2306.08153, Thm 4) for a C "
           "with at most b non-zero bands under b-min-sep sampling."),
-      epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+      epilog=_EXAMPLES, removed=REMOVED_FLAGS)
   _add_run_arguments(parser)
   _add_schema_arguments(parser.add_argument_group("participation schema"))
   _add_encoder_arguments(
       parser.add_argument_group("encoder C (needed for other schemas and amplification)"))
   _add_amplification_arguments(parser.add_argument_group("amplification by Poisson sampling"))
-  _add_deprecated_arguments(parser.add_argument_group("deprecated"))
   parser.set_defaults(func=run)
-
-  def one_line_error(message):  # argparse's usage block would make errors several lines
-    print(f"tff-mf account: error: {message} (tff-mf account --help lists the flags)",
-          file=sys.stderr)
-    sys.exit(2)
-
-  parser.error = one_line_error
 
 
 def _add_run_arguments(parser) -> None:
   """The noise (or target ε), δ, the accountant and the output format."""
-  parser.add_argument("--noise-multiplier", type=float, default=None, metavar="Z",
+  parser.add_argument("--noise_multiplier", type=float, default=None, metavar="Z",
                       help="noise multiplier z: noise std / clip norm (default: none; give this "
-                           "or --target-epsilon)")
-  parser.add_argument("--target-epsilon", type=float, default=None, metavar="EPS",
+                           "or --target_epsilon)")
+  parser.add_argument("--target_epsilon", type=float, default=None, metavar="EPS",
                       help="calibrate: the smallest z (within --tolerance) whose epsilon is at "
-                           "most EPS (default: none; give this or --noise-multiplier)")
+                           "most EPS (default: none; give this or --noise_multiplier)")
   parser.add_argument("--delta", type=float, required=True, help="delta in (0, 1) (required)")
-  parser.add_argument("--accountant", choices=("exact", "pld", "rdp"), default="exact",
-                      help="accountant of the unamplified Gaussian mechanism: exact (analytic "
-                           "Gaussian, Balle & Wang 2018, arXiv:1805.06530, Thm 8), pld "
-                           "(dp_accounting privacy-loss distributions) or rdp (Renyi DP, the "
-                           "loosest) (default: exact)")
+  clitools.add_accountant_flag(parser)
   parser.add_argument("--tolerance", type=float, default=1e-3,
-                      help="relative tolerance of --target-epsilon calibration: the z printed "
+                      help="relative tolerance of --target_epsilon calibration: the z printed "
                            "exceeds the smallest valid z by less than this fraction "
                            "(default: 1e-3)")
   parser.add_argument("--json", action="store_true",
@@ -111,40 +115,39 @@ def _add_schema_arguments(schema) -> None:
   schema.add_argument("--participation", choices=participation.KINDS,
                       default=None,
                       help="how often and how far apart a user may contribute (default: the "
-                           "schema --matrix was built for; otherwise min_sep when --min-sep or "
-                           "--max-participations is given or the run is amplified, fixed_epoch "
+                           "schema --matrix was built for; otherwise min_sep when --min_sep or "
+                           "--max_participations is given or the run is amplified, fixed_epoch "
                            "when --epochs is given, else single). With amplification the schema "
                            "names the rounds a user may be sampled in: min_sep b = one residue "
                            "class mod b (b = 1: every round), fixed_epoch k = one round per "
                            "epoch of n/k rounds")
   schema.add_argument("--epochs", type=int, default=None, metavar="K",
                       help="fixed_epoch: number of epochs k, dividing n (default: none)")
-  schema.add_argument("--min-sep", type=int, default=None, metavar="B",
+  schema.add_argument("--min_sep", type=int, default=None, metavar="B",
                       help="min_sep: rounds between two contributions of a user, b >= 1 "
                            "(default: 1 when amplified)")
-  schema.add_argument("--max-participations", type=int, default=None, metavar="K",
+  schema.add_argument("--max_participations", type=int, default=None, metavar="K",
                       help="min_sep: most contributions of a user (default: ceil(n / b), all "
                            "that b allows)")
 
 
 def _add_encoder_arguments(matrix) -> None:
   matrix.add_argument("--mechanism", default=None, metavar="NAME",
-                      help="mechanism with a built-in C, by its registry name or alias: gaussian "
-                           "(identity, dp_fedavg: C = I), tree / honaker_online (binary_tree) / "
-                           "honaker_full (binary tree C), tree_restart (needs --height); other "
-                           "mechanisms have an optimized C: pass it with --matrix (default: none)")
+                      help="the mechanism whose C is accounted for: a registry mechanism or "
+                           "strategy name, its C built or factorized into the cache and reused "
+                           "(as training resolves it: optimized for the schema where its "
+                           "strategy can be, for the workload below); or one of MMCC's own "
+                           f"matrices: {'; '.join(f'{k}: {v}' for k, v in MMCC_MATRICES.items())}."
+                           f" {clitools.mechanism_help()} (default: none)")
   matrix.add_argument("--matrix", default=None, metavar="PATH",
                       help="a cached factorization .npz (tff-mf factorize prints its path); it "
                            "is checked on load and its normalized C is used (default: none)")
-  matrix.add_argument("--n", type=int, default=None,
-                      help="number of rounds n (needed with --mechanism; checked against "
-                           "--matrix) (default: none)")
+  factorize_cmd.add_workload_arguments(matrix)
+  factorize_cmd.add_parameter_arguments(matrix)  # truncated_sqrt_prefix: --bands too
   matrix.add_argument("--height", type=int, default=None,
                       help="tree_restart: height h of each tree, restarted every 2^(h-1) rounds "
                            "(default: none)")
-  matrix.add_argument("--bands", type=int, default=None,
-                      help="deprecated --strategy banded_toeplitz: number of bands (default: "
-                           "none)")
+  clitools.add_cache_dir_flag(matrix)
 
 
 def _add_amplification_arguments(amp) -> None:
@@ -152,35 +155,22 @@ def _add_amplification_arguments(amp) -> None:
                    help="none: one Gaussian at z / sensitivity; mmcc: MMCC for any "
                         "lower-triangular non-negative C; banded: amplified banded MF for C "
                         "with at most b non-zero bands under b-min-sep sampling (default: none)")
-  amp.add_argument("--sampling-prob", type=float, default=None, metavar="P",
+  amp.add_argument("--sampling_prob", type=float, default=None, metavar="P",
                    help="probability p in (0, 1] that a user joins a round it may be sampled in "
                         "(every round for b = 1, the rounds of its residue class for b-min-sep); "
                         "needed with --amplification mmcc or banded (default: none)")
-  amp.add_argument("--non-adaptive", action="store_true",
+  amp.add_argument("--non_adaptive", action="store_true",
                    help="mmcc: assert the data are fixed in advance (allows non-triangular or "
                         "signed C; |C| is used) (default: off)")
-  amp.add_argument("--workers", type=int, default=2,
-                   help="mmcc: processes computing distinct row PLDs (default: 2)")
-  amp.add_argument("--grid-resolution", type=int, default=64,
+  amp.add_argument("--processes", type=int, default=2,
+                   help="mmcc: local processes computing distinct row PLDs (default: 2)")
+  amp.add_argument("--grid_resolution", type=int, default=64,
                    help="mmcc: entries of C are rounded up to multiples of max|C| / this "
                         "(default: 64)")
-  amp.add_argument("--pld-discretization", type=float, default=1e-4,
+  amp.add_argument("--pld_discretization", type=float, default=1e-4,
                    help="mmcc, banded: privacy-loss grid step of the PLDs, coarsened "
                         "automatically where a PLD would be too large (default: 1e-4)")
-  amp.add_argument("--no-progress", action="store_true",
-                   help="mmcc: no progress bars on stderr (default: off)")
-
-
-def _add_deprecated_arguments(old) -> None:
-  old.add_argument("--mmcc", action="store_true",
-                   help="same as --amplification mmcc, except that --sampling-prob is then the "
-                        "average rate p: with --min-sep b a user joins each of its rounds with "
-                        "probability b*p (MMCC App D) (default: off)")
-  old.add_argument("--strategy", choices=tuple(LEGACY_STRATEGIES), default=None,
-                   help="built-in C by its old name: identity = --mechanism gaussian, "
-                        "binary_tree = --mechanism honaker_online, tree_restart; "
-                        "banded_toeplitz is the square root of the prefix-sum matrix truncated "
-                        "to --bands bands (MMCC App E) (default: none)")
+  clitools.add_progress_flags(amp, what="progress bars on stderr (mmcc, factorizing)")
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -191,99 +181,95 @@ def _fail(message: str):
   raise checks.CheckError(message)
 
 
-def _note(message: str) -> None:
-  print(f"tff-mf account: {message}", file=sys.stderr)
+_WORKLOAD_FLAGS = ("workload", "momentum", "schedule_rounds", "matrix_file", "cache_dir")
+_PARAMETER_FLAGS = ("bands", "rank", "buffers", "height")
 
 
-def _legacy(args: argparse.Namespace) -> None:
-  """Maps the deprecated --mmcc and --strategy onto the current flags (in place)."""
-  if args.strategy is not None:
-    if args.mechanism is not None or args.matrix is not None:
-      _fail("--strategy is deprecated; give --mechanism or --matrix instead, not both")
-    args.legacy_strategy = args.strategy
-  else:
-    args.legacy_strategy = None
-    if args.bands is not None:
-      _fail("--bands belongs to the deprecated --strategy banded_toeplitz")
-  if not args.mmcc:
-    return
-  if args.amplification is not None:
-    _fail("--mmcc is deprecated; give --amplification mmcc instead, not both")
-  args.amplification = "mmcc"
-  b = args.min_sep
-  if b is not None and b > 1 and args.participation is None and args.sampling_prob is not None:
-    p = args.sampling_prob
-    if not (isinstance(p, float) and math.isfinite(p) and 0 < p <= 1):
-      _fail(f"sampling_prob must be in (0, 1], got {p:g}")
-    if b * p > 1.0 + 1e-12:
-      _fail(f"with --mmcc, --min-sep {b} joins each of a user's rounds with probability "
-            f"b*p = {b * p:g} > 1; need --sampling-prob <= {1.0 / b:g}")
-    args.sampling_prob = min(1.0, b * p)
-    _note(f"--mmcc is deprecated; running --amplification mmcc --participation min_sep "
-          f"--min-sep {b} --sampling-prob {args.sampling_prob:g} (a user joins each of its "
-          f"rounds with probability b*p)")
-  else:
-    _note("--mmcc is deprecated; use --amplification mmcc")
+def _given(args: argparse.Namespace, flags) -> list:
+  """The flags among ``flags`` given a value (--lr_schedule: other than constant)."""
+  given = [f for f in flags if getattr(args, f) is not None]
+  if "workload" in flags and args.lr_schedule != "constant":
+    given.append("lr_schedule")
+  return given
 
 
-def _encoder(args: argparse.Namespace):
-  """(C or None, source label, the cached schema dict or None)."""
+def _encoder(args: argparse.Namespace, amplified: bool):
+  """(C or None, source label, the cached schema dict or None, extra record fields)."""
   from tff_mf import checks  # pylint: disable=g-import-not-at-top
-  if args.matrix is not None and (args.mechanism is not None or args.legacy_strategy):
+  if args.matrix is not None and args.mechanism is not None:
     _fail("give one of --matrix and --mechanism")
   if args.matrix is not None:
     from tff_mf import cache  # pylint: disable=g-import-not-at-top
-    for flag in ("height", "bands"):
-      if getattr(args, flag) is not None:
-        _fail(f"--{flag} describes a built-in mechanism, not --matrix")
+    for flag in _given(args, _PARAMETER_FLAGS + _WORKLOAD_FLAGS):
+      _fail(f"--{flag} describes a mechanism, not --matrix")
     f = cache.load(args.matrix)
     n = f.c.shape[1]
     if args.n is not None and args.n != n:
       _fail(f"--n {args.n} does not match the matrix in {args.matrix} ({n} rounds)")
-    return f.c, args.matrix, (f.info or {}).get("participation")
-  if args.mechanism is None and args.legacy_strategy is None:
-    for flag in ("n", "height", "bands"):
-      if getattr(args, flag) is not None:
-        _fail(f"--{flag} needs --mechanism")
-    return None, None, None
-  from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
-  from tff_mf import registry  # pylint: disable=g-import-not-at-top
-  if args.n is None:
+    return f.c, args.matrix, (f.info or {}).get("participation"), {}
+  if args.mechanism is None:
+    for flag in ["n"] + _given(args, _PARAMETER_FLAGS + _WORKLOAD_FLAGS):
+      if flag == "n" and args.n is None:
+        continue
+      _fail(f"--{flag} needs --mechanism")
+    return None, None, None, {}
+  if args.n is None and args.matrix_file is None:
     _fail("--mechanism needs --n (the number of rounds)")
-  n = checks.positive_int(args.n, "--n")
-  if args.legacy_strategy == "banded_toeplitz":
-    if args.height is not None:
-      _fail("--height belongs to tree_restart")
-    if args.bands is None:
-      _fail("--strategy banded_toeplitz needs --bands")
-    checks.dense_matrices_fit(n, 2, f"banded_toeplitz at n = {n}")
-    return (mmcc.truncated_sqrt_prefix_matrix(n, checks.positive_int(args.bands, "--bands")),
-            "truncated_sqrt_prefix (square root of S truncated to bands, MMCC App E; "
-            "--strategy banded_toeplitz)", None)
-  name = LEGACY_STRATEGIES[args.legacy_strategy] if args.legacy_strategy else args.mechanism
-  mech = registry.mechanism(name)
+  if args.mechanism in MMCC_MATRICES:
+    return _mmcc_matrix(args) + (None, {})
+  mech = clitools.resolve_mechanism(args.mechanism)  # every strategy name is one too
   if mech.name == "none":
     _fail("mechanism none adds no noise: its epsilon is infinite")
-  kind = BUILTIN_ENCODERS.get(mech.name)
-  if kind is None:
-    _fail(f"mechanism {mech.name} has an optimized C: pass its cached factorization with "
-          f"--matrix (tff-mf factorize prints the path); built-in: "
-          f"{', '.join(BUILTIN_ENCODERS)}")
-  if kind == "tree_restart":
+  if args.height is not None:
+    _fail("--height belongs to tree_restart")
+  if mech.strategy is None:
+    _fail(f"mechanism {mech.name}: {mech.why_not_trainable or 'no encoder C'}")
+  workload = factorize_cmd.workload_from_args(args)
+  n = workload.n
+  checks.dense_matrices_fit(n, 3, f"mechanism {mech.name} at n = {n}", m=2 * n)
+  schema = _schema(args, n, None, amplified)
+  from tff_mf import mechanisms, registry  # pylint: disable=g-import-not-at-top
+  takes = registry.default_parameters(mech.strategy, n, schema)
+  for flag in _given(args, ("bands", "rank", "buffers")):
+    if flag not in takes:
+      _fail(f"--{flag} does not apply to --mechanism {args.mechanism}")
+  resolved = mechanisms.resolve(mech, workload, schema, cache_dir=args.cache_dir,
+                                bands=args.bands, rank=args.rank, buffers=args.buffers,
+                                progress=args.progress)
+  info = resolved.info
+  extra = {"mechanism": mech.name, "workload": workload.kind}
+  for key in ("cache_npz", "cache_hit", "bands", "rank", "buffers", "optimized_for"):
+    if key in info:
+      extra[key] = info[key]
+  label = f"{mech.name} ({mech.label})"
+  if info.get("cache_npz"):
+    label += f", {'cache hit' if info.get('cache_hit') else 'factorized into the cache'}: " \
+             f"{info['cache_npz']}"
+  return resolved.encoder, label, None, extra
+
+
+def _mmcc_matrix(args: argparse.Namespace):
+  """(C, source label) of one of MMCC's own matrices."""
+  from tff_mf import checks  # pylint: disable=g-import-not-at-top
+  from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
+  for flag in _given(args, ("rank", "buffers") + _WORKLOAD_FLAGS):
+    if flag != "cache_dir":  # accepted (nothing to cache), so one command fits every mechanism
+      _fail(f"--{flag} does not apply to --mechanism {args.mechanism}")
+  n = checks.positive_int(args.n, "--n")
+  checks.dense_matrices_fit(n, 2, f"{args.mechanism} at n = {n}", m=2 * n)
+  if args.mechanism == "tree_restart":
+    if args.bands is not None:
+      _fail("--bands does not apply to --mechanism tree_restart")
     if args.height is None:
       _fail("tree_restart needs --height")
-    height = checks.positive_int(args.height, "--height")
-  elif args.height is not None:
+    return (mmcc.tree_restart_matrix(n, checks.positive_int(args.height, "--height")),
+            "tree_restart (binary trees restarted every 2^(h-1) rounds, MMCC Sec 6.3)")
+  if args.height is not None:
     _fail("--height belongs to tree_restart")
-  rows = 2 * n if kind != "identity" else n
-  checks.dense_matrices_fit(n, 2, f"mechanism {mech.name} at n = {n}", m=rows)
-  if kind == "identity":
-    c = mmcc.identity_matrix(n)
-  elif kind == "binary_tree":
-    c = mmcc.binary_tree_matrix(n)
-  else:
-    c = mmcc.tree_restart_matrix(n, height)
-  return c, mech.name, None
+  if args.bands is None:
+    _fail("truncated_sqrt_prefix needs --bands")
+  return (mmcc.truncated_sqrt_prefix_matrix(n, checks.positive_int(args.bands, "--bands")),
+          "truncated_sqrt_prefix (square root of S truncated to --bands bands, MMCC App E)")
 
 
 def _schema_source(args: argparse.Namespace, cached, amplified: bool) -> str:
@@ -292,7 +278,7 @@ def _schema_source(args: argparse.Namespace, cached, amplified: bool) -> str:
     return "--participation"
   for flag in ("epochs", "min_sep", "max_participations"):
     if getattr(args, flag) is not None:
-      return f"--{flag.replace('_', '-')}"
+      return f"--{flag}"
   if cached:
     return ("the cache entry's key (its C was built for this schema)" if not amplified or
             cached.get("kind") != "single" else
@@ -322,7 +308,7 @@ def _schema(args: argparse.Namespace, n, cached, amplified: bool):
   if kind != "min_sep":
     for flag in ("min_sep", "max_participations"):
       if getattr(args, flag) is not None:
-        _fail(f"--{flag.replace('_', '-')} belongs to --participation min_sep")
+        _fail(f"--{flag} belongs to --participation min_sep")
   if kind == "single":
     return participation.SINGLE
   if kind == "fixed_epoch":
@@ -331,11 +317,11 @@ def _schema(args: argparse.Namespace, n, cached, amplified: bool):
     return participation.Participation("fixed_epoch",
                                         epochs=checks.positive_int(args.epochs, "--epochs"))
   if args.min_sep is None and not amplified:
-    _fail("--participation min_sep needs --min-sep")
-  b = checks.positive_int(1 if args.min_sep is None else args.min_sep, "--min-sep")
+    _fail("--participation min_sep needs --min_sep")
+  b = checks.positive_int(1 if args.min_sep is None else args.min_sep, "--min_sep")
   k = args.max_participations
   if k is not None:
-    k = checks.positive_int(k, "--max-participations")
+    k = checks.positive_int(k, "--max_participations")
   elif n is not None:
     k = -(-n // b)
   return participation.Participation("min_sep", min_sep=b, max_participations=k)
@@ -373,18 +359,17 @@ def _print(record: dict, as_json: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  _legacy(args)
   if (args.noise_multiplier is None) == (args.target_epsilon is None):
-    _fail("give exactly one of --noise-multiplier and --target-epsilon")
+    _fail("give exactly one of --noise_multiplier and --target_epsilon")
   analysis = args.amplification or "none"
   amplified = analysis != "none"
   if not amplified and args.sampling_prob is not None:
-    _fail("--sampling-prob needs --amplification mmcc or banded")
+    _fail("--sampling_prob needs --amplification mmcc or banded")
   if amplified and args.sampling_prob is None:
-    _fail(f"--amplification {analysis} needs --sampling-prob")
+    _fail(f"--amplification {analysis} needs --sampling_prob")
   if args.non_adaptive and analysis != "mmcc":
-    _fail("--non-adaptive applies to --amplification mmcc")
-  c, source, cached = _encoder(args)
+    _fail("--non_adaptive applies to --amplification mmcc")
+  c, source, cached, extra = _encoder(args, amplified)
   schema = _schema(args, None if c is None else c.shape[1], cached, amplified)
   if c is None:
     if schema.kind != "single" or amplified:
@@ -405,8 +390,9 @@ def run(args: argparse.Namespace) -> int:
     options["pld_discretization"] = args.pld_discretization
   if analysis == "mmcc":
     options["non_adaptive"] = args.non_adaptive
-    options["mmcc_options"] = {"workers": args.workers, "grid_resolution": args.grid_resolution,
-                               "progress": not args.no_progress}
+    options["mmcc_options"] = {"workers": args.processes,
+                               "grid_resolution": args.grid_resolution,
+                               "progress": args.progress}
   if args.target_epsilon is not None:
     record = accounting.calibrate(c, schema, args.target_epsilon, args.delta, analysis,
                                   args.sampling_prob, args.accountant, args.tolerance, **options)
@@ -416,6 +402,8 @@ def run(args: argparse.Namespace) -> int:
   record["matrix"] = source
   record["schema"] = schema.as_dict()
   record["schema_source"] = _schema_source(args, cached, amplified)
+  for key, value in extra.items():
+    record.setdefault(key, value)
   for flag in ("height", "bands"):
     if getattr(args, flag) is not None:
       record.setdefault(flag, getattr(args, flag))

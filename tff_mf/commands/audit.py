@@ -5,7 +5,7 @@ runs it many times with and without a canary client placed in the worst
 participation pattern of the schema, and reports empirical LOWER bounds on ε at δ
 and on the Gaussian-DP μ, against the claim (``tff_mf.tf.audit``)::
 
-  tff-mf audit --mechanism opt_prefix_sum --n 8 --noise-multiplier 0.5 \\
+  tff-mf audit --mechanism opt_prefix_sum --n 8 --noise_multiplier 0.5 \\
       --participation fixed_epoch --epochs 2 --json --plot out/audit.png
 
 Exit status 1 when the bounds refute the claim (at the stated confidence), 0
@@ -17,15 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import textwrap
 
+from tff_mf import clitools
+
 _EXAMPLES = """examples:
-  tff-mf audit --mechanism opt_prefix_sum --n 8 --noise-multiplier 0.5 --participation fixed_epoch --epochs 2
-  tff-mf audit --mechanism banded --n 8 --bands 2 --noise-multiplier 0.6 --participation min_sep \\
-      --min-sep 2 --max-participations 4 --json --plot out/audit_banded.png
-  tff-mf audit --mechanism blt --n 8 --noise-multiplier 0.3 --participation min_sep --min-sep 4 \\
-      --sampling-prob 0.5 --json
+  tff-mf audit --mechanism opt_prefix_sum --n 8 --noise_multiplier 0.5 --participation fixed_epoch --epochs 2
+  tff-mf audit --mechanism banded --n 8 --bands 2 --noise_multiplier 0.6 --participation min_sep \\
+      --min_sep 2 --max_participations 4 --json --plot out/audit_banded.png
+  tff-mf audit --mechanism blt --n 8 --noise_multiplier 0.3 --participation min_sep --min_sep 4 \\
+      --sampling_prob 0.5 --json
 
 Every epsilon printed by the audit is an empirical LOWER bound (probability >= 1 - alpha
 over its trials); the claimed epsilon is the mechanism's upper bound."""
@@ -44,39 +45,32 @@ def register(subparsers) -> None:
           "LOWER bounds on epsilon at delta and on the Gaussian-DP mu with Clopper-Pearson "
           "confidence (Jagielski et al. 2020, arXiv:2006.07709; Nasr et al. 2023, "
           "arXiv:2302.07956), against the claimed mu = sens/z or the amplified epsilon."),
-      epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+      epilog=_EXAMPLES)
   _add_mechanism_arguments(parser.add_argument_group("the audited configuration"))
   _add_audit_arguments(parser.add_argument_group("the audit"))
   parser.set_defaults(func=run)
-
-  def one_line_error(message):
-    print(f"tff-mf audit: error: {message} (tff-mf audit --help lists the flags)",
-          file=sys.stderr)
-    sys.exit(2)
-
-  parser.error = one_line_error
 
 
 def _add_mechanism_arguments(g) -> None:
   g.add_argument("--mechanism", required=True, help="registry name or alias (required)")
   g.add_argument("--n", type=int, default=8, help="rounds n (default: 8; the canary search is "
                  "brute force, keep n small)")
-  g.add_argument("--noise-multiplier", type=float, default=None, metavar="Z",
-                 help="noise multiplier z (give this or --target-epsilon)")
-  g.add_argument("--target-epsilon", type=float, default=None, metavar="EPS",
+  g.add_argument("--noise_multiplier", type=float, default=None, metavar="Z",
+                 help="noise multiplier z (give this or --target_epsilon)")
+  g.add_argument("--target_epsilon", type=float, default=None, metavar="EPS",
                  help="calibrate z to this epsilon at --delta (unamplified)")
-  g.add_argument("--clients-per-round", type=float, default=2.0, help="K (default: 2)")
-  g.add_argument("--clip-norm", type=float, default=1.0, help="clip norm (default: 1)")
+  g.add_argument("--clients_per_round", type=float, default=2.0, help="K (default: 2)")
+  g.add_argument("--clip_norm", type=float, default=1.0, help="clip norm (default: 1)")
   g.add_argument("--momentum", type=float, default=0.0, help="server momentum (default: 0)")
-  g.add_argument("--server-lr", type=float, default=1.0, help="server learning rate (default: 1)")
+  g.add_argument("--server_lr", type=float, default=1.0, help="server learning rate (default: 1)")
   g.add_argument("--participation", choices=("single", "fixed_epoch", "min_sep"),
                  default="single", help="the schema of the sampler (default: single)")
   g.add_argument("--epochs", type=int, default=None, help="fixed_epoch: k")
-  g.add_argument("--min-sep", type=int, default=None, help="min_sep: b")
-  g.add_argument("--max-participations", type=int, default=None, help="min_sep: k")
-  g.add_argument("--accounted-as", choices=("single", "fixed_epoch", "min_sep"), default=None,
+  g.add_argument("--min_sep", type=int, default=None, help="min_sep: b")
+  g.add_argument("--max_participations", type=int, default=None, help="min_sep: k")
+  g.add_argument("--accounted_as", choices=("single", "fixed_epoch", "min_sep"), default=None,
                  help="build and account the mechanism under this schema instead (with the "
-                      "same --epochs/--min-sep), while the canary follows --participation: "
+                      "same --epochs/--min_sep), while the canary follows --participation: "
                       "audits a run accounted for the wrong schema (default: --participation)")
   for name in ("bands", "buffers", "rank"):
     g.add_argument(f"--{name}", type=int, default=None, help=f"{name} of the mechanism, where "
@@ -84,7 +78,7 @@ def _add_mechanism_arguments(g) -> None:
 
 
 def _add_audit_arguments(g) -> None:
-  g.add_argument("--sampling-prob", type=float, default=None, metavar="P",
+  g.add_argument("--sampling_prob", type=float, default=None, metavar="P",
                  help="min_sep: the canary joins each round of its residue class with "
                       "probability P (Poisson); the claim is then MMCC's amplified epsilon "
                       "(default: none, every round of its worst pattern)")
@@ -92,9 +86,9 @@ def _add_audit_arguments(g) -> None:
   g.add_argument("--alpha", type=float, default=0.01,
                  help="the bounds hold with probability >= 1 - alpha (default: 0.01)")
   g.add_argument("--trials", type=int, default=2048, help="trials per world (default: 2048)")
-  g.add_argument("--trials-per-run", type=int, default=256,
+  g.add_argument("--trials_per_run", type=int, default=256,
                  help="trials packed into the coordinates of one run (default: 256)")
-  g.add_argument("--calibration-trials", type=int, default=1024,
+  g.add_argument("--calibration_trials", type=int, default=1024,
                  help="canary-free trials that estimate the covariance for the second "
                       "statistic (0: reported covariance only) (default: 1024)")
   g.add_argument("--others", choices=("zero", "random"), default="zero",
@@ -102,7 +96,7 @@ def _add_audit_arguments(g) -> None:
   g.add_argument("--seed", type=int, default=None,
                  help="seed of the audit's own randomness (Poisson canary, random others); the "
                       "mechanism's noise seeds are always fresh (default: OS entropy)")
-  g.add_argument("--plant-fault", default=None, metavar="FAULT",
+  g.add_argument("--plant_fault", default=None, metavar="FAULT",
                  choices=("under_reported_sensitivity", "noise_divided", "repeated_noise_row",
                           "schema_ignored"),
                  help="audit a copy of the mechanism with this fault planted, to see that the "
@@ -113,7 +107,7 @@ def _add_audit_arguments(g) -> None:
   g.add_argument("--json", action="store_true", help="print one strict JSON object")
   g.add_argument("--plot", default=None, metavar="PNG",
                  help="write the score distributions and trade-off curves to this PNG")
-  g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+  clitools.add_progress_flags(g, what="a progress bar on stderr")
 
 
 def _schema(kind, args):
@@ -125,13 +119,14 @@ def _schema(kind, args):
                                        max_participations=args.max_participations).check(args.n)
   if args.epochs is not None or args.min_sep is not None or args.max_participations is not None:
     if args.accounted_as is None:
-      raise ValueError("--epochs, --min-sep and --max-participations need --participation "
+      raise ValueError("--epochs, --min_sep and --max_participations need --participation "
                        "fixed_epoch or min_sep")
   return participation.SINGLE
 
 
 def run(args: argparse.Namespace) -> int:
   from tff_mf import audit as audit_lib  # pylint: disable=g-import-not-at-top
+  clitools.resolve_mechanism(args.mechanism)  # an unknown name: the closest spelling
   audit_lib.check_auditable(args.mechanism)
   if args.noise_multiplier is not None:  # z = 0 is no claim to audit (no flag allows it)
     from tff_mf import checks  # pylint: disable=g-import-not-at-top
@@ -157,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
   if args.plant_fault:
     claimed, packed, schema = audit.plant_fault(args.plant_fault, claimed, packed)
   report = audit.audit_setups(claimed, packed, options, schema=schema,
-                              progress=not args.no_progress, seed=args.seed)
+                              progress=args.progress, seed=args.seed)
   report["planted_fault"] = args.plant_fault
   if args.plot:
     report["plot"] = audit_lib.plot_audit(report, args.plot)

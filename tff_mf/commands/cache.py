@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 
+from tff_mf import clitools
+
 
 def register(subparsers) -> None:
   parser = subparsers.add_parser(
       "cache", help="list or verify cached factorizations",
       description="Lists or verifies the factorization cache (default ~/.cache/tff_mf, "
-                  "or $TFF_MF_CACHE, or --cache-dir).")
+                  "or $TFF_MF_CACHE, or --cache_dir).")
   actions = parser.add_subparsers(dest="cache_action", metavar="ACTION")
   actions.required = True
   for name, help_text in (("list", "one line per cached factorization"),
@@ -19,8 +21,7 @@ def register(subparsers) -> None:
                                      "figure recomputed from C): every check a load applies; exit 1 "
                                      "naming each bad entry")):
     sub = actions.add_parser(name, help=help_text)
-    sub.add_argument("--cache-dir", default=None,
-                     help="cache directory (default: $TFF_MF_CACHE or ~/.cache/tff_mf)")
+    clitools.add_cache_dir_flag(sub)
     sub.add_argument("--json", action="store_true", help="print JSON (default: off)")
     if name == "verify":
       sub.add_argument("--quick", action="store_true",

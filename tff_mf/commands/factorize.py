@@ -12,7 +12,11 @@ import argparse
 import sys
 import time
 
+from tff_mf import clitools
+
 WORKLOADS = ("prefix_sum", "momentum", "file")
+# After Ctrl-C (tff_mf.cli): cache entries are written atomically (tff_mf.cache).
+INTERRUPTED = "interrupted; no partial cache entry was written (finished ones stay cached)"
 DEFAULT_MOMENTUM = 0.95  # Denisov et al. 2022, arXiv:2202.08312, Fig 1 (right), Sec 5
 
 
@@ -20,18 +24,19 @@ def add_workload_arguments(parser: argparse.ArgumentParser, n_required: bool = F
   group = parser.add_argument_group("workload A")
   group.add_argument("--workload", choices=WORKLOADS, default=None,
                      help="prefix_sum (S), momentum (M = M(η)M(β), Denisov et al. 2022 Prop "
-                          "4.2), or file (implied by --matrix-file) (default: prefix_sum)")
+                          "4.2), or file (implied by --matrix_file) (default: prefix_sum)")
   group.add_argument("--momentum", type=float, default=None,
                      help=f"momentum β for --workload momentum (default: {DEFAULT_MOMENTUM})")
-  group.add_argument("--lr-schedule", choices=("constant", "decay", "cooldown"), default="constant",
+  group.add_argument("--lr_schedule", choices=("constant", "decay", "cooldown"), default="constant",
                      help="learning-rate schedule η of the momentum workload (default: constant)")
-  group.add_argument("--schedule-rounds", type=int, default=None, metavar="K",
+  group.add_argument("--schedule_rounds", type=int, default=None, metavar="K",
                      help="rounds k of the decay/cooldown at the end (default: n/4, as 512 of "
                           "2048 in Denisov et al. 2022)")
-  group.add_argument("--matrix-file", default=None, metavar="A.npy",
+  group.add_argument("--matrix_file", default=None, metavar="A.npy",
                      help="a lower-triangular, full-rank A of your own (.npy) (default: none)")
   group.add_argument("--n", type=int, default=None, required=n_required,
-                     help="number of rounds n, the size of A (required unless --matrix-file)")
+                     help="number of rounds n, the size of A (default: none; required unless "
+                          "--matrix_file)")
 
 
 def add_participation_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,15 +45,31 @@ def add_participation_arguments(parser: argparse.ArgumentParser) -> None:
   group.add_argument("--participation", choices=participation.KINDS,
                      default="single",
                      help="how often a user contributes: at most once; every b = n/K rounds for "
-                          "K epochs; at most --max-participations times, --min-sep apart "
+                          "K epochs; at most --max_participations times, --min_sep apart "
                           "(default: single)")
   group.add_argument("--epochs", type=int, default=None, metavar="K",
                      help="fixed_epoch: number of epochs K, dividing n (default: none)")
-  group.add_argument("--min-sep", type=int, default=None, metavar="B",
+  group.add_argument("--min_sep", type=int, default=None, metavar="B",
                      help="min_sep: rounds between two participations of a user, at least B "
                           "(default: none)")
-  group.add_argument("--max-participations", type=int, default=None, metavar="K",
+  group.add_argument("--max_participations", type=int, default=None, metavar="K",
                      help="min_sep: participations per user, at most K (default: ⌈n/B⌉)")
+
+
+# The strategy parameters (registry.default_parameters): flag, metavar, help.
+PARAMETER_FLAGS = (
+    ("bands", "B", "structured: diagonals h kept exactly (default: ⌈log₂n/2⌉); banded, "
+                   "banded_toeplitz, bsr, bisr, banded_inverse: bands b of C (default: the "
+                   "schema's separation, at most 64; 16 under single participation)"),
+    ("rank", "R", "structured: rank r of the low-rank part (default: ⌊log₂n/2⌋)"),
+    ("buffers", "M", "blt: buffers m (default: 4)"),
+)
+
+
+def add_parameter_arguments(group) -> None:
+  """--bands, --rank, --buffers (``PARAMETER_FLAGS``)."""
+  for flag, metavar, text in PARAMETER_FLAGS:
+    group.add_argument(f"--{flag}", type=int, default=None, metavar=metavar, help=text)
 
 
 def workload_from_args(args: argparse.Namespace):
@@ -57,7 +78,7 @@ def workload_from_args(args: argparse.Namespace):
   kind = args.workload
   if args.matrix_file:
     if kind not in (None, "file"):
-      raise checks.CheckError(f"--matrix-file conflicts with --workload {kind}")
+      raise checks.CheckError(f"--matrix_file conflicts with --workload {kind}")
     a = workloads.load_workload(args.matrix_file)
     n = a.shape[0]
     if args.n is not None and args.n != n:
@@ -65,20 +86,20 @@ def workload_from_args(args: argparse.Namespace):
     return workloads.WorkloadSpec(kind="file", n=n, matrix_file=args.matrix_file)
   kind = kind or "prefix_sum"
   if kind == "file":
-    raise checks.CheckError("--workload file needs --matrix-file A.npy")
+    raise checks.CheckError("--workload file needs --matrix_file A.npy")
   if args.n is None:
     raise checks.CheckError("--n is required (number of rounds)")
   n = checks.positive_int(args.n, "--n")
   if kind == "prefix_sum":
     if args.momentum not in (None, 0.0) or args.lr_schedule != "constant":
-      raise checks.CheckError("--momentum/--lr-schedule apply to --workload momentum only")
+      raise checks.CheckError("--momentum/--lr_schedule apply to --workload momentum only")
     return workloads.WorkloadSpec(kind="prefix_sum", n=n)
   beta = checks.in_range(DEFAULT_MOMENTUM if args.momentum is None else args.momentum,
                          "--momentum", 0.0, 1.0)
   schedule_rounds = args.schedule_rounds
   if args.lr_schedule == "constant":
     if schedule_rounds is not None:
-      raise checks.CheckError("--schedule-rounds needs --lr-schedule decay or cooldown")
+      raise checks.CheckError("--schedule_rounds needs --lr_schedule decay or cooldown")
   elif schedule_rounds is None:
     schedule_rounds = max(1, n // 4)
   workloads.learning_rates(n, args.lr_schedule, schedule_rounds)  # validates k
@@ -93,11 +114,39 @@ def participation_from_args(args: argparse.Namespace, n: int):
                                  max_participations=args.max_participations)
 
 
+def strategy_and_workload(name: str, args: argparse.Namespace):
+  """(strategy name, ``WorkloadSpec``) of ``--strategy NAME``: a strategy of the registry,
+  or a mechanism (name or alias), which maps to its strategy and workload as the
+  registry says: the prefix sum S for mechanisms that post-process a prefix-sum decoder,
+  else the workload the flags describe (the training workload)."""
+  from tff_mf import checks, registry, workloads  # pylint: disable=g-import-not-at-top
+  if name in registry.STRATEGIES:
+    return name, workload_from_args(args)
+  if name not in registry.all_spellings():
+    spellings = list(registry.STRATEGIES) + list(registry.all_spellings())
+    raise registry.RegistryError(
+        f"--strategy: unknown strategy or mechanism {name!r}"
+        f"{clitools.did_you_mean(name, spellings)} (strategies: {', '.join(registry.STRATEGIES)}; "
+        f"mechanisms: {clitools.mechanism_help()})")
+  mech = registry.mechanism(name)
+  if mech.strategy is None:
+    raise checks.CheckError(f"mechanism {mech.name} has no factorization to compute "
+                            f"({mech.why_not_trainable or mech.description})")
+  workload = workload_from_args(args)
+  if mech.post_processes_prefix_decoder and workload.kind != "prefix_sum":
+    raise checks.CheckError(
+        f"mechanism {mech.name} factorizes the prefix sum S (the {workload.kind} workload is "
+        f"post-processing of its decoder): drop --workload/--momentum/--matrix_file")
+  if mech.post_processes_prefix_decoder:
+    workload = workloads.WorkloadSpec(kind="prefix_sum", n=workload.n)
+  return mech.strategy, workload
+
+
 def spec_from_args(args: argparse.Namespace):
   from tff_mf import checks, registry, strategies  # pylint: disable=g-import-not-at-top
-  workload = workload_from_args(args)
+  strategy, workload = strategy_and_workload(args.strategy, args)
   schema = participation_from_args(args, workload.n)
-  params = registry.default_parameters(args.strategy, workload.n, schema)
+  params = registry.default_parameters(strategy, workload.n, schema)
   for flag in ("bands", "rank", "buffers"):
     value = getattr(args, flag)
     if value is None:
@@ -107,13 +156,15 @@ def spec_from_args(args: argparse.Namespace):
     params[flag] = value
   if args.error is not None:
     params["error"] = args.error
-  if args.strategy in ("optimal", "structured"):
+  if "target_gap" in registry.strategy(strategy).declaration.parameters:
     params.update(target_gap=args.target_gap, max_iterations=args.max_iterations,
                   allow_unconverged=args.allow_unconverged)
   elif (args.target_gap, args.max_iterations, args.allow_unconverged) != (1e-6, 10_000, False):
-    raise checks.CheckError("--target-gap/--max-iterations/--allow-unconverged apply to "
-                            "--strategy optimal and structured only")
-  spec = strategies.FactorizationSpec(workload=workload, strategy=args.strategy,
+    solvers = [name for name, entry in registry.STRATEGIES.items()
+               if "target_gap" in entry.declaration.parameters]
+    raise checks.CheckError("--target_gap/--max_iterations/--allow_unconverged apply to "
+                            f"--strategy {' and '.join(solvers)} only")
+  spec = strategies.FactorizationSpec(workload=workload, strategy=strategy,
                                       participation=schema, **params)
   spec.validate()
   return spec
@@ -134,6 +185,8 @@ def result_record(f, entry) -> dict:
                                            md.get("sensitivity_before_normalization")),
       "path": entry.npz_path, "metadata_path": entry.json_path, "cache_hit": entry.cache_hit,
       "key": md.get("key"), "params": md.get("params"),
+      # What was asked and what was done (tff_mf.strategies.solver_outcome).
+      "outcome": f.info.get("outcome"),
   }
 
 
@@ -143,37 +196,35 @@ def register(subparsers) -> None:
       "factorize", help="compute (or load from the cache) a factorization A = B·C",
       description="Computes a factorization A = B·C of a workload and stores float64 A, B, C, "
                   "its family's parameters and a JSON sidecar in the cache (default "
-                  "~/.cache/tff_mf, or $TFF_MF_CACHE, or --cache-dir).")
+                  "~/.cache/tff_mf, or $TFF_MF_CACHE, or --cache_dir).")
   add_workload_arguments(parser)
-  parser.add_argument("--strategy", required=True, choices=tuple(registry.STRATEGIES),
+  parser.add_argument("--strategy", required=True, metavar="NAME",
                       help="how C is chosen: " + "; ".join(
-                          f"{s.name}: {s.description}" for s in registry.STRATEGIES.values()))
+                          f"{s.name}: {s.description}" for s in registry.STRATEGIES.values()) +
+                      ". A mechanism name maps to its strategy and workload (tff_mf.registry): "
+                      + clitools.mechanism_help())
   add_participation_arguments(parser)
   group = parser.add_argument_group("strategy parameters")
-  group.add_argument("--bands", type=int, default=None, metavar="B",
-                     help="structured: diagonals h kept exactly (default: ⌈log₂n/2⌉); banded, "
-                          "banded_toeplitz: bands b of C (default: the schema's separation, "
-                          "at most 64; 16 under single participation)")
-  group.add_argument("--rank", type=int, default=None, metavar="R",
-                     help="structured: rank r of the low-rank part (default: ⌊log₂n/2⌋)")
-  group.add_argument("--buffers", type=int, default=None, metavar="M",
-                     help="blt: buffers m (default: 4)")
+  add_parameter_arguments(group)
   group.add_argument("--error", choices=("mean", "max"), default=None,
                      help="banded_toeplitz, blt: optimize the mean (rmse) or the max error "
                           "(default: mean)")
-  group.add_argument("--target-gap", type=float, default=1e-6,
+  group.add_argument("--target_gap", type=float, default=1e-6,
                      help="optimal, structured: relative duality gap to reach (default: 1e-6)")
-  group.add_argument("--max-iterations", type=int, default=10_000,
+  group.add_argument("--max_iterations", type=int, default=10_000,
                      help="optimal: iteration limit (default: 10000)")
-  group.add_argument("--allow-unconverged", action="store_true",
-                     help="optimal: return (and cache) a result above --target-gap instead of "
+  group.add_argument("--allow_unconverged", action="store_true",
+                     help="optimal: return (and cache) a result above --target_gap instead of "
                           "failing; the gap reached is reported (default: off)")
-  parser.add_argument("--cache-dir", default=None,
-                      help="cache directory (default: $TFF_MF_CACHE or ~/.cache/tff_mf)")
+  clitools.add_cache_dir_flag(parser)
   parser.add_argument("--force", action="store_true",
                       help="recompute even if the cache has this entry; replaces a corrupt one "
                            "(default: off)")
   parser.add_argument("--json", action="store_true", help="print one JSON object (default: off)")
+  parser.add_argument("--strict", action="store_true",
+                      help="fail (exit 2) when the solver returns other parameters than "
+                           "requested or does not converge, instead of warning; the result "
+                           "stays cached (default: off)")
   parser.set_defaults(func=run)
 
 
@@ -187,14 +238,15 @@ def run(args: argparse.Namespace) -> int:
   start = time.perf_counter()
   spec = spec_from_args(args)
   f, entry = cache.load_or_factorize(spec, cache_dir=args.cache_dir, force=args.force,
-                                     progress=not args.json)
+                                     progress=not args.json, strict=args.strict)
   record = result_record(f, entry)
   record["wall_seconds"] = time.perf_counter() - start
   if args.json:
     print(jsonio.dumps(record))
     return 0
   info = entry.metadata.get("info", {})
-  structured = f.strategy == "structured"
+  # A fit to the optimal decoder (structured) reports the optimal solver's figures too.
+  structured = info.get("optimal_sqrt_loss") is not None
   lines = [
       f"{'cache hit' if entry.cache_hit else 'computed'}: {f.strategy} for "
       f"{record['workload']} n={f.n}, participation {record['participation']['label']}",
@@ -204,9 +256,8 @@ def run(args: argparse.Namespace) -> int:
       f"  max_error      {record['max_error']:.6g}",
       f"  sqrt(L)        {f.sqrt_loss:.4f}",
   ]
-  for key in ("bands", "rank", "buffers"):
-    if key in record["params"]:
-      lines.append(f"  {key:<14} {record['params'][key]}")
+  for key, value in record["outcome"]["returned"].items():
+    lines.append(f"  {key:<14} {value}")
   if structured and info.get("optimal_sqrt_loss") is not None:
     lines.append(f"  optimal sqrt(L) {info['optimal_sqrt_loss']:.4f}")
   if record["relative_gap"] is not None:
@@ -217,6 +268,8 @@ def run(args: argparse.Namespace) -> int:
                  f"{record['iterations']}")
   lines.append(f"  solver seconds {_fmt(record['seconds'], '.2f')}")
   lines.append(f"  file           {entry.npz_path}")
+  if record["outcome"]["why"]:
+    lines.append(f"  warning: {record['outcome']['why']}")
   print("\n".join(lines))
   sys.stdout.flush()
   return 0

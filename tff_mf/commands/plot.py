@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import os
+
+from tff_mf import clitools
 from typing import List, Optional
 
 
@@ -71,9 +73,8 @@ def register(subparsers) -> None:
   parser.add_argument("--momentum", type=float, default=None,
                       help="also plot the momentum workload with this β (Denisov et al. Fig 1 "
                            "right) (default: prefix sums only)")
-  parser.add_argument("--output-dir", required=True, help="directory for the PNGs (required)")
-  parser.add_argument("--cache-dir", default=None,
-                      help="cache directory (default: $TFF_MF_CACHE or ~/.cache/tff_mf)")
+  parser.add_argument("--output_dir", required=True, help="directory for the PNGs (required)")
+  clitools.add_cache_dir_flag(parser)
   parser.set_defaults(func=run)
 
 

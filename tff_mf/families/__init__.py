@@ -1,21 +1,28 @@
 """Strategy families: each module owns the math of one family of encoders C (numpy core).
 
-A family module exposes ``VERSION`` (part of cache keys), ``factorize(a, spec,
-context) -> FamilyResult`` (an unnormalized B, C with B·C = A, JSON-ready info and
-the float64 parameters the cache stores beside A, B and C), optionally
-``check_extras(factorization)`` (its parameters rebuild its matrices) and, when the
-family streams its noise, ``stream(extras, a) -> tff_mf.streams.LinearStream``
-rebuilding the stream from those parameters, and ``CACHED = False`` when mechanisms
-should rebuild it rather than load it from the cache (closed forms).
-``tff_mf.registry.STRATEGIES`` names each strategy's family and ``tff_mf.strategies``
-dispatches to the modules, then normalizes and validates what a family returns. This package module holds only the
-types the families share.
+The family protocol. A family module exposes
+
+- ``VERSION`` (part of cache keys);
+- ``STRATEGIES``: ``{strategy name: Declaration}`` — for each strategy it computes, the
+  parameters it reads and their defaults for (n, schema), the schemas it supports, its
+  peak memory, whether it streams its noise and whether mechanisms load it from the
+  cache (see ``Declaration``);
+- ``factorize(a, spec, context) -> FamilyResult``: an unnormalized B, C with B·C = A,
+  JSON-ready info and the float64 parameters the cache stores beside A, B and C;
+- optionally ``check_extras(factorization)`` (its stored parameters rebuild its
+  matrices) and, when it streams, ``stream(extras, a) -> tff_mf.streams.LinearStream``.
+
+``tff_mf.registry`` names each strategy's family module (``Strategy.family``: a module of
+this package, or any importable module path); ``tff_mf.strategies``, ``tff_mf.cache``,
+``tff_mf.mechanisms``, the commands and the TF layer read the declarations, so a new
+family is one module plus one registry entry (``registry.register``). This package
+module holds only the types the families share.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -40,6 +47,93 @@ class FamilyResult:
     info = dict(self.info, gamma_before_normalization=gamma)
     extras = dict(self.extras, normalization=np.array([gamma]))
     return FamilyResult(b=self.b * gamma, c=self.c / gamma, info=info, extras=extras)
+
+
+# The FactorizationSpec fields a strategy may read (tff_mf.strategies.FactorizationSpec).
+SPEC_PARAMETERS = ("target_gap", "max_iterations", "allow_unconverged", "bands", "rank",
+                   "buffers", "error")
+# Short names of parameters in cache entry names ("blt-m4", "banded-b8").
+PARAMETER_LABELS = {"bands": "b", "rank": "r", "buffers": "m"}
+
+
+def no_defaults(n: int, schema) -> Dict[str, Any]:
+  del n, schema
+  return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Declaration:
+  """What a family declares about one strategy it computes (the family protocol).
+
+  Attributes:
+    parameters: the ``FactorizationSpec`` fields the strategy reads (every other field
+      must keep its default).
+    defaults: ``(n, schema) -> {parameter: value}``, the values used when a caller gives
+      none (the keys are the parameters a caller may set: bands, rank, buffers).
+    participations: the schema kinds C can be optimized for; a mechanism under another
+      schema uses the single-participation C and its sensitivity under the schema.
+    schema_dependent: C depends on the schema even under single participation, so the
+      schema is part of the cache key.
+    peak_matrices: dense n × (encoder_rows·n) float64 matrices held at the peak (checked
+      against memory before A is built).
+    encoder_rows: C has encoder_rows·n rows (2 for the tree's C_T).
+    streams: the family rebuilds C⁻¹·Z as a ``LinearStream`` (``stream``).
+    cached: mechanisms load it through ``tff_mf.cache`` (False for closed forms, cheaper
+      to rebuild than to load and check).
+    check_spec: ``spec -> None``, the strategy's own parameter checks (raises
+      ``CheckError``).
+    parameter_labels: short names in cache entry names, overriding ``PARAMETER_LABELS``.
+  """
+  parameters: Tuple[str, ...] = ()
+  defaults: Callable[[int, Any], Dict[str, Any]] = no_defaults
+  participations: Tuple[str, ...] = ("single",)
+  schema_dependent: bool = False
+  peak_matrices: int = 12
+  encoder_rows: int = 1
+  streams: bool = False
+  cached: bool = True
+  check_spec: Optional[Callable[[Any], None]] = None
+  parameter_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    unknown = set(self.parameters) - set(SPEC_PARAMETERS)
+    if unknown:
+      raise checks.CheckError(f"family declaration names unknown parameters {sorted(unknown)}")
+
+  def label(self, parameter: str) -> str:
+    return self.parameter_labels.get(parameter, PARAMETER_LABELS.get(parameter, parameter))
+
+
+# ----------------------------------------------------------------------------- shared defaults
+
+# Largest default band count of banded strategies: their noise state is b − 1 model rows.
+DEFAULT_MAX_BANDS = 64
+DEFAULT_SINGLE_PARTICIPATION_BANDS = 16
+
+
+def separation_bands(n: int, schema) -> Dict[str, int]:
+  """Default b of banded strategies: the schema's separation (min-sep b, or n/k for k fixed
+  epochs; bands ≤ separation make the sensitivity exact, Choquette-Choo et al. 2023,
+  arXiv:2306.08153), at most ``DEFAULT_MAX_BANDS``; ``DEFAULT_SINGLE_PARTICIPATION_BANDS``
+  under single participation."""
+  kind = getattr(schema, "kind", "single")
+  if kind == "min_sep":
+    bands = schema.min_sep
+  elif kind == "fixed_epoch":
+    bands = n // schema.epochs
+  else:
+    bands = DEFAULT_SINGLE_PARTICIPATION_BANDS
+  return {"bands": max(1, min(n, bands, DEFAULT_MAX_BANDS))}
+
+
+def check_bands(spec, at_most_separation: bool = False) -> None:
+  """1 ≤ b ≤ n; with ``at_most_separation`` also b within the schema's separation where
+  the schema requires it (``Participation.check_bands``)."""
+  checks.positive_int(spec.bands, f"{spec.strategy} bands b")
+  if spec.bands > spec.n:
+    raise checks.CheckError(f"{spec.strategy} bands b={spec.bands} exceed n={spec.n}")
+  if at_most_separation:
+    spec.participation.check_bands(spec.bands, spec.strategy)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,8 @@ import scipy.linalg
 import scipy.optimize
 
 from tff_mf import checks
+from tff_mf import families
+from tff_mf import participation
 from tff_mf import streams
 from tff_mf import workloads
 
@@ -449,6 +451,11 @@ def stream(source: Union[BandedResult, Dict[str, np.ndarray], np.ndarray],
 
 # Bumped whenever the output for the same inputs changes (part of the cache key).
 VERSION = "1"
+
+STRATEGIES = {"banded": families.Declaration(
+    parameters=("bands",), defaults=families.separation_bands,
+    participations=participation.KINDS, schema_dependent=True, peak_matrices=8, streams=True,
+    check_spec=lambda spec: families.check_bands(spec, at_most_separation=True))}
 
 
 def factorize(a: np.ndarray, spec, context):

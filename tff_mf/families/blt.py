@@ -34,7 +34,9 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from tff_mf import checks
+from tff_mf import families
 from tff_mf import lbfgs
+from tff_mf import participation
 from tff_mf import streams
 from tff_mf import toeplitz_ops
 
@@ -351,24 +353,54 @@ def optimize(n: int, buffers: int = 4, *, min_sep: Optional[int] = None,
     candidates = [_interlaced_points(init, m)] if init is not None else \
         _start_points(n, m, starts)
     candidates += [np.asarray(p, dtype=np.float64) for p in extra_starts]
-    points, res, iterations = _best_of_starts(objective, candidates, m, max_iterations, tolerance)
+    unpruned, res, iterations = _best_of_starts(objective, candidates, m, max_iterations,
+                                                tolerance)
+    points = _prune(unpruned)
     blt, inv = from_theta_pair(1.0 - points[1::2], 1.0 - points[0::2])
     message, gradient, converged = lbfgs.outcome(res, [LOG_GAP_BOUNDS] * (2 * m))
     evaluations = objective.evaluations
   extras = {"blt_theta": blt.theta.copy(), "blt_omega": blt.omega.copy(),
             "blt_inverse_theta": inv.theta.copy(), "blt_inverse_omega": inv.omega.copy()}
-  return toeplitz_ops.result_from_coefficients(
+  result = toeplitz_ops.result_from_coefficients(
       blt.coefficients(n), inv.coefficients(n), work, error=error, min_sep=min_sep,
       max_participations=max_participations, k=k,
       family_info={"family": "blt", "n": n, "buffers": blt.buffers, "buffers_requested": m},
       fit={"iterations": iterations, "evaluations": evaluations, "converged": converged,
            "message": message, "gradient_norm": gradient},
       dense=dense, what="BLT", start=start, extras=extras)
+  if blt.buffers < m:
+    result.info.update(_fewer_buffers(unpruned, m, result.info, n, work, min_sep,
+                                      max_participations))
+  return result
+
+
+def _fewer_buffers(unpruned: np.ndarray, m: int, info: Dict[str, Any], n: int, work,
+                   min_sep: Optional[int], max_participations: Optional[int]) -> Dict[str, Any]:
+  """Why the best m-buffer BLT is returned with fewer buffers, with both rmses.
+
+  ``unpruned`` are the optimizer's 2m interlaced points before ``_prune`` dropped the pairs
+  θ̂_j ≈ θ_j it drove together (a pole cancelling a zero: a buffer switched off).
+  """
+  try:
+    full, full_inv = from_theta_pair(1.0 - unpruned[1::2], 1.0 - unpruned[0::2])
+    sens = toeplitz_ops.min_sep_sensitivity(full.coefficients(n), n, min_sep, max_participations)
+    rmse_requested = float(toeplitz_ops.evaluate_inverse_column(
+        full_inv.coefficients(n), sens, work)["rmse"])
+  except checks.CheckError:  # decays equal in float64: no distinct m-buffer BLT to evaluate
+    rmse_requested = None
+  returned = info["buffers"]
+  at_m = "n/a (its cancelled decays coincide in float64)" if rmse_requested is None else \
+      f"{rmse_requested:.10g}"
+  return {"rmse_at_buffers_requested": rmse_requested,
+          "returned_why": f"the best {m}-buffer BLT found switches {m - returned} buffer(s) off "
+                          f"(a decay pair θ̂ = θ cancels): rmse {at_m} with {m} buffers, "
+                          f"{info['rmse']:.10g} with {returned}; fewer buffers keep the error "
+                          f"and need less state"}
 
 
 def _best_of_starts(objective: _Objective, candidates, m: int, max_iterations: int,
                     tolerance: float):
-  """(pruned points, scipy result, total L-BFGS iterations) of the best start.
+  """(points, scipy result, total L-BFGS iterations) of the best start (points unpruned).
 
   Several starts are screened with a loose tolerance; the best one is then polished.
   """
@@ -392,7 +424,7 @@ def _best_of_starts(objective: _Objective, candidates, m: int, max_iterations: i
     iterations += int(res.nit) if res is not None else 0
     if res is not None and value <= best[0]:
       best = (value, points, res)
-  return _prune(best[1]), best[2], iterations
+  return best[1], best[2], iterations
 
 
 # ----------------------------------------------------------------------------- streaming
@@ -467,6 +499,12 @@ def optimize_buffers(n: int, max_buffers: int = 8, rtol: float = 1.01,
 
 # Bumped whenever the output for the same inputs changes (part of the cache key).
 VERSION = "1"
+DEFAULT_BUFFERS = 4
+
+STRATEGIES = {"blt": families.Declaration(
+    parameters=("buffers", "error"), defaults=lambda n, schema: {"buffers": DEFAULT_BUFFERS},
+    participations=participation.KINDS, schema_dependent=True, peak_matrices=6, streams=True,
+    check_spec=lambda spec: checks.positive_int(spec.buffers, "blt buffers m"))}
 
 
 def factorize(a: np.ndarray, spec, context):

@@ -11,12 +11,17 @@ from __future__ import annotations
 import numpy as np
 
 from tff_mf import dense_fixed_epoch
+from tff_mf import families
 from tff_mf import dense_single
 
 # ----------------------------------------------------------------------------- family interface
 
 # Bumped whenever the output for the same inputs changes (part of the cache key).
 VERSION = "3"
+
+STRATEGIES = {"optimal": families.Declaration(
+    parameters=("target_gap", "max_iterations", "allow_unconverged"),
+    participations=("single", "fixed_epoch"), peak_matrices=12)}
 
 
 def factorize(a: np.ndarray, spec, context):

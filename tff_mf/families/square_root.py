@@ -31,6 +31,7 @@ import scipy.linalg
 import scipy.optimize
 
 from tff_mf import checks
+from tff_mf import families
 from tff_mf import factorization as fz
 from tff_mf import participation as participation_lib
 from tff_mf import streams
@@ -39,6 +40,23 @@ from tff_mf.families import banded
 
 # Bumped whenever the output for the same inputs changes (part of the cache key).
 VERSION = "1"
+
+
+def _banded(schema_dependent: bool) -> families.Declaration:
+  return families.Declaration(
+      parameters=("bands",), defaults=families.separation_bands,
+      participations=participation_lib.KINDS, schema_dependent=schema_dependent,
+      peak_matrices=8, streams=True, check_spec=families.check_bands)
+
+
+# BSR and BISR are closed forms of A alone; BandInvMF and λCGD optimize for the schema.
+STRATEGIES = {
+    "bsr": _banded(schema_dependent=False),
+    "bisr": _banded(schema_dependent=False),
+    "banded_inverse": _banded(schema_dependent=True),
+    "lambda_cgd": families.Declaration(participations=participation_lib.KINDS,
+                                       schema_dependent=True, peak_matrices=8, streams=True),
+}
 # λCGD's search stops when λ is known to this absolute precision.
 LAMBDA_XTOL = 1e-6
 # A C whose first column's norm exceeds this is numerically unstable (BandInvMF's search).

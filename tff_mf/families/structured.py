@@ -26,11 +26,44 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 import scipy.linalg
 
+import math
+
 from tff_mf import checks
+from tff_mf import families
 from tff_mf import streams
 
 # Bumped whenever the output for the same inputs changes (part of the cache key).
 VERSION = "2"
+
+
+def default_structure(n: int) -> Tuple[int, int]:
+  """(h, r) of the structured mechanism: h + r = ⌈log₂ n⌉ (at least 1), h = ⌈(h + r)/2⌉.
+
+  Denisov et al. 2022 App H, Table 2 ((6, 5) for n = 2048).
+  """
+  total = max(1, int(math.ceil(math.log2(max(n, 2)))))
+  h = (total + 1) // 2
+  return h, total - h
+
+
+def _defaults(n: int, schema) -> Dict[str, int]:
+  del schema
+  h, r = default_structure(n)
+  return {"bands": h, "rank": r}
+
+
+def _check_spec(spec) -> None:
+  checks.positive_int(spec.bands, "structured bands h")
+  checks.nonnegative_int(spec.rank, "structured rank r")
+  if spec.rank > spec.n:
+    raise checks.CheckError(f"structured rank r={spec.rank} exceeds n={spec.n}")
+
+
+# The optimal decoder's fit needs the optimal factorization (``Context.optimal``).
+STRATEGIES = {"structured": families.Declaration(
+    parameters=("bands", "rank", "target_gap", "max_iterations", "allow_unconverged"),
+    defaults=_defaults, peak_matrices=14, streams=True, check_spec=_check_spec,
+    parameter_labels={"bands": "h"})}
 
 ALS_REGULARIZATION = 1e-6  # Denisov et al. App H: penalty on ‖U‖²_F + ‖V‖²_F
 DEFAULT_ALS_ITERATIONS = 100
@@ -236,6 +269,8 @@ def fit(a: np.ndarray, bands: int, rank: int, progress: bool = False,
   c = np.tril(c)  # exact zeros above the diagonal (B̂ and A are lower triangular)
   info.update({
       "als_iterations": als_used,
+      # Stopped by its tolerance, before its iteration limit (read by the solver outcome).
+      "als_converged": bool(als_used < als_iterations),
       "als_regularization": ALS_REGULARIZATION,
       "approximation_error": float(np.linalg.norm(b_hat - b_opt) / np.linalg.norm(b_opt)),
       "seconds": time.perf_counter() - start,

@@ -19,7 +19,9 @@ import numpy as np
 import scipy.signal
 
 from tff_mf import checks
+from tff_mf import families
 from tff_mf import lbfgs
+from tff_mf import participation
 from tff_mf import streams
 from tff_mf import toeplitz_ops
 from tff_mf import workloads
@@ -170,6 +172,11 @@ def stream(params, n) -> streams.LinearStream:
 
 # Bumped whenever the output for the same inputs changes (part of the cache key).
 VERSION = "1"
+
+STRATEGIES = {"banded_toeplitz": families.Declaration(
+    parameters=("bands", "error"), defaults=families.separation_bands,
+    participations=participation.KINDS, schema_dependent=True, peak_matrices=6, streams=True,
+    check_spec=lambda spec: families.check_bands(spec, at_most_separation=True))}
 
 
 def factorize(a: np.ndarray, spec, context):

@@ -35,12 +35,17 @@ import numpy as np
 import scipy.linalg
 
 from tff_mf import checks
+from tff_mf import families
 
 # Bumped whenever the output for the same inputs changes (part of the cache key).
 VERSION = "1"
-# A closed form: mechanisms rebuild it instead of loading it from the cache
-# (``strategies.cached``).
-CACHED = False
+
+# Closed forms: mechanisms rebuild them instead of loading them from the cache. C_T has one
+# row per node (up to 2n).
+STRATEGIES = {
+    "honaker_online": families.Declaration(peak_matrices=8, encoder_rows=2, cached=False),
+    "honaker_full": families.Declaration(peak_matrices=10, encoder_rows=2, cached=False),
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -402,7 +402,7 @@ def _make_query_factory(cfg: MechanismConfig, noise: noise_lib.StreamingNoise):
 
 
 def _record_noise(info: Dict[str, Any], noise) -> None:
-  info.update(noise_implementation=noise.describe(), state_rows=noise.buffer_rows())
+  info.update(noise_implementation=noise.describe(), state_rows=noise.state_rows())
 
 
 def _build_dense(cfg: MechanismConfig, resolved: mechanisms.Resolved, info: Dict[str, Any]):

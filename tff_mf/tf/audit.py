@@ -409,9 +409,9 @@ class RepeatedRowNoise(noise_lib.DenseNoise):
     super().__init__(c, participation=participation)
     self.repeat = int(repeat)
 
-  def _noise_row(self, seed, i, buffers, specs, stddev):
+  def _noise_row(self, seed, i, stream_state, specs, stddev):
     j = tf.where(tf.equal(i, self.repeat + 1), tf.constant(self.repeat, tf.int64), i)
-    return super()._noise_row(seed, j, buffers, specs, stddev)
+    return super()._noise_row(seed, j, stream_state, specs, stddev)
 
 
 def _factory_with(noise, packed, noise_multiplier: float):

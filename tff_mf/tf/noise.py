@@ -165,11 +165,11 @@ class StreamingNoise(abc.ABC):
     """N (n x m, float64) for unit-variance Z: the reference for tests."""
 
   @abc.abstractmethod
-  def initial_buffers(self, specs) -> Tuple[Any, ...]:
-    """The buffers before round 0 (a tuple of tensors; () when stateless)."""
+  def initial_state(self, specs) -> Tuple[Any, ...]:
+    """The stream state before round 0 (a tuple of tensors; () when stateless)."""
 
-  def noise_row(self, seed, round_index, buffers, specs, stddev: float):
-    """(flat list of noise tensors for round ``round_index``, new buffers).
+  def noise_row(self, seed, round_index, stream_state, specs, stddev: float):
+    """(flat list of noise tensors for round ``round_index``, new stream state).
 
     ``seed``: int64 [2] tensor; ``round_index``: int32 scalar tensor; ``stddev``:
     σ = noise multiplier × clip. Raises (at run time) for a round at or past n.
@@ -181,20 +181,20 @@ class StreamingNoise(abc.ABC):
                 "for more rounds")
     with tf.control_dependencies([past_end]):
       i = tf.identity(tf.cast(round_index, tf.int64))
-    return self._noise_row(seed, i, buffers, flat_specs(specs), float(stddev))
+    return self._noise_row(seed, i, stream_state, flat_specs(specs), float(stddev))
 
   @abc.abstractmethod
-  def _noise_row(self, seed, i, buffers, specs, stddev):
+  def _noise_row(self, seed, i, stream_state, specs, stddev):
     """``noise_row`` for a round index already checked to be below n."""
 
-  def buffer_rows(self) -> int:
-    """How many model-sized rows the buffers hold."""
+  def state_rows(self) -> int:
+    """How many model-sized rows the stream state holds."""
     return 0
 
   def state_bytes(self, specs) -> int:
-    """Bytes of buffer state carried between rounds (excluding round index and seed)."""
+    """Bytes of stream state carried between rounds (excluding round index and seed)."""
     d = sum(int(np.prod(s.shape)) * s.dtype.size for s in flat_specs(specs))
-    return self.buffer_rows() * d
+    return self.state_rows() * d
 
   def describe(self) -> str:
     return type(self).__name__
@@ -241,10 +241,10 @@ class DenseNoise(StreamingNoise):
   def row_nonzeros(self, i: int) -> int:
     return int(self._row_ptr[i + 1] - self._row_ptr[i])
 
-  def initial_buffers(self, specs):
+  def initial_state(self, specs):
     return ()
 
-  def _noise_row(self, seed, i, buffers, specs, stddev):
+  def _noise_row(self, seed, i, stream_state, specs, stddev):
     row_ptr = tf.constant(self._row_ptr)
     cols = tf.constant(self._cols)
     vals = tf.constant(self._vals * stddev)  # float64
@@ -256,7 +256,7 @@ class DenseNoise(StreamingNoise):
       return k + 1, [a + vals[k] * tf.cast(zz, tf.float64) for a, zz in zip(acc, z)]
 
     _, acc = tf.while_loop(lambda k, acc: k < end, body, (start, acc0), parallel_iterations=1)
-    return [tf.cast(a, s.dtype) for a, s in zip(acc, specs)], buffers
+    return [tf.cast(a, s.dtype) for a, s in zip(acc, specs)], stream_state
 
   def describe(self):
     return f"DenseNoise(n={self.n}, m={self.m}, nnz={self._vals.size})"
@@ -291,10 +291,10 @@ class LinearNoise(StreamingNoise):
   def noise_matrix(self) -> np.ndarray:
     return self.stream.noise_matrix()
 
-  def buffer_rows(self) -> int:
+  def state_rows(self) -> int:
     return self.stream.k
 
-  def initial_buffers(self, specs):
+  def initial_state(self, specs):
     """k rows, each a tuple of one tensor per variable (separate tensors: copies are free)."""
     specs = flat_specs(specs)
     return tuple(tuple(tf.zeros(s.shape, s.dtype) for s in specs) for _ in range(self.stream.k))
@@ -308,14 +308,14 @@ class LinearNoise(StreamingNoise):
     return (f, g, tf.gather(tf.constant(s.w_old * stddev), t),
             tf.gather(tf.constant(s.w_new * stddev), t), tf.gather(tf.constant(s.c * stddev), t))
 
-  def _noise_row(self, seed, i, buffers, specs, stddev):
+  def _noise_row(self, seed, i, stream_state, specs, stddev):
     z = standard_normal_row(seed, i, specs)
     tables = self._tables(i, stddev)
     kernel = self._kernel_fn()
     copies = self.stream.copies
     out, new_rows = [], [[None] * len(specs) for _ in range(self.stream.k)]
     for t, spec in enumerate(specs):
-      old = [row[t] for row in buffers]
+      old = [row[t] for row in stream_state]
       y, computed = kernel(z[t], old, *[tf.cast(x, spec.dtype) for x in tables])
       out.append(y)
       for l in range(self.stream.k):
@@ -377,10 +377,10 @@ class PrecomputedNoise(StreamingNoise):
   def noise_matrix(self) -> np.ndarray:
     return self._n_matrix.copy()
 
-  def initial_buffers(self, specs):
+  def initial_state(self, specs):
     return ()
 
-  def _noise_row(self, seed, i, buffers, specs, stddev):
+  def _noise_row(self, seed, i, stream_state, specs, stddev):
     check = tf.debugging.assert_equal(
         tf.convert_to_tensor(seed, tf.int64), tf.constant(self.seed),
         message=f"{checks.IN_GRAPH_PREFIX}PrecomputedNoise: the query's seed differs from the "
@@ -388,7 +388,7 @@ class PrecomputedNoise(StreamingNoise):
     with tf.control_dependencies([check]):
       row = tf.gather(tf.constant(self._rows * stddev), i)
     parts = tf.split(row, self._sizes) if len(self._sizes) > 1 else [row]
-    return [tf.cast(tf.reshape(p, s.shape), s.dtype) for p, s in zip(parts, specs)], buffers
+    return [tf.cast(tf.reshape(p, s.shape), s.dtype) for p, s in zip(parts, specs)], stream_state
 
   def describe(self):
     return f"PrecomputedNoise(n={self.n}, m={self.m})"
@@ -400,5 +400,5 @@ def implementations() -> Sequence[str]:
 
 def state_summary(noise: StreamingNoise, specs) -> Dict[str, Any]:
   """JSON-ready description of a stream's state (rows and bytes)."""
-  return {"noise_implementation": noise.describe(), "state_rows": noise.buffer_rows(),
+  return {"noise_implementation": noise.describe(), "state_rows": noise.state_rows(),
           "state_bytes": noise.state_bytes(specs)}

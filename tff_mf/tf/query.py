@@ -6,7 +6,7 @@ per-round noise matrix of a factorization A = B·C and Z i.i.d. N(0, σ²), σ =
 that applies the workload A (momentum β, learning rates η; Prop 4.2) to these
 outputs releases A·(G + N·Z) = A·G + B·Z; see ``docs/mechanisms.md``.
 
-State: ``MatrixFactorizationState(round_index, seed, buffers)``, all tensors;
+State: ``MatrixFactorizationState(round_index, seed, stream_state)``, all tensors;
 checkpointing and restoring it continues the identical noise stream. The seed comes
 from OS entropy (``RandomUniformInt`` with seed attributes 0, 0 draws its key from
 /dev/urandom each time the initial state is computed) unless ``noise_seed`` pins
@@ -43,7 +43,7 @@ from tff_mf import checks
 from tff_mf.tf import noise as noise_lib
 
 MatrixFactorizationState = collections.namedtuple(
-    "MatrixFactorizationState", ["round_index", "seed", "buffers"])
+    "MatrixFactorizationState", ["round_index", "seed", "stream_state"])
 
 _SEED_LOW, _SEED_HIGH = -(2**62), 2**62
 
@@ -155,7 +155,7 @@ class MatrixFactorizationQuery(tfp.SumAggregationDPQuery):
   def initial_global_state(self):
     return MatrixFactorizationState(
         round_index=tf.constant(0, tf.int32), seed=initial_seed(self._seed),
-        buffers=self._noise.initial_buffers(self._flat_specs))
+        stream_state=self._noise.initial_state(self._flat_specs))
 
   def derive_sample_params(self, global_state):
     del global_state
@@ -196,13 +196,13 @@ class MatrixFactorizationQuery(tfp.SumAggregationDPQuery):
 
   def get_noised_result(self, sample_state, global_state):
     i = global_state.round_index
-    noise_flat, buffers = self._noise.noise_row(
-        global_state.seed, i, global_state.buffers, self._flat_specs, self.stddev)
+    noise_flat, stream_state = self._noise.noise_row(
+        global_state.seed, i, global_state.stream_state, self._flat_specs, self.stddev)
     flat = tf.nest.flatten(sample_state)
     result = tf.nest.pack_sequence_as(
         sample_state, [x + tf.cast(z, x.dtype) for x, z in zip(flat, noise_flat)])
     new_state = MatrixFactorizationState(round_index=i + 1, seed=global_state.seed,
-                                         buffers=buffers)
+                                         stream_state=stream_state)
     event = dp_accounting.PoissonSampledDpEvent(
         sampling_probability=tf.where(tf.equal(i, 0), tf.constant(1.0, tf.float64),
                                       tf.constant(0.0, tf.float64)),
@@ -215,7 +215,7 @@ class MatrixFactorizationQuery(tfp.SumAggregationDPQuery):
 
 
 AdaptiveClipState = collections.namedtuple(
-    "AdaptiveClipState", ["round_index", "seed", "buffers", "clip"])
+    "AdaptiveClipState", ["round_index", "seed", "stream_state", "clip"])
 
 # Row tag of the count noise: Z rows use fold_in(seed, j) with j ≥ 0 (``noise.standard_normal_row``).
 _COUNT_NOISE_TAG = -1
@@ -265,7 +265,8 @@ class AdaptiveClipMatrixFactorizationQuery(MatrixFactorizationQuery):
 
   def initial_global_state(self):
     base = super().initial_global_state()
-    return AdaptiveClipState(round_index=base.round_index, seed=base.seed, buffers=base.buffers,
+    return AdaptiveClipState(round_index=base.round_index, seed=base.seed,
+                             stream_state=base.stream_state,
                              clip=tf.constant(self._adaptive.initial_clip_norm, tf.float32))
 
   def derive_sample_params(self, global_state):
@@ -294,8 +295,8 @@ class AdaptiveClipMatrixFactorizationQuery(MatrixFactorizationQuery):
     clip0 = self._adaptive.initial_clip_norm
     # The stream runs at the constant scale z·ζ_0, so its state stays consistent; the row is
     # rescaled to ζ_i (a factor of exactly 1.0 while ζ_i = ζ_0).
-    noise_flat, buffers = self._noise.noise_row(
-        global_state.seed, i, global_state.buffers, self._flat_specs, self.stddev)
+    noise_flat, stream_state = self._noise.noise_row(
+        global_state.seed, i, global_state.stream_state, self._flat_specs, self.stddev)
     scale = clip / tf.constant(clip0, tf.float32)
     flat = tf.nest.flatten(values)
     result = tf.nest.pack_sequence_as(
@@ -305,8 +306,8 @@ class AdaptiveClipMatrixFactorizationQuery(MatrixFactorizationQuery):
     unclipped = tf.clip_by_value(noisy / self._clients + 0.5, 0.0, 1.0)
     new_clip = tf.cast(clip, tf.float64) * tf.exp(
         -self._adaptive.learning_rate * (unclipped - self._adaptive.target_quantile))
-    new_state = AdaptiveClipState(round_index=i + 1, seed=global_state.seed, buffers=buffers,
-                                  clip=tf.cast(new_clip, tf.float32))
+    new_state = AdaptiveClipState(round_index=i + 1, seed=global_state.seed,
+                                  stream_state=stream_state, clip=tf.cast(new_clip, tf.float32))
     first = tf.where(tf.equal(i, 0), tf.constant(1.0, tf.float64), tf.constant(0.0, tf.float64))
     event = dp_accounting.ComposedDpEvent([
         dp_accounting.PoissonSampledDpEvent(

@@ -21,6 +21,8 @@ from typing import List
 
 import psutil
 
+from tff_mf import interrupt
+
 WORKER_BINARY_NAME = "worker_binary"
 _hook_installed = False
 
@@ -84,7 +86,8 @@ def shutdown_tff_runtime(timeout: float = 5.0) -> int:
 
 
 def install_exit_hook() -> None:
-  """Stops TFF's helper servers at normal exit and on SIGTERM (idempotent)."""
+  """Stops TFF's helper servers at normal exit, on SIGTERM and at a second Ctrl-C
+  (idempotent)."""
   global _hook_installed
   if _hook_installed:
     return
@@ -100,3 +103,5 @@ def install_exit_hook() -> None:
       raise SystemExit(128 + signum)
 
   signal.signal(signal.SIGTERM, _on_sigterm)
+  # A second Ctrl-C exits at once (tff_mf.interrupt): the helper servers go with it.
+  interrupt.on_force_exit(lambda: stop_worker_binaries(timeout=0.5))

@@ -1,0 +1,297 @@
+"""Seconds per round: the training binary's loop vs a bare TFF FedAvg loop on the same data.
+
+Usage: .venv/bin/python benchmarks/bench_harness.py [--rounds 3] [--warmup 1]
+(``--smoke``: synthetic data, a tiny model, one timed round; a minute)
+
+The binary's own loop (``training.loop.run_training``, the code behind
+``training/run_stackoverflow.py``) trains on pydocs with the model of
+``stackoverflow/model.py`` (paper sizes) at 32 clients x 16 sentences and at
+8 clients x 256 sentences, with ``--mechanism=none`` and with ``opt_momentum``.
+After each of its rounds, in the same process and on the same TFF runtime, a bare
+``tff.learning.algorithms.build_unweighted_fed_avg`` loop (TFF's default server
+optimizer and aggregator) runs one round on in-memory datasets
+(``tf.data.Dataset.from_tensor_slices(...).batch(16)``, built before timing) of
+exactly the clients, sentences and token ids the binary's round used; for
+opt_momentum also bare FedAvg with the run's DP aggregator (the same process
+the binary builds), so the harness's own share is visible apart from the
+aggregator's. Rounds alternate, so load drift hits both alike. The binary's
+round is the wall time between two rounds of its loop (sampling, client data,
+``process.next``, metrics, model digest, metrics files); its first rounds
+(compilation) and its last (final evaluation) are not counted. Medians over
+the timed rounds; CPU seconds are those of this process and its TFF
+``worker_binary``.
+
+The bare loop alone at 1 client gives what remains TFF's own: seconds per
+round (t(1) minus one client) and per client ((t(K) - t(1)) / (K - 1)).
+Writes benchmarks/results/harness.md.
+"""
+
+import argparse
+import dataclasses
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+COMMAND = ".venv/bin/python benchmarks/bench_harness.py"
+TARGET_RATIO = 1.3
+NOISE_MULTIPLIER = 1.0  # the private rounds' z; its value does not change their cost
+TINY_MODEL = dict(dataset="synthetic", vocab_size=50, embedding_size=4, lstm_size=4,
+                  projection_size=4)
+
+
+def _cpu_seconds() -> float:
+  """CPU seconds of this process and its children (TFF's worker_binary runs the rounds)."""
+  import psutil  # pylint: disable=g-import-not-at-top
+  me = psutil.Process()
+  total = sum(me.cpu_times()[:2])
+  for child in me.children(recursive=True):
+    try:
+      total += sum(child.cpu_times()[:2])
+    except psutil.Error:
+      pass
+  return total
+
+
+class _Clock:
+  """Wall and CPU seconds since ``start``."""
+
+  def __init__(self):
+    self.start()
+
+  def start(self):
+    self.wall, self.cpu = time.perf_counter(), _cpu_seconds()
+
+  def read(self):
+    return time.perf_counter() - self.wall, _cpu_seconds() - self.cpu
+
+
+class _RecordingClients:
+  """``task.client_datasets`` that also records which clients each round loaded."""
+
+  def __init__(self, clients):
+    self._clients = clients
+    self.loaded = []
+
+  def load(self, client_id):
+    self.loaded.append(client_id)
+    return self._clients.load(client_id)
+
+  def token_ids(self, client_id):
+    return self._clients.token_ids(client_id)
+
+  def take(self):
+    out, self.loaded = self.loaded, []
+    return out
+
+
+def _in_memory(ids, batch_size):
+  """The bare loop's client data: the client's token ids as a plain in-memory dataset."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.data.Dataset.from_tensor_slices((ids[:, :-1], ids[:, 1:])).batch(batch_size)
+
+
+def _bare_process(task, client_lr, setup=None):
+  """Bare unweighted FedAvg: TFF's defaults, or the run's aggregator and server optimizer."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  kwargs = {} if setup is None else dict(server_optimizer_fn=setup.server_optimizer,
+                                         model_aggregator=setup.aggregation_factory)
+  return tff.learning.algorithms.build_unweighted_fed_avg(
+      task.model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(
+          learning_rate=client_lr), **kwargs)
+
+
+class _BareLoop:
+  """A bare process and its state, one timed round at a time."""
+
+  def __init__(self, process):
+    self.process = process
+    self.state = process.initialize()
+    self.seconds = {}  # round -> (wall, cpu)
+
+  def round(self, round_num, datasets):
+    clock = _Clock()
+    self.state = self.process.next(self.state, datasets).state
+    self.seconds[round_num] = clock.read()
+
+
+def _config(args, mechanism, clients, sentences, root, name):
+  from training import config as config_lib  # pylint: disable=g-import-not-at-top
+  total = args.warmup + args.rounds + 1
+  values = dict(mechanism=mechanism, dataset="pydocs", clients_per_round=clients,
+                max_elements_per_client=sentences, total_rounds=total, rounds_per_eval=total,
+                rounds_per_checkpoint=total, max_validation_elements=64, max_test_elements=64,
+                root_output_dir=root, experiment_name=name, progress=False, seed=0)
+  if mechanism != "none":
+    values.update(noise_multiplier=NOISE_MULTIPLIER, noise_seed=1, cache_dir=args.cache_dir)
+  if args.smoke:
+    values.update(TINY_MODEL)
+  return config_lib.TrainingConfig(**values)
+
+
+def _median(pairs, index):
+  return statistics.median(p[index] for p in pairs)
+
+
+def measure(args, mechanism, clients, sentences, tasks, bare_plain, root):
+  """One configuration: the binary's rounds, each followed by the bare rounds on its clients."""
+  from training import loop  # pylint: disable=g-import-not-at-top
+  from training import mechanisms  # pylint: disable=g-import-not-at-top
+  from training import task as task_lib  # pylint: disable=g-import-not-at-top
+  name = f"{mechanism}_{clients}x{sentences}"
+  config = _config(args, mechanism, clients, sentences, root, name)
+  if sentences not in tasks:
+    tasks[sentences] = task_lib.build_task(config)
+  recording = _RecordingClients(tasks[sentences].client_datasets)
+  task = dataclasses.replace(tasks[sentences], client_datasets=recording)
+  if bare_plain[0] is None:
+    bare_plain[0] = _bare_process(task, config.client_lr)
+  bares = {"bare": _BareLoop(bare_plain[0])}
+  if mechanism != "none":
+    setup, _, _ = mechanisms.resolve_privacy(config, 1)
+    bares["bare_dp"] = _BareLoop(_bare_process(task, config.client_lr, setup))
+  binary, clients_used = {}, {}
+  clock = _Clock()
+
+  def after_round(round_num):
+    binary[round_num] = clock.read()
+    loaded = recording.take()
+    clients_used[round_num] = len(loaded)
+    data = [_in_memory(recording.token_ids(c), config.client_batch_size) for c in loaded]
+    for bare in bares.values():
+      bare.round(round_num, data)
+    clock.start()
+
+  loop.run_training(config, task=task, log=lambda _: None, round_callback=after_round)
+  timed = range(args.warmup + 1, args.warmup + args.rounds + 1)
+  out = {"mechanism": mechanism, "clients": clients, "sentences": sentences,
+         "clients_used": [clients_used[r] for r in timed],
+         "binary": [binary[r] for r in timed]}
+  for key, bare in bares.items():
+    out[key] = [bare.seconds[r] for r in timed]
+  return out
+
+
+def tff_own(args, tasks, bare_plain, sentences, clients):
+  """Bare rounds at 1 and ``clients`` clients: TFF's seconds per round and per client."""
+  task, batch = tasks[sentences], 16
+  ids = []  # the last non-empty clients (the binary's rounds drew theirs at random)
+  for c in reversed(task.train_client_ids):
+    if len(ids) == (args.warmup + args.rounds) * clients:
+      break
+    if len(task.client_datasets.token_ids(c)):
+      ids.append(c)
+  medians = {}
+  for k in (1, clients):
+    bare = _BareLoop(bare_plain[0])
+    for r in range(args.warmup + args.rounds):
+      chosen = ids[r * k:(r + 1) * k]
+      bare.round(r, [_in_memory(task.client_datasets.token_ids(c), batch) for c in chosen])
+    medians[k] = _median([bare.seconds[r] for r in range(args.warmup, args.warmup + args.rounds)],
+                         0)
+  per_client = (medians[clients] - medians[1]) / (clients - 1)
+  return {"sentences": sentences, "clients": clients, "t1": medians[1],
+          "tk": medians[clients], "per_client": per_client,
+          "per_round": medians[1] - per_client}
+
+
+def section(args, results, own, load_start, load_end, minutes) -> str:
+  """The markdown section of BENCHMARKS.md."""
+  command = COMMAND + ("" if (args.rounds, args.warmup) == (3, 1)
+                       else f" --rounds {args.rounds} --warmup {args.warmup}")
+  lines = [
+      "## Harness speed",
+      "",
+      f"Command: `{command}` — machine: 2-core x86_64 CPU, 24 GB, no GPU "
+      f"(Python {platform.python_version()}); 1-minute load average {load_start:.1f} at the "
+      f"start, {load_end:.1f} at the end (shared with other jobs: wall times include "
+      f"contention; CPU seconds are this process plus TFF's worker_binary). "
+      f"Total run: {minutes:.1f} min.",
+      "",
+      "The binary's loop (`training.loop.run_training`) against a bare "
+      "`tff.learning.algorithms.build_unweighted_fed_avg` loop run right after each of its "
+      "rounds, in the same process, on in-memory datasets of the same clients' token ids; "
+      "pydocs, the paper-size LSTM of `stackoverflow/model.py` "
+      f"({'tiny model: smoke run' if args.smoke else '4.05M parameters'}), client batches "
+      f"of 16. Median of {args.rounds} rounds after {args.warmup} warm-up round(s). "
+      f"Target: binary / bare ≤ {TARGET_RATIO}. For opt_momentum, *bare + DP* is bare "
+      f"FedAvg with the run's own DP aggregator (z = {NOISE_MULTIPLIER}), so the "
+      "binary / (bare + DP) ratio is the harness's own overhead and (bare + DP) / bare "
+      "the aggregator's.",
+      "",
+      "| mechanism | clients × sentences | binary s | bare s | binary / bare | "
+      "bare + DP s | binary / (bare + DP) | binary CPU s | bare CPU s | CPU ratio |",
+      "|---|---|---|---|---|---|---|---|---|---|"]
+  for r in results:
+    b, bare = _median(r["binary"], 0), _median(r["bare"], 0)
+    dp = _median(r["bare_dp"], 0) if "bare_dp" in r else None
+    bc, barec = _median(r["binary"], 1), _median(r["bare"], 1)
+    lines.append(
+        f"| {r['mechanism']} | {r['clients']} × {r['sentences']} | {b:.2f} | {bare:.2f} | "
+        f"**{b / bare:.2f}** | {'—' if dp is None else f'{dp:.2f}'} | "
+        f"{'—' if dp is None else f'{b / dp:.2f}'} | {bc:.2f} | {barec:.2f} | "
+        f"{bc / barec:.2f} |")
+  lines += ["", "Per round (wall s, binary / bare): " + "; ".join(
+      f"{r['mechanism']} {r['clients']}×{r['sentences']}: " + ", ".join(
+          f"{b[0]:.2f}/{p[0]:.2f}" for b, p in zip(r["binary"], r["bare"]))
+      for r in results) + "."]
+  lines += ["", "What remains TFF's own (bare loop alone, wall s, median of "
+            f"{args.rounds} rounds; per client = (t(K) − t(1)) / (K − 1), per round = "
+            "t(1) − per client):", "",
+            "| sentences per client | t(1) s | K | t(K) s | per client s | per round s |",
+            "|---|---|---|---|---|---|"]
+  for o in own:
+    lines.append(f"| {o['sentences']} | {o['t1']:.2f} | {o['clients']} | {o['tk']:.2f} | "
+                 f"{o['per_client']:.3f} | {o['per_round']:.2f} |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--rounds", type=int, default=3, help="timed rounds per configuration")
+  parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+  parser.add_argument("--cache_dir", default=None,
+                      help="factorization cache (default: the library's)")
+  parser.add_argument("--out-dir", default=os.path.join(REPO, "benchmarks", "results"))
+  parser.add_argument("--smoke", action="store_true",
+                      help="synthetic data, a tiny model, 2 clients; one timed round")
+  args = parser.parse_args(argv)
+  if args.rounds < 1 or args.warmup < 1:
+    parser.error("--rounds and --warmup must be at least 1")
+  from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
+  runtime.install_exit_hook()
+  if args.smoke:
+    args.rounds, args.warmup = 1, 1
+    grid = [("opt_momentum", 2, 4)]
+  else:
+    grid = [(m, k, s) for m in ("none", "opt_momentum") for k, s in ((32, 16), (8, 256))]
+  load_start, start = os.getloadavg()[0], time.perf_counter()
+  tasks, bare_plain, results = {}, [None], []
+  with tempfile.TemporaryDirectory() as root:
+    for mechanism, clients, sentences in grid:
+      results.append(measure(args, mechanism, clients, sentences, tasks, bare_plain, root))
+      r = results[-1]
+      print(f"[harness] {mechanism} {clients}x{sentences}: binary "
+            f"{_median(r['binary'], 0):.2f} s, bare {_median(r['bare'], 0):.2f} s, "
+            f"load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+  sizes = list(dict.fromkeys((k, s) for _, k, s in grid))
+  own = [tff_own(args, tasks, bare_plain, sentences, clients) for clients, sentences in sizes]
+  text = section(args, results, own, load_start, os.getloadavg()[0],
+                 (time.perf_counter() - start) / 60)
+  os.makedirs(args.out_dir, exist_ok=True)
+  path = os.path.join(args.out_dir, "harness.md")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(text)
+  print(text)
+  print(f"wrote {path}", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

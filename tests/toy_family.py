@@ -1,0 +1,48 @@
+"""A family that exists only to test the family protocol (``tff_mf.families``).
+
+C is the lower-triangular Toeplitz matrix whose first b diagonals are 2^(−j), j < b, and
+B = A·C⁻¹. It is not a published mechanism; it is registered at run time by
+tests/test_query_federated.py, which then factorizes, caches, accounts and trains it
+without any other file knowing its name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg
+
+from tff_mf import checks
+from tff_mf import families
+from tff_mf import participation
+
+VERSION = "1"
+
+STRATEGIES = {"toy_geometric": families.Declaration(
+    parameters=("bands",), defaults=families.separation_bands,
+    participations=participation.KINDS, peak_matrices=4, check_spec=families.check_bands)}
+
+
+def coefficients(bands: int) -> np.ndarray:
+  return 0.5 ** np.arange(bands, dtype=np.float64)
+
+
+def _encoder(taps: np.ndarray, n: int) -> np.ndarray:
+  column = np.zeros(n)
+  column[:min(n, taps.size)] = taps[:n]
+  return scipy.linalg.toeplitz(column, np.zeros(n))
+
+
+def factorize(a: np.ndarray, spec, context) -> families.FamilyResult:
+  del context
+  taps = coefficients(spec.bands)
+  c = _encoder(taps, a.shape[0])
+  b = scipy.linalg.solve_triangular(c, a.T, lower=True, trans="T").T  # B = A·C⁻¹
+  return families.FamilyResult(b=b, c=c, info={"bands": spec.bands},
+                               extras={"toy_coefficients": taps})
+
+
+def check_extras(f) -> None:
+  gamma = float(np.asarray(f.extras["normalization"])[0])
+  err = float(np.max(np.abs(_encoder(f.extras["toy_coefficients"], f.n) / gamma - f.c)))
+  if err > 1e-12:
+    raise checks.CheckError(f"toy coefficients do not rebuild C (error {err:.3g})")

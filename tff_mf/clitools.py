@@ -1,0 +1,273 @@
+"""One vocabulary for every command line of tff-mf: ``tff-mf`` and the training tools.
+
+Every tool (argparse or absl) goes through this module, so that
+
+- ``--flag_name`` and ``--flag-name`` are the same flag (``normalize_argv``; the help and
+  the docs spell flags with underscores), and ``--no_flag`` turns a boolean off;
+- a mistyped flag, value, mechanism or strategy name is a one-line error naming the
+  closest valid spelling (``closest``, difflib), exit status 2 (``USAGE_ERROR``);
+- ``--help`` exits 0, and every flag's help states its default (``HelpFormatter``);
+- the shared concepts have one flag each: ``add_progress_flags``, ``add_cache_dir_flag``,
+  ``add_accountant_flag``; ``--workers`` always means TFF worker addresses and
+  ``--processes`` local processes.
+
+Imports neither TensorFlow nor absl at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import sys
+from typing import Dict, Iterable, List, Optional, Sequence
+
+USAGE_ERROR = 2  # exit status of a usage error (a bad flag, value or name), as argparse's
+HELP_FLAGS = ("--help", "-h", "--helpshort", "--helpfull", "-?")
+
+
+# ----------------------------------------------------------------------------- spelling
+
+
+def closest(word: str, choices: Iterable[str]) -> Optional[str]:
+  """The closest valid spelling of ``word`` among ``choices`` (difflib), or None."""
+  choices = [str(c) for c in choices]
+  key = str(word).replace("-", "_").lower()
+  by_key = {c.replace("-", "_").lower(): c for c in choices}
+  match = difflib.get_close_matches(key, list(by_key), n=1, cutoff=0.6)
+  return by_key[match[0]] if match else None
+
+
+def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
+  """``"; did you mean X?"`` for the closest spelling of ``word``, or ``""``."""
+  match = closest(word, choices)
+  return f"; did you mean {prefix}{match}?" if match else ""
+
+
+def normalize_argv(argv: Sequence[str], known: Iterable[str],
+                   absl_booleans: Iterable[str] = ()) -> List[str]:
+  """``argv`` with every known ``--flag-name[=v]`` spelled ``--flag_name[=v]``.
+
+  ``known``: the flag names (without dashes, underscore spelling). ``absl_booleans``:
+  absl boolean flags, whose ``--no_name``/``--no-name`` become absl's ``--noname``.
+  Values and everything after ``--`` are left alone; unknown flags too (the parser then
+  reports them with the closest spelling).
+  """
+  known = set(known)
+  booleans = set(absl_booleans)
+  out: List[str] = []
+  for i, token in enumerate(argv):
+    if token == "--":
+      out.extend(argv[i:])
+      break
+    if token.startswith("--") and len(token) > 2 and not any(c.isspace() for c in token):
+      name, eq, value = token[2:].partition("=")
+      canonical = name.replace("-", "_")
+      if canonical in known:
+        token = f"--{canonical}{eq}{value}"
+      elif canonical.startswith("no_") and canonical[3:] in booleans:
+        token = f"--no{canonical[3:]}{eq}{value}"
+    out.append(token)
+  return out
+
+
+def one_line(text: object) -> str:
+  """A message on one line (whitespace runs collapsed)."""
+  return " ".join(str(text).split())
+
+
+def usage_error(prog: str, message: str) -> None:
+  """Prints ``prog: error: message`` (one line) and exits with ``USAGE_ERROR``."""
+  print(f"{prog}: error: {one_line(message)}", file=sys.stderr)
+  sys.exit(USAGE_ERROR)
+
+
+# ----------------------------------------------------------------------------- argparse
+
+
+def describe_default(value) -> str:
+  if value is None:
+    return "none"
+  if value is True:
+    return "on"
+  if value is False:
+    return "off"
+  if isinstance(value, (list, tuple)):
+    return " ".join(map(str, value)) or "none"
+  return str(value)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+  """Keeps descriptions as written and appends ``(default: X)`` (or ``(required)``) to
+  every flag whose help does not state it already."""
+
+  def _get_help_string(self, action):
+    text = action.help or ""
+    if isinstance(action, (argparse._HelpAction, argparse._VersionAction,  # pylint: disable=protected-access
+                           argparse._SubParsersAction)):  # pylint: disable=protected-access
+      return text
+    if not action.option_strings:  # positionals
+      return text
+    if action.required:
+      return text if "required" in text else f"{text} (required)"
+    if "default" in text or action.default is argparse.SUPPRESS:
+      return text
+    return f"{text} (default: {describe_default(action.default).replace('%', '%%')})"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+  """argparse with the vocabulary of this module.
+
+  Accepts ``--flag_name`` and ``--flag-name``; errors are one line with the closest valid
+  spelling, exit status 2; ``removed`` maps a flag that no longer exists to the message
+  that names its replacement (a one-line error when given). Subparsers are of this class.
+  """
+
+  def __init__(self, *args, removed: Optional[Dict[str, str]] = None, **kwargs):
+    kwargs.setdefault("allow_abbrev", False)
+    kwargs.setdefault("formatter_class", HelpFormatter)
+    super().__init__(*args, **kwargs)
+    self.removed = dict(removed or {})
+
+  def long_flags(self) -> List[str]:
+    return [s for s in self._option_string_actions if s.startswith("--")]
+
+  def parse_known_args(self, args=None, namespace=None):
+    args = list(sys.argv[1:] if args is None else args)
+    known = self.long_flags()
+    args = normalize_argv(args, [s[2:] for s in known])
+    for token in args:
+      if token == "--":
+        break
+      name = token.split("=", 1)[0][2:].replace("-", "_")
+      if token.startswith("--") and name in self.removed and f"--{name}" not in known:
+        self.error(f"--{name} was removed: {self.removed[name]}")
+    namespace, extras = super().parse_known_args(args, namespace)
+    if extras:
+      self.error(self._unknown(extras[0]))
+    return namespace, extras
+
+  def _unknown(self, token: str) -> str:
+    if token.startswith("-"):
+      name = token.split("=", 1)[0]
+      hint = did_you_mean(name.lstrip("-"), [s[2:] for s in self.long_flags()], prefix="--")
+      return f"unknown flag {name}{hint}"
+    return f"unexpected argument {token!r}"
+
+  def _check_value(self, action, value):
+    if action.choices is not None and value not in action.choices:
+      choices = [str(c) for c in action.choices]
+      raise argparse.ArgumentError(
+          action, f"unknown value {value!r}{did_you_mean(value, choices)} (expected one of "
+                  f"{', '.join(choices)})")
+
+  def error(self, message):
+    usage_error(self.prog, f"{message} (see {self.prog} --help)")
+
+
+# ----------------------------------------------------------------------------- shared flags
+
+
+def add_progress_flags(parser, default: bool = True, what: str = "progress bars on stderr"):
+  """``--progress`` / ``--no_progress`` (dest ``progress``), as in every tool."""
+  group = parser.add_mutually_exclusive_group()
+  group.add_argument("--progress", dest="progress", action="store_true", default=default,
+                     help=f"show {what} (default: {describe_default(default)})")
+  group.add_argument("--no_progress", dest="progress", action="store_false",
+                     help=f"no {what} (default: {describe_default(not default)})")
+
+
+def add_cache_dir_flag(parser):
+  """``--cache_dir``: the factorization cache (``tff_mf.cache``)."""
+  parser.add_argument("--cache_dir", default=None, metavar="DIR",
+                      help="factorization cache directory (default: $TFF_MF_CACHE or "
+                           "~/.cache/tff_mf)")
+
+
+def add_accountant_flag(parser, what: str = "the unamplified Gaussian mechanism"):
+  """``--accountant``: every accountant of ``tff_mf.accounting``, its default."""
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  parser.add_argument("--accountant", choices=accounting.ACCOUNTANTS,
+                      default=accounting.DEFAULT_ACCOUNTANT,
+                      help=f"accountant of {what}: " + ACCOUNTANT_HELP +
+                           f" (default: {accounting.DEFAULT_ACCOUNTANT})")
+
+
+ACCOUNTANT_HELP = ("exact (analytic Gaussian, Balle & Wang 2018, arXiv:1805.06530, Thm 8; the "
+                   "tightest), pld (dp_accounting privacy-loss distributions), rdp (Renyi DP, "
+                   "the loosest)")
+
+
+# ----------------------------------------------------------------------------- names
+
+
+def mechanism_help(trainable: Optional[bool] = None) -> str:
+  """The mechanism names once, then their aliases in one short line (from the registry)."""
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
+  names = registry.mechanism_names(trainable=trainable)
+  aliases = []
+  for name in names:
+    extra = registry.mechanism(name).aliases
+    if extra:
+      aliases.append(f"{'/'.join(extra)}={name}")
+  return f"names: {', '.join(names)}; aliases: {', '.join(aliases)}"
+
+
+def resolve_mechanism(name: str, flag: str = "--mechanism", trainable: Optional[bool] = None):
+  """The registry mechanism spelled ``name``; a one-line RegistryError with the closest
+  spelling otherwise."""
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
+  spellings = [s for s in registry.all_spellings()
+               if trainable is None or registry.mechanism(s).trainable == trainable]
+  if name not in spellings:
+    raise registry.RegistryError(
+        f"{flag}: unknown mechanism {name!r}{did_you_mean(name, spellings)} "
+        f"({mechanism_help(trainable)})")
+  return registry.mechanism(name)
+
+
+# ----------------------------------------------------------------------------- absl
+
+
+_ABSL_VALUE_ERROR = re.compile(r"flag --([A-Za-z0-9_]+)=(.*?): ")
+
+
+def parse_absl_flags(argv: Sequence[str], flag_values=None) -> List[str]:
+  """absl's flag parsing with this module's vocabulary; returns the remaining argv.
+
+  ``--help`` prints the usage and every flag with its default, and exits 0; a bad flag
+  or value is one line on stderr with the closest valid spelling, exit status 2.
+  """
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flag_values = flags.FLAGS if flag_values is None else flag_values
+  prog = os.path.basename(argv[0]) if argv else "program"
+  args = list(argv[1:])
+  head = args[:args.index("--")] if "--" in args else args
+  if any(a in HELP_FLAGS for a in head):
+    if "--helpfull" in head:
+      print(flag_values.get_help())
+    else:
+      app.usage(shorthelp=True, writeto_stdout=True)
+    sys.exit(0)
+  all_flags = flag_values._flags()  # pylint: disable=protected-access
+  booleans = [name for name, f in all_flags.items() if f.boolean]
+  args = normalize_argv(args, all_flags, booleans)
+  try:
+    return flag_values([argv[0] if argv else prog] + args)
+  except flags.UnrecognizedFlagError as e:
+    name = e.flagname.replace("-", "_")
+    usage_error(prog, f"unknown flag --{e.flagname}{did_you_mean(name, all_flags, '--')} "
+                      f"(see --help)")
+  except flags.Error as e:
+    message = one_line(e)
+    match = _ABSL_VALUE_ERROR.search(message)
+    if match and match.group(1) in all_flags:
+      enum_values = getattr(all_flags[match.group(1)].parser, "enum_values", None)
+      if enum_values:
+        message = (f"--{match.group(1)}: unknown value {match.group(2)!r}"
+                   f"{did_you_mean(match.group(2), enum_values)} (expected one of "
+                   f"{', '.join(enum_values)})")
+    usage_error(prog, message)
+  return []  # not reached
