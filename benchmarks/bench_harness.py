@@ -21,13 +21,15 @@ round is the wall time between two rounds of its loop (sampling, client data,
 the timed rounds; CPU seconds are those of this process and its TFF
 ``worker_binary``.
 
-The bare loop alone at 1 client gives what remains TFF's own: seconds per
-round (t(1) minus one client) and per client ((t(K) - t(1)) / (K - 1)).
-Writes benchmarks/results/harness.md.
+The bare loop alone at 1 client (the largest of each timed round's clients) gives
+what remains TFF's own: seconds per client ((t(K) - t(1)) / (K - 1), with t(K)
+the bare rounds above) and per round (t(1) minus one client).
+Writes benchmarks/results/harness.md (and the per-round figures to harness.json).
 """
 
 import argparse
 import dataclasses
+import json
 import os
 import platform
 import statistics
@@ -162,43 +164,39 @@ def measure(args, mechanism, clients, sentences, tasks, bare_plain, root):
   def after_round(round_num):
     binary[round_num] = clock.read()
     loaded = recording.take()
-    clients_used[round_num] = len(loaded)
-    data = [_in_memory(recording.token_ids(c), config.client_batch_size) for c in loaded]
-    for bare in bares.values():
-      bare.round(round_num, data)
+    clients_used[round_num] = loaded
+    if round_num < config.total_rounds:  # the last round is not counted
+      data = [_in_memory(recording.token_ids(c), config.client_batch_size) for c in loaded]
+      for bare in bares.values():
+        bare.round(round_num, data)
     clock.start()
 
   loop.run_training(config, task=task, log=lambda _: None, round_callback=after_round)
   timed = range(args.warmup + 1, args.warmup + args.rounds + 1)
   out = {"mechanism": mechanism, "clients": clients, "sentences": sentences,
          "clients_used": [clients_used[r] for r in timed],
+         "warmup_clients": clients_used[1],
          "binary": [binary[r] for r in timed]}
   for key, bare in bares.items():
     out[key] = [bare.seconds[r] for r in timed]
   return out
 
 
-def tff_own(args, tasks, bare_plain, sentences, clients):
-  """Bare rounds at 1 and ``clients`` clients: TFF's seconds per round and per client."""
-  task, batch = tasks[sentences], 16
-  ids = []  # the last non-empty clients (the binary's rounds drew theirs at random)
-  for c in reversed(task.train_client_ids):
-    if len(ids) == (args.warmup + args.rounds) * clients:
-      break
-    if len(task.client_datasets.token_ids(c)):
-      ids.append(c)
-  medians = {}
-  for k in (1, clients):
-    bare = _BareLoop(bare_plain[0])
-    for r in range(args.warmup + args.rounds):
-      chosen = ids[r * k:(r + 1) * k]
-      bare.round(r, [_in_memory(task.client_datasets.token_ids(c), batch) for c in chosen])
-    medians[k] = _median([bare.seconds[r] for r in range(args.warmup, args.warmup + args.rounds)],
-                         0)
-  per_client = (medians[clients] - medians[1]) / (clients - 1)
-  return {"sentences": sentences, "clients": clients, "t1": medians[1],
-          "tk": medians[clients], "per_client": per_client,
-          "per_round": medians[1] - per_client}
+def tff_own(args, tasks, bare_plain, result):
+  """TFF's seconds per round and per client: bare rounds of one client (the largest of each
+  round of ``result``), against the bare rounds of ``result`` (K clients)."""
+  task, batch = tasks[result["sentences"]], 16
+  sizes = lambda c: len(task.client_datasets.token_ids(c))  # noqa: E731
+  rounds = [result["warmup_clients"]] + result["clients_used"]
+  bare = _BareLoop(bare_plain[0])
+  for r, loaded in enumerate(rounds):
+    largest = max(loaded, key=sizes)
+    bare.round(r, [_in_memory(task.client_datasets.token_ids(largest), batch)])
+  t1 = _median([bare.seconds[r] for r in range(1, len(rounds))], 0)
+  tk, clients = _median(result["bare"], 0), result["clients"]
+  per_client = (tk - t1) / (clients - 1)
+  return {"sentences": result["sentences"], "clients": clients, "t1": t1, "tk": tk,
+          "per_client": per_client, "per_round": t1 - per_client}
 
 
 def section(args, results, own, load_start, load_end, minutes) -> str:
@@ -242,9 +240,11 @@ def section(args, results, own, load_start, load_end, minutes) -> str:
           f"{b[0]:.2f}/{p[0]:.2f}" for b, p in zip(r["binary"], r["bare"]))
       for r in results) + "."]
   lines += ["", "What remains TFF's own (bare loop alone, wall s, median of "
-            f"{args.rounds} rounds; per client = (t(K) − t(1)) / (K − 1), per round = "
+            f"{args.rounds} rounds; t(1): one client, the largest of each timed round's, "
+            "t(K): the bare rounds above; per client = (t(K) − t(1)) / (K − 1), per round = "
             "t(1) − per client):", "",
-            "| sentences per client | t(1) s | K | t(K) s | per client s | per round s |",
+            "| sentences per client (at most) | t(1) s | K | t(K) s | per client s | "
+            "per round s |",
             "|---|---|---|---|---|---|"]
   for o in own:
     lines.append(f"| {o['sentences']} | {o['t1']:.2f} | {o['clients']} | {o['tk']:.2f} | "
@@ -280,11 +280,12 @@ def main(argv=None):
       print(f"[harness] {mechanism} {clients}x{sentences}: binary "
             f"{_median(r['binary'], 0):.2f} s, bare {_median(r['bare'], 0):.2f} s, "
             f"load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
-  sizes = list(dict.fromkeys((k, s) for _, k, s in grid))
-  own = [tff_own(args, tasks, bare_plain, sentences, clients) for clients, sentences in sizes]
+  os.makedirs(args.out_dir, exist_ok=True)
+  with open(os.path.join(args.out_dir, "harness.json"), "w", encoding="utf-8") as f:
+    json.dump(results, f, indent=1)
+  own = [tff_own(args, tasks, bare_plain, r) for r in results if r["mechanism"] == grid[0][0]]
   text = section(args, results, own, load_start, os.getloadavg()[0],
                  (time.perf_counter() - start) / 60)
-  os.makedirs(args.out_dir, exist_ok=True)
   path = os.path.join(args.out_dir, "harness.md")
   with open(path, "w", encoding="utf-8") as f:
     f.write(text)
