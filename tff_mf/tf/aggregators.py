@@ -279,13 +279,7 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
   0.2, ``clipped_count_stddev`` 0.05·clients_per_round). z is then the MF noise
   multiplier; ε covers the MF noise and the count queries together, and a target ε is
   split between them as TFF splits it (the count's σ_b fixed, z takes the rest).
-
-  ``noise_stream`` (linear-noise mechanisms): ``"stateful"`` runs the family's recurrence
-  and carries its k model-sized state rows between rounds; ``"stateless"`` regenerates the
-  rows of Z that round i's noise needs from the secret seed and keeps no state (cost ∝ the
-  non-zeros of C⁻¹'s row i: b for the banded-inverse family, BISR and λCGD, whose C⁻¹ is
-  banded; Kalinin et al. 2025, arXiv:2505.12128). Both add the same noise C⁻¹·Z.
-  ``"auto"``: the registry's kind (stateful for linear, stateless for dense noise).
+  ``noise_stream``: one of ``NOISE_STREAMS`` (same noise C⁻¹·Z, different state).
   """
   cfg = _config(mechanism, total_rounds, (noise_multiplier, target_epsilon, delta, accountant),
                 clients_per_round, clip_norm, server_learning_rate, momentum, lr_schedule,
@@ -332,6 +326,11 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
                         mechanism=resolved, privacy=record)
 
 
+# How a linear-noise mechanism produces C⁻¹·Z: "stateful" runs the family's recurrence and
+# carries its k model-sized state rows between rounds; "stateless" regenerates the rows of Z
+# that round i's noise needs from the secret seed and keeps no state (cost ∝ the non-zeros
+# of C⁻¹'s row i: b for BISR, BandInvMF and λCGD, whose C⁻¹ is banded; Kalinin et al. 2025,
+# arXiv:2505.12128). "auto": the registry's kind (stateful for linear, stateless for dense).
 NOISE_STREAMS = ("auto", "stateful", "stateless")
 
 
