@@ -297,7 +297,7 @@ def test_tff_mf_account_and_audit_stop_at_once_on_ctrl_c(tmp_path):
   commands = {
       "account": ["account", "--mechanism", "honaker_online", "--n", "256", "--amplification",
                   "mmcc", "--sampling-prob", "0.1", "--noise-multiplier", "1", "--delta",
-                  "1e-6", "--workers", "2"],  # MMCC: minutes of row PLDs in two processes
+                  "1e-6", "--processes", "2"],  # MMCC: minutes of row PLDs in two processes
       "audit": ["audit", "--mechanism", "opt_prefix_sum", "--n", "8", "--noise-multiplier",
                 "0.5", "--participation", "fixed_epoch", "--epochs", "2", "--plot",
                 str(tmp_path / "audit.png")],  # TFF start-up, then many TFF rounds

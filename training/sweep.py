@@ -424,7 +424,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-  from tff_mf import clitools  # pylint: disable=g-import-not-at-top
   args = build_parser().parse_args(argv)
   with interrupt.handled(defer=True, prog="sweep",
                          notice="sweep: Ctrl-C: each run stops at the end of its current "
@@ -433,6 +432,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
+  from tff_mf import clitools  # pylint: disable=g-import-not-at-top
   try:
     if args.grid not in grids.GRIDS:
       raise ValueError(f"unknown grid {args.grid!r}{clitools.did_you_mean(args.grid, grids.GRIDS)}"
