@@ -254,3 +254,15 @@ def test_the_privacy_record_holds_a_sensitivity_once_per_meaning():
   assert banded["analysis"] == "banded"  # `sensitivity`: every eligible round joined
   assert banded["unamplified_sensitivity"] == accounting.sensitivity_report(
       encoder("banded", bands=4), cfg.schema())["value"]
+
+
+def test_a_square_encoders_leading_block_has_the_released_rows_sensitivity():
+  c = encoder()
+  schema = config_lib.TrainingConfig(participation="min_sep", min_sep=3, sampling_prob=0.5,
+                                     total_rounds=N).schema()
+  for r in (2, 5, 7):
+    block, schema_r = privacy.prefix_encoder(c, schema, r)
+    assert block.shape == (r, r)
+    assert accounting.sensitivity_report(block, schema_r)["value"] == pytest.approx(
+        accounting.sensitivity_report(privacy.released_rows(c, r), schema)["value"],
+        rel=1e-12)

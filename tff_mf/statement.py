@@ -232,7 +232,7 @@ def privacy_statement(record: Mapping[str, Any], *, schema=None,
     not_covered.append(SECRET_SEED)
   out = {"unit": UNIT,
          "epsilon": None if eps is None else round_up(eps),
-         "epsilon_text": epsilon_text(eps), "epsilon_unrounded": eps,
+         "epsilon_text": None if eps is None else epsilon_text(eps), "epsilon_unrounded": eps,
          "delta": record.get("delta"),
          "analysis": analysis_words(record, schema_text),
          "participation": participation_words(schema_text, observed, sampling_prob),

@@ -503,8 +503,9 @@ def _train(run: _Run, task: Optional[task_lib.Task]) -> Dict[str, object]:
   path = os.path.join(run.run_dir, outputs.SUMMARY_FILE)
   outputs.write_json(path, summary)
   statement = summary["privacy_statement"]
+  eps_text = (statement["epsilon_text"] or "none") if summary["private"] else "none (no DP)"
   run.log(f"{summary['mechanism']}: {summary['rounds_completed']}/{config.total_rounds} rounds, "
-          f"eps={statement['epsilon_text'] if summary['private'] else 'none (no DP)'}, "
+          f"eps={eps_text}, "
           f"test loss {summary['test_metrics']['loss']}, "
           f"{summary['wall_seconds']:.1f}s -> {path}")
   print(statement["text"], flush=True)

@@ -258,6 +258,23 @@ def released_rows(c: np.ndarray, rounds: int) -> np.ndarray:
   return c[release < rounds]
 
 
+def prefix_encoder(c: np.ndarray, schema_n, rounds: int):
+  """(C', schema'): what the first ``rounds`` rounds release, and the schema it is under.
+
+  A square C under min_sep: the leading block C[:r, :r] under the same min_sep schema on
+  r rounds (single when b > r), which is the n-round schema restricted to the first r
+  rounds, and keeps C's structure (e.g. Toeplitz) for a fast exact sensitivity. Otherwise
+  ``released_rows`` under the n-round schema: those rows have no column beyond round r.
+  """
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  m, n = c.shape
+  if m == n and schema_n.kind == "min_sep" and not np.any(np.triu(c, 1)):
+    if schema_n.min_sep > rounds:
+      return c[:rounds, :rounds], participation.SINGLE
+    return c[:rounds, :rounds], schema_n
+  return released_rows(c, rounds), schema_n
+
+
 def _evaluated_rounds(n: int) -> List[int]:
   return sorted(set(np.ceil(np.linspace(1, n, min(n, MAX_EPSILON_POINTS))).astype(int).tolist())
                 | {n})
@@ -267,7 +284,7 @@ def epsilon_per_round(config: TrainingConfig, c: np.ndarray, z: float,
                       record: Dict[str, Any]) -> List[float]:
   """ε spent after rounds 1..n: upper bounds, non-decreasing, the last one ``record``'s ε.
 
-  After r rounds the run has released the rows of C of rounds ≤ r (``released_rows``): the
+  After r rounds the run has released the rows of C of rounds ≤ r (``prefix_encoder``): the
   Gaussian mechanism at z / sens_r, sens_r the sensitivity of those rows under the
   schema (its patterns restricted to rounds ≤ r, since the rows have zero columns
   beyond), by the run's accountant; with adaptive clipping composed with the count
@@ -282,11 +299,11 @@ def epsilon_per_round(config: TrainingConfig, c: np.ndarray, z: float,
   s = schema(config)
   bounds = {}
   for r in _evaluated_rounds(n)[:-1]:
-    rows = released_rows(c, r)
+    rows, schema_r = prefix_encoder(c, s, r)
     if not np.any(rows):
       bounds[r] = 0.0
       continue
-    sens = accounting.sensitivity_report(rows, s)["value"]
+    sens = accounting.sensitivity_report(rows, schema_r)["value"]
     bounds[r] = _epsilon_at(config, z, sens, record)
   bounds[n] = final
   out, best = [0.0] * n, final
