@@ -202,7 +202,8 @@ def tff_own(args, tasks, bare_plain, result):
 def section(args, results, own, load_start, load_end, minutes) -> str:
   """The markdown section of BENCHMARKS.md."""
   command = COMMAND + ("" if (args.rounds, args.warmup) == (3, 1)
-                       else f" --rounds {args.rounds} --warmup {args.warmup}")
+                       else f" --rounds {args.rounds} --warmup {args.warmup}") + (
+                           " --only " + " ".join(args.only) if args.only else "")
   lines = [
       "## Harness speed",
       "",
@@ -259,6 +260,8 @@ def main(argv=None):
   parser.add_argument("--cache_dir", default=None,
                       help="factorization cache (default: the library's)")
   parser.add_argument("--out-dir", default=os.path.join(REPO, "benchmarks", "results"))
+  parser.add_argument("--only", nargs="*", default=None, metavar="MECHANISM:KxM",
+                      help="a subset of the configurations, e.g. none:32x16 opt_momentum:8x256")
   parser.add_argument("--smoke", action="store_true",
                       help="synthetic data, a tiny model, 2 clients; one timed round")
   args = parser.parse_args(argv)
@@ -271,18 +274,24 @@ def main(argv=None):
     grid = [("opt_momentum", 2, 4)]
   else:
     grid = [(m, k, s) for m in ("none", "opt_momentum") for k, s in ((32, 16), (8, 256))]
+    if args.only:
+      chosen = [(m, k, s) for m, k, s in grid if f"{m}:{k}x{s}" in args.only]
+      if len(chosen) != len(set(args.only)):
+        parser.error(f"--only takes some of {' '.join(f'{m}:{k}x{s}' for m, k, s in grid)}")
+      grid = chosen
   load_start, start = os.getloadavg()[0], time.perf_counter()
   tasks, bare_plain, results = {}, [None], []
   with tempfile.TemporaryDirectory() as root:
+    os.makedirs(args.out_dir, exist_ok=True)
     for mechanism, clients, sentences in grid:
       results.append(measure(args, mechanism, clients, sentences, tasks, bare_plain, root))
       r = results[-1]
       print(f"[harness] {mechanism} {clients}x{sentences}: binary "
-            f"{_median(r['binary'], 0):.2f} s, bare {_median(r['bare'], 0):.2f} s, "
+            f"{_median(r['binary'], 0):.2f} s ({_median(r['binary'], 1):.2f} CPU s), bare "
+            f"{_median(r['bare'], 0):.2f} s ({_median(r['bare'], 1):.2f} CPU s), "
             f"load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
-  os.makedirs(args.out_dir, exist_ok=True)
-  with open(os.path.join(args.out_dir, "harness.json"), "w", encoding="utf-8") as f:
-    json.dump(results, f, indent=1)
+      with open(os.path.join(args.out_dir, "harness.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1)  # so far
   own = [tff_own(args, tasks, bare_plain, r) for r in results if r["mechanism"] == grid[0][0]]
   text = section(args, results, own, load_start, os.getloadavg()[0],
                  (time.perf_counter() - start) / 60)
