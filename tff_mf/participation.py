@@ -575,7 +575,7 @@ def _ascend_one_per_block(x: np.ndarray, pattern: Tuple[int, ...], b: int,
       others = [q for i, q in enumerate(p) if i != j]
       gain = np.diag(x)[rows] + 2.0 * np.sum(x[np.ix_(rows, others)], axis=1)
       best = int(rows[np.argmax(gain)])
-      if gain[best - j * b] > gain[p[j] - j * b] * (1 + 1e-15) + 0.0 and best != p[j]:
+      if best != p[j] and gain[best - j * b] > gain[p[j] - j * b]:  # strict: it terminates
         p[j], changed = best, True
     if not changed:
       break
