@@ -181,3 +181,36 @@ def test_configuration_errors_are_one_line_exit_2(flag, message, tmp_path):
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
   assert not root.exists() or not os.listdir(root)
+
+
+def test_binary_trains_under_balls_in_bins_and_reports_the_unamplified_bound(tmp_path):
+  """--participation=balls_in_bins: every client in exactly one round of each epoch; ε is the
+  Gaussian at z / sensitivity over the one-round-per-epoch patterns, labeled unamplified."""
+  from stackoverflow import fixtures  # pylint: disable=g-import-not-at-top
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  from tff_mf import cache  # pylint: disable=g-import-not-at-top
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=6)
+  home = tmp_path / "home"
+  home.mkdir()
+  args = [a for a in TINY if not a.startswith(("--dataset", "--total_rounds"))] + [
+      "--dataset=stackoverflow", f"--data_dir={data_dir}", "--total_rounds=4",
+      "--participation=balls_in_bins", "--epochs=2", "--noise_seed=3", "--noprogress",
+      f"--cache_dir={tmp_path / 'cache'}", f"--root_output_dir={tmp_path / 'runs'}",
+      "--experiment_name=bib"]
+  result = run_binary(args, cwd=tmp_path, home=home)
+  assert result.returncode == 0, result.stderr[-4000:]
+  summary = json.loads((tmp_path / "runs" / "bib" / "summary.json").read_text())
+  seen = summary["participation"]
+  assert seen["sampler"] == "balls in bins" and seen["follows_schema"]
+  assert seen["observed"]["client_rounds"] == 6 * 2  # each client once in each of 2 epochs
+  assert seen["observed"]["max_participations"] == 2
+  assert seen["observed"]["repeats_within_an_epoch"] == 0
+  privacy = summary["privacy"]
+  assert privacy["analysis"] == "none" and "no amplification proven" in privacy["amplification"]
+  assert any("arXiv:2601.21636" in note for note in privacy["notes"])
+  c = cache.load(summary["mechanism_info"]["cache_npz"]).c
+  sens = participation.sensitivity(c, participation.balls_in_bins(2))
+  assert privacy["sensitivity"] == pytest.approx(sens, rel=1e-12)
+  assert summary["epsilon"] == pytest.approx(accounting.epsilon(1.0, 1e-6, sensitivity=sens),
+                                             rel=1e-9)

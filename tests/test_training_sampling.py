@@ -220,3 +220,89 @@ def test_single_pass_log_has_no_separation():
   log.observe(2, IDS[3:6])
   assert log.observed()["min_separation"] is None
   assert log.violations(participation.SINGLE, 2) == []
+
+
+# ----------------------------------------------------------------------------- balls in bins
+
+
+def bib_sampler(n=12, k=3, secret=99, ids=IDS, seed=5):
+  return sampling.BallsInBinsSampler(ids, seed=seed, total_rounds=n, epochs=k, secret=secret)
+
+
+def test_balls_in_bins_each_client_exactly_once_per_epoch():
+  n, k = 12, 3
+  b = n // k
+  sampler = bib_sampler(n, k)
+  joined = rounds_of_each_client(run_rounds(sampler, n))
+  assert set(joined) == set(IDS)
+  for client, rounds in joined.items():
+    assert [(t - 1) // b for t in rounds] == list(range(k)), (client, rounds)
+  assert np.all(sampler.counts == k)
+  log = sampling.ParticipationLog(IDS, epoch_length=b)
+  for t, ids in enumerate(run_rounds(bib_sampler(n, k), n), 1):
+    log.observe(t, ids)
+  assert log.violations(participation.balls_in_bins(k), n) == []
+  assert log.observed()["repeats_within_an_epoch"] == 0
+
+
+def test_balls_in_bins_round_is_uniform_and_independent_across_epochs():
+  """Per epoch the round of a client is Uniform{0..b−1}; epochs are independent (χ² tests)."""
+  ids = [f"u{i:05d}" for i in range(4000)]
+  n, k = 20, 4
+  b = n // k
+  sampler = bib_sampler(n, k, ids=ids, secret=1234)
+  slot = np.zeros((k, len(ids)), np.int64)
+  for t in range(1, n + 1):
+    chosen, _, _ = sampler.next_round(t, identity_load)
+    slot[(t - 1) // b, [sampler.index[c] for c in chosen]] = (t - 1) % b
+  for e in range(k):  # uniform over the b rounds of the epoch
+    observed = np.bincount(slot[e], minlength=b)
+    assert stats.chisquare(observed).pvalue > 1e-6, observed
+  for e in range(k - 1):  # the pair (round in epoch e, round in epoch e + 1) is independent
+    table = np.zeros((b, b))
+    np.add.at(table, (slot[e], slot[e + 1]), 1)
+    assert stats.chi2_contingency(table)[1] > 1e-6
+  # Rounds of one epoch depend only on the secret and the round; another secret, others.
+  again = bib_sampler(n, k, ids=ids, secret=1234)
+  assert again.next_round(7, identity_load)[0] == sampler.next_round(7, identity_load)[0]
+  assert bib_sampler(n, k, ids=ids, secret=1).next_round(7, identity_load)[0] != \
+      sampler.next_round(7, identity_load)[0]
+
+
+def test_balls_in_bins_resumes_and_refuses_what_breaks_it():
+  first = bib_sampler()
+  head = run_rounds(first, 5)
+  resumed = bib_sampler()
+  resumed.restore(first.state())
+  assert head + run_rounds(resumed, 7, start=6) == run_rounds(bib_sampler(), 12)
+  assert np.array_equal(resumed.counts, np.full(len(IDS), 3))
+  with pytest.raises(TrainingError, match="secret"):
+    bib_sampler(secret=-1)
+  with pytest.raises(TrainingError, match="outside"):
+    bib_sampler().next_round(13, identity_load)
+  # The record catches a client twice in one epoch (a sampler that broke the schema).
+  log = sampling.ParticipationLog(IDS, epoch_length=4)
+  log.observe(1, ["c0000"])
+  log.observe(3, ["c0000"])
+  assert any("within one epoch" in v for v in log.violations(participation.balls_in_bins(3), 12))
+  restored = sampling.ParticipationLog(IDS, epoch_length=4)
+  restored.restore(log.state())
+  assert restored.observed() == log.observed()
+
+
+def test_balls_in_bins_and_cyclic_poisson_flags():
+  with pytest.raises(TrainingError, match="needs --epochs"):
+    config(participation="balls_in_bins").validate()
+  with pytest.raises(TrainingError, match="does not apply"):
+    config(participation="balls_in_bins", epochs=3, sampling_prob=0.5).validate()
+  cfg = config(participation="balls_in_bins", epochs=3)
+  cfg.validate()
+  assert cfg.schema() == participation.balls_in_bins(3)
+  assert isinstance(sampling.build_sampler(cfg, IDS, 5), sampling.BallsInBinsSampler)
+  assert sampling.build_log(cfg, IDS).epoch_length == 4
+  cyclic = config(participation="cyclic_poisson", min_sep=3, sampling_prob=0.5)
+  cyclic.validate()
+  assert cyclic.participation == "min_sep"
+  assert cyclic.fingerprint() == config(participation="min_sep", min_sep=3,
+                                        sampling_prob=0.5).fingerprint()
+  assert isinstance(sampling.build_sampler(cyclic, IDS, 5), sampling.CyclicPoissonSampler)

@@ -10,7 +10,10 @@ equivalently replace-with-zero). Three analyses (``epsilon_for``):
   multiplier z / sens, sens the sensitivity of C under the participation schema
   (``tff_mf.participation``): γ(C) for single participation (Denisov et al. 2022,
   Thm 4.1), the multi-participation sensitivity for fixed-epoch and b-min-sep
-  participation (Choquette-Choo et al. 2023, arXiv:2211.06530, Sec 2).
+  participation (Choquette-Choo et al. 2023, arXiv:2211.06530, Sec 2), and for
+  balls-in-bins batching (one uniformly random round per epoch, Chua et al. 2024,
+  arXiv:2412.16802) the sensitivity over every one-round-per-epoch pattern: no
+  amplification is claimed for balls-in-bins (``NO_BALLS_IN_BINS_AMPLIFICATION``).
 - ``"mmcc"``: amplification by Poisson sampling for any lower-triangular non-negative
   C (Choquette-Choo et al. 2024, MMCC, arXiv:2310.15526, Fig 1; b-min-sep sampling:
   App D, Fig 6); ``tff_mf.mmcc``.
@@ -81,7 +84,14 @@ THEOREMS = {
     "mmcc": "Choquette-Choo et al. 2024 (MMCC), arXiv:2310.15526, Fig 1 and App D",
     "banded": "Choquette-Choo et al. 2023, arXiv:2306.08153, Thm 4: ceil(n/b)-fold composition "
               "of the Poisson-subsampled Gaussian with multiplier z / max column norm",
+    "balls_in_bins": "one Gaussian mechanism with multiplier z / sensitivity over every pattern "
+                     "of one round per epoch (Chua et al. 2024, arXiv:2412.16802, balls-in-bins "
+                     "batching), unamplified",
 }
+# What the unamplified balls-in-bins bound leaves out (said with every such ε).
+NO_BALLS_IN_BINS_AMPLIFICATION = (
+    "no amplification proven for this sampler in tff-mf; arXiv:2412.16802 (C = I) and "
+    "arXiv:2601.21636 (any C) give amplified bounds, not implemented")
 
 
 # ----------------------------------------------------------------------------- checks
@@ -265,7 +275,7 @@ def _check_schema(schema):
   if schema.kind not in participation.KINDS:
     raise checks.CheckError(f"participation must be one of {', '.join(participation.KINDS)}, "
                             f"got {schema.kind!r}")
-  if schema.kind == "fixed_epoch":
+  if schema.kind in ("fixed_epoch", "balls_in_bins"):
     checks.positive_int(schema.epochs, "epochs")
   if schema.kind == "min_sep":
     checks.positive_int(schema.min_sep, "min_sep")
@@ -310,6 +320,9 @@ def sampling_min_sep(schema, n: int) -> int:
   epoch. A cap on participations below ⌈n/b⌉ is not Poisson sampling and is refused.
   """
   schema = _check_schema(schema)
+  if schema.kind == "balls_in_bins":
+    raise AccountingError(f"balls_in_bins: {NO_BALLS_IN_BINS_AMPLIFICATION}; account it without "
+                          "amplification")
   if schema.kind == "single":
     raise AccountingError(
         "amplification analyzes Poisson sampling, where a user may join several rounds; give a "
@@ -462,7 +475,10 @@ def _unamplified_record(record: Dict[str, Any], c: Optional[np.ndarray], schema,
   record.update(epsilon=eps, accountant=accountant, sensitivity=report["value"],
                 sensitivity_exact=report["exact"], sensitivity_method=report["method"],
                 exact=bool(accountant == "exact" and report["exact"]),
-                theorem=THEOREMS["single" if schema.kind == "single" else "multi"])
+                theorem=THEOREMS[{"single": "single", "balls_in_bins": "balls_in_bins"}.get(
+                    schema.kind, "multi")])
+  if schema.kind == "balls_in_bins":
+    record["amplification"] = NO_BALLS_IN_BINS_AMPLIFICATION
   return record
 
 

@@ -26,6 +26,7 @@ COMMANDS = (
     ("plot", "tff_mf.commands.plot"),
     ("account", "tff_mf.commands.account"),
     ("audit", "tff_mf.commands.audit"),
+    ("calibrate-bands", "tff_mf.commands.calibrate_bands"),
 )
 
 

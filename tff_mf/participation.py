@@ -13,7 +13,15 @@ Schemas:
   ((k, b)-participation, Choquette-Choo et al. 2023, arXiv:2211.06530).
 - ``min_sep(min_sep=b, max_participations=k)``: any ≤ k rounds pairwise ≥ b apart
   (b-min-separation, Choquette-Choo, Ganesh, McMahan, Rush, Steinke, Thakurta 2023,
-  arXiv:2306.08153).
+  arXiv:2306.08153). The sampler realizing it is cyclic Poisson sampling (the clients
+  split into b groups, group i mod b eligible in round i, each eligible client joining
+  with probability p; arXiv:2306.08153 Sec 4, jax_privacy's ``CyclicPoissonSampling``);
+  ``cyclic_poisson`` is accepted as another spelling of the kind.
+- ``balls_in_bins(epochs=k)``: n = k·b rounds in k epoch blocks of b rounds; a user
+  joins exactly one round of each block, chosen uniformly and independently per epoch
+  (balls-in-bins batching, Chua, Ghazi, Kamath, Kumar, Manurangsi, Sinha, Zhang 2024,
+  arXiv:2412.16802). The patterns are every choice of one round per block;
+  ``_balls_in_bins`` computes the sensitivity (no amplification is claimed for it).
 
 For min_sep the value is exact when columns ≥ b apart have disjoint supports, and when C
 is lower-triangular Toeplitz with non-negative, non-increasing coefficients (BLT and
@@ -24,7 +32,7 @@ Per pattern P the inner supremum is an SDP; this module brackets it by
   lower(P) = max(1ᵀX_P1, tr X_P, max_{s∈{±1}^|P|} sᵀX_P s)   (explicit contributions)
   upper(P) = min(Σ_{s,t}|X_st|, |P|·λ_max(X_P))              (arXiv:2306.08153 Eq. 5, and
                                                              ⟨X_P, VᵀV⟩ ≤ λ_max·tr VᵀV)
-and ``sensitivity`` returns the square root of the maximal upper value, never below the
+(balls_in_bins: see ``_balls_in_bins`` for how the b^k patterns are searched) and ``sensitivity`` returns the square root of the maximal upper value, never below the
 true sensitivity (up to float64 rounding of CᵀC). The report says ``exact`` when the
 largest upper value is attained by an explicit contribution (within 1e-12 relative).
 """
@@ -40,7 +48,15 @@ import numpy as np
 
 from tff_mf import checks
 
-KINDS = ("single", "fixed_epoch", "min_sep")
+KINDS = ("single", "fixed_epoch", "min_sep", "balls_in_bins")
+# Other spellings of a kind: the name of the sampler that realizes the schema.
+ALIASES = {"cyclic_poisson": "min_sep"}
+SPELLINGS = KINDS + tuple(ALIASES)
+# The sampler that realizes each kind in the training binary (training/sampling.py).
+SAMPLERS = {"single": "single pass", "fixed_epoch": "fixed cohorts (k, b)",
+            "min_sep": "cyclic Poisson", "balls_in_bins": "balls in bins"}
+# Balls-in-bins patterns (b^k) enumerated for the sensitivity at most.
+BALLS_IN_BINS_ENUMERATION_LIMIT = 20000
 # Admissible min-sep patterns enumerated (to tighten the Alg. 4 bound) at most.
 ENUMERATION_LIMIT = 2000
 # Blocks up to this size also try every ±1 sign vector for the lower bound.
@@ -63,8 +79,8 @@ class Participation:
   """A participation schema (frozen; equal schemas are equal cache keys).
 
   Attributes:
-    kind: one of KINDS.
-    epochs: fixed_epoch: k (n = k·b rounds; b = n/k follows from n).
+    kind: one of KINDS (or a spelling of ALIASES, stored as its kind).
+    epochs: fixed_epoch, balls_in_bins: k (n = k·b rounds; b = n/k follows from n).
     min_sep: min_sep: b, the least separation of two rounds of one user.
     max_participations: min_sep: k, at most this many rounds (None: as many as fit).
   """
@@ -74,18 +90,19 @@ class Participation:
   max_participations: Optional[int] = None
 
   def __post_init__(self):
+    object.__setattr__(self, "kind", ALIASES.get(self.kind, self.kind))
     if self.kind not in KINDS:
       raise checks.CheckError(f"unknown participation {self.kind!r}; expected one of {KINDS}")
-    allowed = {"single": (), "fixed_epoch": ("epochs",),
+    allowed = {"single": (), "fixed_epoch": ("epochs",), "balls_in_bins": ("epochs",),
                "min_sep": ("min_sep", "max_participations")}[self.kind]
     extra = [name for name in ("epochs", "min_sep", "max_participations")
              if getattr(self, name) is not None and name not in allowed]
     if extra:
       takes = f"takes only {', '.join(allowed)}" if allowed else "takes no parameters"
       raise checks.CheckError(f"participation {self.kind} {takes}; got {', '.join(extra)}")
-    if self.kind == "fixed_epoch":
+    if self.kind in ("fixed_epoch", "balls_in_bins"):
       if self.epochs is None:
-        raise checks.CheckError("participation fixed_epoch needs epochs")
+        raise checks.CheckError(f"participation {self.kind} needs epochs")
       object.__setattr__(self, "epochs", checks.positive_int(self.epochs, "epochs"))
     if self.kind == "min_sep":
       if self.min_sep is None:
@@ -100,12 +117,12 @@ class Participation:
   def check(self, n: int) -> "Participation":
     """Refuses (one-line CheckError) a schema that does not apply to n rounds; returns self."""
     n = checks.positive_int(n, "rounds n")
-    if self.kind == "fixed_epoch":
+    if self.kind in ("fixed_epoch", "balls_in_bins"):
       if self.epochs > n:
-        raise checks.CheckError(f"fixed_epoch: epochs={self.epochs} exceeds the number of "
+        raise checks.CheckError(f"{self.kind}: epochs={self.epochs} exceeds the number of "
                                 f"rounds n={n}")
       if n % self.epochs:
-        raise checks.CheckError(f"fixed_epoch: epochs={self.epochs} must divide the number of "
+        raise checks.CheckError(f"{self.kind}: epochs={self.epochs} must divide the number of "
                                 f"rounds n={n}")
     if self.kind == "min_sep" and self.min_sep > n:
       raise checks.CheckError(f"min_sep: min_sep={self.min_sep} exceeds the number of rounds "
@@ -121,6 +138,8 @@ class Participation:
       return n // self.epochs
     if self.kind == "min_sep":
       return self.min_sep
+    if self.kind == "balls_in_bins" and self.epochs > 1:
+      return 1  # the last round of one epoch and the first of the next
     return n
 
   def check_bands(self, bands: int, strategy: str) -> None:
@@ -137,15 +156,17 @@ class Participation:
                               f"{self.min_sep}")
 
   def rounds_per_epoch(self, n: int) -> int:
-    """fixed_epoch: b = n / k, the separation of a user's rounds."""
-    if self.kind != "fixed_epoch":
-      raise checks.CheckError(f"rounds_per_epoch needs fixed_epoch participation, not {self.kind}")
-    return self.separation(n)
+    """fixed_epoch, balls_in_bins: b = n / k rounds per epoch."""
+    if self.kind not in ("fixed_epoch", "balls_in_bins"):
+      raise checks.CheckError(f"rounds_per_epoch needs fixed_epoch or balls_in_bins "
+                              f"participation, not {self.kind}")
+    self.check(n)
+    return n // self.epochs
 
   def max_participations_in(self, n: int) -> int:
     """The largest number of rounds one pattern holds for n rounds."""
     self.check(n)
-    if self.kind == "fixed_epoch":
+    if self.kind in ("fixed_epoch", "balls_in_bins"):
       return self.epochs
     if self.kind == "min_sep":
       fit = -(-n // self.min_sep)
@@ -157,16 +178,21 @@ class Participation:
   @property
   def label(self) -> str:
     """Short name for file names and tables."""
-    if self.kind == "fixed_epoch":
-      return f"fixed_epoch-k{self.epochs}"
+    if self.kind in ("fixed_epoch", "balls_in_bins"):
+      return f"{self.kind}-k{self.epochs}"
     if self.kind == "min_sep":
       k = "all" if self.max_participations is None else self.max_participations
       return f"min_sep-b{self.min_sep}-k{k}"
     return "single"
 
+  @property
+  def sampler(self) -> str:
+    """The sampler that realizes the schema (``SAMPLERS``): min_sep is cyclic Poisson."""
+    return SAMPLERS[self.kind]
+
   def describe(self) -> str:
-    if self.kind == "fixed_epoch":
-      return f"fixed_epoch(epochs={self.epochs})"
+    if self.kind in ("fixed_epoch", "balls_in_bins"):
+      return f"{self.kind}(epochs={self.epochs})"
     if self.kind == "min_sep":
       k = "all" if self.max_participations is None else self.max_participations
       return f"min_sep(min_sep={self.min_sep}, max_participations={k})"
@@ -184,6 +210,8 @@ class Participation:
 
   def pattern_indices(self, n: int) -> np.ndarray:
     """fixed_epoch: [b, k] integer array, row j the pattern {j, j+b, …, j+(k−1)b}."""
+    if self.kind != "fixed_epoch":
+      raise checks.CheckError(f"pattern_indices needs fixed_epoch participation, not {self.kind}")
     b = self.rounds_per_epoch(n)
     return np.arange(n).reshape(self.epochs, b).T.copy()
 
@@ -201,6 +229,11 @@ class Participation:
       idx = self.pattern_indices(n)
       _check_limit(idx.shape[0], limit, self)
       return [tuple(int(t) for t in row) for row in idx]
+    if self.kind == "balls_in_bins":
+      b = self.rounds_per_epoch(n)
+      _check_limit(b ** self.epochs, limit, self)
+      return [tuple(j * b + t for j, t in enumerate(choice))
+              for choice in itertools.product(range(b), repeat=self.epochs)]
     k = self.max_participations_in(n)
     b = self.min_sep
     out: List[Tuple[int, ...]] = []
@@ -251,6 +284,11 @@ def min_sep(min_sep: int, max_participations: Optional[int] = None) -> Participa
   return Participation("min_sep", min_sep=min_sep, max_participations=max_participations)
 
 
+def balls_in_bins(epochs: int) -> Participation:
+  """Balls-in-bins: one uniformly random round in each of k = ``epochs`` blocks of n/k rounds."""
+  return Participation("balls_in_bins", epochs=epochs)
+
+
 def from_args(kind: str, n: int, epochs: Optional[int] = None,
               min_sep: Optional[int] = None,  # pylint: disable=redefined-outer-name
               max_participations: Optional[int] = None) -> Participation:
@@ -259,9 +297,11 @@ def from_args(kind: str, n: int, epochs: Optional[int] = None,
   Refuses (one-line CheckError) unknown kinds, missing or extra parameters, epochs
   that do not divide n and separations beyond n. A min_sep schema without
   max_participations gets the number that fits, ⌈n/b⌉ (one cache key per schema).
+  ``cyclic_poisson`` (``ALIASES``) is min_sep.
   """
+  kind = ALIASES.get(kind, kind)
   if kind not in KINDS:
-    raise checks.CheckError(f"unknown participation {kind!r}; expected one of {KINDS}")
+    raise checks.CheckError(f"unknown participation {kind!r}; expected one of {SPELLINGS}")
   n = checks.positive_int(n, "rounds n")
   schema = Participation(kind, epochs=epochs, min_sep=min_sep,
                          max_participations=max_participations).check(n)
@@ -272,7 +312,7 @@ def from_args(kind: str, n: int, epochs: Optional[int] = None,
 
 def from_dict(d: Dict[str, Any]) -> Participation:
   """The inverse of ``Participation.as_dict`` (the label is derived, so ignored)."""
-  if not isinstance(d, dict) or d.get("kind") not in KINDS:
+  if not isinstance(d, dict) or d.get("kind") not in SPELLINGS:
     raise checks.CheckError(f"participation must be a dict with kind in {KINDS}, got {d!r}")
   unknown = set(d) - {"kind", "label", "epochs", "min_sep", "max_participations"}
   if unknown:
@@ -316,6 +356,8 @@ def sensitivity_report(c, schema: Participation, n: Optional[int] = None) -> Dic
     upper, lower, method = _fixed_epoch(c, schema, col_sq)
   elif schema.kind == "min_sep":
     upper, lower, method = _min_sep(c, schema, col_sq)
+  elif schema.kind == "balls_in_bins":
+    upper, lower, method = _balls_in_bins(c, schema, col_sq)
   else:
     upper = lower = float(np.max(col_sq))
     method = "max_column_norm"
@@ -503,4 +545,94 @@ def _min_sep(c: np.ndarray, schema: Participation, col_sq: np.ndarray):
     if enum_upper < upper:
       upper, method = enum_upper, "enumerated_patterns"
     lower = enum_lower
+  return upper, min(lower, upper), method
+
+
+def _best_one_per_block(weights: np.ndarray, k: int, b: int) -> Tuple[float, Tuple[int, ...]]:
+  """max over one round per block of Σ_{s,t∈P} weights[s, t], when weights vanish between
+  blocks ≥ 2 apart: a chain, so dynamic programming over the blocks is exact; O(k·b²)."""
+  w = weights.reshape(k, b, k, b)
+  value = np.diagonal(w[0, :, 0, :]).copy()
+  back = []
+  for j in range(1, k):
+    cross = value[:, None] + 2.0 * w[j - 1, :, j, :]  # [previous round, this round]
+    back.append(np.argmax(cross, axis=0))
+    value = np.max(cross, axis=0) + np.diagonal(w[j, :, j, :])
+  t = int(np.argmax(value))
+  chosen = [t]
+  for j in range(k - 1, 0, -1):
+    t = int(back[j - 1][t])
+    chosen.append(t)
+  return float(np.max(value)), tuple(j * b + t for j, t in enumerate(reversed(chosen)))
+
+
+def _ascend_one_per_block(x: np.ndarray, pattern: Tuple[int, ...], b: int,
+                          sweeps: int = 50) -> Tuple[int, ...]:
+  """Block coordinate ascent of 1ᵀX_P1 over one round per block (a local maximum)."""
+  p = list(pattern)
+  for _ in range(sweeps):
+    changed = False
+    for j in range(len(p)):
+      rows = np.arange(j * b, (j + 1) * b)
+      others = [q for i, q in enumerate(p) if i != j]
+      gain = np.diag(x)[rows] + 2.0 * np.sum(x[np.ix_(rows, others)], axis=1)
+      best = int(rows[np.argmax(gain)])
+      if best != p[j] and gain[best - j * b] > gain[p[j] - j * b]:  # strict: it terminates
+        p[j], changed = best, True
+    if not changed:
+      break
+  return tuple(p)
+
+
+def _balls_in_bins(c: np.ndarray, schema: Participation, col_sq: np.ndarray):
+  """(upper, lower, method) of sens² under balls-in-bins: one round in each of k blocks.
+
+  Patterns: every choice P of one round per block of b = n/k rounds (Chua et al. 2024,
+  arXiv:2412.16802). Exact ("block_chain_dp") when X = CᵀC vanishes between rounds
+  of blocks ≥ 2 apart (e.g. C with ≤ b + 1 bands): max_P Σ|X_P| by dynamic programming
+  over the blocks, attained by equal contributions when X_P ≥ 0 (as for every
+  non-negative C). Exact by enumeration ("enumerated_patterns") when b^k ≤
+  ``BALLS_IN_BINS_ENUMERATION_LIMIT`` and the best pattern's block is non-negative
+  or diagonal. Otherwise ("row_bound") the smaller of two upper bounds valid for every
+  pattern: Σ_j max_{s∈block j} Σ_i max_{t∈block i} |X_st| (arXiv:2306.08153 Alg. 4
+  with one round per block instead of b-separated sets) and k·λ_max(X) (λ_max of a
+  principal block ≤ λ_max(X)); the lower value comes from explicit contributions on
+  patterns found by block coordinate ascent, and the report says exact only when they
+  meet.
+  """
+  n = c.shape[1]
+  k = schema.epochs
+  b = n // k
+  # Mutually orthogonal unit contributions, each at its block's longest column.
+  lower = float(np.sum(np.max(col_sq.reshape(k, b), axis=1)))
+  if k == 1:
+    return lower, lower, "max_column_norm"
+  x = _gram(c)
+  if b == 1:
+    up, low = _block_bounds(x[None])
+    return float(up[0]), float(low[0]), ("pattern_sums" if np.all(x >= 0) else "abs_bound")
+  ax = np.abs(x)
+  block_of = np.arange(n) // b
+  far = np.abs(block_of[:, None] - block_of[None, :]) >= 2
+  if not np.any(x[far]):
+    upper, pattern = _best_one_per_block(ax, k, b)
+    p = np.asarray(pattern)
+    _, low = _block_bounds(x[np.ix_(p, p)])
+    return upper, max(lower, float(low)), "block_chain_dp"
+  row = np.sum(np.max(ax.reshape(n, k, b), axis=2), axis=1)  # per s: best |X_st| per block
+  upper = min(float(np.sum(np.max(row.reshape(k, b), axis=1))),
+              k * max(float(np.linalg.eigvalsh(x)[-1]), 0.0))
+  method = "row_bound"
+  starts = [tuple(j * b + int(np.argmax(col_sq[j * b:(j + 1) * b])) for j in range(k)),
+            tuple(j * b + int(np.argmax(row[j * b:(j + 1) * b])) for j in range(k))]
+  for start in starts:
+    p = np.asarray(_ascend_one_per_block(x, start, b))
+    _, low = _block_bounds(x[np.ix_(p, p)])
+    lower = max(lower, float(low))
+  if b ** k <= BALLS_IN_BINS_ENUMERATION_LIMIT:
+    idx = np.asarray(schema.patterns(n))
+    up, low = _block_bounds(x[idx[:, :, None], idx[:, None, :]])
+    if float(np.max(up)) < upper:
+      upper, method = float(np.max(up)), "enumerated_patterns"
+    lower = max(lower, float(np.max(low)))
   return upper, min(lower, upper), method

@@ -25,7 +25,8 @@ DATASETS = ("stackoverflow", "pydocs", "synthetic")
 LR_SCHEDULES = ("constant", "decay", "cooldown")
 # tff_mf.accounting's accountants of the unamplified Gaussian, and its default (every tool's).
 ACCOUNTANTS = accounting.ACCOUNTANTS
-PARTICIPATIONS = participation.KINDS
+# Every --participation spelling (cyclic_poisson is min_sep: the run records min_sep).
+PARTICIPATIONS = participation.SPELLINGS
 # Per user and private, never a shared world-writable place such as /tmp: run
 # directories hold checkpoints with the secret noise seed (see training/rundir.py).
 DEFAULT_ROOT_OUTPUT_DIR = "~/tff_mf_runs"
@@ -124,6 +125,9 @@ class TrainingConfig:
   progress: bool = True
   report_train_metrics: bool = False
 
+  def __post_init__(self):
+    self.participation = participation.ALIASES.get(self.participation, self.participation)
+
   @property
   def adaptive_clipping(self) -> bool:
     """--clip_norm=adaptive: the clip norm follows a private quantile estimate."""
@@ -206,16 +210,16 @@ class TrainingConfig:
 
   def _check_participation(self) -> None:
     """The schema's flags go with their --participation, and only with it."""
-    takes = {"single": (), "fixed_epoch": ("epochs",),
+    takes = {"single": (), "fixed_epoch": ("epochs",), "balls_in_bins": ("epochs",),
              "min_sep": ("min_sep", "sampling_prob", "max_participations")}[self.participation]
     for name in ("epochs", "min_sep", "sampling_prob", "max_participations"):
       value = getattr(self, name)
       if value is not None and name not in takes:
         raise TrainingError(f"--{name}={value} does not apply to --participation="
                             f"{self.participation}")
-    if self.participation == "fixed_epoch":
+    if self.participation in ("fixed_epoch", "balls_in_bins"):
       if self.epochs is None:
-        raise TrainingError("--participation=fixed_epoch needs --epochs=k")
+        raise TrainingError(f"--participation={self.participation} needs --epochs=k")
       checks.positive_int(self.epochs, "--epochs")
       if self.total_rounds % self.epochs:
         raise TrainingError(f"--epochs={self.epochs} must divide --total_rounds="

@@ -356,7 +356,12 @@ def _participation_summary(trainer: _Trainer) -> Dict[str, object]:
       "separation_required": schema.separation(config.total_rounds),
       "max_participations_allowed": schema.max_participations_in(config.total_rounds),
       "observed": trainer.log.observed(), "follows_schema": not violations,
-      "violations": violations}
+      "violations": violations, "sampler": schema.sampler}
+  if config.participation == "balls_in_bins":
+    out.update(expected_clients_per_round=len(trainer.sampler) /
+               sampling.schema_epoch_length(config),
+               sampling_secret=("derived from the pinned noise seed"
+                                if trainer.run.seed_source == "pinned" else "os_entropy"))
   if config.participation == "min_sep":
     smallest, largest = trainer.sampler.class_sizes()
     out.update(sampling_prob=config.sampling_prob, residue_class_sizes=[smallest, largest],
@@ -450,7 +455,7 @@ def _build_trainer(run: _Run, task: task_lib.Task, setup) -> Tuple[_Trainer, obj
   """The sampler (restored at the checkpoint's round), process and writers; the start state."""
   config = run.config
   sampler = sampling.build_sampler(config, task.train_client_ids, run.progress.sampling_secret)
-  log = sampling.ParticipationLog(task.train_client_ids, sampling.schema_period(config))
+  log = sampling.build_log(config, task.train_client_ids)
   process = mechanisms.build_process(task.model_fn, setup, config.client_lr)
   state = _initial_state(run, process, task)
   private = setup.info.get("private", False)

@@ -67,18 +67,18 @@ def amplified(config: TrainingConfig) -> bool:
 
 
 def sampling_secret(config: TrainingConfig, noise_seed: Optional[int]) -> int:
-  """The secret seed of min_sep's Poisson coins (-1 for the other schemas).
+  """The secret seed of min_sep's Poisson coins and balls_in_bins' rounds (-1 for the others).
 
   Derived from a pinned ``--noise_seed`` (so pinning it pins the whole run), else fresh
   from OS entropy. Kept only in the checkpoints, like the noise seed.
   """
-  if config.participation != "min_sep":
+  if config.participation not in ("min_sep", "balls_in_bins"):
     return -1
   from tff_mf import checks  # pylint: disable=g-import-not-at-top
   if config.noise_seed is None and noise_seed is None:
     return checks.new_seed()
   seed = int(config.noise_seed if config.noise_seed is not None else noise_seed)
-  digest = hashlib.sha256(f"tff_mf min_sep sampling {seed}".encode()).digest()
+  digest = hashlib.sha256(f"tff_mf {config.participation} sampling {seed}".encode()).digest()
   return int.from_bytes(digest[:8], "little") >> 1
 
 
@@ -169,6 +169,8 @@ def guarantee(config: TrainingConfig, c: np.ndarray) -> Tuple[float, Dict[str, A
       candidates = [plain]
   except ValueError as e:
     raise TrainingError(f"privacy accounting: {' '.join(str(e).split())}") from None
+  if config.participation == "balls_in_bins":
+    notes.append(f"balls_in_bins: {accounting.NO_BALLS_IN_BINS_AMPLIFICATION}")
   best = dict(min(candidates, key=lambda r: r["epsilon"]))
   best.update(candidates=[_candidate(r) for r in candidates], notes=notes,
               analysis_label=ANALYSIS_LABELS[best["analysis"]],

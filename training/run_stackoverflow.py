@@ -54,20 +54,23 @@ flags.DEFINE_string("data_dir", None,
                     "$TFF_MF_CACHE/datasets/pydocs for pydocs).")
 flags.DEFINE_integer("total_rounds", _DEFAULTS.total_rounds, "Rounds n (the matrix size).")
 flags.DEFINE_integer("clients_per_round", _DEFAULTS.clients_per_round,
-                     "Clients per round (single, fixed_epoch). With --participation=min_sep the "
-                     "number varies from round to round (Poisson sampling); this is then the "
+                     "Clients per round (single, fixed_epoch). With --participation=min_sep or "
+                     "balls_in_bins the number varies from round to round; this is then the "
                      "expected count the aggregator divides the noised sum by.")
 flags.DEFINE_enum("participation", _DEFAULTS.participation, config_lib.PARTICIPATIONS,
                   "Participation schema the clients are sampled under: single (each client at "
                   "most once), fixed_epoch (--epochs=k: the clients split into b = "
                   "total_rounds/k cohorts of clients_per_round, taken in order, so each client "
-                  "joins every b-th round), min_sep (--min_sep=b: each client in one residue "
-                  "class mod b, joining each round of its class with probability "
-                  "--sampling_prob). ε is computed for the schema (summary.json names the "
-                  "analysis); a run whose sampled rounds break it reports no ε.")
+                  "joins every b-th round), min_sep or its other name cyclic_poisson "
+                  "(--min_sep=b: cyclic Poisson sampling, each client in one residue class mod "
+                  "b, joining each round of its class with probability --sampling_prob), "
+                  "balls_in_bins (--epochs=k: each client in exactly one uniformly random round "
+                  "of each of the k epochs of total_rounds/k rounds; unamplified ε). ε is "
+                  "computed for the schema (summary.json names the analysis); a run whose "
+                  "sampled rounds break it reports no ε.")
 flags.DEFINE_integer("epochs", None,
-                     f"Epochs k {_NONE}required with --participation=fixed_epoch, and only "
-                     "there); k must divide --total_rounds.")
+                     f"Epochs k {_NONE}required with --participation=fixed_epoch or "
+                     "balls_in_bins, and only there); k must divide --total_rounds.")
 flags.DEFINE_integer("min_sep", None,
                      f"Separation b {_NONE}required with --participation=min_sep, and only "
                      "there): a client's rounds are at least b apart (one residue class mod b).")

@@ -1,6 +1,6 @@
 """Client sampling under a participation schema, and the record of who joined which round.
 
-Three samplers, one per ``--participation`` (no TensorFlow):
+Four samplers, one per ``--participation`` (no TensorFlow):
 
 - ``single``: each client at most once, in a permutation fixed by ``--seed``
   (Denisov et al. 2022, arXiv:2202.08312, Sec 5; single participation, Thm 4.1).
@@ -9,14 +9,22 @@ Three samplers, one per ``--participation`` (no TensorFlow):
   clients skipped, when the cohort is first used) and round t uses cohort
   (t − 1) mod b, so a client joins rounds j, j + b, …, j + (k − 1)·b
   ((k, b)-participation, Choquette-Choo et al. 2023, arXiv:2211.06530).
-- ``min_sep`` with separation b and probability p: every client belongs to one
-  residue class mod b (balanced, from the ``--seed`` permutation) and joins each
-  round of its class independently with probability p, optionally at most k times
-  (b-min-sep Poisson sampling, Choquette-Choo et al. 2023, arXiv:2306.08153, Sec 4;
-  Choquette-Choo et al. 2024, arXiv:2310.15526, App D). Round t's coins are drawn
-  from a generator seeded by (sampling secret, t): a resumed run draws the same
-  clients. The secret is kept only in the checkpoints, like the noise seed: the
-  amplified ε assumes nobody who sees the models knows who was sampled.
+- ``min_sep`` (also spelled ``cyclic_poisson``) with separation b and probability p:
+  cyclic Poisson sampling. Every client belongs to one residue class mod b (balanced,
+  from the ``--seed`` permutation), class (t − 1) mod b is eligible in round t, and
+  each eligible client joins independently with probability p, optionally at most k
+  times (Choquette-Choo et al. 2023, arXiv:2306.08153, Sec 4, b-min-sep Poisson
+  sampling; Choquette-Choo et al. 2024, arXiv:2310.15526, App D; jax_privacy's
+  ``CyclicPoissonSampling``). Round t's coins are drawn from a generator seeded by
+  (sampling secret, t): a resumed run draws the same clients. The secret is kept only
+  in the checkpoints, like the noise seed: the amplified ε assumes nobody who sees the
+  models knows who was sampled.
+- ``balls_in_bins`` with k epochs: n = k·b rounds in k epochs of b rounds; in every
+  epoch each client joins exactly one round, chosen uniformly at random and
+  independently per epoch (balls-in-bins batching, Chua et al. 2024,
+  arXiv:2412.16802). Epoch e's rounds are drawn from a generator seeded by (sampling
+  secret, e). ε is the unamplified bound over every one-round-per-epoch pattern
+  (``tff_mf.participation``); no amplification is claimed.
 
 Each sampler enforces its schema by construction and refuses (TrainingError) what
 would break it. Independently, :class:`ParticipationLog` records every client's
@@ -191,8 +199,9 @@ class FixedEpochSampler(_Sampler):
     return list(chosen), list(loaded), skipped
 
 
-class MinSepSampler(_Sampler):
-  """Residue classes mod b (from ``seed``); Poisson coins with probability p per eligible round.
+class CyclicPoissonSampler(_Sampler):
+  """Cyclic Poisson: residue classes mod b (from ``seed``), Poisson coins of probability p in
+  each eligible round (the b-min-sep schema's sampler, arXiv:2306.08153 Sec 4).
 
   Round t's class is (t − 1) mod b; its coins come from a generator seeded by
   (``secret``, t), so the clients of a round depend only on the secret and t. With
@@ -243,6 +252,70 @@ class MinSepSampler(_Sampler):
     return min(sizes), max(sizes)
 
 
+MinSepSampler = CyclicPoissonSampler  # the schema's name
+
+# Tag of the balls-in-bins generators (another stream than the cyclic Poisson coins).
+BALLS_IN_BINS_STREAM = 0xB1B
+
+
+class BallsInBinsSampler(_Sampler):
+  """Balls in bins (Chua et al. 2024, arXiv:2412.16802): one uniform round per client and epoch.
+
+  The n = k·b rounds form k epochs of b rounds. In epoch e, client i (in sorted id
+  order) joins round e·b + u_i + 1 with u ~ Uniform{0, …, b − 1}ⁿ drawn from a generator
+  seeded by (``secret``, e), independently per epoch: by construction every client is
+  in exactly one round of each epoch, and a round's clients depend only on the secret
+  and the round. ``counts`` (checkpointed) records each client's participations.
+  """
+  kind = "balls_in_bins"
+
+  def __init__(self, client_ids: Sequence[str], seed: int, total_rounds: int, epochs: int,
+               secret: int):
+    super().__init__(client_ids, seed)
+    if secret < 0:
+      raise TrainingError("balls_in_bins sampling needs its secret sampling seed")
+    if total_rounds % epochs:
+      raise TrainingError(f"--epochs={epochs} must divide --total_rounds={total_rounds}")
+    self.total_rounds = int(total_rounds)
+    self.epochs = int(epochs)
+    self.rounds_per_epoch = self.total_rounds // self.epochs
+    self.secret = int(secret)
+    self.counts = np.zeros(len(self.client_ids), np.int64)
+    self._slots: Dict[int, np.ndarray] = {}
+
+  def state(self):
+    out = super().state()
+    out["counts"] = self.counts.copy()
+    return out
+
+  def restore(self, state) -> None:
+    super().restore(state)
+    self.counts = np.asarray(state["counts"], np.int64).copy()
+
+  def slots(self, epoch: int) -> np.ndarray:
+    """u: each client's round within epoch ``epoch`` (0-based), uniform on [0, b)."""
+    epoch = int(epoch)
+    if epoch not in self._slots:
+      rng = np.random.default_rng([self.secret, BALLS_IN_BINS_STREAM, epoch])
+      self._slots = {epoch: rng.integers(0, self.rounds_per_epoch, size=len(self.client_ids))}
+    return self._slots[epoch]
+
+  def members(self, round_num: int) -> np.ndarray:
+    """Indices of the clients whose ball fell in round ``round_num`` (1-based)."""
+    round_num = int(round_num)
+    if not 1 <= round_num <= self.total_rounds:
+      raise TrainingError(f"round {round_num} is outside the {self.total_rounds} rounds of the "
+                          "balls-in-bins schema")
+    epoch, slot = divmod(round_num - 1, self.rounds_per_epoch)
+    return np.flatnonzero(self.slots(epoch) == slot)
+
+  def next_round(self, round_num: int, load: Load) -> Round:
+    chosen = self.members(round_num)
+    self.counts[chosen] += 1
+    self.cursor += int(chosen.size)
+    return self._load_all(chosen, load)
+
+
 def build_sampler(config, client_ids: Sequence[str], sampling_secret: int = -1):
   """The sampler of ``config.participation`` (checks that the dataset has enough clients)."""
   n, per_round = config.total_rounds, config.clients_per_round
@@ -251,12 +324,16 @@ def build_sampler(config, client_ids: Sequence[str], sampling_secret: int = -1):
                          f"--participation=fixed_epoch --epochs={config.epochs} uses b = "
                          f"{n // config.epochs} cohorts")
     return FixedEpochSampler(client_ids, config.seed, n, config.epochs, per_round)
+  if config.participation == "balls_in_bins":
+    if not client_ids:
+      raise TrainingError("--participation=balls_in_bins needs at least one training client")
+    return BallsInBinsSampler(client_ids, config.seed, n, config.epochs, sampling_secret)
   if config.participation == "min_sep":
     if len(client_ids) < config.min_sep:
       raise TrainingError(f"--min_sep={config.min_sep} needs at least {config.min_sep} "
                           f"training clients (one per residue class); the dataset has "
                           f"{len(client_ids)}")
-    return MinSepSampler(client_ids, config.seed, config.min_sep, config.sampling_prob,
+    return CyclicPoissonSampler(client_ids, config.seed, config.min_sep, config.sampling_prob,
                          sampling_secret, config.max_participations)
   check_enough_clients(len(client_ids), n, per_round)
   return SinglePassSampler(client_ids, config.seed, per_round)
@@ -281,17 +358,23 @@ class ParticipationLog:
   """Who joined which round, as counts: what the run reports and checks against its schema.
 
   ``observe(round, client_ids)`` after every round. ``period`` is the b whose residue
-  classes the schema fixes (fixed_epoch: n/k; min_sep: b; single: none).
+  classes the schema fixes (fixed_epoch: n/k; min_sep: b; single: none);
+  ``epoch_length`` the b of balls-in-bins epochs, where a client joins at most one
+  round of each block of b rounds (then ``epoch_repeats`` counts the participations
+  that broke that, and is part of the state).
   """
 
-  def __init__(self, client_ids: Sequence[str], period: Optional[int] = None):
+  def __init__(self, client_ids: Sequence[str], period: Optional[int] = None,
+               epoch_length: Optional[int] = None):
     self.index = {c: i for i, c in enumerate(sorted(client_ids))}
     size = len(self.index)
     self.period = period
+    self.epoch_length = epoch_length
     self.counts = np.zeros(size, np.int64)
     self.last = np.full(size, NEVER, np.int64)
     # [min_gap, gaps off the residue class, client-rounds, rounds observed]
     self.totals = np.array([NO_GAP, 0, 0, 0], np.int64)
+    self.epoch_repeats = np.zeros(1, np.int64)
 
   def observe(self, round_num: int, client_ids: Sequence[str]) -> None:
     round_num = int(round_num)
@@ -303,17 +386,22 @@ class ParticipationLog:
           self.totals[0] = gap
         if self.period and gap % self.period:
           self.totals[1] += 1
+        if self.epoch_length and ((int(self.last[i]) - 1) // self.epoch_length ==
+                                  (round_num - 1) // self.epoch_length):
+          self.epoch_repeats[0] += 1
       self.counts[i] += 1
       self.last[i] = round_num
     self.totals[2] += idx.size
     self.totals[3] += 1
 
+  def _names(self) -> Tuple[str, ...]:
+    return ("counts", "last", "totals") + (("epoch_repeats",) if self.epoch_length else ())
+
   def state(self) -> "collections.OrderedDict[str, np.ndarray]":
-    return collections.OrderedDict(counts=self.counts.copy(), last=self.last.copy(),
-                                   totals=self.totals.copy())
+    return collections.OrderedDict((name, getattr(self, name).copy()) for name in self._names())
 
   def restore(self, state) -> None:
-    for name in ("counts", "last", "totals"):
+    for name in self._names():
       value = np.asarray(state[name], np.int64)
       if value.shape != getattr(self, name).shape:
         raise TrainingError(f"the checkpoint's participation record {name} has shape "
@@ -327,7 +415,9 @@ class ParticipationLog:
             "min_separation": None if min_gap == NO_GAP else min_gap,
             "separations_off_residue_class": int(self.totals[1]),
             "distinct_clients": int(np.count_nonzero(self.counts)),
-            "client_rounds": int(self.totals[2]), "rounds": int(self.totals[3])}
+            "client_rounds": int(self.totals[2]), "rounds": int(self.totals[3]),
+            **({"repeats_within_an_epoch": int(self.epoch_repeats[0])}
+               if self.epoch_length else {})}
 
   def violations(self, schema, total_rounds: int) -> List[str]:
     """How the observed participations break ``schema`` (empty: they follow it)."""
@@ -341,6 +431,10 @@ class ParticipationLog:
     if seen["min_separation"] is not None and seen["min_separation"] < separation:
       out.append(f"a client joined two rounds {seen['min_separation']} apart; the schema "
                  f"{schema.describe()} needs at least {separation}")
+    if seen.get("repeats_within_an_epoch"):
+      out.append(f"{seen['repeats_within_an_epoch']} participation(s) repeated a client within "
+                 f"one epoch of {self.epoch_length} rounds; the schema {schema.describe()} "
+                 "allows one round per epoch")
     if seen["separations_off_residue_class"]:
       out.append(f"{seen['separations_off_residue_class']} repeat participation(s) left the "
                  f"client's residue class mod {self.period}")
@@ -354,3 +448,15 @@ def schema_period(config) -> Optional[int]:
   if config.participation == "min_sep":
     return config.min_sep
   return None
+
+
+def schema_epoch_length(config) -> Optional[int]:
+  """b of the balls-in-bins epochs (a client joins one round per block of b); None otherwise."""
+  if config.participation == "balls_in_bins":
+    return config.total_rounds // config.epochs
+  return None
+
+
+def build_log(config, client_ids: Sequence[str]) -> ParticipationLog:
+  """The participation record of a run under ``config``'s schema."""
+  return ParticipationLog(client_ids, schema_period(config), schema_epoch_length(config))

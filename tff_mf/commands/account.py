@@ -122,7 +122,8 @@ def _add_schema_arguments(schema) -> None:
                            "class mod b (b = 1: every round), fixed_epoch k = one round per "
                            "epoch of n/k rounds")
   schema.add_argument("--epochs", type=int, default=None, metavar="K",
-                      help="fixed_epoch: number of epochs k, dividing n (default: none)")
+                      help="fixed_epoch, balls_in_bins: number of epochs k, dividing n "
+                           "(default: none)")
   schema.add_argument("--min_sep", type=int, default=None, metavar="B",
                       help="min_sep: rounds between two contributions of a user, b >= 1 "
                            "(default: 1 when amplified)")
@@ -303,19 +304,18 @@ def _schema(args: argparse.Namespace, n, cached, amplified: bool):
       return schema
     else:
       kind = "min_sep" if amplified else "single"
-  if kind != "fixed_epoch" and args.epochs is not None:
-    _fail("--epochs belongs to --participation fixed_epoch")
+  if kind not in ("fixed_epoch", "balls_in_bins") and args.epochs is not None:
+    _fail("--epochs belongs to --participation fixed_epoch or balls_in_bins")
   if kind != "min_sep":
     for flag in ("min_sep", "max_participations"):
       if getattr(args, flag) is not None:
         _fail(f"--{flag} belongs to --participation min_sep")
   if kind == "single":
     return participation.SINGLE
-  if kind == "fixed_epoch":
+  if kind in ("fixed_epoch", "balls_in_bins"):
     if args.epochs is None:
-      _fail("--participation fixed_epoch needs --epochs")
-    return participation.Participation("fixed_epoch",
-                                        epochs=checks.positive_int(args.epochs, "--epochs"))
+      _fail(f"--participation {kind} needs --epochs")
+    return participation.Participation(kind, epochs=checks.positive_int(args.epochs, "--epochs"))
   if args.min_sep is None and not amplified:
     _fail("--participation min_sep needs --min_sep")
   b = checks.positive_int(1 if args.min_sep is None else args.min_sep, "--min_sep")

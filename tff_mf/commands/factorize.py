@@ -48,7 +48,8 @@ def add_participation_arguments(parser: argparse.ArgumentParser) -> None:
                           "K epochs; at most --max_participations times, --min_sep apart "
                           "(default: single)")
   group.add_argument("--epochs", type=int, default=None, metavar="K",
-                     help="fixed_epoch: number of epochs K, dividing n (default: none)")
+                     help="fixed_epoch, balls_in_bins: number of epochs K, dividing n "
+                          "(default: none)")
   group.add_argument("--min_sep", type=int, default=None, metavar="B",
                      help="min_sep: rounds between two participations of a user, at least B "
                           "(default: none)")

@@ -1,0 +1,65 @@
+"""``tff-mf calibrate-bands``: the number of bands (and z) with the least expected error at a
+target ε under cyclic Poisson sampling, with the amplified banded analysis
+(``tff_mf.band_calibration``; Choquette-Choo et al. 2023, arXiv:2306.08153, Thm 4)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+  parser = subparsers.add_parser(
+      "calibrate-bands", help="choose the number of bands b and z at a target epsilon, with "
+                              "amplification",
+      description="For each number of bands b (powers of 2 up to --min-sep and --max-bands, and "
+                  "--min-sep itself): factorize a b-banded C (through the cache), sample with "
+                  "cyclic Poisson of cycle b at probability p*b/B (the same expected "
+                  "participations E = p*n/B), calibrate z to the target epsilon with the "
+                  "amplified banded analysis (arXiv:2306.08153, Thm 4), and score "
+                  "z*rmse/E (jax_privacy's BandMFConfig.rmse). Prints every candidate and the "
+                  "best.")
+  parser.add_argument("--n", type=int, required=True, help="number of rounds n")
+  parser.add_argument("--min-sep", type=int, required=True, metavar="B",
+                      help="cycle B of the cyclic Poisson sampling --sampling-prob is given for; "
+                           "the largest b tried")
+  parser.add_argument("--sampling-prob", type=float, required=True, metavar="P",
+                      help="probability p that a user joins a round it is eligible for at "
+                           "cycle B")
+  parser.add_argument("--target-epsilon", type=float, required=True)
+  parser.add_argument("--delta", type=float, required=True)
+  parser.add_argument("--max-bands", type=int, default=None,
+                      help="a further cap on b (default: none)")
+  parser.add_argument("--strategy", choices=("banded_toeplitz", "banded"),
+                      default="banded_toeplitz",
+                      help="the banded family factorized (default: banded_toeplitz, the family "
+                           "jax_privacy optimizes)")
+  parser.add_argument("--cache-dir", default=None,
+                      help="cache directory (default: $TFF_MF_CACHE or ~/.cache/tff_mf)")
+  parser.add_argument("--tolerance", type=float, default=1e-3,
+                      help="relative tolerance of each z (default: 1e-3)")
+  parser.add_argument("--json", action="store_true", help="print JSON (default: off)")
+  parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+  from tff_mf import band_calibration  # pylint: disable=g-import-not-at-top
+  from tff_mf import jsonio  # pylint: disable=g-import-not-at-top
+  result = band_calibration.calibrate_bands(
+      args.n, args.target_epsilon, args.delta, min_sep=args.min_sep,
+      sampling_prob=args.sampling_prob, max_bands=args.max_bands, strategy=args.strategy,
+      cache_dir=args.cache_dir, tolerance=args.tolerance)
+  if args.json:
+    print(jsonio.dumps(result))
+    return 0
+  print(f"n={result['n']} target epsilon={result['target_epsilon']:g} delta="
+        f"{result['delta']:g}, cyclic Poisson (cycle B={result['min_sep']}, p="
+        f"{result['sampling_prob']:g}): expected participations E="
+        f"{result['expected_participations']:.4g}; {result['strategy']}, amplified banded")
+  print(f"{'bands':>6} {'p_b':>9} {'z':>9} {'epsilon':>9} {'bound':>11} {'rmse':>9} "
+        f"{'z*rmse/E':>10}")
+  for c in result["candidates"]:
+    mark = "  <- best" if c["bands"] == result["best"]["bands"] else ""
+    print(f"{c['bands']:>6d} {c['sampling_prob']:>9.4g} {c['noise_multiplier']:>9.5g} "
+          f"{c['epsilon']:>9.4g} {c['bound']:>11} {c['rmse']:>9.5g} "
+          f"{c['expected_error']:>10.5g}{mark}")
+  return 0
