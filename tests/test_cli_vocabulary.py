@@ -123,14 +123,14 @@ def test_every_parser_one_spelling_per_concept_help_and_defaults():
         assert tuple(action.choices) == accounting.ACCOUNTANTS, tool
         assert action.default == accounting.DEFAULT_ACCOUNTANT, tool
       if "--participation" in action.option_strings:
-        assert tuple(action.choices) == participation.KINDS, tool
+        assert tuple(action.choices) == participation.SPELLINGS, tool
       if "--progress" in action.option_strings or "--no_progress" in action.option_strings:
         assert {"--progress", "--no_progress"} <= set(parser._option_string_actions), tool  # pylint: disable=protected-access
   absl = _absl_flags()
   assert "host:port" in absl["workers"].help and absl["progress"].boolean
   assert tuple(absl["accountant"].parser.enum_values) == accounting.ACCOUNTANTS
   assert absl["accountant"].default == accounting.DEFAULT_ACCOUNTANT
-  assert tuple(absl["participation"].parser.enum_values) == participation.KINDS
+  assert tuple(absl["participation"].parser.enum_values) == participation.SPELLINGS
   # Help text and the default on every flag; no long enum listed in the help.
   for tool, parser in _argparse_parsers():
     formatter = parser._get_formatter()  # pylint: disable=protected-access

@@ -126,7 +126,7 @@ def canary_patterns(kind: str, n: int, epochs: Optional[int] = None,
 
   ``single``: one round; ``fixed_epoch``: {j, j + n/k, …} (k = epochs); ``min_sep``:
   every set of ≤ k rounds pairwise ≥ b apart (subsets too: the canary's contributions
-  are ±1, never 0).
+  are ±1, never 0); ``balls_in_bins``: one round in each of the k epochs of n/k rounds.
   """
   n = checks.positive_int(n, "rounds n")
   if kind == "single":
@@ -155,6 +155,15 @@ def canary_patterns(kind: str, n: int, epochs: Optional[int] = None,
 
     extend((), 0)
     return out
+  if kind == "balls_in_bins":
+    k = checks.positive_int(epochs, "epochs")
+    if n % k:
+      raise checks.CheckError(f"balls_in_bins: epochs={k} must divide n={n}")
+    b = n // k
+    if b ** k > ENUMERATION_LIMIT:
+      raise checks.CheckError(f"balls_in_bins(k={k}) has {b ** k} patterns at n={n}, more than "
+                              f"{ENUMERATION_LIMIT}; audit fewer rounds")
+    return list(itertools.product(*(range(e * b, (e + 1) * b) for e in range(k))))
   raise checks.CheckError(f"unknown participation {kind!r}")
 
 

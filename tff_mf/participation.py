@@ -52,6 +52,11 @@ KINDS = ("single", "fixed_epoch", "min_sep", "balls_in_bins")
 # Other spellings of a kind: the name of the sampler that realizes the schema.
 ALIASES = {"cyclic_poisson": "min_sep"}
 SPELLINGS = KINDS + tuple(ALIASES)
+
+
+def canonical_kind(spelling: str) -> str:
+  """The schema kind a ``--participation`` spelling names (``cyclic_poisson`` is min_sep)."""
+  return ALIASES.get(spelling, spelling)
 # The sampler that realizes each kind in the training binary (training/sampling.py).
 SAMPLERS = {"single": "single pass", "fixed_epoch": "fixed cohorts (k, b)",
             "min_sep": "cyclic Poisson", "balls_in_bins": "balls in bins"}
@@ -299,7 +304,7 @@ def from_args(kind: str, n: int, epochs: Optional[int] = None,
   max_participations gets the number that fits, ⌈n/b⌉ (one cache key per schema).
   ``cyclic_poisson`` (``ALIASES``) is min_sep.
   """
-  kind = ALIASES.get(kind, kind)
+  kind = canonical_kind(kind)
   if kind not in KINDS:
     raise checks.CheckError(f"unknown participation {kind!r}; expected one of {SPELLINGS}")
   n = checks.positive_int(n, "rounds n")

@@ -126,7 +126,7 @@ class TrainingConfig:
   report_train_metrics: bool = False
 
   def __post_init__(self):
-    self.participation = participation.ALIASES.get(self.participation, self.participation)
+    self.participation = participation.canonical_kind(self.participation)
 
   @property
   def adaptive_clipping(self) -> bool:

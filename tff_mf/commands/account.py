@@ -112,7 +112,8 @@ def _add_run_arguments(parser) -> None:
 
 def _add_schema_arguments(schema) -> None:
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
-  schema.add_argument("--participation", choices=participation.KINDS,
+  schema.add_argument("--participation", choices=participation.SPELLINGS,
+                      type=participation.canonical_kind,
                       default=None,
                       help="how often and how far apart a user may contribute (default: the "
                            "schema --matrix was built for; otherwise min_sep when --min_sep or "

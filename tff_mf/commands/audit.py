@@ -20,6 +20,7 @@ import os
 import textwrap
 
 from tff_mf import clitools
+from tff_mf import participation
 
 _EXAMPLES = """examples:
   tff-mf audit --mechanism opt_prefix_sum --n 8 --noise_multiplier 0.5 --participation fixed_epoch --epochs 2
@@ -63,12 +64,14 @@ def _add_mechanism_arguments(g) -> None:
   g.add_argument("--clip_norm", type=float, default=1.0, help="clip norm (default: 1)")
   g.add_argument("--momentum", type=float, default=0.0, help="server momentum (default: 0)")
   g.add_argument("--server_lr", type=float, default=1.0, help="server learning rate (default: 1)")
-  g.add_argument("--participation", choices=("single", "fixed_epoch", "min_sep"),
+  g.add_argument("--participation", choices=participation.SPELLINGS,
+                 type=participation.canonical_kind,
                  default="single", help="the schema of the sampler (default: single)")
-  g.add_argument("--epochs", type=int, default=None, help="fixed_epoch: k")
+  g.add_argument("--epochs", type=int, default=None, help="fixed_epoch, balls_in_bins: k")
   g.add_argument("--min_sep", type=int, default=None, help="min_sep: b")
   g.add_argument("--max_participations", type=int, default=None, help="min_sep: k")
-  g.add_argument("--accounted_as", choices=("single", "fixed_epoch", "min_sep"), default=None,
+  g.add_argument("--accounted_as", choices=participation.SPELLINGS,
+                 type=participation.canonical_kind, default=None,
                  help="build and account the mechanism under this schema instead (with the "
                       "same --epochs/--min_sep), while the canary follows --participation: "
                       "audits a run accounted for the wrong schema (default: --participation)")
@@ -111,8 +114,7 @@ def _add_audit_arguments(g) -> None:
 
 
 def _schema(kind, args):
-  from tff_mf import participation  # pylint: disable=g-import-not-at-top
-  if kind == "fixed_epoch":
+  if kind in ("fixed_epoch", "balls_in_bins"):
     return participation.from_args(kind, args.n, epochs=args.epochs)
   if kind == "min_sep":
     return participation.Participation(kind, min_sep=args.min_sep,

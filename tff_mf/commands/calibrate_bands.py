@@ -11,29 +11,30 @@ def register(subparsers) -> None:
   parser = subparsers.add_parser(
       "calibrate-bands", help="choose the number of bands b and z at a target epsilon, with "
                               "amplification",
-      description="For each number of bands b (powers of 2 up to --min-sep and --max-bands, and "
-                  "--min-sep itself): factorize a b-banded C (through the cache), sample with "
+      description="For each number of bands b (powers of 2 up to --min_sep and --max_bands, and "
+                  "--min_sep itself): factorize a b-banded C (through the cache), sample with "
                   "cyclic Poisson of cycle b at probability p*b/B (the same expected "
                   "participations E = p*n/B), calibrate z to the target epsilon with the "
                   "amplified banded analysis (arXiv:2306.08153, Thm 4), and score "
                   "z*rmse/E (jax_privacy's BandMFConfig.rmse). Prints every candidate and the "
                   "best.")
-  parser.add_argument("--n", type=int, required=True, help="number of rounds n")
-  parser.add_argument("--min-sep", type=int, required=True, metavar="B",
-                      help="cycle B of the cyclic Poisson sampling --sampling-prob is given for; "
-                           "the largest b tried")
-  parser.add_argument("--sampling-prob", type=float, required=True, metavar="P",
+  parser.add_argument("--n", type=int, required=True, help="number of rounds n (required)")
+  parser.add_argument("--min_sep", type=int, required=True, metavar="B",
+                      help="cycle B of the cyclic Poisson sampling --sampling_prob is given for; "
+                           "the largest b tried (required)")
+  parser.add_argument("--sampling_prob", type=float, required=True, metavar="P",
                       help="probability p that a user joins a round it is eligible for at "
-                           "cycle B")
-  parser.add_argument("--target-epsilon", type=float, required=True)
-  parser.add_argument("--delta", type=float, required=True)
-  parser.add_argument("--max-bands", type=int, default=None,
+                           "cycle B (required)")
+  parser.add_argument("--target_epsilon", type=float, required=True, metavar="EPS",
+                      help="the epsilon each candidate is calibrated to (required)")
+  parser.add_argument("--delta", type=float, required=True, help="delta in (0, 1) (required)")
+  parser.add_argument("--max_bands", type=int, default=None,
                       help="a further cap on b (default: none)")
   parser.add_argument("--strategy", choices=("banded_toeplitz", "banded"),
                       default="banded_toeplitz",
                       help="the banded family factorized (default: banded_toeplitz, the family "
                            "jax_privacy optimizes)")
-  parser.add_argument("--cache-dir", default=None,
+  parser.add_argument("--cache_dir", default=None,
                       help="cache directory (default: $TFF_MF_CACHE or ~/.cache/tff_mf)")
   parser.add_argument("--tolerance", type=float, default=1e-3,
                       help="relative tolerance of each z (default: 1e-3)")

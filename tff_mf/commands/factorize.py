@@ -42,7 +42,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser, n_required: bool = F
 def add_participation_arguments(parser: argparse.ArgumentParser) -> None:
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
   group = parser.add_argument_group("participation schema")
-  group.add_argument("--participation", choices=participation.KINDS,
+  group.add_argument("--participation", choices=participation.SPELLINGS,
+                     type=participation.canonical_kind,
                      default="single",
                      help="how often a user contributes: at most once; every b = n/K rounds for "
                           "K epochs; at most --max_participations times, --min_sep apart "
