@@ -312,3 +312,26 @@ def test_tff_mf_account_and_audit_stop_at_once_on_ctrl_c(tmp_path):
     assert lines[-1] == f"tff-mf {name}: interrupted; nothing was written"
     assert not group_processes(proc.pid)  # MMCC workers, TFF's worker_binary: all gone
   assert not (tmp_path / "audit.png").exists()
+
+
+def test_an_interrupt_python_swallows_in_a_gc_callback_still_stops(tmp_path):
+  """Python cannot propagate an exception raised inside a gc callback (jax's
+  _xla_gc_callback once swallowed the Ctrl-C of `tff-mf audit`, which then ran on and exited
+  0): the tool still stops with its one line and 130, without "Exception ignored"."""
+  code = textwrap.dedent("""
+      import gc, time
+      from tff_mf import interrupt
+      def callback(phase, info):
+        if phase == "start":
+          raise interrupt.Interrupted("interrupted")
+      with interrupt.handled(defer=False, prog="t", stop_line="t: interrupted; nothing was written"):
+        gc.callbacks.append(callback)
+        gc.collect()
+        time.sleep(5)
+        print("ran on")
+  """)
+  done = subprocess.run([sys.executable, "-c", code], env=userenv.env(home=str(tmp_path),
+                                                                      pythonpath=True),
+                        capture_output=True, text=True, timeout=120, cwd=userenv.REPO)
+  assert done.returncode == 130 and "ran on" not in done.stdout, done.stderr
+  assert done.stderr.strip().splitlines() == ["t: interrupted; nothing was written"]

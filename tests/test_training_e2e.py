@@ -68,7 +68,12 @@ def expected_skips(task, seed, rounds, clients_per_round):
 
 
 # Every trainable mechanism of the registry (a new one is covered without editing this list).
+# The default suite trains one per noise path through the binary — TFF's tree, dense
+# regeneration (opt_momentum), a linear stream (blt) and no DP; the others are slow here.
+# Every one of them is checked in the default suite in-process against numpy Algorithm 1
+# (tests/test_query_federated.py).
 MECHANISMS = registry.mechanism_names(trainable=True)
+DEFAULT_SUITE = ("tree", "opt_momentum", "blt", "none")
 
 
 def test_mechanism_flag_takes_the_registrys_trainable_spellings():
@@ -83,7 +88,8 @@ def test_mechanism_flag_takes_the_registrys_trainable_spellings():
   assert config_lib.canonical_mechanism("gaussian_fixed") == "gaussian"
 
 
-@pytest.mark.parametrize("mechanism", MECHANISMS)
+@pytest.mark.parametrize("mechanism", [
+    m if m in DEFAULT_SUITE else pytest.param(m, marks=pytest.mark.slow) for m in MECHANISMS])
 def test_end_to_end(mechanism, tiny_dir, task, tmp_path, capfd):
   private = mechanism != "none"
   config = base_config(tiny_dir, tmp_path, mechanism=mechanism, experiment_name=mechanism,

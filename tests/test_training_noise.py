@@ -209,7 +209,10 @@ def test_decoders_built_here_agree_with_the_library_tree():
     np.testing.assert_allclose(plain_tree_decoder(n) @ c_tree, prefix_sum(n), atol=1e-12)
 
 
-@pytest.mark.parametrize("mechanism", ["opt_prefix_sum", "gaussian", "tree"])
+# Dense matrix noise through the binary is also checked in a clean shell (opt_momentum,
+# test_binary_adds_the_reported_noise_in_a_clean_shell): opt_prefix_sum is slow here.
+@pytest.mark.parametrize("mechanism", [pytest.param("opt_prefix_sum", marks=pytest.mark.slow),
+                                       "gaussian", "tree"])
 def test_run_training_adds_the_reported_noise(mechanism, task, tmp_path):
   if mechanism == "opt_prefix_sum":  # ε calibrated by the run (--target_epsilon)
     config = _config(tmp_path, mechanism, target_epsilon=3.0, noise_seed=SEED)

@@ -52,8 +52,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.print_help()
     return 0
   # Ctrl-C stops at once, one line, exit 130; a second Ctrl-C during clean-up exits at once.
-  with interrupt.handled(defer=False, prog=f"tff-mf {args.command}"):
+  with interrupt.handled(defer=False, prog=f"tff-mf {args.command}",
+                         stop_line=_stop_line(args.command)):
     return _run(args)
+
+
+def _stop_line(command: str) -> str:
+  """The one line a command prints when Ctrl-C stops it."""
+  module = importlib.import_module(dict(COMMANDS)[command])
+  return f"tff-mf {command}: {getattr(module, 'INTERRUPTED', 'interrupted; nothing was written')}"
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -64,10 +71,7 @@ def _run(args: argparse.Namespace) -> int:
     print(f"tff-mf {args.command}: error: {message}", file=sys.stderr)
     return 2
   except KeyboardInterrupt:
-    module = importlib.import_module(dict(COMMANDS)[args.command])
-    print(f"tff-mf {args.command}: "
-          f"{getattr(module, 'INTERRUPTED', 'interrupted; nothing was written')}",
-          file=sys.stderr)
+    print(_stop_line(args.command), file=sys.stderr)
     return interrupt.EXIT_CODE
 
 

@@ -34,28 +34,33 @@ _requested = threading.Event()
 _on_request: List[Callable[[], None]] = []  # run once, at the first SIGINT
 _on_force: List[Callable[[], None]] = []  # run at the second SIGINT, before exiting
 _state = {"installed": False, "defer": True, "count": 0, "raised": False, "notified": False,
-          "notice": None, "prog": None, "restore": None, "fork_hook": False}
+          "notice": None, "prog": None, "restore": None, "fork_hook": False, "stop_line": None}
 
 
 def install(defer: bool = True, notice: Optional[str] = None,
-            prog: Optional[str] = None) -> bool:
+            prog: Optional[str] = None, stop_line: Optional[str] = None) -> bool:
   """Installs the SIGINT handling described in the module docstring, for good (a script's
   ``__main__``; ``handled`` scopes it to a ``with`` block).
 
   ``notice``: printed on stderr at the first SIGINT (deferred mode); ``prog`` names the
-  tool in the line a second SIGINT prints. Only from the main thread (returns False
-  elsewhere, and SIGINT keeps its handler). Installing again only changes the mode.
+  tool in the line a second SIGINT prints. ``stop_line``: what the tool prints when it
+  stops after ``Interrupted`` (raising mode); printed here, before exiting 130, when Python
+  swallows the ``Interrupted`` (raised inside a gc or weakref callback, which cannot
+  propagate it). Only from the main thread (returns False elsewhere, and SIGINT keeps its
+  handler). Installing again only changes the mode.
   """
   if threading.current_thread() is not threading.main_thread():
     return False
   with _lock:
-    _state.update(defer=bool(defer), notice=notice, prog=prog or _state["prog"])
+    _state.update(defer=bool(defer), notice=notice, prog=prog or _state["prog"],
+                  stop_line=stop_line or _state["stop_line"])
     if _state["installed"]:
       return True
     _state["installed"] = True
   read_fd, write_fd = os.pipe()
   os.set_blocking(write_fd, False)
   previous_handler = signal.signal(signal.SIGINT, _python_handler)
+  previous_hook, sys.unraisablehook = sys.unraisablehook, _unraisable
   previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
   threading.Thread(target=_watch, args=(read_fd,), name="tff-mf-sigint", daemon=True).start()
   # Deferred: SIGINT stays blocked in the main thread, hence in the threads and processes
@@ -66,7 +71,7 @@ def install(defer: bool = True, notice: Optional[str] = None,
   previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK if defer else signal.SIG_UNBLOCK,
                                          {signal.SIGINT})
   _state["restore"] = (previous_handler, previous_fd, write_fd, previous_mask,
-                       len(_on_request), len(_on_force))
+                       len(_on_request), len(_on_force), previous_hook)
   if not _state["fork_hook"]:
     os.register_at_fork(after_in_child=_reset_in_child)
     _state["fork_hook"] = True
@@ -75,10 +80,10 @@ def install(defer: bool = True, notice: Optional[str] = None,
 
 @contextlib.contextmanager
 def handled(defer: bool = True, notice: Optional[str] = None,
-            prog: Optional[str] = None) -> Iterator[None]:
+            prog: Optional[str] = None, stop_line: Optional[str] = None) -> Iterator[None]:
   """``install`` for a ``with`` block (a tool's ``main``, also when called in-process): the
   previous SIGINT handling comes back afterwards. Nested or elsewhere installed: no-op."""
-  if _state["installed"] or not install(defer, notice, prog):
+  if _state["installed"] or not install(defer, notice, prog, stop_line):
     yield
     return
   try:
@@ -89,7 +94,9 @@ def handled(defer: bool = True, notice: Optional[str] = None,
 
 def _uninstall() -> None:
   _state["defer"] = True  # a SIGINT from here on no longer raises (the tool has returned)
-  previous_handler, previous_fd, write_fd, previous_mask, requests, forces = _state["restore"]
+  (previous_handler, previous_fd, write_fd, previous_mask, requests, forces,
+   previous_hook) = _state["restore"]
+  sys.unraisablehook = previous_hook
   signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
   signal.set_wakeup_fd(previous_fd)
   signal.signal(signal.SIGINT, previous_handler)
@@ -99,7 +106,8 @@ def _uninstall() -> None:
 
 def _clear(requests: int = 0, forces: int = 0) -> None:
   _requested.clear()
-  _state.update(installed=False, count=0, raised=False, notified=False, restore=None)
+  _state.update(installed=False, count=0, raised=False, notified=False, restore=None,
+                stop_line=None)
   del _on_request[requests:]
   del _on_force[forces:]
 
@@ -159,6 +167,27 @@ def _python_handler(signum, frame) -> None:
   if not _state["defer"] and not _state["raised"]:
     _state["raised"] = True
     raise Interrupted("interrupted")
+
+
+def _unraisable(hook_args) -> None:
+  """Python could not propagate ``Interrupted`` (it was raised inside a gc or weakref
+  callback, e.g. jax's ``_xla_gc_callback``) and would print "Exception ignored" and run
+  on: stop here instead, with the tool's one line and status 130 (the force-exit callbacks
+  stop its helper processes)."""
+  if not isinstance(hook_args.exc_value, Interrupted):
+    previous = (_state["restore"] or (None,) * 7)[6] or sys.__unraisablehook__
+    previous(hook_args)
+    return
+  with _lock:
+    callbacks = list(_on_force)
+  for callback in callbacks:
+    try:
+      callback()
+    except Exception:  # pylint: disable=broad-except
+      pass
+  prog = _state["prog"] or os.path.basename(sys.argv[0] or "python")
+  _write(_state["stop_line"] or f"{prog}: interrupted")
+  os._exit(EXIT_CODE)  # pylint: disable=protected-access
 
 
 def _watch(read_fd: int) -> None:
