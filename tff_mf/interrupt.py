@@ -174,7 +174,8 @@ def _unraisable(hook_args) -> None:
   callback, e.g. jax's ``_xla_gc_callback``) and would print "Exception ignored" and run
   on: stop here instead, with the tool's one line and status 130 (the force-exit callbacks
   stop its helper processes)."""
-  if not isinstance(hook_args.exc_value, Interrupted):
+  if not isinstance(hook_args.exc_value, Interrupted) or _state["stop_line"] is None:
+    # Not ours, or no tool's line to stop with (an in-process ``handled`` block): Python's way.
     previous = (_state["restore"] or (None,) * 7)[6] or sys.__unraisablehook__
     previous(hook_args)
     return
