@@ -200,7 +200,8 @@ def test_a_round_without_clients_still_adds_its_noise(task, tmp_path):
   assert [r.split(",")[2] for r in rows[1:]] == ["0", "0"]  # the "clients" column
 
 
-@pytest.mark.parametrize("mechanism", ["banded_toeplitz", "blt"])
+@pytest.mark.parametrize("mechanism", [pytest.param("banded_toeplitz", marks=pytest.mark.slow),
+                                       "blt"])
 def test_banded_toeplitz_and_blt_train_under_fixed_epochs(mechanism, task, tmp_path):
   config = tiny_config(tmp_path, mechanism=mechanism, participation="fixed_epoch", epochs=2,
                        noise_multiplier=1.5, experiment_name=mechanism)
