@@ -179,16 +179,7 @@ def _unraisable(hook_args) -> None:
     previous = (_state["restore"] or (None,) * 7)[6] or sys.__unraisablehook__
     previous(hook_args)
     return
-  with _lock:
-    callbacks = list(_on_force)
-  for callback in callbacks:
-    try:
-      callback()
-    except Exception:  # pylint: disable=broad-except
-      pass
-  prog = _state["prog"] or os.path.basename(sys.argv[0] or "python")
-  _write(_state["stop_line"] or f"{prog}: interrupted")
-  os._exit(EXIT_CODE)  # pylint: disable=protected-access
+  _force_exit(_state["stop_line"])
 
 
 def _watch(read_fd: int) -> None:
@@ -214,7 +205,9 @@ def _watch(read_fd: int) -> None:
         _force_exit()
 
 
-def _force_exit() -> None:
+def _force_exit(line: Optional[str] = None) -> None:
+  """Runs the force-exit callbacks, prints ``line`` (default: the second-SIGINT line) and
+  exits 130 at once."""
   with _lock:
     callbacks = list(_on_force)
   for callback in callbacks:
@@ -223,7 +216,7 @@ def _force_exit() -> None:
     except Exception:  # pylint: disable=broad-except
       pass
   prog = _state["prog"] or os.path.basename(sys.argv[0] or "python")
-  _write(f"{prog}: interrupted again: stopped at once")
+  _write(line or f"{prog}: interrupted again: stopped at once")
   os._exit(EXIT_CODE)  # pylint: disable=protected-access
 
 
