@@ -395,7 +395,7 @@ def _privacy_summary(trainer: _Trainer, noise_multiplier, record, participation
 
 
 def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, record,
-             sqrt_loss, mechanism_info) -> Dict[str, object]:
+             single_participation_sqrt_loss, mechanism_info) -> Dict[str, object]:
   """Final evaluation, final model, TensorBoard's last scalars, and the summary dict."""
   run, config, task = trainer.run, trainer.run.config, trainer.task
   progress = run.progress
@@ -436,7 +436,7 @@ def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, record,
       "diverged": diverged, "wall_seconds": run.wall_seconds(),
       "validation_metrics": {k: outputs.finite_or_none(v) for k, v in validation.items()},
       "test_metrics": {k: outputs.finite_or_none(v) for k, v in test.items()},
-      "sqrt_loss": sqrt_loss,
+      "single_participation_sqrt_loss": single_participation_sqrt_loss,
       "nonprivate_train_metrics": ({k: float(train_rows[-1][k])
                                     for k in outputs.NONPRIVATE_TRAIN_KEYS}
                                    if config.report_train_metrics and train_rows else None),
@@ -501,7 +501,7 @@ def _train(run: _Run, task: Optional[task_lib.Task]) -> Dict[str, object]:
   try:
     trainer.writer.hparams(config.public_dict(), config.experiment_name)
     state, diverged = trainer.rounds(state)
-    summary = _summary(trainer, state, diverged, noise_multiplier, record, setup.sqrt_loss,
+    summary = _summary(trainer, state, diverged, noise_multiplier, record, setup.single_participation_sqrt_loss,
                        setup.info)
   finally:
     trainer.writer.close()

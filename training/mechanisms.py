@@ -26,13 +26,13 @@ class MechanismSetup:
   Attributes:
     aggregation_factory: the model aggregator (wrapped to zero non-finite updates).
     server_optimizer: applies momentum β and the learning-rate schedule.
-    sqrt_loss: √L(B, C) of the factorization (Denisov et al. Eq. 2), None without one.
+    single_participation_sqrt_loss: √L(B, C) of the factorization (Denisov et al. Eq. 2), None without one.
     info: JSON-ready description of the mechanism (never the noise seed).
     factorization: the library's A = B·C (None for TFF's tree and ``none``).
   """
   aggregation_factory: Any
   server_optimizer: Any
-  sqrt_loss: Optional[float]
+  single_participation_sqrt_loss: Optional[float]
   info: Dict[str, Any]
   factorization: Any = None
 
@@ -101,7 +101,7 @@ def build_mechanism_setup(config: TrainingConfig, noise_multiplier: Optional[flo
   info = dict(setup.info or {})
   info["private"] = is_private(mechanism)
   return MechanismSetup(robustness.NonFiniteZeroingFactory(setup.aggregation_factory),
-                        setup.server_optimizer, setup.sqrt_loss, info, setup.factorization)
+                        setup.server_optimizer, setup.single_participation_sqrt_loss, info, setup.factorization)
 
 
 def build_process(model_fn, setup: MechanismSetup, client_lr: float):

@@ -55,7 +55,7 @@ class MechanismSetup:
     factorization: the normalized A = B·C for the training workload (None for TFF's
       tree and for ``none``).
     noise: the ``StreamingNoise`` the query adds (None for TFF's baselines and ``none``).
-    sqrt_loss: √L(B, C) (Denisov Eq. 2), or None.
+    single_participation_sqrt_loss: √L(B, C) (Denisov Eq. 2), or None.
     info: JSON-ready description (mechanism, participation, sensitivity, the
       effective noise multiplier, the cache entry, ...).
     mechanism: the numpy ``tff_mf.mechanisms.Resolved`` the TFF objects were built from
@@ -66,7 +66,7 @@ class MechanismSetup:
   server_optimizer: Any
   factorization: Optional[fz.Factorization]
   noise: Optional[noise_lib.StreamingNoise]
-  sqrt_loss: Optional[float]
+  single_participation_sqrt_loss: Optional[float]
   info: Dict[str, Any]
   mechanism: Optional[mechanisms.Resolved] = None
   privacy: Optional[mechanisms.PrivacyRecord] = None
@@ -319,10 +319,10 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
   factory, noise = _BUILDERS[cfg.mechanism.noise](cfg, resolved, info)
   f = resolved.factorization
   if f is not None:
-    info.update(strategy=f.strategy, sqrt_loss=f.sqrt_loss)
+    info.update(strategy=f.strategy, single_participation_sqrt_loss=f.single_participation_sqrt_loss)
   return MechanismSetup(aggregation_factory=DPAggregatorFactory(factory, cfg.mechanism.name),
                         server_optimizer=server_optimizer, factorization=f, noise=noise,
-                        sqrt_loss=None if f is None else f.sqrt_loss, info=info,
+                        single_participation_sqrt_loss=None if f is None else f.single_participation_sqrt_loss, info=info,
                         mechanism=resolved, privacy=record)
 
 
