@@ -316,7 +316,8 @@ def _check_consistency(f: fz.Factorization, metadata: Dict[str, Any], npz_path: 
       check_extras(f)
     elif registry.strategy(f.strategy).streams:
       strategies.stream(f.strategy, f.extras, f.a)
-    figures = dict(strategies.error_figures(f, schema), single_participation_sqrt_loss=f.single_participation_sqrt_loss)
+    figures = dict(strategies.error_figures(f, schema),
+                   single_participation_sqrt_loss=f.single_participation_sqrt_loss)
   except (checks.CheckError, KeyError, TypeError) as e:
     raise CacheError(f"{name}: its stored parameters do not describe its matrices: {e}") from None
   info = metadata.get("info") or {}
@@ -415,7 +416,9 @@ def _metadata(params: Dict[str, Any], spec: strategies.FactorizationSpec, f: fz.
                "lr_schedule": w.lr_schedule, "schedule_rounds": w.schedule_rounds,
                "matrix_file": os.path.abspath(w.matrix_file) if w.matrix_file else None,
                **{k: jsonio.jsonable(v) for k, v in spec.key_params().items()}},
-      "strategy": f.strategy, "n": f.n, "m": f.m, "single_participation_loss": f.single_participation_loss, "single_participation_sqrt_loss": f.single_participation_sqrt_loss,
+      "strategy": f.strategy, "n": f.n, "m": f.m,
+      "single_participation_loss": f.single_participation_loss,
+      "single_participation_sqrt_loss": f.single_participation_sqrt_loss,
       "sensitivity": info["sensitivity"], "rmse": info["rmse"], "max_error": info["max_error"],
       "participation": info["participation"],
       "gamma_before_normalization": info.get("gamma_before_normalization"),
@@ -610,7 +613,8 @@ def list_entries(cache_dir: Optional[str] = None) -> List[Dict[str, Any]]:
         "lr_schedule": spec.get("lr_schedule"), "n": metadata.get("n"),
         "bands": spec.get("bands"), "rank": spec.get("rank"), "buffers": spec.get("buffers"),
         "participation": (metadata.get("participation") or {}).get("label"),
-        "single_participation_sqrt_loss": metadata.get("single_participation_sqrt_loss"), "rmse": metadata.get("rmse"),
+        "single_participation_sqrt_loss": metadata.get("single_participation_sqrt_loss"),
+        "rmse": metadata.get("rmse"),
         "sensitivity": metadata.get("sensitivity"), "relative_gap": metadata.get("relative_gap"),
         "seconds": metadata.get("seconds"), "created_utc": metadata.get("created_utc"),
         "bytes": os.path.getsize(npz_path) if os.path.isfile(npz_path) else None,

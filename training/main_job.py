@@ -176,8 +176,8 @@ def _schema_rows(n: int, cache_dir: Optional[str], single: Dict[str, Dict[str, o
     for strategy in DEMO_STRATEGIES:
       f = single[column][strategy]
       figures = strategies.error_figures(f, schema)
-      rows.setdefault(labels[strategy], {})[column] = (f.single_participation_sqrt_loss, figures["sensitivity"],
-                                                       figures["rmse"])
+      rows.setdefault(labels[strategy], {})[column] = (
+          f.single_participation_sqrt_loss, figures["sensitivity"], figures["rmse"])
     for strategy in MULTI_STRATEGIES:
       params = registry.default_parameters(strategy, n, schema)
       spec = strategies.FactorizationSpec(workload=workload, strategy=strategy,
@@ -212,7 +212,8 @@ def run_factorization_demo(output_dir: str, cache_dir: Optional[str] = None,
   os.makedirs(output_dir, exist_ok=True)
   labels = _strategy_labels(n)
   single, records, lower_bounds = _factorize_columns(n, cache_dir)
-  values = {c: {s: f.single_participation_sqrt_loss for s, f in by.items()} for c, by in single.items()}
+  values = {c: {s: f.single_participation_sqrt_loss for s, f in by.items()}
+            for c, by in single.items()}
   columns = list(values)
   lines = [f"√L = sqrt(γ(C)²·‖B‖²_F) for n = {n} (Denisov et al. Eq. 2; lower is better)", "",
            f"| strategy | √L {' | √L '.join(columns)} |", "|" + "---|" * (len(columns) + 1)]

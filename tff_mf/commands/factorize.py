@@ -179,8 +179,10 @@ def result_record(f, entry) -> dict:
       "strategy": f.strategy, "workload": md.get("spec", {}).get("workload"), "n": f.n,
       "m": f.m, "participation": md.get("participation"), "sensitivity": md.get("sensitivity"),
       "sensitivity_exact": md.get("info", {}).get("sensitivity_exact"),
-      "rmse": md.get("rmse"), "max_error": md.get("max_error"), "single_participation_sqrt_loss": f.single_participation_sqrt_loss,
-      "single_participation_loss": f.single_participation_loss, "relative_gap": md.get("relative_gap"), "iterations": md.get("iterations"),
+      "rmse": md.get("rmse"), "max_error": md.get("max_error"),
+      "single_participation_sqrt_loss": f.single_participation_sqrt_loss,
+      "single_participation_loss": f.single_participation_loss,
+      "relative_gap": md.get("relative_gap"), "iterations": md.get("iterations"),
       "seconds": md.get("seconds"),
       # Entries written before the rename call γ "sensitivity_before_normalization".
       "gamma_before_normalization": md.get("gamma_before_normalization",

@@ -35,8 +35,10 @@ def make_plots(output_dir: str, n: int, momentum: Optional[float] = None,
   full = _factorization(prefix, "honaker_full", cache_dir)
   opt = _factorization(prefix, "optimal", cache_dir)
   paths.append(plots.plot_per_round_variance(
-      {f"Honaker Online (√L={online.single_participation_sqrt_loss:.1f})": online.per_round_variance(),
-       f"Honaker Full (√L={full.single_participation_sqrt_loss:.1f})": full.per_round_variance(),
+      {f"Honaker Online (√L={online.single_participation_sqrt_loss:.1f})":
+           online.per_round_variance(),
+       f"Honaker Full (√L={full.single_participation_sqrt_loss:.1f})":
+           full.per_round_variance(),
        f"Opt Prefix Sum (√L={opt.single_participation_sqrt_loss:.1f})": opt.per_round_variance()},
       os.path.join(output_dir, f"variance_prefix_sum_n{n}.png"),
       f"Per-round squared error, prefix sums, n={n} (Denisov Fig 1 left)"))
