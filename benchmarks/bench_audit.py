@@ -16,6 +16,7 @@ Writes ``benchmarks/results/audit.md`` (the raw report and scores go to
 
   python benchmarks/bench_audit.py [--peer-python /tmp/peer24/bin/python]
       [--schemas single,fixed_epoch,min_sep] [--parts sweep,faults,poisson,coverage]
+      [--mechanisms NAME,...]
   python benchmarks/bench_audit.py --smoke --out-dir OUT   # one small case, seconds
 """
 
@@ -129,15 +130,18 @@ def peer(peer_python, files, alpha, delta, out_dir):
 # with --no-deps over jax-privacy==2.0.0 in a benchmark-only venv.
 PEER_SOURCE = "newest source, commit 8967688c26d4 of 2026-08-20"
 COVERAGE = ((1.0, 0.1), (2.0, 0.05))
-PARTS = ("sweep", "faults", "poisson", "coverage")  # (μ, δ) where the bounds come close to the true ε
+PARTS = ("sweep", "faults", "poisson", "coverage", "gaussian")
+# Head to head on exact Gaussian scores at δ = DELTA: μ of the single, fixed-epoch and
+# min-sep rows, and repetitions per μ.
+HEAD_TO_HEAD = ((2.0, 2.6, 3.2, 4.0, 5.5), 40)  # (μ, δ) where the bounds come close to the true ε
 
 
-def coverage_files(out_dir, repetitions, trials=2048):
+def coverage_files(out_dir, repetitions, trials=2048, configs=COVERAGE, prefix="coverage"):
   """Exact Gaussian scores, ``repetitions`` audits per (μ, δ), for both auditors' coverage."""
   rng = np.random.default_rng(7)
   paths = []
-  for mu, delta in COVERAGE:
-    path = os.path.join(out_dir, f"coverage_mu{mu:g}.npz")
+  for mu, delta in configs:
+    path = os.path.join(out_dir, f"{prefix}_mu{mu:g}.npz")
     np.savez(path, out=rng.standard_normal((repetitions, trials)),
              held_in=rng.standard_normal((repetitions, trials)) + mu, delta=delta, mu=mu,
              true_epsilon=audit_lib.gdp_epsilon(mu, delta))
@@ -154,7 +158,7 @@ def ours_coverage(path, alpha):
          for s0, s1 in zip(d["out"], d["held_in"])]
   return {"repetitions": len(eps), "mean_epsilon": float(np.mean(eps)),
           "exceed_true_epsilon": int(np.sum(np.array(eps) > float(d["true_epsilon"]))),
-          "mu": mu, "delta": delta, "true_epsilon": float(d["true_epsilon"])}
+          "mu": mu, "delta": delta, "true_epsilon": float(d["true_epsilon"]), "epsilons": eps}
 
 
 def ours_single_statistic(path, release_mu, alpha, delta):
@@ -283,7 +287,28 @@ def _peer_section(sweep_rows, peer_rows, peer_info, options):
               f"thresholds chosen on held-out halves): ours ≥ it in {sum(above_split)} of "
               f"{len(above_split)}.", ""]
   lines += _coverage_lines(peer_info.get("coverage", []), options)
+  lines += _head_to_head_lines(peer_info.get("head_to_head", []), options)
   return lines
+
+
+def _head_to_head_lines(rows, options):
+  if not rows:
+    return []
+  lines = [f"Head to head on exact Gaussian scores ({rows[0][0]['repetitions']} audits of 2048 "
+           f"+ 2048 trials per μ, confidence {1 - options.alpha:g}, δ = {rows[0][0]['delta']:g}; "
+           "ours planned on the true μ): per audit, ours / peer (Clopper–Pearson, Bonferroni).",
+           "", "| μ | ours: mean ε lower bound | peer: mean | ratio: mean | ratio: min | "
+           "ours ≥ peer |", "| --- | --- | --- | --- | --- | --- |"]
+  for ours, theirs in rows:
+    if not theirs or "epsilons" not in theirs:
+      lines.append(f"| {ours['mu']:g} | {_f(ours['mean_epsilon'])} | peer error: "
+                   f"{(theirs or {}).get('error', 'missing')} | | | |")
+      continue
+    ratio = np.array(ours["epsilons"]) / np.array(theirs["epsilons"])
+    lines.append(f"| {ours['mu']:g} | {_f(ours['mean_epsilon'])} | {_f(theirs['mean_epsilon'])} | "
+                 f"{ratio.mean():.3f} | {ratio.min():.3f} | {int(np.sum(ratio >= 1))} of "
+                 f"{ratio.size} |")
+  return lines + [""]
 
 
 def _coverage_lines(rows, options):
@@ -311,6 +336,8 @@ def main(argv=None):
   parser.add_argument("--trials", type=int, default=2048)
   parser.add_argument("--schemas", default=",".join(SCHEMAS),
                       help="comma-separated subset of the sweep's schemas")
+  parser.add_argument("--mechanisms", default="",
+                      help="comma-separated subset of the auditable mechanisms (default all)")
   parser.add_argument("--parts", default=",".join(PARTS),
                       help="comma-separated subset of " + ",".join(PARTS))
   parser.add_argument("--smoke", action="store_true",
@@ -335,7 +362,8 @@ def main(argv=None):
   else:
     options = audit.AuditOptions(trials=args.trials, trials_per_run=512,
                                  calibration_trials=1024, delta=DELTA, alpha=ALPHA)
-    mechanisms = auditable()
+    mechanisms = [m for m in auditable() if not args.mechanisms
+                  or m in args.mechanisms.split(",")]
     schemas = {k: v for k, v in SCHEMAS.items() if k in chosen and "sweep" in parts}
   rows = sweep(mechanisms, schemas, options, scores_dir)
   fault_rows = [] if args.smoke or "faults" not in parts else faults(options)
@@ -345,16 +373,22 @@ def main(argv=None):
     r["ours_single"] = ours_single_statistic(os.path.join(scores_dir, r["scores"]),
                                              r["release_mu"], ALPHA, DELTA)
   cover = [] if args.smoke or "coverage" not in parts else coverage_files(scores_dir, 200)
+  mus, reps = HEAD_TO_HEAD
+  heads = [] if args.smoke or "gaussian" not in parts else coverage_files(
+      scores_dir, reps, configs=[(mu, DELTA) for mu in mus], prefix="head_to_head")
   result = None if args.smoke else peer(
-      args.peer_python, [os.path.join(scores_dir, r["scores"]) for r in rows] + cover, ALPHA,
-      DELTA, scores_dir)
+      args.peer_python, [os.path.join(scores_dir, r["scores"]) for r in rows] + cover + heads,
+      ALPHA, DELTA, scores_dir)
   peer_rows, peer_info = result if result else (None, {})
   if peer_rows is not None:
     peer_info["coverage"] = [(ours_coverage(path, ALPHA), peer_rows.get(os.path.basename(path)))
                              for path in cover]
+    peer_info["head_to_head"] = [(ours_coverage(path, ALPHA),
+                                  peer_rows.get(os.path.basename(path))) for path in heads]
   command = "python benchmarks/bench_audit.py" + (" --smoke" if args.smoke else "") + (
       "" if args.smoke or (len(chosen) == len(SCHEMAS) and len(parts) == len(PARTS)) else
-      f" --schemas {args.schemas} --parts {args.parts}")
+      f" --schemas {args.schemas} --parts {args.parts}" + (
+          f" --mechanisms {args.mechanisms}" if args.mechanisms else ""))
   text = markdown(command, rows, fault_rows, poisson_rows, peer_rows, peer_info, options,
                   time.perf_counter() - start)
   with open(os.path.join(args.out_dir, "audit.md"), "w", encoding="utf-8") as f:
