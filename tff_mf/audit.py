@@ -332,8 +332,10 @@ def order_statistic_band_failure(trials: int, first: int, levels: np.ndarray) ->
   """
   levels = np.asarray(levels, np.float64)
   j = first + 1 + np.arange(levels.size)
-  b = np.maximum.accumulate(np.where(j > trials, 1.0, scipy.stats.beta.isf(
-      levels, j, np.maximum(trials - j + 1, 1))))
+  b = np.where(j > trials, 1.0, scipy.stats.beta.isf(levels, j, np.maximum(trials - j + 1, 1)))
+  # U_(j) ≤ b_i for some i > j is implied by U_(i) ≤ b_i: the effective boundary is the
+  # running minimum from the right (the same event, and nondecreasing).
+  b = np.minimum.accumulate(b[::-1])[::-1]
   last = int(j[-1])
   states = np.arange(first + 1, last)  # N(b) exactly; N(b) ≥ last is absorbed
   prob = scipy.stats.binom.pmf(states, trials, b[0])
@@ -381,7 +383,7 @@ class Plan:
   """The audit's confidence plan, fixed before its scores are seen (``planned_thresholds``).
 
   Attributes:
-    thresholds: planned thresholds (the ε one, the μ one).
+    thresholds: planned thresholds (ε forward, ε reverse, μ).
     fp_levels, fn_levels: their Clopper–Pearson levels (false positive rate upper bound;
       false negative rate upper bound).
     fp_count_levels: (trials0 + 1,) level of the false-positive-rate bound of every
