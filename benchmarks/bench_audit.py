@@ -12,10 +12,11 @@ Writes ``benchmarks/results/audit.md`` (the raw report and scores go to
 3. Poisson canary under min-sep sampling: the ε lower bound against MMCC's amplified ε.
 4. Peer: on the same canary scores, jax_privacy's ``auditing.CanaryScoreAuditor``
    (newest source, run by ``benchmarks/peer_jax_privacy_audit.py`` in the benchmark-only
-   interpreter ``--peer-python``) against our bounds at the same confidence.
+   interpreter ``--peer-python``) against our bounds at the same confidence; their coverage
+   on exact Gaussian scores, and a head-to-head on exact Gaussian scores (per-audit ratio).
 
   python benchmarks/bench_audit.py [--peer-python /tmp/peer24/bin/python]
-      [--schemas single,fixed_epoch,min_sep] [--parts sweep,faults,poisson,coverage]
+      [--schemas single,fixed_epoch,min_sep] [--parts sweep,faults,poisson,coverage,gaussian]
       [--mechanisms NAME,...]
   python benchmarks/bench_audit.py --smoke --out-dir OUT   # one small case, seconds
 """
