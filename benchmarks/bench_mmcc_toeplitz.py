@@ -12,12 +12,16 @@ Parts (each writes ``benchmarks/results/mmcc_toeplitz_<part>.json``; ``report`` 
   every class (``prune_offsets=False``, the previous behaviour; only up to --max-slow-n).
 - ``production``: ``tff-mf account --mechanism blt|banded_toeplitz --n 2048 --min_sep 256
   --amplification mmcc`` (k = 8) at several q, wall time of the whole command.
+- ``slack``: for the production cases, a proven lower bound on ε
+  (``tff_mf.mixture_pair.lower_bound``) and the Monte-Carlo ESTIMATE of the non-adaptive
+  pair's ε (arXiv:2410.06266; an estimate, not a bound).
 - ``curves``: ε against z for tree, banded, BLT and the multi-epoch optimum at equal n,
   with (MMCC) and without amplification, each point one ``tff-mf account`` call.
 
   nice -n 10 .venv/bin/python benchmarks/bench_mmcc_toeplitz.py profile
   nice -n 10 .venv/bin/python benchmarks/bench_mmcc_toeplitz.py production
-  nice -n 10 .venv/bin/python benchmarks/bench_mmcc_toeplitz.py curves
+  nice -n 10 .venv/bin/python benchmarks/bench_mmcc_toeplitz.py slack
+  nice -n 10 .venv/bin/python benchmarks/bench_mmcc_toeplitz.py curves --n 64
   .venv/bin/python benchmarks/bench_mmcc_toeplitz.py report
 """
 
@@ -37,6 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from tff_mf import cache  # pylint: disable=g-import-not-at-top
+from tff_mf import mixture_pair  # pylint: disable=g-import-not-at-top
 from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -121,6 +126,26 @@ def run_production(args):
   _save("production", {"n": args.n, "z": args.z, "rows": rows})
 
 
+def run_slack(args):
+  rows = []
+  for mechanism in ("blt", "banded_toeplitz"):
+    rec = _account(mechanism, args.n, 1.0, args.z, args.cache_dir, amplified=False)
+    c = cache.load(rec["cache_npz"]).c
+    for q in args.qs:
+      start = time.time()
+      lb = mixture_pair.lower_bound(c, q, args.z, DELTA, min_sep=args.n // K)
+      lb_seconds = time.time() - start
+      start = time.time()
+      mc = mixture_pair.monte_carlo_epsilon(c, q, args.z, DELTA, min_sep=args.n // K,
+                                            samples=args.samples)
+      rows.append({"mechanism": mechanism, "q": q, "lower_bound": lb["epsilon"],
+                   "lower_bound_seconds": lb_seconds, "mc_estimate": mc["epsilon"],
+                   "mc_tail_hits": mc["tail_hits"], "mc_samples": mc["samples"],
+                   "mc_seconds": time.time() - start})
+      print(rows[-1], flush=True)
+  _save("slack", {"n": args.n, "z": args.z, "rows": rows})
+
+
 def run_curves(args):
   rows = []
   for mechanism in CURVE_MECHANISMS:
@@ -155,14 +180,20 @@ def run_report(args):
                    f"{r['distinct_rows']} | {_fmt(r['epsilon'])} | {r['seconds']:.1f} |")
     lines.append("")
   prod = _load("production")
+  slack = {(r["mechanism"], r["q"]): r for r in (_load("slack") or {"rows": []})["rows"]}
   if prod:
     lines += [f"Production size n = {prod['n']}, k = {K}, z = {prod['z']} "
               f"(load {prod['machine']['load_1min']:.1f}):", "",
-              "| mechanism | q | unamplified ε | MMCC ε | distinct row PLDs | MMCC s | command s |",
-              "|---|---|---|---|---|---|---|"]
+              "| mechanism | q | unamplified ε | MMCC ε (bound) | lower bound | MMCC / lower "
+              "| MC estimate (not a bound) | distinct row PLDs | MMCC s | command s |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in prod["rows"]:
+      sl = slack.get((r["mechanism"], r["q"]), {})
+      ratio = (r["epsilon"] / sl["lower_bound"]) if sl.get("lower_bound") and r["epsilon"] else None
       lines.append(f"| {r['mechanism']} | {r['q']} | {_fmt(r['unamplified_epsilon'])} | "
                    f"{_fmt(r['epsilon']) if not r.get('error') else r['error']} | "
+                   f"{_fmt(sl.get('lower_bound'))} | {_fmt(ratio, 2)} | "
+                   f"{_fmt(sl.get('mc_estimate'))} | "
                    f"{r['distinct_rows']} | {_fmt(r['mmcc_seconds'], 1)} | {r['seconds']:.1f} |")
     lines.append("")
   curves = _load("curves")
@@ -222,16 +253,22 @@ def main(argv=None):
   pr.add_argument("--n", type=int, default=2048)
   pr.add_argument("--qs", type=float, nargs="+", default=[0.05, 0.1, 0.25, 0.5])
   pr.add_argument("--z", type=float, default=2.0)
+  ps = sub.add_parser("slack")
+  ps.add_argument("--n", type=int, default=2048)
+  ps.add_argument("--qs", type=float, nargs="+", default=[0.05, 0.1, 0.25, 0.5])
+  ps.add_argument("--z", type=float, default=2.0)
+  ps.add_argument("--samples", type=int, default=400_000)
   pc = sub.add_parser("curves")
   pc.add_argument("--n", type=int, default=128)
   pc.add_argument("--q", type=float, default=0.25)
   pc.add_argument("--zs", type=float, nargs="+", default=[1.0, 2.0, 4.0, 8.0])
   sub.add_parser("report")
-  for p in (pp, pr, pc):
+  for p in (pp, pr, ps, pc):
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/tff_mf"))
   args = parser.parse_args(argv)
-  {"profile": run_profile, "production": run_production, "curves": run_curves,
+  {"profile": run_profile, "production": run_production, "slack": run_slack,
+   "curves": run_curves,
    "report": run_report}[args.part](args)
   return 0
 
