@@ -108,7 +108,7 @@ def run_profile(args):
                      "composed_offsets": r.composed_offsets, "distinct_rows": r.distinct_rows,
                      "max_prob_ratio": r.max_prob_ratio})
         print(rows[-1], flush=True)
-  _save("profile", {"q": args.q, "z": args.z, "rows": rows})
+        _save("profile", {"q": args.q, "z": args.z, "rows": rows})  # after each point
 
 
 def run_production(args):
@@ -156,7 +156,7 @@ def run_curves(args):
                      "epsilon": rec.get("epsilon"), "error": rec.get("error"),
                      "seconds": rec["seconds"], "command": rec["command"]})
         print(rows[-1], flush=True)
-  _save("curves", {"n": args.n, "q": args.q, "rows": rows})
+        _save("curves", {"n": args.n, "q": args.q, "rows": rows})  # after each point
 
 
 def _fmt(x, digits=4):
@@ -185,15 +185,15 @@ def run_report(args):
     lines += [f"Production size n = {prod['n']}, k = {K}, z = {prod['z']} "
               f"(load {prod['machine']['load_1min']:.1f}):", "",
               "| mechanism | q | unamplified ε | MMCC ε (bound) | lower bound | MMCC / lower "
-              "| MC estimate (not a bound) | distinct row PLDs | MMCC s | command s |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| MC estimate (not a bound) | MC tail draws | distinct row PLDs | MMCC s | command s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in prod["rows"]:
       sl = slack.get((r["mechanism"], r["q"]), {})
       ratio = (r["epsilon"] / sl["lower_bound"]) if sl.get("lower_bound") and r["epsilon"] else None
       lines.append(f"| {r['mechanism']} | {r['q']} | {_fmt(r['unamplified_epsilon'])} | "
                    f"{_fmt(r['epsilon']) if not r.get('error') else r['error']} | "
                    f"{_fmt(sl.get('lower_bound'))} | {_fmt(ratio, 2)} | "
-                   f"{_fmt(sl.get('mc_estimate'))} | "
+                   f"{_fmt(sl.get('mc_estimate'))} | {sl.get('mc_tail_hits', '')} | "
                    f"{r['distinct_rows']} | {_fmt(r['mmcc_seconds'], 1)} | {r['seconds']:.1f} |")
     lines.append("")
   curves = _load("curves")
@@ -207,8 +207,7 @@ def run_report(args):
       for amplified in (False, True):
         vals = {r["z"]: r for r in curves["rows"]
                 if r["mechanism"] == mech and r["amplified"] == amplified}
-        cells = [(_fmt(vals[z]["epsilon"]) if vals.get(z) and vals[z]["epsilon"] is not None
-                  else (vals[z]["error"][:60] if vals.get(z) else "")) for z in zs]
+        cells = [_curve_cell(vals.get(z)) for z in zs]
         lines.append(f"| {mech} | {'MMCC' if amplified else 'none'} | " + " | ".join(cells) + " |")
     lines.append("")
     _plot(curves)
@@ -216,6 +215,16 @@ def run_report(args):
   with open(os.path.join(RESULTS, "mmcc_toeplitz.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   print("\n".join(lines))
+
+
+def _curve_cell(rec) -> str:
+  if rec is None:
+    return "not run"
+  if rec["epsilon"] is not None:
+    return _fmt(rec["epsilon"])
+  if "interrupted" in (rec.get("error") or ""):
+    return f"stopped at {rec['seconds']:.0f} s (over the 10-minute limit)"
+  return (rec.get("error") or "?")[:80]
 
 
 def _plot(curves):
