@@ -25,8 +25,8 @@ dominated, column by column, by the same block of another class (sensitivity
 and p̃ no larger: a stochastically smaller PMoG, Cor B.3) cannot be the worst
 and is not composed (``dominates``). For a lower-triangular Toeplitz C (BLT,
 banded Toeplitz) class o is class 0 with its last o rows cut off, so only class
-0 is composed and the cost no longer grows with b: n = 2048, k = 8 takes about
-20 s (BENCHMARKS.md, MMCC).
+0 is composed and the cost no longer grows with b: BLT at n = 2048, k = 8
+takes under a minute on 2 cores (BENCHMARKS.md, MMCC).
 
 EVERY APPROXIMATION HERE ONLY OVER-ESTIMATES ε (App F):
 - entries of C are rounded UP to a grid of step Δ2 (F.2; Lemma B.2 / B.4:
