@@ -54,7 +54,7 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
          "--seeds", "0", "1", "2", "--out", "out/bench_multi_epoch", "--results_md",
          "benchmarks/results/training_multi_epoch.md"),)),
     ("adaptive_training", "training_adaptive.md", (
-        ("benchmarks/training_adaptive.py", "--total_rounds", "24", "--clips", "1", "0.3", "0.1",
+        ("benchmarks/training_adaptive.py", "--total_rounds", "24", "--clips", "1", "0.3", "3",
          "--seeds", "0", "1", "2", "--grid_seeds", "0"),)),
     ("distributed", "distributed.md", (("benchmarks/bench_distributed.py", "--rounds=4",
                                         "--clients=4", "--examples=400", "--hidden=256"),)),

@@ -22,7 +22,7 @@ per-seed differences with a 95% t-interval, ``training.report``):
 - fixed MF: the same mechanisms at each clip norm of a grid, at the same target ε.
 
   nice -n 10 .venv/bin/python benchmarks/training_adaptive.py --total_rounds 24 \
-      --clips 1 0.3 0.1 --seeds 0 1 2 --grid_seeds 0
+      --clips 1 0.3 3 --seeds 0 1 2 --grid_seeds 0
   .venv/bin/python benchmarks/training_adaptive.py --smoke --out /tmp/x \
       --results_md /tmp/x/training_adaptive.md   # synthetic data, 2 rounds, one seed
 
@@ -44,7 +44,7 @@ from training_pydocs import MACHINE, REPO  # sets sys.path and TF's log level
 DEFAULT_OUT = os.path.join("out", "bench_adaptive")
 DEFAULT_RESULTS_MD = os.path.join(REPO, "benchmarks", "results", "training_adaptive.md")
 DEFAULT_MECHANISMS = ("blt", "opt_momentum")
-DEFAULT_CLIPS = (1.0, 0.3, 0.1)
+DEFAULT_CLIPS = (1.0, 0.3, 3.0)
 TREE_ADAPTIVE = "tree_adaptive"
 # TFF's tree_adaptive default: the clip-norm estimate is adopted at the first restart.
 TFF_RESTART_WARMUP = 128
