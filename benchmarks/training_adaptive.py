@@ -329,19 +329,19 @@ def markdown(results, comparisons, settings, tree, command, trained, smoke, png,
 
 
 def conclusion_lines(results, comparisons):
-  """One sentence per question of the issue, read off the paired test-loss differences."""
+  """One line per MF mechanism: the paired test-loss differences, read without rounding up."""
+  def said(d):
+    low, high = d["interval"]
+    n = len(d["per_seed"])
+    interval = "—" if low is None else f"[{low:+.3f}, {high:+.3f}]"
+    return (f"{d['mean']:+.3f} ± {d['std']:.3f} nats, adaptive better for "
+            f"{d['better_for_seeds']}/{n} seeds, 95% interval {interval} ({d['verdict']})")
   out = []
-  for m, c in comparisons.items():
-    within = c["loss"]["vs_best_fixed"]
-    tree = c["loss"]["vs_tree_adaptive"]
-    label = _label(c["adaptive"], results[c["adaptive"]])
-    gap = within["mean"]
-    verdict = {"better": "better than", "worse": "worse than",
-               "not distinguishable": "within the seeds' spread of",
-               "undecided": "undecided against"}[within["verdict"]]
-    out.append(f"- {label}: {verdict} the grid's best ({_label(c['best_fixed'], results[c['best_fixed']])}), "
-               f"test loss {gap:+.3f} nats on average; against TFF's tree_adaptive "
-               f"{tree['mean']:+.3f} nats ({tree['verdict']}).")
+  for c in comparisons.values():
+    best = c["best_fixed"]
+    out.append(f"- {_label(c['adaptive'], results[c['adaptive']])} − "
+               f"{_label(best, results[best])} (the grid's best): {said(c['loss']['vs_best_fixed'])}; "
+               f"− TFF tree_adaptive: {said(c['loss']['vs_tree_adaptive'])}.")
   return out
 
 
@@ -375,6 +375,9 @@ def plot(results, comparisons, grid_seeds, path, title):
     ax.axhline(t["mean"], color="k", linestyle=":", label="TFF tree_adaptive (± std)")
     ax.axhspan(t["mean"] - t["std"], t["mean"] + t["std"], color="k", alpha=0.08)
     ax.set_xscale("log")
+    clips = sorted({e["clip"] for e in results.values() if e["clip"] not in ("adaptive", None)})
+    ax.set_xticks(clips, [f"{c:g}" for c in clips])
+    ax.minorticks_off()
     ax.set_xlabel("fixed clip norm ζ (log scale)")
     ax.set_ylabel(f"final {label}, mean ± std over seeds")
     ax.grid(alpha=0.3)
