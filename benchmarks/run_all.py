@@ -53,6 +53,9 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
          "opt_momentum",
          "--seeds", "0", "1", "2", "--out", "out/bench_multi_epoch", "--results_md",
          "benchmarks/results/training_multi_epoch.md"),)),
+    ("adaptive_training", "training_adaptive.md", (
+        ("benchmarks/training_adaptive.py", "--total_rounds", "24", "--clips", "1", "0.3", "3",
+         "--seeds", "0", "1", "2", "--grid_seeds", "0"),)),
     ("distributed", "distributed.md", (("benchmarks/bench_distributed.py", "--rounds=4",
                                         "--clients=4", "--examples=400", "--hidden=256"),)),
     ("audit", "audit.md", (("benchmarks/bench_audit.py",),)),  # peer: /tmp/peer24 (jax_privacy)
@@ -71,6 +74,8 @@ SMOKE: Dict[str, Tuple[str, ...]] = {
     "bench_harness.py": ("--smoke", "--out-dir", "{out}"),
     "bench_main_job.py": ("--smoke", "--out-dir", "{out}"),
     "training_pydocs.py": ("--smoke", "--out", "{out}/runs", "--results_md", "{out}/training.md"),
+    "training_adaptive.py": ("--smoke", "--out", "{out}/runs", "--results_md",
+                             "{out}/training_adaptive.md"),
     "bench_distributed.py": ("--smoke", "--out", "{out}"),
     "run_all.py": ("--help",),
     "bench_audit.py": ("--smoke", "--out-dir", "{out}"),
