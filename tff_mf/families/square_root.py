@@ -63,6 +63,8 @@ LAMBDA_XTOL = 1e-6
 _UNSTABLE = 1e100
 # BandInvMF's L-BFGS-B stops when an iteration lowers log rmse² by less than this (relative).
 _FTOL = 1e-12
+# At most this many L-BFGS-B runs per start (each restarted from the last one's end point).
+_RESTARTS = 20
 
 
 def toeplitz_column(a: np.ndarray) -> Optional[np.ndarray]:
@@ -322,11 +324,28 @@ def _log_value_and_gradient(free_taps, a_column, schema):
   return np.log(value), grad / value
 
 
+def _lbfgs_with_restarts(start, a_column, schema):
+  """L-BFGS-B on log rmse², restarted from its end point (a fresh curvature memory) until a
+  run makes at most one step: the objective has kinks where C's coefficients stop being
+  non-negative and non-increasing, where one run can stop early. ``nit`` counts all runs."""
+  total, search = 0, None
+  for _ in range(_RESTARTS):
+    search = scipy.optimize.minimize(_log_value_and_gradient, start, jac=True,
+                                     args=(a_column, schema), method="L-BFGS-B",
+                                     options={"maxiter": 1000, "ftol": _FTOL, "gtol": 0.0})
+    total += int(search.nit)
+    if search.nit <= 1:
+      break
+    start = search.x
+  search.nit = total
+  return search
+
+
 def optimize_banded_inverse_taps(a_column: np.ndarray, bands: int, schema):
   """BandInvMF's taps h (h_0 = 1) of the Toeplitz C⁻¹ and a record of the search.
 
-  L-BFGS-B on log rmse² over the b − 1 free taps with the closed-form gradient
-  (``banded_inverse_value_and_gradient``), from BISR's taps (Kalinin, Lampert et al. 2025,
+  L-BFGS-B (restarted until it stalls) on log rmse² over the b − 1 free taps with the
+  closed-form gradient (``banded_inverse_value_and_gradient``), from BISR's taps (Kalinin, Lampert et al. 2025,
   arXiv:2505.12128) and from λCGD's; the better end point is kept. The logarithm keeps
   the line search's steps sane near the instability wall of 1/h. No dense matrices.
   """
@@ -342,9 +361,7 @@ def optimize_banded_inverse_taps(a_column: np.ndarray, bands: int, schema):
     if best is not None and best[1].fun <= np.log(banded_inverse_objective(start, a_column,
                                                                            schema)):
       continue  # already better than this start: no worse than BISR and λCGD either way
-    search = scipy.optimize.minimize(_log_value_and_gradient, start, jac=True,
-                                     args=(a_column, schema), method="L-BFGS-B",
-                                     options={"maxiter": 1000, "ftol": _FTOL, "gtol": 0.0})
+    search = _lbfgs_with_restarts(start, a_column, schema)
     if best is None or search.fun < best[1].fun:
       best = (name, search)
   name, search = best
