@@ -349,6 +349,9 @@ def main(argv=None):
   parser.add_argument("--peer-only", action="store_true",
                       help="run pending jax_privacy tasks (one process, --peer-budget) and exit")
   parser.add_argument("--shard", default="0/1", help="i/m: this call's share of the peer tasks")
+  parser.add_argument("--reverse", action="store_true",
+                      help="with --peer-only: take the pending tasks last first (a helper "
+                           "process beside the shards: BLT and banded Toeplitz first)")
   parser.add_argument("--until-done", action="store_true",
                       help="with --peer-only: start peer processes (each stopped at "
                            "--peer-budget) until nothing is pending")
@@ -366,6 +369,8 @@ def main(argv=None):
     done = load_peer(peer_path)
     pending = [t for i, t in enumerate(peer_tasks(grid(args.smoke)))
                if i % count == index and t["id"] not in done]
+    if args.reverse:
+      pending.reverse()
     if not pending:
       _log("peer: nothing pending")
       return 0
