@@ -211,6 +211,29 @@ def ours_banded(n: int, bands: int) -> Dict[str, Any]:
 # ----------------------------------------------------------------------------- peer
 
 
+def peer_process(peer_python: str, tasks: List[Dict[str, Any]], budget_s: float, tmp: str):
+  """One peer process on the tasks (arrays to ``tmp``/<id>.npz), killed at ``budget_s``.
+
+  Returns (its JSON lines: the jax version, then one per finished task; whether it was
+  stopped at the budget).
+  """
+  task_path = os.path.join(tmp, "tasks.json")
+  with open(task_path, "w", encoding="utf-8") as f:
+    json.dump(tasks, f)
+  cmd = [peer_python, PEER_SCRIPT, task_path, tmp]
+  _log(f"peer: {len(tasks)} task(s), budget {budget_s:.0f} s: {' '.join(cmd)}")
+  stopped = False
+  with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu")) as proc:
+    try:
+      stdout, _ = proc.communicate(timeout=budget_s)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      stdout, _ = proc.communicate()
+      stopped = True
+  return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")], stopped
+
+
 def run_peer(peer_python: str, tasks: List[Dict[str, Any]], budget_s: float):
   """Runs the tasks in order in the peer interpreter, stopping at the time budget.
 
@@ -221,22 +244,9 @@ def run_peer(peer_python: str, tasks: List[Dict[str, Any]], budget_s: float):
     return {}, {}, "no peer tasks"
   if not os.path.exists(peer_python):
     return {}, {}, f"peer interpreter {peer_python} not found (jax-privacy not installed)"
-  note = ""
   with tempfile.TemporaryDirectory() as tmp:
-    task_path = os.path.join(tmp, "tasks.json")
-    with open(task_path, "w") as f:
-      json.dump(tasks, f)
-    cmd = [peer_python, PEER_SCRIPT, task_path, tmp]
-    _log(f"peer: {len(tasks)} task(s), budget {budget_s:.0f} s: {' '.join(cmd)}")
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
-                          env=dict(os.environ, JAX_PLATFORMS="cpu")) as proc:
-      try:
-        stdout, _ = proc.communicate(timeout=budget_s)
-      except subprocess.TimeoutExpired:
-        proc.kill()
-        stdout, _ = proc.communicate()
-        note = f"; stopped at its {budget_s:.0f} s budget"
-    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    lines, stopped = peer_process(peer_python, tasks, budget_s, tmp)
+    note = f"; stopped at its {budget_s:.0f} s budget" if stopped else ""
     jax_version = lines[0].get("jax", "?") if lines else "?"
     meta = {entry["id"]: entry for entry in lines[1:]}
     arrays = {}
@@ -507,6 +517,32 @@ def _secs(row, side):
   return f"{wall:.2f} ({cpu:.2f})" if cpu is not None else f"{wall:.2f}"
 
 
+def summary_lines(rows) -> List[str]:
+  """Per pair: the range of rmse ratios ours/theirs and of time ratios theirs/ours."""
+  ratios, speed, lines = {}, {}, []
+  for r in rows:
+    if r.get("rmse_ratio") is not None:
+      ratios.setdefault(r["pair"], []).append(r["rmse_ratio"])
+      if r.get("ours_seconds") and r.get("theirs_seconds"):
+        speed.setdefault(r["pair"], []).append(r["theirs_seconds"] / r["ours_seconds"])
+  for pair, values in ratios.items():
+    times = speed.get(pair, [])
+    lines.append(f"- {pair}: rmse ratio ours/theirs from {min(values):.6f} to "
+                 f"{max(values):.6f} over {len(values)} configurations (no worse, to 1e-6: "
+                 f"{'yes' if max(values) <= 1 + 1e-6 else 'NO'})"
+                 + (f"; time ratio theirs/ours (wall, one call each) from {min(times):.3g} "
+                    f"to {max(times):.3g}, median {float(np.median(times)):.3g}" if times else "")
+                 + ".")
+  return lines
+
+
+def _value_table(column_names, curves) -> List[str]:
+  lines = ["| strategy | " + " | ".join(column_names) + " |",
+           "|---|" + "---|" * len(column_names)]
+  return lines + [f"| {label} | " + " | ".join(f"{v:.3f}" for v in values) + " |"
+                  for label, values in curves.items()]
+
+
 FIGURE_MARKER = "Figure: rmse against k"
 
 
@@ -519,11 +555,8 @@ def figure_markdown(result, png_name) -> List[str]:
            "is a fixed-epoch pattern, so those curves use the same sensitivity; otherwise their "
            "min-sep value is an upper bound). Binary tree: C_T with the streaming Honaker "
            "decoder. BSR, BISR and BandInvMF have b = n/k bands of C or taps of C⁻¹; λCGD has "
-           "one row of noise memory. Values:", "",
-           "| strategy | " + " | ".join(f"k = {k}" for k in fig["k"]) + " |",
-           "|---|" + "---|" * len(fig["k"])]
-  for label, values in fig["curves"].items():
-    lines.append(f"| {label} | " + " | ".join(f"{v:.3f}" for v in values) + " |")
+           "one row of noise memory. Values:", ""]
+  lines += _value_table([f"k = {k}" for k in fig["k"]], fig["curves"])
   fb = result.get("figure_bands")
   if fb:
     lines += ["", f"Right panel: rmse against the noise memory at n = {fb['n']}, k = {fb['k']} "
@@ -532,11 +565,8 @@ def figure_markdown(result, png_name) -> List[str]:
               "λCGD keeps 1 (or regenerates it from the seed), BLT with m buffers m, the dense "
               "fixed-epoch optimum all n (its schema, k epochs of n/k rounds, is the min-sep "
               "schema's worst case for the other strategies when their coefficients are "
-              "non-negative and non-increasing). Values:", "",
-              "| strategy | " + " | ".join(f"b = {b}" for b in fb["bands"]) + " |",
-              "|---|" + "---|" * len(fb["bands"])]
-    for label, values in fb["curves"].items():
-      lines.append(f"| {label} | " + " | ".join(f"{v:.3f}" for v in values) + " |")
+              "non-negative and non-increasing). Values:", ""]
+    lines += _value_table([f"b = {b}" for b in fb["bands"]], fb["curves"])
     lines += [""] + [f"- {label}: memory {memory} rows, rmse {value:.3f}"
                      for label, (memory, value) in fb["points"].items()]
     lines += [f"- {label}: rmse {value:.3f}" for label, value in fb["lines"].items()]
@@ -589,20 +619,7 @@ def write_markdown(result, path, png_name, command, load_before, load_after, tot
   notes = sorted({f"{r['pair']}: {r['note']}" for r in result["rows"] if r.get("note")})
   if notes:
     lines += ["Skipped or incomplete:", ""] + [f"- {note}" for note in notes] + [""]
-  ratios, speed = {}, {}
-  for r in result["rows"]:
-    if r.get("rmse_ratio") is not None:
-      ratios.setdefault(r["pair"], []).append(r["rmse_ratio"])
-      if r.get("ours_seconds") and r.get("theirs_seconds"):
-        speed.setdefault(r["pair"], []).append(r["theirs_seconds"] / r["ours_seconds"])
-  for pair, values in ratios.items():
-    times = speed.get(pair, [])
-    lines.append(f"- {pair}: rmse ratio ours/theirs from {min(values):.6f} to "
-                 f"{max(values):.6f} over {len(values)} configurations (no worse, to 1e-6: "
-                 f"{'yes' if max(values) <= 1 + 1e-6 else 'NO'})"
-                 + (f"; time ratio theirs/ours (wall, one call each) from {min(times):.3g} "
-                    f"to {max(times):.3g}, median {float(np.median(times)):.3g}" if times else "")
-                 + ".")
+  lines += summary_lines(result["rows"])
   timing_n = result["timings"][0]["n"] if result["timings"] else 0
   lines += ["", f"Optimization time at n = {timing_n} (prefix sums, tff-mf only; wall and CPU "
             "seconds "

@@ -40,7 +40,6 @@ import importlib.util
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,7 +57,6 @@ from tff_mf.families import toeplitz  # pylint: disable=g-import-not-at-top,wron
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
-PEER_SCRIPT = os.path.join(HERE, "peer_jax_privacy.py")
 DEFAULT_PEER_PYTHON = "/tmp/peer24/bin/python"
 PEER_VERSION = "jax_privacy 2.3.0.dev0 (newest source, commit 8967688c26d4 of 2026-08-20)"
 
@@ -147,21 +145,7 @@ def run_peer_chunk(peer_python: str, tasks, budget_s: float, path: str) -> int:
   (and a first task that ran for the whole budget, as not finished) to ``path``.
   Returns the number of entries written."""
   with tempfile.TemporaryDirectory() as tmp:
-    task_path = os.path.join(tmp, "tasks.json")
-    with open(task_path, "w", encoding="utf-8") as f:
-      json.dump(tasks, f)
-    cmd = [peer_python, PEER_SCRIPT, task_path, tmp]
-    _log(f"peer: {len(tasks)} task(s), budget {budget_s:.0f} s")
-    stopped = False
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
-                          env=dict(os.environ, JAX_PLATFORMS="cpu")) as proc:
-      try:
-        stdout, _ = proc.communicate(timeout=budget_s)
-      except subprocess.TimeoutExpired:
-        proc.kill()
-        stdout, _ = proc.communicate()
-        stopped = True
-    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    lines, stopped = MP.peer_process(peer_python, tasks, budget_s, tmp)
     jax_version = lines[0].get("jax", "?") if lines else "?"
     entries = []
     for entry in lines[1:]:
@@ -223,10 +207,8 @@ def run(args) -> Dict[str, Any]:
     (taps, info), wall, cpu = _timed(square_root.optimize_banded_inverse_taps, column, b, schema)
     ours = dict(score_inverse_taps(taps, n, sep, k), seconds=wall, cpu_seconds=cpu)
     if b == 1:
-      other, note = dict(score_inverse_taps([1.0], n, sep, k)), ""
-      detail = "C = I (one tap; no optimization on either side)"
-      ours.update(seconds=None, cpu_seconds=None)
-      add("BandInvMF", config, ours, other, note, detail, detail)
+      add("BandInvMF", config, ours, None, "one tap: C = I on both sides (DP-SGD), nothing "
+          "to optimize", "C = I", "—")
     else:
       other, note = theirs(f"binv_n{n}_k{k}_b{b}",
                            lambda a: score_inverse_taps(a["taps"], n, sep, k))
@@ -325,20 +307,7 @@ def write_markdown(result, path, command, load_before, load_after, total_seconds
                   for r in result["rows"] if r.get("note")})
   if notes:
     lines += ["Without a jax_privacy side:", ""] + [f"- {note}" for note in notes] + [""]
-  ratios, speed = {}, {}
-  for r in result["rows"]:
-    if r.get("rmse_ratio") is not None:
-      ratios.setdefault(r["pair"], []).append(r["rmse_ratio"])
-      if r.get("ours_seconds") and r.get("theirs_seconds"):
-        speed.setdefault(r["pair"], []).append(r["theirs_seconds"] / r["ours_seconds"])
-  for pair, values in ratios.items():
-    times = speed.get(pair, [])
-    lines.append(f"- {pair}: rmse ratio ours/theirs from {min(values):.6f} to "
-                 f"{max(values):.6f} over {len(values)} configurations (no worse, to 1e-6: "
-                 f"{'yes' if max(values) <= 1 + 1e-6 else 'NO'})"
-                 + (f"; time ratio theirs/ours (wall, one call each) from {min(times):.3g} "
-                    f"to {max(times):.3g}, median {float(np.median(times)):.3g}" if times else "")
-                 + ".")
+  lines += MP.summary_lines(result["rows"])
   lines.append("")
   with open(path, "w", encoding="utf-8") as f:
     f.write("\n".join(lines))
