@@ -202,7 +202,8 @@ def run(args) -> Dict[str, Any]:
     taps, wall, cpu = _timed(square_root.bisr_taps, column, b)
     ours = dict(score_inverse_taps(taps, n, sep, k), seconds=wall, cpu_seconds=cpu)
     other, note = theirs(f"bisr_b{b}", lambda a: score_inverse_taps(a["taps"], n, sep, k))
-    add("BISR", config, ours, other, note, f"{b} taps of C⁻¹", f"{b} taps of C⁻¹")
+    taps_text, bands_text = (f"{b} tap{'s' * (b > 1)} of C⁻¹", f"{b} band{'s' * (b > 1)} of C")
+    add("BISR", config, ours, other, note, taps_text, taps_text)
 
     (taps, info), wall, cpu = _timed(square_root.optimize_banded_inverse_taps, column, b, schema)
     ours = dict(score_inverse_taps(taps, n, sep, k), seconds=wall, cpu_seconds=cpu)
@@ -227,7 +228,7 @@ def run(args) -> Dict[str, Any]:
     ours = dict(toeplitz_ops.evaluate(coeffs, n, None, sep, k), seconds=wall, cpu_seconds=cpu)
     other, note = theirs(f"bsr_b{b}", lambda a: toeplitz_ops.evaluate(
         np.asarray(a["coefficients"]), n, None, sep, k))
-    add("BSR", config, ours, other, note, f"{b} bands of C", f"{b} bands of C")
+    add("BSR", config, ours, other, note, bands_text, bands_text)
 
     if b > 1 and (n, b) not in IN_MULTI_PARTICIPATION_TOEPLITZ:
       result, wall, cpu = _timed(toeplitz.optimize, n, b, min_sep=sep, max_participations=k,
