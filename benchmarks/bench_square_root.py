@@ -112,7 +112,8 @@ def peer_tasks(configs) -> List[Dict[str, Any]]:
   for _, _, _, b in configs:
     add({"id": f"bisr_b{b}", "kind": "bisr", "n": b, "bands": b})
     add({"id": f"bsr_b{b}", "kind": "bsr", "n": b, "bands": b})
-  for n, k, sep, b in sorted(configs, key=lambda c: (c[3] == 1, -c[1], c[0], c[3])):
+  # n = 2048 last: under load one such jax_privacy call can outlast a process's budget.
+  for n, k, sep, b in sorted(configs, key=lambda c: (c[0] > 1024, c[0], -c[1], c[3])):
     if b > 1:  # one tap is C = I on both sides
       add({"id": f"binv_n{n}_k{k}_b{b}", "kind": "banded_inverse", "n": n, "min_sep": sep,
            "bands": b, "max_participations": k})
@@ -319,6 +320,9 @@ def main(argv=None):
   parser.add_argument("--peer-only", action="store_true",
                       help="run pending jax_privacy tasks (one process, --peer-budget) and exit")
   parser.add_argument("--shard", default="0/1", help="i/m: this call's share of the peer tasks")
+  parser.add_argument("--kinds", default=None,
+                      help="with --peer-only: only these task kinds (comma-separated, e.g. "
+                           "banded_toeplitz,blt)")
   parser.add_argument("--reverse", action="store_true",
                       help="with --peer-only: take the pending tasks last first (a helper "
                            "process beside the shards: BLT and banded Toeplitz first)")
@@ -337,8 +341,9 @@ def main(argv=None):
   if args.peer_only:
     index, count = (int(x) for x in args.shard.split("/"))
     done = load_peer(peer_path)
-    pending = [t for i, t in enumerate(peer_tasks(grid(args.smoke)))
-               if i % count == index and t["id"] not in done]
+    kinds = args.kinds.split(",") if args.kinds else None
+    tasks = [t for t in peer_tasks(grid(args.smoke)) if kinds is None or t["kind"] in kinds]
+    pending = [t for i, t in enumerate(tasks) if i % count == index and t["id"] not in done]
     if args.reverse:
       pending.reverse()
     if not pending:
