@@ -1,8 +1,8 @@
 """Square-root and banded-inverse families: tff-mf against jax_privacy's newest source.
 
 Prefix sums S, n ∈ {512, 1024, 2048}; k ∈ {4, 8} participations at least n/k rounds
-apart (b-min-sep, Choquette-Choo et al. 2023, arXiv:2306.08153); b bands (taps) with
-b ≤ n/k. Pairs, each side scored by tff-mf's evaluation (``toeplitz_ops``: rmse =
+apart (b-min-sep, Choquette-Choo et al. 2023, arXiv:2306.08153); b ∈ {1, 2, 16, 64, 256}
+bands of C or taps of C⁻¹ with b ≤ n/k. Pairs, each side scored by tff-mf's evaluation (``toeplitz_ops``: rmse =
 sens·‖S·C⁻¹‖_F/√n, max error = sens·max_i ‖(S·C⁻¹)[i, :]‖, the sensitivity recomputed
 from each side's C under the same schema):
 
@@ -283,8 +283,9 @@ def write_markdown(result, path, command, load_before, load_after, total_seconds
            "non-increasing, or b ≤ the separation for a banded C). Ratios are ours / theirs "
            "(< 1: ours better). Seconds are wall (CPU) of one call each (jax_privacy's include "
            "jax compilation for a new shape; neither side builds dense matrices). BandInvMF: "
-           "ours is L-BFGS-B on log rmse² with the closed-form gradient from BISR's and "
-           "λCGD's taps (`square_root.optimize_banded_inverse_taps`); theirs is "
+           "ours is L-BFGS-B on log rmse² with the closed-form gradient, restarted until a "
+           "run stalls, from BISR's and λCGD's taps "
+           "(`square_root.optimize_banded_inverse_taps`; `it.` counts all runs' iterations); theirs is "
            "`optimize_banded_inverse_toeplitz(n, min_sep, b, max_participations=k)`, 1000 "
            "L-BFGS steps from BISR. jax_privacy has no λCGD: its BandInvMF with 2 taps is the "
            "same family. BSR's peer is `optimal_max_error_strategy_coefs(b)` (the first b "
