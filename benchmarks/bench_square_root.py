@@ -252,7 +252,8 @@ def run(args) -> Dict[str, Any]:
       blt_config = dict(config, bands="—")
       add("BLT, jax_privacy's buffers", blt_config, dict(result.info, seconds=wall,
                                                          cpu_seconds=cpu),
-          other, note, f"{m} buffers", f"{m} buffers" if other else "—")
+          other, note, f"{m} buffers" + ("" if other else " (jax_privacy's count unknown)"),
+          f"{m} buffers" if other else "—")
       blt_cache[(n, k)] = result.info["rmse"]
     _log(f"n={n} k={k} b={b}: {len(rows)} rows")
   return {"rows": rows, "configs": configs}
