@@ -180,7 +180,7 @@ def run(args) -> Dict[str, Any]:
   def theirs(task_id, score):
     entry = peer.get(task_id)
     if entry is None:
-      return None, "not run"
+      return None, "not run (the jax_privacy side was stopped before this task)"
     if "error" in entry:
       return None, entry["error"]
     out = dict(score({key: np.asarray(v) for key, v in entry["arrays"].items()}),
