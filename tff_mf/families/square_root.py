@@ -65,6 +65,8 @@ _UNSTABLE = 1e100
 _FTOL = 1e-12
 # At most this many L-BFGS-B runs per start (each restarted from the last one's end point).
 _RESTARTS = 20
+# A line search stopped at a kink is followed by a Nelder-Mead polish up to this many free taps.
+_POLISH_MAX_FREE_TAPS = 16
 
 
 def toeplitz_column(a: np.ndarray) -> Optional[np.ndarray]:
@@ -365,9 +367,19 @@ def optimize_banded_inverse_taps(a_column: np.ndarray, bands: int, schema):
     if best is None or search.fun < best[1].fun:
       best = (name, search)
   name, search = best
+  optimizer = "L-BFGS-B"
+  if not search.success and search.x.shape[0] <= _POLISH_MAX_FREE_TAPS:
+    # The line search failed at a kink of the majorant's sensitivity: a derivative-free
+    # simplex from there still finds descent (few taps only: its cost grows with their number).
+    polish = scipy.optimize.minimize(
+        lambda x: _log_value_and_gradient(x, a_column, schema)[0], search.x,
+        method="Nelder-Mead", options={"maxfev": 500 * search.x.shape[0], "xatol": 1e-10,
+                                       "fatol": 1e-14})
+    if polish.fun < search.fun:
+      search.x, search.fun, optimizer = polish.x, polish.fun, "L-BFGS-B, then Nelder-Mead"
   bisr_value = banded_inverse_objective(bisr, a_column, schema)
   return np.concatenate([[1.0], search.x]), {
-      "optimizer": "L-BFGS-B", "start": name, "iterations": int(search.nit),
+      "optimizer": optimizer, "start": name, "iterations": int(search.nit),
       "converged": bool(search.success), "solver_message": str(search.message),
       "rmse_improvement_over_bisr": float(np.sqrt(bisr_value / np.exp(search.fun)))}
 
