@@ -166,7 +166,7 @@ def gradient_descent(a: np.ndarray, max_iterations: int = 100_000,
   finally:
     bar.close()
   b, c = _factors_from_x(a, x)
-  info = {"method": "gradient_descent", "iterations": iterations, "loss": fz.loss(b, c),
+  info = {"method": "gradient_descent", "iterations": iterations, "loss": fz.single_participation_loss(b, c),
           "seconds": time.perf_counter() - start,
           "cpu_seconds": time.process_time() - cpu_start, "stop_reason": stop_reason,
           "objective_evaluations": obj.evaluations, "steps_rejected_not_pd": rejected_not_pd}
@@ -239,7 +239,7 @@ def lbfgs(a: np.ndarray, max_iterations: int = 100_000, time_limit: Optional[flo
   finally:
     bar.close()
   b, c = _factors_from_x(a, to_matrix(best["theta"]))
-  info = {"method": "lbfgs", "iterations": iterations, "loss": fz.loss(b, c),
+  info = {"method": "lbfgs", "iterations": iterations, "loss": fz.single_participation_loss(b, c),
           "seconds": time.perf_counter() - start,
           "cpu_seconds": time.process_time() - cpu_start, "stop_reason": stop_reason,
           "objective_evaluations": obj.evaluations, "points_not_pd": not_pd[0],

@@ -135,7 +135,7 @@ def build_queries(n, specs, bands, cache_dir):
     setup = aggregators.build_mechanism(mechanism, **common, **kwargs)
     queries[name] = normalized(query_lib.MatrixFactorizationQuery(
         setup.noise, l2_norm_clip=CLIP, noise_multiplier=Z, record_specs=specs, noise_seed=1))
-    losses[name] = setup.sqrt_loss
+    losses[name] = setup.single_participation_sqrt_loss
     infos[name] = {k: setup.info.get(k) for k in ("noise_implementation", "state_rows",
                                                    "bands", "rank", "buffers", "cache_npz")}
   tree_setup = aggregators.build_mechanism("tree", **common)
@@ -146,7 +146,7 @@ def build_queries(n, specs, bands, cache_dir):
   queries["gaussian_fixed"] = normalized(tfp.GaussianSumQuery(l2_norm_clip=CLIP,
                                                               stddev=CLIP * Z))
   losses["honaker_online"] = strategies.factorize(strategies.FactorizationSpec(
-      workloads.WorkloadSpec("prefix_sum", n), "honaker_online")).sqrt_loss
+      workloads.WorkloadSpec("prefix_sum", n), "honaker_online")).single_participation_sqrt_loss
   return queries, losses, infos
 
 
@@ -366,7 +366,7 @@ def write_results(args, n, d, results, losses, infos, window, load_after_rounds)
     fh.write(text)
   with open(os.path.join(args.out, "aggregation.json"), "w") as fh:
     json.dump({"results": {f"{k[0]}@{k[1]}": v for k, v in results.items()},
-               "sqrt_loss": losses, "mechanisms": infos, "d": d, "n": n,
+               "single_participation_sqrt_loss": losses, "mechanisms": infos, "d": d, "n": n,
                "load": [LOAD_AT_START, load_after_rounds],
                "window": window}, fh, indent=1, default=float)
   fig, ax = plt.subplots(figsize=(7.5, 4.5))

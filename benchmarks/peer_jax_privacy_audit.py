@@ -12,7 +12,7 @@ TASKS.json: {"significance": α, "delta": δ, "files": [path.npz, ...]}, each np
 "clopper_pearson_bonferroni", "clopper_pearson_multisplit", "gdp"} (ε lower bounds at δ,
 two-sided, at significance α), or {"file", "error"}. A file whose arrays are 2-D holds
 repetitions (rows) of exact Gaussian scores with ``true_epsilon`` at ``delta``: then
-{"file", "repetitions", "mean_epsilon", "exceed_true_epsilon"}.
+{"file", "repetitions", "mean_epsilon", "exceed_true_epsilon", "epsilons"}.
 """
 
 import json
@@ -53,7 +53,8 @@ def run_file(path, significance, delta):
         significance, float(data["delta"]), one_sided=False)
            for s0, s1 in zip(data["out"], data["held_in"])]
     return {"repetitions": len(eps), "mean_epsilon": float(np.mean(eps)),
-            "exceed_true_epsilon": int(np.sum(np.array(eps) > float(data["true_epsilon"])))}
+            "exceed_true_epsilon": int(np.sum(np.array(eps) > float(data["true_epsilon"]))),
+            "epsilons": [float(e) for e in eps]}
   auditor = auditing.CanaryScoreAuditor(data["held_in"], data["out"])
   return {"frontier_thresholds": int(len(auditor._thresholds)),  # pylint: disable=protected-access
       "clopper_pearson_bonferroni": float(auditor.epsilon_clopper_pearson(

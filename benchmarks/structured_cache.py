@@ -54,9 +54,9 @@ def part_structured(sizes):
     start = time.perf_counter()
     res = structured.fit(a, h, r, b_opt=opt.b)
     fit_seconds = time.perf_counter() - start
-    online = fz.sqrt_loss(tree.honaker_online_decoder(n), tree.tree_encoder(n))
+    online = fz.single_participation_sqrt_loss(tree.honaker_online_decoder(n), tree.tree_encoder(n))
     rows.append({"n": n, "h": h, "r": r, "honaker_online": online,
-                 "optimal": fz.sqrt_loss(opt.b, opt.c), "structured": fz.sqrt_loss(res.b, res.c),
+                 "optimal": fz.single_participation_sqrt_loss(opt.b, opt.c), "structured": fz.single_participation_sqrt_loss(res.b, res.c),
                  "paper_optimal": paper_opt, "paper_efficient": paper_eff,
                  "optimal_seconds": opt_seconds, "fit_seconds": fit_seconds,
                  "als_iterations": res.info["als_iterations"],

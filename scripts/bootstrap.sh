@@ -34,6 +34,14 @@ sys.exit(os.path.dirname(os.path.dirname(os.path.abspath(tff_mf.__file__))) != s
   exit 0
 fi
 echo "[bootstrap] creating $venv from requirements/lock.txt with $(command -v "$python") ($("$python" -V 2>&1))" >&2
+# A HOME that cannot be written (read-only, missing, not a directory): pip's cache and the
+# wheel builds that write under HOME use a private temporary directory, for this step only.
+if [[ ! -d "${HOME:-}" || ! -w "${HOME:-}" ]]; then
+  build_home="$(mktemp -d)"
+  trap 'rm -rf "$build_home"' EXIT
+  echo "[bootstrap] HOME=${HOME:-(unset)} is not writable: pip builds under $build_home" >&2
+  export HOME="$build_home" PIP_CACHE_DIR="$build_home/pip-cache"
+fi
 rm -rf "$venv"
 "$python" -m venv "$venv"
 export PIP_DISABLE_PIP_VERSION_CHECK=1

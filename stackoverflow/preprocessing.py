@@ -77,6 +77,20 @@ def _check_vocab(vocab: Sequence[str]) -> list:
   return vocab
 
 
+def _vocabulary_table(vocab: Sequence[str], sequence_length: int, num_oov_buckets: int):
+  """(special token ids, table word -> id − 1) of a checked vocabulary: the one lookup both
+  `build_to_ids_fn` and `build_client_ids_fn` use (OOV words hash into the buckets)."""
+  vocab = _check_vocab(vocab)
+  _check_positive_int("sequence_length", sequence_length)
+  special = special_token_ids(len(vocab), num_oov_buckets)
+  table = tf.lookup.StaticVocabularyTable(
+      tf.lookup.KeyValueTensorInitializer(
+          tf.constant(vocab, dtype=tf.string),
+          tf.range(len(vocab), dtype=tf.int64)),
+      num_oov_buckets=num_oov_buckets)
+  return special, table
+
+
 def build_to_ids_fn(vocab: Sequence[str],
                     sequence_length: int = DEFAULT_SEQUENCE_LENGTH,
                     num_oov_buckets: int = DEFAULT_NUM_OOV_BUCKETS
@@ -86,14 +100,7 @@ def build_to_ids_fn(vocab: Sequence[str],
   Words are the whitespace-separated pieces of `example["tokens"]` (empty
   pieces from repeated spaces are dropped).
   """
-  vocab = _check_vocab(vocab)
-  _check_positive_int("sequence_length", sequence_length)
-  special = special_token_ids(len(vocab), num_oov_buckets)
-  table = tf.lookup.StaticVocabularyTable(
-      tf.lookup.KeyValueTensorInitializer(
-          tf.constant(vocab, dtype=tf.string),
-          tf.range(len(vocab), dtype=tf.int64)),
-      num_oov_buckets=num_oov_buckets)
+  special, table = _vocabulary_table(vocab, sequence_length, num_oov_buckets)
   bos = tf.constant([special.bos], dtype=tf.int64)
   eos = tf.constant([special.eos], dtype=tf.int64)
 
@@ -189,14 +196,7 @@ def build_client_ids_fn(
   once: no per-client `tf.data` map, whose tracing dominated the clients' share of a
   training round.
   """
-  vocab = _check_vocab(vocab)
-  _check_positive_int("sequence_length", sequence_length)
-  special = special_token_ids(len(vocab), num_oov_buckets)
-  table = tf.lookup.StaticVocabularyTable(
-      tf.lookup.KeyValueTensorInitializer(
-          tf.constant(vocab, dtype=tf.string),
-          tf.range(len(vocab), dtype=tf.int64)),
-      num_oov_buckets=num_oov_buckets)
+  special, table = _vocabulary_table(vocab, sequence_length, num_oov_buckets)
   width = sequence_length + 1
 
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string)],

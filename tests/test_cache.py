@@ -63,11 +63,11 @@ def test_round_trip_and_hit_without_recomputing(tmp_path, count_factorizations):
   for x, y in ((f1.a, f2.a), (f1.b, f2.b), (f1.c, f2.c)):
     assert x.dtype == y.dtype == np.float64
     np.testing.assert_array_equal(x, y)
-  assert f2.sqrt_loss == pytest.approx(f1.sqrt_loss)
+  assert f2.single_participation_sqrt_loss == pytest.approx(f1.single_participation_sqrt_loss)
   # The sidecar carries the figures the issue asks for.
   md = e2.metadata
-  for key in ("params", "n", "loss", "sqrt_loss", "gamma_before_normalization",
-              "relative_gap", "iterations", "seconds", "package_versions", "npz_sha256",
+  for key in ("params", "n", "single_participation_loss", "single_participation_sqrt_loss",
+              "gamma_before_normalization", "relative_gap", "iterations", "seconds", "package_versions", "npz_sha256",
               "sensitivity", "rmse", "max_error", "participation"):
     assert key in md
   assert md["npz_sha256"] == cache.file_sha256(e2.npz_path)
@@ -76,6 +76,29 @@ def test_round_trip_and_hit_without_recomputing(tmp_path, count_factorizations):
   # cache.load of the file gives the same matrices.
   f3 = cache.load(e2.npz_path, full_check=True)
   np.testing.assert_array_equal(f3.b, f1.b)
+
+
+def test_entries_written_under_the_old_figure_names_are_still_served(tmp_path,
+                                                                   count_factorizations):
+  """Sidecars from before the rename (``sqrt_loss``, ``loss``) are read under the new names
+  and pass every check; an edited old-named figure is still refused."""
+  spec = _spec("optimal", n=16)
+  f1, e1 = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+  with open(e1.json_path) as f:
+    metadata = json.load(f)
+  metadata["sqrt_loss"] = metadata.pop("single_participation_sqrt_loss")
+  metadata["loss"] = metadata.pop("single_participation_loss")
+  with open(e1.json_path, "w") as f:
+    json.dump(metadata, f)
+  f2, e2 = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+  assert e2.cache_hit and len(count_factorizations) == 1
+  assert e2.metadata["single_participation_sqrt_loss"] == pytest.approx(
+      f1.single_participation_sqrt_loss, rel=1e-12)
+  np.testing.assert_array_equal(f2.c, f1.c)
+  assert [r["ok"] for r in cache.verify(str(tmp_path))] == [True]
+  _rewrite_sidecar(e1, sqrt_loss=0.5 * metadata["sqrt_loss"])
+  with pytest.raises(cache.CacheError, match="single_participation_sqrt_loss = .* sidecar says"):
+    cache.load(e1.npz_path, full_check=True)
 
 
 def test_keys_are_stable_and_distinguish_parameters(tmp_path):
@@ -197,8 +220,8 @@ def _corrupt_sidecar_n(entry):
 
 def _corrupt_sidecar_sqrt_loss(entry):
   with open(entry.json_path) as f:
-    sqrt_loss = json.load(f)["sqrt_loss"]
-  _rewrite_sidecar(entry, sqrt_loss=0.5 * sqrt_loss)
+    value = json.load(f)["single_participation_sqrt_loss"]
+  _rewrite_sidecar(entry, single_participation_sqrt_loss=0.5 * value)
 
 
 def _corrupt_sidecar_path(entry):
@@ -222,7 +245,8 @@ def _corrupt_against_public_probe(entry):
   e = np.tril(np.outer(np.ones(n), v))
   bad = np.tril(b + 1e3 * e)
   _replace_npz(entry, A=a, B=bad, C=c)
-  _rewrite_sidecar(entry, sqrt_loss=fz.sqrt_loss(bad, c), loss=fz.loss(bad, c),
+  _rewrite_sidecar(entry, single_participation_sqrt_loss=fz.single_participation_sqrt_loss(bad, c),
+                   single_participation_loss=fz.single_participation_loss(bad, c),
                    rmse=fz.rmse(bad, 1.0), max_error=fz.max_error(bad, 1.0))
 
 
@@ -239,7 +263,7 @@ CORRUPTIONS = {
     "C·2, B/2": (_corrupt_scaled_encoder, "not normalized"),
     "non-triangular B": (_corrupt_non_triangular_b, "B is not lower triangular"),
     "sidecar n": (_corrupt_sidecar_n, "sidecar says n"),
-    "edited sqrt(L)": (_corrupt_sidecar_sqrt_loss, "sqrt_loss = .* sidecar says"),
+    "edited sqrt(L)": (_corrupt_sidecar_sqrt_loss, "single_participation_sqrt_loss = .* sidecar says"),
     "file outside its entry": (_corrupt_sidecar_path, "not a file of its own entry folder"),
     "crafted against a public probe": (_corrupt_against_public_probe, "differs from A"),
 }
@@ -329,8 +353,8 @@ def test_structured_entry_reuses_cached_optimum_and_stores_algorithm3_pieces(tmp
   spec = strategies.FactorizationSpec(workload=opt_spec.workload, strategy="structured",
                                       bands=2, rank=2)
   f, entry = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
-  assert f.sqrt_loss >= opt.sqrt_loss * (1 - 1e-9)
-  assert entry.metadata["info"]["optimal_sqrt_loss"] == pytest.approx(opt.sqrt_loss)
+  assert f.single_participation_sqrt_loss >= opt.single_participation_sqrt_loss * (1 - 1e-9)
+  assert entry.metadata["info"]["optimal_sqrt_loss"] == pytest.approx(opt.single_participation_sqrt_loss)
   loaded = cache.load(entry.npz_path)
   stream = strategies.stream("structured", loaded.extras, loaded.a)
   z = np.random.default_rng(0).standard_normal((32, 3))
@@ -401,7 +425,7 @@ def test_list_entries(tmp_path):
     cache.load_or_factorize(_spec(strategy, n=8), cache_dir=str(tmp_path))
   rows = cache.list_entries(str(tmp_path))
   assert sorted(r["strategy"] for r in rows) == ["honaker_online", "identity"]
-  assert all(r["n"] == 8 and r["sqrt_loss"] > 0 and r["bytes"] > 0 for r in rows)
+  assert all(r["n"] == 8 and r["single_participation_sqrt_loss"] > 0 and r["bytes"] > 0 for r in rows)
   with pytest.raises(cache.CacheError, match="does not exist"):
     cache.list_entries(str(tmp_path / "missing"))
 

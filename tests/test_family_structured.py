@@ -25,8 +25,8 @@ def _check_paper_row(n, max_ratio=1.02):
   a = workloads.prefix_sum(n)
   opt = dense_single.solve(a)
   result = structured.fit(a, bands, rank, b_opt=opt.b)
-  optimal_sqrt_loss = fz.sqrt_loss(opt.b, opt.c)
-  structured_sqrt_loss = fz.sqrt_loss(result.b, result.c)
+  optimal_sqrt_loss = fz.single_participation_sqrt_loss(opt.b, opt.c)
+  structured_sqrt_loss = fz.single_participation_sqrt_loss(result.b, result.c)
   assert optimal_sqrt_loss == pytest.approx(paper_optimal, abs=0.1)
   # Close to the paper's "Efficient" column (it reports one decimal).
   assert structured_sqrt_loss == pytest.approx(paper_efficient, rel=5e-3)
@@ -72,7 +72,7 @@ def test_structure_triangularity_and_pieces(momentum_64):
   assert result.u.shape == (n, 2) and result.v.shape == (n, 2)
   assert result.diagonals.shape == (3, n)
   # Loss of the paired C = B̂⁻¹A is at least the optimum (Denisov Eq. 2).
-  assert fz.sqrt_loss(result.b, result.c) >= fz.sqrt_loss(opt.b, opt.c) * (1 - 1e-9)
+  assert fz.single_participation_sqrt_loss(result.b, result.c) >= fz.single_participation_sqrt_loss(opt.b, opt.c) * (1 - 1e-9)
 
 
 def test_more_rank_approximates_better(momentum_64):
@@ -82,7 +82,7 @@ def test_more_rank_approximates_better(momentum_64):
   # With h >= n the band is all of B*, so the mechanism is the optimum itself.
   full = structured.fit(a, 64, 0, b_opt=opt.b)
   np.testing.assert_allclose(full.b, opt.b)
-  assert fz.sqrt_loss(full.b, full.c) == pytest.approx(fz.sqrt_loss(opt.b, opt.c), rel=1e-9)
+  assert fz.single_participation_sqrt_loss(full.b, full.c) == pytest.approx(fz.single_participation_sqrt_loss(opt.b, opt.c), rel=1e-9)
 
 
 @pytest.mark.parametrize("bands,rank", [(1, 0), (1, 3), (4, 2), (7, 5)])
@@ -107,7 +107,7 @@ def test_stream_needs_a_banded_inverse():
 def test_fit_computes_optimal_when_not_given():
   a = workloads.prefix_sum(32)
   result = structured.fit(a, 2, 2)
-  assert result.info["optimal_sqrt_loss"] <= fz.sqrt_loss(result.b, result.c) * (1 + 1e-9)
+  assert result.info["optimal_sqrt_loss"] <= fz.single_participation_sqrt_loss(result.b, result.c) * (1 + 1e-9)
   assert result.info["optimal_relative_gap"] <= 1e-6
 
 

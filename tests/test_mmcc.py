@@ -320,3 +320,67 @@ def test_fig4_tree_restart_n512():
   iid = mmcc.mmcc_epsilon(c, 1 / 16, 24.0, DELTA)
   sep = mmcc.mmcc_epsilon(c, 1 / 16, 24.0, DELTA, min_sep=8)
   assert iid < sep
+
+
+def _toeplitz(coefficients, n):
+  c = np.zeros((n, n))
+  for k, f in enumerate(coefficients[:n]):
+    c[np.arange(k, n), np.arange(n - k)] = f
+  return c / np.sqrt(np.sum(np.asarray(coefficients[:n]) ** 2))
+
+
+def _toeplitz_cases(n):
+  """BLT (Dvijotham et al. 2024, arXiv:2404.16706), optimized banded Toeplitz (McKenna
+  2024, arXiv:2405.15913) and a random non-negative Toeplitz C, all n x n."""
+  from tff_mf.families import blt  # pylint: disable=g-import-not-at-top
+  from tff_mf.families import toeplitz  # pylint: disable=g-import-not-at-top
+  c_blt = blt.from_theta_pair(np.array([0.995, 0.9, 0.5]), np.array([0.97, 0.7, 0.2]))[0]
+  banded = toeplitz.optimize(n, 6, min_sep=8, max_participations=n // 8, dense=False)
+  rng = np.random.default_rng(7)
+  return {"blt": _toeplitz(c_blt.coefficients(n), n),
+          "banded_toeplitz": _toeplitz(banded.extras["toeplitz_coefficients"], n),
+          "random_toeplitz": _toeplitz(rng.uniform(0.0, 1.0, n), n)}
+
+
+@pytest.mark.parametrize("name", ["blt", "banded_toeplitz", "random_toeplitz"])
+def test_toeplitz_fast_path_is_an_upper_bound(name):
+  """b-min-sep MMCC composes one residue class for a Toeplitz C (the others are dominated,
+  ``mmcc.dominates``); its ε is never below the ε of composing every class (App D)."""
+  n, b = 32, 8
+  c = _toeplitz_cases(n)[name]
+  kwargs = dict(min_sep=b, workers=1, grid_resolution=8, pld_discretization=1e-3)
+  fast = mmcc.mmcc(c, 0.3 / b, 1.5, DELTA, **kwargs)
+  slow = mmcc.mmcc(c, 0.3 / b, 1.5, DELTA, prune_offsets=False, **kwargs)
+  assert fast.composed_offsets == 1 and slow.composed_offsets == b
+  assert fast.epsilon >= slow.epsilon
+  assert fast.epsilon < slow.unamplified_epsilon * 5  # not trivially large
+
+
+def test_pruning_keeps_undominated_offsets():
+  """A non-Toeplitz C keeps the residue classes that no other class dominates; ε is
+  never below composing every class."""
+  c = _random_c(24, 11)
+  kwargs = dict(min_sep=4, workers=1, grid_resolution=8, pld_discretization=1e-3)
+  fast = mmcc.mmcc(c, 0.05, 2.0, DELTA, **kwargs)
+  slow = mmcc.mmcc(c, 0.05, 2.0, DELTA, prune_offsets=False, **kwargs)
+  assert 1 < fast.composed_offsets <= 4
+  assert fast.epsilon >= slow.epsilon
+
+
+def test_dominates_is_componentwise():
+  big = [mmcc.RowMixture(np.array([3, 2]), np.array([0.5, 0.25]), 0, np.array([0, 1]))]
+  assert mmcc.dominates(big, [mmcc.RowMixture(np.array([3]), np.array([0.5]), 0, np.array([1]))]) is False
+  assert mmcc.dominates(big, [mmcc.RowMixture(np.array([2]), np.array([0.25]), 0, np.array([1]))])
+  assert not mmcc.dominates(big, [mmcc.RowMixture(np.array([2]), np.array([0.25]), 1,
+                                                  np.array([1]))])
+  assert not mmcc.dominates(big, [mmcc.RowMixture(np.array([1]), np.array([0.6]), 0,
+                                                  np.array([0]))])
+
+
+@pytest.mark.parametrize("n,b,p,sigma", [(64, 8, 0.5, 2.0)])
+def test_identity_min_sep_fast_path_is_dpsgd(n, b, p, sigma):
+  """C = I under b-min-sep sampling is DP-SGD with n/b steps at probability b·p per class;
+  the fast path composes one class and stays between valid lower and upper DP-SGD values."""
+  r = mmcc.mmcc(mmcc.identity_matrix(n), p / b, sigma, DELTA, min_sep=b, workers=1)
+  assert r.composed_offsets == 1
+  assert _dpsgd_lower(n // b, p, sigma) <= r.epsilon <= _dpsgd_epsilon(n // b, p, sigma) * (1 + 1e-6)

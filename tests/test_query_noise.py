@@ -478,7 +478,7 @@ def test_honaker_setups_have_paper_sqrt_loss():
   """√L of Honaker online for n = 256 is 74.4 (Denisov App H Table 2)."""
   setup = aggregators.build_mechanism("honaker_online", total_rounds=256, noise_multiplier=1.0,
                                       clients_per_round=10, clip_norm=1.0)
-  assert setup.sqrt_loss == pytest.approx(74.4, abs=0.05)
+  assert setup.single_participation_sqrt_loss == pytest.approx(74.4, abs=0.05)
   assert setup.info["noise_implementation"].startswith("DenseNoise(n=256, m=511")
   tree_setup = aggregators.build_mechanism("tree_aggregation", total_rounds=256,
                                            noise_multiplier=1.0, clients_per_round=10,
@@ -517,9 +517,9 @@ def test_structured_n2048_near_optimal_and_streams_its_noise_matrix():
   optimal = aggregators.build_mechanism("opt_prefix_sum", total_rounds=n, noise_multiplier=1.0,
                                         clients_per_round=100, clip_norm=1.0)
   assert (setup.info["bands"], setup.info["rank"]) == (6, 5)
-  assert optimal.sqrt_loss == pytest.approx(143.6, abs=0.1)
-  assert setup.sqrt_loss <= 1.03 * optimal.sqrt_loss
-  assert setup.sqrt_loss == pytest.approx(145.8, rel=0.01)
+  assert optimal.single_participation_sqrt_loss == pytest.approx(143.6, abs=0.1)
+  assert setup.single_participation_sqrt_loss <= 1.03 * optimal.single_participation_sqrt_loss
+  assert setup.single_participation_sqrt_loss == pytest.approx(145.8, rel=0.01)
   q = query_lib.MatrixFactorizationQuery(setup.noise, l2_norm_clip=1.0, noise_multiplier=1.0,
                                          record_specs=SPECS, noise_seed=3)
   rows, _, _ = _run_rounds(q, n)

@@ -184,7 +184,7 @@ FAKE_BINARY = textwrap.dedent("""
                "noise_multiplier": float(flags["noise_multiplier"]), "epsilon": 1.0,
                "delta": 1e-6, "accountant": "pld", "total_rounds": 2048,
                "rounds_completed": 7 if crash else 2048, "finished": not crash,
-               "diverged": False, "wall_seconds": 0.01, "sqrt_loss": 1.0,
+               "diverged": False, "wall_seconds": 0.01, "single_participation_sqrt_loss": 1.0,
                "validation_metrics": {"loss": 1.0, "accuracy": 0.2, "accuracy_no_oov": 0.2,
                                       "accuracy_no_oov_no_eos": 0.2},
                "test_metrics": {"loss": 1.0, "accuracy": 0.2, "accuracy_no_oov": 0.2,

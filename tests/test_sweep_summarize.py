@@ -27,7 +27,7 @@ def _write(root, name, *, mechanism, z, setting, seed, val, test, schedule="cons
              "epsilon": None if z is None else 1.0, "delta": 1e-6, "accountant": "pld",
              "total_rounds": 2048, "rounds_completed": 2048 if finished else 100,
              "finished": finished and not diverged, "diverged": diverged, "wall_seconds": 1.0,
-             "sqrt_loss": None,
+             "single_participation_sqrt_loss": None,
              "validation_metrics": {"loss": 2.0, "accuracy": val + 0.05, "accuracy_no_oov": val + 0.02,
                                     "accuracy_no_oov_no_eos": val},
              "test_metrics": {"loss": test_loss, "accuracy": test + 0.05,

@@ -102,7 +102,7 @@ def test_end_to_end(mechanism, tiny_dir, task, tmp_path, capfd):
   assert on_disk == json.loads(json.dumps(summary))
   for key in ("config", "mechanism", "noise_multiplier", "epsilon", "delta", "accountant",
               "total_rounds", "rounds_completed", "finished", "diverged", "wall_seconds",
-              "validation_metrics", "test_metrics", "sqrt_loss"):
+              "validation_metrics", "test_metrics", "single_participation_sqrt_loss"):
     assert key in summary, key
   assert summary["finished"] and not summary["diverged"]
   assert summary["rounds_completed"] == summary["total_rounds"] == 2
@@ -118,7 +118,7 @@ def test_end_to_end(mechanism, tiny_dir, task, tmp_path, capfd):
   else:
     assert summary["epsilon"] is None and summary["noise_multiplier"] is None
   if mechanism not in ("tree", "none"):
-    assert summary["sqrt_loss"] > 0 and math.isfinite(summary["sqrt_loss"])
+    assert summary["single_participation_sqrt_loss"] > 0 and math.isfinite(summary["single_participation_sqrt_loss"])
   for split in ("validation_metrics", "test_metrics"):
     metrics = summary[split]
     assert set(metrics) == set(task_lib.METRIC_KEYS)

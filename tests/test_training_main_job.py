@@ -75,7 +75,7 @@ def test_tff_mf_cli_has_no_demo_and_the_library_does_not_import_the_harness():
 
 def fake_summary(loss, accuracy=0.2, eps=4.0):
   return {"test_metrics": {"loss": loss, "accuracy": accuracy, "accuracy_no_oov_no_eos": 0.01},
-          "epsilon": eps, "analysis": "none", "noise_multiplier": 1.0, "sqrt_loss": 10.0,
+          "epsilon": eps, "analysis": "none", "noise_multiplier": 1.0, "single_participation_sqrt_loss": 10.0,
           "privacy": {"sensitivity": 1.0}, "wall_seconds": 1.0,
           "privacy_statement": statement.privacy_statement(
               {"epsilon": eps, "delta": 1e-6, "analysis": "none", "accountant": "exact",

@@ -22,6 +22,10 @@ import pytest
 
 import userenv
 from tff_mf import accounting
+from tff_mf import mechanisms
+from tff_mf import participation
+from tff_mf import registry
+from tff_mf import workloads
 from training import config as config_lib
 from training import loop
 from training import outputs
@@ -92,6 +96,15 @@ def test_binary_trains_under_the_schema_from_a_clean_shell(schema_flags, analysi
     assert summary["noise_multiplier"] == 0.7 and eps < candidates["none"]
   assert privacy["theorem"] and privacy["analysis_label"]
   assert privacy["sensitivity"] >= 1.0 and "sensitivity_method" in privacy
+  # One record: the library's, for the same mechanism, schema and sampling, gives the run's ε.
+  library = mechanisms.privacy(
+      mechanisms.resolve(registry.mechanism("banded"), workloads.WorkloadSpec("prefix_sum", 4),
+                         participation.from_dict(part["schema"]),
+                         cache_dir=str(tmp_path / "cache")),
+      summary["noise_multiplier"], None, 1e-6, "exact",
+      sampling_prob=0.01 if analysis == "banded" else None)
+  assert library.epsilon == eps and library.bound == analysis
+  assert "epsilon" not in summary["mechanism_info"]  # the privacy block is the one record
   check = privacy["dp_event_cross_check"]
   # The query's DpEvents carry the unamplified guarantee of the schema: no smaller than ε.
   unamplified = min(c["epsilon"] for c in privacy["candidates"] if c["analysis"] == "none")

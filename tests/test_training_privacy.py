@@ -1,9 +1,9 @@
-"""ε of a run under each participation schema (training.privacy; no TensorFlow).
+"""ε of a run under each participation schema (tff_mf.mechanisms.run_privacy for the run's
+flags, and training.privacy; no TensorFlow).
 
 Calibration hits ε ≤ target under every schema and analysis; min-sep Poisson sampling
 reports the smallest valid bound (amplified banded or MMCC vs unamplified) and names it;
-a cap on participations or p = 1 is never amplified; an aggregator whose sensitivity
-differs from the accountant's is refused; DpEvents compose to the unamplified ε;
+a cap on participations or p = 1 is never amplified; DpEvents compose to the unamplified ε;
 the ε spent after each round is non-decreasing and ends at the run's ε; dp_events.jsonl
 starts with a header line its readers skip.
 """
@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 
 from tff_mf import accounting
+from tff_mf import adaptive_clipping
 from tff_mf import mechanisms
 from tff_mf import strategies
 from tff_mf import workloads
 from training import config as config_lib
+from training import mechanisms as training_mechanisms
 from training import privacy
-from training.config import TrainingError
 
 N = 8
 
@@ -30,6 +31,22 @@ def config(**kw):
                 clients_per_round=2, target_epsilon=4.0)
   values.update(kw)
   return config_lib.TrainingConfig(**values)
+
+
+def guarantee(cfg, c):
+  """(z, record): the library's run record for the run's flags and encoder C, the one the
+  harness writes (``training.mechanisms.resolve_privacy`` reads it from build_mechanism)."""
+  adaptive = None
+  if cfg.adaptive_clipping:
+    adaptive = adaptive_clipping.AdaptiveClipping(*cfg.adaptive_kwargs().values()).checked(
+        cfg.clients_per_round)
+  record = mechanisms.run_privacy(c, cfg.schema(), adaptive=adaptive,
+                                  **training_mechanisms.privacy_arguments(cfg))
+  return record.noise_multiplier, record.details
+
+
+def amplified(cfg):
+  return mechanisms.amplification_applies(cfg.schema(), cfg.total_rounds, cfg.sampling_prob)
 
 
 def encoder(strategy="optimal", schema=None, **params):
@@ -53,7 +70,7 @@ def test_calibration_hits_the_target_under_each_schema(kw, strategy, analysis):
   cfg.validate()
   params = {"bands": 4} if strategy == "banded" else {}
   c = encoder(strategy, **params)
-  z, record = privacy.guarantee(cfg, c)
+  z, record = guarantee(cfg, c)
   assert record["epsilon"] <= cfg.target_epsilon
   assert record["epsilon"] >= 0.95 * cfg.target_epsilon  # calibrated, not just any safe z
   assert record["analysis"] == analysis
@@ -66,14 +83,14 @@ def test_calibration_hits_the_target_under_each_schema(kw, strategy, analysis):
   if analysis != "none":
     assert record["amplified_epsilon"] < plain["epsilon"]  # amplification helped here
   # Given z instead of a target: the same record.
-  again = privacy.guarantee(config(**kw, noise_multiplier=z, target_epsilon=None), c)[1]
+  again = guarantee(config(**kw, noise_multiplier=z, target_epsilon=None), c)[1]
   assert again["epsilon"] == pytest.approx(record["epsilon"], rel=1e-9)
 
 
 def test_fixed_epoch_epsilon_is_the_gaussian_at_z_over_the_schemas_sensitivity():
   cfg = config(participation="fixed_epoch", epochs=2, noise_multiplier=2.0, target_epsilon=None)
   c = encoder()
-  _, record = privacy.guarantee(cfg, c)
+  _, record = guarantee(cfg, c)
   sens = accounting.sensitivity_report(c, cfg.schema())["value"]
   assert sens > 1.0
   assert record["sensitivity"] == sens
@@ -83,10 +100,10 @@ def test_fixed_epoch_epsilon_is_the_gaussian_at_z_over_the_schemas_sensitivity()
 
 def test_a_participation_cap_below_what_fits_is_not_amplified():
   cfg = config(participation="min_sep", min_sep=2, sampling_prob=0.1, max_participations=3)
-  assert not privacy.amplified(cfg)
-  assert privacy.amplified(config(participation="min_sep", min_sep=2, sampling_prob=0.1,
+  assert not amplified(cfg)
+  assert amplified(config(participation="min_sep", min_sep=2, sampling_prob=0.1,
                                   max_participations=4))
-  assert not privacy.amplified(config(participation="min_sep", min_sep=2, sampling_prob=1.0))
+  assert not amplified(config(participation="min_sep", min_sep=2, sampling_prob=1.0))
 
 
 def test_an_inapplicable_amplified_analysis_falls_back_with_a_note(monkeypatch):
@@ -96,8 +113,8 @@ def test_an_inapplicable_amplified_analysis_falls_back_with_a_note(monkeypatch):
     raise accounting.AccountingError("MMCC could not analyze this run")
 
   monkeypatch.setattr(accounting, "calibrate", lambda *a, **k: (
-      refuse() if a[4] == "mmcc" else ORIGINAL_CALIBRATE(*a, **k)))
-  z, record = privacy.guarantee(cfg, encoder("honaker_online"))
+      refuse() if k.get("amplification") == "mmcc" else ORIGINAL_CALIBRATE(*a, **k)))
+  z, record = guarantee(cfg, encoder("honaker_online"))
   assert record["analysis"] == "none" and record["epsilon"] <= cfg.target_epsilon
   assert any("mmcc analysis not applicable" in n for n in record["notes"])
 
@@ -105,33 +122,25 @@ def test_an_inapplicable_amplified_analysis_falls_back_with_a_note(monkeypatch):
 ORIGINAL_CALIBRATE = accounting.calibrate
 
 
-def test_mechanism_with_another_sensitivity_is_refused():
-  cfg = config(noise_multiplier=2.0, target_epsilon=None)
-  _, record = privacy.guarantee(cfg, encoder())
-  privacy.check_against_mechanism(2.0, record, {"effective_noise_multiplier": 2.0 / 1.0})
-  with pytest.raises(TrainingError, match="refusing to report an epsilon"):
-    privacy.check_against_mechanism(2.0, record, {"effective_noise_multiplier": 2.0 / 1.5})
-
-
 def test_tree_and_gaussian_encoders_are_what_tff_adds_noise_for():
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
   from tff_mf.families import tree as tree_lib  # pylint: disable=g-import-not-at-top
+
+  def resolved(name, n):
+    return mechanisms.resolve(registry.mechanism(name), workloads.WorkloadSpec("prefix_sum", n),
+                              participation.SINGLE)
+
   for n in (N, 12):  # 12: not a power of two, no leaf is in all 5 levels' released nodes
-    tree = privacy.encoder(config(mechanism="tree", total_rounds=n), None)
+    tree = resolved("tree", n).encoder
     assert tree.shape[0] > tree.shape[1] == n  # one row per tree node
     levels = tree_lib.tree_levels(n)
     gamma = np.max(np.linalg.norm(tree, axis=0))
     # TFF adds z·√levels per node: the accountant's C is C_T / √levels.
     np.testing.assert_allclose(tree * np.sqrt(levels), tree_lib.tree_encoder(n))
     assert gamma == pytest.approx(1.0) if n == N else gamma < 1.0
-  gaussian = privacy.encoder(config(mechanism="gaussian"), _Identity(N))
-  np.testing.assert_array_equal(gaussian, np.eye(N))
-  with pytest.raises(TrainingError, match="no encoder"):
-    privacy.encoder(config(mechanism="opt_momentum"), None)
-
-
-class _Identity:  # what build_mechanism returns as the factorization of TFF's gaussian_fixed
-  def __init__(self, n):
-    self.c = np.eye(n)
+  np.testing.assert_array_equal(resolved("gaussian", N).encoder, np.eye(N))
+  assert resolved("none", N).encoder is None
 
 
 def test_sampling_secret_is_derived_from_a_pinned_noise_seed_only():
@@ -193,7 +202,7 @@ def run_config(**kw):
 def test_epsilon_per_round_is_non_decreasing_and_ends_at_the_runs_epsilon(kw, c):
   cfg = run_config(**kw)
   cfg.validate()
-  z, record = privacy.guarantee(cfg, c)
+  z, record = guarantee(cfg, c)
   eps = privacy.epsilon_per_round(cfg, c, z, record)
   assert len(eps) == N and eps[-1] == record["epsilon"]
   assert all(a <= b for a, b in zip(eps, eps[1:]))
@@ -207,7 +216,7 @@ def test_epsilon_after_r_rounds_matches_dp_accounting_directly():
   cfg = run_config(mechanism="gaussian", participation="fixed_epoch", epochs=2,
                    noise_multiplier=1.5)
   c = np.eye(N)
-  z, record = privacy.guarantee(cfg, c)
+  z, record = guarantee(cfg, c)
   eps = privacy.epsilon_per_round(cfg, c, z, record)
   for r, joins in ((2, 1), (4, 1), (5, 2), (N, 2)):
     acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3)
@@ -244,16 +253,31 @@ def test_dp_events_file_starts_with_a_header_that_readers_skip(tmp_path):
 def test_the_privacy_record_holds_a_sensitivity_once_per_meaning():
   plain_cfg = config(participation="fixed_epoch", epochs=2, noise_multiplier=2.0,
                      target_epsilon=None)
-  _, plain = privacy.guarantee(plain_cfg, encoder())
+  _, plain = guarantee(plain_cfg, encoder())
   assert "unamplified_sensitivity" not in plain  # `sensitivity` is the one the noise is for
-  privacy.check_against_mechanism(2.0, plain, {"effective_noise_multiplier":
-                                               2.0 / plain["sensitivity"]})
+  assert plain["sensitivity"] == accounting.sensitivity_report(encoder(),
+                                                               plain_cfg.schema())["value"]
   cfg = config(participation="min_sep", min_sep=4, sampling_prob=0.2, noise_multiplier=2.0,
                target_epsilon=None)
-  _, banded = privacy.guarantee(cfg, encoder("banded", bands=4))
+  _, banded = guarantee(cfg, encoder("banded", bands=4))
   assert banded["analysis"] == "banded"  # `sensitivity`: every eligible round joined
   assert banded["unamplified_sensitivity"] == accounting.sensitivity_report(
       encoder("banded", bands=4), cfg.schema())["value"]
+
+
+def test_bad_privacy_arguments_are_one_line_errors():
+  c = encoder()
+  schema = config(participation="fixed_epoch", epochs=2).schema()
+  for kwargs, message in [
+      (dict(noise_multiplier=1.0, target_epsilon=None, sampling_prob=0.5), "min_sep"),
+      (dict(noise_multiplier=1.0, target_epsilon=2.0), "exactly one"),
+      (dict(noise_multiplier=None, target_epsilon=2.0, delta=None), "needs delta"),
+      (dict(noise_multiplier=1.0, target_epsilon=None, delta=1.5), "delta"),
+  ]:
+    arguments = {"delta": 1e-6, "accountant": "exact", **kwargs}
+    with pytest.raises(ValueError, match=message) as error:
+      mechanisms.run_privacy(c, schema, **arguments)
+    assert "\n" not in str(error.value)
 
 
 def test_a_square_encoders_leading_block_has_the_released_rows_sensitivity():

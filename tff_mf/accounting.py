@@ -391,7 +391,8 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
                 amplification: Optional[str] = None, sampling_prob: Optional[float] = None,
                 accountant: str = DEFAULT_ACCOUNTANT, *,
                 pld_discretization: float = PLD_DISCRETIZATION, non_adaptive: bool = False,
-                mmcc_options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+                mmcc_options: Optional[Dict[str, Any]] = None,
+                known_sensitivity: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
   """ε at δ of a run with encoder C, participation ``schema`` and noise multiplier z.
 
   Args:
@@ -413,6 +414,8 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
       non-triangular C; ``tff_mf.mmcc``).
     mmcc_options: further keyword arguments of ``tff_mf.mmcc.mmcc`` (workers,
       grid_resolution, progress, ...).
+    known_sensitivity: without amplification, C's ``sensitivity_report`` under ``schema``
+      when the caller already holds it (``tff_mf.mechanisms``), so it is not recomputed.
 
   Returns a JSON-ready dict: ``epsilon`` (an upper bound), ``analysis``,
   ``accountant``, ``sensitivity`` (of the unamplified Gaussian), ``sensitivity_exact``,
@@ -432,7 +435,8 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
     record["m"], record["n"] = int(c.shape[0]), int(c.shape[1])
     schema.check(c.shape[1])
   if analysis == "none":
-    return _unamplified_record(record, c, schema, z, delta, accountant, sampling_prob)
+    return _unamplified_record(record, c, schema, z, delta, accountant, sampling_prob,
+                               known_sensitivity)
   if c is None:
     raise checks.CheckError(f"amplification {analysis!r} needs the encoder C (a matrix or a "
                             "mechanism)")
@@ -464,13 +468,13 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
 
 
 def _unamplified_record(record: Dict[str, Any], c: Optional[np.ndarray], schema, z: float,
-                        delta: float, accountant: str,
-                        sampling_prob: Optional[float]) -> Dict[str, Any]:
+                        delta: float, accountant: str, sampling_prob: Optional[float],
+                        known_sensitivity: Optional[Dict[str, Any]]) -> Dict[str, Any]:
   """``epsilon_for`` without amplification: one Gaussian at z / sensitivity under the schema."""
   if sampling_prob is not None:
     raise checks.CheckError("sampling_prob applies only to the amplified analyses "
                             "(amplification 'mmcc' or 'banded')")
-  report = sensitivity_report(c, schema)
+  report = known_sensitivity if known_sensitivity is not None else sensitivity_report(c, schema)
   eps = epsilon(z, delta, accountant, sensitivity=report["value"])
   record.update(epsilon=eps, accountant=accountant, sensitivity=report["value"],
                 sensitivity_exact=report["exact"], sensitivity_method=report["method"],

@@ -20,13 +20,21 @@ pattern is found by brute force over the schema's patterns (``worst_canary``), a
 the Gaussian-DP conversions are our own (Dong, Roth, Su 2019, arXiv:1905.02383,
 Cor 2.13; equal to Balle & Wang 2018, arXiv:1805.06530, Thm 8).
 
-Confidence. At every threshold the false positive rate gets a one-sided
-Clopper–Pearson upper bound and the true positive rate a lower one, simultaneously
-valid with probability ≥ 1 − α (a union bound over order statistics for all
-thresholds, and over a few thresholds planned in advance on the claim's score laws;
-``tradeoff_points``), so every point (FPR_hi, FNR_hi) is an upper bound on a point of
-the mechanism's trade-off curve. Then ε ≥ log((1 − FNR_hi − δ)/FPR_hi) (and the same with the roles
-exchanged), and the mechanism is not μ'-GDP for μ' < Φ⁻¹(1 − FPR_hi) − Φ⁻¹(FNR_hi).
+Confidence. Every threshold t of the test "score > t" gets a one-sided Clopper–Pearson
+upper bound on its false positive rate and on its false negative rate, all valid
+simultaneously with probability ≥ 1 − α (``tradeoff_points``), so every point (FPR_hi,
+FNR_hi) is an upper bound on a point of the mechanism's trade-off curve. A threshold with
+c false positives has FPR ≤ U_(c+1), an order statistic of uniforms, so one event per
+count covers every threshold the data could pick. α is split before the scores are seen
+(``planned_thresholds``), from the claim's score laws and the numbers of trials:
+EPSILON_SHARE (0.7) on bands of counts around those expected at the thresholds with the
+largest expected ε bound at δ (half for each direction, split between the false-positive
+and false-negative side as the plan expects best), their failure probability computed
+exactly (``order_statistic_band_failure``); MU_SHARE (0.1) on the threshold with the
+largest expected μ bound; the rest on every count by a union bound, so that score laws
+the plan did not foresee (broken mechanisms) are still caught. Then
+ε ≥ log((1 − FNR_hi − δ)/FPR_hi) (and the same with the roles exchanged), and the
+mechanism is not μ'-GDP for μ' < Φ⁻¹(1 − FPR_hi) − Φ⁻¹(FNR_hi).
 """
 
 from __future__ import annotations
@@ -48,14 +56,19 @@ from tff_mf import checks
 ENUMERATION_LIMIT = 2_000_000
 # Evenly spaced thresholds of ``threshold_grid``.
 THRESHOLDS = 40
-# Planned thresholds: the best expected ones and neighbours at these multiples of the
-# model's standard deviation (``planned_thresholds``; Bonferroni over all of them).
-PLAN_OFFSETS = (-0.3, -0.15, -0.05, 0.0, 0.05, 0.15, 0.3)
 PLAN_SEED = 20231011
-# Share of the confidence budget for all thresholds (order statistics); the rest goes to
-# the planned ones.
-ADAPTIVE_SHARE = 0.5
-# Order-statistic counts (false positives, false negatives) that get a larger share.
+# Shares of the failure probability alpha (``planned_thresholds``): the ε-planned band, the
+# μ-planned threshold; the rest goes to every count by a union bound.
+EPSILON_SHARE = 0.7
+MU_SHARE = 0.1
+# Splits (false-positive share) of a planned threshold's budget that the plan tries.
+PLAN_SPLITS = np.linspace(0.1, 0.9, 9)
+# Counts in the band around the count expected at the ε-planned threshold, and the share
+# of its weight spread evenly over them (the rest follows the binomial pmf).
+BAND_WIDTH = 64
+BAND_FLOOR = 0.2
+# Order-statistic counts (false positives, false negatives) that get a larger share of
+# the union bound.
 TAIL_COUNTS = 32
 # Ridge added to an estimated covariance, relative to its mean eigenvalue.
 RIDGE = 1e-10
@@ -305,71 +318,212 @@ def gaussian_model(mu_reference: float, draws: int = 400_000) -> Tuple[np.ndarra
   return rng.standard_normal(draws), rng.standard_normal(draws) + mu
 
 
-def planned_thresholds(model0: np.ndarray, model1: np.ndarray, trials0: int, trials1: int,
-                       alpha: float, delta: float) -> np.ndarray:
-  """Thresholds fixed before the audit's scores are seen, where the bounds are expected to
-  be largest.
+def order_statistic_band_failure(trials: int, first: int, levels: np.ndarray) -> float:
+  """P(U_(j) > b_j for some j = first + 1, …, first + len(levels)), exactly.
 
-  On the model's score laws (samples ``model0``/``model1``, e.g. the claim's), the bounds
-  the audit would report at the expected counts are evaluated on a fine candidate grid;
-  the best candidates for the ε lower bound at δ and for the μ lower bound, and
-  neighbours at ±PLAN_OFFSETS model standard deviations, become the thresholds (a few,
-  so that the Bonferroni correction over them costs little).
+  U_(j) is the j-th smallest of ``trials`` independent uniforms and b_j the one-sided
+  (1 − levels[j − first − 1]) Clopper–Pearson upper bound at j − 1 successes (the
+  Beta(j, trials − j + 1) quantile). A rate bounded at count c is at most U_(c+1) (the
+  probability integral transform of the (c+1)-th order statistic), so this is the
+  probability that any of the band's bounds fails: the union bound's Σ levels without
+  its slack for the strongly dependent neighbouring counts. Dynamic programming on
+  N(b_j) = #{U ≤ b_j}, which must stay ≥ j (the boundary-crossing recursion of Steck
+  1971, Ann. Math. Statist. 42(1)); states ≥ the last j are absorbed.
   """
-  m0, m1 = np.sort(np.asarray(model0, np.float64)), np.sort(np.asarray(model1, np.float64))
-  pooled = np.concatenate([m0, m1])
-  candidates = np.unique(np.quantile(pooled, np.linspace(0.0005, 0.9995, 2000)))
-  count = 2 * len(PLAN_OFFSETS)
-  fp = np.rint(trials0 * (1.0 - np.searchsorted(m0, candidates, side="right") / len(m0)))
-  tp = np.rint(trials1 * (1.0 - np.searchsorted(m1, candidates, side="right") / len(m1)))
-  each = (1 - ADAPTIVE_SHARE) * alpha / (2 * count)  # the level of a planned threshold
-  fpr_hi = clopper_pearson_upper(fp, trials0, each)
-  fnr_hi = 1.0 - clopper_pearson_lower(tp, trials1, each)
+  levels = np.asarray(levels, np.float64)
+  j = first + 1 + np.arange(levels.size)
+  b = np.where(j > trials, 1.0, scipy.stats.beta.isf(levels, j, np.maximum(trials - j + 1, 1)))
+  # U_(j) ≤ b_i for some i > j is implied by U_(i) ≤ b_i: the effective boundary is the
+  # running minimum from the right (the same event, and nondecreasing).
+  b = np.minimum.accumulate(b[::-1])[::-1]
+  last = int(j[-1])
+  states = np.arange(first + 1, last)  # N(b) exactly; N(b) ≥ last is absorbed
+  prob = scipy.stats.binom.pmf(states, trials, b[0])
+  prob[states < j[0]] = 0.0
+  good = float(scipy.stats.binom.sf(last - 1, trials, b[0]))
+  for step in range(1, levels.size):
+    p = min(max((b[step] - b[step - 1]) / (1.0 - b[step - 1]), 0.0), 1.0) if b[step - 1] < 1 else 0.0
+    rest = trials - states
+    move = _binomial_pmf(states[None, :] - states[:, None], rest[:, None], p)
+    good += float(prob @ scipy.stats.binom.sf(last - 1 - states, rest, p))
+    prob = prob @ move
+    prob[states < j[step]] = 0.0
+  return float(max(0.0, 1.0 - good - prob.sum()))
+
+
+def _binomial_pmf(k: np.ndarray, n: np.ndarray, p: float) -> np.ndarray:
+  """Binomial(n, p) pmf at k (0 outside 0..n), from log-gamma (vectorized, fast)."""
+  k, n = np.broadcast_arrays(np.asarray(k, np.float64), np.asarray(n, np.float64))
+  inside = (k >= 0) & (k <= n)
+  kk, nn = np.where(inside, k, 0.0), np.where(inside, n, 0.0)
   with np.errstate(divide="ignore", invalid="ignore"):
-    eps = np.maximum(np.log(np.maximum(1 - fnr_hi - delta, 0)) - np.log(fpr_hi),
-                     np.log(np.maximum(1 - fpr_hi - delta, 0)) - np.log(fnr_hi))
-    mu = scipy.stats.norm.ppf(1.0 - fpr_hi) - scipy.stats.norm.ppf(fnr_hi)
-  scale = float(np.std(m0)) or 1.0
-  best = [candidates[int(np.nanargmax(np.where(np.isfinite(v), v, -np.inf)))] for v in (eps, mu)]
-  return np.sort(np.array([b + o * scale for b in best for o in PLAN_OFFSETS]))
+    log = (scipy.special.gammaln(nn + 1) - scipy.special.gammaln(kk + 1)
+           - scipy.special.gammaln(nn - kk + 1) + scipy.special.xlogy(kk, p)
+           + scipy.special.xlog1py(nn - kk, -p))
+  return np.where(inside, np.exp(log), 0.0)
 
 
-def tradeoff_points(s0: np.ndarray, s1: np.ndarray, planned: np.ndarray,
+def calibrated_band(trials: int, first: int, weights: np.ndarray, budget: float) -> np.ndarray:
+  """Levels c·weights with ``order_statistic_band_failure`` ≤ budget (c as large as a few
+  proportional steps find; the returned levels always meet the budget)."""
+  w = np.asarray(weights, np.float64) / np.sum(weights)
+  scale = budget
+  for _ in range(8):
+    fail = order_statistic_band_failure(trials, first, np.minimum(scale * w, 0.5))
+    if fail <= budget and fail >= 0.995 * budget:
+      break
+    scale *= 0.999 * budget / max(fail, 1e-300)
+  while order_statistic_band_failure(trials, first, np.minimum(scale * w, 0.5)) > budget:
+    scale *= 0.99
+  return np.minimum(scale * w, 0.5)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """The audit's confidence plan, fixed before its scores are seen (``planned_thresholds``).
+
+  Attributes:
+    thresholds: planned thresholds (ε forward, ε reverse, μ).
+    fp_levels, fn_levels: their Clopper–Pearson levels (false positive rate upper bound;
+      false negative rate upper bound).
+    fp_count_levels: (trials0 + 1,) level of the false-positive-rate bound of every
+      threshold with c false positives (every threshold the data allow).
+    fn_count_levels: (trials1 + 1,) the same for c false negatives.
+    alpha: the total failure probability the levels spend.
+  """
+  thresholds: np.ndarray
+  fp_levels: np.ndarray
+  fn_levels: np.ndarray
+  fp_count_levels: np.ndarray
+  fn_count_levels: np.ndarray
+  alpha: float
+
+
+def _count_windows(trials: int, rate: np.ndarray, width: float = 10.0):
+  """Binomial(trials, rate) pmfs on windows of counts (one row per rate) and the counts."""
+  sd = np.sqrt(trials * rate * (1 - rate)) + 1.0
+  lo = np.clip(np.floor(trials * rate - width * sd - 5), 0, trials).astype(np.int64)
+  span = int(np.max(np.ceil(2 * width * sd + 11)))
+  counts = lo[:, None] + np.arange(span)[None, :]
+  pmf = np.where(counts <= trials, scipy.stats.binom.pmf(counts, trials, rate[:, None]), 0.0)
+  return np.minimum(counts, trials), pmf
+
+
+def _best_planned_threshold(model0, model1, trials0, trials1, budget, delta, target):
+  """The candidate threshold and split (fp level, fn level) of ``budget`` with the largest
+  expected bound (ε at δ, or μ) under the model's score laws, exact binomial counts."""
+  m0, m1 = np.sort(model0), np.sort(model1)
+  candidates = np.unique(np.quantile(np.concatenate([m0, m1]), np.linspace(0.0005, 0.9995, 600)))
+  q0 = 1.0 - np.searchsorted(m0, candidates, side="right") / len(m0)
+  q1 = 1.0 - np.searchsorted(m1, candidates, side="right") / len(m1)
+  c0, p0 = _count_windows(trials0, q0)
+  c1, p1 = _count_windows(trials1, 1.0 - q1)  # false negatives
+  best = (-math.inf, 0.0, budget / 2, budget / 2)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    for f in PLAN_SPLITS:
+      fpr_hi = clopper_pearson_upper(np.arange(trials0 + 1), trials0, f * budget)
+      fnr_hi = clopper_pearson_upper(np.arange(trials1 + 1), trials1, (1 - f) * budget)
+      if target == "epsilon":
+        g0, g1 = -np.log(fpr_hi), np.log(np.maximum(1.0 - fnr_hi - delta, 1e-300))
+      else:
+        g0, g1 = scipy.stats.norm.isf(fpr_hi), -scipy.stats.norm.ppf(fnr_hi)
+      value = (p0 * np.clip(g0, -50, 50)[c0]).sum(1) + (p1 * np.clip(g1, -50, 50)[c1]).sum(1)
+      i = int(np.argmax(value))
+      if value[i] > best[0]:
+        best = (float(value[i]), float(candidates[i]), f * budget, (1 - f) * budget)
+  return best[1:]
+
+
+def _band_levels(trials: int, rate: float, budget: float) -> Tuple[int, np.ndarray]:
+  """A band of BAND_WIDTH counts around Binomial(trials, rate)'s mode, levels weighted by
+  its pmf (BAND_FLOOR of the weight spread evenly), calibrated exactly to ``budget``."""
+  width = min(BAND_WIDTH, trials + 1)
+  first = int(min(max(round(trials * rate) - width // 2, 0), trials + 1 - width))
+  counts = first + np.arange(width)
+  pmf = scipy.stats.binom.pmf(counts, trials, rate)
+  pmf = pmf / pmf.sum() if pmf.sum() > 0 else np.full(width, 1.0 / width)
+  weights = (1 - BAND_FLOOR) * pmf + BAND_FLOOR / width
+  return first, calibrated_band(trials, first, weights, budget)
+
+
+def planned_thresholds(model0: np.ndarray, model1: np.ndarray, trials0: int, trials1: int,
+                       alpha: float, delta: float) -> Plan:
+  """How the audit spends its failure probability alpha, fixed before its scores are seen.
+
+  From the model's score laws (samples ``model0``/``model1``, the claim's or the
+  release's, never the audit's data) and the numbers of trials:
+
+  - EPSILON_SHARE of alpha: the threshold t_ε with the largest expected ε lower bound at
+    δ (exact binomial counts), and the split of this share between its false-positive
+    and false-negative bounds that maximizes it. Each side's share is a band of
+    BAND_WIDTH counts around the count expected at t_ε (``_band_levels``), so the bound
+    holds for every threshold whose count falls there, calibrated exactly
+    (``order_statistic_band_failure``): nearby counts cost little more than one;
+  - MU_SHARE: the threshold with the largest expected μ lower bound, one bound per side;
+  - the rest: every count of every side, by a union bound over order statistics
+    (``_order_levels``), so that score laws the plan did not foresee are still caught.
+  """
+  m0, m1 = np.asarray(model0, np.float64), np.asarray(model1, np.float64)
+  union = (1 - EPSILON_SHARE - MU_SHARE) * alpha / 2
+  levels = [_order_levels(np.arange(t + 1), t, union, "low") for t in (trials0, trials1)]
+  windows = []  # (side: 0 false positives, 1 false negatives; expected rate; budget)
+  # Forward: log((1 − FNR − δ)/FPR) at t; reverse: log((1 − FPR − δ)/FNR), the forward
+  # bound of the negated scores with the worlds exchanged (false negatives ↔ positives).
+  t_fwd, fp_fwd, fn_fwd = _best_planned_threshold(m0, m1, trials0, trials1,
+                                                  EPSILON_SHARE * alpha / 2, delta, "epsilon")
+  windows += [(0, np.mean(m0 > t_fwd), fp_fwd), (1, np.mean(m1 <= t_fwd), fn_fwd)]
+  t_rev, fn_rev, fp_rev = _best_planned_threshold(-m1, -m0, trials1, trials0,
+                                                  EPSILON_SHARE * alpha / 2, delta, "epsilon")
+  windows += [(1, np.mean(m1 < -t_rev), fn_rev), (0, np.mean(m0 >= -t_rev), fp_rev)]
+  for side, rate, budget in windows:
+    trials = (trials0, trials1)[side]
+    first, band = _band_levels(trials, float(rate), budget)
+    window = slice(first, first + band.size)
+    levels[side][window] = np.maximum(levels[side][window], band)
+  t_mu, fp_mu, fn_mu = _best_planned_threshold(m0, m1, trials0, trials1, MU_SHARE * alpha,
+                                               delta, "mu")
+  return Plan(thresholds=np.array([t_fwd, -t_rev, t_mu]), fp_levels=np.array([0.0, 0.0, fp_mu]),
+              fn_levels=np.array([0.0, 0.0, fn_mu]), fp_count_levels=levels[0],
+              fn_count_levels=levels[1], alpha=float(alpha))
+
+
+def tradeoff_points(s0: np.ndarray, s1: np.ndarray, plan: Plan,
                     alpha: float) -> Dict[str, np.ndarray]:
   """Simultaneous (1 − alpha) upper bounds on (FPR, FNR) of the tests "score > t", at the
-  planned thresholds and at every threshold the data allow.
+  planned thresholds and at every threshold the data allow (``planned_thresholds``).
 
-  Union bound over two families of events, per side (FPR upper, TPR lower bounds; α/2
-  each). Planned thresholds (fixed in advance) share 1 − ADAPTIVE_SHARE of the budget.
-  Order statistics share the rest: for each possible count k, the event that some
-  threshold with count k violates its bound is one binomial tail (the worst threshold
-  with count k is at an order statistic), so T + 1 events cover every threshold, which
-  keeps the audit sensitive to score laws the plan did not foresee. Half of that share
-  goes to the TAIL_COUNTS + 1 extreme counts (few false positives, few false negatives),
-  where the bound on ε at small δ is decided.
+  A threshold with c false positives has FPR ≤ U_(c+1) (an order statistic of uniforms,
+  the worst threshold with that count being at a score), so per count one event covers
+  every threshold with that count; the plan's per-count levels (the band and the union
+  bound; the larger where both apply, its failure is one of theirs) and its planned
+  thresholds' levels spend alpha in all. The same for the false negatives.
   """
   s0, s1 = np.sort(np.asarray(s0, np.float64)), np.sort(np.asarray(s1, np.float64))
   t0, t1 = len(s0), len(s1)
-  planned = np.asarray(planned, np.float64)
-  share = ADAPTIVE_SHARE if planned.size else 1.0
+  if plan.fp_count_levels.size != t0 + 1 or plan.fn_count_levels.size != t1 + 1:
+    raise checks.CheckError(f"the plan is for {plan.fp_count_levels.size - 1} + "
+                            f"{plan.fn_count_levels.size - 1} trials, the scores have {t0} + {t1}")
+  if not math.isclose(plan.alpha, alpha, rel_tol=1e-9):
+    raise checks.CheckError(f"the plan spends alpha={plan.alpha:g}, not {alpha:g}")
+  planned = plan.thresholds
   every = np.concatenate([[-np.inf], np.unique(np.concatenate([s0, s1]))])
   thresholds = np.concatenate([planned, every])
   fp = t0 - np.searchsorted(s0, thresholds, side="right")
-  tp = t1 - np.searchsorted(s1, thresholds, side="right")
-  level_fp = _order_levels(fp, t0, share * alpha / 2, tail="low")
-  level_tp = _order_levels(tp, t1, share * alpha / 2, tail="high")
-  level_fp[:planned.size] = (1 - share) * alpha / (2 * max(planned.size, 1))
-  level_tp[:planned.size] = (1 - share) * alpha / (2 * max(planned.size, 1))
-  return {"thresholds": thresholds, "planned": np.arange(thresholds.size) < planned.size,
-          "fpr": fp / t0, "fnr": 1.0 - tp / t1,
+  fn = np.searchsorted(s1, thresholds, side="right")
+  level_fp = plan.fp_count_levels[fp]
+  level_fn = plan.fn_count_levels[fn]
+  k = planned.size
+  level_fp[:k] = np.maximum(level_fp[:k], plan.fp_levels)
+  level_fn[:k] = np.maximum(level_fn[:k], plan.fn_levels)
+  return {"thresholds": thresholds, "planned": np.arange(thresholds.size) < k,
+          "fpr": fp / t0, "fnr": fn / t1,
           "fpr_hi": clopper_pearson_upper(fp, t0, level_fp),
-          "fnr_hi": 1.0 - clopper_pearson_lower(tp, t1, level_tp)}
+          "fnr_hi": clopper_pearson_upper(fn, t1, level_fn)}
 
 
 def _order_levels(counts: np.ndarray, trials: int, budget: float, tail: str) -> np.ndarray:
   """Per-count levels of the order-statistic events: half of ``budget`` over all trials + 1
-  counts, half over the TAIL_COUNTS + 1 extreme ones (smallest false-positive counts, or
-  largest true-positive counts)."""
+  counts, half over the TAIL_COUNTS + 1 extreme ones (smallest counts for tail "low")."""
   extreme = min(TAIL_COUNTS, trials) + 1
   in_tail = counts <= TAIL_COUNTS if tail == "low" else counts >= trials - TAIL_COUNTS
   return budget / 2 / (trials + 1) + np.where(in_tail, budget / 2 / extreme, 0.0)

@@ -61,8 +61,13 @@ RESERVED_DIRS = ("datasets",)
 FULL_CHECK_MAX_N = 4096
 _NPZ_NAME = re.compile(r"^factorization-[0-9a-f]{16}\.npz$")
 # Sidecar figures recomputed from the arrays on every load.
-_FIGURES = ("sqrt_loss", "sensitivity", "rmse", "max_error")
+_FIGURES = ("single_participation_sqrt_loss", "sensitivity", "rmse", "max_error")
 _READ_ATTEMPTS = 4
+# Sidecar keys renamed since format 2 was introduced: old name -> current name. Entries
+# written under the old names are read as if written under the new ones; every figure is
+# then recomputed from the arrays as for any entry.
+_RENAMED_KEYS = {"sqrt_loss": "single_participation_sqrt_loss",
+                 "loss": "single_participation_loss"}
 
 
 class CacheError(checks.CheckError):
@@ -191,6 +196,9 @@ def _read_metadata(json_path: str) -> Dict[str, Any]:
   if metadata.get("format") != FORMAT_VERSION:
     raise CacheError(f"cache sidecar {json_path} has format {metadata.get('format')!r}, "
                      f"expected {FORMAT_VERSION}; recompute with --force")
+  for old, new in _RENAMED_KEYS.items():
+    if old in metadata and new not in metadata:
+      metadata[new] = metadata.pop(old)
   name = metadata["npz_file"]
   if not isinstance(name, str) or not _NPZ_NAME.match(name):
     raise CacheError(f"cache sidecar {json_path} names {name!r}, not a file of its own entry "
@@ -308,7 +316,8 @@ def _check_consistency(f: fz.Factorization, metadata: Dict[str, Any], npz_path: 
       check_extras(f)
     elif registry.strategy(f.strategy).streams:
       strategies.stream(f.strategy, f.extras, f.a)
-    figures = dict(strategies.error_figures(f, schema), sqrt_loss=f.sqrt_loss)
+    figures = dict(strategies.error_figures(f, schema),
+                   single_participation_sqrt_loss=f.single_participation_sqrt_loss)
   except (checks.CheckError, KeyError, TypeError) as e:
     raise CacheError(f"{name}: its stored parameters do not describe its matrices: {e}") from None
   info = metadata.get("info") or {}
@@ -407,7 +416,9 @@ def _metadata(params: Dict[str, Any], spec: strategies.FactorizationSpec, f: fz.
                "lr_schedule": w.lr_schedule, "schedule_rounds": w.schedule_rounds,
                "matrix_file": os.path.abspath(w.matrix_file) if w.matrix_file else None,
                **{k: jsonio.jsonable(v) for k, v in spec.key_params().items()}},
-      "strategy": f.strategy, "n": f.n, "m": f.m, "loss": f.loss, "sqrt_loss": f.sqrt_loss,
+      "strategy": f.strategy, "n": f.n, "m": f.m,
+      "single_participation_loss": f.single_participation_loss,
+      "single_participation_sqrt_loss": f.single_participation_sqrt_loss,
       "sensitivity": info["sensitivity"], "rmse": info["rmse"], "max_error": info["max_error"],
       "participation": info["participation"],
       "gamma_before_normalization": info.get("gamma_before_normalization"),
@@ -602,7 +613,8 @@ def list_entries(cache_dir: Optional[str] = None) -> List[Dict[str, Any]]:
         "lr_schedule": spec.get("lr_schedule"), "n": metadata.get("n"),
         "bands": spec.get("bands"), "rank": spec.get("rank"), "buffers": spec.get("buffers"),
         "participation": (metadata.get("participation") or {}).get("label"),
-        "sqrt_loss": metadata.get("sqrt_loss"), "rmse": metadata.get("rmse"),
+        "single_participation_sqrt_loss": metadata.get("single_participation_sqrt_loss"),
+        "rmse": metadata.get("rmse"),
         "sensitivity": metadata.get("sensitivity"), "relative_gap": metadata.get("relative_gap"),
         "seconds": metadata.get("seconds"), "created_utc": metadata.get("created_utc"),
         "bytes": os.path.getsize(npz_path) if os.path.isfile(npz_path) else None,

@@ -174,7 +174,7 @@ def solve(a: np.ndarray,
       if run.out_of_time(time_limit):
         break
       ev = problem.evaluate(v)
-      if run.update(ev, problem.factors, fz.loss, stall_iterations):
+      if run.update(ev, problem.factors, fz.single_participation_loss, stall_iterations):
         break
       v = steps.next_v(ev, run.best)
   finally:
@@ -247,7 +247,7 @@ class _SingleSteps:
 def _single_result(run: dense_run.Run, problem: DualProblem, steps: _SingleSteps,
                    max_iterations: int, allow_unconverged: bool) -> dense_run.OptimalResult:
   """Packages ``solve``: factors, info, the rounding warning, NotConvergedError."""
-  b, c, gap = run.finish(problem.factors, fz.loss)
+  b, c, gap = run.finish(problem.factors, fz.single_participation_loss)
   info = {
       **run.info(gap, max_iterations, steps.acceleration),
       "anderson_memory": int(steps.anderson_memory) if steps.acceleration == "anderson" else 0,

@@ -28,14 +28,14 @@ from tff_mf import checks
 FactorizationError = checks.CheckError
 
 
-def loss(b: np.ndarray, c: np.ndarray) -> float:
+def single_participation_loss(b: np.ndarray, c: np.ndarray) -> float:
   """L(B, C) = γ(C)²·‖B‖²_F (Denisov et al. 2022, Eq. 2)."""
   return checks.gamma(c) ** 2 * float(np.sum(np.square(b)))
 
 
-def sqrt_loss(b: np.ndarray, c: np.ndarray) -> float:
+def single_participation_sqrt_loss(b: np.ndarray, c: np.ndarray) -> float:
   """√L, the figure McMahan et al. Table 1 reports."""
-  return float(np.sqrt(loss(b, c)))
+  return float(np.sqrt(single_participation_loss(b, c)))
 
 
 def rmse(b: np.ndarray, sens: float) -> float:
@@ -131,12 +131,12 @@ class Factorization:
     return int(self.c.shape[0])
 
   @property
-  def loss(self) -> float:
-    return loss(self.b, self.c)
+  def single_participation_loss(self) -> float:
+    return single_participation_loss(self.b, self.c)
 
   @property
-  def sqrt_loss(self) -> float:
-    return sqrt_loss(self.b, self.c)
+  def single_participation_sqrt_loss(self) -> float:
+    return single_participation_sqrt_loss(self.b, self.c)
 
   @property
   def gamma(self) -> float:
@@ -175,8 +175,8 @@ def summary(f: Factorization, lower_bound: Optional[bool] = True) -> Dict[str, A
       "strategy": f.strategy,
       "n": f.n,
       "m": f.m,
-      "loss": f.loss,
-      "sqrt_loss": f.sqrt_loss,
+      "single_participation_loss": f.single_participation_loss,
+      "single_participation_sqrt_loss": f.single_participation_sqrt_loss,
       "max_round_variance": float(np.max(f.per_round_variance())),
   }
   if lower_bound:

@@ -4,10 +4,13 @@
 into a ``Resolved`` mechanism: its factorization (from the cache where the strategy is
 cached), the noise stream of linear-noise mechanisms (a ``tff_mf.streams.LinearStream``),
 the encoder the noise is calibrated for and its sensitivity under the schema. ``privacy``
-then fixes the noise multiplier — given, or found by the one ``calibrate`` — and returns a
-typed ``PrivacyRecord`` (z, sensitivity, z/sens, ε, analysis). ``tff_mf.tf.aggregators``
-only turns a ``Resolved`` and its record into TFF objects; the harness accounts for the
-same encoder (``encoder``).
+then fixes the noise multiplier — given, or calibrated to a target ε — and returns a typed
+``PrivacyRecord`` (z, sensitivity, z/sens, ε, analysis, and the JSON record a run writes).
+It is the one place a run's ε is decided (``run_privacy``): the unamplified Gaussian under
+the schema, amplification under cyclic Poisson sampling, adaptive clipping's composition.
+``tff_mf.tf.aggregators`` only turns a ``Resolved`` and its record into TFF objects; the
+training harness writes that same record. Another framework's integration reads the same
+``Resolved`` (its ``stream`` is plain numpy) and ``PrivacyRecord``.
 
 The encoder the noise is calibrated for:
 
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -78,7 +81,22 @@ class Resolved:
 
 @dataclasses.dataclass(frozen=True)
 class PrivacyRecord:
-  """The privacy of a resolved mechanism at its noise multiplier z (given or calibrated)."""
+  """The privacy of a resolved mechanism at its noise multiplier z (given or calibrated).
+
+  Attributes:
+    private: False for ``none`` (no noise; every other field unset).
+    noise_multiplier: z, the noise std of a round's sum in units of the clip norm.
+    sensitivity: sens of the encoder under the schema, per unit of z (what the noise is
+      calibrated for; ``effective_noise_multiplier`` is z/sens).
+    delta, accountant: δ and the unamplified Gaussian's accountant (None without δ).
+    epsilon: the reported upper bound on ε at δ: the smallest of the valid bounds computed
+      (``details["candidates"]``), None without δ.
+    target_epsilon: the target z was calibrated to, or None.
+    analysis: in words, the analysis that gave ``epsilon``.
+    bound: its key in ``ANALYSIS_LABELS`` (none, banded, mmcc, adaptive).
+    details: the JSON-ready record a run writes (summary.json ``privacy``): the reported
+      bound's fields, every candidate bound, notes; empty without δ.
+  """
   private: bool
   noise_multiplier: float
   sensitivity: Optional[float] = None
@@ -87,6 +105,8 @@ class PrivacyRecord:
   epsilon: Optional[float] = None
   target_epsilon: Optional[float] = None
   analysis: str = EPSILON_ANALYSIS
+  bound: str = "none"
+  details: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
   @property
   def effective_noise_multiplier(self) -> Optional[float]:
@@ -105,7 +125,7 @@ class PrivacyRecord:
                effective_noise_multiplier=self.effective_noise_multiplier)
     if self.delta is not None:
       out.update(delta=self.delta, accountant=self.accountant, epsilon=self.epsilon,
-                 epsilon_analysis=self.analysis)
+                 epsilon_analysis=self.analysis, epsilon_bound=self.bound)
     return out
 
 
@@ -196,34 +216,198 @@ def _matrix_factorization(m: registry.Mechanism, w_spec: workloads.WorkloadSpec,
   return f, a_factorized
 
 
-def calibrate(resolved: Resolved, target_epsilon: float, delta: float,
-              accountant: str) -> PrivacyRecord:
-  """The one calibration: the smallest z (relative tolerance 1e-3) whose ε (one Gaussian at
-  z/sens, no amplification) is at most ``target_epsilon``, and its record."""
-  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  z = accounting.calibrate_noise_multiplier(target_epsilon, delta, accountant,
-                                            sensitivity=resolved.sensitivity)
-  return _record(resolved, float(z), delta, accountant, target_epsilon)
+def calibrate(resolved: Resolved, target_epsilon: float, delta: float, accountant: str,
+              **options) -> PrivacyRecord:
+  """``privacy`` calibrated: the smallest z (relative tolerance 1e-3) whose reported ε is at
+  most ``target_epsilon`` (``options``: ``privacy``'s keywords)."""
+  return privacy(resolved, None, target_epsilon, delta, accountant, **options)
 
 
 def privacy(resolved: Resolved, noise_multiplier: Optional[float],
-            target_epsilon: Optional[float], delta: Optional[float],
-            accountant: str) -> PrivacyRecord:
-  """The ``PrivacyRecord`` at the given z, or ``calibrate``d to ``target_epsilon``."""
+            target_epsilon: Optional[float], delta: Optional[float], accountant: str,
+            **options) -> PrivacyRecord:
+  """The ``PrivacyRecord`` of a resolved mechanism at the given z, or calibrated to
+  ``target_epsilon`` (``options``: ``run_privacy``'s keywords)."""
   if not resolved.mechanism.private:
     return PrivacyRecord(private=False, noise_multiplier=0.0)
-  if noise_multiplier is None:
-    return calibrate(resolved, checks.positive_float(target_epsilon, "target_epsilon"),
-                     delta, accountant)
-  return _record(resolved, float(noise_multiplier), delta, accountant, None)
+  known = {"value": resolved.sensitivity, "exact": resolved.sensitivity_report["exact"],
+           "method": resolved.sensitivity_report["method"]}
+  return run_privacy(resolved.encoder, resolved.participation, noise_multiplier,
+                     target_epsilon, delta, accountant, known_sensitivity=known, **options)
 
 
-def _record(resolved: Resolved, z: float, delta: Optional[float], accountant: str,
-            target_epsilon: Optional[float]) -> PrivacyRecord:
+# ----------------------------------------------------------------------------- a run's ε
+
+# The analyses a run's ε may come from (``PrivacyRecord.bound``), in words.
+ANALYSIS_LABELS = {
+    "none": "unamplified Gaussian mechanism at z / sensitivity",
+    "banded": "amplified banded MF (Poisson sampling within residue classes)",
+    "mmcc": "MMCC (Poisson sampling within residue classes)",
+    "adaptive": "unamplified Gaussian at z / sensitivity composed with the adaptive clip norm's "
+                "count queries (one Gaussian at 1/mu)",
+}
+
+
+def amplification_applies(schema: participation_lib.Participation, n: int,
+                          sampling_prob: Optional[float]) -> bool:
+  """Whether an amplified analysis applies: min_sep (cyclic Poisson) sampling with p < 1 and
+  no cap on participations below the ⌈n/b⌉ that fit (a binding cap is not Poisson)."""
+  if schema.kind != "min_sep" or sampling_prob is None or sampling_prob >= 1.0:
+    return False
+  fit = -(-n // schema.min_sep)
+  return schema.max_participations is None or schema.max_participations >= fit
+
+
+def run_privacy(encoder: np.ndarray, schema: participation_lib.Participation,
+                noise_multiplier: Optional[float], target_epsilon: Optional[float],
+                delta: Optional[float], accountant: str, *,
+                sampling_prob: Optional[float] = None,
+                adaptive: Optional[Any] = None,
+                known_sensitivity: Optional[Dict[str, Any]] = None,
+                mmcc_options: Optional[Dict[str, Any]] = None) -> PrivacyRecord:
+  """The privacy of a run that adds z·(C⁻¹Z)-noise for ``encoder`` C under ``schema``.
+
+  Every bound is computed by ``tff_mf.accounting`` and is an upper bound on ε at δ:
+
+  - always, one Gaussian at z/sens, sens C's sensitivity under the schema (Denisov et al.
+    2022, arXiv:2202.08312, Thm 4.1; Choquette-Choo et al. 2023, arXiv:2211.06530);
+  - with ``sampling_prob`` p < 1 under min_sep (cyclic Poisson sampling, no binding cap):
+    also the amplified banded analysis when C has at most b bands (Choquette-Choo et al.
+    2023, arXiv:2306.08153, Thm 4), else MMCC (Choquette-Choo et al. 2024,
+    arXiv:2310.15526, App D). z is then calibrated with it. The record reports the
+    smallest bound and names it; an analysis that does not apply leaves a note;
+  - with ``adaptive`` (a checked ``tff_mf.adaptive_clipping.AdaptiveClipping``): the MF
+    Gaussian composed with the clip norm's count queries, one Gaussian at 1/μ, without
+    amplification; a target ε keeps σ_b and gives z the rest.
+
+  ``known_sensitivity``: C's sensitivity report under the schema, when the caller holds it.
+  Without δ the record has z and sens but no ε. Raises ``CheckError`` on bad input.
+  """
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  eps = None
-  if delta is not None:
-    eps = accounting.epsilon(z, delta, accountant, sensitivity=resolved.sensitivity)
-  return PrivacyRecord(private=True, noise_multiplier=z, sensitivity=resolved.sensitivity,
-                       delta=delta, accountant=accountant if delta is not None else None,
-                       epsilon=eps, target_epsilon=target_epsilon)
+  encoder = accounting.check_encoder(encoder, "encoder C")
+  n = encoder.shape[1]
+  p = None
+  if sampling_prob is not None:
+    p = checks.probability(sampling_prob, "sampling_prob")
+    if schema.kind != "min_sep":
+      raise checks.CheckError(f"sampling_prob applies to min_sep (cyclic Poisson) "
+                              f"participation, not {schema.kind}")
+  if (noise_multiplier is None) == (target_epsilon is None):
+    raise checks.CheckError("give exactly one of noise_multiplier and target_epsilon")
+  target = None if target_epsilon is None else checks.positive_float(target_epsilon,
+                                                                     "target_epsilon")
+  report = known_sensitivity or accounting.sensitivity_report(encoder, schema)
+  sens = float(report["value"])
+  if delta is None:
+    if target is not None:
+      raise checks.CheckError("target_epsilon needs delta")
+    return PrivacyRecord(private=True, noise_multiplier=float(noise_multiplier),
+                         sensitivity=sens)
+  delta = checks.delta(delta)
+  run = _Run(encoder, schema, report, delta, accountant, p, mmcc_options or {})
+  details = run.adaptive(noise_multiplier, target, adaptive) if adaptive is not None \
+      else run.record(noise_multiplier, target)
+  if target is not None:
+    details["target_epsilon"] = target
+    if not details["epsilon"] <= target:
+      raise checks.CheckError(f"calibration gave epsilon {details['epsilon']} above the target "
+                              f"{target}")
+  return PrivacyRecord(private=True, noise_multiplier=float(details["noise_multiplier"]),
+                       sensitivity=sens, delta=delta, accountant=accountant,
+                       epsilon=float(details["epsilon"]), target_epsilon=target,
+                       analysis=details["analysis_label"], bound=details["analysis"],
+                       details=details)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+  """What ``run_privacy`` computes its candidate bounds from."""
+  encoder: np.ndarray
+  schema: participation_lib.Participation
+  report: Dict[str, Any]
+  delta: float
+  accountant: str
+  sampling_prob: Optional[float]
+  mmcc_options: Dict[str, Any]
+
+  @property
+  def amplified(self) -> bool:
+    return amplification_applies(self.schema, self.encoder.shape[1], self.sampling_prob)
+
+  def unamplified(self, z: float) -> Dict[str, Any]:
+    from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+    return accounting.epsilon_for(self.encoder, self.schema, z, self.delta, None,
+                                  accountant=self.accountant, known_sensitivity=self.report)
+
+  def calibrated(self, target: float) -> float:
+    from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+    return float(accounting.calibrate_noise_multiplier(target, self.delta, self.accountant,
+                                                       sensitivity=self.report["value"]))
+
+  def amplified_record(self, z: Optional[float], target: Optional[float]):
+    """(record, note): the amplified analysis at z (or calibrated to ``target``)."""
+    from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+    analysis = "banded" if accounting.band_count(self.encoder) <= self.schema.min_sep \
+        else "mmcc"
+    args = (self.encoder, self.schema)
+    options = dict(amplification=analysis, sampling_prob=self.sampling_prob,
+                   accountant=self.accountant, mmcc_options=self.mmcc_options)
+    try:
+      if target is not None:
+        return accounting.calibrate(*args, target, self.delta, **options), ""
+      return accounting.epsilon_for(*args, z, self.delta, **options), ""
+    except ValueError as e:  # AccountingError, CheckError: the analysis does not apply
+      return None, f"{analysis} analysis not applicable: {' '.join(str(e).split())}"
+
+  def record(self, z: Optional[float], target: Optional[float]) -> Dict[str, Any]:
+    notes: List[str] = []
+    amplified = None
+    if self.amplified:
+      amplified, note = self.amplified_record(z, target)
+      if amplified is None:
+        notes.append(note)
+      else:
+        z = amplified["noise_multiplier"]
+    if z is None:
+      z = self.calibrated(target)
+    plain = self.unamplified(float(z))
+    candidates = [plain] + ([amplified] if amplified is not None else [])
+    if self.schema.kind == "balls_in_bins":
+      from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+      notes.append(f"balls_in_bins: {accounting.NO_BALLS_IN_BINS_AMPLIFICATION}")
+    best = dict(min(candidates, key=lambda r: r["epsilon"]))
+    best.update(candidates=[_candidate(r) for r in candidates], notes=notes,
+                analysis_label=ANALYSIS_LABELS[best["analysis"]])
+    if best["analysis"] in ("banded", "mmcc"):
+      # ``sensitivity`` then means every eligible round joined; the noise is calibrated for
+      # the unamplified one (one field a meaning).
+      best.update(unamplified_sensitivity=plain["sensitivity"],
+                  unamplified_sensitivity_exact=plain["sensitivity_exact"],
+                  unamplified_sensitivity_method=plain["sensitivity_method"])
+    best.pop("mmcc", None)  # MMCC's per-row details: too large for a run record
+    return best
+
+  def adaptive(self, z: Optional[float], target: Optional[float], adaptive) -> Dict[str, Any]:
+    """μ² = (sens/z)² + k·(½/σ_b)² (``tff_mf.adaptive_clipping``), one Gaussian at 1/μ."""
+    from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+    from tff_mf import adaptive_clipping  # pylint: disable=g-import-not-at-top
+    k = self.schema.max_participations_in(self.encoder.shape[1])
+    sigma_b, sens = adaptive.clipped_count_stddev, float(self.report["value"])
+    if target is not None:
+      total = accounting.calibrate_noise_multiplier(target, self.delta, self.accountant)
+      z = adaptive_clipping.value_noise_multiplier(total, sens, sigma_b, k)
+    plain = self.unamplified(float(z))
+    total = adaptive_clipping.combined_noise_multiplier(z, sens, sigma_b, k)
+    eps = math.inf if total == 0.0 else accounting.epsilon(total, self.delta, self.accountant)
+    record = dict(plain, epsilon=eps, analysis="adaptive", noise_multiplier=float(z),
+                  effective_noise_multiplier=total, count_participations=k,
+                  clipped_count_stddev=sigma_b)
+    record.update(candidates=[_candidate(record)], analysis_label=ANALYSIS_LABELS["adaptive"],
+                  notes=["adaptive clipping: the count queries are accounted without "
+                         "amplification"] if self.amplified else [])
+    return record
+
+
+def _candidate(record: Dict[str, Any]) -> Dict[str, Any]:
+  return {"analysis": record["analysis"], "epsilon": record["epsilon"],
+          "sensitivity": record.get("sensitivity"), "accountant": record.get("accountant")}

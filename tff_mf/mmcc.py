@@ -19,7 +19,14 @@ The b-min-sep generalization (App D, Figs 6-7) covers sampling schemes where
 an example may join only every b-th round with probability b·p (DP-FTRL-
 TreeRestart, banded matrices of Choquette-Choo et al. 2023, arXiv:2306.08153).
 Here, as in App D, ``sampling_prob`` p is the average rate; ``tff_mf.accounting``
-takes the probability b·p of joining an eligible round instead.
+takes the probability b·p of joining an eligible round instead. ε is the worst
+over the b residue classes of examples; a class whose every row block is
+dominated, column by column, by the same block of another class (sensitivity
+and p̃ no larger: a stochastically smaller PMoG, Cor B.3) cannot be the worst
+and is not composed (``dominates``). For a lower-triangular Toeplitz C (BLT,
+banded Toeplitz) class o is class 0 with its last o rows cut off, so only class
+0 is composed and the cost no longer grows with b: BLT at n = 2048, k = 8
+takes under a minute on 2 cores (BENCHMARKS.md, MMCC).
 
 EVERY APPROXIMATION HERE ONLY OVER-ESTIMATES ε (App F):
 - entries of C are rounded UP to a grid of step Δ2 (F.2; Lemma B.2 / B.4:
@@ -305,6 +312,10 @@ class RowMixture:
   """PMoG of one row (or one block of rows): integer grid sensitivities and their p̃."""
   units: np.ndarray  # int64, C_ij rounded up to multiples of grid_step, in grid units
   probs: np.ndarray  # float64, p̃_ij rounded up to multiples of PROBABILITY_QUANTUM
+  # Where the components sit (not part of ``key``): the block's index among its offset's
+  # row blocks and the kept-column index j of each component (``dominates``).
+  block: int = -1
+  columns: Optional[np.ndarray] = None
 
   def key(self) -> bytes:
     order = np.lexsort((self.probs, self.units))
@@ -627,6 +638,39 @@ def _blocks(rounds: np.ndarray, min_sep: int, offset: int) -> List[np.ndarray]:
   return np.split(np.arange(m), splits)
 
 
+def _block_sensitivities(rows: np.ndarray) -> np.ndarray:
+  """‖C[block, j]‖₂ for every kept column j (App D's C^(b)), summed over the block's
+  non-zero rows only, so that equal blocks give bit-identical values."""
+  if rows.shape[0] == 1:
+    return rows[0]
+  rows = rows[np.any(rows != 0, axis=1)]
+  return np.sqrt(np.sum(rows ** 2, axis=0))
+
+
+def dominates(big: Sequence[RowMixture], small: Sequence[RowMixture]) -> bool:
+  """True if every row block of ``small`` is dominated by the block of ``big`` with the
+  same index, column by column: same kept column, sensitivity and p̃ at least as large.
+
+  Then Σ_j units_j·Bern(p̃_j) of ``big`` is, block by block, stochastically at least that
+  of ``small`` (couple the Bernoullis), so its PMoG dominates (Choquette-Choo et al. 2024,
+  arXiv:2310.15526, Cor B.3), and so does the composition over blocks: the ε that MMCC
+  computes for ``big`` bounds that of ``small``. (Used across the residue classes of
+  b-min-sep sampling, App D: for a Toeplitz C, class o is class 0 truncated at the end.)
+  """
+  by_block = {m.block: m for m in big}
+  for mix in small:
+    ref = by_block.get(mix.block)
+    if ref is None or mix.columns is None or ref.columns is None:
+      return False
+    idx = np.searchsorted(ref.columns, mix.columns)
+    if np.any(idx >= ref.columns.size):
+      return False
+    if not (np.array_equal(ref.columns[idx], mix.columns)
+            and np.all(ref.units[idx] >= mix.units) and np.all(ref.probs[idx] >= mix.probs)):
+      return False
+  return True
+
+
 def row_mixtures(c: np.ndarray, rounds: np.ndarray, sampling_prob: float, sigma: float,
                  delta_tail: float, min_sep: int = 1, offset: int = 0,
                  grid_step: float = 1.0, progress: bool = False
@@ -645,7 +689,7 @@ def row_mixtures(c: np.ndarray, rounds: np.ndarray, sampling_prob: float, sigma:
   ck = c[:, cols]
   nk = ck.shape[1]
   blocks = _blocks(rounds, min_sep, offset)
-  block_sens = [np.sqrt(np.sum(ck[b] ** 2, axis=0)) if b.size > 1 else ck[b[0]] for b in blocks]
+  block_sens = [_block_sensitivities(ck[b]) for b in blocks]
   # First row in which each kept column is non-zero.
   nz = ck != 0
   first_row = np.where(nz.any(axis=0), np.argmax(nz, axis=0), ck.shape[0])
@@ -667,7 +711,7 @@ def row_mixtures(c: np.ndarray, rounds: np.ndarray, sampling_prob: float, sigma:
     from tqdm import tqdm  # pylint: disable=g-import-not-at-top
     iterator = tqdm(iterator, total=len(blocks), desc=f"tail bounds (offset {offset})",
                     file=sys.stderr, leave=False)
-  for b, s in iterator:
+  for block_index, (b, s) in enumerate(iterator):
     support = np.nonzero(s > 0)[0]
     if support.size:
       probs = np.full(support.size, q_quant)
@@ -690,13 +734,17 @@ def row_mixtures(c: np.ndarray, rounds: np.ndarray, sampling_prob: float, sigma:
         probs[~trivial] = round_up_probability(p_tilde)
         max_ratio = max(max_ratio, float(np.max(probs) / q))
       units = round_up_to_grid(s[support], grid_step)
-      mixtures.append(RowMixture(units=units, probs=probs))
-    for r in b:
-      row_nz = np.nonzero(ck[r])[0]
-      if row_nz.size:
-        v = ck[r, row_nz]
-        gram[np.ix_(row_nz, row_nz)] += np.outer(v, v)
-        active_end = max(active_end, int(row_nz[-1]) + 1)
+      mixtures.append(RowMixture(units=units, probs=probs, block=block_index,
+                                 columns=support.astype(np.int64)))
+    # The block's rows enter the Gram matrix at once (only its non-zero rows and columns,
+    # so equal blocks of shifted offsets give bit-identical sums).
+    rows_b = ck[b]
+    rows_b = rows_b[np.any(rows_b != 0, axis=1)]
+    if rows_b.size:
+      nz_cols = np.nonzero(np.any(rows_b != 0, axis=0))[0]
+      v = rows_b[:, nz_cols]
+      gram[np.ix_(nz_cols, nz_cols)] += v.T @ v
+      active_end = max(active_end, int(nz_cols[-1]) + 1)
   info = {"nontrivial_pairs": nontrivial_total, "delta_prime": delta_prime,
           "max_prob_ratio": max_ratio, "blocks": len(blocks)}
   return mixtures, info
@@ -729,6 +777,9 @@ class MMCCResult:
   seconds: float
   offsets: int
   pld_discretization: float = DEFAULT_PLD_DISCRETIZATION  # grid step used (coarsened at tiny σ)
+  # Residue classes whose PLDs were composed: the others are dominated by one of these
+  # (``dominates``; a Toeplitz C needs only class 0).
+  composed_offsets: int = 1
 
   def as_dict(self) -> dict:
     out = dataclasses.asdict(self)
@@ -794,7 +845,7 @@ def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
          all_offsets: bool = True, dedupe: bool = True,
          max_components: int = DEFAULT_MAX_COMPONENTS,
          workers: int = DEFAULT_WORKERS, fast_inverse: bool = True,
-         progress: bool = False) -> MMCCResult:
+         prune_offsets: bool = True, progress: bool = False) -> MMCCResult:
   """MMCC(C, p, σ, δ1, δ2) (Fig 1), or Generalized-MMCC (Fig 6) when min_sep b > 1.
 
   Args:
@@ -817,6 +868,9 @@ def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
       points are rounded up to a coarser grid beyond that (pessimistic).
     workers: processes computing distinct row PLDs in parallel (F.4).
     fast_inverse: vectorized inverse privacy loss (False: dp_accounting's own).
+    prune_offsets: compose only the residue classes not dominated by another one
+      (``dominates``; never raises ε). False composes every class (the reference the
+      tests compare with).
     progress: tqdm progress on stderr.
 
   Returns an MMCCResult; ``epsilon`` is an upper bound: every approximation
@@ -834,9 +888,8 @@ def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
   grid_step = _grid_step(c, grid_step, grid_resolution)
   offsets = list(range(min_sep)) if (min_sep > 1 and all_offsets) else [0]
   delta_tail = delta_split * delta
-  per_offset, max_ratio, blocks_total = _offset_mixtures(
-      c, rounds, p, sigma, delta_tail, min_sep, offsets, grid_step, progress)
-  needs_tail = any(info["nontrivial_pairs"] for _, info in per_offset)
+  per_offset, max_ratio, blocks_total, needs_tail = _offset_mixtures(
+      c, rounds, p, sigma, delta_tail, min_sep, offsets, grid_step, progress, prune_offsets)
   if not needs_tail:
     delta_tail = 0.0
   delta_pld = delta - delta_tail
@@ -852,7 +905,8 @@ def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
       sampling_prob=p, noise_multiplier=sigma, min_sep=min_sep, n=n, m=m,
       distinct_rows=len(tasks), row_blocks=blocks_total, grid_step=float(grid_step),
       sensitivity=gamma, unamplified_epsilon=unamplified, max_prob_ratio=max_ratio,
-      seconds=time.time() - start, offsets=len(offsets), pld_discretization=discretization)
+      seconds=time.time() - start, offsets=len(offsets), pld_discretization=discretization,
+      composed_offsets=len(per_offset))
 
 
 def _check_options(n: int, p: float, delta_split, min_sep, max_components, workers,
@@ -891,18 +945,32 @@ def _grid_step(c: np.ndarray, grid_step: Optional[float], grid_resolution: int) 
   return grid_step
 
 
-def _offset_mixtures(c, rounds, p, sigma, delta_tail, min_sep, offsets, grid_step, progress):
-  """(per offset [(mixtures, info)], max p̃/p, total row blocks) over the residue classes."""
-  per_offset = []
+def _offset_mixtures(c, rounds, p, sigma, delta_tail, min_sep, offsets, grid_step, progress,
+                     prune: bool = True):
+  """(per offset [(mixtures, info)], max p̃/p, total row blocks, needs a tail bound) over the
+  residue classes, without the classes dominated by another one (``dominates``).
+
+  A dominated class's ε is at most the dominating class's, so only the others are
+  composed; for a Toeplitz C every class o > 0 is class 0 truncated at the end and is
+  dropped, which removes the factor b from the cost of the PLDs.
+  """
+  kept = []
   max_ratio = 1.0
   blocks_total = 0
-  for offset in offsets:
+  needs_tail = False
+  iterator = offsets
+  if progress and len(offsets) > 1:
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    iterator = tqdm(offsets, desc="tail bounds (residue classes)", file=sys.stderr, leave=False)
+  for offset in iterator:
     mixtures, info = row_mixtures(c, rounds, p, sigma, delta_tail, min_sep, offset,
-                                  grid_step, progress)
-    per_offset.append((mixtures, info))
+                                  grid_step, progress and len(offsets) == 1)
     max_ratio = max(max_ratio, info["max_prob_ratio"])
     blocks_total += info["blocks"]
-  return per_offset, max_ratio, blocks_total
+    needs_tail = needs_tail or bool(info["nontrivial_pairs"])
+    if not (prune and any(dominates(other, mixtures) for other, _ in kept)):
+      kept.append((mixtures, info))
+  return kept, max_ratio, blocks_total, needs_tail
 
 
 def _distinct_rows(per_offset, dedupe: bool):

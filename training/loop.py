@@ -211,7 +211,7 @@ def _start_or_resume(config: TrainingConfig, run_dir: str, log: Log,
 def _bind_identity(run: _Run, setup) -> None:
   """Records the run's seeds, encoder and schema before round 1, or checks them on a restart."""
   config = run.config
-  c = privacy.encoder(config, setup.factorization) if setup.info.get("private") else None
+  c = setup.encoder if setup.info.get("private") else None
   b = setup.factorization.b if setup.factorization is not None else None
   encoder = identity_lib.encoder_sha256(c, b)
   schema = identity_lib.schema_sha256(config.schema().as_dict())
@@ -395,7 +395,7 @@ def _privacy_summary(trainer: _Trainer, noise_multiplier, record, participation
 
 
 def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, record,
-             sqrt_loss, mechanism_info) -> Dict[str, object]:
+             single_participation_sqrt_loss, mechanism_info) -> Dict[str, object]:
   """Final evaluation, final model, TensorBoard's last scalars, and the summary dict."""
   run, config, task = trainer.run, trainer.run.config, trainer.task
   progress = run.progress
@@ -436,7 +436,7 @@ def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, record,
       "diverged": diverged, "wall_seconds": run.wall_seconds(),
       "validation_metrics": {k: outputs.finite_or_none(v) for k, v in validation.items()},
       "test_metrics": {k: outputs.finite_or_none(v) for k, v in test.items()},
-      "sqrt_loss": sqrt_loss,
+      "single_participation_sqrt_loss": single_participation_sqrt_loss,
       "nonprivate_train_metrics": ({k: float(train_rows[-1][k])
                                     for k in outputs.NONPRIVATE_TRAIN_KEYS}
                                    if config.report_train_metrics and train_rows else None),
@@ -444,8 +444,11 @@ def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, record,
       "empty_clients_skipped": progress.empty_clients_skipped,
       "zeroed_client_updates": progress.zeroed_client_updates,
       "num_train_clients": len(task.train_client_ids), "clients_used": trainer.sampler.cursor,
+      # The aggregator's own description; its ε fields are the privacy block's (one record),
+      # which alone is cleared when the sampling broke the schema.
       "mechanism_info": {k: v for k, v in mechanism_info.items()
-                         if isinstance(v, (str, int, float, bool)) and "seed" not in k},
+                         if isinstance(v, (str, int, float, bool)) and "seed" not in k
+                         and "epsilon" not in k},
       "versions": outputs.package_versions(), "dataset": task.dataset,
       "created_utc": run.created_utc, "start_utc": run.start_utc, "end_utc": outputs.utc_now(),
   }
@@ -495,14 +498,14 @@ def _train(run: _Run, task: Optional[task_lib.Task]) -> Dict[str, object]:
   _bind_identity(run, setup)
   trainer, state = _build_trainer(run, task, setup)
   if record is not None:
-    trainer.epsilons = privacy.epsilon_per_round(
-        config, privacy.encoder(config, setup.factorization), noise_multiplier, record)
+    trainer.epsilons = privacy.epsilon_per_round(config, setup.encoder, noise_multiplier,
+                                                 record)
   interrupt.check(where)
   try:
     trainer.writer.hparams(config.public_dict(), config.experiment_name)
     state, diverged = trainer.rounds(state)
-    summary = _summary(trainer, state, diverged, noise_multiplier, record, setup.sqrt_loss,
-                       setup.info)
+    summary = _summary(trainer, state, diverged, noise_multiplier, record,
+                       setup.single_participation_sqrt_loss, setup.info)
   finally:
     trainer.writer.close()
   path = os.path.join(run.run_dir, outputs.SUMMARY_FILE)

@@ -176,15 +176,15 @@ def _schema_rows(n: int, cache_dir: Optional[str], single: Dict[str, Dict[str, o
     for strategy in DEMO_STRATEGIES:
       f = single[column][strategy]
       figures = strategies.error_figures(f, schema)
-      rows.setdefault(labels[strategy], {})[column] = (f.sqrt_loss, figures["sensitivity"],
-                                                       figures["rmse"])
+      rows.setdefault(labels[strategy], {})[column] = (
+          f.single_participation_sqrt_loss, figures["sensitivity"], figures["rmse"])
     for strategy in MULTI_STRATEGIES:
       params = registry.default_parameters(strategy, n, schema)
       spec = strategies.FactorizationSpec(workload=workload, strategy=strategy,
                                           participation=schema, **params)
       f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=True)
       rows.setdefault(_multi_label(strategy, params, schema), {})[column] = (
-          f.sqrt_loss, f.info["sensitivity"], f.info["rmse"])
+          f.single_participation_sqrt_loss, f.info["sensitivity"], f.info["rmse"])
       records.append(dict(factorize_cmd.result_record(f, entry), column=column))
   return rows, records, schema
 
@@ -212,7 +212,8 @@ def run_factorization_demo(output_dir: str, cache_dir: Optional[str] = None,
   os.makedirs(output_dir, exist_ok=True)
   labels = _strategy_labels(n)
   single, records, lower_bounds = _factorize_columns(n, cache_dir)
-  values = {c: {s: f.sqrt_loss for s, f in by.items()} for c, by in single.items()}
+  values = {c: {s: f.single_participation_sqrt_loss for s, f in by.items()}
+            for c, by in single.items()}
   columns = list(values)
   lines = [f"√L = sqrt(γ(C)²·‖B‖²_F) for n = {n} (Denisov et al. Eq. 2; lower is better)", "",
            f"| strategy | √L {' | √L '.join(columns)} |", "|" + "---|" * (len(columns) + 1)]

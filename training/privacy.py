@@ -1,27 +1,15 @@
-"""The ε of a training run under its participation schema, and the DpEvent cross-check.
+"""A run's ε as the rounds go, its privacy statement, and the DpEvent ledger.
 
-Every number comes from ``tff_mf.accounting`` and is an upper bound on the run's ε at δ:
+The run's ε is decided by the library, once, for the encoder it built
+(``tff_mf.mechanisms.run_privacy``, read through ``training.mechanisms.resolve_privacy``):
+every number is an upper bound on the run's ε at δ. This module adds what only a run has:
 
-- ``single`` and ``fixed_epoch`` (and ``min_sep`` with a participation cap or p = 1):
-  the run is one Gaussian mechanism with multiplier z / sens, sens the sensitivity of
-  the encoder C under the schema (Denisov et al. 2022, arXiv:2202.08312, Thm 4.1;
-  Choquette-Choo et al. 2023, arXiv:2211.06530), no amplification.
-- ``min_sep`` Poisson sampling (p < 1, no cap): amplification by sampling, the
-  amplified banded analysis when C has at most b bands (Choquette-Choo et al. 2023,
-  arXiv:2306.08153, Thm 4), MMCC otherwise (Choquette-Choo et al. 2024,
-  arXiv:2310.15526, App D). Both also bound the unamplified ε with every eligible
-  round joined (``accounting.poisson_sensitivity``); the unamplified Gaussian at
-  z / sens under the min-sep schema is a third valid bound. The run reports the
-  smallest and names the analysis that gave it.
-
-C is the encoder the mechanism adds noise for: the factorization's C for the matrix
-mechanisms, C_T / √levels for TFF's tree (the nodes it adds z·√levels noise to) and
-C = I for ``gaussian``. ``check_against_mechanism`` refuses a run
-whose aggregator computed another sensitivity than the accountant.
-
-The aggregators also report DpEvents each round; :class:`EventLedger` keeps them
-(``dp_events.jsonl``) and :func:`dp_event_epsilon` composes them with dp_accounting's
-PLD accountant, a cross-check of the unamplified guarantee recorded beside ε.
+- the ε spent after each round (``epsilon_per_round``): the rows of C released so far,
+  under the schema restricted to those rounds;
+- the run's privacy statement (``tff_mf.statement``);
+- the DpEvents the aggregators report each round: :class:`EventLedger` keeps them
+  (``dp_events.jsonl``) and :func:`dp_event_epsilon` composes them with dp_accounting's
+  PLD accountant, a cross-check of the unamplified guarantee recorded beside ε.
 """
 
 from __future__ import annotations
@@ -31,39 +19,18 @@ import hashlib
 import json
 import math
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from training.config import TrainingConfig
-from training.config import TrainingError
 
-ANALYSIS_LABELS = {
-    "none": "unamplified Gaussian mechanism at z / sensitivity",
-    "banded": "amplified banded MF (Poisson sampling within residue classes)",
-    "mmcc": "MMCC (Poisson sampling within residue classes)",
-    "adaptive": "unamplified Gaussian at z / sensitivity composed with the adaptive clip norm's "
-                "count queries (one Gaussian at 1/mu)",
-}
 EVENTS_FILE = "dp_events.jsonl"
-# MMCC in this process only: no forked workers inside a process that runs TensorFlow and
-# TFF's gRPC threads.
-MMCC_OPTIONS = {"workers": 1}
-# Relative tolerance between the aggregator's and the accountant's z / sensitivity.
-SENSITIVITY_RTOL = 1e-9
 
 
 def schema(config: TrainingConfig):
   """The participation schema of the run (min_sep without a cap: k = ⌈n/b⌉)."""
   return config.schema()
-
-
-def amplified(config: TrainingConfig) -> bool:
-  """Whether an amplified analysis applies: min_sep Poisson sampling with p < 1, no binding cap."""
-  if config.participation != "min_sep" or config.sampling_prob >= 1.0:
-    return False
-  fit = -(-config.total_rounds // config.min_sep)
-  return config.max_participations is None or config.max_participations >= fit
 
 
 def sampling_secret(config: TrainingConfig, noise_seed: Optional[int]) -> int:
@@ -80,161 +47,6 @@ def sampling_secret(config: TrainingConfig, noise_seed: Optional[int]) -> int:
   seed = int(config.noise_seed if config.noise_seed is not None else noise_seed)
   digest = hashlib.sha256(f"tff_mf {config.participation} sampling {seed}".encode()).digest()
   return int.from_bytes(digest[:8], "little") >> 1
-
-
-def encoder(config: TrainingConfig, factorization) -> np.ndarray:
-  """C the mechanism adds unit-multiplier noise for: z·C's rows are what the run adds.
-
-  Matrix mechanisms: the factorization's C (γ(C) = 1); TFF's tree: C_T/√levels; TFF's
-  gaussian_fixed: C = I — the encoders of ``tff_mf.mechanisms`` (where they are stated
-  once, with the reason), which ``training.mechanisms.resolve_privacy`` reads from the
-  resolved mechanism.
-  """
-  if factorization is not None:
-    return np.asarray(factorization.c, np.float64)
-  from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
-  from tff_mf import registry  # pylint: disable=g-import-not-at-top
-  mechanism = registry.mechanism(config.canonical_mechanism)
-  if mechanism.noise != "tff_tree":
-    raise TrainingError(f"--mechanism={config.mechanism} has no encoder to account for")
-  return mechanisms.tree_encoder(config.total_rounds)
-
-
-def _amplification(config: TrainingConfig, c: np.ndarray) -> str:
-  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  return "banded" if accounting.band_count(c) <= config.min_sep else "mmcc"
-
-
-def _candidate(record: Dict[str, Any]) -> Dict[str, Any]:
-  return {"analysis": record["analysis"], "epsilon": record["epsilon"],
-          "sensitivity": record.get("sensitivity"), "accountant": record.get("accountant")}
-
-
-def _unamplified(config: TrainingConfig, c: np.ndarray, z: float) -> Dict[str, Any]:
-  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  return accounting.epsilon_for(c, schema(config), z, config.delta, None,
-                                accountant=config.accountant)
-
-
-def _amplified(config: TrainingConfig, c: np.ndarray, z: float,
-               target: Optional[float] = None) -> Tuple[Optional[Dict[str, Any]], str]:
-  """(record, note): the amplified analysis at z (or calibrated to ``target``)."""
-  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  analysis = _amplification(config, c)
-  try:
-    if target is not None:
-      record = accounting.calibrate(c, schema(config), target, config.delta, analysis,
-                                    config.sampling_prob, config.accountant,
-                                    mmcc_options=MMCC_OPTIONS)
-    else:
-      record = accounting.epsilon_for(c, schema(config), z, config.delta, analysis,
-                                      config.sampling_prob, config.accountant,
-                                      mmcc_options=MMCC_OPTIONS)
-  except ValueError as e:  # AccountingError, CheckError: the analysis does not apply
-    return None, f"{analysis} analysis not applicable: {' '.join(str(e).split())}"
-  return record, ""
-
-
-def guarantee(config: TrainingConfig, c: np.ndarray) -> Tuple[float, Dict[str, Any]]:
-  """(z, record): the noise multiplier (given or calibrated) and the run's ε record.
-
-  The record holds the reported bound (``epsilon``, ``analysis``, ``theorem``,
-  ``sensitivity``...), every ``candidates`` bound computed, and ``notes``.
-  """
-  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  target = config.target_epsilon
-  notes: List[str] = []
-  if config.adaptive_clipping:
-    return _adaptive_guarantee(config, c)
-  try:
-    if amplified(config):
-      record, note = _amplified(config, c, config.noise_multiplier, target)
-      if record is not None:
-        z = float(record["noise_multiplier"])
-      else:
-        notes.append(note)
-        z = float(config.noise_multiplier) if target is None else float(accounting.calibrate(
-            c, schema(config), target, config.delta, None,
-            accountant=config.accountant)["noise_multiplier"])
-      plain = _unamplified(config, c, z)
-      candidates = [plain] + ([record] if record is not None else [])
-    else:
-      if target is not None:
-        plain = accounting.calibrate(c, schema(config), target, config.delta, None,
-                                     accountant=config.accountant)
-        z = float(plain["noise_multiplier"])
-      else:
-        z = float(config.noise_multiplier)
-        plain = _unamplified(config, c, z)
-      candidates = [plain]
-  except ValueError as e:
-    raise TrainingError(f"privacy accounting: {' '.join(str(e).split())}") from None
-  if config.participation == "balls_in_bins":
-    notes.append(f"balls_in_bins: {accounting.NO_BALLS_IN_BINS_AMPLIFICATION}")
-  best = dict(min(candidates, key=lambda r: r["epsilon"]))
-  best.update(candidates=[_candidate(r) for r in candidates], notes=notes,
-              analysis_label=ANALYSIS_LABELS[best["analysis"]],
-              **_unamplified_fields(best, plain))
-  if target is not None:
-    best["target_epsilon"] = float(target)
-    if not best["epsilon"] <= target:
-      raise TrainingError(f"calibration gave epsilon {best['epsilon']} above the target {target}")
-  best.pop("mmcc", None)  # per-row details: too large for summary.json
-  return z, best
-
-
-def _unamplified_fields(best: Dict[str, Any], plain: Dict[str, Any]) -> Dict[str, Any]:
-  """The unamplified Gaussian's sensitivity (what the aggregator calibrates its noise for),
-  when the reported bound is an amplified one: its ``sensitivity`` then means every
-  eligible round joined. Otherwise ``sensitivity`` is already that one (one field a meaning).
-  """
-  if best["analysis"] not in ("banded", "mmcc"):
-    return {}
-  return {"unamplified_sensitivity": plain["sensitivity"],
-          "unamplified_sensitivity_exact": plain["sensitivity_exact"],
-          "unamplified_sensitivity_method": plain["sensitivity_method"]}
-
-
-def _adaptive_guarantee(config: TrainingConfig, c: np.ndarray) -> Tuple[float, Dict[str, Any]]:
-  """(z, record) with adaptive clipping: the MF Gaussian and the count queries composed.
-
-  μ² = (sens/z)² + k·(½/σ_b)² (``tff_mf.adaptive_clipping``); no amplification is claimed
-  for the count queries, so min_sep Poisson runs report this unamplified bound.
-  """
-  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  from tff_mf import adaptive_clipping  # pylint: disable=g-import-not-at-top
-  s = schema(config)
-  k = s.max_participations_in(config.total_rounds)
-  adaptive = adaptive_clipping.AdaptiveClipping(
-      config.target_quantile, config.initial_clip_norm, config.clip_learning_rate,
-      config.clipped_count_stddev).checked(config.clients_per_round)
-  sigma_b = adaptive.clipped_count_stddev
-  try:
-    sens = accounting.sensitivity_report(c, s)["value"]
-    if config.target_epsilon is not None:
-      total = accounting.calibrate_noise_multiplier(config.target_epsilon, config.delta,
-                                                    config.accountant)
-      z = adaptive_clipping.value_noise_multiplier(total, sens, sigma_b, k)
-    else:
-      z = float(config.noise_multiplier)
-    plain = _unamplified(config, c, z)
-    total = adaptive_clipping.combined_noise_multiplier(z, sens, sigma_b, k)
-    eps = math.inf if total == 0.0 else accounting.epsilon(total, config.delta,
-                                                           config.accountant)
-  except ValueError as e:
-    raise TrainingError(f"privacy accounting: {' '.join(str(e).split())}") from None
-  record = dict(plain, epsilon=eps, analysis="adaptive", noise_multiplier=z,
-                effective_noise_multiplier=total, count_participations=k,
-                clipped_count_stddev=sigma_b)
-  record.update(candidates=[_candidate(record)], analysis_label=ANALYSIS_LABELS["adaptive"],
-                notes=["adaptive clipping: the count queries are accounted without "
-                       "amplification"] if amplified(config) else [])
-  if config.target_epsilon is not None:
-    record["target_epsilon"] = float(config.target_epsilon)
-    if not eps <= config.target_epsilon:
-      raise TrainingError(f"calibration gave epsilon {eps} above the target "
-                          f"{config.target_epsilon}")
-  return z, record
 
 
 # ----------------------------------------------------------------------------- ε per round
@@ -356,19 +168,6 @@ def without_epsilons(value, key: str = ""):
       isinstance(value, (int, float)) or value in ("inf", "-inf")):
     return None
   return value
-
-
-def check_against_mechanism(z: float, record: Dict[str, Any], info: Dict[str, Any]) -> None:
-  """The aggregator's z / sens (from its own C and schema) equals the accountant's."""
-  mechanism_value = info.get("effective_noise_multiplier_value",
-                             info.get("effective_noise_multiplier"))
-  if mechanism_value is None:
-    return
-  accountant_value = z / record.get("unamplified_sensitivity", record["sensitivity"])
-  if not math.isclose(mechanism_value, accountant_value, rel_tol=SENSITIVITY_RTOL):
-    raise TrainingError(
-        f"the aggregator adds noise for z / sensitivity = {mechanism_value:.12g}, the accountant "
-        f"computed {accountant_value:.12g}; refusing to report an epsilon for another C")
 
 
 # ----------------------------------------------------------------------------- DpEvents

@@ -97,7 +97,7 @@ def compare(runs: Dict[str, Dict[int, dict]], baseline: str, leading: str = "los
     entry.update(epsilon=[by_seed[s]["epsilon"] for s in seeds],
                  analysis=first.get("analysis"), noise_multiplier=first["noise_multiplier"],
                  sensitivity=(first.get("privacy") or {}).get("sensitivity"),
-                 sqrt_loss=first.get("sqrt_loss"),
+                 single_participation_sqrt_loss=first.get("single_participation_sqrt_loss"),
                  wall_seconds=[by_seed[s]["wall_seconds"] for s in seeds])
     out[mechanism] = entry
   return {"seeds": seeds, "baseline": baseline, "leading_metric": leading,

@@ -199,7 +199,28 @@ class FixedEpochSampler(_Sampler):
     return list(chosen), list(loaded), skipped
 
 
-class CyclicPoissonSampler(_Sampler):
+class _SecretSampler(_Sampler):
+  """A sampler whose draws come from the run's secret sampling seed (never stored beside the
+  model), counting each client's participations in ``counts`` (checkpointed)."""
+
+  def __init__(self, client_ids: Sequence[str], seed: int, secret: int):
+    super().__init__(client_ids, seed)
+    if secret < 0:
+      raise TrainingError(f"{self.kind} sampling needs its secret sampling seed")
+    self.secret = int(secret)
+    self.counts = np.zeros(len(self.client_ids), np.int64)
+
+  def state(self):
+    out = super().state()
+    out["counts"] = self.counts.copy()
+    return out
+
+  def restore(self, state) -> None:
+    super().restore(state)
+    self.counts = np.asarray(state["counts"], np.int64).copy()
+
+
+class CyclicPoissonSampler(_SecretSampler):
   """Cyclic Poisson: residue classes mod b (from ``seed``), Poisson coins of probability p in
   each eligible round (the b-min-sep schema's sampler, arXiv:2306.08153 Sec 4).
 
@@ -211,27 +232,14 @@ class CyclicPoissonSampler(_Sampler):
 
   def __init__(self, client_ids: Sequence[str], seed: int, min_sep: int, sampling_prob: float,
                secret: int, max_participations: Optional[int] = None):
-    super().__init__(client_ids, seed)
-    if secret < 0:
-      raise TrainingError("min_sep sampling needs its secret sampling seed")
+    super().__init__(client_ids, seed, secret)
     self.min_sep = int(min_sep)
     self.sampling_prob = float(sampling_prob)
-    self.secret = int(secret)
     self.max_participations = max_participations
     residue = np.empty(len(self.client_ids), np.int64)
     residue[self.order] = np.arange(len(self.client_ids)) % self.min_sep
     self.residue = residue
     self.members = [np.sort(np.flatnonzero(residue == r)) for r in range(self.min_sep)]
-    self.counts = np.zeros(len(self.client_ids), np.int64)
-
-  def state(self):
-    out = super().state()
-    out["counts"] = self.counts.copy()
-    return out
-
-  def restore(self, state) -> None:
-    super().restore(state)
-    self.counts = np.asarray(state["counts"], np.int64).copy()
 
   def coins(self, round_num: int) -> np.ndarray:
     """Indices of the class of round ``round_num`` whose coin came up (cap not applied)."""
@@ -258,7 +266,7 @@ MinSepSampler = CyclicPoissonSampler  # the schema's name
 BALLS_IN_BINS_STREAM = 0xB1B
 
 
-class BallsInBinsSampler(_Sampler):
+class BallsInBinsSampler(_SecretSampler):
   """Balls in bins (Chua et al. 2024, arXiv:2412.16802): one uniform round per client and epoch.
 
   The n = k·b rounds form k epochs of b rounds. In epoch e, client i (in sorted id
@@ -271,26 +279,13 @@ class BallsInBinsSampler(_Sampler):
 
   def __init__(self, client_ids: Sequence[str], seed: int, total_rounds: int, epochs: int,
                secret: int):
-    super().__init__(client_ids, seed)
-    if secret < 0:
-      raise TrainingError("balls_in_bins sampling needs its secret sampling seed")
+    super().__init__(client_ids, seed, secret)
     if total_rounds % epochs:
       raise TrainingError(f"--epochs={epochs} must divide --total_rounds={total_rounds}")
     self.total_rounds = int(total_rounds)
     self.epochs = int(epochs)
     self.rounds_per_epoch = self.total_rounds // self.epochs
-    self.secret = int(secret)
-    self.counts = np.zeros(len(self.client_ids), np.int64)
     self._slots: Dict[int, np.ndarray] = {}
-
-  def state(self):
-    out = super().state()
-    out["counts"] = self.counts.copy()
-    return out
-
-  def restore(self, state) -> None:
-    super().restore(state)
-    self.counts = np.asarray(state["counts"], np.int64).copy()
 
   def slots(self, epoch: int) -> np.ndarray:
     """u: each client's round within epoch ``epoch`` (0-based), uniform on [0, b)."""

@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         size = None if r["bytes"] is None else r["bytes"] / 1e6
         print(f"{strategy:<24} {workload:<16} {_fmt(r['n'], 'd'):>6} "
               f"{r.get('participation') or '-':<18} {_fmt(r['rmse'], '.4g'):>9} "
-              f"{_fmt(r['sqrt_loss'], '.4f'):>10} {_fmt(size, '.1f'):>8}  {r['directory']}")
+              f"{_fmt(r['single_participation_sqrt_loss'], '.4f'):>10} "
+              f"{_fmt(size, '.1f'):>8}  {r['directory']}")
     return 0
   results = cache.verify(args.cache_dir, full_check=not args.quick)
   bad = [r for r in results if not r["ok"]]

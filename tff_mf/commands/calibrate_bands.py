@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from tff_mf import clitools
+
 
 def register(subparsers) -> None:
   parser = subparsers.add_parser(
@@ -34,8 +36,7 @@ def register(subparsers) -> None:
                       default="banded_toeplitz",
                       help="the banded family factorized (default: banded_toeplitz, the family "
                            "jax_privacy optimizes)")
-  parser.add_argument("--cache_dir", default=None,
-                      help="cache directory (default: $TFF_MF_CACHE or ~/.cache/tff_mf)")
+  clitools.add_cache_dir_flag(parser)
   parser.add_argument("--tolerance", type=float, default=1e-3,
                       help="relative tolerance of each z (default: 1e-3)")
   parser.add_argument("--json", action="store_true", help="print JSON (default: off)")

@@ -179,8 +179,10 @@ def result_record(f, entry) -> dict:
       "strategy": f.strategy, "workload": md.get("spec", {}).get("workload"), "n": f.n,
       "m": f.m, "participation": md.get("participation"), "sensitivity": md.get("sensitivity"),
       "sensitivity_exact": md.get("info", {}).get("sensitivity_exact"),
-      "rmse": md.get("rmse"), "max_error": md.get("max_error"), "sqrt_loss": f.sqrt_loss,
-      "loss": f.loss, "relative_gap": md.get("relative_gap"), "iterations": md.get("iterations"),
+      "rmse": md.get("rmse"), "max_error": md.get("max_error"),
+      "single_participation_sqrt_loss": f.single_participation_sqrt_loss,
+      "single_participation_loss": f.single_participation_loss,
+      "relative_gap": md.get("relative_gap"), "iterations": md.get("iterations"),
       "seconds": md.get("seconds"),
       # Entries written before the rename call γ "sensitivity_before_normalization".
       "gamma_before_normalization": md.get("gamma_before_normalization",
@@ -256,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
       f"{'' if record['sensitivity_exact'] else ' (upper bound)'}",
       f"  rmse           {record['rmse']:.6g}",
       f"  max_error      {record['max_error']:.6g}",
-      f"  sqrt(L)        {f.sqrt_loss:.4f}",
+      f"  sqrt(L)        {f.single_participation_sqrt_loss:.4f}",
   ]
   for key, value in record["outcome"]["returned"].items():
     lines.append(f"  {key:<14} {value}")

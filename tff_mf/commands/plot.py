@@ -35,9 +35,11 @@ def make_plots(output_dir: str, n: int, momentum: Optional[float] = None,
   full = _factorization(prefix, "honaker_full", cache_dir)
   opt = _factorization(prefix, "optimal", cache_dir)
   paths.append(plots.plot_per_round_variance(
-      {f"Honaker Online (√L={online.sqrt_loss:.1f})": online.per_round_variance(),
-       f"Honaker Full (√L={full.sqrt_loss:.1f})": full.per_round_variance(),
-       f"Opt Prefix Sum (√L={opt.sqrt_loss:.1f})": opt.per_round_variance()},
+      {f"Honaker Online (√L={online.single_participation_sqrt_loss:.1f})":
+           online.per_round_variance(),
+       f"Honaker Full (√L={full.single_participation_sqrt_loss:.1f})":
+           full.per_round_variance(),
+       f"Opt Prefix Sum (√L={opt.single_participation_sqrt_loss:.1f})": opt.per_round_variance()},
       os.path.join(output_dir, f"variance_prefix_sum_n{n}.png"),
       f"Per-round squared error, prefix sums, n={n} (Denisov Fig 1 left)"))
   paths.append(plots.plot_heatmaps(
@@ -53,7 +55,7 @@ def make_plots(output_dir: str, n: int, momentum: Optional[float] = None,
     curves = {}
     for label, f in (("Honaker Online", m_online), ("Honaker Full", m_full),
                      ("Opt Prefix Sum", post), ("Optimal M = BC", m_opt)):
-      curves[f"{label} (√L={f.sqrt_loss:.1f})"] = f.per_round_variance()
+      curves[f"{label} (√L={f.single_participation_sqrt_loss:.1f})"] = f.per_round_variance()
     paths.append(plots.plot_per_round_variance(
         curves, os.path.join(output_dir, f"variance_momentum{momentum:g}_n{n}.png"),
         f"Per-round squared error, momentum β={momentum:g}, n={n} (Denisov Fig 1 right)",

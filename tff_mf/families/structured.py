@@ -281,7 +281,7 @@ def fit(a: np.ndarray, bands: int, rank: int, progress: bool = False,
 
 def _sqrt_loss(b: np.ndarray, c: np.ndarray) -> float:
   from tff_mf import factorization as fz  # pylint: disable=g-import-not-at-top
-  return fz.sqrt_loss(b, c)
+  return fz.single_participation_sqrt_loss(b, c)
 
 
 def decoder(diagonals: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -397,7 +397,7 @@ def factorize(a: np.ndarray, spec, context) -> "FamilyResult":
     for key in ("relative_gap", "iterations", "converged", "dual_lower_bound"):
       if key in optimal_f.info:
         optimal_info[f"optimal_{key}"] = optimal_f.info[key]
-    optimal_info["optimal_sqrt_loss"] = optimal_f.sqrt_loss
+    optimal_info["optimal_sqrt_loss"] = optimal_f.single_participation_sqrt_loss
   result = fit(a, bands=spec.bands, rank=spec.rank, b_opt=b_opt,
                progress=bool(context and context.progress), target_gap=spec.target_gap,
                max_iterations=spec.max_iterations, allow_unconverged=spec.allow_unconverged)

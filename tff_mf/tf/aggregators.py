@@ -55,7 +55,7 @@ class MechanismSetup:
     factorization: the normalized A = B·C for the training workload (None for TFF's
       tree and for ``none``).
     noise: the ``StreamingNoise`` the query adds (None for TFF's baselines and ``none``).
-    sqrt_loss: √L(B, C) (Denisov Eq. 2), or None.
+    single_participation_sqrt_loss: √L(B, C) (Denisov Eq. 2), or None.
     info: JSON-ready description (mechanism, participation, sensitivity, the
       effective noise multiplier, the cache entry, ...).
     mechanism: the numpy ``tff_mf.mechanisms.Resolved`` the TFF objects were built from
@@ -66,7 +66,7 @@ class MechanismSetup:
   server_optimizer: Any
   factorization: Optional[fz.Factorization]
   noise: Optional[noise_lib.StreamingNoise]
-  sqrt_loss: Optional[float]
+  single_participation_sqrt_loss: Optional[float]
   info: Dict[str, Any]
   mechanism: Optional[mechanisms.Resolved] = None
   privacy: Optional[mechanisms.PrivacyRecord] = None
@@ -260,7 +260,7 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
                     initial_clip_norm: float = adaptive_clipping.DEFAULT_INITIAL_CLIP_NORM,
                     clip_learning_rate: float = adaptive_clipping.DEFAULT_LEARNING_RATE,
                     clipped_count_stddev: Optional[float] = None,
-                    noise_stream: str = "auto",
+                    noise_stream: str = "auto", sampling_prob: Optional[float] = None,
                     _resolve_only: bool = False) -> MechanismSetup:
   """Aggregator + server optimizer for a registry mechanism (any accepted spelling).
 
@@ -280,6 +280,10 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
   multiplier; ε covers the MF noise and the count queries together, and a target ε is
   split between them as TFF splits it (the count's σ_b fixed, z takes the rest).
   ``noise_stream``: one of ``NOISE_STREAMS`` (same noise C⁻¹·Z, different state).
+  ``sampling_prob``: under min_sep participation, the probability p < 1 that a client joins
+  each round it is eligible for (cyclic Poisson sampling): ε is then also bounded with
+  amplification (banded or MMCC), z calibrated with it, and the smaller bound reported
+  (``tff_mf.mechanisms.run_privacy``). ``setup.privacy`` is the record a run writes.
   """
   cfg = _config(mechanism, total_rounds, (noise_multiplier, target_epsilon, delta, accountant),
                 clients_per_round, clip_norm, server_learning_rate, momentum, lr_schedule,
@@ -293,6 +297,29 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
     return resolved
   etas = workloads.learning_rates(cfg.n, cfg.lr_schedule, cfg.schedule_rounds)
   server_optimizer = build_server_optimizer(cfg.server_learning_rate, cfg.momentum, etas)
+  info = _setup_info(cfg, resolved)
+  record = mechanisms.privacy(resolved, cfg.noise_multiplier, cfg.target_epsilon, cfg.delta,
+                              cfg.accountant, sampling_prob=sampling_prob,
+                              adaptive=cfg.adaptive, mmcc_options=MMCC_OPTIONS)
+  if record.private:
+    cfg = dataclasses.replace(cfg, noise_multiplier=record.noise_multiplier)
+  info.update(record.info(cfg.clip_norm))
+  if cfg.adaptive is not None:
+    info.update(_adaptive_info(cfg, resolved))
+  factory, noise = _BUILDERS[cfg.mechanism.noise](cfg, resolved, info)
+  f = resolved.factorization
+  if f is not None:
+    info.update(strategy=f.strategy,
+                single_participation_sqrt_loss=f.single_participation_sqrt_loss)
+  return MechanismSetup(
+      aggregation_factory=DPAggregatorFactory(factory, cfg.mechanism.name),
+      server_optimizer=server_optimizer, factorization=f, noise=noise,
+      single_participation_sqrt_loss=None if f is None else f.single_participation_sqrt_loss,
+      info=info, mechanism=resolved, privacy=record)
+
+
+def _setup_info(cfg: MechanismConfig, resolved: mechanisms.Resolved) -> Dict[str, Any]:
+  """The JSON-ready description of the mechanism asked for and resolved (no seed)."""
   info: Dict[str, Any] = {
       "mechanism": cfg.mechanism.name, "label": cfg.mechanism.label, "total_rounds": cfg.n,
       "clients_per_round": cfg.clients_per_round, "clip_norm": cfg.clip_norm,
@@ -306,25 +333,12 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
   if cfg.adaptive is not None:
     info["adaptive_clipping"] = cfg.adaptive.as_dict()
   info.update(resolved.info)
-  if cfg.adaptive is None:
-    record = mechanisms.privacy(resolved, cfg.noise_multiplier, cfg.target_epsilon, cfg.delta,
-                                cfg.accountant)
-  else:
-    record = _adaptive_record(cfg, resolved)
-  if record.private:
-    cfg = dataclasses.replace(cfg, noise_multiplier=record.noise_multiplier)
-  info.update(record.info(cfg.clip_norm))
-  if cfg.adaptive is not None:
-    info.update(_adaptive_info(cfg, resolved))
-  factory, noise = _BUILDERS[cfg.mechanism.noise](cfg, resolved, info)
-  f = resolved.factorization
-  if f is not None:
-    info.update(strategy=f.strategy, sqrt_loss=f.sqrt_loss)
-  return MechanismSetup(aggregation_factory=DPAggregatorFactory(factory, cfg.mechanism.name),
-                        server_optimizer=server_optimizer, factorization=f, noise=noise,
-                        sqrt_loss=None if f is None else f.sqrt_loss, info=info,
-                        mechanism=resolved, privacy=record)
+  return info
 
+
+# MMCC in this process only: no forked workers inside a process that runs TensorFlow and
+# TFF's gRPC threads.
+MMCC_OPTIONS = {"workers": 1}
 
 # How a linear-noise mechanism produces C⁻¹·Z: "stateful" runs the family's recurrence and
 # carries its k model-sized state rows between rounds; "stateless" regenerates the rows of Z
@@ -369,33 +383,6 @@ def _resolved(cfg: MechanismConfig,
                             f"{resolved.workload}, {resolved.participation.describe()}) is not "
                             f"the one asked for ({cfg.mechanism.name})")
   return resolved
-
-
-def _adaptive_record(cfg: MechanismConfig, resolved: mechanisms.Resolved):
-  """The privacy record of an adaptively clipped run: one Gaussian at 1/μ.
-
-  μ² = (sens/z)² + k·(½/σ_b)², k the most participations of one client under the schema
-  (``tff_mf.adaptive_clipping``). A target ε fixes 1/μ; σ_b keeps its value and z takes
-  the rest of the budget. ``noise_multiplier`` is z of the MF noise.
-  """
-  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  k = cfg.participation.max_participations_in(cfg.n)
-  sigma_b, sens = cfg.adaptive.clipped_count_stddev, resolved.sensitivity
-  if cfg.noise_multiplier is None:
-    total = accounting.calibrate_noise_multiplier(cfg.target_epsilon, cfg.delta, cfg.accountant)
-    z = adaptive_clipping.value_noise_multiplier(total, sens, sigma_b, k)
-  else:
-    z = cfg.noise_multiplier
-  total = adaptive_clipping.combined_noise_multiplier(z, sens, sigma_b, k)
-  eps = None
-  if cfg.delta is not None:
-    eps = math.inf if total == 0.0 else accounting.epsilon(total, cfg.delta, cfg.accountant)
-  return mechanisms.PrivacyRecord(
-      private=True, noise_multiplier=float(z), sensitivity=sens, delta=cfg.delta,
-      accountant=cfg.accountant if cfg.delta is not None else None, epsilon=eps,
-      target_epsilon=cfg.target_epsilon,
-      analysis="MF Gaussian at z/sens composed with the clip-norm count queries "
-               "(sqrt(k)/2 per sigma_b): one Gaussian at 1/mu, without amplification")
 
 
 def _adaptive_info(cfg: MechanismConfig, resolved: mechanisms.Resolved) -> Dict[str, Any]:
