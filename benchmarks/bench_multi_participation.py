@@ -51,10 +51,12 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 from tff_mf import dense_fixed_epoch  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf import participation  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_mf import toeplitz_ops  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_mf import workloads  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_mf.families import banded  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_mf.families import blt  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.families import square_root  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_mf.families import toeplitz  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_mf.families import tree  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -136,6 +138,57 @@ def tree_rmse(n: int, k: int) -> Dict[str, Any]:
           "max_error": sens["sensitivity"] * math.sqrt(np.max(rows)), **sens}
 
 
+def score_inverse_taps(taps, n: int, min_sep: Optional[int], k: int) -> Dict[str, Any]:
+  """rmse, max error and sensitivity of the Toeplitz C whose C⁻¹ has the taps h (C = T(1/h))."""
+  h = toeplitz_ops.padded(np.asarray(taps, dtype=np.float64), n)
+  c = toeplitz_ops.inverse_column(h, n)
+  sens = toeplitz_ops.min_sep_sensitivity(c, n, min_sep, k)
+  out = toeplitz_ops.evaluate_inverse_column(h, sens, toeplitz_ops.workload_operator(n))
+  out["sensitivity_exact"] = toeplitz_ops.sensitivity_is_exact(c, n, min_sep, k)
+  return out
+
+
+def square_root_rmse(n: int, bands: int, min_sep: int, k: int) -> Dict[str, float]:
+  """rmse of tff-mf's BSR, BISR and BandInvMF with ``bands`` taps, and of λCGD, under
+  k participations ``min_sep`` apart (prefix sums; no dense matrices)."""
+  column = np.ones(n)
+  schema = participation.min_sep(min_sep, k)
+  taps, _ = square_root.optimize_banded_inverse_taps(column, bands, schema)
+  lam = float(square_root.optimal_lambda(column, schema).x)
+  return {
+      "BSR": toeplitz_ops.evaluate(square_root.series_sqrt(column[:bands]), n, None, min_sep,
+                                   k)["rmse"],
+      "BISR": score_inverse_taps(square_root.bisr_taps(column, bands), n, min_sep, k)["rmse"],
+      "BandInvMF": score_inverse_taps(taps, n, min_sep, k)["rmse"],
+      "λCGD": score_inverse_taps([1.0, -lam], n, min_sep, k)["rmse"],
+  }
+
+
+def bands_figure(n: int, k: int) -> Dict[str, Any]:
+  """rmse against the noise memory at n rounds, k participations n/k apart: b − 1 rows of Z
+  for b bands of C or taps of C⁻¹ (b = 1, 2, 4, …, n/k), m for BLT with m buffers."""
+  sep = n // k
+  bands = [2 ** j for j in range(int(np.log2(sep)) + 1)]
+  curves: Dict[str, List[float]] = {}
+  for b in bands:
+    values = square_root_rmse(n, b, sep, k)
+    for name in ("BSR", "BISR", "BandInvMF"):
+      curves.setdefault(f"{name} (b bands of {'C' if name == 'BSR' else 'C⁻¹'})",
+                        []).append(values[name])
+    curves.setdefault("banded Toeplitz (b bands of C)", []).append(
+        toeplitz.optimize(n, b, min_sep=sep, max_participations=k, dense=False).info["rmse"]
+        if b > 1 else values["BISR"])
+  one = square_root_rmse(n, 2, sep, k)
+  auto = blt.optimize_buffers(n, min_sep=sep, max_participations=k, dense=False).info
+  dense = evaluate_dense(ours_fixed_epoch(n, k)["c"], _schema("fixed_epoch", k))["rmse"]
+  return {"n": n, "k": k, "min_sep": sep, "bands": bands,
+          "memory": [b - 1 for b in bands], "curves": curves,
+          "points": {"λCGD (1 row)": [1, one["λCGD"]],
+                     f"BLT ({auto['buffers']} buffers)": [auto["buffers"], auto["rmse"]]},
+          "lines": {"DP-SGD (C = I, no memory)": curves["BISR (b bands of C⁻¹)"][0],
+                    f"optimal fixed-epoch (dense, {n} rows)": dense}}
+
+
 # ----------------------------------------------------------------------------- ours
 
 
@@ -158,6 +211,29 @@ def ours_banded(n: int, bands: int) -> Dict[str, Any]:
 # ----------------------------------------------------------------------------- peer
 
 
+def peer_process(peer_python: str, tasks: List[Dict[str, Any]], budget_s: float, tmp: str):
+  """One peer process on the tasks (arrays to ``tmp``/<id>.npz), killed at ``budget_s``.
+
+  Returns (its JSON lines: the jax version, then one per finished task; whether it was
+  stopped at the budget).
+  """
+  task_path = os.path.join(tmp, "tasks.json")
+  with open(task_path, "w", encoding="utf-8") as f:
+    json.dump(tasks, f)
+  cmd = [peer_python, PEER_SCRIPT, task_path, tmp]
+  _log(f"peer: {len(tasks)} task(s), budget {budget_s:.0f} s: {' '.join(cmd)}")
+  stopped = False
+  with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu")) as proc:
+    try:
+      stdout, _ = proc.communicate(timeout=budget_s)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      stdout, _ = proc.communicate()
+      stopped = True
+  return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")], stopped
+
+
 def run_peer(peer_python: str, tasks: List[Dict[str, Any]], budget_s: float):
   """Runs the tasks in order in the peer interpreter, stopping at the time budget.
 
@@ -168,22 +244,9 @@ def run_peer(peer_python: str, tasks: List[Dict[str, Any]], budget_s: float):
     return {}, {}, "no peer tasks"
   if not os.path.exists(peer_python):
     return {}, {}, f"peer interpreter {peer_python} not found (jax-privacy not installed)"
-  note = ""
   with tempfile.TemporaryDirectory() as tmp:
-    task_path = os.path.join(tmp, "tasks.json")
-    with open(task_path, "w") as f:
-      json.dump(tasks, f)
-    cmd = [peer_python, PEER_SCRIPT, task_path, tmp]
-    _log(f"peer: {len(tasks)} task(s), budget {budget_s:.0f} s: {' '.join(cmd)}")
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
-                          env=dict(os.environ, JAX_PLATFORMS="cpu")) as proc:
-      try:
-        stdout, _ = proc.communicate(timeout=budget_s)
-      except subprocess.TimeoutExpired:
-        proc.kill()
-        stdout, _ = proc.communicate()
-        note = f"; stopped at its {budget_s:.0f} s budget"
-    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    lines, stopped = peer_process(peer_python, tasks, budget_s, tmp)
+    note = f"; stopped at its {budget_s:.0f} s budget" if stopped else ""
     jax_version = lines[0].get("jax", "?") if lines else "?"
     meta = {entry["id"]: entry for entry in lines[1:]}
     arrays = {}
@@ -221,22 +284,20 @@ def _row(pair, config, ours, theirs, note=""):
 def _settings(args) -> Dict[str, Any]:
   """Sizes of one run: full, --quick, or --smoke (seconds; a check that the script runs)."""
   if args.smoke:
-    return {"sizes": [32], "ks": [2], "seps": [8], "fig_ks": [1, 2],
+    return {"sizes": [32], "ks": [2], "seps": [8], "fig_ks": [1, 2], "fig_b_k": 4,
             "timing_n": 256, "timing_cases": ((16, None, None), (8, 8, 4)),
             "blt_timing_cases": ((2, None, None), (2, 16, 4))}
   return {"sizes": [512] if args.quick else [512, 1024], "ks": [4, 8],
           "seps": [64] if args.quick else [32, 64, 128],
-          "fig_ks": [1, 2, 4, 8] if args.quick else [1, 2, 4, 8, 16],
+          "fig_ks": [1, 2, 4, 8] if args.quick else [1, 2, 4, 8, 16], "fig_b_k": 8,
           "timing_n": 10_000,
           "timing_cases": ((16, None, None), (64, None, None), (64, 64, 16), (64, 32, 32)),
           "blt_timing_cases": ((4, None, None), (8, None, None), (4, 625, 16), (8, 625, 16))}
 
 
-def run(args) -> Dict[str, Any]:
-  settings = _settings(args)
-  sizes, ks, seps, fig_ks = (settings["sizes"], settings["ks"], settings["seps"],
-                             settings["fig_ks"])
-  fig_n = args.figure_n
+def run_table(args, settings) -> Dict[str, Any]:
+  """The side-by-side rows and tff-mf's optimization times."""
+  sizes, ks, seps = settings["sizes"], settings["ks"], settings["seps"]
   # Peer tasks in priority order (a run stopped at its budget keeps the first ones).
   tasks: List[Dict[str, Any]] = []
   for n in sizes:
@@ -353,7 +414,11 @@ def run(args) -> Dict[str, Any]:
                     "iterations": info["iterations"], "converged": info["converged"]})
   for t in timings:
     _log(f"timing {t}")
+  return {"rows": rows, "timings": timings, "peer": peer_note}
 
+
+def figure_k(fig_n: int, fig_ks: List[int]) -> Dict[str, Any]:
+  """rmse against k at n = fig_n (k epochs of n/k rounds; b = n/k where banded)."""
   figure = {"n": fig_n, "k": fig_ks, "curves": {}}
   curves = figure["curves"]
   for k in fig_ks:
@@ -369,33 +434,67 @@ def run(args) -> Dict[str, Any]:
         evaluate_dense(ours_banded(fig_n, sep)["c"], _schema("min_sep", k, sep))["rmse"])
     curves.setdefault("optimal fixed-epoch (tff-mf)", []).append(
         evaluate_dense(ours_fixed_epoch(fig_n, k)["c"], _schema("fixed_epoch", k))["rmse"])
-  return {"rows": rows, "figure": figure, "timings": timings, "peer": peer_note}
+    extra = square_root_rmse(fig_n, sep, sep, k)
+    for name in ("BSR", "BISR", "BandInvMF"):
+      curves.setdefault(f"{name}, b = n/k", []).append(extra[name])
+    curves.setdefault("λCGD (b = 1)", []).append(extra["λCGD"])
+  return figure
+
+
+def run(args) -> Dict[str, Any]:
+  settings = _settings(args)
+  result = run_table(args, settings)
+  result["figure"] = figure_k(args.figure_n, settings["fig_ks"])
+  result["figure_bands"] = bands_figure(args.figure_b_n, settings["fig_b_k"])
+  return result
 
 
 # ----------------------------------------------------------------------------- output
 
 
-def write_plot(figure, path):
+def write_plot(figure, path, figure_bands=None):
+  """rmse against k (left) and, when given, against the noise memory (right)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   import matplotlib.ticker  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(6.5, 4.5))
-  for (label, values), marker in zip(figure["curves"].items(), "osD^v"):
-    ax.plot(figure["k"], values, marker=marker, label=label)
-  ax.set_xscale("log", base=2)
-  ax.set_yscale("log")
-  ax.set_xticks(figure["k"])
-  ax.set_xticklabels([str(k) for k in figure["k"]])
+  panels = 2 if figure_bands else 1
+  fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 5.0), squeeze=False)
   plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
-  ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
-  ax.yaxis.set_major_formatter(plain)
-  ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+  def log_axes(ax, ticks):
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(t) for t in ticks])
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.grid(True, which="both", alpha=0.3)
+
+  ax = axes[0][0]
+  for (label, values), marker in zip(figure["curves"].items(), "osD^vPX*hp<>"):
+    ax.plot(figure["k"], values, marker=marker, label=label)
+  log_axes(ax, figure["k"])
   ax.set_xlabel("participations k (k epochs of n/k rounds)")
   ax.set_ylabel("rmse = sens·‖B‖_F/√n (prefix sums)")
   ax.set_title(f"Prefix sums, n = {figure['n']}: error vs participations")
-  ax.grid(True, which="both", alpha=0.3)
-  ax.legend()
+  ax.legend(fontsize=7)
+  if figure_bands:
+    ax = axes[0][1]
+    fb = figure_bands
+    for (label, values), marker in zip(fb["curves"].items(), "osD^v"):
+      ax.plot(fb["memory"][1:], values[1:], marker=marker, label=label)
+    for (label, (memory, value)), marker in zip(fb["points"].items(), "*P"):
+      ax.plot([memory], [value], marker=marker, markersize=12, linestyle="none", label=label)
+    for (label, value), style in zip(fb["lines"].items(), (":", "--")):
+      ax.axhline(value, color="gray", linestyle=style, label=label)
+    log_axes(ax, fb["memory"][1:])
+    ax.set_xlabel("noise memory: rows of Z kept (b − 1 for b bands or taps; m for m buffers)")
+    ax.set_ylabel("rmse = sens·‖B‖_F/√n (prefix sums)")
+    ax.set_title(f"n = {fb['n']}, k = {fb['k']} participations ≥ {fb['min_sep']} apart: "
+                 "error vs memory", fontsize=10)
+    ax.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
@@ -416,6 +515,63 @@ def _secs(row, side):
   if wall is None:
     return "—"
   return f"{wall:.2f} ({cpu:.2f})" if cpu is not None else f"{wall:.2f}"
+
+
+def summary_lines(rows) -> List[str]:
+  """Per pair: the range of rmse ratios ours/theirs and of time ratios theirs/ours."""
+  ratios, speed, lines = {}, {}, []
+  for r in rows:
+    if r.get("rmse_ratio") is not None:
+      ratios.setdefault(r["pair"], []).append(r["rmse_ratio"])
+      if r.get("ours_seconds") and r.get("theirs_seconds"):
+        speed.setdefault(r["pair"], []).append(r["theirs_seconds"] / r["ours_seconds"])
+  for pair, values in ratios.items():
+    times = speed.get(pair, [])
+    lines.append(f"- {pair}: rmse ratio ours/theirs from {min(values):.6f} to "
+                 f"{max(values):.6f} over {len(values)} configurations (no worse, to 1e-6: "
+                 f"{'yes' if max(values) <= 1 + 1e-6 else 'NO'})"
+                 + (f"; time ratio theirs/ours (wall, one call each) from {min(times):.3g} "
+                    f"to {max(times):.3g}, median {float(np.median(times)):.3g}" if times else "")
+                 + ".")
+  return lines
+
+
+def _value_table(column_names, curves) -> List[str]:
+  lines = ["| strategy | " + " | ".join(column_names) + " |",
+           "|---|" + "---|" * len(column_names)]
+  return lines + [f"| {label} | " + " | ".join(f"{v:.3f}" for v in values) + " |"
+                  for label, values in curves.items()]
+
+
+FIGURE_MARKER = "Figure: rmse against k"
+
+
+def figure_markdown(result, png_name) -> List[str]:
+  """The figures' captions and values (the section from ``FIGURE_MARKER`` on)."""
+  fig = result["figure"]
+  lines = [f"{FIGURE_MARKER} at n = {fig['n']} (k epochs of n/k rounds; the "
+           "banded Toeplitz, BLT, BSR, BISR, BandInvMF and λCGD strategies are optimized for "
+           "b = n/k min-sep, whose worst pattern for non-negative non-increasing coefficients "
+           "is a fixed-epoch pattern, so those curves use the same sensitivity; otherwise their "
+           "min-sep value is an upper bound). Binary tree: C_T with the streaming Honaker "
+           "decoder. BSR, BISR and BandInvMF have b = n/k bands of C or taps of C⁻¹; λCGD has "
+           "one row of noise memory. Values:", ""]
+  lines += _value_table([f"k = {k}" for k in fig["k"]], fig["curves"])
+  fb = result.get("figure_bands")
+  if fb:
+    lines += ["", f"Right panel: rmse against the noise memory at n = {fb['n']}, k = {fb['k']} "
+              f"participations at least {fb['min_sep']} rounds apart (prefix sums): b bands of "
+              "C (BSR, banded Toeplitz) or taps of C⁻¹ (BISR, BandInvMF) keep b − 1 rows of Z; "
+              "λCGD keeps 1 (or regenerates it from the seed), BLT with m buffers m, the dense "
+              "fixed-epoch optimum all n (its schema, k epochs of n/k rounds, is the min-sep "
+              "schema's worst case for the other strategies when their coefficients are "
+              "non-negative and non-increasing). Values:", ""]
+    lines += _value_table([f"b = {b}" for b in fb["bands"]], fb["curves"])
+    lines += [""] + [f"- {label}: memory {memory} rows, rmse {value:.3f}"
+                     for label, (memory, value) in fb["points"].items()]
+    lines += [f"- {label}: rmse {value:.3f}" for label, value in fb["lines"].items()]
+  lines += ["", f"![rmse vs participations and vs memory]({png_name})", ""]
+  return lines
 
 
 def write_markdown(result, path, png_name, command, load_before, load_after, total_seconds):
@@ -463,20 +619,7 @@ def write_markdown(result, path, png_name, command, load_before, load_after, tot
   notes = sorted({f"{r['pair']}: {r['note']}" for r in result["rows"] if r.get("note")})
   if notes:
     lines += ["Skipped or incomplete:", ""] + [f"- {note}" for note in notes] + [""]
-  ratios, speed = {}, {}
-  for r in result["rows"]:
-    if r.get("rmse_ratio") is not None:
-      ratios.setdefault(r["pair"], []).append(r["rmse_ratio"])
-      if r.get("ours_seconds") and r.get("theirs_seconds"):
-        speed.setdefault(r["pair"], []).append(r["theirs_seconds"] / r["ours_seconds"])
-  for pair, values in ratios.items():
-    times = speed.get(pair, [])
-    lines.append(f"- {pair}: rmse ratio ours/theirs from {min(values):.6f} to "
-                 f"{max(values):.6f} over {len(values)} configurations (no worse, to 1e-6: "
-                 f"{'yes' if max(values) <= 1 + 1e-6 else 'NO'})"
-                 + (f"; time ratio theirs/ours (wall, one call each) from {min(times):.3g} "
-                    f"to {max(times):.3g}, median {float(np.median(times)):.3g}" if times else "")
-                 + ".")
+  lines += summary_lines(result["rows"])
   timing_n = result["timings"][0]["n"] if result["timings"] else 0
   lines += ["", f"Optimization time at n = {timing_n} (prefix sums, tff-mf only; wall and CPU "
             "seconds "
@@ -488,19 +631,30 @@ def write_markdown(result, path, png_name, command, load_before, load_after, tot
     lines.append(f"| {t['family']} | {t['size']} | {schema} | {t['rmse']:.4f} | "
                  f"{t['iterations']} | {_fmt(t['converged'])} | {t['seconds']:.2f} | "
                  f"{t['cpu_seconds']:.2f} |")
-  fig = result["figure"]
-  lines += ["", f"Figure: rmse against k at n = {fig['n']} (k epochs of n/k rounds; the "
-            "banded Toeplitz and BLT strategies are optimized for b = n/k min-sep, whose worst "
-            "pattern for their non-negative non-increasing coefficients is a fixed-epoch "
-            "pattern, so all curves use the same sensitivity). Binary tree: C_T with the "
-            "streaming Honaker decoder. Values:", "",
-            "| strategy | " + " | ".join(f"k = {k}" for k in fig["k"]) + " |",
-            "|---|" + "---|" * len(fig["k"])]
-  for label, values in fig["curves"].items():
-    lines.append(f"| {label} | " + " | ".join(f"{v:.3f}" for v in values) + " |")
-  lines += ["", f"![rmse vs participations]({png_name})", ""]
+  lines += [""] + figure_markdown(result, png_name)
   with open(path, "w", encoding="utf-8") as f:
     f.write("\n".join(lines))
+
+
+def update_figures(args, json_path, png):
+  """Recomputes both figures into an earlier run's JSON, PNG and Markdown (rows kept)."""
+  settings = _settings(args)
+  with open(json_path, encoding="utf-8") as f:
+    stored = json.load(f)
+  start = time.perf_counter()
+  stored["figure"] = figure_k(args.figure_n, settings["fig_ks"])
+  stored["figure_bands"] = bands_figure(args.figure_b_n, settings["fig_b_k"])
+  stored["figure_seconds"] = time.perf_counter() - start
+  write_plot(stored["figure"], png, stored["figure_bands"])
+  with open(json_path, "w", encoding="utf-8") as f:
+    json.dump(stored, f, indent=1, default=float)
+  md = os.path.join(args.out_dir, f"{args.name}.md")
+  with open(md, encoding="utf-8") as f:
+    text = f.read()
+  head = text.split(FIGURE_MARKER)[0].rstrip("\n")
+  with open(md, "w", encoding="utf-8") as f:
+    f.write(head + "\n\n" + "\n".join(figure_markdown(stored, os.path.basename(png))))
+  _log(f"figures recomputed in {stored['figure_seconds'] / 60:.1f} min: {md}, {png}")
 
 
 def main(argv=None):
@@ -516,17 +670,30 @@ def main(argv=None):
   parser.add_argument("--no-peer", action="store_true", help="tff-mf side only")
   parser.add_argument("--figure-n", type=int, default=None,
                       help="n of the figure (256; 32 with --smoke)")
+  parser.add_argument("--figure-b-n", type=int, default=None,
+                      help="n of the rmse-vs-memory panel (1024; 32 with --smoke)")
   parser.add_argument("--out-dir", default=RESULTS)
   parser.add_argument("--name", default="multi_participation")
   parser.add_argument("--plot-only", action="store_true",
                       help="redraw <out-dir>/<name>.png from the run's <name>.json (no run)")
+  parser.add_argument("--figure-only", action="store_true",
+                      help="recompute the figures (tff-mf only, minutes) into the earlier run's "
+                           "<name>.json, .png and the figure section of <name>.md")
   args = parser.parse_args(argv)
+  json_path = os.path.join(args.out_dir, f"{args.name}.json")
+  png = os.path.join(args.out_dir, f"{args.name}.png")
   if args.plot_only:
-    with open(os.path.join(args.out_dir, f"{args.name}.json"), encoding="utf-8") as f:
-      write_plot(json.load(f)["figure"], os.path.join(args.out_dir, f"{args.name}.png"))
+    with open(json_path, encoding="utf-8") as f:
+      stored = json.load(f)
+    write_plot(stored["figure"], png, stored.get("figure_bands"))
     return
   if args.figure_n is None:
     args.figure_n = 32 if args.smoke else 256
+  if args.figure_b_n is None:
+    args.figure_b_n = 32 if args.smoke else 1024
+  if args.figure_only:
+    update_figures(args, json_path, png)
+    return
   if args.peer_budget is None:
     args.peer_budget = 900.0 if args.quick else 3600.0
   if args.smoke:
@@ -540,9 +707,8 @@ def main(argv=None):
   result = run(args)
   load_after = os.getloadavg()[0]
   total = time.perf_counter() - start
-  png = os.path.join(args.out_dir, f"{args.name}.png")
-  write_plot(result["figure"], png)
-  with open(os.path.join(args.out_dir, f"{args.name}.json"), "w") as f:
+  write_plot(result["figure"], png, result["figure_bands"])
+  with open(json_path, "w") as f:
     json.dump(dict(result, machine=MACHINE, load=[load_before, load_after], seconds=total), f,
               indent=1, default=float)
   md = os.path.join(args.out_dir, f"{args.name}.md")

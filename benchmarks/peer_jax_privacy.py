@@ -12,6 +12,13 @@ TASKS.json is a list of tasks {"id", "kind", "n", ...}; kinds:
   blt (min_sep, max_participations, error) -> buffered_toeplitz.optimize: θ, ω
   dense (epochs[, max_optimizer_steps]) -> dense.optimize(n, epochs=k): C
   banded (bands) -> banded.optimize(n, bands=b).materialize(): C
+  bisr (bands) -> toeplitz.banded_inverse_square_root_noising_coefs(b): taps of C⁻¹
+  banded_inverse (min_sep, bands, max_participations) ->
+    toeplitz.optimize_banded_inverse_toeplitz(n, min_sep, b, max_participations=k): taps of C⁻¹
+  bsr (bands) -> toeplitz.optimal_max_error_strategy_coefs(b): coefficients of the banded C
+The last three need jax_privacy's newest source (2.3 development); its package ``__init__``
+expects ``optax.ArrayTree``, which the installable optax lacks, so the annotation-only alias
+``optax.ArrayTree = typing.Any`` is set first when missing.
 Tasks run in order; after each one its arrays go to OUT_DIR/<id>.npz and one JSON line
 {"id", "seconds" and "cpu_seconds" (one call, including jax compilation for a new shape)
 or "error"} is
@@ -28,6 +35,13 @@ if __name__ == "__main__" and (len(sys.argv) != 3 or sys.argv[1] in ("-h", "--he
   sys.exit(0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import typing
+
+import optax
+
+if not hasattr(optax, "ArrayTree"):
+  optax.ArrayTree = typing.Any  # an annotation-only alias the newest jax_privacy expects
+
 import jax
 
 jax.config.update("jax_enable_x64", True)
@@ -56,6 +70,14 @@ def run_task(task):
     return {"c": dense.optimize(n, epochs=int(task["epochs"]), **kwargs)}
   if kind == "banded":
     return {"c": banded.optimize(n, bands=int(task["bands"])).materialize()}
+  if kind == "bisr":
+    return {"taps": toeplitz.banded_inverse_square_root_noising_coefs(int(task["bands"]))}
+  if kind == "banded_inverse":
+    return {"taps": toeplitz.optimize_banded_inverse_toeplitz(
+        n, int(task["min_sep"]), int(task["bands"]),
+        max_participations=int(task["max_participations"]))}
+  if kind == "bsr":
+    return {"coefficients": toeplitz.optimal_max_error_strategy_coefs(int(task["bands"]))}
   raise ValueError(f"unknown task kind {kind!r}")
 
 

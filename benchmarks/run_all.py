@@ -45,6 +45,9 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
                          ("benchmarks/bench_mmcc.py", "report"))),
     ("multi_participation", "multi_participation.md",
      (("benchmarks/bench_multi_participation.py",),)),  # needs /tmp/peer (jax-privacy)
+    ("square_root", "square_root.md", (  # peer: /tmp/peer24 (jax_privacy's newest source)
+        ("benchmarks/bench_square_root.py", "--peer-only", "--until-done"),
+        ("benchmarks/bench_square_root.py",))),
     ("data", "stackoverflow_data.md", (("benchmarks/stackoverflow_data.py",),)),
     ("harness", "harness.md", (("benchmarks/bench_harness.py",),)),
     ("main_job", "main_job.md", (("benchmarks/bench_main_job.py",),)),
@@ -69,6 +72,7 @@ SMOKE: Dict[str, Tuple[str, ...]] = {
     "bench_aggregation.py": ("--smoke", "--out", "{out}", "--cache-dir", "{out}/cache"),
     "bench_mmcc.py": ("--results-dir", "{out}", "smoke"),
     "bench_multi_participation.py": ("--smoke", "--out-dir", "{out}"),
+    "bench_square_root.py": ("--smoke", "--out-dir", "{out}"),  # our side only
     "peer_jax_privacy.py": ("--help",),  # runs in the jax-privacy interpreter; --help anywhere
     "stackoverflow_data.py": ("--smoke", "--out-dir", "{out}"),
     "bench_harness.py": ("--smoke", "--out-dir", "{out}"),

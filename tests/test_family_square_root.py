@@ -171,6 +171,30 @@ def test_banded_inverse_is_no_worse_than_bisr_and_lambda_cgd(n, schema):
   np.testing.assert_allclose(stream.run(z), np.linalg.solve(f.c, z), atol=1e-8)
 
 
+@pytest.mark.parametrize("schema,free", [
+    (pa.SINGLE, [-0.45, -0.1, -0.05]),
+    (pa.min_sep(16, 4), [-0.45, -0.1, -0.05]),
+    (pa.fixed_epoch(4), [-0.6, 0.05]),
+    (pa.min_sep(16, 4), [0.5, -0.3]),  # C's coefficients change sign: the majorant's bound
+], ids=str)
+def test_banded_inverse_gradient_matches_finite_differences(schema, free):
+  """The closed-form gradient of rmse² in C⁻¹'s taps equals central differences.
+
+  Step 1e-6: truncation O(1e-12·f‴) and rounding O(1e-16·f/1e-6) are both below 1e-6
+  of the gradient's scale here (f ~ 10-1000).
+  """
+  free = np.array(free)
+  for column in (np.ones(64), np.cumsum(0.9 ** np.arange(64))):  # prefix sums, momentum
+    value, grad = sr.banded_inverse_value_and_gradient(free, column, schema)
+    assert math.isclose(value, sr.banded_inverse_objective(free, column, schema))
+    step = 1e-6
+    numeric = np.array([
+        (sr.banded_inverse_objective(free + e, column, schema)
+         - sr.banded_inverse_objective(free - e, column, schema)) / (2 * step)
+        for e in np.eye(free.shape[0]) * step])
+    np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-6 * np.max(np.abs(numeric)))
+
+
 def test_banded_inverse_refuses_a_schedule_workload_in_one_line():
   from tff_mf import checks  # pylint: disable=g-import-not-at-top
   with pytest.raises(checks.CheckError, match="use bisr") as e:

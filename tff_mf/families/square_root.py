@@ -60,7 +60,13 @@ STRATEGIES = {
 # λCGD's search stops when λ is known to this absolute precision.
 LAMBDA_XTOL = 1e-6
 # A C whose first column's norm exceeds this is numerically unstable (BandInvMF's search).
-_UNSTABLE = 1e150
+_UNSTABLE = 1e100
+# BandInvMF's L-BFGS-B stops when an iteration lowers log rmse² by less than this (relative).
+_FTOL = 1e-12
+# At most this many L-BFGS-B runs per start (each restarted from the last one's end point).
+_RESTARTS = 20
+# A line search stopped at a kink is followed by a Nelder-Mead polish up to this many free taps.
+_POLISH_MAX_FREE_TAPS = 16
 
 
 def toeplitz_column(a: np.ndarray) -> Optional[np.ndarray]:
@@ -164,14 +170,19 @@ def _inverse_banded(a: np.ndarray, h_rows: np.ndarray, info: Dict) -> FamilyResu
   return FamilyResult(b=b, c=c, info=info, extras={"inverse_band_coefficients": h_rows})
 
 
+def bisr_taps(a_column: np.ndarray, bands: int) -> np.ndarray:
+  """The first min(b, n) coefficients of 1/√(Σ a_k x^k): BISR's Toeplitz C⁻¹ taps
+  (O(b²); a power series' first b coefficients need only a's first b)."""
+  m = min(bands, a_column.shape[0])
+  return series_inverse(series_sqrt(np.asarray(a_column[:m], dtype=np.float64)), m)
+
+
 def factorize_bisr(a: np.ndarray, bands: int) -> FamilyResult:
   """C⁻¹ = band_b(A^{−1/2}) (Kalinin, Lampert et al. 2025, arXiv:2505.12128)."""
   n = a.shape[0]
   column = toeplitz_column(a)
   if column is not None:
-    inv_root = series_inverse(series_sqrt(column), n)
-    taps = inv_root[:bands]
-    h_rows = np.tile(taps, (n, 1))
+    h_rows = np.tile(bisr_taps(column, bands), (n, 1))
     for k in range(min(bands, n)):
       h_rows[:k, k] = 0.0
   else:
@@ -198,21 +209,29 @@ def _normalized_rmse(result: FamilyResult, schema) -> float:
   return fz.rmse(result.b * gamma, sens)
 
 
+def _lambda_search(objective):
+  return scipy.optimize.minimize_scalar(objective, bounds=(0.0, 1.0 - 1e-9), method="bounded",
+                                        options={"xatol": LAMBDA_XTOL})
+
+
+def optimal_lambda(a_column: np.ndarray, schema):
+  """λCGD's λ for the Toeplitz workload with first column a, in O(n·k) per evaluation
+  (``banded_inverse_objective``): the bounded Brent search's result."""
+  return _lambda_search(lambda lam: banded_inverse_objective(np.array([-lam]), a_column, schema))
+
+
 def factorize_lambda_cgd(a: np.ndarray, schema) -> FamilyResult:
   """λ ∈ [0, 1) minimizing the rmse under ``schema`` (bounded Brent search), and its C.
 
-  Toeplitz workloads evaluate the rmse in O(n·k) (``banded_inverse_objective``), others
-  from the dense matrices.
+  Toeplitz workloads evaluate the rmse in O(n·k) (``optimal_lambda``), others from the
+  dense matrices.
   """
   column = toeplitz_column(a)
   if column is not None:
-    objective = lambda lam: banded_inverse_objective(np.array([-lam]), column, schema)
+    search = optimal_lambda(column, schema)
   else:
-    objective = lambda lam: _normalized_rmse(lambda_cgd_result(a, lam), schema)
-  search = scipy.optimize.minimize_scalar(objective, bounds=(0.0, 1.0 - 1e-9),
-                                          method="bounded", options={"xatol": LAMBDA_XTOL})
-  lam = float(search.x)
-  result = lambda_cgd_result(a, lam)
+    search = _lambda_search(lambda lam: _normalized_rmse(lambda_cgd_result(a, lam), schema))
+  result = lambda_cgd_result(a, float(search.x))
   result.info.update(lambda_search_evaluations=int(search.nfev))
   return result
 
@@ -232,35 +251,143 @@ def _schema_separation(schema, n: int):
   return schema.min_sep, schema.max_participations_in(n)
 
 
-def banded_inverse_objective(free_taps: np.ndarray, a_column: np.ndarray, schema) -> float:
-  """rmse² of C⁻¹ = Toeplitz(1, free_taps) for the Toeplitz workload with first column a.
+def _correlate_head(g: np.ndarray, u: np.ndarray, m: int) -> np.ndarray:
+  """out[j] = Σ_{i≥j} g_i·u_{i−j} for j < m (g, u of length n; FFT, O(n log n))."""
+  n = g.shape[0]
+  size = 1 << (2 * n - 1).bit_length()
+  full = np.fft.irfft(np.fft.rfft(g[::-1], size) * np.fft.rfft(u, size), size)
+  return full[n - m:n][::-1]
 
-  C's first column is the power series 1/h (O(n·b)), normalized to γ(C) = ‖c‖ = 1;
-  B = A·C⁻¹ is Toeplitz with first column a * h, so ‖B‖²_F = Σ_i (n − i)·β_i²; the
-  sensitivity is ``toeplitz_ops.min_sep_sensitivity`` (exact for non-negative,
-  non-increasing c, else a valid upper bound).
+
+def _self_convolution(v: np.ndarray) -> np.ndarray:
+  """(v ∗ v)[:n] by FFT."""
+  n = v.shape[0]
+  size = 1 << (2 * n - 1).bit_length()
+  spectrum = np.fft.rfft(v, size)
+  return np.fft.irfft(spectrum * spectrum, size)[:n]
+
+
+def banded_inverse_value_and_gradient(free_taps: np.ndarray, a_column: np.ndarray, schema):
+  """rmse² of C⁻¹ = Toeplitz(1, free_taps) for the Toeplitz workload with first column a,
+  and its gradient in the free taps (closed form).
+
+  C's first column c is the power series 1/h (O(n·b)); with v = c/‖c‖,
+  rmse² = s(v)²·‖c‖²·Σ_i (n − i)·β_i²/n, β = a ∗ h (B = A·C⁻¹ is Toeplitz). The
+  sensitivity s(v) is the min-sep value of the non-increasing majorant of |v|
+  (``toeplitz_ops.min_sep_sensitivity``'s earliest pattern; exact when v is non-negative
+  and non-increasing, which it then equals, else an upper bound; Kalinin & Lampert 2024,
+  arXiv:2405.13763, Thm 2); s = 1 under single participation. The gradient uses
+  dc = −c ∗ c ∗ dh (from c ∗ h = e_0) and the majorant's subgradient.
   """
   from tff_mf import toeplitz_ops  # pylint: disable=g-import-not-at-top
   n = a_column.shape[0]
-  taps = np.concatenate([[1.0], free_taps])
+  free = np.asarray(free_taps, dtype=np.float64)
+  taps = np.concatenate([[1.0], free])
+  bands = taps.shape[0]
   with np.errstate(over="ignore", invalid="ignore"):
-    c = series_inverse(taps, n)
+    c = toeplitz_ops.inverse_column(taps, n)
     gamma = float(np.linalg.norm(c))
   if not np.isfinite(gamma) or gamma > _UNSTABLE:
     # 1/h grows without bound (a root of h inside the unit disk): far worse than any start.
-    return _UNSTABLE * (1.0 + float(np.sum(np.square(free_taps))))
+    return _UNSTABLE * (1.0 + float(np.sum(np.square(free)))), 2.0 * _UNSTABLE * free
+  v = c / gamma
   sep, k = _schema_separation(schema, n)
-  sens = 1.0 if sep is None else toeplitz_ops.min_sep_sensitivity(c / gamma, n, sep, k)
-  beta = np.convolve(a_column, taps)[:n] * gamma
-  return sens ** 2 * float(np.sum((n - np.arange(n)) * beta ** 2)) / n
+  if sep is None or k is None or k <= 1 or sep >= n:
+    sens_sq, grad_v = 1.0, 2.0 * v  # s(c)² = ‖c‖², homogeneous of degree 2
+  else:
+    absv = np.abs(v)
+    majorant = np.maximum.accumulate(absv[::-1])[::-1]
+    # majorant[i] = |v[r(i)]|, r(i) the first position ≥ i where |v| equals its majorant.
+    positions = np.where(absv >= majorant, np.arange(n), n)
+    r = np.minimum.accumulate(positions[::-1])[::-1]
+    pattern = toeplitz_ops.minsep_vector(majorant, sep, k)
+    sens_sq = float(pattern @ pattern)
+    g_major = 2.0 * toeplitz_ops.minsep_vector_adjoint(pattern, sep, k)
+    grad_v = np.bincount(r, weights=g_major * np.sign(v[r]), minlength=n)
+  beta = np.convolve(a_column, taps)[:n]
+  weights = (n - np.arange(n)) / n
+  error = gamma ** 2 * float(np.sum(weights * beta ** 2))  # ‖c‖²·Σ wβ², γ² folded in
+  value = sens_sq * error
+  # s(c)² = ‖c‖²·s(v)² is homogeneous of degree 2: ∇_c = ‖c‖·∇_v s(v)²; with
+  # dc = −c ∗ c ∗ dh: ∂/∂h_j = −Σ_i ∇_c[i]·(c ∗ c)[i − j].
+  grad_sens = -gamma * _correlate_head(grad_v, _self_convolution(v), bands)
+  grad_error = 2.0 * _correlate_head(weights * beta, a_column, bands)
+  grad = error * grad_sens + sens_sq * gamma ** 2 * grad_error
+  return value, grad[1:]
+
+
+def banded_inverse_objective(free_taps: np.ndarray, a_column: np.ndarray, schema) -> float:
+  """rmse² of C⁻¹ = Toeplitz(1, free_taps) (``banded_inverse_value_and_gradient``'s value)."""
+  return banded_inverse_value_and_gradient(free_taps, a_column, schema)[0]
+
+
+def _log_value_and_gradient(free_taps, a_column, schema):
+  value, grad = banded_inverse_value_and_gradient(free_taps, a_column, schema)
+  return np.log(value), grad / value
+
+
+def _lbfgs_with_restarts(start, a_column, schema):
+  """L-BFGS-B on log rmse², restarted from its end point (a fresh curvature memory) until a
+  run makes at most one step: the objective has kinks where C's coefficients stop being
+  non-negative and non-increasing, where one run can stop early. ``nit`` counts all runs."""
+  total, search = 0, None
+  for _ in range(_RESTARTS):
+    search = scipy.optimize.minimize(_log_value_and_gradient, start, jac=True,
+                                     args=(a_column, schema), method="L-BFGS-B",
+                                     options={"maxiter": 1000, "ftol": _FTOL, "gtol": 0.0})
+    total += int(search.nit)
+    if search.nit <= 1:
+      break
+    start = search.x
+  search.nit = total
+  return search
+
+
+def optimize_banded_inverse_taps(a_column: np.ndarray, bands: int, schema):
+  """BandInvMF's taps h (h_0 = 1) of the Toeplitz C⁻¹ and a record of the search.
+
+  L-BFGS-B (restarted until it stalls) on log rmse² over the b − 1 free taps with the
+  closed-form gradient (``banded_inverse_value_and_gradient``), from BISR's taps (Kalinin, Lampert et al. 2025,
+  arXiv:2505.12128) and from λCGD's; the better end point is kept. The logarithm keeps
+  the line search's steps sane near the instability wall of 1/h. No dense matrices.
+  """
+  a_column = np.asarray(a_column, dtype=np.float64)
+  bisr = bisr_taps(a_column, bands)
+  bisr = bisr[1:] / bisr[0]
+  if bisr.shape[0] == 0:  # one band: C = I
+    return np.ones(1), {"optimizer": "none (one band: C = I)"}
+  lam = float(optimal_lambda(a_column, schema).x)
+  starts = {"bisr": bisr, "lambda_cgd": np.concatenate([[-lam], np.zeros(bisr.shape[0] - 1)])}
+  best = None
+  for name, start in starts.items():
+    if best is not None and best[1].fun <= np.log(banded_inverse_objective(start, a_column,
+                                                                           schema)):
+      continue  # already better than this start: no worse than BISR and λCGD either way
+    search = _lbfgs_with_restarts(start, a_column, schema)
+    if best is None or search.fun < best[1].fun:
+      best = (name, search)
+  name, search = best
+  optimizer = "L-BFGS-B"
+  if not search.success and search.x.shape[0] <= _POLISH_MAX_FREE_TAPS:
+    # The line search failed at a kink of the majorant's sensitivity: a derivative-free
+    # simplex from there still finds descent (few taps only: its cost grows with their number).
+    polish = scipy.optimize.minimize(
+        lambda x: _log_value_and_gradient(x, a_column, schema)[0], search.x,
+        method="Nelder-Mead", options={"maxfev": 500 * search.x.shape[0], "xatol": 1e-10,
+                                       "fatol": 1e-14})
+    if polish.fun < search.fun:
+      search.x, search.fun, optimizer = polish.x, polish.fun, "L-BFGS-B, then Nelder-Mead"
+  bisr_value = banded_inverse_objective(bisr, a_column, schema)
+  return np.concatenate([[1.0], search.x]), {
+      "optimizer": optimizer, "start": name, "iterations": int(search.nit),
+      "converged": bool(search.success), "solver_message": str(search.message),
+      "rmse_improvement_over_bisr": float(np.sqrt(bisr_value / np.exp(search.fun)))}
 
 
 def factorize_banded_inverse(a: np.ndarray, bands: int, schema) -> FamilyResult:
-  """BandInvMF: the b Toeplitz taps of C⁻¹ minimizing the rmse under the schema.
-
-  Starts from BISR's taps (Kalinin, Lampert et al. 2025, arXiv:2505.12128) and runs
-  L-BFGS-B over the b − 1 free taps (the first is 1: C's scale is normalized away).
-  Only for Toeplitz workloads (prefix sums, momentum with a constant learning rate).
+  """BandInvMF: the b Toeplitz taps of C⁻¹ minimizing the rmse under the schema
+  (``optimize_banded_inverse_taps``). Only for Toeplitz workloads (prefix sums, momentum
+  with a constant learning rate).
   """
   column = toeplitz_column(a)
   if column is None:
@@ -268,27 +395,7 @@ def factorize_banded_inverse(a: np.ndarray, bands: int, schema) -> FamilyResult:
                             "with a constant learning rate); use bisr for a learning-rate "
                             "schedule")
   n = a.shape[0]
-  bisr = series_inverse(series_sqrt(column), n)[:bands]
-  bisr = bisr[1:] / bisr[0]
-  lam = factorize_lambda_cgd(a, schema).info["lambda"]
-  starts = {"bisr": bisr, "lambda_cgd": np.concatenate([[-lam], np.zeros(bands - 2)])}
-  best = None
-  for name, start in starts.items():
-    if start.shape[0] == 0:  # one band: C = I
-      continue
-    search = scipy.optimize.minimize(banded_inverse_objective, start, args=(column, schema),
-                                     method="L-BFGS-B", options={"maxiter": 1000})
-    if best is None or search.fun < best[1].fun:
-      best = (name, search)
-  bisr_value = banded_inverse_objective(bisr, column, schema)
-  if best is None:
-    taps, info = np.ones(1), {"optimizer": "none (one band: C = I)"}
-  else:
-    name, search = best
-    taps = np.concatenate([[1.0], search.x])
-    info = {"optimizer": "L-BFGS-B", "start": name, "iterations": int(search.nit),
-            "converged": bool(search.success), "solver_message": str(search.message),
-            "rmse_improvement_over_bisr": float(np.sqrt(bisr_value / search.fun))}
+  taps, info = optimize_banded_inverse_taps(column, bands, schema)
   h_rows = np.tile(taps, (n, 1))
   for k in range(min(bands, n)):
     h_rows[:k, k] = 0.0
