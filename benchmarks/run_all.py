@@ -71,6 +71,8 @@ SMOKE: Dict[str, Tuple[str, ...]] = {
     "structured_cache.py": ("--smoke", "--out-dir", "{out}"),
     "bench_aggregation.py": ("--smoke", "--out", "{out}", "--cache-dir", "{out}/cache"),
     "bench_mmcc.py": ("--results-dir", "{out}", "smoke"),
+    # Writes benchmarks/results/ only; each part runs minutes (n = 2048 MMCC): --help here.
+    "bench_mmcc_toeplitz.py": ("--help",),
     "bench_multi_participation.py": ("--smoke", "--out-dir", "{out}"),
     "bench_square_root.py": ("--smoke", "--out-dir", "{out}"),  # our side only
     "peer_jax_privacy.py": ("--help",),  # runs in the jax-privacy interpreter; --help anywhere
