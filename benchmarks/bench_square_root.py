@@ -271,7 +271,7 @@ def write_markdown(result, path, command, load_before, load_after, total_seconds
   lines = ["## Square-root and banded-inverse families: tff-mf vs jax_privacy", "",
            f"Command: `{command}` (tff-mf's side and the table; the jax_privacy side ran "
            "before, in processes of < 10 min each, up to three at a time, at a load average of "
-           "10-19 (its wall seconds are about 7× its CPU seconds): `nice -n 10 "
+           "10-19 (its wall seconds about 7× its CPU seconds), the last rounds at 5-8: `nice -n 10 "
            ".venv/bin/python benchmarks/bench_square_root.py --peer-only --shard i/2`, later "
            "`--kinds banded_inverse --shard i/2` (i = 0, 1) and `--kinds banded_toeplitz,blt`, "
            "each repeated, then stopped for time; its outputs are in "
