@@ -324,11 +324,12 @@ def write_markdown(result, path, command, load_before, load_after, total_seconds
     lines.append(f"- BandInvMF, CPU seconds theirs/ours: from {min(cpu):.3g} to {max(cpu):.3g}, "
                  f"median {float(np.median(cpu)):.3g} (the two sides ran at different loads: "
                  "CPU time is the fairer speed ratio).")
-  lines += ["", "Known: our banded Toeplitz with 2 bands at n ≥ 1024 stays at its √S start "
-            "(rmse ratio 1.05; `toeplitz.optimize`'s first L-BFGS-B step lands where 1/h is "
-            "nearly unstable and the line search stalls: the failure BandInvMF's log objective "
-            "avoids here); started from jax_privacy's taps it keeps them. Unchanged here "
-            "(`tff_mf/families/toeplitz.py` is outside this benchmark's change).", ""]
+  lines += ["", "Banded Toeplitz with 2 bands at n ≥ 1024: this benchmark found our "
+            "optimizer stuck at its √S start (rmse ratio 1.05: L-BFGS-B's first step landed "
+            "where C⁻¹ blows up, its line search gave up, and scipy reported convergence). "
+            "`toeplitz.optimize` now restarts without gradient steps when L-BFGS-B made no "
+            "decrease from its start (solver version banded_toeplitz-2); the rows above are "
+            "after that fix.", ""]
   lines.append("")
   with open(path, "w", encoding="utf-8") as f:
     f.write("\n".join(lines))

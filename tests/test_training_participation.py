@@ -57,7 +57,10 @@ def run_binary(args, tmp_path):
 
 
 @pytest.mark.parametrize("schema_flags, analysis", [
-    (["--participation=fixed_epoch", "--epochs=2", "--target_epsilon=8"], "none"),
+    # Fixed epochs in the default suite: in-process (banded Toeplitz/BLT under fixed epochs,
+    # a broken fixed-epoch run) and calibration in tests/test_training_privacy.py.
+    pytest.param(["--participation=fixed_epoch", "--epochs=2", "--target_epsilon=8"], "none",
+                 marks=pytest.mark.slow),
     # A given z here: calibrating the amplified analysis takes several PLD evaluations
     # (tests/test_training_privacy.py calibrates under every schema).
     (["--participation=min_sep", "--min_sep=2", "--sampling_prob=0.01", "--noise_multiplier=0.7"],

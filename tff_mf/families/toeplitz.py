@@ -16,6 +16,7 @@ import time
 from typing import Optional, Tuple
 
 import numpy as np
+import scipy.optimize
 import scipy.signal
 
 from tff_mf import checks
@@ -85,6 +86,8 @@ def optimize(n: int, bands: int, *, workload=None, error: str = "mean",
   iterations, converged, message, gradient = 0, True, "one band: C = I", 0.0
   if x0.size:
     res = lbfgs.minimize(fun, x0, bounds, max_iterations, tolerance)
+    if max_iterations > 0 and _stalled_at_start(res, bounds):
+      res = _restart_without_gradient_steps(fun, x0, bounds, max_iterations, tolerance, res)
     x = res.x
     iterations = int(res.nit)
     message, gradient, converged = lbfgs.outcome(res, bounds)
@@ -100,6 +103,29 @@ def optimize(n: int, bands: int, *, workload=None, error: str = "mean",
            "converged": converged, "message": message, "gradient_norm": gradient},
       dense=dense, what="banded Toeplitz", start=start,
       extras={"toeplitz_coefficients": f.copy()})
+
+
+def _stalled_at_start(res, bounds) -> bool:
+  """L-BFGS-B made no decrease from its start (value 1 there: the objective is scaled by its
+  start value) although the gradient is not small: its first step left the region where
+  C⁻¹ stays bounded and the line search gave up (seen at 2 bands, n ≥ 1024, from √S)."""
+  return (not float(res.fun) < 1.0 - 1e-12
+          and lbfgs.projected_gradient_norm(res, bounds) > lbfgs.GRADIENT_TOLERANCE)
+
+
+def _restart_without_gradient_steps(fun, x0, bounds, max_iterations, tolerance, stalled):
+  """Nelder–Mead from the start (small simplex steps stay where C⁻¹ is bounded), then
+  L-BFGS-B from its point; the better of that and the stalled run."""
+  def value(x):
+    v = float(fun(x)[0])
+    return v if math.isfinite(v) else math.inf
+
+  simplex = scipy.optimize.minimize(
+      value, x0, method="Nelder-Mead", bounds=bounds,
+      options={"maxiter": 400 * x0.size, "xatol": 1e-10, "fatol": 1e-14})
+  polished = lbfgs.minimize(fun, simplex.x, bounds, max_iterations, tolerance)
+  polished.nit = int(polished.nit) + int(simplex.nit) + int(stalled.nit)
+  return polished if float(polished.fun) < float(stalled.fun) else stalled
 
 
 def _initial_coefficients(init, bands: int, monotone: bool) -> np.ndarray:
@@ -171,7 +197,7 @@ def stream(params, n) -> streams.LinearStream:
 # ----------------------------------------------------------------------------- family interface
 
 # Bumped whenever the output for the same inputs changes (part of the cache key).
-VERSION = "1"
+VERSION = "2"  # 2: restart without gradient steps when L-BFGS-B stalls at its start
 
 STRATEGIES = {"banded_toeplitz": families.Declaration(
     parameters=("bands", "error"), defaults=families.separation_bands,
