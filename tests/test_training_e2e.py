@@ -74,8 +74,9 @@ def expected_skips(task, seed, rounds, clients_per_round):
 # (tests/test_query_federated.py).
 MECHANISMS = registry.mechanism_names(trainable=True)
 # none: test_nonprivate_train_metrics_...; tree: test_training_noise's run_training[tree]
-# trains it and checks its noise, and test_training_robustness resumes it.
-DEFAULT_SUITE = ("opt_momentum", "blt")
+# trains it and checks its noise, and test_training_robustness resumes it; opt_momentum:
+# test_training_noise's clean-shell binary run trains it and checks its noise.
+DEFAULT_SUITE = ("blt",)
 
 
 def test_mechanism_flag_takes_the_registrys_trainable_spellings():

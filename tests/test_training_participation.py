@@ -169,6 +169,9 @@ def recording(monkeypatch):
   return seen
 
 
+# Slow (40 s): the cyclic Poisson sampler's checkpointed state and its resume are checked in
+# tests/test_training_sampling.py, and runs resume bit for bit in tests/test_training_identity.py.
+@pytest.mark.slow
 def test_resumed_min_sep_run_samples_the_same_clients(task, tmp_path, monkeypatch):
   # A cap of 2 participations: unamplified accounting (fast); the Poisson coins are the same.
   kw = dict(mechanism="opt_prefix_sum", participation="min_sep", min_sep=2, sampling_prob=0.01,

@@ -11,6 +11,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 import psutil
 
 import userenv
@@ -58,6 +59,10 @@ def group_processes(pgid, wait=5.0):
     time.sleep(0.2)
 
 
+# Slow (80 s): in the default suite, killed runs replay their logged rounds bit for bit
+# (tests/test_training_identity.py) and Ctrl-C checkpoints the current round and resumes
+# (tests/test_interrupt.py).
+@pytest.mark.slow
 def test_sigkill_then_rerun_ends_with_the_uninterrupted_model(tmp_path):
   data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=30,
                                                num_empty_train_clients=3)
