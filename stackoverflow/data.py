@@ -20,6 +20,8 @@ reads a train client's `tokens` strings without building a dataset (for
   fetch and where to put it.
 - "pydocs": sentences of Python docstrings, one client per documented module,
   class or function (`stackoverflow.pydocs`); built once and cached.
+- "pydocs_modules": the same docstrings, one client per source module
+  (`stackoverflow.pydocs` with ``client_unit="module"``): fewer, larger clients.
 - "synthetic": a small deterministic corpus from a fixed random Markov chain
   over a few dozen words, generated in memory (for quick tests).
 """
@@ -43,7 +45,9 @@ from stackoverflow.word_counts import DatasetUnavailableError  # pylint: disable
 from stackoverflow.word_counts import read_word_counts
 from tff_mf.cache import file_sha256
 
-DATASETS = ("stackoverflow", "pydocs", "synthetic")
+DATASETS = ("stackoverflow", "pydocs", "pydocs_modules", "synthetic")
+# The pydocs build option each pydocs dataset name stands for.
+PYDOCS_CLIENT_UNITS = {"pydocs": "object", "pydocs_modules": "module"}
 DEFAULT_NUM_VALIDATION_EXAMPLES = 10000
 # The deterministic client order from which the validation sentences are taken.
 VALIDATION_CLIENT_ORDER_SEED = 0
@@ -106,7 +110,7 @@ def load_federated_data(dataset: str,
   """Loads `dataset` (one of DATASETS).
 
   Args:
-    dataset: "stackoverflow", "pydocs" or "synthetic".
+    dataset: "stackoverflow", "pydocs", "pydocs_modules" or "synthetic".
     data_dir: StackOverflow: the directory holding the downloaded copy (default
       $TFF_MF_STACKOVERFLOW_DIR, else ~/.tff, TFF's cache directory). pydocs:
       the cache directory of built datasets (default
@@ -142,11 +146,14 @@ def load_federated_data(dataset: str,
     train, heldout, test, vocab, info = _load_stackoverflow(
         data_dir, vocab_size, progress)
     train_tokens = sqlite_train_tokens(info["sqlite_path"])
-  elif dataset == "pydocs":
+  elif dataset in PYDOCS_CLIENT_UNITS:
     from stackoverflow import pydocs  # pylint: disable=g-import-not-at-top
+    if "client_unit" in dataset_options:
+      raise ValueError(f"{dataset} sets client_unit itself; got client_unit="
+                       f"{dataset_options['client_unit']!r}.")
     try:
       loaded = pydocs.load(cache_dir=data_dir, progress=progress,
-                           **dataset_options)
+                           client_unit=PYDOCS_CLIENT_UNITS[dataset], **dataset_options)
     except pydocs.PydocsCacheError as e:
       raise DatasetUnavailableError(f"pydocs cache is corrupt: {e}") from e
     train, heldout, test = loaded.train, loaded.heldout, loaded.test
@@ -223,6 +230,7 @@ def dataset_fingerprint(dataset: str, info: dict, vocab: list) -> str:
   database (hashing gigabytes on every start would be too slow).
   """
   keys = {"pydocs": ("fingerprint", "content_sha256"),
+          "pydocs_modules": ("fingerprint", "content_sha256"),
           "synthetic": ("content_sha256",),
           "stackoverflow": ("word_count_sha256", "sqlite_bytes")}[dataset]
   described = {k: info.get(k) for k in keys}

@@ -13,8 +13,11 @@ when the StackOverflow files are not available.
   their versions are not pinned by the lock). A package's files are chosen by
   sha256 of their paths, a fixed pseudo-random sample. Files are parsed with
   `ast` (`ast.get_docstring`); nothing is imported or executed.
-- Clients: one per documented module, class or function, named by its dotted
-  path (e.g. `json.decoder.JSONDecoder.decode`). A docstring whose sentences
+- Clients (`client_unit`): "object" (default), one per documented module,
+  class or function, named by its dotted path (e.g.
+  `json.decoder.JSONDecoder.decode`); or "module", one per source module
+  holding the docstrings of everything it documents (e.g. `json.decoder`),
+  the unit closer to a StackOverflow user with many posts. A docstring whose sentences
   equal an earlier one (copied docs) is skipped, so no text is shared between
   clients or splits. Clients with fewer than `min_sentences_per_client`
   sentences are dropped.
@@ -64,6 +67,7 @@ DEFAULT_MAX_FILES_PER_PACKAGE = 120
 DEFAULT_MIN_SENTENCES_PER_CLIENT = 2
 DEFAULT_MIN_WORDS_PER_SENTENCE = 3
 DEFAULT_MAX_FILE_BYTES = 400_000
+CLIENT_UNITS = ("object", "module")
 EXCLUDED_DISTRIBUTIONS = frozenset({"tff-mf", "pip", "setuptools", "wheel"})
 EXCLUDED_STDLIB_DIRS = frozenset({
     "test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages",
@@ -354,8 +358,11 @@ def collect_clients(files: Sequence[SourceFile],
                     min_sentences_per_client: int = DEFAULT_MIN_SENTENCES_PER_CLIENT,
                     min_words_per_sentence: int = DEFAULT_MIN_WORDS_PER_SENTENCE,
                     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
-                    progress: bool = True):
+                    progress: bool = True, client_unit: str = "object"):
   """Returns ({client_id: [sentence]} in build order, stats dict).
+
+  ``client_unit``: "object" (a client per documented object) or "module" (a
+  client per source module, its qualifying docstrings in source order).
 
   Runs in this process (no worker processes: a spawned worker would re-run
   an unguarded `__main__` of the caller, and forking a process that holds
@@ -381,6 +388,8 @@ def collect_clients(files: Sequence[SourceFile],
         stats["docstrings_duplicate"] += 1
         continue
       seen_texts.add(text_key)
+      if client_unit == "module":
+        client_id = source_file.module
       if client_id in clients:  # E.g. a function defined in two branches.
         clients[client_id].extend(sentences)
       else:
@@ -395,8 +404,12 @@ def build_options(max_files_per_package: int = DEFAULT_MAX_FILES_PER_PACKAGE,
                   min_words_per_sentence: int = DEFAULT_MIN_WORDS_PER_SENTENCE,
                   max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
                   include_stdlib: bool = True,
-                  distributions: Optional[Sequence[str]] = None) -> dict:
+                  distributions: Optional[Sequence[str]] = None,
+                  client_unit: str = "object") -> dict:
   """Validated build options (the keys of the fingerprint's `options`)."""
+  if client_unit not in CLIENT_UNITS:
+    raise ValueError(f"client_unit must be one of {', '.join(CLIENT_UNITS)}, got "
+                     f"{client_unit!r}.")
   for name, value in (("max_files_per_package", max_files_per_package),
                       ("min_sentences_per_client", min_sentences_per_client),
                       ("min_words_per_sentence", min_words_per_sentence),
@@ -409,11 +422,14 @@ def build_options(max_files_per_package: int = DEFAULT_MAX_FILES_PER_PACKAGE,
     if unknown:
       raise ValueError(f"distributions not installed (or excluded): {unknown}.")
     distributions = sorted(distributions)
-  return dict(max_files_per_package=max_files_per_package,
+  options = dict(max_files_per_package=max_files_per_package,
               min_sentences_per_client=min_sentences_per_client,
               min_words_per_sentence=min_words_per_sentence,
               max_file_bytes=max_file_bytes, include_stdlib=include_stdlib,
               distributions=distributions)
+  if client_unit != "object":  # the default keeps the fingerprint of earlier builds
+    options["client_unit"] = client_unit
+  return options
 
 
 def fingerprint(options: dict) -> Tuple[str, dict]:
@@ -511,7 +527,7 @@ def build(cache_dir: Optional[str] = None, *, force: bool = False,
     clients, stats = collect_clients(
         files, options["min_sentences_per_client"],
         options["min_words_per_sentence"], options["max_file_bytes"],
-        progress)
+        progress, options.get("client_unit", "object"))
     written = _write_sqlite(os.path.join(tmp_dir, SQLITE_FILENAME), clients,
                             progress)
     with open(os.path.join(tmp_dir, WORD_COUNT_FILENAME), "w",

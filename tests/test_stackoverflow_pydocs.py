@@ -202,3 +202,32 @@ def test_default_build_is_deterministic_and_fast(tmp_path):
   assert first.metadata["content_sha256"] == second.metadata["content_sha256"]
   assert first.metadata["num_clients"] > 10000
   assert first.metadata["build_seconds"] < 180
+
+
+def test_module_clients_hold_every_docstring_of_their_module(tmp_path):
+  """client_unit="module": one client per source module with the same sentences, in order."""
+  objects, _ = pydocs.collect_clients(
+      pydocs.list_source_files(include_stdlib=False, distributions=["absl-py"]),
+      progress=False)
+  modules, _ = pydocs.collect_clients(
+      pydocs.list_source_files(include_stdlib=False, distributions=["absl-py"]),
+      progress=False, client_unit="module")
+  grouped = collections.OrderedDict()
+  for client_id, sentences in objects.items():
+    module = max((m for m in modules if client_id == m or client_id.startswith(m + ".")),
+                 key=len)  # the innermost module: absl.flags._defines, not absl.flags
+    grouped.setdefault(module, []).extend(sentences)
+  assert list(grouped) == list(modules) and grouped == modules
+  assert len(modules) < len(objects)
+  built = pydocs.build(str(tmp_path), progress=False, client_unit="module", **SMALL)
+  default = pydocs.fingerprint(pydocs.build_options(**SMALL))[0]
+  assert built.metadata["fingerprint"] != default
+  assert built.metadata["num_clients"] == len(modules)
+  loaded = data.load_federated_data("pydocs_modules", data_dir=str(tmp_path),
+                                    progress=False, **SMALL)
+  assert set(loaded.train_client_ids) <= set(modules)
+  with pytest.raises(ValueError, match="client_unit must be one of object, module"):
+    pydocs.build_options(client_unit="file")
+  with pytest.raises(ValueError, match="pydocs_modules sets client_unit itself"):
+    data.load_federated_data("pydocs_modules", data_dir=str(tmp_path), progress=False,
+                             client_unit="object", **SMALL)

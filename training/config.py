@@ -21,7 +21,7 @@ from tff_mf import clitools
 from tff_mf import participation
 from tff_mf import registry
 
-DATASETS = ("stackoverflow", "pydocs", "synthetic")
+DATASETS = ("stackoverflow", "pydocs", "pydocs_modules", "synthetic")  # stackoverflow.data.DATASETS
 LR_SCHEDULES = ("constant", "decay", "cooldown")
 # tff_mf.accounting's accountants of the unamplified Gaussian, and its default (every tool's).
 ACCOUNTANTS = accounting.ACCOUNTANTS
