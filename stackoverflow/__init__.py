@@ -1,6 +1,6 @@
 """Next-word prediction for DP federated learning (Denisov et al. 2022, Sec 5).
 
-- `data`: `load_federated_data("stackoverflow" | "pydocs" | "synthetic", ...)`.
+- `data`: `load_federated_data("stackoverflow" | "pydocs" | "pydocs_modules" | "synthetic", ...)`.
 - `preprocessing`: token ids, `build_preprocess_fn` (App I settings).
 - `model`: the 4,050,748-parameter LSTM and its TFF model function.
 - `metrics`: accuracy with/without OOV and EOS, masked loss.
