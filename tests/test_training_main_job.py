@@ -73,8 +73,9 @@ def test_tff_mf_cli_has_no_demo_and_the_library_does_not_import_the_harness():
   assert "tff-mf demo" not in makefile
 
 
-def fake_summary(loss, accuracy=0.2, eps=4.0):
-  return {"test_metrics": {"loss": loss, "accuracy": accuracy, "accuracy_no_oov_no_eos": 0.01},
+def fake_summary(loss, accuracy=0.2, eps=4.0, headline=0.01):
+  return {"test_metrics": {"loss": loss, "accuracy": accuracy,
+                           "accuracy_no_oov_no_eos": headline},
           "epsilon": eps, "analysis": "none", "noise_multiplier": 1.0, "single_participation_sqrt_loss": 10.0,
           "privacy": {"sensitivity": 1.0}, "wall_seconds": 1.0,
           "privacy_statement": statement.privacy_statement(
@@ -96,10 +97,12 @@ def test_paired_comparison_wins_only_when_the_interval_excludes_zero():
   assert mf["verdict"] == "better" and mf["excludes_zero"] and mf["better_for_seeds"] == 3
   blt = result["mechanisms"]["blt"]["loss"]["vs_baseline"]
   assert blt["verdict"] == "not distinguishable" and not blt["excludes_zero"]
-  assert result["conclusion"] == {"metric": "loss", "winners": ["opt_momentum"],
-                                  "mf_wins": True,
-                                  "verdicts": {"opt_momentum": "better",
-                                               "blt": "not distinguishable"}}
+  assert result["conclusion"] == {
+      "metric": "loss", "winners": ["opt_momentum"], "mf_wins": True,
+      "verdicts": {"opt_momentum": "better", "blt": "not distinguishable"},
+      "headline_metric": "accuracy_no_oov_no_eos", "wins_both": [],
+      "headline_verdicts": {"opt_momentum": "not distinguishable",
+                            "blt": "not distinguishable"}}
   worse = report.paired([5.5, 5.6, 5.55], [5.0, 5.0, 5.0], lower_is_better=True)
   assert worse["verdict"] == "worse"
   assert report.paired([0.3, 0.31, 0.32], [0.2, 0.2, 0.2], False)["verdict"] == "better"
@@ -114,15 +117,19 @@ def test_results_open_with_three_sentences_and_say_plainly_when_mf_does_not_win(
   settings = dict(main_job.MAIN_JOB_DEFAULTS, schema_text="2 fixed epochs", notes=["- note"],
                   title="t")
   curves = {m: {"tree": [{10: 5.5, 20: 5.0}] * 3, "opt_momentum": [{10: 5.4, 20: 4.9}] * 3}
-            for m in ("loss", "accuracy")}
+            for m in ("loss", report.HEADLINE)}
   text = report.write_results(str(tmp_path), result, settings, curves)
   # The privacy statement of each mechanism comes first, its ε rounded up.
   assert text.index("## Privacy") < text.index("## Results") < text.index("| mechanism |")
   assert text.count("Privacy statement") == 2 and "epsilon = 4.00, delta = 1e-06" in text
   opening = text.split("## Results\n\n")[1].split("\n\n")[0]
-  assert len([s for s in opening.replace("e.g.", "").split(". ") if s.strip()]) == 3
+  assert len([s for s in opening.replace("e.g.", "").split(". ") if s.strip()]) == 4
+  # The first sentence is the verdict on the papers' headline accuracy.
+  assert opening.startswith("On the papers' headline metric, accuracy without OOV/EOS, MF does "
+                            "NOT beat TFF's tree beyond the seeds' spread")
   assert "does NOT beat the tree beyond the seeds' spread" in opening
   assert "MF does NOT win on the leading metric" in text
+  assert "It does NOT win on accuracy without OOV/EOS" in text
   header = [line for line in text.splitlines() if line.startswith("| mechanism |")][0]
   assert header.split("|")[2].strip().startswith("**test loss**")  # the table leads with it
   saved = json.loads((tmp_path / "results.json").read_text())
@@ -151,12 +158,47 @@ def test_error_bars_never_go_below_zero(tmp_path, monkeypatch):
   monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", errorbar)
   monkeypatch.setattr(matplotlib.axes.Axes, "fill_between", fill_between)
   curves = {m: {"tree": [{1: 0.1}, {1: 3.0}, {1: 0.2}],
-                "opt_momentum": [{1: 0.05}, {1: 0.1}, {1: 2.5}]} for m in ("loss", "accuracy")}
+                "opt_momentum": [{1: 0.05}, {1: 0.1}, {1: 2.5}]}
+            for m in ("loss", report.HEADLINE)}
   report.plot(result, curves, str(tmp_path / "p.png"), "t")
   assert lows and min(lows) >= 0.0
   assert bands and min(bands) >= 0.0
   assert result["mechanisms"]["tree"]["loss"]["std"] > result["mechanisms"]["tree"]["loss"][
       "mean"]  # the unclipped band would have gone below 0
+
+
+def test_a_win_on_both_metrics_leads_and_the_ceiling_and_unigram_are_shown(tmp_path):
+  from training import report  # pylint: disable=g-import-not-at-top
+  runs = {"tree": {s: fake_summary(5.0 + 0.01 * s, headline=0.10 + 0.001 * s) for s in range(3)},
+          "opt_momentum": {s: fake_summary(4.5 + 0.02 * s, headline=0.14 + 0.002 * s)
+                           for s in range(3)},
+          "none": {0: dict(fake_summary(4.0, headline=0.2), epsilon=None)}}
+  result = report.compare(runs, baseline="tree", references=("none",))
+  assert result["seeds"] == [0, 1, 2]  # the one-seed reference does not cut the pairing
+  assert result["mechanisms"]["none"]["reference"] and "vs_baseline" not in result[
+      "mechanisms"]["none"]["loss"]
+  assert result["conclusion"]["wins_both"] == ["opt_momentum"]
+  assert "none" not in result["conclusion"]["verdicts"]
+  result["unigram"] = {"loss": 4.8, "accuracy": 0.06, "accuracy_no_oov": 0.07,
+                       "accuracy_no_oov_no_eos": 0.12, "word": ".", "test_targets": 100}
+  text = report.markdown(result, dict(main_job.MAIN_JOB_DEFAULTS, schema_text="2 fixed epochs",
+                                      notes=[], title="t"))
+  opening = text.split("## Results\n\n")[1]
+  assert opening.startswith("Opt momentum beats TFF's tree on test loss and on the papers' "
+                            "headline metric, accuracy without OOV/EOS")
+  # Only opt momentum (0.144) and the ceiling (0.2) exceed the unigram's 0.12.
+  assert "and opt momentum, non-private score above it" in opening
+  assert "non-private training of the same regime as the ceiling (1 seed)" in opening
+  assert "It also wins on accuracy without OOV/EOS." in text
+  rows = {line.split("|")[1].strip(): line for line in text.splitlines()
+          if line.startswith("| ") and "**" in line}  # the main table (loss in bold)
+  assert "reference (1 seed)" in rows["non-private"] and "— (no DP)" in rows["non-private"]
+  assert "0.1200" in rows["unigram predictor (always “.”; no training, no DP)"]
+  assert "better, 3/3 seeds" in rows["opt momentum"].split("|")[6]  # Δ headline accuracy
+  curves = {m: {"tree": [{1: 5.0}] * 3, "opt_momentum": [{1: 4.6}] * 3, "none": [{1: 4.0}]}
+            for m in ("loss", report.HEADLINE)}
+  report.plot(result, curves, str(tmp_path / "p.png"), "t")
+  assert os.path.getsize(tmp_path / "p.png") > 10000
 
 
 @pytest.mark.slow
@@ -172,7 +214,9 @@ def test_main_job_writes_results_and_plot(tmp_path, capfd):
   assert "**test loss**" in out
   results = json.loads((tmp_path / "out" / "results.json").read_text())
   assert results["seeds"] == [0, 1] and results["leading_metric"] == "loss"
-  assert set(results["mechanisms"]) == set(main_job.MAIN_JOB_MECHANISMS)
+  assert set(results["mechanisms"]) == set(main_job.MAIN_JOB_MECHANISMS) | set(
+      main_job.MAIN_JOB_REFERENCES)
+  assert results["unigram"]["loss"] > 0 and 0 <= results["unigram"]["accuracy"] <= 1
   for name, entry in results["mechanisms"].items():
     assert all(e <= 8.0 for e in entry["epsilon"])  # every run within the target
     assert len(entry["loss"]["per_seed"]) == 2

@@ -36,6 +36,8 @@ from tff_mf import interrupt
 
 # The baseline first: TFF's tree aggregator (what users train with today), then MF.
 MAIN_JOB_MECHANISMS = ("tree", "opt_momentum")
+# The ceiling: the same regime without DP, once (seed 0).
+MAIN_JOB_REFERENCES = ("none",)
 # Pinned for reproducibility: replicate r uses client order / model init seed r and noise
 # seed r. A pinned noise seed is public, so these runs demonstrate, they do not protect.
 NOISE_SEEDS = (0, 1, 2)
@@ -280,35 +282,42 @@ def initial_metrics(task, config) -> Dict[str, float]:
 
 
 def _train_all(output_dir: str, cache_dir, data_dir, mechanisms: Sequence[str],
-               seeds: Sequence[int], progress: bool, settings: dict):
-  """{mechanism: {seed: summary}} and {metric: {mechanism: [curve per seed]}}."""
+               seeds: Sequence[int], progress: bool, settings: dict,
+               references: Sequence[str] = ()):
+  """{mechanism: {seed: summary}}, {metric: {mechanism: [curve per seed]}} and the task's
+  reference metrics {"initial": untrained model, "unigram": unigram predictor}.
+
+  ``references`` (the non-private ceiling) run once, with the first seed.
+  """
   from training import loop  # pylint: disable=g-import-not-at-top
   from training import report  # pylint: disable=g-import-not-at-top
   from training import task as task_lib  # pylint: disable=g-import-not-at-top
-  task, runs = None, {}
-  curves = {"loss": {}, "accuracy": {}}
-  for mechanism in mechanisms:
-    for seed in seeds:
-      config = _config(mechanism, seed, output_dir, cache_dir, data_dir, progress, settings)
-      config.validate()
-      task = task or task_lib.build_task(config)
-      print(f"== {mechanism}, seed {seed}: {config.total_rounds} rounds x "
-            f"{config.clients_per_round} clients, {schema_text(settings)}, target eps "
-            f"{config.target_epsilon} ==", file=sys.stderr, flush=True)
-      if "initial" not in curves:
-        curves["initial"] = initial_metrics(task, config)
-      runs.setdefault(mechanism, {})[seed] = loop.run_training(config, task=task)
-      for metric in curves:
-        curves[metric].setdefault(mechanism, []).append(report.read_curve(
-            os.path.join(config.run_dir, "metrics.csv"), metric))
-  return runs, curves
+  task, runs, baselines = None, {}, {}
+  curves = {"loss": {}, report.HEADLINE: {}}
+  plan = [(m, s) for m in mechanisms for s in seeds] + [(m, seeds[0]) for m in references]
+  for mechanism, seed in plan:
+    overrides = dict(settings, target_epsilon=None) if mechanism in references else settings
+    config = _config(mechanism, seed, output_dir, cache_dir, data_dir, progress, overrides)
+    config.validate()
+    task = task or task_lib.build_task(config)
+    if not baselines:
+      baselines = {"initial": initial_metrics(task, config),
+                   "unigram": task_lib.unigram_baseline(task, config.num_oov_buckets)}
+    print(f"== {mechanism}, seed {seed}: {config.total_rounds} rounds x "
+          f"{config.clients_per_round} clients, {schema_text(settings)}, target eps "
+          f"{config.target_epsilon} ==", file=sys.stderr, flush=True)
+    runs.setdefault(mechanism, {})[seed] = loop.run_training(config, task=task)
+    for metric, by_mechanism in curves.items():
+      by_mechanism.setdefault(mechanism, []).append(report.read_curve(
+          os.path.join(config.run_dir, "metrics.csv"), metric))
+  return runs, curves, baselines
 
 
 def run_main_job(output_dir: str, cache_dir: Optional[str] = None, *,
                  data_dir: Optional[str] = None,
                  mechanisms: Sequence[str] = MAIN_JOB_MECHANISMS,
                  seeds: Sequence[int] = NOISE_SEEDS, progress: bool = True,
-                 **overrides) -> int:
+                 references: Sequence[str] = MAIN_JOB_REFERENCES, **overrides) -> int:
   """Trains every mechanism once per seed into ``output_dir``; returns a process exit code.
 
   Args:
@@ -319,6 +328,8 @@ def run_main_job(output_dir: str, cache_dir: Optional[str] = None, *,
     seeds: replicate r uses client-sampling/model-init seed r and noise seed r (pinned, so
       the job is reproducible; a pinned noise seed is public, see docs/threat_model.md).
     progress: one progress bar per run on stderr.
+    references: non-private runs of the same regime (the ceiling), trained once with the
+      first seed and left out of the comparison.
     **overrides: any other ``TrainingConfig`` field (e.g. total_rounds).
   """
   from training import report  # pylint: disable=g-import-not-at-top
@@ -326,13 +337,15 @@ def run_main_job(output_dir: str, cache_dir: Optional[str] = None, *,
   os.makedirs(output_dir, exist_ok=True)
   start = time.perf_counter()
   try:
-    runs, curves = _train_all(output_dir, cache_dir, data_dir, mechanisms, seeds, progress,
-                              settings)
+    runs, curves, baselines = _train_all(output_dir, cache_dir, data_dir, mechanisms, seeds,
+                                         progress, settings, references)
   except ValueError as e:  # TrainingError, CheckError: one line
     print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
     return 1
-  result = report.compare(runs, baseline=mechanisms[0], leading=LEADING_METRIC)
-  result["initial_test_metrics"] = curves.pop("initial")
+  result = report.compare(runs, baseline=mechanisms[0], leading=LEADING_METRIC,
+                          references=references)
+  result["initial_test_metrics"] = baselines["initial"]
+  result["unigram"] = baselines["unigram"]
   result["wall_seconds"] = time.perf_counter() - start
   notes = [note.format(**settings) for note in READING_NOTES]
   described = dict(settings, schema_text=schema_text(settings), notes=notes,

@@ -28,6 +28,9 @@ METRICS = (("loss", "test loss (nats/token)", True),
            ("accuracy", "test accuracy, all tokens", False),
            ("accuracy_no_oov_no_eos", "test accuracy, no OOV/EOS", False))
 CONFIDENCE = 0.95
+# The papers' headline metric (Denisov et al. 2022, arXiv:2202.08312, App I): accuracy over
+# targets that are neither OOV nor EOS. The conclusion reports it beside the leading metric.
+HEADLINE = "accuracy_no_oov_no_eos"
 
 
 def _label(mechanism: str) -> str:
@@ -73,35 +76,42 @@ def paired(values: Sequence[float], baseline: Sequence[float], lower_is_better: 
           "better_for_seeds": sum(1 for d in diffs if better(d)), "verdict": verdict}
 
 
-def compare(runs: Dict[str, Dict[int, dict]], baseline: str, leading: str = "loss"
-            ) -> Dict[str, object]:
+def compare(runs: Dict[str, Dict[int, dict]], baseline: str, leading: str = "loss",
+            references: Sequence[str] = ()) -> Dict[str, object]:
   """{mechanisms: {name: {metric: {per_seed, mean, std, vs_baseline}}}, conclusion}.
 
-  ``runs[mechanism][seed]`` is that run's summary; seeds are paired across mechanisms.
+  ``runs[mechanism][seed]`` is that run's summary; seeds are paired across the DP
+  mechanisms. ``references`` (e.g. ``none``, the non-private ceiling) are summarized over
+  their own seeds, marked ``reference`` and left out of the pairing and the conclusion.
   """
-  seeds = sorted(set.intersection(*[set(r) for r in runs.values()]))
+  contenders = {m: r for m, r in runs.items() if m not in references}
+  seeds = sorted(set.intersection(*[set(r) for r in contenders.values()]))
   out: Dict[str, dict] = {}
   for mechanism, by_seed in runs.items():
-    entry: Dict[str, object] = {"label": _label(mechanism)}
+    reference = mechanism in references
+    own_seeds = sorted(by_seed) if reference else seeds
+    entry: Dict[str, object] = {"label": _label(mechanism), "reference": reference,
+                                "seeds": own_seeds}
     for key, label, lower in METRICS:
-      values = [by_seed[s]["test_metrics"][key] for s in seeds]
+      values = [by_seed[s]["test_metrics"][key] for s in own_seeds]
       mean, std = mean_std(values)
       metric = {"label": label, "lower_is_better": lower, "per_seed": values, "mean": mean,
                 "std": std}
-      if mechanism != baseline:
+      if mechanism != baseline and not reference:
         metric["vs_baseline"] = paired(
             values, [runs[baseline][s]["test_metrics"][key] for s in seeds], lower)
       entry[key] = metric
-    first = by_seed[seeds[0]]
-    entry["privacy_statement"] = _largest_statement([by_seed[s] for s in seeds])
-    entry.update(epsilon=[by_seed[s]["epsilon"] for s in seeds],
+    first = by_seed[own_seeds[0]]
+    entry["privacy_statement"] = _largest_statement([by_seed[s] for s in own_seeds])
+    entry.update(epsilon=[by_seed[s]["epsilon"] for s in own_seeds],
                  analysis=first.get("analysis"), noise_multiplier=first["noise_multiplier"],
                  sensitivity=(first.get("privacy") or {}).get("sensitivity"),
                  single_participation_sqrt_loss=first.get("single_participation_sqrt_loss"),
-                 wall_seconds=[by_seed[s]["wall_seconds"] for s in seeds])
+                 wall_seconds=[by_seed[s]["wall_seconds"] for s in own_seeds])
     out[mechanism] = entry
   return {"seeds": seeds, "baseline": baseline, "leading_metric": leading,
-          "mechanisms": out, "conclusion": conclusion(out, baseline, leading)}
+          "headline_metric": HEADLINE, "mechanisms": out,
+          "conclusion": conclusion(out, baseline, leading)}
 
 
 def _largest_statement(summaries: Sequence[dict]) -> Optional[dict]:
@@ -125,37 +135,72 @@ def privacy_section(result: dict) -> List[str]:
 
 
 def conclusion(mechanisms: Dict[str, dict], baseline: str, leading: str) -> Dict[str, object]:
-  """The verdict on the leading metric: which MF mechanisms beat the tree beyond the spread."""
-  winners, verdicts = [], {}
+  """The verdicts on the leading metric and on the headline accuracy: which MF mechanisms
+  beat the tree beyond the seeds' spread on each, and on both."""
+  verdicts, headline = {}, {}
   for name, entry in mechanisms.items():
-    if name == baseline:
+    if name == baseline or entry.get("reference"):
       continue
     verdicts[name] = entry[leading]["vs_baseline"]["verdict"]
-    if verdicts[name] == "better":
-      winners.append(name)
+    headline[name] = entry[HEADLINE]["vs_baseline"]["verdict"]
+  winners = [m for m, v in verdicts.items() if v == "better"]
   return {"metric": leading, "verdicts": verdicts, "winners": winners,
-          "mf_wins": bool(winners)}
+          "mf_wins": bool(winners), "headline_metric": HEADLINE, "headline_verdicts": headline,
+          "wins_both": [m for m in winners if headline[m] == "better"]}
 
 
 def _fmt(value, spec=".4f") -> str:
   return "—" if value is None else format(value, spec)
 
 
+def _headline_sentence(result: dict) -> str:
+  """The first sentence: the verdict on test loss and on the papers' headline accuracy."""
+  mech, c = result["mechanisms"], result["conclusion"]
+  unigram = (result.get("unigram") or {}).get(HEADLINE)
+  if c["wins_both"]:
+    names = ", ".join(_label(m) for m in c["wins_both"])
+    text = (f"{names} beat{'s' if len(c['wins_both']) == 1 else ''} TFF's tree on test loss "
+            "and on the papers' headline metric, accuracy without OOV/EOS, each beyond the "
+            f"seeds' spread ({int(CONFIDENCE * 100)}% paired intervals exclude 0)")
+  else:
+    parts = []
+    for m, verdict in c["headline_verdicts"].items():
+      d = mech[m][HEADLINE]["vs_baseline"]
+      parts.append(f"{_label(m)} − tree: {d['mean']:+.4f}, {verdict}")
+    text = ("On the papers' headline metric, accuracy without OOV/EOS, MF does NOT beat TFF's "
+            f"tree beyond the seeds' spread in this budget ({'; '.join(parts)})")
+    if c["winners"]:
+      text += (f", although {', '.join(_label(m) for m in c['winners'])} "
+               f"beat{'s' if len(c['winners']) == 1 else ''} it on test loss")
+  if unigram is not None:
+    beyond = [e["label"] for e in mech.values() if e[HEADLINE]["mean"] > unigram]
+    text += (f"; a unigram predictor (no training) scores {unigram:.4f} on it, and "
+             + (f"{', '.join(beyond)} score{'s' if len(beyond) == 1 else ''} above it"
+                if beyond else "no run scores above it"))
+  return text + "."
+
+
 def _sentences(result: dict, settings: dict) -> str:
-  """The three sentences results.md opens with."""
+  """The sentences results.md opens with: the verdict on both metrics, then three more."""
   mech = result["mechanisms"]
   baseline = result["baseline"]
-  others = [m for m in mech if m != baseline]
+  others = [m for m in mech if m != baseline and not mech[m].get("reference")]
+  references = [m for m in mech if mech[m].get("reference")]
   eps = max(e for m in mech.values() for e in m["epsilon"] if e is not None)
   schema = settings["schema_text"]
   seeds = len(result["seeds"])
-  first = (f"These are {len(mech)} mechanisms × {seeds} pinned noise seed"
+  first = (f"These are {len(others) + 1} mechanisms × {seeds} pinned noise seed"
            f"{'s' if seeds > 1 else ''} ({', '.join(map(str, result['seeds']))}) of DP "
            f"federated training of a small "
            f"next-word LSTM on the docstring dataset ({settings['total_rounds']} rounds of "
            f"{settings['clients_per_round']} clients, {schema}, ε ≤ {epsilon_text(eps)} at δ = "
            f"{settings['delta']:g} for every run): TFF's tree aggregator against "
-           f"{', '.join(_label(m) for m in others)}.")
+           f"{', '.join(_label(m) for m in others)}")
+  for m in references:
+    n = len(mech[m]["seeds"])
+    first += (f", with {_label(m).lower()} training of the same regime as the ceiling "
+              f"({n} seed{'s' if n > 1 else ''})")
+  first += "."
   initial = (result.get("initial_test_metrics") or {}).get("loss")
   start = f"; the untrained model scores {initial:.2f}" if initial is not None else ""
   second = (f"The table leads with test loss (lower is better{start}), the metric the "
@@ -180,31 +225,49 @@ def _sentences(result: dict, settings: dict) -> str:
                    f"(difference {d['mean']:+.3f} ± {d['std']:.3f} nats, interval "
                    f"[{_fmt(low, '+.3f')}, {_fmt(high, '+.3f')}] includes 0)")
   third = "; ".join(parts) + "."
-  return f"{first} {second} {third[0].upper()}{third[1:]}"
+  headline = _headline_sentence(result)
+  return (f"{headline[0].upper()}{headline[1:]} {first} {second} "
+          f"{third[0].upper()}{third[1:]}")
+
+
+def _delta(e: dict, key: str) -> str:
+  """A paired-difference cell: mean ± std (interval; verdict, seeds better)."""
+  d = e[key]["vs_baseline"]
+  low, high = d["interval"]
+  return (f"{d['mean']:+.4f} ± {d['std']:.4f} ([{_fmt(low, '+.4f')}, {_fmt(high, '+.4f')}]; "
+          f"{d['verdict']}, {d['better_for_seeds']}/{len(d['per_seed'])} seeds)")
 
 
 def _main_table(result: dict) -> List[str]:
   mech, baseline = result["mechanisms"], result["baseline"]
-  lines = ["| mechanism | **test loss** (mean ± std) | paired Δ loss vs tree (mean ± std; "
-           f"{int(CONFIDENCE * 100)}% interval) | test accuracy, all tokens | "
-           "test accuracy, no OOV/EOS | ε (analysis) | z | sensitivity | wall s / run |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  interval = f"{int(CONFIDENCE * 100)}% interval"
+  lines = [f"| mechanism | **test loss** (mean ± std) | paired Δ loss vs tree (mean ± std; "
+           f"{interval}) | test accuracy, all tokens | test accuracy, no OOV/EOS | paired Δ "
+           f"accuracy no OOV/EOS vs tree ({interval}) | ε (analysis) | z | sensitivity | "
+           "wall s / run |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for name, e in mech.items():
-    if name == baseline:
-      delta = "baseline"
+    if e.get("reference"):
+      deltas = [f"reference ({len(e['seeds'])} seed{'s' if len(e['seeds']) > 1 else ''})"] * 2
+    elif name == baseline:
+      deltas = ["baseline"] * 2
     else:
-      d = e["loss"]["vs_baseline"]
-      low, high = d["interval"]
-      delta = (f"{d['mean']:+.4f} ± {d['std']:.4f} ([{_fmt(low, '+.4f')}, "
-               f"{_fmt(high, '+.4f')}]; {d['verdict']}, {d['better_for_seeds']}/"
-               f"{len(d['per_seed'])} seeds)")
+      deltas = [_delta(e, "loss"), _delta(e, HEADLINE)]
     eps = max(x for x in e["epsilon"]) if all(x is not None for x in e["epsilon"]) else None
+    privacy = ("— (no DP) | — | —" if e.get("reference") else
+               f"{epsilon_text(eps)} ({e['analysis']}) | {_fmt(e['noise_multiplier'], '.4g')}"
+               f" | {_fmt(e['sensitivity'], '.4g')}")
     lines.append(
-        f"| {e['label']} | **{e['loss']['mean']:.4f} ± {e['loss']['std']:.4f}** | {delta} | "
+        f"| {e['label']} | **{e['loss']['mean']:.4f} ± {e['loss']['std']:.4f}** | {deltas[0]} | "
         f"{e['accuracy']['mean']:.4f} ± {e['accuracy']['std']:.4f} | "
-        f"{e['accuracy_no_oov_no_eos']['mean']:.4f} ± {e['accuracy_no_oov_no_eos']['std']:.4f}"
-        f" | {epsilon_text(eps)} ({e['analysis']}) | {_fmt(e['noise_multiplier'], '.4g')} | "
-        f"{_fmt(e['sensitivity'], '.4g')} | {np.mean(e['wall_seconds']):.0f} |")
+        f"{e[HEADLINE]['mean']:.4f} ± {e[HEADLINE]['std']:.4f} | {deltas[1]} | {privacy} | "
+        f"{np.mean(e['wall_seconds']):.0f} |")
+  unigram = result.get("unigram")
+  if unigram:
+    lines.append(
+        f"| unigram predictor (always “{unigram['word']}”; no training, no DP) | "
+        f"**{unigram['loss']:.4f}** | — | {unigram['accuracy']:.4f} | "
+        f"{unigram[HEADLINE]:.4f} | — | — | — | — | — |")
   return lines
 
 
@@ -213,6 +276,8 @@ def _seed_table(result: dict) -> List[str]:
   lines = ["| mechanism | " + " | ".join(f"seed {s}: test loss" for s in seeds) + " |",
            "| --- | " + " | ".join("---" for _ in seeds) + " |"]
   for e in result["mechanisms"].values():
+    if e.get("reference"):
+      continue
     lines.append(f"| {e['label']} | " + " | ".join(f"{v:.4f}" for v in e["loss"]["per_seed"])
                  + " |")
   return lines
@@ -224,10 +289,13 @@ def markdown(result: dict, settings: dict) -> str:
   c = result["conclusion"]
   verdict = ("MF wins on the leading metric." if c["mf_wins"] else
              "MF does NOT win on the leading metric beyond the seeds' spread.")
+  verdict += (" It also wins on accuracy without OOV/EOS." if c["wins_both"] else
+              " It does NOT win on accuracy without OOV/EOS beyond the seeds' spread.")
   seeds = len(result["seeds"])
   lines = [f"# Main job: {settings['title']}", "", *privacy_section(result),
            "## Results", "", _sentences(result, settings), "",
-           f"**Conclusion (test loss, {seeds} seed{'s' if seeds > 1 else ''}): {verdict}**", "",
+           f"**Conclusion (test loss and accuracy without OOV/EOS, {seeds} seed"
+           f"{'s' if seeds > 1 else ''}): {verdict}**", "",
            *_main_table(result), "", *_seed_table(result), "",
            "![validation loss and accuracy (mean ± std over seeds), final test loss]"
            "(training.png)", "", "## How to read this", "", *settings["notes"], ""]
@@ -247,55 +315,79 @@ def read_curve(metrics_csv: str, metric: str) -> Dict[int, float]:
 
 def plot(result: dict, curves: Dict[str, Dict[str, List[Dict[int, float]]]], path: str,
          title: str) -> str:
-  """training.png: validation loss and accuracy (mean ± std shaded), final test loss bars."""
+  """training.png: validation loss and accuracy without OOV/EOS (mean ± std shaded; the
+  non-private ceiling dashed, the unigram predictor dotted), final test loss bars.
+
+  ``curves[metric][mechanism]``: one {round: value} per seed, for metric "loss" and
+  ``HEADLINE``.
+  """
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+  fig, axes = plt.subplots(1, 4, figsize=(20, 4.6))
   for ax, (metric, label) in zip(axes[:2], (("loss", "validation loss (nats/token)"),
-                                            ("accuracy", "validation accuracy, all tokens"))):
-    for name, per_seed in curves[metric].items():
+                                            (HEADLINE, "validation accuracy, no OOV/EOS"))):
+    for name, per_seed in curves.get(metric, {}).items():
       rounds = sorted(set.intersection(*[set(c) for c in per_seed]))
       if not rounds:
         continue
       values = np.array([[c[r] for r in rounds] for c in per_seed])
       mean = values.mean(axis=0)
       std = values.std(axis=0, ddof=1) if len(per_seed) > 1 else np.zeros_like(mean)
-      line, = ax.plot(rounds, mean, marker="o", markersize=3, label=_label(name))
+      reference = result["mechanisms"].get(name, {}).get("reference")
+      line, = ax.plot(rounds, mean, marker="o", markersize=3,
+                      linestyle="--" if reference else "-",
+                      label=_label(name) + (" (ceiling)" if reference else ""))
       ax.fill_between(rounds, np.maximum(mean - std, 0.0), mean + std,
                       color=line.get_color(), alpha=0.25)
     initial = (result.get("initial_test_metrics") or {}).get(metric)
     if initial is not None:
       ax.axhline(initial, color="gray", linestyle="--", linewidth=1,
                  label=f"untrained model ({initial:.3g}, test)")
+    unigram = (result.get("unigram") or {}).get(metric)
+    if unigram is not None:
+      ax.axhline(unigram, color="black", linestyle=":", linewidth=1.2,
+                 label=f"unigram predictor ({unigram:.3g}, test)")
     ax.set_xlabel("round")
     ax.set_ylabel(label)
     ax.grid(alpha=0.3)
     ax.legend(title=f"mean ± std, {len(result['seeds'])} seeds")
-  ax = axes[2]
-  names = list(result["mechanisms"])
-  means = np.array([result["mechanisms"][m]["loss"]["mean"] for m in names])
-  stds = np.array([result["mechanisms"][m]["loss"]["std"] for m in names])
-  x = np.arange(len(names))
-  ax.bar(x, means, color=[f"C{i}" for i in range(len(names))], alpha=0.7)
-  ax.errorbar(x, means, yerr=[np.minimum(stds, means), stds], fmt="none", ecolor="black",
-              capsize=6)
-  for i, m in enumerate(names):
-    seeds = result["mechanisms"][m]["loss"]["per_seed"]
-    ax.plot([i] * len(seeds), seeds, "k.", markersize=6)
-  initial = (result.get("initial_test_metrics") or {}).get("loss")
-  if initial is not None:
-    ax.axhline(initial, color="gray", linestyle="--", linewidth=1, label="untrained model")
-    ax.legend(loc="lower right")
-  ax.set_xticks(x, [_label(m) for m in names], rotation=25, ha="right")
-  ax.set_ylabel("final test loss (nats/token), mean ± std")
-  ax.set_ylim(bottom=0.0)
-  ax.grid(alpha=0.3, axis="y")
+  for ax, (metric, label) in zip(axes[2:], (
+      ("loss", "final test loss (nats/token), mean ± std"),
+      (HEADLINE, "final test accuracy, no OOV/EOS, mean ± std"))):
+    _final_bars(ax, result, metric, label)
   fig.suptitle(title)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return path
+
+
+def _final_bars(ax, result: dict, metric: str, label: str) -> None:
+  """Bars of a final test metric per mechanism: mean, ±std error bars clipped at 0, seeds as
+  dots; the untrained model dashed and the unigram predictor dotted."""
+  names = list(result["mechanisms"])
+  means = np.array([result["mechanisms"][m][metric]["mean"] for m in names])
+  stds = np.array([result["mechanisms"][m][metric]["std"] for m in names])
+  x = np.arange(len(names))
+  ax.bar(x, means, color=[f"C{i}" for i in range(len(names))], alpha=0.7)
+  ax.errorbar(x, means, yerr=[np.minimum(stds, means), stds], fmt="none", ecolor="black",
+              capsize=6)
+  for i, m in enumerate(names):
+    seeds = result["mechanisms"][m][metric]["per_seed"]
+    ax.plot([i] * len(seeds), seeds, "k.", markersize=6)
+  initial = (result.get("initial_test_metrics") or {}).get(metric)
+  if initial is not None:
+    ax.axhline(initial, color="gray", linestyle="--", linewidth=1, label="untrained model")
+  unigram = (result.get("unigram") or {}).get(metric)
+  if unigram is not None:
+    ax.axhline(unigram, color="black", linestyle=":", linewidth=1.2, label="unigram predictor")
+  if initial is not None or unigram is not None:
+    ax.legend(loc="lower right")
+  ax.set_xticks(x, [_label(m) for m in names], rotation=25, ha="right")
+  ax.set_ylabel(label)
+  ax.set_ylim(bottom=0.0)
+  ax.grid(alpha=0.3, axis="y")
 
 
 def write_results(output_dir: str, result: dict, settings: dict, curves: dict) -> str:

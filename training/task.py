@@ -147,6 +147,42 @@ def trainable_variable_names(keras_model_fn) -> List[str]:
   return names
 
 
+def unigram_baseline(task: Task, num_oov_buckets: int) -> Dict[str, object]:
+  """Test metrics of the context-free predictors fit on every train client's targets.
+
+  ``loss``: cross-entropy on the test targets of the train targets' frequencies (add-one
+  smoothed over the model's classes), the best any model can do that ignores the words
+  before. The accuracies are those of always predicting ``word``, the most frequent train
+  target that is a word (neither pad, OOV, BOS nor EOS), over the targets each accuracy
+  counts (``stackoverflow.metrics``): what a model gets for learning only the unigram.
+  Non-private: a reference line for the tables, not a run.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from stackoverflow import preprocessing  # pylint: disable=g-import-not-at-top
+  vocab_size = len(task.vocab)
+  special = preprocessing.special_token_ids(vocab_size, num_oov_buckets)
+  classes = vocab_size + num_oov_buckets + 3  # pad, words, OOV buckets, BOS, EOS
+  counts = np.zeros(classes, dtype=np.float64)
+  for client_id in task.train_client_ids:
+    targets = np.asarray(task.client_datasets.token_ids(client_id))[:, 1:].ravel()
+    counts += np.bincount(targets, minlength=classes)
+  counts[special.pad] = 0.0
+  frequencies = (counts + 1.0) / (counts.sum() + classes - 1)
+  frequencies[special.pad] = 0.0
+  words = counts.copy()
+  words[[special.pad, *special.oov, special.bos, special.eos]] = -1.0
+  word = int(np.argmax(words))
+  test = np.concatenate([np.asarray(y).ravel() for _, y in task.test])
+  test = test[test != special.pad]
+  no_oov = test[~np.isin(test, special.oov)]
+  no_oov_no_eos = no_oov[no_oov != special.eos]
+  return {"loss": float(-np.mean(np.log(frequencies[test]))),
+          "accuracy": float(np.mean(test == word)),
+          "accuracy_no_oov": float(np.mean(no_oov == word)),
+          "accuracy_no_oov_no_eos": float(np.mean(no_oov_no_eos == word)),
+          "word": task.vocab[word - 1], "test_targets": int(test.size)}
+
+
 class Evaluator:
   """Loss and the three accuracies of Denisov et al. App I on batched (x, y) datasets.
 
