@@ -316,6 +316,8 @@ def write_results(args, n, d, results, losses, infos, window, load_after_rounds)
                                              zip(ratios[name], cpu_ratios[name]))
                  + f" | {max(ratios[name]):.2f}x / {max(cpu_ratios[name]):.2f}x |")
   banded_state = results[("banded", args.rounds[-1])]["state_bytes"] / 2**20
+  bisr_state = results[("bisr", args.rounds[-1])]["state_bytes"] / 2**20
+  stateless_state = results[("bisr_stateless", args.rounds[-1])]["state_bytes"] / 2**20
   struct_tree = [results[("structured", x)]["seconds"] /
                  results[("tree_aggregation", x)]["seconds"] for x in args.rounds]
   loss_ratio = losses["structured"] / losses["dense"]
@@ -332,6 +334,15 @@ def write_results(args, n, d, results, losses, infos, window, load_after_rounds)
       f"{infos['banded']['state_rows']} model-sized rows = {banded_state:.1f} MiB "
       f"(BLT: {infos['blt']['state_rows']} rows, structured: "
       f"{infos['structured']['state_rows']}).",
+      f"- BISR (b = {args.bands}, banded C⁻¹), the two streams of the same noise: stateful (FIR "
+      f"recurrence) keeps {infos['bisr']['state_rows']} model-sized rows = {bisr_state:.1f} MiB "
+      f"between rounds and costs at most {max(ratios['bisr']):.2f}x wall / "
+      f"{max(cpu_ratios['bisr']):.2f}x CPU {BASELINE}; stateless keeps no rows "
+      f"({stateless_state:.1f} MiB: seed and round index) and regenerates the min(i, "
+      f"{args.bands}) rows of Z that round i needs from the seed: at most "
+      f"{max(ratios['bisr_stateless']):.2f}x wall / {max(cpu_ratios['bisr_stateless']):.2f}x "
+      f"CPU. The trade: {args.bands - 1} rows of memory against {args.bands - 1} more Gaussian "
+      "rows drawn per round.",
       "- Structured / tree: " + ", ".join(f"round {x}: {q:.2f}x"
                                           for x, q in zip(args.rounds, struct_tree))
       + f" (target ≤ 2x: {'met' if max(struct_tree) <= 2 else 'NOT met'}).",

@@ -53,7 +53,7 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
     ("main_job", "main_job.md", (("benchmarks/bench_main_job.py",),)),
     ("multi_epoch_training", "training_multi_epoch.md", (
         ("benchmarks/training_pydocs.py", "--mechanisms", "tree", "gaussian", "banded", "blt",
-         "opt_momentum",
+         "opt_momentum", "banded_inverse", "bsr",
          "--seeds", "0", "1", "2", "--out", "out/bench_multi_epoch", "--results_md",
          "benchmarks/results/training_multi_epoch.md"),)),
     ("adaptive_training", "training_adaptive.md", (
