@@ -36,6 +36,11 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
         ("benchmarks/bench_aggregation.py", "--rounds", "1", "256", "1024", "2047", "2048",
          "--dense-rounds", "1", "256", "1024", "2048", "--reps", "15", "--dense-reps", "1",
          "--window", "64"),)),
+    # BISR's two noise streams beside BLT and gaussian_fixed (the stateless one draws b rows a
+    # round, so a shorter run than the full table's).
+    ("aggregation_streams", "aggregation_streams.md", (
+        ("benchmarks/bench_aggregation.py", "--mechanisms", "blt", "bisr", "bisr_stateless",
+         "--reps", "7", "--window", "16", "--name", "aggregation_streams"),)),
     ("mmcc", "mmcc.md", (("benchmarks/bench_mmcc.py", "fig2"),
                          ("benchmarks/bench_mmcc.py", "fig2", "--c", "4", "8", "--max-log2", "8",
                           "--out", "fig2_small_c"),
