@@ -365,7 +365,8 @@ def write_results(args, n, d, results, losses, infos, window, load_after_rounds)
       f"({'flat vector' if args.dim else 'StackOverflow LSTM variables'}); n = {n}; "
       + "".join(f"{x}; " for x in setup) + "every matrix mechanism from `build_mechanism`. "
       "Time = median of the server-side `get_noised_result` (noise row + division by "
-      f"clients), warm graph; all but dense interleaved over {args.reps} repetitions"
+      f"clients), warm graph; {'all but dense' if 'dense' in mechs else 'all'} interleaved "
+      f"over {args.reps} repetitions"
       + (f" (dense: {args.dense_reps})" if "dense" in mechs else "") + ". 1-minute load "
       f"average {LOAD_AT_START:.2f} when the run started, {load_after_rounds:.2f} after these "
       "rounds (2 cores).", "",

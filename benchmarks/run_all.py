@@ -61,6 +61,11 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
          "opt_momentum", "banded_inverse", "bsr",
          "--seeds", "0", "1", "2", "--out", "out/bench_multi_epoch", "--results_md",
          "benchmarks/results/training_multi_epoch.md"),)),
+    # BandInvMF and BSR against TFF's tree, same settings (their runs are reused by the above).
+    ("square_root_training", "training_square_root.md", (
+        ("benchmarks/training_pydocs.py", "--mechanisms", "tree", "banded_inverse", "bsr",
+         "--seeds", "0", "1", "2", "--out", "out/bench_multi_epoch", "--results_md",
+         "benchmarks/results/training_square_root.md"),)),
     ("adaptive_training", "training_adaptive.md", (
         ("benchmarks/training_adaptive.py", "--total_rounds", "24", "--clips", "1", "0.3", "3",
          "--seeds", "0", "1", "2", "--grid_seeds", "0"),)),
