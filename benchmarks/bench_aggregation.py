@@ -29,8 +29,10 @@ but dense are timed interleaved, repetition by repetition, in one process; then 
 amortized cost over the last ``--window`` consecutive rounds.
 
 Usage: ``.venv/bin/python benchmarks/bench_aggregation.py [--n 2048] [--rounds ...]
-[--dense-rounds ...] [--reps 7] [--dense-reps 1] [--window 64]``; ``--smoke`` runs a tiny
-configuration in seconds. Writes ``benchmarks/results/aggregation.{md,json,png}``.
+[--dense-rounds ...] [--reps 7] [--dense-reps 1] [--window 64] [--mechanisms ...]
+[--name aggregation]``; ``--smoke`` runs a tiny configuration in seconds. Writes
+``benchmarks/results/<name>.{md,json,png}``; ``--mechanisms`` times only those rows (and
+gaussian_fixed), under a subsection title.
 """
 
 import argparse
@@ -121,8 +123,8 @@ def _medians(pairs):
   return (statistics.median(w for w, _ in pairs), statistics.median(c for _, c in pairs))
 
 
-def build_queries(n, specs, bands, cache_dir):
-  """(normalized queries by name, √L by name, mechanism info by name)."""
+def build_queries(n, specs, bands, cache_dir, mechs=MECHS):
+  """(normalized queries by name, √L by name, mechanism info by name) of ``mechs``."""
   def normalized(q):
     return tfp.NormalizedQuery(q, denominator=CLIENTS)
 
@@ -130,6 +132,8 @@ def build_queries(n, specs, bands, cache_dir):
                 cache_dir=cache_dir, progress=True)
   queries, losses, infos = {}, {}, {}
   for name, (mechanism, kwargs) in MATRIX.items():
+    if name not in mechs:
+      continue
     if mechanism in ("banded", "bisr"):
       kwargs = dict(kwargs, bands=bands)
     setup = aggregators.build_mechanism(mechanism, **common, **kwargs)
@@ -138,15 +142,17 @@ def build_queries(n, specs, bands, cache_dir):
     losses[name] = setup.single_participation_sqrt_loss
     infos[name] = {k: setup.info.get(k) for k in ("noise_implementation", "state_rows",
                                                    "bands", "rank", "buffers", "cache_npz")}
-  tree_setup = aggregators.build_mechanism("tree", **common)
-  z_node = tree_setup.info["noise_multiplier_per_node"]
-  queries["tree_aggregation"] = normalized(tfp.TreeResidualSumQuery.build_l2_gaussian_query(
-      CLIP, z_node, specs, noise_seed=1, use_efficient=True))
-  infos["tree_aggregation"] = {"noise_multiplier_per_node": z_node}
+  if "tree_aggregation" in mechs:
+    tree_setup = aggregators.build_mechanism("tree", **common)
+    z_node = tree_setup.info["noise_multiplier_per_node"]
+    queries["tree_aggregation"] = normalized(tfp.TreeResidualSumQuery.build_l2_gaussian_query(
+        CLIP, z_node, specs, noise_seed=1, use_efficient=True))
+    infos["tree_aggregation"] = {"noise_multiplier_per_node": z_node}
   queries["gaussian_fixed"] = normalized(tfp.GaussianSumQuery(l2_norm_clip=CLIP,
                                                               stddev=CLIP * Z))
-  losses["honaker_online"] = strategies.factorize(strategies.FactorizationSpec(
-      workloads.WorkloadSpec("prefix_sum", n), "honaker_online")).single_participation_sqrt_loss
+  if "dense" in mechs:
+    losses["honaker_online"] = strategies.factorize(strategies.FactorizationSpec(
+        workloads.WorkloadSpec("prefix_sum", n), "honaker_online")).single_participation_sqrt_loss
   return queries, losses, infos
 
 
@@ -168,7 +174,13 @@ def main(argv=None):
                       help="n = 16, d = 1000, 2 repetitions, window 4 (seconds): checks that the "
                       "script runs")
   parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
+  parser.add_argument("--mechanisms", nargs="+", choices=MECHS, default=list(MECHS),
+                      help=f"the rows to time (default: all); {BASELINE}, the ratios' "
+                      "baseline, is always timed")
+  parser.add_argument("--name", default="aggregation",
+                      help="results file stem: <out>/<name>.{md,json,png}")
   args = parser.parse_args(argv)
+  args.mechanisms = tuple(m for m in MECHS if m in set(args.mechanisms) | {BASELINE})
   if args.smoke:
     args.n, args.rounds, args.dense_rounds, args.dim = 16, [1, 16], [1, 16], 1000
     args.reps, args.window, args.bands = 2, 4, 4
@@ -176,7 +188,7 @@ def main(argv=None):
   specs = model_specs(args.dim)
   d = sum(int(np.prod(s.shape)) for s in specs)
   sample = [tf.zeros(s.shape, s.dtype) for s in specs]
-  queries, losses, infos = build_queries(n, specs, args.bands, args.cache_dir)
+  queries, losses, infos = build_queries(n, specs, args.bands, args.cache_dir, args.mechanisms)
   small_tree = tfp.NormalizedQuery(tfp.TreeResidualSumQuery.build_l2_gaussian_query(
       CLIP, Z, [tf.TensorSpec([1], tf.float32)], noise_seed=1, use_efficient=True),
                                    denominator=CLIENTS)
@@ -196,7 +208,8 @@ def main(argv=None):
 
   results = {}
   # Dense regeneration: one graph for every round (warmed at round 1), few repetitions.
-  for rnd in tqdm(args.dense_rounds, desc="dense", file=sys.stderr):
+  dense_rounds = args.dense_rounds if "dense" in args.mechanisms else []
+  for rnd in tqdm(dense_rounds, desc="dense", file=sys.stderr):
     state = state_for("dense", rnd - 1)
     if rnd == args.dense_rounds[0]:
       time_calls(fns["dense"], sample, state, 1)
@@ -205,7 +218,7 @@ def main(argv=None):
                                "state_bytes": state_bytes(state)}
     del state
   # The others interleaved, repetition by repetition, so they see the same machine load.
-  others = [m for m in MECHS if m != "dense"]
+  others = [m for m in args.mechanisms if m != "dense"]
   for rnd in tqdm(args.rounds, desc="interleaved", file=sys.stderr):
     states = {name: state_for(name, rnd - 1) for name in others}
     for name in others:
@@ -234,7 +247,7 @@ def window_times(args, n, queries, fns, small_tree, sample, specs):
   (a first pass traces every buffer layout of the tree; the second is timed)."""
   first = n - args.window  # 0-based index of the first round in the window
   out = {"load_start": os.getloadavg()[0]}
-  for name in [m for m in MECHS if m != "dense"]:
+  for name in [m for m in args.mechanisms if m != "dense"]:
     q = queries[name]
     base = q.initial_global_state()
     if name in MATRIX:
@@ -264,30 +277,102 @@ def _ms(results, name, rnd):
   return f"{v['seconds'] * 1e3:.1f}" if v else "not run"
 
 
+def _bullets(args, n, mechs, results, ratios, cpu_ratios, losses, infos):
+  """The summary lines of the mechanisms that ran."""
+  def state_mib(name):
+    return results[(name, args.rounds[-1])]["state_bytes"] / 2**20
+
+  out = []
+  if "blt" in ratios:
+    out.append(
+        f"- BLT / {BASELINE}: at most {max(ratios['blt']):.2f}x wall, "
+        f"{max(cpu_ratios['blt']):.2f}x CPU over these rounds; median over the rounds "
+        f"{statistics.median(ratios['blt']):.2f}x wall, "
+        f"{statistics.median(cpu_ratios['blt']):.2f}x CPU (target ≤ 1.5x: "
+        + ("met" if max(ratios['blt']) <= 1.5 else
+           "met on CPU time, not on wall time at this load" if max(cpu_ratios['blt']) <= 1.5
+           else "NOT met") + ").")
+  if "banded" in ratios:
+    others = ", ".join(f"{label}: {infos[m]['state_rows']} rows"
+                       for m, label in (("blt", "BLT"), ("structured", "structured"))
+                       if m in infos)
+    out.append(f"- Banded (b = {args.bands}): at most {max(ratios['banded']):.2f}x wall / "
+               f"{max(cpu_ratios['banded']):.2f}x CPU {BASELINE}; state "
+               f"{infos['banded']['state_rows']} model-sized rows = {state_mib('banded'):.1f} "
+               "MiB" + (f" ({others})" if others else "") + ".")
+  if "bisr" in ratios and "bisr_stateless" in ratios:
+    out.append(
+        f"- BISR (b = {args.bands}, banded C⁻¹), the two streams of the same noise: stateful "
+        f"(FIR recurrence) keeps {infos['bisr']['state_rows']} model-sized rows = "
+        f"{state_mib('bisr'):.1f} MiB between rounds and costs at most "
+        f"{max(ratios['bisr']):.2f}x wall / {max(cpu_ratios['bisr']):.2f}x CPU {BASELINE}; "
+        f"stateless keeps no rows ({state_mib('bisr_stateless'):.1f} MiB: seed and round "
+        f"index) and regenerates the min(i, {args.bands}) rows of Z that round i needs from the "
+        f"seed: at most {max(ratios['bisr_stateless']):.2f}x wall / "
+        f"{max(cpu_ratios['bisr_stateless']):.2f}x CPU. The trade: {args.bands - 1} rows of "
+        f"memory against {args.bands - 1} more Gaussian rows drawn per round.")
+  if "structured" in ratios and "tree_aggregation" in ratios:
+    struct_tree = [results[("structured", x)]["seconds"] /
+                   results[("tree_aggregation", x)]["seconds"] for x in args.rounds]
+    out.append("- Structured / tree: " + ", ".join(f"round {x}: {q:.2f}x"
+                                                   for x, q in zip(args.rounds, struct_tree))
+               + f" (target ≤ 2x: {'met' if max(struct_tree) <= 2 else 'NOT met'}).")
+  if all(m in losses for m in ("dense", "structured", "blt", "banded", "honaker_online")):
+    loss_ratio = losses["structured"] / losses["dense"]
+    out.append(
+        f"- √L (prefix sums, n = {n}): optimal {losses['dense']:.2f}, structured "
+        f"{losses['structured']:.2f} ({(loss_ratio - 1) * 100:.2f}% above optimal; target ≤ "
+        f"3%: {'met' if loss_ratio <= 1.03 else 'NOT met'}), BLT {losses['blt']:.2f}, banded "
+        f"{losses['banded']:.2f}, Honaker online {losses['honaker_online']:.2f}."
+        + (" Paper values (Denisov et al. 2022, Table 2, n = 2048): optimal 143.6, structured "
+           "(6, 5) 145.8, Honaker online 278.3." if n == 2048 else ""))
+  if "dense" in mechs:
+    out.append("- Dense regeneration draws i rows of Z in round i; its state is the seed only.")
+  if "tree_aggregation" in infos:
+    out.append(f"- The TFF tree adds per-node multiplier "
+               f"{infos['tree_aggregation']['noise_multiplier_per_node']:.4g} (z·√levels, as "
+               "`build_mechanism('tree')` reports).")
+  return out
+
+
 def write_results(args, n, d, results, losses, infos, window, load_after_rounds):
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   import matplotlib.ticker  # pylint: disable=g-import-not-at-top
   os.makedirs(args.out, exist_ok=True)
-  rounds = sorted(set(args.rounds) | set(args.dense_rounds))
+  mechs = args.mechanisms
+  rounds = sorted(set(args.rounds) | set(args.dense_rounds if "dense" in mechs else []))
   command = " ".join(["benchmarks/bench_aggregation.py"] + (
       sys.argv[1:] if __name__ == "__main__" else []))
-  structure = f"({infos['structured']['bands']}, {infos['structured']['rank']})"
+  setup = []
+  if "structured" in infos:
+    setup.append(f"structured (h, r) = ({infos['structured']['bands']}, "
+                 f"{infos['structured']['rank']})")
+  if "blt" in infos:
+    setup.append(f"BLT with {infos['blt']['buffers']} buffers")
+  banded_like = [m for m in ("banded", "bisr") if m in infos]
+  if banded_like:
+    setup.append(f"{' and '.join(banded_like)} with b = {args.bands} bands")
+  full = set(mechs) == set(MECHS)
+  title = ("## Per-round DP aggregation cost (tff_mf.tf.aggregators / query)" if full else
+           f"### The same for {', '.join(mechs)} alone (a separate run)")
   lines = [
-      "## Per-round DP aggregation cost (tff_mf.tf.aggregators / query)", "",
+      title, "",
       f"Command: `.venv/bin/python {command}`  ",
-      f"Machine: {MACHINE}. Model: d = {d:,} float32 parameters "
+      f"Machine: {MACHINE}, shared with other jobs (ratios within this run are what count). "
+      f"Model: d = {d:,} float32 parameters "
       f"({'flat vector' if args.dim else 'StackOverflow LSTM variables'}); n = {n}; "
-      f"structured (h, r) = {structure}; BLT with {infos['blt']['buffers']} buffers; banded "
-      f"with b = {args.bands} bands; every matrix mechanism from `build_mechanism`. Time = "
-      "median of the server-side `get_noised_result` (noise row + division by clients), warm "
-      f"graph; all but dense interleaved over {args.reps} repetitions (dense: "
-      f"{args.dense_reps}). 1-minute load average {LOAD_AT_START:.2f} when the run started, "
-      f"{load_after_rounds:.2f} after these rounds (2 cores).", "",
+      + "".join(f"{x}; " for x in setup) + "every matrix mechanism from `build_mechanism`. "
+      "Time = median of the server-side `get_noised_result` (noise row + division by "
+      f"clients), warm graph; {'all but dense' if 'dense' in mechs else 'all'} interleaved "
+      f"over {args.reps} repetitions"
+      + (f" (dense: {args.dense_reps})" if "dense" in mechs else "") + ". 1-minute load "
+      f"average {LOAD_AT_START:.2f} when the run started, {load_after_rounds:.2f} after these "
+      "rounds (2 cores).", "",
       "| mechanism | " + " | ".join(f"round {x} (ms)" for x in rounds) + " | state (MiB) |",
       "| --- | " + " | ".join("---" for _ in rounds) + " | --- |"]
-  for name in MECHS:
+  for name in mechs:
     last = [results[(name, x)] for x in rounds if (name, x) in results]
     state = f"{last[-1]['state_bytes'] / 2**20:.1f}" if last else "not run"
     lines.append(f"| {name} | " + " | ".join(_ms(results, name, x) for x in rounds)
@@ -295,7 +380,7 @@ def write_results(args, n, d, results, losses, infos, window, load_after_rounds)
   lines += ["", "The same, CPU ms of this process per round (all its threads):", "",
             "| mechanism | " + " | ".join(f"round {x}" for x in rounds) + " |",
             "| --- | " + " | ".join("---" for _ in rounds) + " |"]
-  for name in MECHS:
+  for name in mechs:
     lines.append(f"| {name} | " + " | ".join(
         f"{results[(name, x)]['cpu_seconds'] * 1e3:.1f}" if (name, x) in results else "not run"
         for x in rounds) + " |")
@@ -305,7 +390,7 @@ def write_results(args, n, d, results, losses, infos, window, load_after_rounds)
             "| mechanism | " + " | ".join(f"round {x}" for x in args.rounds) + " | max |",
             "| --- | " + " | ".join("---" for _ in args.rounds) + " | --- |"]
   ratios, cpu_ratios = {}, {}
-  for name in MECHS:
+  for name in mechs:
     if name in ("dense", BASELINE):
       continue
     ratios[name] = [results[(name, x)]["seconds"] / results[(BASELINE, x)]["seconds"]
@@ -315,39 +400,12 @@ def write_results(args, n, d, results, losses, infos, window, load_after_rounds)
     lines.append(f"| {name} | " + " | ".join(f"{q:.2f}x / {c:.2f}x" for q, c in
                                              zip(ratios[name], cpu_ratios[name]))
                  + f" | {max(ratios[name]):.2f}x / {max(cpu_ratios[name]):.2f}x |")
-  banded_state = results[("banded", args.rounds[-1])]["state_bytes"] / 2**20
-  struct_tree = [results[("structured", x)]["seconds"] /
-                 results[("tree_aggregation", x)]["seconds"] for x in args.rounds]
-  loss_ratio = losses["structured"] / losses["dense"]
-  lines += [
-      "",
-      f"- BLT / {BASELINE}: at most {max(ratios['blt']):.2f}x wall, {max(cpu_ratios['blt']):.2f}x "
-      f"CPU over these rounds; median over the rounds {statistics.median(ratios['blt']):.2f}x "
-      f"wall, {statistics.median(cpu_ratios['blt']):.2f}x CPU (target ≤ 1.5x: "
-      + ("met" if max(ratios['blt']) <= 1.5 else
-         "met on CPU time, not on wall time at this load" if max(cpu_ratios['blt']) <= 1.5
-         else "NOT met") + ").",
-      f"- Banded (b = {args.bands}): at most {max(ratios['banded']):.2f}x wall / "
-      f"{max(cpu_ratios['banded']):.2f}x CPU {BASELINE}; state "
-      f"{infos['banded']['state_rows']} model-sized rows = {banded_state:.1f} MiB "
-      f"(BLT: {infos['blt']['state_rows']} rows, structured: "
-      f"{infos['structured']['state_rows']}).",
-      "- Structured / tree: " + ", ".join(f"round {x}: {q:.2f}x"
-                                          for x, q in zip(args.rounds, struct_tree))
-      + f" (target ≤ 2x: {'met' if max(struct_tree) <= 2 else 'NOT met'}).",
-      f"- √L (prefix sums, n = {n}): optimal {losses['dense']:.2f}, structured "
-      f"{losses['structured']:.2f} ({(loss_ratio - 1) * 100:.2f}% above optimal; target ≤ 3%: "
-      f"{'met' if loss_ratio <= 1.03 else 'NOT met'}), BLT {losses['blt']:.2f}, banded "
-      f"{losses['banded']:.2f}, Honaker online {losses['honaker_online']:.2f}."
-      + (" Paper values (Denisov et al. 2022, Table 2, n = 2048): optimal 143.6, structured "
-         "(6, 5) 145.8, Honaker online 278.3." if n == 2048 else ""),
-      f"- Dense regeneration draws i rows of Z in round i; its state is the seed only. "
-      f"The TFF tree adds per-node multiplier {infos['tree_aggregation']['noise_multiplier_per_node']:.4g}"
-      " (z·√levels, as `build_mechanism('tree')` reports).", ""]
+  lines += [""] + _bullets(args, n, mechs, results, ratios, cpu_ratios, losses, infos) + [""]
   if window:
-    names = [m for m in MECHS if m in window]
+    names = [m for m in mechs if m in window]
     base = _medians(window[BASELINE])
-    lines += [f"### Amortized cost over the last {args.window} consecutive rounds "
+    lines += [f"{'###' if full else '####'} Amortized cost over the last {args.window} "
+              "consecutive rounds "
               f"({n - args.window + 1}..{n})", "",
               "Same process, after the table above. Mean / median wall ms and median CPU ms per "
               "round of a second pass (the first pass traces the tree's buffer layouts); "
@@ -362,17 +420,17 @@ def write_results(args, n, d, results, losses, infos, window, load_after_rounds)
                    f"{wall / base[0]:.2f}x / {cpu / base[1]:.2f}x |")
     lines.append("")
   text = "\n".join(lines)
-  with open(os.path.join(args.out, "aggregation.md"), "w") as fh:
+  with open(os.path.join(args.out, f"{args.name}.md"), "w") as fh:
     fh.write(text)
-  with open(os.path.join(args.out, "aggregation.json"), "w") as fh:
+  with open(os.path.join(args.out, f"{args.name}.json"), "w") as fh:
     json.dump({"results": {f"{k[0]}@{k[1]}": v for k, v in results.items()},
                "single_participation_sqrt_loss": losses, "mechanisms": infos, "d": d, "n": n,
                "load": [LOAD_AT_START, load_after_rounds],
                "window": window}, fh, indent=1, default=float)
   fig, ax = plt.subplots(figsize=(7.5, 4.5))
   # Rounds as categories (1 and 2048 are far apart, 2047 and 2048 adjacent on any scale).
-  for k, name in enumerate(MECHS):
-    pos = [i + (k - (len(MECHS) - 1) / 2) * 0.1 for i, x in enumerate(rounds)
+  for k, name in enumerate(mechs):
+    pos = [i + (k - (len(mechs) - 1) / 2) * 0.1 for i, x in enumerate(rounds)
            if (name, x) in results]
     ax.plot(pos, [results[(name, x)]["seconds"] * 1e3 for x in rounds if (name, x) in results],
             marker="o", linestyle=":", label=name)
@@ -386,7 +444,7 @@ def write_results(args, n, d, results, losses, infos, window, load_after_rounds)
   ax.set_title(f"DP aggregation cost, d = {d:,}, n = {n}")
   ax.legend(fontsize=8, ncol=2)
   fig.tight_layout()
-  fig.savefig(os.path.join(args.out, "aggregation.png"), dpi=120)
+  fig.savefig(os.path.join(args.out, f"{args.name}.png"), dpi=120)
   plt.close(fig)
   print(text)
 

@@ -36,6 +36,11 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
         ("benchmarks/bench_aggregation.py", "--rounds", "1", "256", "1024", "2047", "2048",
          "--dense-rounds", "1", "256", "1024", "2048", "--reps", "15", "--dense-reps", "1",
          "--window", "64"),)),
+    # BISR's two noise streams beside BLT and gaussian_fixed (the stateless one draws b rows a
+    # round, so a shorter run than the full table's).
+    ("aggregation_streams", "aggregation_streams.md", (
+        ("benchmarks/bench_aggregation.py", "--mechanisms", "blt", "bisr", "bisr_stateless",
+         "--reps", "7", "--window", "16", "--name", "aggregation_streams"),)),
     ("mmcc", "mmcc.md", (("benchmarks/bench_mmcc.py", "fig2"),
                          ("benchmarks/bench_mmcc.py", "fig2", "--c", "4", "8", "--max-log2", "8",
                           "--out", "fig2_small_c"),
@@ -53,9 +58,14 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
     ("main_job", "main_job.md", (("benchmarks/bench_main_job.py",),)),
     ("multi_epoch_training", "training_multi_epoch.md", (
         ("benchmarks/training_pydocs.py", "--mechanisms", "tree", "gaussian", "banded", "blt",
-         "opt_momentum",
+         "opt_momentum", "banded_inverse", "bsr",
          "--seeds", "0", "1", "2", "--out", "out/bench_multi_epoch", "--results_md",
          "benchmarks/results/training_multi_epoch.md"),)),
+    # BandInvMF and BSR against TFF's tree, same settings (their runs are reused by the above).
+    ("square_root_training", "training_square_root.md", (
+        ("benchmarks/training_pydocs.py", "--mechanisms", "tree", "banded_inverse", "bsr",
+         "--seeds", "0", "1", "2", "--out", "out/bench_multi_epoch", "--results_md",
+         "benchmarks/results/training_square_root.md"),)),
     ("adaptive_training", "training_adaptive.md", (
         ("benchmarks/training_adaptive.py", "--total_rounds", "24", "--clips", "1", "0.3", "3",
          "--seeds", "0", "1", "2", "--grid_seeds", "0"),)),

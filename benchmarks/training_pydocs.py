@@ -16,11 +16,12 @@ reproduces the section whatever the main job's defaults are.
 
 With ``--mechanisms`` it compares other mechanisms (the first is the baseline), for
 example the multi-epoch comparison of TFF's tree, independent noise (TFF's
-``gaussian_fixed``), banded, BLT and the fixed-epoch optimum for momentum at equal ε
-under the main job's fixed-epoch schema:
+``gaussian_fixed``), banded, BLT, the fixed-epoch optimum for momentum, BandInvMF and BSR
+at equal ε under the main job's fixed-epoch schema:
 
   nice .venv/bin/python benchmarks/training_pydocs.py --mechanisms tree gaussian banded blt \
-      opt_momentum --out out/bench_multi_epoch --results_md benchmarks/results/training_multi_epoch.md
+      opt_momentum banded_inverse bsr --out out/bench_multi_epoch \
+      --results_md benchmarks/results/training_multi_epoch.md
 
 When ``gaussian`` is among them, the section adds each matrix mechanism's paired
 test-loss difference to it (the papers' claim: MF ahead of independent noise in
@@ -43,6 +44,38 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 DEFAULT_OUT = os.path.join("out", "bench_training")
 DEFAULT_RESULTS_MD = os.path.join(REPO, "benchmarks", "results", "training.md")
 MACHINE = "2-core x86_64 CPU, 24 GB, no GPU"
+
+
+# "How to read this" lines for the square-root families (formatted with the first seed's
+# mechanism_info): what they are and the noise memory their stream takes.
+FAMILY_NOTES = {
+    "banded_inverse": (
+        "- BandInvMF (`banded_inverse`; Kalinin, Lampert et al. 2025, arXiv:2505.12128): C⁻¹ "
+        "is lower-triangular Toeplitz with b = {bands} bands (the family's default for this "
+        "schema: its separation, n/k rounds for k fixed epochs), its b coefficients optimized "
+        "for the schema's rmse, started from BISR's closed form. Round i's noise (C⁻¹Z)[i] "
+        "needs only the last b rows of Z: the stateful stream trained here keeps "
+        "b − 1 = {state_rows} model-sized rows; `noise_stream=\"stateless\"` (the same noise) "
+        "keeps none and regenerates the b rows from the seed each round."),
+    "bsr": (
+        "- BSR (`bsr`; Kalinin and Lampert 2024, arXiv:2405.13763): C is the banded truncation "
+        "of the workload's square root to b = {bands} bands (the same default), in closed form "
+        "without optimization. C is banded, so the noise C⁻¹Z is a recurrence over the last "
+        "b − 1 = {state_rows} noise rows, kept as model-sized state; its C⁻¹ is dense, so the "
+        "stateless stream would regenerate all i rows of Z in round i."),
+}
+
+
+def family_notes(out: str, mechanisms, seed: int) -> str:
+  """``FAMILY_NOTES`` lines of the trained mechanisms ("" when none is among them)."""
+  lines = []
+  for name in mechanisms:
+    if name in FAMILY_NOTES:
+      path = os.path.join(out, "runs", f"{name}-seed{seed}", "summary.json")
+      with open(path, encoding="utf-8") as f:
+        info = json.load(f)["mechanism_info"]
+      lines.append(FAMILY_NOTES[name].format(bands=info["bands"], state_rows=info["state_rows"]))
+  return "".join(line + "\n" for line in lines)
 
 
 def vs_independent_noise(mechanisms: dict) -> str:
@@ -125,6 +158,7 @@ def main(argv=None):
   header, _, rest = text.partition("\n\n")
   with open(os.path.join(args.out, "results.json"), encoding="utf-8") as f:
     runs = json.load(f)["mechanisms"]
+  rest = rest.rstrip("\n") + "\n" + family_notes(args.out, mechanisms, args.seeds[0])
   rest += vs_independent_noise(runs)
   trained = sum(sum(e["wall_seconds"]) for e in runs.values())
   section = (f"{header}\n\nCommand: `{command}`  \nMachine: {MACHINE} (wall times depend on "

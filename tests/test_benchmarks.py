@@ -85,3 +85,21 @@ def test_smoke_run_slow(script, tmp_path):
   result, out = _smoke(script, tmp_path)
   assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
   assert any(name.endswith(".md") for _, _, files in os.walk(out) for name in files)
+
+
+def test_training_notes_describe_the_square_root_families(tmp_path):
+  """The multi-epoch section's notes state b and the noise state rows each run recorded."""
+  spec = importlib.util.spec_from_file_location(
+      "training_pydocs", os.path.join(BENCHMARKS, "training_pydocs.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  for name, bands, rows in (("banded_inverse", 24, 23), ("bsr", 12, 11)):
+    run = tmp_path / "runs" / f"{name}-seed3"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(
+        f'{{"mechanism_info": {{"bands": {bands}, "state_rows": {rows}}}}}')
+  notes = module.family_notes(str(tmp_path), ["tree", "banded_inverse", "bsr"], 3).splitlines()
+  assert len(notes) == 2
+  assert "b = 24 bands" in notes[0] and "b − 1 = 23 model-sized rows" in notes[0]
+  assert "b = 12 bands" in notes[1] and "b − 1 = 11 noise rows" in notes[1]
+  assert module.family_notes(str(tmp_path), ["tree", "blt"], 3) == ""

@@ -1,5 +1,6 @@
 """The factorization cache (tff_mf.cache): round trips, hits, atomicity, corruption."""
 
+import dataclasses
 import json
 import os
 import re
@@ -374,14 +375,20 @@ def test_structured_pieces_that_do_not_rebuild_b_are_refused(tmp_path):
     cache.load_or_factorize(spec, cache_dir=str(tmp_path))
 
 
-def test_solver_version_change_is_a_miss(tmp_path, monkeypatch, count_factorizations):
-  spec = _spec("honaker_online", n=8)
+@pytest.mark.parametrize("strategy,family,params", [("honaker_online", "tree", {}),
+                                                    ("banded_inverse", "square_root",
+                                                     {"bands": 2})])
+def test_solver_version_change_is_a_miss(tmp_path, monkeypatch, count_factorizations, strategy,
+                                         family, params):
+  spec = dataclasses.replace(_spec(strategy, n=8), **params)
   _, first = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
-  monkeypatch.setattr(strategies.family_module("honaker_online"), "VERSION", "999")
+  assert first.metadata["params"]["solver"] == (
+      f"{family}-{strategies.family_module(strategy).VERSION}")
+  monkeypatch.setattr(strategies.family_module(strategy), "VERSION", "999")
   _, second = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
   assert not second.cache_hit and second.directory != first.directory
   assert len(count_factorizations) == 2
-  assert second.metadata["params"]["solver"] == "tree-999"
+  assert second.metadata["params"]["solver"] == f"{family}-999"
 
 
 # Rewrites one entry in a loop, each time with different bytes (so under a new file name,

@@ -39,7 +39,7 @@ from tff_mf.families import FamilyResult
 from tff_mf.families import banded
 
 # Bumped whenever the output for the same inputs changes (part of the cache key).
-VERSION = "1"
+VERSION = "2"  # 2: BandInvMF with closed-form gradients, L-BFGS-B restarts, Nelder-Mead polish
 
 
 def _banded(schema_dependent: bool) -> families.Declaration:
