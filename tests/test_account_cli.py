@@ -443,3 +443,56 @@ def test_edge_inputs_in_bounded_memory_and_time(argv, expect):
     return
   lower, upper = expect()
   assert lower <= out["epsilon"] <= upper, (lower, out["epsilon"], upper)
+
+
+# ----------------------------------------------------------------------------- below the bound
+
+_SLACK = ["--mechanism", "truncated_sqrt_prefix", "--bands", "4", "--n", "32", "--min_sep", "4",
+          "--amplification", "mmcc", "--sampling_prob", "0.25", "--delta", DELTA] + FAST_MMCC
+
+
+def test_lower_bound_and_estimate_are_labeled_and_below_the_bound(capsys):
+  """--lower_bound: a proven lower bound ≤ the printed ε, and slack = ε / lower; the
+  Monte-Carlo estimate is a separate, labeled field and never the run's ε."""
+  from tff_mf import mixture_pair  # pylint: disable=g-import-not-at-top
+  noise = ["--noise_multiplier", "2"]
+  out = _json(_SLACK + noise + ["--lower_bound", "--monte_carlo_samples", "5000"], capsys)
+  plain = _json(_SLACK + noise, capsys)
+  assert out["epsilon"] == plain["epsilon"]  # the run's ε is untouched
+  assert 0 < out["lower_bound_epsilon"] <= out["epsilon"]
+  assert out["slack"] == pytest.approx(out["epsilon"] / out["lower_bound_epsilon"], rel=1e-12)
+  assert "proven lower bound" in out["lower_bound_method"]
+  c = mmcc.truncated_sqrt_prefix_matrix(32, 4)
+  direct = mixture_pair.lower_bound(c, 0.25, out["noise_multiplier"], 1e-6, min_sep=4)
+  assert out["lower_bound_epsilon"] == pytest.approx(direct["epsilon"], rel=1e-9)
+  estimate = out["monte_carlo_estimate"]
+  assert "ESTIMATE" in estimate["label"] and "not a bound" in estimate["label"]
+  assert estimate["samples"] == 5000 and estimate["epsilon_estimate"] > 0
+  assert "epsilon" not in estimate  # its number is never under the name of the run's ε
+  rc, text, _ = _run(_SLACK + noise + ["--lower_bound"], capsys)
+  assert rc == 0 and re.search(r"^lower_bound_epsilon: ", text, re.M)
+  assert re.search(r"^slack: ", text, re.M) and "monte_carlo_estimate" not in text
+
+
+def test_lower_bound_at_the_calibrated_noise(capsys):
+  """With --target_epsilon the lower bound is taken at the z printed: lower ≤ ε ≤ target."""
+  argv = ["--mechanism", "truncated_sqrt_prefix", "--bands", "2", "--n", "8", "--min_sep", "2",
+          "--amplification", "mmcc", "--sampling_prob", "0.5", "--delta", DELTA,
+          "--target_epsilon", "3", "--tolerance", "0.05", "--lower_bound"] + FAST_MMCC
+  out = _json(argv, capsys)
+  assert 0 < out["lower_bound_epsilon"] <= out["epsilon"] <= 3.0
+  assert out["slack"] >= 1.0
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--mechanism", "gaussian", "--n", "4", "--noise_multiplier", "1", "--delta", DELTA,
+      "--lower_bound"], r"--lower_bound needs --amplification mmcc or banded"),
+    (["--mechanism", "gaussian", "--n", "4", "--noise_multiplier", "1", "--delta", DELTA,
+      "--monte_carlo_samples", "5000"], r"--monte_carlo_samples needs --amplification"),
+    (_SLACK + ["--noise_multiplier", "2", "--monte_carlo_samples", "10"],
+     r"--monte_carlo_samples must be an integer >= 1000"),
+    (_SLACK + ["--noise_multiplier", "2", "--lower_bound", "--non_adaptive"],
+     r"--lower_bound needs a non-negative lower-triangular C"),
+])
+def test_lower_bound_bad_combinations_are_one_line_errors(argv, match, capsys):
+  _assert_one_line_error(argv, match, capsys)

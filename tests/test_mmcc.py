@@ -384,3 +384,80 @@ def test_identity_min_sep_fast_path_is_dpsgd(n, b, p, sigma):
   r = mmcc.mmcc(mmcc.identity_matrix(n), p / b, sigma, DELTA, min_sep=b, workers=1)
   assert r.composed_offsets == 1
   assert _dpsgd_lower(n // b, p, sigma) <= r.epsilon <= _dpsgd_epsilon(n // b, p, sigma) * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("name", ["blt", "banded_toeplitz", "random_toeplitz"])
+def test_toeplitz_tail_bounds_are_bit_identical(name):
+  """b = 1: the tail bounds of a Toeplitz C from its shared Gram sequence
+  (``_toeplitz_row_mixtures``) equal the row-by-row ones bit for bit, and so does ε."""
+  n = 40
+  c = _toeplitz_cases(n)[name]
+  assert mmcc.toeplitz_coefficients(c) is not None
+  rounds = mmcc.release_rounds(c)
+  grid = mmcc._grid_step(c, None, 8)  # pylint: disable=protected-access
+  fast, fast_info = mmcc.row_mixtures(c, rounds, 0.1, 1.5, DELTA / 2, grid_step=grid)
+  slow, slow_info = mmcc.row_mixtures(c, rounds, 0.1, 1.5, DELTA / 2, grid_step=grid,
+                                      toeplitz=False)
+  assert fast_info == slow_info and len(fast) == len(slow) == n
+  for a, b in zip(fast, slow):
+    for field in ("units", "probs", "columns", "values"):
+      assert np.array_equal(getattr(a, field), getattr(b, field))
+  c = _toeplitz_cases(16)[name]
+  kwargs = dict(workers=1, grid_resolution=8, pld_discretization=1e-3)
+  assert (mmcc.mmcc(c, 0.1, 8.0, DELTA, **kwargs).epsilon
+          == mmcc.mmcc(c, 0.1, 8.0, DELTA, toeplitz_tail_bounds=False, **kwargs).epsilon)
+
+
+def test_toeplitz_coefficients_only_for_exact_toeplitz():
+  c = _toeplitz_cases(12)["blt"]
+  assert np.array_equal(mmcc.toeplitz_coefficients(c), c[:, 0])
+  near = c.copy()
+  near[7, 3] *= 1 + 1e-12
+  assert mmcc.toeplitz_coefficients(near) is None
+  assert mmcc.toeplitz_coefficients(_random_c(12, 3)) is None
+  assert mmcc.toeplitz_coefficients(mmcc.binary_tree_matrix(8)) is None  # not square
+
+
+def test_merge_small_is_between_rounding_and_the_true_row():
+  """Entries below Δ2 merged into groups worth ≤ Δ2: one unit with probability
+  1 − Π(1 − p̃), never more than the unmerged rounding (one unit each)."""
+  mix = mmcc.RowMixture(np.array([8, 1, 1, 1, 1]), np.array([0.1, 0.5, 0.5, 0.2, 0.3]), 3,
+                        np.arange(5), np.array([1.0, 0.01, 0.05, 0.07, 0.125]))
+  merged = mmcc.merge_small(mix, 0.125)
+  # 0.01 + 0.05 ≤ 0.125 < 0.01 + 0.05 + 0.07; then 0.07 alone; 0.125 is one step already.
+  pairs = sorted(zip(merged.units.tolist(), merged.probs.tolist()))
+  assert [u for u, _ in pairs] == [1, 1, 1, 8]
+  assert [p for _, p in pairs][:2] == [0.2, 0.3] and pairs[3][1] == 0.1
+  assert 0.75 <= pairs[2][1] <= 0.75 + 1e-11
+  v_m, p_m = mmcc.sensitivity_pmf(merged.units, merged.probs, 0.0)
+  v_u, p_u = mmcc.sensitivity_pmf(mix.units, mix.probs, 0.0)
+  # Stochastically below the unmerged rounding: its upper tails are no larger, up to the
+  # group probability's own rounding up (1e-12 relative plus one 2^-40 quantum).
+  slack = 1e-12 + mmcc.PROBABILITY_QUANTUM
+  for x in range(int(v_u.max()) + 1):
+    assert p_m[v_m >= x].sum() <= p_u[v_u >= x].sum() + slack
+  assert p_m[v_m >= 2].sum() < p_u[v_u >= 2].sum() - 0.1  # strictly better: 2 joins, 1 unit
+  alone = mmcc.RowMixture(np.array([8, 1]), np.array([0.1, 0.5]), 0, np.arange(2),
+                          np.array([1.0, 0.01]))
+  assert mmcc.merge_small(alone, 0.125) is alone
+
+
+@pytest.mark.parametrize("name", ["blt_tail", "random"])
+def test_merging_small_entries_never_raises_epsilon(name):
+  """b = 1: merging the entries below Δ2 never raises ε and stays above a proven lower
+  bound (``mixture_pair.lower_bound``); a C whose far lags are tiny (as the registry's
+  BLT optimized for b = 1) gains most."""
+  from tff_mf import mixture_pair  # pylint: disable=g-import-not-at-top
+  if name == "random":
+    n, sigma = 10, 4.0
+    c = _random_c(n, 5, density=0.3)
+  else:
+    n, sigma = 10, 2.0
+    c = _toeplitz(np.concatenate([[1.0], 1e-6 * 0.5 ** np.arange(n - 1)]), n)
+  kwargs = dict(workers=1, grid_resolution=8, pld_discretization=1e-3)
+  merged = mmcc.mmcc(c, 0.1, sigma, DELTA, **kwargs)
+  unmerged = mmcc.mmcc(c, 0.1, sigma, DELTA, merge_small_entries=False, **kwargs)
+  lower = mixture_pair.lower_bound(c, 0.1, sigma, DELTA)["epsilon"]
+  assert lower <= merged.epsilon <= unmerged.epsilon
+  if name == "blt_tail":
+    assert merged.epsilon < 0.8 * unmerged.epsilon

@@ -114,6 +114,9 @@ DEFAULT_MAX_COMPONENTS = 128
 # range grows like (max sensitivity / σ)²; the grid is then coarsened for all rows
 # (a coarser pessimistic grid is still an upper bound), which bounds memory and time.
 MAX_ROW_POINTS = 1 << 19
+# A row's mass at sensitivity 0 below this moves to its smallest positive sensitivity
+# (``_row_pld_task``).
+MIN_ZERO_MASS = 1e-9
 # Standard deviations of noise on either side of a row's support that a PLD's
 # privacy-loss range is estimated to cover (dp_accounting truncates at mass e^-50).
 _TAIL_SIGMAS = 12.0
@@ -316,6 +319,8 @@ class RowMixture:
   # row blocks and the kept-column index j of each component (``dominates``).
   block: int = -1
   columns: Optional[np.ndarray] = None
+  # The sensitivities C_ij before rounding to the grid (``merge_small``); None: unknown.
+  values: Optional[np.ndarray] = None
 
   def key(self) -> bytes:
     order = np.lexsort((self.probs, self.units))
@@ -332,6 +337,48 @@ def round_up_to_grid(values: np.ndarray, step: float) -> np.ndarray:
 def round_up_probability(p: np.ndarray) -> np.ndarray:
   q = np.ceil(np.asarray(p, dtype=np.float64) / PROBABILITY_QUANTUM) * PROBABILITY_QUANTUM
   return np.minimum(q, 1.0)
+
+
+def merge_small(mix: RowMixture, grid_step: float) -> RowMixture:
+  """The row with its entries below one grid step Δ2 merged into groups worth at most Δ2.
+
+  Rounding every C_ij < Δ2 up to Δ2 (App F.2) counts each tiny entry as a full step, so a
+  row with many tiny entries (the far lags of a Toeplitz C) carries a large spurious
+  sensitivity, and one distinct row PLD per row length. Here the entries below Δ2, in
+  ascending order, are cut into consecutive groups G of sum ≤ Δ2, and G becomes one
+  component of one grid unit with probability 1 − Π_{j∈G}(1 − p̃_j). Coupling the
+  Bernoullis, Σ_{j∈G} C_ij·Bern(p̃_j) ≤ Δ2·1{some j ∈ G joins} ≤ Σ_{j∈G} Δ2·Bern(p̃_j)
+  pointwise, so the merged PMoG dominates the row's PMoG and is dominated by the
+  unmerged rounding (Choquette-Choo et al. 2024, arXiv:2310.15526, Cor B.3): ε is an
+  upper bound and never above the unmerged one. A row without two such entries is
+  returned unchanged.
+  """
+  if mix.values is None:
+    return mix
+  small = np.nonzero(mix.values < grid_step)[0]
+  if small.size < 2:
+    return mix
+  small = small[np.argsort(mix.values[small], kind="stable")]
+  cum = np.cumsum(mix.values[small])
+  limit = grid_step * (1.0 - 1e-12)  # float slack on the group sums
+  units, probs = [], []
+  start = 0
+  while start < small.size:
+    base = cum[start - 1] if start else 0.0
+    stop = max(start + 1, int(np.searchsorted(cum, base + limit, side="right")))
+    group = small[start:stop]
+    if group.size == 1:
+      p = float(mix.probs[group[0]])
+    else:
+      p = -math.expm1(float(np.sum(np.log1p(-np.minimum(mix.probs[group], 1.0)))))
+      p = float(round_up_probability(np.array([min(1.0, p * (1.0 + 1e-12))]))[0])
+    units.append(1)
+    probs.append(p)
+    start = stop
+  keep = np.ones(mix.units.size, dtype=bool)
+  keep[small] = False
+  return RowMixture(units=np.concatenate([mix.units[keep], np.array(units, dtype=np.int64)]),
+                    probs=np.concatenate([mix.probs[keep], np.array(probs)]), block=mix.block)
 
 
 def sensitivity_pmf(units: np.ndarray, probs: np.ndarray,
@@ -394,6 +441,13 @@ def _fast_mog_class():
     """
 
     inverse_precision = DEFAULT_INVERSE_PRECISION
+
+    def __init__(self, *args, **kwargs):
+      super().__init__(*args, **kwargs)
+      if np.all(self.sensitivities > 0):
+        # No mass at sensitivity 0: the envelope's sampling probability is exactly 1, not
+        # the float sum of the weights (1 − 1 ulp makes dp_accounting's inversion fail).
+        self._sampling_prob = 1.0
 
     def privacy_loss_tail(self, precision: float = 1e-4):
       """dp_accounting's tail, also when its REMOVE-side search finds no point
@@ -593,6 +647,15 @@ def _row_pld_task(args):
   if not np.any(positive):
     return None
   masses = masses / np.sum(masses)
+  if values[0] == 0 and values.size > 1 and masses[0] < MIN_ZERO_MASS:
+    # dp_accounting inverts the mixture's loss through its sampled-Gaussian envelope at
+    # sampling probability 1 − (mass at 0), which fails in floating point when that mass
+    # is tiny; the mass moves up to the smallest positive sensitivity (Cor B.3: a
+    # stochastically larger sensitivity, so the PLD still dominates).
+    zero_mass = masses[0]
+    masses = masses[1:].copy()
+    masses[0] += zero_mass
+    values = values[1:]
   try:
     pld = mixture_pld(sigma, values * grid_step, masses, discretization, fast_inverse,
                       max_points)
@@ -671,9 +734,101 @@ def dominates(big: Sequence[RowMixture], small: Sequence[RowMixture]) -> bool:
   return True
 
 
+def toeplitz_coefficients(c: np.ndarray) -> Optional[np.ndarray]:
+  """(c_0, …, c_{n−1}) if C is square, lower-triangular Toeplitz (C_ij = c_{i−j}, exactly)
+  with c_0 > 0; else None."""
+  m, n = c.shape
+  if m != n or not c[0, 0] > 0:
+    return None
+  coef = np.ascontiguousarray(c[:, 0])
+  lag = np.subtract.outer(np.arange(n), np.arange(n))
+  expected = np.where(lag >= 0, coef[np.maximum(lag, 0)], 0.0)
+  return coef if np.array_equal(c, expected) else None
+
+
+def _toeplitz_gram(coef: np.ndarray) -> np.ndarray:
+  """H[d, e] = Σ_{s=1}^{min(d,e)} c_{d−s} c_{e−s}: the Gram entry of columns i − d and i − e
+  over rows 0..i−1 of a lower-triangular Toeplitz C, the same for every row i.
+
+  Summed along each diagonal oldest row first, the order in which ``row_mixtures`` adds
+  the rows into its Gram matrix, so the entries are bit-identical to it.
+  """
+  n = coef.size
+  h = np.zeros((n, n))
+  for off in range(n - 1):
+    vals = np.cumsum(coef[:n - 1 - off] * coef[off:n - 1])
+    idx = np.arange(1, n - off)
+    h[idx, idx + off] = vals
+    h[idx + off, idx] = vals
+  return h
+
+
+def _toeplitz_row_mixtures(coef: np.ndarray, q: float, sigma: float, delta_tail: float,
+                           grid_step: float, progress: bool = False
+                           ) -> Tuple[List[RowMixture], dict]:
+  """``row_mixtures`` for b = 1 and a lower-triangular Toeplitz C, bit-identical, in
+  O(n²·T) time instead of O(n³ log n) (T the largest tail count t).
+
+  Row i's Gram row for column j = i − d over rows < i is (H[d, e])_{e=1..i}
+  (``_toeplitz_gram``): the same sequence for every row, truncated at i. So each lag d
+  keeps the T largest entries of its growing prefix, sorted; the sum of the t largest
+  (Fig 5's s_ij, F.3) is read off without sorting the Gram matrix row by row.
+  """
+  n = coef.size
+  positive_lags = np.cumsum(coef[1:] > 0)  # lags 1..i with c_d > 0, for i = 1..n−1
+  nontrivial_total = int(np.sum(positive_lags))
+  delta_prime = delta_tail / (2.0 * nontrivial_total) if nontrivial_total else 1.0
+  z_tail = float(stats.norm.isf(delta_prime)) if nontrivial_total else 0.0
+  tail_cache: Dict[int, int] = {}
+  width = max(1, int(_binomial_tail_counts(np.array([n]), q, delta_prime, tail_cache)[0]))
+  h = _toeplitz_gram(coef)
+  top = np.zeros((n, width))  # top[d]: the largest H[d, e] over e <= i, descending
+  count = np.zeros(n, dtype=np.int64)  # positive H[d, e] over e <= i
+  slots = np.arange(width)
+  q_quant = float(round_up_probability(np.array([q]))[0])
+  log_odds = math.log(q) - math.log1p(-q)
+  mixtures: List[RowMixture] = []
+  max_ratio = 1.0
+  rows = range(n)
+  if progress:
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    rows = tqdm(rows, desc="tail bounds (Toeplitz)", file=sys.stderr, leave=False)
+  for i in rows:
+    if i > 0:  # column i − i = 0 (lag e = i) enters every lag's prefix
+      v = h[:, i]
+      count += v > 0
+      upd = np.nonzero(v > top[:, -1])[0]  # the others keep their T largest
+      if upd.size:
+        sub, new = top[upd], v[upd, None]
+        pos = np.count_nonzero(sub >= new, axis=1)[:, None]
+        shifted = np.concatenate([sub[:, :1], sub[:, :-1]], axis=1)
+        top[upd] = np.where(slots < pos, sub, np.where(slots == pos, new, shifted))
+    lags = np.nonzero(coef[:i + 1] > 0)[0][::-1]  # columns j = i − d, ascending
+    probs = np.full(lags.size, q_quant)
+    hard = np.nonzero(lags > 0)[0]
+    if hard.size:
+      d = lags[hard]
+      t = _binomial_tail_counts(count[d], q, delta_prime, tail_cache)
+      if int(np.max(t)) > width:
+        raise AssertionError("tail count above the kept width")  # t is monotone in K <= n
+      csum = np.concatenate([np.zeros((d.size, 1)), np.cumsum(top[d, :int(np.max(t))], axis=1)],
+                            axis=1)
+      s_ij = csum[np.arange(d.size), t]
+      norm_sq = h[d, d]
+      eps_ij = z_tail * np.sqrt(norm_sq) / sigma + (2.0 * s_ij - norm_sq) / (2.0 * sigma ** 2)
+      probs[hard] = round_up_probability(special.expit(eps_ij + log_odds))
+      max_ratio = max(max_ratio, float(np.max(probs) / q))
+    values = coef[lags]
+    mixtures.append(RowMixture(units=round_up_to_grid(values, grid_step), probs=probs,
+                               block=i, columns=(i - lags).astype(np.int64), values=values))
+  info = {"nontrivial_pairs": nontrivial_total, "delta_prime": delta_prime,
+          "max_prob_ratio": max_ratio, "blocks": n}
+  return mixtures, info
+
+
 def row_mixtures(c: np.ndarray, rounds: np.ndarray, sampling_prob: float, sigma: float,
                  delta_tail: float, min_sep: int = 1, offset: int = 0,
-                 grid_step: float = 1.0, progress: bool = False
+                 grid_step: float = 1.0, progress: bool = False, toeplitz: bool = True
                  ) -> Tuple[List[RowMixture], dict]:
   """p̃ by (Generalized)ProbabilityTailBounds and the PMoG of every row block.
 
@@ -682,9 +837,12 @@ def row_mixtures(c: np.ndarray, rounds: np.ndarray, sampling_prob: float, sigma:
   b·p; block sensitivities C^(b)_ij = ‖C[block i, j]‖₂; p̃ for block i is the
   tail bound at the block's first row. δ' = δ1 / (2·N), N the number of
   non-trivial (block, column) pairs actually used (a union bound over exactly
-  the bad events used, App D).
+  the bad events used, App D). ``toeplitz``: ``_toeplitz_row_mixtures`` where it applies.
   """
   q = min_sep * sampling_prob
+  coef = toeplitz_coefficients(c) if (toeplitz and min_sep == 1 and q < 1.0) else None
+  if coef is not None:  # b = 1, lower-triangular Toeplitz C: the same mixtures, faster
+    return _toeplitz_row_mixtures(coef, q, sigma, delta_tail, grid_step, progress)
   cols = np.arange(offset, c.shape[1], min_sep)
   ck = c[:, cols]
   nk = ck.shape[1]
@@ -735,7 +893,7 @@ def row_mixtures(c: np.ndarray, rounds: np.ndarray, sampling_prob: float, sigma:
         max_ratio = max(max_ratio, float(np.max(probs) / q))
       units = round_up_to_grid(s[support], grid_step)
       mixtures.append(RowMixture(units=units, probs=probs, block=block_index,
-                                 columns=support.astype(np.int64)))
+                                 columns=support.astype(np.int64), values=s[support]))
     # The block's rows enter the Gram matrix at once (only its non-zero rows and columns,
     # so equal blocks of shifted offsets give bit-identical sums).
     rows_b = ck[b]
@@ -845,7 +1003,8 @@ def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
          all_offsets: bool = True, dedupe: bool = True,
          max_components: int = DEFAULT_MAX_COMPONENTS,
          workers: int = DEFAULT_WORKERS, fast_inverse: bool = True,
-         prune_offsets: bool = True, progress: bool = False) -> MMCCResult:
+         prune_offsets: bool = True, merge_small_entries: bool = True,
+         toeplitz_tail_bounds: bool = True, progress: bool = False) -> MMCCResult:
   """MMCC(C, p, σ, δ1, δ2) (Fig 1), or Generalized-MMCC (Fig 6) when min_sep b > 1.
 
   Args:
@@ -871,6 +1030,10 @@ def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
     prune_offsets: compose only the residue classes not dominated by another one
       (``dominates``; never raises ε). False composes every class (the reference the
       tests compare with).
+    merge_small_entries: merge each row's entries below Δ2 into groups worth Δ2
+      (``merge_small``; never raises ε). False rounds each one up to Δ2.
+    toeplitz_tail_bounds: for b = 1 and a lower-triangular Toeplitz C, compute the tail
+      bounds from the shared Gram sequence (``_toeplitz_row_mixtures``; bit-identical).
     progress: tqdm progress on stderr.
 
   Returns an MMCCResult; ``epsilon`` is an upper bound: every approximation
@@ -889,11 +1052,13 @@ def mmcc(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
   offsets = list(range(min_sep)) if (min_sep > 1 and all_offsets) else [0]
   delta_tail = delta_split * delta
   per_offset, max_ratio, blocks_total, needs_tail = _offset_mixtures(
-      c, rounds, p, sigma, delta_tail, min_sep, offsets, grid_step, progress, prune_offsets)
+      c, rounds, p, sigma, delta_tail, min_sep, offsets, grid_step, progress, prune_offsets,
+      toeplitz_tail_bounds)
   if not needs_tail:
     delta_tail = 0.0
   delta_pld = delta - delta_tail
-  tasks, counts, multiplicity = _distinct_rows(per_offset, dedupe)
+  tasks, counts, multiplicity = _distinct_rows(per_offset, dedupe,
+                                               grid_step if merge_small_entries else None)
   results, discretization = _row_plds(
       tasks, multiplicity, grid_step, sigma, float(pld_discretization), mixture_tail_mass,
       fast_inverse, max_components, workers, progress)
@@ -946,7 +1111,7 @@ def _grid_step(c: np.ndarray, grid_step: Optional[float], grid_resolution: int) 
 
 
 def _offset_mixtures(c, rounds, p, sigma, delta_tail, min_sep, offsets, grid_step, progress,
-                     prune: bool = True):
+                     prune: bool = True, toeplitz: bool = True):
   """(per offset [(mixtures, info)], max p̃/p, total row blocks, needs a tail bound) over the
   residue classes, without the classes dominated by another one (``dominates``).
 
@@ -964,7 +1129,7 @@ def _offset_mixtures(c, rounds, p, sigma, delta_tail, min_sep, offsets, grid_ste
     iterator = tqdm(offsets, desc="tail bounds (residue classes)", file=sys.stderr, leave=False)
   for offset in iterator:
     mixtures, info = row_mixtures(c, rounds, p, sigma, delta_tail, min_sep, offset,
-                                  grid_step, progress and len(offsets) == 1)
+                                  grid_step, progress and len(offsets) == 1, toeplitz)
     max_ratio = max(max_ratio, info["max_prob_ratio"])
     blocks_total += info["blocks"]
     needs_tail = needs_tail or bool(info["nontrivial_pairs"])
@@ -973,18 +1138,21 @@ def _offset_mixtures(c, rounds, p, sigma, delta_tail, min_sep, offsets, grid_ste
   return kept, max_ratio, blocks_total, needs_tail
 
 
-def _distinct_rows(per_offset, dedupe: bool):
+def _distinct_rows(per_offset, dedupe: bool, merge_step: Optional[float] = None):
   """(tasks, counts, multiplicity): the distinct row mixtures (F.4), how often each occurs
   per offset, and the self-composition each one's worker applies.
 
   A row that belongs to a single offset is self-composed by its count inside the worker;
   one shared between offsets is built once (multiplicity 1) and composed per offset.
+  With ``merge_step`` Δ2, each row's entries below Δ2 are merged first (``merge_small``).
   """
   tasks: Dict[bytes, RowMixture] = {}
   counts: List[collections.Counter] = []
   for mixtures, _ in per_offset:
     counter = collections.Counter()
     for idx, mix in enumerate(mixtures):
+      if merge_step is not None:
+        mix = merge_small(mix, merge_step)
       key = mix.key() if dedupe else f"{len(counts)}:{idx}".encode()
       tasks.setdefault(key, mix)
       counter[key] += 1

@@ -88,6 +88,7 @@ def register(subparsers) -> None:
   _add_encoder_arguments(
       parser.add_argument_group("encoder C (needed for other schemas and amplification)"))
   _add_amplification_arguments(parser.add_argument_group("amplification by Poisson sampling"))
+  _add_slack_arguments(parser.add_argument_group("below the bound (amplified analyses)"))
   parser.set_defaults(func=run)
 
 
@@ -173,6 +174,64 @@ def _add_amplification_arguments(amp) -> None:
                    help="mmcc, banded: privacy-loss grid step of the PLDs, coarsened "
                         "automatically where a PLD would be too large (default: 1e-4)")
   clitools.add_progress_flags(amp, what="progress bars on stderr (mmcc, factorizing)")
+
+
+def _add_slack_arguments(slack) -> None:
+  slack.add_argument("--lower_bound", action="store_true",
+                     help="mmcc, banded: also print a proven LOWER bound on the true epsilon "
+                          "(lower_bound_epsilon; one residue class's first rounds, each joined "
+                          "with probability p, projected on one direction: tff_mf.mixture_pair) "
+                          "and slack = epsilon / lower_bound_epsilon (default: off)")
+  slack.add_argument("--monte_carlo_samples", type=int, default=None, metavar="N",
+                     help="mmcc, banded: also print a Monte-Carlo ESTIMATE of the same pair's "
+                          "epsilon from N draws (Choquette-Choo et al. 2024, arXiv:2410.06266; "
+                          "monte_carlo_estimate): sampling error, not a bound, never the run's "
+                          "epsilon (default: none)")
+
+
+def _check_slack_flags(args: argparse.Namespace, analysis: str) -> None:
+  """One-line errors for --lower_bound / --monte_carlo_samples where they do not apply."""
+  flags = [f for f, on in (("--lower_bound", args.lower_bound),
+                           ("--monte_carlo_samples", args.monte_carlo_samples is not None)) if on]
+  if flags and analysis == "none":
+    _fail(f"{flags[0]} needs --amplification mmcc or banded (it bounds the sampled run's "
+          "epsilon from below)")
+  if args.monte_carlo_samples is not None and args.monte_carlo_samples < 1000:
+    _fail(f"--monte_carlo_samples must be an integer >= 1000, got {args.monte_carlo_samples}")
+  if flags and args.non_adaptive:
+    _fail(f"{flags[0]} needs a non-negative lower-triangular C (not --non_adaptive)")
+
+
+def _add_slack(record: dict, c, args: argparse.Namespace) -> None:
+  """The proven lower bound, the slack and the Monte-Carlo estimate, as separate fields.
+
+  Residue class 0 of b-min-sep Poisson sampling (fixed_epoch k: b = n/k), each of its
+  rounds joined with probability p, at the z of the record (``tff_mf.mixture_pair``).
+  """
+  from tff_mf import mixture_pair  # pylint: disable=g-import-not-at-top
+  if record["schema"]["kind"] not in ("min_sep", "fixed_epoch"):
+    _fail(f"--lower_bound and --monte_carlo_samples cover b-min-sep Poisson sampling "
+          f"(--participation min_sep or fixed_epoch), not {record['schema']['kind']}")
+  pair = (c, record["sampling_prob"], record["noise_multiplier"], record["delta"])
+  options = {"min_sep": record["min_sep"]}
+  if args.lower_bound:
+    lower = mixture_pair.lower_bound(*pair, **options)
+    record["lower_bound_epsilon"] = lower["epsilon"]
+    record["lower_bound_method"] = (
+        f"proven lower bound on the true epsilon: residue class 0, its first "
+        f"{lower['columns']} rounds joined with probability p, threshold tests on projections "
+        "(tff_mf.mixture_pair.lower_bound)")
+    record["slack"] = (record["epsilon"] / lower["epsilon"] if lower["epsilon"] > 0
+                       else float("inf"))
+  if args.monte_carlo_samples is not None:
+    estimate = mixture_pair.monte_carlo_epsilon(*pair, samples=args.monte_carlo_samples,
+                                                **options)
+    record["monte_carlo_estimate"] = dict(
+        epsilon_estimate=estimate["epsilon"], samples=estimate["samples"],
+        seed=estimate["seed"], tail_hits=estimate["tail_hits"],
+        label="ESTIMATE of the epsilon of residue class 0's first rounds (Monte-Carlo "
+              "accounting, arXiv:2410.06266): sampling error, not a bound, never the run's "
+              "epsilon")
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -370,6 +429,7 @@ def run(args: argparse.Namespace) -> int:
     _fail(f"--amplification {analysis} needs --sampling_prob")
   if args.non_adaptive and analysis != "mmcc":
     _fail("--non_adaptive applies to --amplification mmcc")
+  _check_slack_flags(args, analysis)
   c, source, cached, extra = _encoder(args, amplified)
   schema = _schema(args, None if c is None else c.shape[1], cached, amplified)
   if c is None:
@@ -402,6 +462,8 @@ def run(args: argparse.Namespace) -> int:
                                     args.sampling_prob, args.accountant, **options)
   record["matrix"] = source
   record["schema"] = schema.as_dict()
+  if args.lower_bound or args.monte_carlo_samples is not None:
+    _add_slack(record, c, args)
   record["schema_source"] = _schema_source(args, cached, amplified)
   for key, value in extra.items():
     record.setdefault(key, value)
