@@ -12,7 +12,8 @@ built, or factorized once into the cache and reused, exactly as training resolve
 ``tff_mf.mechanisms.resolve``) or a cached factorization (``--matrix``), under any schema,
 unamplified (one Gaussian at z / sensitivity) or amplified by Poisson sampling (MMCC,
 Choquette-Choo et al. 2024, arXiv:2310.15526; amplified banded, Choquette-Choo et al.
-2023, arXiv:2306.08153)::
+2023, arXiv:2306.08153), or by balls-in-bins batching (``--amplification random_allocation``,
+``tff_mf.random_allocation``, after Schuchardt & Kalinin 2026, arXiv:2601.21636)::
 
   tff-mf account --mechanism blt --n 256 --min_sep 32 --amplification mmcc \\
       --sampling_prob 0.25 --noise_multiplier 2 --delta 1e-6 --cache_dir D --json
@@ -63,6 +64,8 @@ _EXAMPLES = """examples:
       --min_sep 8 --amplification banded --sampling_prob 0.5 --target_epsilon 2 --delta 1e-6
   tff-mf account --matrix ~/.cache/tff_mf/<entry>/<file>.npz --amplification mmcc \\
       --sampling_prob 0.01 --noise_multiplier 8 --delta 1e-6
+  tff-mf account --mechanism blt --n 256 --participation balls_in_bins --epochs 8 \\
+      --amplification random_allocation --noise_multiplier 2 --delta 1e-6
 
 Every epsilon printed is an upper bound. --json prints one strict JSON object (an
 unbounded epsilon is the string "inf")."""
@@ -153,10 +156,14 @@ def _add_encoder_arguments(matrix) -> None:
 
 
 def _add_amplification_arguments(amp) -> None:
-  amp.add_argument("--amplification", choices=("none", "mmcc", "banded"), default=None,
+  amp.add_argument("--amplification", choices=("none", "mmcc", "banded", "random_allocation"),
+                   default=None,
                    help="none: one Gaussian at z / sensitivity; mmcc: MMCC for any "
                         "lower-triangular non-negative C; banded: amplified banded MF for C "
-                        "with at most b non-zero bands under b-min-sep sampling (default: none)")
+                        "with at most b non-zero bands under b-min-sep sampling; "
+                        "random_allocation: balls-in-bins (--participation balls_in_bins "
+                        "--epochs K, no --sampling_prob) for any square lower-triangular "
+                        "non-negative C, Renyi bounds after arXiv:2601.21636 (default: none)")
   amp.add_argument("--sampling_prob", type=float, default=None, metavar="P",
                    help="probability p in (0, 1] that a user joins a round it may be sampled in "
                         "(every round for b = 1, the rounds of its residue class for b-min-sep); "
@@ -363,8 +370,18 @@ def run(args: argparse.Namespace) -> int:
   if (args.noise_multiplier is None) == (args.target_epsilon is None):
     _fail("give exactly one of --noise_multiplier and --target_epsilon")
   analysis = args.amplification or "none"
-  amplified = analysis != "none"
-  if not amplified and args.sampling_prob is not None:
+  allocation = analysis == "random_allocation"
+  amplified = analysis not in ("none", "random_allocation")  # Poisson sampling
+  if allocation:
+    if args.sampling_prob is not None:
+      _fail("--sampling_prob does not apply to --amplification random_allocation (each user "
+            "joins one round of each epoch)")
+    if args.participation not in (None, "balls_in_bins"):
+      _fail("--amplification random_allocation needs --participation balls_in_bins")
+    if args.epochs is None:
+      _fail("--amplification random_allocation needs --epochs K (balls_in_bins)")
+    args.participation = "balls_in_bins"
+  if not amplified and not allocation and args.sampling_prob is not None:
     _fail("--sampling_prob needs --amplification mmcc or banded")
   if amplified and args.sampling_prob is None:
     _fail(f"--amplification {analysis} needs --sampling_prob")
