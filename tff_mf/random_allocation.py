@@ -27,11 +27,16 @@ m_π = C·1_π, units of z):
   squaring, in log space): O(α_max² log b) per epoch, polynomial, never b^k. For C = I
   (A = 0, B = 1) this is exact: the k-fold composition of the random-allocation
   Gaussian's Rényi divergence (Feldman & Shenfeld 2025, arXiv:2502.08202, Sec 5).
-  A second bound for the same quantity, tighter for correlated C: Hoeffding's
-  (1963, Sec 5) decoupling of the U-statistic Σ_{i<j} f(π_i, π_j) into ⌊α/2⌋ independent
-  pairs (Jensen over permutations) gives
-  (α−1)D_α ≤ ⌊α/2⌋·[c·Σ_{e≠e'}A_ee'/z² + Σ_e log mean_{s,t∈e} e^{c·X_st/z²}],
-  c = C(α,2)/⌊α/2⌋.
+  A second bound for the same quantity, tighter for correlated C (BLT): Hoeffding's
+  (1963, Sec 5) decoupling of the U-statistic Σ_{i<j} f(π_i, π_j), f(π, π') = 1_πᵀX1_π',
+  into ⌊α/2⌋ independent pairs (Jensen over the permutations) gives
+  (α−1)D_α ≤ ⌊α/2⌋·log E_{π,π'} exp(c·f(π, π')/z²), c = C(α,2)/⌊α/2⌋. In f, the terms
+  of the same or adjacent epochs are kept exactly, and a term X[πᵃ, π'ᵉ] of epochs
+  ≥ 2 apart is bounded by the largest X between epoch a and the later round (a function
+  of the later epoch's round alone). The expectation is then a chain over the epochs with
+  state (πᵉ, π'ᵉ), and the adjacent-epoch factor e^{c(X[s,t'] + X[t,s'])} splits into two
+  b x b kernels: a dynamic program of two b x b matrix products per epoch, O(k·b³) per
+  order.
 - P‖Q ("add"). log E_π e^{f_π} ≥ E_π f_π (Jensen) gives dQ/dP(y) ≥
   exp(m̄ᵀy/z² − E‖m_π‖²/(2z²)), m̄ = E m_π, hence
   D_α(P‖Q) ≤ ((α−1)‖m̄‖² + E‖m_π‖²) / (2z²) for every α > 1.
@@ -63,6 +68,11 @@ from tff_mf import checks
 # Integer Rényi orders: every α ≤ 64, then geometric up to 1024.
 ORDERS = tuple(sorted(set(range(2, 65)) | {
     int(round(a)) for a in np.geomspace(64.0, 1024.0, 33)}))
+# ``epsilon`` first tries these, then every order of ORDERS within a factor
+# ``REFINE_FACTOR`` of the best (the minimum over any set of orders is a valid ε).
+COARSE_ORDERS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 256,
+                 384, 512, 768, 1024)
+REFINE_FACTOR = 1.4
 # Patterns whose projected mixture the lower bound enumerates at most.
 LOWER_BOUND_MAX_POINTS = 1 << 16
 
@@ -104,6 +114,8 @@ class _Gram:
   within: np.ndarray  # A_ee per epoch
   excess: np.ndarray  # B_e per epoch
   blocks: np.ndarray  # [k, b, b] diagonal blocks X_ee
+  adjacent: np.ndarray  # [k − 1, b, b] blocks X[epoch e, epoch e + 1]
+  far: np.ndarray  # [k, b]: Σ_{a ≤ e−2} max_{s∈a} X[s, t] for the rounds t of epoch e
   mean_sq: float  # ‖m̄‖²
   mean_norm_sq: float  # E‖m_π‖²
 
@@ -130,8 +142,15 @@ def _gram(c: np.ndarray, k: int, b: int) -> _Gram:
   excess = np.maximum(diag.max(axis=1) - off, 0.0)
   block_sums = xb.sum(axis=(1, 3))
   total = float(np.sum(block_sums))
+  column_max = xb.max(axis=1)  # [a, e, t]: max over the rounds s of epoch a of X[s, (e, t)]
+  far = np.zeros((k, b))
+  for e in range(2, k):
+    far[e] = np.sum(column_max[:e - 1, e], axis=0)
+  adjacent = np.stack([xb[e, :, e + 1, :] for e in range(k - 1)]) if k > 1 else \
+      np.zeros((0, b, b))
   gram = _Gram(k=k, b=b, cross=float(np.sum(block_max) - np.trace(block_max)),
-               within=off, excess=excess, blocks=blocks, mean_sq=total / b ** 2,
+               within=off, excess=excess, blocks=blocks, adjacent=adjacent, far=far,
+               mean_sq=total / b ** 2,
                mean_norm_sq=float(np.trace(x)) / b + (total - float(np.trace(block_sums)))
                / b ** 2)
   _CACHE.clear()
@@ -173,6 +192,37 @@ def log_collision_mgf(beta: float, bins: int, max_order: int) -> np.ndarray:
   return result + special.gammaln(m + 1) - m * math.log(bins)
 
 
+# Smallest exponent of a factor in ``log_pair_moment`` (three factors a step stay > 1e-300).
+_FLOOR = -200.0
+
+
+def log_pair_moment(g: _Gram, scale: float) -> float:
+  """An upper bound on log E_{π,π'} exp(scale·1_πᵀX1_π') (the chain of the module docstring).
+
+  Each factor is shifted by its largest exponent (added back in log space), so nothing
+  overflows, and its exponents are raised to at least ``_FLOOR`` (raising a term only
+  raises the bound), so nothing underflows; the mass is renormalized after every epoch.
+  """
+  log_total, v = 0.0, None
+  for e in range(g.k):
+    local = scale * (g.blocks[e] + g.far[e][:, None] + g.far[e][None, :])
+    top = float(local.max())
+    local = np.exp(np.maximum(local - top, _FLOOR))
+    log_total += top
+    if v is None:
+      v = local
+    else:
+      kernel = scale * g.adjacent[e - 1]
+      shift = float(kernel.max())
+      kernel = np.exp(np.maximum(kernel - shift, _FLOOR))
+      log_total += 2.0 * shift
+      v = (kernel.T @ v @ kernel).T * local
+    mass = float(v.sum())
+    v = v / mass
+    log_total += math.log(mass) - 2.0 * math.log(g.b)
+  return log_total
+
+
 # ----------------------------------------------------------------------------- the bound
 
 
@@ -201,14 +251,10 @@ def rdp(c, epochs: int, noise_multiplier: float, *, sensitivity: Optional[float]
     count = int(np.sum(g.excess == beta))
     log_mgf += count * log_collision_mgf(float(beta) / s2, b, int(alphas.max()))[alphas]
   collisions = (pairs * (g.cross + float(np.sum(g.within))) / s2 + log_mgf) / (a - 1)
-  # Remove direction, Hoeffding-decoupled bound.
+  # Remove direction, Hoeffding-decoupled bound (the chain over epochs).
   halves = np.floor(a / 2.0)
-  scale = pairs / halves
-  flat = g.blocks.reshape(k, b * b)
-  decoupled = np.empty_like(a)
-  for i, cs in enumerate(scale):
-    per_epoch = special.logsumexp(cs * flat / s2, axis=1) - 2.0 * math.log(b)
-    decoupled[i] = halves[i] * (cs * g.cross / s2 + float(np.sum(per_epoch))) / (a[i] - 1)
+  decoupled = np.array([h * log_pair_moment(g, p / h / s2) / (al - 1)
+                        for h, p, al in zip(halves, pairs, a)])
   add = ((a - 1) * g.mean_sq + g.mean_norm_sq) / (2.0 * s2)
   unamplified = (a * sensitivity ** 2 / (2.0 * s2) if sensitivity is not None
                  else np.full_like(a, np.inf))
@@ -220,29 +266,44 @@ def rdp(c, epochs: int, noise_multiplier: float, *, sensitivity: Optional[float]
 
 def epsilon(c, epochs: int, noise_multiplier: float, delta: float, *,
             sensitivity: Optional[float] = None,
-            orders: Sequence[int] = ORDERS) -> Dict[str, Any]:
+            orders: Optional[Sequence[int]] = None) -> Dict[str, Any]:
   """An upper bound on ε(δ) of balls-in-bins with encoder C, k = ``epochs``, z.
 
   ``sensitivity``: C's balls-in-bins sensitivity (``tff_mf.participation``), when known;
-  it adds the unamplified Gaussian's Rényi bound per order. Returns {"epsilon", "order"
-  (the α used), "direction" (remove or add: the larger at that order), "epochs",
-  "rounds_per_epoch"}.
+  it adds the unamplified Gaussian's Rényi bound per order. ``orders``: the integer
+  orders to minimize over (default: ``COARSE_ORDERS``, then ``ORDERS`` near the best).
+  Returns {"epsilon", "order" (the α used), "direction" (remove or add: the larger at that
+  order), "epochs", "rounds_per_epoch"}.
   """
-  from dp_accounting.rdp import rdp_privacy_accountant  # pylint: disable=g-import-not-at-top
   delta = checks.delta(delta)
   if sensitivity is not None:
     sensitivity = checks.positive_float(sensitivity, "sensitivity")
-  bounds = rdp(c, epochs, noise_multiplier, sensitivity=sensitivity, orders=orders)
-  values = bounds["rdp"]
-  eps, order = rdp_privacy_accountant.compute_epsilon(
-      [float(a) for a in bounds["orders"]], [float(v) for v in values], delta)
-  i = int(np.flatnonzero(bounds["orders"] == order)[0])
+  bounds = _best(rdp(c, epochs, noise_multiplier, sensitivity=sensitivity,
+                     orders=COARSE_ORDERS if orders is None else orders), delta)
+  if orders is None:
+    near = [a for a in ORDERS if bounds["order"] / REFINE_FACTOR <= a <= bounds["order"] *
+            REFINE_FACTOR and a not in COARSE_ORDERS]
+    if near:
+      refined = _best(rdp(c, epochs, noise_multiplier, sensitivity=sensitivity, orders=near),
+                      delta)
+      if refined["epsilon"] < bounds["epsilon"]:
+        bounds = refined
+  eps, order, i = bounds["epsilon"], bounds["order"], bounds["index"]
   remove = min(bounds["remove_collisions"][i], bounds["remove_decoupled"][i],
                bounds["unamplified"][i])
   add = min(bounds["add"][i], bounds["unamplified"][i])
   return {"epsilon": float(eps), "order": int(order),
           "direction": "remove" if remove >= add else "add", "epochs": int(epochs),
           "rounds_per_epoch": int(np.asarray(c).shape[1]) // int(epochs)}
+
+
+def _best(bounds: Dict[str, np.ndarray], delta: float) -> Dict[str, Any]:
+  """``bounds`` with the ε at δ of its best order (dp_accounting's conversion)."""
+  from dp_accounting.rdp import rdp_privacy_accountant  # pylint: disable=g-import-not-at-top
+  eps, order = rdp_privacy_accountant.compute_epsilon(
+      [float(a) for a in bounds["orders"]], [float(v) for v in bounds["rdp"]], delta)
+  return dict(bounds, epsilon=float(eps), order=int(order),
+              index=int(np.flatnonzero(bounds["orders"] == order)[0]))
 
 
 # ----------------------------------------------------------------------------- lower bound
