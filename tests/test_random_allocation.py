@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import special
 
-from tests import userenv
+import userenv
 from tff_mf import accounting
 from tff_mf import checks
 from tff_mf import mechanisms
