@@ -198,6 +198,7 @@ def test_account_cli_random_allocation(tmp_path):
   record = json.loads(ok.stdout)
   assert record["analysis"] == "random_allocation" and record["bound"] == "amplified"
   assert record["epsilon"] < record["unamplified_epsilon"]
+  assert "arXiv:2601.21636" in record["privacy_statement"]["analysis"]
   for extra, words in ((["--epochs", "4", "--sampling_prob", "0.5"], "does not apply"),
                        (["--participation", "min_sep", "--min_sep", "2", "--epochs", "4"],
                         "needs --participation balls_in_bins"),
