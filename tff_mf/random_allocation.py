@@ -5,15 +5,18 @@ Mechanisms under Random Allocation", arXiv:2601.21636, Sec 2; balls-in-bins batc
 Chua et al. 2024, arXiv:2412.16802): n = k·b rounds in k epochs of b rounds, a user in
 exactly one uniformly random round of each epoch, independently across epochs; the run
 releases C·G + Z, Z ~ N(0, z² I) per entry, C (n x n) lower triangular and non-negative,
-contributions clipped to norm 1. For such C the run is dominated by the pair
+contributions clipped to norm 1. The pair analyzed is
 
   P = N(0, z² I)   vs   Q = E_π N(C·1_π, z² I),   π = (π¹, …, πᵏ) uniform,
 
-a user contributing 1 in each of its rounds (Choquette-Choo, Ganesh, Haque, Steinke,
-Thakurta 2024, arXiv:2410.06266; the pair arXiv:2601.21636 bounds). Following
-arXiv:2601.21636 Sec 3 we bound the Rényi divergences of this pair in both directions at
-integer orders α and convert to (ε, δ). Every step below is proven here (X = CᵀC ≥ 0,
-m_π = C·1_π, units of z):
+a user contributing 1 in each of its rounds: for such C it dominates the adaptive run
+(Choquette-Choo, Ganesh, Haque, Steinke, Thakurta 2024, arXiv:2410.06266; the pair
+arXiv:2601.21636 bounds), and for contributions fixed in advance every bound below holds
+directly, since each inner product of two allocations' means is at most its all-ones
+value (X ≥ 0). Following arXiv:2601.21636 Sec 3 we bound the Rényi divergences of this
+pair in both directions at integer orders α and convert to (ε, δ). Every step below is
+proven here (X = CᵀC ≥ 0, rounded up by ``participation.ROUNDING_MARGIN``; m_π = C·1_π;
+units of z):
 
 - Q‖P ("remove"). For integer α, e^{(α−1)D_α(Q‖P)} = E exp(Σ_{i<j} m_{π_i}ᵀm_{π_j} / z²)
   over α independent allocations π_1..π_α (expand (dQ/dP)^α; Gaussian moment
@@ -64,6 +67,7 @@ import numpy as np
 from scipy import special
 
 from tff_mf import checks
+from tff_mf import participation
 
 # Integer Rényi orders: every α ≤ 64, then geometric up to 1024.
 ORDERS = tuple(sorted(set(range(2, 65)) | {
@@ -73,7 +77,7 @@ ORDERS = tuple(sorted(set(range(2, 65)) | {
 COARSE_ORDERS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 256,
                  384, 512, 768, 1024)
 REFINE_FACTOR = 1.4
-# Patterns whose projected mixture the lower bound enumerates at most.
+# Points of a projected mixture ``lower_bound`` keeps exactly (beyond: rounded down).
 LOWER_BOUND_MAX_POINTS = 4096
 
 
@@ -130,7 +134,8 @@ def _gram(c: np.ndarray, k: int, b: int) -> _Gram:
   n = c.shape[0]
   checks.dense_matrices_fit(n, 3.0, f"the Gram matrix of C for n={n}")
   x = c.T @ c
-  x = 0.5 * (x + x.T)
+  # Every bound grows with each entry of X: rounding X up keeps float64 sums safe.
+  x = 0.5 * (x + x.T) * (1.0 + participation.ROUNDING_MARGIN)
   xb = x.reshape(k, b, k, b)
   block_max = xb.max(axis=(1, 3))
   blocks = np.stack([x[e * b:(e + 1) * b, e * b:(e + 1) * b] for e in range(k)])
