@@ -84,13 +84,17 @@ def register(subparsers) -> None:
           "arXiv:2211.06530). Amplified by Poisson sampling: MMCC (Choquette-Choo et al. 2024, "
           "arXiv:2310.15526, Fig 1 and App D) for any lower-triangular non-negative C, or "
           "amplified banded MF (Choquette-Choo et al. 2023, arXiv:2306.08153, Thm 4) for a C "
-          "with at most b non-zero bands under b-min-sep sampling."),
+          "with at most b non-zero bands under b-min-sep sampling. Amplified by balls-in-bins "
+          "batching (--participation balls_in_bins): Renyi bounds of the random-allocation pair "
+          "after Schuchardt & Kalinin 2026, arXiv:2601.21636 (--amplification "
+          "random_allocation)."),
       epilog=_EXAMPLES, removed=REMOVED_FLAGS)
   _add_run_arguments(parser)
   _add_schema_arguments(parser.add_argument_group("participation schema"))
   _add_encoder_arguments(
       parser.add_argument_group("encoder C (needed for other schemas and amplification)"))
-  _add_amplification_arguments(parser.add_argument_group("amplification by Poisson sampling"))
+  _add_amplification_arguments(parser.add_argument_group(
+      "amplification by sampling (Poisson, or balls-in-bins)"))
   parser.set_defaults(func=run)
 
 
