@@ -484,9 +484,26 @@ def test_lower_bound_at_the_calibrated_noise(capsys):
   assert out["slack"] >= 1.0
 
 
+def test_lower_bound_of_balls_in_bins(capsys):
+  """Balls-in-bins (random allocation): the proven lower bound of tff_mf.random_allocation
+  below the printed ε; Monte-Carlo accounting is not offered there."""
+  from tff_mf import random_allocation  # pylint: disable=g-import-not-at-top
+  argv = ["--mechanism", "banded_toeplitz", "--n", "16", "--participation", "balls_in_bins",
+          "--epochs", "2", "--amplification", "random_allocation", "--noise_multiplier", "2",
+          "--delta", DELTA]
+  out = _json(argv + ["--lower_bound"], capsys)
+  assert 0 < out["lower_bound_epsilon"] <= out["epsilon"] <= out["unamplified_epsilon"]
+  assert "random_allocation.lower_bound" in out["lower_bound_method"]
+  with np.load(out["cache_npz"]) as f:
+    direct = random_allocation.lower_bound(f["C"], 2, 2.0, 1e-6)
+  assert out["lower_bound_epsilon"] == pytest.approx(direct, rel=1e-12)
+  _assert_one_line_error(argv + ["--monte_carlo_samples", "5000"],
+                         r"--monte_carlo_samples only the former; not balls_in_bins", capsys)
+
+
 @pytest.mark.parametrize("argv, match", [
     (["--mechanism", "gaussian", "--n", "4", "--noise_multiplier", "1", "--delta", DELTA,
-      "--lower_bound"], r"--lower_bound needs --amplification mmcc or banded"),
+      "--lower_bound"], r"--lower_bound needs --amplification mmcc, banded or random_alloc"),
     (["--mechanism", "gaussian", "--n", "4", "--noise_multiplier", "1", "--delta", DELTA,
       "--monte_carlo_samples", "5000"], r"--monte_carlo_samples needs --amplification"),
     (_SLACK + ["--noise_multiplier", "2", "--monte_carlo_samples", "10"],

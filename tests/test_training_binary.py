@@ -183,9 +183,10 @@ def test_configuration_errors_are_one_line_exit_2(flag, message, tmp_path):
   assert not root.exists() or not os.listdir(root)
 
 
-def test_binary_trains_under_balls_in_bins_and_reports_the_unamplified_bound(tmp_path):
+def test_binary_trains_under_balls_in_bins_and_reports_the_smallest_bound(tmp_path):
   """--participation=balls_in_bins: every client in exactly one round of each epoch; ε is the
-  Gaussian at z / sensitivity over the one-round-per-epoch patterns, labeled unamplified."""
+  smaller of the Gaussian at z / sensitivity over the one-round-per-epoch patterns and the
+  random-allocation bound (arXiv:2601.21636), both listed."""
   from stackoverflow import fixtures  # pylint: disable=g-import-not-at-top
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   from tff_mf import cache  # pylint: disable=g-import-not-at-top
@@ -207,10 +208,14 @@ def test_binary_trains_under_balls_in_bins_and_reports_the_unamplified_bound(tmp
   assert seen["observed"]["max_participations"] == 2
   assert seen["observed"]["repeats_within_an_epoch"] == 0
   privacy = summary["privacy"]
-  assert privacy["analysis"] == "none" and "no amplification proven" in privacy["amplification"]
-  assert any("arXiv:2601.21636" in note for note in privacy["notes"])
+  by_analysis = {r["analysis"]: r["epsilon"] for r in privacy["candidates"]}
+  assert set(by_analysis) == {"none", "random_allocation"}
+  assert summary["epsilon"] == min(by_analysis.values())
   c = cache.load(summary["mechanism_info"]["cache_npz"]).c
   sens = participation.sensitivity(c, participation.balls_in_bins(2))
   assert privacy["sensitivity"] == pytest.approx(sens, rel=1e-12)
-  assert summary["epsilon"] == pytest.approx(accounting.epsilon(1.0, 1e-6, sensitivity=sens),
-                                             rel=1e-9)
+  assert by_analysis["none"] == pytest.approx(accounting.epsilon(1.0, 1e-6, sensitivity=sens),
+                                              rel=1e-9)
+  amplified = accounting.epsilon_for(c, participation.balls_in_bins(2), 1.0, 1e-6,
+                                     "random_allocation")
+  assert by_analysis["random_allocation"] == pytest.approx(amplified["epsilon"], rel=1e-9)

@@ -12,11 +12,15 @@ equivalently replace-with-zero). Three analyses (``epsilon_for``):
   Thm 4.1), the multi-participation sensitivity for fixed-epoch and b-min-sep
   participation (Choquette-Choo et al. 2023, arXiv:2211.06530, Sec 2), and for
   balls-in-bins batching (one uniformly random round per epoch, Chua et al. 2024,
-  arXiv:2412.16802) the sensitivity over every one-round-per-epoch pattern: no
-  amplification is claimed for balls-in-bins (``NO_BALLS_IN_BINS_AMPLIFICATION``).
+  arXiv:2412.16802) the sensitivity over every one-round-per-epoch pattern (its
+  amplified bound is ``"random_allocation"``, below).
 - ``"mmcc"``: amplification by Poisson sampling for any lower-triangular non-negative
   C (Choquette-Choo et al. 2024, MMCC, arXiv:2310.15526, Fig 1; b-min-sep sampling:
   App D, Fig 6); ``tff_mf.mmcc``.
+- ``"random_allocation"``: amplification by balls-in-bins batching (one uniformly random
+  round per epoch) for any lower-triangular non-negative square C: Rényi-divergence
+  bounds of the dominating pair at integer orders, after Schuchardt & Kalinin 2026
+  (arXiv:2601.21636, Sec 3), converted to (ε, δ); ``tff_mf.random_allocation``.
 - ``"banded"``: amplified banded MF (Choquette-Choo et al. 2023, "(Amplified) Banded
   Matrix Factorization", arXiv:2306.08153, Thm 4): when C has at most b non-zero
   bands and every user belongs to one residue class mod b and joins each round of its
@@ -67,7 +71,7 @@ from tff_mf.gaussian import pld_gaussian_epsilon
 
 ACCOUNTANTS = ("exact", "pld", "rdp")
 DEFAULT_ACCOUNTANT = "exact"
-ANALYSES = ("none", "mmcc", "banded")
+ANALYSES = ("none", "mmcc", "banded", "random_allocation")
 
 # Rényi orders for the RDP accountant: dense at small orders, geometric above.
 RDP_ORDERS = tuple(np.concatenate([
@@ -87,11 +91,16 @@ THEOREMS = {
     "balls_in_bins": "one Gaussian mechanism with multiplier z / sensitivity over every pattern "
                      "of one round per epoch (Chua et al. 2024, arXiv:2412.16802, balls-in-bins "
                      "batching), unamplified",
+    "random_allocation": "balls-in-bins amplification: Renyi divergence bounds of the pair "
+                         "N(0, z^2 I) vs E_pi N(C 1_pi, z^2 I) at integer orders (collision "
+                         "dynamic program and decoupling for remove, Jensen for add), after "
+                         "Schuchardt & Kalinin 2026, arXiv:2601.21636, Sec 3; converted by "
+                         "Canonne, Kamath, Steinke 2020, arXiv:2004.00010, Prop 12",
 }
-# What the unamplified balls-in-bins bound leaves out (said with every such ε).
+# What the unamplified balls-in-bins record leaves out (said with every such ε).
 NO_BALLS_IN_BINS_AMPLIFICATION = (
-    "no amplification proven for this sampler in tff-mf; arXiv:2412.16802 (C = I) and "
-    "arXiv:2601.21636 (any C) give amplified bounds, not implemented")
+    "unamplified bound; amplification 'random_allocation' (tff_mf.random_allocation, after "
+    "arXiv:2601.21636) bounds balls-in-bins with amplification")
 
 
 # ----------------------------------------------------------------------------- checks
@@ -321,8 +330,8 @@ def sampling_min_sep(schema, n: int) -> int:
   """
   schema = _check_schema(schema)
   if schema.kind == "balls_in_bins":
-    raise AccountingError(f"balls_in_bins: {NO_BALLS_IN_BINS_AMPLIFICATION}; account it without "
-                          "amplification")
+    raise AccountingError("balls_in_bins is not Poisson sampling: use amplification "
+                          "'random_allocation' (or none)")
   if schema.kind == "single":
     raise AccountingError(
         "amplification analyzes Poisson sampling, where a user may join several rounds; give a "
@@ -401,10 +410,9 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
     schema: a ``tff_mf.participation.Participation`` (or its dict).
     noise_multiplier: z, the noise std in units of the clip norm.
     delta: δ in (0, 1).
-    amplification: None / "none" (one Gaussian at z / sensitivity), "mmcc" (MMCC,
-      arXiv:2310.15526) or "banded" (amplified banded, arXiv:2306.08153 Thm 4). The
-      amplified analyses need a min_sep or fixed_epoch schema (see
-      ``sampling_min_sep``) and ``sampling_prob``.
+    amplification: None / "none" (one Gaussian at z / sensitivity), "mmcc" (MMCC), "banded"
+      (amplified banded): a min_sep or fixed_epoch schema (``sampling_min_sep``) and
+      ``sampling_prob``; "random_allocation": balls_in_bins (``tff_mf.random_allocation``).
     sampling_prob: p in (0, 1], the probability that a user joins a round it is
       eligible for (amplified analyses only).
     accountant: accountant of the unamplified Gaussian ("exact", "pld" or "rdp").
@@ -414,8 +422,8 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
       non-triangular C; ``tff_mf.mmcc``).
     mmcc_options: further keyword arguments of ``tff_mf.mmcc.mmcc`` (workers,
       grid_resolution, progress, ...).
-    known_sensitivity: without amplification, C's ``sensitivity_report`` under ``schema``
-      when the caller already holds it (``tff_mf.mechanisms``), so it is not recomputed.
+    known_sensitivity: C's ``sensitivity_report`` under ``schema`` when the caller holds it
+      (``tff_mf.mechanisms``; unamplified or random_allocation), so it is not recomputed.
 
   Returns a JSON-ready dict: ``epsilon`` (an upper bound), ``analysis``,
   ``accountant``, ``sensitivity`` (of the unamplified Gaussian), ``sensitivity_exact``,
@@ -437,6 +445,9 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
   if analysis == "none":
     return _unamplified_record(record, c, schema, z, delta, accountant, sampling_prob,
                                known_sensitivity)
+  if analysis == "random_allocation":
+    return _random_allocation_record(record, c, schema, z, delta, accountant, sampling_prob,
+                                     known_sensitivity)
   if c is None:
     raise checks.CheckError(f"amplification {analysis!r} needs the encoder C (a matrix or a "
                             "mechanism)")
@@ -483,6 +494,37 @@ def _unamplified_record(record: Dict[str, Any], c: Optional[np.ndarray], schema,
                     schema.kind, "multi")])
   if schema.kind == "balls_in_bins":
     record["amplification"] = NO_BALLS_IN_BINS_AMPLIFICATION
+  return record
+
+
+def _random_allocation_record(record: Dict[str, Any], c: Optional[np.ndarray], schema,
+                              z: float, delta: float, accountant: str,
+                              sampling_prob: Optional[float],
+                              known_sensitivity: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+  """``epsilon_for`` amplified by balls-in-bins (``tff_mf.random_allocation``), and the
+  unamplified bound for the same schema: the smaller is reported."""
+  from tff_mf import random_allocation  # pylint: disable=g-import-not-at-top
+  if c is None:
+    raise checks.CheckError("amplification 'random_allocation' needs the encoder C (a matrix "
+                            "or a mechanism)")
+  if schema.kind != "balls_in_bins":
+    raise checks.CheckError(f"amplification 'random_allocation' analyzes balls_in_bins "
+                            f"participation, not {schema.kind}")
+  if sampling_prob is not None:
+    raise checks.CheckError("sampling_prob does not apply to balls_in_bins (every user joins "
+                            "one round of each epoch)")
+  report = known_sensitivity if known_sensitivity is not None else sensitivity_report(c, schema)
+  sens = float(report["value"])
+  unamplified = epsilon(z, delta, accountant, sensitivity=sens)
+  bound = random_allocation.epsilon(c, schema.epochs, z, delta, sensitivity=sens)
+  amplified = bound.pop("epsilon")
+  record.update(sensitivity=sens, sensitivity_exact=report["exact"],
+                sensitivity_method=report["method"], unamplified_epsilon=unamplified,
+                unamplified_accountant=accountant, amplified_epsilon=amplified,
+                accountant="rdp", exact=False, theorem=THEOREMS["random_allocation"],
+                random_allocation=bound)
+  record["bound"] = "amplified" if amplified <= unamplified else "unamplified"
+  record["epsilon"] = min(amplified, unamplified)
   return record
 
 
@@ -568,8 +610,13 @@ def calibrate(c: Optional[np.ndarray], schema, target_epsilon: float, delta: flo
     return record
   if c is None:
     raise checks.CheckError(f"amplification {analysis!r} needs the encoder C")
-  b = sampling_min_sep(schema, c.shape[1])
-  sens, _ = poisson_sensitivity(c, b)
+  if analysis == "random_allocation":
+    known = options.pop("known_sensitivity", None) or sensitivity_report(c, schema)
+    options["known_sensitivity"] = known
+    sens = known["value"]
+  else:
+    b = sampling_min_sep(schema, c.shape[1])
+    sens, _ = poisson_sensitivity(c, b)
   # The unamplified calibration passes for every analysis (each reports at most the
   # unamplified bound), so it is where the search starts.
   hi = calibrate_noise_multiplier(target, delta, accountant, tolerance, sensitivity=sens)

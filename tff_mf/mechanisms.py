@@ -243,6 +243,7 @@ ANALYSIS_LABELS = {
     "none": "unamplified Gaussian mechanism at z / sensitivity",
     "banded": "amplified banded MF (Poisson sampling within residue classes)",
     "mmcc": "MMCC (Poisson sampling within residue classes)",
+    "random_allocation": "balls-in-bins amplification (Renyi bounds after arXiv:2601.21636)",
     "adaptive": "unamplified Gaussian at z / sensitivity composed with the adaptive clip norm's "
                 "count queries (one Gaussian at 1/mu)",
 }
@@ -250,8 +251,11 @@ ANALYSIS_LABELS = {
 
 def amplification_applies(schema: participation_lib.Participation, n: int,
                           sampling_prob: Optional[float]) -> bool:
-  """Whether an amplified analysis applies: min_sep (cyclic Poisson) sampling with p < 1 and
-  no cap on participations below the ⌈n/b⌉ that fit (a binding cap is not Poisson)."""
+  """Whether an amplified analysis applies: balls-in-bins (random allocation), or min_sep
+  (cyclic Poisson) sampling with p < 1 and no cap on participations below the ⌈n/b⌉ that fit
+  (a binding cap is not Poisson)."""
+  if schema.kind == "balls_in_bins":
+    return True
   if schema.kind != "min_sep" or sampling_prob is None or sampling_prob >= 1.0:
     return False
   fit = -(-n // schema.min_sep)
@@ -274,8 +278,10 @@ def run_privacy(encoder: np.ndarray, schema: participation_lib.Participation,
   - with ``sampling_prob`` p < 1 under min_sep (cyclic Poisson sampling, no binding cap):
     also the amplified banded analysis when C has at most b bands (Choquette-Choo et al.
     2023, arXiv:2306.08153, Thm 4), else MMCC (Choquette-Choo et al. 2024,
-    arXiv:2310.15526, App D). z is then calibrated with it. The record reports the
-    smallest bound and names it; an analysis that does not apply leaves a note;
+    arXiv:2310.15526, App D); under balls_in_bins: also the random-allocation Rényi bound
+    (``tff_mf.random_allocation``, after Schuchardt & Kalinin 2026, arXiv:2601.21636).
+    z is then calibrated with it. The record reports the smallest bound and names it; an
+    analysis that does not apply leaves a note;
   - with ``adaptive`` (a checked ``tff_mf.adaptive_clipping.AdaptiveClipping``): the MF
     Gaussian composed with the clip norm's count queries, one Gaussian at 1/μ, without
     amplification; a target ε keeps σ_b and gives z the rest.
@@ -347,11 +353,16 @@ class _Run:
   def amplified_record(self, z: Optional[float], target: Optional[float]):
     """(record, note): the amplified analysis at z (or calibrated to ``target``)."""
     from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-    analysis = "banded" if accounting.band_count(self.encoder) <= self.schema.min_sep \
-        else "mmcc"
     args = (self.encoder, self.schema)
-    options = dict(amplification=analysis, sampling_prob=self.sampling_prob,
-                   accountant=self.accountant, mmcc_options=self.mmcc_options)
+    if self.schema.kind == "balls_in_bins":
+      analysis = "random_allocation"
+      options = dict(amplification=analysis, accountant=self.accountant,
+                     known_sensitivity=self.report)
+    else:
+      analysis = "banded" if accounting.band_count(self.encoder) <= self.schema.min_sep \
+          else "mmcc"
+      options = dict(amplification=analysis, sampling_prob=self.sampling_prob,
+                     accountant=self.accountant, mmcc_options=self.mmcc_options)
     try:
       if target is not None:
         return accounting.calibrate(*args, target, self.delta, **options), ""
@@ -372,9 +383,6 @@ class _Run:
       z = self.calibrated(target)
     plain = self.unamplified(float(z))
     candidates = [plain] + ([amplified] if amplified is not None else [])
-    if self.schema.kind == "balls_in_bins":
-      from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-      notes.append(f"balls_in_bins: {accounting.NO_BALLS_IN_BINS_AMPLIFICATION}")
     best = dict(min(candidates, key=lambda r: r["epsilon"]))
     best.update(candidates=[_candidate(r) for r in candidates], notes=notes,
                 analysis_label=ANALYSIS_LABELS[best["analysis"]])

@@ -114,6 +114,13 @@ def _threshold_epsilon(means: np.ndarray, weights: np.ndarray, sigma: float,
   return best
 
 
+def threshold_epsilon(means, weights, sigma: float, delta: float) -> float:
+  """The largest ε proven by threshold tests for N(0, σ²) vs Σ weights·N(means, σ²) (a lower
+  bound on that pair's ε(δ), from normal tail functions alone)."""
+  return _threshold_epsilon(np.asarray(means, np.float64), np.asarray(weights, np.float64),
+                            sigma, delta)
+
+
 def lower_bound(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
                 min_sep: int = 1, offset: int = 0) -> Dict[str, float]:
   """A proven lower bound on the (ε, δ) of b-min-sep Poisson sampling with encoder C.

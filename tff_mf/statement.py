@@ -127,6 +127,18 @@ def analysis_words(record: Mapping[str, Any], schema_text: str) -> str:
             f"std {_fmt(record.get('clipped_count_stddev'))}, sensitivity 1/2 each) as one "
             f"Gaussian with noise multiplier {_fmt(record.get('effective_noise_multiplier'))}; "
             f"epsilon by {accountant}")
+  if analysis == "random_allocation":
+    bound = record.get("random_allocation") or {}
+    if record.get("bound") == "amplified":
+      return (f"amplification by balls-in-bins batching (one uniformly random round per "
+              f"epoch): Renyi divergence bounds of the pair N(0, z^2 I) vs E_pi N(C 1_pi, "
+              f"z^2 I) for C with noise multiplier z = {_fmt(z)} at order "
+              f"{bound.get('order')} (tff_mf.random_allocation, after Schuchardt & Kalinin "
+              f"2026, arXiv:2601.21636, Sec 3), converted to (epsilon, delta) by Canonne, "
+              f"Kamath, Steinke 2020, arXiv:2004.00010, Prop 12")
+    return (f"no amplification (the balls-in-bins Renyi bound after arXiv:2601.21636 was "
+            f"larger): one Gaussian mechanism at {ratio}, "
+            f"{_sensitivity_words(record, schema_text)}; epsilon by {accountant}")
   if analysis in ("banded", "mmcc") and record.get("bound") == "amplified":
     return _amplified_words(record, analysis)
   if analysis in ("banded", "mmcc"):

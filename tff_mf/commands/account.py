@@ -12,7 +12,8 @@ built, or factorized once into the cache and reused, exactly as training resolve
 ``tff_mf.mechanisms.resolve``) or a cached factorization (``--matrix``), under any schema,
 unamplified (one Gaussian at z / sensitivity) or amplified by Poisson sampling (MMCC,
 Choquette-Choo et al. 2024, arXiv:2310.15526; amplified banded, Choquette-Choo et al.
-2023, arXiv:2306.08153)::
+2023, arXiv:2306.08153), or by balls-in-bins batching (``--amplification random_allocation``,
+``tff_mf.random_allocation``, after Schuchardt & Kalinin 2026, arXiv:2601.21636)::
 
   tff-mf account --mechanism blt --n 256 --min_sep 32 --amplification mmcc \\
       --sampling_prob 0.25 --noise_multiplier 2 --delta 1e-6 --cache_dir D --json
@@ -63,6 +64,8 @@ _EXAMPLES = """examples:
       --min_sep 8 --amplification banded --sampling_prob 0.5 --target_epsilon 2 --delta 1e-6
   tff-mf account --matrix ~/.cache/tff_mf/<entry>/<file>.npz --amplification mmcc \\
       --sampling_prob 0.01 --noise_multiplier 8 --delta 1e-6
+  tff-mf account --mechanism blt --n 256 --participation balls_in_bins --epochs 8 \\
+      --amplification random_allocation --noise_multiplier 2 --delta 1e-6
 
 Every epsilon printed is an upper bound. --json prints one strict JSON object (an
 unbounded epsilon is the string "inf")."""
@@ -81,13 +84,17 @@ def register(subparsers) -> None:
           "arXiv:2211.06530). Amplified by Poisson sampling: MMCC (Choquette-Choo et al. 2024, "
           "arXiv:2310.15526, Fig 1 and App D) for any lower-triangular non-negative C, or "
           "amplified banded MF (Choquette-Choo et al. 2023, arXiv:2306.08153, Thm 4) for a C "
-          "with at most b non-zero bands under b-min-sep sampling."),
+          "with at most b non-zero bands under b-min-sep sampling. Amplified by balls-in-bins "
+          "batching (--participation balls_in_bins): Renyi bounds of the random-allocation pair "
+          "after Schuchardt & Kalinin 2026, arXiv:2601.21636 (--amplification "
+          "random_allocation)."),
       epilog=_EXAMPLES, removed=REMOVED_FLAGS)
   _add_run_arguments(parser)
   _add_schema_arguments(parser.add_argument_group("participation schema"))
   _add_encoder_arguments(
       parser.add_argument_group("encoder C (needed for other schemas and amplification)"))
-  _add_amplification_arguments(parser.add_argument_group("amplification by Poisson sampling"))
+  _add_amplification_arguments(parser.add_argument_group(
+      "amplification by sampling (Poisson, or balls-in-bins)"))
   _add_slack_arguments(parser.add_argument_group("below the bound (amplified analyses)"))
   parser.set_defaults(func=run)
 
@@ -154,10 +161,14 @@ def _add_encoder_arguments(matrix) -> None:
 
 
 def _add_amplification_arguments(amp) -> None:
-  amp.add_argument("--amplification", choices=("none", "mmcc", "banded"), default=None,
+  amp.add_argument("--amplification", choices=("none", "mmcc", "banded", "random_allocation"),
+                   default=None,
                    help="none: one Gaussian at z / sensitivity; mmcc: MMCC for any "
                         "lower-triangular non-negative C; banded: amplified banded MF for C "
-                        "with at most b non-zero bands under b-min-sep sampling (default: none)")
+                        "with at most b non-zero bands under b-min-sep sampling; "
+                        "random_allocation: balls-in-bins (--participation balls_in_bins "
+                        "--epochs K, no --sampling_prob) for any square lower-triangular "
+                        "non-negative C, Renyi bounds after arXiv:2601.21636 (default: none)")
   amp.add_argument("--sampling_prob", type=float, default=None, metavar="P",
                    help="probability p in (0, 1] that a user joins a round it may be sampled in "
                         "(every round for b = 1, the rounds of its residue class for b-min-sep); "
@@ -194,8 +205,8 @@ def _check_slack_flags(args: argparse.Namespace, analysis: str) -> None:
   flags = [f for f, on in (("--lower_bound", args.lower_bound),
                            ("--monte_carlo_samples", args.monte_carlo_samples is not None)) if on]
   if flags and analysis == "none":
-    _fail(f"{flags[0]} needs --amplification mmcc or banded (it bounds the sampled run's "
-          "epsilon from below)")
+    _fail(f"{flags[0]} needs --amplification mmcc, banded or random_allocation (it bounds "
+          "the sampled run's epsilon from below)")
   if args.monte_carlo_samples is not None and args.monte_carlo_samples < 1000:
     _fail(f"--monte_carlo_samples must be an integer >= 1000, got {args.monte_carlo_samples}")
   if flags and args.non_adaptive:
@@ -209,9 +220,20 @@ def _add_slack(record: dict, c, args: argparse.Namespace) -> None:
   rounds joined with probability p, at the z of the record (``tff_mf.mixture_pair``).
   """
   from tff_mf import mixture_pair  # pylint: disable=g-import-not-at-top
+  if record["schema"]["kind"] == "balls_in_bins" and args.monte_carlo_samples is None:
+    from tff_mf import random_allocation  # pylint: disable=g-import-not-at-top
+    lower = random_allocation.lower_bound(c, record["schema"]["epochs"],
+                                          record["noise_multiplier"], record["delta"])
+    record["lower_bound_epsilon"] = lower
+    record["lower_bound_method"] = (
+        "proven lower bound on the true epsilon: the all-ones adversary of balls-in-bins, "
+        "threshold tests on projections (tff_mf.random_allocation.lower_bound)")
+    record["slack"] = record["epsilon"] / lower if lower > 0 else float("inf")
+    return
   if record["schema"]["kind"] not in ("min_sep", "fixed_epoch"):
-    _fail(f"--lower_bound and --monte_carlo_samples cover b-min-sep Poisson sampling "
-          f"(--participation min_sep or fixed_epoch), not {record['schema']['kind']}")
+    _fail(f"--lower_bound covers b-min-sep Poisson sampling (--participation min_sep or "
+          f"fixed_epoch) and balls_in_bins, --monte_carlo_samples only the former; not "
+          f"{record['schema']['kind']}")
   pair = (c, record["sampling_prob"], record["noise_multiplier"], record["delta"])
   options = {"min_sep": record["min_sep"]}
   if args.lower_bound:
@@ -422,8 +444,18 @@ def run(args: argparse.Namespace) -> int:
   if (args.noise_multiplier is None) == (args.target_epsilon is None):
     _fail("give exactly one of --noise_multiplier and --target_epsilon")
   analysis = args.amplification or "none"
-  amplified = analysis != "none"
-  if not amplified and args.sampling_prob is not None:
+  allocation = analysis == "random_allocation"
+  amplified = analysis not in ("none", "random_allocation")  # Poisson sampling
+  if allocation:
+    if args.sampling_prob is not None:
+      _fail("--sampling_prob does not apply to --amplification random_allocation (each user "
+            "joins one round of each epoch)")
+    if args.participation not in (None, "balls_in_bins"):
+      _fail("--amplification random_allocation needs --participation balls_in_bins")
+    if args.epochs is None:
+      _fail("--amplification random_allocation needs --epochs K (balls_in_bins)")
+    args.participation = "balls_in_bins"
+  if not amplified and not allocation and args.sampling_prob is not None:
     _fail("--sampling_prob needs --amplification mmcc or banded")
   if amplified and args.sampling_prob is None:
     _fail(f"--amplification {analysis} needs --sampling_prob")
