@@ -38,6 +38,11 @@ from tff_mf import interrupt
 MAIN_JOB_MECHANISMS = ("tree", "opt_momentum")
 # The ceiling: the same regime without DP, once (seed 0).
 MAIN_JOB_REFERENCES = ("none",)
+# Whether the job claims that MF beats the tree on the papers' headline accuracy (without
+# OOV/EOS) too. It does not: in this budget (12 minutes on 2 cores) no regime tried made the
+# DP models learn that accuracy beyond a unigram predictor's (BENCHMARKS.md, "Main job:
+# regimes tried for the headline accuracy"); results.md says so in its first sentence.
+MAIN_JOB_HEADLINE_CLAIM = False
 # Pinned for reproducibility: replicate r uses client order / model init seed r and noise
 # seed r. A pinned noise seed is public, so these runs demonstrate, they do not protect.
 NOISE_SEEDS = (0, 1, 2)
@@ -71,9 +76,14 @@ MAIN_JOB_DEFAULTS = dict(
 READING_NOTES = (
     "- Test loss is the token-weighted cross-entropy of the final model on {max_test_elements} "
     "held-out test sentences. It leads because it is what training minimizes and it moves "
-    "smoothly with the noise: at this scale the models predict mostly frequent tokens, so the accuracy without "
-    "OOV/EOS targets (the papers' headline after 2048 rounds of 100 clients) stays near 0 and is "
-    "mostly noise; both accuracies are shown.",
+    "smoothly with the noise. The papers' headline, accuracy without OOV/EOS targets (reached "
+    "after 2048 rounds of 100 clients there), needs a model that predicts words rather than "
+    "the frequent OOV and EOS tokens; at this scale none does, so that accuracy is shown and "
+    "tested but not where a mechanism wins.",
+    "- Two reference rows bound the table: the same regime trained without DP (one seed; the "
+    "ceiling, dashed in the plot) and a unigram predictor fit on the train clients (no "
+    "training; always the most frequent word for the accuracies, the smoothed frequencies for "
+    "the loss; dotted). A DP model that does not beat the unigram has learned no context.",
     "- Every mechanism trains at the same target ε under the same participation schema; z is "
     "calibrated per mechanism on its own C (TFF's tree: C_T), so a mechanism with larger "
     "sensitivity under the schema gets more noise. ε is an upper bound from tff_mf.accounting; "
