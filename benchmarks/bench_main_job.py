@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -30,14 +31,21 @@ MACHINE = "2-core x86_64 CPU, 24 GB, no GPU"
 
 
 def run_job(job_args, workdir):
-  """(exit code, wall seconds, stderr tail) of the main job on an empty cache."""
+  """(exit code, wall seconds, stderr tail, CPU seconds) of the main job on an empty cache.
+
+  CPU seconds: user + system of the job and the processes it waited for (TFF's workers).
+  """
   env = dict(os.environ, TFF_MF_CACHE=os.path.join(workdir, "cache"), PYTHONPATH=REPO,
              TF_CPP_MIN_LOG_LEVEL="3")
+  before = resource.getrusage(resource.RUSAGE_CHILDREN)
   start = time.perf_counter()
   proc = subprocess.run([sys.executable, "-m", "training.main_job",
                          "--output_dir", os.path.join(workdir, "demo"), *job_args],
                         cwd=REPO, env=env, capture_output=True, text=True)
-  return proc.returncode, time.perf_counter() - start, proc.stderr[-3000:]
+  wall = time.perf_counter() - start
+  after = resource.getrusage(resource.RUSAGE_CHILDREN)
+  cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+  return proc.returncode, wall, proc.stderr[-3000:], cpu
 
 
 def main(argv=None):
@@ -50,7 +58,7 @@ def main(argv=None):
   os.makedirs(args.out_dir, exist_ok=True)
   load_start = os.getloadavg()[0]
   with tempfile.TemporaryDirectory() as workdir:
-    code, total, stderr = run_job(job_args, workdir)
+    code, total, stderr, cpu = run_job(job_args, workdir)
     if code not in (0, 2):
       print(stderr, file=sys.stderr)
       raise SystemExit(f"the main job failed with exit code {code}")
@@ -95,7 +103,10 @@ def main(argv=None):
               f"{settings['projection_size']}, vocabulary {settings['vocab_size']}.", ""]
   lines += ["| part | wall s |", "| --- | --- |"]
   lines += [f"| {name} | {seconds:.0f} |" for name, seconds in parts]
-  lines += [f"| **total** | **{total:.0f}** ({total / 60:.1f} min) |", ""]
+  lines += [f"| **total** | **{total:.0f}** ({total / 60:.1f} min) |", "",
+            f"CPU time of the job and its TFF worker processes: {cpu:.0f} s (user + system; "
+            f"{cpu / 60:.1f} min, about {cpu / 120:.1f} min of wall on 2 idle cores if both "
+            "were kept busy).", ""]
   if job_table:
     lines += ["What the job reported in this run (its results.md without the reading notes):",
               "", job_table.strip(), ""]
