@@ -357,8 +357,9 @@ def merge_small(mix: RowMixture, grid_step: float) -> RowMixture:
   Bernoullis, Σ_{j∈G} C_ij·Bern(p̃_j) ≤ Δ2·1{some j ∈ G joins} ≤ Σ_{j∈G} Δ2·Bern(p̃_j)
   pointwise, so the merged PMoG dominates the row's PMoG and is dominated by the
   unmerged rounding (Choquette-Choo et al. 2024, arXiv:2310.15526, Cor B.3): ε is an
-  upper bound and never above the unmerged one. A row without two such entries is
-  returned unchanged.
+  upper bound and, but for the group probability's rounding up (float slack of 1e-12
+  relative, then a 2⁻⁴⁰ quantum), never above the unmerged one. A row without two such
+  entries is returned unchanged.
   """
   if mix.values is None:
     return mix
