@@ -26,12 +26,19 @@ and p̃ no larger: a stochastically smaller PMoG, Cor B.3) cannot be the worst
 and is not composed (``dominates``). For a lower-triangular Toeplitz C (BLT,
 banded Toeplitz) class o is class 0 with its last o rows cut off, so only class
 0 is composed and the cost no longer grows with b: BLT at n = 2048, k = 8
-takes under a minute on 2 cores (BENCHMARKS.md, MMCC).
+takes under a minute on 2 cores (BENCHMARKS.md, MMCC). For b = 1 and a
+lower-triangular Toeplitz C, the Gram entry of columns i − d and i − e over rows
+< i depends on the lags (d, e) only, so the tail bounds of every row are read off
+one sequence per lag (``_toeplitz_row_mixtures``, bit-identical to the row-by-row
+computation).
 
 EVERY APPROXIMATION HERE ONLY OVER-ESTIMATES ε (App F):
 - entries of C are rounded UP to a grid of step Δ2 (F.2; Lemma B.2 / B.4:
   larger non-negative sensitivities give a dominating PLD). Refining the grid by
-  an integer factor never raises ε;
+  an integer factor never raises ε. A row's entries below Δ2 are first merged
+  into groups of sum ≤ Δ2, each one step joined with probability 1 − Π(1 − p̃)
+  (``merge_small``: dominates the row, Cor B.3, and is dominated by rounding each
+  entry up), which makes the rows of a Toeplitz C with tiny far lags equal;
 - s_ij is over-estimated by the sum of the t largest inner products, t an
   exact binomial tail bound (F.3; any over-estimate of s_ij is valid);
 - each p̃_ij is rounded UP to a multiple of 2⁻⁴⁰ (larger participation
@@ -350,8 +357,9 @@ def merge_small(mix: RowMixture, grid_step: float) -> RowMixture:
   Bernoullis, Σ_{j∈G} C_ij·Bern(p̃_j) ≤ Δ2·1{some j ∈ G joins} ≤ Σ_{j∈G} Δ2·Bern(p̃_j)
   pointwise, so the merged PMoG dominates the row's PMoG and is dominated by the
   unmerged rounding (Choquette-Choo et al. 2024, arXiv:2310.15526, Cor B.3): ε is an
-  upper bound and never above the unmerged one. A row without two such entries is
-  returned unchanged.
+  upper bound and, but for the group probability's rounding up (float slack of 1e-12
+  relative, then a 2⁻⁴⁰ quantum), never above the unmerged one. A row without two such
+  entries is returned unchanged.
   """
   if mix.values is None:
     return mix
