@@ -189,10 +189,11 @@ def _add_amplification_arguments(amp) -> None:
 
 def _add_slack_arguments(slack) -> None:
   slack.add_argument("--lower_bound", action="store_true",
-                     help="mmcc, banded: also print a proven LOWER bound on the true epsilon "
-                          "(lower_bound_epsilon; one residue class's first rounds, each joined "
-                          "with probability p, projected on one direction: tff_mf.mixture_pair) "
-                          "and slack = epsilon / lower_bound_epsilon (default: off)")
+                     help="mmcc, banded, random_allocation: also print a proven LOWER bound "
+                          "on the true epsilon (lower_bound_epsilon; b-min-sep: one residue "
+                          "class's first rounds, each joined with probability p, "
+                          "tff_mf.mixture_pair; balls-in-bins: tff_mf.random_allocation) and "
+                          "slack = epsilon / lower_bound_epsilon (default: off)")
   slack.add_argument("--monte_carlo_samples", type=int, default=None, metavar="N",
                      help="mmcc, banded: also print a Monte-Carlo ESTIMATE of the same pair's "
                           "epsilon from N draws (Choquette-Choo et al. 2024, arXiv:2410.06266; "
