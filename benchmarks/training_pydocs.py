@@ -155,7 +155,8 @@ def main(argv=None):
   title = ("## Training (main job settings):" if not args.mechanisms else
            f"## Training, {' vs '.join(mechanisms)}:")
   text = text.replace("# Main job:", title, 1)
-  text = text.replace("## How to read this", "### How to read this", 1)
+  for heading in ("## Privacy", "## Results", "## How to read this"):  # subsections here
+    text = text.replace(f"\n{heading}\n", f"\n#{heading}\n", 1)
   header, _, rest = text.partition("\n\n")
   with open(os.path.join(args.out, "results.json"), encoding="utf-8") as f:
     runs = json.load(f)["mechanisms"]
