@@ -16,12 +16,13 @@ reproduces the section whatever the main job's defaults are.
 
 With ``--mechanisms`` it compares other mechanisms (the first is the baseline), for
 example the multi-epoch comparison of TFF's tree, independent noise (TFF's
-``gaussian_fixed``), banded, BLT, the fixed-epoch optimum for momentum, BandInvMF and BSR
-at equal ε under the main job's fixed-epoch schema:
+``gaussian_fixed``), banded, BLT and the fixed-epoch optimum for momentum at equal ε
+under the main job's fixed-epoch schema, and BandInvMF and BSR against the tree:
 
   nice .venv/bin/python benchmarks/training_pydocs.py --mechanisms tree gaussian banded blt \
-      opt_momentum banded_inverse bsr --out out/bench_multi_epoch \
-      --results_md benchmarks/results/training_multi_epoch.md
+      opt_momentum --out out/bench_multi_epoch --results_md benchmarks/results/training_multi_epoch.md
+  nice .venv/bin/python benchmarks/training_pydocs.py --mechanisms tree banded_inverse bsr \
+      --out out/bench_multi_epoch --results_md benchmarks/results/training_square_root.md
 
 When ``gaussian`` is among them, the section adds each matrix mechanism's paired
 test-loss difference to it (the papers' claim: MF ahead of independent noise in
@@ -154,7 +155,8 @@ def main(argv=None):
   title = ("## Training (main job settings):" if not args.mechanisms else
            f"## Training, {' vs '.join(mechanisms)}:")
   text = text.replace("# Main job:", title, 1)
-  text = text.replace("## How to read this", "### How to read this", 1)
+  for heading in ("## Privacy", "## Results", "## How to read this"):  # subsections here
+    text = text.replace(f"\n{heading}\n", f"\n#{heading}\n", 1)
   header, _, rest = text.partition("\n\n")
   with open(os.path.join(args.out, "results.json"), encoding="utf-8") as f:
     runs = json.load(f)["mechanisms"]
