@@ -56,9 +56,6 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
     ("data", "stackoverflow_data.md", (("benchmarks/stackoverflow_data.py",),)),
     ("harness", "harness.md", (("benchmarks/bench_harness.py",),)),
     ("main_job", "main_job.md", (("benchmarks/bench_main_job.py",),)),
-    # Pilot runs of other main-job regimes (issue 21), each with its overrides in the table:
-    # a record of what was tried, kept by hand; no command regenerates it.
-    ("main_job_regimes", "main_job_regimes.md", ()),
     ("multi_epoch_training", "training_multi_epoch.md", (
         ("benchmarks/training_pydocs.py", "--mechanisms", "tree", "gaussian", "banded", "blt",
          "opt_momentum",
