@@ -56,17 +56,33 @@ install_with_pip() {
 install_with_uv() {
   "$venv/bin/pip" install --quiet -r requirements/bootstrap.txt >/dev/null 2>&1 || return 1
   local uv=("$venv/bin/uv" pip install --quiet --system-certs --python "$venv/bin/python")
-  local key value item
-  # pip's index settings (config files and PIP_* variables), as `pip config list` shows them.
-  while IFS= read -r line; do
-    key="${line%%=*}"; key="${key##*.}"
-    value="${line#*=}"; value="${value#\'}"; value="${value%\'}"
-    case "$key" in
-      index-url) uv+=(--index-url "$value") ;;
-      extra-index-url) for item in $value; do uv+=(--extra-index-url "$item"); done ;;
-      find-links) for item in $value; do uv+=(--find-links "$item"); done ;;
-    esac
-  done < <("$venv/bin/pip" config list 2>/dev/null)
+  # pip's index settings (config files, then PIP_* variables, which take precedence), read
+  # from `pip config list` (values are Python literals), as uv flags one per line.
+  local flags
+  mapfile -t flags < <("$venv/bin/python" - "$venv/bin/pip" <<'PYEOF'
+import ast, subprocess, sys
+listed = subprocess.run([sys.argv[1], "config", "list"], capture_output=True, text=True).stdout
+found = {}
+for line in listed.splitlines():
+    key, _, value = line.partition("=")
+    section, _, name = key.rpartition(".")
+    if name not in ("index-url", "extra-index-url", "find-links"):
+        continue
+    try:
+        value = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        continue
+    rank = 1 if section == ":env:" else 0
+    if name not in found or rank >= found[name][0]:
+        found[name] = (rank, str(value))
+for name, (_, value) in found.items():
+    items = value.split()
+    for item in items[:1] if name == "index-url" else items:
+        print(f"--{name}")
+        print(item)
+PYEOF
+)
+  uv+=("${flags[@]}")
   "${uv[@]}" -r requirements/lock.txt && "${uv[@]}" --no-deps -r requirements/lock-nodeps.txt
 }
 if ! install_with_uv; then

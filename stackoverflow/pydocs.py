@@ -19,8 +19,8 @@ when the StackOverflow files are not available.
   holding the docstrings of everything it documents (e.g. `json.decoder`),
   the unit closer to a StackOverflow user with many posts. A docstring whose sentences
   equal an earlier one (copied docs) is skipped, so no text is shared between
-  clients or splits. Clients with fewer than `min_sentences_per_client`
-  sentences are dropped.
+  clients or splits. Docstrings with fewer than `min_sentences_per_client`
+  sentences are dropped (for module clients too, before the module's are joined).
 - Examples: sentences. Doctest lines, code blocks, directives and rule lines
   are dropped; paragraphs are split after `.`, `!` or `?` followed by a space
   and a non-lowercase character. Tokens follow StackOverflow's style:

@@ -1,5 +1,6 @@
 """MMCC (Choquette-Choo et al. 2024, arXiv:2310.15526): amplification for matrix mechanisms."""
 
+import dataclasses
 import itertools
 
 import dp_accounting
@@ -365,6 +366,20 @@ def test_pruning_keeps_undominated_offsets():
   slow = mmcc.mmcc(c, 0.05, 2.0, DELTA, prune_offsets=False, **kwargs)
   assert 1 < fast.composed_offsets <= 4
   assert fast.epsilon >= slow.epsilon
+
+
+def test_dominates_compares_the_values_merge_small_may_merge():
+  """Equal rounded units do not make a class of ten 0.1-step entries dominate one of ten
+  0.9-step entries: merge_small turns the first into one unit and leaves the second at ten."""
+  columns = np.arange(10)
+  kept = [mmcc.RowMixture(np.ones(10, np.int64), np.full(10, 0.5), 0, columns,
+                          values=np.full(10, 0.1))]
+  dropped = [mmcc.RowMixture(np.ones(10, np.int64), np.full(10, 0.5), 0, columns,
+                             values=np.full(10, 0.9))]
+  assert not mmcc.dominates(kept, dropped)
+  assert mmcc.dominates(dropped, kept)
+  assert mmcc.merge_small(kept[0], 1.0).units.sum() <= 2 < 10  # ten entries, two groups
+  assert not mmcc.dominates(kept, [dataclasses.replace(dropped[0], values=None)])
 
 
 def test_dominates_is_componentwise():

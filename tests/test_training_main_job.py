@@ -296,3 +296,20 @@ def test_unigram_baseline_matches_the_papers_metrics_on_a_constant_prediction(tm
       assert unigram[metric.name] == pytest.approx(float(metric.result()), abs=1e-6), metric.name
   assert unigram["test_targets"] == int(metrics[0].result())
   assert 0.0 < unigram["loss"] < np.log(classes - 1)  # better than uniform over the classes
+
+
+def test_a_headline_win_without_a_loss_win_is_said_as_such_and_a_missing_epsilon_too():
+  from training import report  # pylint: disable=g-import-not-at-top
+  runs = {"tree": {s: fake_summary(5.0 + 0.01 * s, headline=0.10 + 0.001 * s) for s in range(3)},
+          "opt_momentum": {s: fake_summary(v, headline=0.14 + 0.002 * s, eps=None if s else 4.0)
+                           for s, v in enumerate((4.95, 5.25, 4.8))}}
+  result = report.compare(runs, baseline="tree")
+  assert not result["conclusion"]["mf_wins"] and not result["conclusion"]["wins_both"]
+  text = report.markdown(result, dict(main_job.MAIN_JOB_DEFAULTS, schema_text="2 fixed epochs",
+                                      notes=[], title="t"))
+  opening = text.split("## Results\n\n")[1]
+  assert opening.startswith("Opt momentum beats TFF's tree on the papers' headline metric, "
+                            "accuracy without OOV/EOS, beyond the seeds' spread, but not on "
+                            "test loss")
+  assert "It wins on accuracy without OOV/EOS beyond the seeds' spread." in text
+  assert "a run without ε broke its schema" in opening and "for every run" not in opening

@@ -521,10 +521,11 @@ def _random_allocation_record(record: Dict[str, Any], c: Optional[np.ndarray], s
   record.update(sensitivity=sens, sensitivity_exact=report["exact"],
                 sensitivity_method=report["method"], unamplified_epsilon=unamplified,
                 unamplified_accountant=accountant, amplified_epsilon=amplified,
-                accountant="rdp", exact=False, theorem=THEOREMS["random_allocation"],
-                random_allocation=bound)
+                theorem=THEOREMS["random_allocation"], random_allocation=bound)
   record["bound"] = "amplified" if amplified <= unamplified else "unamplified"
   record["epsilon"] = min(amplified, unamplified)
+  if record["bound"] == "amplified":  # else ε is the unamplified accountant's, as recorded
+    record.update(accountant="rdp", exact=False)
   return record
 
 

@@ -721,6 +721,9 @@ def _block_sensitivities(rows: np.ndarray) -> np.ndarray:
 def dominates(big: Sequence[RowMixture], small: Sequence[RowMixture]) -> bool:
   """True if every row block of ``small`` is dominated by the block of ``big`` with the
   same index, column by column: same kept column, sensitivity and p̃ at least as large.
+  Where ``big`` keeps its sensitivities before rounding (``values``, which ``merge_small``
+  may merge below one grid step), those must be at least ``small``'s too: equal rounded
+  units alone would let a merged ``big`` fall below an unmerged ``small``.
 
   Then Σ_j units_j·Bern(p̃_j) of ``big`` is, block by block, stochastically at least that
   of ``small`` (couple the Bernoullis), so its PMoG dominates (Choquette-Choo et al. 2024,
@@ -738,6 +741,9 @@ def dominates(big: Sequence[RowMixture], small: Sequence[RowMixture]) -> bool:
       return False
     if not (np.array_equal(ref.columns[idx], mix.columns)
             and np.all(ref.units[idx] >= mix.units) and np.all(ref.probs[idx] >= mix.probs)):
+      return False
+    if ref.values is not None and (mix.values is None
+                                   or not np.all(ref.values[idx] >= mix.values)):
       return False
   return True
 

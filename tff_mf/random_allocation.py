@@ -339,6 +339,9 @@ def lower_bound(c, epochs: int, noise_multiplier: float, delta: float,
   best = 0.0
   for w in directions:
     w = np.asarray(w, dtype=np.float64)
+    if w.shape != (n,) or not np.all(w >= 0):  # non-negative means: rounding down stays below
+      raise RandomAllocationError(f"lower_bound: each direction must be a non-negative vector "
+                                  f"of length n = {n}")
     norm = math.sqrt(float(w @ x @ w))
     if norm <= 0:
       continue

@@ -160,8 +160,8 @@ def unigram_baseline(task: Task, num_oov_buckets: int,
   estimate gains.
 
   ``loss``: cross-entropy on the test targets of the train targets' frequencies (add-one
-  smoothed over the model's classes), the best any model can do that ignores the words
-  before. The accuracies are those of always predicting ``word``, the most frequent train
+  smoothed over the model's classes): an estimate of what a model that ignores the words
+  before can reach (not a bound). The accuracies are those of always predicting ``word``, the most frequent train
   target that is a word (neither pad, OOV, BOS nor EOS), over the targets each accuracy
   counts (``stackoverflow.metrics``): what a model gets for learning only the unigram.
   Non-private: a reference line for the tables, not a run.
