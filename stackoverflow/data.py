@@ -149,8 +149,7 @@ def load_federated_data(dataset: str,
   elif dataset in PYDOCS_CLIENT_UNITS:
     from stackoverflow import pydocs  # pylint: disable=g-import-not-at-top
     if "client_unit" in dataset_options:
-      raise ValueError(f"{dataset} sets client_unit itself; got client_unit="
-                       f"{dataset_options['client_unit']!r}.")
+      raise ValueError(f"{dataset} sets client_unit itself; got {dataset_options}.")
     try:
       loaded = pydocs.load(cache_dir=data_dir, progress=progress,
                            client_unit=PYDOCS_CLIENT_UNITS[dataset], **dataset_options)

@@ -26,6 +26,9 @@ def tiny_config(root, **kw):
   return config_lib.TrainingConfig(**values)
 
 
+# Slow: adaptive clipping trains inside TFF FedAvg (tests/test_adaptive_clipping.py) and the
+# run's composed record is the library's (tests/test_training_privacy.py) in the default suite.
+@pytest.mark.slow
 def test_adaptive_run_records_the_clip_and_an_epsilon_for_both_parts(tmp_path):
   summary = loop.run_training(tiny_config(tmp_path))
   privacy = summary["privacy"]

@@ -37,6 +37,10 @@ def run_binary(args, cwd, home, umask=None, timeout=600):
       preexec_fn=None if umask is None else (lambda: os.umask(umask)))
 
 
+# One worker runs this module, so its module fixture runs once (make test: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("training_binary")
+
+
 @pytest.fixture(scope="module")
 def clean_run(tmp_path_factory):
   """The binary from a clean shell, umask 000, cwd outside the repository."""
@@ -183,6 +187,9 @@ def test_configuration_errors_are_one_line_exit_2(flag, message, tmp_path):
   assert not root.exists() or not os.listdir(root)
 
 
+# Slow: the library record of a balls_in_bins run is tested in tests/test_training_privacy.py
+# and tests/test_random_allocation.py, its sampler in-process; this is the clean-shell binary.
+@pytest.mark.slow
 def test_binary_trains_under_balls_in_bins_and_reports_the_smallest_bound(tmp_path):
   """--participation=balls_in_bins: every client in exactly one round of each epoch; ε is the
   smaller of the Gaussian at z / sensitivity over the one-round-per-epoch patterns and the

@@ -155,6 +155,9 @@ def test_end_to_end(mechanism, tiny_dir, task, tmp_path, capfd):
   assert os.listdir(run_dir / "tensorboard")
 
 
+# Slow: an empty round still adds its noise (tests/test_training_participation.py) and resumed
+# runs count skipped clients alike (tests/test_training_resume.py) in the default suite.
+@pytest.mark.slow
 def test_empty_clients_are_skipped_and_counted(tiny_dir, task, tmp_path):
   empties = empty_client_ids(task)
   assert len(empties) == 12

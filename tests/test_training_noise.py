@@ -211,8 +211,11 @@ def test_decoders_built_here_agree_with_the_library_tree():
 
 # Dense matrix noise through the binary is also checked in a clean shell (opt_momentum,
 # test_binary_adds_the_reported_noise_in_a_clean_shell): opt_prefix_sum is slow here.
+# gaussian (TFF's gaussian_fixed with the seeded query of tests/test_query_noise.py) is slow
+# here too: the suite keeps one TFF-owned aggregator (tree) and the clean-shell MF run.
 @pytest.mark.parametrize("mechanism", [pytest.param("opt_prefix_sum", marks=pytest.mark.slow),
-                                       "gaussian", "tree"])
+                                       pytest.param("gaussian", marks=pytest.mark.slow),
+                                       "tree"])
 def test_run_training_adds_the_reported_noise(mechanism, task, tmp_path):
   if mechanism == "opt_prefix_sum":  # ε calibrated by the run (--target_epsilon)
     config = _config(tmp_path, mechanism, target_epsilon=3.0, noise_seed=SEED)

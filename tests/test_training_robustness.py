@@ -212,6 +212,9 @@ def test_binary_exits_nonzero_on_conflicting_flags(tmp_path):
   assert not (tmp_path / "runs").exists()
 
 
+# Slow: the query's error past its n rounds is tested in-process (tests/test_query_noise.py,
+# tests/test_query_federated.py); this is the same error through the training loop.
+@pytest.mark.slow
 def test_running_past_the_matrix_rounds_is_the_querys_one_line_error(tmp_path, monkeypatch):
   """A mechanism built for n = 2 rounds in a 3-round run: round 3 fails with the query's own
   message (not a gRPC dump), and rounds 1-2 (metrics.csv rows, checkpoint) stay."""
