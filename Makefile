@@ -17,7 +17,7 @@ demo: venv
 
 ## Default (fast) test suite: under 15 minutes on 2 cores, setup included.
 test: venv
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --timeout=900 -q -rs tests
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --timeout=900 -q -rs tests
 
 ## Long checks (n >= 2048 factorizations, long training).
 test-slow: venv

@@ -25,10 +25,6 @@ N, B, P, EPS, DELTA = 16, 2, 0.5, 4.0, 1e-6
 TOL = 0.02  # z within 2% of the smallest valid one: few PLD evaluations (seconds each)
 
 
-# One worker runs this module, so its module fixture runs once (make test: --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("band_calibration")
-
-
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
   cache_dir = str(tmp_path_factory.mktemp("bands_cache"))

@@ -37,10 +37,6 @@ def run_binary(args, cwd, home, umask=None, timeout=600):
       preexec_fn=None if umask is None else (lambda: os.umask(umask)))
 
 
-# One worker runs this module, so its module fixture runs once (make test: --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("training_binary")
-
-
 @pytest.fixture(scope="module")
 def clean_run(tmp_path_factory):
   """The binary from a clean shell, umask 000, cwd outside the repository."""
