@@ -191,6 +191,29 @@ def test_synthetic_is_deterministic():
   assert isinstance(next(iter(first.validation))["tokens"], tf.Tensor)
 
 
+def _tff_join(clients, seed):
+  reference = tff.simulation.datasets.TestClientData(
+      {cid: {"tokens": np.array(s, dtype=object)} for cid, s in clients.items()})
+  return reference.create_tf_dataset_from_all_clients(seed)
+
+
+def test_synthetic_joined_splits_equal_tffs_join():
+  """The synthetic splits' validation and test sets (built from memory) hold TFF's joined
+  dataset: the same sentences in the same client order, for any order seed."""
+  heldout = data.synthetic_client_sentences(num_heldout_clients=25)["heldout"]
+  with_empty = dict(heldout, heldout_00003=[])  # an empty client keeps its place
+  joined = data._client_data(with_empty)  # pylint: disable=protected-access
+  for seed in (0, 7, data.VALIDATION_CLIENT_ORDER_SEED):
+    ours, theirs = joined.create_tf_dataset_from_all_clients(seed), _tff_join(with_empty, seed)
+    assert ours.element_spec == theirs.element_spec
+    assert [e["tokens"].numpy() for e in ours] == [e["tokens"].numpy() for e in theirs]
+  loaded = data.load_federated_data("synthetic", num_heldout_clients=25, vocab_size=10,
+                                    num_validation_examples=40)
+  assert [e["tokens"].numpy() for e in loaded.validation] == [
+      e["tokens"].numpy()
+      for e in _tff_join(heldout, data.VALIDATION_CLIENT_ORDER_SEED).take(40)]
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(dataset="mnist"), "dataset must be one of"),
     (dict(dataset="synthetic", vocab_size=0), "vocab_size"),

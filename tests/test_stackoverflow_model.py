@@ -19,7 +19,7 @@ def test_papers_model_has_4_050_748_parameters():
   assert model.parameter_count() == 4_050_748 == model.PAPER_PARAMETER_COUNT
   shapes = {w.name.split("/")[0]: w.shape for w in keras_model.weights}
   assert shapes["embedding"] == (10004, 96)
-  assert keras_model.get_layer("lstm").units == 670
+  assert keras_model.get_layer("lstm").cell.units == 670
   assert keras_model.get_layer("projection").units == 96
   assert keras_model.output_shape == (None, None, 10004)
 
@@ -36,6 +36,33 @@ def test_small_model_sizes_and_seeded_initialization():
   assert not np.array_equal(first.get_weights()[0], other.get_weights()[0])
   with pytest.raises(ValueError, match="lstm_size"):
     model.create_keras_model(lstm_size=0)
+
+
+def test_cpu_lstm_equals_keras_lstm_with_its_gpu_variant(monkeypatch):
+  """Without a GPU the LSTM runs in the generic RNN wrapper (no cuDNN variant to trace):
+  the same variables, seeded initial values, outputs and gradients as Keras' LSTM layer,
+  which is what a host with a GPU builds."""
+  kwargs = dict(vocab_size=50, embedding_size=8, lstm_size=12, projection_size=6, seed=3)
+  cpu = model.create_keras_model(**kwargs)
+  assert not isinstance(cpu.get_layer("lstm"), tf.keras.layers.LSTM)
+  real = tf.config.list_physical_devices
+  monkeypatch.setattr(tf.config, "list_physical_devices",
+                      lambda kind=None: ["GPU:0"] if kind == "GPU" else real(kind))
+  gpu = model.create_keras_model(**kwargs)
+  assert isinstance(gpu.get_layer("lstm"), tf.keras.layers.LSTM)
+  assert [v.name for v in cpu.weights] == [v.name for v in gpu.weights]
+  for a, b in zip(cpu.get_weights(), gpu.get_weights()):
+    np.testing.assert_array_equal(a, b)
+  ids = tf.constant(np.random.default_rng(0).integers(0, V + 4, size=(4, 7)), tf.int64)
+  grads = []
+  for keras_model in (cpu, gpu):
+    with tf.GradientTape() as tape:
+      logits = keras_model(ids)
+      loss = tf.reduce_sum(tf.square(logits))
+    grads.append((logits, tape.gradient(loss, keras_model.trainable_variables)))
+  np.testing.assert_array_equal(grads[0][0].numpy(), grads[1][0].numpy())
+  for a, b in zip(grads[0][1], grads[1][1]):
+    np.testing.assert_array_equal(tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy())
 
 
 def _one_hot_logits(predicted):
