@@ -33,7 +33,11 @@ RUN_ALL = _run_all()
 # Smoke runs of more than ~10 s of CPU: the slow suite runs them (their --help runs here).
 SLOW = {"training_pydocs.py", "training_adaptive.py", "bench_harness.py", "peer_jax_privacy_bands.py",
         "stackoverflow_data.py", "bench_distributed.py", "bench_aggregation.py",
-        "bench_audit.py"}
+        "bench_audit.py",
+        # The main job's table at n = 16 from a clean shell: test_training_main_job runs it
+        # (test_factorization_table_from_a_clean_shell); the multi-participation
+        # factorizations are each tested against their papers in the default suite.
+        "bench_main_job.py", "bench_multi_participation.py"}
 
 
 def test_every_script_has_a_smoke_run():

@@ -99,6 +99,9 @@ def test_exit_hook_stops_tff_server_without_teardown_noise():
       pass
 
 
+# Slow: a whole pytest session in a subprocess; the exit hook it relies on is checked in the
+# default suite by test_exit_hook_stops_tff_server_without_teardown_noise.
+@pytest.mark.slow
 def test_test_session_exits_without_tff_teardown_noise():
   """Inside pytest, TFF 0.87's ServiceManager outlives the `subprocess` module at teardown and
   its finalizer printed "Exception ignored ... 'NoneType' object has no attribute 'Popen'"

@@ -68,15 +68,17 @@ def expected_skips(task, seed, rounds, clients_per_round):
 
 
 # Every trainable mechanism of the registry (a new one is covered without editing this list).
-# The default suite trains one per noise path through the binary — TFF's tree, dense
-# regeneration (opt_momentum), a linear stream (blt) and no DP; the others are slow here.
+# The default suite trains one per noise path — TFF's tree, dense regeneration
+# (opt_momentum), a linear stream (blt) and no DP — elsewhere; all of them are slow here.
 # Every one of them is checked in the default suite in-process against numpy Algorithm 1
 # (tests/test_query_federated.py).
 MECHANISMS = registry.mechanism_names(trainable=True)
 # none: test_nonprivate_train_metrics_...; tree: test_training_noise's run_training[tree]
 # trains it and checks its noise, and test_training_robustness resumes it; opt_momentum:
-# test_training_noise's clean-shell binary run trains it and checks its noise.
-DEFAULT_SUITE = ("blt",)
+# test_training_noise's clean-shell binary run trains it and checks its noise; blt (a linear
+# stream): test_training_participation trains it under fixed epochs and test_adaptive_clipping
+# inside TFF's FedAvg with adaptive clipping.
+DEFAULT_SUITE = ()
 
 
 def test_mechanism_flag_takes_the_registrys_trainable_spellings():
