@@ -16,6 +16,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ["TFF_MF_CACHE"] = userenv.CACHE
 
 
+def pytest_runtest_setup(item):
+  """Once a test has imported TFF: its ServiceManager signals only live children
+  (tff_mf.tf.runtime.guard_service_manager_signals), never a reused pid in this worker."""
+  del item
+  import sys  # pylint: disable=g-import-not-at-top
+  if "tensorflow_federated" in sys.modules:
+    from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
+    runtime.guard_service_manager_signals()
+
+
 def pytest_sessionfinish(session, exitstatus):
   del session, exitstatus
   import sys  # pylint: disable=g-import-not-at-top

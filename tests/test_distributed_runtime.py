@@ -99,6 +99,37 @@ def test_exit_hook_stops_tff_server_without_teardown_noise():
       pass
 
 
+def test_tff_server_signals_reach_only_live_children():
+  """TFF's ServiceManager signals its server by pid (os.kill), also after that pid was reaped:
+  guarded, a reaped or foreign pid (here this process's own thread) gets nothing, a live
+  child still gets the SIGINT."""
+  import threading  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.executor_stacks import executor_factory  # pylint: disable=g-import-not-at-top
+  from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
+  runtime.guard_service_manager_signals()
+  received = []
+  previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+  try:
+    reaped = subprocess.Popen(["true"])
+    reaped.wait()
+    executor_factory.os.kill(reaped.pid, signal.SIGINT)
+    done = threading.Event()
+    thread = threading.Thread(target=done.wait)
+    thread.start()
+    executor_factory.os.kill(thread.native_id, signal.SIGINT)  # another thread of ours
+    done.set()
+    thread.join()
+    executor_factory.os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)
+    assert received == []
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=_env())
+    executor_factory.os.kill(live.pid, signal.SIGINT)
+    assert live.wait(timeout=30) != 0  # stopped by the SIGINT (KeyboardInterrupt)
+  finally:
+    signal.signal(signal.SIGINT, previous)
+  assert executor_factory.os.path is os.path  # everything else is the os module's
+
+
 # Slow: a whole pytest session in a subprocess; the exit hook it relies on is checked in the
 # default suite by test_exit_hook_stops_tff_server_without_teardown_noise.
 @pytest.mark.slow

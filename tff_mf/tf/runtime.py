@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import os
 import signal
 from typing import List
 
@@ -85,10 +86,39 @@ def shutdown_tff_runtime(timeout: float = 5.0) -> int:
   return stopped
 
 
+class _ChildOnlyOs:
+  """``os`` for TFF's ``executor_factory`` module, whose ``ServiceManager`` stops its server
+  with ``os.kill(pid, SIGINT)`` (when its stub is not ready, and in ``__del__``) even after
+  that pid was reaped (by ``stop_worker_binaries`` or a ``wait`` elsewhere). A reused pid
+  may then be another program's, or a thread id of this very process, which the SIGINT
+  would stop. Here ``kill`` signals only a live child of this process."""
+
+  def __getattr__(self, name):
+    return getattr(os, name)
+
+  @staticmethod
+  def kill(pid: int, sig: int) -> None:
+    try:
+      child = psutil.Process(pid)
+      if child.ppid() != os.getpid() or child.status() == psutil.STATUS_ZOMBIE:
+        return
+    except psutil.Error:
+      return
+    os.kill(pid, sig)
+
+
+def guard_service_manager_signals() -> None:
+  """Makes TFF's ``ServiceManager`` signal only a live child of this process (idempotent)."""
+  from tensorflow_federated.python.core.impl.executor_stacks import executor_factory  # pylint: disable=g-import-not-at-top
+  if not isinstance(executor_factory.os, _ChildOnlyOs):
+    executor_factory.os = _ChildOnlyOs()
+
+
 def install_exit_hook() -> None:
-  """Stops TFF's helper servers at normal exit, on SIGTERM and at a second Ctrl-C
-  (idempotent)."""
+  """Stops TFF's helper servers at normal exit, on SIGTERM and at a second Ctrl-C, and
+  guards TFF's server signals (``guard_service_manager_signals``); idempotent."""
   global _hook_installed
+  guard_service_manager_signals()
   if _hook_installed:
     return
   _hook_installed = True
