@@ -5,7 +5,9 @@ Measures, in one run on this machine:
   2. preprocessing throughput of `stackoverflow.preprocessing` against TFF's
      StackOverflow baseline preprocessing (same batches; its shuffle off);
   3. one client training step (batch 16 x 20 tokens) of the papers' 4.05M
-     model (Denisov et al. 2022, App I) against the small default model.
+     model (Denisov et al. 2022, App I) against the small default model;
+  4. building the main job's model with Keras' LSTM against the CPU path of
+     `stackoverflow.model` (the same cell in Keras' RNN wrapper).
 Writes benchmarks/results/stackoverflow_data.md and .png.
 
   .venv/bin/python benchmarks/stackoverflow_data.py
@@ -106,6 +108,41 @@ def bench_model_step(models, repeats):
   return results
 
 
+def bench_model_build(kwargs, repeats):
+  """Keras' LSTM (with its cuDNN variant for backend selection) against the same cell in
+  the RNN wrapper (what `create_keras_model` builds without a GPU): the median seconds to
+  build the model and to trace and run one SGD step, and whether outputs and gradients are
+  identical (same seed)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from stackoverflow import model  # pylint: disable=g-import-not-at-top
+  x = tf.random.stateless_uniform([16, 20], [1, 2], minval=1, maxval=1000, dtype=tf.int64)
+  out, values = {}, {}
+  for name, keras_lstm in (("Keras LSTM (cuDNN variant traced)", True),
+                           ("RNN(LSTMCell), the CPU path", False)):
+    build = _median_seconds(lambda k=keras_lstm: model.create_keras_model(
+        seed=1, keras_lstm=k, **kwargs), repeats)
+    traces = []
+    for _ in range(repeats):
+      keras_model = model.create_keras_model(seed=1, keras_lstm=keras_lstm, **kwargs)
+
+      @tf.function
+      def step(keras_model=keras_model):
+        with tf.GradientTape() as tape:
+          logits = keras_model(x, training=True)
+          loss = tf.reduce_sum(tf.square(logits))
+        grads = tape.gradient(loss, keras_model.trainable_variables)
+        return logits, [tf.convert_to_tensor(g) for g in grads]
+
+      start = time.perf_counter()
+      values[name] = step()
+      traces.append(time.perf_counter() - start)
+    out[name] = (build, float(np.median(traces)))
+  first, second = values.values()
+  identical = bool(np.array_equal(first[0].numpy(), second[0].numpy()) and all(
+      np.array_equal(a.numpy(), b.numpy()) for a, b in zip(first[1], second[1])))
+  return out, identical
+
+
 MODELS = (("papers (96/670/96, V=10,000)", {}),
           ("small (32/128/32, V=10,000)",
            dict(embedding_size=32, lstm_size=128, projection_size=32)))
@@ -132,6 +169,8 @@ def main(argv=None):
     with open(built.word_count_path, encoding="utf-8") as f:
       vocab_words = sum(1 for _ in f)
   steps = bench_model_step(models, repeats)
+  build_kwargs = dict(vocab_size=1000, embedding_size=16, lstm_size=32, projection_size=16)
+  builds, identical = bench_model_build(build_kwargs, 3 if args.smoke else 5)
   load_after = os.getloadavg()[0]
   meta = built.metadata
   lines = [
@@ -142,8 +181,9 @@ def main(argv=None):
       + "` — machine: "
       "2-core x86_64 CPU, 24 GB, no GPU "
       f"({platform.machine()}, Python {platform.python_version()}); 1-minute "
-      f"load average {load_before:.1f} before and {load_after:.1f} after "
-      "(other helpers' jobs shared the 2 cores, so wall times are inflated).",
+      f"load average {load_before:.1f} before and {load_after:.1f} after"
+      + (" (other jobs shared the 2 cores, so wall times are inflated)."
+         if max(load_before, load_after) > 2.5 else "."),
       "",
       "### Docstring dataset (`stackoverflow.pydocs`, "
       + (f"options {options}" if options else "default options") + ")",
@@ -185,12 +225,20 @@ def main(argv=None):
   for name, (params, seconds) in steps.items():
     lines.append(f"| {name} | {params:,} | {1000 * seconds:.1f} | "
                  f"{seconds / paper_seconds:.2f} |")
-  lines.append("")
+  lines += ["", "### Model build: Keras' LSTM against the CPU path (the main job's model, "
+            f"16/32/16, V = 1,000; median of {3 if args.smoke else 5})", "",
+            "| LSTM layer | build s | trace + first SGD step s | build relative to Keras' |",
+            "|---|---|---|---|"]
+  keras_build = next(iter(builds.values()))[0]
+  for name, (build, trace) in builds.items():
+    lines.append(f"| {name} | {build:.2f} | {trace:.2f} | {build / keras_build:.2f} |")
+  lines += ["", "Outputs and gradients of the two (same seed) "
+            + ("are bit-identical." if identical else "DIFFER."), ""]
   os.makedirs(args.out_dir, exist_ok=True)
   with open(os.path.join(args.out_dir, "stackoverflow_data.md"), "w",
             encoding="utf-8") as f:
     f.write("\n".join(lines))
-  fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
+  fig, axes = plt.subplots(1, 4, figsize=(16, 3.5))
   axes[0].bar(["cold build", "cache hit"], [cold, hit], color=["C1", "C0"])
   axes[0].set_ylabel("seconds")
   axes[0].set_title("pydocs dataset")
@@ -204,6 +252,15 @@ def main(argv=None):
               [1000 * steps[n][1] for n in names], color=["C3", "C0"])
   axes[2].set_ylabel("ms per step")
   axes[2].set_title("client step, batch 16x20")
+  positions = np.arange(len(builds))
+  for offset, (label, index, color) in enumerate((("build", 0, "C1"),
+                                                   ("trace + first step", 1, "C0"))):
+    axes[3].bar(positions + (offset - 0.5) * 0.4, [v[index] for v in builds.values()], 0.4,
+                label=label, color=color)
+  axes[3].set_xticks(positions, ["Keras LSTM", "RNN(LSTMCell)"])
+  axes[3].set_ylabel("seconds")
+  axes[3].set_title("model build (main job's model)")
+  axes[3].legend()
   fig.tight_layout()
   fig.savefig(os.path.join(args.out_dir, "stackoverflow_data.png"), dpi=110)
   print("\n".join(lines))

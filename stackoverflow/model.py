@@ -55,17 +55,21 @@ def _initializers(seed: Optional[int]):
       recurrent=tf.keras.initializers.Orthogonal(seed=seed + 4))
 
 
-def _lstm_layer(units: int, **initializers) -> tf.keras.layers.Layer:
+def _lstm_layer(units: int, keras_lstm: Optional[bool] = None,
+                **initializers) -> tf.keras.layers.Layer:
   """One LSTM layer over the sequence (return_sequences), named "lstm".
 
   Keras' ``LSTM`` also builds a cuDNN variant of its graph for the runtime to pick from;
   without a GPU that variant is never run, yet tracing it makes every model build and
-  every TFF computation holding the model slower (about 1.2 s per build on 2 cores).
+  every TFF computation holding the model slower (a small model: 1.0 s against 0.14 s per
+  build on 2 cores).
   Without a visible GPU the same cell runs in the generic ``RNN`` wrapper: the same
   variables (``lstm/lstm_cell/...``), initializers and outputs, the standard kernel
   Keras' ``LSTM`` itself picks on a CPU.
   """
-  if tf.config.list_physical_devices("GPU"):
+  if keras_lstm is None:
+    keras_lstm = bool(tf.config.list_physical_devices("GPU"))
+  if keras_lstm:
     return tf.keras.layers.LSTM(units, return_sequences=True, name="lstm", **initializers)
   return tf.keras.layers.RNN(tf.keras.layers.LSTMCell(units, name="lstm_cell", **initializers),
                              return_sequences=True, name="lstm")
@@ -76,11 +80,14 @@ def create_keras_model(vocab_size: int = preprocessing.DEFAULT_VOCAB_SIZE,
                        embedding_size: int = PAPER_EMBEDDING_SIZE,
                        lstm_size: int = PAPER_LSTM_SIZE,
                        projection_size: int = PAPER_PROJECTION_SIZE,
-                       seed: Optional[int] = None) -> tf.keras.Model:
+                       seed: Optional[int] = None,
+                       keras_lstm: Optional[bool] = None) -> tf.keras.Model:
   """Returns the uncompiled LSTM mapping ids [b, L] to logits [b, L, classes].
 
   `seed` makes the initial weights a deterministic function of it (None draws
-  them from TensorFlow's random state).
+  them from TensorFlow's random state). `keras_lstm`: Keras' LSTM layer (True) or
+  the same cell in the generic RNN wrapper (False); None picks Keras' LSTM only
+  when a GPU is visible (`_lstm_layer`).
   """
   for name, value in (("embedding_size", embedding_size),
                       ("lstm_size", lstm_size),
@@ -95,7 +102,7 @@ def create_keras_model(vocab_size: int = preprocessing.DEFAULT_VOCAB_SIZE,
   embedded = tf.keras.layers.Embedding(
       input_dim=classes, output_dim=embedding_size, mask_zero=True,
       embeddings_initializer=init["embedding"], name="embedding")(inputs)
-  hidden = _lstm_layer(lstm_size, kernel_initializer=kernels[0],
+  hidden = _lstm_layer(lstm_size, keras_lstm, kernel_initializer=kernels[0],
                        recurrent_initializer=init["recurrent"])(embedded)
   projected = tf.keras.layers.Dense(
       projection_size, kernel_initializer=kernels[1],
