@@ -116,6 +116,28 @@ def test_handled_defers_or_raises_then_restores_the_previous_handling():
   assert signal.getsignal(signal.SIGINT) is before
 
 
+def test_a_sigint_read_after_its_handling_ended_is_ignored():
+  """The watcher thread may read a SIGINT the main thread's handler already took, after the
+  ``handled`` block ended (it used to request a stop then, so that a later in-process run
+  raised Interrupted at its first safe point; a second stale one exited the process)."""
+  with interrupt.handled(defer=True):
+    generation = interrupt._state["generation"]  # pylint: disable=protected-access
+  assert not interrupt.requested()
+  for _ in range(2):  # the first would request a stop, the second exit at once
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, bytes([signal.SIGINT]))
+    os.close(write_fd)
+    interrupt._watch(read_fd, generation)  # pylint: disable=protected-access
+  assert not interrupt.requested()
+  interrupt.check("not raised: the SIGINT belonged to the ended block")
+  with interrupt.handled(defer=True):  # nor in the next block
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, bytes([signal.SIGINT]))
+    os.close(write_fd)
+    interrupt._watch(read_fd, generation)  # pylint: disable=protected-access
+    assert not interrupt.requested()
+
+
 def _interrupt_at_start_up_then_mid_run(tmp_path):
   """Two runs of the same command, each stopped by one SIGINT; (argv, run dir, round)."""
   data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=30,

@@ -34,7 +34,8 @@ _requested = threading.Event()
 _on_request: List[Callable[[], None]] = []  # run once, at the first SIGINT
 _on_force: List[Callable[[], None]] = []  # run at the second SIGINT, before exiting
 _state = {"installed": False, "defer": True, "count": 0, "raised": False, "notified": False,
-          "notice": None, "prog": None, "restore": None, "fork_hook": False, "stop_line": None}
+          "notice": None, "prog": None, "restore": None, "fork_hook": False, "stop_line": None,
+          "generation": 0}
 
 
 def install(defer: bool = True, notice: Optional[str] = None,
@@ -57,12 +58,15 @@ def install(defer: bool = True, notice: Optional[str] = None,
     if _state["installed"]:
       return True
     _state["installed"] = True
+    _state["generation"] += 1
+    generation = _state["generation"]
   read_fd, write_fd = os.pipe()
   os.set_blocking(write_fd, False)
   previous_handler = signal.signal(signal.SIGINT, _python_handler)
   previous_hook, sys.unraisablehook = sys.unraisablehook, _unraisable
   previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-  threading.Thread(target=_watch, args=(read_fd,), name="tff-mf-sigint", daemon=True).start()
+  threading.Thread(target=_watch, args=(read_fd, generation), name="tff-mf-sigint",
+                   daemon=True).start()
   # Deferred: SIGINT stays blocked in the main thread, hence in the threads and processes
   # started from it afterwards (TFF's worker_binary, the sweep's runs; a signal mask survives
   # exec), so that a Ctrl-C at the terminal, sent to the whole process group, stops them
@@ -101,7 +105,8 @@ def _uninstall() -> None:
   signal.set_wakeup_fd(previous_fd)
   signal.signal(signal.SIGINT, previous_handler)
   os.close(write_fd)  # the watcher reads EOF and ends
-  _clear(requests, forces)  # the callbacks registered before ``install`` stay
+  with _lock:  # after this, the watcher ignores what it still reads (stale)
+    _clear(requests, forces)  # the callbacks registered before ``install`` stay
 
 
 def _clear(requests: int = 0, forces: int = 0) -> None:
@@ -143,9 +148,14 @@ def check(message: str) -> None:
     raise Interrupted(message)
 
 
-def _request() -> None:
-  _requested.set()
+def _request(generation: Optional[int] = None) -> None:
+  """The first SIGINT: the request flag, the notice, the callbacks. From the watcher
+  (``generation``), only while its own handling is installed."""
   with _lock:
+    if generation is not None and (not _state["installed"]
+                                   or _state["generation"] != generation):
+      return
+    _requested.set()
     if _state["notified"]:
       return
     _state["notified"] = True
@@ -182,8 +192,12 @@ def _unraisable(hook_args) -> None:
   _force_exit(_state["stop_line"])
 
 
-def _watch(read_fd: int) -> None:
-  """Counts SIGINTs as the C-level handler reports them, even while Python is blocked."""
+def _watch(read_fd: int, generation: int) -> None:
+  """Counts SIGINTs as the C-level handler reports them, even while Python is blocked.
+
+  Only for its own ``install`` (``generation``): a signal it reads after that handling was
+  uninstalled (the main thread's handler may have seen it first) is stale and ignored, so
+  that it never requests a stop, or exits, in a later ``handled`` block or after it."""
   signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by a parent, maybe
   while True:
     try:
@@ -197,10 +211,12 @@ def _watch(read_fd: int) -> None:
       if signum != signal.SIGINT:
         continue
       with _lock:
+        if not _state["installed"] or _state["generation"] != generation:
+          continue
         _state["count"] += 1
         count = _state["count"]
       if count == 1:
-        _request()
+        _request(generation)
       else:
         _force_exit()
 
