@@ -169,8 +169,11 @@ def main(argv=None):
     with open(built.word_count_path, encoding="utf-8") as f:
       vocab_words = sum(1 for _ in f)
   steps = bench_model_step(models, repeats)
-  build_kwargs = dict(vocab_size=1000, embedding_size=16, lstm_size=32, projection_size=16)
-  builds, identical = bench_model_build(build_kwargs, 3 if args.smoke else 5)
+  from training import main_job  # pylint: disable=g-import-not-at-top
+  build_kwargs = {k: main_job.MAIN_JOB_DEFAULTS[k]
+                  for k in ("vocab_size", "embedding_size", "lstm_size", "projection_size")}
+  build_repeats = 3 if args.smoke else 5
+  builds, identical = bench_model_build(build_kwargs, build_repeats)
   load_after = os.getloadavg()[0]
   meta = built.metadata
   lines = [
@@ -226,7 +229,9 @@ def main(argv=None):
     lines.append(f"| {name} | {params:,} | {1000 * seconds:.1f} | "
                  f"{seconds / paper_seconds:.2f} |")
   lines += ["", "### Model build: Keras' LSTM against the CPU path (the main job's model, "
-            f"16/32/16, V = 1,000; median of {3 if args.smoke else 5})", "",
+            f"{build_kwargs['embedding_size']}/{build_kwargs['lstm_size']}/"
+            f"{build_kwargs['projection_size']}, V = {build_kwargs['vocab_size']:,}; "
+            f"median of {build_repeats})", "",
             "| LSTM layer | build s | trace + first SGD step s | build relative to Keras' |",
             "|---|---|---|---|"]
   keras_build = next(iter(builds.values()))[0]
