@@ -2,12 +2,15 @@
 fields and zero-noise errors it stands beside (no TensorFlow). ε per round and
 dp_events.jsonl's header: tests/test_training_privacy.py."""
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 
 from tff_mf import accounting
+from tff_mf import adaptive_clipping
+from tff_mf import checks
 from tff_mf import mechanisms
 from tff_mf import participation
 from tff_mf import statement
@@ -77,7 +80,7 @@ def test_statement_of_amplified_analyses_says_which_bound_was_used():
   assert record["bound"] == "amplified"
   s = statement.privacy_statement(record, run=False)
   assert "amplified banded MF" in s["analysis"] and "PLD" in s["analysis"]
-  assert "probability 0.1" in s["participation"] and "as configured" in s["participation"]
+  assert "probability 0.1" in s["participation"] and "as configured" not in s["participation"]
   loose = statement.privacy_statement(dict(record, bound="unamplified"), run=False)
   assert "no amplification (the banded amplified bound was larger)" in loose["analysis"]
 
@@ -128,4 +131,105 @@ def test_account_prints_the_statement_for_its_configuration(capsys):
   record = json.loads(capsys.readouterr().out)
   s = record["privacy_statement"]
   assert s["text"] in text and s["epsilon"] == statement.round_up(record["epsilon"])
-  assert "fixed_epoch(epochs=2)" in s["participation"] and "as configured" in s["participation"]
+  assert s["participation"] == "fixed_epoch(epochs=2)"  # no filler: nothing was sampled
+  # It stands on its own: the mechanism and n, and what epsilon does not depend on.
+  assert "Setup: mechanism gaussian (gaussian (independent noise)), n = 8 rounds, noise " \
+         "multiplier z = 2" in text and "epsilon depends on z alone" in s["setup"]
+  assert s["covers"].startswith("the models released after each of the 8 rounds")
+
+
+# ----------------------------------------------------------------------------- PrivacyRecord
+
+
+def amplified_record(**setup):
+  """A banded C (the identity) under min_sep(4) sampled with p = 0.25: amplified ε is reported."""
+  record = mechanisms.run_privacy(np.eye(16), participation.min_sep(4), 2.0, None, 1e-6,
+                                  "exact", sampling_prob=0.25)
+  return dataclasses.replace(record, setup=setup) if setup else record
+
+
+def test_statement_of_a_privacy_record_names_the_analysis_its_epsilon_came_from():
+  """``privacy_statement(setup.privacy)`` describes the amplified ε it reports (it said "no
+  amplification ... under single" beside the amplified ε)."""
+  record = amplified_record()
+  assert record.bound == "banded"
+  s = statement.privacy_statement(record)
+  assert s["epsilon"] == statement.round_up(record.epsilon)
+  assert s["analysis"].startswith("amplification by Poisson sampling")
+  assert "amplified banded MF" in s["analysis"] and "no amplification" not in s["analysis"]
+  assert s["participation"].startswith("min_sep(min_sep=4")
+  assert "probability 0.25" in s["participation"]
+  assert s == statement.privacy_statement(record.details, run=False)  # the same statement
+  # Without delta there is no epsilon, and the statement says why; none adds no noise.
+  plain = mechanisms.run_privacy(np.eye(16), participation.min_sep(4), 2.0, None, None, "exact")
+  s = statement.privacy_statement(plain)
+  assert s["epsilon"] is None and "no delta was given" in s["text"]
+  off = statement.privacy_statement(mechanisms.PrivacyRecord(private=False, noise_multiplier=0))
+  assert off["epsilon"] is None and "nothing this run releases" in off["text"]
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda r: r.info(1.0), "names no analysis"),  # the build record, not a privacy record
+    (lambda r: {"epsilon": r.epsilon, "delta": 1e-6}, "names no analysis"),
+    (lambda r: dict(r.details, bound=None), "does not say which bound"),
+    (lambda r: dict(r.details, epsilon=r.epsilon / 2), "below every bound"),
+    (lambda r: participation.SINGLE, "not a Participation"),
+])
+def test_statement_refuses_what_it_cannot_describe_truthfully(bad, message):
+  with pytest.raises(checks.CheckError, match=message):
+    statement.privacy_statement(bad(amplified_record()))
+
+
+def test_str_of_a_privacy_record_is_its_statement():
+  record = amplified_record(mechanism="banded", label="banded", rounds=16,
+                            clients_per_round=4, clip_norm=1.0)
+  text = str(record)
+  assert text == statement.privacy_statement(record)["text"]
+  assert text.startswith("Privacy statement\n  Setup: mechanism banded, n = 16 rounds")
+  assert "epsilon = " + statement.epsilon_text(record.epsilon) in text
+
+
+def test_statement_stands_on_its_own():
+  """Mechanism, n, clients per round and clip norm; ε under each analysis, side by side, the
+  reported one the smallest; no filler for what was not sampled."""
+  record = amplified_record(mechanism="banded", label="banded", rounds=16,
+                            clients_per_round=4, clip_norm=1.5)
+  s = statement.privacy_statement(record)
+  assert s["setup"] == ("mechanism banded, n = 16 rounds, noise multiplier z = 2 (noise std / "
+                        "clip norm), 4 clients per round, fixed clip norm 1.5")
+  assert s["covers"].startswith("the models released after each of the 16 rounds")
+  assert "as configured" not in s["text"] and " n rounds" not in s["text"]
+  table = {row["analysis"]: row for row in s["epsilons"]}
+  assert set(table) == {"none", "banded"}
+  candidates = {c["analysis"]: c for c in record.details["candidates"]}
+  assert table["none"]["epsilon"] == min(candidates["none"]["epsilon"],
+                                         candidates["banded"]["unamplified_epsilon"])
+  assert table["banded"]["epsilon"] == candidates["banded"]["amplified_epsilon"] == record.epsilon
+  assert table["banded"]["reported"] and not table["none"]["reported"]
+  assert table["banded"]["epsilon"] < table["none"]["epsilon"]
+  assert "smallest is reported" in s["reported_why"]
+  for row in s["epsilons"]:
+    line = f"    - {row['label']}: {row['epsilon_text']}" + (" (reported)" if row["reported"] else "")
+    assert line in s["text"].splitlines()
+  # A run without a schema to sample under has one analysis: nothing to put side by side.
+  single = accounting.epsilon_for(np.eye(4), participation.SINGLE, 2.0, 1e-6)
+  one = statement.privacy_statement(single, run=False)
+  assert len(one["epsilons"]) == 1 and "under each analysis" not in one["text"]
+
+
+def test_adaptive_unit_of_privacy_is_true_for_the_count_query():
+  """A zero update counts as unclipped, so replacing a client's updates by zero is not removing
+  it: the unit says add/remove of its updates and its count bits together."""
+  adaptive = adaptive_clipping.AdaptiveClipping().checked(4)
+  record = mechanisms.run_privacy(np.eye(8), participation.SINGLE, 2.0, None, 1e-6, "exact",
+                                  adaptive=adaptive)
+  record = dataclasses.replace(record, setup={"mechanism": "gaussian", "rounds": 8,
+                                              "clients_per_round": 4, "clip_norm": "adaptive",
+                                              "adaptive_clipping": adaptive.as_dict()})
+  s = statement.privacy_statement(record)
+  assert "replacing all of its clipped updates by zero" not in s["unit"]
+  assert "add/remove" in s["unit"] and "clipped-count bits" in s["unit"]
+  assert "a zero update still counts as unclipped" in s["unit"]
+  assert "adaptive clip norm (starting at 0.1, tracking the 0.5 quantile" in s["setup"]
+  fixed = statement.privacy_statement(amplified_record())
+  assert "replacing all of its clipped updates by zero" in fixed["unit"]

@@ -96,6 +96,10 @@ class PrivacyRecord:
     bound: its key in ``ANALYSIS_LABELS`` (none, banded, mmcc, adaptive).
     details: the JSON-ready record a run writes (summary.json ``privacy``): the reported
       bound's fields, every candidate bound, notes; empty without δ.
+    setup: what the privacy statement names beside ε (``tff_mf.statement.setup_words``):
+      mechanism, rounds, clients per round, clip norm, schema; set by ``build_mechanism``.
+
+  ``str()`` is the privacy statement (``tff_mf.statement``) of this configuration.
   """
   private: bool
   noise_multiplier: float
@@ -107,6 +111,11 @@ class PrivacyRecord:
   analysis: str = EPSILON_ANALYSIS
   bound: str = "none"
   details: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  setup: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  def __str__(self) -> str:
+    from tff_mf import statement  # pylint: disable=g-import-not-at-top
+    return statement.privacy_statement(self)["text"]
 
   @property
   def effective_noise_multiplier(self) -> Optional[float]:
@@ -386,6 +395,8 @@ class _Run:
     best = dict(min(candidates, key=lambda r: r["epsilon"]))
     best.update(candidates=[_candidate(r) for r in candidates], notes=notes,
                 analysis_label=ANALYSIS_LABELS[best["analysis"]])
+    if self.sampling_prob is not None:  # the sampling, whichever bound is reported
+      best.setdefault("sampling_prob", self.sampling_prob)
     if best["analysis"] in ("banded", "mmcc"):
       # ``sensitivity`` then means every eligible round joined; the noise is calibrated for
       # the unamplified one (one field a meaning).
@@ -417,5 +428,10 @@ class _Run:
 
 
 def _candidate(record: Dict[str, Any]) -> Dict[str, Any]:
-  return {"analysis": record["analysis"], "epsilon": record["epsilon"],
-          "sensitivity": record.get("sensitivity"), "accountant": record.get("accountant")}
+  """A candidate bound; an amplified one keeps both of its bounds (the statement shows each)."""
+  out = {"analysis": record["analysis"], "epsilon": record["epsilon"],
+         "sensitivity": record.get("sensitivity"), "accountant": record.get("accountant")}
+  for key in ("amplified_epsilon", "unamplified_epsilon", "bound", "min_sep"):
+    if key in record:
+      out[key] = record[key]
+  return out

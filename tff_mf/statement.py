@@ -19,12 +19,21 @@ from __future__ import annotations
 import dataclasses
 import decimal
 import math
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 DIGITS = 3
 UNIT = ("client-level: one client's whole data, in every round it joins. Adjacency is "
         "add/remove one client (equivalently, replacing all of its clipped updates by zero); "
         "a replace-one guarantee is not what is accounted (it would take twice the sensitivity)")
+# With adaptive clipping a client also contributes one clipped-count bit per round it joins
+# (its update's norm at most the clip norm, counted for the quantile estimate): a zero update
+# still counts as unclipped, so replacing updates by zero is not removing the client.
+UNIT_ADAPTIVE = (
+    "client-level: one client's whole data, in every round it joins. Adjacency is add/remove "
+    "one client: both its clipped updates (in the noisy sum) and its clipped-count bits (in the "
+    "noisy count of the adaptive clip norm) are present or absent together. Replacing its "
+    "updates by zero is not the same (a zero update still counts as unclipped); a "
+    "replace-one guarantee is not what is accounted (it would take twice the sensitivity)")
 ACCOUNTANT_WORDS = {
     "exact": "the analytic Gaussian mechanism (Balle & Wang 2018, arXiv:1805.06530, Thm 8)",
     "pld": "dp_accounting's privacy-loss distributions (pessimistic discretization)",
@@ -33,7 +42,12 @@ ACCOUNTANT_WORDS = {
 COVERS_RUN = ("the models released after every round (the aggregator's noisy output), hence "
               "the final model and anything computed from the models and held-out data alone "
               "(validation and test metrics)")
-COVERS_ACCOUNT = "the models released after each of the n rounds of a run with this configuration"
+COVERS_ACCOUNT = ("the models released after each of the {n} rounds of a run with this "
+                  "configuration")
+COVERS_ACCOUNT_ANY_N = ("the models released after every round of a run with this configuration "
+                        "(any number of rounds: C is normalized to sensitivity 1 under single "
+                        "participation)")
+REPORTED_WHY = ("each is an upper bound on the same run's epsilon, so the smallest is reported")
 NOT_COVERED_RUN = (
     "the per-round counters and timings of metrics.csv (clients, empty_clients_skipped, "
     "zeroed_client_updates, round_seconds) are computed without noise",
@@ -186,7 +200,7 @@ def participation_words(schema_text: str, observed: Optional[Mapping[str, Any]],
   if sampling_prob is not None:
     text += f", Poisson sampling with probability {sampling_prob:g} per eligible round"
   if observed is None:
-    return text + " (as configured: no rounds were sampled)"
+    return text
   gap = observed.get("min_separation")
   return (f"{text}; as sampled: {observed.get('distinct_clients')} distinct clients over "
           f"{observed.get('rounds')} rounds, at most {observed.get('max_participations')} "
@@ -195,15 +209,139 @@ def participation_words(schema_text: str, observed: Optional[Mapping[str, Any]],
              f"two rounds of one client at least {gap} apart"))
 
 
+# ----------------------------------------------------------------------------- the setup
+
+
+def setup_words(record: Mapping[str, Any], setup: Mapping[str, Any], run: bool) -> str:
+  """The configuration the guarantee is for: mechanism, n, clients per round, clip norm, z.
+
+  ``setup``: ``mechanism`` and ``label`` (or ``matrix``: the C accounted for), ``rounds``,
+  ``clients_per_round``, ``clip_norm`` (a number, or "adaptive" with ``adaptive_clipping``:
+  the estimator's parameters). Accounting without a run has no clients or clip norm: ε
+  depends on the noise multiplier z = noise std / clip norm alone, which is said instead.
+  """
+  parts = []
+  mechanism, matrix = setup.get("mechanism"), setup.get("matrix")
+  if mechanism:
+    label = setup.get("label")
+    parts.append(f"mechanism {mechanism}" + (f" ({label})" if label and label != mechanism
+                                              else ""))
+  elif matrix:
+    parts.append(f"encoder C from {matrix}")
+  else:
+    parts.append("any encoder C normalized to max column norm 1")
+  n = _rounds(record, setup)
+  parts.append(f"n = {n} rounds" if n is not None else
+               "any number of rounds n (single participation)")
+  z = record.get("noise_multiplier")
+  parts.append(f"noise multiplier z = {_fmt(z)} (noise std / clip norm)")
+  clients, clip = setup.get("clients_per_round"), setup.get("clip_norm")
+  if clients is not None:
+    parts.append(f"{_fmt(clients)} clients per round")
+  if clip == "adaptive":
+    a = setup.get("adaptive_clipping") or {}
+    parts.append(f"adaptive clip norm (starting at {_fmt(a.get('initial_clip_norm'))}, "
+                 f"tracking the {_fmt(a.get('target_quantile'))} quantile of the update norms "
+                 f"at learning rate {_fmt(a.get('learning_rate', a.get('clip_learning_rate')))}, "
+                 f"clipped-count noise "
+                 f"std {_fmt(a.get('clipped_count_stddev') or record.get('clipped_count_stddev'))})")
+  elif clip is not None:
+    parts.append(f"fixed clip norm {_fmt(clip)}")
+  if clients is None and clip is None and not run:
+    parts.append("any clip norm and number of clients per round (epsilon depends on z alone)")
+  return ", ".join(parts)
+
+
+def _rounds(record: Mapping[str, Any], setup: Mapping[str, Any]) -> Optional[int]:
+  n = setup.get("rounds", record.get("n"))
+  return None if n is None else int(n)
+
+
+# ----------------------------------------------------------------------------- ε by analysis
+
+
+def epsilon_table(record: Mapping[str, Any]) -> List[Dict[str, Any]]:
+  """ε under each analysis computed for the run (each a valid upper bound), in words.
+
+  From ``candidates`` (``tff_mf.mechanisms.run_privacy``) or the record itself
+  (``tff_mf.accounting.epsilon_for``); an amplified record also holds the unamplified
+  Gaussian for the same sampling (one row per analysis: the smaller of its bounds). Rows:
+  {analysis, label, epsilon, epsilon_text, reported};
+  ``reported`` marks the smallest, the ε the statement reports. Empty without an ε.
+  """
+  if record.get("epsilon") is None:
+    return []
+  rows: List[Dict[str, Any]] = []
+  for c in record.get("candidates") or [record]:
+    if c.get("amplified_epsilon") is not None and c.get("unamplified_epsilon") is not None:
+      b = c.get("min_sep", record.get("min_sep"))
+      rows.append(_row("none", "unamplified Gaussian at z / sensitivity" + (
+          f", every round of a residue class mod {b} joined" if b is not None else ""),
+                       c["unamplified_epsilon"]))
+      rows.append(_row(c["analysis"], _label(c["analysis"]), c["amplified_epsilon"]))
+    elif c.get("epsilon") is not None:
+      rows.append(_row(c["analysis"], _label(c["analysis"]), c["epsilon"]))
+  unique: List[Dict[str, Any]] = []  # one row per analysis: its smallest bound
+  for row in rows:
+    same = [u for u in unique if u["analysis"] == row["analysis"]]
+    if not same:
+      unique.append(row)
+    elif row["epsilon"] < same[0]["epsilon"]:
+      unique[unique.index(same[0])] = row
+  best = min(r["epsilon"] for r in unique)
+  for row in unique:
+    row["reported"] = row["epsilon"] == best
+  return unique
+
+
+def _row(analysis: str, label: str, eps: float) -> Dict[str, Any]:
+  return {"analysis": analysis, "label": label, "epsilon": float(eps),
+          "epsilon_text": epsilon_text(eps)}
+
+
+def _label(analysis: str) -> str:
+  from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
+  return mechanisms.ANALYSIS_LABELS.get(analysis, analysis)
+
+
 # ----------------------------------------------------------------------------- the statement
 
+# The analyses a record may name (``tff_mf.accounting.ANALYSES`` and adaptive clipping's).
+ANALYSES = ("none", "banded", "mmcc", "random_allocation", "adaptive")
 
-def privacy_statement(record: Mapping[str, Any], *, schema=None,
+
+def _checked_record(record: Any) -> Dict[str, Any]:
+  """``record`` as a dict the statement can describe truthfully; CheckError otherwise."""
+  from tff_mf import checks  # pylint: disable=g-import-not-at-top
+  if not isinstance(record, Mapping):
+    raise checks.CheckError(f"privacy_statement takes a privacy record (a dict from "
+                            f"tff_mf.accounting.epsilon_for, or a PrivacyRecord), got "
+                            f"{type(record).__name__}")
+  analysis = record.get("analysis")
+  if analysis not in ANALYSES:
+    raise checks.CheckError(f"privacy_statement: the record names no analysis it can describe "
+                            f"(analysis = {analysis!r}; expected one of {', '.join(ANALYSES)}): "
+                            f"pass the record tff_mf.accounting.epsilon_for returns, or a "
+                            f"PrivacyRecord (setup.privacy)")
+  if analysis in ("banded", "mmcc", "random_allocation") and record.get("bound") not in (
+      "amplified", "unamplified"):
+    raise checks.CheckError(f"privacy_statement: the {analysis} record does not say which bound "
+                            f"its epsilon is (bound = {record.get('bound')!r})")
+  if record.get("epsilon") is not None and record.get("candidates"):
+    smallest = min(c["epsilon"] for c in record["candidates"])
+    if float(record["epsilon"]) < smallest:
+      raise checks.CheckError(f"privacy_statement: epsilon {record['epsilon']} is below every "
+                              f"bound its record computed (smallest {smallest})")
+  return dict(record)
+
+
+def privacy_statement(record: Any, *, schema=None,
                       observed: Optional[Mapping[str, Any]] = None,
-                      sampling_prob: Optional[float] = None, run: bool = True,
+                      sampling_prob: Optional[float] = None, run: Optional[bool] = None,
                       noise_seed_source: Optional[str] = None,
                       nonprivate_metrics: Sequence[str] = (),
-                      epsilon_reason: Optional[str] = None) -> Dict[str, Any]:
+                      epsilon_reason: Optional[str] = None,
+                      setup: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
   """The privacy statement of ``record`` (see the module docstring), JSON-ready.
 
   Args:
@@ -211,22 +349,49 @@ def privacy_statement(record: Mapping[str, Any], *, schema=None,
       says why), ``delta``, ``analysis``, ``accountant``, ``noise_multiplier``,
       ``sensitivity`` (and ``sensitivity_exact``/``_method``), ``schema`` and, for the
       amplified analyses, ``bound``, ``sampling_prob``, ``min_sep``... as
-      ``tff_mf.accounting.epsilon_for`` returns them. A ``PrivacyRecord`` of
-      ``tff_mf.mechanisms`` is accepted too.
+      ``tff_mf.accounting.epsilon_for`` returns them, or ``tff_mf.mechanisms``'s
+      ``PrivacyRecord`` (``setup.privacy`` of ``build_mechanism``: its ``details`` and
+      ``setup`` are used). A record the statement cannot describe truthfully (no analysis,
+      an amplified analysis that does not say which bound it reports) raises CheckError.
     schema: the participation schema (a ``Participation`` or its dict), if not in record.
     observed: what the sampler recorded (max participations, min separation, distinct
       clients, rounds); None for accounting without a run.
     sampling_prob: Poisson sampling probability per eligible round, if any.
-    run: a training run (True) or accounting for a configuration (False).
+    run: a training run (True, the default for a dict) or a configuration (False, the
+      default for a ``PrivacyRecord``).
     noise_seed_source: "pinned" voids the guarantee; "os_entropy" (secret) otherwise.
     nonprivate_metrics: names of metrics written without noise.
     epsilon_reason: why ε is not reported, when it is not.
+    setup: the configuration (``setup_words``): mechanism, rounds, clients per round, clip
+      norm; over the ``PrivacyRecord``'s own.
 
-  Returns {unit, epsilon, epsilon_text, epsilon_unrounded, delta, analysis,
-  participation, covers, not_covered, void, text}; ``epsilon`` is rounded up.
+  Returns {setup, unit, epsilon, epsilon_text, epsilon_unrounded, delta, epsilons,
+  reported_why, analysis, participation, covers, not_covered, void, text}; ``epsilon`` is
+  rounded up; ``epsilons`` is ``epsilon_table``.
   """
-  if dataclasses.is_dataclass(record):
-    record = dict(dataclasses.asdict(record), analysis="none")
+  from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
+  if isinstance(record, mechanisms.PrivacyRecord):
+    if not record.private:
+      return no_privacy_statement("the mechanism adds no noise")
+    setup = dict(record.setup, **(setup or {}))
+    if noise_seed_source is None and setup.get("noise_seed_pinned"):
+      noise_seed_source = "pinned"
+    schema = schema if schema is not None else setup.get("participation")
+    if record.details:
+      record_dict = dict(record.details)
+    else:
+      record_dict = {"analysis": "none", "noise_multiplier": record.noise_multiplier,
+                     "sensitivity": record.sensitivity, "epsilon": None}
+      epsilon_reason = epsilon_reason or "no delta was given, so no epsilon was computed"
+    record = record_dict
+    run = False if run is None else run
+  elif dataclasses.is_dataclass(record):
+    from tff_mf import checks  # pylint: disable=g-import-not-at-top
+    raise checks.CheckError(f"privacy_statement takes a privacy record, not a "
+                            f"{type(record).__name__}")
+  record = _checked_record(record)
+  run = True if run is None else run
+  setup = dict(setup or {})
   eps = record.get("epsilon")
   eps = None if eps is None else float(eps)
   if eps is not None and math.isnan(eps):
@@ -242,13 +407,21 @@ def privacy_statement(record: Mapping[str, Any], *, schema=None,
     not_covered.insert(0, PINNED)
   elif run and noise_seed_source is not None:
     not_covered.append(SECRET_SEED)
-  out = {"unit": UNIT,
+  n = _rounds(record, setup)
+  covers = COVERS_RUN if run else (COVERS_ACCOUNT.format(n=n) if n is not None
+                                   else COVERS_ACCOUNT_ANY_N)
+  adaptive = record.get("analysis") == "adaptive" or setup.get("clip_norm") == "adaptive"
+  table = epsilon_table(record) if eps is not None else []
+  out = {"setup": setup_words(record, setup, run),
+         "unit": UNIT_ADAPTIVE if adaptive else UNIT,
          "epsilon": None if eps is None else round_up(eps),
          "epsilon_text": None if eps is None else epsilon_text(eps), "epsilon_unrounded": eps,
          "delta": record.get("delta"),
+         "epsilons": table,
+         "reported_why": REPORTED_WHY if len(table) > 1 else None,
          "analysis": analysis_words(record, schema_text),
          "participation": participation_words(schema_text, observed, sampling_prob),
-         "covers": COVERS_RUN if run else COVERS_ACCOUNT,
+         "covers": covers,
          "not_covered": not_covered, "void": void}
   if eps is None:
     out["epsilon_reason"] = epsilon_reason or "not reported"
@@ -258,8 +431,9 @@ def privacy_statement(record: Mapping[str, Any], *, schema=None,
 
 def no_privacy_statement(reason: str) -> Dict[str, Any]:
   """The statement of a run without DP noise: nothing it releases is private."""
-  return {"unit": None, "epsilon": None, "epsilon_text": "inf", "epsilon_unrounded": None,
-          "delta": None, "analysis": None, "participation": None, "covers": None,
+  return {"setup": None, "unit": None, "epsilon": None, "epsilon_text": "inf",
+          "epsilon_unrounded": None, "delta": None, "epsilons": [], "reported_why": None,
+          "analysis": None, "participation": None, "covers": None,
           "not_covered": ["everything this run releases"], "void": True,
           "epsilon_reason": reason,
           "text": f"Privacy statement\n  None: {reason}; nothing this run releases is "
@@ -277,12 +451,20 @@ def statement_text(statement: Mapping[str, Any]) -> str:
     guarantee = (f"(epsilon = {eps}, delta = {delta})-DP, epsilon rounded up to "
                  f"{DIGITS} significant digits" +
                  (" (VOID for this run: see below)" if statement.get("void") else ""))
-  lines = ["Privacy statement",
-           f"  Unit of privacy: {statement['unit']}.",
-           f"  Guarantee: {guarantee}.",
-           f"  Analysis: {statement['analysis']}.",
-           f"  Participation: {statement['participation']}.",
-           f"  Covers: {statement['covers']}.",
-           "  Not covered:"]
+  lines = ["Privacy statement"]
+  if statement.get("setup"):
+    lines.append(f"  Setup: {statement['setup']}.")
+  lines += [f"  Unit of privacy: {statement['unit']}.",
+            f"  Guarantee: {guarantee}."]
+  table = statement.get("epsilons") or []
+  if len(table) > 1:
+    lines.append(f"  Epsilon at delta = {delta} under each analysis computed "
+                 f"({statement['reported_why']}):")
+    lines += [f"    - {row['label']}: {row['epsilon_text']}"
+              + (" (reported)" if row["reported"] else "") for row in table]
+  lines += [f"  Analysis: {statement['analysis']}.",
+            f"  Participation: {statement['participation']}.",
+            f"  Covers: {statement['covers']}.",
+            "  Not covered:"]
   lines += [f"    - {item}." for item in statement["not_covered"]]
   return "\n".join(lines)

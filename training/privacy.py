@@ -151,11 +151,25 @@ def run_statement(config: TrainingConfig, record: Optional[Dict[str, Any]],
   if record is None:
     return statement.no_privacy_statement(f"--mechanism={config.mechanism} adds no noise")
   return statement.privacy_statement(
-      dict(record, epsilon=epsilon), schema=participation["schema"],
+      dict(record, epsilon=epsilon), schema=participation["schema"], setup=statement_setup(config),
       observed=participation["observed"],
       sampling_prob=config.sampling_prob if config.participation == "min_sep" else None,
       noise_seed_source=seed_source, epsilon_reason=reason,
       nonprivate_metrics=outputs.NONPRIVATE_TRAIN_KEYS if config.report_train_metrics else ())
+
+
+def statement_setup(config: TrainingConfig) -> Dict[str, Any]:
+  """What the run's privacy statement names beside ε (``tff_mf.statement.setup_words``)."""
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
+  mechanism = config.canonical_mechanism
+  out: Dict[str, Any] = {"mechanism": mechanism, "label": registry.label(mechanism),
+                         "rounds": config.total_rounds,
+                         "clients_per_round": config.clients_per_round,
+                         "clip_norm": config.clip_norm}
+  if config.clip_norm == "adaptive":
+    out["adaptive_clipping"] = {k: getattr(config, k) for k in (
+        "target_quantile", "initial_clip_norm", "clip_learning_rate", "clipped_count_stddev")}
+  return out
 
 
 def without_epsilons(value, key: str = ""):

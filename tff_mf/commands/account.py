@@ -416,8 +416,15 @@ def _schema(args: argparse.Namespace, n, cached, amplified: bool):
 def _with_statement(record: dict) -> dict:
   """The record and its privacy statement (``tff_mf.statement``, for the configuration
   given: no run, nothing sampled)."""
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
   from tff_mf import statement  # pylint: disable=g-import-not-at-top
-  return dict(record, privacy_statement=statement.privacy_statement(record, run=False))
+  setup = {}
+  if record.get("mechanism"):
+    setup.update(mechanism=record["mechanism"], label=registry.label(record["mechanism"]))
+  elif record.get("matrix"):
+    setup["matrix"] = record["matrix"]
+  return dict(record, privacy_statement=statement.privacy_statement(record, run=False,
+                                                                    setup=setup))
 
 
 def _print(record: dict, as_json: bool) -> None:

@@ -303,6 +303,7 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
                               adaptive=cfg.adaptive, mmcc_options=MMCC_OPTIONS)
   if record.private:
     cfg = dataclasses.replace(cfg, noise_multiplier=record.noise_multiplier)
+  record = dataclasses.replace(record, setup=_statement_setup(cfg))
   info.update(record.info(cfg.clip_norm))
   if cfg.adaptive is not None:
     info.update(_adaptive_info(cfg, resolved))
@@ -316,6 +317,19 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
       server_optimizer=server_optimizer, factorization=f, noise=noise,
       single_participation_sqrt_loss=None if f is None else f.single_participation_sqrt_loss,
       info=info, mechanism=resolved, privacy=record)
+
+
+def _statement_setup(cfg: MechanismConfig) -> Dict[str, Any]:
+  """What the privacy statement names beside ε (``tff_mf.statement.setup_words``)."""
+  out: Dict[str, Any] = {
+      "mechanism": cfg.mechanism.name, "label": cfg.mechanism.label, "rounds": cfg.n,
+      "clients_per_round": cfg.clients_per_round,
+      "clip_norm": "adaptive" if cfg.adaptive is not None else cfg.clip_norm,
+      "participation": cfg.participation.as_dict(),
+      "noise_seed_pinned": cfg.noise_seed is not None}
+  if cfg.adaptive is not None:
+    out["adaptive_clipping"] = cfg.adaptive.as_dict()
+  return out
 
 
 def _setup_info(cfg: MechanismConfig, resolved: mechanisms.Resolved) -> Dict[str, Any]:
