@@ -516,3 +516,33 @@ def test_lower_bound_of_balls_in_bins(capsys):
 ])
 def test_lower_bound_bad_combinations_are_one_line_errors(argv, match, capsys):
   _assert_one_line_error(argv, match, capsys)
+
+
+# ----------------------------------------------------------------------------- the workload
+
+
+def test_mechanism_workload_follows_the_run_as_training_builds_it(tmp_path, capsys):
+  """opt_momentum's C is for the run's momentum workload: ``--momentum β`` alone selects it (as
+  training's --server_momentum does), and without β the ambiguity is refused in one line
+  (it used to account the prefix-sum C: a different epsilon than training's)."""
+  from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
+  base = ["--mechanism", "opt_momentum", "--n", "16", "--participation", "fixed_epoch",
+          "--epochs", "2", "--noise_multiplier", "2", "--delta", DELTA,
+          "--cache_dir", str(tmp_path)]
+  _assert_one_line_error(base, "give the run's --momentum BETA", capsys)
+  record = _json(base + ["--momentum", "0.9"], capsys)
+  assert record["workload"] == "momentum"
+  explicit = _json(base + ["--workload", "momentum", "--momentum", "0.9"], capsys)
+  assert explicit["cache_npz"] == record["cache_npz"] and explicit["cache_hit"]  # the same C
+  assert explicit["epsilon"] == record["epsilon"]
+  # Training's record for the same run: its workload from β, the same C and epsilon.
+  schema = participation.fixed_epoch(2)
+  resolved = mechanisms.resolve(registry.mechanism("opt_momentum"),
+                                mechanisms.training_workload(16, 0.9, "constant", None), schema,
+                                cache_dir=str(tmp_path))
+  trained = mechanisms.privacy(resolved, 2.0, None, float(DELTA), "exact")
+  assert record["epsilon"] == trained.epsilon
+  plain = _json(base + ["--workload", "prefix_sum"], capsys)  # a run without momentum
+  assert plain["workload"] == "prefix_sum" and plain["epsilon"] != record["epsilon"]

@@ -103,6 +103,9 @@ class Mechanism:
     trainable: False when it exists for accounting only.
     why_not_trainable: the reason, when not trainable.
     private: False only for ``none``.
+    momentum_workload: its C is meant for a momentum workload M(η)·M(β) (opt_momentum):
+      with β = 0 and a constant schedule it would be another mechanism's C, so accounting
+      it needs the run's β (or an explicit prefix-sum workload).
   """
   name: str
   aliases: Tuple[str, ...]
@@ -115,6 +118,7 @@ class Mechanism:
   trainable: bool = True
   why_not_trainable: str = ""
   private: bool = True
+  momentum_workload: bool = False
 
   @property
   def post_processes_prefix_decoder(self) -> bool:
@@ -178,7 +182,7 @@ MECHANISMS: Dict[str, Mechanism] = {m.name: m for m in (
               PARTICIPATIONS),
     Mechanism("opt_momentum", ("optimal_momentum", "optimal"), "opt momentum",
               "optimal factorization of the training workload M = M(η)·M(β) itself",
-              "optimal", "training", "dense", PARTICIPATIONS),
+              "optimal", "training", "dense", PARTICIPATIONS, momentum_workload=True),
     Mechanism("structured", (), "structured (banded + low rank)",
               "banded + low-rank B̂ for S with O((h + r)·d) noise per round", "structured",
               "prefix_sum", "linear", PARTICIPATIONS),

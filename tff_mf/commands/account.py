@@ -308,6 +308,10 @@ def _encoder(args: argparse.Namespace, amplified: bool):
     _fail("--height belongs to tree_restart")
   if mech.strategy is None:
     _fail(f"mechanism {mech.name}: {mech.why_not_trainable or 'no encoder C'}")
+  if mech.momentum_workload and not _given(args, ("workload", "momentum", "matrix_file")):
+    _fail(f"--mechanism {mech.name} factorizes the run's momentum workload: give the run's "
+          f"--momentum BETA (training's --server_momentum; with --lr_schedule if it has one), "
+          f"or --workload prefix_sum for a run without momentum")
   workload = factorize_cmd.workload_from_args(args)
   n = workload.n
   checks.dense_matrices_fit(n, 3, f"mechanism {mech.name} at n = {n}", m=2 * n)

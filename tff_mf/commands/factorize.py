@@ -24,9 +24,13 @@ def add_workload_arguments(parser: argparse.ArgumentParser, n_required: bool = F
   group = parser.add_argument_group("workload A")
   group.add_argument("--workload", choices=WORKLOADS, default=None,
                      help="prefix_sum (S), momentum (M = M(η)M(β), Denisov et al. 2022 Prop "
-                          "4.2), or file (implied by --matrix_file) (default: prefix_sum)")
+                          "4.2), or file (implied by --matrix_file) (default: momentum when "
+                          "--momentum is above 0 or --lr_schedule is not constant, as training "
+                          "builds its workload from --server_momentum and --lr_schedule; else "
+                          "prefix_sum)")
   group.add_argument("--momentum", type=float, default=None,
-                     help=f"momentum β for --workload momentum (default: {DEFAULT_MOMENTUM})")
+                     help=f"momentum β of the momentum workload, training's --server_momentum "
+                          f"(default: {DEFAULT_MOMENTUM} with --workload momentum, else 0)")
   group.add_argument("--lr_schedule", choices=("constant", "decay", "cooldown"), default="constant",
                      help="learning-rate schedule η of the momentum workload (default: constant)")
   group.add_argument("--schedule_rounds", type=int, default=None, metavar="K",
@@ -86,7 +90,11 @@ def workload_from_args(args: argparse.Namespace):
     if args.n is not None and args.n != n:
       raise checks.CheckError(f"--n {args.n} but the matrix in {args.matrix_file} is {n}x{n}")
     return workloads.WorkloadSpec(kind="file", n=n, matrix_file=args.matrix_file)
-  kind = kind or "prefix_sum"
+  beta = DEFAULT_MOMENTUM if args.momentum is None else args.momentum
+  if kind is None:  # as training builds its workload: β > 0 or a schedule is momentum
+    kind = "momentum" if (args.momentum not in (None, 0.0) or
+                          args.lr_schedule != "constant") else "prefix_sum"
+    beta = 0.0 if args.momentum is None else args.momentum  # training's default β
   if kind == "file":
     raise checks.CheckError("--workload file needs --matrix_file A.npy")
   if args.n is None:
@@ -96,8 +104,7 @@ def workload_from_args(args: argparse.Namespace):
     if args.momentum not in (None, 0.0) or args.lr_schedule != "constant":
       raise checks.CheckError("--momentum/--lr_schedule apply to --workload momentum only")
     return workloads.WorkloadSpec(kind="prefix_sum", n=n)
-  beta = checks.in_range(DEFAULT_MOMENTUM if args.momentum is None else args.momentum,
-                         "--momentum", 0.0, 1.0)
+  beta = checks.in_range(beta, "--momentum", 0.0, 1.0)
   schedule_rounds = args.schedule_rounds
   if args.lr_schedule == "constant":
     if schedule_rounds is not None:
