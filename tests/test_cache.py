@@ -550,3 +550,38 @@ def test_one_json_policy_for_every_writer():
   assert jsonio.number("x") == "x"
   with pytest.raises(ValueError, match="NaN"):
     jsonio.dumps({"x": float("nan")})
+
+
+def _edit_sensitivity_everywhere(entry, value=1.0):
+  with open(entry.json_path) as fh:
+    metadata = json.load(fh)
+  metadata["sensitivity"] = metadata["info"]["sensitivity"] = value
+  with open(entry.json_path, "w") as fh:
+    json.dump(metadata, fh)
+
+
+def test_list_shows_only_figures_recomputed_from_the_matrices(tmp_path, capsys):
+  """An edited sidecar figure (sensitivity 1.0 where C's is larger) is never listed as a figure:
+  each entry is checked as a load checks it, and a failing one is listed as BAD (exit 1)."""
+  from tff_mf import cli  # pylint: disable=g-import-not-at-top
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  spec = _fixed_epoch_spec()
+  f, entry = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+  truth = strategies.error_figures(f, participation.fixed_epoch(4))["sensitivity"]
+  assert truth > 1.1
+  [row] = cache.list_entries(str(tmp_path))
+  assert row["verified"] and row["sensitivity"] == pytest.approx(truth, rel=1e-9)
+  assert cli.main(["cache", "list", "--cache_dir", str(tmp_path)]) == 0
+  assert f"{truth:.5g}" in capsys.readouterr().out
+  _edit_sensitivity_everywhere(entry)
+  [row] = cache.list_entries(str(tmp_path))
+  assert not row["verified"] and "sensitivity" not in row
+  assert "sidecar says sensitivity = 1.0" in row["error"]
+  assert cli.main(["cache", "list", "--cache_dir", str(tmp_path)]) == 1
+  out = capsys.readouterr().out
+  assert "1 BAD" in out and "BAD " in out and "--force" in out
+  table = [line for line in out.splitlines() if line.startswith("BAD ")]
+  assert len(table) == 1 and entry.directory in table[0]
+  assert cli.main(["cache", "list", "--json", "--cache_dir", str(tmp_path)]) == 1
+  listed = json.loads(capsys.readouterr().out)
+  assert listed["bad"] == 1 and "sensitivity" not in listed["entries"][0]

@@ -592,23 +592,26 @@ def _entry_dirs(cache_dir: Optional[str], must_exist: bool) -> List[str]:
 
 
 def list_entries(cache_dir: Optional[str] = None) -> List[Dict[str, Any]]:
-  """One dict per entry directory (from its sidecar; ``error`` set when unreadable)."""
+  """One dict per entry directory, its figures verified (``error`` set when it fails).
+
+  Every entry is checked as a load checks it (sha256, the key, B·C = A on secret random
+  vectors, every figure recomputed from C under the key's schema: ``verify(full_check=False)``),
+  so the figures listed are the arrays' own, never an edited sidecar's; ``verified`` is True
+  on each listed row. An entry that fails is listed with ``error`` and no figures.
+  """
   rows = []
   for directory in _entry_dirs(cache_dir, must_exist=cache_dir is not None):
     json_path = os.path.join(directory, METADATA_FILE)
-    row: Dict[str, Any] = {"directory": directory, "json_path": json_path}
+    row: Dict[str, Any] = {"directory": directory, "json_path": json_path, "verified": False}
     try:
-      metadata = _read_metadata(json_path)
-    except FileNotFoundError:
-      rows.append(dict(row, error=f"no sidecar {json_path}"))
-      continue
+      _, entry = _load_entry(directory, False, None)
     except CacheError as e:
       rows.append(dict(row, error=str(e)))
       continue
-    npz_path = os.path.join(directory, metadata["npz_file"])
+    metadata, npz_path = entry.metadata, entry.npz_path
     spec = metadata.get("spec", {})
     row.update({
-        "npz_path": npz_path, "strategy": metadata.get("strategy"),
+        "npz_path": npz_path, "verified": True, "strategy": metadata.get("strategy"),
         "workload": spec.get("workload"), "momentum": spec.get("momentum"),
         "lr_schedule": spec.get("lr_schedule"), "n": metadata.get("n"),
         "bands": spec.get("bands"), "rank": spec.get("rank"), "buffers": spec.get("buffers"),

@@ -15,7 +15,10 @@ def register(subparsers) -> None:
                   "or $TFF_MF_CACHE, or --cache_dir).")
   actions = parser.add_subparsers(dest="cache_action", metavar="ACTION")
   actions.required = True
-  for name, help_text in (("list", "one line per cached factorization"),
+  for name, help_text in (("list", "one line per cached factorization, each checked as a load "
+                                   "checks it (sha256, B·C = A on secret random vectors, every "
+                                   "figure recomputed from C): the figures shown are verified; "
+                                   "an entry that fails is listed as BAD with the reason (exit 1)"),
                           ("verify", "check every entry (sha256, shapes, dtype, triangularity, "
                                      "B·C = A, the key and schema recomputed from the sidecar, every "
                                      "figure recomputed from C): every check a load applies; exit 1 "
@@ -43,16 +46,19 @@ def run(args: argparse.Namespace) -> int:
       raise cache.CacheError(f"cache directory {root} does not exist")
     rows = cache.list_entries(args.cache_dir)
     if args.json:
-      print(jsonio.dumps({"cache_dir": root, "entries": rows}))
-      return 0
-    print(f"cache: {root} ({len(rows)} entries)")
+      print(jsonio.dumps({"cache_dir": root, "entries": rows,
+                          "bad": sum(1 for r in rows if "error" in r)}))
+      return 1 if any("error" in r for r in rows) else 0
+    bad = sum(1 for r in rows if "error" in r)
+    print(f"cache: {root} ({len(rows)} entries, {len(rows) - bad} verified"
+          f"{f', {bad} BAD' if bad else ''}; figures recomputed from each entry's matrices)")
     if rows:
       header = (f"{'strategy':<24} {'workload':<16} {'n':>6} {'participation':<18} "
-                f"{'rmse':>9} {'sqrt(L)':>10} {'MB':>8}  entry")
+                f"{'sens':>9} {'rmse':>9} {'sqrt(L)':>10} {'MB':>8}  entry")
       print(header)
       for r in rows:
         if "error" in r:
-          print(f"{'UNREADABLE':<24} {r['directory']}: {r['error']}")
+          print(f"{'BAD':<24} {r['error']} (recompute it with tff-mf factorize ... --force)")
           continue
         strategy = r["strategy"] or "?"
         params = ",".join(f"{k[0]}={r[k]}" for k in ("bands", "rank", "buffers")
@@ -66,10 +72,11 @@ def run(args: argparse.Namespace) -> int:
             workload += f" {r['lr_schedule']}"
         size = None if r["bytes"] is None else r["bytes"] / 1e6
         print(f"{strategy:<24} {workload:<16} {_fmt(r['n'], 'd'):>6} "
-              f"{r.get('participation') or '-':<18} {_fmt(r['rmse'], '.4g'):>9} "
+              f"{r.get('participation') or '-':<18} {_fmt(r['sensitivity'], '.5g'):>9} "
+              f"{_fmt(r['rmse'], '.4g'):>9} "
               f"{_fmt(r['single_participation_sqrt_loss'], '.4f'):>10} "
               f"{_fmt(size, '.1f'):>8}  {r['directory']}")
-    return 0
+    return 1 if any("error" in r for r in rows) else 0
   results = cache.verify(args.cache_dir, full_check=not args.quick)
   bad = [r for r in results if not r["ok"]]
   if args.json:
