@@ -7,6 +7,7 @@ import pytest
 
 from tff_mf import checks
 from tff_mf import mmcc
+from tff_mf import participation
 from tff_mf import toeplitz_ops
 from tff_mf import workloads
 from tff_mf.families import toeplitz
@@ -220,3 +221,30 @@ def test_stream_float32_stability():
     state = new
   rel = np.linalg.norm(approx - exact, axis=1) / np.linalg.norm(exact, axis=1)
   assert np.max(rel) < 2e-6 and np.max(rel[-256:]) < 4 * np.max(rel[:256]) + 1e-7
+
+
+def test_min_sep_bound_is_the_smallest_of_the_valid_bounds_alg4_included():
+  """Signed 8-band C, n = 48, min_sep 4, k = 4: Alg. 4 of arXiv:2306.08153 (jax_privacy's
+  ``get_min_sep_sensitivity_upper_bound``) on the dense CᵀC is below the majorant and row
+  bounds here; the report takes the smallest valid bound, names it, and stays above every
+  contribution pattern (brute force)."""
+  n, min_sep, k = 48, 4, 4
+  f = np.array([1.0, -0.45, 0.8, 0.1, -0.6, 0.7, 0.35, -0.5])
+  c = toeplitz_ops.lower_toeplitz(toeplitz_ops.padded(f, n))
+  x = c.T @ c
+  dense_alg4 = np.sqrt(participation.separated_max(
+      participation.separated_max(np.abs(x), min_sep, k), min_sep, k))
+  report = toeplitz_ops.min_sep_sensitivity_report(f, n, min_sep, k)
+  majorant = np.maximum.accumulate(np.abs(f)[::-1])[::-1]
+  others = min(np.linalg.norm(toeplitz_ops.minsep_vector(toeplitz_ops.padded(majorant, n),
+                                                          min_sep, k)),
+               np.sqrt(k * toeplitz_ops._row_bound(f, min_sep, k)))  # pylint: disable=protected-access
+  assert dense_alg4 < others  # the case the issue found: the structured bounds alone are looser
+  assert report["method"] == "alg4_bound" and not report["exact"]
+  assert report["value"] == pytest.approx(dense_alg4, rel=1e-12)
+  assert toeplitz_ops.min_sep_sensitivity(f, n, min_sep, k) == report["value"]
+  _, absolute = _brute_force(c, min_sep, k)
+  assert report["value"] >= absolute * (1 - 1e-12)  # still an upper bound
+  # The dense report (what a run's epsilon uses) is never above the structured one.
+  dense = participation.sensitivity_report(c, participation.min_sep(min_sep, k))
+  assert dense["value"] <= report["value"] * (1 + 1e-9)

@@ -8,6 +8,7 @@ coordinate ascent), independently of the module's own enumeration.
 """
 
 import itertools
+import math
 import zlib
 import json
 
@@ -478,3 +479,19 @@ def test_balls_in_bins_schema_and_cyclic_poisson_spelling():
   cyclic = pa.from_args("cyclic_poisson", 12, min_sep=4)
   assert cyclic == pa.from_args("min_sep", 12, min_sep=4) and cyclic.sampler == "cyclic Poisson"
   assert pa.from_dict({"kind": "cyclic_poisson", "min_sep": 4}) == pa.min_sep(4)
+
+
+def test_min_sep_toeplitz_takes_the_smaller_of_alg4_and_the_structured_bounds():
+  """Alternating signs (n = 48, min_sep 2, k = 4): the majorant of |f| bounds |CᵀC| by a
+  non-negative Toeplitz Gram whose earliest pattern is attained here, below Alg. 4; the report
+  takes the smaller valid bound and names it."""
+  n, sep, k = 48, 2, 4
+  coef = np.zeros(n)
+  coef[:8] = [1.0, -0.9, 0.9, -0.9, 0.9, -0.9, 0.9, -0.9]
+  c = _toeplitz(coef)
+  x = c.T @ c
+  alg4 = math.sqrt(pa.separated_max(pa.separated_max(np.abs(x), sep, k), sep, k))
+  report = pa.sensitivity_report(c, pa.min_sep(sep, k))
+  assert report["method"] == "toeplitz_majorant_bound_attained" and report["exact"]
+  assert report["value"] < alg4 * 0.99
+  assert report["value"] >= report["lower"]

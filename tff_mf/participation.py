@@ -339,8 +339,9 @@ def sensitivity(c, schema: Participation, n: Optional[int] = None) -> float:
   with ≤ b bands; then sens² = max over admissible sets of Σ‖C[:, t]‖², by dynamic
   programming, arXiv:2306.08153). Otherwise an upper bound: arXiv:2306.08153
   Eq. 5 (Σ|X_st| per pattern, tightened by |P|·λ_max) for fixed_epoch, and Alg. 4
-  (tightened by enumeration when there are few patterns) for min_sep.
-  ``sensitivity_report`` says which.
+  (tightened by enumeration when there are few patterns, and for a Toeplitz C by the
+  smaller of ``toeplitz_ops``' structured bounds) for min_sep.
+  ``sensitivity_report`` says which (its method).
   """
   return sensitivity_report(c, schema, n)["value"]
 
@@ -550,6 +551,11 @@ def _min_sep(c: np.ndarray, schema: Participation, col_sq: np.ndarray):
     if enum_upper < upper:
       upper, method = enum_upper, "enumerated_patterns"
     lower = enum_lower
+  if coef is not None:  # Toeplitz: its structured bounds are valid too; the smaller is used
+    from tff_mf import toeplitz_ops  # pylint: disable=g-import-not-at-top
+    structured = toeplitz_ops.min_sep_sensitivity_report(np.trim_zeros(coef, "b"), n, b, k)
+    if structured["value"] ** 2 < upper:
+      upper, method = structured["value"] ** 2, "toeplitz_" + structured["method"]
   return upper, min(lower, upper), method
 
 
