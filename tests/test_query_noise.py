@@ -562,3 +562,27 @@ def test_unpinned_seeded_gaussian_draws_a_new_seed_at_every_initialize():
   a, _, _ = q.get_noised_result([tf.zeros([1000])], first)
   b, _, _ = q.get_noised_result([tf.zeros([1000])], second)
   assert not np.allclose(a[0].numpy(), b[0].numpy())
+
+
+def test_privacy_record_of_a_setup_prints_its_own_statement(tmp_path, capsys):
+  """``privacy_statement(setup.privacy)`` and ``print(setup.privacy)`` describe the amplified
+  ε of banded under min_sep(4) sampled at 0.25 (it read "no amplification ... single" beside
+  the amplified ε, and print gave a 900-character repr), and name the setup."""
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  from tff_mf import statement  # pylint: disable=g-import-not-at-top
+  setup = aggregators.build_mechanism(
+      "banded", total_rounds=16, noise_multiplier=2.0, delta=1e-6, clients_per_round=4,
+      clip_norm=1.0, participation=participation.min_sep(4), sampling_prob=0.25,
+      cache_dir=str(tmp_path))
+  record = setup.privacy
+  assert record.bound == "banded"
+  s = statement.privacy_statement(record)
+  assert s == statement.privacy_statement(record.details, run=False,
+                                          setup=record.setup)
+  assert s["analysis"].startswith("amplification by Poisson sampling")
+  assert "probability 0.25" in s["participation"] and "min_sep=4" in s["participation"]
+  assert s["epsilon"] == statement.round_up(record.epsilon)
+  print(record)
+  assert capsys.readouterr().out == s["text"] + "\n"
+  assert s["setup"].startswith("mechanism banded, n = 16 rounds")
+  assert "4 clients per round, fixed clip norm 1" in s["setup"] and not s["void"]

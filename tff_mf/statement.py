@@ -376,7 +376,8 @@ def privacy_statement(record: Any, *, schema=None,
     setup = dict(record.setup, **(setup or {}))
     if noise_seed_source is None and setup.get("noise_seed_pinned"):
       noise_seed_source = "pinned"
-    schema = schema if schema is not None else setup.get("participation")
+    if schema is None and not record.details.get("schema"):
+      schema = setup.get("participation")
     if record.details:
       record_dict = dict(record.details)
     else:
