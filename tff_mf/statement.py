@@ -327,8 +327,9 @@ def _checked_record(record: Any) -> Dict[str, Any]:
       "amplified", "unamplified"):
     raise checks.CheckError(f"privacy_statement: the {analysis} record does not say which bound "
                             f"its epsilon is (bound = {record.get('bound')!r})")
-  if record.get("epsilon") is not None and record.get("candidates"):
-    smallest = min(c["epsilon"] for c in record["candidates"])
+  computed = [c["epsilon"] for c in record.get("candidates") or [] if c.get("epsilon") is not None]
+  if record.get("epsilon") is not None and computed:
+    smallest = min(computed)
     if float(record["epsilon"]) < smallest:
       raise checks.CheckError(f"privacy_statement: epsilon {record['epsilon']} is below every "
                               f"bound its record computed (smallest {smallest})")
