@@ -17,6 +17,7 @@ import pytest
 
 from tff_mf import checks
 from tff_mf import participation as pa
+from tff_mf import separation
 
 
 def brute_patterns(schema, n):
@@ -236,9 +237,9 @@ def test_separated_max_matches_enumeration():
       for p in itertools.combinations(range(n), size):
         if all(q - r >= sep for r, q in zip(p[:-1], p[1:])):
           best = max(best, float(np.sum(w[list(p)])))
-    value, chosen = pa.separated_argmax(w, sep, k)
+    value, chosen = separation.separated_argmax(w, sep, k)
     assert value == pytest.approx(best)
-    assert float(pa.separated_max(w, sep, k)) == pytest.approx(best)
+    assert float(separation.separated_max(w, sep, k)) == pytest.approx(best)
     assert len(chosen) <= k and np.sum(w[list(chosen)]) == pytest.approx(best)
     assert all(q - r >= sep for r, q in zip(chosen[:-1], chosen[1:]))
 
@@ -490,7 +491,7 @@ def test_min_sep_toeplitz_takes_the_smaller_of_alg4_and_the_structured_bounds():
   coef[:8] = [1.0, -0.9, 0.9, -0.9, 0.9, -0.9, 0.9, -0.9]
   c = _toeplitz(coef)
   x = c.T @ c
-  alg4 = math.sqrt(pa.separated_max(pa.separated_max(np.abs(x), sep, k), sep, k))
+  alg4 = math.sqrt(separation.separated_max(separation.separated_max(np.abs(x), sep, k), sep, k))
   report = pa.sensitivity_report(c, pa.min_sep(sep, k))
   assert report["method"] == "toeplitz_majorant_bound_attained" and report["exact"]
   assert report["value"] < alg4 * 0.99

@@ -209,8 +209,8 @@ def test_statement_stands_on_its_own():
   assert table["banded"]["epsilon"] < table["none"]["epsilon"]
   assert "smallest is reported" in s["reported_why"]
   for row in s["epsilons"]:
-    line = f"    - {row['label']}: {row['epsilon_text']}" + (" (reported)" if row["reported"] else "")
-    assert line in s["text"].splitlines()
+    line = f"    - {row['label']}: {row['epsilon_text']}"
+    assert line + (" (reported)" if row["reported"] else "") in s["text"].splitlines()
   # A run without a schema to sample under has one analysis: nothing to put side by side.
   single = accounting.epsilon_for(np.eye(4), participation.SINGLE, 2.0, 1e-6)
   one = statement.privacy_statement(single, run=False)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from tff_mf import checks
 from tff_mf import factorization as fz
 from tff_mf import participation as participation_lib
 from tff_mf import registry
+from tff_mf import statement
 from tff_mf import streams
 from tff_mf import strategies
 from tff_mf import workloads
@@ -93,7 +94,7 @@ class PrivacyRecord:
       (``details["candidates"]``), None without δ.
     target_epsilon: the target z was calibrated to, or None.
     analysis: in words, the analysis that gave ``epsilon``.
-    bound: its key in ``ANALYSIS_LABELS`` (none, banded, mmcc, adaptive).
+    bound: its key in ``tff_mf.statement.ANALYSIS_LABELS`` (none, banded, mmcc, adaptive).
     details: the JSON-ready record a run writes (summary.json ``privacy``): the reported
       bound's fields, every candidate bound, notes; empty without δ.
     setup: what the privacy statement names beside ε (``tff_mf.statement.setup_words``):
@@ -114,8 +115,24 @@ class PrivacyRecord:
   setup: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def __str__(self) -> str:
-    from tff_mf import statement  # pylint: disable=g-import-not-at-top
     return statement.privacy_statement(self)["text"]
+
+  def statement_input(self) -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
+    """(the record ``tff_mf.statement.privacy_statement`` describes, or None without noise;
+    its keyword defaults: the setup, schema, seed source and why ε may be missing)."""
+    if not self.private:
+      return None, {}
+    setup = dict(self.setup)
+    defaults: Dict[str, Any] = {"setup": setup, "run": False}
+    if setup.get("noise_seed_pinned"):
+      defaults["noise_seed_source"] = "pinned"
+    if not self.details.get("schema"):
+      defaults["schema"] = setup.get("participation")
+    if self.details:
+      return dict(self.details), defaults
+    defaults["epsilon_reason"] = "no delta was given, so no epsilon was computed"
+    return ({"analysis": "none", "noise_multiplier": self.noise_multiplier,
+             "sensitivity": self.sensitivity, "epsilon": None}, defaults)
 
   @property
   def effective_noise_multiplier(self) -> Optional[float]:
@@ -246,17 +263,6 @@ def privacy(resolved: Resolved, noise_multiplier: Optional[float],
 
 
 # ----------------------------------------------------------------------------- a run's ε
-
-# The analyses a run's ε may come from (``PrivacyRecord.bound``), in words.
-ANALYSIS_LABELS = {
-    "none": "unamplified Gaussian mechanism at z / sensitivity",
-    "banded": "amplified banded MF (Poisson sampling within residue classes)",
-    "mmcc": "MMCC (Poisson sampling within residue classes)",
-    "random_allocation": "balls-in-bins amplification (Renyi bounds after arXiv:2601.21636)",
-    "adaptive": "unamplified Gaussian at z / sensitivity composed with the adaptive clip norm's "
-                "count queries (one Gaussian at 1/mu)",
-}
-
 
 def amplification_applies(schema: participation_lib.Participation, n: int,
                           sampling_prob: Optional[float]) -> bool:
@@ -394,7 +400,7 @@ class _Run:
     candidates = [plain] + ([amplified] if amplified is not None else [])
     best = dict(min(candidates, key=lambda r: r["epsilon"]))
     best.update(candidates=[_candidate(r) for r in candidates], notes=notes,
-                analysis_label=ANALYSIS_LABELS[best["analysis"]])
+                analysis_label=statement.ANALYSIS_LABELS[best["analysis"]])
     if self.sampling_prob is not None:  # the sampling, whichever bound is reported
       best.setdefault("sampling_prob", self.sampling_prob)
     if best["analysis"] in ("banded", "mmcc"):
@@ -421,7 +427,8 @@ class _Run:
     record = dict(plain, epsilon=eps, analysis="adaptive", noise_multiplier=float(z),
                   effective_noise_multiplier=total, count_participations=k,
                   clipped_count_stddev=sigma_b)
-    record.update(candidates=[_candidate(record)], analysis_label=ANALYSIS_LABELS["adaptive"],
+    record.update(candidates=[_candidate(record)],
+                  analysis_label=statement.ANALYSIS_LABELS["adaptive"],
                   notes=["adaptive clipping: the count queries are accounted without "
                          "amplification"] if self.amplified else [])
     return record

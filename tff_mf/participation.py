@@ -47,6 +47,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from tff_mf import checks
+from tff_mf import separation
 
 KINDS = ("single", "fixed_epoch", "min_sep", "balls_in_bins")
 # Other spellings of a kind: the name of the sampler that realizes the schema.
@@ -71,9 +72,10 @@ EXACT_RTOL = 1e-12
 # Relative margin added to every reported sensitivity (float64 rounding of Σ C_ij²).
 ROUNDING_MARGIN = 1e-12
 # Version of the min_sep analysis (2: exact earliest-pattern value for non-negative,
-# non-increasing Toeplitz C). Part of min_sep cache keys, so that entries whose sidecar
+# non-increasing Toeplitz C; 3: for other Toeplitz C also toeplitz_ops' structured bounds,
+# the smallest valid bound used). Part of min_sep cache keys, so that entries whose sidecar
 # figures came from an older analysis are recomputed rather than refused as edited.
-MIN_SEP_ANALYSIS_VERSION = 2
+MIN_SEP_ANALYSIS_VERSION = 3
 
 
 # ----------------------------------------------------------------------------- schemas
@@ -418,47 +420,6 @@ def _fixed_epoch(c: np.ndarray, schema: Participation, col_sq: np.ndarray):
   return float(np.max(upper)), float(np.max(lower)), method
 
 
-def separated_max(w: np.ndarray, sep: int, k: int) -> np.ndarray:
-  """max Σ_{t∈P} w[..., t] over sets P of ≤ k indices pairwise ≥ sep apart (last axis).
-
-  Dynamic program of arXiv:2306.08153 Alg. 3, vectorized over leading axes; O(n·k).
-  """
-  w = np.asarray(w, dtype=np.float64)
-  n = w.shape[-1]
-  f = np.zeros(w.shape[:-1] + (n + sep,))
-  for _ in range(k):
-    g = np.zeros_like(f)
-    g[..., :n] = np.maximum(w + f[..., sep:sep + n], f[..., :n])
-    f = np.flip(np.maximum.accumulate(np.flip(g, -1), axis=-1), -1)
-  return f[..., 0]
-
-
-def separated_argmax(w: np.ndarray, sep: int, k: int) -> Tuple[float, Tuple[int, ...]]:
-  """``separated_max`` of a vector and a set attaining it."""
-  w = np.asarray(w, dtype=np.float64)
-  n = w.shape[0]
-  tables = [np.zeros(n + sep + 1)]
-  for _ in range(k):
-    f = tables[-1]
-    g = np.zeros(n + sep + 1)
-    g[:n] = np.maximum(w + f[sep:sep + n], f[:n])
-    tables.append(np.maximum.accumulate(g[::-1])[::-1])
-  chosen = []
-  i, j = 0, k
-  while j > 0 and i < n:
-    if tables[j][i] <= 0:
-      break
-    if w[i] + tables[j - 1][i + sep] >= tables[j][i] and w[i] > 0:
-      chosen.append(i)
-      i += sep
-      j -= 1
-    elif tables[j - 1][i] >= tables[j][i]:
-      j -= 1
-    else:
-      i += 1
-  return float(tables[k][0]), tuple(chosen)
-
-
 def _disjoint_supports(c: np.ndarray, sep: int) -> bool:
   """Columns of rounds ≥ sep apart have disjoint row supports (so X_st = 0 exactly)."""
   m, n = c.shape
@@ -517,7 +478,7 @@ def _min_sep(c: np.ndarray, schema: Participation, col_sq: np.ndarray):
   b = schema.min_sep
   k = schema.max_participations_in(n)
   # Mutually orthogonal unit contributions attain Σ_{t∈P} X_tt: a lower bound for any C.
-  lower, best_set = separated_argmax(col_sq, b, k)
+  lower, best_set = separation.separated_argmax(col_sq, b, k)
   if k == 1:
     return lower, lower, "max_column_norm"
   if _disjoint_supports(c, b):
@@ -529,8 +490,8 @@ def _min_sep(c: np.ndarray, schema: Participation, col_sq: np.ndarray):
   checks.dense_matrices_fit(n, 6.0, f"the min_sep sensitivity bound for n={n}")
   x = _gram(c)
   # arXiv:2306.08153 Alg. 4: best admissible set per row of |X|, then over the row values.
-  row_best = separated_max(np.abs(x), b, k)
-  upper, row_set = separated_argmax(row_best, b, k)
+  row_best = separation.separated_max(np.abs(x), b, k)
+  upper, row_set = separation.separated_argmax(row_best, b, k)
   method = "alg4_bound"
   for pattern in (best_set, row_set):
     if pattern:

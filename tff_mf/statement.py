@@ -67,6 +67,17 @@ NOT_COVERED_ACCOUNT = (
 )
 
 
+# The analyses a run's ε may come from (``tff_mf.mechanisms.PrivacyRecord.bound``), in words.
+ANALYSIS_LABELS = {
+    "none": "unamplified Gaussian mechanism at z / sensitivity",
+    "banded": "amplified banded MF (Poisson sampling within residue classes)",
+    "mmcc": "MMCC (Poisson sampling within residue classes)",
+    "random_allocation": "balls-in-bins amplification (Renyi bounds after arXiv:2601.21636)",
+    "adaptive": "unamplified Gaussian at z / sensitivity composed with the adaptive clip norm's "
+                "count queries (one Gaussian at 1/mu)",
+}
+
+
 # ----------------------------------------------------------------------------- ε, rounded up
 
 
@@ -240,11 +251,11 @@ def setup_words(record: Mapping[str, Any], setup: Mapping[str, Any], run: bool) 
     parts.append(f"{_fmt(clients)} clients per round")
   if clip == "adaptive":
     a = setup.get("adaptive_clipping") or {}
+    rate = a.get("learning_rate", a.get("clip_learning_rate"))
+    sigma_b = a.get("clipped_count_stddev") or record.get("clipped_count_stddev")
     parts.append(f"adaptive clip norm (starting at {_fmt(a.get('initial_clip_norm'))}, "
                  f"tracking the {_fmt(a.get('target_quantile'))} quantile of the update norms "
-                 f"at learning rate {_fmt(a.get('learning_rate', a.get('clip_learning_rate')))}, "
-                 f"clipped-count noise "
-                 f"std {_fmt(a.get('clipped_count_stddev') or record.get('clipped_count_stddev'))})")
+                 f"at learning rate {_fmt(rate)}, clipped-count noise std {_fmt(sigma_b)})")
   elif clip is not None:
     parts.append(f"fixed clip norm {_fmt(clip)}")
   if clients is None and clip is None and not run:
@@ -300,8 +311,7 @@ def _row(analysis: str, label: str, eps: float) -> Dict[str, Any]:
 
 
 def _label(analysis: str) -> str:
-  from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
-  return mechanisms.ANALYSIS_LABELS.get(analysis, analysis)
+  return ANALYSIS_LABELS.get(analysis, analysis)
 
 
 # ----------------------------------------------------------------------------- the statement
@@ -370,23 +380,16 @@ def privacy_statement(record: Any, *, schema=None,
   reported_why, analysis, participation, covers, not_covered, void, text}; ``epsilon`` is
   rounded up; ``epsilons`` is ``epsilon_table``.
   """
-  from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
-  if isinstance(record, mechanisms.PrivacyRecord):
-    if not record.private:
+  statement_input = getattr(record, "statement_input", None)
+  if callable(statement_input):  # a tff_mf.mechanisms.PrivacyRecord
+    record, defaults = statement_input()
+    if record is None:
       return no_privacy_statement("the mechanism adds no noise")
-    setup = dict(record.setup, **(setup or {}))
-    if noise_seed_source is None and setup.get("noise_seed_pinned"):
-      noise_seed_source = "pinned"
-    if schema is None and not record.details.get("schema"):
-      schema = setup.get("participation")
-    if record.details:
-      record_dict = dict(record.details)
-    else:
-      record_dict = {"analysis": "none", "noise_multiplier": record.noise_multiplier,
-                     "sensitivity": record.sensitivity, "epsilon": None}
-      epsilon_reason = epsilon_reason or "no delta was given, so no epsilon was computed"
-    record = record_dict
-    run = False if run is None else run
+    setup = dict(defaults.get("setup") or {}, **(setup or {}))
+    schema = schema if schema is not None else defaults.get("schema")
+    noise_seed_source = noise_seed_source or defaults.get("noise_seed_source")
+    epsilon_reason = epsilon_reason or defaults.get("epsilon_reason")
+    run = defaults.get("run") if run is None else run
   elif dataclasses.is_dataclass(record):
     from tff_mf import checks  # pylint: disable=g-import-not-at-top
     raise checks.CheckError(f"privacy_statement takes a privacy record, not a "
@@ -401,14 +404,7 @@ def privacy_statement(record: Any, *, schema=None,
   schema_text = _schema_text(record, schema)
   if sampling_prob is None:
     sampling_prob = record.get("sampling_prob")
-  not_covered = list(NOT_COVERED_RUN if run else NOT_COVERED_ACCOUNT)
-  if nonprivate_metrics:
-    not_covered.insert(0, NONPRIVATE_METRICS.format(names=", ".join(nonprivate_metrics)))
-  void = noise_seed_source == "pinned"
-  if void:
-    not_covered.insert(0, PINNED)
-  elif run and noise_seed_source is not None:
-    not_covered.append(SECRET_SEED)
+  not_covered, void = _not_covered(run, noise_seed_source, nonprivate_metrics)
   n = _rounds(record, setup)
   covers = COVERS_RUN if run else (COVERS_ACCOUNT.format(n=n) if n is not None
                                    else COVERS_ACCOUNT_ANY_N)
@@ -429,6 +425,20 @@ def privacy_statement(record: Any, *, schema=None,
     out["epsilon_reason"] = epsilon_reason or "not reported"
   out["text"] = statement_text(out)
   return out
+
+
+def _not_covered(run: bool, noise_seed_source: Optional[str],
+                 nonprivate_metrics: Sequence[str]):
+  """(what the guarantee does not cover, whether a pinned seed voids it)."""
+  not_covered = list(NOT_COVERED_RUN if run else NOT_COVERED_ACCOUNT)
+  if nonprivate_metrics:
+    not_covered.insert(0, NONPRIVATE_METRICS.format(names=", ".join(nonprivate_metrics)))
+  void = noise_seed_source == "pinned"
+  if void:
+    not_covered.insert(0, PINNED)
+  elif run and noise_seed_source is not None:
+    not_covered.append(SECRET_SEED)
+  return not_covered, void
 
 
 def no_privacy_statement(reason: str) -> Dict[str, Any]:

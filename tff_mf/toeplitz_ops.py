@@ -43,7 +43,7 @@ import scipy.linalg
 import scipy.signal
 
 from tff_mf import checks
-from tff_mf import participation
+from tff_mf import separation
 
 ERRORS = ("mean", "max")
 # Alg. 4 on the band of CᵀC costs about n·(2b − 1)·k' operations (k' ≤ k participations fit in
@@ -398,7 +398,7 @@ def alg4_bound(coeffs: np.ndarray, n: int, min_sep: int, k: int) -> Optional[flo
   """Alg. 4 of Choquette-Choo et al. 2023 (arXiv:2306.08153) for the banded Toeplitz C.
 
   sens² ≤ max_π Σ_{i∈π} max_{π'} Σ_{j∈π'} |X_ij| (the rows' admissible sets need not be π),
-  each maximum a ``participation.separated_max``; row i of |X| vanishes outside its band
+  each maximum a ``separation.separated_max``; row i of |X| vanishes outside its band
   |i − j| < b, where at most ⌈(2b − 1)/min_sep⌉ rounds fit. None when that costs more than
   ``ALG4_MAX_WORK``.
   """
@@ -407,8 +407,8 @@ def alg4_bound(coeffs: np.ndarray, n: int, min_sep: int, k: int) -> Optional[flo
   k_row = min(k, -(-width // min_sep))
   if n * width * k_row > ALG4_MAX_WORK:
     return None
-  row_best = participation.separated_max(gram_band(coeffs, n), min_sep, k_row)
-  return math.sqrt(float(participation.separated_max(row_best, min_sep, k)))
+  row_best = separation.separated_max(gram_band(coeffs, n), min_sep, k_row)
+  return math.sqrt(float(separation.separated_max(row_best, min_sep, k)))
 
 
 def sensitivity_is_exact(coeffs: np.ndarray, n: int, min_sep: Optional[int],

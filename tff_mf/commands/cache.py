@@ -19,10 +19,10 @@ def register(subparsers) -> None:
                                    "checks it (sha256, B·C = A on secret random vectors, every "
                                    "figure recomputed from C): the figures shown are verified; "
                                    "an entry that fails is listed as BAD with the reason (exit 1)"),
-                          ("verify", "check every entry (sha256, shapes, dtype, triangularity, "
-                                     "B·C = A, the key and schema recomputed from the sidecar, every "
-                                     "figure recomputed from C): every check a load applies; exit 1 "
-                                     "naming each bad entry")):
+                          ("verify", "check every entry (sha256, shapes, dtype, "
+                                     "triangularity, B·C = A, the key and schema recomputed from "
+                                     "the sidecar, every figure recomputed from C): every check a "
+                                     "load applies; exit 1 naming each bad entry")):
     sub = actions.add_parser(name, help=help_text)
     clitools.add_cache_dir_flag(sub)
     sub.add_argument("--json", action="store_true", help="print JSON (default: off)")
