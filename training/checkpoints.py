@@ -1,7 +1,8 @@
 """Checkpoints of a training run through ``tff.program.FileProgramStateManager``.
 
 Three managers in ``<run dir>/checkpoints``: ``meta_<round>`` (a :class:`RunProgress`:
-round, sampler cursor, counters, the secret noise seed and the secret sampling seed;
+round, sampler cursor, counters, the secret noise seed and the secret sampling seed, and
+the digest of the run identity it was written under (``training.identity``);
 fixed structure, so it can be read before the process is built with that seed),
 ``sampling_<round>`` (the sampler's state and the participation record,
 ``training.sampling``: fixed-shape int64 arrays) and ``program_state_<round>`` (the
@@ -44,6 +45,7 @@ class RunProgress:
   empty_clients_skipped: int = 0
   zeroed_client_updates: int = 0
   wall_seconds: float = 0.0
+  identity_digest: int = -1  # training.identity.digest_int of the identity it was written under
 
   @property
   def seed_or_none(self) -> Optional[int]:
