@@ -244,6 +244,40 @@ def test_binary_flag_errors_are_one_line_with_the_closest_spelling(tmp_path):
   assert not (tmp_path / "runs").exists()
 
 
+def test_every_float_flag_refuses_nan_and_inf_naming_the_flag(tmp_path, capsys):
+  """NaN or ±inf in a float flag: one line naming the flag, at parse time, in every tool."""
+  checked = 0
+  for tool, parser in _argparse_parsers():
+    for action in _flag_actions(parser):
+      if action.type is not float or not action.option_strings:
+        continue
+      flag = action.option_strings[0]
+      for value in ("nan", "inf", "-inf"):
+        line = _one_line_usage_error(lambda: parser.parse_args([f"{flag}={value}"]), capsys)  # pylint: disable=cell-var-from-loop
+        assert f"argument {flag}: must be a finite number, got '{value}'" in line, (tool, line)
+      checked += 1
+  assert checked >= 20
+  assert ARGPARSE_TOOLS["tff-mf"]().parse_args(
+      ["account", "--noise_multiplier", "2.5", "--delta", "1e-6"]).noise_multiplier == 2.5
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  values = flags.FlagValues()
+  flags.DEFINE_float("target_quantile", 0.5, "q", flag_values=values)
+  for value in ("nan", "-inf"):
+    line = _one_line_usage_error(
+        lambda: clitools.parse_absl_flags(["tool", f"--target-quantile={value}"], values),  # pylint: disable=cell-var-from-loop
+        capsys)
+    assert line == f"tool: error: --target_quantile must be a finite number, got {value} " \
+                   "(see --help)", line
+  # The training binary, as a user types it (the issue's case).
+  result = subprocess.run([sys.executable, BINARY, "--dataset=synthetic", "--target_quantile",
+                           "nan", "--clip_norm=adaptive", "--noise_multiplier=1"],
+                          env=userenv.env(home=tmp_path), cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 2 and len(lines) == 1, result.stderr
+  assert "--target_quantile must be a finite number, got nan" in lines[0], lines
+
+
 # ----------------------------------------------------------------------------- account
 
 
