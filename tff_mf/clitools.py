@@ -80,6 +80,17 @@ def one_line(text: object) -> str:
   return " ".join(str(text).split())
 
 
+def flag_message(error: BaseException) -> str:
+  """``error``'s message for a command-line user: each Python argument its remedy names
+  (``error.arguments``, e.g. ``tff_mf.checks.CheckError``) spelled as the flag
+  (``allow_x=True`` as ``--allow_x``, ``max_iterations`` as ``--max_iterations``)."""
+  text = str(error)
+  for name in getattr(error, "arguments", ()):
+    text = re.sub(rf"(?<![-\w]){re.escape(name)}=True\b", f"--{name}", text)
+    text = re.sub(rf"(?<![-\w]){re.escape(name)}\b", f"--{name}", text)
+  return text
+
+
 def usage_error(prog: str, message: str) -> None:
   """Prints ``prog: error: message`` (one line) and exits with ``USAGE_ERROR``."""
   print(f"{prog}: error: {one_line(message)}", file=sys.stderr)
