@@ -317,3 +317,19 @@ def test_a_refused_replay_keeps_metrics_and_releases_consistent(tmp_path):
   with pytest.raises(TrainingError, match=rf"logs round 3 but .*{identity.RELEASES_FILE}"):
     run_until(config)
   assert metric_rows(run_dir) == before
+
+
+def test_a_checkpoint_without_the_identity_digest_is_refused_in_one_line(tmp_path):
+  """An older tff-mf's meta (no identity digest) cannot bind identity.json: refused."""
+  import asyncio  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from training import checkpoints  # pylint: disable=g-import-not-at-top
+  directory = str(tmp_path / "checkpoints")
+  os.mkdir(directory, 0o700)
+  old = checkpoints._meta_structure()  # pylint: disable=protected-access
+  del old["identity_digest"]
+  old["round"] = np.int64(2)
+  asyncio.run(tff.program.FileProgramStateManager(directory, prefix="meta_").save(old, 2))
+  with pytest.raises(TrainingError, match="meta_2 .* without the digest that binds") as e:
+    checkpoints.Checkpointer(directory).latest()
+  assert "\n" not in str(e.value)

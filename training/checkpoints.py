@@ -97,7 +97,13 @@ class Checkpointer:
     versions = _run(self.meta.get_versions())
     if not versions:
       return None
-    meta = _run(self.meta.load(versions[-1], _meta_structure()))
+    try:
+      meta = _run(self.meta.load(versions[-1], _meta_structure()))
+    except (ValueError, TypeError):
+      raise TrainingError(
+          f"checkpoint meta_{versions[-1]} in {self.directory} does not have this tff-mf's "
+          "fields (an older version wrote it, without the digest that binds the run's "
+          "identity); resume with that version, or use a new --experiment_name") from None
     progress = RunProgress(**{f.name: (float(meta[f.name]) if f.type == "float"
                                        else int(meta[f.name]))
                               for f in dataclasses.fields(RunProgress)})
