@@ -5,8 +5,8 @@ before round 1 is computed. It holds the secret noise seed and sampling secret, 
 the seed came from (``pinned`` or ``os_entropy``), the fingerprint of the run's flags,
 the sha256 of the encoder C the noise realizes (float64; for a non-square C also the
 decoder B that fixes the per-round noise A⁻¹·B) and the sha256 of the participation
-schema. Every later start of the same run directory, with or without a checkpoint,
-reuses the seeds and source, and refuses, naming both fingerprints, an encoder or
+schema. Every later start of the same run directory once a round was released, with or
+without a checkpoint, reuses the seeds and source, and refuses, naming both fingerprints, an encoder or
 schema other than the recorded ones: whatever ``--cache_dir``, ``--force`` or solver
 version produced the C at hand, a run is one mechanism (Denisov et al. 2022,
 arXiv:2202.08312, Thm 4.1, holds for one fixed C only). Every field is bound to what the
@@ -191,9 +191,9 @@ class ReleaseLog:
       entry = _release_entry(line)
       if entry is None:
         raise TrainingError(
-            f"{self.path} line {number} is not a release record, so the rounds it and the "
-            "lines after it logged cannot be checked against a rerun; restore the file or "
-            "use a new --experiment_name")
+            f"{self.path} line {number} is not a release record (cut or edited), so a rerun "
+            "could release its round again unchecked; restore the file or use a new "
+            "--experiment_name")
       self._add(entry, number)
     entry = _release_entry(tail) if tail.strip() else None
     if entry is not None:
