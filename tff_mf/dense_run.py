@@ -36,8 +36,10 @@ class NotConvergedError(ValueError):
   """The fixed point did not reach the target relative duality gap.
 
   ``result`` holds the unconverged OptimalResult (with its gap) for callers
-  that want to inspect it.
+  that want to inspect it; ``arguments`` the Python arguments its remedy names (a
+  command line spells them as flags, ``tff_mf.clitools.flag_message``).
   """
+  arguments = ("max_iterations", "target_gap", "allow_unconverged")
 
   def __init__(self, message: str, result: "OptimalResult"):
     super().__init__(message)
