@@ -128,6 +128,7 @@ def test_cache_list_and_verify_exit_codes(tmp_path):
   refused = run_cli("factorize", "--strategy", "identity", "--n", 16, cache_dir=tmp_path)
   assert refused.returncode == 2 and os.path.dirname(bad_path) in refused.stderr
   assert len(error_lines(refused.stderr)) == 1
+  assert "--force" in error_lines(refused.stderr)[0]  # the one line says how to recompute it
   assert run_cli("factorize", "--strategy", "identity", "--n", 16, "--force",
                  cache_dir=tmp_path).returncode == 0
   assert run_cli("cache", "verify", cache_dir=tmp_path).returncode == 0
