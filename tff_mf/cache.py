@@ -64,7 +64,7 @@ _NPZ_NAME = re.compile(r"^factorization-[0-9a-f]{16}\.npz$")
 _FIGURES = ("single_participation_sqrt_loss", "sensitivity", "rmse", "max_error")
 _READ_ATTEMPTS = 4
 # How a refused entry is replaced: the command-line flag and the Python argument.
-RECOMPUTE = ("recompute it with the same tff-mf factorize command plus --force "
+RECOMPUTE = ("recompute it with tff-mf factorize, its parameters and --force "
              "(force=True from Python)")
 # Sidecar keys renamed since format 2 was introduced: old name -> current name. Entries
 # written under the old names are read as if written under the new ones; every figure is
