@@ -245,12 +245,15 @@ def _prog() -> str:
 def _write(line: str) -> None:
   """``line`` on stderr; on a line of its own when a tqdm bar is showing (tqdm clears the
   bars, writes it and redraws them)."""
+  bars = sys.modules.get("tqdm")
   try:
-    bars = sys.modules.get("tqdm")
     if bars is not None and getattr(bars.tqdm, "_instances", None):
       bars.tqdm.write(line, file=sys.stderr)
-    else:
-      sys.stderr.write(line + "\n")
+      return
+  except Exception:  # pylint: disable=broad-except
+    pass  # stopping must not fail on the bars: the plain line below
+  try:
+    sys.stderr.write(line + "\n")
     sys.stderr.flush()
   except (OSError, ValueError):
     pass
