@@ -82,6 +82,8 @@ COVERED_ELSEWHERE: Dict[str, Tuple[str, ...]] = {
     "make bench": ("tests/test_docs_commands.py::test_make_targets_run_the_documented_commands",),
     ".venv/bin/python examples/fed_avg_with_mf.py": (
         "tests/test_docs_commands.py::test_fed_avg_example_runs_and_meets_its_target_epsilon",),
+    ".venv/bin/python examples/run_notebook.py examples/tutorial.ipynb": (
+        "tests/test_tutorial.py::test_tutorial_cells_run_in_order",),
     # A worker in the foreground (it never exits); docs run it in the background next to this.
     ".venv/bin/python -m training.distributed serve --port 8000": (
         "tests/test_distributed_runtime.py::test_serve_and_check_work_from_a_clean_shell",),
