@@ -74,11 +74,21 @@ TAIL_COUNTS = 32
 RIDGE = 1e-10
 # δ' grid on which a violation of the claimed privacy profile is looked for.
 DELTA_GRID = np.logspace(-12, math.log10(0.5), 80)
+# The audit reports the smallest true μ / claimed μ it flags with this probability
+# (``detectable_mu_ratio``), from this many fixed thresholds besides the planned ones.
+POWER = 0.9
+POWER_GRID = 48
 
 
 # Noise kinds whose seed is drawn at every ``initialize`` (fresh seeds per run); TFF's tree
 # fixes its seed when it is built.
 AUDITABLE_NOISE = ("dense", "linear", "tff_gaussian")
+
+# Faults ``tff_mf.tf.audit.plant_fault`` plants in a copy of a mechanism (the audit's own
+# check of its power); the last three sit away from the reported worst canary.
+FAULTS = ("under_reported_sensitivity", "noise_divided", "repeated_noise_row",
+          "schema_ignored", "repeated_noise_row_elsewhere", "noise_row_scaled",
+          "noise_row_dropped")
 
 
 def check_auditable(mechanism: str) -> str:
@@ -190,13 +200,12 @@ def precision_matrix(noise_matrix: np.ndarray) -> np.ndarray:
   return 0.5 * (prec + prec.T)
 
 
-def worst_canary(noise_matrix: np.ndarray, patterns: Sequence[Tuple[int, ...]]) -> Dict[str, Any]:
-  """The pattern P and signs s maximizing pᵀ(N·Nᵀ)⁻¹p, p = Σ_{t∈P} s_t e_t (brute force).
-
-  √ of the maximum is the sensitivity of the released Gaussian mechanism for a canary
-  whose update is ±(one fixed direction), i.e. the largest μ·z such a canary attains.
-  """
-  prec = precision_matrix(noise_matrix)
+def worst_pattern(precision: np.ndarray,
+                  patterns: Sequence[Tuple[int, ...]]) -> Dict[str, Any]:
+  """The pattern P and signs s maximizing pᵀΣ⁻¹p, p = Σ_{t∈P} s_t e_t (brute force), for
+  the precision Σ⁻¹ of the per-round release; ``value`` is the maximum (μ² of the best
+  ±1 canary when Σ is in units of the canary's contribution)."""
+  prec = np.asarray(precision, np.float64)
   n = prec.shape[0]
   total = sum(2 ** (len(p) - 1) for p in patterns)
   if total > ENUMERATION_LIMIT:
@@ -217,7 +226,36 @@ def worst_canary(noise_matrix: np.ndarray, patterns: Sequence[Tuple[int, ...]]) 
   vector = np.zeros(n)
   vector[list(pattern)] = sign
   return {"pattern": list(pattern), "signs": [int(s) for s in sign], "vector": vector,
-          "sensitivity": math.sqrt(max(value, 0.0)), "patterns_searched": total}
+          "value": max(value, 0.0), "patterns_searched": total}
+
+
+def worst_canary(noise_matrix: np.ndarray, patterns: Sequence[Tuple[int, ...]]) -> Dict[str, Any]:
+  """``worst_pattern`` of the reported noise: Σ ∝ N·Nᵀ.
+
+  ``sensitivity``, √ of the maximum, is the sensitivity of the released Gaussian
+  mechanism for a canary whose update is ±(one fixed direction), i.e. the largest μ·z
+  such a canary attains.
+  """
+  out = worst_pattern(precision_matrix(noise_matrix), patterns)
+  out["sensitivity"] = math.sqrt(out["value"])
+  return out
+
+
+def observed_canary(calibration: np.ndarray,
+                    patterns: Sequence[Tuple[int, ...]]) -> Dict[str, Any]:
+  """``worst_pattern`` of the covariance estimated from canary-free releases (rows, in
+  units of the canary's contribution): where the noise observed is weakest against a
+  canary, whatever the mechanism reports. ``mu`` is the estimated μ there; the
+  selection depends on these trials only, so a test on fresh trials keeps its level."""
+  cov = estimated_covariance(calibration)
+  if np.asarray(calibration).shape[0] <= cov.shape[0]:
+    raise checks.CheckError(f"{np.asarray(calibration).shape[0]} calibration trials cannot "
+                            f"estimate a {cov.shape[0]} x {cov.shape[0]} covariance")
+  chol = scipy.linalg.cho_factor(cov, lower=True)
+  prec = scipy.linalg.cho_solve(chol, np.eye(cov.shape[0]))
+  out = worst_pattern(0.5 * (prec + prec.T), patterns)
+  out.update(mu=math.sqrt(out["value"]), covariance=cov)
+  return out
 
 
 # ----------------------------------------------------------------------------- scores
@@ -547,6 +585,68 @@ def gdp_mu_lower_bound(fpr_hi: np.ndarray, fnr_hi: np.ndarray) -> float:
   return float(max(0.0, np.max(mu))) if mu.size else 0.0
 
 
+def flag_probability(plan: Plan, trials0: int, trials1: int, claimed_mu: float,
+                     true_mu: float) -> float:
+  """A lower bound on the probability that the μ lower bound refutes ``claimed_mu`` when
+  the scores are N(0, 1) without and N(true_mu, 1) with the canary.
+
+  For each fixed threshold (the planned ones and a grid), the exact probability that its
+  confidence point alone lies below the claimed GDP curve, from the independent
+  binomial laws of its false positives and false negatives and the plan's levels; the
+  audit's points include every such threshold's (a fixed threshold has the counts of
+  the largest score below it), so the largest of these probabilities bounds its power
+  from below.
+  """
+  m = float(true_mu)
+  grid = np.concatenate([plan.thresholds, np.linspace(-3.0, min(m, 50.0) + 3.0, POWER_GRID)])
+  k = plan.thresholds.size
+  q0, q1 = scipy.stats.norm.sf(grid), scipy.stats.norm.cdf(grid - m)
+  c0, p0 = _exact_count_windows(trials0, q0)
+  c1, p1 = _exact_count_windows(trials1, q1)
+  best = 0.0
+  with np.errstate(divide="ignore", invalid="ignore"):
+    for i in range(grid.size):
+      lev0, lev1 = plan.fp_count_levels[c0[i]], plan.fn_count_levels[c1[i]]
+      if i < k:
+        lev0, lev1 = np.maximum(lev0, plan.fp_levels[i]), np.maximum(lev1, plan.fn_levels[i])
+      g0 = scipy.stats.norm.isf(clopper_pearson_upper(c0[i], trials0, lev0))
+      g1 = -scipy.stats.norm.ppf(clopper_pearson_upper(c1[i], trials1, lev1))
+      refutes = (g0[:, None] + g1[None, :]) > claimed_mu
+      best = max(best, float(p0[i] @ refutes @ p1[i]))
+  return min(best, 1.0)
+
+
+def _exact_count_windows(trials: int, rate: np.ndarray, width: float = 8.0):
+  """``_count_windows`` with log-gamma pmfs (exact at rates of 0, 1 or 1e-300)."""
+  rate = np.asarray(rate, np.float64)
+  sd = np.sqrt(trials * rate * (1 - rate)) + 1.0
+  lo = np.clip(np.floor(trials * rate - width * sd - 5), 0, trials).astype(np.int64)
+  span = int(np.max(np.ceil(2 * width * sd + 11)))
+  counts = lo[:, None] + np.arange(span)[None, :]
+  pmf = np.stack([_binomial_pmf(c, np.full(c.shape, trials), r) for c, r in zip(counts, rate)])
+  return np.minimum(counts, trials), pmf
+
+
+def detectable_mu_ratio(plan: Plan, trials0: int, trials1: int, claimed_mu: float,
+                        power: float = POWER) -> float:
+  """The smallest true μ / claimed μ that the audit flags with probability ≥ ``power``
+  (by ``flag_probability``, a lower bound on its power), to 1 %; inf if none up to
+  μ = 50."""
+  claimed_mu = float(claimed_mu)
+  hi = 50.0 / claimed_mu
+  if claimed_mu <= 0 or hi <= 1 or flag_probability(plan, trials0, trials1, claimed_mu,
+                                                     hi * claimed_mu) < power:
+    return math.inf
+  lo = 1.0
+  while hi / lo > 1.005:
+    mid = math.sqrt(lo * hi)
+    if flag_probability(plan, trials0, trials1, claimed_mu, mid * claimed_mu) >= power:
+      hi = mid
+    else:
+      lo = mid
+  return hi
+
+
 def mu_estimate(s0: np.ndarray, s1: np.ndarray) -> Tuple[float, float]:
   """(mean difference / pooled standard deviation, its standard error): the GDP μ if
   both samples are Gaussian with one variance."""
@@ -579,6 +679,9 @@ def compare_with_claim(reports: Dict[str, Dict[str, Any]], delta: float,
   ε_lb(δ') > ε_μ(δ') at some δ'; the δ' with the largest excess is reported. An
   (ε, δ) claim (amplified runs) is refuted when ε_lb(δ) > ε.
 
+  ``decided_by`` names the statistic with the largest bound (μ for a GDP claim, ε
+  otherwise): the one that refutes the claim when any does.
+
   ``epsilon_of_mu_lower_bound`` is ε(δ) of μ_lb-GDP (the estimate of Nasr et al. 2023,
   arXiv:2302.07956): a lower bound on the mechanism's ε(δ) only if its trade-off curve is
   Gaussian, as an unamplified Gaussian mechanism's is; ``epsilon_lower_bound`` assumes
@@ -586,9 +689,13 @@ def compare_with_claim(reports: Dict[str, Dict[str, Any]], delta: float,
   """
   eps_lb = max(r["epsilon_lower_bound"] for r in reports.values())
   mu_lb = max(r["mu_lower_bound"] for r in reports.values())
+  # The statistic that decided: the one whose bound is largest against the claim (it
+  # refutes the claim if any does).
+  key = "mu_lower_bound" if claimed_mu is not None else "epsilon_lower_bound"
+  decided = max(reports, key=lambda name: reports[name][key])
   out: Dict[str, Any] = {"epsilon_lower_bound": eps_lb, "mu_lower_bound": mu_lb,
                          "epsilon_of_mu_lower_bound": gdp_epsilon(mu_lb, delta),
-                         "delta": delta, "violation": False}
+                         "delta": delta, "violation": False, "decided_by": decided}
   if claimed_epsilon is not None:
     out["claimed_epsilon"] = claimed_epsilon
     out["violation"] = bool(eps_lb > claimed_epsilon)
@@ -613,12 +720,15 @@ def epsilon_delta_tradeoff(eps: float, delta: float, alpha: np.ndarray) -> np.nd
                             math.exp(-eps) * (1 - delta - alpha)])
 
 
-def plot_audit(report: Dict[str, Any], path: str, statistic: str = "reported_sigma") -> str:
+def plot_audit(report: Dict[str, Any], path: str, statistic: Optional[str] = None) -> str:
   """Two panels: the statistic's two distributions, and the trade-off curves (claimed, the
-  empirical one, its confidence points, and GDP at the estimated μ)."""
+  empirical one, its confidence points, and GDP at the estimated μ); by default the
+  statistic that decided."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  statistic = statistic or report["decided_by"]
+  mu_hat = report["statistics"][statistic]["mu_estimate"]
   s0, s1 = report["scores"][statistic]
   pts = report["points"][statistic]
   fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
@@ -636,8 +746,8 @@ def plot_audit(report: Dict[str, Any], path: str, statistic: str = "reported_sig
   if report.get("claimed_mu"):
     right.plot(a, gdp_tradeoff(report["claimed_mu"], a), "k-",
                label=f"claimed: {report['claimed_mu']:.3g}-GDP (sens/z)")
-    right.plot(a, gdp_tradeoff(report["mu_estimate"], a), "C2--",
-               label=f"GDP at estimated μ = {report['mu_estimate']:.3g}")
+    right.plot(a, gdp_tradeoff(mu_hat, a), "C2--",
+               label=f"GDP at estimated μ = {mu_hat:.3g} ({statistic})")
   else:
     right.plot(a, epsilon_delta_tradeoff(report["claimed_epsilon"], report["delta"], a), "k-",
                label=f"claimed: ε = {report['claimed_epsilon']:.3g} at δ = {report['delta']:g}")
