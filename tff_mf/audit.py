@@ -16,8 +16,9 @@ canary contributing ±1 in the rounds of a pattern P shifts X by p = Σ_{t∈P} 
 so X ~ N(p·1[canary], z²·N·Nᵀ), and the Neyman–Pearson optimal statistic is the
 projection ⟨X, Σ⁻¹p⟩. Everything here is computed from N, z and the outputs, and
 nothing from ``tff_mf.participation`` or ``tff_mf.accounting``: the canary's
-pattern is found by brute force over the schema's patterns (``worst_canary``), and
-the Gaussian-DP conversions are our own (Dong, Roth, Su 2019, arXiv:1905.02383,
+pattern is the schema's worst by brute force, on the covariance estimated from
+canary-free releases (``observed_canary``, so a fault the reported N hides still
+draws the canary) or on N (``worst_canary``), and the Gaussian-DP conversions are our own (Dong, Roth, Su 2019, arXiv:1905.02383,
 Cor 2.13; equal to Balle & Wang 2018, arXiv:1805.06530, Thm 8).
 
 Confidence. Every threshold t of the test "score > t" gets a one-sided Clopper–Pearson

@@ -1,8 +1,8 @@
 """``tff-mf audit``: empirical privacy audit of the running TFF aggregator.
 
 Builds the mechanism with ``build_mechanism`` inside ``build_unweighted_fed_avg``,
-runs it many times with and without a canary client placed in the worst
-participation pattern of the schema, and reports empirical LOWER bounds on ε at δ
+runs it many times with and without a canary client placed in the schema's
+worst participation pattern on the noise observed in canary-free runs, and reports empirical LOWER bounds on ε at δ
 and on the Gaussian-DP μ, against the claim (``tff_mf.tf.audit``)::
 
   tff-mf audit --mechanism opt_prefix_sum --n 8 --noise_multiplier 0.5 \\
@@ -41,7 +41,8 @@ def register(subparsers) -> None:
       description=textwrap.fill(
           "Runs federated averaging with the mechanism's aggregator on a linear model many "
           "times, with fresh noise seeds, on two neighbouring datasets (with and without one "
-          "canary client in the worst participation pattern of the schema), applies the "
+          "canary client in the schema's worst participation pattern on the noise observed "
+          "in canary-free calibration runs), applies the "
           "optimal test for a Gaussian mean shift in correlated noise and reports empirical "
           "LOWER bounds on epsilon at delta and on the Gaussian-DP mu with Clopper-Pearson "
           "confidence (Jagielski et al. 2020, arXiv:2006.07709; Nasr et al. 2023, "

@@ -3,8 +3,8 @@
 ``audit(mechanism, ...)`` builds the mechanism with ``build_mechanism`` inside
 ``tff.learning.algorithms.build_unweighted_fed_avg`` on a linear model, runs
 federated averaging many times with fresh noise seeds on two neighbouring datasets
-— with and without one canary client placed in the worst participation pattern of
-the schema — and hands the released models to ``tff_mf.audit``, which turns them
+— with and without one canary client placed in the schema's worst participation
+pattern on the covariance estimated from canary-free calibration runs — and hands the released models to ``tff_mf.audit``, which turns them
 into empirical LOWER bounds on ε at δ and on the Gaussian-DP μ with a stated
 confidence (Jagielski, Ullman, Oprea 2020, arXiv:2006.07709; Nasr et al. 2023,
 arXiv:2302.07956; Steinke, Nasr, Jagielski 2023, arXiv:2305.08846).
@@ -22,10 +22,11 @@ independent across coordinates, which the audit checks (``packing_check``). One
 TFF run thus gives T trials, and a trial costs n·T model entries, not n rounds of
 TFF.
 
-Σ and μ come from what the aggregator reports (the workload A of the server
-optimizer, the noise matrix N = A⁻¹·B, z, ζ, clients per round K, server learning
-rate) and, for the second statistic, from held-out canary-free runs (estimated
-Σ); the claim (sens/z, or the amplified ε) comes from the mechanism's own report.
+The release is read with what the aggregator reports (the workload A of the server
+optimizer, z, ζ, clients per round K, server learning rate). Where the canary goes
+and the second statistic's Σ come from held-out canary-free runs; the first
+statistic's Σ from the reported noise matrix N = A⁻¹·B; the claim (sens/z, or the
+amplified ε) from the mechanism's own report.
 """
 
 from __future__ import annotations
