@@ -398,3 +398,48 @@ def test_poisson_canary_never_exceeds_the_amplified_claim(mechanism):
   assert r["claimed_analysis"] == "mmcc"
   assert 0 < r["epsilon_lower_bound"] <= r["claimed_epsilon"], audit.json_ready(r)
   assert not r["violation"]
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+def test_one_run_bound_matches_its_closed_form():
+  """Steinke, Nasr, Jagielski 2023 (arXiv:2305.08846, Thm 3.1) at δ = 0 with every one of
+  r guesses correct: the bound refutes ε while q_ε^r ≤ α, q_ε = e^ε/(1 + e^ε), so it is
+  logit(α^(1/r)) exactly (1.052, 3.493, 5.809 at α = 0.05 for r = 10, 100, 1000); δ > 0
+  only lowers it, the more the more canaries share δ."""
+  for r in (10, 100, 1000):
+    q = 0.05 ** (1.0 / r)
+    exact = math.log(q / (1 - q))
+    assert audit_lib.one_run_epsilon(1000, r, r, 0.05, 0.0) == pytest.approx(exact, rel=1e-8)
+  with_delta = audit_lib.one_run_epsilon(1000, 100, 100, 0.05, 1e-5)
+  assert audit_lib.one_run_epsilon(10_000, 100, 100, 0.05, 1e-5) < with_delta < 3.4929
+
+
+def test_one_run_bound_covers_randomized_response():
+  """Coverage where the bound is exact: ε-randomized response on 200 canaries included
+  with probability 1/2, every canary guessed from its bit, so the correct guesses are
+  Binomial(200, q_ε). Over 2000 audits at α = 0.1 the bound exceeds the true ε = 2 in at
+  most 0.1·2000 + 3.2 standard deviations (false failure < 1e-3 if the rate were α)."""
+  rng = np.random.default_rng(21)
+  eps, q = 2.0, 1.0 / (1.0 + math.exp(-2.0))
+  exceed = sum(audit_lib.one_run_epsilon(200, 200, int(rng.binomial(200, q)), 0.1, 0.0) > eps
+               for _ in range(2000))
+  assert exceed <= 0.1 * 2000 + 3.2 * math.sqrt(2000 * 0.1 * 0.9), exceed
+
+
+def test_one_run_audit_of_gaussian_canaries_is_nontrivial_and_below_the_truth():
+  """500 canaries, each with a μ = 4 Gaussian score shift when included (each canary's
+  inclusion is 4-GDP: ε = 24.4 at δ = 1e-5). The guess counts are planned on the model's
+  laws before the scores are drawn; in 10 audits at α = 0.05 the bound is above 3
+  (a large ε seen in one run) and never above the true ε."""
+  rng = np.random.default_rng(22)
+  mu, m, delta = 4.0, 500, 1e-5
+  model = np.random.default_rng(23).standard_normal((2, 20_000))
+  plan = audit_lib.plan_one_run(model[0] + mu, model[1], m, 0.05, delta)
+  assert plan[0] > 0 and plan[1] > 0  # guesses on both sides (the peer guesses one)
+  true_eps = audit_lib.gdp_epsilon(mu, delta)
+  for _ in range(10):
+    inc = rng.random(m) < 0.5
+    r = audit_lib.one_run_audit(rng.standard_normal(m) + mu * inc, inc, 0.05, delta, plan)
+    assert 3.0 < r["epsilon_lower_bound"] < true_eps, r

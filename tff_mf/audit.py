@@ -21,6 +21,11 @@ canary-free releases (``observed_canary``, so a fault the reported N hides still
 draws the canary) or on N (``worst_canary``), and the Gaussian-DP conversions are our own (Dong, Roth, Su 2019, arXiv:1905.02383,
 Cor 2.13; equal to Balle & Wang 2018, arXiv:1805.06530, Thm 8).
 
+One run (``one_run_epsilon``, ``one_run_audit``): m canaries each included with
+probability 1/2 in a single run, the k_in highest scores guessed included and the k_out
+lowest excluded (counts planned on a model, ``plan_one_run``), and the ε refuted by the
+number of correct guesses (Steinke, Nasr, Jagielski 2023, arXiv:2305.08846, Thm 3.1).
+
 Confidence. Every threshold t of the test "score > t" gets a one-sided Clopper–Pearson
 upper bound on its false positive rate and on its false negative rate, all valid
 simultaneously with probability ≥ 1 − α (``tradeoff_points``), so every point (FPR_hi,
@@ -772,3 +777,94 @@ def plot_audit(report: Dict[str, Any], path: str, statistic: Optional[str] = Non
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return path
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+def one_run_tail(canaries: int, guesses: int, correct: int, epsilon: float,
+                 delta: float) -> float:
+  """An upper bound on P(W ≥ ``correct``) for an (ε, δ)-DP mechanism audited in one run.
+
+  m = ``canaries`` canaries, each included independently with probability 1/2; the
+  auditor guesses the inclusion of r = ``guesses`` of them from the output and W counts
+  its correct guesses. With f(v) = P(Binomial(r, e^ε/(1 + e^ε)) ≥ v), Steinke, Nasr,
+  Jagielski 2023 (arXiv:2305.08846, Thm 3.1) bound P(W ≥ v) by
+  f(v) + 2mδ·max_{1≤i≤v} (f(v − i) − f(v))/i (the maximum over i > v is at i = v).
+  """
+  q = scipy.special.expit(epsilon)
+  f = lambda v: scipy.stats.binom.sf(np.asarray(v) - 1, guesses, q)  # pylint: disable=unnecessary-lambda-assignment
+  tail = float(f(correct))
+  if delta <= 0 or correct <= 0:
+    return tail
+  i = np.arange(1, correct + 1)
+  slope = float(np.max((f(correct - i) - tail) / i))
+  return min(1.0, tail + 2.0 * canaries * delta * slope)
+
+
+def one_run_epsilon(canaries: int, guesses: int, correct: int, alpha: float,
+                    delta: float) -> float:
+  """The one-run ε lower bound at δ: every ε below it is refuted at confidence 1 − alpha
+  (``one_run_tail`` ≤ alpha, the tail increasing in ε); 0 when ε = 0 is not refuted."""
+  if one_run_tail(canaries, guesses, correct, 0.0, delta) > alpha:
+    return 0.0
+  lo, hi = 0.0, 1.0
+  while one_run_tail(canaries, guesses, correct, hi, delta) <= alpha:
+    lo, hi = hi, 2.0 * hi
+    if hi > 200:
+      return lo
+  return float(scipy.optimize.brentq(
+      lambda e: one_run_tail(canaries, guesses, correct, e, delta) - alpha, lo, hi,
+      xtol=1e-9))
+
+
+def one_run_guesses(scores: np.ndarray, included: np.ndarray, k_in: int,
+                    k_out: int) -> Tuple[int, int]:
+  """(guesses, correct) when the ``k_in`` highest scores are guessed included and the
+  ``k_out`` lowest excluded (ties broken by position; the rule is fixed in advance)."""
+  scores = np.asarray(scores, np.float64)
+  included = np.asarray(included, bool)
+  if k_in + k_out > scores.size:
+    raise checks.CheckError(f"{k_in} + {k_out} guesses exceed the {scores.size} canaries")
+  order = np.argsort(scores, kind="stable")
+  correct = int(np.sum(included[order[scores.size - k_in:]])) if k_in else 0
+  correct += int(np.sum(~included[order[:k_out]]))
+  return k_in + k_out, correct
+
+
+def plan_one_run(model_in: np.ndarray, model_out: np.ndarray, canaries: int, alpha: float,
+                 delta: float, draws: int = 4) -> Tuple[int, int]:
+  """The guess counts (k_in, k_out) with the largest mean ε bound on simulated audits of
+  the model's score laws (fixed seed, before and independently of the audit's scores),
+  searched on a grid of fractions of the canaries guessed on each side."""
+  rng = np.random.default_rng(PLAN_SEED)
+  model_in, model_out = np.asarray(model_in), np.asarray(model_out)
+  sims = []
+  for _ in range(draws):
+    inc = rng.random(canaries) < 0.5
+    s = np.where(inc, rng.choice(model_in, canaries), rng.choice(model_out, canaries))
+    sims.append((s, inc))
+  fractions = np.unique(np.concatenate([[0.0], np.geomspace(0.005, 0.5, 12)]))
+  best, choice = -1.0, (max(1, canaries // 100), 0)
+  for a in fractions:
+    for b in fractions:
+      k_in, k_out = int(round(a * canaries)), int(round(b * canaries))
+      if k_in + k_out == 0 or k_in + k_out > canaries:
+        continue
+      mean = np.mean([one_run_epsilon(canaries, *one_run_guesses(s, inc, k_in, k_out),
+                                      alpha, delta) for s, inc in sims])
+      if mean > best:
+        best, choice = mean, (k_in, k_out)
+  return choice
+
+
+def one_run_audit(scores: np.ndarray, included: np.ndarray, alpha: float, delta: float,
+                  plan: Tuple[int, int]) -> Dict[str, Any]:
+  """The one-run ε lower bound at δ of canaries with these scores and inclusions, guessing
+  with the planned counts (one test: the whole alpha on it)."""
+  scores = np.asarray(scores, np.float64)
+  k_in, k_out = plan
+  guesses, correct = one_run_guesses(scores, included, k_in, k_out)
+  return {"epsilon_lower_bound": one_run_epsilon(scores.size, guesses, correct, alpha, delta),
+          "canaries": int(scores.size), "guessed_in": k_in, "guessed_out": k_out,
+          "guesses": guesses, "correct": correct, "alpha": alpha, "delta": delta}
