@@ -444,12 +444,14 @@ class Plan:
 
 
 def _count_windows(trials: int, rate: np.ndarray, width: float = 10.0):
-  """Binomial(trials, rate) pmfs on windows of counts (one row per rate) and the counts."""
+  """Binomial(trials, rate) pmfs on windows of counts (one row per rate) and the counts
+  (log-gamma pmfs: exact at rates of 0, 1 or 1e-300)."""
+  rate = np.asarray(rate, np.float64)
   sd = np.sqrt(trials * rate * (1 - rate)) + 1.0
   lo = np.clip(np.floor(trials * rate - width * sd - 5), 0, trials).astype(np.int64)
   span = int(np.max(np.ceil(2 * width * sd + 11)))
   counts = lo[:, None] + np.arange(span)[None, :]
-  pmf = np.where(counts <= trials, scipy.stats.binom.pmf(counts, trials, rate[:, None]), 0.0)
+  pmf = _binomial_pmf(counts, np.full(counts.shape, trials), rate[:, None])
   return np.minimum(counts, trials), pmf
 
 
@@ -607,8 +609,8 @@ def flag_probability(plan: Plan, trials0: int, trials1: int, claimed_mu: float,
   grid = np.concatenate([plan.thresholds, np.linspace(-3.0, min(m, 50.0) + 3.0, POWER_GRID)])
   k = plan.thresholds.size
   q0, q1 = scipy.stats.norm.sf(grid), scipy.stats.norm.cdf(grid - m)
-  c0, p0 = _exact_count_windows(trials0, q0)
-  c1, p1 = _exact_count_windows(trials1, q1)
+  c0, p0 = _count_windows(trials0, q0, width=8.0)
+  c1, p1 = _count_windows(trials1, q1, width=8.0)
   best = 0.0
   with np.errstate(divide="ignore", invalid="ignore"):
     for i in range(grid.size):
@@ -620,17 +622,6 @@ def flag_probability(plan: Plan, trials0: int, trials1: int, claimed_mu: float,
       refutes = (g0[:, None] + g1[None, :]) > claimed_mu
       best = max(best, float(p0[i] @ refutes @ p1[i]))
   return min(best, 1.0)
-
-
-def _exact_count_windows(trials: int, rate: np.ndarray, width: float = 8.0):
-  """``_count_windows`` with log-gamma pmfs (exact at rates of 0, 1 or 1e-300)."""
-  rate = np.asarray(rate, np.float64)
-  sd = np.sqrt(trials * rate * (1 - rate)) + 1.0
-  lo = np.clip(np.floor(trials * rate - width * sd - 5), 0, trials).astype(np.int64)
-  span = int(np.max(np.ceil(2 * width * sd + 11)))
-  counts = lo[:, None] + np.arange(span)[None, :]
-  pmf = np.stack([_binomial_pmf(c, np.full(c.shape, trials), r) for c, r in zip(counts, rate)])
-  return np.minimum(counts, trials), pmf
 
 
 def detectable_mu_ratio(plan: Plan, trials0: int, trials1: int, claimed_mu: float,
