@@ -210,6 +210,20 @@ def test_observed_canary_finds_a_weak_round_the_report_hides():
   assert observed["mu"] == pytest.approx(truth["sensitivity"], rel=0.15)
 
 
+def test_where_to_look_needs_calibration_trials_and_says_so():
+  """Without more than 4·n calibration trials the canary follows the reported matrix, and
+  the audit warns that a fault elsewhere goes unseen; with them, the observed covariance."""
+  nm = np.linalg.inv(np.tril(np.ones((8, 8))))
+  patterns = audit_lib.canary_patterns("single", 8)
+  reported = audit_lib.worst_canary(nm, patterns)
+  canary, warning = audit.where_to_look(None, patterns, reported)
+  assert canary["pattern"] == reported["pattern"] and "goes unseen" in warning
+  cal = (nm @ np.random.default_rng(9).standard_normal((8, 33))).T
+  canary, warning = audit.where_to_look(cal, patterns, reported)
+  assert warning is None and "33 canary-free trials" in canary["chosen_from"]
+  assert audit.where_to_look(cal[:32], patterns, reported)[1] is not None
+
+
 def test_detectable_ratio_is_a_lower_bound_on_power():
   """Issue 40, must show 2: the reported ratio r is the smallest true μ / claimed μ that
   the audit flags with probability ≥ 0.9 (512 + 512 trials, α = 0.01, claim μ = 2). At
