@@ -390,7 +390,8 @@ def test_every_mechanism_and_schema_is_tight(mechanism, schema):
   """Issue 24, point 2, for every trainable mechanism with fresh seeds (all but TFF's tree)
   under single, fixed-epoch and min-sep: the μ of the release at its worst pattern
   (computed by the audit from the reported noise matrix) is within 10 % of sens/z and
-  never above it; μ̂ is within 10 % of the reported μ at the canary's pattern (≥ 5 standard errors at 2048 trials, μ ≤ 5.7); no violation. (honaker_online's
+  never above it; μ̂ is within 10 % of the reported μ at the canary's pattern (≥ 5
+  standard errors at 2048 trials, μ ≤ 5.7); no violation. (honaker_online's
   release is worth 0.93-0.98 of its claim: its online decoder discards information, so
   comparing μ̂ with the claim directly would leave less than 2 standard errors.)"""
   r = audit.audit(mechanism, options=OPTIONS, **_kwargs(participation=schema))

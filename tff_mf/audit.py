@@ -18,8 +18,9 @@ projection ⟨X, Σ⁻¹p⟩. Everything here is computed from N, z and the outp
 nothing from ``tff_mf.participation`` or ``tff_mf.accounting``: the canary's
 pattern is the schema's worst by brute force, on the covariance estimated from
 canary-free releases (``observed_canary``, so a fault the reported N hides still
-draws the canary) or on N (``worst_canary``), and the Gaussian-DP conversions are our own (Dong, Roth, Su 2019, arXiv:1905.02383,
-Cor 2.13; equal to Balle & Wang 2018, arXiv:1805.06530, Thm 8).
+draws the canary) or on N (``worst_canary``), and the Gaussian-DP conversions are
+our own (Dong, Roth, Su 2019, arXiv:1905.02383, Cor 2.13; equal to Balle & Wang 2018,
+arXiv:1805.06530, Thm 8).
 
 One run (``one_run_epsilon``, ``one_run_audit``): m canaries each included with
 probability 1/2 in a single run, the k_in highest scores guessed included and the k_out
@@ -784,7 +785,10 @@ def one_run_tail(canaries: int, guesses: int, correct: int, epsilon: float,
   f(v) + 2mδ·max_{1≤i≤v} (f(v − i) − f(v))/i (the maximum over i > v is at i = v).
   """
   q = scipy.special.expit(epsilon)
-  f = lambda v: scipy.stats.binom.sf(np.asarray(v) - 1, guesses, q)  # pylint: disable=unnecessary-lambda-assignment
+
+  def f(v):  # P(Binomial(r, q) ≥ v)
+    return scipy.stats.binom.sf(np.asarray(v) - 1, guesses, q)
+
   tail = float(f(correct))
   if delta <= 0 or correct <= 0:
     return tail

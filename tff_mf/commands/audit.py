@@ -1,9 +1,10 @@
 """``tff-mf audit``: empirical privacy audit of the running TFF aggregator.
 
 Builds the mechanism with ``build_mechanism`` inside ``build_unweighted_fed_avg``,
-runs it many times with and without a canary client placed in the schema's
-worst participation pattern on the noise observed in canary-free runs, and reports empirical LOWER bounds on ε at δ
-and on the Gaussian-DP μ, against the claim (``tff_mf.tf.audit``)::
+runs it many times with and without a canary client placed in the schema's worst
+participation pattern on the noise observed in canary-free runs, and reports empirical
+LOWER bounds on ε at δ and on the Gaussian-DP μ, against the claim
+(``tff_mf.tf.audit``)::
 
   tff-mf audit --mechanism opt_prefix_sum --n 8 --noise_multiplier 0.5 \\
       --participation fixed_epoch --epochs 2 --json --plot out/audit.png
@@ -179,7 +180,8 @@ def _statistic_line(name, st, claimed_mu) -> str:
     return (f"  {name}: estimated mu {st['mu_estimate']:.4g} +- {st['mu_standard_error']:.2g}, "
             f"mu lower bound {st['mu_lower_bound']:.4g}, epsilon lower bound "
             f"{st['epsilon_lower_bound']:.4g} (alpha {st['alpha']:g}){mark}")
-  return f"  {name}: epsilon lower bound {st['epsilon_lower_bound']:.4g} (alpha {st['alpha']:g}){mark}"
+  return (f"  {name}: epsilon lower bound {st['epsilon_lower_bound']:.4g} "
+          f"(alpha {st['alpha']:g}){mark}")
 
 
 def _print_text(r) -> None:
@@ -203,11 +205,12 @@ def _print_text(r) -> None:
   lines += [_statistic_line(name, st, r.get("claimed_mu"))
             for name, st in r["statistics"].items()]
   ratio = r["power"]["detectable_mu_ratio"]
-  if ratio is not None:
+  power = f"probability >= {r['power']['probability']:g} at {r['trials']} trials per world"
+  if ratio == "inf":
+    lines.append(f"power: no fault is flagged with {power} (raise --trials)")
+  elif ratio is not None:
     lines.append(f"power: a true mu of {ratio:.3g} x the claim at the canary's pattern is flagged "
-                 f"with probability >= {r['power']['probability']:g} at {r['trials']} trials per "
-                 "world" if ratio != "inf" else "power: no fault is flagged with probability >= "
-                 f"{r['power']['probability']:g} at {r['trials']} trials per world (raise --trials)")
+                 f"with {power}")
   lines.append(f"epsilon at delta={r['delta']:g}: empirical LOWER bound "
                f"{r['epsilon_lower_bound']:.4g}, claimed (upper bound) "
                f"{r['claimed_epsilon']:.4g}")

@@ -1,13 +1,14 @@
 """Empirical privacy audit of the running TFF aggregator (the TensorFlow part).
 
 ``audit(mechanism, ...)`` builds the mechanism with ``build_mechanism`` inside
-``tff.learning.algorithms.build_unweighted_fed_avg`` on a linear model, runs
-federated averaging many times with fresh noise seeds on two neighbouring datasets
-— with and without one canary client placed in the schema's worst participation
-pattern on the covariance estimated from canary-free calibration runs — and hands the released models to ``tff_mf.audit``, which turns them
-into empirical LOWER bounds on ε at δ and on the Gaussian-DP μ with a stated
-confidence (Jagielski, Ullman, Oprea 2020, arXiv:2006.07709; Nasr et al. 2023,
-arXiv:2302.07956; Steinke, Nasr, Jagielski 2023, arXiv:2305.08846).
+``tff.learning.algorithms.build_unweighted_fed_avg`` on a linear model, runs federated
+averaging many times with fresh noise seeds on two neighbouring datasets — with and
+without one canary client placed in the schema's worst participation pattern on the
+covariance estimated from canary-free calibration runs — and hands the released models
+to ``tff_mf.audit``, which turns them into empirical LOWER bounds on ε at δ and on the
+Gaussian-DP μ with a stated confidence (Jagielski, Ullman, Oprea 2020,
+arXiv:2006.07709; Nasr et al. 2023, arXiv:2302.07956; Steinke, Nasr, Jagielski 2023,
+arXiv:2305.08846).
 
 Model. Each client's loss is the mean of its model's outputs, w·x, so its update
 (after one SGD step at learning rate 1) is its data x whatever the model: the
