@@ -12,7 +12,11 @@ TASKS.json: {"significance": α, "delta": δ, "files": [path.npz, ...]}, each np
 "clopper_pearson_bonferroni", "clopper_pearson_multisplit", "gdp"} (ε lower bounds at δ,
 two-sided, at significance α), or {"file", "error"}. A file whose arrays are 2-D holds
 repetitions (rows) of exact Gaussian scores with ``true_epsilon`` at ``delta``: then
-{"file", "repetitions", "mean_epsilon", "exceed_true_epsilon", "epsilons"}.
+{"file", "repetitions", "mean_epsilon", "exceed_true_epsilon", "epsilons"}. With
+"one_run": true in TASKS.json, each file holds one run's canary scores (``held_in``: the
+included canaries', ``out``: the others') and the line is {"file", "one_run",
+"one_run_fdp", "seconds"}: ``epsilon_one_run`` and ``epsilon_one_run_fdp`` (one-sided,
+Bonferroni over thresholds, the peer's defaults) at significance α and δ.
 """
 
 import json
@@ -25,6 +29,7 @@ if __name__ == "__main__" and (len(sys.argv) != 2 or sys.argv[1] in ("-h", "--he
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import importlib.util
 import os
+import time
 
 import numpy as np
 
@@ -44,6 +49,15 @@ def _load_auditing():
 
 auditing, AUDITING_PATH = _load_auditing()
 # pylint: enable=g-import-not-at-top,wrong-import-position
+
+
+def run_one_run(path, significance, delta):
+  data = np.load(path)
+  auditor = auditing.CanaryScoreAuditor(data["held_in"], data["out"])
+  start = time.perf_counter()
+  out = {"one_run": float(auditor.epsilon_one_run(significance, delta)),
+         "one_run_fdp": float(auditor.epsilon_one_run_fdp(significance, delta))}
+  return dict(out, seconds=time.perf_counter() - start)
 
 
 def run_file(path, significance, delta):
@@ -74,7 +88,8 @@ def main(argv):
         flush=True)
   for path in tasks["files"]:
     try:
-      entry = dict(file=path, **run_file(path, tasks["significance"], tasks["delta"]))
+      run = run_one_run if tasks.get("one_run") else run_file
+      entry = dict(file=path, **run(path, tasks["significance"], tasks["delta"]))
     except Exception as e:  # pylint: disable=broad-except
       entry = {"file": path, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
     print(json.dumps(entry), flush=True)
