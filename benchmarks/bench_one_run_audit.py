@@ -67,7 +67,7 @@ def our_side(mu, m, draws, seed):
     g, c = audit_lib.one_run_guesses(scores, inc, *plan_eps)
     gm, cm = audit_lib.one_run_guesses(scores, inc, *plan_mu)
     mu_lb = audit_lib.one_run_mu(m, gm, cm, ALPHA)
-    runs.append({"scores": scores, "included": inc,
+    runs.append({"scores": scores, "included": inc, "counts": (m, g, c),
                  "snj": audit_lib.one_run_epsilon(m, g, c, ALPHA, DELTA),
                  "fdp_eps_delta": audit_lib.one_run_fdp_epsilon(m, g, c, ALPHA, DELTA),
                  "mu_lb": mu_lb, "fdp_gdp": audit_lib.gdp_epsilon(mu_lb, DELTA),
@@ -116,6 +116,7 @@ def share_table(rows, peer):
            "| --- | --- | --- | --- |"]
   if not peer:
     return "\n".join(lines[:5] + ["(no peer interpreter: not run)"]) + "\n"
+  summary = {k: [] for k in range(len(SHARES))}
   for mu in sorted({r["mu"] for r in rows}):
     sub = [r for r in rows if r["mu"] == mu]
     pe = np.array([peer[r["file"]]["clopper_pearson_bonferroni"] for r in sub])
@@ -123,25 +124,45 @@ def share_table(rows, peer):
     for k, (e, u) in enumerate(SHARES):
       oe = np.array([r["ours"][k][0] for r in sub]) / pe
       og = np.array([r["ours"][k][1] for r in sub]) / pg
+      summary[k] += [(a, b) for a, b in zip(oe, og)]
       lines.append(f"| {mu:g} | {e:g}, {u:g}{' (default)' if k == 0 else ''} | "
                    f"{oe.mean():.3f}, {oe.min():.3f}, {int(np.sum(oe >= 1))} of {len(sub)} | "
                    f"{og.mean():.3f}, {og.min():.3f}, {int(np.sum(og >= 1))} of {len(sub)} |")
+  (e0, g0), (e2, g2) = (np.array(summary[k]).T for k in (0, len(SHARES) - 1))
+  lines += ["", f"Why the μ column stays below the peer's at the default shares (mean "
+            f"{g0.mean():.3f} over all audits here, while the ε column is {e0.mean():.3f}): "
+            "the two bounds share one α and the default plan gives μ "
+            f"{SHARES[0][1]:g} of it, the peer's `epsilon_from_gdp` all of it. Moved to μ "
+            f"({SHARES[-1][1]:g}), the μ column is {g2.mean():.3f} on average and the ε column "
+            f"falls to {e2.mean():.3f}: α moves the gap between the two bounds, it does not "
+            "close both. Per audit the μ column still loses some draws (min "
+            f"{g2.min():.3f}): the peer takes the largest μ over the thresholds on the "
+            "observed ROC frontier at α/(2·their number), a number it counts after seeing "
+            "the scores (a few dozen here); a bound proven for every threshold the data could "
+            "pick pays for all T + 1 counts of each side (ours: the union share, or a band "
+            "planned where the bound is expected). Matching the peer on every draw would take "
+            "its data-chosen correction, which has no proof of validity: our audit keeps "
+            "simultaneous, proven coverage and its default shares, whose ε bound decides "
+            f"(ε, δ) claims and whose μ bound decides GDP claims (at least {e0.min():.3f} and "
+            f"{g0.min():.3f} of the peer's full-α figures here)."]
   return "\n".join(lines) + "\n"
 
 
-def peer_side(peer_python, files, one_run=True):
+def peer_side(peer_python, files, one_run=True, counts=()):
   """The peer's one-run bounds per score file (None without the peer interpreter)."""
   if not peer_python or not os.path.exists(peer_python):
     return None, None
   with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
     json.dump({"significance": ALPHA if one_run else SHARE_ALPHA, "delta": DELTA,
-               "files": files, "one_run": one_run}, f)
+               "files": files, "one_run": one_run, "counts": list(counts)}, f)
   out = subprocess.run([peer_python, os.path.join(REPO, "benchmarks",
                                                   "peer_jax_privacy_audit.py"), f.name],
                        capture_output=True, text=True, timeout=3600, check=True)
   os.unlink(f.name)
   lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-  return {e["file"]: e for e in lines[1:]}, lines[0]
+  by_file = {e["file"]: e for e in lines[1:] if "file" in e}
+  by_file.update({tuple(e["counts"]): e for e in lines[1:] if "counts" in e})
+  return by_file, lines[0]
 
 
 def table(results, peer, info, command, elapsed):
@@ -179,6 +200,30 @@ def table(results, peer, info, command, elapsed):
                  f"{mean('snj'):.3f} {tuple(r['plan_eps'])} | {peer_cols[0]} | "
                  f"{mean('fdp_eps_delta'):.3f} | {mean('fdp_gdp'):.3f} {tuple(r['plan_mu'])} | "
                  f"{peer_cols[1]} | {peer_cols[2]} | {peer_cols[3]} |")
+  if peer:
+    diffs = [(abs(audit_lib.one_run_epsilon(m, g, c, ALPHA, DELTA) - e["one_run"]),
+              abs(audit_lib.gdp_epsilon(audit_lib.one_run_mu(m, g, c, ALPHA), DELTA)
+                  - e["one_run_fdp"]))
+             for (m, g, c), e in ((k, v) for k, v in peer.items() if isinstance(k, tuple))]
+    lines += ["", f"The formulas alone, on the same counts (m, guesses, right) of all "
+              f"{len(diffs)} distinct draws above: ours and the peer's Thm 3.1 bound differ by "
+              f"at most {max(d[0] for d in diffs):.1e} in ε, the f-DP GDP bound (our "
+              f"`one_run_mu`, as ε(δ)) and `_epsilon_one_run_fdp` by at most "
+              f"{max(d[1] for d in diffs):.1e} (both sides' root-finding tolerances). "
+              "The gap in the table is in how the guesses are made and paid for: ours guesses "
+              "in both directions with counts planned on a model before the scores exist, "
+              "and spends all of α on that one test; the peer guesses one direction, tries "
+              "every threshold of the observed scores and pays for them with a Bonferroni "
+              "factor of their number (up to m), so its bound falls as m grows."]
+    losses = [(mu, m) for (mu, m), r in results.items() for x in r["runs"]
+              if x["snj"] < peer[x["file"]]["one_run"] - 1e-6
+              or x["fdp_gdp"] < peer[x["file"]]["one_run_fdp"] - 1e-6]
+    if losses:
+      lines[-1] += (f" The peer's is larger in {len(losses)} of "
+                    f"{sum(len(r['runs']) for r in results.values())} draws (at (μ, m) = "
+                    f"{', '.join(f'({a:g}, {b})' for a, b in sorted(set(losses)))}): there the "
+                    "planned counts are few and the best threshold of those scores, which the "
+                    "peer finds after seeing them, beats the plan.")
   return "\n".join(lines) + "\n"
 
 
@@ -202,7 +247,9 @@ def main(argv=None):
         files.append(x["file"])
       results[(mu, m)] = r
       print(f"[one-run] mu {mu:g} m {m}: ours done", file=sys.stderr, flush=True)
-    peer, info = (None, None) if args.smoke else peer_side(args.peer_python, files)
+    counts = sorted({x["counts"] for r in results.values() for x in r["runs"]})
+    peer, info = (None, None) if args.smoke else peer_side(args.peer_python, files,
+                                                           counts=counts)
     shares = share_side(*(((2.0,), 1, 256) if args.smoke else (SHARE_MUS, SHARE_DRAWS,
                                                                SHARE_TRIALS)), tmp)
     print("[one-run] multi-run shares: ours done", file=sys.stderr, flush=True)

@@ -16,7 +16,10 @@ repetitions (rows) of exact Gaussian scores with ``true_epsilon`` at ``delta``: 
 "one_run": true in TASKS.json, each file holds one run's canary scores (``held_in``: the
 included canaries', ``out``: the others') and the line is {"file", "one_run",
 "one_run_fdp", "seconds"}: ``epsilon_one_run`` and ``epsilon_one_run_fdp`` (one-sided,
-Bonferroni over thresholds, the peer's defaults) at significance α and δ.
+Bonferroni over thresholds, the peer's defaults) at significance α and δ. "counts":
+[[m, guesses, correct], ...] in TASKS.json adds one line per triple, {"counts",
+"one_run", "one_run_fdp"}: the module's bounds for those counts themselves (its
+``_epsilon_one_run`` and ``_epsilon_one_run_fdp``), to compare the formulas alone.
 """
 
 import json
@@ -86,6 +89,12 @@ def main(argv):
   from importlib import metadata  # pylint: disable=g-import-not-at-top
   print(json.dumps({"auditing": AUDITING_PATH, "version": metadata.version("jax_privacy")}),
         flush=True)
+  for m, guesses, correct in tasks.get("counts", []):
+    args = (0, m, guesses, correct, tasks["significance"], tasks["delta"])
+    print(json.dumps({"counts": [m, guesses, correct],
+                      "one_run": float(auditing._epsilon_one_run(*args)),  # pylint: disable=protected-access
+                      "one_run_fdp": float(auditing._epsilon_one_run_fdp(*args))}),  # pylint: disable=protected-access
+          flush=True)
   for path in tasks["files"]:
     try:
       run = run_one_run if tasks.get("one_run") else run_file
