@@ -841,6 +841,9 @@ def one_run_fdp_refutes(canaries: int, guesses: int, correct: int, alpha: float,
   claim is refuted.
   """
   m, g, c = int(canaries), int(guesses), int(correct)
+  if not 0 <= c <= g <= m:
+    raise checks.CheckError(f"{c} right of {g} guesses about {m} canaries: need "
+                            "0 <= right <= guesses <= canaries")
   if c <= 0 or g <= 0:
     return False
   r, h = alpha * c / m, alpha * (g - c) / m
