@@ -15,7 +15,7 @@ repetitions (rows) of exact Gaussian scores with ``true_epsilon`` at ``delta``: 
 {"file", "repetitions", "mean_epsilon", "exceed_true_epsilon", "epsilons"}. With
 "one_run": true in TASKS.json, each file holds one run's canary scores (``held_in``: the
 included canaries', ``out``: the others') and the line is {"file", "one_run",
-"one_run_fdp", "seconds"}: ``epsilon_one_run`` and ``epsilon_one_run_fdp`` (one-sided,
+"one_run_fdp", "seconds", "frontier_thresholds"}: ``epsilon_one_run`` and ``epsilon_one_run_fdp`` (one-sided,
 Bonferroni over thresholds, the peer's defaults) at significance α and δ. "counts":
 [[m, guesses, correct], ...] in TASKS.json adds one line per triple, {"counts",
 "one_run", "one_run_fdp"}: the module's bounds for those counts themselves (its
@@ -60,7 +60,8 @@ def run_one_run(path, significance, delta):
   start = time.perf_counter()
   out = {"one_run": float(auditor.epsilon_one_run(significance, delta)),
          "one_run_fdp": float(auditor.epsilon_one_run_fdp(significance, delta))}
-  return dict(out, seconds=time.perf_counter() - start)
+  return dict(out, seconds=time.perf_counter() - start,
+              frontier_thresholds=int(len(auditor._thresholds)))  # pylint: disable=protected-access
 
 
 def run_file(path, significance, delta):
