@@ -12,7 +12,14 @@ TASKS.json: {"significance": α, "delta": δ, "files": [path.npz, ...]}, each np
 "clopper_pearson_bonferroni", "clopper_pearson_multisplit", "gdp"} (ε lower bounds at δ,
 two-sided, at significance α), or {"file", "error"}. A file whose arrays are 2-D holds
 repetitions (rows) of exact Gaussian scores with ``true_epsilon`` at ``delta``: then
-{"file", "repetitions", "mean_epsilon", "exceed_true_epsilon", "epsilons"}.
+{"file", "repetitions", "mean_epsilon", "exceed_true_epsilon", "epsilons"}. With
+"one_run": true in TASKS.json, each file holds one run's canary scores (``held_in``: the
+included canaries', ``out``: the others') and the line is {"file", "one_run",
+"one_run_fdp", "seconds", "frontier_thresholds"}: ``epsilon_one_run`` and ``epsilon_one_run_fdp`` (one-sided,
+Bonferroni over thresholds, the peer's defaults) at significance α and δ. "counts":
+[[m, guesses, correct], ...] in TASKS.json adds one line per triple, {"counts",
+"one_run", "one_run_fdp"}: the module's bounds for those counts themselves (its
+``_epsilon_one_run`` and ``_epsilon_one_run_fdp``), to compare the formulas alone.
 """
 
 import json
@@ -25,6 +32,7 @@ if __name__ == "__main__" and (len(sys.argv) != 2 or sys.argv[1] in ("-h", "--he
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import importlib.util
 import os
+import time
 
 import numpy as np
 
@@ -44,6 +52,16 @@ def _load_auditing():
 
 auditing, AUDITING_PATH = _load_auditing()
 # pylint: enable=g-import-not-at-top,wrong-import-position
+
+
+def run_one_run(path, significance, delta):
+  data = np.load(path)
+  auditor = auditing.CanaryScoreAuditor(data["held_in"], data["out"])
+  start = time.perf_counter()
+  out = {"one_run": float(auditor.epsilon_one_run(significance, delta)),
+         "one_run_fdp": float(auditor.epsilon_one_run_fdp(significance, delta))}
+  return dict(out, seconds=time.perf_counter() - start,
+              frontier_thresholds=int(len(auditor._thresholds)))  # pylint: disable=protected-access
 
 
 def run_file(path, significance, delta):
@@ -72,9 +90,16 @@ def main(argv):
   from importlib import metadata  # pylint: disable=g-import-not-at-top
   print(json.dumps({"auditing": AUDITING_PATH, "version": metadata.version("jax_privacy")}),
         flush=True)
+  for m, guesses, correct in tasks.get("counts", []):
+    args = (0, m, guesses, correct, tasks["significance"], tasks["delta"])
+    print(json.dumps({"counts": [m, guesses, correct],
+                      "one_run": float(auditing._epsilon_one_run(*args)),  # pylint: disable=protected-access
+                      "one_run_fdp": float(auditing._epsilon_one_run_fdp(*args))}),  # pylint: disable=protected-access
+          flush=True)
   for path in tasks["files"]:
     try:
-      entry = dict(file=path, **run_file(path, tasks["significance"], tasks["delta"]))
+      run = run_one_run if tasks.get("one_run") else run_file
+      entry = dict(file=path, **run(path, tasks["significance"], tasks["delta"]))
     except Exception as e:  # pylint: disable=broad-except
       entry = {"file": path, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
     print(json.dumps(entry), flush=True)

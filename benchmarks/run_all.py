@@ -73,6 +73,7 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
     ("distributed", "distributed.md", (("benchmarks/bench_distributed.py", "--rounds=4",
                                         "--clients=4", "--examples=400", "--hidden=256"),)),
     ("audit", "audit.md", (("benchmarks/bench_audit.py",),)),  # peer: /tmp/peer24 (jax_privacy)
+    ("one_run_audit", "one_run_audit.md", (("benchmarks/bench_one_run_audit.py",),)),  # peer
     ("peer_bands", "peer_bands.md", (("benchmarks/peer_jax_privacy_bands.py",),)),  # /tmp/peer24
 )
 
@@ -97,6 +98,7 @@ SMOKE: Dict[str, Tuple[str, ...]] = {
     "run_all.py": ("--help",),
     "bench_audit.py": ("--smoke", "--out-dir", "{out}"),
     "peer_jax_privacy_audit.py": ("--help",),  # runs in the jax_privacy interpreter
+    "bench_one_run_audit.py": ("--smoke", "--out-dir", "{out}"),  # our side only
     "peer_jax_privacy_bands.py": ("--smoke", "--out-dir", "{out}"),  # our side only
 }
 

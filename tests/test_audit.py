@@ -447,7 +447,7 @@ def test_one_run_audit_of_gaussian_canaries_is_nontrivial_and_below_the_truth():
   """500 canaries, each with a μ = 4 Gaussian score shift when included (each canary's
   inclusion is 4-GDP: ε = 24.4 at δ = 1e-5). The guess counts are planned on the model's
   laws before the scores are drawn; in 10 audits at α = 0.05 the bound is above 3
-  (a large ε seen in one run) and never above the true ε."""
+  (a large ε seen in one run) and never above the true ε; so is the f-DP refinement's."""
   rng = np.random.default_rng(22)
   mu, m, delta = 4.0, 500, 1e-5
   model = np.random.default_rng(23).standard_normal((2, 20_000))
@@ -458,3 +458,85 @@ def test_one_run_audit_of_gaussian_canaries_is_nontrivial_and_below_the_truth():
     inc = rng.random(m) < 0.5
     r = audit_lib.one_run_audit(rng.standard_normal(m) + mu * inc, inc, 0.05, delta, plan)
     assert 3.0 < r["epsilon_lower_bound"] < true_eps, r
+    # The f-DP refinement tests the Gaussian curve itself: a tighter ε(δ), still below.
+    assert r["epsilon_lower_bound"] < r["epsilon_of_mu_lower_bound"] < true_eps, r
+    assert 0 < r["mu_lower_bound"] < mu, r
+
+
+def test_one_run_fdp_refutation_follows_its_recursion_at_the_edges():
+  """The f-DP audit (Mahloujifar, Melis, Chaudhuri 2024, arXiv:2410.22235): nothing is
+  refuted without a correct guess; μ-GDP with μ = 0 (the output says nothing) is refuted
+  by every one of 100 guesses right at α = 0.05 (probability 2^-100 under it), and no μ
+  is refuted by half of them right; the bound grows with the correct count and shrinks
+  with the confidence asked for."""
+  assert not audit_lib.one_run_fdp_refutes(1000, 100, 0, 0.05, audit_lib.gdp_least_wrong(0.0))
+  assert audit_lib.one_run_fdp_refutes(1000, 100, 100, 0.05, audit_lib.gdp_least_wrong(0.0))
+  assert audit_lib.one_run_mu(1000, 100, 50, 0.05) == 0.0
+  mus = [audit_lib.one_run_mu(1000, 100, c, 0.05) for c in (70, 80, 90, 100)]
+  assert all(a < b for a, b in zip(mus, mus[1:])) and mus[0] > 0, mus
+  assert audit_lib.one_run_mu(1000, 100, 90, 0.01) < mus[2]
+  assert audit_lib.one_run_fdp_epsilon(1000, 100, 90, 0.01, 1e-5) < \
+      audit_lib.one_run_fdp_epsilon(1000, 100, 90, 0.05, 1e-5)
+  with pytest.raises(audit_lib.checks.CheckError, match="101 right of 100 guesses"):
+    audit_lib.one_run_mu(1000, 100, 101, 0.05)
+
+
+def test_one_run_fdp_with_the_epsilon_delta_curve_reaches_the_closed_form():
+  """At δ = 0 with every one of r guesses right, the ε refuted can be at most
+  logit(α^(1/r)): ε-randomized response is ε-DP and makes all r guesses right with
+  probability q_ε^r, above α for every larger ε, so refuting more would be invalid.
+  Steinke et al.'s bound reaches it (``test_one_run_bound_matches_its_closed_form``); the
+  f-DP audit with the (ε, 0)-DP curve does too, to its bisection's tolerance (1e-6)."""
+  for r in (10, 100, 1000):
+    q = 0.05 ** (1.0 / r)
+    exact = math.log(q / (1 - q))
+    fdp = audit_lib.one_run_fdp_epsilon(10_000, r, r, 0.05, 0.0)
+    assert exact - 1e-5 <= fdp <= exact, (r, fdp, exact)
+
+
+def test_one_run_fdp_bounds_cover_their_truth():
+  """Coverage, 1000 audits each at α = 0.1 (the bound exceeds the truth in at most
+  0.1·1000 + 3.2 standard deviations; false failure < 1e-3 if the rate were α):
+  200 canaries with Gaussian scores shifted by μ = 2 when included (each inclusion is
+  2-GDP), 40 guessed in and 40 out, against ``one_run_mu``; ε-randomized response
+  (ε = 2, every canary guessed from its bit) against ``one_run_fdp_epsilon`` at δ = 0.
+  The μ bound is also non-trivial (above 1 on average)."""
+  rng = np.random.default_rng(31)
+  limit = 0.1 * 1000 + 3.2 * math.sqrt(1000 * 0.1 * 0.9)
+  mus = []
+  for _ in range(1000):
+    inc = rng.random(200) < 0.5
+    guesses, correct = audit_lib.one_run_guesses(rng.standard_normal(200) + 2.0 * inc, inc,
+                                                 40, 40)
+    mus.append(audit_lib.one_run_mu(200, guesses, correct, 0.1))
+  assert np.sum(np.array(mus) > 2.0) <= limit and np.mean(mus) > 1.0, np.mean(mus)
+  q = 1.0 / (1.0 + math.exp(-2.0))
+  exceed = sum(audit_lib.one_run_fdp_epsilon(200, 200, int(rng.binomial(200, q)), 0.1, 0.0)
+               > 2.0 for _ in range(1000))
+  assert exceed <= limit, exceed
+
+
+def test_alpha_shares_must_leave_room_for_the_union_bound():
+  """The ε and μ shares of alpha are positive and leave a share for every count."""
+  m0, m1 = audit_lib.gaussian_model(2.0, draws=2000)
+  for shares in ((0.0, 0.1), (0.7, 0.3), (0.9, 0.2)):
+    with pytest.raises(audit_lib.checks.CheckError, match="shares of alpha"):
+      audit_lib.planned_thresholds(m0, m1, 64, 64, 0.01, 1e-5, *shares)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mu", [0.5, 1.0])
+def test_one_run_mu_bound_covers_where_it_reaches_the_truth(mu):
+  """Coverage where the f-DP μ bound comes close: 1000 canaries with Gaussian scores
+  shifted by μ when included, 50 guessed each way, α = 0.1 (in a trial run of 2000
+  audits the bound reached the true μ in 0.25 % (μ = 1) and 0.55 % (μ = 0.5) of them,
+  its mean 0.68 and 0.59 of μ). Over 2000 audits it exceeds μ in at most
+  0.1·2000 + 3.2 standard deviations (false failure < 1e-3 if the rate were α)."""
+  rng = np.random.default_rng(41)
+  exceed = 0
+  for _ in range(2000):
+    inc = rng.random(1000) < 0.5
+    guesses, correct = audit_lib.one_run_guesses(rng.standard_normal(1000) + mu * inc, inc,
+                                                 50, 50)
+    exceed += audit_lib.one_run_mu(1000, guesses, correct, 0.1) > mu
+  assert exceed <= 0.1 * 2000 + 3.2 * math.sqrt(2000 * 0.1 * 0.9), exceed

@@ -25,7 +25,9 @@ arXiv:1805.06530, Thm 8).
 One run (``one_run_epsilon``, ``one_run_audit``): m canaries each included with
 probability 1/2 in a single run, the k_in highest scores guessed included and the k_out
 lowest excluded (counts planned on a model, ``plan_one_run``), and the ε refuted by the
-number of correct guesses (Steinke, Nasr, Jagielski 2023, arXiv:2305.08846, Thm 3.1).
+number of correct guesses (Steinke, Nasr, Jagielski 2023, arXiv:2305.08846, Thm 3.1), or
+by its f-DP refinement, which tests the claimed trade-off curve itself (Mahloujifar, Melis,
+Chaudhuri 2024, arXiv:2410.22235; ``one_run_fdp_refutes``).
 
 Confidence. Every threshold t of the test "score > t" gets a one-sided Clopper–Pearson
 upper bound on its false positive rate and on its false negative rate, all valid
@@ -494,7 +496,8 @@ def _band_levels(trials: int, rate: float, budget: float) -> Tuple[int, np.ndarr
 
 
 def planned_thresholds(model0: np.ndarray, model1: np.ndarray, trials0: int, trials1: int,
-                       alpha: float, delta: float) -> Plan:
+                       alpha: float, delta: float, epsilon_share: float = EPSILON_SHARE,
+                       mu_share: float = MU_SHARE) -> Plan:
   """How the audit spends its failure probability alpha, fixed before its scores are seen.
 
   From the model's score laws (samples ``model0``/``model1``, the claim's or the
@@ -509,25 +512,31 @@ def planned_thresholds(model0: np.ndarray, model1: np.ndarray, trials0: int, tri
   - MU_SHARE: the threshold with the largest expected μ lower bound, one bound per side;
   - the rest: every count of every side, by a union bound over order statistics
     (``_order_levels``), so that score laws the plan did not foresee are still caught.
+
+  ``epsilon_share`` and ``mu_share`` change the first two shares (their sum below 1): the
+  ε and μ bounds share one alpha, so more on one loosens the other.
   """
+  if not (epsilon_share > 0 and mu_share > 0 and epsilon_share + mu_share < 1):
+    raise checks.CheckError(f"shares of alpha {epsilon_share:g} (epsilon) and {mu_share:g} "
+                            "(mu) must be positive with a sum below 1")
   m0, m1 = np.asarray(model0, np.float64), np.asarray(model1, np.float64)
-  union = (1 - EPSILON_SHARE - MU_SHARE) * alpha / 2
+  union = (1 - epsilon_share - mu_share) * alpha / 2
   levels = [_order_levels(np.arange(t + 1), t, union, "low") for t in (trials0, trials1)]
   windows = []  # (side: 0 false positives, 1 false negatives; expected rate; budget)
   # Forward: log((1 − FNR − δ)/FPR) at t; reverse: log((1 − FPR − δ)/FNR), the forward
   # bound of the negated scores with the worlds exchanged (false negatives ↔ positives).
   t_fwd, fp_fwd, fn_fwd = _best_planned_threshold(m0, m1, trials0, trials1,
-                                                  EPSILON_SHARE * alpha / 2, delta, "epsilon")
+                                                  epsilon_share * alpha / 2, delta, "epsilon")
   windows += [(0, np.mean(m0 > t_fwd), fp_fwd), (1, np.mean(m1 <= t_fwd), fn_fwd)]
   t_rev, fn_rev, fp_rev = _best_planned_threshold(-m1, -m0, trials1, trials0,
-                                                  EPSILON_SHARE * alpha / 2, delta, "epsilon")
+                                                  epsilon_share * alpha / 2, delta, "epsilon")
   windows += [(1, np.mean(m1 < -t_rev), fn_rev), (0, np.mean(m0 >= -t_rev), fp_rev)]
   for side, rate, budget in windows:
     trials = (trials0, trials1)[side]
     first, band = _band_levels(trials, float(rate), budget)
     window = slice(first, first + band.size)
     levels[side][window] = np.maximum(levels[side][window], band)
-  t_mu, fp_mu, fn_mu = _best_planned_threshold(m0, m1, trials0, trials1, MU_SHARE * alpha,
+  t_mu, fp_mu, fn_mu = _best_planned_threshold(m0, m1, trials0, trials1, mu_share * alpha,
                                                delta, "mu")
   return Plan(thresholds=np.array([t_fwd, -t_rev, t_mu]), fp_levels=np.array([0.0, 0.0, fp_mu]),
               fn_levels=np.array([0.0, 0.0, fn_mu]), fp_count_levels=levels[0],
@@ -813,6 +822,81 @@ def one_run_epsilon(canaries: int, guesses: int, correct: int, alpha: float,
       xtol=1e-9))
 
 
+def one_run_fdp_refutes(canaries: int, guesses: int, correct: int, alpha: float,
+                        least_wrong) -> bool:
+  """Whether ``correct`` of ``guesses`` right refutes an f-DP claim at confidence 1 − alpha
+  (Mahloujifar, Melis, Chaudhuri 2024, arXiv:2410.22235, the one-run f-DP audit).
+
+  ``least_wrong(x) = f(1 − x)``, f the claimed (symmetric, convex) trade-off curve: the
+  smallest probability of a wrong guess about one canary, on any event, when a right one
+  has probability x. Derivation: for canary j (included with probability 1/2, the others
+  fixed) and an event E of the output, the test "guess in on E" bounds the wrong mass
+  by f(1 − ·) of the right mass in each world; averaged (f convex), over canaries too,
+  h_v ≥ least_wrong(r_v), where W counts right guesses, r_v = E[W·1{W ≥ v}]/m and
+  h_v = E[(g − W)·1{W ≥ v}]/m. If P(W ≥ c) ≥ alpha, the least mass puts alpha at W = c
+  (r = alpha·c/m, h = alpha·(g − c)/m); going down v = c − 1, …, 0, level v must add at
+  least h' − h = least_wrong(r) − h of wrong mass (taken at the previous r, a lower
+  bound on what the level needs), with right mass v/(g − v) of it. The levels' masses sum
+  to (r_0 + h_0)·m/g; above 1 the hypothesis P(W ≥ c) ≥ alpha is impossible, and the
+  claim is refuted.
+  """
+  m, g, c = int(canaries), int(guesses), int(correct)
+  if not 0 <= c <= g <= m:
+    raise checks.CheckError(f"{c} right of {g} guesses about {m} canaries: need "
+                            "0 <= right <= guesses <= canaries")
+  if c <= 0 or g <= 0:
+    return False
+  r, h = alpha * c / m, alpha * (g - c) / m
+  for v in range(c - 1, -1, -1):
+    need = max(h, float(least_wrong(r)))
+    if need == h:  # nothing changes at the lower levels either
+      break
+    r, h = min(r + v / (g - v) * (need - h), 1.0), need
+  return r + h > g / m
+
+
+def gdp_least_wrong(mu: float):
+  """``least_wrong`` of μ-GDP: Φ(Φ⁻¹(x) − μ) (Dong, Roth, Su 2019, arXiv:1905.02383)."""
+  return lambda x: scipy.special.ndtr(scipy.special.ndtri(x) - mu)
+
+
+def epsilon_delta_least_wrong(eps: float, delta: float):
+  """``least_wrong`` of (ε, δ)-DP: f(1 − x) of ``epsilon_delta_tradeoff``'s curve, on
+  floats (the recursion calls it once per level)."""
+  up, down = math.exp(eps), math.exp(-eps)
+  return lambda x: max(0.0, 1.0 - delta - up * (1.0 - x), down * (x - delta))
+
+
+def _largest_refuted(refutes, cap: float) -> float:
+  """The largest θ in [0, cap] with ``refutes(θ)`` (monotone: refuted below it), to 1e-6."""
+  if not refutes(0.0):
+    return 0.0
+  lo, hi = 0.0, 1.0
+  while refutes(hi):
+    lo, hi = hi, 2.0 * hi
+    if hi > cap:
+      return lo
+  while hi - lo > 1e-6 * max(1.0, lo):
+    mid = 0.5 * (lo + hi)
+    lo, hi = (mid, hi) if refutes(mid) else (lo, mid)
+  return lo
+
+
+def one_run_mu(canaries: int, guesses: int, correct: int, alpha: float) -> float:
+  """The one-run f-DP lower bound on the GDP μ: every μ-GDP claim below it is refuted at
+  confidence 1 − alpha (``one_run_fdp_refutes`` with the Gaussian curve)."""
+  return _largest_refuted(lambda mu: one_run_fdp_refutes(
+      canaries, guesses, correct, alpha, gdp_least_wrong(mu)), 50.0)
+
+
+def one_run_fdp_epsilon(canaries: int, guesses: int, correct: int, alpha: float,
+                        delta: float) -> float:
+  """The one-run f-DP lower bound on ε at δ: (ε, δ)-DP's own trade-off curve in
+  ``one_run_fdp_refutes``, so no Gaussian shape is assumed."""
+  return _largest_refuted(lambda e: one_run_fdp_refutes(
+      canaries, guesses, correct, alpha, epsilon_delta_least_wrong(e, delta)), 200.0)
+
+
 def one_run_guesses(scores: np.ndarray, included: np.ndarray, k_in: int,
                     k_out: int) -> Tuple[int, int]:
   """(guesses, correct) when the ``k_in`` highest scores are guessed included and the
@@ -828,10 +912,13 @@ def one_run_guesses(scores: np.ndarray, included: np.ndarray, k_in: int,
 
 
 def plan_one_run(model_in: np.ndarray, model_out: np.ndarray, canaries: int, alpha: float,
-                 delta: float, draws: int = 4) -> Tuple[int, int]:
-  """The guess counts (k_in, k_out) with the largest mean ε bound on simulated audits of
+                 delta: float, draws: int = 4, target: str = "epsilon") -> Tuple[int, int]:
+  """The guess counts (k_in, k_out) with the largest mean bound on simulated audits of
   the model's score laws (fixed seed, before and independently of the audit's scores),
-  searched on a grid of fractions of the canaries guessed on each side."""
+  searched on a grid of fractions of the canaries guessed on each side: ε at δ
+  (``one_run_epsilon``) for target "epsilon", the GDP μ (``one_run_mu``) for "mu"."""
+  bound = {"epsilon": lambda g, c: one_run_epsilon(canaries, g, c, alpha, delta),
+           "mu": lambda g, c: one_run_mu(canaries, g, c, alpha)}[target]
   rng = np.random.default_rng(PLAN_SEED)
   model_in, model_out = np.asarray(model_in), np.asarray(model_out)
   sims = []
@@ -846,8 +933,7 @@ def plan_one_run(model_in: np.ndarray, model_out: np.ndarray, canaries: int, alp
       k_in, k_out = int(round(a * canaries)), int(round(b * canaries))
       if k_in + k_out == 0 or k_in + k_out > canaries:
         continue
-      mean = np.mean([one_run_epsilon(canaries, *one_run_guesses(s, inc, k_in, k_out),
-                                      alpha, delta) for s, inc in sims])
+      mean = np.mean([bound(*one_run_guesses(s, inc, k_in, k_out)) for s, inc in sims])
       if mean > best:
         best, choice = mean, (k_in, k_out)
   return choice
@@ -855,11 +941,18 @@ def plan_one_run(model_in: np.ndarray, model_out: np.ndarray, canaries: int, alp
 
 def one_run_audit(scores: np.ndarray, included: np.ndarray, alpha: float, delta: float,
                   plan: Tuple[int, int]) -> Dict[str, Any]:
-  """The one-run ε lower bound at δ of canaries with these scores and inclusions, guessing
-  with the planned counts (one test: the whole alpha on it)."""
+  """One-run lower bounds of canaries with these scores and inclusions, guessing with the
+  planned counts: ε at δ by Steinke et al. (``one_run_epsilon``) and by the f-DP audit with
+  (ε, δ)-DP's curve (``one_run_fdp_epsilon``), and the GDP μ (``one_run_mu``) with its ε(δ)
+  (an ε lower bound only for a Gaussian trade-off curve). Each holds alone at confidence
+  1 − alpha: a claim is checked with the one bound that matches its kind."""
   scores = np.asarray(scores, np.float64)
   k_in, k_out = plan
   guesses, correct = one_run_guesses(scores, included, k_in, k_out)
+  mu_lb = one_run_mu(scores.size, guesses, correct, alpha)
   return {"epsilon_lower_bound": one_run_epsilon(scores.size, guesses, correct, alpha, delta),
+          "fdp_epsilon_lower_bound": one_run_fdp_epsilon(scores.size, guesses, correct,
+                                                         alpha, delta),
+          "mu_lower_bound": mu_lb, "epsilon_of_mu_lower_bound": gdp_epsilon(mu_lb, delta),
           "canaries": int(scores.size), "guessed_in": k_in, "guessed_out": k_out,
           "guesses": guesses, "correct": correct, "alpha": alpha, "delta": delta}
