@@ -31,6 +31,8 @@ in tests/test_training_noise.py: the model is then the noise path, bit for bit).
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -42,6 +44,8 @@ from training import engine
 from training import loop
 from training import mechanisms
 from training import task as task_lib
+
+import userenv
 
 ROUNDS = 4
 CLIENTS = 3
@@ -283,3 +287,22 @@ def test_compiled_engine_with_workers_is_refused_in_one_line(tmp_path):
   assert "\n" not in str(error.value) and "--workers" in str(error.value)
   with pytest.raises(config_lib.TrainingError, match="--engine='jax'"):
     dataclasses.replace(config, engine="jax", workers=()).validate()
+
+
+def test_binary_trains_on_the_compiled_engine_from_a_clean_shell(tmp_path):
+  """``--engine=compiled`` as a user types it (a clean shell: absl's app.run, the LSTM)."""
+  root = tmp_path / "runs"
+  result = subprocess.run(
+      [sys.executable, os.path.join(userenv.REPO, "training", "run_stackoverflow.py"),
+       "--dataset=synthetic", "--mechanism=banded", "--noise_multiplier=1", "--total_rounds=2",
+       "--clients_per_round=2", "--vocab_size=50", "--embedding_size=4", "--lstm_size=4",
+       "--projection_size=4", "--max_validation_elements=16", "--max_test_elements=16",
+       "--engine=compiled", "--no_progress", f"--root_output_dir={root}",
+       "--experiment_name=x", f"--cache_dir={tmp_path / 'cache'}"],
+      cwd=tmp_path, env=userenv.env(home=tmp_path), capture_output=True, text=True,
+      timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  with open(root / "x" / "summary.json", encoding="utf-8") as f:
+    summary = json.load(f)
+  assert summary["finished"] and summary["config"]["engine"] == "compiled"
+  assert summary["epsilon"] is not None and summary["test_metrics"]["loss"] > 0
