@@ -306,3 +306,18 @@ def test_binary_trains_on_the_compiled_engine_from_a_clean_shell(tmp_path):
     summary = json.load(f)
   assert summary["finished"] and summary["config"]["engine"] == "compiled"
   assert summary["epsilon"] is not None and summary["test_metrics"]["loss"] > 0
+
+
+def test_a_failed_library_check_in_the_compiled_round_is_one_line(tmp_path, task):
+  """Past the n rounds its matrix was built for, the query's in-graph check stops the round
+  with the query's own one-line message, as on TFF's process (``loop.run_round``)."""
+  config = _config(tmp_path, "banded", "single", False, total_rounds=1)
+  setup, _, _ = mechanisms.resolve_privacy(config, config.noise_seed)
+  process = engine.build_process("compiled", task.model_fn, setup, CLIENT_LR,
+                                 report_train_metrics=True)
+  state = process.initialize()
+  output = loop.run_round(process, state, _cohort(task, "single", 1), 1)
+  assert np.isfinite(output.metrics["client_work"]["train"]["loss"])
+  with pytest.raises(config_lib.TrainingError) as error:
+    loop.run_round(process, output.state, [], 2)
+  assert str(error.value).startswith("round 2: ") and "\n" not in str(error.value)

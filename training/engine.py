@@ -253,6 +253,9 @@ class CompiledProcess:
     new_state = tff.learning.templates.LearningAlgorithmState(
         global_model_weights=weights, distributor=(), client_work=state.client_work,
         aggregator=aggregator, finalizer=_numpy(optimizer_state))
+    if self._report_metrics and summed is None:  # a round without clients: sums of zero
+      self._model.reset_metrics()
+      summed = _numpy(self._model.report_local_unfinalized_metrics())
     train = self._train_metrics(summed) if summed is not None else collections.OrderedDict()
     metrics = collections.OrderedDict(
         distributor=(), client_work=collections.OrderedDict(train=train),
