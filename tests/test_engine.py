@@ -12,7 +12,8 @@ stream keeps, TFF's tree buffers; and the DpEvent) must be bit-identical in ever
 Training: each round starts both engines from the same state (TFF's state after the round
 before), so the only difference allowed is the float32 summation order of the round's sum of
 K clipped records (TFF's ``federated_sum`` against the compiled engine's running sum; the
-client updates are TFF's own function on the same kernels). Higham 2002 (Accuracy and
+client updates are TFF's own function, the same steps over the same batches on the same
+kernels, its loop a dataset iterator instead of ``dataset.reduce``). Higham 2002 (Accuracy and
 Stability of Numerical Algorithms, Eq. 4.4): a sum of K terms in any order is within
 γ_K·Σ_k|x_k| of the exact sum, γ_K = K·u/(1 − K·u), u = 2⁻²⁴; a clipped record has
 |x_k,j| ≤ ‖x_k‖ ≤ ζ (for ``none``, B = the largest client update coordinate, measured with
