@@ -12,7 +12,7 @@ process is built from, not from copies of them:
   batches in the client's order, the delta zeroed when not finite), traced once on one
   model and called for each client in turn. Its loop is TFF's dataset-iterator loop, part of
   the traced graph: ``dataset.reduce`` (TFF's default) instantiates and optimizes the step
-  function again at every call, about 0.25 s per client on the main job's model;
+  function again at every call (0.24 s per client measured on a 650-parameter model);
 - each update then goes through ``training.robustness.zero_if_non_finite`` and the DP
   query's ``preprocess_record`` (clipping), and is summed into one accumulator, as
   ``NonFiniteZeroingFactory`` and ``tff.aggregators.DifferentiallyPrivateFactory`` do;
