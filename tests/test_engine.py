@@ -290,6 +290,9 @@ def test_compiled_engine_with_workers_is_refused_in_one_line(tmp_path):
     dataclasses.replace(config, engine="jax", workers=()).validate()
 
 
+# Slow: the engine is tested in-process above, and the clean-shell binary (absl's app.run, the
+# LSTM) in tests/test_training_binary.py; this is the two together.
+@pytest.mark.slow
 def test_binary_trains_on_the_compiled_engine_from_a_clean_shell(tmp_path):
   """``--engine=compiled`` as a user types it (a clean shell: absl's app.run, the LSTM)."""
   root = tmp_path / "runs"
