@@ -325,3 +325,14 @@ def test_a_failed_library_check_in_the_compiled_round_is_one_line(tmp_path, task
   with pytest.raises(config_lib.TrainingError) as error:
     loop.run_round(process, output.state, [], 2)
   assert str(error.value).startswith("round 2: ") and "\n" not in str(error.value)
+
+
+def test_an_unpinned_noise_seed_is_fresh_at_every_initialize(tmp_path, task):
+  """Without a pinned seed the compiled engine's query state draws its seed from OS entropy
+  at every ``initialize`` (never one traced constant), as on TFF's process."""
+  config = _config(tmp_path, "banded", "single", False, noise_seed=None)
+  setup, _, _ = mechanisms.resolve_privacy(config, None)
+  process = engine.build_process("compiled", task.model_fn, setup, CLIENT_LR)
+  seeds = [tuple(process.initialize().aggregator.query_state.numerator_state.seed)
+           for _ in range(3)]
+  assert len(set(seeds)) == 3, seeds
