@@ -55,6 +55,7 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
         ("benchmarks/bench_square_root.py",))),
     ("data", "stackoverflow_data.md", (("benchmarks/stackoverflow_data.py",),)),
     ("harness", "harness.md", (("benchmarks/bench_harness.py",),)),
+    ("engine", "engine.md", (("benchmarks/bench_engine.py",),)),
     ("main_job", "main_job.md", (("benchmarks/bench_main_job.py",),)),
     ("multi_epoch_training", "training_multi_epoch.md", (
         ("benchmarks/training_pydocs.py", "--mechanisms", "tree", "gaussian", "banded", "blt",
@@ -90,6 +91,7 @@ SMOKE: Dict[str, Tuple[str, ...]] = {
     "peer_jax_privacy.py": ("--help",),  # runs in the jax-privacy interpreter; --help anywhere
     "stackoverflow_data.py": ("--smoke", "--out-dir", "{out}"),
     "bench_harness.py": ("--smoke", "--out-dir", "{out}"),
+    "bench_engine.py": ("--smoke", "--out-dir", "{out}"),
     "bench_main_job.py": ("--smoke", "--out-dir", "{out}"),
     "training_pydocs.py": ("--smoke", "--out", "{out}/runs", "--results_md", "{out}/training.md"),
     "training_adaptive.py": ("--smoke", "--out", "{out}/runs", "--results_md",

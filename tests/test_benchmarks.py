@@ -31,7 +31,8 @@ RUN_ALL = _run_all()
 # Minutes of CPU even when tiny (TFF training runs): with the slow tests; their --help
 # runs in the default suite.
 # Smoke runs of more than ~10 s of CPU: the slow suite runs them (their --help runs here).
-SLOW = {"training_pydocs.py", "training_adaptive.py", "bench_harness.py", "peer_jax_privacy_bands.py",
+SLOW = {"training_pydocs.py", "training_adaptive.py", "bench_harness.py", "bench_engine.py",
+        "peer_jax_privacy_bands.py",
         "stackoverflow_data.py", "bench_distributed.py", "bench_aggregation.py",
         "bench_audit.py",
         # The main job's table at n = 16 from a clean shell: test_training_main_job runs it

@@ -172,11 +172,13 @@ def test_help_describes_every_flag_with_its_default(tmp_path):
     ("--experiment_name=..", "--experiment_name"),
     ("--experiment_name=a/b", "--experiment_name"),
     ("--noise_multiplier=-1", "--noise_multiplier"),
+    ("--engine=jax", "--engine"),
+    ("--engine=compiled --workers=localhost:1", "--workers"),
 ])
 def test_configuration_errors_are_one_line_exit_2(flag, message, tmp_path):
   root = tmp_path / "runs"
-  result = run_binary(TINY + [f"--root_output_dir={root}", flag], cwd=tmp_path, home=tmp_path,
-                      timeout=300)
+  result = run_binary(TINY + [f"--root_output_dir={root}", *flag.split()], cwd=tmp_path,
+                      home=tmp_path, timeout=300)
   assert result.returncode == 2, result.stderr[-3000:]  # a usage error
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines

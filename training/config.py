@@ -23,6 +23,10 @@ from tff_mf import participation
 from tff_mf import registry
 
 DATASETS = ("stackoverflow", "pydocs", "pydocs_modules", "synthetic")  # stackoverflow.data.DATASETS
+# What runs the rounds (training.engine): TFF's learning process, or the compiled engine that
+# runs the same round on one model in this process.
+ENGINES = ("tff", "compiled")
+DEFAULT_ENGINE = "tff"
 LR_SCHEDULES = ("constant", "decay", "cooldown")
 # tff_mf.accounting's accountants of the unamplified Gaussian, and its default (every tool's).
 ACCOUNTANTS = accounting.ACCOUNTANTS
@@ -33,7 +37,8 @@ PARTICIPATIONS = participation.SPELLINGS
 DEFAULT_ROOT_OUTPUT_DIR = "~/tff_mf_runs"
 # Flags that may differ between the run that wrote a checkpoint and the one resuming it.
 RESUME_FREE_FIELDS = ("noise_seed", "workers", "rounds_per_checkpoint", "rounds_per_eval",
-                      "progress", "root_output_dir", "cache_dir", "report_train_metrics")
+                      "progress", "root_output_dir", "cache_dir", "report_train_metrics",
+                      "engine")
 POSITIVE_INT_FIELDS = ("total_rounds", "clients_per_round", "rounds_per_eval",
                        "rounds_per_checkpoint", "max_validation_elements", "vocab_size",
                        "num_oov_buckets", "embedding_size", "lstm_size", "projection_size",
@@ -122,6 +127,7 @@ class TrainingConfig:
   max_validation_elements: int = 10000
   max_test_elements: Optional[int] = None
   workers: Tuple[str, ...] = ()
+  engine: str = DEFAULT_ENGINE
   seed: int = 0
   progress: bool = True
   report_train_metrics: bool = False
@@ -167,9 +173,13 @@ class TrainingConfig:
     for name, value, allowed in (("dataset", self.dataset, DATASETS),
                                  ("lr_schedule", self.lr_schedule, LR_SCHEDULES),
                                  ("accountant", self.accountant, ACCOUNTANTS),
-                                 ("participation", self.participation, PARTICIPATIONS)):
+                                 ("participation", self.participation, PARTICIPATIONS),
+                                 ("engine", self.engine, ENGINES)):
       if value not in allowed:
         raise TrainingError(f"--{name}={value!r}; expected one of {', '.join(allowed)}")
+    if self.engine == "compiled" and self.workers:
+      raise TrainingError("--engine=compiled trains in this process; --workers needs TFF's "
+                          "runtime (--engine=tff)")
     checks.path_component(self.experiment_name, "--experiment_name")
     if not self.root_output_dir:
       raise TrainingError("--root_output_dir must not be empty")

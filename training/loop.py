@@ -32,6 +32,7 @@ from tff_mf import interrupt
 from tff_mf import jsonio
 from tff_mf import registry
 from training import checkpoints
+from training import engine
 from training import identity as identity_lib
 from training import mechanisms
 from training import outputs
@@ -492,7 +493,8 @@ def _build_trainer(run: _Run, task: task_lib.Task, setup) -> Tuple[_Trainer, obj
   config = run.config
   sampler = sampling.build_sampler(config, task.train_client_ids, run.progress.sampling_secret)
   log = sampling.build_log(config, task.train_client_ids)
-  process = mechanisms.build_process(task.model_fn, setup, config.client_lr)
+  process = engine.build_process(config.engine, task.model_fn, setup, config.client_lr,
+                                 report_train_metrics=config.report_train_metrics)
   state = _initial_state(run, process, task)
   private = setup.info.get("private", False)
   trainer = _Trainer(run=run, task=task, process=process, sampler=sampler, log=log,

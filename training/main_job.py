@@ -33,6 +33,8 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from tff_mf import interrupt
+from training.config import DEFAULT_ENGINE
+from training.config import ENGINES
 
 # The baseline first: TFF's tree aggregator (what users train with today), then MF.
 MAIN_JOB_MECHANISMS = ("tree", "opt_momentum")
@@ -397,6 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
                       default=MAIN_JOB_DEFAULTS["target_epsilon"], help="ε of every run")
   parser.add_argument("--seeds", type=int, nargs="+", default=list(NOISE_SEEDS),
                       help="replicates: seed r pins the noise, client order and model init")
+  parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
+                      help="what runs the rounds: TFF's learning process or the compiled engine "
+                           "(the same round on one model in this process; training/engine.py)")
   clitools.add_progress_flags(parser)
   return parser
 
@@ -436,7 +441,7 @@ def _main(args: argparse.Namespace) -> int:
   return run_main_job(os.path.join(args.output_dir, "training"), cache_dir=args.cache_dir,
                       data_dir=args.data_dir, seeds=args.seeds, progress=args.progress,
                       total_rounds=args.total_rounds, clients_per_round=args.clients_per_round,
-                      target_epsilon=args.target_epsilon)
+                      target_epsilon=args.target_epsilon, engine=args.engine)
 
 
 if __name__ == "__main__":

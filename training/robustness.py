@@ -49,6 +49,11 @@ class NonFiniteZeroingFactory(tff.aggregators.UnweightedAggregationFactory):
           f"build_unweighted_fed_avg), got {type(inner_factory).__name__}")
     self._inner = inner_factory
 
+  @property
+  def inner(self) -> tff.aggregators.UnweightedAggregationFactory:
+    """The wrapped factory (what aggregates the zeroed values)."""
+    return self._inner
+
   def create(self, value_type) -> tff.templates.AggregationProcess:
     inner_process = self._inner.create(value_type)
 

@@ -118,6 +118,18 @@ class DPAggregatorFactory(tff.aggregators.UnweightedAggregationFactory,
     self._make_factory = make_factory
     self.name = name
 
+  def dp_query(self, record_specs):
+    """The DPQuery a process for values of ``record_specs`` aggregates with: the very query
+    ``create`` wires into ``tff.aggregators.DifferentiallyPrivateFactory`` (its clipping,
+    noise, adaptive clip and DpEvents), for running it outside TFF; None when the mechanism
+    is a plain mean (``none``)."""
+    factory = self._make_factory(record_specs)
+    if isinstance(factory, tff.aggregators.DifferentiallyPrivateFactory):
+      return factory._query  # pylint: disable=protected-access
+    if isinstance(factory, tff.aggregators.UnweightedMeanFactory):
+      return None
+    raise TypeError(f"{self.name}: no DPQuery in a {type(factory).__name__}")
+
   def create(self, value_type, weight_type=None):
     unweighted = self._make_factory(tff.types.type_to_tf_tensor_specs(value_type))
     if weight_type is None:

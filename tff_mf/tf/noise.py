@@ -267,14 +267,17 @@ class LinearNoise(StreamingNoise):
 
   Each round draws Z[i] from (seed, i), updates the k state rows and outputs y_i
   exactly as ``LinearStream.step`` does in float64 — the same tables, cast to the
-  variables' dtype. Copied state rows are passed by reference (no copy); the
-  computed rows and the output are fused per variable by XLA (``jit_compile``),
-  and coefficients that are zero in every round are left out at trace time.
+  variables' dtype. Copied state rows are passed by reference (no copy), and
+  coefficients that are zero in every round are left out at trace time.
+  ``jit_compile=True`` fuses the computed rows and the output per variable with XLA.
+  It is off by default: TFF's runtime runs the kernel without XLA, and the rows a
+  fused kernel gives differ in the last bits, so the TFF process and the compiled
+  engine (``--engine=compiled``) add bit-identical noise only without it.
   """
 
   def __init__(self, stream: streams.LinearStream, c: np.ndarray,
                participation: participation_lib.Participation = participation_lib.SINGLE,
-               jit_compile: bool = True, sensitivity_report: Optional[Dict[str, Any]] = None):
+               jit_compile: bool = False, sensitivity_report: Optional[Dict[str, Any]] = None):
     if not isinstance(stream, streams.LinearStream):
       raise NoiseError(f"stream must be a tff_mf.streams.LinearStream, got "
                        f"{type(stream).__name__}")

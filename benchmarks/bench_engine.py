@@ -1,0 +1,291 @@
+"""CPU per client update: plain TensorFlow, the compiled engine and TFF's process, side by side.
+
+Usage: .venv/bin/python benchmarks/bench_engine.py [--rounds 10] [--clients 8]
+(``--smoke``: a tiny model, 2 clients, one timed round; seconds)
+
+Three ways to run the same FedAvg round (K clients, each one SGD pass over its batches,
+learning rate 0.5), on the LSTM of ``stackoverflow/model.py``:
+
+- plain TF, the limit: one Keras model, one ``tf.function`` train step per batch, clients
+  one after another, the weights reset before each client and the deltas summed (no DP,
+  no server optimizer);
+- the compiled engine (``training.engine.CompiledProcess``, ``--engine=compiled``) with
+  ``none`` (its client work and mean) and with a DP mechanism (the run's query: clipping,
+  noise, DpEvent);
+- TFF's process: ``tff.learning.algorithms.build_unweighted_fed_avg`` with its default
+  aggregator, what ``--engine=tff`` runs for ``none``.
+
+Models: the main job's (LSTM 16/32/16, V = 1,000; ``training.main_job.MAIN_JOB_DEFAULTS``)
+with 5 sentences per client, and the papers' (4.05M parameters, V = 10,000) with 16. Each
+client's sentences are random token ids of the vocabulary (fixed seed), batches of 16; the
+three paths see the same clients in the same order. CPU seconds are those of this process
+and its children (TFF's worker_binary), per round divided by K: the median of the timed
+rounds after one warm-up round (tracing). Rounds of the three paths alternate, so load drift
+hits them alike. The noise: CPU seconds of one call of the query's ``get_noised_result``
+(what the engine runs once per round) per mechanism, at n = 48 rounds, median of 5 calls
+after one. Writes benchmarks/results/engine.md (and engine.json).
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from bench_harness import _cpu_seconds  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+COMMAND = ".venv/bin/python benchmarks/bench_engine.py"
+TARGET_PLAIN = 1.5  # compiled engine / plain TF, at most
+TARGET_TFF = 20.0  # TFF / compiled engine, at least (the main job's model)
+CLIENT_LR = 0.5
+BATCH = 16
+NOISE_ROUNDS = 48
+NOISE_MECHANISMS = ("gaussian", "tree", "opt_momentum", "banded", "blt", "bisr")
+DP_MECHANISM = "banded"
+MODELS = {
+    "main job": dict(vocab_size=1000, embedding_size=16, lstm_size=32, projection_size=16,
+                     sentences=5),
+    "paper": dict(vocab_size=10000, embedding_size=96, lstm_size=670, projection_size=96,
+                  sentences=16),
+}
+SMOKE_MODEL = dict(vocab_size=50, embedding_size=4, lstm_size=4, projection_size=4, sentences=5)
+
+
+def _config(model, mechanism, cache_dir):
+  from training import config as config_lib  # pylint: disable=g-import-not-at-top
+  sizes = {k: v for k, v in model.items() if k != "sentences"}
+  private = mechanism != "none"
+  return config_lib.TrainingConfig(
+      dataset="synthetic", mechanism=mechanism, total_rounds=NOISE_ROUNDS, clients_per_round=8,
+      noise_multiplier=1.0 if private else None, clip_norm=1.0, client_lr=CLIENT_LR,
+      client_batch_size=BATCH, cache_dir=cache_dir, progress=False,
+      noise_seed=1 if private else None, **sizes)
+
+
+def _clients(model, count, seed):
+  """``count`` clients' (x, y) datasets of random token ids, ``model['sentences']`` each."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from stackoverflow import preprocessing  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  classes = preprocessing.extended_vocab_size(model["vocab_size"], 1)
+  return [preprocessing.client_dataset(
+      rng.integers(1, classes, size=(model["sentences"], 21)), BATCH) for _ in range(count)]
+
+
+def _model_fns(model):
+  from stackoverflow import model as so_model  # pylint: disable=g-import-not-at-top
+  sizes = {k: v for k, v in model.items() if k not in ("sentences", "vocab_size")}
+  tff_model_fn = so_model.create_tff_model_fn(vocab_size=model["vocab_size"], seed=0, **sizes)
+  return tff_model_fn, lambda: so_model.create_keras_model(
+      vocab_size=model["vocab_size"], seed=0, **sizes)
+
+
+class PlainTF:
+  """The limit: one compiled train step per batch on one model, deltas summed."""
+
+  def __init__(self, keras_model_fn):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    self.model = model = keras_model_fn()
+    variables = model.trainable_variables
+    self.initial = [tf.Variable(v) for v in variables]
+    self.total = [tf.Variable(tf.zeros_like(v)) for v in variables]
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(x, y):
+      with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+      for v, g in zip(variables, tape.gradient(loss, variables)):
+        v.assign_sub(CLIENT_LR * tf.convert_to_tensor(g))
+
+    @tf.function
+    def reset():
+      for v, w in zip(variables, self.initial):
+        v.assign(w)
+
+    @tf.function
+    def add_delta():
+      for t, w, v in zip(self.total, self.initial, variables):
+        t.assign_add(w - v)
+
+    self.step, self.reset, self.add_delta = step, reset, add_delta
+
+  def round(self, datasets):
+    for dataset in datasets:
+      self.reset()
+      for x, y in dataset:
+        self.step(x, y)
+      self.add_delta()
+
+
+class Timed:
+  """A path's rounds: CPU seconds of each."""
+
+  def __init__(self, name, run_round):
+    self.name, self.run_round, self.cpu = name, run_round, []
+
+  def round(self, datasets, timed):
+    start = _cpu_seconds()
+    self.run_round(datasets)
+    if timed:
+      self.cpu.append(_cpu_seconds() - start)
+
+
+def _paths(model, cache_dir):
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from training import engine  # pylint: disable=g-import-not-at-top
+  from training import mechanisms  # pylint: disable=g-import-not-at-top
+  tff_model_fn, keras_model_fn = _model_fns(model)
+  # TFF's process first: it builds its models in graphs of its own, after which a Keras model
+  # built before would no longer trace (Keras 2.14).
+  bare = tff.learning.algorithms.build_unweighted_fed_avg(
+      tff_model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(
+          learning_rate=CLIENT_LR))
+  bare_state = [bare.initialize()]
+
+  def run_tff(datasets):
+    bare_state[0] = bare.next(bare_state[0], datasets).state
+  paths = []
+  for mechanism in ("none", DP_MECHANISM):
+    setup, _, _ = mechanisms.resolve_privacy(_config(model, mechanism, cache_dir), 1)
+    process = engine.build_process("compiled", tff_model_fn, setup, CLIENT_LR)
+    state = [process.initialize()]
+
+    def run(datasets, process=process, state=state):
+      state[0] = process.next(state[0], datasets).state
+    paths.append(Timed(f"compiled engine ({mechanism})", run))
+  plain = PlainTF(keras_model_fn)
+  return [Timed("plain TF", plain.round), *paths,
+          Timed("TFF (build_unweighted_fed_avg)", run_tff)]
+
+
+def noise_cost(model, cache_dir, mechanisms_to_time, repeats):
+  """CPU seconds of one ``get_noised_result`` of each mechanism's query (median)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from training import mechanisms  # pylint: disable=g-import-not-at-top
+  _, keras_model_fn = _model_fns(model)
+  specs = [tf.TensorSpec(v.shape, v.dtype) for v in keras_model_fn().trainable_variables]
+  out = {}
+  for mechanism in mechanisms_to_time:
+    setup, _, _ = mechanisms.resolve_privacy(_config(model, mechanism, cache_dir), 1)
+    query = setup.aggregation_factory.inner.dp_query(specs)
+    noised = tf.function(query.get_noised_result, reduce_retracing=True)
+    sample = query.initial_sample_state(specs)
+    state = query.initial_global_state()
+    times = []
+    for i in range(repeats + 1):
+      start = _cpu_seconds()
+      _, state, _ = noised(sample, state)
+      tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, state)
+      if i:
+        times.append(_cpu_seconds() - start)
+    out[mechanism] = statistics.median(times)
+  return out
+
+
+def measure(name, model, args):
+  print(f"[engine] {name}: building", file=sys.stderr, flush=True)
+  paths = _paths(model, args.cache_dir)
+  for r in range(args.rounds + 1):  # round 0 traces (not timed)
+    datasets = _clients(model, args.clients, seed=r)
+    for path in paths:
+      path.round(datasets, timed=r > 0)
+  per_client = {p.name: statistics.median(p.cpu) / args.clients for p in paths}
+  noise = noise_cost(model, args.cache_dir, args.noise_mechanisms, args.noise_repeats)
+  from stackoverflow import model as so_model  # pylint: disable=g-import-not-at-top
+  sizes = {k: v for k, v in model.items() if k != "sentences"}
+  result = {"model": name, "parameters": so_model.parameter_count(**sizes),
+            "sentences": model["sentences"], "clients": args.clients,
+            "per_client_cpu_s": per_client,
+            "rounds_cpu_s": {p.name: p.cpu for p in paths}, "noise_cpu_s": noise}
+  print(f"[engine] {name}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in
+                                          per_client.items()), file=sys.stderr, flush=True)
+  return result
+
+
+def section(args, results, load_start, load_end, minutes) -> str:
+  command = COMMAND + ("" if (args.rounds, args.clients) == (10, 8)
+                       else f" --rounds {args.rounds} --clients {args.clients}")
+  lines = [
+      "## Compiled engine speed", "",
+      f"Command: `{command}` — machine: 2-core x86_64 CPU, no GPU (Python "
+      f"{platform.python_version()}); 1-minute load average {load_start:.1f} at the start, "
+      f"{load_end:.1f} at the end (shared: CPU seconds are this process and its children). "
+      f"Total run: {minutes:.1f} min.", "",
+      f"CPU per client update, {args.clients} clients per round, median of {args.rounds} "
+      "rounds after one warm-up round; the three paths alternate rounds on the same clients. "
+      "Plain TF is the limit (one compiled step per batch on one model, no DP). The compiled "
+      f"engine runs TFF's client update and the run's DP query ({DP_MECHANISM}: clipping and "
+      "noise included) on one model; TFF is a bare `build_unweighted_fed_avg`. Goals: compiled "
+      f"≤ {TARGET_PLAIN}× plain TF, and ≥ {TARGET_TFF:g}× faster than TFF on the main job's "
+      "model.", "",
+      "| model | parameters | sentences per client | plain TF ms | compiled (none) ms | "
+      f"compiled ({DP_MECHANISM}) ms | TFF ms | compiled / plain | TFF / compiled |",
+      "|---|---|---|---|---|---|---|---|---|"]
+  for r in results:
+    t = r["per_client_cpu_s"]
+    plain, none = t["plain TF"], t["compiled engine (none)"]
+    dp, bare = t[f"compiled engine ({DP_MECHANISM})"], t["TFF (build_unweighted_fed_avg)"]
+    lines.append(f"| {r['model']} | {r['parameters']:,} | {r['sentences']} | "
+                 f"{plain * 1e3:.1f} | {none * 1e3:.1f} | {dp * 1e3:.1f} | {bare * 1e3:.1f} | "
+                 f"**{none / plain:.2f}** | **{bare / none:.1f}** |")
+  lines += ["", f"The mechanisms' noise, once per round (CPU ms of the query's "
+            f"`get_noised_result` at n = {NOISE_ROUNDS}, median of {args.noise_repeats}), "
+            f"beside the clients' work of a round ({args.clients} clients on the compiled "
+            "engine):", "",
+            "| model | clients' work ms | " + " | ".join(args.noise_mechanisms) + " |",
+            "|---|---|" + "---|" * len(args.noise_mechanisms)]
+  for r in results:
+    work = r["per_client_cpu_s"]["compiled engine (none)"] * args.clients
+    lines.append(f"| {r['model']} | {work * 1e3:.0f} | " + " | ".join(
+        f"{r['noise_cpu_s'][m] * 1e3:.1f}" for m in args.noise_mechanisms) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--rounds", type=int, default=10, help="timed rounds per path")
+  parser.add_argument("--clients", type=int, default=8, help="clients per round")
+  parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+  parser.add_argument("--cache_dir", default=None,
+                      help="factorization cache (default: the library's)")
+  parser.add_argument("--out-dir", default=os.path.join(REPO, "benchmarks", "results"))
+  parser.add_argument("--smoke", action="store_true",
+                      help="a tiny model, 2 clients, one timed round, two mechanisms' noise")
+  args = parser.parse_args(argv)
+  if args.rounds < 1 or args.clients < 1:
+    parser.error("--rounds and --clients must be at least 1")
+  from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
+  runtime.install_exit_hook()
+  models = {name: MODELS[name] for name in args.models}
+  args.noise_mechanisms, args.noise_repeats = NOISE_MECHANISMS, 5
+  if args.smoke:
+    args.rounds, args.clients, models = 1, 2, {"tiny (smoke)": SMOKE_MODEL}
+    args.noise_mechanisms, args.noise_repeats = ("gaussian", DP_MECHANISM), 1
+    if args.cache_dir is None:
+      args.cache_dir = os.path.join(args.out_dir, "cache")
+  load_start, start = os.getloadavg()[0], time.perf_counter()
+  os.makedirs(args.out_dir, exist_ok=True)
+  results = []
+  for name, model in models.items():
+    results.append(measure(name, model, args))
+    with open(os.path.join(args.out_dir, "engine.json"), "w", encoding="utf-8") as f:
+      json.dump(results, f, indent=1)  # so far
+  text = section(args, results, load_start, os.getloadavg()[0],
+                 (time.perf_counter() - start) / 60)
+  path = os.path.join(args.out_dir, "engine.md")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(text)
+  print(text)
+  print(f"wrote {path}", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
