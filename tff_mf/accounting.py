@@ -429,8 +429,7 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
     delta: δ in (0, 1).
     amplification: None / "none" (one Gaussian at z / sensitivity), "mmcc" (MMCC), "banded"
       (amplified banded): a min_sep or fixed_epoch schema (``sampling_min_sep``) and
-      ``sampling_prob``; "random_allocation": the random_allocation schema
-      (``tff_mf.random_allocation``; never fixed-bin balls_in_bins).
+      ``sampling_prob``; "random_allocation": the random_allocation schema (never fixed-bin).
     sampling_prob: p in (0, 1], the probability that a user joins a round it is
       eligible for (amplified analyses only).
     accountant: accountant of the unamplified Gaussian ("exact", "pld" or "rdp").
