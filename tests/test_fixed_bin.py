@@ -309,14 +309,14 @@ def test_an_old_run_directory_resumes_as_random_allocation_only(tmp_path):
       "2026-11-01T00:00:00Z"  # pylint: disable=protected-access
   fixed = config_lib.TrainingConfig(participation="balls_in_bins", **values)
   with pytest.raises(TrainingError) as e:
-    loop._check_resumable(fixed, run_dir, "a checkpoint", recorded, 5)  # pylint: disable=protected-access
+    check = loop._check_resumable  # pylint: disable=protected-access
+    check(fixed, run_dir, "a checkpoint", recorded, 5)
   assert "random_allocation" in str(e.value) and "\n" not in str(e.value)
   # The identity's schema fingerprint: the old dict is random allocation's, not fixed-bin's.
   setup = types.SimpleNamespace(info={}, encoder=None, factorization=None)
-  loop._bind_identity(types.SimpleNamespace(config=allocation, identity=recorded,  # pylint: disable=protected-access
-                                            run_dir=run_dir), setup)
+  bind = loop._bind_identity  # pylint: disable=protected-access
+  bind(types.SimpleNamespace(config=allocation, identity=recorded, run_dir=run_dir), setup)
   with pytest.raises(TrainingError, match="participation schema sha256"):
-    loop._bind_identity(types.SimpleNamespace(config=fixed, identity=recorded,  # pylint: disable=protected-access
-                                              run_dir=run_dir), setup)
+    bind(types.SimpleNamespace(config=fixed, identity=recorded, run_dir=run_dir), setup)
   assert fixed.fingerprint() not in allocation.accepted_fingerprints()
   assert _old_fingerprint(allocation) not in fixed.accepted_fingerprints()

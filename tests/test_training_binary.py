@@ -222,3 +222,38 @@ def test_binary_trains_under_random_allocation_and_reports_the_smallest_bound(tm
   amplified = accounting.epsilon_for(c, participation.random_allocation(2), 1.0, 1e-6,
                                      "random_allocation")
   assert by_analysis["random_allocation"] == pytest.approx(amplified["epsilon"], rel=1e-9)
+
+
+# Slow: the fixed-bin sampler and its record are tested in-process in tests/test_fixed_bin.py;
+# this is the clean-shell binary.
+@pytest.mark.slow
+def test_binary_trains_under_fixed_bin_balls_in_bins_and_labels_its_bound(tmp_path):
+  """--participation=balls_in_bins: each client in the rounds of its one bin, b apart; ε is the
+  Gaussian at z / sensitivity over those patterns, labelled not amplified."""
+  from stackoverflow import fixtures  # pylint: disable=g-import-not-at-top
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  from tff_mf import cache  # pylint: disable=g-import-not-at-top
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=6)
+  home = tmp_path / "home"
+  home.mkdir()
+  args = [a for a in TINY if not a.startswith(("--dataset", "--total_rounds"))] + [
+      "--dataset=stackoverflow", f"--data_dir={data_dir}", "--total_rounds=4",
+      "--participation=balls_in_bins", "--epochs=2", "--noise_seed=3", "--noprogress",
+      f"--cache_dir={tmp_path / 'cache'}", f"--root_output_dir={tmp_path / 'runs'}",
+      "--experiment_name=fixed"]
+  result = run_binary(args, cwd=tmp_path, home=home)
+  assert result.returncode == 0, result.stderr[-4000:]
+  summary = json.loads((tmp_path / "runs" / "fixed" / "summary.json").read_text())
+  seen = summary["participation"]
+  assert seen["sampler"] == "balls in bins (fixed bin)" and seen["follows_schema"]
+  assert seen["schema"]["fixed_bin"] is True
+  assert seen["observed"]["client_rounds"] == 6 * 2  # each client in both rounds of its bin
+  assert seen["observed"]["min_separation"] == 2
+  assert seen["observed"]["separations_off_residue_class"] == 0
+  c = cache.load(summary["mechanism_info"]["cache_npz"]).c
+  sens = participation.sensitivity(c, participation.balls_in_bins(2))
+  assert summary["privacy"]["sensitivity"] == pytest.approx(sens, rel=1e-12)
+  assert summary["epsilon"] == pytest.approx(accounting.epsilon(1.0, 1e-6, sensitivity=sens),
+                                             rel=1e-9)
+  assert "not amplified" in summary["privacy_statement"]["text"]

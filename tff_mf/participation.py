@@ -41,7 +41,8 @@ Per pattern P the inner supremum is an SDP; this module brackets it by
   lower(P) = max(1ᵀX_P1, tr X_P, max_{s∈{±1}^|P|} sᵀX_P s)   (explicit contributions)
   upper(P) = min(Σ_{s,t}|X_st|, |P|·λ_max(X_P))              (arXiv:2306.08153 Eq. 5, and
                                                              ⟨X_P, VᵀV⟩ ≤ λ_max·tr VᵀV)
-(random_allocation: see ``_random_allocation`` for how the b^k patterns are searched) and ``sensitivity`` returns the square root of the maximal upper value, never below the
+(random_allocation: see ``_random_allocation`` for how the b^k patterns are searched)
+and ``sensitivity`` returns the square root of the maximal upper value, never below the
 true sensitivity (up to float64 rounding of CᵀC). The report says ``exact`` when the
 largest upper value is attained by an explicit contribution (within 1e-12 relative).
 """
@@ -124,7 +125,8 @@ class Participation:
     if self.kind not in KINDS:
       raise checks.CheckError(f"unknown participation {self.kind!r}; expected one of {KINDS}")
     allowed = {"single": (), "fixed_epoch": ("epochs",), "balls_in_bins": ("epochs",),
-               "random_allocation": ("epochs",), "min_sep": ("min_sep", "max_participations")}[self.kind]
+               "random_allocation": ("epochs",),
+               "min_sep": ("min_sep", "max_participations")}[self.kind]
     extra = [name for name in ("epochs", "min_sep", "max_participations")
              if getattr(self, name) is not None and name not in allowed]
     if extra:

@@ -157,7 +157,8 @@ def analysis_words(record: Mapping[str, Any], schema_text: str) -> str:
     bound = record.get("random_allocation") or {}
     if record.get("bound") == "amplified":
       return (f"amplification by random allocation (one uniformly random round per "
-              f"epoch, drawn anew each epoch): Renyi divergence bounds of the pair N(0, z^2 I) vs E_pi N(C 1_pi, "
+              f"epoch, drawn anew each epoch): Renyi divergence bounds of the pair "
+              f"N(0, z^2 I) vs E_pi N(C 1_pi, "
               f"z^2 I) for C with noise multiplier z = {_fmt(z)} at order "
               f"{bound.get('order')} (tff_mf.random_allocation, after Schuchardt & Kalinin "
               f"2026, arXiv:2601.21636, Sec 3), converted to (epsilon, delta) by Canonne, "

@@ -211,7 +211,8 @@ class TrainingConfig:
   def _check_participation(self) -> None:
     """The schema's flags go with their --participation, and only with it."""
     takes = {"single": (), "fixed_epoch": ("epochs",), "balls_in_bins": ("epochs",),
-             "random_allocation": ("epochs",), "min_sep": ("min_sep", "sampling_prob", "max_participations")}[self.participation]
+             "random_allocation": ("epochs",),
+             "min_sep": ("min_sep", "sampling_prob", "max_participations")}[self.participation]
     for name in ("epochs", "min_sep", "sampling_prob", "max_participations"):
       value = getattr(self, name)
       if value is not None and name not in takes:
