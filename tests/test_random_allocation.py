@@ -128,13 +128,13 @@ def test_identity_against_feldman_shenfeld_and_a_lower_bound():
     theirs.append(max(remove, add))
   from dp_accounting.rdp import rdp_privacy_accountant  # pylint: disable=g-import-not-at-top
   eps_theirs, _ = rdp_privacy_accountant.compute_epsilon(orders, theirs, DELTA)
-  eps = ra.epsilon(c, k, z, DELTA, orders=orders)["epsilon"]
+  eps = ra.epsilon(c, k, z, DELTA, orders=orders, pld=False)["epsilon"]
   assert eps <= eps_theirs
   # The default orders, against the bracket.
   c = np.eye(64)
   for k, z in ((4, 1.0), (4, 2.0), (1, 1.0)):
     sens, plain = unamplified(c, k, z)
-    eps = ra.epsilon(c, k, z, DELTA, sensitivity=sens)["epsilon"]
+    eps = ra.epsilon(c, k, z, DELTA, sensitivity=sens, pld=False)["epsilon"]
     low = ra.lower_bound(c, k, z, DELTA)
     assert low <= eps <= plain
     assert eps < 0.6 * plain
@@ -172,6 +172,7 @@ def test_bad_inputs_are_one_line_errors():
                            "random_allocation", sampling_prob=0.5)
 
 
+@pytest.mark.slow  # C = I: about 20 evaluations of the PLD bound (tests/test_allocation_pld.py)
 def test_run_record_names_the_random_allocation_bound_and_calibrates_with_it():
   c, schema = np.eye(64), participation.random_allocation(4)
   record = mechanisms.run_privacy(c, schema, 2.0, None, DELTA, "exact")
@@ -198,7 +199,10 @@ def test_account_cli_random_allocation(tmp_path):
   record = json.loads(ok.stdout)
   assert record["analysis"] == "random_allocation" and record["bound"] == "amplified"
   assert record["epsilon"] < record["unamplified_epsilon"]
-  assert "arXiv:2601.21636" in record["privacy_statement"]["analysis"]
+  # C = I: the random-allocation PLD (arXiv:2602.17284), below the Renyi bound.
+  assert record["random_allocation"]["method"] == "pld" and record["accountant"] == "pld"
+  assert record["epsilon"] < record["random_allocation"]["renyi_epsilon"]
+  assert "arXiv:2602.17284" in record["privacy_statement"]["analysis"]
   for extra, words in ((["--epochs", "4", "--sampling_prob", "0.5"], "does not apply"),
                        (["--participation", "min_sep", "--min_sep", "2", "--epochs", "4"],
                         "needs --participation random_allocation"),

@@ -104,6 +104,10 @@ THEOREMS = {
                          "dynamic program and decoupling for remove, Jensen for add), after "
                          "Schuchardt & Kalinin 2026, arXiv:2601.21636, Sec 3; converted by "
                          "Canonne, Kamath, Steinke 2020, arXiv:2004.00010, Prop 12",
+    "random_allocation_pld": "random-allocation privacy-loss distribution for C = a I (Feldman "
+                             "& Shenfeld 2026, arXiv:2602.17284): the law of the likelihood "
+                             "ratio on a geometric grid, every loss rounded up, epochs "
+                             "composed by dp_accounting's pessimistic PLDs",
 }
 # What an unamplified record of these schemas leaves out (said with every such ε).
 NOT_AMPLIFIED = {
@@ -544,7 +548,10 @@ def _random_allocation_record(record: Dict[str, Any], c: Optional[np.ndarray], s
   record["bound"] = "amplified" if amplified <= unamplified else "unamplified"
   record["epsilon"] = min(amplified, unamplified)
   if record["bound"] == "amplified":  # else ε is the unamplified accountant's, as recorded
-    record.update(accountant="rdp", exact=False)
+    pld = bound["method"] == "pld"
+    record.update(accountant="pld" if pld else "rdp", exact=False)
+    if pld:
+      record["theorem"] = THEOREMS["random_allocation_pld"]
   return record
 
 

@@ -50,6 +50,10 @@ units of z):
   log(α·δ)/(α − 1)] (Canonne, Kamath, Steinke 2020, arXiv:2004.00010, Prop 12; Balle
   et al. 2020, arXiv:1905.09982, Thm 21; dp_accounting's ``compute_epsilon``).
 
+For C = a·I (DP-SGD) ``epsilon`` also computes the privacy-loss distribution of the pair
+itself (``tff_mf.allocation_pld``, after Feldman & Shenfeld 2026, arXiv:2602.17284),
+an upper bound much closer to the true ε, and reports the smaller of the two.
+
 What is not here: the paper's own dynamic program (its Lemma 3.2 / Algorithm 3, exact for
 banded C at a cost exponential in the bands) and its conditional-composition bound
 (Sec 4). Their text could not be checked, so they are not transcribed; the bounds above
@@ -67,6 +71,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 from scipy import special
 
+from tff_mf import allocation_pld
 from tff_mf import checks
 from tff_mf import participation
 
@@ -272,14 +277,16 @@ def rdp(c, epochs: int, noise_multiplier: float, *, sensitivity: Optional[float]
 
 def epsilon(c, epochs: int, noise_multiplier: float, delta: float, *,
             sensitivity: Optional[float] = None,
-            orders: Optional[Sequence[int]] = None) -> Dict[str, Any]:
+            orders: Optional[Sequence[int]] = None, pld: bool = True) -> Dict[str, Any]:
   """An upper bound on ε(δ) of random allocation with encoder C, k = ``epochs``, z.
 
   ``sensitivity``: C's random-allocation sensitivity (``tff_mf.participation``), when known;
   it adds the unamplified Gaussian's Rényi bound per order. ``orders``: the integer
   orders to minimize over (default: ``COARSE_ORDERS``, then ``ORDERS`` near the best).
-  Returns {"epsilon", "order" (the α used), "direction" (remove or add: the larger at that
-  order), "epochs", "rounds_per_epoch"}.
+  ``pld``: for C = a·I also the PLD bound (``tff_mf.allocation_pld``); False: Rényi only.
+  Returns {"epsilon", "method" ("renyi", or "pld" where C = a·I and the PLD bound is the
+  smaller), "order" (the α of the Rényi bound), "direction" (remove or add: the larger),
+  "epochs", "rounds_per_epoch"}, and for C = a·I "renyi_epsilon" and "pld" (its details).
   """
   delta = checks.delta(delta)
   if sensitivity is not None:
@@ -298,9 +305,29 @@ def epsilon(c, epochs: int, noise_multiplier: float, delta: float, *,
   remove = min(bounds["remove_collisions"][i], bounds["remove_decoupled"][i],
                bounds["unamplified"][i])
   add = min(bounds["add"][i], bounds["unamplified"][i])
-  return {"epsilon": float(eps), "order": int(order),
-          "direction": "remove" if remove >= add else "add", "epochs": int(epochs),
-          "rounds_per_epoch": int(np.asarray(c).shape[1]) // int(epochs)}
+  out = {"epsilon": float(eps), "method": "renyi", "order": int(order),
+         "direction": "remove" if remove >= add else "add", "epochs": int(epochs),
+         "rounds_per_epoch": int(np.asarray(c).shape[1]) // int(epochs)}
+  scale = _identity_scale(c) if pld else None
+  if scale is not None:
+    pld = allocation_pld.epsilon(out["rounds_per_epoch"], out["epochs"],
+                                 float(noise_multiplier) / scale, delta)
+    out.update(renyi_epsilon=out["epsilon"], pld=pld)
+    if pld["epsilon"] < out["epsilon"]:
+      out.update(epsilon=pld["epsilon"], method="pld",
+                 direction="remove" if pld["epsilon_remove"] >= pld["epsilon_add"] else "add")
+  return out
+
+
+def _identity_scale(c) -> Optional[float]:
+  """a where C = a·I with a > 0 (DP-SGD's encoder), else None."""
+  c = np.asarray(c, dtype=np.float64)
+  if c.ndim != 2 or c.shape[0] != c.shape[1]:
+    return None
+  diag = np.diag(c)
+  if diag[0] > 0 and np.all(diag == diag[0]) and np.count_nonzero(c) == c.shape[0]:
+    return float(diag[0])
+  return None
 
 
 def _best(bounds: Dict[str, np.ndarray], delta: float) -> Dict[str, Any]:

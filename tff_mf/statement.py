@@ -73,7 +73,7 @@ ANALYSIS_LABELS = {
     "banded": "amplified banded MF (Poisson sampling within residue classes)",
     "mmcc": "MMCC (Poisson sampling within residue classes)",
     "random_allocation": "random-allocation amplification (Renyi bounds after "
-                         "arXiv:2601.21636)",
+                         "arXiv:2601.21636; for C = I its PLD, arXiv:2602.17284)",
     "adaptive": "unamplified Gaussian at z / sensitivity composed with the adaptive clip norm's "
                 "count queries (one Gaussian at 1/mu)",
 }
@@ -155,6 +155,13 @@ def analysis_words(record: Mapping[str, Any], schema_text: str) -> str:
             f"epsilon by {accountant}")
   if analysis == "random_allocation":
     bound = record.get("random_allocation") or {}
+    if record.get("bound") == "amplified" and bound.get("method") == "pld":
+      return (f"amplification by random allocation (one uniformly random round per epoch, "
+              f"drawn anew each epoch): the privacy-loss distribution of the pair N(0, z^2 I) "
+              f"vs the mixture over the round of N(e_round, z^2 I), C = I, noise multiplier "
+              f"z = {_fmt(z)} (Feldman & Shenfeld 2026, arXiv:2602.17284; "
+              f"tff_mf.allocation_pld, losses rounded up), {bound.get('epochs')} epochs "
+              f"composed via PLD (dp_accounting, pessimistic)")
     if record.get("bound") == "amplified":
       return (f"amplification by random allocation (one uniformly random round per "
               f"epoch, drawn anew each epoch): Renyi divergence bounds of the pair "
