@@ -85,7 +85,6 @@ def test_bad_inputs_are_one_line_errors():
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.slow
 def test_issue_39_configuration():
   """C = I, b = 64, E = 4, z = 2, δ = 1e-8 (issue 39): opake's random_allocation_gaussian_pld
   gives 0.677. Ours is within 2% of it, above the proven lower bound of
