@@ -20,13 +20,12 @@ import tensorflow as tf  # pylint: disable=wrong-import-position
 import tensorflow_federated as tff  # pylint: disable=wrong-import-position
 
 from tff_mf import participation  # pylint: disable=wrong-import-position
-from tff_mf.tf import aggregators, runtime  # pylint: disable=wrong-import-position
+from tff_mf.tf import aggregators  # pylint: disable=wrong-import-position
 
 absl.logging.set_verbosity(absl.logging.ERROR)
 tf.get_logger().setLevel("ERROR")
 ROUNDS, CLIENTS_PER_ROUND, EPOCHS = 16, 8, 2
 TRUE_W = np.array([[1.0], [-2.0], [0.5]], np.float32)
-runtime.install_exit_hook()  # TFF 0.87 leaves its local worker_binary running at exit
 
 
 def model_fn():

@@ -507,6 +507,20 @@ def test_mmcc_calibration():
                                 mmcc_options={"workers": 1})["epsilon"] > 1.0
 
 
+def test_mmcc_calibration_shows_one_bar_for_the_whole_search(capsys):
+  """One bar with a total and an ETA over the search, not a row-PLD bar per evaluation
+  (14 bars and no overall ETA before)."""
+  c, tol = np.eye(4), 1e-2
+  r = accounting.calibrate(c, _min_sep(1), 1.0, DELTA, "mmcc", 0.5, tolerance=tol,
+                           pld_discretization=DISC,
+                           mmcc_options={"workers": 1, "progress": True})
+  err = capsys.readouterr().err
+  assert r["evaluations"] >= 2
+  assert "row PLDs" not in err and "tail bounds" not in err, err
+  assert "calibrating z to epsilon 1" in err and "<" in err, err  # elapsed<remaining
+  assert f"{r['evaluations']} evaluations" in err, err
+
+
 def test_poisson_sensitivity_brute_force():
   for seed in range(3):
     c = _random_c(6, seed)

@@ -23,6 +23,7 @@ import statcheck
 import userenv
 from tff_mf import audit as audit_lib
 from tff_mf import participation
+from tff_mf.commands import audit as audit_command
 from tff_mf.tf import audit
 from tff_mf.tf import runtime
 
@@ -182,6 +183,69 @@ def test_packing_check_detects_coordinates_that_share_noise():
   assert audit.packing_check(shared.ravel(), 256)["p_value"] < 1e-4
 
 
+def test_packing_check_needs_several_runs():
+  """Issue 40: with one run (trials == trials_per_run) there is nothing to compare, so the
+  check reports no p-value (it used to report p = 0 and warn on every such audit)."""
+  scores = np.random.default_rng(4).standard_normal(256)
+  check = audit.packing_check(scores, 256)
+  assert check["p_value"] is None and check["runs"] == 1
+
+
+def test_observed_canary_finds_a_weak_round_the_report_hides():
+  """Where to look comes from the outputs: releases whose round-6 noise is half what the
+  noise matrix reports (1024 canary-free trials) draw the canary to round 6, the faulty
+  mechanism's worst round, while the reported matrix points elsewhere (μ² at round 6 is
+  20 against 11 at the reported round 0; the estimates' relative standard error is about
+  √(2/1024) ≈ 4.4 %, so the gap is > 10 errors)."""
+  rng = np.random.default_rng(7)
+  nm = np.linalg.inv(np.tril(np.ones((8, 8))) + np.eye(8))
+  faulty = nm.copy()
+  faulty[6] *= 0.5
+  patterns = audit_lib.canary_patterns("single", 8)
+  truth = audit_lib.worst_canary(faulty, patterns)
+  reported = audit_lib.worst_canary(nm, patterns)
+  observed = audit_lib.observed_canary((faulty @ rng.standard_normal((8, 1024))).T, patterns)
+  assert reported["pattern"] == [0] and truth["pattern"] == observed["pattern"] == [6]
+  assert truth["value"] == pytest.approx(20.0) and reported["value"] == pytest.approx(11.0)
+  assert observed["mu"] == pytest.approx(truth["sensitivity"], rel=0.15)
+
+
+def test_where_to_look_needs_calibration_trials_and_says_so():
+  """Without more than 4·n calibration trials the canary follows the reported matrix, and
+  the audit warns that a fault elsewhere goes unseen; with them, the observed covariance."""
+  nm = np.linalg.inv(np.tril(np.ones((8, 8))))
+  patterns = audit_lib.canary_patterns("single", 8)
+  reported = audit_lib.worst_canary(nm, patterns)
+  canary, warning = audit.where_to_look(None, patterns, reported)
+  assert canary["pattern"] == reported["pattern"] and "goes unseen" in warning
+  cal = (nm @ np.random.default_rng(9).standard_normal((8, 33))).T
+  canary, warning = audit.where_to_look(cal, patterns, reported)
+  assert warning is None and "33 canary-free trials" in canary["chosen_from"]
+  assert audit.where_to_look(cal[:32], patterns, reported)[1] is not None
+
+
+def test_detectable_ratio_is_a_lower_bound_on_power():
+  """Issue 40, must show 2: the reported ratio r is the smallest true μ / claimed μ that
+  the audit flags with probability ≥ 0.9 (512 + 512 trials, α = 0.01, claim μ = 2). At
+  μ = r·2, 300 audits on exact Gaussian scores flag at least 250 times (if the power is
+  ≥ 0.9 the mean is ≥ 270 with sd ≤ 5.2: a false failure < 1e-4); the bound is a fixed
+  threshold's exact probability, so at μ = claimed it is ≤ α."""
+  claimed, n = 2.0, 512
+  plan = audit_lib.planned_thresholds(*audit_lib.gaussian_model(claimed), n, n, 0.01, 1e-5)
+  ratio = audit_lib.detectable_mu_ratio(plan, n, n, claimed)
+  assert 1.0 < ratio < 2.0
+  assert audit_lib.flag_probability(plan, n, n, claimed, claimed) <= 0.01
+  assert audit_lib.flag_probability(plan, n, n, claimed, ratio * claimed) >= 0.9
+  rng = np.random.default_rng(8)
+  flagged = 0
+  for _ in range(300):
+    s0, s1 = rng.standard_normal(n), rng.standard_normal(n) + ratio * claimed
+    pts = audit_lib.tradeoff_points(s0, s1, plan, 0.01)
+    flagged += audit_lib.gdp_mu_lower_bound(pts["fpr_hi"], pts["fnr_hi"]) > claimed
+  assert flagged >= 250, flagged
+  assert audit_lib.detectable_mu_ratio(plan, n, n, 8.0) == math.inf  # beyond 512 trials
+
+
 # ----------------------------------------------------------------------------- the aggregator
 
 
@@ -201,6 +265,9 @@ def test_tight_and_no_false_alarm(fixed_epoch_pair):
   assert not r["violation"], r
   assert r["epsilon_lower_bound"] <= r["claimed_epsilon"]
   assert 0 < r["mu_lower_bound"] < r["claimed_mu"]
+  assert "estimated" in r["canary"]["chosen_from"]
+  assert 1 < r["power"]["detectable_mu_ratio"] < 1.5
+  assert r["statistics"][r["decided_by"]]["decided"]
   for stat in r["statistics"].values():
     assert stat["packing_check"]["p_value"] > 1e-4
 
@@ -222,6 +289,42 @@ def test_flags_a_planted_fault(fault, fixed_epoch_pair):
     assert r["statistics"]["estimated_sigma"]["mu_lower_bound"] > r["claimed_mu"]
 
 
+AWAY = audit.AuditOptions(trials=512, trials_per_run=512, calibration_trials=512, delta=1e-5,
+                          alpha=1e-4)
+
+
+@pytest.mark.parametrize("schema,fault", [
+    (participation.SINGLE, "repeated_noise_row_elsewhere"),
+    (participation.SINGLE, "noise_row_scaled"),
+    (participation.SINGLE, "noise_row_dropped"),
+    (participation.fixed_epoch(2), "repeated_noise_row_elsewhere")], ids=lambda v: getattr(
+        v, "label", v))
+def test_flags_a_fault_away_from_the_reported_canary(schema, fault):
+  """Issue 40, must show 1: a fault in the stream only (``noise_matrix()`` and the claim as
+  built), away from the reported worst pattern: a noise row added again in the next round
+  (that release difference carries no noise: μ = ∞), one round's noise halved (μ = 2x
+  the claim there), a row of C⁻¹ left out (μ = ∞). The canary is placed from 512
+  canary-free trials and the claim refuted on fresh ones at α = 1e-4; by
+  ``flag_probability`` a μ of 2x the claim is missed with probability < 1e-12."""
+  pair = audit.build_pair("opt_prefix_sum", AWAY.trials_per_run, **_kwargs(participation=schema))
+  claimed, packed, canary_schema = audit.plant_fault(fault, *pair)
+  r = audit.audit_setups(claimed, packed, AWAY, schema=canary_schema, seed=2)
+  reported = r["canary"]["reported_worst_pattern"]
+  assert not set(r["canary"]["pattern"]) & set(reported), audit.json_ready(r)
+  assert _violation(r) and r["decided_by"] == "estimated_sigma", audit.json_ready(r)
+
+
+def test_a_correct_mechanism_passes_where_it_is_audited():
+  """The same audit (α = 1e-4: a false alarm has probability ≤ 1e-4) of the correct
+  mechanism: no violation, and the canary sits at a pattern whose reported μ is the
+  claim's (opt_prefix_sum's rounds tie under single participation)."""
+  claimed, packed = audit.build_pair("opt_prefix_sum", AWAY.trials_per_run, **_kwargs())
+  r = audit.audit_setups(claimed, packed, AWAY, seed=3)
+  assert not r["violation"], audit.json_ready(r)
+  assert r["release_mu"] == pytest.approx(r["claimed_mu"], rel=1e-6)
+  assert r["warnings"] == []  # one run per world: no packing check to fail
+
+
 def test_flags_a_fixed_epoch_run_accounted_as_single_participation():
   claimed, packed, schema = audit.plant_fault(
       "schema_ignored", *audit.build_pair("opt_prefix_sum", OPTIONS.trials_per_run, **_kwargs()))
@@ -231,9 +334,11 @@ def test_flags_a_fixed_epoch_run_accounted_as_single_participation():
   assert _violation(r), audit.json_ready(r)
 
 
-def test_command_json_plot_and_one_line_errors(tmp_path):
+def test_command_json_plot_and_one_line_errors(tmp_path, capsys):
   """`tff-mf audit` from a clean shell: strict JSON, the PNG, exit 0 for a correct mechanism
-  (α = 1e-6: false-alarm rate ≤ 1e-6), and one-line errors with exit 2."""
+  (α = 1e-6: false-alarm rate ≤ 1e-6), and one-line errors with exit 2. The text report of
+  the same audit shows every statistic's estimate and bounds, the one that decided, and
+  the power."""
   exe = os.path.join(userenv.REPO, ".venv", "bin", "tff-mf")
   png = tmp_path / "audit.png"
   base = [exe, "audit", "--mechanism", "gaussian", "--n", "4", "--noise_multiplier", "0.5",
@@ -244,13 +349,27 @@ def test_command_json_plot_and_one_line_errors(tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   report = json.loads(result.stdout)
   assert report["violation"] is False and report["mechanism"] == "gaussian"
+  assert report["warnings"] == []  # trials == trials_per_run: one run, no packing check
+  assert report["decided_by"] in report["statistics"]
+  for stat in report["statistics"].values():
+    assert {"mu_estimate", "mu_lower_bound", "decided", "detectable_mu_ratio"} <= set(stat)
+  assert report["power"]["probability"] == 0.9 and report["power"]["detectable_mu_ratio"] > 1
+  audit_command._print_text(report)  # pylint: disable=protected-access
+  text = capsys.readouterr().out
+  for name, stat in report["statistics"].items():
+    line = next(l for l in text.splitlines() if l.strip().startswith(name + ":"))
+    assert f"estimated mu {stat['mu_estimate']:.4g}" in line
+    assert f"mu lower bound {stat['mu_lower_bound']:.4g}" in line
+    assert ("<- decided" in line) == (name == report["decided_by"])
+  assert "power: a true mu of" in text and "look dependent" not in text
   assert "LOWER bound" in report["epsilon_kind"]
   assert 0 <= report["epsilon_lower_bound"] < report["claimed_epsilon"]
   assert png.stat().st_size > 10_000
   assert "audit runs" in result.stderr  # the progress bar
   for bad, message in ((["--mechanism", "tree"], "cannot be audited"),
                        (["--alpha", "0.7"], "alpha"),
-                       (["--participation", "fixed_epoch", "--epochs", "3"], "must divide")):
+                       (["--participation", "fixed_epoch", "--epochs", "3"], "must divide"),
+                       (["--plant_fault", "noise_halved"], "--plant_fault")):
     r = subprocess.run(base + bad, env=userenv.env(home=tmp_path), capture_output=True,
                        text=True, timeout=600, cwd=tmp_path)
     assert r.returncode == 2 and message in r.stderr, r.stderr
@@ -269,13 +388,17 @@ def _auditable():
                                     participation.min_sep(2, 4)], ids=lambda s: s.label)
 def test_every_mechanism_and_schema_is_tight(mechanism, schema):
   """Issue 24, point 2, for every trainable mechanism with fresh seeds (all but TFF's tree)
-  under single, fixed-epoch and min-sep: the μ of the release (computed by the audit from
-  the reported noise matrix) is within 10 % of sens/z and never above it; μ̂ is within 10 %
-  of it (≥ 5 standard errors at 2048 trials, μ ≤ 5.7); no violation. (honaker_online's
+  under single, fixed-epoch and min-sep: the μ of the release at its worst pattern
+  (computed by the audit from the reported noise matrix) is within 10 % of sens/z and
+  never above it; μ̂ is within 10 % of the reported μ at the canary's pattern (≥ 5
+  standard errors at 2048 trials, μ ≤ 5.7); no violation. (honaker_online's
   release is worth 0.93-0.98 of its claim: its online decoder discards information, so
   comparing μ̂ with the claim directly would leave less than 2 standard errors.)"""
   r = audit.audit(mechanism, options=OPTIONS, **_kwargs(participation=schema))
-  assert 0.9 <= r["release_mu"] / r["claimed_mu"] <= 1 + 1e-9, audit.json_ready(r)
+  assert 0.9 <= r["reported_worst_mu"] / r["claimed_mu"] <= 1 + 1e-9, audit.json_ready(r)
+  # The canary's pattern is the worst on 1024 calibration trials (μ̂ there within about
+  # 2 % of the truth): its reported μ is within 10 % of the reported worst.
+  assert r["release_mu"] >= 0.9 * r["reported_worst_mu"], audit.json_ready(r)
   assert abs(r["mu_estimate"] / r["release_mu"] - 1) <= 0.10, audit.json_ready(r)
   assert not r["violation"], audit.json_ready(r)
 
@@ -290,3 +413,48 @@ def test_poisson_canary_never_exceeds_the_amplified_claim(mechanism):
   assert r["claimed_analysis"] == "mmcc"
   assert 0 < r["epsilon_lower_bound"] <= r["claimed_epsilon"], audit.json_ready(r)
   assert not r["violation"]
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+def test_one_run_bound_matches_its_closed_form():
+  """Steinke, Nasr, Jagielski 2023 (arXiv:2305.08846, Thm 3.1) at δ = 0 with every one of
+  r guesses correct: the bound refutes ε while q_ε^r ≤ α, q_ε = e^ε/(1 + e^ε), so it is
+  logit(α^(1/r)) exactly (1.052, 3.493, 5.809 at α = 0.05 for r = 10, 100, 1000); δ > 0
+  only lowers it, the more the more canaries share δ."""
+  for r in (10, 100, 1000):
+    q = 0.05 ** (1.0 / r)
+    exact = math.log(q / (1 - q))
+    assert audit_lib.one_run_epsilon(1000, r, r, 0.05, 0.0) == pytest.approx(exact, rel=1e-8)
+  with_delta = audit_lib.one_run_epsilon(1000, 100, 100, 0.05, 1e-5)
+  assert audit_lib.one_run_epsilon(10_000, 100, 100, 0.05, 1e-5) < with_delta < 3.4929
+
+
+def test_one_run_bound_covers_randomized_response():
+  """Coverage where the bound is exact: ε-randomized response on 200 canaries included
+  with probability 1/2, every canary guessed from its bit, so the correct guesses are
+  Binomial(200, q_ε). Over 2000 audits at α = 0.1 the bound exceeds the true ε = 2 in at
+  most 0.1·2000 + 3.2 standard deviations (false failure < 1e-3 if the rate were α)."""
+  rng = np.random.default_rng(21)
+  eps, q = 2.0, 1.0 / (1.0 + math.exp(-2.0))
+  exceed = sum(audit_lib.one_run_epsilon(200, 200, int(rng.binomial(200, q)), 0.1, 0.0) > eps
+               for _ in range(2000))
+  assert exceed <= 0.1 * 2000 + 3.2 * math.sqrt(2000 * 0.1 * 0.9), exceed
+
+
+def test_one_run_audit_of_gaussian_canaries_is_nontrivial_and_below_the_truth():
+  """500 canaries, each with a μ = 4 Gaussian score shift when included (each canary's
+  inclusion is 4-GDP: ε = 24.4 at δ = 1e-5). The guess counts are planned on the model's
+  laws before the scores are drawn; in 10 audits at α = 0.05 the bound is above 3
+  (a large ε seen in one run) and never above the true ε."""
+  rng = np.random.default_rng(22)
+  mu, m, delta = 4.0, 500, 1e-5
+  model = np.random.default_rng(23).standard_normal((2, 20_000))
+  plan = audit_lib.plan_one_run(model[0] + mu, model[1], m, 0.05, delta)
+  assert plan[0] > 0 and plan[1] > 0  # guesses on both sides (the peer guesses one)
+  true_eps = audit_lib.gdp_epsilon(mu, delta)
+  for _ in range(10):
+    inc = rng.random(m) < 0.5
+    r = audit_lib.one_run_audit(rng.standard_normal(m) + mu * inc, inc, 0.05, delta, plan)
+    assert 3.0 < r["epsilon_lower_bound"] < true_eps, r

@@ -280,6 +280,9 @@ def test_corrupt_entry_is_a_clear_error_and_never_used(tmp_path, count_factoriza
     with pytest.raises(cache.CacheError, match=message) as info:
       cache.load_or_factorize(spec, cache_dir=str(tmp_path))
     assert entry.directory in str(info.value)  # names the file
+    # ... and says how to recompute it, on the command line and from Python.
+    assert "--force" in str(info.value) and "force=True" in str(info.value)
+    assert len(str(info.value).splitlines()) == 1
   with pytest.raises(cache.CacheError) as info:
     cache.load(entry.npz_path)
   assert entry.npz_path in str(info.value) or entry.json_path in str(info.value)

@@ -244,6 +244,82 @@ def test_binary_flag_errors_are_one_line_with_the_closest_spelling(tmp_path):
   assert not (tmp_path / "runs").exists()
 
 
+def test_every_float_flag_refuses_nan_and_inf_naming_the_flag(tmp_path, capsys):
+  """NaN or ±inf in a float flag: one line naming the flag, at parse time, in every tool."""
+  checked = 0
+  for tool, parser in _argparse_parsers():
+    for action in _flag_actions(parser):
+      if action.type is not float or not action.option_strings:
+        continue
+      flag = action.option_strings[0]
+      for value in ("nan", "inf", "-inf"):
+        line = _one_line_usage_error(lambda: parser.parse_args([f"{flag}={value}"]), capsys)  # pylint: disable=cell-var-from-loop
+        assert f"argument {flag}: must be a finite number, got '{value}'" in line, (tool, line)
+      checked += 1
+  assert checked >= 20
+  assert ARGPARSE_TOOLS["tff-mf"]().parse_args(
+      ["account", "--noise_multiplier", "2.5", "--delta", "1e-6"]).noise_multiplier == 2.5
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  values = flags.FlagValues()
+  flags.DEFINE_float("target_quantile", 0.5, "q", flag_values=values)
+  for value in ("nan", "-inf"):
+    line = _one_line_usage_error(
+        lambda: clitools.parse_absl_flags(["tool", f"--target-quantile={value}"], values),  # pylint: disable=cell-var-from-loop
+        capsys)
+    assert line == f"tool: error: --target_quantile must be a finite number, got {value} " \
+                   "(see --help)", line
+  # The training binary, as a user types it (the issue's case).
+  result = subprocess.run([sys.executable, BINARY, "--dataset=synthetic", "--target_quantile",
+                           "nan", "--clip_norm=adaptive", "--noise_multiplier=1"],
+                          env=userenv.env(home=tmp_path), cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 2 and len(lines) == 1, result.stderr
+  assert "--target_quantile must be a finite number, got nan" in lines[0], lines
+
+
+def test_remedies_name_the_flag_on_a_command_line_and_the_argument_in_python(tmp_path,
+                                                                             capsys):
+  """An unconverged optimal factorization and a count released without noise: the command
+  line's error names --allow_unconverged (and --max_iterations, --target_gap) or
+  --clipped_count_stddev, the Python error allow_unconverged=True or allow_no_noise=True."""
+  from tff_mf import dense_run  # pylint: disable=g-import-not-at-top
+  from tff_mf.commands import factorize  # pylint: disable=g-import-not-at-top
+  argv = ["factorize", "--strategy", "optimal", "--n", "32", "--participation", "fixed_epoch",
+          "--epochs", "2", "--max_iterations", "2", "--json", "--cache_dir", str(tmp_path)]
+  assert cli.main(argv) == 2  # 2 iterations stop far above the 1e-6 gap on any CPU
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert len(lines) == 1 and "did not reach relative duality gap" in lines[0], lines
+  for flag in ("--max_iterations", "--target_gap", "--allow_unconverged"):
+    assert flag in lines[0], lines[0]
+  assert "=True" not in lines[0] and " max_iterations" not in lines[0], lines[0]
+  spec = factorize.spec_from_args(cli.build_parser().parse_args(argv))
+  with pytest.raises(dense_run.NotConvergedError) as e:
+    cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+  assert "allow_unconverged=True" in str(e.value) and "--" not in str(e.value)
+  # The training binary has no allow_no_noise: its flag check refuses a noiseless count.
+  result = subprocess.run([sys.executable, BINARY, "--dataset=synthetic", "--clip_norm=adaptive",
+                           "--noise_multiplier=1", "--clipped_count_stddev=0",
+                           f"--root_output_dir={tmp_path / 'runs'}"],
+                          env=userenv.env(home=tmp_path), cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 2 and len(lines) == 1, result.stderr
+  assert "--clipped_count_stddev=0 releases the count" in lines[0], lines
+  assert "allow_no_noise" not in lines[0], lines
+  assert not (tmp_path / "runs").exists()
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_mf.tf import aggregators  # pylint: disable=g-import-not-at-top
+  setup = aggregators.build_mechanism("gaussian", total_rounds=4, noise_multiplier=1.0,
+                                      clients_per_round=2, clip_norm="adaptive",
+                                      clipped_count_stddev=0.0)
+  with pytest.raises(ValueError) as e:  # when TFF builds the aggregator
+    setup.aggregation_factory.create(tff.TensorType(np.float32, [3]))
+  assert "pass allow_no_noise=True to accept that" in str(e.value)
+  assert clitools.flag_message(e.value).endswith("pass --allow_no_noise to accept that")
+
+
 # ----------------------------------------------------------------------------- account
 
 

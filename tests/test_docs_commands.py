@@ -82,6 +82,8 @@ COVERED_ELSEWHERE: Dict[str, Tuple[str, ...]] = {
     "make bench": ("tests/test_docs_commands.py::test_make_targets_run_the_documented_commands",),
     ".venv/bin/python examples/fed_avg_with_mf.py": (
         "tests/test_docs_commands.py::test_fed_avg_example_runs_and_meets_its_target_epsilon",),
+    ".venv/bin/python examples/run_notebook.py examples/tutorial.ipynb": (
+        "tests/test_tutorial.py::test_tutorial_cells_run_in_order",),
     # A worker in the foreground (it never exits); docs run it in the background next to this.
     ".venv/bin/python -m training.distributed serve --port 8000": (
         "tests/test_distributed_runtime.py::test_serve_and_check_work_from_a_clean_shell",),
@@ -448,3 +450,57 @@ def test_fed_avg_example_runs_and_meets_its_target_epsilon(tmp_path, venv_python
   assert float(worked.group(2)) < 0.5 * float(worked.group(1))
   assert "true kernel:" in result["stdout"] and "non-private" in result["stdout"]
   assert "tensorflow/core" not in result["stderr"]  # TensorFlow's start-up logs are quiet
+
+
+# The lines a user's own script needs around README's drop-in snippet: imports, the model and
+# one round, and nothing of tff_mf.tf.runtime (the library stops TFF's server itself).
+_SNIPPET_BEFORE = """
+import json
+import numpy as np
+import psutil
+import tensorflow as tf
+import tensorflow_federated as tff
+from tff_mf import participation
+from tff_mf.tf import aggregators
+ROUNDS, CLIENTS_PER_ROUND, EPOCHS = 4, 2, 1
+
+
+def model_fn():
+  keras_model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(3,))])
+  return tff.learning.models.from_keras_model(
+      keras_model, loss=tf.keras.losses.MeanSquaredError(),
+      input_spec=(tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None, 1], tf.float32)))
+"""
+_SNIPPET_AFTER = """
+data = tf.data.Dataset.from_tensor_slices((np.ones((4, 3), np.float32),
+                                           np.ones((4, 1), np.float32))).batch(2)
+process.next(process.initialize(), [data, data])
+children = [p.pid for p in psutil.Process().children(recursive=True)
+            if "worker_binary" in p.name()]
+print(json.dumps(children), flush=True)
+"""
+
+
+def test_readme_snippet_alone_leaves_no_tff_server_running(tmp_path, venv_pythonpath):
+  """README's drop-in snippet in a user's script with no tff_mf.tf.runtime call: after the
+  script exits, no worker_binary it started is left running (TFF 0.87 leaves it)."""
+  import psutil  # pylint: disable=g-import-not-at-top
+  [snippet] = [b for b in PYTHON_BLOCKS
+               if b.path == "README.md" and _excerpt_source(b) == "examples/fed_avg_with_mf.py"]
+  assert "runtime" not in snippet.text
+  root, env = make_scratch(str(tmp_path), venv_pythonpath)
+  with open(os.path.join(root, "snippet.py"), "w", encoding="utf-8") as f:
+    f.write(_SNIPPET_BEFORE + snippet.text + _SNIPPET_AFTER)
+  result = run_script(".venv/bin/python snippet.py", root, env)
+  pids = json.loads(str(result["stdout"]).strip().splitlines()[-1])
+  assert pids, "the round should have started TFF's worker_binary"
+  survivors = []
+  for pid in pids:
+    try:
+      if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        survivors.append(pid)
+        os.kill(pid, signal.SIGKILL)  # a server the script started: not left to other tests
+    except psutil.NoSuchProcess:
+      pass
+  assert not survivors, f"worker_binary {survivors} outlived the script"
+  check_result("README's drop-in snippet", result)

@@ -89,6 +89,27 @@ def test_momentum_schedule_and_structured_flags(tmp_path):
   assert out.stdout.count("\n") == 1
 
 
+def test_structured_als_flag_drives_the_fit_and_the_warning_names_it(tmp_path):
+  """The README's structured example warned "not converged" with no remedy, and no flag
+  changed the ALS fit behind it: --als_iterations does, and the warning names it."""
+  args = ("factorize", "--strategy", "structured", "--bands", 5, "--rank", 4, "--n", 512)
+  text = run_cli(*args, cache_dir=tmp_path)
+  assert text.returncode == 0, text.stderr
+  warnings = [line for line in text.stdout.splitlines() if "warning" in line]
+  assert all("--als_iterations" in line for line in warnings), warnings
+  records = {}
+  for sweeps in (3, 7):
+    out = run_cli(*args, "--als_iterations", sweeps, "--json", cache_dir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    records[sweeps] = json.loads(out.stdout)
+    assert records[sweeps]["cache_hit"] is False and records[sweeps]["iterations"] == sweeps
+    assert "--als_iterations" in records[sweeps]["outcome"]["why"]
+  assert records[3]["path"] != records[7]["path"]  # part of the cache key
+  refused = run_cli("factorize", "--strategy", "optimal", "--n", 8, "--als_iterations", 5,
+                    cache_dir=tmp_path)
+  assert refused.returncode == 2 and "--als_iterations does not apply" in refused.stderr
+
+
 def test_env_var_cache_location(tmp_path):
   out = run_cli("factorize", "--strategy", "honaker_online", "--n", 16, "--json",
                 env_cache=tmp_path / "env_cache")
@@ -128,6 +149,7 @@ def test_cache_list_and_verify_exit_codes(tmp_path):
   refused = run_cli("factorize", "--strategy", "identity", "--n", 16, cache_dir=tmp_path)
   assert refused.returncode == 2 and os.path.dirname(bad_path) in refused.stderr
   assert len(error_lines(refused.stderr)) == 1
+  assert "--force" in error_lines(refused.stderr)[0]  # the one line says how to recompute it
   assert run_cli("factorize", "--strategy", "identity", "--n", 16, "--force",
                  cache_dir=tmp_path).returncode == 0
   assert run_cli("cache", "verify", cache_dir=tmp_path).returncode == 0

@@ -157,6 +157,17 @@ def test_initial_and_limits():
   checks.product(a, timed.b, timed.c, "timed")
 
 
+def test_progress_bar_promises_no_total_it_will_not_reach(capsys):
+  """The stop rule ends the search long before the iteration limit: the bar shows the
+  iterations and how far the objective still falls against the stop rule, no total/ETA
+  (its total was the limit: "1 h 21 min" left, then done after 86 iterations)."""
+  result = banded.optimize(workloads.prefix_sum(64), 4, max_iterations=5000, progress=True)
+  assert result.info["converged"] and result.info["iterations"] < 5000
+  bar = capsys.readouterr().err
+  assert "banded n=64 b=4" in bar and "/5000" not in bar and "<" not in bar, bar
+  assert f"stops at {banded.DEFAULT_RELATIVE_TOLERANCE:.0e}" in bar, bar
+
+
 @pytest.mark.parametrize("call,match", [
     (lambda: banded.optimize(workloads.prefix_sum(8), 0), "bands must be a positive integer"),
     (lambda: banded.optimize(np.ones((4, 4)), 2), "lower triangular"),

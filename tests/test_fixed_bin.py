@@ -315,8 +315,12 @@ def test_an_old_run_directory_resumes_as_random_allocation_only(tmp_path):
   # The identity's schema fingerprint: the old dict is random allocation's, not fixed-bin's.
   setup = types.SimpleNamespace(info={}, encoder=None, factorization=None)
   bind = loop._bind_identity  # pylint: disable=protected-access
-  bind(types.SimpleNamespace(config=allocation, identity=recorded, run_dir=run_dir), setup)
+  progress = types.SimpleNamespace(identity_digest=None)
+  bind(types.SimpleNamespace(config=allocation, identity=recorded, run_dir=run_dir,
+                             progress=progress), setup)
+  assert progress.identity_digest == identity_lib.digest_int(recorded)
   with pytest.raises(TrainingError, match="participation schema sha256"):
-    bind(types.SimpleNamespace(config=fixed, identity=recorded, run_dir=run_dir), setup)
+    bind(types.SimpleNamespace(config=fixed, identity=recorded, run_dir=run_dir,
+                               progress=progress), setup)
   assert fixed.fingerprint() not in allocation.accepted_fingerprints()
   assert _old_fingerprint(allocation) not in fixed.accepted_fingerprints()

@@ -291,8 +291,13 @@ def test_tff_mf_factorize_ctrl_c_writes_no_partial_entry(tmp_path):
   proc = _start(argv, tmp_path, "factorize")
   time.sleep(3)  # imports done, the solver running (it needs far longer at n = 1500)
   _ctrl_c(proc)
+  # Taken at once, also while the main thread is inside one long eigendecomposition (the
+  # solver stops after it): a "stopping…" line within seconds (it took the call's ~1-9 s).
+  assert _until(lambda: "tff-mf factorize: stopping…" in proc.err_path.read_text(),
+                timeout=5.0), proc.err_path.read_text()[-500:]
   code, lines = _finish(proc, timeout=60)
   assert code == 130
+  assert lines.count("tff-mf factorize: stopping…") == 1
   assert lines[-1] == ("tff-mf factorize: interrupted; no partial cache entry was written "
                        "(finished ones stay cached)")
   assert not cache_dir.exists() or not any(cache_dir.iterdir())

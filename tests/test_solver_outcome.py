@@ -4,6 +4,7 @@ written before the record existed."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -18,7 +19,9 @@ from tff_mf import strategies
 from tff_mf import workloads
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Under 32-min-sep participation at n = 512 the best 4-buffer BLT switches two buffers off.
+# Under 32-min-sep participation at n = 512 the best 4-buffer BLT switches buffers off (two,
+# with every OpenBLAS kernel tried: its cancelled pairs sit on the log-gap bound); the tests
+# read how many from the output rather than assume one optimizer path.
 BLT_FEWER = ("--strategy", "blt", "--buffers", 4, "--n", 512, "--participation", "min_sep",
              "--min-sep", 32)
 
@@ -35,12 +38,14 @@ def test_blt_fewer_buffers_says_so_with_both_rmses(tmp_path):
   assert text.returncode == 0, text.stderr
   warnings = [line for line in text.stdout.splitlines() if "warning" in line]
   assert len(warnings) == 1, text.stdout
-  assert "buffers 2 returned for 4 requested" in warnings[0]
-  assert "  buffers        2" in text.stdout.splitlines()  # what was done, not what was asked
+  returned = re.search(r"buffers ([1-3]) returned for 4 requested", warnings[0])
+  assert returned, warnings[0]
+  k = int(returned.group(1))
+  assert f"  buffers        {k}" in text.stdout.splitlines()  # what was done, not what was asked
   record = json.loads(factorize(*BLT_FEWER, "--json", cache_dir=tmp_path).stdout)
   outcome = record["outcome"]
   assert record["cache_hit"] is True
-  assert outcome["requested"] == {"buffers": 4} and outcome["returned"] == {"buffers": 2}
+  assert outcome["requested"] == {"buffers": 4} and outcome["returned"] == {"buffers": k}
   assert isinstance(outcome["converged"], bool) and outcome["why"] == warnings[0].split(
       "warning: ", 1)[1]
   with open(record["metadata_path"], encoding="utf-8") as f:
@@ -50,7 +55,7 @@ def test_blt_fewer_buffers_says_so_with_both_rmses(tmp_path):
   # decay pairs are dropped) and at the returned one; dropping a pair changes the
   # coefficients by at most 1e-12 relative (blt._prune), so the two agree to ~1e-9.
   assert f"{info['rmse_at_buffers_requested']:.10g} with 4 buffers" in outcome["why"]
-  assert f"{record['rmse']:.10g} with 2" in outcome["why"]
+  assert f"{record['rmse']:.10g} with {k}" in outcome["why"]
   assert info["rmse_at_buffers_requested"] == pytest.approx(record["rmse"], rel=1e-8)
 
 
@@ -60,7 +65,7 @@ def test_strict_refuses_in_one_line_and_keeps_the_entry(tmp_path):
   assert strict.stdout == "" and "Traceback" not in strict.stderr
   lines = [line for line in strict.stderr.splitlines() if line.startswith("tff-mf")]
   assert len(lines) == 1 and "refused by strict" in lines[0], strict.stderr
-  assert "buffers 2 returned for 4 requested" in lines[0]
+  assert re.search(r"buffers [1-3] returned for 4 requested", lines[0]), lines[0]
   hit = factorize(*BLT_FEWER, "--json", cache_dir=tmp_path)
   assert hit.returncode == 0 and json.loads(hit.stdout)["cache_hit"] is True
   # Nothing to refuse: strict passes a converged result with the requested parameters.
@@ -99,7 +104,7 @@ def test_entries_cached_before_the_record(tmp_path, capsys):
   f, again = cache.load_or_factorize(fewer, cache_dir=tmp_path)
   err = capsys.readouterr().err.strip().splitlines()
   assert not again.cache_hit and len(err) == 1 and "recomputing" in err[0]
-  assert f.info["outcome"]["returned"] == {"buffers": 2} and f.info["outcome"]["why"]
+  assert f.info["outcome"]["returned"]["buffers"] < 4 and f.info["outcome"]["why"]
   with pytest.raises(strategies.SolverOutcomeError, match="refused by strict"):
     cache.load_or_factorize(fewer, cache_dir=tmp_path, strict=True)
 

@@ -106,28 +106,36 @@ def test_killed_runs_replay_their_logged_rounds_bit_for_bit(tmp_path, mechanism,
   assert ("warning" in summary["privacy"]) == (first_seed is not None)
 
 
-def test_a_replaced_encoder_is_refused_on_resume(tmp_path):
-  config = tiny(tmp_path, mechanism="opt_prefix_sum", rounds_per_eval=10)
-  run_until(config, kill_after=3)
+def _plant_other_encoder(tmp_path, cache_dir):
+  """Another valid C for the same A (C = I, B = S) under the run's cache key in
+  ``cache_dir``: it passes every load check. Returns (entry, saved original, original C)."""
   [entry] = glob.glob(str(tmp_path / "cache" / "optimal-*"))
   with open(os.path.join(entry, cache.METADATA_FILE)) as f:
     params = json.load(f)["params"]
   original = cache.load(glob.glob(os.path.join(entry, "*.npz"))[0])
-  # Another valid C for the same A (C = I, B = S) under the same key: passes every load check.
   a = original.a
   other = fz.Factorization(a=a, b=a.copy(), c=np.eye(4), strategy="optimal", info={},
                            extras={})
   other.info.update(strategies.error_figures(other, participation.SINGLE))
   spec = strategies.FactorizationSpec(workload=workloads.WorkloadSpec(
       "prefix_sum", 4))
-  elsewhere = tmp_path / "other_cache"
-  cache._write_entry(str(elsewhere / os.path.basename(entry)), params, spec, other)  # pylint: disable=protected-access
+  target = os.path.join(cache_dir, os.path.basename(entry))
   saved_dir = str(tmp_path / "saved_entry")
-  os.rename(entry, saved_dir)
-  cache._write_entry(entry, params, spec, other)  # pylint: disable=protected-access
-  assert np.array_equal(cache.load(glob.glob(os.path.join(entry, "*.npz"))[0]).c, np.eye(4))
+  if os.path.exists(target):
+    os.rename(target, saved_dir)
+  cache._write_entry(target, params, spec, other)  # pylint: disable=protected-access
+  assert np.array_equal(cache.load(glob.glob(os.path.join(target, "*.npz"))[0]).c, np.eye(4))
+  return entry, saved_dir, original.c
+
+
+def test_a_replaced_encoder_is_refused_on_resume(tmp_path):
+  config = tiny(tmp_path, mechanism="opt_prefix_sum", rounds_per_eval=10)
+  run_until(config, kill_after=3)
+  elsewhere = tmp_path / "other_cache"
+  _plant_other_encoder(tmp_path, str(elsewhere))
+  entry, saved_dir, original_c = _plant_other_encoder(tmp_path, str(tmp_path / "cache"))
   before = metric_rows(config.run_dir)
-  old = identity.encoder_sha256(original.c)
+  old = identity.encoder_sha256(original_c)
   new = identity.encoder_sha256(np.eye(4))
   for cache_dir in (str(tmp_path / "cache"), str(elsewhere)):
     with pytest.raises(TrainingError) as e:
@@ -142,6 +150,64 @@ def test_a_replaced_encoder_is_refused_on_resume(tmp_path):
   assert run_until(config)["finished"]
 
 
+def _edit_identity(run_dir, **fields):
+  path = os.path.join(run_dir, identity.IDENTITY_FILE)
+  with open(path) as f:
+    recorded = json.load(f)
+  recorded.update(fields)
+  with open(path, "w") as f:
+    json.dump(recorded, f)
+  return path
+
+
+def test_every_identity_field_is_bound_to_the_checkpoint_and_the_releases(tmp_path):
+  """identity.json edited after a release: refused in one line, nothing lost; an encoder
+  hash edited to match another valid C in the cache would have mixed two mechanisms."""
+  config = tiny(tmp_path, mechanism="opt_prefix_sum", rounds_per_eval=10)
+  run_dir = config.run_dir
+  path = os.path.join(run_dir, identity.IDENTITY_FILE)
+  run_until(config, kill_after=1)  # no checkpoint yet: only releases.jsonl binds it
+  with open(path, "rb") as f:
+    original = f.read()
+  edits = [dict(seed_source="pinned"), dict(config_fingerprint="0" * 64)]
+
+  def refused(expected_line_part):
+    before = metric_rows(run_dir)
+    with open(os.path.join(run_dir, identity.RELEASES_FILE), "rb") as f:
+      releases = f.read()
+    with pytest.raises(TrainingError) as e:
+      run_until(config)
+    message = str(e.value)
+    assert "\n" not in message and expected_line_part in message, message
+    assert metric_rows(run_dir) == before
+    with open(os.path.join(run_dir, identity.RELEASES_FILE), "rb") as f:
+      assert f.read() == releases
+
+  for fields in edits:
+    _edit_identity(run_dir, **fields)
+    refused(identity.IDENTITY_FILE)
+    with open(path, "wb") as f:
+      f.write(original)
+  run_until(config, kill_after=3)  # checkpoint of round 2, rounds 1-3 released
+  # The issue's attack: the encoder hash set to that of another valid C planted in the cache.
+  entry, saved_dir, _ = _plant_other_encoder(tmp_path, str(tmp_path / "cache"))
+  edits.append(dict(encoder_sha256=identity.encoder_sha256(np.eye(4))))
+  for fields in edits + [dict(schema_sha256="0" * 64)]:
+    _edit_identity(run_dir, **fields)
+    refused(identity.IDENTITY_FILE)
+    with open(path, "wb") as f:
+      f.write(original)
+  os.rename(entry, str(tmp_path / "bad_entry"))
+  os.rename(saved_dir, entry)
+  # A group/other-readable identity file is refused (its seeds may have been read), and left.
+  os.chmod(path, 0o644)
+  refused("readable by group or others")
+  assert oct(os.stat(path).st_mode & 0o777) == "0o644"
+  os.chmod(path, 0o600)
+  summary = run_until(config)
+  assert summary["finished"] and summary["privacy"]["noise_seed_source"] == "os_entropy"
+
+
 def test_fixed_epoch_with_too_few_nonempty_clients_is_refused_before_round_1(tmp_path):
   data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=10,
                                                num_empty_train_clients=10)
@@ -152,3 +218,118 @@ def test_fixed_epoch_with_too_few_nonempty_clients_is_refused_before_round_1(tmp
     run_until(config)
   assert not metric_rows(config.run_dir)
   assert not os.path.exists(os.path.join(config.run_dir, identity.RELEASES_FILE))
+
+
+def _tensorboard_config(run_dir):
+  """[(hparams dict, config text)] of every start of the run, in order."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorboard.plugins.hparams import plugin_data_pb2  # pylint: disable=g-import-not-at-top
+  hparams, texts = [], []
+  for path in sorted(glob.glob(os.path.join(run_dir, outputs.TENSORBOARD_DIR, "*tfevents*"))):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for v in event.summary.value:
+        if v.tag == "_hparams_/session_start_info":
+          data = plugin_data_pb2.HParamsPluginData.FromString(v.metadata.plugin_data.content)
+          hparams.append({k: (x.string_value or x.bool_value)
+                          for k, x in data.session_start_info.hparams.items()})
+        elif v.tag.startswith("config"):
+          texts.append(tf.make_ndarray(v.tensor).item().decode())
+  return hparams, texts
+
+
+def test_a_resumed_run_reports_its_own_seed_source_and_every_nonprivate_release(tmp_path):
+  """Started pinned and with --report_train_metrics, resumed with neither flag: every output
+  (summary.json, TensorBoard's hparams and config text, metrics.csv, the statement) still
+  says pinned and names the non-private metrics the first rounds released."""
+  first = tiny(tmp_path, mechanism="opt_prefix_sum", noise_seed=7, report_train_metrics=True,
+               rounds_per_eval=10)
+  run_until(first, kill_after=3)  # checkpoint of round 2; round 3 replays on resume
+  summary = run_until(tiny(tmp_path, mechanism="opt_prefix_sum", rounds_per_eval=10))
+  assert summary["finished"]
+  assert summary["config"]["noise_seed"] == "pinned"
+  assert summary["config"]["report_train_metrics"] is True
+  assert outputs.NONPRIVATE_NOTE in summary["notes"]
+  not_covered = " ".join(summary["privacy_statement"]["not_covered"])
+  assert all(k in not_covered for k in outputs.NONPRIVATE_TRAIN_KEYS), not_covered
+  assert "nonprivate_train_loss" in summary["privacy_statement"]["text"]
+  hparams, texts = _tensorboard_config(first.run_dir)
+  assert len(hparams) == len(texts) == 2  # one per start
+  assert all(h["noise_seed"] == "pinned" and h["report_train_metrics"] for h in hparams)
+  assert all("| noise_seed | pinned |" in t for t in texts), texts
+  rows = metric_rows(first.run_dir)
+  assert sorted(rows) == [1, 2, 3, 4]
+  assert all(rows[r]["nonprivate_train_loss"] for r in (1, 2, 3))  # as first logged
+  assert rows[4]["nonprivate_train_loss"] == ""  # computed only with the flag
+
+
+def test_release_log_refuses_a_malformed_line_and_repairs_a_cut_last_line(tmp_path):
+  run_dir = str(tmp_path)
+  ident = identity.RunIdentity(noise_seed=1, sampling_secret=2, seed_source="os_entropy",
+                               config_fingerprint="f")
+  log = identity.ReleaseLog(run_dir)
+  for r in (1, 2, 3):
+    log.record(r, identity.model_digest([np.full(3, float(r))]), ident)
+  with open(log.path, "rb") as f:
+    whole = f.read()
+  lines = whole.split(b"\n")
+  # A line cut (or edited) in the middle: refused, naming the file and the line.
+  with open(log.path, "wb") as f:
+    f.write(b"\n".join([lines[0], lines[1][:20], lines[2], b""]))
+  with pytest.raises(TrainingError, match=rf"{identity.RELEASES_FILE} line 2 ") as e:
+    identity.ReleaseLog(run_dir)
+  assert "\n" not in str(e.value)
+  # A last line cut by a kill inside record(): removed, and the next record starts clean.
+  with open(log.path, "wb") as f:
+    f.write(b"\n".join([lines[0], lines[1], lines[2][:20]]))
+  log = identity.ReleaseLog(run_dir)
+  assert sorted(log.logged) == [1, 2]
+  log.record(3, identity.model_digest([np.full(3, 3.0)]), ident)
+  with open(log.path, "rb") as f:
+    assert f.read() == whole
+  # A complete last line without its newline: kept, and its newline restored.
+  with open(log.path, "wb") as f:
+    f.write(whole[:-1])
+  assert sorted(identity.ReleaseLog(run_dir).logged) == [1, 2, 3]
+  with open(log.path, "rb") as f:
+    assert f.read() == whole
+
+
+def test_a_refused_replay_keeps_metrics_and_releases_consistent(tmp_path):
+  config = tiny(tmp_path, mechanism="opt_prefix_sum", rounds_per_eval=10)
+  run_dir = config.run_dir
+  run_until(config, kill_after=3)  # checkpoint of round 2; round 3 logged after it
+  path = os.path.join(run_dir, identity.RELEASES_FILE)
+  with open(path) as f:
+    records = [json.loads(line) for line in f]
+  before = metric_rows(run_dir)
+  assert sorted(before) == [r["round"] for r in records] == [1, 2, 3]
+  records[2]["sha256"] = "0" * 64  # the rerun of round 3 cannot reproduce this release
+  with open(path, "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+  with pytest.raises(TrainingError, match="round 3 was already released"):
+    run_until(config)
+  assert metric_rows(run_dir) == before  # every released round still in metrics.csv
+  with open(path) as f:
+    assert [json.loads(line) for line in f] == records
+  # A round in metrics.csv without its release record is refused before anything runs.
+  with open(path, "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records[:2])
+  with pytest.raises(TrainingError, match=rf"logs round 3 but .*{identity.RELEASES_FILE}"):
+    run_until(config)
+  assert metric_rows(run_dir) == before
+
+
+def test_a_checkpoint_without_the_identity_digest_is_refused_in_one_line(tmp_path):
+  """An older tff-mf's meta (no identity digest) cannot bind identity.json: refused."""
+  import asyncio  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from training import checkpoints  # pylint: disable=g-import-not-at-top
+  directory = str(tmp_path / "checkpoints")
+  os.mkdir(directory, 0o700)
+  old = checkpoints._meta_structure()  # pylint: disable=protected-access
+  del old["identity_digest"]
+  old["round"] = np.int64(2)
+  asyncio.run(tff.program.FileProgramStateManager(directory, prefix="meta_").save(old, 2))
+  with pytest.raises(TrainingError, match="meta_2 .* without the digest that binds") as e:
+    checkpoints.Checkpointer(directory).latest()
+  assert "\n" not in str(e.value)

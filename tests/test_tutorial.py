@@ -7,10 +7,12 @@ cell (its own asserts included) fails the test. The notebook is kept without out
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import userenv
+from tff_mf import statement
 
 NOTEBOOK = os.path.join(userenv.REPO, "examples", "tutorial.ipynb")
 
@@ -34,14 +36,22 @@ def test_tutorial_is_a_valid_notebook_without_outputs():
 
 
 def test_tutorial_cells_run_in_order(tmp_path):
-  program = "\n\n".join("".join(c["source"]) for c in _notebook()["cells"]
-                        if c["cell_type"] == "code")
-  script = tmp_path / "tutorial.py"
-  script.write_text(program, encoding="utf-8")
-  result = subprocess.run([sys.executable, str(script)], cwd=userenv.REPO, text=True,
-                          capture_output=True, env=userenv.env(pythonpath=True), timeout=600)
+  """As its first cell tells a reader to run it, from the venv as it is (no Jupyter)."""
+  result = subprocess.run([sys.executable, os.path.join("examples", "run_notebook.py"),
+                           os.path.join("examples", "tutorial.ipynb")], cwd=userenv.REPO,
+                          text=True, capture_output=True, env=userenv.env(home=str(tmp_path)),
+                          timeout=600)
   assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
   out = result.stdout
   assert "optimal" in out and "honaker_online" in out  # the comparison table
   assert "round 16: held-out MSE" in out
-  assert "epsilon:" in out and "at delta = 1e-06" in out
+  # ε to 4 significant digits, rounded up (it printed "epsilon: 8" for 7.997 before) ...
+  printed = re.search(r"^epsilon: +(\S+) at delta = 1e-06", out, re.M)
+  assert printed and re.fullmatch(r"\d\.\d{3}", printed.group(1)), out[-2000:]
+  assert float(printed.group(1)) <= 8.0
+  assert re.search(r"^epsilon = \d\.\d{3} \(amplification", out, re.M), out[-2000:]
+  # ... and the privacy statement, which names the unit of privacy.
+  assert statement.UNIT.split(":")[0] in out and "not covered" in out.lower(), out[-3000:]
+  first = "".join(_notebook()["cells"][0]["source"])
+  assert ".venv/bin/python examples/run_notebook.py examples/tutorial.ipynb" in first
+  assert "select `.venv/bin/python`" not in first  # the venv has no Jupyter kernel

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
@@ -648,16 +649,63 @@ def calibrate(c: Optional[np.ndarray], schema, target_epsilon: float, delta: flo
   # unamplified bound), so it is where the search starts.
   hi = calibrate_noise_multiplier(target, delta, accountant, tolerance, sensitivity=sens)
   records: Dict[float, Dict[str, Any]] = {}
+  mmcc_options = options.get("mmcc_options") or {}
+  bar = _SearchBar(bool(mmcc_options.get("progress")), target, tolerance)
+  if mmcc_options.get("progress"):  # one bar for the whole search, none per evaluation
+    options = dict(options, mmcc_options=dict(mmcc_options, progress=False))
 
   def eps_of(z):
     records[z] = epsilon_for(c, schema, z, delta, analysis, sampling_prob, accountant,
                              **options)
+    bar.probed(z, records[z]["epsilon"])
     return records[z]["epsilon"]
 
-  z, evaluations = _search(eps_of, target, hi, tolerance)
+  try:
+    z, evaluations = _search(eps_of, target, hi, tolerance)
+  finally:
+    bar.close()
   record = records[z]
   record.update(target_epsilon=target, tolerance=tolerance, evaluations=evaluations)
   return record
+
+
+class _SearchBar:
+  """One tqdm bar on stderr for a calibration search: it fills with the decades the
+  bracket around z has closed, −log10((hi − lo)/hi), of the −log10(tolerance) to close
+  (all of them once the tolerance is met), so its ETA is the search's own; the postfix
+  shows the bracket and the evaluations. Every evaluation costs about the same (an MMCC
+  run), and each one closes the bracket by a factor."""
+
+  def __init__(self, progress: bool, target: float, tolerance: float):
+    self.target = target
+    self.lo, self.hi, self.evaluations = 0.0, math.inf, 0
+    self.bar = None
+    if progress:
+      from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+      self.decades = -math.log10(tolerance)
+      self.bar = tqdm(total=self.decades, file=sys.stderr, leave=False,
+                      desc=f"calibrating z to epsilon {target:g}",
+                      bar_format="{desc}: {percentage:3.0f}%|{bar}| "
+                                 "[{elapsed}<{remaining}{postfix}]")
+
+  def probed(self, z: float, eps: float) -> None:
+    self.evaluations += 1
+    if eps > self.target:
+      self.lo = max(self.lo, z)
+    else:
+      self.hi = min(self.hi, z)
+    if self.bar is None:
+      return
+    if math.isfinite(self.hi) and self.lo > 0.0:
+      closed = -math.log10(max((self.hi - self.lo) / self.hi, 1e-300))
+      self.bar.n = min(self.decades, max(0.0, closed))
+    bracket = f"z in [{self.lo:.4g}, {self.hi:.4g}]" if self.lo > 0.0 and \
+        math.isfinite(self.hi) else f"z = {z:.4g}"
+    self.bar.set_postfix_str(f"{bracket}, {self.evaluations} evaluations")
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()
 
 
 def summary(noise_multiplier: float, delta: float, accountant: str = DEFAULT_ACCOUNTANT,

@@ -54,17 +54,20 @@ class AdaptiveClipping:
   learning_rate: float = DEFAULT_LEARNING_RATE
   clipped_count_stddev: Optional[float] = None
 
-  def checked(self, clients_per_round: float) -> "AdaptiveClipping":
-    """A copy with every field checked and σ_b resolved for ``clients_per_round``."""
-    k = checks.positive_float(clients_per_round, "clients_per_round")
+  def checked(self, clients_per_round: float, prefix: str = "") -> "AdaptiveClipping":
+    """A copy with every field checked and σ_b resolved for ``clients_per_round``; errors
+    name ``prefix`` + the argument (``"--"``: a command line's flags)."""
+    k = checks.positive_float(clients_per_round, f"{prefix}clients_per_round")
     stddev = (DEFAULT_COUNT_STDDEV_PER_CLIENT * k if self.clipped_count_stddev is None
-              else checks.in_range(self.clipped_count_stddev, "clipped_count_stddev", 0.0,
-                                  math.inf))
+              else checks.in_range(self.clipped_count_stddev, f"{prefix}clipped_count_stddev",
+                                   0.0, math.inf))
     return AdaptiveClipping(
-        target_quantile=checks.in_range(self.target_quantile, "target_quantile", 0.0, 1.0,
-                                        high_open=False),
-        initial_clip_norm=checks.positive_float(self.initial_clip_norm, "initial_clip_norm"),
-        learning_rate=checks.in_range(self.learning_rate, "clip_learning_rate", 0.0, math.inf),
+        target_quantile=checks.in_range(self.target_quantile, f"{prefix}target_quantile", 0.0,
+                                        1.0, high_open=False),
+        initial_clip_norm=checks.positive_float(self.initial_clip_norm,
+                                                f"{prefix}initial_clip_norm"),
+        learning_rate=checks.in_range(self.learning_rate, f"{prefix}clip_learning_rate", 0.0,
+                                      math.inf),
         clipped_count_stddev=float(stddev))
 
   def as_dict(self) -> Dict[str, Any]:

@@ -16,9 +16,16 @@ canary contributing ±1 in the rounds of a pattern P shifts X by p = Σ_{t∈P} 
 so X ~ N(p·1[canary], z²·N·Nᵀ), and the Neyman–Pearson optimal statistic is the
 projection ⟨X, Σ⁻¹p⟩. Everything here is computed from N, z and the outputs, and
 nothing from ``tff_mf.participation`` or ``tff_mf.accounting``: the canary's
-pattern is found by brute force over the schema's patterns (``worst_canary``), and
-the Gaussian-DP conversions are our own (Dong, Roth, Su 2019, arXiv:1905.02383,
-Cor 2.13; equal to Balle & Wang 2018, arXiv:1805.06530, Thm 8).
+pattern is the schema's worst by brute force, on the covariance estimated from
+canary-free releases (``observed_canary``, so a fault the reported N hides still
+draws the canary) or on N (``worst_canary``), and the Gaussian-DP conversions are
+our own (Dong, Roth, Su 2019, arXiv:1905.02383, Cor 2.13; equal to Balle & Wang 2018,
+arXiv:1805.06530, Thm 8).
+
+One run (``one_run_epsilon``, ``one_run_audit``): m canaries each included with
+probability 1/2 in a single run, the k_in highest scores guessed included and the k_out
+lowest excluded (counts planned on a model, ``plan_one_run``), and the ε refuted by the
+number of correct guesses (Steinke, Nasr, Jagielski 2023, arXiv:2305.08846, Thm 3.1).
 
 Confidence. Every threshold t of the test "score > t" gets a one-sided Clopper–Pearson
 upper bound on its false positive rate and on its false negative rate, all valid
@@ -74,11 +81,21 @@ TAIL_COUNTS = 32
 RIDGE = 1e-10
 # δ' grid on which a violation of the claimed privacy profile is looked for.
 DELTA_GRID = np.logspace(-12, math.log10(0.5), 80)
+# The audit reports the smallest true μ / claimed μ it flags with this probability
+# (``detectable_mu_ratio``), from this many fixed thresholds besides the planned ones.
+POWER = 0.9
+POWER_GRID = 48
 
 
 # Noise kinds whose seed is drawn at every ``initialize`` (fresh seeds per run); TFF's tree
 # fixes its seed when it is built.
 AUDITABLE_NOISE = ("dense", "linear", "tff_gaussian")
+
+# Faults ``tff_mf.tf.audit.plant_fault`` plants in a copy of a mechanism (the audit's own
+# check of its power); the last three sit away from the reported worst canary.
+FAULTS = ("under_reported_sensitivity", "noise_divided", "repeated_noise_row",
+          "schema_ignored", "repeated_noise_row_elsewhere", "noise_row_scaled",
+          "noise_row_dropped")
 
 
 def check_auditable(mechanism: str) -> str:
@@ -191,13 +208,12 @@ def precision_matrix(noise_matrix: np.ndarray) -> np.ndarray:
   return 0.5 * (prec + prec.T)
 
 
-def worst_canary(noise_matrix: np.ndarray, patterns: Sequence[Tuple[int, ...]]) -> Dict[str, Any]:
-  """The pattern P and signs s maximizing pᵀ(N·Nᵀ)⁻¹p, p = Σ_{t∈P} s_t e_t (brute force).
-
-  √ of the maximum is the sensitivity of the released Gaussian mechanism for a canary
-  whose update is ±(one fixed direction), i.e. the largest μ·z such a canary attains.
-  """
-  prec = precision_matrix(noise_matrix)
+def worst_pattern(precision: np.ndarray,
+                  patterns: Sequence[Tuple[int, ...]]) -> Dict[str, Any]:
+  """The pattern P and signs s maximizing pᵀΣ⁻¹p, p = Σ_{t∈P} s_t e_t (brute force), for
+  the precision Σ⁻¹ of the per-round release; ``value`` is the maximum (μ² of the best
+  ±1 canary when Σ is in units of the canary's contribution)."""
+  prec = np.asarray(precision, np.float64)
   n = prec.shape[0]
   total = sum(2 ** (len(p) - 1) for p in patterns)
   if total > ENUMERATION_LIMIT:
@@ -218,7 +234,36 @@ def worst_canary(noise_matrix: np.ndarray, patterns: Sequence[Tuple[int, ...]]) 
   vector = np.zeros(n)
   vector[list(pattern)] = sign
   return {"pattern": list(pattern), "signs": [int(s) for s in sign], "vector": vector,
-          "sensitivity": math.sqrt(max(value, 0.0)), "patterns_searched": total}
+          "value": max(value, 0.0), "patterns_searched": total}
+
+
+def worst_canary(noise_matrix: np.ndarray, patterns: Sequence[Tuple[int, ...]]) -> Dict[str, Any]:
+  """``worst_pattern`` of the reported noise: Σ ∝ N·Nᵀ.
+
+  ``sensitivity``, √ of the maximum, is the sensitivity of the released Gaussian
+  mechanism for a canary whose update is ±(one fixed direction), i.e. the largest μ·z
+  such a canary attains.
+  """
+  out = worst_pattern(precision_matrix(noise_matrix), patterns)
+  out["sensitivity"] = math.sqrt(out["value"])
+  return out
+
+
+def observed_canary(calibration: np.ndarray,
+                    patterns: Sequence[Tuple[int, ...]]) -> Dict[str, Any]:
+  """``worst_pattern`` of the covariance estimated from canary-free releases (rows, in
+  units of the canary's contribution): where the noise observed is weakest against a
+  canary, whatever the mechanism reports. ``mu`` is the estimated μ there; the
+  selection depends on these trials only, so a test on fresh trials keeps its level."""
+  cov = estimated_covariance(calibration)
+  if np.asarray(calibration).shape[0] <= cov.shape[0]:
+    raise checks.CheckError(f"{np.asarray(calibration).shape[0]} calibration trials cannot "
+                            f"estimate a {cov.shape[0]} x {cov.shape[0]} covariance")
+  chol = scipy.linalg.cho_factor(cov, lower=True)
+  prec = scipy.linalg.cho_solve(chol, np.eye(cov.shape[0]))
+  out = worst_pattern(0.5 * (prec + prec.T), patterns)
+  out.update(mu=math.sqrt(out["value"]), covariance=cov)
+  return out
 
 
 # ----------------------------------------------------------------------------- scores
@@ -401,12 +446,14 @@ class Plan:
 
 
 def _count_windows(trials: int, rate: np.ndarray, width: float = 10.0):
-  """Binomial(trials, rate) pmfs on windows of counts (one row per rate) and the counts."""
+  """Binomial(trials, rate) pmfs on windows of counts (one row per rate) and the counts
+  (log-gamma pmfs: exact at rates of 0, 1 or 1e-300)."""
+  rate = np.asarray(rate, np.float64)
   sd = np.sqrt(trials * rate * (1 - rate)) + 1.0
   lo = np.clip(np.floor(trials * rate - width * sd - 5), 0, trials).astype(np.int64)
   span = int(np.max(np.ceil(2 * width * sd + 11)))
   counts = lo[:, None] + np.arange(span)[None, :]
-  pmf = np.where(counts <= trials, scipy.stats.binom.pmf(counts, trials, rate[:, None]), 0.0)
+  pmf = _binomial_pmf(counts, np.full(counts.shape, trials), rate[:, None])
   return np.minimum(counts, trials), pmf
 
 
@@ -548,6 +595,57 @@ def gdp_mu_lower_bound(fpr_hi: np.ndarray, fnr_hi: np.ndarray) -> float:
   return float(max(0.0, np.max(mu))) if mu.size else 0.0
 
 
+def flag_probability(plan: Plan, trials0: int, trials1: int, claimed_mu: float,
+                     true_mu: float) -> float:
+  """A lower bound on the probability that the μ lower bound refutes ``claimed_mu`` when
+  the scores are N(0, 1) without and N(true_mu, 1) with the canary.
+
+  For each fixed threshold (the planned ones and a grid), the exact probability that its
+  confidence point alone lies below the claimed GDP curve, from the independent
+  binomial laws of its false positives and false negatives and the plan's levels; the
+  audit's points include every such threshold's (a fixed threshold has the counts of
+  the largest score below it), so the largest of these probabilities bounds its power
+  from below.
+  """
+  m = float(true_mu)
+  grid = np.concatenate([plan.thresholds, np.linspace(-3.0, min(m, 50.0) + 3.0, POWER_GRID)])
+  k = plan.thresholds.size
+  q0, q1 = scipy.stats.norm.sf(grid), scipy.stats.norm.cdf(grid - m)
+  c0, p0 = _count_windows(trials0, q0, width=8.0)
+  c1, p1 = _count_windows(trials1, q1, width=8.0)
+  best = 0.0
+  with np.errstate(divide="ignore", invalid="ignore"):
+    for i in range(grid.size):
+      lev0, lev1 = plan.fp_count_levels[c0[i]], plan.fn_count_levels[c1[i]]
+      if i < k:
+        lev0, lev1 = np.maximum(lev0, plan.fp_levels[i]), np.maximum(lev1, plan.fn_levels[i])
+      g0 = scipy.stats.norm.isf(clopper_pearson_upper(c0[i], trials0, lev0))
+      g1 = -scipy.stats.norm.ppf(clopper_pearson_upper(c1[i], trials1, lev1))
+      refutes = (g0[:, None] + g1[None, :]) > claimed_mu
+      best = max(best, float(p0[i] @ refutes @ p1[i]))
+  return min(best, 1.0)
+
+
+def detectable_mu_ratio(plan: Plan, trials0: int, trials1: int, claimed_mu: float,
+                        power: float = POWER) -> float:
+  """The smallest true μ / claimed μ that the audit flags with probability ≥ ``power``
+  (by ``flag_probability``, a lower bound on its power), to 1 %; inf if none up to
+  μ = 50."""
+  claimed_mu = float(claimed_mu)
+  hi = 50.0 / claimed_mu
+  if claimed_mu <= 0 or hi <= 1 or flag_probability(plan, trials0, trials1, claimed_mu,
+                                                     hi * claimed_mu) < power:
+    return math.inf
+  lo = 1.0
+  while hi / lo > 1.005:
+    mid = math.sqrt(lo * hi)
+    if flag_probability(plan, trials0, trials1, claimed_mu, mid * claimed_mu) >= power:
+      hi = mid
+    else:
+      lo = mid
+  return hi
+
+
 def mu_estimate(s0: np.ndarray, s1: np.ndarray) -> Tuple[float, float]:
   """(mean difference / pooled standard deviation, its standard error): the GDP μ if
   both samples are Gaussian with one variance."""
@@ -580,6 +678,9 @@ def compare_with_claim(reports: Dict[str, Dict[str, Any]], delta: float,
   ε_lb(δ') > ε_μ(δ') at some δ'; the δ' with the largest excess is reported. An
   (ε, δ) claim (amplified runs) is refuted when ε_lb(δ) > ε.
 
+  ``decided_by`` names the statistic with the largest bound (μ for a GDP claim, ε
+  otherwise): the one that refutes the claim when any does.
+
   ``epsilon_of_mu_lower_bound`` is ε(δ) of μ_lb-GDP (the estimate of Nasr et al. 2023,
   arXiv:2302.07956): a lower bound on the mechanism's ε(δ) only if its trade-off curve is
   Gaussian, as an unamplified Gaussian mechanism's is; ``epsilon_lower_bound`` assumes
@@ -587,9 +688,13 @@ def compare_with_claim(reports: Dict[str, Dict[str, Any]], delta: float,
   """
   eps_lb = max(r["epsilon_lower_bound"] for r in reports.values())
   mu_lb = max(r["mu_lower_bound"] for r in reports.values())
+  # The statistic that decided: the one whose bound is largest against the claim (it
+  # refutes the claim if any does).
+  key = "mu_lower_bound" if claimed_mu is not None else "epsilon_lower_bound"
+  decided = max(reports, key=lambda name: reports[name][key])
   out: Dict[str, Any] = {"epsilon_lower_bound": eps_lb, "mu_lower_bound": mu_lb,
                          "epsilon_of_mu_lower_bound": gdp_epsilon(mu_lb, delta),
-                         "delta": delta, "violation": False}
+                         "delta": delta, "violation": False, "decided_by": decided}
   if claimed_epsilon is not None:
     out["claimed_epsilon"] = claimed_epsilon
     out["violation"] = bool(eps_lb > claimed_epsilon)
@@ -614,12 +719,15 @@ def epsilon_delta_tradeoff(eps: float, delta: float, alpha: np.ndarray) -> np.nd
                             math.exp(-eps) * (1 - delta - alpha)])
 
 
-def plot_audit(report: Dict[str, Any], path: str, statistic: str = "reported_sigma") -> str:
+def plot_audit(report: Dict[str, Any], path: str, statistic: Optional[str] = None) -> str:
   """Two panels: the statistic's two distributions, and the trade-off curves (claimed, the
-  empirical one, its confidence points, and GDP at the estimated μ)."""
+  empirical one, its confidence points, and GDP at the estimated μ); by default the
+  statistic that decided."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  statistic = statistic or report["decided_by"]
+  mu_hat = report["statistics"][statistic]["mu_estimate"]
   s0, s1 = report["scores"][statistic]
   pts = report["points"][statistic]
   fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
@@ -637,8 +745,8 @@ def plot_audit(report: Dict[str, Any], path: str, statistic: str = "reported_sig
   if report.get("claimed_mu"):
     right.plot(a, gdp_tradeoff(report["claimed_mu"], a), "k-",
                label=f"claimed: {report['claimed_mu']:.3g}-GDP (sens/z)")
-    right.plot(a, gdp_tradeoff(report["mu_estimate"], a), "C2--",
-               label=f"GDP at estimated μ = {report['mu_estimate']:.3g}")
+    right.plot(a, gdp_tradeoff(mu_hat, a), "C2--",
+               label=f"GDP at estimated μ = {mu_hat:.3g} ({statistic})")
   else:
     right.plot(a, epsilon_delta_tradeoff(report["claimed_epsilon"], report["delta"], a), "k-",
                label=f"claimed: ε = {report['claimed_epsilon']:.3g} at δ = {report['delta']:g}")
@@ -662,3 +770,97 @@ def plot_audit(report: Dict[str, Any], path: str, statistic: str = "reported_sig
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return path
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+def one_run_tail(canaries: int, guesses: int, correct: int, epsilon: float,
+                 delta: float) -> float:
+  """An upper bound on P(W ≥ ``correct``) for an (ε, δ)-DP mechanism audited in one run.
+
+  m = ``canaries`` canaries, each included independently with probability 1/2; the
+  auditor guesses the inclusion of r = ``guesses`` of them from the output and W counts
+  its correct guesses. With f(v) = P(Binomial(r, e^ε/(1 + e^ε)) ≥ v), Steinke, Nasr,
+  Jagielski 2023 (arXiv:2305.08846, Thm 3.1) bound P(W ≥ v) by
+  f(v) + 2mδ·max_{1≤i≤v} (f(v − i) − f(v))/i (the maximum over i > v is at i = v).
+  """
+  q = scipy.special.expit(epsilon)
+
+  def f(v):  # P(Binomial(r, q) ≥ v)
+    return scipy.stats.binom.sf(np.asarray(v) - 1, guesses, q)
+
+  tail = float(f(correct))
+  if delta <= 0 or correct <= 0:
+    return tail
+  i = np.arange(1, correct + 1)
+  slope = float(np.max((f(correct - i) - tail) / i))
+  return min(1.0, tail + 2.0 * canaries * delta * slope)
+
+
+def one_run_epsilon(canaries: int, guesses: int, correct: int, alpha: float,
+                    delta: float) -> float:
+  """The one-run ε lower bound at δ: every ε below it is refuted at confidence 1 − alpha
+  (``one_run_tail`` ≤ alpha, the tail increasing in ε); 0 when ε = 0 is not refuted."""
+  if one_run_tail(canaries, guesses, correct, 0.0, delta) > alpha:
+    return 0.0
+  lo, hi = 0.0, 1.0
+  while one_run_tail(canaries, guesses, correct, hi, delta) <= alpha:
+    lo, hi = hi, 2.0 * hi
+    if hi > 200:
+      return lo
+  return float(scipy.optimize.brentq(
+      lambda e: one_run_tail(canaries, guesses, correct, e, delta) - alpha, lo, hi,
+      xtol=1e-9))
+
+
+def one_run_guesses(scores: np.ndarray, included: np.ndarray, k_in: int,
+                    k_out: int) -> Tuple[int, int]:
+  """(guesses, correct) when the ``k_in`` highest scores are guessed included and the
+  ``k_out`` lowest excluded (ties broken by position; the rule is fixed in advance)."""
+  scores = np.asarray(scores, np.float64)
+  included = np.asarray(included, bool)
+  if k_in + k_out > scores.size:
+    raise checks.CheckError(f"{k_in} + {k_out} guesses exceed the {scores.size} canaries")
+  order = np.argsort(scores, kind="stable")
+  correct = int(np.sum(included[order[scores.size - k_in:]])) if k_in else 0
+  correct += int(np.sum(~included[order[:k_out]]))
+  return k_in + k_out, correct
+
+
+def plan_one_run(model_in: np.ndarray, model_out: np.ndarray, canaries: int, alpha: float,
+                 delta: float, draws: int = 4) -> Tuple[int, int]:
+  """The guess counts (k_in, k_out) with the largest mean ε bound on simulated audits of
+  the model's score laws (fixed seed, before and independently of the audit's scores),
+  searched on a grid of fractions of the canaries guessed on each side."""
+  rng = np.random.default_rng(PLAN_SEED)
+  model_in, model_out = np.asarray(model_in), np.asarray(model_out)
+  sims = []
+  for _ in range(draws):
+    inc = rng.random(canaries) < 0.5
+    s = np.where(inc, rng.choice(model_in, canaries), rng.choice(model_out, canaries))
+    sims.append((s, inc))
+  fractions = np.unique(np.concatenate([[0.0], np.geomspace(0.005, 0.5, 12)]))
+  best, choice = -1.0, (max(1, canaries // 100), 0)
+  for a in fractions:
+    for b in fractions:
+      k_in, k_out = int(round(a * canaries)), int(round(b * canaries))
+      if k_in + k_out == 0 or k_in + k_out > canaries:
+        continue
+      mean = np.mean([one_run_epsilon(canaries, *one_run_guesses(s, inc, k_in, k_out),
+                                      alpha, delta) for s, inc in sims])
+      if mean > best:
+        best, choice = mean, (k_in, k_out)
+  return choice
+
+
+def one_run_audit(scores: np.ndarray, included: np.ndarray, alpha: float, delta: float,
+                  plan: Tuple[int, int]) -> Dict[str, Any]:
+  """The one-run ε lower bound at δ of canaries with these scores and inclusions, guessing
+  with the planned counts (one test: the whole alpha on it)."""
+  scores = np.asarray(scores, np.float64)
+  k_in, k_out = plan
+  guesses, correct = one_run_guesses(scores, included, k_in, k_out)
+  return {"epsilon_lower_bound": one_run_epsilon(scores.size, guesses, correct, alpha, delta),
+          "canaries": int(scores.size), "guessed_in": k_in, "guessed_out": k_out,
+          "guesses": guesses, "correct": correct, "alpha": alpha, "delta": delta}

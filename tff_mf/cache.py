@@ -63,6 +63,9 @@ _NPZ_NAME = re.compile(r"^factorization-[0-9a-f]{16}\.npz$")
 # Sidecar figures recomputed from the arrays on every load.
 _FIGURES = ("single_participation_sqrt_loss", "sensitivity", "rmse", "max_error")
 _READ_ATTEMPTS = 4
+# How a refused entry is replaced: the command-line flag and the Python argument.
+RECOMPUTE = ("recompute it with tff-mf factorize, its parameters and --force "
+             "(force=True from Python)")
 # Sidecar keys renamed since format 2 was introduced: old name -> current name. Entries
 # written under the old names are read as if written under the new ones; every figure is
 # then recomputed from the arrays as for any entry.
@@ -195,7 +198,7 @@ def _read_metadata(json_path: str) -> Dict[str, Any]:
     raise CacheError(f"cache sidecar {json_path} lacks npz_file/npz_sha256")
   if metadata.get("format") != FORMAT_VERSION:
     raise CacheError(f"cache sidecar {json_path} has format {metadata.get('format')!r}, "
-                     f"expected {FORMAT_VERSION}; recompute with --force")
+                     f"expected {FORMAT_VERSION}")
   for old, new in _RENAMED_KEYS.items():
     if old in metadata and new not in metadata:
       metadata[new] = metadata.pop(old)
@@ -288,7 +291,7 @@ def _check_key(directory: str, metadata: Dict[str, Any], json_path: str
   if metadata.get("key") != key_hash(params) or os.path.basename(directory) != expected:
     raise CacheError(f"cache entry {directory}: the key recomputed from its sidecar's "
                      f"parameters names {expected} (sidecar key {metadata.get('key')!r}); the "
-                     "entry was moved or its sidecar edited: recompute with --force")
+                     "entry was moved or its sidecar edited")
   # An entry written before the fixed-bin rename stores its random_allocation schema as
   # balls_in_bins without the fixed-bin marker (``Participation.legacy_dicts``).
   accepted = [schema.as_dict()] + schema.legacy_dicts()
@@ -297,7 +300,7 @@ def _check_key(directory: str, metadata: Dict[str, Any], json_path: str
                             "participation"))):
     if stored not in accepted:
       raise CacheError(f"cache sidecar {json_path}: {where} is {stored!r} but its key names "
-                       f"{schema.as_dict()!r}; recompute with --force")
+                       f"{schema.as_dict()!r}")
   return schema
 
 
@@ -334,6 +337,24 @@ def _check_consistency(f: fz.Factorization, metadata: Dict[str, Any], npz_path: 
 def _load_entry(directory: str, full_check: Optional[bool],
                 expected_workload: Optional[np.ndarray],
                 params: Optional[Dict[str, Any]] = None) -> Tuple[fz.Factorization, CacheEntry]:
+  """The checked entry in ``directory``; a bad one raises CacheError saying how to
+  recompute it (``RECOMPUTE``)."""
+  try:
+    return _load_entry_once(directory, full_check, expected_workload, params)
+  except _Changing:
+    raise CacheError(f"cache entry {directory} kept changing while it was read; "
+                     "try again") from None
+  except CacheError as e:
+    raise CacheError(f"{e}; {RECOMPUTE}") from None
+
+
+class _Changing(Exception):
+  """Writers kept replacing the entry while it was read (not a bad entry)."""
+
+
+def _load_entry_once(directory: str, full_check: Optional[bool],
+                     expected_workload: Optional[np.ndarray],
+                     params: Optional[Dict[str, Any]]) -> Tuple[fz.Factorization, CacheEntry]:
   json_path = os.path.join(directory, METADATA_FILE)
   for _ in range(_READ_ATTEMPTS):
     try:
@@ -342,7 +363,7 @@ def _load_entry(directory: str, full_check: Optional[bool],
       raise CacheError(f"cache entry {directory} has no sidecar {json_path}") from e
     if params is not None and metadata.get("params") != params:
       raise CacheError(f"cache sidecar {json_path} was written for other parameters "
-                       f"({metadata.get('params')}); recompute with --force")
+                       f"({metadata.get('params')})")
     npz_path = os.path.join(directory, metadata["npz_file"])
     try:
       arrays = _load_arrays(npz_path, metadata["npz_sha256"])
@@ -355,7 +376,7 @@ def _load_entry(directory: str, full_check: Optional[bool],
     _check_consistency(f, metadata, npz_path, expected_workload, schema)
     return f, CacheEntry(npz_path=npz_path, json_path=json_path, metadata=metadata,
                          cache_hit=True)
-  raise CacheError(f"cache entry {directory} kept changing while it was read; try again")
+  raise _Changing()
 
 
 def load(npz_path: str, full_check: Optional[bool] = None,

@@ -15,13 +15,21 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
 
 class CheckError(ValueError):
-  """An argument, matrix or file fails a check (the message says which and why)."""
+  """An argument, matrix or file fails a check (the message says which and why).
+
+  ``arguments``: the Python arguments the message names as a remedy; a command line
+  spells them as its flags (``tff_mf.clitools.flag_message``).
+  """
+
+  def __init__(self, message: str = "", arguments: Sequence[str] = ()):
+    super().__init__(message)
+    self.arguments = tuple(arguments)
 
 
 # Starts the message of every check tff-mf runs inside a TensorFlow graph (e.g. a round past

@@ -7,6 +7,8 @@ Every tool (argparse or absl) goes through this module, so that
 - a mistyped flag, value, mechanism or strategy name is a one-line error naming the
   closest valid spelling (``closest``, difflib), exit status 2 (``USAGE_ERROR``);
 - ``--help`` exits 0, and every flag's help states its default (``HelpFormatter``);
+- a float flag refuses NaN and ±inf at parse time, naming the flag (``finite_float``; absl's
+  float flags in ``parse_absl_flags``): no tool gives them a meaning;
 - the shared concepts have one flag each: ``add_progress_flags``, ``add_cache_dir_flag``,
   ``add_accountant_flag``; ``--workers`` always means TFF worker addresses and
   ``--processes`` local processes.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import os
 import re
 import sys
@@ -77,6 +80,17 @@ def one_line(text: object) -> str:
   return " ".join(str(text).split())
 
 
+def flag_message(error: BaseException) -> str:
+  """``error``'s message for a command-line user: each Python argument its remedy names
+  (``error.arguments``, e.g. ``tff_mf.checks.CheckError``) spelled as the flag
+  (``allow_x=True`` as ``--allow_x``, ``max_iterations`` as ``--max_iterations``)."""
+  text = str(error)
+  for name in getattr(error, "arguments", ()):
+    text = re.sub(rf"(?<![-\w]){re.escape(name)}=True\b", f"--{name}", text)
+    text = re.sub(rf"(?<![-\w]){re.escape(name)}\b", f"--{name}", text)
+  return text
+
+
 def usage_error(prog: str, message: str) -> None:
   """Prints ``prog: error: message`` (one line) and exits with ``USAGE_ERROR``."""
   print(f"{prog}: error: {one_line(message)}", file=sys.stderr)
@@ -84,6 +98,14 @@ def usage_error(prog: str, message: str) -> None:
 
 
 # ----------------------------------------------------------------------------- argparse
+
+
+def finite_float(text: str) -> float:
+  """``type=float`` of every argparse flag here: a number, refused when NaN or ±inf."""
+  value = float(text)  # a ValueError is argparse's "invalid float value"
+  if not math.isfinite(value):
+    raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+  return value
 
 
 def describe_default(value) -> str:
@@ -129,6 +151,7 @@ class ArgumentParser(argparse.ArgumentParser):
     kwargs.setdefault("formatter_class", HelpFormatter)
     super().__init__(*args, **kwargs)
     self.removed = dict(removed or {})
+    self.register("type", float, finite_float)  # argument groups share the registry
 
   def long_flags(self) -> List[str]:
     return [s for s in self._option_string_actions if s.startswith("--")]
@@ -255,7 +278,7 @@ def parse_absl_flags(argv: Sequence[str], flag_values=None) -> List[str]:
   booleans = [name for name, f in all_flags.items() if f.boolean]
   args = normalize_argv(args, all_flags, booleans)
   try:
-    return flag_values([argv[0] if argv else prog] + args)
+    remaining = flag_values([argv[0] if argv else prog] + args)
   except flags.UnrecognizedFlagError as e:
     name = e.flagname.replace("-", "_")
     usage_error(prog, f"unknown flag --{e.flagname}{did_you_mean(name, all_flags, '--')} "
@@ -270,4 +293,8 @@ def parse_absl_flags(argv: Sequence[str], flag_values=None) -> List[str]:
                    f"{did_you_mean(match.group(2), enum_values)} (expected one of "
                    f"{', '.join(enum_values)})")
     usage_error(prog, message)
-  return []  # not reached
+  for name, flag in sorted(all_flags.items()):
+    if (isinstance(flag.parser, flags.FloatParser) and isinstance(flag.value, float)
+        and not math.isfinite(flag.value)):
+      usage_error(prog, f"--{name} must be a finite number, got {flag.value} (see --help)")
+  return remaining

@@ -36,8 +36,10 @@ class NotConvergedError(ValueError):
   """The fixed point did not reach the target relative duality gap.
 
   ``result`` holds the unconverged OptimalResult (with its gap) for callers
-  that want to inspect it.
+  that want to inspect it; ``arguments`` the Python arguments its remedy names (a
+  command line spells them as flags, ``tff_mf.clitools.flag_message``).
   """
+  arguments = ("max_iterations", "target_gap", "allow_unconverged")
 
   def __init__(self, message: str, result: "OptimalResult"):
     super().__init__(message)
@@ -92,11 +94,15 @@ def gram_eigenvalue_floor(a: np.ndarray) -> float:
 def floored_eigh(m: np.ndarray, floor: float, what: str):
   """(Q, floored √Λ, count of numerically negative eigenvalues) of the symmetric M = ``what``.
 
-  M is overwritten. Eigenvalues are floored at the a-priori bound ``floor`` (App E.4), so
-  the square roots exist and the dual bound stays valid.
+  Eigenvalues are floored at the a-priori bound ``floor`` (App E.4), so the square roots
+  exist and the dual bound stays valid. numpy's LAPACK ``syevd`` (divide and conquer)
+  releases the GIL, scipy's does not: a Ctrl-C is acknowledged during the seconds it
+  takes at large n (``tff_mf.interrupt``).
   """
-  lam, q = scipy.linalg.eigh(m, lower=True, driver="evd", overwrite_a=True,
-                             check_finite=False)
+  try:
+    lam, q = np.linalg.eigh(m, UPLO="L")
+  except np.linalg.LinAlgError as e:
+    raise LossOfPositiveDefinitenessError(f"eigendecomposition of {what} failed: {e}") from e
   if not (np.all(np.isfinite(lam)) and np.all(np.isfinite(q))):
     raise LossOfPositiveDefinitenessError(
         f"eigendecomposition of {what} produced non-finite values")

@@ -6,8 +6,9 @@ the sweep, the main job) it only sets a flag, which the tool reads at its safe p
 starts afterwards do not see a Ctrl-C at the terminal: it stops them itself); with
 ``install(defer=False)`` (``tff-mf`` commands, which write nothing until they are done) it
 raises ``Interrupted`` at once, between two Python bytecodes. Either way the tool prints one
-line and exits with ``EXIT_CODE`` (130) without a traceback. A second SIGINT exits at once
-with status 130, even while the main thread is blocked in C++ (TensorFlow, TFF's
+line and exits with ``EXIT_CODE`` (130) without a traceback; in raising mode it first
+prints "stopping…" as soon as the signal arrives (the main thread may be inside one long
+LAPACK call). A second SIGINT exits at once with status 130, even while the main thread is blocked in C++ (TensorFlow, TFF's
 executor): a helper thread reads every signal from ``signal.set_wakeup_fd``, so none is lost
 or swallowed (TensorFlow's gc callback used to swallow Python's KeyboardInterrupt, and the
 run went on). A process forked afterwards (MMCC's workers) gets Python's default SIGINT back.
@@ -160,7 +161,9 @@ def _request(generation: Optional[int] = None) -> None:
       return
     _state["notified"] = True
     callbacks = list(_on_request)
-    notice = _state["notice"] if _state["defer"] else None
+    # Raising mode: the main thread stops at its next bytecode, which may be seconds away
+    # inside one LAPACK call; the line says at once that the Ctrl-C was taken.
+    notice = _state["notice"] if _state["defer"] else f"{_prog()}: stopping…"
   if notice:
     _write(notice)
   for callback in callbacks:
@@ -231,12 +234,24 @@ def _force_exit(line: Optional[str] = None) -> None:
       callback()
     except Exception:  # pylint: disable=broad-except
       pass
-  prog = _state["prog"] or os.path.basename(sys.argv[0] or "python")
-  _write(line or f"{prog}: interrupted again: stopped at once")
+  _write(line or f"{_prog()}: interrupted again: stopped at once")
   os._exit(EXIT_CODE)  # pylint: disable=protected-access
 
 
+def _prog() -> str:
+  return _state["prog"] or os.path.basename(sys.argv[0] or "python")
+
+
 def _write(line: str) -> None:
+  """``line`` on stderr; on a line of its own when a tqdm bar is showing (tqdm clears the
+  bars, writes it and redraws them)."""
+  bars = sys.modules.get("tqdm")
+  try:
+    if bars is not None and getattr(bars.tqdm, "_instances", None):
+      bars.tqdm.write(line, file=sys.stderr)
+      return
+  except Exception:  # pylint: disable=broad-except
+    pass  # stopping must not fail on the bars: the plain line below
   try:
     sys.stderr.write(line + "\n")
     sys.stderr.flush()

@@ -22,6 +22,7 @@ from tff_mf import participation as participation_lib
 from tff_mf import registry
 from tff_mf import streams
 from tff_mf import workloads
+from tff_mf.families import structured
 
 STRATEGIES = tuple(registry.STRATEGIES)
 DEFAULT_TARGET_GAP = 1e-6
@@ -35,12 +36,13 @@ class FactorizationSpec:
   strategy: str = "optimal"
   participation: participation_lib.Participation = participation_lib.SINGLE
   target_gap: float = DEFAULT_TARGET_GAP  # optimal, structured: relative duality gap to reach
-  max_iterations: int = 10_000  # optimal: iteration limit
+  max_iterations: int = 10_000  # optimal (structured: of its optimal decoder): iteration limit
   allow_unconverged: bool = False  # optimal: opt-in to return a result above target_gap
   bands: int = 0  # structured: h; banded, banded_toeplitz: b
   rank: int = 0  # structured: r
   buffers: int = 0  # blt: m
   error: str = "mean"  # banded_toeplitz, blt: the error optimized (mean or max)
+  als_iterations: int = structured.DEFAULT_ALS_ITERATIONS  # structured: ALS sweeps (limit)
 
   @property
   def n(self) -> int:
@@ -65,6 +67,8 @@ class FactorizationSpec:
     if "target_gap" in declared.parameters:
       checks.in_range(self.target_gap, "target_gap", 0.0, 1.0, low_open=True)
       checks.positive_int(self.max_iterations, "max_iterations")
+    if "als_iterations" in declared.parameters:
+      checks.positive_int(self.als_iterations, "als_iterations")
     if declared.check_spec is not None:
       declared.check_spec(self)
     if self.error not in ERRORS:
@@ -155,7 +159,6 @@ def solver_outcome(spec: FactorizationSpec, info: Dict[str, Any]) -> Optional[Di
 
 def _why_unconverged(info: Dict[str, Any]) -> str:
   """Each solver that did not converge, and why (one line)."""
-  from tff_mf.families import structured  # pylint: disable=g-import-not-at-top
   reasons = []
   if not info.get("converged", True):
     if "gradient_norm" in info and "message" in info:
@@ -169,9 +172,7 @@ def _why_unconverged(info: Dict[str, Any]) -> str:
     reasons.append(f"the optimal decoder's relative duality gap "
                    f"{info.get('optimal_relative_gap', float('nan')):.3g} is above the target")
   if not info.get("als_converged", True):
-    reasons.append(f"the ALS fit of the low-rank part stopped at its iteration limit "
-                   f"({info['als_iterations']}) before its relative decrease reached "
-                   f"{structured.DEFAULT_ALS_TOLERANCE:g}")
+    reasons.append(structured.why_als_unconverged(info))
   return "; ".join(reasons)
 
 

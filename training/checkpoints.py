@@ -1,7 +1,8 @@
 """Checkpoints of a training run through ``tff.program.FileProgramStateManager``.
 
 Three managers in ``<run dir>/checkpoints``: ``meta_<round>`` (a :class:`RunProgress`:
-round, sampler cursor, counters, the secret noise seed and the secret sampling seed;
+round, sampler cursor, counters, the secret noise seed and the secret sampling seed, and
+the digest of the run identity it was written under (``training.identity``);
 fixed structure, so it can be read before the process is built with that seed),
 ``sampling_<round>`` (the sampler's state and the participation record,
 ``training.sampling``: fixed-shape int64 arrays) and ``program_state_<round>`` (the
@@ -44,6 +45,7 @@ class RunProgress:
   empty_clients_skipped: int = 0
   zeroed_client_updates: int = 0
   wall_seconds: float = 0.0
+  identity_digest: int = -1  # training.identity.digest_int of the identity it was written under
 
   @property
   def seed_or_none(self) -> Optional[int]:
@@ -95,7 +97,13 @@ class Checkpointer:
     versions = _run(self.meta.get_versions())
     if not versions:
       return None
-    meta = _run(self.meta.load(versions[-1], _meta_structure()))
+    try:
+      meta = _run(self.meta.load(versions[-1], _meta_structure()))
+    except (ValueError, TypeError):
+      raise TrainingError(
+          f"checkpoint meta_{versions[-1]} in {self.directory} does not have this tff-mf's "
+          "fields (an older version wrote it, without the digest that binds the run's "
+          "identity); resume with that version, or use a new --experiment_name") from None
     progress = RunProgress(**{f.name: (float(meta[f.name]) if f.type == "float"
                                        else int(meta[f.name]))
                               for f in dataclasses.fields(RunProgress)})

@@ -16,6 +16,7 @@ import os
 from typing import Dict, Optional, Tuple, Union
 
 from tff_mf import accounting
+from tff_mf import adaptive_clipping
 from tff_mf import checks
 from tff_mf import clitools
 from tff_mf import participation
@@ -187,6 +188,16 @@ class TrainingConfig:
       if not is_private(self.canonical_mechanism):
         raise TrainingError(f"--clip_norm=adaptive needs a private --mechanism, not "
                             f"{self.mechanism!r}")
+      checked = adaptive_clipping.AdaptiveClipping(
+          target_quantile=self.target_quantile, initial_clip_norm=self.initial_clip_norm,
+          learning_rate=self.clip_learning_rate,
+          clipped_count_stddev=self.clipped_count_stddev).checked(self.clients_per_round,
+                                                                  prefix="--")
+      if checked.clipped_count_stddev == 0.0:  # the library's allow_no_noise: no flag here
+        raise TrainingError(
+            "--clipped_count_stddev=0 releases the count of unclipped updates without noise; "
+            "give a positive value (default: "
+            f"{adaptive_clipping.DEFAULT_COUNT_STDDEV_PER_CLIENT:g} x --clients_per_round)")
     else:
       checks.positive_float(self.clip_norm, "--clip_norm")
       defaults = TrainingConfig()

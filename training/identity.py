@@ -5,14 +5,20 @@ before round 1 is computed. It holds the secret noise seed and sampling secret, 
 the seed came from (``pinned`` or ``os_entropy``), the fingerprint of the run's flags,
 the sha256 of the encoder C the noise realizes (float64; for a non-square C also the
 decoder B that fixes the per-round noise A⁻¹·B) and the sha256 of the participation
-schema. Every later start of the same run directory, with or without a checkpoint,
-reuses the seeds and source, and refuses, naming both fingerprints, an encoder or
+schema. Every later start of the same run directory once a round was released, with or
+without a checkpoint, reuses the seeds and source, and refuses, naming both fingerprints, an encoder or
 schema other than the recorded ones: whatever ``--cache_dir``, ``--force`` or solver
 version produced the C at hand, a run is one mechanism (Denisov et al. 2022,
-arXiv:2202.08312, Thm 4.1, holds for one fixed C only).
+arXiv:2202.08312, Thm 4.1, holds for one fixed C only). Every field is bound to what the
+run released: the checkpoint's meta and every ``releases.jsonl`` record carry the
+identity's digest (:func:`digest`), so an identity edited, restored or copied after a
+checkpoint or a release is refused. An identity file readable by group or others is
+refused too: its seeds may have been read, and ε holds only while they are secret.
 
 ``<run dir>/releases.jsonl`` (0600) records, for every round ever logged, the sha256
-and ℓ2 norm of the model that round released. It is never truncated: a rerun that
+and ℓ2 norm of the model that round released, the identity digest and the names of the
+non-private metrics released with it. It is never truncated (but for a last line cut by
+a kill, which names no released round; any other malformed line is refused): a rerun that
 replays a logged round must reproduce it bit for bit (same seed, same cohorts, same
 noise), or the run stops before that second release is logged; a replayed round is not written
 to TensorBoard again. No TensorFlow.
@@ -55,12 +61,24 @@ def _path(run_dir: str) -> str:
   return os.path.join(run_dir, IDENTITY_FILE)
 
 
+def digest(identity: RunIdentity) -> str:
+  """sha256 of every field of ``identity`` (canonical JSON): what checkpoints and releases bind."""
+  return hashlib.sha256(json.dumps(dataclasses.asdict(identity), sort_keys=True)
+                        .encode()).hexdigest()
+
+
+def digest_int(identity: RunIdentity) -> int:
+  """:func:`digest` as a non-negative int64 (its first 63 bits), for the checkpoint's meta."""
+  return int(digest(identity)[:16], 16) >> 1
+
+
 def load(run_dir: str) -> Optional[RunIdentity]:
   """The recorded identity, None when the run directory has none (TrainingError if bad)."""
   path = _path(run_dir)
   if not os.path.lexists(path):
     return None
   rundir.check_private(path)
+  rundir.check_secret(path, "its noise seed and sampling secret")
   try:
     with open(path, encoding="utf-8") as f:
       value = json.load(f)
@@ -88,12 +106,12 @@ def save(run_dir: str, identity: RunIdentity) -> None:
 
 
 def _sha256(*arrays: np.ndarray) -> str:
-  digest = hashlib.sha256()
+  hasher = hashlib.sha256()
   for x in arrays:
     x = np.ascontiguousarray(x, dtype=np.float64)
-    digest.update(repr(x.shape).encode())
-    digest.update(x.tobytes())
-  return digest.hexdigest()
+    hasher.update(repr(x.shape).encode())
+    hasher.update(x.tobytes())
+  return hasher.hexdigest()
 
 
 def encoder_sha256(c: Optional[np.ndarray], b: Optional[np.ndarray] = None) -> Optional[str]:
@@ -125,53 +143,118 @@ def check_same_mechanism(recorded: RunIdentity, encoder: Optional[str], schema: 
 
 def model_digest(arrays: Sequence[np.ndarray]) -> Dict[str, object]:
   """sha256 and ℓ2 norm of a released model (its trainable arrays, as stored)."""
-  digest = hashlib.sha256()
+  hasher = hashlib.sha256()
   norm = 0.0
   for x in arrays:
     x = np.ascontiguousarray(np.asarray(x))
-    digest.update(f"{x.dtype.str}{x.shape}".encode())
-    digest.update(x.tobytes())
+    hasher.update(f"{x.dtype.str}{x.shape}".encode())
+    hasher.update(x.tobytes())
     norm += float(np.sum(np.square(x, dtype=np.float64)))
-  return {"sha256": digest.hexdigest(), "l2": math.sqrt(norm)}
+  return {"sha256": hasher.hexdigest(), "l2": math.sqrt(norm)}
+
+
+def _release_entry(line: bytes) -> Optional[Dict[str, object]]:
+  """One parsed ``releases.jsonl`` record, or None when the line is not one."""
+  try:
+    entry = json.loads(line)
+    entry["round"] = int(entry["round"])
+    if not isinstance(entry["sha256"], str):
+      return None
+  except (ValueError, KeyError, TypeError):
+    return None
+  return entry
 
 
 class ReleaseLog:
-  """``releases.jsonl``: the model digest of every round ever logged (never truncated)."""
+  """``releases.jsonl``: the model digest of every round ever logged (never truncated).
+
+  A malformed line followed by others is refused (TrainingError naming the file and line):
+  the rounds of the lines after it would otherwise escape the replay check. A last line
+  without its newline is what a kill during :meth:`record` leaves; the round it names was
+  not written anywhere else yet (metrics and TensorBoard come after it), so an unreadable
+  one is removed, and a complete one gets its newline before anything is appended.
+  """
 
   def __init__(self, run_dir: str):
     self.path = os.path.join(run_dir, RELEASES_FILE)
     self.logged: Dict[int, Dict[str, object]] = {}
-    if os.path.lexists(self.path):
-      rundir.check_private(self.path)
-      with open(self.path, encoding="utf-8") as f:
-        for line in f:
-          if line.strip():
-            try:
-              entry = json.loads(line)
-              self.logged[int(entry["round"])] = entry
-            except (ValueError, KeyError, TypeError):
-              break  # a line cut by a kill: nothing after it was logged
+    if not os.path.lexists(self.path):
+      return
+    rundir.check_private(self.path)
+    with open(self.path, "rb") as f:
+      data = f.read()
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" when the file ends with a newline
+    for number, line in enumerate(lines, 1):
+      if not line.strip():
+        continue
+      entry = _release_entry(line)
+      if entry is None:
+        raise TrainingError(
+            f"{self.path} line {number} is not a release record (cut or edited), so a rerun "
+            "could release its round again unchecked; restore the file or use a new "
+            "--experiment_name")
+      self._add(entry, number)
+    entry = _release_entry(tail) if tail.strip() else None
+    if entry is not None:
+      self._add(entry, len(lines) + 1)
+    if tail:
+      with open(self.path, "r+b") as f:
+        if entry is not None:
+          f.seek(0, os.SEEK_END)
+          f.write(b"\n")
+        else:
+          f.truncate(len(data) - len(tail))  # cut by a kill inside record()
+
+  def _add(self, entry: Dict[str, object], number: int) -> None:
+    if entry["round"] in self.logged:
+      raise TrainingError(f"{self.path} line {number} logs round {entry['round']} a second "
+                          "time; restore the file or use a new --experiment_name")
+    self.logged[entry["round"]] = entry
+
+  def check_identity(self, identity: RunIdentity) -> None:
+    """Refuses records bound to another identity than ``identity`` (one line)."""
+    expected = digest(identity)
+    for round_num in sorted(self.logged):
+      found = self.logged[round_num].get("identity")
+      if found != expected:
+        raise TrainingError(
+            f"{self.path} logs round {round_num} under another run identity than "
+            f"{IDENTITY_FILE} ({str(found)[:16]}… against {expected[:16]}…): {IDENTITY_FILE} "
+            "was edited, replaced or restored after that round was released (or written by "
+            "an older tff-mf); restore it or use a new --experiment_name")
+
+  def nonprivate_metrics(self) -> Sequence[str]:
+    """The names of the non-private metrics any logged round released."""
+    names = set()
+    for entry in self.logged.values():
+      names.update(entry.get("nonprivate", ()))
+    return tuple(sorted(names))
 
   @property
   def last_round(self) -> int:
     return max(self.logged, default=0)
 
-  def replays(self, round_num: int, digest: Dict[str, object]) -> bool:
-    """True if ``round_num`` was logged and ``digest`` reproduces it; raises if it does not."""
+  def replays(self, round_num: int, model: Dict[str, object]) -> bool:
+    """True if ``round_num`` was logged and ``model`` reproduces it; raises if it does not."""
     old = self.logged.get(round_num)
     if old is None:
       return False
-    if old["sha256"] == digest["sha256"]:
+    if old["sha256"] == model["sha256"]:
       return True
     raise TrainingError(
         f"round {round_num} was already released by this run and the rerun computed another "
-        f"model (sha256 {str(old['sha256'])[:16]}… logged, {str(digest['sha256'])[:16]}… now); "
+        f"model (sha256 {str(old['sha256'])[:16]}… logged, {str(model['sha256'])[:16]}… now); "
         "refusing to release it twice: use a new --experiment_name")
 
-  def record(self, round_num: int, digest: Dict[str, object]) -> None:
+  def record(self, round_num: int, model: Dict[str, object], identity: RunIdentity,
+             nonprivate: Sequence[str] = ()) -> None:
+    """Appends round ``round_num``'s record: its model digest, the run identity's digest and
+    the non-private metrics released with it (a logged round is never recorded again)."""
     if round_num in self.logged:
       return
-    entry = {"round": int(round_num), **digest}
+    entry = {"round": int(round_num), **model, "identity": digest(identity),
+             "nonprivate": sorted(nonprivate)}
     with rundir.private_umask():
       fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
       with os.fdopen(fd, "a", encoding="utf-8") as f:

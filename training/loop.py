@@ -74,6 +74,20 @@ class _Run:
   def wall_seconds(self) -> float:
     return self.wall_before + time.perf_counter() - self.session_start
 
+  def nonprivate_metrics(self) -> Tuple[str, ...]:
+    """The non-private metrics released over the whole run: by any logged round, or by this
+    invocation (``--report_train_metrics``)."""
+    names = set(self.releases.nonprivate_metrics())
+    if self.config.report_train_metrics:
+      names.update(outputs.NONPRIVATE_TRAIN_KEYS)
+    return tuple(k for k in outputs.NONPRIVATE_TRAIN_KEYS if k in names)
+
+  def public_config(self) -> Dict[str, object]:
+    """The flags as every output shows them: with the run's own seed source and whether any
+    round released non-private metrics, not what this invocation's flags alone say."""
+    return dict(self.config.public_dict(), noise_seed=self.seed_source,
+                report_train_metrics=bool(self.nonprivate_metrics()))
+
 
 def library_error_message(error: BaseException) -> Optional[str]:
   """The one-line message of a tff-mf in-graph check inside a TF/TFF/gRPC error, if any."""
@@ -154,12 +168,18 @@ def _check_resumable(config: TrainingConfig, run_dir: str, what: str,
 
 def _last_logged_round(run_dir: str, releases: identity_lib.ReleaseLog) -> int:
   """The last round this run directory ever logged (releases.jsonl, or metrics.csv of a run
-  directory written before releases were recorded)."""
+  directory written before releases were recorded). A round in metrics.csv that
+  releases.jsonl does not record is refused: its replay could not be checked."""
   last = releases.last_round
   path = os.path.join(run_dir, outputs.METRICS_FILE)
   if os.path.exists(path):
     with open(path, newline="", encoding="utf-8") as f:
       rounds = [int(row["round"]) for row in csv.DictReader(f) if row.get("round")]
+    unrecorded = sorted(set(rounds) - set(releases.logged))
+    if unrecorded and os.path.lexists(releases.path):
+      raise TrainingError(
+          f"{path} logs round {unrecorded[0]} but {releases.path} has no record of it, so "
+          "its replay cannot be checked; restore that file or use a new --experiment_name")
     last = max([last] + rounds)
   return last
 
@@ -191,21 +211,27 @@ def _start_or_resume(config: TrainingConfig, run_dir: str, log: Log,
     if recorded.sampling_secret != progress.sampling_secret:
       raise TrainingError(f"the checkpoint of {run_dir} holds another sampling secret than "
                           f"its {identity_lib.IDENTITY_FILE}; the run directory is corrupt")
+    if progress.identity_digest != identity_lib.digest_int(recorded):
+      raise TrainingError(
+          f"{os.path.join(run_dir, identity_lib.IDENTITY_FILE)} is not the identity the "
+          f"checkpoint of round {progress.round} was written under (its encoder, schema, seed "
+          "source or flags fingerprint was edited, replaced or restored since, or an older "
+          "tff-mf wrote the checkpoint); restore it or use a new --experiment_name")
+    releases.check_identity(recorded)
     log(f"resuming {run_dir} from round {progress.round}")
-  elif logged or (recorded is not None and
-                               recorded.config_fingerprint in config.accepted_fingerprints() and
-                               config.noise_seed in (None, recorded.noise_seed)):
+  elif logged:
     # A rerun before the first checkpoint: the same seeds replay the rounds already logged.
-    created_utc = _check_resumable(config, run_dir, f"rounds 1-{logged} already released"
-                                   if logged else "a started run", recorded,
-                                   recorded.noise_seed if recorded else -1)
+    created_utc = _check_resumable(config, run_dir, f"rounds 1-{logged} already released",
+                                   recorded, recorded.noise_seed if recorded else -1)
+    releases.check_identity(recorded)
     progress = checkpoints.RunProgress(noise_seed=recorded.noise_seed,
                                        sampling_secret=recorded.sampling_secret)
-    if logged:
-      log(f"restarting {run_dir} from round 0 with its recorded seeds (rounds 1-{logged} "
-          "were logged and must replay identically)")
+    log(f"restarting {run_dir} from round 0 with its recorded seeds (rounds 1-{logged} "
+        "were logged and must replay identically)")
   else:
-    recorded = None  # no round was released: a new run (new seeds, identity rewritten)
+    # No round was released and nothing binds an identity file: a new run (new seeds, or the
+    # pinned one, and the identity rewritten, so its seed source is this start's).
+    recorded = None
     progress, source = _new_progress(config)
     created_utc = start_utc
     outputs.write_json(os.path.join(run_dir, outputs.CONFIG_FILE),
@@ -231,12 +257,13 @@ def _bind_identity(run: _Run, setup) -> None:
     if run.identity.schema_sha256 in accepted:
       schema = run.identity.schema_sha256
     identity_lib.check_same_mechanism(run.identity, encoder, schema, run.run_dir)
-    return
-  run.identity = identity_lib.RunIdentity(
-      noise_seed=run.progress.noise_seed, sampling_secret=run.progress.sampling_secret,
-      seed_source=run.seed_source, config_fingerprint=config.fingerprint(),
-      encoder_sha256=encoder, schema_sha256=schema)
-  identity_lib.save(run.run_dir, run.identity)
+  else:
+    run.identity = identity_lib.RunIdentity(
+        noise_seed=run.progress.noise_seed, sampling_secret=run.progress.sampling_secret,
+        seed_source=run.seed_source, config_fingerprint=config.fingerprint(),
+        encoder_sha256=encoder, schema_sha256=schema)
+    identity_lib.save(run.run_dir, run.identity)
+  run.progress.identity_digest = identity_lib.digest_int(run.identity)  # bound by checkpoints
 
 
 def _client_loader(task: task_lib.Task):
@@ -341,8 +368,13 @@ class _Trainer:
         state, row, diverged = self.round(state, round_num, load_client)
         digest = identity_lib.model_digest(_model_weights(self.process, state).trainable)
         replayed = run.releases.replays(round_num, digest)  # raises on a different release
-        run.releases.record(round_num, digest)
-        self.writer.write(row, tensorboard=not replayed)
+        if replayed:  # released again only as first logged: no non-private metric it lacked
+          logged = run.releases.logged[round_num].get("nonprivate", ())
+          row = {k: v for k, v in row.items()
+                 if k not in outputs.NONPRIVATE_TRAIN_KEYS or k in logged}
+        run.releases.record(round_num, digest, run.identity,
+                            [k for k in outputs.NONPRIVATE_TRAIN_KEYS if k in row])
+        self.writer.write(row, replayed=replayed)
         bar.update(row)
         if run.round_callback is not None:
           run.round_callback(round_num)
@@ -423,8 +455,9 @@ def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, record,
                              weights.trainable)
   participation = _participation_summary(trainer)
   eps, reason, privacy_block = _privacy_summary(trainer, noise_multiplier, record, participation)
-  public = dict(config.public_dict(), noise_seed=run.seed_source)  # the source of the run's start
-  notes = [outputs.NONPRIVATE_NOTE] if config.report_train_metrics else []
+  public = run.public_config()
+  nonprivate = run.nonprivate_metrics()
+  notes = [outputs.NONPRIVATE_NOTE] if nonprivate else []
   if privacy_block is not None:
     privacy_block["noise_seed_source"] = run.seed_source
     if run.seed_source == "pinned":
@@ -444,7 +477,7 @@ def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, record,
       "analysis": record["analysis"] if record is not None else None,
       "private": record is not None, "privacy": privacy_block, "participation": participation,
       "privacy_statement": privacy.run_statement(config, record, eps, reason, participation,
-                                                 run.seed_source),
+                                                 run.seed_source, nonprivate),
       "total_rounds": config.total_rounds, "rounds_completed": progress.round,
       "finished": progress.round == config.total_rounds and not diverged,
       "diverged": diverged, "wall_seconds": run.wall_seconds(),
@@ -453,7 +486,7 @@ def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, record,
       "single_participation_sqrt_loss": single_participation_sqrt_loss,
       "nonprivate_train_metrics": ({k: float(train_rows[-1][k])
                                     for k in outputs.NONPRIVATE_TRAIN_KEYS}
-                                   if config.report_train_metrics and train_rows else None),
+                                   if nonprivate and train_rows else None),
       "notes": notes,
       "empty_clients_skipped": progress.empty_clients_skipped,
       "zeroed_client_updates": progress.zeroed_client_updates,
@@ -482,8 +515,9 @@ def _build_trainer(run: _Run, task: task_lib.Task, setup) -> Tuple[_Trainer, obj
                      evaluate=task_lib.Evaluator(task.keras_model_fn, len(task.vocab),
                                                  config.num_oov_buckets),
                      writer=outputs.MetricsWriter(run.run_dir, run.progress.round,
-                                                  config.report_train_metrics,
-                                                  config.adaptive_clipping, private))
+                                                  bool(run.nonprivate_metrics()),
+                                                  config.adaptive_clipping, private,
+                                                  logged_rounds=run.releases.logged))
   if run.progress.round > 0:
     trainer.restore_sampling(run.progress.round)
   return trainer, state
@@ -516,7 +550,7 @@ def _train(run: _Run, task: Optional[task_lib.Task]) -> Dict[str, object]:
                                                  record)
   interrupt.check(where)
   try:
-    trainer.writer.hparams(config.public_dict(), config.experiment_name)
+    trainer.writer.hparams(run.public_config(), config.experiment_name)
     state, diverged = trainer.rounds(state)
     summary = _summary(trainer, state, diverged, noise_multiplier, record,
                        setup.single_participation_sqrt_loss, setup.info)

@@ -1,6 +1,6 @@
 """What a run leaves for the researcher: metrics.csv, TensorBoard, summary.json, the final model.
 
-* ``metrics.csv``: one row per round (rewritten on resume up to the checkpoint).
+* ``metrics.csv``: one row per round (rewritten on resume with every row logged so far).
 * ``tensorboard/``: the same rows as scalars (``validation/<metric>``,
   ``round/<counter>``, ``privacy/epsilon``: the ε spent after each round), the test metrics
   and ε at the end, the config as hparams
@@ -24,7 +24,7 @@ import math
 import os
 import platform
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Container, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -106,14 +106,19 @@ class MetricsWriter:
   """metrics.csv (one row per round, kept up to the resumed round) and TensorBoard."""
 
   def __init__(self, run_dir: str, resume_round: int, report_train_metrics: bool,
-               adaptive_clipping: bool = False, private: bool = False):
+               adaptive_clipping: bool = False, private: bool = False,
+               logged_rounds: Container[int] = ()):
+    """``logged_rounds``: rounds after ``resume_round`` whose release is recorded
+    (``training.identity``): their rows are kept too, as they were first logged."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     self.fields = metric_fields(report_train_metrics, adaptive_clipping, private)
     self.path = os.path.join(run_dir, METRICS_FILE)
     kept = []
-    if resume_round > 0 and os.path.exists(self.path):
+    if os.path.exists(self.path):
       with open(self.path, newline="", encoding="utf-8") as f:
-        kept = [row for row in csv.DictReader(f) if int(row["round"]) <= resume_round]
+        kept = [row for row in csv.DictReader(f)
+                if int(row["round"]) <= resume_round or int(row["round"]) in logged_rounds]
+    self._logged = {int(row["round"]) for row in kept}
     self._file = open(  # pylint: disable=consider-using-with
         self.path, "w", newline="", encoding="utf-8")
     self._writer = csv.DictWriter(self._file, fieldnames=self.fields)
@@ -138,15 +143,18 @@ class MetricsWriter:
           tf.summary.scalar(prefix + key if prefix else _tensorboard_tag(key), value, step=step)
     self._tb.flush()
 
-  def write(self, row: Dict[str, object], tensorboard: bool = True) -> None:
+  def write(self, row: Dict[str, object], replayed: bool = False) -> None:
     """One round's row into metrics.csv and TensorBoard (fields not in the header dropped).
 
-    ``tensorboard=False`` for a round replayed identically after a restart: TensorBoard
-    already holds it (its events cannot be rewritten), and keeps one version.
+    ``replayed``: a round replayed identically after a restart. metrics.csv keeps the row
+    first logged for it (a later refusal then loses nothing) and TensorBoard, whose events
+    cannot be rewritten, its one version: only a row metrics.csv lacks is written, there.
     """
     row = {k: row.get(k, "") for k in self.fields}
+    if int(row["round"]) in self._logged:
+      return
     self._append(row)
-    if tensorboard:
+    if not replayed:
       self.scalars({k: v for k, v in row.items() if k != "round"}, int(row["round"]))
 
   def hparams(self, config: Dict[str, object], run_name: str) -> None:

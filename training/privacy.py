@@ -145,10 +145,11 @@ def _epsilon_at(config: TrainingConfig, z: float, sens: float, record: Dict[str,
 
 def run_statement(config: TrainingConfig, record: Optional[Dict[str, Any]],
                   epsilon: Optional[float], reason: Optional[str],
-                  participation: Dict[str, Any], seed_source: str) -> Dict[str, Any]:
-  """The run's privacy statement (``tff_mf.statement``) for summary.json and stdout."""
+                  participation: Dict[str, Any], seed_source: str,
+                  nonprivate_metrics: Sequence[str] = ()) -> Dict[str, Any]:
+  """The run's privacy statement (``tff_mf.statement``) for summary.json and stdout;
+  ``nonprivate_metrics``: those released over the whole run (named as not covered)."""
   from tff_mf import statement  # pylint: disable=g-import-not-at-top
-  from training import outputs  # pylint: disable=g-import-not-at-top
   if record is None:
     return statement.no_privacy_statement(f"--mechanism={config.mechanism} adds no noise")
   return statement.privacy_statement(
@@ -156,7 +157,7 @@ def run_statement(config: TrainingConfig, record: Optional[Dict[str, Any]],
       observed=participation["observed"],
       sampling_prob=config.sampling_prob if config.participation == "min_sep" else None,
       noise_seed_source=seed_source, epsilon_reason=reason,
-      nonprivate_metrics=outputs.NONPRIVATE_TRAIN_KEYS if config.report_train_metrics else ())
+      nonprivate_metrics=tuple(nonprivate_metrics))
 
 
 def statement_setup(config: TrainingConfig) -> Dict[str, Any]:

@@ -58,6 +58,22 @@ def check_private(path: str) -> None:
       break
 
 
+def check_secret(path: str, what: str) -> None:
+  """Refuses a file holding secrets (``what``) that group or others may read.
+
+  Refused, not repaired: a chmod cannot unread what may have been read, and ε holds only
+  while the secrets are secret; the owner, who knows whether anyone else could read it,
+  decides (``chmod 600``) or starts a new run.
+  """
+  mode = os.stat(path).st_mode
+  if mode & 0o077:
+    raise TrainingError(
+        f"refusing to use {path}: it is readable by group or others (mode "
+        f"{_describe_mode(mode)}), so {what} may have been read and epsilon would not hold; "
+        f"if nobody else could read it, `chmod 600 {path}` and rerun, else use a new "
+        "--experiment_name")
+
+
 def check_private_tree(directory: str) -> None:
   """check_private on ``directory`` and every directory and file below it."""
   check_private(directory)

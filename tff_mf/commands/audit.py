@@ -1,9 +1,10 @@
 """``tff-mf audit``: empirical privacy audit of the running TFF aggregator.
 
 Builds the mechanism with ``build_mechanism`` inside ``build_unweighted_fed_avg``,
-runs it many times with and without a canary client placed in the worst
-participation pattern of the schema, and reports empirical LOWER bounds on ε at δ
-and on the Gaussian-DP μ, against the claim (``tff_mf.tf.audit``)::
+runs it many times with and without a canary client placed in the schema's worst
+participation pattern on the noise observed in canary-free runs, and reports empirical
+LOWER bounds on ε at δ and on the Gaussian-DP μ, against the claim
+(``tff_mf.tf.audit``)::
 
   tff-mf audit --mechanism opt_prefix_sum --n 8 --noise_multiplier 0.5 \\
       --participation fixed_epoch --epochs 2 --json --plot out/audit.png
@@ -41,7 +42,8 @@ def register(subparsers) -> None:
       description=textwrap.fill(
           "Runs federated averaging with the mechanism's aggregator on a linear model many "
           "times, with fresh noise seeds, on two neighbouring datasets (with and without one "
-          "canary client in the worst participation pattern of the schema), applies the "
+          "canary client in the schema's worst participation pattern on the noise observed "
+          "in canary-free calibration runs), applies the "
           "optimal test for a Gaussian mean shift in correlated noise and reports empirical "
           "LOWER bounds on epsilon at delta and on the Gaussian-DP mu with Clopper-Pearson "
           "confidence (Jagielski et al. 2020, arXiv:2006.07709; Nasr et al. 2023, "
@@ -102,13 +104,15 @@ def _add_audit_arguments(g) -> None:
                  help="seed of the audit's own randomness (Poisson canary, random others); the "
                       "mechanism's noise seeds are always fresh (default: OS entropy)")
   g.add_argument("--plant_fault", default=None, metavar="FAULT",
-                 choices=("under_reported_sensitivity", "noise_divided", "repeated_noise_row",
-                          "schema_ignored"),
                  help="audit a copy of the mechanism with this fault planted, to see that the "
                       "audit has the power to catch it at these trials: "
                       "under_reported_sensitivity (claim sens/1.25), noise_divided (noise/1.25), "
-                      "repeated_noise_row (dense streams), schema_ignored (a single-participation "
-                      "mechanism, canary in fixed_epoch 2) (default: none)")
+                      "repeated_noise_row (dense streams, at the reported worst canary), "
+                      "schema_ignored (a single-participation mechanism, canary in fixed_epoch "
+                      "2); away from the reported worst canary (dense streams): "
+                      "repeated_noise_row_elsewhere, noise_row_scaled (one round's noise / 2), "
+                      "noise_row_dropped (one row of the inverse encoder left out) "
+                      "(default: none)")
   g.add_argument("--json", action="store_true", help="print one strict JSON object")
   g.add_argument("--plot", default=None, metavar="PNG",
                  help="write the score distributions and trade-off curves to this PNG")
@@ -132,6 +136,10 @@ def run(args: argparse.Namespace) -> int:
   from tff_mf import audit as audit_lib  # pylint: disable=g-import-not-at-top
   clitools.resolve_mechanism(args.mechanism)  # an unknown name: the closest spelling
   audit_lib.check_auditable(args.mechanism)
+  if args.plant_fault is not None and args.plant_fault not in audit_lib.FAULTS:
+    from tff_mf import checks  # pylint: disable=g-import-not-at-top
+    raise checks.CheckError(f"--plant_fault {args.plant_fault!r}: expected one of "
+                            f"{', '.join(audit_lib.FAULTS)}")
   if args.noise_multiplier is not None:  # z = 0 is no claim to audit (no flag allows it)
     from tff_mf import checks  # pylint: disable=g-import-not-at-top
     checks.noise_multiplier(args.noise_multiplier, "--noise-multiplier")
@@ -168,20 +176,43 @@ def run(args: argparse.Namespace) -> int:
   return 1 if out["violation"] else 0
 
 
+def _statistic_line(name, st, claimed_mu) -> str:
+  mark = "  <- decided" if st["decided"] else ""
+  if claimed_mu:
+    return (f"  {name}: estimated mu {st['mu_estimate']:.4g} +- {st['mu_standard_error']:.2g}, "
+            f"mu lower bound {st['mu_lower_bound']:.4g}, epsilon lower bound "
+            f"{st['epsilon_lower_bound']:.4g} (alpha {st['alpha']:g}){mark}")
+  return (f"  {name}: epsilon lower bound {st['epsilon_lower_bound']:.4g} "
+          f"(alpha {st['alpha']:g}){mark}")
+
+
 def _print_text(r) -> None:
+  c = r["canary"]
   lines = [
       f"mechanism: {r['mechanism']} (n={r['total_rounds']}, z={r['noise_multiplier']:g}, "
       f"{r['participation']['label']}, accounted as {r['claimed_participation']['label']})",
-      f"canary: rounds {r['canary']['pattern']} signs {r['canary']['signs']}"
-      + (f", Poisson p={r['sampling_prob']:g} over rounds {r['canary']['poisson_rounds']}"
+      f"canary: rounds {c['pattern']} signs {c['signs']}, the worst pattern on "
+      f"{c['chosen_from']} (the reported noise matrix's worst: rounds "
+      f"{c['reported_worst_pattern']})"
+      + (f", Poisson p={r['sampling_prob']:g} over rounds {c['poisson_rounds']}"
          if r["sampling_prob"] else ""),
       f"trials: {r['trials']} per world ({r['trials_per_run']} per run), "
       f"confidence {r['confidence']:g}",
   ]
   if r.get("claimed_mu"):
     lines.append(f"GDP mu: claimed {r['claimed_mu']:.4g} (sens {r['claimed_sensitivity']:.4g} / "
-                 f"z), release {r['release_mu']:.4g}, estimated {r['mu_estimate']:.4g} +- "
-                 f"{r['mu_standard_error']:.2g}, lower bound {r['mu_lower_bound']:.4g}")
+                 f"z); of the reported noise: {r['release_mu']:.4g} at the canary's pattern, "
+                 f"{r['reported_worst_mu']:.4g} at its worst")
+  lines.append("statistics (each: estimate, empirical LOWER bounds):")
+  lines += [_statistic_line(name, st, r.get("claimed_mu"))
+            for name, st in r["statistics"].items()]
+  ratio = r["power"]["detectable_mu_ratio"]
+  power = f"probability >= {r['power']['probability']:g} at {r['trials']} trials per world"
+  if ratio == "inf":
+    lines.append(f"power: no fault is flagged with {power} (raise --trials)")
+  elif ratio is not None:
+    lines.append(f"power: a true mu of {ratio:.3g} x the claim at the canary's pattern is flagged "
+                 f"with {power}")
   lines.append(f"epsilon at delta={r['delta']:g}: empirical LOWER bound "
                f"{r['epsilon_lower_bound']:.4g}, claimed (upper bound) "
                f"{r['claimed_epsilon']:.4g}")

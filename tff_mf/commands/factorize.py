@@ -164,6 +164,11 @@ def spec_from_args(args: argparse.Namespace):
     params[flag] = value
   if args.error is not None:
     params["error"] = args.error
+  if args.als_iterations is not None:
+    if "als_iterations" not in registry.strategy(strategy).declaration.parameters:
+      raise checks.CheckError(f"--als_iterations does not apply to --strategy {args.strategy} "
+                              "(structured only)")
+    params["als_iterations"] = args.als_iterations
   if "target_gap" in registry.strategy(strategy).declaration.parameters:
     params.update(target_gap=args.target_gap, max_iterations=args.max_iterations,
                   allow_unconverged=args.allow_unconverged)
@@ -222,7 +227,11 @@ def register(subparsers) -> None:
   group.add_argument("--target_gap", type=float, default=1e-6,
                      help="optimal, structured: relative duality gap to reach (default: 1e-6)")
   group.add_argument("--max_iterations", type=int, default=10_000,
-                     help="optimal: iteration limit (default: 10000)")
+                     help="optimal, and structured's optimal decoder B*: iteration limit "
+                          "(default: 10000)")
+  group.add_argument("--als_iterations", type=int, default=None, metavar="SWEEPS",
+                     help="structured: sweeps of the ALS fit of B*'s low-rank part; more fit "
+                          "it closer (default: 100)")
   group.add_argument("--allow_unconverged", action="store_true",
                      help="optimal: return (and cache) a result above --target_gap instead of "
                           "failing; the gap reached is reported (default: off)")

@@ -51,7 +51,7 @@ class FamilyResult:
 
 # The FactorizationSpec fields a strategy may read (tff_mf.strategies.FactorizationSpec).
 SPEC_PARAMETERS = ("target_gap", "max_iterations", "allow_unconverged", "bands", "rank",
-                   "buffers", "error")
+                   "buffers", "error", "als_iterations")
 # Short names of parameters in cache entry names ("blt-m4", "banded-b8").
 PARAMETER_LABELS = {"bands": "b", "rank": "r", "buffers": "m"}
 

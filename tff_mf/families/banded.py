@@ -358,7 +358,9 @@ class _GaugedSearch:
   def minimize(self, max_iterations, tolerance, time_limit, progress, callback):
     """Runs L-BFGS-B from ``p`` and stores the result there; (message, converged)."""
     from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-    bar = tqdm(total=max_iterations, file=sys.stderr, disable=not progress,
+    # No total: the stop rule (not the iteration limit, far above it) ends the search, after
+    # an iteration count nobody can tell in advance; the postfix shows how near it is.
+    bar = tqdm(total=None, file=sys.stderr, disable=not progress, unit="it",
                desc=f"banded n={self.obj.n} b={self.obj.bands}", leave=False)
     try:
       res = scipy.optimize.minimize(
@@ -385,13 +387,17 @@ class _GaugedSearch:
     self.history.append(self.value)
     record = {"iteration": self.iterations, "objective": self.value,
               "seconds": time.perf_counter() - self.start}
+    decrease = None
+    if len(self.history) > STOP_WINDOW:
+      decrease = (self.history[-1 - STOP_WINDOW] - self.value) / abs(self.value)
     bar.update(1)
-    bar.set_postfix_str(f"objective {self.value:.8g}")
+    bar.set_postfix_str(f"objective {self.value:.8g}" + (
+        "" if decrease is None else
+        f", fell {decrease:.1e} in {STOP_WINDOW} iterations (stops at {tolerance:.0e})"))
     if callback is not None:
       callback(record)
-    if len(self.history) > STOP_WINDOW:
-      old = self.history[-1 - STOP_WINDOW]
-      if old - self.value <= tolerance * abs(self.value):
+    if decrease is not None:
+      if decrease <= tolerance:
         self.reason = "tolerance"
         raise _Stop()
     if time_limit is not None and record["seconds"] > time_limit:

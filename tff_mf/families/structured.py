@@ -61,7 +61,8 @@ def _check_spec(spec) -> None:
 
 # The optimal decoder's fit needs the optimal factorization (``Context.optimal``).
 STRATEGIES = {"structured": families.Declaration(
-    parameters=("bands", "rank", "target_gap", "max_iterations", "allow_unconverged"),
+    parameters=("bands", "rank", "target_gap", "max_iterations", "allow_unconverged",
+                "als_iterations"),
     defaults=_defaults, peak_matrices=14, streams=True, check_spec=_check_spec,
     parameter_labels={"bands": "h"})}
 
@@ -146,13 +147,14 @@ def als_low_rank(target: np.ndarray, bands: int, rank: int,
   observed columns j ≤ i − h, row j of V one over the observed rows i ≥ j + h.
   Because these sets are nested, the r x r Gram matrices are prefix / suffix
   sums of outer products, so one sweep costs O(n²·r + n·r³).
-  Returns (u, v, iterations, objective).
+  Returns (u, v, iterations, objective, relative decrease of the objective in the last
+  sweep).
   """
   n = target.shape[0]
   mask = low_rank_mask(n, bands)
   observed = np.where(mask, target, 0.0)
   if rank == 0 or not mask.any():
-    return np.zeros((n, rank)), np.zeros((n, rank)), 0, float(np.sum(observed ** 2))
+    return np.zeros((n, rank)), np.zeros((n, rank)), 0, float(np.sum(observed ** 2)), 0.0
   # Initialization: truncated SVD of the masked target.
   left, sing, right_t = np.linalg.svd(observed)
   root = np.sqrt(sing[:rank])
@@ -183,32 +185,32 @@ def als_low_rank(target: np.ndarray, bands: int, rank: int,
     bar = tqdm(total=max_iterations, desc=f"structured ALS (h={bands}, r={rank})",
                unit="it", leave=False)
   previous = objective(u, v)
-  iterations = 0
+  iterations, decrease = 0, 0.0
   try:
     for iterations in range(1, max_iterations + 1):
       u = solve_rows(v, observed @ v, prefix=True)
       v = solve_rows(u, observed.T @ u, prefix=False)
       current = objective(u, v)
+      decrease = (previous - current) / max(previous, 1e-300)
       if bar is not None:
         bar.update(1)
         bar.set_postfix(objective=f"{current:.6g}", refresh=False)
-      if previous - current <= tolerance * max(previous, 1e-300):
-        previous = current
-        break
       previous = current
+      if decrease <= tolerance:
+        break
   finally:
     if bar is not None:
       bar.close()
-  return u, v, iterations, previous
+  return u, v, iterations, previous, decrease
 
 
 def approximate(b_opt: np.ndarray, bands: int, rank: int, **als_kwargs):
-  """(B̂, diagonals, u, v, als_iterations) approximating B* (App H)."""
+  """(B̂, diagonals, u, v, als_iterations, last relative decrease) approximating B* (App H)."""
   n = b_opt.shape[0]
   diagonals = band_diagonals(b_opt, bands)
-  u, v, iterations, _ = als_low_rank(b_opt, bands, rank, **als_kwargs)
+  u, v, iterations, _, decrease = als_low_rank(b_opt, bands, rank, **als_kwargs)
   b_hat = banded_from_diagonals(diagonals) + np.where(low_rank_mask(n, bands), u @ v.T, 0.0)
-  return b_hat, diagonals, u, v, iterations
+  return b_hat, diagonals, u, v, iterations, decrease
 
 
 def _check_inputs(a: np.ndarray, bands: int, rank: int) -> None:
@@ -260,7 +262,7 @@ def fit(a: np.ndarray, bands: int, rank: int, progress: bool = False,
     b_opt = np.asarray(b_opt, dtype=np.float64)
     if b_opt.shape != (n, n):
       raise checks.CheckError(f"optimal decoder must be {n}x{n}, got {b_opt.shape}")
-  b_hat, diagonals, u, v, als_used = approximate(
+  b_hat, diagonals, u, v, als_used, als_decrease = approximate(
       b_opt, bands, rank, max_iterations=als_iterations, tolerance=als_tolerance,
       progress=progress)
   if np.any(np.abs(np.diag(b_hat)) <= 1e-12 * np.max(np.abs(b_hat))):
@@ -270,13 +272,25 @@ def fit(a: np.ndarray, bands: int, rank: int, progress: bool = False,
   info.update({
       "als_iterations": als_used,
       # Stopped by its tolerance, before its iteration limit (read by the solver outcome).
-      "als_converged": bool(als_used < als_iterations),
+      "als_converged": bool(als_decrease <= als_tolerance),
+      "als_iteration_limit": int(als_iterations),
+      "als_last_decrease": float(als_decrease),
       "als_regularization": ALS_REGULARIZATION,
       "approximation_error": float(np.linalg.norm(b_hat - b_opt) / np.linalg.norm(b_opt)),
       "seconds": time.perf_counter() - start,
   })
   return StructuredResult(b=b_hat, c=c, bands=bands, rank=rank, diagonals=diagonals,
                           u=u, v=v, info=info)
+
+
+def why_als_unconverged(info: Dict[str, Any]) -> str:
+  """Why the ALS fit is unconverged, and the remedy, in one line (from the fit's info)."""
+  last = info.get("als_last_decrease")
+  still = "" if last is None else f"; its last sweep still lowered its objective by {last:.1e}"
+  return (f"the ALS fit of the low-rank part used all its {info['als_iterations']} sweeps "
+          f"before a sweep lowered its objective by less than {DEFAULT_ALS_TOLERANCE:g} "
+          f"(relative){still}. C = B̂⁻¹·A is exact and the reported figures are computed "
+          f"from it; to fit B* closer, raise --als_iterations (als_iterations= from Python)")
 
 
 def _sqrt_loss(b: np.ndarray, c: np.ndarray) -> float:
@@ -400,7 +414,8 @@ def factorize(a: np.ndarray, spec, context) -> "FamilyResult":
     optimal_info["optimal_sqrt_loss"] = optimal_f.single_participation_sqrt_loss
   result = fit(a, bands=spec.bands, rank=spec.rank, b_opt=b_opt,
                progress=bool(context and context.progress), target_gap=spec.target_gap,
-               max_iterations=spec.max_iterations, allow_unconverged=spec.allow_unconverged)
+               max_iterations=spec.max_iterations, allow_unconverged=spec.allow_unconverged,
+               als_iterations=spec.als_iterations)
   info = dict(result.info, **optimal_info)
   extras = {"structured_diagonals": result.diagonals, "structured_u": result.u,
             "structured_v": result.v}

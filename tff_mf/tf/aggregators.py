@@ -40,6 +40,7 @@ from tff_mf import workloads
 from tff_mf.families import tree
 from tff_mf.tf import noise as noise_lib
 from tff_mf.tf import query as query_lib
+from tff_mf.tf import runtime
 
 
 @dataclasses.dataclass
@@ -295,6 +296,7 @@ def build_mechanism(mechanism: str, *, total_rounds: int,
   resolved = _resolved(cfg, resolved)
   if _resolve_only:
     return resolved
+  runtime.install_exit_hook()  # the aggregator runs on TFF's server, which TFF leaves running
   etas = workloads.learning_rates(cfg.n, cfg.lr_schedule, cfg.schedule_rounds)
   server_optimizer = build_server_optimizer(cfg.server_learning_rate, cfg.momentum, etas)
   info = _setup_info(cfg, resolved)

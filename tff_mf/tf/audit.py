@@ -1,13 +1,14 @@
 """Empirical privacy audit of the running TFF aggregator (the TensorFlow part).
 
 ``audit(mechanism, ...)`` builds the mechanism with ``build_mechanism`` inside
-``tff.learning.algorithms.build_unweighted_fed_avg`` on a linear model, runs
-federated averaging many times with fresh noise seeds on two neighbouring datasets
-— with and without one canary client placed in the worst participation pattern of
-the schema — and hands the released models to ``tff_mf.audit``, which turns them
-into empirical LOWER bounds on ε at δ and on the Gaussian-DP μ with a stated
-confidence (Jagielski, Ullman, Oprea 2020, arXiv:2006.07709; Nasr et al. 2023,
-arXiv:2302.07956; Steinke, Nasr, Jagielski 2023, arXiv:2305.08846).
+``tff.learning.algorithms.build_unweighted_fed_avg`` on a linear model, runs federated
+averaging many times with fresh noise seeds on two neighbouring datasets — with and
+without one canary client placed in the schema's worst participation pattern on the
+covariance estimated from canary-free calibration runs — and hands the released models
+to ``tff_mf.audit``, which turns them into empirical LOWER bounds on ε at δ and on the
+Gaussian-DP μ with a stated confidence (Jagielski, Ullman, Oprea 2020,
+arXiv:2006.07709; Nasr et al. 2023, arXiv:2302.07956; Steinke, Nasr, Jagielski 2023,
+arXiv:2305.08846).
 
 Model. Each client's loss is the mean of its model's outputs, w·x, so its update
 (after one SGD step at learning rate 1) is its data x whatever the model: the
@@ -22,10 +23,11 @@ independent across coordinates, which the audit checks (``packing_check``). One
 TFF run thus gives T trials, and a trial costs n·T model entries, not n rounds of
 TFF.
 
-Σ and μ come from what the aggregator reports (the workload A of the server
-optimizer, the noise matrix N = A⁻¹·B, z, ζ, clients per round K, server learning
-rate) and, for the second statistic, from held-out canary-free runs (estimated
-Σ); the claim (sens/z, or the amplified ε) comes from the mechanism's own report.
+The release is read with what the aggregator reports (the workload A of the server
+optimizer, z, ζ, clients per round K, server learning rate). Where the canary goes
+and the second statistic's Σ come from held-out canary-free runs; the first
+statistic's Σ from the reported noise matrix N = A⁻¹·B; the claim (sens/z, or the
+amplified ε) from the mechanism's own report.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ AUDITABLE_NOISE = audit_lib.AUDITABLE_NOISE
 
 
 AuditOptions = audit_lib.AuditOptions
+
+# The canary is placed from the estimated covariance when there are more calibration
+# trials than this many per round; otherwise from the reported noise matrix.
+MIN_CALIBRATION = 4
 
 
 @dataclasses.dataclass
@@ -191,17 +197,21 @@ def canary_updates(rel: Released, vector: np.ndarray, prob: Optional[float],
   return rel.unit * (vector[:, None] != 0) * joined
 
 
-def packing_check(scores: np.ndarray, per_run: int) -> Dict[str, float]:
+def packing_check(scores: np.ndarray, per_run: int) -> Dict[str, Any]:
   """Coordinates of one run are independent: the run means of standardized scores have
   variance 1/T, so Σ_runs T·mean² is about χ² with runs − 1 degrees of freedom (two-sided
-  p-value; correlated coordinates inflate it)."""
+  p-value; correlated coordinates inflate it). With one run there is nothing to compare:
+  the p-value is None."""
   import scipy.stats  # pylint: disable=g-import-not-at-top
   s = np.asarray(scores).reshape(-1, per_run)
+  if s.shape[0] < 2:
+    return {"statistic": None, "dof": 0, "p_value": None, "runs": int(s.shape[0])}
   s = (s - s.mean()) / s.std()
   stat = float(np.sum(per_run * s.mean(axis=1) ** 2))
-  dof = max(s.shape[0] - 1, 1)
+  dof = s.shape[0] - 1
   cdf = float(scipy.stats.chi2.cdf(stat, dof))
-  return {"statistic": stat, "dof": dof, "p_value": 2 * min(cdf, 1 - cdf)}
+  return {"statistic": stat, "dof": dof, "p_value": 2 * min(cdf, 1 - cdf),
+          "runs": int(s.shape[0])}
 
 
 def _schema_patterns(schema: participation_lib.Participation, n: int):
@@ -210,7 +220,7 @@ def _schema_patterns(schema: participation_lib.Participation, n: int):
 
 
 def _poisson_rounds(schema: participation_lib.Participation, n: int, canary) -> List[int]:
-  """The residue class mod b of the canary's worst pattern (every round it may join)."""
+  """The residue class mod b of the canary's pattern (every round it may join)."""
   if schema.kind != "min_sep":
     raise checks.CheckError("sampling_prob (Poisson canary) needs min_sep participation")
   rounds = list(range(canary["pattern"][0] % schema.min_sep, n, schema.min_sep))
@@ -219,6 +229,21 @@ def _poisson_rounds(schema: participation_lib.Participation, n: int, canary) -> 
     raise checks.CheckError(f"a Poisson canary may join all {len(rounds)} rounds of its class; "
                             f"max_participations={k} caps it (leave it unset)")
   return rounds
+
+
+def where_to_look(cal: Optional[np.ndarray], patterns, reported: Dict[str, Any]):
+  """The canary's pattern: the schema's worst on the covariance estimated from the
+  canary-free calibration trials (``audit_lib.observed_canary``), so that a fault anywhere
+  in the stream draws the canary to it; the reported noise matrix's worst only when there
+  are too few calibration trials (with a warning). The test then runs on fresh trials."""
+  if cal is not None and cal.shape[0] > MIN_CALIBRATION * cal.shape[1]:
+    observed = audit_lib.observed_canary(cal, patterns)
+    return dict(observed, chosen_from=f"the covariance estimated from {cal.shape[0]} "
+                "canary-free trials"), None
+  return dict(reported, chosen_from="the reported noise matrix"), (
+      "the canary follows the reported noise matrix (calibration trials <= "
+      f"{MIN_CALIBRATION} x n): a fault away from its pattern goes unseen; give more "
+      "calibration trials")
 
 
 def _claim(claimed: aggregators.MechanismSetup, schema, opts: AuditOptions) -> Dict[str, Any]:
@@ -238,11 +263,13 @@ def _claim(claimed: aggregators.MechanismSetup, schema, opts: AuditOptions) -> D
   return out
 
 
-def _scores(x0, x1, cal, shift, cov_rep, poisson, opts: AuditOptions) -> Dict[str, Any]:
-  """Per statistic (reported Σ; estimated Σ from calibration trials): scores and bounds."""
+def _scores(x0, x1, cal_cov, shift, cov_rep, poisson, opts: AuditOptions,
+            claimed_mu: Optional[float]) -> Dict[str, Any]:
+  """Per statistic (reported Σ; Σ estimated from the calibration trials): scores, bounds,
+  and the smallest true μ / claimed μ it flags with probability ≥ POWER."""
   covs = {"reported_sigma": cov_rep}
-  if cal is not None and len(cal) > shift.size:
-    covs["estimated_sigma"] = audit_lib.estimated_covariance(cal)
+  if cal_cov is not None:
+    covs["estimated_sigma"] = cal_cov
   alpha = opts.alpha / len(covs)
   out = {}
   for name, cov in covs.items():
@@ -258,7 +285,9 @@ def _scores(x0, x1, cal, shift, cov_rep, poisson, opts: AuditOptions) -> Dict[st
       m0, m1 = _simulated_mixture(shift.size, poisson, opts.sampling_prob, cov)
       grid = audit_lib.planned_thresholds(m0, m1, len(s0), len(s1), alpha, opts.delta)
     report = audit_lib.score_report(s0, s1, grid, alpha, opts.delta)
-    out[name] = dict(report, scores=(s0, s1), alpha=alpha)
+    ratio = None if claimed_mu is None else audit_lib.detectable_mu_ratio(
+        grid, len(s0), len(s1), claimed_mu)
+    out[name] = dict(report, scores=(s0, s1), alpha=alpha, detectable_mu_ratio=ratio)
   return out
 
 
@@ -287,11 +316,8 @@ def audit_setups(claimed: aggregators.MechanismSetup, packed: aggregators.Mechan
   rel = released_model(packed)
   n = rel.a.shape[0]
   schema = schema or participation_lib.from_dict(claimed.info["participation"])
-  canary = audit_lib.worst_canary(rel.noise_matrix, _schema_patterns(schema, n))
-  poisson = None if opts.sampling_prob is None else _poisson_rounds(schema, n, canary)
-  shift = canary["vector"] if poisson is None else np.zeros(n)
-  if poisson is not None:
-    shift[poisson] = 1.0
+  patterns = _schema_patterns(schema, n)
+  reported = audit_lib.worst_canary(rel.noise_matrix, patterns)
   rng = np.random.default_rng(seed)
   runs = -(-opts.trials // rel.packed)
   cal_runs = -(-opts.calibration_trials // rel.packed) if opts.calibration_trials else 0
@@ -300,6 +326,11 @@ def audit_setups(claimed: aggregators.MechanismSetup, packed: aggregators.Mechan
   try:
     cal = run_world(process, rel, Canary(None), cal_runs, opts.others, rng, bar) \
         if cal_runs else None
+    canary, look_warning = where_to_look(cal, patterns, reported)
+    poisson = None if opts.sampling_prob is None else _poisson_rounds(schema, n, canary)
+    shift = canary["vector"] if poisson is None else np.zeros(n)
+    if poisson is not None:
+      shift[poisson] = 1.0
     x0 = run_world(process, rel, Canary(None), runs, opts.others, rng, bar)
     x1 = np.concatenate([run_world(
         process, rel, Canary(canary_updates(rel, shift, opts.sampling_prob, rng)), 1,
@@ -308,12 +339,16 @@ def audit_setups(claimed: aggregators.MechanismSetup, packed: aggregators.Mechan
     if bar is not None:
       bar.close()
   cov_rep = rel.z_eff ** 2 * (rel.noise_matrix @ rel.noise_matrix.T)
-  stats = _scores(x0, x1, cal, shift, cov_rep, poisson, opts)
   claim = _claim(claimed, schema, opts)
+  stats = _scores(x0, x1, canary.get("covariance"), shift, cov_rep, poisson, opts,
+                  claim["claimed_mu"])
   verdict = audit_lib.compare_with_claim(
       {k: v for k, v in stats.items()}, opts.delta, claim["claimed_mu"],
       claim["claimed_epsilon"] if poisson is not None else None)
-  return _report(claimed, schema, opts, rel, canary, poisson, stats, claim, verdict)
+  out = _report(claimed, schema, opts, rel, canary, reported, poisson, stats, claim, verdict)
+  if look_warning:
+    out["warnings"].insert(0, look_warning)
+  return out
 
 
 def _bar(progress: bool, total: int):
@@ -324,14 +359,17 @@ def _bar(progress: bool, total: int):
   return tqdm(total=total, desc="audit runs", unit="run", file=sys.stderr)
 
 
-def _report(claimed, schema, opts, rel, canary, poisson, stats, claim, verdict):
-  release_mu = canary["sensitivity"] / rel.z_eff
+def _report(claimed, schema, opts, rel, canary, reported, poisson, stats, claim, verdict):
+  prec = audit_lib.precision_matrix(rel.noise_matrix)
+  release_mu = math.sqrt(float(canary["vector"] @ prec @ canary["vector"])) / rel.z_eff
   statistics = {}
   for name, r in stats.items():
     statistics[name] = {k: r[k] for k in ("epsilon_lower_bound", "mu_lower_bound",
-                                          "mu_estimate", "mu_standard_error", "alpha")}
+                                          "mu_estimate", "mu_standard_error", "alpha",
+                                          "detectable_mu_ratio")}
     statistics[name]["packing_check"] = packing_check(r["scores"][0], rel.packed)
-  main = stats["reported_sigma"]
+    statistics[name]["decided"] = name == verdict["decided_by"]
+  main = stats[verdict["decided_by"]]
   out = {
       "mechanism": claimed.info["mechanism"], "total_rounds": rel.a.shape[0],
       "participation": schema.as_dict(), "claimed_participation": claimed.info["participation"],
@@ -341,20 +379,33 @@ def _report(claimed, schema, opts, rel, canary, poisson, stats, claim, verdict):
       "others": opts.others, "delta": opts.delta, "alpha": opts.alpha,
       "confidence": 1.0 - opts.alpha, "sampling_prob": opts.sampling_prob,
       "canary": {"pattern": canary["pattern"], "signs": canary["signs"],
+                 "chosen_from": canary["chosen_from"],
+                 "calibration_mu": canary.get("mu"),
+                 "reported_worst_pattern": reported["pattern"],
+                 "reported_worst_signs": reported["signs"],
                  "poisson_rounds": poisson, "patterns_searched": canary["patterns_searched"]},
       "claimed_mu": claim["claimed_mu"], "claimed_sensitivity": claim["claimed_sensitivity"],
       "claimed_epsilon": claim["claimed_epsilon"],
       "release_mu": None if poisson is not None else release_mu,
+      "reported_worst_mu": reported["sensitivity"] / rel.z_eff,
       "mu_estimate": main["mu_estimate"], "mu_standard_error": main["mu_standard_error"],
       "statistics": statistics, **verdict,
       "epsilon_kind": "empirical LOWER bound on epsilon (holds with probability >= "
                       f"{1 - opts.alpha:g} over the trials); never an upper bound",
   }
+  ratios = [s["detectable_mu_ratio"] for s in statistics.values()
+            if s["detectable_mu_ratio"] is not None]
+  # The audit flags when any statistic does: its power is at least each one's.
+  out["power"] = {"probability": audit_lib.POWER,
+                  "detectable_mu_ratio": min(ratios) if ratios else None,
+                  "trials": opts.trials}
   out["warnings"] = [
       f"{name}: the trials packed into one run look dependent (packing check p = "
       f"{stat['packing_check']['p_value']:.2g}); the confidence assumes independent "
       "coordinates: rerun with trials_per_run = 1"
-      for name, stat in statistics.items() if stat["packing_check"]["p_value"] < opts.alpha]
+      for name, stat in statistics.items()
+      if stat["packing_check"]["p_value"] is not None
+      and stat["packing_check"]["p_value"] < opts.alpha]
   if claim["claimed_mu"]:
     out["mu_ratio"] = main["mu_estimate"] / claim["claimed_mu"]
   if poisson is not None:
@@ -397,21 +448,40 @@ def json_ready(report: Dict[str, Any]) -> Dict[str, Any]:
 
 # ----------------------------------------------------------------------------- planted faults
 
-FAULTS = ("under_reported_sensitivity", "noise_divided", "repeated_noise_row",
-          "schema_ignored")
+FAULTS = audit_lib.FAULTS
 
 
-class RepeatedRowNoise(noise_lib.DenseNoise):
-  """A faulty copy of a dense stream: round ``repeat + 1`` adds round ``repeat``'s noise row
-  again (as after a resume that did not advance the round index)."""
+class FaultyRowNoise(noise_lib.DenseNoise):
+  """A faulty copy of a dense stream, for checking the audit (never used in training).
 
-  def __init__(self, c, participation, repeat: int):
+  ``reuse``: round ``row + 1`` adds round ``row``'s noise row again (as after a resume
+  that did not advance the round index); ``scale``: round ``row``'s noise is multiplied
+  by ``factor``; ``drop``: the stream leaves out row ``row`` of C⁻¹ (that round adds no
+  noise). ``noise_matrix()`` still reports the stream as built.
+  """
+
+  def __init__(self, c, participation, kind: str, row: int, factor: float = 1.0):
     super().__init__(c, participation=participation)
-    self.repeat = int(repeat)
+    if kind not in ("reuse", "scale", "drop"):
+      raise checks.CheckError(f"unknown row fault {kind!r}")
+    self.kind, self.row, self.factor = kind, int(row), float(factor)
 
   def _noise_row(self, seed, i, stream_state, specs, stddev):
-    j = tf.where(tf.equal(i, self.repeat + 1), tf.constant(self.repeat, tf.int64), i)
-    return super()._noise_row(seed, j, stream_state, specs, stddev)
+    if self.kind == "reuse":
+      j = tf.where(tf.equal(i, self.row + 1), tf.constant(self.row, i.dtype), i)
+      return super()._noise_row(seed, j, stream_state, specs, stddev)
+    rows, stream_state = super()._noise_row(seed, i, stream_state, specs, stddev)
+    factor = 0.0 if self.kind == "drop" else self.factor
+    hit = tf.equal(i, self.row)
+    return [tf.where(hit, r * tf.cast(factor, r.dtype), r) for r in rows], stream_state
+
+
+def _away_from(pattern, n: int, span: int) -> int:
+  """The last round r with rounds r, …, r + span − 1 all outside ``pattern``."""
+  for r in range(n - span, -1, -1):
+    if not set(range(r, r + span)) & set(pattern):
+      return r
+  raise checks.CheckError(f"every {span} consecutive rounds meet the canary's pattern {pattern}")
 
 
 def _factory_with(noise, packed, noise_multiplier: float):
@@ -428,37 +498,46 @@ def _factory_with(noise, packed, noise_multiplier: float):
   return aggregators.DPAggregatorFactory(make, f"{info['mechanism']} (planted fault)")
 
 
-def plant_fault(fault: str, claimed, packed, factor: float = 1.25):
+def plant_fault(fault: str, claimed, packed, factor: Optional[float] = None):
   """(claimed, packed, canary schema) with one known fault planted in copies of the setups.
 
-  ``under_reported_sensitivity``: the claim's sensitivity divided by ``factor``;
-  ``noise_divided``: the aggregator's noise divided by ``factor``; ``repeated_noise_row``:
-  the noise row of the canary's first round added again in the next round (dense streams);
-  ``schema_ignored``: the mechanism built and accounted for single participation while
-  the canary follows fixed_epoch(2). The audit should refute each claim; its power on a
+  ``under_reported_sensitivity``: the claim's sensitivity divided by ``factor`` (1.25);
+  ``noise_divided``: the aggregator's noise divided by ``factor`` (1.25);
+  ``repeated_noise_row``: the noise row of the reported worst canary's first round added
+  again in the next round; ``schema_ignored``: the mechanism built and accounted for
+  single participation while the canary follows fixed_epoch(2). Away from the reported
+  worst canary's pattern (dense square streams; ``noise_matrix()`` reports the stream as
+  built): ``repeated_noise_row_elsewhere``: a noise row added again in the next round;
+  ``noise_row_scaled``: one round's noise divided by ``factor`` (2); ``noise_row_dropped``:
+  one row of C⁻¹ left out. The audit should refute each claim; its power on a
   configuration is how often it does.
   """
   schema = participation_lib.from_dict(claimed.info["participation"])
   if fault == "under_reported_sensitivity":
-    info = dict(claimed.info, sensitivity=claimed.info["sensitivity"] / factor)
+    info = dict(claimed.info, sensitivity=claimed.info["sensitivity"] / (factor or 1.25))
     return dataclasses.replace(claimed, info=info), packed, schema
   if fault == "noise_divided":
     if packed.noise is None:
       raise checks.CheckError("noise_divided needs a matrix mechanism's stream")
-    faulty = _factory_with(packed.noise, packed, packed.info["noise_multiplier"] / factor)
-    return claimed, dataclasses.replace(packed, aggregation_factory=faulty), schema
-  if fault == "repeated_noise_row":
-    if not isinstance(packed.noise, noise_lib.DenseNoise) or packed.noise.m != packed.noise.n:
-      raise checks.CheckError("repeated_noise_row is planted in a square dense stream")
-    n = packed.noise.n
-    first = audit_lib.worst_canary(packed.noise.noise_matrix(),
-                                   _schema_patterns(schema, n))["pattern"][0]
-    noise = RepeatedRowNoise(packed.noise.encoder(), packed.noise.participation,
-                             min(first, n - 2))
-    faulty = _factory_with(noise, packed, packed.info["noise_multiplier"])
+    faulty = _factory_with(packed.noise, packed,
+                           packed.info["noise_multiplier"] / (factor or 1.25))
     return claimed, dataclasses.replace(packed, aggregation_factory=faulty), schema
   if fault == "schema_ignored":
     if schema.kind != "single":
       raise checks.CheckError("schema_ignored takes a mechanism built for single participation")
     return claimed, packed, participation_lib.fixed_epoch(2)
-  raise checks.CheckError(f"unknown fault {fault!r}; expected one of {', '.join(FAULTS)}")
+  if fault not in FAULTS:
+    raise checks.CheckError(f"unknown fault {fault!r}; expected one of {', '.join(FAULTS)}")
+  if not isinstance(packed.noise, noise_lib.DenseNoise) or packed.noise.m != packed.noise.n:
+    raise checks.CheckError(f"{fault} is planted in a square dense stream")
+  n = packed.noise.n
+  pattern = audit_lib.worst_canary(packed.noise.noise_matrix(),
+                                   _schema_patterns(schema, n))["pattern"]
+  kind, row, scale = {
+      "repeated_noise_row": ("reuse", min(pattern[0], n - 2), 1.0),
+      "repeated_noise_row_elsewhere": ("reuse", _away_from(pattern, n, 2), 1.0),
+      "noise_row_scaled": ("scale", _away_from(pattern, n, 1), 1.0 / (factor or 2.0)),
+      "noise_row_dropped": ("drop", _away_from(pattern, n, 1), 0.0)}[fault]
+  noise = FaultyRowNoise(packed.noise.encoder(), packed.noise.participation, kind, row, scale)
+  faulty = _factory_with(noise, packed, packed.info["noise_multiplier"])
+  return claimed, dataclasses.replace(packed, aggregation_factory=faulty), schema

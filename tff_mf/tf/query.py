@@ -254,7 +254,8 @@ class AdaptiveClipMatrixFactorizationQuery(MatrixFactorizationQuery):
     self._count_stddev = float(adaptive.clipped_count_stddev)
     if self._count_stddev == 0.0 and not allow_no_noise:
       raise checks.CheckError("clipped_count_stddev = 0 releases the count of unclipped "
-                              "updates without noise; pass allow_no_noise=True to accept that")
+                              "updates without noise; pass allow_no_noise=True to accept that",
+                              arguments=("clipped_count_stddev", "allow_no_noise"))
     mu_count = adaptive_clipping.count_mu(self._count_stddev, self._participations)
     self._count_multiplier = 0.0 if math.isinf(mu_count) else 1.0 / mu_count
 

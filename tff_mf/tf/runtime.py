@@ -4,8 +4,8 @@ The first TFF computation starts a ``worker_binary`` server on a loopback port
 as a child process, and TFF 0.87 fails to stop it at interpreter exit (its
 atexit hook raises ``AttributeError: 'NoneType' object has no attribute
 'Popen'``), so it outlives the program and keeps piped output open.
-Programs and test sessions call ``stop_worker_binaries()`` (or use
-``install_exit_hook()``) so that no helper server survives them. At exit the
+``install_exit_hook()`` stops it; ``tff_mf.tf.aggregators.build_mechanism`` installs
+the hook, so a user's script needs no call of its own. At exit the
 hook also disarms TFF's ``ServiceManager.__del__``, which would otherwise run
 during interpreter teardown, when ``subprocess`` is already gone, and print
 "Exception ignored in ... ServiceManager.__del__ ... 'NoneType' object has no
@@ -18,6 +18,7 @@ import atexit
 import gc
 import os
 import signal
+import threading
 from typing import List
 
 import psutil
@@ -116,13 +117,18 @@ def guard_service_manager_signals() -> None:
 
 def install_exit_hook() -> None:
   """Stops TFF's helper servers at normal exit, on SIGTERM and at a second Ctrl-C, and
-  guards TFF's server signals (``guard_service_manager_signals``); idempotent."""
+  guards TFF's server signals (``guard_service_manager_signals``); idempotent. Called from
+  another thread than the main one, it leaves SIGTERM alone (only that thread may set it)."""
   global _hook_installed
   guard_service_manager_signals()
   if _hook_installed:
     return
   _hook_installed = True
   atexit.register(shutdown_tff_runtime)
+  # A second Ctrl-C exits at once (tff_mf.interrupt): the helper servers go with it.
+  interrupt.on_force_exit(lambda: stop_worker_binaries(timeout=0.5))
+  if threading.current_thread() is not threading.main_thread():
+    return
   previous = signal.getsignal(signal.SIGTERM)
 
   def _on_sigterm(signum, frame):
@@ -133,5 +139,3 @@ def install_exit_hook() -> None:
       raise SystemExit(128 + signum)
 
   signal.signal(signal.SIGTERM, _on_sigterm)
-  # A second Ctrl-C exits at once (tff_mf.interrupt): the helper servers go with it.
-  interrupt.on_force_exit(lambda: stop_worker_binaries(timeout=0.5))
