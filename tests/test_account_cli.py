@@ -487,11 +487,11 @@ def test_lower_bound_at_the_calibrated_noise(capsys):
   assert out["slack"] >= 1.0
 
 
-def test_lower_bound_of_balls_in_bins(capsys):
+def test_lower_bound_of_random_allocation(capsys):
   """Balls-in-bins (random allocation): the proven lower bound of tff_mf.random_allocation
   below the printed ε; Monte-Carlo accounting is not offered there."""
   from tff_mf import random_allocation  # pylint: disable=g-import-not-at-top
-  argv = ["--mechanism", "banded_toeplitz", "--n", "16", "--participation", "balls_in_bins",
+  argv = ["--mechanism", "banded_toeplitz", "--n", "16", "--participation", "random_allocation",
           "--epochs", "2", "--amplification", "random_allocation", "--noise_multiplier", "2",
           "--delta", DELTA]
   out = _json(argv + ["--lower_bound"], capsys)
@@ -501,7 +501,7 @@ def test_lower_bound_of_balls_in_bins(capsys):
     direct = random_allocation.lower_bound(f["C"], 2, 2.0, 1e-6)
   assert out["lower_bound_epsilon"] == pytest.approx(direct, rel=1e-12)
   _assert_one_line_error(argv + ["--monte_carlo_samples", "5000"],
-                         r"--monte_carlo_samples only the former; not balls_in_bins", capsys)
+                         r"--monte_carlo_samples only the former; not random_allocation", capsys)
 
 
 @pytest.mark.parametrize("argv, match", [

@@ -27,7 +27,7 @@ def brute_patterns(schema, n):
   if schema.kind == 'fixed_epoch':
     b = n // schema.epochs
     return [tuple(range(j, n, b)) for j in range(b)]
-  if schema.kind == 'balls_in_bins':  # one round in each block of b = n/k rounds
+  if schema.kind == 'random_allocation':  # one round in each block of b = n/k rounds
     b = n // schema.epochs
     return [p for p in itertools.product(range(n), repeat=schema.epochs)
             if all(t // b == j for j, t in enumerate(p))]
@@ -78,7 +78,7 @@ def explicit_lower(x, patterns):
 
 SCHEMAS = [pa.single(), pa.fixed_epoch(2), pa.fixed_epoch(3), pa.fixed_epoch(4),
            pa.min_sep(1, 3), pa.min_sep(2, 2), pa.min_sep(3), pa.min_sep(4, 2), pa.min_sep(5, 3),
-           pa.balls_in_bins(2), pa.balls_in_bins(3)]
+           pa.random_allocation(2), pa.random_allocation(3)]
 
 
 def random_c(kind, n, rng):
@@ -94,8 +94,8 @@ def random_c(kind, n, rng):
 
 
 def _applies(schema, n):
-  """Schemas defined for n rounds: k | n for fixed_epoch and balls_in_bins, b ≤ n for min_sep."""
-  if schema.kind in ("fixed_epoch", "balls_in_bins"):
+  """Schemas defined for n rounds: k | n for the epoch kinds, b ≤ n for min_sep."""
+  if schema.kind in ("fixed_epoch", "random_allocation"):
     return n % schema.epochs == 0
   return schema.kind != "min_sep" or schema.min_sep <= n
 
@@ -399,18 +399,18 @@ def test_min_sep_toeplitz_path_matches_the_issue_example_and_beats_alg4():
   assert general["lower"] == pytest.approx(report["lower"], rel=1e-8)
 
 
-# ----------------------------------------------------------------------------- balls in bins
+# ----------------------------------------------------------------------------- random allocation
 
 
 @pytest.mark.parametrize("kind", ["nonneg_lower", "signed_lower", "signed_dense", "tall"])
 @pytest.mark.parametrize("n,k", [(12, 3), (8, 4), (8, 2), (9, 3)])
-def test_balls_in_bins_row_bound_is_an_upper_bound(monkeypatch, kind, n, k):
+def test_random_allocation_row_bound_is_an_upper_bound(monkeypatch, kind, n, k):
   """Without enumeration (limit 0): the Alg.-4-style and k·λ_max bounds stay upper bounds."""
-  monkeypatch.setattr(pa, "BALLS_IN_BINS_ENUMERATION_LIMIT", 0)
+  monkeypatch.setattr(pa, "RANDOM_ALLOCATION_ENUMERATION_LIMIT", 0)
   rng = np.random.default_rng(zlib.crc32(f"bib/{kind}/{n}/{k}".encode()))
   c = random_c(kind, n, rng)
   x = c.T @ c
-  schema = pa.balls_in_bins(k)
+  schema = pa.random_allocation(k)
   patterns = brute_patterns(schema, n)
   report = pa.sensitivity_report(c, schema)
   brute = max(scalar_brute(x, patterns), vector_ascent(x, patterns, rng, starts=2, sweeps=30),
@@ -427,13 +427,13 @@ def test_balls_in_bins_row_bound_is_an_upper_bound(monkeypatch, kind, n, k):
 
 @pytest.mark.parametrize("signed", [False, True])
 @pytest.mark.parametrize("n,k,bands", [(12, 3, 5), (12, 4, 4), (16, 4, 2), (10, 5, 3)])
-def test_balls_in_bins_chain_dp_for_banded_c(n, k, bands, signed):
+def test_random_allocation_chain_dp_for_banded_c(n, k, bands, signed):
   """C with ≤ b + 1 bands: rounds of blocks ≥ 2 apart never share a row, so the dynamic
   program over the blocks is exact for non-negative C and an upper bound for signed C."""
   rng = np.random.default_rng(n * 1000 + k * 10 + bands + signed)
   band = np.tri(n) - np.tri(n, k=-bands)
   c = (rng.normal(size=(n, n)) if signed else rng.uniform(size=(n, n))) * band
-  schema = pa.balls_in_bins(k)
+  schema = pa.random_allocation(k)
   report = pa.sensitivity_report(c, schema)
   assert report["method"] == "block_chain_dp"
   x = c.T @ c
@@ -448,34 +448,34 @@ def test_balls_in_bins_chain_dp_for_banded_c(n, k, bands, signed):
         * (1 + 1e-11)
 
 
-def test_balls_in_bins_identity_and_edges():
+def test_random_allocation_identity_and_edges():
   # C = I: √k; one epoch: the largest column; one round per epoch: the single pattern.
-  assert pa.sensitivity(np.eye(12), pa.balls_in_bins(3)) == pytest.approx(np.sqrt(3))
+  assert pa.sensitivity(np.eye(12), pa.random_allocation(3)) == pytest.approx(np.sqrt(3))
   c = np.tril(np.ones((6, 6)))
-  assert pa.sensitivity(c, pa.balls_in_bins(1)) == pytest.approx(np.sqrt(6))
-  report = pa.sensitivity_report(c, pa.balls_in_bins(6))
+  assert pa.sensitivity(c, pa.random_allocation(1)) == pytest.approx(np.sqrt(6))
+  report = pa.sensitivity_report(c, pa.random_allocation(6))
   assert report["exact"] and report["value"] ** 2 == pytest.approx(np.sum(c.T @ c))
   # Between fixed_epoch (a subset of its patterns) and min_sep 1 with k rounds (a superset).
   rng = np.random.default_rng(3)
   c = np.tril(rng.uniform(size=(12, 12)))
-  bib = pa.sensitivity(c, pa.balls_in_bins(3))
+  bib = pa.sensitivity(c, pa.random_allocation(3))
   assert pa.sensitivity(c, pa.fixed_epoch(3)) <= bib * (1 + 1e-12)
   assert bib <= pa.sensitivity(c, pa.min_sep(1, 3)) * (1 + 1e-12)
 
 
-def test_balls_in_bins_schema_and_cyclic_poisson_spelling():
-  s = pa.from_args("balls_in_bins", 12, epochs=3)
-  assert s == pa.balls_in_bins(3) and s.label == "balls_in_bins-k3"
-  assert s.describe() == "balls_in_bins(epochs=3)" and pa.from_dict(s.as_dict()) == s
+def test_random_allocation_schema_and_cyclic_poisson_spelling():
+  s = pa.from_args("random_allocation", 12, epochs=3)
+  assert s == pa.random_allocation(3) and s.label == "random_allocation-k3"
+  assert s.describe() == "random_allocation(epochs=3)" and pa.from_dict(s.as_dict()) == s
   assert s.max_participations_in(12) == 3 and s.separation(12) == 1
   assert s.rounds_per_epoch(12) == 4 and len(s.patterns(12)) == 4 ** 3
-  assert s.sampler == "balls in bins"
+  assert s.sampler == "random allocation (a new round each epoch)"
   with pytest.raises(checks.CheckError, match="must divide"):
-    pa.from_args("balls_in_bins", 10, epochs=3)
+    pa.from_args("random_allocation", 10, epochs=3)
   with pytest.raises(checks.CheckError, match="needs epochs"):
-    pa.from_args("balls_in_bins", 12)
+    pa.from_args("random_allocation", 12)
   with pytest.raises(checks.CheckError, match="takes only epochs"):
-    pa.from_args("balls_in_bins", 12, epochs=3, min_sep=2)
+    pa.from_args("random_allocation", 12, epochs=3, min_sep=2)
   # cyclic Poisson is the sampler of min_sep: the same schema, the same cache key.
   cyclic = pa.from_args("cyclic_poisson", 12, min_sep=4)
   assert cyclic == pa.from_args("min_sep", 12, min_sep=4) and cyclic.sampler == "cyclic Poisson"

@@ -1,4 +1,4 @@
-"""The balls-in-bins (random allocation) accountant: tff_mf.random_allocation."""
+"""The random-allocation accountant: tff_mf.random_allocation."""
 
 import itertools
 import math
@@ -28,7 +28,7 @@ def toeplitz(coef, n):
 
 
 def unamplified(c, k, z):
-  sens = participation.sensitivity(c, participation.balls_in_bins(k))
+  sens = participation.sensitivity(c, participation.random_allocation(k))
   return sens, accounting.epsilon(z, DELTA, sensitivity=sens)
 
 
@@ -113,7 +113,7 @@ def feldman_shenfeld_rdp(alpha, b, k, z):
 
 
 def test_identity_against_feldman_shenfeld_and_a_lower_bound():
-  """C = I (DP-SGD with balls-in-bins): remove direction equals Feldman–Shenfeld's exact
+  """C = I (DP-SGD with random allocation): remove direction equals Feldman–Shenfeld's exact
   value, add direction below their bound, so ε is at most theirs; ε lies between a proven
   lower bound and the unamplified bound, clearly amplified."""
   b, k, z = 4, 2, 1.0
@@ -128,13 +128,13 @@ def test_identity_against_feldman_shenfeld_and_a_lower_bound():
     theirs.append(max(remove, add))
   from dp_accounting.rdp import rdp_privacy_accountant  # pylint: disable=g-import-not-at-top
   eps_theirs, _ = rdp_privacy_accountant.compute_epsilon(orders, theirs, DELTA)
-  eps = ra.epsilon(c, k, z, DELTA, orders=orders)["epsilon"]
+  eps = ra.epsilon(c, k, z, DELTA, orders=orders, pld=False)["epsilon"]
   assert eps <= eps_theirs
   # The default orders, against the bracket.
   c = np.eye(64)
   for k, z in ((4, 1.0), (4, 2.0), (1, 1.0)):
     sens, plain = unamplified(c, k, z)
-    eps = ra.epsilon(c, k, z, DELTA, sensitivity=sens)["epsilon"]
+    eps = ra.epsilon(c, k, z, DELTA, sensitivity=sens, pld=False)["epsilon"]
     low = ra.lower_bound(c, k, z, DELTA)
     assert low <= eps <= plain
     assert eps < 0.6 * plain
@@ -149,7 +149,7 @@ def test_toeplitz_between_lower_bound_and_unamplified(coef, n, k):
   c = toeplitz(coef, n)
   for z in (1.0, 4.0):
     sens, plain = unamplified(c, k, z)
-    record = accounting.epsilon_for(c, participation.balls_in_bins(k), z, DELTA,
+    record = accounting.epsilon_for(c, participation.random_allocation(k), z, DELTA,
                                     "random_allocation")
     low = ra.lower_bound(c, k, z, DELTA)
     assert record["epsilon"] == min(record["amplified_epsilon"], plain)
@@ -165,15 +165,16 @@ def test_bad_inputs_are_one_line_errors():
     with pytest.raises(checks.CheckError) as e:
       ra.epsilon(matrix, k, 1.0, DELTA)
     assert words in str(e.value) and "\n" not in str(e.value)
-  with pytest.raises(checks.CheckError, match="balls_in_bins participation, not min_sep"):
+  with pytest.raises(checks.CheckError, match="random_allocation participation .*, not min_sep"):
     accounting.epsilon_for(c, participation.min_sep(2), 1.0, DELTA, "random_allocation")
   with pytest.raises(checks.CheckError, match="sampling_prob does not apply"):
-    accounting.epsilon_for(c, participation.balls_in_bins(2), 1.0, DELTA,
+    accounting.epsilon_for(c, participation.random_allocation(2), 1.0, DELTA,
                            "random_allocation", sampling_prob=0.5)
 
 
-def test_run_record_names_the_balls_in_bins_bound_and_calibrates_with_it():
-  c, schema = np.eye(64), participation.balls_in_bins(4)
+@pytest.mark.slow  # C = I: about 20 evaluations of the PLD bound (tests/test_allocation_pld.py)
+def test_run_record_names_the_random_allocation_bound_and_calibrates_with_it():
+  c, schema = np.eye(64), participation.random_allocation(4)
   record = mechanisms.run_privacy(c, schema, 2.0, None, DELTA, "exact")
   assert record.bound == "random_allocation"
   assert "arXiv:2601.21636" in record.analysis
@@ -190,7 +191,7 @@ def test_run_record_names_the_balls_in_bins_bound_and_calibrates_with_it():
 def test_account_cli_random_allocation(tmp_path):
   base = [sys.executable, "-m", "tff_mf.cli", "account", "--mechanism", "gaussian", "--n", "32",
           "--delta", "1e-6", "--noise_multiplier", "2", "--cache_dir", str(tmp_path)]
-  ok = subprocess.run(base + ["--participation", "balls_in_bins", "--epochs", "4",
+  ok = subprocess.run(base + ["--participation", "random_allocation", "--epochs", "4",
                               "--amplification", "random_allocation", "--json"],
                       capture_output=True, text=True, env=userenv.env(), check=False)
   assert ok.returncode == 0, ok.stderr
@@ -198,10 +199,13 @@ def test_account_cli_random_allocation(tmp_path):
   record = json.loads(ok.stdout)
   assert record["analysis"] == "random_allocation" and record["bound"] == "amplified"
   assert record["epsilon"] < record["unamplified_epsilon"]
-  assert "arXiv:2601.21636" in record["privacy_statement"]["analysis"]
+  # C = I: the random-allocation PLD (arXiv:2602.17284), below the Renyi bound.
+  assert record["random_allocation"]["method"] == "pld" and record["accountant"] == "pld"
+  assert record["epsilon"] < record["random_allocation"]["renyi_epsilon"]
+  assert "arXiv:2602.17284" in record["privacy_statement"]["analysis"]
   for extra, words in ((["--epochs", "4", "--sampling_prob", "0.5"], "does not apply"),
                        (["--participation", "min_sep", "--min_sep", "2", "--epochs", "4"],
-                        "needs --participation balls_in_bins"),
+                        "needs --participation random_allocation"),
                        ([], "needs --epochs")):
     bad = subprocess.run(base + ["--amplification", "random_allocation"] + extra,
                          capture_output=True, text=True, env=userenv.env(), check=False)

@@ -185,11 +185,11 @@ def test_configuration_errors_are_one_line_exit_2(flag, message, tmp_path):
   assert not root.exists() or not os.listdir(root)
 
 
-# Slow: the library record of a balls_in_bins run is tested in tests/test_training_privacy.py
+# Slow: the library record of a random_allocation run is tested in tests/test_training_privacy.py
 # and tests/test_random_allocation.py, its sampler in-process; this is the clean-shell binary.
 @pytest.mark.slow
-def test_binary_trains_under_balls_in_bins_and_reports_the_smallest_bound(tmp_path):
-  """--participation=balls_in_bins: every client in exactly one round of each epoch; ε is the
+def test_binary_trains_under_random_allocation_and_reports_the_smallest_bound(tmp_path):
+  """--participation=random_allocation: every client in exactly one round of each epoch; ε is the
   smaller of the Gaussian at z / sensitivity over the one-round-per-epoch patterns and the
   random-allocation bound (arXiv:2601.21636), both listed."""
   from stackoverflow import fixtures  # pylint: disable=g-import-not-at-top
@@ -201,14 +201,14 @@ def test_binary_trains_under_balls_in_bins_and_reports_the_smallest_bound(tmp_pa
   home.mkdir()
   args = [a for a in TINY if not a.startswith(("--dataset", "--total_rounds"))] + [
       "--dataset=stackoverflow", f"--data_dir={data_dir}", "--total_rounds=4",
-      "--participation=balls_in_bins", "--epochs=2", "--noise_seed=3", "--noprogress",
+      "--participation=random_allocation", "--epochs=2", "--noise_seed=3", "--noprogress",
       f"--cache_dir={tmp_path / 'cache'}", f"--root_output_dir={tmp_path / 'runs'}",
       "--experiment_name=bib"]
   result = run_binary(args, cwd=tmp_path, home=home)
   assert result.returncode == 0, result.stderr[-4000:]
   summary = json.loads((tmp_path / "runs" / "bib" / "summary.json").read_text())
   seen = summary["participation"]
-  assert seen["sampler"] == "balls in bins" and seen["follows_schema"]
+  assert seen["sampler"] == "random allocation (a new round each epoch)" and seen["follows_schema"]
   assert seen["observed"]["client_rounds"] == 6 * 2  # each client once in each of 2 epochs
   assert seen["observed"]["max_participations"] == 2
   assert seen["observed"]["repeats_within_an_epoch"] == 0
@@ -217,10 +217,45 @@ def test_binary_trains_under_balls_in_bins_and_reports_the_smallest_bound(tmp_pa
   assert set(by_analysis) == {"none", "random_allocation"}
   assert summary["epsilon"] == min(by_analysis.values())
   c = cache.load(summary["mechanism_info"]["cache_npz"]).c
-  sens = participation.sensitivity(c, participation.balls_in_bins(2))
+  sens = participation.sensitivity(c, participation.random_allocation(2))
   assert privacy["sensitivity"] == pytest.approx(sens, rel=1e-12)
   assert by_analysis["none"] == pytest.approx(accounting.epsilon(1.0, 1e-6, sensitivity=sens),
                                               rel=1e-9)
-  amplified = accounting.epsilon_for(c, participation.balls_in_bins(2), 1.0, 1e-6,
+  amplified = accounting.epsilon_for(c, participation.random_allocation(2), 1.0, 1e-6,
                                      "random_allocation")
   assert by_analysis["random_allocation"] == pytest.approx(amplified["epsilon"], rel=1e-9)
+
+
+# Slow: the fixed-bin sampler and its record are tested in-process in tests/test_fixed_bin.py;
+# this is the clean-shell binary.
+@pytest.mark.slow
+def test_binary_trains_under_fixed_bin_balls_in_bins_and_labels_its_bound(tmp_path):
+  """--participation=balls_in_bins: each client in the rounds of its one bin, b apart; ε is the
+  Gaussian at z / sensitivity over those patterns, labelled not amplified."""
+  from stackoverflow import fixtures  # pylint: disable=g-import-not-at-top
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  from tff_mf import cache  # pylint: disable=g-import-not-at-top
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=6)
+  home = tmp_path / "home"
+  home.mkdir()
+  args = [a for a in TINY if not a.startswith(("--dataset", "--total_rounds"))] + [
+      "--dataset=stackoverflow", f"--data_dir={data_dir}", "--total_rounds=4",
+      "--participation=balls_in_bins", "--epochs=2", "--noise_seed=3", "--noprogress",
+      f"--cache_dir={tmp_path / 'cache'}", f"--root_output_dir={tmp_path / 'runs'}",
+      "--experiment_name=fixed"]
+  result = run_binary(args, cwd=tmp_path, home=home)
+  assert result.returncode == 0, result.stderr[-4000:]
+  summary = json.loads((tmp_path / "runs" / "fixed" / "summary.json").read_text())
+  seen = summary["participation"]
+  assert seen["sampler"] == "balls in bins (fixed bin)" and seen["follows_schema"]
+  assert seen["schema"]["fixed_bin"] is True
+  assert seen["observed"]["client_rounds"] == 6 * 2  # each client in both rounds of its bin
+  assert seen["observed"]["min_separation"] == 2
+  assert seen["observed"]["separations_off_residue_class"] == 0
+  c = cache.load(summary["mechanism_info"]["cache_npz"]).c
+  sens = participation.sensitivity(c, participation.balls_in_bins(2))
+  assert summary["privacy"]["sensitivity"] == pytest.approx(sens, rel=1e-12)
+  assert summary["epsilon"] == pytest.approx(accounting.epsilon(1.0, 1e-6, sensitivity=sens),
+                                             rel=1e-9)
+  assert "not amplified" in summary["privacy_statement"]["text"]

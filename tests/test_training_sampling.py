@@ -222,14 +222,14 @@ def test_single_pass_log_has_no_separation():
   assert log.violations(participation.SINGLE, 2) == []
 
 
-# ----------------------------------------------------------------------------- balls in bins
+# ----------------------------------------------------------------------------- random allocation
 
 
 def bib_sampler(n=12, k=3, secret=99, ids=IDS, seed=5):
-  return sampling.BallsInBinsSampler(ids, seed=seed, total_rounds=n, epochs=k, secret=secret)
+  return sampling.RandomAllocationSampler(ids, seed=seed, total_rounds=n, epochs=k, secret=secret)
 
 
-def test_balls_in_bins_each_client_exactly_once_per_epoch():
+def test_random_allocation_each_client_exactly_once_per_epoch():
   n, k = 12, 3
   b = n // k
   sampler = bib_sampler(n, k)
@@ -241,11 +241,11 @@ def test_balls_in_bins_each_client_exactly_once_per_epoch():
   log = sampling.ParticipationLog(IDS, epoch_length=b)
   for t, ids in enumerate(run_rounds(bib_sampler(n, k), n), 1):
     log.observe(t, ids)
-  assert log.violations(participation.balls_in_bins(k), n) == []
+  assert log.violations(participation.random_allocation(k), n) == []
   assert log.observed()["repeats_within_an_epoch"] == 0
 
 
-def test_balls_in_bins_round_is_uniform_and_independent_across_epochs():
+def test_random_allocation_round_is_uniform_and_independent_across_epochs():
   """Per epoch the round of a client is Uniform{0..b−1}; epochs are independent (χ² tests)."""
   ids = [f"u{i:05d}" for i in range(4000)]
   n, k = 20, 4
@@ -269,7 +269,7 @@ def test_balls_in_bins_round_is_uniform_and_independent_across_epochs():
       sampler.next_round(7, identity_load)[0]
 
 
-def test_balls_in_bins_resumes_and_refuses_what_breaks_it():
+def test_random_allocation_resumes_and_refuses_what_breaks_it():
   first = bib_sampler()
   head = run_rounds(first, 5)
   resumed = bib_sampler()
@@ -284,21 +284,22 @@ def test_balls_in_bins_resumes_and_refuses_what_breaks_it():
   log = sampling.ParticipationLog(IDS, epoch_length=4)
   log.observe(1, ["c0000"])
   log.observe(3, ["c0000"])
-  assert any("within one epoch" in v for v in log.violations(participation.balls_in_bins(3), 12))
+  violations = log.violations(participation.random_allocation(3), 12)
+  assert any("within one epoch" in v for v in violations)
   restored = sampling.ParticipationLog(IDS, epoch_length=4)
   restored.restore(log.state())
   assert restored.observed() == log.observed()
 
 
-def test_balls_in_bins_and_cyclic_poisson_flags():
+def test_random_allocation_and_cyclic_poisson_flags():
   with pytest.raises(TrainingError, match="needs --epochs"):
-    config(participation="balls_in_bins").validate()
+    config(participation="random_allocation").validate()
   with pytest.raises(TrainingError, match="does not apply"):
-    config(participation="balls_in_bins", epochs=3, sampling_prob=0.5).validate()
-  cfg = config(participation="balls_in_bins", epochs=3)
+    config(participation="random_allocation", epochs=3, sampling_prob=0.5).validate()
+  cfg = config(participation="random_allocation", epochs=3)
   cfg.validate()
-  assert cfg.schema() == participation.balls_in_bins(3)
-  assert isinstance(sampling.build_sampler(cfg, IDS, 5), sampling.BallsInBinsSampler)
+  assert cfg.schema() == participation.random_allocation(3)
+  assert isinstance(sampling.build_sampler(cfg, IDS, 5), sampling.RandomAllocationSampler)
   assert sampling.build_log(cfg, IDS).epoch_length == 4
   cyclic = config(participation="cyclic_poisson", min_sep=3, sampling_prob=0.5)
   cyclic.validate()

@@ -10,15 +10,20 @@ equivalently replace-with-zero). Three analyses (``epsilon_for``):
   multiplier z / sens, sens the sensitivity of C under the participation schema
   (``tff_mf.participation``): γ(C) for single participation (Denisov et al. 2022,
   Thm 4.1), the multi-participation sensitivity for fixed-epoch and b-min-sep
-  participation (Choquette-Choo et al. 2023, arXiv:2211.06530, Sec 2), and for
-  balls-in-bins batching (one uniformly random round per epoch, Chua et al. 2024,
-  arXiv:2412.16802) the sensitivity over every one-round-per-epoch pattern (its
-  amplified bound is ``"random_allocation"``, below).
+  participation (Choquette-Choo et al. 2023, arXiv:2211.06530, Sec 2); for fixed-bin
+  balls-in-bins (one secret bin j per user, every round ≡ j mod b; Chua et al. 2024,
+  arXiv:2410.06266, arXiv:2412.16802) the sensitivity over the b-cyclic patterns: given
+  the bin the pattern is deterministic, so this bound holds and the bin's secrecy only
+  lowers the true ε (no amplified bound for it here yet, and the record says so); for
+  random allocation (one uniformly random round per epoch, drawn anew each epoch) the
+  sensitivity over every one-round-per-epoch pattern (its amplified bound is
+  ``"random_allocation"``, below). The two are different mechanisms: neither's bound
+  is used for the other.
 - ``"mmcc"``: amplification by Poisson sampling for any lower-triangular non-negative
   C (Choquette-Choo et al. 2024, MMCC, arXiv:2310.15526, Fig 1; b-min-sep sampling:
   App D, Fig 6); ``tff_mf.mmcc``.
-- ``"random_allocation"``: amplification by balls-in-bins batching (one uniformly random
-  round per epoch) for any lower-triangular non-negative square C: Rényi-divergence
+- ``"random_allocation"``: amplification by random allocation (one uniformly random
+  round per epoch, the ``random_allocation`` schema) for any lower-triangular non-negative square C: Rényi-divergence
   bounds of the dominating pair at integer orders, after Schuchardt & Kalinin 2026
   (arXiv:2601.21636, Sec 3), converted to (ε, δ); ``tff_mf.random_allocation``.
 - ``"banded"``: amplified banded MF (Choquette-Choo et al. 2023, "(Amplified) Banded
@@ -89,19 +94,32 @@ THEOREMS = {
     "mmcc": "Choquette-Choo et al. 2024 (MMCC), arXiv:2310.15526, Fig 1 and App D",
     "banded": "Choquette-Choo et al. 2023, arXiv:2306.08153, Thm 4: ceil(n/b)-fold composition "
               "of the Poisson-subsampled Gaussian with multiplier z / max column norm",
-    "balls_in_bins": "one Gaussian mechanism with multiplier z / sensitivity over every pattern "
-                     "of one round per epoch (Chua et al. 2024, arXiv:2412.16802, balls-in-bins "
-                     "batching), unamplified",
-    "random_allocation": "balls-in-bins amplification: Renyi divergence bounds of the pair "
+    "balls_in_bins": "one Gaussian mechanism with multiplier z / sensitivity over the b-cyclic "
+                     "patterns {j, j+b, ...} of fixed-bin balls-in-bins (Chua et al. 2024, "
+                     "arXiv:2410.06266, arXiv:2412.16802), the bin given: not amplified",
+    "random_allocation_schema": "one Gaussian mechanism with multiplier z / sensitivity over "
+                                "every pattern of one round per epoch (random allocation, "
+                                "arXiv:2412.16802), unamplified",
+    "random_allocation": "random-allocation amplification: Renyi divergence bounds of the pair "
                          "N(0, z^2 I) vs E_pi N(C 1_pi, z^2 I) at integer orders (collision "
                          "dynamic program and decoupling for remove, Jensen for add), after "
                          "Schuchardt & Kalinin 2026, arXiv:2601.21636, Sec 3; converted by "
                          "Canonne, Kamath, Steinke 2020, arXiv:2004.00010, Prop 12",
+    "random_allocation_pld": "random-allocation privacy-loss distribution for C = a I (Feldman "
+                             "& Shenfeld 2026, arXiv:2602.17284): the law of the likelihood "
+                             "ratio on a geometric grid, every loss rounded up, epochs "
+                             "composed by dp_accounting's pessimistic PLDs",
 }
-# What the unamplified balls-in-bins record leaves out (said with every such ε).
-NO_BALLS_IN_BINS_AMPLIFICATION = (
-    "unamplified bound; amplification 'random_allocation' (tff_mf.random_allocation, after "
-    "arXiv:2601.21636) bounds balls-in-bins with amplification")
+# What an unamplified record of these schemas leaves out (said with every such ε).
+NOT_AMPLIFIED = {
+    "balls_in_bins": "not amplified: the un-amplified bound of fixed-bin balls-in-bins (the "
+                     "user's rounds given its bin, b apart); the secrecy of the bin would only "
+                     "lower epsilon, and no amplified bound for the fixed-bin scheme is "
+                     "computed here (the random-allocation bound does not apply to it)",
+    "random_allocation": "unamplified bound; amplification 'random_allocation' "
+                         "(tff_mf.random_allocation, after arXiv:2601.21636) bounds random "
+                         "allocation with amplification",
+}
 
 
 # ----------------------------------------------------------------------------- checks
@@ -285,7 +303,7 @@ def _check_schema(schema):
   if schema.kind not in participation.KINDS:
     raise checks.CheckError(f"participation must be one of {', '.join(participation.KINDS)}, "
                             f"got {schema.kind!r}")
-  if schema.kind in ("fixed_epoch", "balls_in_bins"):
+  if schema.kind in participation.EPOCH_KINDS:
     checks.positive_int(schema.epochs, "epochs")
   if schema.kind == "min_sep":
     checks.positive_int(schema.min_sep, "min_sep")
@@ -330,9 +348,12 @@ def sampling_min_sep(schema, n: int) -> int:
   epoch. A cap on participations below ⌈n/b⌉ is not Poisson sampling and is refused.
   """
   schema = _check_schema(schema)
-  if schema.kind == "balls_in_bins":
-    raise AccountingError("balls_in_bins is not Poisson sampling: use amplification "
+  if schema.kind == "random_allocation":
+    raise AccountingError("random_allocation is not Poisson sampling: use amplification "
                           "'random_allocation' (or none)")
+  if schema.kind == "balls_in_bins":
+    raise AccountingError("balls_in_bins (fixed bin) is not Poisson sampling and has no "
+                          "amplified analysis here: use amplification none")
   if schema.kind == "single":
     raise AccountingError(
         "amplification analyzes Poisson sampling, where a user may join several rounds; give a "
@@ -413,7 +434,7 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
     delta: δ in (0, 1).
     amplification: None / "none" (one Gaussian at z / sensitivity), "mmcc" (MMCC), "banded"
       (amplified banded): a min_sep or fixed_epoch schema (``sampling_min_sep``) and
-      ``sampling_prob``; "random_allocation": balls_in_bins (``tff_mf.random_allocation``).
+      ``sampling_prob``; "random_allocation": the random_allocation schema (never fixed-bin).
     sampling_prob: p in (0, 1], the probability that a user joins a round it is
       eligible for (amplified analyses only).
     accountant: accountant of the unamplified Gaussian ("exact", "pld" or "rdp").
@@ -491,10 +512,11 @@ def _unamplified_record(record: Dict[str, Any], c: Optional[np.ndarray], schema,
   record.update(epsilon=eps, accountant=accountant, sensitivity=report["value"],
                 sensitivity_exact=report["exact"], sensitivity_method=report["method"],
                 exact=bool(accountant == "exact" and report["exact"]),
-                theorem=THEOREMS[{"single": "single", "balls_in_bins": "balls_in_bins"}.get(
+                theorem=THEOREMS[{"single": "single", "balls_in_bins": "balls_in_bins",
+                                  "random_allocation": "random_allocation_schema"}.get(
                     schema.kind, "multi")])
-  if schema.kind == "balls_in_bins":
-    record["amplification"] = NO_BALLS_IN_BINS_AMPLIFICATION
+  if schema.kind in NOT_AMPLIFIED:
+    record["amplification"] = NOT_AMPLIFIED[schema.kind]
   return record
 
 
@@ -502,18 +524,19 @@ def _random_allocation_record(record: Dict[str, Any], c: Optional[np.ndarray], s
                               z: float, delta: float, accountant: str,
                               sampling_prob: Optional[float],
                               known_sensitivity: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-  """``epsilon_for`` amplified by balls-in-bins (``tff_mf.random_allocation``), and the
+  """``epsilon_for`` amplified by random allocation (``tff_mf.random_allocation``), and the
   unamplified bound for the same schema: the smaller is reported."""
   from tff_mf import random_allocation  # pylint: disable=g-import-not-at-top
   if c is None:
     raise checks.CheckError("amplification 'random_allocation' needs the encoder C (a matrix "
                             "or a mechanism)")
-  if schema.kind != "balls_in_bins":
-    raise checks.CheckError(f"amplification 'random_allocation' analyzes balls_in_bins "
-                            f"participation, not {schema.kind}")
+  if schema.kind != "random_allocation":
+    raise checks.CheckError(f"amplification 'random_allocation' analyzes random_allocation "
+                            f"participation (a new random round each epoch), not "
+                            f"{schema.describe()}")
   if sampling_prob is not None:
-    raise checks.CheckError("sampling_prob does not apply to balls_in_bins (every user joins "
-                            "one round of each epoch)")
+    raise checks.CheckError("sampling_prob does not apply to random_allocation (every user "
+                            "joins one round of each epoch)")
   report = known_sensitivity if known_sensitivity is not None else sensitivity_report(c, schema)
   sens = float(report["value"])
   unamplified = epsilon(z, delta, accountant, sensitivity=sens)
@@ -526,7 +549,10 @@ def _random_allocation_record(record: Dict[str, Any], c: Optional[np.ndarray], s
   record["bound"] = "amplified" if amplified <= unamplified else "unamplified"
   record["epsilon"] = min(amplified, unamplified)
   if record["bound"] == "amplified":  # else ε is the unamplified accountant's, as recorded
-    record.update(accountant="rdp", exact=False)
+    pld = bound["method"] == "pld"
+    record.update(accountant="pld" if pld else "rdp", exact=False)
+    if pld:
+      record["theorem"] = THEOREMS["random_allocation_pld"]
   return record
 
 

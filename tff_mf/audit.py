@@ -158,15 +158,16 @@ def canary_patterns(kind: str, n: int, epochs: Optional[int] = None,
 
   ``single``: one round; ``fixed_epoch``: {j, j + n/k, …} (k = epochs); ``min_sep``:
   every set of ≤ k rounds pairwise ≥ b apart (subsets too: the canary's contributions
-  are ±1, never 0); ``balls_in_bins``: one round in each of the k epochs of n/k rounds.
+  are ±1, never 0); ``balls_in_bins`` (fixed bin): {j, j + n/k, …} as fixed_epoch;
+  ``random_allocation``: one round in each of the k epochs of n/k rounds.
   """
   n = checks.positive_int(n, "rounds n")
   if kind == "single":
     return [(t,) for t in range(n)]
-  if kind == "fixed_epoch":
+  if kind in ("fixed_epoch", "balls_in_bins"):
     k = checks.positive_int(epochs, "epochs")
     if n % k:
-      raise checks.CheckError(f"fixed_epoch: epochs={k} must divide n={n}")
+      raise checks.CheckError(f"{kind}: epochs={k} must divide n={n}")
     b = n // k
     return [tuple(range(j, n, b)) for j in range(b)]
   if kind == "min_sep":
@@ -187,13 +188,13 @@ def canary_patterns(kind: str, n: int, epochs: Optional[int] = None,
 
     extend((), 0)
     return out
-  if kind == "balls_in_bins":
+  if kind == "random_allocation":
     k = checks.positive_int(epochs, "epochs")
     if n % k:
-      raise checks.CheckError(f"balls_in_bins: epochs={k} must divide n={n}")
+      raise checks.CheckError(f"random_allocation: epochs={k} must divide n={n}")
     b = n // k
     if b ** k > ENUMERATION_LIMIT:
-      raise checks.CheckError(f"balls_in_bins(k={k}) has {b ** k} patterns at n={n}, more than "
+      raise checks.CheckError(f"random_allocation(k={k}) has {b ** k} patterns at n={n}, more than "
                               f"{ENUMERATION_LIMIT}; audit fewer rounds")
     return list(itertools.product(*(range(e * b, (e + 1) * b) for e in range(k))))
   raise checks.CheckError(f"unknown participation {kind!r}")

@@ -292,10 +292,13 @@ def _check_key(directory: str, metadata: Dict[str, Any], json_path: str
     raise CacheError(f"cache entry {directory}: the key recomputed from its sidecar's "
                      f"parameters names {expected} (sidecar key {metadata.get('key')!r}); the "
                      "entry was moved or its sidecar edited")
+  # An entry written before the fixed-bin rename stores its random_allocation schema as
+  # balls_in_bins without the fixed-bin marker (``Participation.legacy_dicts``).
+  accepted = [schema.as_dict()] + schema.legacy_dicts()
   for where, stored in (("participation", metadata.get("participation")),
                         ("info.participation", (metadata.get("info") or {}).get(
                             "participation"))):
-    if stored != schema.as_dict():
+    if stored not in accepted:
       raise CacheError(f"cache sidecar {json_path}: {where} is {stored!r} but its key names "
                        f"{schema.as_dict()!r}")
   return schema
@@ -563,14 +566,31 @@ def _with_outcome(spec: strategies.FactorizationSpec, f: fz.Factorization,
   return True
 
 
+def _existing_entry(directory: str, params: Dict[str, Any], cache_dir: Optional[str]
+                    ) -> Tuple[str, Dict[str, Any]]:
+  """(directory, params) of the entry to read: the key's own, or, where it has none, the
+  entry an earlier version wrote for the same schema under its old dict (a
+  random_allocation C cached as balls_in_bins before the fixed-bin rename)."""
+  if os.path.exists(os.path.join(directory, METADATA_FILE)) or "participation" not in params:
+    return directory, params
+  schema = participation_lib.from_dict(params["participation"])
+  for legacy in schema.legacy_dicts():
+    old = dict(params, participation=legacy)
+    old_dir = os.path.join(resolve_dir(cache_dir), entry_name(old))
+    if os.path.exists(os.path.join(old_dir, METADATA_FILE)):
+      return old_dir, old
+  return directory, params
+
+
 def _load_or_factorize(spec: strategies.FactorizationSpec, cache_dir: Optional[str],
                        force: bool, progress: bool) -> Tuple[fz.Factorization, CacheEntry]:
   spec.validate()
   memory = strategies.check_size(spec)
   directory, params = entry_paths(spec, cache_dir)
   expected = spec.workload.build()
-  if not force and os.path.exists(os.path.join(directory, METADATA_FILE)):
-    f, entry = _load_entry(directory, None, expected, params)
+  read_dir, read_params = _existing_entry(directory, params, cache_dir)
+  if not force and os.path.exists(os.path.join(read_dir, METADATA_FILE)):
+    f, entry = _load_entry(read_dir, None, expected, read_params)
     if _with_outcome(spec, f, entry):
       return f, entry
     print(f"tff-mf: cache entry {directory} predates the solver outcome record; recomputing "
@@ -636,7 +656,7 @@ def list_entries(cache_dir: Optional[str] = None) -> List[Dict[str, Any]]:
         "workload": spec.get("workload"), "momentum": spec.get("momentum"),
         "lr_schedule": spec.get("lr_schedule"), "n": metadata.get("n"),
         "bands": spec.get("bands"), "rank": spec.get("rank"), "buffers": spec.get("buffers"),
-        "participation": (metadata.get("participation") or {}).get("label"),
+        "participation": key_schema(metadata.get("params")).label,
         "single_participation_sqrt_loss": metadata.get("single_participation_sqrt_loss"),
         "rmse": metadata.get("rmse"),
         "sensitivity": metadata.get("sensitivity"), "relative_gap": metadata.get("relative_gap"),

@@ -266,10 +266,10 @@ def privacy(resolved: Resolved, noise_multiplier: Optional[float],
 
 def amplification_applies(schema: participation_lib.Participation, n: int,
                           sampling_prob: Optional[float]) -> bool:
-  """Whether an amplified analysis applies: balls-in-bins (random allocation), or min_sep
+  """Whether an amplified analysis applies: random allocation, or min_sep
   (cyclic Poisson) sampling with p < 1 and no cap on participations below the ⌈n/b⌉ that fit
   (a binding cap is not Poisson)."""
-  if schema.kind == "balls_in_bins":
+  if schema.kind == "random_allocation":
     return True
   if schema.kind != "min_sep" or sampling_prob is None or sampling_prob >= 1.0:
     return False
@@ -293,7 +293,7 @@ def run_privacy(encoder: np.ndarray, schema: participation_lib.Participation,
   - with ``sampling_prob`` p < 1 under min_sep (cyclic Poisson sampling, no binding cap):
     also the amplified banded analysis when C has at most b bands (Choquette-Choo et al.
     2023, arXiv:2306.08153, Thm 4), else MMCC (Choquette-Choo et al. 2024,
-    arXiv:2310.15526, App D); under balls_in_bins: also the random-allocation Rényi bound
+    arXiv:2310.15526, App D); under random_allocation: also its Rényi bound
     (``tff_mf.random_allocation``, after Schuchardt & Kalinin 2026, arXiv:2601.21636).
     z is then calibrated with it. The record reports the smallest bound and names it; an
     analysis that does not apply leaves a note;
@@ -369,7 +369,7 @@ class _Run:
     """(record, note): the amplified analysis at z (or calibrated to ``target``)."""
     from tff_mf import accounting  # pylint: disable=g-import-not-at-top
     args = (self.encoder, self.schema)
-    if self.schema.kind == "balls_in_bins":
+    if self.schema.kind == "random_allocation":
       analysis = "random_allocation"
       options = dict(amplification=analysis, accountant=self.accountant,
                      known_sensitivity=self.report)

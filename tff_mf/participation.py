@@ -17,11 +17,20 @@ Schemas:
   split into b groups, group i mod b eligible in round i, each eligible client joining
   with probability p; arXiv:2306.08153 Sec 4, jax_privacy's ``CyclicPoissonSampling``);
   ``cyclic_poisson`` is accepted as another spelling of the kind.
-- ``balls_in_bins(epochs=k)``: n = k·b rounds in k epoch blocks of b rounds; a user
+- ``balls_in_bins(epochs=k)``: the field's fixed-bin balls-in-bins (Chua, Ghazi, Kamath,
+  Kumar, Manurangsi, Sinha, Zhang 2024, arXiv:2410.06266 and arXiv:2412.16802;
+  jax_privacy's ``BallsInBinsSampling``): n = k·b rounds; a user draws one bin
+  j ∈ {0, …, b−1} once and joins every round i with i mod b = j. Its patterns are the
+  fixed-epoch patterns (the bin is secret, which only helps), so ``_fixed_epoch``
+  brackets the sensitivity, tightened by the b-min-sep bound (b-cyclic patterns are
+  b-separated).
+- ``random_allocation(epochs=k)``: n = k·b rounds in k epoch blocks of b rounds; a user
   joins exactly one round of each block, chosen uniformly and independently per epoch
-  (balls-in-bins batching, Chua, Ghazi, Kamath, Kumar, Manurangsi, Sinha, Zhang 2024,
-  arXiv:2412.16802). The patterns are every choice of one round per block;
-  ``_balls_in_bins`` computes the sensitivity (no amplification is claimed for it).
+  (per-epoch random allocation; arXiv:2412.16802, Feldman & Shenfeld 2026,
+  arXiv:2602.17284). The patterns are every choice of one round per block;
+  ``_random_allocation`` computes the sensitivity. Before this name existed the schema
+  was stored as ``balls_in_bins``: ``from_dict`` reads such a record (one without the
+  ``FIXED_BIN_MARKER``) as random allocation, never as fixed-bin.
 
 For min_sep the value is exact when columns ≥ b apart have disjoint supports, and when C
 is lower-triangular Toeplitz with non-negative, non-increasing coefficients (BLT and
@@ -32,7 +41,8 @@ Per pattern P the inner supremum is an SDP; this module brackets it by
   lower(P) = max(1ᵀX_P1, tr X_P, max_{s∈{±1}^|P|} sᵀX_P s)   (explicit contributions)
   upper(P) = min(Σ_{s,t}|X_st|, |P|·λ_max(X_P))              (arXiv:2306.08153 Eq. 5, and
                                                              ⟨X_P, VᵀV⟩ ≤ λ_max·tr VᵀV)
-(balls_in_bins: see ``_balls_in_bins`` for how the b^k patterns are searched) and ``sensitivity`` returns the square root of the maximal upper value, never below the
+(random_allocation: see ``_random_allocation`` for how the b^k patterns are searched)
+and ``sensitivity`` returns the square root of the maximal upper value, never below the
 true sensitivity (up to float64 rounding of CᵀC). The report says ``exact`` when the
 largest upper value is attained by an explicit contribution (within 1e-12 relative).
 """
@@ -49,7 +59,13 @@ import numpy as np
 from tff_mf import checks
 from tff_mf import separation
 
-KINDS = ("single", "fixed_epoch", "min_sep", "balls_in_bins")
+KINDS = ("single", "fixed_epoch", "min_sep", "balls_in_bins", "random_allocation")
+# Kinds whose n = k·b rounds form k epochs of b rounds (parameter ``epochs``).
+EPOCH_KINDS = ("fixed_epoch", "balls_in_bins", "random_allocation")
+# A stored balls_in_bins schema is the fixed-bin scheme only with this field; without it
+# the record predates the rename and names what is now random_allocation.
+FIXED_BIN_MARKER = "fixed_bin"
+LEGACY_KINDS = {"balls_in_bins": "random_allocation"}
 # Other spellings of a kind: the name of the sampler that realizes the schema.
 ALIASES = {"cyclic_poisson": "min_sep"}
 SPELLINGS = KINDS + tuple(ALIASES)
@@ -60,9 +76,17 @@ def canonical_kind(spelling: str) -> str:
   return ALIASES.get(spelling, spelling)
 # The sampler that realizes each kind in the training binary (training/sampling.py).
 SAMPLERS = {"single": "single pass", "fixed_epoch": "fixed cohorts (k, b)",
-            "min_sep": "cyclic Poisson", "balls_in_bins": "balls in bins"}
-# Balls-in-bins patterns (b^k) enumerated for the sensitivity at most.
-BALLS_IN_BINS_ENUMERATION_LIMIT = 20000
+            "min_sep": "cyclic Poisson", "balls_in_bins": "balls in bins (fixed bin)",
+            "random_allocation": "random allocation (a new round each epoch)"}
+# What each --participation spelling means, for the command-line help of every tool.
+HELP = ("single: at most one round per user; fixed_epoch --epochs K: rounds j, j+b, ... "
+        "(b = n/K); min_sep (or cyclic_poisson) --min_sep B: rounds at least B apart; "
+        "balls_in_bins --epochs K: the field's fixed-bin balls-in-bins (jax_privacy's "
+        "BallsInBinsSampling): one secret random bin j of b = n/K per user, every round "
+        "i = j mod b; random_allocation --epochs K: one uniformly random round in each of "
+        "the K epochs, drawn anew each epoch (named balls_in_bins before this release)")
+# Random-allocation patterns (b^k) enumerated for the sensitivity at most.
+RANDOM_ALLOCATION_ENUMERATION_LIMIT = 20000
 # Admissible min-sep patterns enumerated (to tighten the Alg. 4 bound) at most.
 ENUMERATION_LIMIT = 2000
 # Blocks up to this size also try every ±1 sign vector for the lower bound.
@@ -87,7 +111,7 @@ class Participation:
 
   Attributes:
     kind: one of KINDS (or a spelling of ALIASES, stored as its kind).
-    epochs: fixed_epoch, balls_in_bins: k (n = k·b rounds; b = n/k follows from n).
+    epochs: fixed_epoch, balls_in_bins, random_allocation: k (n = k·b rounds; b = n/k).
     min_sep: min_sep: b, the least separation of two rounds of one user.
     max_participations: min_sep: k, at most this many rounds (None: as many as fit).
   """
@@ -101,13 +125,14 @@ class Participation:
     if self.kind not in KINDS:
       raise checks.CheckError(f"unknown participation {self.kind!r}; expected one of {KINDS}")
     allowed = {"single": (), "fixed_epoch": ("epochs",), "balls_in_bins": ("epochs",),
+               "random_allocation": ("epochs",),
                "min_sep": ("min_sep", "max_participations")}[self.kind]
     extra = [name for name in ("epochs", "min_sep", "max_participations")
              if getattr(self, name) is not None and name not in allowed]
     if extra:
       takes = f"takes only {', '.join(allowed)}" if allowed else "takes no parameters"
       raise checks.CheckError(f"participation {self.kind} {takes}; got {', '.join(extra)}")
-    if self.kind in ("fixed_epoch", "balls_in_bins"):
+    if self.kind in EPOCH_KINDS:
       if self.epochs is None:
         raise checks.CheckError(f"participation {self.kind} needs epochs")
       object.__setattr__(self, "epochs", checks.positive_int(self.epochs, "epochs"))
@@ -124,7 +149,7 @@ class Participation:
   def check(self, n: int) -> "Participation":
     """Refuses (one-line CheckError) a schema that does not apply to n rounds; returns self."""
     n = checks.positive_int(n, "rounds n")
-    if self.kind in ("fixed_epoch", "balls_in_bins"):
+    if self.kind in EPOCH_KINDS:
       if self.epochs > n:
         raise checks.CheckError(f"{self.kind}: epochs={self.epochs} exceeds the number of "
                                 f"rounds n={n}")
@@ -141,11 +166,11 @@ class Participation:
   def separation(self, n: int) -> int:
     """The least distance of two rounds of one user (n for single participation)."""
     self.check(n)
-    if self.kind == "fixed_epoch":
+    if self.kind in ("fixed_epoch", "balls_in_bins"):
       return n // self.epochs
     if self.kind == "min_sep":
       return self.min_sep
-    if self.kind == "balls_in_bins" and self.epochs > 1:
+    if self.kind == "random_allocation" and self.epochs > 1:
       return 1  # the last round of one epoch and the first of the next
     return n
 
@@ -163,9 +188,9 @@ class Participation:
                               f"{self.min_sep}")
 
   def rounds_per_epoch(self, n: int) -> int:
-    """fixed_epoch, balls_in_bins: b = n / k rounds per epoch."""
-    if self.kind not in ("fixed_epoch", "balls_in_bins"):
-      raise checks.CheckError(f"rounds_per_epoch needs fixed_epoch or balls_in_bins "
+    """fixed_epoch, balls_in_bins, random_allocation: b = n / k rounds per epoch (bins)."""
+    if self.kind not in EPOCH_KINDS:
+      raise checks.CheckError(f"rounds_per_epoch needs {', '.join(EPOCH_KINDS)} "
                               f"participation, not {self.kind}")
     self.check(n)
     return n // self.epochs
@@ -173,7 +198,7 @@ class Participation:
   def max_participations_in(self, n: int) -> int:
     """The largest number of rounds one pattern holds for n rounds."""
     self.check(n)
-    if self.kind in ("fixed_epoch", "balls_in_bins"):
+    if self.kind in EPOCH_KINDS:
       return self.epochs
     if self.kind == "min_sep":
       fit = -(-n // self.min_sep)
@@ -185,7 +210,9 @@ class Participation:
   @property
   def label(self) -> str:
     """Short name for file names and tables."""
-    if self.kind in ("fixed_epoch", "balls_in_bins"):
+    if self.kind == "balls_in_bins":  # never the pre-rename label balls_in_bins-k<k>
+      return f"balls_in_bins_fixed-k{self.epochs}"
+    if self.kind in EPOCH_KINDS:
       return f"{self.kind}-k{self.epochs}"
     if self.kind == "min_sep":
       k = "all" if self.max_participations is None else self.max_participations
@@ -198,7 +225,9 @@ class Participation:
     return SAMPLERS[self.kind]
 
   def describe(self) -> str:
-    if self.kind in ("fixed_epoch", "balls_in_bins"):
+    if self.kind == "balls_in_bins":
+      return f"balls_in_bins(epochs={self.epochs}, fixed bin)"
+    if self.kind in EPOCH_KINDS:
       return f"{self.kind}(epochs={self.epochs})"
     if self.kind == "min_sep":
       k = "all" if self.max_participations is None else self.max_participations
@@ -211,14 +240,25 @@ class Participation:
     for name in ("epochs", "min_sep", "max_participations"):
       if getattr(self, name) is not None:
         out[name] = getattr(self, name)
+    if self.kind == "balls_in_bins":
+      out[FIXED_BIN_MARKER] = True
     return out
+
+  def legacy_dicts(self) -> List[Dict[str, Any]]:
+    """The dicts that versions before the fixed-bin rename stored for this schema (run
+    identities, cache keys): random_allocation was then written as balls_in_bins."""
+    if self.kind != "random_allocation":
+      return []
+    return [{"kind": "balls_in_bins", "label": f"balls_in_bins-k{self.epochs}",
+             "epochs": self.epochs}]
 
   # -- patterns
 
   def pattern_indices(self, n: int) -> np.ndarray:
-    """fixed_epoch: [b, k] integer array, row j the pattern {j, j+b, …, j+(k−1)b}."""
-    if self.kind != "fixed_epoch":
-      raise checks.CheckError(f"pattern_indices needs fixed_epoch participation, not {self.kind}")
+    """fixed_epoch, balls_in_bins: [b, k] integer array, row j the pattern {j, j+b, …}."""
+    if self.kind not in ("fixed_epoch", "balls_in_bins"):
+      raise checks.CheckError(f"pattern_indices needs fixed_epoch or balls_in_bins "
+                              f"participation, not {self.kind}")
     b = self.rounds_per_epoch(n)
     return np.arange(n).reshape(self.epochs, b).T.copy()
 
@@ -232,11 +272,11 @@ class Participation:
     if self.kind == "single":
       _check_limit(n, limit, self)
       return [(t,) for t in range(n)]
-    if self.kind == "fixed_epoch":
+    if self.kind in ("fixed_epoch", "balls_in_bins"):
       idx = self.pattern_indices(n)
       _check_limit(idx.shape[0], limit, self)
       return [tuple(int(t) for t in row) for row in idx]
-    if self.kind == "balls_in_bins":
+    if self.kind == "random_allocation":
       b = self.rounds_per_epoch(n)
       _check_limit(b ** self.epochs, limit, self)
       return [tuple(j * b + t for j, t in enumerate(choice))
@@ -292,8 +332,13 @@ def min_sep(min_sep: int, max_participations: Optional[int] = None) -> Participa
 
 
 def balls_in_bins(epochs: int) -> Participation:
-  """Balls-in-bins: one uniformly random round in each of k = ``epochs`` blocks of n/k rounds."""
+  """Fixed-bin balls-in-bins: one uniformly random bin j of b = n/k, every round ≡ j mod b."""
   return Participation("balls_in_bins", epochs=epochs)
+
+
+def random_allocation(epochs: int) -> Participation:
+  """Random allocation: one uniformly random round in each of k = ``epochs`` blocks of n/k."""
+  return Participation("random_allocation", epochs=epochs)
 
 
 def from_args(kind: str, n: int, epochs: Optional[int] = None,
@@ -318,13 +363,25 @@ def from_args(kind: str, n: int, epochs: Optional[int] = None,
 
 
 def from_dict(d: Dict[str, Any]) -> Participation:
-  """The inverse of ``Participation.as_dict`` (the label is derived, so ignored)."""
+  """The inverse of ``Participation.as_dict`` (the label is derived, so ignored).
+
+  A ``balls_in_bins`` record without ``FIXED_BIN_MARKER`` was written before the
+  fixed-bin rename and is read as what it was, random allocation (``LEGACY_KINDS``).
+  """
   if not isinstance(d, dict) or d.get("kind") not in SPELLINGS:
     raise checks.CheckError(f"participation must be a dict with kind in {KINDS}, got {d!r}")
-  unknown = set(d) - {"kind", "label", "epochs", "min_sep", "max_participations"}
+  unknown = set(d) - {"kind", "label", "epochs", "min_sep", "max_participations",
+                      FIXED_BIN_MARKER}
   if unknown:
     raise checks.CheckError(f"participation {d['kind']}: unknown fields {sorted(unknown)}")
-  return Participation(d["kind"], epochs=d.get("epochs"), min_sep=d.get("min_sep"),
+  kind = d["kind"]
+  if FIXED_BIN_MARKER in d:
+    if kind != "balls_in_bins" or d[FIXED_BIN_MARKER] is not True:
+      raise checks.CheckError(f"participation {kind}: {FIXED_BIN_MARKER}="
+                              f"{d[FIXED_BIN_MARKER]!r} belongs to balls_in_bins only (true)")
+  else:
+    kind = LEGACY_KINDS.get(kind, kind)
+  return Participation(kind, epochs=d.get("epochs"), min_sep=d.get("min_sep"),
                        max_participations=d.get("max_participations"))
 
 
@@ -365,7 +422,9 @@ def sensitivity_report(c, schema: Participation, n: Optional[int] = None) -> Dic
   elif schema.kind == "min_sep":
     upper, lower, method = _min_sep(c, schema, col_sq)
   elif schema.kind == "balls_in_bins":
-    upper, lower, method = _balls_in_bins(c, schema, col_sq)
+    upper, lower, method = _fixed_bin(c, schema, col_sq)
+  elif schema.kind == "random_allocation":
+    upper, lower, method = _random_allocation(c, schema, col_sq)
   else:
     upper = lower = float(np.max(col_sq))
     method = "max_column_norm"
@@ -556,15 +615,32 @@ def _ascend_one_per_block(x: np.ndarray, pattern: Tuple[int, ...], b: int,
   return tuple(p)
 
 
-def _balls_in_bins(c: np.ndarray, schema: Participation, col_sq: np.ndarray):
-  """(upper, lower, method) of sens² under balls-in-bins: one round in each of k blocks.
+def _fixed_bin(c: np.ndarray, schema: Participation, col_sq: np.ndarray):
+  """(upper, lower, method) of sens² under fixed-bin balls-in-bins (arXiv:2410.06266).
+
+  Given its bin j a user's pattern is {j, j+b, …}: the fixed-epoch patterns, bracketed
+  by ``_fixed_epoch`` (exact for C ≥ 0). These are b-separated, so the b-min-sep upper
+  bound (``_min_sep``, with its structured Toeplitz bounds) also holds; the smaller
+  upper value is used, the lower one only from the patterns themselves.
+  """
+  upper, lower, method = _fixed_epoch(c, schema, col_sq)
+  n, k = c.shape[1], schema.epochs
+  if k > 1 and upper > lower * (1 + EXACT_RTOL):
+    ms_upper, _, ms_method = _min_sep(c, min_sep(n // k, k), col_sq)
+    if ms_upper < upper:
+      upper, method = ms_upper, f"min_sep_{ms_method}"
+  return upper, min(lower, upper), method
+
+
+def _random_allocation(c: np.ndarray, schema: Participation, col_sq: np.ndarray):
+  """(upper, lower, method) of sens² under random allocation: one round in each of k blocks.
 
   Patterns: every choice P of one round per block of b = n/k rounds (Chua et al. 2024,
   arXiv:2412.16802). Exact ("block_chain_dp") when X = CᵀC vanishes between rounds
   of blocks ≥ 2 apart (e.g. C with ≤ b + 1 bands): max_P Σ|X_P| by dynamic programming
   over the blocks, attained by equal contributions when X_P ≥ 0 (as for every
   non-negative C). Exact by enumeration ("enumerated_patterns") when b^k ≤
-  ``BALLS_IN_BINS_ENUMERATION_LIMIT`` and the best pattern's block is non-negative
+  ``RANDOM_ALLOCATION_ENUMERATION_LIMIT`` and the best pattern's block is non-negative
   or diagonal. Otherwise ("row_bound") the smaller of two upper bounds valid for every
   pattern: Σ_j max_{s∈block j} Σ_i max_{t∈block i} |X_st| (arXiv:2306.08153 Alg. 4
   with one round per block instead of b-separated sets) and k·λ_max(X) (λ_max of a
@@ -601,7 +677,7 @@ def _balls_in_bins(c: np.ndarray, schema: Participation, col_sq: np.ndarray):
     p = np.asarray(_ascend_one_per_block(x, start, b))
     _, low = _block_bounds(x[np.ix_(p, p)])
     lower = max(lower, float(low))
-  if b ** k <= BALLS_IN_BINS_ENUMERATION_LIMIT:
+  if b ** k <= RANDOM_ALLOCATION_ENUMERATION_LIMIT:
     idx = np.asarray(schema.patterns(n))
     up, low = _block_bounds(x[idx[:, :, None], idx[:, None, :]])
     if float(np.max(up)) < upper:

@@ -1,9 +1,10 @@
-"""Sampling-free amplification for balls-in-bins (random allocation) matrix mechanisms (numpy).
+"""Sampling-free amplification for random-allocation matrix mechanisms (numpy).
 
 Setting (Schuchardt & Kalinin 2026, "Sampling-Free Privacy Accounting for Matrix
-Mechanisms under Random Allocation", arXiv:2601.21636, Sec 2; balls-in-bins batching,
-Chua et al. 2024, arXiv:2412.16802): n = k·b rounds in k epochs of b rounds, a user in
-exactly one uniformly random round of each epoch, independently across epochs; the run
+Mechanisms under Random Allocation", arXiv:2601.21636, Sec 2; the ``random_allocation``
+participation schema): n = k·b rounds in k epochs of b rounds, a user in exactly one
+uniformly random round of each epoch, independently across epochs (not the fixed-bin
+balls-in-bins of arXiv:2410.06266, where the round repeats every b rounds); the run
 releases C·G + Z, Z ~ N(0, z² I) per entry, C (n x n) lower triangular and non-negative,
 contributions clipped to norm 1. The pair analyzed is
 
@@ -44,10 +45,14 @@ units of z):
   exp(m̄ᵀy/z² − E‖m_π‖²/(2z²)), m̄ = E m_π, hence
   D_α(P‖Q) ≤ ((α−1)‖m̄‖² + E‖m_π‖²) / (2z²) for every α > 1.
 - Both directions are also bounded by the unamplified Gaussian, α·sens²/(2z²), sens the
-  balls-in-bins sensitivity (``tff_mf.participation``). Per order, the smallest bound of
+  random-allocation sensitivity (``tff_mf.participation``). Per order, the smallest bound of
   each direction, the larger direction, then ε(δ) = min_α [D_α + log(1 − 1/α) −
   log(α·δ)/(α − 1)] (Canonne, Kamath, Steinke 2020, arXiv:2004.00010, Prop 12; Balle
   et al. 2020, arXiv:1905.09982, Thm 21; dp_accounting's ``compute_epsilon``).
+
+For C = a·I (DP-SGD) ``epsilon`` also computes the privacy-loss distribution of the pair
+itself (``tff_mf.allocation_pld``, after Feldman & Shenfeld 2026, arXiv:2602.17284),
+an upper bound much closer to the true ε, and reports the smaller of the two.
 
 What is not here: the paper's own dynamic program (its Lemma 3.2 / Algorithm 3, exact for
 banded C at a cost exponential in the bands) and its conditional-composition bound
@@ -66,6 +71,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 from scipy import special
 
+from tff_mf import allocation_pld
 from tff_mf import checks
 from tff_mf import participation
 
@@ -82,7 +88,7 @@ LOWER_BOUND_MAX_POINTS = 4096
 
 
 class RandomAllocationError(checks.CheckError):
-  """Bad input to the balls-in-bins accountant."""
+  """Bad input to the random-allocation accountant."""
 
 
 def check_encoder(c, epochs) -> Tuple[np.ndarray, int, int]:
@@ -104,7 +110,7 @@ def check_encoder(c, epochs) -> Tuple[np.ndarray, int, int]:
   n = c.shape[0]
   k = checks.positive_int(epochs, "epochs")
   if k > n or n % k:
-    raise RandomAllocationError(f"balls_in_bins: epochs={k} must divide the number of rounds "
+    raise RandomAllocationError(f"random_allocation: epochs={k} must divide the number of rounds "
                                 f"n={n}")
   return c, k, n // k
 
@@ -271,14 +277,16 @@ def rdp(c, epochs: int, noise_multiplier: float, *, sensitivity: Optional[float]
 
 def epsilon(c, epochs: int, noise_multiplier: float, delta: float, *,
             sensitivity: Optional[float] = None,
-            orders: Optional[Sequence[int]] = None) -> Dict[str, Any]:
-  """An upper bound on ε(δ) of balls-in-bins with encoder C, k = ``epochs``, z.
+            orders: Optional[Sequence[int]] = None, pld: bool = True) -> Dict[str, Any]:
+  """An upper bound on ε(δ) of random allocation with encoder C, k = ``epochs``, z.
 
-  ``sensitivity``: C's balls-in-bins sensitivity (``tff_mf.participation``), when known;
+  ``sensitivity``: C's random-allocation sensitivity (``tff_mf.participation``), when known;
   it adds the unamplified Gaussian's Rényi bound per order. ``orders``: the integer
   orders to minimize over (default: ``COARSE_ORDERS``, then ``ORDERS`` near the best).
-  Returns {"epsilon", "order" (the α used), "direction" (remove or add: the larger at that
-  order), "epochs", "rounds_per_epoch"}.
+  ``pld``: for C = a·I also the PLD bound (``tff_mf.allocation_pld``); False: Rényi only.
+  Returns {"epsilon", "method" ("renyi", or "pld" where C = a·I and the PLD bound is the
+  smaller), "order" (the α of the Rényi bound), "direction" (remove or add: the larger),
+  "epochs", "rounds_per_epoch"}, and for C = a·I "renyi_epsilon" and "pld" (its details).
   """
   delta = checks.delta(delta)
   if sensitivity is not None:
@@ -297,9 +305,29 @@ def epsilon(c, epochs: int, noise_multiplier: float, delta: float, *,
   remove = min(bounds["remove_collisions"][i], bounds["remove_decoupled"][i],
                bounds["unamplified"][i])
   add = min(bounds["add"][i], bounds["unamplified"][i])
-  return {"epsilon": float(eps), "order": int(order),
-          "direction": "remove" if remove >= add else "add", "epochs": int(epochs),
-          "rounds_per_epoch": int(np.asarray(c).shape[1]) // int(epochs)}
+  out = {"epsilon": float(eps), "method": "renyi", "order": int(order),
+         "direction": "remove" if remove >= add else "add", "epochs": int(epochs),
+         "rounds_per_epoch": int(np.asarray(c).shape[1]) // int(epochs)}
+  scale = _identity_scale(c) if pld else None
+  if scale is not None:
+    pld = allocation_pld.epsilon(out["rounds_per_epoch"], out["epochs"],
+                                 float(noise_multiplier) / scale, delta)
+    out.update(renyi_epsilon=out["epsilon"], pld=pld)
+    if pld["epsilon"] < out["epsilon"]:
+      out.update(epsilon=pld["epsilon"], method="pld",
+                 direction="remove" if pld["epsilon_remove"] >= pld["epsilon_add"] else "add")
+  return out
+
+
+def _identity_scale(c) -> Optional[float]:
+  """a where C = a·I with a > 0 (DP-SGD's encoder), else None."""
+  c = np.asarray(c, dtype=np.float64)
+  if c.ndim != 2 or c.shape[0] != c.shape[1]:
+    return None
+  diag = np.diag(c)
+  if diag[0] > 0 and np.all(diag == diag[0]) and np.count_nonzero(c) == c.shape[0]:
+    return float(diag[0])
+  return None
 
 
 def _best(bounds: Dict[str, np.ndarray], delta: float) -> Dict[str, Any]:
@@ -316,7 +344,7 @@ def _best(bounds: Dict[str, np.ndarray], delta: float) -> Dict[str, Any]:
 
 def lower_bound(c, epochs: int, noise_multiplier: float, delta: float,
                 directions: Optional[Sequence[np.ndarray]] = None) -> float:
-  """A proven LOWER bound on the ε(δ) of balls-in-bins with encoder C.
+  """A proven LOWER bound on the ε(δ) of random allocation with encoder C.
 
   An adversary contributing 1 in each of its rounds faces the pair of the module
   docstring; projecting y on v = C·w (post-processing) leaves N(0, z²‖v‖²) against the

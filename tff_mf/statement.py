@@ -72,7 +72,8 @@ ANALYSIS_LABELS = {
     "none": "unamplified Gaussian mechanism at z / sensitivity",
     "banded": "amplified banded MF (Poisson sampling within residue classes)",
     "mmcc": "MMCC (Poisson sampling within residue classes)",
-    "random_allocation": "balls-in-bins amplification (Renyi bounds after arXiv:2601.21636)",
+    "random_allocation": "random-allocation amplification (Renyi bounds after "
+                         "arXiv:2601.21636; for C = I its PLD, arXiv:2602.17284)",
     "adaptive": "unamplified Gaussian at z / sensitivity composed with the adaptive clip norm's "
                 "count queries (one Gaussian at 1/mu)",
 }
@@ -154,14 +155,22 @@ def analysis_words(record: Mapping[str, Any], schema_text: str) -> str:
             f"epsilon by {accountant}")
   if analysis == "random_allocation":
     bound = record.get("random_allocation") or {}
+    if record.get("bound") == "amplified" and bound.get("method") == "pld":
+      return (f"amplification by random allocation (one uniformly random round per epoch, "
+              f"drawn anew each epoch): the privacy-loss distribution of the pair N(0, z^2 I) "
+              f"vs the mixture over the round of N(e_round, z^2 I), C = I, noise multiplier "
+              f"z = {_fmt(z)} (Feldman & Shenfeld 2026, arXiv:2602.17284; "
+              f"tff_mf.allocation_pld, losses rounded up), {bound.get('epochs')} epochs "
+              f"composed via PLD (dp_accounting, pessimistic)")
     if record.get("bound") == "amplified":
-      return (f"amplification by balls-in-bins batching (one uniformly random round per "
-              f"epoch): Renyi divergence bounds of the pair N(0, z^2 I) vs E_pi N(C 1_pi, "
+      return (f"amplification by random allocation (one uniformly random round per "
+              f"epoch, drawn anew each epoch): Renyi divergence bounds of the pair "
+              f"N(0, z^2 I) vs E_pi N(C 1_pi, "
               f"z^2 I) for C with noise multiplier z = {_fmt(z)} at order "
               f"{bound.get('order')} (tff_mf.random_allocation, after Schuchardt & Kalinin "
               f"2026, arXiv:2601.21636, Sec 3), converted to (epsilon, delta) by Canonne, "
               f"Kamath, Steinke 2020, arXiv:2004.00010, Prop 12")
-    return (f"no amplification (the balls-in-bins Renyi bound after arXiv:2601.21636 was "
+    return (f"no amplification (the random-allocation Renyi bound after arXiv:2601.21636 was "
             f"larger): one Gaussian mechanism at {ratio}, "
             f"{_sensitivity_words(record, schema_text)}; epsilon by {accountant}")
   if analysis in ("banded", "mmcc") and record.get("bound") == "amplified":
@@ -170,10 +179,12 @@ def analysis_words(record: Mapping[str, Any], schema_text: str) -> str:
     return (f"no amplification (the {analysis} amplified bound was larger): one Gaussian "
             f"mechanism at {ratio}, sens with every eligible round of a client joined "
             f"(residue classes mod {record.get('min_sep')}); epsilon by {accountant}")
-  return (f"no amplification by sampling: the whole run is one Gaussian mechanism with noise "
-          f"multiplier {ratio}, {_sensitivity_words(record, schema_text)} (Denisov et al. "
-          f"2022, arXiv:2202.08312, Thm 4.1; Choquette-Choo et al. 2023, arXiv:2211.06530); "
-          f"epsilon by {accountant}")
+  words = (f"no amplification by sampling: the whole run is one Gaussian mechanism with noise "
+           f"multiplier {ratio}, {_sensitivity_words(record, schema_text)} (Denisov et al. "
+           f"2022, arXiv:2202.08312, Thm 4.1; Choquette-Choo et al. 2023, arXiv:2211.06530); "
+           f"epsilon by {accountant}")
+  note = record.get("amplification")  # what an unamplified record of its schema leaves out
+  return f"{words} ({note})" if note else words
 
 
 def _amplified_words(record: Mapping[str, Any], analysis: str) -> str:

@@ -424,7 +424,7 @@ def schema_arguments(schema, n: int) -> Tuple[Optional[int], Optional[int]]:
   are b-separated with k rounds, so b-min-sep with ≤ k participations covers them."""
   if schema.kind == "min_sep":
     return schema.min_sep, schema.max_participations
-  if schema.kind == "fixed_epoch":
+  if schema.kind in ("fixed_epoch", "balls_in_bins"):  # fixed-bin patterns are the same
     return n // schema.epochs, schema.epochs
   return None, None
 

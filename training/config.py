@@ -232,13 +232,14 @@ class TrainingConfig:
   def _check_participation(self) -> None:
     """The schema's flags go with their --participation, and only with it."""
     takes = {"single": (), "fixed_epoch": ("epochs",), "balls_in_bins": ("epochs",),
+             "random_allocation": ("epochs",),
              "min_sep": ("min_sep", "sampling_prob", "max_participations")}[self.participation]
     for name in ("epochs", "min_sep", "sampling_prob", "max_participations"):
       value = getattr(self, name)
       if value is not None and name not in takes:
         raise TrainingError(f"--{name}={value} does not apply to --participation="
                             f"{self.participation}")
-    if self.participation in ("fixed_epoch", "balls_in_bins"):
+    if self.participation in participation.EPOCH_KINDS:
       if self.epochs is None:
         raise TrainingError(f"--participation={self.participation} needs --epochs=k")
       checks.positive_int(self.epochs, "--epochs")
@@ -298,6 +299,8 @@ class TrainingConfig:
     out = dataclasses.asdict(self)
     out["mechanism"] = self.canonical_mechanism
     out["workers"] = list(self.workers)
+    if self.participation == "balls_in_bins":  # a pre-rename balls_in_bins run has no marker
+      out[participation.FIXED_BIN_MARKER] = True
     if self.noise_seed is not None:
       out["noise_seed"] = "pinned"
     elif out["mechanism"] == "none":
@@ -308,10 +311,24 @@ class TrainingConfig:
 
   def fingerprint(self) -> str:
     """Hash of the fields a resumed run must share with the run that checkpointed."""
-    values = {k: v for k, v in self.public_dict().items() if k not in RESUME_FREE_FIELDS}
-    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
+    return _fingerprint(self.public_dict())
+
+  def accepted_fingerprints(self) -> Tuple[str, ...]:
+    """``fingerprint()``, and for random_allocation also the fingerprint its flags had when
+    the scheme was spelled balls_in_bins (a run directory of that version resumes as the
+    scheme it sampled, never as fixed-bin balls_in_bins)."""
+    out = (self.fingerprint(),)
+    if self.participation in participation.LEGACY_KINDS.values():
+      legacy = {v: k for k, v in participation.LEGACY_KINDS.items()}
+      out += (_fingerprint(dict(self.public_dict(), participation=legacy[self.participation])),)
+    return out
 
   def changed_fields(self, recorded: Dict[str, object]) -> Tuple[str, ...]:
     """The resume-relevant fields whose value differs from ``recorded`` (a public_dict)."""
     return tuple(sorted(k for k, v in self.public_dict().items()
                         if k not in RESUME_FREE_FIELDS and recorded.get(k) != v))
+
+
+def _fingerprint(public: Dict[str, object]) -> str:
+  values = {k: v for k, v in public.items() if k not in RESUME_FREE_FIELDS}
+  return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()

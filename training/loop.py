@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from tff_mf import checks
 from tff_mf import interrupt
 from tff_mf import jsonio
+from tff_mf import participation as participation_lib
 from tff_mf import registry
 from training import checkpoints
 from training import engine
@@ -142,8 +143,17 @@ def _check_resumable(config: TrainingConfig, run_dir: str, what: str,
                         "cannot be proven); use a new --experiment_name")
   with open(config_path, encoding="utf-8") as f:
     saved = json.load(f)
-  if saved.get("fingerprint") != config.fingerprint():
-    changed = config.changed_fields(saved.get("config", {}))
+  recorded_config = saved.get("config", {})
+  if (recorded_config.get("participation") in participation_lib.LEGACY_KINDS and
+      participation_lib.FIXED_BIN_MARKER not in recorded_config and
+      config.participation == "balls_in_bins"):
+    raise TrainingError(
+        f"{run_dir} holds {what} of a balls_in_bins run written before the fixed-bin rename: "
+        "its clients were sampled by random allocation (a new round each epoch), which is "
+        "now --participation=random_allocation; resume it with that flag, or use a new "
+        "--experiment_name")
+  if saved.get("fingerprint") not in config.accepted_fingerprints():
+    changed = config.changed_fields(recorded_config)
     raise TrainingError(
         f"{run_dir} holds {what} of a run with other flags "
         f"({', '.join(changed) or 'fingerprint'} differ); rerun the same command to resume, "
@@ -243,6 +253,10 @@ def _bind_identity(run: _Run, setup) -> None:
   encoder = identity_lib.encoder_sha256(c, b)
   schema = identity_lib.schema_sha256(config.schema().as_dict())
   if run.identity is not None:
+    # A run recorded before the fixed-bin rename holds its random_allocation schema's old dict.
+    accepted = [identity_lib.schema_sha256(d) for d in config.schema().legacy_dicts()]
+    if run.identity.schema_sha256 in accepted:
+      schema = run.identity.schema_sha256
     identity_lib.check_same_mechanism(run.identity, encoder, schema, run.run_dir)
   else:
     run.identity = identity_lib.RunIdentity(
@@ -390,9 +404,9 @@ def _participation_summary(trainer: _Trainer) -> Dict[str, object]:
       "max_participations_allowed": schema.max_participations_in(config.total_rounds),
       "observed": trainer.log.observed(), "follows_schema": not violations,
       "violations": violations, "sampler": schema.sampler}
-  if config.participation == "balls_in_bins":
+  if config.participation in ("balls_in_bins", "random_allocation"):
     out.update(expected_clients_per_round=len(trainer.sampler) /
-               sampling.schema_epoch_length(config),
+               (config.total_rounds // config.epochs),
                sampling_secret=("derived from the pinned noise seed"
                                 if trainer.run.seed_source == "pinned" else "os_entropy"))
   if config.participation == "min_sep":

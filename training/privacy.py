@@ -34,12 +34,13 @@ def schema(config: TrainingConfig):
 
 
 def sampling_secret(config: TrainingConfig, noise_seed: Optional[int]) -> int:
-  """The secret seed of min_sep's Poisson coins and balls_in_bins' rounds (-1 for the others).
+  """The secret seed of min_sep's Poisson coins, balls_in_bins' bins and random_allocation's
+  rounds (-1 for the others).
 
   Derived from a pinned ``--noise_seed`` (so pinning it pins the whole run), else fresh
   from OS entropy. Kept only in the checkpoints, like the noise seed.
   """
-  if config.participation not in ("min_sep", "balls_in_bins"):
+  if config.participation not in ("min_sep", "balls_in_bins", "random_allocation"):
     return -1
   from tff_mf import checks  # pylint: disable=g-import-not-at-top
   if config.noise_seed is None and noise_seed is None:

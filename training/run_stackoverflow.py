@@ -54,8 +54,9 @@ flags.DEFINE_string("data_dir", None,
                     "$TFF_MF_CACHE/datasets/pydocs for pydocs).")
 flags.DEFINE_integer("total_rounds", _DEFAULTS.total_rounds, "Rounds n (the matrix size).")
 flags.DEFINE_integer("clients_per_round", _DEFAULTS.clients_per_round,
-                     "Clients per round (single, fixed_epoch). With --participation=min_sep or "
-                     "balls_in_bins the number varies from round to round; this is then the "
+                     "Clients per round (single, fixed_epoch). With --participation=min_sep, "
+                     "balls_in_bins or random_allocation the number varies from round to "
+                     "round; this is then the "
                      "expected count the aggregator divides the noised sum by.")
 flags.DEFINE_enum("participation", _DEFAULTS.participation, config_lib.PARTICIPATIONS,
                   "Participation schema the clients are sampled under: single (each client at "
@@ -64,13 +65,18 @@ flags.DEFINE_enum("participation", _DEFAULTS.participation, config_lib.PARTICIPA
                   "joins every b-th round), min_sep or its other name cyclic_poisson "
                   "(--min_sep=b: cyclic Poisson sampling, each client in one residue class mod "
                   "b, joining each round of its class with probability --sampling_prob), "
-                  "balls_in_bins (--epochs=k: each client in exactly one uniformly random round "
-                  "of each of the k epochs of total_rounds/k rounds; unamplified ε). ε is "
+                  "balls_in_bins (--epochs=k: the field's fixed-bin balls-in-bins, each client in "
+                  "one secret uniformly random bin j of b = total_rounds/k and then in every "
+                  "round t with (t - 1) mod b = j; ε not amplified), random_allocation "
+                  "(--epochs=k: each client in exactly one uniformly random round of each of "
+                  "the k epochs, drawn anew each epoch; named balls_in_bins before this "
+                  "release; ε amplified by random allocation where smaller). ε is "
                   "computed for the schema (summary.json names the analysis); a run whose "
                   "sampled rounds break it reports no ε.")
 flags.DEFINE_integer("epochs", None,
-                     f"Epochs k {_NONE}required with --participation=fixed_epoch or "
-                     "balls_in_bins, and only there); k must divide --total_rounds.")
+                     f"Epochs k {_NONE}required with --participation=fixed_epoch, "
+                     "balls_in_bins or random_allocation, and only there); k must divide "
+                     "--total_rounds.")
 flags.DEFINE_integer("min_sep", None,
                      f"Separation b {_NONE}required with --participation=min_sep, and only "
                      "there): a client's rounds are at least b apart (one residue class mod b).")

@@ -1,6 +1,6 @@
 """Client sampling under a participation schema, and the record of who joined which round.
 
-Four samplers, one per ``--participation`` (no TensorFlow):
+Five samplers, one per ``--participation`` (no TensorFlow):
 
 - ``single``: each client at most once, in a permutation fixed by ``--seed``
   (Denisov et al. 2022, arXiv:2202.08312, Sec 5; single participation, Thm 4.1).
@@ -19,12 +19,18 @@ Four samplers, one per ``--participation`` (no TensorFlow):
   (sampling secret, t): a resumed run draws the same clients. The secret is kept only
   in the checkpoints, like the noise seed: the amplified ε assumes nobody who sees the
   models knows who was sampled.
-- ``balls_in_bins`` with k epochs: n = k·b rounds in k epochs of b rounds; in every
-  epoch each client joins exactly one round, chosen uniformly at random and
-  independently per epoch (balls-in-bins batching, Chua et al. 2024,
-  arXiv:2412.16802). Epoch e's rounds are drawn from a generator seeded by (sampling
-  secret, e). ε is the unamplified bound over every one-round-per-epoch pattern
-  (``tff_mf.participation``); no amplification is claimed.
+- ``balls_in_bins`` with k epochs: the field's fixed-bin balls-in-bins (Chua et al.
+  2024, arXiv:2410.06266, arXiv:2412.16802; jax_privacy's ``BallsInBinsSampling``):
+  each client draws one bin j ∈ {0, …, b − 1}, b = n/k, once, from a generator seeded
+  by the sampling secret, and joins every round t with (t − 1) mod b = j. ε is the
+  unamplified bound over these b-cyclic patterns (``tff_mf.accounting``, labelled
+  not amplified).
+- ``random_allocation`` with k epochs (named ``balls_in_bins`` before the fixed-bin
+  scheme took that name): n = k·b rounds in k epochs of b rounds; in every epoch each
+  client joins exactly one round, chosen uniformly at random and independently per
+  epoch. Epoch e's rounds are drawn from a generator seeded by (sampling secret, e).
+  ε is the smaller of the unamplified bound over every one-round-per-epoch pattern and
+  the random-allocation bound (``tff_mf.random_allocation``).
 
 Each sampler enforces its schema by construction and refuses (TrainingError) what
 would break it. Independently, :class:`ParticipationLog` records every client's
@@ -262,12 +268,50 @@ class CyclicPoissonSampler(_SecretSampler):
 
 MinSepSampler = CyclicPoissonSampler  # the schema's name
 
-# Tag of the balls-in-bins generators (another stream than the cyclic Poisson coins).
-BALLS_IN_BINS_STREAM = 0xB1B
+# Tag of the random-allocation generators (another stream than the cyclic Poisson coins;
+# unchanged since the scheme was named balls_in_bins, so resumed runs draw the same rounds).
+RANDOM_ALLOCATION_STREAM = 0xB1B
+# Tag of the fixed-bin generator (each client's bin).
+FIXED_BIN_STREAM = 0xF1B
 
 
 class BallsInBinsSampler(_SecretSampler):
-  """Balls in bins (Chua et al. 2024, arXiv:2412.16802): one uniform round per client and epoch.
+  """Fixed-bin balls-in-bins (arXiv:2410.06266): one secret uniform bin per client, for good.
+
+  Client i (in sorted id order) draws bin u_i ~ Uniform{0, …, b − 1}, b = n/k, from a
+  generator seeded by (``secret``, ``FIXED_BIN_STREAM``) and joins every round t with
+  (t − 1) mod b = u_i: by construction its rounds are exactly b apart, k of them.
+  """
+  kind = "balls_in_bins"
+
+  def __init__(self, client_ids: Sequence[str], seed: int, total_rounds: int, epochs: int,
+               secret: int):
+    super().__init__(client_ids, seed, secret)
+    if total_rounds % epochs:
+      raise TrainingError(f"--epochs={epochs} must divide --total_rounds={total_rounds}")
+    self.total_rounds = int(total_rounds)
+    self.bins = self.total_rounds // int(epochs)
+    rng = np.random.default_rng([self.secret, FIXED_BIN_STREAM])
+    self.bin = rng.integers(0, self.bins, size=len(self.client_ids))
+
+  def members(self, round_num: int) -> np.ndarray:
+    """Indices of the clients whose bin is round ``round_num``'s (1-based)."""
+    round_num = int(round_num)
+    if not 1 <= round_num <= self.total_rounds:
+      raise TrainingError(f"round {round_num} is outside the {self.total_rounds} rounds of the "
+                          "balls-in-bins schema")
+    return np.flatnonzero(self.bin == (round_num - 1) % self.bins)
+
+  def next_round(self, round_num: int, load: Load) -> Round:
+    chosen = self.members(round_num)
+    self.counts[chosen] += 1
+    self.cursor += int(chosen.size)
+    return self._load_all(chosen, load)
+
+
+class RandomAllocationSampler(_SecretSampler):
+  """Random allocation (arXiv:2412.16802, arXiv:2602.17284): one uniform round per client and
+  epoch, drawn anew each epoch.
 
   The n = k·b rounds form k epochs of b rounds. In epoch e, client i (in sorted id
   order) joins round e·b + u_i + 1 with u ~ Uniform{0, …, b − 1}ⁿ drawn from a generator
@@ -275,7 +319,7 @@ class BallsInBinsSampler(_SecretSampler):
   in exactly one round of each epoch, and a round's clients depend only on the secret
   and the round. ``counts`` (checkpointed) records each client's participations.
   """
-  kind = "balls_in_bins"
+  kind = "random_allocation"
 
   def __init__(self, client_ids: Sequence[str], seed: int, total_rounds: int, epochs: int,
                secret: int):
@@ -291,7 +335,7 @@ class BallsInBinsSampler(_SecretSampler):
     """u: each client's round within epoch ``epoch`` (0-based), uniform on [0, b)."""
     epoch = int(epoch)
     if epoch not in self._slots:
-      rng = np.random.default_rng([self.secret, BALLS_IN_BINS_STREAM, epoch])
+      rng = np.random.default_rng([self.secret, RANDOM_ALLOCATION_STREAM, epoch])
       self._slots = {epoch: rng.integers(0, self.rounds_per_epoch, size=len(self.client_ids))}
     return self._slots[epoch]
 
@@ -300,7 +344,7 @@ class BallsInBinsSampler(_SecretSampler):
     round_num = int(round_num)
     if not 1 <= round_num <= self.total_rounds:
       raise TrainingError(f"round {round_num} is outside the {self.total_rounds} rounds of the "
-                          "balls-in-bins schema")
+                          "random-allocation schema")
     epoch, slot = divmod(round_num - 1, self.rounds_per_epoch)
     return np.flatnonzero(self.slots(epoch) == slot)
 
@@ -319,10 +363,13 @@ def build_sampler(config, client_ids: Sequence[str], sampling_secret: int = -1):
                          f"--participation=fixed_epoch --epochs={config.epochs} uses b = "
                          f"{n // config.epochs} cohorts")
     return FixedEpochSampler(client_ids, config.seed, n, config.epochs, per_round)
-  if config.participation == "balls_in_bins":
+  if config.participation in ("balls_in_bins", "random_allocation"):
     if not client_ids:
-      raise TrainingError("--participation=balls_in_bins needs at least one training client")
-    return BallsInBinsSampler(client_ids, config.seed, n, config.epochs, sampling_secret)
+      raise TrainingError(f"--participation={config.participation} needs at least one "
+                          "training client")
+    sampler = (BallsInBinsSampler if config.participation == "balls_in_bins" else
+               RandomAllocationSampler)
+    return sampler(client_ids, config.seed, n, config.epochs, sampling_secret)
   if config.participation == "min_sep":
     if len(client_ids) < config.min_sep:
       raise TrainingError(f"--min_sep={config.min_sep} needs at least {config.min_sep} "
@@ -354,7 +401,7 @@ class ParticipationLog:
 
   ``observe(round, client_ids)`` after every round. ``period`` is the b whose residue
   classes the schema fixes (fixed_epoch: n/k; min_sep: b; single: none);
-  ``epoch_length`` the b of balls-in-bins epochs, where a client joins at most one
+  ``epoch_length`` the b of random-allocation epochs, where a client joins at most one
   round of each block of b rounds (then ``epoch_repeats`` counts the participations
   that broke that, and is part of the state).
   """
@@ -438,7 +485,7 @@ class ParticipationLog:
 
 def schema_period(config) -> Optional[int]:
   """b of the residue classes the sampler fixes (None for a single pass)."""
-  if config.participation == "fixed_epoch":
+  if config.participation in ("fixed_epoch", "balls_in_bins"):
     return config.total_rounds // config.epochs
   if config.participation == "min_sep":
     return config.min_sep
@@ -446,8 +493,9 @@ def schema_period(config) -> Optional[int]:
 
 
 def schema_epoch_length(config) -> Optional[int]:
-  """b of the balls-in-bins epochs (a client joins one round per block of b); None otherwise."""
-  if config.participation == "balls_in_bins":
+  """b of the random-allocation epochs (a client joins one round per block of b); None
+  otherwise."""
+  if config.participation == "random_allocation":
     return config.total_rounds // config.epochs
   return None
 

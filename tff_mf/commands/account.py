@@ -12,8 +12,10 @@ built, or factorized once into the cache and reused, exactly as training resolve
 ``tff_mf.mechanisms.resolve``) or a cached factorization (``--matrix``), under any schema,
 unamplified (one Gaussian at z / sensitivity) or amplified by Poisson sampling (MMCC,
 Choquette-Choo et al. 2024, arXiv:2310.15526; amplified banded, Choquette-Choo et al.
-2023, arXiv:2306.08153), or by balls-in-bins batching (``--amplification random_allocation``,
-``tff_mf.random_allocation``, after Schuchardt & Kalinin 2026, arXiv:2601.21636)::
+2023, arXiv:2306.08153), or by random allocation (``--participation random_allocation
+--amplification random_allocation``, ``tff_mf.random_allocation``, after Schuchardt &
+Kalinin 2026, arXiv:2601.21636). ``--participation balls_in_bins`` is the field's
+fixed-bin scheme (arXiv:2410.06266), accounted without amplification::
 
   tff-mf account --mechanism blt --n 256 --min_sep 32 --amplification mmcc \\
       --sampling_prob 0.25 --noise_multiplier 2 --delta 1e-6 --cache_dir D --json
@@ -64,8 +66,10 @@ _EXAMPLES = """examples:
       --min_sep 8 --amplification banded --sampling_prob 0.5 --target_epsilon 2 --delta 1e-6
   tff-mf account --matrix ~/.cache/tff_mf/<entry>/<file>.npz --amplification mmcc \\
       --sampling_prob 0.01 --noise_multiplier 8 --delta 1e-6
-  tff-mf account --mechanism blt --n 256 --participation balls_in_bins --epochs 8 \\
+  tff-mf account --mechanism blt --n 256 --participation random_allocation --epochs 8 \\
       --amplification random_allocation --noise_multiplier 2 --delta 1e-6
+  tff-mf account --mechanism blt --n 256 --participation balls_in_bins --epochs 8 \\
+      --noise_multiplier 2 --delta 1e-6
 
 Every epsilon printed is an upper bound. --json prints one strict JSON object (an
 unbounded epsilon is the string "inf")."""
@@ -84,17 +88,19 @@ def register(subparsers) -> None:
           "arXiv:2211.06530). Amplified by Poisson sampling: MMCC (Choquette-Choo et al. 2024, "
           "arXiv:2310.15526, Fig 1 and App D) for any lower-triangular non-negative C, or "
           "amplified banded MF (Choquette-Choo et al. 2023, arXiv:2306.08153, Thm 4) for a C "
-          "with at most b non-zero bands under b-min-sep sampling. Amplified by balls-in-bins "
-          "batching (--participation balls_in_bins): Renyi bounds of the random-allocation pair "
-          "after Schuchardt & Kalinin 2026, arXiv:2601.21636 (--amplification "
-          "random_allocation)."),
+          "with at most b non-zero bands under b-min-sep sampling. Amplified by random "
+          "allocation (--participation random_allocation, a new random round each epoch): "
+          "Renyi bounds of the random-allocation pair after Schuchardt & Kalinin 2026, "
+          "arXiv:2601.21636 (--amplification random_allocation). --participation "
+          "balls_in_bins is the field's fixed-bin scheme (one secret bin per user, every "
+          "b-th round; arXiv:2410.06266): not amplified here."),
       epilog=_EXAMPLES, removed=REMOVED_FLAGS)
   _add_run_arguments(parser)
   _add_schema_arguments(parser.add_argument_group("participation schema"))
   _add_encoder_arguments(
       parser.add_argument_group("encoder C (needed for other schemas and amplification)"))
   _add_amplification_arguments(parser.add_argument_group(
-      "amplification by sampling (Poisson, or balls-in-bins)"))
+      "amplification by sampling (Poisson, or random allocation)"))
   _add_slack_arguments(parser.add_argument_group("below the bound (amplified analyses)"))
   parser.set_defaults(func=run)
 
@@ -123,7 +129,8 @@ def _add_schema_arguments(schema) -> None:
   schema.add_argument("--participation", choices=participation.SPELLINGS,
                       type=participation.canonical_kind,
                       default=None,
-                      help="how often and how far apart a user may contribute (default: the "
+                      help=f"how often and how far apart a user may contribute: "
+                           f"{participation.HELP} (default: the "
                            "schema --matrix was built for; otherwise min_sep when --min_sep or "
                            "--max_participations is given or the run is amplified, fixed_epoch "
                            "when --epochs is given, else single). With amplification the schema "
@@ -131,8 +138,8 @@ def _add_schema_arguments(schema) -> None:
                            "class mod b (b = 1: every round), fixed_epoch k = one round per "
                            "epoch of n/k rounds")
   schema.add_argument("--epochs", type=int, default=None, metavar="K",
-                      help="fixed_epoch, balls_in_bins: number of epochs k, dividing n "
-                           "(default: none)")
+                      help="fixed_epoch, balls_in_bins, random_allocation: number of epochs "
+                           "k, dividing n (default: none)")
   schema.add_argument("--min_sep", type=int, default=None, metavar="B",
                       help="min_sep: rounds between two contributions of a user, b >= 1 "
                            "(default: 1 when amplified)")
@@ -166,8 +173,9 @@ def _add_amplification_arguments(amp) -> None:
                    help="none: one Gaussian at z / sensitivity; mmcc: MMCC for any "
                         "lower-triangular non-negative C; banded: amplified banded MF for C "
                         "with at most b non-zero bands under b-min-sep sampling; "
-                        "random_allocation: balls-in-bins (--participation balls_in_bins "
-                        "--epochs K, no --sampling_prob) for any square lower-triangular "
+                        "random_allocation: random allocation (--participation "
+                        "random_allocation --epochs K, no --sampling_prob; never fixed-bin "
+                        "balls_in_bins) for any square lower-triangular "
                         "non-negative C, Renyi bounds after arXiv:2601.21636 (default: none)")
   amp.add_argument("--sampling_prob", type=float, default=None, metavar="P",
                    help="probability p in (0, 1] that a user joins a round it may be sampled in "
@@ -192,7 +200,7 @@ def _add_slack_arguments(slack) -> None:
                      help="mmcc, banded, random_allocation: also print a proven LOWER bound "
                           "on the true epsilon (lower_bound_epsilon; b-min-sep: one residue "
                           "class's first rounds, each joined with probability p, "
-                          "tff_mf.mixture_pair; balls-in-bins: tff_mf.random_allocation) and "
+                          "tff_mf.mixture_pair; random allocation: tff_mf.random_allocation) and "
                           "slack = epsilon / lower_bound_epsilon (default: off)")
   slack.add_argument("--monte_carlo_samples", type=int, default=None, metavar="N",
                      help="mmcc, banded: also print a Monte-Carlo ESTIMATE of the same pair's "
@@ -221,19 +229,19 @@ def _add_slack(record: dict, c, args: argparse.Namespace) -> None:
   rounds joined with probability p, at the z of the record (``tff_mf.mixture_pair``).
   """
   from tff_mf import mixture_pair  # pylint: disable=g-import-not-at-top
-  if record["schema"]["kind"] == "balls_in_bins" and args.monte_carlo_samples is None:
+  if record["schema"]["kind"] == "random_allocation" and args.monte_carlo_samples is None:
     from tff_mf import random_allocation  # pylint: disable=g-import-not-at-top
     lower = random_allocation.lower_bound(c, record["schema"]["epochs"],
                                           record["noise_multiplier"], record["delta"])
     record["lower_bound_epsilon"] = lower
     record["lower_bound_method"] = (
-        "proven lower bound on the true epsilon: the all-ones adversary of balls-in-bins, "
+        "proven lower bound on the true epsilon: the all-ones adversary of random allocation, "
         "threshold tests on projections (tff_mf.random_allocation.lower_bound)")
     record["slack"] = record["epsilon"] / lower if lower > 0 else float("inf")
     return
   if record["schema"]["kind"] not in ("min_sep", "fixed_epoch"):
     _fail(f"--lower_bound covers b-min-sep Poisson sampling (--participation min_sep or "
-          f"fixed_epoch) and balls_in_bins, --monte_carlo_samples only the former; not "
+          f"fixed_epoch) and random_allocation, --monte_carlo_samples only the former; not "
           f"{record['schema']['kind']}")
   pair = (c, record["sampling_prob"], record["noise_multiplier"], record["delta"])
   options = {"min_sep": record["min_sep"]}
@@ -391,15 +399,15 @@ def _schema(args: argparse.Namespace, n, cached, amplified: bool):
       return schema
     else:
       kind = "min_sep" if amplified else "single"
-  if kind not in ("fixed_epoch", "balls_in_bins") and args.epochs is not None:
-    _fail("--epochs belongs to --participation fixed_epoch or balls_in_bins")
+  if kind not in participation.EPOCH_KINDS and args.epochs is not None:
+    _fail("--epochs belongs to --participation fixed_epoch, balls_in_bins or random_allocation")
   if kind != "min_sep":
     for flag in ("min_sep", "max_participations"):
       if getattr(args, flag) is not None:
         _fail(f"--{flag} belongs to --participation min_sep")
   if kind == "single":
     return participation.SINGLE
-  if kind in ("fixed_epoch", "balls_in_bins"):
+  if kind in participation.EPOCH_KINDS:
     if args.epochs is None:
       _fail(f"--participation {kind} needs --epochs")
     return participation.Participation(kind, epochs=checks.positive_int(args.epochs, "--epochs"))
@@ -462,11 +470,15 @@ def run(args: argparse.Namespace) -> int:
     if args.sampling_prob is not None:
       _fail("--sampling_prob does not apply to --amplification random_allocation (each user "
             "joins one round of each epoch)")
-    if args.participation not in (None, "balls_in_bins"):
-      _fail("--amplification random_allocation needs --participation balls_in_bins")
+    if args.participation == "balls_in_bins":
+      _fail("--amplification random_allocation analyzes --participation random_allocation (a "
+            "new random round each epoch), not balls_in_bins (the field's fixed-bin scheme, "
+            "which it does not bound)")
+    if args.participation not in (None, "random_allocation"):
+      _fail("--amplification random_allocation needs --participation random_allocation")
     if args.epochs is None:
-      _fail("--amplification random_allocation needs --epochs K (balls_in_bins)")
-    args.participation = "balls_in_bins"
+      _fail("--amplification random_allocation needs --epochs K (random_allocation)")
+    args.participation = "random_allocation"
   if not amplified and not allocation and args.sampling_prob is not None:
     _fail("--sampling_prob needs --amplification mmcc or banded")
   if amplified and args.sampling_prob is None:

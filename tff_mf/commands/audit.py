@@ -68,8 +68,10 @@ def _add_mechanism_arguments(g) -> None:
   g.add_argument("--server_lr", type=float, default=1.0, help="server learning rate (default: 1)")
   g.add_argument("--participation", choices=participation.SPELLINGS,
                  type=participation.canonical_kind,
-                 default="single", help="the schema of the sampler (default: single)")
-  g.add_argument("--epochs", type=int, default=None, help="fixed_epoch, balls_in_bins: k")
+                 default="single",
+                 help=f"the schema of the sampler: {participation.HELP} (default: single)")
+  g.add_argument("--epochs", type=int, default=None,
+                 help="fixed_epoch, balls_in_bins (fixed bin), random_allocation: k")
   g.add_argument("--min_sep", type=int, default=None, help="min_sep: b")
   g.add_argument("--max_participations", type=int, default=None, help="min_sep: k")
   g.add_argument("--accounted_as", choices=participation.SPELLINGS,
@@ -118,7 +120,7 @@ def _add_audit_arguments(g) -> None:
 
 
 def _schema(kind, args):
-  if kind in ("fixed_epoch", "balls_in_bins"):
+  if kind in participation.EPOCH_KINDS:
     return participation.from_args(kind, args.n, epochs=args.epochs)
   if kind == "min_sep":
     return participation.Participation(kind, min_sep=args.min_sep,

@@ -49,12 +49,11 @@ def add_participation_arguments(parser: argparse.ArgumentParser) -> None:
   group.add_argument("--participation", choices=participation.SPELLINGS,
                      type=participation.canonical_kind,
                      default="single",
-                     help="how often a user contributes: at most once; every b = n/K rounds for "
-                          "K epochs; at most --max_participations times, --min_sep apart "
+                     help=f"how often a user contributes: {participation.HELP} "
                           "(default: single)")
   group.add_argument("--epochs", type=int, default=None, metavar="K",
-                     help="fixed_epoch, balls_in_bins: number of epochs K, dividing n "
-                          "(default: none)")
+                     help="fixed_epoch, balls_in_bins, random_allocation: number of epochs "
+                          "K, dividing n (default: none)")
   group.add_argument("--min_sep", type=int, default=None, metavar="B",
                      help="min_sep: rounds between two participations of a user, at least B "
                           "(default: none)")

@@ -119,7 +119,7 @@ def separation_bands(n: int, schema) -> Dict[str, int]:
   kind = getattr(schema, "kind", "single")
   if kind == "min_sep":
     bands = schema.min_sep
-  elif kind == "fixed_epoch":
+  elif kind in ("fixed_epoch", "balls_in_bins"):  # fixed bins: rounds n/k apart
     bands = n // schema.epochs
   else:
     bands = DEFAULT_SINGLE_PARTICIPATION_BANDS

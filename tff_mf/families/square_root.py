@@ -246,7 +246,7 @@ def _schema_separation(schema, n: int):
   """
   if schema.kind == "single":
     return None, None
-  if schema.kind == "fixed_epoch":
+  if schema.kind in ("fixed_epoch", "balls_in_bins"):  # fixed bins: the same patterns
     return n // schema.epochs, schema.epochs
   return schema.min_sep, schema.max_participations_in(n)
 
