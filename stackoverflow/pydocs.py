@@ -569,7 +569,8 @@ def build(cache_dir: Optional[str] = None, *, force: bool = False,
 
 def _verify(directory: str, key: str, cache_hit: bool) -> BuiltPydocs:
   metadata_path = os.path.join(directory, METADATA_FILENAME)
-  remedy = f"delete {directory} (or build with force=True) to rebuild it."
+  # One remedy for every caller: the training binary has no --force for its dataset.
+  remedy = f"delete {directory} to rebuild it (force=True from Python)."
   try:
     with open(metadata_path, encoding="utf-8") as f:
       metadata = json.load(f)

@@ -532,6 +532,9 @@ def test_mechanism_workload_follows_the_run_as_training_builds_it(tmp_path, caps
           "--epochs", "2", "--noise_multiplier", "2", "--delta", DELTA,
           "--cache_dir", str(tmp_path)]
   _assert_one_line_error(base, "give the run's --momentum BETA", capsys)
+  # --workload momentum alone names no beta (factorize's default is no run's): refused too.
+  _assert_one_line_error(base + ["--workload", "momentum"], "give the run's --momentum BETA",
+                         capsys)
   record = _json(base + ["--momentum", "0.9"], capsys)
   assert record["workload"] == "momentum"
   explicit = _json(base + ["--workload", "momentum", "--momentum", "0.9"], capsys)

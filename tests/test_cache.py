@@ -588,3 +588,17 @@ def test_list_shows_only_figures_recomputed_from_the_matrices(tmp_path, capsys):
   assert cli.main(["cache", "list", "--json", "--cache_dir", str(tmp_path)]) == 1
   listed = json.loads(capsys.readouterr().out)
   assert listed["bad"] == 1 and "sensitivity" not in listed["entries"][0]
+
+
+def test_list_shows_no_solver_claim_it_cannot_recheck(tmp_path):
+  """The duality gap cannot be recomputed from C (it needs the dual point): an edited one
+  (1e-30) passes every check, so a verified row does not list it as a figure."""
+  spec = _fixed_epoch_spec()
+  _, entry = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
+  with open(entry.json_path) as fh:
+    metadata = json.load(fh)
+  metadata["relative_gap"] = metadata["info"]["relative_gap"] = 1e-30
+  with open(entry.json_path, "w") as fh:
+    json.dump(metadata, fh)
+  [row] = cache.list_entries(str(tmp_path))
+  assert row["verified"] and "relative_gap" not in row

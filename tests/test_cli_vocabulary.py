@@ -320,6 +320,25 @@ def test_remedies_name_the_flag_on_a_command_line_and_the_argument_in_python(tmp
   assert clitools.flag_message(e.value).endswith("pass --allow_no_noise to accept that")
 
 
+@pytest.mark.parametrize("argv,line", [
+    (["account", "--noise_multiplier", "4", "--delta", "2"], "--delta must be in (0, 1), got 2"),
+    (["account", "--noise_multiplier", "0", "--delta", "1e-6"],
+     "--noise_multiplier must be positive, got 0"),
+    (["calibrate-bands", "--n", "16", "--min_sep", "4", "--sampling_prob", "0.5",
+      "--target_epsilon", "-2", "--delta", "1e-6"], "--target_epsilon must be positive"),
+    (["factorize", "--strategy", "optimal", "--n", "16", "--max_iterations", "0"],
+     "--max_iterations must be a positive integer, got 0"),
+])
+def test_a_check_that_names_its_argument_names_the_flag_on_a_command_line(argv, line, tmp_path,
+                                                                           capsys):
+  """A library check names its Python argument ("delta must be in (0, 1)"); the command line's
+  user typed the flag, and the one-line error starts with it."""
+  cache_dir = [] if argv[0] == "account" else ["--cache_dir", str(tmp_path)]
+  assert cli.main(argv + cache_dir) == 2
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert len(lines) == 1 and f"error: {line}" in lines[0], lines
+
+
 # ----------------------------------------------------------------------------- account
 
 

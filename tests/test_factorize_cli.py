@@ -55,6 +55,12 @@ def test_factorize_json_then_fast_hit(tmp_path):
   # cache section, not asserted here: wall time depends on the machine's load).
   assert os.stat(record["path"]).st_mtime_ns == before
   assert hit.get("iterations") == record.get("iterations")
+  # The text of a hit shows the recomputed figures; the duality gap, which a hit cannot
+  # recompute, is labelled as the solver's record.
+  text = run_cli("factorize", "--workload", "prefix_sum", "--strategy", "optimal", "--n", 64,
+                 cache_dir=tmp_path)
+  gap = [line for line in text.stdout.splitlines() if "relative gap" in line]
+  assert len(gap) == 1 and gap[0].endswith("(the solver's record, not rechecked)"), text.stdout
 
 
 def test_hit_path_imports_no_tensorflow_or_matplotlib(tmp_path):

@@ -187,6 +187,10 @@ def test_str_of_a_privacy_record_is_its_statement():
   assert text == statement.privacy_statement(record)["text"]
   assert text.startswith("Privacy statement\n  Setup: mechanism banded, n = 16 rounds")
   assert "epsilon = " + statement.epsilon_text(record.epsilon) in text
+  # repr() (what a REPL shows) stays short: the scalar fields, not the JSON record.
+  short = repr(record)
+  assert short.startswith("PrivacyRecord(") and f"epsilon={record.epsilon!r}" in short
+  assert len(short) < 400 and "candidates" not in short, len(short)
 
 
 def test_statement_stands_on_its_own():

@@ -120,9 +120,11 @@ def test_corrupt_cache_is_an_error_naming_the_file(tmp_path):
   with pytest.raises(pydocs.PydocsCacheError, match="metadata.json"):
     pydocs.build(str(tmp_path), progress=False, **SMALL)
   # Binaries see it as an unavailable dataset (non-zero exit, clear message).
-  with pytest.raises(data.DatasetUnavailableError, match="metadata.json"):
+  with pytest.raises(data.DatasetUnavailableError, match="metadata.json") as e:
     data.load_federated_data("pydocs", data_dir=str(tmp_path), progress=False,
                              **SMALL)
+  # The binary has no --force for its dataset: the remedy it shows works from a shell.
+  assert f"delete {rebuilt.directory} to rebuild it (force=True from Python)" in str(e.value)
 
 
 @pytest.fixture(name="stdlib_data", scope="module")

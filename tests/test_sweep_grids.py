@@ -153,6 +153,33 @@ def test_dry_run_epsilons_rdp_close_to_paper_and_the_default_tighter():
   assert sum(1 for line in lines if "honaker_full" in line) == 3
 
 
+def test_dry_run_shows_no_epsilon_when_extra_flags_may_change_it():
+  """--extra_flags override the grid's flags in every run: a dry run that still listed the
+  grid's epsilon beside --noise_multiplier=0.1 (or a schema, a clip norm, a nan) showed an
+  epsilon the runs do not have. Data and model flags keep it."""
+  def dry(extra):
+    out = io.StringIO()
+    with redirect_stdout(out):
+      assert sweep.main(["--grid", "table3_search", "--dry-run", "--json", "--slice", "0:2",
+                         "--extra_flags=" + extra]) == 0
+    return json.loads(out.getvalue())
+  kept = dry("--data_dir=/d --total_rounds=8 --vocab_size=100")
+  assert kept.get("epsilon_withheld") is None and kept["epsilons"]
+  assert all(row["epsilon"] is not None for row in kept["runs"])
+  for extra in ("--noise_multiplier=0.1", "--participation=fixed_epoch --epochs=2",
+                "--clip-norm=adaptive", "--target_quantile=nan", "--noise_seed=3"):
+    data = dry(extra)
+    assert not data["epsilons"] and all(row["epsilon"] is None for row in data["runs"])
+    flag = "--" + extra.split("=", 1)[0][2:].replace("-", "_")
+    assert flag in data["epsilon_withheld"], (extra, data["epsilon_withheld"])
+  text = io.StringIO()
+  with redirect_stdout(text):
+    assert sweep.main(["--grid", "table3_search", "--dry-run", "--slice", "0:2",
+                       "--extra_flags=--noise_multiplier=0.1"]) == 0
+  assert "epsilon not shown: --extra_flags sets --noise_multiplier" in text.getvalue()
+  assert " eps = " not in text.getvalue()
+
+
 def test_parse_slice_and_extra_flags():
   assert sweep.parse_slice("2:5", 10) == (2, 5)
   assert sweep.parse_slice(":3", 10) == (0, 3)

@@ -52,6 +52,11 @@ def test_tutorial_cells_run_in_order(tmp_path):
   assert re.search(r"^epsilon = \d\.\d{3} \(amplification", out, re.M), out[-2000:]
   # ... and the privacy statement, which names the unit of privacy.
   assert statement.UNIT.split(":")[0] in out and "not covered" in out.lower(), out[-3000:]
+  # The statement of this configuration (print(setup.privacy)): it names the mechanism, the
+  # clients per round and the clip norm, and claims nothing about a training binary's files.
+  assert re.search(r"Setup: mechanism opt_prefix_sum .*, n = 16 rounds, .*8 clients per round, "
+                   r"fixed clip norm 1\.", out), out[-3000:]
+  assert "metrics.csv" not in out, out[-3000:]
   first = "".join(_notebook()["cells"][0]["source"])
   assert ".venv/bin/python examples/run_notebook.py examples/tutorial.ipynb" in first
   assert "select `.venv/bin/python`" not in first  # the venv has no Jupyter kernel

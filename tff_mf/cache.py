@@ -659,8 +659,9 @@ def list_entries(cache_dir: Optional[str] = None) -> List[Dict[str, Any]]:
         "participation": key_schema(metadata.get("params")).label,
         "single_participation_sqrt_loss": metadata.get("single_participation_sqrt_loss"),
         "rmse": metadata.get("rmse"),
-        "sensitivity": metadata.get("sensitivity"), "relative_gap": metadata.get("relative_gap"),
-        "seconds": metadata.get("seconds"), "created_utc": metadata.get("created_utc"),
+        # Not the solver's duality gap: recomputing it needs the dual point, so an edited
+        # one would pass every check above.
+        "sensitivity": metadata.get("sensitivity"), "seconds": metadata.get("seconds"), "created_utc": metadata.get("created_utc"),
         "bytes": os.path.getsize(npz_path) if os.path.isfile(npz_path) else None,
     })
     rows.append(row)

@@ -67,7 +67,8 @@ def _run(args: argparse.Namespace) -> int:
   try:
     return int(args.func(args) or 0)
   except (ValueError, OSError, MemoryError) as e:  # user-facing errors: one line, no traceback
-    message = clitools.flag_message(e).splitlines()[0] if str(e) else type(e).__name__
+    message = (clitools.flag_message(e, flags=vars(args)).splitlines()[0] if str(e)
+               else type(e).__name__)
     print(f"tff-mf {args.command}: error: {message}", file=sys.stderr)
     return 2
   except KeyboardInterrupt:

@@ -80,14 +80,19 @@ def one_line(text: object) -> str:
   return " ".join(str(text).split())
 
 
-def flag_message(error: BaseException) -> str:
+def flag_message(error: BaseException, flags: Iterable[str] = ()) -> str:
   """``error``'s message for a command-line user: each Python argument its remedy names
   (``error.arguments``, e.g. ``tff_mf.checks.CheckError``) spelled as the flag
-  (``allow_x=True`` as ``--allow_x``, ``max_iterations`` as ``--max_iterations``)."""
+  (``allow_x=True`` as ``--allow_x``, ``max_iterations`` as ``--max_iterations``), and a
+  message that starts with the name of one of the command's ``flags`` ("delta must be in
+  (0, 1)", from a check that names its argument) starting with the flag ("--delta ...")."""
   text = str(error)
   for name in getattr(error, "arguments", ()):
     text = re.sub(rf"(?<![-\w]){re.escape(name)}=True\b", f"--{name}", text)
     text = re.sub(rf"(?<![-\w]){re.escape(name)}\b", f"--{name}", text)
+  first = re.match(r"[A-Za-z_]\w*(?=[ =])", text)
+  if first and first.group(0) in set(flags):
+    text = "--" + text
   return text
 
 

@@ -111,8 +111,10 @@ class PrivacyRecord:
   target_epsilon: Optional[float] = None
   analysis: str = EPSILON_ANALYSIS
   bound: str = "none"
-  details: Dict[str, Any] = dataclasses.field(default_factory=dict)
-  setup: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  # Left out of repr(): ``details`` alone runs to thousands of characters (str() is the
+  # statement, the JSON record is ``details``).
+  details: Dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+  setup: Dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
 
   def __str__(self) -> str:
     return statement.privacy_statement(self)["text"]

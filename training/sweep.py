@@ -85,6 +85,30 @@ def parse_extra_flags(items: Optional[Sequence[str]]) -> List[str]:
   return out
 
 
+# Flags the dry run's ε cannot depend on (one Gaussian at z, sensitivity 1: each grid runs
+# single participation with C normalized): data, model, optimizer, logistics. Any other flag
+# in --extra_flags (z, δ, the schema, the clip norm, the mechanism, a pinned seed...) may
+# change the runs' ε, so the dry run then shows none rather than one they may not have.
+EPSILON_NEUTRAL_FLAGS = frozenset((
+    "dataset", "data_dir", "total_rounds", "clients_per_round", "client_lr", "server_lr",
+    "server_momentum", "lr_schedule", "schedule_rounds", "cache_dir", "rounds_per_eval",
+    "rounds_per_checkpoint", "vocab_size", "num_oov_buckets", "embedding_size", "lstm_size",
+    "projection_size", "sequence_length", "max_elements_per_client", "client_batch_size",
+    "max_validation_elements", "max_test_elements", "progress", "report_train_metrics",
+    "workers", "seed"))
+
+
+def epsilon_withheld(extra_flags: Sequence[str]) -> Optional[str]:
+  """Why the dry run shows no ε (an --extra_flags flag it does not model), or None."""
+  names = [t.split("=", 1)[0] for t in extra_flags
+           if t[2:].split("=", 1)[0] not in EPSILON_NEUTRAL_FLAGS]
+  if not names:
+    return None
+  return (f"--extra_flags sets {', '.join(names)}, which the dry run's epsilon (one Gaussian "
+          f"at the grid's z, sensitivity 1) does not model; each run's summary.json reports "
+          f"its own")
+
+
 def requested_flag_values(run: grids.RunConfig, extra_flags: Sequence[str]) -> Dict[str, object]:
   values = dict(run.flag_values())
   for token in extra_flags:
@@ -171,6 +195,7 @@ def dry_run_rows(grid: grids.Grid, start: int, stop: int, root_output_dir: Optio
       eps_cache[key] = grids.epsilon_for(z, delta, accountant)
     return eps_cache[key]
 
+  withheld = epsilon_withheld(extra_flags)
   rows = []
   for index in range(start, stop):
     run = grid.runs[index]
@@ -178,7 +203,8 @@ def dry_run_rows(grid: grids.Grid, start: int, stop: int, root_output_dir: Optio
     rows.append({
         "index": index, "name": run.name, "mechanism": run.mechanism,
         "noise_multiplier": run.noise_multiplier, "delta": run.delta,
-        "epsilon": eps(run.noise_multiplier, run.delta, accountant), "accountant": accountant,
+        "epsilon": None if withheld else eps(run.noise_multiplier, run.delta, accountant),
+        "accountant": accountant,
         "paper_epsilon": run.paper_epsilon,
         "client_lr": run.client_lr, "server_lr": run.server_lr,
         "server_momentum": run.server_momentum, "lr_schedule": run.lr_schedule,
@@ -442,18 +468,24 @@ def _main(args: argparse.Namespace) -> int:
     extra_flags = parse_extra_flags(args.extra_flags)
     if args.dry_run:
       rows = dry_run_rows(grid, start, stop, args.root_output_dir, extra_flags, args.accountant)
+      withheld = epsilon_withheld(extra_flags)
+      epsilons = [] if withheld else epsilon_table(grid, args.accountant)
       if args.json:
         json.dump({"grid": grid.name, "description": grid.description, "source": grid.source,
                    "slice": [start, stop], "size": len(grid.runs),
-                   "accountant": args.accountant, "epsilons": epsilon_table(grid, args.accountant),
-                   "runs": rows}, sys.stdout, indent=1)
+                   "accountant": args.accountant, "epsilons": epsilons,
+                   "epsilon_withheld": withheld, "runs": rows}, sys.stdout, indent=1)
         print()
       else:
         print(f"grid {grid.name}: {grid.description}\nsource: {grid.source}\n"
               f"configurations {start}:{stop} of {len(grid.runs)}\n")
-        print(f"epsilon per noise multiplier ({args.accountant} accountant, delta = "
-              f"{grid.runs[0].delta:g}; one Gaussian mechanism, sensitivity 1, Denisov Thm 4.1):")
-        for e in epsilon_table(grid, args.accountant):
+        if withheld:
+          print(f"epsilon not shown: {withheld}")
+        else:
+          print(f"epsilon per noise multiplier ({args.accountant} accountant, delta = "
+                f"{grid.runs[0].delta:g}; one Gaussian mechanism, sensitivity 1, Denisov Thm "
+                f"4.1):")
+        for e in epsilons:
           print(f"  z = {e['noise_multiplier']:<6g} eps = {e['epsilon']:6.2f}   "
                 f"paper (RDP): {_fmt(e['paper_epsilon'], 'g')}")
         print()

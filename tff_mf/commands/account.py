@@ -316,7 +316,10 @@ def _encoder(args: argparse.Namespace, amplified: bool):
     _fail("--height belongs to tree_restart")
   if mech.strategy is None:
     _fail(f"mechanism {mech.name}: {mech.why_not_trainable or 'no encoder C'}")
-  if mech.momentum_workload and not _given(args, ("workload", "momentum", "matrix_file")):
+  # The run's β decides its workload (training_workload); --workload momentum alone would
+  # account factorize's default β, which no run without --server_momentum trains with.
+  if mech.momentum_workload and args.workload != "prefix_sum" and not _given(
+      args, ("momentum", "matrix_file")) and args.lr_schedule == "constant":
     _fail(f"--mechanism {mech.name} factorizes the run's momentum workload: give the run's "
           f"--momentum BETA (training's --server_momentum; with --lr_schedule if it has one), "
           f"or --workload prefix_sum for a run without momentum")

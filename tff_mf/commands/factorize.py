@@ -280,8 +280,10 @@ def run(args: argparse.Namespace) -> int:
   if structured and info.get("optimal_sqrt_loss") is not None:
     lines.append(f"  optimal sqrt(L) {info['optimal_sqrt_loss']:.4f}")
   if record["relative_gap"] is not None:
+    # A hit cannot recheck the gap (it needs the solver's dual point): say whose figure it is.
     lines.append(f"  {'gap of B*' if structured else 'relative gap':<14} "
-                 f"{record['relative_gap']:.3g}")
+                 f"{record['relative_gap']:.3g}"
+                 + (" (the solver's record, not rechecked)" if entry.cache_hit else ""))
   if record["iterations"] is not None:
     lines.append(f"  {'ALS iterations' if structured else 'iterations':<14} "
                  f"{record['iterations']}")
