@@ -50,6 +50,8 @@ def test_factorize_json_then_fast_hit(tmp_path):
   assert second.returncode == 0, second.stderr
   hit = json.loads(second.stdout)
   assert hit["cache_hit"] is True and hit["path"] == record["path"]
+  # JSON says the same as the text below: the gap of a hit is the solver's record.
+  assert record["not_rechecked"] == [] and hit["not_rechecked"] == ["relative_gap"]
   assert hit["single_participation_sqrt_loss"] == record["single_participation_sqrt_loss"]
   # A hit reads the entry and recomputes nothing (its speed is measured in BENCHMARKS.md's
   # cache section, not asserted here: wall time depends on the machine's load).
