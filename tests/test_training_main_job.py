@@ -228,6 +228,8 @@ def test_main_job_writes_results_and_plot(tmp_path, capfd):
                             "summary.json").read_text())
       assert summary["participation"]["follows_schema"]
       assert summary["config"]["noise_seed"] == "pinned"
+      assert summary["config"]["engine"] == "compiled"  # auto, on one machine
+  assert results["settings"]["engine"] == "compiled"
   assert os.path.getsize(tmp_path / "out" / "training.png") > 10000
 
 
