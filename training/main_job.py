@@ -344,11 +344,12 @@ def run_main_job(output_dir: str, cache_dir: Optional[str] = None, *,
   """
   from training import report  # pylint: disable=g-import-not-at-top
   settings = dict(MAIN_JOB_DEFAULTS, **overrides)
-  # One machine: auto is the compiled engine; the runs and results record the one used.
-  settings["engine"] = config_lib.used_engine(settings.get("engine", config_lib.DEFAULT_ENGINE))
   os.makedirs(output_dir, exist_ok=True)
   start = time.perf_counter()
   try:
+    # The engine the runs use (auto: compiled on one machine), as results.json records it.
+    settings["engine"] = config_lib.used_engine(
+        settings.get("engine", config_lib.DEFAULT_ENGINE), settings.get("workers", ()))
     runs, curves, baselines = _train_all(output_dir, cache_dir, data_dir, mechanisms, seeds,
                                          progress, settings, references)
   except ValueError as e:  # TrainingError, CheckError: one line
