@@ -258,8 +258,8 @@ def test_two_consecutive_runs_of_the_demo_give_the_same_conclusion(tmp_path):
 
 @pytest.mark.slow
 def test_the_conclusion_holds_on_seeds_the_job_was_not_tuned_on(tmp_path):
-  """The main job at its defaults (about 10 minutes) with noise seeds 3, 4 and 5: the claims
-  results.md makes on seeds 0-2 hold. MF beats the tree on test loss beyond the seeds' spread;
+  """The main job at its defaults (about 3 minutes on the compiled engine) with noise seeds
+  3, 4 and 5: the claims results.md makes on seeds 0-2 hold. MF beats the tree on test loss beyond the seeds' spread;
   on the headline accuracy the verdict is whatever MAIN_JOB_HEADLINE_CLAIM states."""
   code = main_job.run_main_job(str(tmp_path / "out"), str(tmp_path / "cache"), seeds=(3, 4, 5),
                                progress=False)
