@@ -129,7 +129,8 @@ def _config(args, mechanism, clients, sentences, root, name):
   values = dict(mechanism=mechanism, dataset="pydocs", clients_per_round=clients,
                 max_elements_per_client=sentences, total_rounds=total, rounds_per_eval=total,
                 rounds_per_checkpoint=total, max_validation_elements=64, max_test_elements=64,
-                root_output_dir=root, experiment_name=name, progress=False, seed=0)
+                root_output_dir=root, experiment_name=name, progress=False, seed=0,
+                engine="tff")  # the harness around TFF's process (the compiled: bench_engine)
   if mechanism != "none":
     values.update(noise_multiplier=NOISE_MULTIPLIER, noise_seed=1, cache_dir=args.cache_dir)
   if args.smoke:

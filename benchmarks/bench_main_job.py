@@ -100,7 +100,8 @@ def main(argv=None):
               f"seeds {', '.join(map(str, results['seeds']))}, ε = "
               f"{settings['target_epsilon']:g}, δ = {settings['delta']:g}, LSTM "
               f"{settings['embedding_size']}/{settings['lstm_size']}/"
-              f"{settings['projection_size']}, vocabulary {settings['vocab_size']}.", ""]
+              f"{settings['projection_size']}, vocabulary {settings['vocab_size']}, "
+              f"engine {settings.get('engine', 'tff')}.", ""]
   lines += ["| part | wall s |", "| --- | --- |"]
   lines += [f"| {name} | {seconds:.0f} |" for name, seconds in parts]
   lines += [f"| **total** | **{total:.0f}** ({total / 60:.1f} min) |", "",

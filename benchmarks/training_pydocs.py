@@ -42,6 +42,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+from training import config as config_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 DEFAULT_OUT = os.path.join("out", "bench_training")
 DEFAULT_RESULTS_MD = os.path.join(REPO, "benchmarks", "results", "training.md")
 MACHINE = "2-core x86_64 CPU, 24 GB, no GPU"
@@ -122,6 +124,7 @@ def main(argv=None):
   parser.add_argument("--smoke", action="store_true",
                       help="synthetic data, 2 rounds x 2 clients, seed 0 only: checks that the "
                       "script runs")
+  config_lib.add_engine_flag(parser)
   args = parser.parse_args(argv)
   from training import main_job  # pylint: disable=g-import-not-at-top
   settings = {k: v if v is not None else main_job.MAIN_JOB_DEFAULTS[k]
@@ -132,6 +135,8 @@ def main(argv=None):
   flags = "".join(f" --{k} {v:g}" for k, v in settings.items())
   if args.mechanisms:
     flags = f" --mechanisms {' '.join(mechanisms)}{flags}"
+  if args.engine != config_lib.DEFAULT_ENGINE:
+    flags += f" --engine {args.engine}"
   if args.smoke:
     flags = " --smoke" + (f" --mechanisms {' '.join(mechanisms)}" if args.mechanisms else "")
     args.seeds = [0]
@@ -139,7 +144,8 @@ def main(argv=None):
                     rounds_per_eval=1, rounds_per_checkpoint=1, max_validation_elements=32,
                     max_test_elements=32)
   code = main_job.run_main_job(args.out, args.cache_dir, data_dir=args.data_dir,
-                               mechanisms=mechanisms, seeds=args.seeds, **settings)
+                               mechanisms=mechanisms, seeds=args.seeds, engine=args.engine,
+                               **settings)
   if code not in (0, 2):
     raise SystemExit(f"main job failed with exit code {code}")
   name = os.path.splitext(os.path.basename(args.results_md))[0]

@@ -25,6 +25,7 @@ from tff_mf import clitools
 from tff_mf import participation
 from tff_mf import registry
 from tff_mf import strategies
+from training import config as config_lib
 from training import distributed
 from training import main_job
 from training import run_stackoverflow
@@ -124,6 +125,9 @@ def test_every_parser_one_spelling_per_concept_help_and_defaults():
         assert action.default == accounting.DEFAULT_ACCOUNTANT, tool
       if "--participation" in action.option_strings:
         assert tuple(action.choices) == participation.SPELLINGS, tool
+      if "--engine" in action.option_strings:
+        assert tuple(action.choices) == config_lib.ENGINES, tool
+        assert action.default == config_lib.DEFAULT_ENGINE, tool
       if "--progress" in action.option_strings or "--no_progress" in action.option_strings:
         assert {"--progress", "--no_progress"} <= set(parser._option_string_actions), tool  # pylint: disable=protected-access
   absl = _absl_flags()
@@ -131,6 +135,11 @@ def test_every_parser_one_spelling_per_concept_help_and_defaults():
   assert tuple(absl["accountant"].parser.enum_values) == accounting.ACCOUNTANTS
   assert absl["accountant"].default == accounting.DEFAULT_ACCOUNTANT
   assert tuple(absl["participation"].parser.enum_values) == participation.SPELLINGS
+  # Every tool that trains takes --engine, with one default (auto: compiled on one machine).
+  for tool in ("run_stackoverflow.py", "main_job", "sweep"):
+    assert tool in names["engine"], tool
+  assert tuple(absl["engine"].parser.enum_values) == config_lib.ENGINES
+  assert absl["engine"].default == config_lib.DEFAULT_ENGINE == "auto"
   # Help text and the default on every flag; no long enum listed in the help.
   for tool, parser in _argparse_parsers():
     formatter = parser._get_formatter()  # pylint: disable=protected-access

@@ -262,9 +262,12 @@ def test_training_loop_is_the_same_on_both_engines_and_resumes_across_them(tmp_p
   the resumed run replays its last logged round on the other engine bit for bit
   (``releases.jsonl`` refuses a different release)."""
   del task
-  alone = _outputs(_run(tmp_path, "compiled"))
+  alone = _outputs(_run(tmp_path, config_lib.DEFAULT_ENGINE))  # auto: compiled on one machine
   summary, events, releases = alone
   assert summary["config"]["engine"] == "compiled" and summary["epsilon"] is not None
+  with open(os.path.join(tmp_path, config_lib.DEFAULT_ENGINE, "config.json"),
+            encoding="utf-8") as f:
+    assert json.load(f)["config"]["engine"] == "compiled"  # the record names the engine used
   for first, second in (("tff", "compiled"), ("compiled", "tff")):
     name = f"{first}-then-{second}"
     _run(tmp_path, first, total_rounds=2, experiment_name=name)
@@ -278,6 +281,22 @@ def test_training_loop_is_the_same_on_both_engines_and_resumes_across_them(tmp_p
             summary["privacy_statement"]["text"])
     assert resumed_summary["test_metrics"] == summary["test_metrics"]
     assert resumed_summary["config"]["engine"] == second
+
+
+def test_auto_is_the_default_compiled_on_one_machine_and_tff_with_workers(tmp_path):
+  """The default engine is auto: the compiled engine on one machine, TFF's process (its
+  distributed runtime) with --workers; an explicit engine stays what it says."""
+  assert config_lib.TrainingConfig().engine == config_lib.DEFAULT_ENGINE == "auto"
+  config = _config(tmp_path, "tree", "single", False)
+  assert config.with_used_engine().engine == "compiled"
+  distributed = dataclasses.replace(config, workers=("localhost:1",))
+  distributed.validate()
+  assert distributed.with_used_engine().engine == "tff"
+  assert dataclasses.replace(config, engine="tff").with_used_engine().engine == "tff"
+  assert config_lib.used_engine("compiled") == "compiled"
+  assert config.fingerprint() == dataclasses.replace(config, engine="tff").fingerprint()
+  with pytest.raises(ValueError, match="auto"):
+    engine.build_process("auto", None, None, CLIENT_LR)
 
 
 def test_compiled_engine_with_workers_is_refused_in_one_line(tmp_path):

@@ -194,6 +194,33 @@ def test_parse_slice_and_extra_flags():
     sweep.parse_extra_flags(["--root_output_dir=/x"])
 
 
+
+def test_sweep_engine_flag_reaches_every_run_and_refuses_compiled_with_workers(tmp_path,
+                                                                             capsys):
+  """--engine (default auto, the binary's) is the sweep's flag, passed to every run; a
+  finished run recorded on another engine is the same run (the engines are equal by test)."""
+  out = io.StringIO()
+  with redirect_stdout(out):
+    assert sweep.main(["--grid", "table4_repeats", "--slice", "0:1", "--dry-run", "--json"]) == 0
+  assert "--engine=auto" in json.loads(out.getvalue())["runs"][0]["flags"]
+  with redirect_stdout(io.StringIO()):
+    assert sweep.main(["--grid", "table4_repeats", "--slice", "0:1", "--dry-run",
+                       "--engine", "tff"]) == 0
+  capsys.readouterr()
+  assert sweep.main(["--grid", "table4_repeats", "--slice", "0:1", "--dry-run",
+                     "--extra_flags=--engine=tff"]) == 2
+  assert "--engine is a flag of the sweep" in capsys.readouterr().err
+  assert sweep.main(["--grid", "table4_repeats", "--slice", "0:1", "--dry-run", "--engine",
+                     "compiled", "--extra_flags=--workers=w1:8000"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "--workers" in err[0] and "--engine=compiled" in err[0]
+  run = grids.get_grid("table4_repeats").runs[0]
+  os.makedirs(tmp_path / run.name)
+  summary = {"finished": True, "config": dict(run.flag_values(), engine="tff")}
+  (tmp_path / run.name / "summary.json").write_text(json.dumps(summary))
+  assert sweep.run_status(run, str(tmp_path), ["--engine=compiled"]) == ("finished", "")
+
+
 FAKE_BINARY = textwrap.dedent("""
     # A fast stand-in for run_stackoverflow.py: writes the summary.json schema.
     import json, os, sys

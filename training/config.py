@@ -24,9 +24,11 @@ from tff_mf import registry
 
 DATASETS = ("stackoverflow", "pydocs", "pydocs_modules", "synthetic")  # stackoverflow.data.DATASETS
 # What runs the rounds (training.engine): TFF's learning process, or the compiled engine that
-# runs the same round on one model in this process.
-ENGINES = ("tff", "compiled")
-DEFAULT_ENGINE = "tff"
+# runs the same round on one model in this process. "auto" (the default) is the compiled
+# engine on one machine and TFF's process with --workers (TFF's distributed runtime); a run
+# records the engine it used.
+ENGINES = ("auto", "tff", "compiled")
+DEFAULT_ENGINE = "auto"
 LR_SCHEDULES = ("constant", "decay", "cooldown")
 # tff_mf.accounting's accountants of the unamplified Gaussian, and its default (every tool's).
 ACCOUNTANTS = accounting.ACCOUNTANTS
@@ -64,6 +66,34 @@ def canonical_mechanism(name: str) -> str:
     raise TrainingError(f"--mechanism={name!r} is not a trainable mechanism{why} (expected one "
                         f"of {', '.join(registry.mechanism_names(trainable=True))} or an alias)")
   return registry.mechanism(name).name
+
+
+def used_engine(engine: str, workers=()) -> str:
+  """The engine that runs the rounds: ``auto`` is ``tff`` with ``workers``, else ``compiled``.
+
+  TrainingError (one line) for an unknown engine or ``compiled`` with ``workers``.
+  """
+  if engine not in ENGINES:
+    raise TrainingError(f"--engine={engine!r}; expected one of {', '.join(ENGINES)}"
+                        f"{clitools.did_you_mean(engine, ENGINES, prefix='--engine=')}")
+  if engine == "compiled" and workers:
+    raise TrainingError("--engine=compiled trains in this process; --workers needs TFF's "
+                        "runtime (--engine=tff or auto)")
+  if engine == "auto":
+    return "tff" if workers else "compiled"
+  return engine
+
+
+ENGINE_HELP = ("what runs the rounds: auto (compiled on one machine, tff with --workers), tff "
+               "(TFF's learning process: the reference, and TFF's distributed runtime for "
+               "--workers) or compiled (the same FedAvg round, client update, DP query and "
+               "server optimizer on one model in this process, many times faster; "
+               "training/engine.py); the run records the engine it used")
+
+
+def add_engine_flag(parser) -> None:
+  """``--engine`` on an argparse tool that runs training (the binary's absl flag says the same)."""
+  parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE, help=ENGINE_HELP)
 
 
 def is_seedless(mechanism: str) -> bool:
@@ -173,13 +203,10 @@ class TrainingConfig:
     for name, value, allowed in (("dataset", self.dataset, DATASETS),
                                  ("lr_schedule", self.lr_schedule, LR_SCHEDULES),
                                  ("accountant", self.accountant, ACCOUNTANTS),
-                                 ("participation", self.participation, PARTICIPATIONS),
-                                 ("engine", self.engine, ENGINES)):
+                                 ("participation", self.participation, PARTICIPATIONS)):
       if value not in allowed:
         raise TrainingError(f"--{name}={value!r}; expected one of {', '.join(allowed)}")
-    if self.engine == "compiled" and self.workers:
-      raise TrainingError("--engine=compiled trains in this process; --workers needs TFF's "
-                          "runtime (--engine=tff)")
+    used_engine(self.engine, self.workers)
     checks.path_component(self.experiment_name, "--experiment_name")
     if not self.root_output_dir:
       raise TrainingError("--root_output_dir must not be empty")
@@ -288,6 +315,11 @@ class TrainingConfig:
       checks.positive_float(self.target_epsilon, "--target_epsilon")
     if self.noise_seed is not None:
       checks.seed(self.noise_seed, "--noise_seed")
+
+  def with_used_engine(self) -> "TrainingConfig":
+    """This config with ``engine`` the one that runs the rounds (``used_engine``), as the
+    run's config.json, summary and TensorBoard hparams record it."""
+    return dataclasses.replace(self, engine=used_engine(self.engine, self.workers))
 
   def public_dict(self) -> Dict[str, object]:
     """Every flag value (mechanism by canonical name), except the noise seed.

@@ -268,7 +268,12 @@ class CompiledProcess:
 
 def build_process(engine: str, model_fn, setup, client_lr: float,
                   report_train_metrics: bool = False):
-  """The run's FedAvg process: TFF's (``engine="tff"``) or the compiled one."""
+  """The run's FedAvg process: TFF's (``engine="tff"``) or the compiled one.
+
+  ``engine`` is the one that runs (``training.config.used_engine``), never ``auto``.
+  """
+  if engine not in ("tff", "compiled"):
+    raise ValueError(f"engine {engine!r} is not tff or compiled (resolve auto first)")
   if engine == "compiled":
     return CompiledProcess(model_fn, setup.aggregation_factory, setup.server_optimizer,
                            client_lr, report_train_metrics=report_train_metrics)

@@ -586,6 +586,7 @@ def run_training(config: TrainingConfig, task: Optional[task_lib.Task] = None,
       a checkpoint of another run, too few clients, or a failed tff-mf check.
   """
   config.validate()
+  config = config.with_used_engine()
   log = log or _stderr
   from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
   runtime.install_exit_hook()

@@ -33,8 +33,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from tff_mf import interrupt
-from training.config import DEFAULT_ENGINE
-from training.config import ENGINES
+from training import config as config_lib
 
 # The baseline first: TFF's tree aggregator (what users train with today), then MF.
 MAIN_JOB_MECHANISMS = ("tree", "opt_momentum")
@@ -274,7 +273,6 @@ def schema_text(settings: dict) -> str:
 
 def _config(mechanism: str, seed: int, output_dir: str, cache_dir, data_dir, progress,
             settings: dict):
-  from training import config as config_lib  # pylint: disable=g-import-not-at-top
   seedless = config_lib.is_seedless(mechanism)
   return config_lib.TrainingConfig(
       mechanism=mechanism, data_dir=data_dir, cache_dir=cache_dir,
@@ -349,6 +347,9 @@ def run_main_job(output_dir: str, cache_dir: Optional[str] = None, *,
   os.makedirs(output_dir, exist_ok=True)
   start = time.perf_counter()
   try:
+    # The engine the runs use (auto: compiled on one machine), as results.json records it.
+    settings["engine"] = config_lib.used_engine(
+        settings.get("engine", config_lib.DEFAULT_ENGINE), settings.get("workers", ()))
     runs, curves, baselines = _train_all(output_dir, cache_dir, data_dir, mechanisms, seeds,
                                          progress, settings, references)
   except ValueError as e:  # TrainingError, CheckError: one line
@@ -399,9 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
                       default=MAIN_JOB_DEFAULTS["target_epsilon"], help="ε of every run")
   parser.add_argument("--seeds", type=int, nargs="+", default=list(NOISE_SEEDS),
                       help="replicates: seed r pins the noise, client order and model init")
-  parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
-                      help="what runs the rounds: TFF's learning process or the compiled engine "
-                           "(the same round on one model in this process; training/engine.py)")
+  config_lib.add_engine_flag(parser)
   clitools.add_progress_flags(parser)
   return parser
 

@@ -170,11 +170,8 @@ flags.DEFINE_bool("report_train_metrics", _DEFAULTS.report_train_metrics,
 flags.DEFINE_list("workers", [],
                   "host:port,... of remote TFF worker_binary executor services; empty: train in "
                   "this process (see training/distributed.py).")
-flags.DEFINE_string("engine", _DEFAULTS.engine,
-                    "What runs the rounds: 'tff' (TFF's learning process; needed by --workers) "
-                    "or 'compiled' (the same FedAvg round, client update, DP query and server "
-                    "optimizer on one model in this process, many times faster; "
-                    "training/engine.py).")
+flags.DEFINE_enum("engine", _DEFAULTS.engine, config_lib.ENGINES,
+                  config_lib.ENGINE_HELP[0].upper() + config_lib.ENGINE_HELP[1:] + ".")
 flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of client sampling and model init.")
 
 FLAGS = flags.FLAGS

@@ -52,7 +52,7 @@ SETTING_FIELDS = ("server_lr", "client_lr", "server_momentum")
 NON_CELL_FIELDS = frozenset(SETTING_FIELDS) | {
     "seed", "noise_seed", "experiment_name", "root_output_dir", "workers", "rounds_per_eval",
     "rounds_per_checkpoint", "progress", "cache_dir", "data_dir", "noise_multiplier",
-    "target_epsilon", "accountant", "mechanism", "report_train_metrics"}
+    "target_epsilon", "accountant", "mechanism", "report_train_metrics", "engine"}
 # The "kind" of the summary.json this command writes, so that a later call skips it.
 SWEEP_SUMMARY_KIND = "tff_mf_sweep_summary"
 MIN_CONVERGED_FIG2 = 7  # App I: at least 7 of 10 seeds converged for each Fig 2 setting

@@ -42,6 +42,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from tff_mf import interrupt
+from training import config as config_lib
 from training import grids
 from training import rundir
 
@@ -52,7 +53,7 @@ DEFAULT_BINARY = f"{shlex.quote(sys.executable)} {shlex.quote(TRAINING_SCRIPT)}"
 # Flags that may differ between a finished run and a rerequest without making it a different run.
 FREE_FLAGS = frozenset({"root_output_dir", "experiment_name", "workers", "rounds_per_checkpoint",
                         "cache_dir", "data_dir", "progress", "noise_seed",
-                        "report_train_metrics"})
+                        "report_train_metrics", "engine"})
 
 
 def parse_slice(text: Optional[str], length: int) -> Tuple[int, int]:
@@ -78,6 +79,9 @@ def parse_extra_flags(items: Optional[Sequence[str]]) -> List[str]:
     for token in shlex.split(item):
       if not token.startswith("--") or "=" not in token:
         raise ValueError(f"--extra_flags entries must look like --name=value, got {token!r}")
+      if token.split("=", 1)[0][2:].replace("-", "_") == "engine":
+        raise ValueError("--engine is a flag of the sweep: give --engine=... to the sweep, not "
+                         "in --extra_flags")
       if token.split("=", 1)[0][2:] in ("experiment_name", "root_output_dir"):
         raise ValueError(f"{token.split('=', 1)[0]} is set by the sweep; do not pass it in --extra_flags")
       name, value = token[2:].split("=", 1)
@@ -441,6 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--extra_flags", action="append", default=[],
                       help='more run_stackoverflow.py flags, e.g. "--workers=h:8000" '
                            "(repeatable; default: none)")
+  config_lib.add_engine_flag(parser)
   parser.add_argument("--binary", default=DEFAULT_BINARY,
                       help="training command the flags are appended to (default: %(default)s)")
   clitools.add_accountant_flag(parser, "the dry run's epsilon (one Gaussian mechanism, "
@@ -466,6 +471,9 @@ def _main(args: argparse.Namespace) -> int:
     grid = grids.get_grid(args.grid)
     start, stop = parse_slice(args.slice, len(grid.runs))
     extra_flags = parse_extra_flags(args.extra_flags)
+    workers = [t.split("=", 1)[1] for t in extra_flags if t.startswith("--workers=")]
+    config_lib.used_engine(args.engine, workers[-1] if workers else "")  # one line if impossible
+    extra_flags = [f"--engine={args.engine}"] + extra_flags
     if args.dry_run:
       rows = dry_run_rows(grid, start, stop, args.root_output_dir, extra_flags, args.accountant)
       withheld = epsilon_withheld(extra_flags)
