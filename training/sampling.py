@@ -216,6 +216,14 @@ class _SecretSampler(_Sampler):
     self.secret = int(secret)
     self.counts = np.zeros(len(self.client_ids), np.int64)
 
+  def _set_epochs(self, total_rounds: int, epochs: int) -> None:
+    """n rounds in k epochs of b = n/k rounds (k must divide n)."""
+    if total_rounds % epochs:
+      raise TrainingError(f"--epochs={epochs} must divide --total_rounds={total_rounds}")
+    self.total_rounds = int(total_rounds)
+    self.epochs = int(epochs)
+    self.rounds_per_epoch = self.total_rounds // self.epochs
+
   def state(self):
     out = super().state()
     out["counts"] = self.counts.copy()
@@ -287,10 +295,8 @@ class BallsInBinsSampler(_SecretSampler):
   def __init__(self, client_ids: Sequence[str], seed: int, total_rounds: int, epochs: int,
                secret: int):
     super().__init__(client_ids, seed, secret)
-    if total_rounds % epochs:
-      raise TrainingError(f"--epochs={epochs} must divide --total_rounds={total_rounds}")
-    self.total_rounds = int(total_rounds)
-    self.bins = self.total_rounds // int(epochs)
+    self._set_epochs(total_rounds, epochs)
+    self.bins = self.rounds_per_epoch
     rng = np.random.default_rng([self.secret, FIXED_BIN_STREAM])
     self.bin = rng.integers(0, self.bins, size=len(self.client_ids))
 
@@ -324,11 +330,7 @@ class RandomAllocationSampler(_SecretSampler):
   def __init__(self, client_ids: Sequence[str], seed: int, total_rounds: int, epochs: int,
                secret: int):
     super().__init__(client_ids, seed, secret)
-    if total_rounds % epochs:
-      raise TrainingError(f"--epochs={epochs} must divide --total_rounds={total_rounds}")
-    self.total_rounds = int(total_rounds)
-    self.epochs = int(epochs)
-    self.rounds_per_epoch = self.total_rounds // self.epochs
+    self._set_epochs(total_rounds, epochs)
     self._slots: Dict[int, np.ndarray] = {}
 
   def slots(self, epoch: int) -> np.ndarray:
