@@ -99,7 +99,7 @@ EPSILON_NEUTRAL_FLAGS = frozenset((
     "rounds_per_checkpoint", "vocab_size", "num_oov_buckets", "embedding_size", "lstm_size",
     "projection_size", "sequence_length", "max_elements_per_client", "client_batch_size",
     "max_validation_elements", "max_test_elements", "progress", "report_train_metrics",
-    "workers", "seed"))
+    "workers", "seed", "engine"))  # both engines add the same noise (tests/test_engine.py)
 
 
 def epsilon_withheld(extra_flags: Sequence[str]) -> Optional[str]:
