@@ -130,6 +130,41 @@ def test_tff_server_signals_reach_only_live_children():
   assert executor_factory.os.path is os.path  # everything else is the os module's
 
 
+def test_servers_tff_starts_are_tracked_and_none_starts_once_exiting():
+  """A computation still in flight on TFF's event-loop thread when the process exits found
+  the server that the exit hook had just stopped "not ready", started a new one, and left
+  it orphaned (Ctrl-C of `tff-mf audit` about 7 s in). Guarded, every server TFF starts is
+  stopped by stop_worker_binaries whatever its name, and once exiting none is started: a
+  thread that asks waits (silently, for the process to end), the main thread gets an error."""
+  import threading  # pylint: disable=g-import-not-at-top
+  import psutil  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.executor_stacks import executor_factory  # pylint: disable=g-import-not-at-top
+  from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
+  runtime.guard_service_manager_signals()
+  assert executor_factory.subprocess.Popen is runtime._TrackedPopen  # pylint: disable=protected-access
+  assert executor_factory.subprocess.PIPE is subprocess.PIPE  # everything else is subprocess's
+  server = executor_factory.subprocess.Popen(["sleep", "60"])  # not named worker_binary
+  assert isinstance(server, subprocess.Popen)
+  assert runtime.stop_worker_binaries(timeout=5) >= 1
+  server.wait(timeout=5)  # stopped (and reaped: its pid is gone)
+  assert not psutil.pid_exists(server.pid)
+  try:
+    with runtime._launch_lock:  # pylint: disable=protected-access
+      runtime._exiting = True  # pylint: disable=protected-access
+    started = []
+    thread = threading.Thread(
+        target=lambda: started.append(executor_factory.subprocess.Popen(["sleep", "60"])),
+        daemon=True)
+    thread.start()
+    thread.join(timeout=1.0)
+    assert thread.is_alive() and not started  # waiting, nothing started
+    with pytest.raises(RuntimeError, match="exiting"):
+      executor_factory.subprocess.Popen(["sleep", "60"])
+  finally:
+    with runtime._launch_lock:  # pylint: disable=protected-access
+      runtime._exiting = False  # pylint: disable=protected-access
+
+
 # Slow: a whole pytest session in a subprocess; the exit hook it relies on is checked in the
 # default suite by test_exit_hook_stops_tff_server_without_teardown_noise.
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import atexit
 import gc
 import os
 import signal
+import subprocess
 import threading
 from typing import List
 
@@ -27,6 +28,38 @@ from tff_mf import interrupt
 
 WORKER_BINARY_NAME = "worker_binary"
 _hook_installed = False
+# Servers TFF started through ``_TrackedPopen``, and whether this process is exiting (then
+# TFF starts none: a computation still in flight on TFF's event-loop thread would otherwise
+# restart the server that ``shutdown_tff_runtime`` just stopped, and leave it orphaned).
+_launch_lock = threading.Lock()
+_launched: List[subprocess.Popen] = []
+_exiting = False
+
+
+class _TrackedPopen(subprocess.Popen):
+  """``subprocess.Popen`` for TFF's ``executor_factory``: records each server it starts, and
+  starts none once this process is exiting. A thread of TFF's that asks then (its event
+  loop, a daemon) waits for the process to end, silently: raising there would print a
+  traceback after the tool's last line."""
+
+  def __init__(self, *args, **kwargs):
+    with _launch_lock:
+      exiting = _exiting
+      if not exiting:
+        super().__init__(*args, **kwargs)
+        _launched.append(self)
+    if exiting:
+      if threading.current_thread() is threading.main_thread():
+        raise RuntimeError("tff_mf: this process is exiting; TFF's server is not restarted")
+      threading.Event().wait()  # until the process ends
+
+
+class _TrackedSubprocess:
+  """``subprocess`` as TFF's ``executor_factory`` sees it, with ``_TrackedPopen``."""
+  Popen = _TrackedPopen
+
+  def __getattr__(self, name):
+    return getattr(subprocess, name)
 
 
 def _worker_children() -> List[psutil.Process]:
@@ -46,8 +79,17 @@ def _worker_children() -> List[psutil.Process]:
 
 
 def stop_worker_binaries(timeout: float = 5.0) -> int:
-  """Terminates (then kills) every ``worker_binary`` child of this process; returns the count."""
+  """Terminates (then kills) every ``worker_binary`` child of this process, and every server
+  TFF started through ``_TrackedPopen`` that still runs; returns the count."""
   procs = _worker_children()
+  known = {p.pid for p in procs}
+  with _launch_lock:
+    launched = [p for p in _launched if p.poll() is None and p.pid not in known]
+  for popen in launched:
+    try:
+      procs.append(psutil.Process(popen.pid))
+    except psutil.Error:
+      continue
   for p in procs:
     try:
       p.terminate()
@@ -76,9 +118,12 @@ def _tff_service_managers() -> list:
 def shutdown_tff_runtime(timeout: float = 5.0) -> int:
   """At program exit: stops the helper servers, then disarms ``ServiceManager.__del__``.
 
-  Only for exit: TFF cannot run computations afterwards in this process.
+  Only for exit: TFF cannot run computations afterwards in this process (nor start a server).
   Returns the number of servers stopped.
   """
+  global _exiting
+  with _launch_lock:  # a launch in progress completes first, and is then stopped below
+    _exiting = True
   stopped = stop_worker_binaries(timeout=timeout)
   for manager in _tff_service_managers():
     type(manager).__del__ = lambda self: None  # its server is stopped above
@@ -113,6 +158,8 @@ def guard_service_manager_signals() -> None:
   from tensorflow_federated.python.core.impl.executor_stacks import executor_factory  # pylint: disable=g-import-not-at-top
   if not isinstance(executor_factory.os, _ChildOnlyOs):
     executor_factory.os = _ChildOnlyOs()
+  if not isinstance(executor_factory.subprocess, _TrackedSubprocess):
+    executor_factory.subprocess = _TrackedSubprocess()
 
 
 def install_exit_hook() -> None:
