@@ -189,6 +189,23 @@ def test_configuration_errors_are_one_line_exit_2(flag, message, tmp_path):
   assert not root.exists() or not os.listdir(root)
 
 
+def _two_epoch_run(tmp_path, schema: str) -> dict:
+  """The clean-shell binary on 6 tiny StackOverflow clients, 4 rounds in 2 epochs under
+  ``--participation=schema``, pinned noise seed; returns its summary.json."""
+  from stackoverflow import fixtures  # pylint: disable=g-import-not-at-top
+  data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=6)
+  home = tmp_path / "home"
+  home.mkdir()
+  args = [a for a in TINY if not a.startswith(("--dataset", "--total_rounds"))] + [
+      "--dataset=stackoverflow", f"--data_dir={data_dir}", "--total_rounds=4",
+      f"--participation={schema}", "--epochs=2", "--noise_seed=3", "--noprogress",
+      f"--cache_dir={tmp_path / 'cache'}", f"--root_output_dir={tmp_path / 'runs'}",
+      f"--experiment_name={schema}"]
+  result = run_binary(args, cwd=tmp_path, home=home)
+  assert result.returncode == 0, result.stderr[-4000:]
+  return json.loads((tmp_path / "runs" / schema / "summary.json").read_text())
+
+
 # Slow: the library record of a random_allocation run is tested in tests/test_training_privacy.py
 # and tests/test_random_allocation.py, its sampler in-process; this is the clean-shell binary.
 @pytest.mark.slow
@@ -196,21 +213,10 @@ def test_binary_trains_under_random_allocation_and_reports_the_smallest_bound(tm
   """--participation=random_allocation: every client in exactly one round of each epoch; ε is the
   smaller of the Gaussian at z / sensitivity over the one-round-per-epoch patterns and the
   random-allocation bound (arXiv:2601.21636), both listed."""
-  from stackoverflow import fixtures  # pylint: disable=g-import-not-at-top
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   from tff_mf import cache  # pylint: disable=g-import-not-at-top
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
-  data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=6)
-  home = tmp_path / "home"
-  home.mkdir()
-  args = [a for a in TINY if not a.startswith(("--dataset", "--total_rounds"))] + [
-      "--dataset=stackoverflow", f"--data_dir={data_dir}", "--total_rounds=4",
-      "--participation=random_allocation", "--epochs=2", "--noise_seed=3", "--noprogress",
-      f"--cache_dir={tmp_path / 'cache'}", f"--root_output_dir={tmp_path / 'runs'}",
-      "--experiment_name=bib"]
-  result = run_binary(args, cwd=tmp_path, home=home)
-  assert result.returncode == 0, result.stderr[-4000:]
-  summary = json.loads((tmp_path / "runs" / "bib" / "summary.json").read_text())
+  summary = _two_epoch_run(tmp_path, "random_allocation")
   seen = summary["participation"]
   assert seen["sampler"] == "random allocation (a new round each epoch)" and seen["follows_schema"]
   assert seen["observed"]["client_rounds"] == 6 * 2  # each client once in each of 2 epochs
@@ -236,21 +242,10 @@ def test_binary_trains_under_random_allocation_and_reports_the_smallest_bound(tm
 def test_binary_trains_under_fixed_bin_balls_in_bins_and_labels_its_bound(tmp_path):
   """--participation=balls_in_bins: each client in the rounds of its one bin, b apart; ε is the
   Gaussian at z / sensitivity over those patterns, labelled not amplified."""
-  from stackoverflow import fixtures  # pylint: disable=g-import-not-at-top
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   from tff_mf import cache  # pylint: disable=g-import-not-at-top
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
-  data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=6)
-  home = tmp_path / "home"
-  home.mkdir()
-  args = [a for a in TINY if not a.startswith(("--dataset", "--total_rounds"))] + [
-      "--dataset=stackoverflow", f"--data_dir={data_dir}", "--total_rounds=4",
-      "--participation=balls_in_bins", "--epochs=2", "--noise_seed=3", "--noprogress",
-      f"--cache_dir={tmp_path / 'cache'}", f"--root_output_dir={tmp_path / 'runs'}",
-      "--experiment_name=fixed"]
-  result = run_binary(args, cwd=tmp_path, home=home)
-  assert result.returncode == 0, result.stderr[-4000:]
-  summary = json.loads((tmp_path / "runs" / "fixed" / "summary.json").read_text())
+  summary = _two_epoch_run(tmp_path, "balls_in_bins")
   seen = summary["participation"]
   assert seen["sampler"] == "balls in bins (fixed bin)" and seen["follows_schema"]
   assert seen["schema"]["fixed_bin"] is True
