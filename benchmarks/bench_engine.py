@@ -38,7 +38,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench_harness import _cpu_seconds  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bench_harness import _cpu_seconds, common_arguments, write_section  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 COMMAND = ".venv/bin/python benchmarks/bench_engine.py"
 TARGET_PLAIN = 1.5  # compiled engine / plain TF, at most
@@ -253,11 +253,7 @@ def main(argv=None):
   parser.add_argument("--rounds", type=int, default=10, help="timed rounds per path")
   parser.add_argument("--clients", type=int, default=8, help="clients per round")
   parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-  parser.add_argument("--cache_dir", default=None,
-                      help="factorization cache (default: the library's)")
-  parser.add_argument("--out-dir", default=os.path.join(REPO, "benchmarks", "results"))
-  parser.add_argument("--smoke", action="store_true",
-                      help="a tiny model, 2 clients, one timed round, two mechanisms' noise")
+  common_arguments(parser, "a tiny model, 2 clients, one timed round, two mechanisms' noise")
   args = parser.parse_args(argv)
   if args.rounds < 1 or args.clients < 1:
     parser.error("--rounds and --clients must be at least 1")
@@ -279,11 +275,7 @@ def main(argv=None):
       json.dump(results, f, indent=1)  # so far
   text = section(args, results, load_start, os.getloadavg()[0],
                  (time.perf_counter() - start) / 60)
-  path = os.path.join(args.out_dir, "engine.md")
-  with open(path, "w", encoding="utf-8") as f:
-    f.write(text)
-  print(text)
-  print(f"wrote {path}", file=sys.stderr)
+  write_section(args.out_dir, "engine", text)
   return 0
 
 

@@ -84,6 +84,29 @@ def _cpu_seconds() -> float:
   return total
 
 
+def common_arguments(parser, smoke_help: str) -> None:
+  """The flags every training benchmark takes: --cache_dir, --out-dir and --smoke."""
+  parser.add_argument("--cache_dir", default=None,
+                      help="factorization cache (default: the library's)")
+  parser.add_argument("--out-dir", default=os.path.join(REPO, "benchmarks", "results"))
+  parser.add_argument("--smoke", action="store_true", help=smoke_help)
+
+
+def write_section(out_dir: str, stem: str, text: str, data=None) -> str:
+  """Writes ``<out_dir>/<stem>.md`` (and ``<stem>.json`` of ``data``), prints the section and
+  the path; returns the path. The benchmarks' one way to leave their results."""
+  os.makedirs(out_dir, exist_ok=True)
+  if data is not None:
+    with open(os.path.join(out_dir, f"{stem}.json"), "w", encoding="utf-8") as f:
+      json.dump(data, f, indent=1)
+  path = os.path.join(out_dir, f"{stem}.md")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(text)
+  print(text)
+  print(f"wrote {path}", file=sys.stderr)
+  return path
+
+
 class _Clock:
   """Wall and CPU seconds since ``start``."""
 
@@ -302,14 +325,10 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=3, help="timed rounds per configuration")
   parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
-  parser.add_argument("--cache_dir", default=None,
-                      help="factorization cache (default: the library's)")
-  parser.add_argument("--out-dir", default=os.path.join(REPO, "benchmarks", "results"))
   parser.add_argument("--only", nargs="*", default=None, metavar="MECHANISM:KxM",
                       help="a subset of the configurations, e.g. main_job/none:32x16 "
                       "paper/opt_momentum:8x256")
-  parser.add_argument("--smoke", action="store_true",
-                      help="synthetic data, a tiny model, 2 clients; one timed round")
+  common_arguments(parser, "synthetic data, a tiny model, 2 clients; one timed round")
   parser.add_argument("--name", default="harness",
                       help="results file stem (<out-dir>/<name>.{md,json}); another name needs "
                       "--only and writes a subsection")
@@ -347,11 +366,7 @@ def main(argv=None):
   own = [tff_own(args, tasks, bare_plain, r) for r in results if r["mechanism"] == grid[0][1]]
   text = section(args, results, own, load_start, os.getloadavg()[0],
                  (time.perf_counter() - start) / 60)
-  path = os.path.join(args.out_dir, f"{args.name}.md")
-  with open(path, "w", encoding="utf-8") as f:
-    f.write(text)
-  print(text)
-  print(f"wrote {path}", file=sys.stderr)
+  write_section(args.out_dir, args.name, text)
   return 0
 
 

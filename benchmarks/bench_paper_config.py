@@ -1,4 +1,4 @@
-"""The papers' StackOverflow configuration (grid ``paper_config``): seconds per round, projected total.
+"""The papers' StackOverflow configuration (grid ``paper_config``): time per round, projected total.
 
 Usage: .venv/bin/python benchmarks/bench_paper_config.py [--rounds 2] [--run 0]
 [--noise-rounds 1 64 256] (``--smoke``: a tiny model and 2 clients; a minute)
@@ -30,7 +30,6 @@ benchmarks/results/paper_config.md (and paper_config.json).
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import platform
@@ -43,7 +42,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench_harness import _Clock  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bench_harness import _Clock, common_arguments, write_section  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 COMMAND = ".venv/bin/python benchmarks/bench_paper_config.py"
 GRID = "paper_config"
@@ -225,8 +224,8 @@ def section(args, run, config, parameters, rounds, noise, projections, load_star
       f"| start-up (mechanism, task, tracing) and round 1 | {rounds[0][0]:.1f} | "
       f"{rounds[0][1]:.1f} |",
       f"| **one round** (median of rounds 2..{len(rounds)}) | **{wall:.1f}** | **{cpu:.1f}** |",
-      f"| per client update ({steps} steps of {config.client_batch_size}) | {wall / config.clients_per_round:.2f} | "
-      f"{cpu / config.clients_per_round:.2f} |",
+      f"| per client update ({steps} steps of {config.client_batch_size}) | "
+      f"{wall / config.clients_per_round:.2f} | {cpu / config.clients_per_round:.2f} |",
       "",
       "The noise alone (one `get_noised_result` of the run's query at d = "
       f"{parameters:,}, wall / CPU s, median of {args.noise_reps}), its fit a + b·t, and the "
@@ -250,9 +249,12 @@ def section(args, run, config, parameters, rounds, noise, projections, load_star
       f"{steps} steps; the clients' "
       "work is the round. The dense `opt_momentum` stream regenerates t rows of Z in round t, "
       "so its noise grows to dominate late rounds; a streaming mechanism (BLT, banded, BISR: "
-      "`bench_aggregation.py`) keeps it constant. The GPU machine lent to this project "
-      "cannot run TensorFlow 2.14, which TFF 0.87 pins (BENCHMARKS.md, \"Compiled engine "
-      "speed\"), so there is no GPU figure."]
+      "`bench_aggregation.py`) keeps it constant.",
+      "",
+      "No GPU figure: the GPU machine lent to this project (one H100; checked 2026-11-27) runs "
+      "an image with Python 3.12.3, CUDA 13.0 and no TensorFlow, and reaches no package "
+      "index; TFF 0.87 pins TensorFlow 2.14, which has no wheel for Python 3.12 and is built "
+      "against CUDA 11.8, so neither engine runs there. Nothing here depends on a GPU."]
   return "\n".join(lines) + "\n"
 
 
@@ -264,11 +266,7 @@ def main(argv=None):
   parser.add_argument("--noise-rounds", type=int, nargs="+", default=[1, 64, 256],
                       help="rounds t at which the noise alone is timed")
   parser.add_argument("--noise-reps", type=int, default=1)
-  parser.add_argument("--cache_dir", default=None,
-                      help="factorization cache (default: the library's)")
-  parser.add_argument("--out-dir", default=os.path.join(REPO, "benchmarks", "results"))
-  parser.add_argument("--smoke", action="store_true",
-                      help="a tiny model, 2 clients of 8 sentences, n = 16, one timed round")
+  common_arguments(parser, "a tiny model, 2 clients of 8 sentences, n = 16, one timed round")
   args = parser.parse_args(argv)
   from training import grids  # pylint: disable=g-import-not-at-top
   grid = grids.get_grid(GRID)
@@ -301,18 +299,12 @@ def main(argv=None):
     projections[mechanism] = {"fit": fit, "total": project(n, wall, now, fit)}
   text = section(args, run, config, parameters, rounds, noise, projections, load_start,
                  os.getloadavg()[0], (time.perf_counter() - start) / 60)
-  os.makedirs(args.out_dir, exist_ok=True)
-  with open(os.path.join(args.out_dir, "paper_config.json"), "w", encoding="utf-8") as f:
-    json.dump({"run": run.name, "parameters": parameters, "rounds": rounds,
-               "noise": {m: {"implementation": v["implementation"],
-                             "rounds": {str(t): s for t, s in v["rounds"].items()}}
-                         for m, v in noise.items()},
-               "projections": projections}, f, indent=1)
-  path = os.path.join(args.out_dir, "paper_config.md")
-  with open(path, "w", encoding="utf-8") as f:
-    f.write(text)
-  print(text)
-  print(f"wrote {path}", file=sys.stderr)
+  write_section(args.out_dir, "paper_config", text, {
+      "run": run.name, "parameters": parameters, "rounds": rounds,
+      "noise": {m: {"implementation": v["implementation"],
+                    "rounds": {str(t): s for t, s in v["rounds"].items()}}
+                for m, v in noise.items()},
+      "projections": projections})
   return 0
 
 
