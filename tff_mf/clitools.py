@@ -50,6 +50,9 @@ DEPRECATED: Dict[str, Dict[str, tuple]] = {
     "tff-mf audit": {**_ROUNDS_ALIAS,
                      "momentum": ("server_momentum", "audit's --momentum was the server "
                                                      "momentum")},
+    "python -m stackoverflow.pydocs": {
+        "cache_dir": ("data_dir", "pydocs' --cache_dir was the docstring-dataset cache, not the "
+                                  "factorization cache")},
     "python -m training.main_job": {
         "n": ("table_rounds", "the main job's --n was the rounds of the sqrt(L) table, not "
                               "the training rounds (--total_rounds)")},
@@ -255,7 +258,7 @@ def add_progress_flags(parser, default: bool = True, what: str = "progress bars 
   group.add_argument("--progress", dest="progress", action="store_true", default=default,
                      help=f"show {what} (default: {describe_default(default)}{note})")
   group.add_argument("--no_progress", dest="progress", action="store_false",
-                     help=f"no {what} (default: {describe_default(not default)})")
+                     help=f"do not show {what} (default: {describe_default(not default)})")
 
 
 def add_rounds_flag(parser, default: Optional[int] = None, required: bool = False,

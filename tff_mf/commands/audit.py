@@ -72,8 +72,8 @@ def _add_mechanism_arguments(g) -> None:
                  type=participation.canonical_kind,
                  default=None,
                  help=f"the schema of the sampler: {participation.HELP} (default: min_sep "
-                      "when --min_sep or --max_participations is given, fixed_epoch when "
-                      "--epochs is given, else single)")
+                      "when --min_sep, --max_participations or --sampling_prob is given, "
+                      "fixed_epoch when --epochs is given, else single)")
   g.add_argument("--epochs", type=int, default=None,
                  help="fixed_epoch, balls_in_bins (fixed bin), random_allocation: k")
   g.add_argument("--min_sep", type=int, default=None, help="min_sep: b")
@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     from tff_mf import checks  # pylint: disable=g-import-not-at-top
     checks.noise_multiplier(args.noise_multiplier, "--noise-multiplier")
   args.participation = clitools.implied_participation(
-      args.participation, args.epochs, args.min_sep, args.max_participations)
+      args.participation, args.epochs, args.min_sep, args.max_participations, args.sampling_prob)
   schema = _schema(args.participation, args)
   accounted = _schema(args.accounted_as, args) if args.accounted_as else schema
   options = audit_lib.AuditOptions(
