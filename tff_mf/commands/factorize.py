@@ -20,8 +20,11 @@ INTERRUPTED = "interrupted; no partial cache entry was written (finished ones st
 DEFAULT_MOMENTUM = 0.95  # Denisov et al. 2022, arXiv:2202.08312, Fig 1 (right), Sec 5
 
 
-def add_workload_arguments(parser: argparse.ArgumentParser, n_required: bool = False) -> None:
-  group = parser.add_argument_group("workload A")
+def add_workload_arguments(parser, n_required: bool = False) -> None:
+  """The workload flags, in a group of their own on a parser, or in the group given (argparse
+  leaves a group nested in a group out of --help)."""
+  group = (parser.add_argument_group("workload A")
+           if isinstance(parser, argparse.ArgumentParser) else parser)
   group.add_argument("--workload", choices=WORKLOADS, default=None,
                      help="prefix_sum (S), momentum (M = M(η)M(β), Denisov et al. 2022 Prop "
                           "4.2), or file (implied by --matrix_file) (default: momentum when "
