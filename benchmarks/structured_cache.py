@@ -111,7 +111,8 @@ def part_hit_latency(cache_dir, cases, repeats=5):
     base.append(time.perf_counter() - start)
   baseline = float(np.median(base))
   for workload, n in cases:
-    args = ["factorize", "--workload", workload, "--mechanism", "optimal", "--total_rounds", str(n), "--json"]
+    args = ["factorize", "--workload", workload, "--mechanism", "optimal", "--total_rounds",
+            str(n), "--json"]
     miss_seconds, out = _cli(args, cache_dir)
     assert json.loads(out)["cache_hit"] is False
     hits = []

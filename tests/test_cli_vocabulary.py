@@ -71,7 +71,8 @@ def _argparse_parsers():
 
 def _flag_actions(parser):
   for action in parser._actions:  # pylint: disable=protected-access
-    if isinstance(action, (argparse._HelpAction, argparse._VersionAction,  # pylint: disable=protected-access
+    if isinstance(action, (argparse._HelpAction, argparse._VersionAction,
+                            # pylint: disable=protected-access
                            argparse._SubParsersAction)):  # pylint: disable=protected-access
       continue
     yield action
@@ -190,7 +191,8 @@ def _one_line_usage_error(call, capsys):
     ("tff-mf", ["account", "--delta", "1e-6", "--target_epsilonn", "1"],
      "did you mean --target_epsilon?"),
     ("tff-mf", ["account", "--delta", "1e-6", "--accountant", "pdl"], "did you mean pld?"),
-    ("tff-mf", ["factorize", "--mechanism", "blt", "--total_rounds", "8", "--participaton", "single"],
+    ("tff-mf", ["factorize", "--mechanism", "blt", "--total_rounds", "8", "--participaton",
+                "single"],
      "did you mean --participation?"),
     ("tff-mf", ["cache", "list", "--cache-dri", "x"], "did you mean --cache_dir?"),
     ("main_job", ["--no-progres"], "did you mean --no_progress?"),
@@ -206,7 +208,8 @@ def test_a_typo_is_one_line_with_the_closest_spelling(tool, argv, expect, capsys
 def test_names_typos_get_the_closest_spelling(capsys):
   assert cli.main(["factorize", "--mechanism", "optiml", "--total_rounds", "8"]) == 2
   assert "did you mean optimal?" in capsys.readouterr().err
-  assert cli.main(["account", "--mechanism", "bltt", "--total_rounds", "8", "--noise_multiplier", "1",
+  assert cli.main(["account", "--mechanism", "bltt", "--total_rounds", "8", "--noise_multiplier",
+                   "1",
                    "--delta", "1e-6"]) == 2
   assert "did you mean blt?" in capsys.readouterr().err
   assert sweep.main(["--grid", "table3_serch", "--dry_run"]) == 2
@@ -294,7 +297,8 @@ def test_remedies_name_the_flag_on_a_command_line_and_the_argument_in_python(tmp
   --clipped_count_stddev, the Python error allow_unconverged=True or allow_no_noise=True."""
   from tff_mf import dense_run  # pylint: disable=g-import-not-at-top
   from tff_mf.commands import factorize  # pylint: disable=g-import-not-at-top
-  argv = ["factorize", "--mechanism", "optimal", "--total_rounds", "32", "--participation", "fixed_epoch",
+  argv = ["factorize", "--mechanism", "optimal", "--total_rounds", "32", "--participation",
+          "fixed_epoch",
           "--epochs", "2", "--max_iterations", "2", "--json", "--cache_dir", str(tmp_path)]
   assert cli.main(argv) == 2  # 2 iterations stop far above the 1e-6 gap on any CPU
   lines = capsys.readouterr().err.strip().splitlines()
@@ -377,7 +381,8 @@ def test_account_mechanism_builds_then_reuses_the_cached_factorization(tmp_path,
   assert len(cache.list_entries(str(tmp_path))) == 1
   assert os.stat(second["cache_npz"]).st_mtime_ns == stat.st_mtime_ns
   # The C accounted for is the one factorize writes for the same request.
-  assert cli.main(["factorize", "--mechanism", "blt", "--total_rounds", "32", "--participation", "min_sep",
+  assert cli.main(["factorize", "--mechanism", "blt", "--total_rounds", "32", "--participation",
+                   "min_sep",
                    "--min_sep", "4", "--cache_dir", str(tmp_path), "--json"]) == 0
   assert json.loads(capsys.readouterr().out)["path"] == first["cache_npz"]
 
@@ -398,7 +403,8 @@ def test_every_mechanism_accounts_in_one_command(tmp_path, capsys):
 
 def test_factorize_takes_mechanism_names(tmp_path, capsys):
   def factorize(*argv):
-    rc = cli.main(["factorize", "--total_rounds", "8", "--cache_dir", str(tmp_path), "--json", *argv])
+    rc = cli.main(["factorize", "--total_rounds", "8", "--cache_dir", str(tmp_path), "--json",
+                   *argv])
     captured = capsys.readouterr()
     return rc, captured.out, captured.err
 

@@ -34,7 +34,8 @@ def run_cli(*args, cache_dir=None, env_cache=None):
 
 
 def test_factorize_json_then_fast_hit(tmp_path):
-  first = run_cli("factorize", "--workload", "prefix_sum", "--mechanism", "optimal", "--total_rounds", 64,
+  first = run_cli("factorize", "--workload", "prefix_sum", "--mechanism", "optimal",
+                  "--total_rounds", 64,
                   "--json", cache_dir=tmp_path)
   assert first.returncode == 0, first.stderr
   record = json.loads(first.stdout)
@@ -45,7 +46,8 @@ def test_factorize_json_then_fast_hit(tmp_path):
   assert record["single_participation_loss"] == pytest.approx(record["single_participation_sqrt_loss"] ** 2)
   assert os.path.isfile(record["path"])
   before = os.stat(record["path"]).st_mtime_ns
-  second = run_cli("factorize", "--workload", "prefix_sum", "--mechanism", "optimal", "--total_rounds", 64,
+  second = run_cli("factorize", "--workload", "prefix_sum", "--mechanism", "optimal",
+                   "--total_rounds", 64,
                    "--json", cache_dir=tmp_path)
   assert second.returncode == 0, second.stderr
   hit = json.loads(second.stdout)
@@ -59,7 +61,8 @@ def test_factorize_json_then_fast_hit(tmp_path):
   assert hit.get("iterations") == record.get("iterations")
   # The text of a hit shows the recomputed figures; the duality gap, which a hit cannot
   # recompute, is labelled as the solver's record.
-  text = run_cli("factorize", "--workload", "prefix_sum", "--mechanism", "optimal", "--total_rounds", 64,
+  text = run_cli("factorize", "--workload", "prefix_sum", "--mechanism", "optimal",
+                 "--total_rounds", 64,
                  cache_dir=tmp_path)
   gap = [line for line in text.stdout.splitlines() if "relative gap" in line]
   assert len(gap) == 1 and gap[0].endswith("(the solver's record, not rechecked)"), text.stdout
@@ -100,7 +103,8 @@ def test_momentum_schedule_and_structured_flags(tmp_path):
 def test_structured_als_flag_drives_the_fit_and_the_warning_names_it(tmp_path):
   """The README's structured example warned "not converged" with no remedy, and no flag
   changed the ALS fit behind it: --als_iterations does, and the warning names it."""
-  args = ("factorize", "--mechanism", "structured", "--bands", 5, "--rank", 4, "--total_rounds", 512)
+  args = ("factorize", "--mechanism", "structured", "--bands", 5, "--rank", 4, "--total_rounds",
+          512)
   text = run_cli(*args, cache_dir=tmp_path)
   assert text.returncode == 0, text.stderr
   warnings = [line for line in text.stdout.splitlines() if "warning" in line]
@@ -113,7 +117,8 @@ def test_structured_als_flag_drives_the_fit_and_the_warning_names_it(tmp_path):
     assert records[sweeps]["cache_hit"] is False and records[sweeps]["iterations"] == sweeps
     assert "--als_iterations" in records[sweeps]["outcome"]["why"]
   assert records[3]["path"] != records[7]["path"]  # part of the cache key
-  refused = run_cli("factorize", "--mechanism", "optimal", "--total_rounds", 8, "--als_iterations", 5,
+  refused = run_cli("factorize", "--mechanism", "optimal", "--total_rounds", 8, "--als_iterations",
+                    5,
                     cache_dir=tmp_path)
   assert refused.returncode == 2 and "--als_iterations does not apply" in refused.stderr
 
@@ -134,7 +139,8 @@ def test_force_recomputes(tmp_path):
 
 def test_cache_list_and_verify_exit_codes(tmp_path):
   for strategy in ("identity", "honaker_online"):
-    assert run_cli("factorize", "--mechanism", strategy, "--total_rounds", 16, cache_dir=tmp_path).returncode == 0
+    assert run_cli("factorize", "--mechanism", strategy, "--total_rounds", 16,
+                   cache_dir=tmp_path).returncode == 0
   listed = run_cli("cache", "list", "--json", cache_dir=tmp_path)
   assert listed.returncode == 0, listed.stderr
   entries = json.loads(listed.stdout)["entries"]
@@ -154,7 +160,8 @@ def test_cache_list_and_verify_exit_codes(tmp_path):
   as_json = json.loads(run_cli("cache", "verify", "--json", cache_dir=tmp_path).stdout)
   assert as_json["bad"] == 1
   # The corrupt entry is refused by factorize too (exit 2, one line naming it), and --force fixes it.
-  refused = run_cli("factorize", "--mechanism", "identity", "--total_rounds", 16, cache_dir=tmp_path)
+  refused = run_cli("factorize", "--mechanism", "identity", "--total_rounds", 16,
+                    cache_dir=tmp_path)
   assert refused.returncode == 2 and os.path.dirname(bad_path) in refused.stderr
   assert len(error_lines(refused.stderr)) == 1
   assert "--force" in error_lines(refused.stderr)[0]  # the one line says how to recompute it
@@ -208,7 +215,8 @@ def test_invalid_matrix_files_fail_with_one_line(tmp_path, name, matrix, message
     (("--mechanism", "identity", "--total_rounds", 8, "--bands", 2), "--bands does not apply"),
     (("--mechanism", "identity", "--total_rounds", 8, "--rank", 2), "--rank does not apply"),
     (("--mechanism", "structured", "--total_rounds", 8, "--bands", 0, "--rank", 1), "bands"),
-    (("--workload", "momentum", "--momentum", 1.5, "--mechanism", "identity", "--total_rounds", 8), "[0, 1)"),
+    (("--workload", "momentum", "--momentum", 1.5, "--mechanism", "identity", "--total_rounds", 8),
+     "[0, 1)"),
     (("--workload", "momentum", "--lr_schedule", "decay", "--schedule_rounds", 99,
       "--mechanism", "identity", "--total_rounds", 8), "schedule_rounds"),
     (("--mechanism", "optimal", "--total_rounds", 8, "--target_gap", 0), "target_gap"),
@@ -258,7 +266,8 @@ def test_bare_command_prints_help_and_version_exists():
 @pytest.mark.parametrize("strategy", ["optimal", "honaker_online", "banded", "blt",
                                       "banded_toeplitz", "structured", "identity"])
 def test_one_round_is_a_valid_factorization(tmp_path, strategy):
-  out = run_cli("factorize", "--mechanism", strategy, "--total_rounds", 1, "--json", cache_dir=tmp_path)
+  out = run_cli("factorize", "--mechanism", strategy, "--total_rounds", 1, "--json",
+                cache_dir=tmp_path)
   assert out.returncode == 0, out.stderr
   record = json.loads(out.stdout)
   with np.load(record["path"]) as d:

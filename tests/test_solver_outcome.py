@@ -22,7 +22,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Under 32-min-sep participation at n = 512 the best 4-buffer BLT switches buffers off (two,
 # with every OpenBLAS kernel tried: its cancelled pairs sit on the log-gap bound); the tests
 # read how many from the output rather than assume one optimizer path.
-BLT_FEWER = ("--mechanism", "blt", "--buffers", 4, "--total_rounds", 512, "--participation", "min_sep",
+BLT_FEWER = ("--mechanism", "blt", "--buffers", 4, "--total_rounds", 512, "--participation",
+             "min_sep",
              "--min-sep", 32)
 
 
@@ -124,7 +125,8 @@ def test_unconverged_lbfgs_says_why():
 
 
 def test_unconverged_optimal_warns_and_strict_refuses(tmp_path):
-  args = ("--mechanism", "optimal", "--total_rounds", 64, "--max-iterations", 2, "--allow-unconverged")
+  args = ("--mechanism", "optimal", "--total_rounds", 64, "--max-iterations", 2,
+          "--allow-unconverged")
   record = json.loads(factorize(*args, "--json", cache_dir=tmp_path).stdout)
   outcome = record["outcome"]
   assert outcome["converged"] is False and outcome["requested"] == outcome["returned"] == {}

@@ -72,7 +72,8 @@ def _defaults(tool):
       out[flag.name] = clitools.describe_default(flag.default)
     return out
   for action in _parser(tool)._actions:  # pylint: disable=protected-access
-    if isinstance(action, (argparse._HelpAction, argparse._VersionAction,  # pylint: disable=protected-access
+    if isinstance(action, (argparse._HelpAction, argparse._VersionAction,
+                            # pylint: disable=protected-access
                            argparse._SubParsersAction)) or not action.option_strings:  # pylint: disable=protected-access
       continue
     shown = "required" if action.required else clitools.describe_default(action.default)

@@ -162,7 +162,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
   def _get_help_string(self, action):
     text = action.help or ""
-    if isinstance(action, (argparse._HelpAction, argparse._VersionAction,  # pylint: disable=protected-access
+    if isinstance(action, (argparse._HelpAction, argparse._VersionAction,
+                            # pylint: disable=protected-access
                            argparse._SubParsersAction)):  # pylint: disable=protected-access
       return text
     if not action.option_strings:  # positionals

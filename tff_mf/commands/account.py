@@ -17,7 +17,7 @@ Choquette-Choo et al. 2024, arXiv:2310.15526; amplified banded, Choquette-Choo e
 Kalinin 2026, arXiv:2601.21636). ``--participation balls_in_bins`` is the field's
 fixed-bin scheme (arXiv:2410.06266), accounted without amplification::
 
-  tff-mf account --mechanism blt --n 256 --min_sep 32 --amplification mmcc \\
+  tff-mf account --mechanism blt --total_rounds 256 --min_sep 32 --amplification mmcc \\
       --sampling_prob 0.25 --noise_multiplier 2 --delta 1e-6 --cache_dir D --json
   tff-mf account --matrix CACHE.npz --participation min_sep --min_sep 8 \\
       --amplification banded --sampling_prob 0.5 --target_epsilon 2 --delta 1e-6
@@ -56,19 +56,19 @@ REMOVED_FLAGS = {
 _EXAMPLES = """examples:
   tff-mf account --noise_multiplier 4.2 --delta 1e-6
   tff-mf account --target_epsilon 1 --delta 1e-6 --json
-  tff-mf account --mechanism gaussian --n 64 --participation min_sep --min_sep 8 \\
+  tff-mf account --mechanism gaussian --total_rounds 64 --participation min_sep --min_sep 8 \\
       --noise_multiplier 4 --delta 1e-6
-  tff-mf account --mechanism honaker_online --n 1024 --amplification mmcc \\
+  tff-mf account --mechanism honaker_online --total_rounds 1024 --amplification mmcc \\
       --sampling_prob 0.001 --noise_multiplier 16 --delta 1e-6
-  tff-mf account --mechanism blt --n 256 --min_sep 32 --amplification mmcc \\
+  tff-mf account --mechanism blt --total_rounds 256 --min_sep 32 --amplification mmcc \\
       --sampling_prob 0.25 --noise_multiplier 2 --delta 1e-6
-  tff-mf account --mechanism tree_restart --height 4 --n 512 --participation min_sep \\
+  tff-mf account --mechanism tree_restart --height 4 --total_rounds 512 --participation min_sep \\
       --min_sep 8 --amplification banded --sampling_prob 0.5 --target_epsilon 2 --delta 1e-6
   tff-mf account --matrix ~/.cache/tff_mf/<entry>/<file>.npz --amplification mmcc \\
       --sampling_prob 0.01 --noise_multiplier 8 --delta 1e-6
-  tff-mf account --mechanism blt --n 256 --participation random_allocation --epochs 8 \\
+  tff-mf account --mechanism blt --total_rounds 256 --participation random_allocation --epochs 8 \\
       --amplification random_allocation --noise_multiplier 2 --delta 1e-6
-  tff-mf account --mechanism blt --n 256 --participation balls_in_bins --epochs 8 \\
+  tff-mf account --mechanism blt --total_rounds 256 --participation balls_in_bins --epochs 8 \\
       --noise_multiplier 2 --delta 1e-6
 
 Every epsilon printed is an upper bound. --json prints one strict JSON object (an

@@ -6,7 +6,7 @@ participation pattern on the noise observed in canary-free runs, and reports emp
 LOWER bounds on ε at δ and on the Gaussian-DP μ, against the claim
 (``tff_mf.tf.audit``)::
 
-  tff-mf audit --mechanism opt_prefix_sum --n 8 --noise_multiplier 0.5 \\
+  tff-mf audit --mechanism opt_prefix_sum --total_rounds 8 --noise_multiplier 0.5 \\
       --participation fixed_epoch --epochs 2 --json --plot out/audit.png
 
 Exit status 1 when the bounds refute the claim (at the stated confidence), 0
@@ -24,11 +24,12 @@ from tff_mf import clitools
 from tff_mf import participation
 
 _EXAMPLES = """examples:
-  tff-mf audit --mechanism opt_prefix_sum --n 8 --noise_multiplier 0.5 --participation fixed_epoch --epochs 2
-  tff-mf audit --mechanism banded --n 8 --bands 2 --noise_multiplier 0.6 --participation min_sep \\
-      --min_sep 2 --max_participations 4 --json --plot out/audit_banded.png
-  tff-mf audit --mechanism blt --n 8 --noise_multiplier 0.3 --participation min_sep --min_sep 4 \\
-      --sampling_prob 0.5 --json
+  tff-mf audit --mechanism opt_prefix_sum --total_rounds 8 --noise_multiplier 0.5 \\
+      --participation fixed_epoch --epochs 2
+  tff-mf audit --mechanism banded --total_rounds 8 --bands 2 --noise_multiplier 0.6 \\
+      --participation min_sep --min_sep 2 --max_participations 4 --json --plot out/audit_banded.png
+  tff-mf audit --mechanism blt --total_rounds 8 --noise_multiplier 0.3 --participation min_sep \\
+      --min_sep 4 --sampling_prob 0.5 --json
 
 Every epsilon printed by the audit is an empirical LOWER bound (probability >= 1 - alpha
 over its trials); the claimed epsilon is the mechanism's upper bound."""
