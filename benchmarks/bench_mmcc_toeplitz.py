@@ -80,8 +80,7 @@ def _account(mechanism: str, n: int, q: float, z: float, cache_dir: str, amplifi
   if mechanism == MULTI_EPOCH:
     fixed = CLI + ["account", "--mechanism", "opt_prefix_sum", "--total_rounds", str(n),
                    "--participation", "fixed_epoch", "--epochs", str(K), "--noise_multiplier", "1",
-                   "--delta",
-                   repr(DELTA), "--cache_dir", cache_dir, "--json", "--no_progress"]
+                   "--delta", repr(DELTA), "--cache_dir", cache_dir, "--json", "--no_progress"]
     npz = json.loads(subprocess.run(fixed, capture_output=True, text=True, check=True,
                                     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")).stdout)
     source = ["--matrix", npz["cache_npz"]]

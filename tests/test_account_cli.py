@@ -131,8 +131,7 @@ def test_mmcc_matrices_keep_names_that_say_what_they_are(capsys):
 
 def test_banded_with_target_epsilon(capsys):
   out = _json(["--mechanism", "tree_restart", "--height", "3", "--total_rounds", "16", "--min_sep",
-               "4",
-               "--amplification", "banded", "--sampling_prob", "0.5", "--target_epsilon", "1",
+               "4", "--amplification", "banded", "--sampling_prob", "0.5", "--target_epsilon", "1",
                "--delta", DELTA, "--pld_discretization", "1e-3", "--tolerance", "1e-2"], capsys)
   z = out["noise_multiplier"]
   assert out["epsilon"] <= 1.0 and out["analysis"] == "banded" and out["compositions"] == 4
@@ -282,8 +281,7 @@ Z = ["--noise_multiplier", "1"]
     (Z + ["--delta", DELTA, "--participation", "min_sep", "--min_sep", "2"],
      "needs the encoder C"),
     (["--mechanism", "binary_tree", "--total_rounds", "8", "--min_sep", "4", "--amplification",
-      "banded",
-      "--sampling_prob", "0.1"] + Z + ["--delta", DELTA], "non-zero bands"),
+      "banded", "--sampling_prob", "0.1"] + Z + ["--delta", DELTA], "non-zero bands"),
     (MECH + Z + ["--delta", DELTA, "--participation", "single", "--amplification", "mmcc",
                  "--sampling_prob", "0.5"], "min_sep schema"),
     (MECH + Z + ["--delta", DELTA, "--non_adaptive"], "--non_adaptive"),
@@ -421,8 +419,7 @@ EDGE_CASES = [
     pytest.param(["--target_epsilon", "1e6", "--accountant", "pld"], ("target", 1e6, 1e-2),
                  marks=pytest.mark.slow),
     (["--mechanism", "binary_tree", "--total_rounds", "4", "--amplification", "mmcc",
-      "--sampling_prob",
-      "0.25", "--noise_multiplier", "1e-3"] + FAST_MMCC,
+      "--sampling_prob", "0.25", "--noise_multiplier", "1e-3"] + FAST_MMCC,
      lambda: _amplified_bounds(_tree_encoder_normalized(4), [(0, 1, 2, 3)], 0.25, Z_TINY)),
     (["--mechanism", "binary_tree", "--total_rounds", "4", "--amplification", "mmcc",
       "--sampling_prob",

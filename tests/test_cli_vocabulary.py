@@ -209,8 +209,7 @@ def test_names_typos_get_the_closest_spelling(capsys):
   assert cli.main(["factorize", "--mechanism", "optiml", "--total_rounds", "8"]) == 2
   assert "did you mean optimal?" in capsys.readouterr().err
   assert cli.main(["account", "--mechanism", "bltt", "--total_rounds", "8", "--noise_multiplier",
-                   "1",
-                   "--delta", "1e-6"]) == 2
+                   "1", "--delta", "1e-6"]) == 2
   assert "did you mean blt?" in capsys.readouterr().err
   assert sweep.main(["--grid", "table3_serch", "--dry_run"]) == 2
   assert "did you mean table3_search?" in capsys.readouterr().err
@@ -382,8 +381,7 @@ def test_account_mechanism_builds_then_reuses_the_cached_factorization(tmp_path,
   assert os.stat(second["cache_npz"]).st_mtime_ns == stat.st_mtime_ns
   # The C accounted for is the one factorize writes for the same request.
   assert cli.main(["factorize", "--mechanism", "blt", "--total_rounds", "32", "--participation",
-                   "min_sep",
-                   "--min_sep", "4", "--cache_dir", str(tmp_path), "--json"]) == 0
+                   "min_sep", "--min_sep", "4", "--cache_dir", str(tmp_path), "--json"]) == 0
   assert json.loads(capsys.readouterr().out)["path"] == first["cache_npz"]
 
 

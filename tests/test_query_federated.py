@@ -260,8 +260,7 @@ def test_a_new_family_is_one_module_and_one_registry_entry(cache_dir, capsys):
     assert strategies.cached("toy_geometric")
     # tff-mf factorize computes it, then serves it from the cache.
     argv = ["factorize", "--mechanism", "toy_geometric", "--total_rounds", str(rounds), "--bands",
-            "2",
-            "--cache-dir", cache_dir, "--json"]
+            "2", "--cache-dir", cache_dir, "--json"]
     records = []
     for _ in range(2):
       assert cli.main(argv) == 0

@@ -23,8 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # with every OpenBLAS kernel tried: its cancelled pairs sit on the log-gap bound); the tests
 # read how many from the output rather than assume one optimizer path.
 BLT_FEWER = ("--mechanism", "blt", "--buffers", 4, "--total_rounds", 512, "--participation",
-             "min_sep",
-             "--min-sep", 32)
+             "min_sep", "--min-sep", 32)
 
 
 def factorize(*args, cache_dir):

@@ -246,8 +246,7 @@ def test_two_consecutive_runs_of_the_demo_give_the_same_conclusion(tmp_path):
     out = tmp_path / name
     result = subprocess.run(
         [sys.executable, "-m", "training.main_job", "--output_dir", str(out), "--table_rounds",
-         "16",
-         "--no_progress"], cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
+         "16", "--no_progress"], cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
     assert result.returncode == 0, result.stderr[-3000:]
     results.append(json.loads((out / "training" / "results.json").read_text()))
   first, second = results
