@@ -323,11 +323,11 @@ def test_main_job_ctrl_c_during_the_table_keeps_finished_factorizations(tmp_path
 def test_tff_mf_account_and_audit_stop_at_once_on_ctrl_c(tmp_path):
   commands = {
       "account": ["account", "--mechanism", "honaker_online", "--total_rounds", "256",
-                  "--amplification", "mmcc", "--sampling-prob", "0.1", "--noise-multiplier", "1", "--delta",
-                  "1e-6", "--processes", "2"],  # MMCC: minutes of row PLDs in two processes
+                  "--amplification", "mmcc", "--sampling-prob", "0.1", "--noise-multiplier", "1",
+                  "--delta", "1e-6", "--processes", "2"],  # MMCC: minutes of row PLDs in two processes
       "audit": ["audit", "--mechanism", "opt_prefix_sum", "--total_rounds", "8",
-                "--noise-multiplier", "0.5", "--participation", "fixed_epoch", "--epochs", "2", "--plot",
-                str(tmp_path / "audit.png")],  # TFF start-up, then many TFF rounds
+                "--noise-multiplier", "0.5", "--participation", "fixed_epoch", "--epochs", "2",
+                "--plot", str(tmp_path / "audit.png")],  # TFF start-up, then many TFF rounds
   }
   for name, args in commands.items():
     proc = _start([sys.executable, "-m", "tff_mf.cli", *args], tmp_path, name)
