@@ -55,7 +55,11 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
         ("benchmarks/bench_square_root.py",))),
     ("data", "stackoverflow_data.md", (("benchmarks/stackoverflow_data.py",),)),
     ("harness", "harness.md", (("benchmarks/bench_harness.py",),)),
+    ("harness_main_job", "harness_main_job.md", (
+        ("benchmarks/bench_harness.py", "--only", "main_job/none:32x16",
+         "main_job/opt_momentum:32x16", "--rounds", "5", "--name", "harness_main_job"),)),
     ("engine", "engine.md", (("benchmarks/bench_engine.py",),)),
+    ("paper_config", "paper_config.md", (("benchmarks/bench_paper_config.py",),)),
     ("main_job", "main_job.md", (("benchmarks/bench_main_job.py",),)),
     ("multi_epoch_training", "training_multi_epoch.md", (
         ("benchmarks/training_pydocs.py", "--mechanisms", "tree", "gaussian", "banded", "blt",
@@ -92,6 +96,7 @@ SMOKE: Dict[str, Tuple[str, ...]] = {
     "stackoverflow_data.py": ("--smoke", "--out-dir", "{out}"),
     "bench_harness.py": ("--smoke", "--out-dir", "{out}"),
     "bench_engine.py": ("--smoke", "--out-dir", "{out}"),
+    "bench_paper_config.py": ("--smoke", "--out-dir", "{out}", "--cache_dir", "{out}/cache"),
     "bench_main_job.py": ("--smoke", "--out-dir", "{out}"),
     "training_pydocs.py": ("--smoke", "--out", "{out}/runs", "--results_md", "{out}/training.md"),
     "training_adaptive.py": ("--smoke", "--out", "{out}/runs", "--results_md",

@@ -153,6 +153,43 @@ def write_tiny_stackoverflow(directory: str,
   clients = tiny_stackoverflow_sentences(
       num_train_clients, num_heldout_clients, num_test_clients,
       sentences_per_client, num_empty_train_clients, seed)
+  return write_stackoverflow_copy(directory, clients)
+
+
+def standin_sentences(num_train_clients: int, sentences_per_client: int, vocab_words: int,
+                      num_heldout_clients: int = 4, num_test_clients: int = 4,
+                      words_per_sentence: tuple = (8, 30), seed: int = 20220001):
+  """{split: {client_id: [sentence, ...]}}: a stand-in of StackOverflow's shape for timing.
+
+  Every client has exactly ``sentences_per_client`` sentences of ``words_per_sentence``
+  words drawn from ``vocab_words`` synthetic words (``w00000``, ...) with Zipf(1)
+  frequencies, so the vocabulary of the word counts reaches the papers' 10,000 and a
+  client fills the papers' cap of 256 sentences. Timing only: the content means nothing.
+  """
+  rng = np.random.RandomState(seed)
+  words = np.array([f"w{i:05d}" for i in range(vocab_words)])
+  weights = 1.0 / np.arange(1, vocab_words + 1)
+  weights /= weights.sum()
+  low, high = words_per_sentence
+  clients = {}
+  counts = dict(train=num_train_clients, heldout=num_heldout_clients, test=num_test_clients)
+  for split in SPLITS:
+    clients[split] = collections.OrderedDict()
+    for i in range(counts[split]):
+      lengths = rng.randint(low, high + 1, size=sentences_per_client)
+      picks = words[rng.choice(vocab_words, size=int(lengths.sum()), p=weights)]
+      ends = np.cumsum(lengths)
+      clients[split][f"{split}_{i:05d}"] = [
+          " ".join(picks[end - length:end]) for end, length in zip(ends, lengths)]
+  return clients
+
+
+def write_stackoverflow_copy(directory: str, clients) -> str:
+  """Writes ``clients`` ({split: {client_id: [sentence, ...]}}) in TFF's on-disk format.
+
+  ``stackoverflow.sqlite`` and ``datasets/stackoverflow.word_count`` go into ``directory``
+  (existing files are overwritten); returns ``directory``.
+  """
   os.makedirs(os.path.join(directory, "datasets"), exist_ok=True)
   db_path = os.path.join(directory, SQLITE_FILENAME)
   tmp_path = db_path + ".tmp"

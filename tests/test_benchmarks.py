@@ -32,6 +32,7 @@ RUN_ALL = _run_all()
 # runs in the default suite.
 # Smoke runs of more than ~10 s of CPU: the slow suite runs them (their --help runs here).
 SLOW = {"training_pydocs.py", "training_adaptive.py", "bench_harness.py", "bench_engine.py",
+        "bench_paper_config.py",
         "peer_jax_privacy_bands.py",
         "stackoverflow_data.py", "bench_distributed.py", "bench_aggregation.py",
         "bench_audit.py",
@@ -108,3 +109,19 @@ def test_training_notes_describe_the_square_root_families(tmp_path):
   assert "b = 24 bands" in notes[0] and "b − 1 = 23 model-sized rows" in notes[0]
   assert "b = 12 bands" in notes[1] and "b − 1 = 11 noise rows" in notes[1]
   assert module.family_notes(str(tmp_path), ["tree", "blt"], 3) == ""
+
+
+def test_benchmarks_md_is_exactly_what_run_all_assembles(tmp_path):
+  """BENCHMARKS.md is assembled from benchmarks/results/*.md: text written into
+  BENCHMARKS.md alone (a pilot record, a reading) would be lost by the next `make bench`.
+  Edit the section's results file and run `benchmarks/run_all.py --assemble-only`."""
+  assembled = RUN_ALL.assemble(str(tmp_path / "BENCHMARKS.md"))
+  with open(assembled, encoding="utf-8") as f:
+    ours = f.read()
+  with open(os.path.join(REPO, "BENCHMARKS.md"), encoding="utf-8") as f:
+    committed = f.read()
+  drop_python = lambda text: "\n".join(  # noqa: E731  (the header names this interpreter)
+      line for line in text.splitlines() if "no GPU (Python" not in line)
+  assert drop_python(ours) == drop_python(committed), (
+      "BENCHMARKS.md differs from the assembled results files: edit "
+      "benchmarks/results/<section>.md and run benchmarks/run_all.py --assemble-only")

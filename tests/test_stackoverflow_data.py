@@ -224,3 +224,22 @@ def test_synthetic_joined_splits_equal_tffs_join():
 def test_bad_arguments(kwargs, message):
   with pytest.raises(ValueError, match=message):
     data.load_federated_data(**kwargs)
+
+
+def test_standin_copy_has_full_clients_and_a_papers_size_vocabulary(tmp_path, no_network):
+  """The timing stand-in (benchmarks/bench_paper_config.py) goes through the real loader:
+  every client holds exactly the cap of sentences, and the word counts reach V words."""
+  clients = fixtures.standin_sentences(num_train_clients=40, sentences_per_client=12,
+                                       vocab_words=300, words_per_sentence=(5, 9))
+  assert all(len(s) == 12 for split in clients.values() for s in split.values())
+  lengths = {len(sentence.split()) for split in clients.values()
+             for s in split.values() for sentence in s}
+  assert min(lengths) >= 5 and max(lengths) <= 9
+  directory = fixtures.write_stackoverflow_copy(str(tmp_path / "so"), clients)
+  federated = data.load_federated_data("stackoverflow", data_dir=directory, vocab_size=100)
+  assert len(federated.vocab) == 100  # words used by >= 2 train clients, most frequent first
+  assert federated.vocab[0] == "w00000"  # Zipf: the first word is the most frequent
+  first = federated.train_client_ids[0]
+  stored = [e["tokens"].numpy().decode()
+            for e in federated.train.create_tf_dataset_for_client(first)]
+  assert stored == clients["train"][first]

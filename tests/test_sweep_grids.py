@@ -96,6 +96,27 @@ def test_fig3_schedules():
   assert 167 * 2048 <= 342477 < 168 * 2048
 
 
+def test_paper_config_is_the_papers_stackoverflow_setting_on_the_compiled_engine():
+  """Issue 36: the papers' configuration as one grid entry: 4.05M-parameter LSTM, 100 clients
+  a round, 2048 rounds, at most 256 sentences; Fig 2's pair at eps 18.9, Table 4 settings."""
+  grid = grids.get_grid("paper_config")
+  assert [r.mechanism for r in grid.runs] == ["opt_momentum", "honaker_online"]
+  table4 = {r.name: r for r in grids.get_grid("table4_repeats").runs}
+  for run in grid.runs:
+    assert run.name in table4 and table4[run.name] == run  # the same run and directory
+    eps189 = [row for row in PAPER_TABLE4[run.mechanism] if row[0] == 18.9][0]
+    assert (run.server_lr, run.client_lr, run.server_momentum) == eps189[1:]
+    values = run.flag_values()
+    assert (values["clients_per_round"], values["total_rounds"],
+            values["max_elements_per_client"], values["noise_multiplier"]) == (100, 2048, 256,
+                                                                               0.341)
+    assert "engine" not in values  # the sweep's --engine=auto: compiled on one machine
+  from stackoverflow import model as so_model
+  assert so_model.parameter_count(
+      **{k: grids.PAPER_FIXED_FLAGS[k] for k in ("vocab_size", "embedding_size", "lstm_size",
+                                                  "projection_size")}) == 4050748
+
+
 def test_grid_flags_are_flags_of_the_training_binary():
   binary = run_stackoverflow
   names = {run_flag for grid in grids.GRIDS.values() for run in grid.runs

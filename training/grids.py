@@ -23,6 +23,13 @@ arXiv:2202.08312 (Sec 5, Fig 2 and 3, App I Tables 3 and 4).
   as post-processing (``opt_prefix_sum``) against the mechanism that factorizes
   the momentum-with-schedule matrix M itself (``opt_momentum``), the
   comparison of App I Fig 6. 10 seeds.
+* ``paper_config`` — the papers' StackOverflow configuration as it runs here, on the
+  compiled engine (``--engine=auto`` on one machine): the 4.05M-parameter LSTM, 100
+  clients per round, 2048 rounds, at most 256 sentences per client; Fig 2's headline
+  pair at ε = 18.9 (z = 0.341), ``opt_momentum`` against the DP-FTRL tree
+  (``honaker_online``), each with its Table 4 setting, seed 0. The same runs as
+  ``table4_repeats``' seed 0 (same directories). ``benchmarks/bench_paper_config.py``
+  measures its time per round and projects the total.
 * ``nonprivate_reference`` — not a table of the paper: the non-private model
   (Fig 3's top horizontal line), searched over Table 3's learning rates and
   momenta, one seed.
@@ -218,6 +225,23 @@ def _fig3_schedules() -> Tuple[RunConfig, ...]:
   return tuple(runs)
 
 
+# The papers' configuration, as one grid entry: Fig 2's headline pair at epsilon 18.9.
+PAPER_CONFIG_MECHANISMS = ("opt_momentum", "honaker_online")
+PAPER_CONFIG_NOISE_MULTIPLIER = 0.341
+
+
+def _paper_config() -> Tuple[RunConfig, ...]:
+  z = PAPER_CONFIG_NOISE_MULTIPLIER
+  return tuple(RunConfig(m, z, *_table4_setting(m, PAPER_EPSILON[z]))
+               for m in PAPER_CONFIG_MECHANISMS)
+
+
+def _table4_setting(mechanism: str, paper_epsilon: float) -> Tuple[float, float, float]:
+  """(client LR, server LR, server momentum) of Table 4 for ``mechanism`` at ``paper_epsilon``."""
+  server_lr, client_lr, momentum = TABLE4[mechanism][paper_epsilon]
+  return client_lr, server_lr, momentum
+
+
 def _nonprivate_reference() -> Tuple[RunConfig, ...]:
   return tuple(
       RunConfig("none", None, client_lr, server_lr, momentum)
@@ -244,6 +268,14 @@ GRIDS: Dict[str, Grid] = {
         "opt_momentum, 10 seeds (80 runs).",
         "Denisov et al. 2022, arXiv:2202.08312, Sec 5, Fig 3 and App I",
         _fig3_schedules()),
+    "paper_config": Grid(
+        "paper_config",
+        "The papers' StackOverflow configuration on the compiled engine: 4.05M-parameter "
+        "LSTM, 100 clients/round, 2048 rounds, at most 256 sentences per client; opt_momentum "
+        "vs the DP-FTRL tree (honaker_online) at epsilon 18.9 with their Table 4 settings, "
+        "seed 0 (2 runs).",
+        "Denisov et al. 2022, arXiv:2202.08312, Sec 5, Fig 2 and App I Table 4",
+        _paper_config()),
     "nonprivate_reference": Grid(
         "nonprivate_reference",
         "Non-private model (Fig 3's top line) over Table 3's learning rates and momenta, seed 0 "

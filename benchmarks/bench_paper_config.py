@@ -1,0 +1,320 @@
+"""The papers' StackOverflow configuration (grid ``paper_config``): seconds per round, projected total.
+
+Usage: .venv/bin/python benchmarks/bench_paper_config.py [--rounds 2] [--run 0]
+[--noise-rounds 1 64 256] (``--smoke``: a tiny model and 2 clients; a minute)
+
+Runs one entry of ``training.grids.GRIDS["paper_config"]`` (Denisov et al. 2022,
+arXiv:2202.08312, Sec 5 and App I: the 4.05M-parameter LSTM, V = 10,000, 100 clients per
+round, n = 2048, at most 256 sentences per client, batches of 16) through the binary's own
+loop (``training.loop.run_training``) on the compiled engine, for ``--rounds`` rounds after
+a warm-up round, and stops it. The mechanism is built for all n = 2048 rounds (its
+factorization is cached).
+
+The data: StackOverflow itself is a download this machine cannot make, so the run reads a
+stand-in written in TFF's on-disk format (``stackoverflow.fixtures.standin_sentences``:
+random words of a 14,000-word Zipf vocabulary, every client exactly 256 sentences, the
+papers' cap, so a client costs what a full StackOverflow client costs: 16 steps of 16). A
+single pass of 2048 × 100 clients needs 204,800 distinct clients; the stand-in holds
+``clients × (rounds + 1)`` of them and the run's client ids map onto them in turn (a client's
+cost does not depend on its words).
+
+Per round: the wall and CPU seconds of the binary's round (sampling, client data, the
+engine's round: 100 client updates, clipping, the noise row and the server optimizer,
+metrics, the model digest). The noise alone is then timed for every mechanism of the grid
+entry at ``--noise-rounds`` (the query's ``get_noised_result`` with its state set to that
+round, as ``bench_aggregation.py`` does): dense regeneration (``opt_momentum``'s C⁻¹) draws t
+rows of Z in round t, so its cost is fit as a + b·t over the timed rounds and summed over
+t = 1..n. Projected total = n × (round − its noise) + Σ_t noise(t). Writes
+benchmarks/results/paper_config.md (and paper_config.json).
+"""
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from bench_harness import _Clock  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+COMMAND = ".venv/bin/python benchmarks/bench_paper_config.py"
+GRID = "paper_config"
+STANDIN_VOCAB_WORDS = 14000
+SMOKE_MODEL = dict(vocab_size=50, embedding_size=4, lstm_size=4, projection_size=4)
+SMOKE = dict(clients_per_round=2, total_rounds=16, max_elements_per_client=8,
+             max_validation_elements=16, **SMOKE_MODEL)
+
+
+class _Stop(Exception):
+  """Raised from the round callback once the timed rounds are done."""
+
+
+class _PooledClients:
+  """The run's client ids mapped in turn onto the stand-in's clients (same API)."""
+
+  def __init__(self, clients, pool_ids):
+    self._clients, self._pool = clients, list(pool_ids)
+
+  def _source(self, client_id: str) -> str:
+    return self._pool[int(client_id.rsplit("_", 1)[1]) % len(self._pool)]
+
+  def load(self, client_id):
+    return self._clients.load(self._source(client_id))
+
+  def token_ids(self, client_id):
+    return self._clients.token_ids(self._source(client_id))
+
+
+def _config(args, run, data_dir, root):
+  from training import config as config_lib  # pylint: disable=g-import-not-at-top
+  values = dict(run.flag_values())
+  values.update(data_dir=data_dir, root_output_dir=root, engine="compiled", progress=False,
+                cache_dir=args.cache_dir)
+  if args.smoke:
+    values.update(SMOKE)
+  return config_lib.TrainingConfig(**values)
+
+
+def _standin(args, config, data_dir):
+  from stackoverflow import fixtures  # pylint: disable=g-import-not-at-top
+  clients = fixtures.standin_sentences(
+      num_train_clients=config.clients_per_round * (args.rounds + 1),
+      sentences_per_client=config.max_elements_per_client,
+      vocab_words=60 if args.smoke else STANDIN_VOCAB_WORDS)
+  fixtures.write_stackoverflow_copy(data_dir, clients)
+
+
+def train_rounds(args, run, root):
+  """[(wall s, CPU s)] of the warm-up and timed rounds, the config, and the task facts."""
+  from training import loop  # pylint: disable=g-import-not-at-top
+  from training import task as task_lib  # pylint: disable=g-import-not-at-top
+  data_dir = os.path.join(root, "standin")
+  config = _config(args, run, data_dir, os.path.join(root, "runs"))
+  _standin(args, config, data_dir)
+  task = task_lib.build_task(config)
+  needed = config.total_rounds * config.clients_per_round
+  ids = [f"train_{i:06d}" for i in range(needed)]
+  task = dataclasses.replace(task, train_client_ids=ids,
+                             client_datasets=_PooledClients(task.client_datasets,
+                                                            task.train_client_ids))
+  parameters = int(sum(int(v.shape.num_elements())
+                       for v in task.keras_model_fn().trainable_variables))
+  rounds, clock = [], _Clock()
+
+  def after_round(round_num):
+    rounds.append(clock.read())
+    print(f"[paper_config] round {round_num}: {rounds[-1][0]:.1f} s "
+          f"({rounds[-1][1]:.1f} CPU s), load {os.getloadavg()[0]:.1f}", file=sys.stderr,
+          flush=True)
+    if len(rounds) == args.rounds + 1:
+      raise _Stop()
+    clock.start()
+
+  def log(line):
+    print(f"[paper_config] {line}", file=sys.stderr, flush=True)
+
+  clock.start()
+  try:
+    loop.run_training(config, task=task, log=log, round_callback=after_round)
+  except _Stop:
+    pass
+  return rounds, config, parameters
+
+
+def _at_round(state, t: int):
+  """``state`` with every matrix-factorization stream set to round t (0-based index t - 1)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tff_mf.tf import query as query_lib  # pylint: disable=g-import-not-at-top
+  if isinstance(state, query_lib.MatrixFactorizationState):
+    return state._replace(round_index=tf.constant(t - 1, tf.int32))
+  if isinstance(state, tuple) and hasattr(state, "_fields"):
+    return type(state)(*(_at_round(v, t) for v in state))
+  return state
+
+
+def noise_seconds(args, runs, data_dir, root):
+  """{mechanism: {round t: (wall s, CPU s)}} of one ``get_noised_result`` at round t.
+
+  The query is the run's own: ``training.mechanisms.resolve_privacy`` of the run's config,
+  as the binary builds it, asked for the model's variables.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import bench_aggregation as agg  # pylint: disable=g-import-not-at-top
+  from stackoverflow import model as so_model  # pylint: disable=g-import-not-at-top
+  from training import mechanisms as mechanisms_lib  # pylint: disable=g-import-not-at-top
+  out = {}
+  for run in runs:
+    config = _config(args, run, data_dir, root)
+    keras_model = so_model.create_keras_model(
+        seed=0, vocab_size=config.vocab_size, embedding_size=config.embedding_size,
+        lstm_size=config.lstm_size, projection_size=config.projection_size)
+    specs = [tf.TensorSpec(v.shape, v.dtype) for v in keras_model.trainable_variables]
+    sample = [tf.zeros(s.shape, s.dtype) for s in specs]
+    setup, _, _ = mechanisms_lib.resolve_privacy(config, 1)
+    query = setup.aggregation_factory.inner.dp_query(specs)
+    fn = tf.function(query.get_noised_result)
+    base = query.initial_global_state()
+    out[run.mechanism] = {"implementation": setup.info.get("noise_implementation"),
+                          "rounds": {}}
+    for t in args.noise_rounds:
+      state = _at_round(base, t)
+      agg.time_calls(fn, sample, state, 1)  # warm
+      out[run.mechanism]["rounds"][t] = agg._medians(  # pylint: disable=protected-access
+          agg.time_calls(fn, sample, state, args.noise_reps))
+      print(f"[paper_config] noise of {run.mechanism} at round {t}: "
+            f"{out[run.mechanism]['rounds'][t][0]:.2f} s", file=sys.stderr, flush=True)
+  return out
+
+
+def _fit(rounds_seconds):
+  """(a, b) of seconds ≈ a + b·t, least squares over the timed rounds (b = 0 for one)."""
+  ts = sorted(rounds_seconds)
+  ys = [rounds_seconds[t] for t in ts]
+  if len(ts) == 1:
+    return ys[0], 0.0
+  mt, my = statistics.mean(ts), statistics.mean(ys)
+  b = sum((t - mt) * (y - my) for t, y in zip(ts, ys)) / sum((t - mt) ** 2 for t in ts)
+  return my - b * mt, b
+
+
+def project(n, round_seconds, noise_now, fit):
+  """Seconds of all n rounds: n × (clients' work) + Σ_t noise(t)."""
+  a, b = fit
+  work = round_seconds - noise_now
+  return n * work + n * a + b * n * (n + 1) / 2
+
+
+def section(args, run, config, parameters, rounds, noise, projections, load_start, load_end,
+            minutes) -> str:
+  timed = rounds[1:]
+  steps = math.ceil(config.max_elements_per_client / config.client_batch_size)
+  wall = statistics.median(w for w, _ in timed)
+  cpu = statistics.median(c for _, c in timed)
+  command = COMMAND + "".join(
+      f" --{k.replace('_', '-')} {v}" for k, v in (("rounds", args.rounds), ("run", args.run))
+      if v != {"rounds": 2, "run": 0}[k]) + (
+          f" --noise-rounds {' '.join(map(str, args.noise_rounds))}"
+          if args.noise_rounds != [1, 64, 256] else "") + (" --smoke" if args.smoke else "")
+  lines = [
+      "## The papers' StackOverflow configuration on the compiled engine (grid `paper_config`)",
+      "",
+      f"Command: `{command}` — machine: 2-core x86_64 CPU, 24 GB, no GPU (Python "
+      f"{platform.python_version()}); 1-minute load average {load_start:.1f} at the start, "
+      f"{load_end:.1f} at the end (CPU seconds: this process, all its threads). Total run: "
+      f"{minutes:.1f} min.",
+      "",
+      f"Run `{run.name}` of `python -m training.sweep --grid {GRID}`: "
+      f"{'(smoke run: a tiny model) ' if args.smoke else ''}the LSTM of "
+      f"`stackoverflow/model.py` ({parameters:,} parameters, V = {config.vocab_size:,}), "
+      f"{config.clients_per_round} clients per round, n = {config.total_rounds}, at most "
+      f"{config.max_elements_per_client} sentences per client in batches of "
+      f"{config.client_batch_size}, `--engine=compiled`; the binary's own loop on a stand-in "
+      f"in TFF's on-disk format with every client at the cap (StackOverflow is a download). "
+      f"Round 1 (tracing) is not counted; median of {len(timed)} timed round(s).",
+      "",
+      "| | wall s | CPU s |",
+      "|---|---|---|",
+      f"| start-up (mechanism, task, tracing) and round 1 | {rounds[0][0]:.1f} | "
+      f"{rounds[0][1]:.1f} |",
+      f"| **one round** (median of rounds 2..{len(rounds)}) | **{wall:.1f}** | **{cpu:.1f}** |",
+      f"| per client update ({steps} steps of {config.client_batch_size}) | {wall / config.clients_per_round:.2f} | "
+      f"{cpu / config.clients_per_round:.2f} |",
+      "",
+      "The noise alone (one `get_noised_result` of the run's query at d = "
+      f"{parameters:,}, wall / CPU s, median of {args.noise_reps}), its fit a + b·t, and the "
+      f"projected total of all {config.total_rounds} rounds (n × (round − noise at round "
+      f"{len(rounds)}) + Σ noise(t)):",
+      "",
+      "| mechanism | noise | " + " | ".join(f"round {t}" for t in args.noise_rounds) +
+      " | a + b·t (wall s) | projected total: days (wall) |",
+      "|---|---|" + "---|" * len(args.noise_rounds) + "---|---|"]
+  for mechanism, p in projections.items():
+    r = noise[mechanism]["rounds"]
+    a, b = p["fit"]
+    lines.append(
+        f"| {mechanism} | {noise[mechanism]['implementation']} | " +
+        " | ".join(f"{r[t][0]:.2f} / {r[t][1]:.2f}" for t in args.noise_rounds) +
+        f" | {a:.3f} + {b:.5f}·t | **{p['total'] / 86400:.1f}** |")
+  lines += [
+      "",
+      f"Reading: one round of the papers' configuration costs {wall:.0f} s of wall here "
+      f"({cpu:.0f} CPU s), {wall / config.clients_per_round:.2f} s per client update of "
+      f"{steps} steps; the clients' "
+      "work is the round. The dense `opt_momentum` stream regenerates t rows of Z in round t, "
+      "so its noise grows to dominate late rounds; a streaming mechanism (BLT, banded, BISR: "
+      "`bench_aggregation.py`) keeps it constant. The GPU machine lent to this project "
+      "cannot run TensorFlow 2.14, which TFF 0.87 pins (BENCHMARKS.md, \"Compiled engine "
+      "speed\"), so there is no GPU figure."]
+  return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--rounds", type=int, default=2, help="timed rounds after the warm-up")
+  parser.add_argument("--run", type=int, default=0,
+                      help=f"which run of grid {GRID} to time (0: opt_momentum)")
+  parser.add_argument("--noise-rounds", type=int, nargs="+", default=[1, 64, 256],
+                      help="rounds t at which the noise alone is timed")
+  parser.add_argument("--noise-reps", type=int, default=1)
+  parser.add_argument("--cache_dir", default=None,
+                      help="factorization cache (default: the library's)")
+  parser.add_argument("--out-dir", default=os.path.join(REPO, "benchmarks", "results"))
+  parser.add_argument("--smoke", action="store_true",
+                      help="a tiny model, 2 clients of 8 sentences, n = 16, one timed round")
+  args = parser.parse_args(argv)
+  from training import grids  # pylint: disable=g-import-not-at-top
+  grid = grids.get_grid(GRID)
+  if not 0 <= args.run < len(grid.runs):
+    parser.error(f"--run must be in 0..{len(grid.runs) - 1} (grid {GRID} has "
+                 f"{len(grid.runs)} runs)")
+  if args.rounds < 1 or args.noise_reps < 1:
+    parser.error("--rounds and --noise-reps must be at least 1")
+  if args.smoke:
+    args.rounds, args.noise_rounds = 1, [1, 8]
+  from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
+  runtime.install_exit_hook()
+  run = grid.runs[args.run]
+  load_start, start = os.getloadavg()[0], time.perf_counter()
+  with tempfile.TemporaryDirectory() as root:
+    rounds, config, parameters = train_rounds(args, run, root)
+    if len(rounds) < args.rounds + 1:
+      print(f"error: the run stopped after {len(rounds)} rounds", file=sys.stderr)
+      return 1
+    n = config.total_rounds
+    args.noise_rounds = sorted({t for t in args.noise_rounds if 1 <= t <= n} | {len(rounds)})
+    noise = noise_seconds(args, grid.runs, os.path.join(root, "standin"), root)
+  wall = statistics.median(w for w, _ in rounds[1:])
+  projections = {}
+  for mechanism in noise:
+    r = noise[mechanism]["rounds"]
+    fit = _fit({t: r[t][0] for t in r})
+    now = r[len(rounds)][0] if mechanism == run.mechanism else noise[run.mechanism]["rounds"][
+        len(rounds)][0]
+    projections[mechanism] = {"fit": fit, "total": project(n, wall, now, fit)}
+  text = section(args, run, config, parameters, rounds, noise, projections, load_start,
+                 os.getloadavg()[0], (time.perf_counter() - start) / 60)
+  os.makedirs(args.out_dir, exist_ok=True)
+  with open(os.path.join(args.out_dir, "paper_config.json"), "w", encoding="utf-8") as f:
+    json.dump({"run": run.name, "parameters": parameters, "rounds": rounds,
+               "noise": {m: {"implementation": v["implementation"],
+                             "rounds": {str(t): s for t, s in v["rounds"].items()}}
+                         for m, v in noise.items()},
+               "projections": projections}, f, indent=1)
+  path = os.path.join(args.out_dir, "paper_config.md")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(text)
+  print(text)
+  print(f"wrote {path}", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
