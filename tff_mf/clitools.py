@@ -36,7 +36,6 @@ USAGE_ERROR = 2  # exit status of a usage error (a bad flag, value or name), as 
 HELP_FLAGS = ("--help", "-h", "--helpshort", "--helpfull", "-?")
 # The flag of a Python argument whose name differs (the rounds n are --total_rounds).
 FLAG_OF_ARGUMENT = {"n": "total_rounds"}
-DEFAULT_DELTA = 1e-6  # δ of every tool's (ε, δ) guarantee unless the user gives one
 
 # Old spellings, per tool (the prog of its parser): {old flag: (canonical flag, what the old
 # spelling meant there, when the canonical name alone does not say it)}. An alias never
@@ -272,7 +271,8 @@ def add_rounds_flag(parser, default: Optional[int] = None, required: bool = Fals
 
 
 def add_delta_flag(parser, required: bool = False, what: str = ""):
-  """``--delta``: δ of the (ε, δ) guarantee, ``DEFAULT_DELTA`` unless required."""
+  """``--delta``: δ of the (ε, δ) guarantee, ``tff_mf.checks.DEFAULT_DELTA`` unless required."""
+  from tff_mf.checks import DEFAULT_DELTA  # pylint: disable=g-import-not-at-top
   if required:
     parser.add_argument("--delta", type=float, required=True,
                         help=f"delta in (0, 1) of the (epsilon, delta) guarantee{what} (required)")
