@@ -54,7 +54,7 @@ def main(argv=None):
                       help="n = 16 and --skip_training: checks that the script runs (seconds)")
   parser.add_argument("--out-dir", default=RESULTS)
   args = parser.parse_args(argv)
-  job_args = ["--n", "16", "--skip_training"] if args.smoke else []
+  job_args = ["--table_rounds", "16", "--skip_training"] if args.smoke else []
   os.makedirs(args.out_dir, exist_ok=True)
   load_start = os.getloadavg()[0]
   with tempfile.TemporaryDirectory() as workdir:

@@ -10,7 +10,7 @@ Parts (each writes ``benchmarks/results/mmcc_toeplitz_<part>.json``; ``report`` 
 - ``profile``: BLT and banded Toeplitz from the registry at n = 256, 512, 1024 (k = 8):
   ``tff_mf.mmcc.mmcc`` composing only the undominated residue classes against composing
   every class (``prune_offsets=False``, the previous behaviour; only up to --max-slow-n).
-- ``production``: ``tff-mf account --mechanism blt|banded_toeplitz --n 2048 --min_sep 256
+- ``production``: ``tff-mf account --mechanism blt|banded_toeplitz --total_rounds 2048 --min_sep 256
   --amplification mmcc`` (k = 8) at several q, wall time of the whole command.
 - ``slack``: for the production cases, a proven lower bound on ε
   (``tff_mf.mixture_pair.lower_bound``) and the Monte-Carlo ESTIMATE of the non-adaptive
@@ -78,14 +78,14 @@ def _account(mechanism: str, n: int, q: float, z: float, cache_dir: str, amplifi
              workers: int = 2) -> dict:
   """One ``tff-mf account`` call (b = n/K min-sep): its JSON record plus wall seconds."""
   if mechanism == MULTI_EPOCH:
-    fixed = CLI + ["account", "--mechanism", "opt_prefix_sum", "--n", str(n), "--participation",
-                   "fixed_epoch", "--epochs", str(K), "--noise_multiplier", "1", "--delta",
-                   repr(DELTA), "--cache_dir", cache_dir, "--json", "--no_progress"]
+    fixed = CLI + ["account", "--mechanism", "opt_prefix_sum", "--total_rounds", str(n),
+                   "--participation", "fixed_epoch", "--epochs", str(K), "--noise_multiplier", "1",
+                   "--delta", repr(DELTA), "--cache_dir", cache_dir, "--json", "--no_progress"]
     npz = json.loads(subprocess.run(fixed, capture_output=True, text=True, check=True,
                                     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")).stdout)
     source = ["--matrix", npz["cache_npz"]]
   else:
-    source = ["--mechanism", mechanism, "--n", str(n), "--cache_dir", cache_dir]
+    source = ["--mechanism", mechanism, "--total_rounds", str(n), "--cache_dir", cache_dir]
   cmd = CLI + ["account", *source, "--min_sep", str(n // K),
                "--noise_multiplier", repr(z), "--delta", repr(DELTA), "--json", "--no_progress"]
   if amplified:

@@ -111,7 +111,8 @@ def part_hit_latency(cache_dir, cases, repeats=5):
     base.append(time.perf_counter() - start)
   baseline = float(np.median(base))
   for workload, n in cases:
-    args = ["factorize", "--workload", workload, "--strategy", "optimal", "--n", str(n), "--json"]
+    args = ["factorize", "--workload", workload, "--mechanism", "optimal", "--total_rounds",
+            str(n), "--json"]
     miss_seconds, out = _cli(args, cache_dir)
     assert json.loads(out)["cache_hit"] is False
     hits = []
@@ -226,7 +227,7 @@ def main(argv=None):
   if not args.skip_cli:
     with tempfile.TemporaryDirectory() as tmp:
       hits = part_hit_latency(os.path.join(tmp, "cache"), cli_cases)
-    lines += ["", "### `tff-mf factorize --strategy optimal --json`: cache miss vs hit (wall, "
+    lines += ["", "### `tff-mf factorize --mechanism optimal --json`: cache miss vs hit (wall, "
               "interpreter start included)", "",
               "| workload | n | miss s | hit s (median of 5) | bare `python -c 'import numpy, "
               "scipy.linalg'` s |", "|---|---|---|---|---|"]

@@ -222,15 +222,23 @@ def write_stackoverflow_copy(directory: str, clients) -> str:
   return directory
 
 
-def main(argv=None) -> int:
-  """``python -m stackoverflow.fixtures DIR``: writes the tiny copy into DIR."""
-  parser = argparse.ArgumentParser(
+def build_parser() -> argparse.ArgumentParser:
+  """The parser of ``python -m stackoverflow.fixtures`` (the vocabulary of every tool)."""
+  from tff_mf import clitools  # pylint: disable=g-import-not-at-top
+  parser = clitools.ArgumentParser(
       prog="python -m stackoverflow.fixtures",
       description="Write a tiny StackOverflow copy in TFF's on-disk format (for --data_dir).")
   parser.add_argument("directory", help="where to write stackoverflow.sqlite and datasets/")
-  parser.add_argument("--num_train_clients", type=int, default=48)
-  parser.add_argument("--num_heldout_clients", type=int, default=6)
-  parser.add_argument("--num_test_clients", type=int, default=6)
+  parser.add_argument("--num_train_clients", type=int, default=48, help="training clients")
+  parser.add_argument("--num_heldout_clients", type=int, default=6,
+                      help="held-out (validation) clients")
+  parser.add_argument("--num_test_clients", type=int, default=6, help="test clients")
+  return parser
+
+
+def main(argv=None) -> int:
+  """``python -m stackoverflow.fixtures DIR``: writes the tiny copy into DIR."""
+  parser = build_parser()
   args = parser.parse_args(argv)
   for name in ("num_train_clients", "num_heldout_clients", "num_test_clients"):
     if getattr(args, name) < 1:

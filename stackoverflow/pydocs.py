@@ -630,21 +630,29 @@ def load(cache_dir: Optional[str] = None, *, force: bool = False,
                       metadata=built.metadata, directory=built.directory)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  """`python -m stackoverflow.pydocs`: build (or verify) the cached dataset."""
-  import argparse  # pylint: disable=g-import-not-at-top
-  parser = argparse.ArgumentParser(
+def build_parser():
+  """The parser of ``python -m stackoverflow.pydocs`` (the vocabulary of every tool)."""
+  from tff_mf import clitools  # pylint: disable=g-import-not-at-top
+  parser = clitools.ArgumentParser(
       prog="python -m stackoverflow.pydocs",
       description="Build the docstring dataset and print where it is.")
-  parser.add_argument("--cache_dir", default=None,
-                      help=f"default: {default_cache_dir()}")
+  parser.add_argument("--data_dir", default=None,
+                      help="the docstring-dataset cache, as training's --data_dir (default: "
+                           "$TFF_MF_CACHE/datasets/pydocs)")
   parser.add_argument("--force", action="store_true",
-                      help="rebuild even if a verified copy exists")
+                      help="rebuild even if a verified copy exists (default: off)")
   parser.add_argument("--max_files_per_package", type=int,
-                      default=DEFAULT_MAX_FILES_PER_PACKAGE)
-  args = parser.parse_args(argv)
+                      default=DEFAULT_MAX_FILES_PER_PACKAGE,
+                      help="source files read per installed package")
+  clitools.add_progress_flags(parser, what="progress bars on stderr (parsing, writing)")
+  return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """`python -m stackoverflow.pydocs`: build (or verify) the cached dataset."""
+  args = build_parser().parse_args(argv)
   try:
-    built = build(args.cache_dir, force=args.force, progress=True,
+    built = build(args.data_dir, force=args.force, progress=args.progress,
                   max_files_per_package=args.max_files_per_package)
   except PydocsCacheError as e:
     print(f"error: {e}", file=sys.stderr)

@@ -97,7 +97,8 @@ def test_target_epsilon(accountant, capsys):
 
 
 def test_gaussian_mechanism_under_mmcc(capsys):
-  argv = ["--n", "4", "--sampling_prob", "0.5", "--noise_multiplier", "2", "--delta", DELTA]
+  argv = ["--total_rounds", "4", "--sampling_prob", "0.5", "--noise_multiplier", "2", "--delta",
+          DELTA]
   new = _json(["--mechanism", "identity", "--amplification", "mmcc"] + argv + FAST_MMCC, capsys)
   direct = mmcc.mmcc_epsilon(mmcc.identity_matrix(4), 0.5, 2.0, 1e-6, workers=1)
   assert new["epsilon"] <= direct * (1 + 1e-12) and new["mechanism"] == "gaussian"
@@ -116,7 +117,7 @@ def test_removed_flags_name_their_replacement(flag, names, capsys):
 
 def test_mmcc_matrices_keep_names_that_say_what_they_are(capsys):
   """tree_restart and the truncated √S of MMCC App E, under their own names."""
-  common = ["--n", "16", "--noise_multiplier", "2", "--delta", DELTA, "--participation",
+  common = ["--total_rounds", "16", "--noise_multiplier", "2", "--delta", DELTA, "--participation",
             "min_sep", "--min_sep", "4", "--amplification", "mmcc", "--sampling_prob", "0.25"]
   new = _json(["--mechanism", "tree_restart", "--height", "3"] + common + FAST_MMCC, capsys)
   direct = mmcc.mmcc_epsilon(mmcc.tree_restart_matrix(16, 3), 0.0625, 2.0, 1e-6, min_sep=4,
@@ -129,8 +130,8 @@ def test_mmcc_matrices_keep_names_that_say_what_they_are(capsys):
 
 
 def test_banded_with_target_epsilon(capsys):
-  out = _json(["--mechanism", "tree_restart", "--height", "3", "--n", "16", "--min_sep", "4",
-               "--amplification", "banded", "--sampling_prob", "0.5", "--target_epsilon", "1",
+  out = _json(["--mechanism", "tree_restart", "--height", "3", "--total_rounds", "16", "--min_sep",
+               "4", "--amplification", "banded", "--sampling_prob", "0.5", "--target_epsilon", "1",
                "--delta", DELTA, "--pld_discretization", "1e-3", "--tolerance", "1e-2"], capsys)
   z = out["noise_multiplier"]
   assert out["epsilon"] <= 1.0 and out["analysis"] == "banded" and out["compositions"] == 4
@@ -159,7 +160,8 @@ def test_matrix_file(cached_tree, capsys):
   reference = statcheck.gaussian_epsilon(3.0, 1e-6)  # stored C: sensitivity 1 (rounded up)
   assert reference <= out["epsilon"] <= reference * (1 + 1e-10)
   out = _json(["--matrix", entry.npz_path, "--amplification", "mmcc", "--sampling_prob", "0.25",
-               "--noise_multiplier", "8", "--delta", DELTA, "--n", "4"] + FAST_MMCC, capsys)
+               "--noise_multiplier", "8", "--delta", DELTA, "--total_rounds", "4"] + FAST_MMCC,
+              capsys)
   assert out["n"] == 4 and out["m"] == f.c.shape[0] and out["min_sep"] == 1
   assert out["amplified_epsilon"] == pytest.approx(mmcc.mmcc_epsilon(
       mmcc.binary_tree_matrix(4), 0.25, 8.0, 1e-6, workers=1), rel=1e-9)
@@ -228,7 +230,7 @@ def _assert_one_line_error(argv, match, capsys):
   assert re.search(match, lines[0]), lines[0]
 
 
-MECH = ["--mechanism", "gaussian", "--n", "4"]
+MECH = ["--mechanism", "gaussian", "--total_rounds", "4"]
 Z = ["--noise_multiplier", "1"]
 
 
@@ -242,7 +244,6 @@ Z = ["--noise_multiplier", "1"]
     (Z + ["--delta=-1e-6"], r"delta must be in \(0, 1\)"),
     (Z + ["--delta", "-1e-6"], "argument --delta: expected one argument"),
     (Z + ["--delta", "x"], "invalid float value"),
-    (Z, "the following arguments are required: --delta"),
     (Z + ["--delta", DELTA, "--participation", "weekly"], "unknown value .weekly."),
     (Z + ["--delta", "nan"], "--delta: must be a finite"),
     (["--target_epsilon", "-1", "--delta", DELTA], "target_epsilon must be positive"),
@@ -260,25 +261,27 @@ Z = ["--noise_multiplier", "1"]
      "--sampling_prob: must be a finite"),
     (MECH + Z + ["--delta", DELTA, "--amplification", "mmcc", "--sampling_prob", "-0.1"],
      r"sampling_prob must be in \(0, 1\]"),
-    (MECH + Z + ["--delta", DELTA, "--sampling_prob", "0.5"], "needs --amplification"),
     (MECH + Z + ["--delta", DELTA, "--amplification", "mmcc"], "needs --sampling_prob"),
-    (["--mechanism", "gaussian", "--n", "0"] + Z + ["--delta", DELTA], "positive integer"),
-    (["--mechanism", "gaussian"] + Z + ["--delta", DELTA], "needs --n"),
-    (["--mechanism", "nope", "--n", "4"] + Z + ["--delta", DELTA], "unknown mechanism"),
-    (["--mechanism", "optiml", "--n", "4"] + Z + ["--delta", DELTA], "did you mean optimal?"),
-    (["--mechanism", "none", "--n", "4"] + Z + ["--delta", DELTA], "no noise"),
-    (["--mechanism", "tree_restart", "--n", "8"] + Z + ["--delta", DELTA], "--height"),
-    (["--mechanism", "tree_restart", "--n", "8", "--height", "0"] + Z + ["--delta", DELTA],
+    (["--mechanism", "gaussian", "--total_rounds", "0"] + Z + ["--delta", DELTA],
      "positive integer"),
-    (["--n", "4"] + Z + ["--delta", DELTA], "--n needs --mechanism"),
+    (["--mechanism", "gaussian"] + Z + ["--delta", DELTA], "needs --total_rounds"),
+    (["--mechanism", "nope", "--total_rounds", "4"] + Z + ["--delta", DELTA], "unknown mechanism"),
+    (["--mechanism", "optiml", "--total_rounds", "4"] + Z + ["--delta", DELTA],
+     "did you mean optimal?"),
+    (["--mechanism", "none", "--total_rounds", "4"] + Z + ["--delta", DELTA], "no noise"),
+    (["--mechanism", "tree_restart", "--total_rounds", "8"] + Z + ["--delta", DELTA], "--height"),
+    (["--mechanism", "tree_restart", "--total_rounds", "8", "--height", "0"] + Z + ["--delta",
+                                                                                    DELTA],
+     "positive integer"),
+    (["--total_rounds", "4"] + Z + ["--delta", DELTA], "--total_rounds needs --mechanism"),
     (MECH + Z + ["--delta", DELTA, "--participation", "fixed_epoch", "--epochs", "3"],
      "must divide the number of rounds"),
     (MECH + Z + ["--delta", DELTA, "--participation", "min_sep"], "needs --min_sep"),
     (MECH + Z + ["--delta", DELTA, "--participation", "min_sep", "--epochs", "2"], "--epochs"),
     (Z + ["--delta", DELTA, "--participation", "min_sep", "--min_sep", "2"],
      "needs the encoder C"),
-    (["--mechanism", "binary_tree", "--n", "8", "--min_sep", "4", "--amplification", "banded",
-      "--sampling_prob", "0.1"] + Z + ["--delta", DELTA], "non-zero bands"),
+    (["--mechanism", "binary_tree", "--total_rounds", "8", "--min_sep", "4", "--amplification",
+      "banded", "--sampling_prob", "0.1"] + Z + ["--delta", DELTA], "non-zero bands"),
     (MECH + Z + ["--delta", DELTA, "--participation", "single", "--amplification", "mmcc",
                  "--sampling_prob", "0.5"], "min_sep schema"),
     (MECH + Z + ["--delta", DELTA, "--non_adaptive"], "--non_adaptive"),
@@ -287,9 +290,9 @@ Z = ["--noise_multiplier", "1"]
     (MECH + Z + ["--delta", DELTA, "--bands", "3"], "--bands"),
     (MECH + Z + ["--delta", DELTA, "--target_epsilonn", "1"], "did you mean --target_epsilon?"),
     (MECH + Z + ["--delta", DELTA, "--accountant", "pdl"], "did you mean pld?"),
-    (["--mechanism", "tree_restart", "--n", "8", "--height", "2", "--bands", "2"] + Z
+    (["--mechanism", "tree_restart", "--total_rounds", "8", "--height", "2", "--bands", "2"] + Z
      + ["--delta", DELTA], "--bands"),
-    (["--mechanism", "gaussian", "--n", "100000000"] + Z + ["--delta", DELTA], "memory"),
+    (["--mechanism", "gaussian", "--total_rounds", "100000000"] + Z + ["--delta", DELTA], "memory"),
 ])
 def test_bad_inputs_are_one_line_errors(argv, match, capsys):
   _assert_one_line_error(argv, match, capsys)
@@ -297,7 +300,8 @@ def test_bad_inputs_are_one_line_errors(argv, match, capsys):
 
 def test_n_mismatch_and_two_sources(cached_tree, capsys):
   _, entry = cached_tree
-  _assert_one_line_error(["--matrix", entry.npz_path, "--n", "8"] + Z + ["--delta", DELTA],
+  _assert_one_line_error(["--matrix", entry.npz_path, "--total_rounds", "8"] + Z + ["--delta",
+                                                                                    DELTA],
                          "does not match", capsys)
   _assert_one_line_error(["--matrix", entry.npz_path, "--mechanism", "gaussian"] + Z
                          + ["--delta", DELTA], "one of --matrix and --mechanism", capsys)
@@ -414,12 +418,13 @@ EDGE_CASES = [
     # default accountant (above), and the PLD accountant at tiny noise.
     pytest.param(["--target_epsilon", "1e6", "--accountant", "pld"], ("target", 1e6, 1e-2),
                  marks=pytest.mark.slow),
-    (["--mechanism", "binary_tree", "--n", "4", "--amplification", "mmcc", "--sampling_prob",
-      "0.25", "--noise_multiplier", "1e-3"] + FAST_MMCC,
+    (["--mechanism", "binary_tree", "--total_rounds", "4", "--amplification", "mmcc",
+      "--sampling_prob", "0.25", "--noise_multiplier", "1e-3"] + FAST_MMCC,
      lambda: _amplified_bounds(_tree_encoder_normalized(4), [(0, 1, 2, 3)], 0.25, Z_TINY)),
-    (["--mechanism", "binary_tree", "--n", "4", "--amplification", "mmcc", "--sampling_prob",
+    (["--mechanism", "binary_tree", "--total_rounds", "4", "--amplification", "mmcc",
+      "--sampling_prob",
       "0.25", "--noise_multiplier", "1e-5"] + FAST_MMCC, "unamplified bound is epsilon"),
-    (["--mechanism", "tree_restart", "--height", "3", "--n", "16", "--min_sep", "4",
+    (["--mechanism", "tree_restart", "--height", "3", "--total_rounds", "16", "--min_sep", "4",
       "--amplification", "banded", "--sampling_prob", "0.5", "--noise_multiplier", "1e-3"],
      lambda: _amplified_bounds(_restart_blocks(16, 4), [tuple(range(r, 16, 4)) for r in range(4)],
                                0.5, Z_TINY)),
@@ -450,7 +455,8 @@ def test_edge_inputs_in_bounded_memory_and_time(argv, expect):
 
 # ----------------------------------------------------------------------------- below the bound
 
-_SLACK = ["--mechanism", "truncated_sqrt_prefix", "--bands", "4", "--n", "32", "--min_sep", "4",
+_SLACK = ["--mechanism", "truncated_sqrt_prefix", "--bands", "4", "--total_rounds", "32",
+          "--min_sep", "4",
           "--amplification", "mmcc", "--sampling_prob", "0.25", "--delta", DELTA] + FAST_MMCC
 
 
@@ -479,7 +485,8 @@ def test_lower_bound_and_estimate_are_labeled_and_below_the_bound(capsys):
 
 def test_lower_bound_at_the_calibrated_noise(capsys):
   """With --target_epsilon the lower bound is taken at the z printed: lower ≤ ε ≤ target."""
-  argv = ["--mechanism", "truncated_sqrt_prefix", "--bands", "2", "--n", "8", "--min_sep", "2",
+  argv = ["--mechanism", "truncated_sqrt_prefix", "--bands", "2", "--total_rounds", "8",
+          "--min_sep", "2",
           "--amplification", "mmcc", "--sampling_prob", "0.5", "--delta", DELTA,
           "--target_epsilon", "3", "--tolerance", "0.05", "--lower_bound"] + FAST_MMCC
   out = _json(argv, capsys)
@@ -491,7 +498,8 @@ def test_lower_bound_of_random_allocation(capsys):
   """Balls-in-bins (random allocation): the proven lower bound of tff_mf.random_allocation
   below the printed ε; Monte-Carlo accounting is not offered there."""
   from tff_mf import random_allocation  # pylint: disable=g-import-not-at-top
-  argv = ["--mechanism", "banded_toeplitz", "--n", "16", "--participation", "random_allocation",
+  argv = ["--mechanism", "banded_toeplitz", "--total_rounds", "16", "--participation",
+          "random_allocation",
           "--epochs", "2", "--amplification", "random_allocation", "--noise_multiplier", "2",
           "--delta", DELTA]
   out = _json(argv + ["--lower_bound"], capsys)
@@ -505,9 +513,9 @@ def test_lower_bound_of_random_allocation(capsys):
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["--mechanism", "gaussian", "--n", "4", "--noise_multiplier", "1", "--delta", DELTA,
+    (["--mechanism", "gaussian", "--total_rounds", "4", "--noise_multiplier", "1", "--delta", DELTA,
       "--lower_bound"], r"--lower_bound needs --amplification mmcc, banded or random_alloc"),
-    (["--mechanism", "gaussian", "--n", "4", "--noise_multiplier", "1", "--delta", DELTA,
+    (["--mechanism", "gaussian", "--total_rounds", "4", "--noise_multiplier", "1", "--delta", DELTA,
       "--monte_carlo_samples", "5000"], r"--monte_carlo_samples needs --amplification"),
     (_SLACK + ["--noise_multiplier", "2", "--monte_carlo_samples", "10"],
      r"--monte_carlo_samples must be an integer >= 1000"),
@@ -528,7 +536,7 @@ def test_mechanism_workload_follows_the_run_as_training_builds_it(tmp_path, caps
   from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
   from tff_mf import registry  # pylint: disable=g-import-not-at-top
-  base = ["--mechanism", "opt_momentum", "--n", "16", "--participation", "fixed_epoch",
+  base = ["--mechanism", "opt_momentum", "--total_rounds", "16", "--participation", "fixed_epoch",
           "--epochs", "2", "--noise_multiplier", "2", "--delta", DELTA,
           "--cache_dir", str(tmp_path)]
   _assert_one_line_error(base, "give the run's --momentum BETA", capsys)

@@ -341,8 +341,8 @@ def test_command_json_plot_and_one_line_errors(tmp_path, capsys):
   the power."""
   exe = os.path.join(userenv.REPO, ".venv", "bin", "tff-mf")
   png = tmp_path / "audit.png"
-  base = [exe, "audit", "--mechanism", "gaussian", "--n", "4", "--noise_multiplier", "0.5",
-          "--trials", "256", "--trials_per_run", "256", "--calibration_trials", "256"]
+  base = [exe, "audit", "--mechanism", "gaussian", "--total_rounds", "4", "--noise_multiplier",
+          "0.5", "--trials", "256", "--trials_per_run", "256", "--calibration_trials", "256"]
   result = subprocess.run(base + ["--alpha", "1e-6", "--json", "--plot", str(png)],
                           env=userenv.env(home=tmp_path), capture_output=True, text=True,
                           timeout=600, cwd=tmp_path)

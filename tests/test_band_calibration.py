@@ -79,7 +79,8 @@ def test_refusals():
 
 def test_command_prints_every_candidate_and_refuses_in_one_line(result, tmp_path):
   _, cache_dir = result
-  command = [sys.executable, "-m", "tff_mf.cli", "calibrate-bands", "--n", str(N), "--min_sep",
+  command = [sys.executable, "-m", "tff_mf.cli", "calibrate-bands", "--total_rounds", str(N),
+             "--min_sep",
              str(B), "--sampling_prob", str(P), "--target_epsilon", str(EPS), "--delta",
              str(DELTA), "--cache_dir", cache_dir, "--max_bands", "1", "--tolerance", "0.05"]
   done = subprocess.run(command, env=userenv.env(home=tmp_path), capture_output=True,

@@ -71,7 +71,8 @@ def _argparse_parsers():
 
 def _flag_actions(parser):
   for action in parser._actions:  # pylint: disable=protected-access
-    if isinstance(action, (argparse._HelpAction, argparse._VersionAction,  # pylint: disable=protected-access
+    if isinstance(action, (argparse._HelpAction, argparse._VersionAction,
+                            # pylint: disable=protected-access
                            argparse._SubParsersAction)):  # pylint: disable=protected-access
       continue
     yield action
@@ -190,7 +191,8 @@ def _one_line_usage_error(call, capsys):
     ("tff-mf", ["account", "--delta", "1e-6", "--target_epsilonn", "1"],
      "did you mean --target_epsilon?"),
     ("tff-mf", ["account", "--delta", "1e-6", "--accountant", "pdl"], "did you mean pld?"),
-    ("tff-mf", ["factorize", "--strategy", "blt", "--n", "8", "--participaton", "single"],
+    ("tff-mf", ["factorize", "--mechanism", "blt", "--total_rounds", "8", "--participaton",
+                "single"],
      "did you mean --participation?"),
     ("tff-mf", ["cache", "list", "--cache-dri", "x"], "did you mean --cache_dir?"),
     ("main_job", ["--no-progres"], "did you mean --no_progress?"),
@@ -204,10 +206,10 @@ def test_a_typo_is_one_line_with_the_closest_spelling(tool, argv, expect, capsys
 
 
 def test_names_typos_get_the_closest_spelling(capsys):
-  assert cli.main(["factorize", "--strategy", "optiml", "--n", "8"]) == 2
+  assert cli.main(["factorize", "--mechanism", "optiml", "--total_rounds", "8"]) == 2
   assert "did you mean optimal?" in capsys.readouterr().err
-  assert cli.main(["account", "--mechanism", "bltt", "--n", "8", "--noise_multiplier", "1",
-                   "--delta", "1e-6"]) == 2
+  assert cli.main(["account", "--mechanism", "bltt", "--total_rounds", "8", "--noise_multiplier",
+                   "1", "--delta", "1e-6"]) == 2
   assert "did you mean blt?" in capsys.readouterr().err
   assert sweep.main(["--grid", "table3_serch", "--dry_run"]) == 2
   assert "did you mean table3_search?" in capsys.readouterr().err
@@ -294,7 +296,8 @@ def test_remedies_name_the_flag_on_a_command_line_and_the_argument_in_python(tmp
   --clipped_count_stddev, the Python error allow_unconverged=True or allow_no_noise=True."""
   from tff_mf import dense_run  # pylint: disable=g-import-not-at-top
   from tff_mf.commands import factorize  # pylint: disable=g-import-not-at-top
-  argv = ["factorize", "--strategy", "optimal", "--n", "32", "--participation", "fixed_epoch",
+  argv = ["factorize", "--mechanism", "optimal", "--total_rounds", "32", "--participation",
+          "fixed_epoch",
           "--epochs", "2", "--max_iterations", "2", "--json", "--cache_dir", str(tmp_path)]
   assert cli.main(argv) == 2  # 2 iterations stop far above the 1e-6 gap on any CPU
   lines = capsys.readouterr().err.strip().splitlines()
@@ -333,9 +336,9 @@ def test_remedies_name_the_flag_on_a_command_line_and_the_argument_in_python(tmp
     (["account", "--noise_multiplier", "4", "--delta", "2"], "--delta must be in (0, 1), got 2"),
     (["account", "--noise_multiplier", "0", "--delta", "1e-6"],
      "--noise_multiplier must be positive, got 0"),
-    (["calibrate-bands", "--n", "16", "--min_sep", "4", "--sampling_prob", "0.5",
+    (["calibrate-bands", "--total_rounds", "16", "--min_sep", "4", "--sampling_prob", "0.5",
       "--target_epsilon", "-2", "--delta", "1e-6"], "--target_epsilon must be positive"),
-    (["factorize", "--strategy", "optimal", "--n", "16", "--max_iterations", "0"],
+    (["factorize", "--mechanism", "optimal", "--total_rounds", "16", "--max_iterations", "0"],
      "--max_iterations must be a positive integer, got 0"),
 ])
 def test_a_check_that_names_its_argument_names_the_flag_on_a_command_line(argv, line, tmp_path,
@@ -360,7 +363,7 @@ def _account_json(argv, capsys):
 
 def test_account_mechanism_builds_then_reuses_the_cached_factorization(tmp_path, capsys,
                                                                        monkeypatch):
-  argv = ["--mechanism", "blt", "--n", "32", "--min_sep", "4", "--noise_multiplier", "2",
+  argv = ["--mechanism", "blt", "--total_rounds", "32", "--min_sep", "4", "--noise_multiplier", "2",
           "--cache_dir", str(tmp_path)]
   first = _account_json(argv, capsys)
   assert first["cache_hit"] is False and first["mechanism"] == "blt"
@@ -377,8 +380,8 @@ def test_account_mechanism_builds_then_reuses_the_cached_factorization(tmp_path,
   assert len(cache.list_entries(str(tmp_path))) == 1
   assert os.stat(second["cache_npz"]).st_mtime_ns == stat.st_mtime_ns
   # The C accounted for is the one factorize writes for the same request.
-  assert cli.main(["factorize", "--strategy", "blt", "--n", "32", "--participation", "min_sep",
-                   "--min_sep", "4", "--cache_dir", str(tmp_path), "--json"]) == 0
+  assert cli.main(["factorize", "--mechanism", "blt", "--total_rounds", "32", "--participation",
+                   "min_sep", "--min_sep", "4", "--cache_dir", str(tmp_path), "--json"]) == 0
   assert json.loads(capsys.readouterr().out)["path"] == first["cache_npz"]
 
 
@@ -387,27 +390,28 @@ def test_every_mechanism_accounts_in_one_command(tmp_path, capsys):
     extra = ["--height", "2"] if name == "tree_restart" else []
     if registry.mechanism(name).momentum_workload:  # its C needs the run's β
       extra = ["--momentum", "0.9"]
-    out = _account_json(["--mechanism", name, "--n", "8", "--min_sep", "2",
+    out = _account_json(["--mechanism", name, "--total_rounds", "8", "--min_sep", "2",
                          "--noise_multiplier", "2", "--cache_dir", str(tmp_path)] + extra,
                         capsys)
     assert out["epsilon"] > 0 and out["participation"] == "min_sep-b2-k4", name
-  rc = cli.main(["account", "--mechanism", "none", "--n", "8", "--noise_multiplier", "1",
+  rc = cli.main(["account", "--mechanism", "none", "--total_rounds", "8", "--noise_multiplier", "1",
                  "--delta", "1e-6"])
   assert rc == 2 and "no noise" in capsys.readouterr().err
 
 
 def test_factorize_takes_mechanism_names(tmp_path, capsys):
   def factorize(*argv):
-    rc = cli.main(["factorize", "--n", "8", "--cache_dir", str(tmp_path), "--json", *argv])
+    rc = cli.main(["factorize", "--total_rounds", "8", "--cache_dir", str(tmp_path), "--json",
+                   *argv])
     captured = capsys.readouterr()
     return rc, captured.out, captured.err
 
-  rc, out, _ = factorize("--strategy", "opt_momentum", "--workload", "momentum")
+  rc, out, _ = factorize("--mechanism", "opt_momentum", "--workload", "momentum")
   record = json.loads(out)
   assert rc == 0 and record["strategy"] == "optimal" and record["workload"] == "momentum"
-  rc, out, _ = factorize("--strategy", "dp_ftrl")
+  rc, out, _ = factorize("--mechanism", "dp_ftrl")
   assert rc == 0 and json.loads(out)["strategy"] == "honaker_online"
-  rc, _, err = factorize("--strategy", "opt_prefix_sum", "--workload", "momentum")
+  rc, _, err = factorize("--mechanism", "opt_prefix_sum", "--workload", "momentum")
   assert rc == 2 and "prefix sum" in err
-  rc, _, err = factorize("--strategy", "tree_restart")
+  rc, _, err = factorize("--mechanism", "tree_restart")
   assert rc == 2 and "no factorization" in err and len(err.strip().splitlines()) == 1

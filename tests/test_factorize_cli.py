@@ -34,7 +34,8 @@ def run_cli(*args, cache_dir=None, env_cache=None):
 
 
 def test_factorize_json_then_fast_hit(tmp_path):
-  first = run_cli("factorize", "--workload", "prefix_sum", "--strategy", "optimal", "--n", 64,
+  first = run_cli("factorize", "--workload", "prefix_sum", "--mechanism", "optimal",
+                  "--total_rounds", 64,
                   "--json", cache_dir=tmp_path)
   assert first.returncode == 0, first.stderr
   record = json.loads(first.stdout)
@@ -45,7 +46,8 @@ def test_factorize_json_then_fast_hit(tmp_path):
   assert record["single_participation_loss"] == pytest.approx(record["single_participation_sqrt_loss"] ** 2)
   assert os.path.isfile(record["path"])
   before = os.stat(record["path"]).st_mtime_ns
-  second = run_cli("factorize", "--workload", "prefix_sum", "--strategy", "optimal", "--n", 64,
+  second = run_cli("factorize", "--workload", "prefix_sum", "--mechanism", "optimal",
+                   "--total_rounds", 64,
                    "--json", cache_dir=tmp_path)
   assert second.returncode == 0, second.stderr
   hit = json.loads(second.stdout)
@@ -59,7 +61,8 @@ def test_factorize_json_then_fast_hit(tmp_path):
   assert hit.get("iterations") == record.get("iterations")
   # The text of a hit shows the recomputed figures; the duality gap, which a hit cannot
   # recompute, is labelled as the solver's record.
-  text = run_cli("factorize", "--workload", "prefix_sum", "--strategy", "optimal", "--n", 64,
+  text = run_cli("factorize", "--workload", "prefix_sum", "--mechanism", "optimal",
+                 "--total_rounds", 64,
                  cache_dir=tmp_path)
   gap = [line for line in text.stdout.splitlines() if "relative gap" in line]
   assert len(gap) == 1 and gap[0].endswith("(the solver's record, not rechecked)"), text.stdout
@@ -69,7 +72,7 @@ def test_hit_path_imports_no_tensorflow_or_matplotlib(tmp_path):
   code = (
       "import sys\n"
       "from tff_mf import cli\n"
-      f"rc = cli.main(['factorize', '--strategy', 'identity', '--n', '8', '--json', "
+      f"rc = cli.main(['factorize', '--mechanism', 'identity', '--total_rounds', '8', '--json', "
       f"'--cache_dir', {str(tmp_path)!r}])\n"
       "heavy = [m for m in ('tensorflow', 'tensorflow_federated', 'matplotlib') "
       "if m in sys.modules]\n"
@@ -84,8 +87,8 @@ def test_hit_path_imports_no_tensorflow_or_matplotlib(tmp_path):
 
 def test_momentum_schedule_and_structured_flags(tmp_path):
   out = run_cli("factorize", "--workload", "momentum", "--momentum", 0.9, "--lr_schedule",
-                "cooldown", "--schedule_rounds", 8, "--strategy", "structured", "--bands", 2,
-                "--rank", 2, "--n", 32, "--json", cache_dir=tmp_path)
+                "cooldown", "--schedule_rounds", 8, "--mechanism", "structured", "--bands", 2,
+                "--rank", 2, "--total_rounds", 32, "--json", cache_dir=tmp_path)
   assert out.returncode == 0, out.stderr
   record = json.loads(out.stdout)
   assert record["params"]["workload"] == {"kind": "momentum", "n": 32, "momentum": 0.9,
@@ -100,7 +103,8 @@ def test_momentum_schedule_and_structured_flags(tmp_path):
 def test_structured_als_flag_drives_the_fit_and_the_warning_names_it(tmp_path):
   """The README's structured example warned "not converged" with no remedy, and no flag
   changed the ALS fit behind it: --als_iterations does, and the warning names it."""
-  args = ("factorize", "--strategy", "structured", "--bands", 5, "--rank", 4, "--n", 512)
+  args = ("factorize", "--mechanism", "structured", "--bands", 5, "--rank", 4, "--total_rounds",
+          512)
   text = run_cli(*args, cache_dir=tmp_path)
   assert text.returncode == 0, text.stderr
   warnings = [line for line in text.stdout.splitlines() if "warning" in line]
@@ -113,20 +117,21 @@ def test_structured_als_flag_drives_the_fit_and_the_warning_names_it(tmp_path):
     assert records[sweeps]["cache_hit"] is False and records[sweeps]["iterations"] == sweeps
     assert "--als_iterations" in records[sweeps]["outcome"]["why"]
   assert records[3]["path"] != records[7]["path"]  # part of the cache key
-  refused = run_cli("factorize", "--strategy", "optimal", "--n", 8, "--als_iterations", 5,
+  refused = run_cli("factorize", "--mechanism", "optimal", "--total_rounds", 8, "--als_iterations",
+                    5,
                     cache_dir=tmp_path)
   assert refused.returncode == 2 and "--als_iterations does not apply" in refused.stderr
 
 
 def test_env_var_cache_location(tmp_path):
-  out = run_cli("factorize", "--strategy", "honaker_online", "--n", 16, "--json",
+  out = run_cli("factorize", "--mechanism", "honaker_online", "--total_rounds", 16, "--json",
                 env_cache=tmp_path / "env_cache")
   assert out.returncode == 0, out.stderr
   assert json.loads(out.stdout)["path"].startswith(str(tmp_path / "env_cache"))
 
 
 def test_force_recomputes(tmp_path):
-  args = ("factorize", "--strategy", "honaker_full", "--n", 16, "--json")
+  args = ("factorize", "--mechanism", "honaker_full", "--total_rounds", 16, "--json")
   assert json.loads(run_cli(*args, cache_dir=tmp_path).stdout)["cache_hit"] is False
   assert json.loads(run_cli(*args, "--force", cache_dir=tmp_path).stdout)["cache_hit"] is False
   assert json.loads(run_cli(*args, cache_dir=tmp_path).stdout)["cache_hit"] is True
@@ -134,7 +139,8 @@ def test_force_recomputes(tmp_path):
 
 def test_cache_list_and_verify_exit_codes(tmp_path):
   for strategy in ("identity", "honaker_online"):
-    assert run_cli("factorize", "--strategy", strategy, "--n", 16, cache_dir=tmp_path).returncode == 0
+    assert run_cli("factorize", "--mechanism", strategy, "--total_rounds", 16,
+                   cache_dir=tmp_path).returncode == 0
   listed = run_cli("cache", "list", "--json", cache_dir=tmp_path)
   assert listed.returncode == 0, listed.stderr
   entries = json.loads(listed.stdout)["entries"]
@@ -154,11 +160,12 @@ def test_cache_list_and_verify_exit_codes(tmp_path):
   as_json = json.loads(run_cli("cache", "verify", "--json", cache_dir=tmp_path).stdout)
   assert as_json["bad"] == 1
   # The corrupt entry is refused by factorize too (exit 2, one line naming it), and --force fixes it.
-  refused = run_cli("factorize", "--strategy", "identity", "--n", 16, cache_dir=tmp_path)
+  refused = run_cli("factorize", "--mechanism", "identity", "--total_rounds", 16,
+                    cache_dir=tmp_path)
   assert refused.returncode == 2 and os.path.dirname(bad_path) in refused.stderr
   assert len(error_lines(refused.stderr)) == 1
   assert "--force" in error_lines(refused.stderr)[0]  # the one line says how to recompute it
-  assert run_cli("factorize", "--strategy", "identity", "--n", 16, "--force",
+  assert run_cli("factorize", "--mechanism", "identity", "--total_rounds", 16, "--force",
                  cache_dir=tmp_path).returncode == 0
   assert run_cli("cache", "verify", cache_dir=tmp_path).returncode == 0
 
@@ -168,7 +175,7 @@ def test_user_matrix_file_workload(tmp_path):
   a = np.tril(rng.uniform(0.2, 1.0, (24, 24))) + np.eye(24)
   path = tmp_path / "a.npy"
   np.save(path, a)
-  out = run_cli("factorize", "--matrix_file", path, "--strategy", "optimal", "--json",
+  out = run_cli("factorize", "--matrix_file", path, "--mechanism", "optimal", "--json",
                 cache_dir=tmp_path / "c")
   assert out.returncode == 0, out.stderr
   record = json.loads(out.stdout)
@@ -178,7 +185,7 @@ def test_user_matrix_file_workload(tmp_path):
   np.testing.assert_allclose(f.b @ f.c, a, atol=1e-8)
   # Same contents under another name: a cache hit.
   np.save(tmp_path / "copy.npy", a)
-  again = json.loads(run_cli("factorize", "--matrix_file", tmp_path / "copy.npy", "--strategy",
+  again = json.loads(run_cli("factorize", "--matrix_file", tmp_path / "copy.npy", "--mechanism",
                              "optimal", "--json", cache_dir=tmp_path / "c").stdout)
   assert again["cache_hit"] is True
 
@@ -192,7 +199,7 @@ def test_user_matrix_file_workload(tmp_path):
 def test_invalid_matrix_files_fail_with_one_line(tmp_path, name, matrix, message):
   path = tmp_path / f"{name}.npy"
   np.save(path, matrix)
-  out = run_cli("factorize", "--matrix_file", path, "--strategy", "optimal", "--json",
+  out = run_cli("factorize", "--matrix_file", path, "--mechanism", "optimal", "--json",
                 cache_dir=tmp_path / "c")
   assert out.returncode == 2
   lines = error_lines(out.stderr)
@@ -203,16 +210,17 @@ def test_invalid_matrix_files_fail_with_one_line(tmp_path, name, matrix, message
 
 
 @pytest.mark.parametrize("args,message", [
-    (("--strategy", "optimal"), "--n is required"),
-    (("--strategy", "optimal", "--n", 0), "--n must be"),
-    (("--strategy", "identity", "--n", 8, "--bands", 2), "--bands does not apply"),
-    (("--strategy", "identity", "--n", 8, "--rank", 2), "--rank does not apply"),
-    (("--strategy", "structured", "--n", 8, "--bands", 0, "--rank", 1), "bands"),
-    (("--workload", "momentum", "--momentum", 1.5, "--strategy", "identity", "--n", 8), "[0, 1)"),
+    (("--mechanism", "optimal"), "--total_rounds is required"),
+    (("--mechanism", "optimal", "--total_rounds", 0), "--total_rounds must be"),
+    (("--mechanism", "identity", "--total_rounds", 8, "--bands", 2), "--bands does not apply"),
+    (("--mechanism", "identity", "--total_rounds", 8, "--rank", 2), "--rank does not apply"),
+    (("--mechanism", "structured", "--total_rounds", 8, "--bands", 0, "--rank", 1), "bands"),
+    (("--workload", "momentum", "--momentum", 1.5, "--mechanism", "identity", "--total_rounds", 8),
+     "[0, 1)"),
     (("--workload", "momentum", "--lr_schedule", "decay", "--schedule_rounds", 99,
-      "--strategy", "identity", "--n", 8), "schedule_rounds"),
-    (("--strategy", "optimal", "--n", 8, "--target_gap", 0), "target_gap"),
-    (("--matrix_file", "/nonexistent/a.npy", "--strategy", "optimal"), "does not exist"),
+      "--mechanism", "identity", "--total_rounds", 8), "schedule_rounds"),
+    (("--mechanism", "optimal", "--total_rounds", 8, "--target_gap", 0), "target_gap"),
+    (("--matrix_file", "/nonexistent/a.npy", "--mechanism", "optimal"), "does not exist"),
 ])
 def test_invalid_arguments_fail_with_one_line(tmp_path, args, message):
   out = run_cli("factorize", *args, cache_dir=tmp_path)
@@ -223,7 +231,7 @@ def test_invalid_arguments_fail_with_one_line(tmp_path, args, message):
 
 
 def test_unconverged_is_an_error_unless_allowed(tmp_path):
-  args = ("factorize", "--workload", "momentum", "--strategy", "optimal", "--n", 64,
+  args = ("factorize", "--workload", "momentum", "--mechanism", "optimal", "--total_rounds", 64,
           "--target_gap", 1e-12, "--max_iterations", 2, "--json")
   refused = run_cli(*args, cache_dir=tmp_path)
   assert refused.returncode == 2 and len(error_lines(refused.stderr)) == 1
@@ -235,7 +243,7 @@ def test_unconverged_is_an_error_unless_allowed(tmp_path):
 
 
 def test_plot_writes_pngs(tmp_path):
-  out = run_cli("plot", "--n", 32, "--momentum", 0.9, "--output_dir", tmp_path / "plots",
+  out = run_cli("plot", "--total_rounds", 32, "--momentum", 0.9, "--output_dir", tmp_path / "plots",
                 cache_dir=tmp_path / "c")
   assert out.returncode == 0, out.stderr
   paths = out.stdout.split()
@@ -258,7 +266,8 @@ def test_bare_command_prints_help_and_version_exists():
 @pytest.mark.parametrize("strategy", ["optimal", "honaker_online", "banded", "blt",
                                       "banded_toeplitz", "structured", "identity"])
 def test_one_round_is_a_valid_factorization(tmp_path, strategy):
-  out = run_cli("factorize", "--strategy", strategy, "--n", 1, "--json", cache_dir=tmp_path)
+  out = run_cli("factorize", "--mechanism", strategy, "--total_rounds", 1, "--json",
+                cache_dir=tmp_path)
   assert out.returncode == 0, out.stderr
   record = json.loads(out.stdout)
   with np.load(record["path"]) as d:
@@ -273,7 +282,7 @@ def test_sizes_that_cannot_fit_are_refused_before_allocating(tmp_path, n, strate
   code = ("import resource, sys\n"
           "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
           "from tff_mf import cli\n"
-          f"sys.exit(cli.main(['factorize', '--strategy', '{strategy}', '--n', '{n}', "
+          f"sys.exit(cli.main(['factorize', '--mechanism', '{strategy}', '--total_rounds', '{n}', "
           f"'--cache_dir', {str(tmp_path)!r}]))\n")
   start = time.perf_counter()
   out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=userenv.env(),
@@ -287,14 +296,14 @@ def test_sizes_that_cannot_fit_are_refused_before_allocating(tmp_path, n, strate
 def test_complex_matrix_file_is_refused(tmp_path):
   path = tmp_path / "complex.npy"
   np.save(path, np.tril(np.ones((4, 4))) * (1 + 1j))
-  out = run_cli("factorize", "--matrix_file", path, "--strategy", "optimal", cache_dir=tmp_path)
+  out = run_cli("factorize", "--matrix_file", path, "--mechanism", "optimal", cache_dir=tmp_path)
   assert out.returncode == 2 and "real numbers" in error_lines(out.stderr)[0]
 
 
 def test_json_is_strict_even_with_unbounded_figures(tmp_path):
   """A non-finite figure is written as the string "inf" (tff_mf.jsonio), never as the non-JSON
   Infinity/NaN."""
-  out = run_cli("factorize", "--strategy", "optimal", "--n", 8, "--allow_unconverged",
+  out = run_cli("factorize", "--mechanism", "optimal", "--total_rounds", 8, "--allow_unconverged",
                 "--max_iterations", 1, "--target_gap", 1e-12, "--json", cache_dir=tmp_path)
   assert out.returncode == 0, out.stderr
   json.loads(out.stdout, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))

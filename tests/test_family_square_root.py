@@ -134,8 +134,8 @@ def test_stream_equals_c_inverse_times_z(strategy, kw, workload):
 
 
 def test_factorize_cli_caches_and_reloads_bisr(tmp_path):
-  cmd = [sys.executable, "-m", "tff_mf.cli", "factorize", "--strategy", "bisr", "--bands", "4",
-         "--n", "64", "--participation", "min_sep", "--min-sep", "8", "--json",
+  cmd = [sys.executable, "-m", "tff_mf.cli", "factorize", "--mechanism", "bisr", "--bands", "4",
+         "--total_rounds", "64", "--participation", "min_sep", "--min-sep", "8", "--json",
          "--cache-dir", str(tmp_path)]
   first = subprocess.run(cmd, capture_output=True, text=True, env=userenv.env(pythonpath=True),
                          cwd=userenv.REPO, timeout=300)

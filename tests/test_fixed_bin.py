@@ -157,8 +157,8 @@ def _account(*args):
 
 
 def test_cli_balls_in_bins_is_fixed_bin_and_random_allocation_is_amplified(tmp_path):
-  base = ["--mechanism", "gaussian", "--n", "64", "--epochs", "4", "--noise_multiplier", "2",
-          "--delta", "1e-8", "--cache_dir", str(tmp_path), "--json"]
+  base = ["--mechanism", "gaussian", "--total_rounds", "64", "--epochs", "4", "--noise_multiplier",
+          "2", "--delta", "1e-8", "--cache_dir", str(tmp_path), "--json"]
   fixed = _account("--participation", "balls_in_bins", *base)
   assert fixed.returncode == 0, fixed.stderr
   record = json.loads(fixed.stdout)

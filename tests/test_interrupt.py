@@ -286,8 +286,8 @@ def test_sweep_forwards_ctrl_c_to_its_runs_which_resume(tmp_path):
 
 def test_tff_mf_factorize_ctrl_c_writes_no_partial_entry(tmp_path):
   cache_dir = tmp_path / "cache"
-  argv = [sys.executable, "-m", "tff_mf.cli", "factorize", "--strategy", "optimal", "--n",
-          "1500", "--cache-dir", str(cache_dir)]
+  argv = [sys.executable, "-m", "tff_mf.cli", "factorize", "--mechanism", "optimal",
+          "--total_rounds", "1500", "--cache-dir", str(cache_dir)]
   proc = _start(argv, tmp_path, "factorize")
   time.sleep(3)  # imports done, the solver running (it needs far longer at n = 1500)
   _ctrl_c(proc)
@@ -307,7 +307,7 @@ def test_main_job_ctrl_c_during_the_table_keeps_finished_factorizations(tmp_path
   cache_dir = tmp_path / "cache"
   out = tmp_path / "demo"
   argv = [sys.executable, "-m", "training.main_job", "--output_dir", str(out), "--cache_dir",
-          str(cache_dir), "--n", "600", "--skip_training"]
+          str(cache_dir), "--table_rounds", "600", "--skip_training"]
   proc = _start(argv, tmp_path, "main_job")
   _wait_for(proc, lambda: cache_dir.exists() and any(cache_dir.iterdir()),
             "the first factorization")
@@ -322,12 +322,12 @@ def test_main_job_ctrl_c_during_the_table_keeps_finished_factorizations(tmp_path
 
 def test_tff_mf_account_and_audit_stop_at_once_on_ctrl_c(tmp_path):
   commands = {
-      "account": ["account", "--mechanism", "honaker_online", "--n", "256", "--amplification",
-                  "mmcc", "--sampling-prob", "0.1", "--noise-multiplier", "1", "--delta",
-                  "1e-6", "--processes", "2"],  # MMCC: minutes of row PLDs in two processes
-      "audit": ["audit", "--mechanism", "opt_prefix_sum", "--n", "8", "--noise-multiplier",
-                "0.5", "--participation", "fixed_epoch", "--epochs", "2", "--plot",
-                str(tmp_path / "audit.png")],  # TFF start-up, then many TFF rounds
+      "account": ["account", "--mechanism", "honaker_online", "--total_rounds", "256",
+                  "--amplification", "mmcc", "--sampling-prob", "0.1", "--noise-multiplier", "1",
+                  "--delta", "1e-6", "--processes", "2"],  # MMCC: minutes of row PLDs in two processes
+      "audit": ["audit", "--mechanism", "opt_prefix_sum", "--total_rounds", "8",
+                "--noise-multiplier", "0.5", "--participation", "fixed_epoch", "--epochs", "2",
+                "--plot", str(tmp_path / "audit.png")],  # TFF start-up, then many TFF rounds
   }
   for name, args in commands.items():
     proc = _start([sys.executable, "-m", "tff_mf.cli", *args], tmp_path, name)

@@ -123,8 +123,8 @@ def test_zero_noise_errors_name_what_exists_on_each_surface(capsys):
 
 def test_account_prints_the_statement_for_its_configuration(capsys):
   from tff_mf import cli  # pylint: disable=g-import-not-at-top
-  argv = ["account", "--mechanism", "gaussian", "--n", "8", "--participation", "fixed_epoch",
-          "--epochs", "2", "--noise-multiplier", "2", "--delta", "1e-6"]
+  argv = ["account", "--mechanism", "gaussian", "--total_rounds", "8", "--participation",
+          "fixed_epoch", "--epochs", "2", "--noise-multiplier", "2", "--delta", "1e-6"]
   assert cli.main(argv) == 0
   text = capsys.readouterr().out
   assert cli.main(argv + ["--json"]) == 0

@@ -259,8 +259,8 @@ def test_a_new_family_is_one_module_and_one_registry_entry(cache_dir, capsys):
     assert registry.default_parameters("toy_geometric", rounds, schema) == {"bands": 3}
     assert strategies.cached("toy_geometric")
     # tff-mf factorize computes it, then serves it from the cache.
-    argv = ["factorize", "--strategy", "toy_geometric", "--n", str(rounds), "--bands", "2",
-            "--cache-dir", cache_dir, "--json"]
+    argv = ["factorize", "--mechanism", "toy_geometric", "--total_rounds", str(rounds), "--bands",
+            "2", "--cache-dir", cache_dir, "--json"]
     records = []
     for _ in range(2):
       assert cli.main(argv) == 0

@@ -189,7 +189,8 @@ def test_run_record_names_the_random_allocation_bound_and_calibrates_with_it():
 
 
 def test_account_cli_random_allocation(tmp_path):
-  base = [sys.executable, "-m", "tff_mf.cli", "account", "--mechanism", "gaussian", "--n", "32",
+  base = [sys.executable, "-m", "tff_mf.cli", "account", "--mechanism", "gaussian",
+          "--total_rounds", "32",
           "--delta", "1e-6", "--noise_multiplier", "2", "--cache_dir", str(tmp_path)]
   ok = subprocess.run(base + ["--participation", "random_allocation", "--epochs", "4",
                               "--amplification", "random_allocation", "--json"],

@@ -22,8 +22,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Under 32-min-sep participation at n = 512 the best 4-buffer BLT switches buffers off (two,
 # with every OpenBLAS kernel tried: its cancelled pairs sit on the log-gap bound); the tests
 # read how many from the output rather than assume one optimizer path.
-BLT_FEWER = ("--strategy", "blt", "--buffers", 4, "--n", 512, "--participation", "min_sep",
-             "--min-sep", 32)
+BLT_FEWER = ("--mechanism", "blt", "--buffers", 4, "--total_rounds", 512, "--participation",
+             "min_sep", "--min-sep", 32)
 
 
 def factorize(*args, cache_dir):
@@ -69,7 +69,7 @@ def test_strict_refuses_in_one_line_and_keeps_the_entry(tmp_path):
   hit = factorize(*BLT_FEWER, "--json", cache_dir=tmp_path)
   assert hit.returncode == 0 and json.loads(hit.stdout)["cache_hit"] is True
   # Nothing to refuse: strict passes a converged result with the requested parameters.
-  ok = factorize("--strategy", "blt", "--buffers", 2, "--n", 64, "--strict", "--json",
+  ok = factorize("--mechanism", "blt", "--buffers", 2, "--total_rounds", 64, "--strict", "--json",
                  cache_dir=tmp_path)
   assert ok.returncode == 0, ok.stderr
   outcome = json.loads(ok.stdout)["outcome"]
@@ -124,7 +124,8 @@ def test_unconverged_lbfgs_says_why():
 
 
 def test_unconverged_optimal_warns_and_strict_refuses(tmp_path):
-  args = ("--strategy", "optimal", "--n", 64, "--max-iterations", 2, "--allow-unconverged")
+  args = ("--mechanism", "optimal", "--total_rounds", 64, "--max-iterations", 2,
+          "--allow-unconverged")
   record = json.loads(factorize(*args, "--json", cache_dir=tmp_path).stdout)
   outcome = record["outcome"]
   assert outcome["converged"] is False and outcome["requested"] == outcome["returned"] == {}

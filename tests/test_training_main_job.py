@@ -24,7 +24,7 @@ def test_factorization_table_from_a_clean_shell(tmp_path):
   out = tmp_path / "out"
   result = subprocess.run(
       [sys.executable, "-m", "training.main_job", "--output_dir", str(out), "--cache_dir",
-       str(tmp_path / "c"), "--n", "16", "--skip_training"],
+       str(tmp_path / "c"), "--table_rounds", "16", "--skip_training"],
       cwd=REPO, env=userenv.env(home=tmp_path), capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   table = (out / "sqrt_loss_table.md").read_text().strip()
@@ -245,8 +245,8 @@ def test_two_consecutive_runs_of_the_demo_give_the_same_conclusion(tmp_path):
   for name in ("first", "second"):
     out = tmp_path / name
     result = subprocess.run(
-        [sys.executable, "-m", "training.main_job", "--output_dir", str(out), "--n", "16",
-         "--no_progress"], cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
+        [sys.executable, "-m", "training.main_job", "--output_dir", str(out), "--table_rounds",
+         "16", "--no_progress"], cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
     assert result.returncode == 0, result.stderr[-3000:]
     results.append(json.loads((out / "training" / "results.json").read_text()))
   first, second = results

@@ -130,7 +130,7 @@ class AuditOptions:
   trials: int = 2048
   trials_per_run: int = 256
   calibration_trials: int = 1024
-  delta: float = 1e-5
+  delta: float = checks.DEFAULT_DELTA
   alpha: float = 0.01
   others: str = "zero"
   sampling_prob: Optional[float] = None

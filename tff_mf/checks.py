@@ -93,6 +93,9 @@ def probability(p, name: str = "sampling probability") -> float:
   return in_range(p, name, 0.0, 1.0, low_open=True, high_open=False)
 
 
+DEFAULT_DELTA = 1e-6  # δ of every (ε, δ) guarantee whose δ is not given: one value everywhere
+
+
 def delta(x, name: str = "delta") -> float:
   """δ of an (ε, δ) guarantee, in (0, 1)."""
   return in_range(x, name, 0.0, 1.0, low_open=True, high_open=True)

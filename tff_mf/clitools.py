@@ -10,8 +10,14 @@ Every tool (argparse or absl) goes through this module, so that
 - a float flag refuses NaN and ±inf at parse time, naming the flag (``finite_float``; absl's
   float flags in ``parse_absl_flags``): no tool gives them a meaning;
 - the shared concepts have one flag each: ``add_progress_flags``, ``add_cache_dir_flag``,
-  ``add_accountant_flag``; ``--workers`` always means TFF worker addresses and
-  ``--processes`` local processes.
+  ``add_accountant_flag``, ``add_rounds_flag``, ``add_delta_flag``; ``--workers`` always
+  means TFF worker addresses and ``--processes`` local processes;
+- an old spelling of a flag (``DEPRECATED``) still works, means exactly what it meant in
+  that tool, and prints one line ``warning: --old is deprecated; use --new`` on stderr;
+- the schema flags imply their participation kind where ``--participation`` is not given
+  (``implied_participation``).
+
+The table of every flag, its meaning, default and tools is docs/vocabulary.md.
 
 Imports neither TensorFlow nor absl at module level.
 """
@@ -28,6 +34,28 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 USAGE_ERROR = 2  # exit status of a usage error (a bad flag, value or name), as argparse's
 HELP_FLAGS = ("--help", "-h", "--helpshort", "--helpfull", "-?")
+# The flag of a Python argument whose name differs (the rounds n are --total_rounds).
+FLAG_OF_ARGUMENT = {"n": "total_rounds"}
+
+# Old spellings, per tool (the prog of its parser): {old flag: (canonical flag, what the old
+# spelling meant there, when the canonical name alone does not say it)}. An alias never
+# changes meaning: it is listed only in the tools where it meant the canonical flag's concept.
+_ROUNDS_ALIAS = {"n": ("total_rounds", "")}
+DEPRECATED: Dict[str, Dict[str, tuple]] = {
+    "tff-mf factorize": {**_ROUNDS_ALIAS, "strategy": ("mechanism", "")},
+    "tff-mf account": dict(_ROUNDS_ALIAS),
+    "tff-mf plot": dict(_ROUNDS_ALIAS),
+    "tff-mf calibrate-bands": {**_ROUNDS_ALIAS, "strategy": ("mechanism", "")},
+    "tff-mf audit": {**_ROUNDS_ALIAS,
+                     "momentum": ("server_momentum", "audit's --momentum was the server "
+                                                     "momentum")},
+    "python -m stackoverflow.pydocs": {
+        "cache_dir": ("data_dir", "pydocs' --cache_dir was the docstring-dataset cache, not the "
+                                  "factorization cache")},
+    "python -m training.main_job": {
+        "n": ("table_rounds", "the main job's --n was the rounds of the sqrt(L) table, not "
+                              "the training rounds (--total_rounds)")},
+}
 
 
 # ----------------------------------------------------------------------------- spelling
@@ -88,11 +116,13 @@ def flag_message(error: BaseException, flags: Iterable[str] = ()) -> str:
   (0, 1)", from a check that names its argument) starting with the flag ("--delta ...")."""
   text = str(error)
   for name in getattr(error, "arguments", ()):
-    text = re.sub(rf"(?<![-\w]){re.escape(name)}=True\b", f"--{name}", text)
-    text = re.sub(rf"(?<![-\w]){re.escape(name)}\b", f"--{name}", text)
+    flag = FLAG_OF_ARGUMENT.get(name, name)
+    text = re.sub(rf"(?<![-\w]){re.escape(name)}=True\b", f"--{flag}", text)
+    text = re.sub(rf"(?<![-\w]){re.escape(name)}\b", f"--{flag}", text)
   first = re.match(r"[A-Za-z_]\w*(?=[ =])", text)
   if first and first.group(0) in set(flags):
-    text = "--" + text
+    name = first.group(0)
+    text = f"--{FLAG_OF_ARGUMENT.get(name, name)}" + text[len(name):]
   return text
 
 
@@ -131,7 +161,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
   def _get_help_string(self, action):
     text = action.help or ""
-    if isinstance(action, (argparse._HelpAction, argparse._VersionAction,  # pylint: disable=protected-access
+    if isinstance(action, (argparse._HelpAction, argparse._VersionAction,
+                            # pylint: disable=protected-access
                            argparse._SubParsersAction)):  # pylint: disable=protected-access
       return text
     if not action.option_strings:  # positionals
@@ -148,7 +179,9 @@ class ArgumentParser(argparse.ArgumentParser):
 
   Accepts ``--flag_name`` and ``--flag-name``; errors are one line with the closest valid
   spelling, exit status 2; ``removed`` maps a flag that no longer exists to the message
-  that names its replacement (a one-line error when given). Subparsers are of this class.
+  that names its replacement (a one-line error when given); the old spellings of
+  ``DEPRECATED[prog]`` work with a one-line warning, and the epilog lists them. Subparsers
+  are of this class.
   """
 
   def __init__(self, *args, removed: Optional[Dict[str, str]] = None, **kwargs):
@@ -156,6 +189,11 @@ class ArgumentParser(argparse.ArgumentParser):
     kwargs.setdefault("formatter_class", HelpFormatter)
     super().__init__(*args, **kwargs)
     self.removed = dict(removed or {})
+    self.deprecated = dict(DEPRECATED.get(self.prog, {}))
+    if self.deprecated:
+      listed = "; ".join(f"--{old} (use --{new})" for old, (new, _) in self.deprecated.items())
+      self.epilog = ((self.epilog + "\n\n") if self.epilog else "") + \
+          f"deprecated spellings, still accepted with a warning: {listed}"
     self.register("type", float, finite_float)  # argument groups share the registry
 
   def long_flags(self) -> List[str]:
@@ -164,7 +202,8 @@ class ArgumentParser(argparse.ArgumentParser):
   def parse_known_args(self, args=None, namespace=None):
     args = list(sys.argv[1:] if args is None else args)
     known = self.long_flags()
-    args = normalize_argv(args, [s[2:] for s in known])
+    args = normalize_argv(args, [s[2:] for s in known] + list(self.deprecated))
+    args = self._undeprecate(args, known)
     for token in args:
       if token == "--":
         break
@@ -175,6 +214,21 @@ class ArgumentParser(argparse.ArgumentParser):
     if extras:
       self.error(self._unknown(extras[0]))
     return namespace, extras
+
+  def _undeprecate(self, args: List[str], known: List[str]) -> List[str]:
+    """``args`` with each deprecated spelling replaced by its flag, one warning line each."""
+    out = list(args)
+    for i, token in enumerate(args):
+      if token == "--":
+        break
+      name, eq, value = token[2:].partition("=")
+      if not token.startswith("--") or name not in self.deprecated or f"--{name}" in known:
+        continue
+      new, meaning = self.deprecated[name]
+      print(f"warning: --{name} is deprecated; use --{new}" + (f" ({meaning})" if meaning
+                                                               else ""), file=sys.stderr)
+      out[i] = f"--{new}{eq}{value}"
+    return out
 
   def _unknown(self, token: str) -> str:
     if token.startswith("-"):
@@ -197,13 +251,63 @@ class ArgumentParser(argparse.ArgumentParser):
 # ----------------------------------------------------------------------------- shared flags
 
 
-def add_progress_flags(parser, default: bool = True, what: str = "progress bars on stderr"):
-  """``--progress`` / ``--no_progress`` (dest ``progress``), as in every tool."""
+def add_progress_flags(parser, default: bool = True, what: str = "progress bars on stderr",
+                       note: str = ""):
+  """``--progress`` / ``--no_progress`` (dest ``progress``), as in every tool with a bar."""
   group = parser.add_mutually_exclusive_group()
   group.add_argument("--progress", dest="progress", action="store_true", default=default,
-                     help=f"show {what} (default: {describe_default(default)})")
+                     help=f"show {what} (default: {describe_default(default)}{note})")
   group.add_argument("--no_progress", dest="progress", action="store_false",
-                     help=f"no {what} (default: {describe_default(not default)})")
+                     help=f"do not show {what} (default: {describe_default(not default)})")
+
+
+def add_rounds_flag(parser, default: Optional[int] = None, required: bool = False,
+                    what: str = "", dest: str = "n"):
+  """``--total_rounds`` (dest ``n``): the number of rounds n, the size of A, B and C, as
+  training's ``--total_rounds``; its old spelling ``--n`` is deprecated."""
+  parser.add_argument("--total_rounds", dest=dest, type=int, default=default,
+                      required=required, metavar="N",
+                      help="number of rounds n, the size of the matrices A, B and C" + what)
+
+
+def add_delta_flag(parser, required: bool = False, what: str = ""):
+  """``--delta``: δ of the (ε, δ) guarantee, ``tff_mf.checks.DEFAULT_DELTA`` unless required."""
+  from tff_mf.checks import DEFAULT_DELTA  # pylint: disable=g-import-not-at-top
+  if required:
+    parser.add_argument("--delta", type=float, required=True,
+                        help=f"delta in (0, 1) of the (epsilon, delta) guarantee{what} (required)")
+  else:
+    parser.add_argument("--delta", type=float, default=DEFAULT_DELTA,
+                        help=f"delta in (0, 1) of the (epsilon, delta) guarantee{what} "
+                             f"(default: {DEFAULT_DELTA:g})")
+
+
+def implied_participation(participation: Optional[str], epochs=None, min_sep=None,
+                          max_participations=None, sampling_prob=None,
+                          default: Optional[str] = "single") -> Optional[str]:
+  """The participation kind of a command line: ``--participation`` if given, else the kind
+  the schema flags imply (``--epochs``: fixed_epoch; ``--min_sep``, ``--max_participations``
+  or ``--sampling_prob``: min_sep), else ``default``. The same rule in every tool."""
+  if participation is not None:
+    return participation
+  if epochs is not None:
+    return "fixed_epoch"
+  if min_sep is not None or max_participations is not None or sampling_prob is not None:
+    return "min_sep"
+  return default
+
+
+def participation_source(participation: Optional[str], epochs=None, min_sep=None,
+                         max_participations=None, sampling_prob=None) -> Optional[str]:
+  """The flag ``implied_participation`` took the kind from (None: its default)."""
+  if participation is not None:
+    return "--participation"
+  for flag, value in (("epochs", epochs), ("min_sep", min_sep),
+                      ("max_participations", max_participations),
+                      ("sampling_prob", sampling_prob)):
+    if value is not None:
+      return f"--{flag}"
+  return None
 
 
 def add_cache_dir_flag(parser):

@@ -279,6 +279,17 @@ def amplification_applies(schema: participation_lib.Participation, n: int,
   return schema.max_participations is None or schema.max_participations >= fit
 
 
+def amplified_analysis(encoder: np.ndarray, schema: participation_lib.Participation) -> str:
+  """The amplified analysis of a run whose sampling amplifies (``amplification_applies``):
+  random_allocation under random allocation; under cyclic Poisson sampling the amplified
+  banded analysis when C has at most b bands (Choquette-Choo et al. 2023, arXiv:2306.08153,
+  Thm 4), else MMCC (Choquette-Choo et al. 2024, arXiv:2310.15526)."""
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  if schema.kind == "random_allocation":
+    return "random_allocation"
+  return "banded" if accounting.band_count(encoder) <= schema.min_sep else "mmcc"
+
+
 def run_privacy(encoder: np.ndarray, schema: participation_lib.Participation,
                 noise_multiplier: Optional[float], target_epsilon: Optional[float],
                 delta: Optional[float], accountant: str, *,
@@ -371,13 +382,11 @@ class _Run:
     """(record, note): the amplified analysis at z (or calibrated to ``target``)."""
     from tff_mf import accounting  # pylint: disable=g-import-not-at-top
     args = (self.encoder, self.schema)
-    if self.schema.kind == "random_allocation":
-      analysis = "random_allocation"
+    analysis = amplified_analysis(self.encoder, self.schema)
+    if analysis == "random_allocation":
       options = dict(amplification=analysis, accountant=self.accountant,
                      known_sensitivity=self.report)
     else:
-      analysis = "banded" if accounting.band_count(self.encoder) <= self.schema.min_sep \
-          else "mmcc"
       options = dict(amplification=analysis, sampling_prob=self.sampling_prob,
                      accountant=self.accountant, mmcc_options=self.mmcc_options)
     try:

@@ -1,7 +1,7 @@
 """The mechanism registry: every strategy and mechanism name of tff-mf, as data (no TensorFlow).
 
 Two tables. A *strategy* is a way to choose the encoder C for a given workload A
-(a family module in ``tff_mf.families``); ``tff-mf factorize --strategy`` takes
+(a family module in ``tff_mf.families``); ``tff-mf factorize --mechanism`` takes
 these names. A *mechanism* is what a user trains or accounts for: a strategy
 applied to a workload (prefix sums post-processed into the training workload, or
 the training workload itself), plus the kind of noise stream that realizes it.

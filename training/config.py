@@ -125,7 +125,7 @@ class TrainingConfig:
   schedule_rounds: Optional[int] = None
   noise_multiplier: Optional[float] = None
   target_epsilon: Optional[float] = None
-  delta: float = 1e-6
+  delta: float = checks.DEFAULT_DELTA
   accountant: str = accounting.DEFAULT_ACCOUNTANT
   clip_norm: Union[float, str] = 1.0  # or "adaptive"
   target_quantile: float = 0.5

@@ -130,7 +130,7 @@ def _workloads(n: int):
                                                                 momentum=DEMO_MOMENTUM)}
 
 
-def _factorize_columns(n: int, cache_dir: Optional[str]):
+def _factorize_columns(n: int, cache_dir: Optional[str], progress: bool = True):
   """{column: {strategy: factorization}}, the cache records, and {column: √(lower bound)}."""
   from tff_mf import cache, registry, strategies  # pylint: disable=g-import-not-at-top
   from tff_mf import factorization as fz  # pylint: disable=g-import-not-at-top
@@ -146,7 +146,7 @@ def _factorize_columns(n: int, cache_dir: Optional[str]):
       spec = strategies.FactorizationSpec(workload=workload, strategy=strategy,
                                           bands=bands if structured else 0,
                                           rank=rank if structured else 0)
-      f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=True)
+      f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=progress)
       interrupt.check(FACTORIZATION_INTERRUPTED)
       values[column][strategy] = f
       records.append(dict(factorize_cmd.result_record(f, entry), column=column))
@@ -173,7 +173,8 @@ def _multi_label(strategy: str, params: dict, schema) -> str:
   return label
 
 
-def _schema_rows(n: int, cache_dir: Optional[str], single: Dict[str, Dict[str, object]]):
+def _schema_rows(n: int, cache_dir: Optional[str], single: Dict[str, Dict[str, object]],
+                 progress: bool = True):
   """Rows {label: {column: (√L, sens, rmse)}} under the main job's schema, and the records.
 
   The single-participation strategies of the first table are measured under the schema
@@ -195,7 +196,7 @@ def _schema_rows(n: int, cache_dir: Optional[str], single: Dict[str, Dict[str, o
       params = registry.default_parameters(strategy, n, schema)
       spec = strategies.FactorizationSpec(workload=workload, strategy=strategy,
                                           participation=schema, **params)
-      f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=True)
+      f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=progress)
       rows.setdefault(_multi_label(strategy, params, schema), {})[column] = (
           f.single_participation_sqrt_loss, f.info["sensitivity"], f.info["rmse"])
       records.append(dict(factorize_cmd.result_record(f, entry), column=column))
@@ -217,14 +218,15 @@ def _schema_table(n: int, rows: Dict[str, Dict[str, tuple]], schema) -> List[str
 
 
 def run_factorization_demo(output_dir: str, cache_dir: Optional[str] = None,
-                           n: int = DEMO_N) -> str:
-  """Writes ``sqrt_loss_table.md``, ``factorizations.json`` and PNGs; returns the tables."""
+                           n: int = DEMO_N, progress: bool = True) -> str:
+  """Writes ``sqrt_loss_table.md``, ``factorizations.json`` and PNGs; returns the tables
+  (``progress``: the solvers' bars on stderr)."""
   from tff_mf import plots  # pylint: disable=g-import-not-at-top
   from tff_mf.commands import plot as plot_cmd  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
   os.makedirs(output_dir, exist_ok=True)
   labels = _strategy_labels(n)
-  single, records, lower_bounds = _factorize_columns(n, cache_dir)
+  single, records, lower_bounds = _factorize_columns(n, cache_dir, progress)
   values = {c: {s: f.single_participation_sqrt_loss for s, f in by.items()}
             for c, by in single.items()}
   columns = list(values)
@@ -236,13 +238,14 @@ def run_factorization_demo(output_dir: str, cache_dir: Optional[str] = None,
   cells = " | ".join(f"{lower_bounds[c]:.2f}" for c in columns)
   lines.append(f"| lower bound ‖A‖_*/√n | {cells} |")
   if n % MAIN_JOB_DEFAULTS["epochs"] == 0:
-    rows, schema_records, schema = _schema_rows(n, cache_dir, single)
+    rows, schema_records, schema = _schema_rows(n, cache_dir, single, progress)
     lines += ["", *_schema_table(n, rows, schema)]
     records += [dict(r, schema=schema.as_dict()) for r in schema_records]
   table = "\n".join(lines)
   with open(os.path.join(output_dir, "sqrt_loss_table.md"), "w", encoding="utf-8") as f:
     f.write(table + "\n")
-  png_paths = plot_cmd.make_plots(output_dir, n, momentum=DEMO_MOMENTUM, cache_dir=cache_dir)
+  png_paths = plot_cmd.make_plots(output_dir, n, momentum=DEMO_MOMENTUM, cache_dir=cache_dir,
+                                  progress=progress)
   png_paths.append(plots.plot_sqrt_loss(
       {c: {labels[s]: values[c][s] for s in DEMO_STRATEGIES} for c in columns},
       os.path.join(output_dir, f"sqrt_loss_n{n}.png"), f"√L by strategy, n={n}",
@@ -389,7 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
   clitools.add_cache_dir_flag(parser)
   parser.add_argument("--data_dir", default=None,
                       help="docstring-dataset cache (default: $TFF_MF_CACHE/datasets/pydocs)")
-  parser.add_argument("--n", type=int, default=DEMO_N, help="rounds n of the √L table")
+  parser.add_argument("--table_rounds", type=int, default=DEMO_N, metavar="N",
+                      help="rounds n of the √L table's factorizations (not the training rounds, "
+                           "--total_rounds)")
   parser.add_argument("--skip_training", action="store_true",
                       help="only the factorization table and plots (no training run)")
   parser.add_argument("--total_rounds", type=int, default=MAIN_JOB_DEFAULTS["total_rounds"],
@@ -421,12 +426,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-  if args.n < 2:
-    print(f"error: --n must be at least 2, got {args.n}", file=sys.stderr)
+  if args.table_rounds < 2:
+    print(f"error: --table_rounds must be at least 2, got {args.table_rounds}", file=sys.stderr)
     return 2
   start = time.perf_counter()
   try:
-    table = run_factorization_demo(args.output_dir, cache_dir=args.cache_dir, n=args.n)
+    table = run_factorization_demo(args.output_dir, cache_dir=args.cache_dir,
+                                   n=args.table_rounds, progress=args.progress)
   except ValueError as e:
     print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
     return 1

@@ -72,7 +72,9 @@ flags.DEFINE_enum("participation", _DEFAULTS.participation, config_lib.PARTICIPA
                   "the k epochs, drawn anew each epoch; named balls_in_bins before this "
                   "release; ε amplified by random allocation where smaller). ε is "
                   "computed for the schema (summary.json names the analysis); a run whose "
-                  "sampled rounds break it reports no ε.")
+                  "sampled rounds break it reports no ε. Not given, it is the kind the schema "
+                  "flags imply, as in every tool: fixed_epoch with --epochs, min_sep with "
+                  "--min_sep, --sampling_prob or --max_participations, else single.")
 flags.DEFINE_integer("epochs", None,
                      f"Epochs k {_NONE}required with --participation=fixed_epoch, "
                      "balls_in_bins or random_allocation, and only there); k must divide "
@@ -210,6 +212,10 @@ def config_from_flags() -> config_lib.TrainingConfig:
   values = {f.name: FLAGS[f.name].value for f in config_lib.dataclasses.fields(
       config_lib.TrainingConfig) if f.name in FLAGS}
   values["workers"] = tuple(values.get("workers") or ())
+  if not FLAGS["participation"].present:  # the schema flags imply it, as in every tool
+    values["participation"] = clitools.implied_participation(
+        None, values["epochs"], values["min_sep"], values["max_participations"],
+        values["sampling_prob"], default=values["participation"])
   values["clip_norm"] = _clip_norm(values["clip_norm"])
   return config_lib.TrainingConfig(**values)
 

@@ -17,7 +17,7 @@ Choquette-Choo et al. 2024, arXiv:2310.15526; amplified banded, Choquette-Choo e
 Kalinin 2026, arXiv:2601.21636). ``--participation balls_in_bins`` is the field's
 fixed-bin scheme (arXiv:2410.06266), accounted without amplification::
 
-  tff-mf account --mechanism blt --n 256 --min_sep 32 --amplification mmcc \\
+  tff-mf account --mechanism blt --total_rounds 256 --min_sep 32 --amplification mmcc \\
       --sampling_prob 0.25 --noise_multiplier 2 --delta 1e-6 --cache_dir D --json
   tff-mf account --matrix CACHE.npz --participation min_sep --min_sep 8 \\
       --amplification banded --sampling_prob 0.5 --target_epsilon 2 --delta 1e-6
@@ -56,19 +56,19 @@ REMOVED_FLAGS = {
 _EXAMPLES = """examples:
   tff-mf account --noise_multiplier 4.2 --delta 1e-6
   tff-mf account --target_epsilon 1 --delta 1e-6 --json
-  tff-mf account --mechanism gaussian --n 64 --participation min_sep --min_sep 8 \\
+  tff-mf account --mechanism gaussian --total_rounds 64 --participation min_sep --min_sep 8 \\
       --noise_multiplier 4 --delta 1e-6
-  tff-mf account --mechanism honaker_online --n 1024 --amplification mmcc \\
+  tff-mf account --mechanism honaker_online --total_rounds 1024 --amplification mmcc \\
       --sampling_prob 0.001 --noise_multiplier 16 --delta 1e-6
-  tff-mf account --mechanism blt --n 256 --min_sep 32 --amplification mmcc \\
+  tff-mf account --mechanism blt --total_rounds 256 --min_sep 32 --amplification mmcc \\
       --sampling_prob 0.25 --noise_multiplier 2 --delta 1e-6
-  tff-mf account --mechanism tree_restart --height 4 --n 512 --participation min_sep \\
+  tff-mf account --mechanism tree_restart --height 4 --total_rounds 512 --participation min_sep \\
       --min_sep 8 --amplification banded --sampling_prob 0.5 --target_epsilon 2 --delta 1e-6
   tff-mf account --matrix ~/.cache/tff_mf/<entry>/<file>.npz --amplification mmcc \\
       --sampling_prob 0.01 --noise_multiplier 8 --delta 1e-6
-  tff-mf account --mechanism blt --n 256 --participation random_allocation --epochs 8 \\
+  tff-mf account --mechanism blt --total_rounds 256 --participation random_allocation --epochs 8 \\
       --amplification random_allocation --noise_multiplier 2 --delta 1e-6
-  tff-mf account --mechanism blt --n 256 --participation balls_in_bins --epochs 8 \\
+  tff-mf account --mechanism blt --total_rounds 256 --participation balls_in_bins --epochs 8 \\
       --noise_multiplier 2 --delta 1e-6
 
 Every epsilon printed is an upper bound. --json prints one strict JSON object (an
@@ -113,7 +113,7 @@ def _add_run_arguments(parser) -> None:
   parser.add_argument("--target_epsilon", type=float, default=None, metavar="EPS",
                       help="calibrate: the smallest z (within --tolerance) whose epsilon is at "
                            "most EPS (default: none; give this or --noise_multiplier)")
-  parser.add_argument("--delta", type=float, required=True, help="delta in (0, 1) (required)")
+  clitools.add_delta_flag(parser)
   clitools.add_accountant_flag(parser)
   parser.add_argument("--tolerance", type=float, default=1e-3,
                       help="relative tolerance of --target_epsilon calibration: the z printed "
@@ -176,11 +176,15 @@ def _add_amplification_arguments(amp) -> None:
                         "random_allocation: random allocation (--participation "
                         "random_allocation --epochs K, no --sampling_prob; never fixed-bin "
                         "balls_in_bins) for any square lower-triangular "
-                        "non-negative C, Renyi bounds after arXiv:2601.21636 (default: none)")
+                        "non-negative C, Renyi bounds after arXiv:2601.21636 (default: none; "
+                        "with --sampling_prob, the analysis training uses: banded when C has at "
+                        "most b bands, else mmcc, under min_sep with p < 1 and no binding "
+                        "--max_participations, else none; the output names it)")
   amp.add_argument("--sampling_prob", type=float, default=None, metavar="P",
                    help="probability p in (0, 1] that a user joins a round it may be sampled in "
                         "(every round for b = 1, the rounds of its residue class for b-min-sep); "
-                        "needed with --amplification mmcc or banded (default: none)")
+                        "needed with --amplification mmcc or banded; alone, it picks the "
+                        "analysis as training does (default: none)")
   amp.add_argument("--non_adaptive", action="store_true",
                    help="mmcc: assert the data are fixed in advance (allows non-triangular or "
                         "signed C; |C| is used) (default: off)")
@@ -297,16 +301,16 @@ def _encoder(args: argparse.Namespace, amplified: bool):
     f = cache.load(args.matrix)
     n = f.c.shape[1]
     if args.n is not None and args.n != n:
-      _fail(f"--n {args.n} does not match the matrix in {args.matrix} ({n} rounds)")
+      _fail(f"--total_rounds {args.n} does not match the matrix in {args.matrix} ({n} rounds)")
     return f.c, args.matrix, (f.info or {}).get("participation"), {}
   if args.mechanism is None:
-    for flag in ["n"] + _given(args, _PARAMETER_FLAGS + _WORKLOAD_FLAGS):
-      if flag == "n" and args.n is None:
+    for flag in ["total_rounds"] + _given(args, _PARAMETER_FLAGS + _WORKLOAD_FLAGS):
+      if flag == "total_rounds" and args.n is None:
         continue
       _fail(f"--{flag} needs --mechanism")
     return None, None, None, {}
   if args.n is None and args.matrix_file is None:
-    _fail("--mechanism needs --n (the number of rounds)")
+    _fail("--mechanism needs --total_rounds (the number of rounds n)")
   if args.mechanism in MMCC_MATRICES:
     return _mmcc_matrix(args) + (None, {})
   mech = clitools.resolve_mechanism(args.mechanism)  # every strategy name is one too
@@ -354,7 +358,7 @@ def _mmcc_matrix(args: argparse.Namespace):
   for flag in _given(args, ("rank", "buffers") + _WORKLOAD_FLAGS):
     if flag != "cache_dir":  # accepted (nothing to cache), so one command fits every mechanism
       _fail(f"--{flag} does not apply to --mechanism {args.mechanism}")
-  n = checks.positive_int(args.n, "--n")
+  n = checks.positive_int(args.n, "--total_rounds")
   checks.dense_matrices_fit(n, 2, f"{args.mechanism} at n = {n}", m=2 * n)
   if args.mechanism == "tree_restart":
     if args.bands is not None:
@@ -425,6 +429,21 @@ def _schema(args: argparse.Namespace, n, cached, amplified: bool):
   return participation.Participation("min_sep", min_sep=b, max_participations=k)
 
 
+def _analysis_as_training(c, schema, sampling_prob: float):
+  """(analysis, why) for --sampling_prob without --amplification: the analysis a training run
+  of the same C, schema and p uses (``tff_mf.mechanisms``)."""
+  from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
+  if schema.kind == "random_allocation":
+    _fail("--sampling_prob does not apply to --participation random_allocation (each user "
+          "joins one round of each epoch)")
+  if not mechanisms.amplification_applies(schema, c.shape[1], sampling_prob):
+    return "none", ("chosen as training chooses: none (amplification by sampling needs "
+                    "min_sep with p < 1 and no binding --max_participations)")
+  analysis = mechanisms.amplified_analysis(c, schema)
+  why = "C has at most b bands" if analysis == "banded" else "C has more than b bands"
+  return analysis, f"chosen as training chooses: {analysis} ({why})"
+
+
 # ----------------------------------------------------------------------------- output
 
 
@@ -466,7 +485,7 @@ def run(args: argparse.Namespace) -> int:
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   if (args.noise_multiplier is None) == (args.target_epsilon is None):
     _fail("give exactly one of --noise_multiplier and --target_epsilon")
-  analysis = args.amplification or "none"
+  analysis = args.amplification or ("auto" if args.sampling_prob is not None else "none")
   allocation = analysis == "random_allocation"
   amplified = analysis not in ("none", "random_allocation")  # Poisson sampling
   if allocation:
@@ -489,12 +508,12 @@ def run(args: argparse.Namespace) -> int:
   if args.non_adaptive and analysis != "mmcc":
     _fail("--non_adaptive applies to --amplification mmcc")
   _check_slack_flags(args, analysis)
-  c, source, cached, extra = _encoder(args, amplified)
+  c, label, cached, extra = _encoder(args, amplified)
   schema = _schema(args, None if c is None else c.shape[1], cached, amplified)
   if c is None:
     if schema.kind != "single" or amplified:
       _fail(f"{'amplification' if amplified else schema.kind + ' participation'} needs the "
-            "encoder C: give --mechanism (with --n) or --matrix")
+            "encoder C: give --mechanism (with --total_rounds) or --matrix")
     if args.target_epsilon is not None:
       z = accounting.calibrate_noise_multiplier(args.target_epsilon, args.delta,
                                                 args.accountant, tolerance=args.tolerance)
@@ -505,6 +524,13 @@ def run(args: argparse.Namespace) -> int:
       record = accounting.summary(args.noise_multiplier, args.delta, args.accountant)
     _print(_with_statement(record), args.json)
     return 0
+  sampling_prob = args.sampling_prob
+  source = "--amplification" if args.amplification else "default (none)"
+  if analysis == "auto":
+    analysis, source = _analysis_as_training(c, schema, sampling_prob)
+    if analysis == "none":
+      amplified, sampling_prob = False, None  # as a run reports it: unamplified, p recorded
+    _check_slack_flags(args, analysis)
   options = {}
   if amplified:
     options["pld_discretization"] = args.pld_discretization
@@ -515,11 +541,14 @@ def run(args: argparse.Namespace) -> int:
                                "progress": args.progress}
   if args.target_epsilon is not None:
     record = accounting.calibrate(c, schema, args.target_epsilon, args.delta, analysis,
-                                  args.sampling_prob, args.accountant, args.tolerance, **options)
+                                  sampling_prob, args.accountant, args.tolerance, **options)
   else:
     record = accounting.epsilon_for(c, schema, args.noise_multiplier, args.delta, analysis,
-                                    args.sampling_prob, args.accountant, **options)
-  record["matrix"] = source
+                                    sampling_prob, args.accountant, **options)
+  if args.sampling_prob is not None:
+    record.setdefault("sampling_prob", args.sampling_prob)
+  record["amplification_source"] = source
+  record["matrix"] = label
   record["schema"] = schema.as_dict()
   if args.lower_bound or args.monte_carlo_samples is not None:
     _add_slack(record, c, args)

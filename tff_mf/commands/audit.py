@@ -6,7 +6,7 @@ participation pattern on the noise observed in canary-free runs, and reports emp
 LOWER bounds on ε at δ and on the Gaussian-DP μ, against the claim
 (``tff_mf.tf.audit``)::
 
-  tff-mf audit --mechanism opt_prefix_sum --n 8 --noise_multiplier 0.5 \\
+  tff-mf audit --mechanism opt_prefix_sum --total_rounds 8 --noise_multiplier 0.5 \\
       --participation fixed_epoch --epochs 2 --json --plot out/audit.png
 
 Exit status 1 when the bounds refute the claim (at the stated confidence), 0
@@ -24,11 +24,12 @@ from tff_mf import clitools
 from tff_mf import participation
 
 _EXAMPLES = """examples:
-  tff-mf audit --mechanism opt_prefix_sum --n 8 --noise_multiplier 0.5 --participation fixed_epoch --epochs 2
-  tff-mf audit --mechanism banded --n 8 --bands 2 --noise_multiplier 0.6 --participation min_sep \\
-      --min_sep 2 --max_participations 4 --json --plot out/audit_banded.png
-  tff-mf audit --mechanism blt --n 8 --noise_multiplier 0.3 --participation min_sep --min_sep 4 \\
-      --sampling_prob 0.5 --json
+  tff-mf audit --mechanism opt_prefix_sum --total_rounds 8 --noise_multiplier 0.5 \\
+      --participation fixed_epoch --epochs 2
+  tff-mf audit --mechanism banded --total_rounds 8 --bands 2 --noise_multiplier 0.6 \\
+      --participation min_sep --min_sep 2 --max_participations 4 --json --plot out/audit_banded.png
+  tff-mf audit --mechanism blt --total_rounds 8 --noise_multiplier 0.3 --participation min_sep \\
+      --min_sep 4 --sampling_prob 0.5 --json
 
 Every epsilon printed by the audit is an empirical LOWER bound (probability >= 1 - alpha
 over its trials); the claimed epsilon is the mechanism's upper bound."""
@@ -56,20 +57,24 @@ def register(subparsers) -> None:
 
 def _add_mechanism_arguments(g) -> None:
   g.add_argument("--mechanism", required=True, help="registry name or alias (required)")
-  g.add_argument("--n", type=int, default=8, help="rounds n (default: 8; the canary search is "
-                 "brute force, keep n small)")
+  clitools.add_rounds_flag(g, default=8, what=" (default: 8; the canary search is brute "
+                                              "force, keep n small)")
   g.add_argument("--noise_multiplier", type=float, default=None, metavar="Z",
                  help="noise multiplier z (give this or --target_epsilon)")
   g.add_argument("--target_epsilon", type=float, default=None, metavar="EPS",
                  help="calibrate z to this epsilon at --delta (unamplified)")
   g.add_argument("--clients_per_round", type=float, default=2.0, help="K (default: 2)")
   g.add_argument("--clip_norm", type=float, default=1.0, help="clip norm (default: 1)")
-  g.add_argument("--momentum", type=float, default=0.0, help="server momentum (default: 0)")
+  g.add_argument("--server_momentum", type=float, default=0.0,
+                 help="server momentum beta, as training's; a momentum mechanism's workload "
+                      "is built from it (default: 0)")
   g.add_argument("--server_lr", type=float, default=1.0, help="server learning rate (default: 1)")
   g.add_argument("--participation", choices=participation.SPELLINGS,
                  type=participation.canonical_kind,
-                 default="single",
-                 help=f"the schema of the sampler: {participation.HELP} (default: single)")
+                 default=None,
+                 help=f"the schema of the sampler: {participation.HELP} (default: min_sep "
+                      "when --min_sep, --max_participations or --sampling_prob is given, "
+                      "fixed_epoch when --epochs is given, else single)")
   g.add_argument("--epochs", type=int, default=None,
                  help="fixed_epoch, balls_in_bins (fixed bin), random_allocation: k")
   g.add_argument("--min_sep", type=int, default=None, help="min_sep: b")
@@ -89,7 +94,7 @@ def _add_audit_arguments(g) -> None:
                  help="min_sep: the canary joins each round of its residue class with "
                       "probability P (Poisson); the claim is then MMCC's amplified epsilon "
                       "(default: none, every round of its worst pattern)")
-  g.add_argument("--delta", type=float, default=1e-5, help="delta (default: 1e-5)")
+  clitools.add_delta_flag(g, what=" the bounds are stated at")
   g.add_argument("--alpha", type=float, default=0.01,
                  help="the bounds hold with probability >= 1 - alpha (default: 0.01)")
   g.add_argument("--trials", type=int, default=2048, help="trials per world (default: 2048)")
@@ -143,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
   if args.noise_multiplier is not None:  # z = 0 is no claim to audit (no flag allows it)
     from tff_mf import checks  # pylint: disable=g-import-not-at-top
     checks.noise_multiplier(args.noise_multiplier, "--noise-multiplier")
+  args.participation = clitools.implied_participation(
+      args.participation, args.epochs, args.min_sep, args.max_participations, args.sampling_prob)
   schema = _schema(args.participation, args)
   accounted = _schema(args.accounted_as, args) if args.accounted_as else schema
   options = audit_lib.AuditOptions(
@@ -155,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
   runtime.install_exit_hook()
   build = dict(total_rounds=args.n, noise_multiplier=args.noise_multiplier,
                target_epsilon=args.target_epsilon, clients_per_round=args.clients_per_round,
-               clip_norm=args.clip_norm, momentum=args.momentum,
+               clip_norm=args.clip_norm, momentum=args.server_momentum,
                server_learning_rate=args.server_lr, participation=accounted,
                bands=args.bands, buffers=args.buffers, rank=args.rank)
   if args.target_epsilon is not None:

@@ -20,7 +20,7 @@ def register(subparsers) -> None:
                   "amplified banded analysis (arXiv:2306.08153, Thm 4), and score "
                   "z*rmse/E (jax_privacy's BandMFConfig.rmse). Prints every candidate and the "
                   "best.")
-  parser.add_argument("--n", type=int, required=True, help="number of rounds n (required)")
+  clitools.add_rounds_flag(parser, required=True)
   parser.add_argument("--min_sep", type=int, required=True, metavar="B",
                       help="cycle B of the cyclic Poisson sampling --sampling_prob is given for; "
                            "the largest b tried (required)")
@@ -29,17 +29,19 @@ def register(subparsers) -> None:
                            "cycle B (required)")
   parser.add_argument("--target_epsilon", type=float, required=True, metavar="EPS",
                       help="the epsilon each candidate is calibrated to (required)")
-  parser.add_argument("--delta", type=float, required=True, help="delta in (0, 1) (required)")
+  clitools.add_delta_flag(parser)
   parser.add_argument("--max_bands", type=int, default=None,
                       help="a further cap on b (default: none)")
-  parser.add_argument("--strategy", choices=("banded_toeplitz", "banded"),
+  parser.add_argument("--mechanism", choices=("banded_toeplitz", "banded"),
                       default="banded_toeplitz",
-                      help="the banded family factorized (default: banded_toeplitz, the family "
-                           "jax_privacy optimizes)")
+                      help="the banded mechanism factorized (default: banded_toeplitz, the "
+                           "family jax_privacy optimizes)")
   clitools.add_cache_dir_flag(parser)
   parser.add_argument("--tolerance", type=float, default=1e-3,
                       help="relative tolerance of each z (default: 1e-3)")
   parser.add_argument("--json", action="store_true", help="print JSON (default: off)")
+  clitools.add_progress_flags(parser, what="the solvers' progress bars on stderr",
+                              note="; off with --json")
   parser.set_defaults(func=run)
 
 
@@ -48,8 +50,9 @@ def run(args: argparse.Namespace) -> int:
   from tff_mf import jsonio  # pylint: disable=g-import-not-at-top
   result = band_calibration.calibrate_bands(
       args.n, args.target_epsilon, args.delta, min_sep=args.min_sep,
-      sampling_prob=args.sampling_prob, max_bands=args.max_bands, strategy=args.strategy,
-      cache_dir=args.cache_dir, tolerance=args.tolerance)
+      sampling_prob=args.sampling_prob, max_bands=args.max_bands, strategy=args.mechanism,
+      cache_dir=args.cache_dir, tolerance=args.tolerance,
+      progress=args.progress and not args.json)
   if args.json:
     print(jsonio.dumps(result))
     return 0

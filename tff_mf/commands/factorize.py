@@ -20,8 +20,11 @@ INTERRUPTED = "interrupted; no partial cache entry was written (finished ones st
 DEFAULT_MOMENTUM = 0.95  # Denisov et al. 2022, arXiv:2202.08312, Fig 1 (right), Sec 5
 
 
-def add_workload_arguments(parser: argparse.ArgumentParser, n_required: bool = False) -> None:
-  group = parser.add_argument_group("workload A")
+def add_workload_arguments(parser, n_required: bool = False) -> None:
+  """The workload flags, in a group of their own on a parser, or in the group given (argparse
+  leaves a group nested in a group out of --help)."""
+  group = (parser.add_argument_group("workload A")
+           if isinstance(parser, argparse.ArgumentParser) else parser)
   group.add_argument("--workload", choices=WORKLOADS, default=None,
                      help="prefix_sum (S), momentum (M = M(η)M(β), Denisov et al. 2022 Prop "
                           "4.2), or file (implied by --matrix_file) (default: momentum when "
@@ -38,9 +41,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser, n_required: bool = F
                           "2048 in Denisov et al. 2022)")
   group.add_argument("--matrix_file", default=None, metavar="A.npy",
                      help="a lower-triangular, full-rank A of your own (.npy) (default: none)")
-  group.add_argument("--n", type=int, default=None, required=n_required,
-                     help="number of rounds n, the size of A (default: none; required unless "
-                          "--matrix_file)")
+  clitools.add_rounds_flag(group, required=n_required,
+                           what="" if n_required else "; required unless --matrix_file")
 
 
 def add_participation_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,9 +50,10 @@ def add_participation_arguments(parser: argparse.ArgumentParser) -> None:
   group = parser.add_argument_group("participation schema")
   group.add_argument("--participation", choices=participation.SPELLINGS,
                      type=participation.canonical_kind,
-                     default="single",
+                     default=None,
                      help=f"how often a user contributes: {participation.HELP} "
-                          "(default: single)")
+                          "(default: min_sep when --min_sep or --max_participations is given, "
+                          "fixed_epoch when --epochs is given, else single)")
   group.add_argument("--epochs", type=int, default=None, metavar="K",
                      help="fixed_epoch, balls_in_bins, random_allocation: number of epochs "
                           "K, dividing n (default: none)")
@@ -87,7 +90,8 @@ def workload_from_args(args: argparse.Namespace):
     a = workloads.load_workload(args.matrix_file)
     n = a.shape[0]
     if args.n is not None and args.n != n:
-      raise checks.CheckError(f"--n {args.n} but the matrix in {args.matrix_file} is {n}x{n}")
+      raise checks.CheckError(f"--total_rounds {args.n} but the matrix in {args.matrix_file} "
+                              f"is {n}x{n}")
     return workloads.WorkloadSpec(kind="file", n=n, matrix_file=args.matrix_file)
   beta = DEFAULT_MOMENTUM if args.momentum is None else args.momentum
   if kind is None:  # as training builds its workload: β > 0 or a schedule is momentum
@@ -97,8 +101,8 @@ def workload_from_args(args: argparse.Namespace):
   if kind == "file":
     raise checks.CheckError("--workload file needs --matrix_file A.npy")
   if args.n is None:
-    raise checks.CheckError("--n is required (number of rounds)")
-  n = checks.positive_int(args.n, "--n")
+    raise checks.CheckError("--total_rounds is required (number of rounds n)")
+  n = checks.positive_int(args.n, "--total_rounds")
   if kind == "prefix_sum":
     if args.momentum not in (None, 0.0) or args.lr_schedule != "constant":
       raise checks.CheckError("--momentum/--lr_schedule apply to --workload momentum only")
@@ -116,14 +120,17 @@ def workload_from_args(args: argparse.Namespace):
 
 
 def participation_from_args(args: argparse.Namespace, n: int):
+  """The schema of ``--participation``, or the one its flags imply (as in every tool:
+  ``clitools.implied_participation``)."""
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
-  return participation.from_args(args.participation, n, epochs=args.epochs,
-                                 min_sep=args.min_sep,
+  kind = clitools.implied_participation(args.participation, args.epochs, args.min_sep,
+                                        args.max_participations)
+  return participation.from_args(kind, n, epochs=args.epochs, min_sep=args.min_sep,
                                  max_participations=args.max_participations)
 
 
 def strategy_and_workload(name: str, args: argparse.Namespace):
-  """(strategy name, ``WorkloadSpec``) of ``--strategy NAME``: a strategy of the registry,
+  """(strategy name, ``WorkloadSpec``) of ``--mechanism NAME``: a strategy of the registry,
   or a mechanism (name or alias), which maps to its strategy and workload as the
   registry says: the prefix sum S for mechanisms that post-process a prefix-sum decoder,
   else the workload the flags describe (the training workload)."""
@@ -133,7 +140,7 @@ def strategy_and_workload(name: str, args: argparse.Namespace):
   if name not in registry.all_spellings():
     spellings = list(registry.STRATEGIES) + list(registry.all_spellings())
     raise registry.RegistryError(
-        f"--strategy: unknown strategy or mechanism {name!r}"
+        f"--mechanism: unknown strategy or mechanism {name!r}"
         f"{clitools.did_you_mean(name, spellings)} (strategies: {', '.join(registry.STRATEGIES)}; "
         f"mechanisms: {clitools.mechanism_help()})")
   mech = registry.mechanism(name)
@@ -152,7 +159,7 @@ def strategy_and_workload(name: str, args: argparse.Namespace):
 
 def spec_from_args(args: argparse.Namespace):
   from tff_mf import checks, registry, strategies  # pylint: disable=g-import-not-at-top
-  strategy, workload = strategy_and_workload(args.strategy, args)
+  strategy, workload = strategy_and_workload(args.mechanism, args)
   schema = participation_from_args(args, workload.n)
   params = registry.default_parameters(strategy, workload.n, schema)
   for flag in ("bands", "rank", "buffers"):
@@ -160,13 +167,13 @@ def spec_from_args(args: argparse.Namespace):
     if value is None:
       continue
     if flag not in params:
-      raise checks.CheckError(f"--{flag} does not apply to --strategy {args.strategy}")
+      raise checks.CheckError(f"--{flag} does not apply to --mechanism {args.mechanism}")
     params[flag] = value
   if args.error is not None:
     params["error"] = args.error
   if args.als_iterations is not None:
     if "als_iterations" not in registry.strategy(strategy).declaration.parameters:
-      raise checks.CheckError(f"--als_iterations does not apply to --strategy {args.strategy} "
+      raise checks.CheckError(f"--als_iterations does not apply to --mechanism {args.mechanism} "
                               "(structured only)")
     params["als_iterations"] = args.als_iterations
   if "target_gap" in registry.strategy(strategy).declaration.parameters:
@@ -176,7 +183,7 @@ def spec_from_args(args: argparse.Namespace):
     solvers = [name for name, entry in registry.STRATEGIES.items()
                if "target_gap" in entry.declaration.parameters]
     raise checks.CheckError("--target_gap/--max_iterations/--allow_unconverged apply to "
-                            f"--strategy {' and '.join(solvers)} only")
+                            f"--mechanism {' and '.join(solvers)} only")
   spec = strategies.FactorizationSpec(workload=workload, strategy=strategy,
                                       participation=schema, **params)
   spec.validate()
@@ -216,11 +223,12 @@ def register(subparsers) -> None:
                   "its family's parameters and a JSON sidecar in the cache (default "
                   "~/.cache/tff_mf, or $TFF_MF_CACHE, or --cache_dir).")
   add_workload_arguments(parser)
-  parser.add_argument("--strategy", required=True, metavar="NAME",
-                      help="how C is chosen: " + "; ".join(
+  parser.add_argument("--mechanism", required=True, metavar="NAME",
+                      help="the mechanism whose C is factorized, as in account, audit and "
+                           "training: a strategy (how C is chosen): " + "; ".join(
                           f"{s.name}: {s.description}" for s in registry.STRATEGIES.values()) +
-                      ". A mechanism name maps to its strategy and workload (tff_mf.registry): "
-                      + clitools.mechanism_help())
+                      ". Or a mechanism name, which maps to its strategy and workload "
+                      "(tff_mf.registry): " + clitools.mechanism_help())
   add_participation_arguments(parser)
   group = parser.add_argument_group("strategy parameters")
   add_parameter_arguments(group)
@@ -243,6 +251,8 @@ def register(subparsers) -> None:
                       help="recompute even if the cache has this entry; replaces a corrupt one "
                            "(default: off)")
   parser.add_argument("--json", action="store_true", help="print one JSON object (default: off)")
+  clitools.add_progress_flags(parser, what="the solver's progress bar on stderr",
+                              note="; off with --json")
   parser.add_argument("--strict", action="store_true",
                       help="fail (exit 2) when the solver returns other parameters than "
                            "requested or does not converge, instead of warning; the result "
@@ -260,9 +270,12 @@ def run(args: argparse.Namespace) -> int:
   start = time.perf_counter()
   spec = spec_from_args(args)
   f, entry = cache.load_or_factorize(spec, cache_dir=args.cache_dir, force=args.force,
-                                     progress=not args.json, strict=args.strict)
+                                     progress=args.progress and not args.json,
+                                     strict=args.strict)
   record = result_record(f, entry)
   record["wall_seconds"] = time.perf_counter() - start
+  record["participation_source"] = clitools.participation_source(
+      args.participation, args.epochs, args.min_sep, args.max_participations) or "default"
   if args.json:
     print(jsonio.dumps(record))
     return 0
@@ -271,7 +284,8 @@ def run(args: argparse.Namespace) -> int:
   structured = info.get("optimal_sqrt_loss") is not None
   lines = [
       f"{'cache hit' if entry.cache_hit else 'computed'}: {f.strategy} for "
-      f"{record['workload']} n={f.n}, participation {record['participation']['label']}",
+      f"{record['workload']} n={f.n}, participation {record['participation']['label']} "
+      f"(from {record['participation_source']})",
       f"  sensitivity    {record['sensitivity']:.6g}"
       f"{'' if record['sensitivity_exact'] else ' (upper bound)'}",
       f"  rmse           {record['rmse']:.6g}",

@@ -16,24 +16,23 @@ from tff_mf import clitools
 from typing import List, Optional
 
 
-def _factorization(workload, strategy: str, cache_dir: Optional[str], bands: int = 0,
-                   rank: int = 0):
+def _factorization(workload, strategy: str, cache_dir: Optional[str], progress: bool = True):
   from tff_mf import cache, strategies  # pylint: disable=g-import-not-at-top
-  spec = strategies.FactorizationSpec(workload=workload, strategy=strategy, bands=bands, rank=rank)
-  f, _ = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=True)
+  spec = strategies.FactorizationSpec(workload=workload, strategy=strategy)
+  f, _ = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=progress)
   return f
 
 
 def make_plots(output_dir: str, n: int, momentum: Optional[float] = None,
-               cache_dir: Optional[str] = None) -> List[str]:
+               cache_dir: Optional[str] = None, progress: bool = True) -> List[str]:
   """Writes the PNGs for prefix sums (and momentum β if given); returns their paths."""
   from tff_mf import plots, strategies, workloads  # pylint: disable=g-import-not-at-top
   os.makedirs(output_dir, exist_ok=True)
   paths = []
   prefix = workloads.WorkloadSpec(kind="prefix_sum", n=n)
-  online = _factorization(prefix, "honaker_online", cache_dir)
-  full = _factorization(prefix, "honaker_full", cache_dir)
-  opt = _factorization(prefix, "optimal", cache_dir)
+  online = _factorization(prefix, "honaker_online", cache_dir, progress)
+  full = _factorization(prefix, "honaker_full", cache_dir, progress)
+  opt = _factorization(prefix, "optimal", cache_dir, progress)
   paths.append(plots.plot_per_round_variance(
       {f"Honaker Online (√L={online.single_participation_sqrt_loss:.1f})":
            online.per_round_variance(),
@@ -47,9 +46,9 @@ def make_plots(output_dir: str, n: int, momentum: Optional[float] = None,
       f"Optimal factorization S = BC, n={n} (Denisov App G)"))
   if momentum is not None:
     mom = workloads.WorkloadSpec(kind="momentum", n=n, momentum=momentum)
-    m_online = _factorization(mom, "honaker_online", cache_dir)
-    m_full = _factorization(mom, "honaker_full", cache_dir)
-    m_opt = _factorization(mom, "optimal", cache_dir)
+    m_online = _factorization(mom, "honaker_online", cache_dir, progress)
+    m_full = _factorization(mom, "honaker_full", cache_dir, progress)
+    m_opt = _factorization(mom, "optimal", cache_dir, progress)
     # Opt Prefix Sum as post-processing: B = M·S⁻¹·B_S with C = C_S (Denisov Sec 4).
     post = strategies.post_processed(opt, m_opt.a, "opt_prefix_sum")
     curves = {}
@@ -71,21 +70,23 @@ def register(subparsers) -> None:
       "plot", help="write PNGs: per-round variance (tree vs optimal) and B/C heatmaps",
       description="Per-round variance of Honaker online/full vs the optimal factorization "
                   "(Denisov Fig 1, McMahan Fig 1) and heatmaps of B and C (Denisov App G).")
-  parser.add_argument("--n", type=int, required=True, help="number of rounds n (required)")
+  clitools.add_rounds_flag(parser, required=True)
   parser.add_argument("--momentum", type=float, default=None,
                       help="also plot the momentum workload with this β (Denisov et al. Fig 1 "
                            "right) (default: prefix sums only)")
   parser.add_argument("--output_dir", required=True, help="directory for the PNGs (required)")
   clitools.add_cache_dir_flag(parser)
+  clitools.add_progress_flags(parser, what="the solvers' progress bars on stderr")
   parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
   from tff_mf import checks  # pylint: disable=g-import-not-at-top
   if args.n < 2:
-    raise checks.CheckError(f"--n must be at least 2, got {args.n}")
+    raise checks.CheckError(f"--total_rounds must be at least 2, got {args.n}")
   if args.momentum is not None and not 0.0 <= args.momentum < 1.0:
     raise checks.CheckError(f"--momentum must be in [0, 1), got {args.momentum}")
-  for path in make_plots(args.output_dir, args.n, args.momentum, args.cache_dir):
+  for path in make_plots(args.output_dir, args.n, args.momentum, args.cache_dir,
+                         progress=args.progress):
     print(path)
   return 0
