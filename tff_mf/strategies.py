@@ -84,7 +84,7 @@ class FactorizationSpec:
       value = getattr(self, name)
       params[name] = float(value) if name == "target_gap" else value
     if self.participation.kind != "single" or declared.schema_dependent:
-      params["participation"] = self.participation.as_dict()
+      params["participation"] = self.participation.cache_key(self.n)
     return params
 
 

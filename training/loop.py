@@ -362,8 +362,8 @@ class _Trainer:
     bar = outputs.Progress(config.experiment_name, config.total_rounds, run.progress.round,
                            config.progress)
     diverged = False
-    if run.progress.round == 0 and isinstance(self.sampler, sampling.FixedEpochSampler):
-      self.sampler.form_cohorts(load_client)  # too few non-empty clients: refused before round 1
+    if run.progress.round == 0:  # fixed cohorts: too few non-empty clients refused before round 1
+      self.sampler.prepare(load_client)
     try:
       for round_num in range(run.progress.round + 1, config.total_rounds + 1):
         state, row, diverged = self.round(state, round_num, load_client)
