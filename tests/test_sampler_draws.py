@@ -13,6 +13,8 @@ import json
 import numpy as np
 import pytest
 
+from tff_mf import participation
+from tff_mf.participation import samplers
 from training import sampling
 
 IDS = [f"client{i:03d}" for i in range(150)]
@@ -74,6 +76,29 @@ def test_samplers_draw_the_pinned_clients(kind):
   draws = draws_of(kind)
   assert sum(len(ids) for _, ids, _ in draws["rounds"]) >= 100  # a few hundred draws in all
   assert _digest(draws) == PINNED[kind]
+
+
+# kind -> (schema, make_sampler keywords): the same samplers as CASES, built by each kind.
+SCHEMAS = {
+    "single": (participation.single(), dict(total_rounds=18, clients_per_round=6)),
+    "fixed_epoch": (participation.fixed_epoch(4), dict(total_rounds=24, clients_per_round=7)),
+    "min_sep": (participation.min_sep(5, 4),
+                dict(total_rounds=40, sampling_prob=0.35, secret=SECRET)),
+    "min_sep_uncapped": (participation.min_sep(3),
+                         dict(total_rounds=30, sampling_prob=0.2, secret=SECRET)),
+    "balls_in_bins": (participation.balls_in_bins(3), dict(total_rounds=24, secret=SECRET)),
+    "random_allocation": (participation.random_allocation(3),
+                          dict(total_rounds=24, secret=SECRET)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_each_kind_builds_the_sampler_that_draws_the_pinned_clients(kind):
+  """The library's samplers (no harness): another framework samples the same clients."""
+  schema, kwargs = SCHEMAS[kind]
+  sampler = schema.make_sampler(IDS, seed=SEED, **kwargs)
+  assert type(sampler).__module__ == samplers.__name__ and sampler.error is samplers.SamplingError
+  assert _digest(_run(sampler, CASES[kind][2])) == PINNED[kind]
 
 
 if __name__ == "__main__":
