@@ -82,6 +82,12 @@ class Participation(metaclass=_Dispatch):
   poisson: ClassVar[bool] = False
   # The sampler draws from the run's secret sampling seed (kept out of released files).
   secret_sampling: ClassVar[bool] = False
+  # The random-allocation amplified analysis applies (tff_mf.random_allocation).
+  allocation_amplified: ClassVar[bool] = False
+  # Why the schema is not Poisson sampling (no amplified Poisson analysis); None: it is.
+  not_poisson: ClassVar[Optional[str]] = (
+      "amplification analyzes Poisson sampling, where a user may join several rounds; give a "
+      "min_sep schema (min_sep 1: i.i.d. sampling every round) or fixed_epoch, not single")
   # Its stored form carries ``FIXED_BIN_MARKER`` (fixed-bin balls-in-bins only).
   marks_fixed_bin: ClassVar[bool] = False
   epochs: Optional[int] = None
@@ -137,10 +143,22 @@ class Participation(metaclass=_Dispatch):
     del n
     return None
 
-  def cyclic_cover(self, n: int) -> Optional[Tuple[int, int]]:
-    """(b, k): a b-min-sep schema with ≤ k rounds whose patterns hold this schema's (None:
-    none but single participation)."""
+  def cyclic_cover(self, n: int) -> Optional[Tuple[int, Optional[int]]]:
+    """(b, k): b-min-separation with ≤ k rounds (k None: as many as fit) whose patterns hold
+    this schema's, for the optimizers built for it; None: no such b (a single pass)."""
     del n
+    return None
+
+  def poisson_period(self, n: int, error: type = checks.CheckError) -> int:
+    """b of the Poisson sampling the schema describes for the amplified analyses (each user
+    in one residue class mod b); refuses (``error``) a schema that is not Poisson sampling."""
+    del n
+    raise error(self.not_poisson)
+
+  def prefix(self, rounds: int) -> Optional["Participation"]:
+    """The schema of the first ``rounds`` rounds where it is again a schema of this kind with
+    the same parameters (min_sep; single when b exceeds them); None otherwise."""
+    del rounds
     return None
 
   def for_rounds(self, n: int) -> "Participation":
@@ -157,6 +175,12 @@ class Participation(metaclass=_Dispatch):
 
   def describe(self) -> str:
     return self.kind
+
+  def sampling_text(self, n: int, clients_per_round: Optional[int] = None,
+                    sampling_prob: Optional[float] = None) -> str:
+    """How a run of n rounds samples its clients under the schema, in words."""
+    del n, clients_per_round, sampling_prob
+    return "single participation (each client at most once)"
 
   def as_dict(self) -> Dict[str, Any]:
     """JSON-able: ``kind``, ``label`` and the parameters that are set (cache keys, reports)."""
@@ -198,6 +222,12 @@ class Participation(metaclass=_Dispatch):
     self.check(n)
     _check_limit(n, limit, self)
     return [(t,) for t in range(n)]
+
+  def joinable_sets(self, n: int, limit: Optional[int] = None) -> List[Tuple[int, ...]]:
+    """Every non-empty set of rounds one user may join, for contributions that are never 0
+    (a canary's ±1): the patterns themselves, where a user joins all rounds of its pattern."""
+    del limit  # at most n patterns
+    return self.patterns(n)
 
   def sensitivity_bounds(self, c: np.ndarray, col_sq: np.ndarray
                          ) -> Tuple[float, float, str]:
@@ -305,6 +335,18 @@ class FixedEpoch(_Cyclic):
   kind: ClassVar[str] = "fixed_epoch"
   sampler: ClassVar[str] = "fixed cohorts (k, b)"
 
+  not_poisson: ClassVar[Optional[str]] = None
+
+  def sampling_text(self, n, clients_per_round=None, sampling_prob=None):
+    del sampling_prob
+    b = n // self.epochs
+    return (f"{self.epochs} fixed epochs ({b} cohorts of {clients_per_round} clients, each "
+            f"client in {self.epochs} rounds {b} apart)")
+
+  def poisson_period(self, n: int, error: type = checks.CheckError) -> int:
+    """b = n/k rounds per epoch, one round per epoch."""
+    return self.rounds_per_epoch(n)
+
   def sensitivity_bounds(self, c, col_sq):
     return bounds_lib.fixed_epoch_bounds(c, self.pattern_indices(c.shape[1]), col_sq)
 
@@ -327,6 +369,9 @@ class BallsInBins(_Cyclic):
   sampler: ClassVar[str] = "balls in bins (fixed bin)"
   secret_sampling: ClassVar[bool] = True
   marks_fixed_bin: ClassVar[bool] = True
+  not_poisson: ClassVar[Optional[str]] = (
+      "balls_in_bins (fixed bin) is not Poisson sampling and has no amplified analysis here: "
+      "use amplification none")
 
   @property
   def label(self) -> str:  # never the pre-rename label balls_in_bins-k<k>
@@ -334,6 +379,11 @@ class BallsInBins(_Cyclic):
 
   def describe(self) -> str:
     return f"balls_in_bins(epochs={self.epochs}, fixed bin)"
+
+  def sampling_text(self, n, clients_per_round=None, sampling_prob=None):
+    del clients_per_round, sampling_prob
+    return (f"fixed-bin balls-in-bins over {self.epochs} epochs (each client in one secret "
+            f"bin of {n // self.epochs}, every round of it)")
 
   def as_dict(self) -> Dict[str, Any]:
     return dict(super().as_dict(), **{FIXED_BIN_MARKER: True})
@@ -363,6 +413,10 @@ class RandomAllocation(_Epochs):
   kind: ClassVar[str] = "random_allocation"
   sampler: ClassVar[str] = "random allocation (a new round each epoch)"
   secret_sampling: ClassVar[bool] = True
+  allocation_amplified: ClassVar[bool] = True
+  not_poisson: ClassVar[Optional[str]] = (
+      "random_allocation is not Poisson sampling: use amplification 'random_allocation' "
+      "(or none)")
 
   def separation(self, n: int) -> int:
     self.check(n)
@@ -370,6 +424,11 @@ class RandomAllocation(_Epochs):
 
   def epoch_length(self, n: int) -> Optional[int]:
     return n // self.epochs
+
+  def sampling_text(self, n, clients_per_round=None, sampling_prob=None):
+    del clients_per_round, sampling_prob
+    return (f"random allocation over {self.epochs} epochs of {n // self.epochs} rounds (each "
+            "client in one random round of each epoch)")
 
   def legacy_dicts(self) -> List[Dict[str, Any]]:
     """Before the fixed-bin rename random_allocation was written as balls_in_bins."""
@@ -381,6 +440,9 @@ class RandomAllocation(_Epochs):
     _check_limit(b ** self.epochs, limit, self)
     return [tuple(j * b + t for j, t in enumerate(choice))
             for choice in itertools.product(range(b), repeat=self.epochs)]
+
+  def joinable_sets(self, n: int, limit: Optional[int] = None) -> List[Tuple[int, ...]]:
+    return self.patterns(n, limit)
 
   def sensitivity_bounds(self, c, col_sq):
     return bounds_lib.random_allocation_bounds(c, self.epochs, col_sq, self.patterns)
@@ -400,6 +462,7 @@ class MinSep(Participation):
   sampler: ClassVar[str] = "cyclic Poisson"
   poisson: ClassVar[bool] = True
   secret_sampling: ClassVar[bool] = True
+  not_poisson: ClassVar[Optional[str]] = None
   min_sep: Optional[int] = None
   max_participations: Optional[int] = None
 
@@ -437,8 +500,28 @@ class MinSep(Participation):
   def residue_period(self, n: int) -> Optional[int]:
     return self.min_sep
 
-  def cyclic_cover(self, n: int) -> Optional[Tuple[int, int]]:
-    return self.min_sep, self.max_participations_in(n)
+  def cyclic_cover(self, n: int) -> Optional[Tuple[int, Optional[int]]]:
+    return self.min_sep, self.max_participations
+
+  def prefix(self, rounds: int) -> Optional["Participation"]:
+    return SINGLE if self.min_sep > rounds else self
+
+  def sampling_text(self, n, clients_per_round=None, sampling_prob=None):
+    del n, clients_per_round
+    return f"{self.min_sep}-min-sep Poisson sampling with p = {sampling_prob:g}"
+
+  def poisson_period(self, n: int, error: type = checks.CheckError) -> int:
+    """b; each user joins the rounds of one residue class mod b (b = 1: every round, i.i.d.
+    sampling). A cap on participations below ⌈n/b⌉ is not Poisson sampling."""
+    b = self.min_sep
+    if b > n:
+      raise error(f"min_sep b = {b} exceeds the number of rounds n = {n}")
+    rounds = -(-n // b)
+    if self.max_participations is not None and self.max_participations < rounds:
+      raise error(f"Poisson sampling with min_sep {b} lets a user join up to {rounds} rounds; "
+                  f"a cap of {self.max_participations} participations is not covered by the "
+                  "amplified analyses")
+    return b
 
   def for_rounds(self, n: int) -> "Participation":
     """Without max_participations: the number that fits, ⌈n/b⌉ (the CLI's form of the same
@@ -480,6 +563,24 @@ class MinSep(Participation):
         return
       for t in range(start, n):
         extend(prefix + (t,), t + b)
+
+    extend((), 0)
+    return out
+
+  def joinable_sets(self, n: int, limit: Optional[int] = None) -> List[Tuple[int, ...]]:
+    """Every non-empty set of ≤ k rounds pairwise ≥ b apart (subsets of patterns too: a
+    Poisson-sampled user may skip rounds of its class)."""
+    k, b = self.max_participations_in(n), self.min_sep
+    out: List[Tuple[int, ...]] = []
+
+    def extend(prefix: Tuple[int, ...], start: int) -> None:
+      if prefix:
+        out.append(prefix)
+        if limit is not None and len(out) > limit:
+          raise checks.CheckError(f"min_sep(b={b}) has more than {limit} patterns at n={n}")
+      if len(prefix) < k:
+        for t in range(start, n):
+          extend(prefix + (t,), t + b)
 
     extend((), 0)
     return out
