@@ -61,7 +61,6 @@ returning a z whose ε was evaluated to be at most the target.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import sys
 from typing import Any, Callable, Dict, Optional, Tuple

@@ -34,14 +34,17 @@ SamplingError = TrainingError
 
 
 class SinglePassSampler(samplers_lib.SinglePassSampler):
+  """The library's sampler, refusing with the harness's ``TrainingError``."""
   error = TrainingError
 
 
 class FixedEpochSampler(samplers_lib.FixedEpochSampler):
+  """The library's sampler, refusing with the harness's ``TrainingError``."""
   error = TrainingError
 
 
 class CyclicPoissonSampler(samplers_lib.CyclicPoissonSampler):
+  """The library's sampler, refusing with the harness's ``TrainingError``."""
   error = TrainingError
 
 
@@ -49,10 +52,12 @@ MinSepSampler = CyclicPoissonSampler  # the schema's name
 
 
 class BallsInBinsSampler(samplers_lib.BallsInBinsSampler):
+  """The library's sampler, refusing with the harness's ``TrainingError``."""
   error = TrainingError
 
 
 class RandomAllocationSampler(samplers_lib.RandomAllocationSampler):
+  """The library's sampler, refusing with the harness's ``TrainingError``."""
   error = TrainingError
 
 

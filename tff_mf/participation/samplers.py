@@ -167,7 +167,7 @@ class FixedEpochSampler(_Sampler):
     cohorts = np.asarray(state["cohorts"], np.int64)
     if cohorts.shape != self.cohorts.shape:
       raise self.error(f"the checkpoint's cohorts have shape {cohorts.shape}, this run's "
-                          f"{self.cohorts.shape}")
+                       f"{self.cohorts.shape}")
     self.cohorts = cohorts.copy()
     self._loaded = {}
 
@@ -199,7 +199,7 @@ class FixedEpochSampler(_Sampler):
     if self.cohorts[j, 0] < 0:
       if round_num > self.cohort_count:
         raise self.error(f"round {round_num}: cohort {j} was never formed (rounds must run "
-                            "in order)")
+                         "in order)")
       indices, loaded, skipped = self._draw(
           self.clients_per_round, load, f"cohort {j} of {self.cohort_count} (fixed epochs)")
       self.cohorts[j] = indices
@@ -209,7 +209,7 @@ class FixedEpochSampler(_Sampler):
       chosen, loaded, skipped = self._load_all(self.cohorts[j], load)
       if skipped:
         raise self.error(f"round {round_num}: {skipped} client(s) of cohort {j} have no "
-                            "data any more; the dataset changed under the run")
+                         "data any more; the dataset changed under the run")
       self._loaded[j] = (chosen, loaded, 0)
     chosen, loaded, skipped = self._loaded[j]
     self._loaded[j] = (chosen, loaded, 0)  # empty clients are reported in the first round only
@@ -316,7 +316,7 @@ class BallsInBinsSampler(_SecretSampler):
     round_num = int(round_num)
     if not 1 <= round_num <= self.total_rounds:
       raise self.error(f"round {round_num} is outside the {self.total_rounds} rounds of the "
-                          "balls-in-bins schema")
+                       "balls-in-bins schema")
     return np.flatnonzero(self.bin == (round_num - 1) % self.bins)
 
   def next_round(self, round_num: int, load: Load) -> Round:
@@ -357,7 +357,7 @@ class RandomAllocationSampler(_SecretSampler):
     round_num = int(round_num)
     if not 1 <= round_num <= self.total_rounds:
       raise self.error(f"round {round_num} is outside the {self.total_rounds} rounds of the "
-                          "random-allocation schema")
+                       "random-allocation schema")
     epoch, slot = divmod(round_num - 1, self.rounds_per_epoch)
     return np.flatnonzero(self.slots(epoch) == slot)
 
