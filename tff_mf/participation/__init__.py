@@ -34,6 +34,8 @@ from tff_mf.participation.kinds import from_args
 from tff_mf.participation.kinds import from_dict
 from tff_mf.participation.kinds import min_sep
 from tff_mf.participation.kinds import random_allocation
+from tff_mf.participation.kinds import sensitivity
+from tff_mf.participation.kinds import sensitivity_report
 from tff_mf.participation.kinds import single
 from tff_mf.participation.samplers import SamplingError
 from tff_mf.participation.bounds import ENUMERATION_LIMIT
@@ -42,6 +44,4 @@ from tff_mf.participation.bounds import MIN_SEP_ANALYSIS_VERSION
 from tff_mf.participation.bounds import RANDOM_ALLOCATION_ENUMERATION_LIMIT
 from tff_mf.participation.bounds import ROUNDING_MARGIN
 from tff_mf.participation.bounds import SIGN_ENUMERATION_MAX
-from tff_mf.participation.bounds import sensitivity
-from tff_mf.participation.bounds import sensitivity_report
 from tff_mf.participation.bounds import toeplitz_coefficients

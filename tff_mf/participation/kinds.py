@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -635,6 +636,48 @@ def _build(kind: str = "single", epochs: Optional[int] = None,
     takes = f"takes only {', '.join(cls.takes)}" if cls.takes else "takes no parameters"
     raise checks.CheckError(f"participation {cls.kind} {takes}; got {', '.join(extra)}")
   return cls(**{name: given[name] for name in cls.takes})
+
+
+# ----------------------------------------------------------------------------- sensitivity
+
+
+def sensitivity(c, schema: Participation, n: Optional[int] = None) -> float:
+  """L2 sensitivity of the encoder C (m x n) under ``schema``; never below the true value.
+
+  Exact (up to float64 rounding) for: ``single`` (max column norm); ``fixed_epoch``
+  when every pattern block of X = CᵀC is non-negative (= max_j √Σ_{s,t∈P_j} X_st) or
+  diagonal (orthogonal columns within patterns: √max_j Σ_{t∈P_j} X_tt); ``min_sep``
+  when columns of rounds ≥ b apart have disjoint row supports (e.g. C lower triangular
+  with ≤ b bands; then sens² = max over admissible sets of Σ‖C[:, t]‖², by dynamic
+  programming, arXiv:2306.08153). Otherwise an upper bound: arXiv:2306.08153
+  Eq. 5 (Σ|X_st| per pattern, tightened by |P|·λ_max) for fixed_epoch, and Alg. 4
+  (tightened by enumeration when there are few patterns, and for a Toeplitz C by the
+  smaller of ``toeplitz_ops``' structured bounds) for min_sep.
+  ``sensitivity_report`` says which (its method).
+  """
+  return sensitivity_report(c, schema, n)["value"]
+
+
+def sensitivity_report(c, schema: Participation, n: Optional[int] = None) -> Dict[str, Any]:
+  """``value`` (the sensitivity returned by ``sensitivity``), ``lower`` (attained by an
+  explicit contribution), ``exact`` (value ≤ lower within 1e-12 relative), ``method``
+  and ``schema`` (its ``describe()``)."""
+  c = checks.matrix(c, "C")
+  if not isinstance(schema, Participation):
+    raise checks.CheckError(f"schema must be a participation schema, got {type(schema).__name__}")
+  rounds = c.shape[1]
+  if n is not None and checks.positive_int(n, "rounds n") != rounds:
+    raise checks.CheckError(f"C has {rounds} columns (rounds), expected n={n}")
+  schema.check(rounds)
+  upper, lower, method = schema.sensitivity_bounds(c, np.sum(np.square(c), axis=0))
+  exact = bool(upper <= lower * (1 + bounds_lib.EXACT_RTOL) or upper == 0.0)
+  if exact and method.endswith("_bound"):  # the bound meets an explicit contribution
+    method += "_attained"
+  # Rounded up by bounds.ROUNDING_MARGIN so that float64 rounding in the sums of squares
+  # never makes the value (and an ε computed from z/value) optimistic.
+  return {"value": math.sqrt(upper) * (1 + bounds_lib.ROUNDING_MARGIN),
+          "lower": math.sqrt(max(lower, 0.0)), "exact": exact, "method": method,
+          "schema": schema.describe()}
 
 
 Schema = Participation
