@@ -28,7 +28,7 @@ largest upper value is attained by an explicit contribution (within 1e-12 relati
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
