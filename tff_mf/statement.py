@@ -403,8 +403,10 @@ def privacy_statement(record: Any, *, schema=None,
     run = defaults.get("run") if run is None else run
   elif dataclasses.is_dataclass(record):
     from tff_mf import checks  # pylint: disable=g-import-not-at-top
-    raise checks.CheckError(f"privacy_statement takes a privacy record, not a "
-                            f"{type(record).__name__}")
+    from tff_mf import participation  # pylint: disable=g-import-not-at-top
+    what = ("Participation" if isinstance(record, participation.Participation)
+            else type(record).__name__)  # a schema of any kind
+    raise checks.CheckError(f"privacy_statement takes a privacy record, not a {what}")
   record = _checked_record(record)
   run = True if run is None else run
   setup = dict(setup or {})
