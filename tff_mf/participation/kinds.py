@@ -87,8 +87,7 @@ class Participation(metaclass=_Dispatch):
   allocation_amplified: ClassVar[bool] = False
   # Why the schema is not Poisson sampling (no amplified Poisson analysis); None: it is.
   not_poisson: ClassVar[Optional[str]] = (
-      "amplification analyzes Poisson sampling, where a user may join several rounds; give a "
-      "min_sep schema (min_sep 1: i.i.d. sampling every round) or fixed_epoch, not single")
+      "amplification analyzes Poisson sampling: give a min_sep or fixed_epoch schema")
   # Its stored form carries ``FIXED_BIN_MARKER`` (fixed-bin balls-in-bins only).
   marks_fixed_bin: ClassVar[bool] = False
   epochs: Optional[int] = None
@@ -264,6 +263,9 @@ class Single(Participation):
   kind: ClassVar[str] = "single"
   sampler: ClassVar[str] = "single pass"
   at_most_once: ClassVar[bool] = True
+  not_poisson: ClassVar[Optional[str]] = (
+      "amplification analyzes Poisson sampling, where a user may join several rounds; give a "
+      "min_sep schema (min_sep 1: i.i.d. sampling every round) or fixed_epoch, not single")
 
 
 @dataclasses.dataclass(frozen=True)
