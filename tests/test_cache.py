@@ -15,6 +15,7 @@ import userenv
 
 from tff_mf import cache
 from tff_mf import factorization as fz
+from tff_mf import participation
 from tff_mf import strategies
 from tff_mf import workloads
 
@@ -602,3 +603,71 @@ def test_list_shows_no_solver_claim_it_cannot_recheck(tmp_path):
     json.dump(metadata, fh)
   [row] = cache.list_entries(str(tmp_path))
   assert row["verified"] and "relative_gap" not in row
+
+
+# ----------------------------------------------------------------------------- one key per schema
+
+
+def _min_sep_spec(schema):
+  return strategies.FactorizationSpec(workload=workloads.WorkloadSpec(kind="prefix_sum", n=16),
+                                      strategy="identity", participation=schema)
+
+
+def _factorize_cli(tmp_path, *flags):
+  env = userenv.env()
+  env.pop("TFF_MF_CACHE", None)
+  out = subprocess.run([sys.executable, "-m", "tff_mf.cli", "factorize", "--workload",
+                        "prefix_sum", "--strategy", "identity", "--n", "16", "--participation",
+                        "min_sep", "--min_sep", "4", *flags, "--json", "--cache_dir",
+                        str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=300)
+  assert out.returncode == 0, out.stderr
+  return json.loads(out.stdout)
+
+
+def test_one_min_sep_schema_has_one_cache_key_from_python_and_the_cli(tmp_path,
+                                                                       count_factorizations):
+  """min_sep(4) from Python and --min_sep 4 from the CLI (which fills in the ⌈n/b⌉ = 4 that
+  fit) are one schema: one entry, computed once (it was stored as ``-kall`` and ``-k4``)."""
+  _, entry = cache.load_or_factorize(_min_sep_spec(participation.min_sep(4)),
+                                     cache_dir=str(tmp_path))
+  assert not entry.cache_hit
+  for flags in ((), ("--max_participations", "4")):
+    record = _factorize_cli(tmp_path, *flags)
+    assert record["cache_hit"] and os.path.dirname(record["metadata_path"]) == entry.directory
+  _, again = cache.load_or_factorize(_min_sep_spec(participation.min_sep(4, 4)),
+                                     cache_dir=str(tmp_path))
+  assert again.cache_hit and again.directory == entry.directory
+  assert len(os.listdir(tmp_path)) == 1 and len(count_factorizations) == 1
+  # A cap below the ⌈n/b⌉ that fit is another schema, with its own entry.
+  _, capped = cache.load_or_factorize(_min_sep_spec(participation.min_sep(4, 2)),
+                                      cache_dir=str(tmp_path))
+  assert not capped.cache_hit and capped.directory != entry.directory
+
+
+def test_a_min_sep_entry_python_cached_without_its_cap_still_loads(tmp_path,
+                                                                    count_factorizations):
+  """An entry an earlier version wrote from Python (key ``min_sep-b4-kall``) is read, from
+  Python and from the CLI, not computed and stored a second time."""
+  _, entry = cache.load_or_factorize(_min_sep_spec(participation.min_sep(4)),
+                                     cache_dir=str(tmp_path))
+  new, old = participation.min_sep(4, 4).as_dict(), participation.min_sep(4).as_dict()
+  with open(entry.json_path) as f:
+    metadata = json.load(f)
+  metadata["params"]["participation"] = old
+  metadata["participation"] = metadata["info"]["participation"] = old
+  assert new != old and "kall" in old["label"]
+  metadata["key"] = cache.key_hash(metadata["params"])
+  old_dir = os.path.join(str(tmp_path), cache.entry_name(metadata["params"]))
+  assert old_dir.endswith(f"-min_sep-b4-kall-{metadata['key']}")
+  os.rename(entry.directory, old_dir)
+  with open(os.path.join(old_dir, cache.METADATA_FILE), "w") as f:
+    json.dump(metadata, f)
+  _, hit = cache.load_or_factorize(_min_sep_spec(participation.min_sep(4)),
+                                   cache_dir=str(tmp_path))
+  assert hit.cache_hit and hit.directory == old_dir
+  record = _factorize_cli(tmp_path)
+  assert record["cache_hit"] and os.path.dirname(record["metadata_path"]) == old_dir
+  assert os.listdir(tmp_path) == [os.path.basename(old_dir)]
+  assert len(count_factorizations) == 1
+  assert [r["ok"] for r in cache.verify(str(tmp_path))] == [True]

@@ -153,3 +153,60 @@ def _python(code):
                        timeout=300, env=userenv.env())
   assert out.returncode == 0, out.stderr
   return out.stdout
+
+
+# Participation kinds own their rules (tff_mf.participation): at most this many comparisons
+# against a kind's name remain outside that package.
+MAX_KIND_NAME_COMPARISONS = 5
+KIND_NAMES = ("single", "fixed_epoch", "min_sep", "balls_in_bins", "random_allocation",
+              "cyclic_poisson")
+# Names of an accountant's analysis, some spelled like a kind ("random_allocation"): a
+# comparison with one of these compares analyses, not kinds.
+ANALYSIS_OPERANDS = ("analysis", "amplification")
+
+
+def _names_in(node):
+  """The kind names a comparison operand spells out (a string, or a tuple/list/set of them)."""
+  if isinstance(node, ast.Constant) and node.value in KIND_NAMES:
+    return [node.value]
+  if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+    return [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in KIND_NAMES]
+  return []
+
+
+def _operand_name(node):
+  if isinstance(node, ast.Name):
+    return node.id
+  if isinstance(node, ast.Attribute):
+    return node.attr
+  return ""
+
+
+def kind_name_comparisons():
+  """``file:line`` of every ==, !=, in, not in against a kind's name outside the package."""
+  found = []
+  for top in ("tff_mf", "training", "stackoverflow", "benchmarks", "scripts", "examples"):
+    for root, _, files in os.walk(os.path.join(REPO, top)):
+      for name in sorted(files):
+        path = os.path.join(root, name)
+        rel = os.path.relpath(path, REPO)
+        if not name.endswith(".py") or rel.startswith(os.path.join("tff_mf", "participation")):
+          continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+          if not isinstance(node, ast.Compare):
+            continue
+          operands = [node.left] + node.comparators
+          if any(_operand_name(o) in ANALYSIS_OPERANDS for o in operands):
+            continue
+          if any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops) and \
+              any(_names_in(o) for o in operands):
+            found.append(f"{rel}:{node.lineno}")
+  return found
+
+
+def test_participation_kinds_are_compared_by_name_in_few_places():
+  found = kind_name_comparisons()
+  assert len(found) <= MAX_KIND_NAME_COMPARISONS, (
+      f"{len(found)} comparisons against a participation kind's name outside "
+      f"tff_mf.participation (at most {MAX_KIND_NAME_COMPARISONS}); ask the kind instead "
+      f"(a method or attribute of its class): {found}")

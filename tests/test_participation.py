@@ -406,7 +406,7 @@ def test_min_sep_toeplitz_path_matches_the_issue_example_and_beats_alg4():
 @pytest.mark.parametrize("n,k", [(12, 3), (8, 4), (8, 2), (9, 3)])
 def test_random_allocation_row_bound_is_an_upper_bound(monkeypatch, kind, n, k):
   """Without enumeration (limit 0): the Alg.-4-style and k·λ_max bounds stay upper bounds."""
-  monkeypatch.setattr(pa, "RANDOM_ALLOCATION_ENUMERATION_LIMIT", 0)
+  monkeypatch.setattr(pa.bounds, "RANDOM_ALLOCATION_ENUMERATION_LIMIT", 0)
   rng = np.random.default_rng(zlib.crc32(f"bib/{kind}/{n}/{k}".encode()))
   c = random_c(kind, n, rng)
   x = c.T @ c

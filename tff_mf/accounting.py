@@ -61,7 +61,6 @@ returning a z whose ε was evaluated to be at most the target.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import sys
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -303,13 +302,7 @@ def _check_schema(schema):
   if schema.kind not in participation.KINDS:
     raise checks.CheckError(f"participation must be one of {', '.join(participation.KINDS)}, "
                             f"got {schema.kind!r}")
-  if schema.kind in participation.EPOCH_KINDS:
-    checks.positive_int(schema.epochs, "epochs")
-  if schema.kind == "min_sep":
-    checks.positive_int(schema.min_sep, "min_sep")
-    if schema.max_participations is not None:
-      checks.positive_int(schema.max_participations, "max_participations")
-  return schema
+  return schema  # its class checked its parameters when it was built
 
 
 def check_encoder(c, name: str = "C") -> np.ndarray:
@@ -329,7 +322,7 @@ def sensitivity_report(c: Optional[np.ndarray], schema) -> Dict[str, Any]:
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
   schema = _check_schema(schema)
   if c is None:
-    if schema.kind != "single":
+    if not schema.at_most_once:
       raise checks.CheckError(f"{schema.kind} participation needs the encoder C (a matrix or "
                               "a mechanism) to compute its sensitivity")
     return {"value": 1.0, "exact": True,
@@ -347,29 +340,7 @@ def sampling_min_sep(schema, n: int) -> int:
   round, i.i.d. sampling); ``fixed_epoch`` k: b = n/k rounds per epoch, one round per
   epoch. A cap on participations below ⌈n/b⌉ is not Poisson sampling and is refused.
   """
-  schema = _check_schema(schema)
-  if schema.kind == "random_allocation":
-    raise AccountingError("random_allocation is not Poisson sampling: use amplification "
-                          "'random_allocation' (or none)")
-  if schema.kind == "balls_in_bins":
-    raise AccountingError("balls_in_bins (fixed bin) is not Poisson sampling and has no "
-                          "amplified analysis here: use amplification none")
-  if schema.kind == "single":
-    raise AccountingError(
-        "amplification analyzes Poisson sampling, where a user may join several rounds; give a "
-        "min_sep schema (min_sep 1: i.i.d. sampling every round) or fixed_epoch, not single")
-  if schema.kind == "fixed_epoch":
-    schema.check(n)
-    return n // schema.epochs
-  b = schema.min_sep
-  if b > n:
-    raise AccountingError(f"min_sep b = {b} exceeds the number of rounds n = {n}")
-  rounds = -(-n // b)
-  if schema.max_participations is not None and schema.max_participations < rounds:
-    raise AccountingError(
-        f"Poisson sampling with min_sep {b} lets a user join up to {rounds} rounds; a cap of "
-        f"{schema.max_participations} participations is not covered by the amplified analyses")
-  return b
+  return _check_schema(schema).poisson_period(n, AccountingError)
 
 
 def poisson_sensitivity(c: np.ndarray, min_sep: int) -> Tuple[float, bool]:
@@ -479,8 +450,8 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
   pld_discretization = checks.positive_float(pld_discretization, "pld_discretization")
   n = c.shape[1]
   b = sampling_min_sep(schema, n)
-  if schema.kind == "min_sep" and schema.max_participations is None:
-    schema = dataclasses.replace(schema, max_participations=-(-n // b))
+  if schema.for_rounds(n) != schema:  # min_sep without its cap: the ⌈n/b⌉ that fit
+    schema = schema.for_rounds(n)
     record.update(participation=schema.label, schema=schema.as_dict())
   sens, sens_exact = poisson_sensitivity(c, b)
   unamplified = epsilon(z, delta, accountant, sensitivity=sens)
@@ -530,7 +501,7 @@ def _random_allocation_record(record: Dict[str, Any], c: Optional[np.ndarray], s
   if c is None:
     raise checks.CheckError("amplification 'random_allocation' needs the encoder C (a matrix "
                             "or a mechanism)")
-  if schema.kind != "random_allocation":
+  if not schema.allocation_amplified:
     raise checks.CheckError(f"amplification 'random_allocation' analyzes random_allocation "
                             f"participation (a new random round each epoch), not "
                             f"{schema.describe()}")

@@ -147,8 +147,7 @@ def key_params(spec: strategies.FactorizationSpec) -> Dict[str, Any]:
   params = {"format": FORMAT_VERSION, "solver": solver_version(spec.strategy),
             "workload": workload_key_params(spec.workload)}
   params.update(spec.key_params())
-  if spec.participation.kind == "min_sep":
-    params["min_sep_analysis"] = participation_lib.MIN_SEP_ANALYSIS_VERSION
+  params.update(spec.participation.analysis_versions())
   return params
 
 
@@ -569,12 +568,13 @@ def _with_outcome(spec: strategies.FactorizationSpec, f: fz.Factorization,
 def _existing_entry(directory: str, params: Dict[str, Any], cache_dir: Optional[str]
                     ) -> Tuple[str, Dict[str, Any]]:
   """(directory, params) of the entry to read: the key's own, or, where it has none, the
-  entry an earlier version wrote for the same schema under its old dict (a
-  random_allocation C cached as balls_in_bins before the fixed-bin rename)."""
+  entry an earlier version wrote for the same schema under its old dict
+  (``Participation.cache_key_aliases``: a random_allocation C cached as balls_in_bins
+  before the fixed-bin rename, a min_sep C cached from Python without its ⌈n/b⌉)."""
   if os.path.exists(os.path.join(directory, METADATA_FILE)) or "participation" not in params:
     return directory, params
   schema = participation_lib.from_dict(params["participation"])
-  for legacy in schema.legacy_dicts():
+  for legacy in schema.cache_key_aliases(int(params["workload"]["n"])):
     old = dict(params, participation=legacy)
     old_dir = os.path.join(resolve_dir(cache_dir), entry_name(old))
     if os.path.exists(os.path.join(old_dir, METADATA_FILE)):
@@ -585,6 +585,9 @@ def _existing_entry(directory: str, params: Dict[str, Any], cache_dir: Optional[
 def _load_or_factorize(spec: strategies.FactorizationSpec, cache_dir: Optional[str],
                        force: bool, progress: bool) -> Tuple[fz.Factorization, CacheEntry]:
   spec.validate()
+  # The schema in its form at n (``Participation.for_rounds``): the key, the computation
+  # and the stored record are the same from Python and from the CLI.
+  spec = dataclasses.replace(spec, participation=spec.participation.for_rounds(spec.n))
   memory = strategies.check_size(spec)
   directory, params = entry_paths(spec, cache_dir)
   expected = spec.workload.build()

@@ -271,9 +271,9 @@ def amplification_applies(schema: participation_lib.Participation, n: int,
   """Whether an amplified analysis applies: random allocation, or min_sep
   (cyclic Poisson) sampling with p < 1 and no cap on participations below the ⌈n/b⌉ that fit
   (a binding cap is not Poisson)."""
-  if schema.kind == "random_allocation":
+  if schema.allocation_amplified:
     return True
-  if schema.kind != "min_sep" or sampling_prob is None or sampling_prob >= 1.0:
+  if not schema.poisson or sampling_prob is None or sampling_prob >= 1.0:
     return False
   fit = -(-n // schema.min_sep)
   return schema.max_participations is None or schema.max_participations >= fit
@@ -285,7 +285,7 @@ def amplified_analysis(encoder: np.ndarray, schema: participation_lib.Participat
   banded analysis when C has at most b bands (Choquette-Choo et al. 2023, arXiv:2306.08153,
   Thm 4), else MMCC (Choquette-Choo et al. 2024, arXiv:2310.15526)."""
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  if schema.kind == "random_allocation":
+  if schema.allocation_amplified:
     return "random_allocation"
   return "banded" if accounting.band_count(encoder) <= schema.min_sep else "mmcc"
 
@@ -323,7 +323,7 @@ def run_privacy(encoder: np.ndarray, schema: participation_lib.Participation,
   p = None
   if sampling_prob is not None:
     p = checks.probability(sampling_prob, "sampling_prob")
-    if schema.kind != "min_sep":
+    if not schema.poisson:
       raise checks.CheckError(f"sampling_prob applies to min_sep (cyclic Poisson) "
                               f"participation, not {schema.kind}")
   if (noise_multiplier is None) == (target_epsilon is None):

@@ -331,6 +331,15 @@ def _label(analysis: str) -> str:
 ANALYSES = ("none", "banded", "mmcc", "random_allocation", "adaptive")
 
 
+def _not_a_record(record: Any) -> Exception:
+  """The refusal of a dataclass passed as the record (a schema of any kind: a Participation)."""
+  from tff_mf import checks  # pylint: disable=g-import-not-at-top
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  what = ("Participation" if isinstance(record, participation.Participation)
+          else type(record).__name__)
+  return checks.CheckError(f"privacy_statement takes a privacy record, not a {what}")
+
+
 def _checked_record(record: Any) -> Dict[str, Any]:
   """``record`` as a dict the statement can describe truthfully; CheckError otherwise."""
   from tff_mf import checks  # pylint: disable=g-import-not-at-top
@@ -402,9 +411,7 @@ def privacy_statement(record: Any, *, schema=None,
     epsilon_reason = epsilon_reason or defaults.get("epsilon_reason")
     run = defaults.get("run") if run is None else run
   elif dataclasses.is_dataclass(record):
-    from tff_mf import checks  # pylint: disable=g-import-not-at-top
-    raise checks.CheckError(f"privacy_statement takes a privacy record, not a "
-                            f"{type(record).__name__}")
+    raise _not_a_record(record)
   record = _checked_record(record)
   run = True if run is None else run
   setup = dict(setup or {})

@@ -83,8 +83,8 @@ class FactorizationSpec:
         continue  # a converged result does not depend on the iteration limit
       value = getattr(self, name)
       params[name] = float(value) if name == "target_gap" else value
-    if self.participation.kind != "single" or declared.schema_dependent:
-      params["participation"] = self.participation.as_dict()
+    if not self.participation.at_most_once or declared.schema_dependent:
+      params["participation"] = self.participation.cache_key(self.n)
     return params
 
 

@@ -422,11 +422,8 @@ def sensitivity_is_exact(coeffs: np.ndarray, n: int, min_sep: Optional[int],
 def schema_arguments(schema, n: int) -> Tuple[Optional[int], Optional[int]]:
   """(min_sep, max_participations) a schema is optimized under: fixed-epoch (k, b) patterns
   are b-separated with k rounds, so b-min-sep with ≤ k participations covers them."""
-  if schema.kind == "min_sep":
-    return schema.min_sep, schema.max_participations
-  if schema.kind in ("fixed_epoch", "balls_in_bins"):  # fixed-bin patterns are the same
-    return n // schema.epochs, schema.epochs
-  return None, None
+  cover = schema.cyclic_cover(n)
+  return (None, None) if cover is None else cover
 
 
 # ----------------------------------------------------------------------------- evaluation

@@ -258,22 +258,21 @@ class TrainingConfig:
 
   def _check_participation(self) -> None:
     """The schema's flags go with their --participation, and only with it."""
-    takes = {"single": (), "fixed_epoch": ("epochs",), "balls_in_bins": ("epochs",),
-             "random_allocation": ("epochs",),
-             "min_sep": ("min_sep", "sampling_prob", "max_participations")}[self.participation]
+    kind = self.participation_kind
+    takes = kind.takes + (("sampling_prob",) if kind.poisson else ())
     for name in ("epochs", "min_sep", "sampling_prob", "max_participations"):
       value = getattr(self, name)
       if value is not None and name not in takes:
         raise TrainingError(f"--{name}={value} does not apply to --participation="
                             f"{self.participation}")
-    if self.participation in participation.EPOCH_KINDS:
+    if "epochs" in takes:
       if self.epochs is None:
         raise TrainingError(f"--participation={self.participation} needs --epochs=k")
       checks.positive_int(self.epochs, "--epochs")
       if self.total_rounds % self.epochs:
         raise TrainingError(f"--epochs={self.epochs} must divide --total_rounds="
                             f"{self.total_rounds} (n = k·b rounds, b cohorts)")
-    if self.participation == "min_sep":
+    if kind.poisson:
       if self.min_sep is None or self.sampling_prob is None:
         raise TrainingError("--participation=min_sep needs --min_sep=b and --sampling_prob=p "
                             f"(got {self.min_sep} and {self.sampling_prob})")
@@ -286,6 +285,11 @@ class TrainingConfig:
         checks.positive_int(self.max_participations, "--max_participations")
     if self.buffers is not None:
       checks.positive_int(self.buffers, "--buffers")
+
+  @property
+  def participation_kind(self) -> type:
+    """The class of ``--participation``'s kind (``tff_mf.participation``), for its rules."""
+    return participation.CLASSES[participation.canonical_kind(self.participation)]
 
   def schema(self):
     """The ``tff_mf.participation`` schema the run samples clients under (validated)."""
@@ -331,7 +335,7 @@ class TrainingConfig:
     out = dataclasses.asdict(self)
     out["mechanism"] = self.canonical_mechanism
     out["workers"] = list(self.workers)
-    if self.participation == "balls_in_bins":  # a pre-rename balls_in_bins run has no marker
+    if self.participation_kind.marks_fixed_bin:  # a pre-rename balls_in_bins run has no marker
       out[participation.FIXED_BIN_MARKER] = True
     if self.noise_seed is not None:
       out["noise_seed"] = "pinned"

@@ -146,7 +146,7 @@ def _check_resumable(config: TrainingConfig, run_dir: str, what: str,
   recorded_config = saved.get("config", {})
   if (recorded_config.get("participation") in participation_lib.LEGACY_KINDS and
       participation_lib.FIXED_BIN_MARKER not in recorded_config and
-      config.participation == "balls_in_bins"):
+      config.participation_kind.marks_fixed_bin):
     raise TrainingError(
         f"{run_dir} holds {what} of a balls_in_bins run written before the fixed-bin rename: "
         "its clients were sampled by random allocation (a new round each epoch), which is "
@@ -362,8 +362,8 @@ class _Trainer:
     bar = outputs.Progress(config.experiment_name, config.total_rounds, run.progress.round,
                            config.progress)
     diverged = False
-    if run.progress.round == 0 and isinstance(self.sampler, sampling.FixedEpochSampler):
-      self.sampler.form_cohorts(load_client)  # too few non-empty clients: refused before round 1
+    if run.progress.round == 0:  # fixed cohorts: too few non-empty clients refused before round 1
+      self.sampler.prepare(load_client)
     try:
       for round_num in range(run.progress.round + 1, config.total_rounds + 1):
         state, row, diverged = self.round(state, round_num, load_client)
@@ -404,12 +404,12 @@ def _participation_summary(trainer: _Trainer) -> Dict[str, object]:
       "max_participations_allowed": schema.max_participations_in(config.total_rounds),
       "observed": trainer.log.observed(), "follows_schema": not violations,
       "violations": violations, "sampler": schema.sampler}
-  if config.participation in ("balls_in_bins", "random_allocation"):
+  if schema.secret_sampling and not schema.poisson:  # a bin, or a round per epoch
     out.update(expected_clients_per_round=len(trainer.sampler) /
                (config.total_rounds // config.epochs),
                sampling_secret=("derived from the pinned noise seed"
                                 if trainer.run.seed_source == "pinned" else "os_entropy"))
-  if config.participation == "min_sep":
+  if schema.poisson:
     smallest, largest = trainer.sampler.class_sizes()
     out.update(sampling_prob=config.sampling_prob, residue_class_sizes=[smallest, largest],
                expected_clients_per_round=config.sampling_prob * len(trainer.sampler) /

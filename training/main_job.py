@@ -262,16 +262,12 @@ def run_factorization_demo(output_dir: str, cache_dir: Optional[str] = None,
 
 def schema_text(settings: dict) -> str:
   """The participation schema of the runs, in words."""
-  kind = settings.get("participation", "single")
-  if kind == "fixed_epoch":
-    b = settings["total_rounds"] // settings["epochs"]
-    return (f"{settings['epochs']} fixed epochs ({b} cohorts of "
-            f"{settings['clients_per_round']} clients, each client in {settings['epochs']} "
-            f"rounds {b} apart)")
-  if kind == "min_sep":
-    return (f"{settings['min_sep']}-min-sep Poisson sampling with p = "
-            f"{settings['sampling_prob']:g}")
-  return "single participation (each client at most once)"
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  kind = participation.CLASSES[participation.canonical_kind(
+      settings.get("participation", "single"))]
+  schema = kind(**{name: settings.get(name) for name in kind.takes})
+  return schema.sampling_text(settings["total_rounds"], settings.get("clients_per_round"),
+                              settings.get("sampling_prob"))
 
 
 def _config(mechanism: str, seed: int, output_dir: str, cache_dir, data_dir, progress,

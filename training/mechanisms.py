@@ -60,7 +60,7 @@ def privacy_arguments(config: TrainingConfig) -> Dict[str, Any]:
   ``tff_mf.mechanisms.run_privacy``)."""
   return dict(noise_multiplier=config.noise_multiplier, target_epsilon=config.target_epsilon,
               delta=config.delta, accountant=config.accountant,
-              sampling_prob=config.sampling_prob if config.participation == "min_sep" else None)
+              sampling_prob=config.sampling_prob if config.participation_kind.poisson else None)
 
 
 def build_library_mechanism(name: str, config: TrainingConfig, noise_seed: Optional[int],

@@ -40,7 +40,7 @@ def sampling_secret(config: TrainingConfig, noise_seed: Optional[int]) -> int:
   Derived from a pinned ``--noise_seed`` (so pinning it pins the whole run), else fresh
   from OS entropy. Kept only in the checkpoints, like the noise seed.
   """
-  if config.participation not in ("min_sep", "balls_in_bins", "random_allocation"):
+  if not config.participation_kind.secret_sampling:
     return -1
   from tff_mf import checks  # pylint: disable=g-import-not-at-top
   if config.noise_seed is None and noise_seed is None:
@@ -81,12 +81,10 @@ def prefix_encoder(c: np.ndarray, schema_n, rounds: int):
   rounds, and keeps C's structure (e.g. Toeplitz) for a fast exact sensitivity. Otherwise
   ``released_rows`` under the n-round schema: those rows have no column beyond round r.
   """
-  from tff_mf import participation  # pylint: disable=g-import-not-at-top
   m, n = c.shape
-  if m == n and schema_n.kind == "min_sep" and not np.any(np.triu(c, 1)):
-    if schema_n.min_sep > rounds:
-      return c[:rounds, :rounds], participation.SINGLE
-    return c[:rounds, :rounds], schema_n
+  prefix = schema_n.prefix(rounds)
+  if m == n and prefix is not None and not np.any(np.triu(c, 1)):
+    return c[:rounds, :rounds], prefix
   return released_rows(c, rounds), schema_n
 
 
@@ -155,7 +153,7 @@ def run_statement(config: TrainingConfig, record: Optional[Dict[str, Any]],
   return statement.privacy_statement(
       dict(record, epsilon=epsilon), schema=participation["schema"], setup=statement_setup(config),
       observed=participation["observed"],
-      sampling_prob=config.sampling_prob if config.participation == "min_sep" else None,
+      sampling_prob=config.sampling_prob if config.participation_kind.poisson else None,
       noise_seed_source=seed_source, epsilon_reason=reason,
       nonprivate_metrics=tuple(nonprivate_metrics))
 

@@ -1,401 +1,79 @@
-"""Client sampling under a participation schema, and the record of who joined which round.
+"""The training harness's client sampling: the library's samplers, and the record of who
+joined which round.
 
-Five samplers, one per ``--participation`` (no TensorFlow):
-
-- ``single``: each client at most once, in a permutation fixed by ``--seed``
-  (Denisov et al. 2022, arXiv:2202.08312, Sec 5; single participation, Thm 4.1).
-- ``fixed_epoch`` with k epochs: n = k·b rounds; the clients are split into b cohorts
-  of ``clients_per_round`` clients (drawn from the ``--seed`` permutation, empty
-  clients skipped, when the cohort is first used) and round t uses cohort
-  (t − 1) mod b, so a client joins rounds j, j + b, …, j + (k − 1)·b
-  ((k, b)-participation, Choquette-Choo et al. 2023, arXiv:2211.06530).
-- ``min_sep`` (also spelled ``cyclic_poisson``) with separation b and probability p:
-  cyclic Poisson sampling. Every client belongs to one residue class mod b (balanced,
-  from the ``--seed`` permutation), class (t − 1) mod b is eligible in round t, and
-  each eligible client joins independently with probability p, optionally at most k
-  times (Choquette-Choo et al. 2023, arXiv:2306.08153, Sec 4, b-min-sep Poisson
-  sampling; Choquette-Choo et al. 2024, arXiv:2310.15526, App D; jax_privacy's
-  ``CyclicPoissonSampling``). Round t's coins are drawn from a generator seeded by
-  (sampling secret, t): a resumed run draws the same clients. The secret is kept only
-  in the checkpoints, like the noise seed: the amplified ε assumes nobody who sees the
-  models knows who was sampled.
-- ``balls_in_bins`` with k epochs: the field's fixed-bin balls-in-bins (Chua et al.
-  2024, arXiv:2410.06266, arXiv:2412.16802; jax_privacy's ``BallsInBinsSampling``):
-  each client draws one bin j ∈ {0, …, b − 1}, b = n/k, once, from a generator seeded
-  by the sampling secret, and joins every round t with (t − 1) mod b = j. ε is the
-  unamplified bound over these b-cyclic patterns (``tff_mf.accounting``, labelled
-  not amplified).
-- ``random_allocation`` with k epochs (named ``balls_in_bins`` before the fixed-bin
-  scheme took that name): n = k·b rounds in k epochs of b rounds; in every epoch each
-  client joins exactly one round, chosen uniformly at random and independently per
-  epoch. Epoch e's rounds are drawn from a generator seeded by (sampling secret, e).
-  ε is the smaller of the unamplified bound over every one-round-per-epoch pattern and
-  the random-allocation bound (``tff_mf.random_allocation``).
-
-Each sampler enforces its schema by construction and refuses (TrainingError) what
-would break it. Independently, :class:`ParticipationLog` records every client's
-participations from the rounds actually run (count, last round, separations,
-residues), so the run can report the observed maximum participations and minimum
-separation and refuse to report an ε when they break the schema.
-
-All sampler and log state is a fixed-structure set of int64 arrays
+The samplers, one per participation kind, live in ``tff_mf.participation.samplers``
+(numpy only, so that every framework samples alike; each kind builds its own,
+``make_sampler``). Here they raise the harness's one-line ``TrainingError`` and are
+built from a ``TrainingConfig`` (``build_sampler``). Independently,
+:class:`ParticipationLog` records every client's participations from the rounds
+actually run (count, last round, separations, residues), so the run can report the
+observed maximum participations and minimum separation and refuse to report an ε when
+they break the schema. Its state is a fixed-structure set of int64 arrays
 (:meth:`state` / :meth:`restore`), checkpointed with the model.
 """
 
 from __future__ import annotations
 
 import collections
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tff_mf.participation import samplers as samplers_lib
 from training.config import TrainingError
 
-Load = Callable[[str], Optional[object]]
-Round = Tuple[List[str], List[object], int]
+Load = samplers_lib.Load
+Round = samplers_lib.Round
 NEVER = 0  # ``last`` of a client that has not participated (rounds are 1-based)
 NO_GAP = -1  # ``min_gap`` before any client has participated twice
+RANDOM_ALLOCATION_STREAM = samplers_lib.RANDOM_ALLOCATION_STREAM
+FIXED_BIN_STREAM = samplers_lib.FIXED_BIN_STREAM
+# The harness's refusals are its one-line TrainingError (``make_sampler(classes=…)``).
+SamplingError = TrainingError
 
 
-def _permutation(num_clients: int, seed: int) -> np.ndarray:
-  return np.random.default_rng(seed).permutation(num_clients)
+class SinglePassSampler(samplers_lib.SinglePassSampler):
+  """The library's sampler, refusing with the harness's ``TrainingError``."""
+  error = TrainingError
 
 
-class _Sampler:
-  """Shared by the samplers: the sorted client ids and the seed's permutation."""
-  kind = ""
-
-  def __init__(self, client_ids: Sequence[str], seed: int):
-    self.client_ids = sorted(client_ids)
-    self.index = {c: i for i, c in enumerate(self.client_ids)}
-    self.order = _permutation(len(self.client_ids), seed)
-    self.cursor = 0
-
-  def __len__(self) -> int:
-    return len(self.client_ids)
-
-  def state(self) -> "collections.OrderedDict[str, np.ndarray]":
-    return collections.OrderedDict(cursor=np.array([self.cursor], np.int64))
-
-  def restore(self, state) -> None:
-    self.cursor = int(np.asarray(state["cursor"])[0])
-
-  def _load_all(self, indices, load: Load) -> Round:
-    chosen, loaded, skipped = [], [], 0
-    for i in indices:
-      client_id = self.client_ids[int(i)]
-      value = load(client_id)
-      if value is None:
-        skipped += 1
-      else:
-        chosen.append(client_id)
-        loaded.append(value)
-    return chosen, loaded, skipped
-
-  def _draw(self, count: int, load: Load, what: str) -> Tuple[List[int], List[object], int]:
-    """The next ``count`` non-empty clients of the permutation (indices, datasets, skipped)."""
-    chosen, loaded, skipped = [], [], 0
-    while len(chosen) < count:
-      if self.cursor >= len(self.order):
-        raise TrainingError(
-            f"ran out of clients for {what}: all {len(self.order)} training clients are used "
-            f"({skipped} skipped as empty this round) with {len(chosen)} of {count} clients "
-            "found for this round")
-      i = int(self.order[self.cursor])
-      self.cursor += 1
-      value = load(self.client_ids[i])
-      if value is None:
-        skipped += 1
-      else:
-        chosen.append(i)
-        loaded.append(value)
-    return chosen, loaded, skipped
+class FixedEpochSampler(samplers_lib.FixedEpochSampler):
+  """The library's sampler, refusing with the harness's ``TrainingError``."""
+  error = TrainingError
 
 
-class SinglePassSampler(_Sampler):
-  """Each client at most once, in a permutation fixed by ``seed``; ``cursor`` is the state."""
-  kind = "single"
-
-  def __init__(self, client_ids: Sequence[str], seed: int, clients_per_round: int):
-    super().__init__(client_ids, seed)
-    self.clients_per_round = int(clients_per_round)
-
-  def next_round(self, round_num: int, load: Load) -> Round:
-    """The next ``clients_per_round`` non-empty clients: (ids, datasets, skipped as empty)."""
-    del round_num
-    indices, loaded, skipped = self._draw(self.clients_per_round, load, "a single pass")
-    return [self.client_ids[i] for i in indices], loaded, skipped
-
-
-class FixedEpochSampler(_Sampler):
-  """b = n/k cohorts of ``clients_per_round`` clients; round t uses cohort (t − 1) mod b.
-
-  A cohort is filled from the permutation the first time it is used (empty clients
-  skipped and counted) and kept in ``cohorts`` (checkpointed), so each client is in
-  one cohort and joins exactly the rounds j, j + b, …, of the (k, b) schema. The
-  loaded datasets of a cohort are kept for its later epochs (``load`` is called once
-  per client and session).
-  """
-  kind = "fixed_epoch"
-
-  def __init__(self, client_ids: Sequence[str], seed: int, total_rounds: int, epochs: int,
-               clients_per_round: int):
-    super().__init__(client_ids, seed)
-    if total_rounds % epochs:
-      raise TrainingError(f"--epochs={epochs} must divide --total_rounds={total_rounds}")
-    self.epochs = int(epochs)
-    self.cohort_count = total_rounds // epochs
-    self.clients_per_round = int(clients_per_round)
-    self.cohorts = np.full([self.cohort_count, self.clients_per_round], -1, np.int64)
-    self._loaded: Dict[int, Round] = {}
-
-  def state(self):
-    out = super().state()
-    out["cohorts"] = self.cohorts.copy()
-    return out
-
-  def restore(self, state) -> None:
-    super().restore(state)
-    cohorts = np.asarray(state["cohorts"], np.int64)
-    if cohorts.shape != self.cohorts.shape:
-      raise TrainingError(f"the checkpoint's cohorts have shape {cohorts.shape}, this run's "
-                          f"{self.cohorts.shape}")
-    self.cohorts = cohorts.copy()
-    self._loaded = {}
-
-  def form_cohorts(self, load: Load) -> None:
-    """Forms every cohort not yet formed, in order (the same cohorts as forming them lazily).
-
-    Called before round 1, so that a dataset with too few non-empty clients is refused
-    before any round is released; the clients skipped as empty are reported in each
-    cohort's first round.
-    """
-    for j in range(self.cohort_count):
-      if self.cohorts[j, 0] >= 0:
-        continue
-      try:
-        indices, loaded, skipped = self._draw(
-            self.clients_per_round, load, f"cohort {j} of {self.cohort_count} (fixed epochs)")
-      except TrainingError as e:
-        raise TrainingError(
-            f"before round 1: too few non-empty clients for --participation=fixed_epoch "
-            f"({self.cohort_count} cohorts of {self.clients_per_round}): {e}") from None
-      self.cohorts[j] = indices
-      self._loaded[j] = ([self.client_ids[i] for i in indices], loaded, skipped)
-
-  def next_round(self, round_num: int, load: Load) -> Round:
-    j = (int(round_num) - 1) % self.cohort_count
-    if self.cohorts[j, 0] < 0:
-      if round_num > self.cohort_count:
-        raise TrainingError(f"round {round_num}: cohort {j} was never formed (rounds must run "
-                            "in order)")
-      indices, loaded, skipped = self._draw(
-          self.clients_per_round, load, f"cohort {j} of {self.cohort_count} (fixed epochs)")
-      self.cohorts[j] = indices
-      self._loaded[j] = ([self.client_ids[i] for i in indices], loaded, 0)
-      return [self.client_ids[i] for i in indices], loaded, skipped
-    if j not in self._loaded:
-      chosen, loaded, skipped = self._load_all(self.cohorts[j], load)
-      if skipped:
-        raise TrainingError(f"round {round_num}: {skipped} client(s) of cohort {j} have no "
-                            "data any more; the dataset changed under the run")
-      self._loaded[j] = (chosen, loaded, 0)
-    chosen, loaded, skipped = self._loaded[j]
-    self._loaded[j] = (chosen, loaded, 0)  # empty clients are reported in the first round only
-    return list(chosen), list(loaded), skipped
-
-
-class _SecretSampler(_Sampler):
-  """A sampler whose draws come from the run's secret sampling seed (never stored beside the
-  model), counting each client's participations in ``counts`` (checkpointed)."""
-
-  def __init__(self, client_ids: Sequence[str], seed: int, secret: int):
-    super().__init__(client_ids, seed)
-    if secret < 0:
-      raise TrainingError(f"{self.kind} sampling needs its secret sampling seed")
-    self.secret = int(secret)
-    self.counts = np.zeros(len(self.client_ids), np.int64)
-
-  def _set_epochs(self, total_rounds: int, epochs: int) -> None:
-    """n rounds in k epochs of b = n/k rounds (k must divide n)."""
-    if total_rounds % epochs:
-      raise TrainingError(f"--epochs={epochs} must divide --total_rounds={total_rounds}")
-    self.total_rounds = int(total_rounds)
-    self.epochs = int(epochs)
-    self.rounds_per_epoch = self.total_rounds // self.epochs
-
-  def state(self):
-    out = super().state()
-    out["counts"] = self.counts.copy()
-    return out
-
-  def restore(self, state) -> None:
-    super().restore(state)
-    self.counts = np.asarray(state["counts"], np.int64).copy()
-
-
-class CyclicPoissonSampler(_SecretSampler):
-  """Cyclic Poisson: residue classes mod b (from ``seed``), Poisson coins of probability p in
-  each eligible round (the b-min-sep schema's sampler, arXiv:2306.08153 Sec 4).
-
-  Round t's class is (t − 1) mod b; its coins come from a generator seeded by
-  (``secret``, t), so the clients of a round depend only on the secret and t. With
-  ``max_participations`` k, a client that has joined k rounds is no longer eligible.
-  """
-  kind = "min_sep"
-
-  def __init__(self, client_ids: Sequence[str], seed: int, min_sep: int, sampling_prob: float,
-               secret: int, max_participations: Optional[int] = None):
-    super().__init__(client_ids, seed, secret)
-    self.min_sep = int(min_sep)
-    self.sampling_prob = float(sampling_prob)
-    self.max_participations = max_participations
-    residue = np.empty(len(self.client_ids), np.int64)
-    residue[self.order] = np.arange(len(self.client_ids)) % self.min_sep
-    self.residue = residue
-    self.members = [np.sort(np.flatnonzero(residue == r)) for r in range(self.min_sep)]
-
-  def coins(self, round_num: int) -> np.ndarray:
-    """Indices of the class of round ``round_num`` whose coin came up (cap not applied)."""
-    members = self.members[(int(round_num) - 1) % self.min_sep]
-    rng = np.random.default_rng([self.secret, int(round_num)])
-    return members[rng.random(members.size) < self.sampling_prob]
-
-  def next_round(self, round_num: int, load: Load) -> Round:
-    chosen = self.coins(round_num)
-    if self.max_participations is not None:
-      chosen = chosen[self.counts[chosen] < self.max_participations]
-    self.counts[chosen] += 1
-    self.cursor += int(chosen.size)
-    return self._load_all(chosen, load)
-
-  def class_sizes(self) -> Tuple[int, int]:
-    sizes = [m.size for m in self.members]
-    return min(sizes), max(sizes)
+class CyclicPoissonSampler(samplers_lib.CyclicPoissonSampler):
+  """The library's sampler, refusing with the harness's ``TrainingError``."""
+  error = TrainingError
 
 
 MinSepSampler = CyclicPoissonSampler  # the schema's name
 
-# Tag of the random-allocation generators (another stream than the cyclic Poisson coins;
-# unchanged since the scheme was named balls_in_bins, so resumed runs draw the same rounds).
-RANDOM_ALLOCATION_STREAM = 0xB1B
-# Tag of the fixed-bin generator (each client's bin).
-FIXED_BIN_STREAM = 0xF1B
+
+class BallsInBinsSampler(samplers_lib.BallsInBinsSampler):
+  """The library's sampler, refusing with the harness's ``TrainingError``."""
+  error = TrainingError
 
 
-class BallsInBinsSampler(_SecretSampler):
-  """Fixed-bin balls-in-bins (arXiv:2410.06266): one secret uniform bin per client, for good.
-
-  Client i (in sorted id order) draws bin u_i ~ Uniform{0, …, b − 1}, b = n/k, from a
-  generator seeded by (``secret``, ``FIXED_BIN_STREAM``) and joins every round t with
-  (t − 1) mod b = u_i: by construction its rounds are exactly b apart, k of them.
-  """
-  kind = "balls_in_bins"
-
-  def __init__(self, client_ids: Sequence[str], seed: int, total_rounds: int, epochs: int,
-               secret: int):
-    super().__init__(client_ids, seed, secret)
-    self._set_epochs(total_rounds, epochs)
-    self.bins = self.rounds_per_epoch
-    rng = np.random.default_rng([self.secret, FIXED_BIN_STREAM])
-    self.bin = rng.integers(0, self.bins, size=len(self.client_ids))
-
-  def members(self, round_num: int) -> np.ndarray:
-    """Indices of the clients whose bin is round ``round_num``'s (1-based)."""
-    round_num = int(round_num)
-    if not 1 <= round_num <= self.total_rounds:
-      raise TrainingError(f"round {round_num} is outside the {self.total_rounds} rounds of the "
-                          "balls-in-bins schema")
-    return np.flatnonzero(self.bin == (round_num - 1) % self.bins)
-
-  def next_round(self, round_num: int, load: Load) -> Round:
-    chosen = self.members(round_num)
-    self.counts[chosen] += 1
-    self.cursor += int(chosen.size)
-    return self._load_all(chosen, load)
-
-
-class RandomAllocationSampler(_SecretSampler):
-  """Random allocation (arXiv:2412.16802, arXiv:2602.17284): one uniform round per client and
-  epoch, drawn anew each epoch.
-
-  The n = k·b rounds form k epochs of b rounds. In epoch e, client i (in sorted id
-  order) joins round e·b + u_i + 1 with u ~ Uniform{0, …, b − 1}ⁿ drawn from a generator
-  seeded by (``secret``, e), independently per epoch: by construction every client is
-  in exactly one round of each epoch, and a round's clients depend only on the secret
-  and the round. ``counts`` (checkpointed) records each client's participations.
-  """
-  kind = "random_allocation"
-
-  def __init__(self, client_ids: Sequence[str], seed: int, total_rounds: int, epochs: int,
-               secret: int):
-    super().__init__(client_ids, seed, secret)
-    self._set_epochs(total_rounds, epochs)
-    self._slots: Dict[int, np.ndarray] = {}
-
-  def slots(self, epoch: int) -> np.ndarray:
-    """u: each client's round within epoch ``epoch`` (0-based), uniform on [0, b)."""
-    epoch = int(epoch)
-    if epoch not in self._slots:
-      rng = np.random.default_rng([self.secret, RANDOM_ALLOCATION_STREAM, epoch])
-      self._slots = {epoch: rng.integers(0, self.rounds_per_epoch, size=len(self.client_ids))}
-    return self._slots[epoch]
-
-  def members(self, round_num: int) -> np.ndarray:
-    """Indices of the clients whose ball fell in round ``round_num`` (1-based)."""
-    round_num = int(round_num)
-    if not 1 <= round_num <= self.total_rounds:
-      raise TrainingError(f"round {round_num} is outside the {self.total_rounds} rounds of the "
-                          "random-allocation schema")
-    epoch, slot = divmod(round_num - 1, self.rounds_per_epoch)
-    return np.flatnonzero(self.slots(epoch) == slot)
-
-  def next_round(self, round_num: int, load: Load) -> Round:
-    chosen = self.members(round_num)
-    self.counts[chosen] += 1
-    self.cursor += int(chosen.size)
-    return self._load_all(chosen, load)
+class RandomAllocationSampler(samplers_lib.RandomAllocationSampler):
+  """The library's sampler, refusing with the harness's ``TrainingError``."""
+  error = TrainingError
 
 
 def build_sampler(config, client_ids: Sequence[str], sampling_secret: int = -1):
-  """The sampler of ``config.participation`` (checks that the dataset has enough clients)."""
-  n, per_round = config.total_rounds, config.clients_per_round
-  if config.participation == "fixed_epoch":
-    check_enough_clients(len(client_ids), n // config.epochs, per_round,
-                         f"--participation=fixed_epoch --epochs={config.epochs} uses b = "
-                         f"{n // config.epochs} cohorts")
-    return FixedEpochSampler(client_ids, config.seed, n, config.epochs, per_round)
-  if config.participation in ("balls_in_bins", "random_allocation"):
-    if not client_ids:
-      raise TrainingError(f"--participation={config.participation} needs at least one "
-                          "training client")
-    sampler = (BallsInBinsSampler if config.participation == "balls_in_bins" else
-               RandomAllocationSampler)
-    return sampler(client_ids, config.seed, n, config.epochs, sampling_secret)
-  if config.participation == "min_sep":
-    if len(client_ids) < config.min_sep:
-      raise TrainingError(f"--min_sep={config.min_sep} needs at least {config.min_sep} "
-                          f"training clients (one per residue class); the dataset has "
-                          f"{len(client_ids)}")
-    return CyclicPoissonSampler(client_ids, config.seed, config.min_sep, config.sampling_prob,
-                         sampling_secret, config.max_participations)
-  check_enough_clients(len(client_ids), n, per_round)
-  return SinglePassSampler(client_ids, config.seed, per_round)
+  """The sampler of ``config``'s schema (checks that the dataset has enough clients)."""
+  return config.schema().make_sampler(
+      client_ids, seed=config.seed, total_rounds=config.total_rounds,
+      clients_per_round=config.clients_per_round, sampling_prob=config.sampling_prob,
+      secret=sampling_secret, classes=sys.modules[__name__])
 
 
 def check_enough_clients(num_clients: int, total_rounds: int, clients_per_round: int,
                          what: str = "") -> None:
   """A single pass (or b cohorts) needs rounds × clients_per_round distinct clients."""
-  needed = total_rounds * clients_per_round
-  if num_clients < needed:
-    if what:
-      raise TrainingError(
-          f"too few clients: {what} of --clients_per_round={clients_per_round}, so {needed} "
-          f"distinct clients are needed, but the dataset has {num_clients} training clients")
-    raise TrainingError(
-        f"too few clients for a single pass: the dataset has {num_clients} training clients, "
-        f"but --total_rounds={total_rounds} × --clients_per_round={clients_per_round} = "
-        f"{needed} are needed (each client is used at most once)")
+  samplers_lib.check_enough_clients(num_clients, total_rounds, clients_per_round, what,
+                                    error=TrainingError)
 
 
 class ParticipationLog:
@@ -487,19 +165,13 @@ class ParticipationLog:
 
 def schema_period(config) -> Optional[int]:
   """b of the residue classes the sampler fixes (None for a single pass)."""
-  if config.participation in ("fixed_epoch", "balls_in_bins"):
-    return config.total_rounds // config.epochs
-  if config.participation == "min_sep":
-    return config.min_sep
-  return None
+  return config.schema().residue_period(config.total_rounds)
 
 
 def schema_epoch_length(config) -> Optional[int]:
   """b of the random-allocation epochs (a client joins one round per block of b); None
   otherwise."""
-  if config.participation == "random_allocation":
-    return config.total_rounds // config.epochs
-  return None
+  return config.schema().epoch_length(config.total_rounds)
 
 
 def build_log(config, client_ids: Sequence[str]) -> ParticipationLog:

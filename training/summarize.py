@@ -46,6 +46,8 @@ import os
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from tff_mf import participation
+
 METRIC = "accuracy_no_oov_no_eos"
 SETTING_FIELDS = ("server_lr", "client_lr", "server_momentum")
 # Config fields that do not change what is measured (or that are the seed / the setting).
@@ -172,7 +174,8 @@ def summarize(summaries: Sequence[dict], accountant: Optional[str] = None,
       if verdict == "converged":
         by_setting.setdefault(setting_of(s), []).append(s)
     delta = float(members[0][0].get("delta") or config.get("delta") or 1e-6)
-    single = config.get("participation", "single") == "single"
+    single = participation.CLASSES[participation.canonical_kind(
+        config.get("participation", "single"))].at_most_once
     row = {
         "mechanism": mechanism,
         "label": grids.label(mechanism),

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+from typing import Optional
 
 from tff_mf import clitools
 from tff_mf.commands import factorize as factorize_cmd
@@ -233,7 +234,9 @@ def _add_slack(record: dict, c, args: argparse.Namespace) -> None:
   rounds joined with probability p, at the z of the record (``tff_mf.mixture_pair``).
   """
   from tff_mf import mixture_pair  # pylint: disable=g-import-not-at-top
-  if record["schema"]["kind"] == "random_allocation" and args.monte_carlo_samples is None:
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  schema = participation.from_dict(record["schema"])
+  if schema.allocation_amplified and args.monte_carlo_samples is None:
     from tff_mf import random_allocation  # pylint: disable=g-import-not-at-top
     lower = random_allocation.lower_bound(c, record["schema"]["epochs"],
                                           record["noise_multiplier"], record["delta"])
@@ -243,7 +246,7 @@ def _add_slack(record: dict, c, args: argparse.Namespace) -> None:
         "threshold tests on projections (tff_mf.random_allocation.lower_bound)")
     record["slack"] = record["epsilon"] / lower if lower > 0 else float("inf")
     return
-  if record["schema"]["kind"] not in ("min_sep", "fixed_epoch"):
+  if schema.not_poisson is not None:
     _fail(f"--lower_bound covers b-min-sep Poisson sampling (--participation min_sep or "
           f"fixed_epoch) and random_allocation, --monte_carlo_samples only the former; not "
           f"{record['schema']['kind']}")
@@ -383,8 +386,9 @@ def _schema_source(args: argparse.Namespace, cached, amplified: bool) -> str:
     if getattr(args, flag) is not None:
       return f"--{flag}"
   if cached:
+    from tff_mf import participation  # pylint: disable=g-import-not-at-top
     return ("the cache entry's key (its C was built for this schema)" if not amplified or
-            cached.get("kind") != "single" else
+            not participation.from_dict(cached).at_most_once else
             "the cache entry's key (single), as min_sep b = 1 for amplification")
   return "default (min_sep b = 1 when amplified)" if amplified else "default (single)"
 
@@ -401,20 +405,20 @@ def _schema(args: argparse.Namespace, n, cached, amplified: bool):
       kind = "min_sep"
     elif cached:
       schema = participation.from_dict(cached)
-      if amplified and schema.kind == "single":
-        return participation.Participation("min_sep", min_sep=1)
+      if amplified and schema.at_most_once:
+        return participation.min_sep(1)
       return schema
     else:
       kind = "min_sep" if amplified else "single"
-  if kind not in participation.EPOCH_KINDS and args.epochs is not None:
+  takes = participation.CLASSES[participation.canonical_kind(kind)].takes
+  if "epochs" not in takes and args.epochs is not None:
     _fail("--epochs belongs to --participation fixed_epoch, balls_in_bins or random_allocation")
-  if kind != "min_sep":
-    for flag in ("min_sep", "max_participations"):
-      if getattr(args, flag) is not None:
-        _fail(f"--{flag} belongs to --participation min_sep")
-  if kind == "single":
+  for flag in ("min_sep", "max_participations"):
+    if flag not in takes and getattr(args, flag) is not None:
+      _fail(f"--{flag} belongs to --participation min_sep")
+  if not takes:
     return participation.SINGLE
-  if kind in participation.EPOCH_KINDS:
+  if "epochs" in takes:
     if args.epochs is None:
       _fail(f"--participation {kind} needs --epochs")
     return participation.Participation(kind, epochs=checks.positive_int(args.epochs, "--epochs"))
@@ -433,7 +437,7 @@ def _analysis_as_training(c, schema, sampling_prob: float):
   """(analysis, why) for --sampling_prob without --amplification: the analysis a training run
   of the same C, schema and p uses (``tff_mf.mechanisms``)."""
   from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
-  if schema.kind == "random_allocation":
+  if schema.allocation_amplified:
     _fail("--sampling_prob does not apply to --participation random_allocation (each user "
           "joins one round of each epoch)")
   if not mechanisms.amplification_applies(schema, c.shape[1], sampling_prob):
@@ -481,6 +485,19 @@ def _print(record: dict, as_json: bool) -> None:
 # ----------------------------------------------------------------------------- run
 
 
+def _check_allocation_schema(spelling: Optional[str]) -> None:
+  """--amplification random_allocation analyzes random allocation only (or no --participation)."""
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  kind = None if spelling is None else participation.CLASSES[participation.canonical_kind(spelling)]
+  if kind is None or kind.allocation_amplified:
+    return
+  if kind.marks_fixed_bin:
+    _fail("--amplification random_allocation analyzes --participation random_allocation (a "
+          "new random round each epoch), not balls_in_bins (the field's fixed-bin scheme, "
+          "which it does not bound)")
+  _fail("--amplification random_allocation needs --participation random_allocation")
+
+
 def run(args: argparse.Namespace) -> int:
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   if (args.noise_multiplier is None) == (args.target_epsilon is None):
@@ -492,12 +509,7 @@ def run(args: argparse.Namespace) -> int:
     if args.sampling_prob is not None:
       _fail("--sampling_prob does not apply to --amplification random_allocation (each user "
             "joins one round of each epoch)")
-    if args.participation == "balls_in_bins":
-      _fail("--amplification random_allocation analyzes --participation random_allocation (a "
-            "new random round each epoch), not balls_in_bins (the field's fixed-bin scheme, "
-            "which it does not bound)")
-    if args.participation not in (None, "random_allocation"):
-      _fail("--amplification random_allocation needs --participation random_allocation")
+    _check_allocation_schema(args.participation)
     if args.epochs is None:
       _fail("--amplification random_allocation needs --epochs K (random_allocation)")
     args.participation = "random_allocation"
@@ -511,7 +523,7 @@ def run(args: argparse.Namespace) -> int:
   c, label, cached, extra = _encoder(args, amplified)
   schema = _schema(args, None if c is None else c.shape[1], cached, amplified)
   if c is None:
-    if schema.kind != "single" or amplified:
+    if not schema.at_most_once or amplified:
       _fail(f"{'amplification' if amplified else schema.kind + ' participation'} needs the "
             "encoder C: give --mechanism (with --total_rounds) or --matrix")
     if args.target_epsilon is not None:

@@ -125,11 +125,12 @@ def _add_audit_arguments(g) -> None:
 
 
 def _schema(kind, args):
-  if kind in participation.EPOCH_KINDS:
+  takes = participation.CLASSES[participation.canonical_kind(kind)].takes
+  if "epochs" in takes:
     return participation.from_args(kind, args.n, epochs=args.epochs)
-  if kind == "min_sep":
-    return participation.Participation(kind, min_sep=args.min_sep,
-                                       max_participations=args.max_participations).check(args.n)
+  if takes:
+    return participation.Participation(
+        kind, **{name: getattr(args, name) for name in takes}).check(args.n)
   if args.epochs is not None or args.min_sep is not None or args.max_participations is not None:
     if args.accounted_as is None:
       raise ValueError("--epochs, --min_sep and --max_participations need --participation "

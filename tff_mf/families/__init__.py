@@ -116,13 +116,8 @@ def separation_bands(n: int, schema) -> Dict[str, int]:
   epochs; bands ≤ separation make the sensitivity exact, Choquette-Choo et al. 2023,
   arXiv:2306.08153), at most ``DEFAULT_MAX_BANDS``; ``DEFAULT_SINGLE_PARTICIPATION_BANDS``
   under single participation."""
-  kind = getattr(schema, "kind", "single")
-  if kind == "min_sep":
-    bands = schema.min_sep
-  elif kind in ("fixed_epoch", "balls_in_bins"):  # fixed bins: rounds n/k apart
-    bands = n // schema.epochs
-  else:
-    bands = DEFAULT_SINGLE_PARTICIPATION_BANDS
+  cover = schema.cyclic_cover(n) if schema is not None else None
+  bands = DEFAULT_SINGLE_PARTICIPATION_BANDS if cover is None else cover[0]
   return {"bands": max(1, min(n, bands, DEFAULT_MAX_BANDS))}
 
 

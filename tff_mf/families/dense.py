@@ -13,6 +13,7 @@ import numpy as np
 from tff_mf import dense_fixed_epoch
 from tff_mf import families
 from tff_mf import dense_single
+from tff_mf import participation
 
 # ----------------------------------------------------------------------------- family interface
 
@@ -33,7 +34,7 @@ def factorize(a: np.ndarray, spec, context):
                         info={"relative_gap": 0.0, "iterations": 0, "converged": True})
   kwargs = dict(target_gap=spec.target_gap, max_iterations=spec.max_iterations,
                 allow_unconverged=spec.allow_unconverged, progress=progress)
-  if spec.participation.kind == "fixed_epoch":
+  if isinstance(spec.participation, participation.FixedEpoch):
     result = dense_fixed_epoch.solve_fixed_epoch(a, spec.participation.epochs, **kwargs)
   else:
     result = dense_single.solve(a, **kwargs)

@@ -244,11 +244,9 @@ def _schema_separation(schema, n: int):
 
   Fixed-epoch patterns {j, j + n/k, …} are min-sep patterns with separation n/k.
   """
-  if schema.kind == "single":
-    return None, None
-  if schema.kind in ("fixed_epoch", "balls_in_bins"):  # fixed bins: the same patterns
-    return n // schema.epochs, schema.epochs
-  return schema.min_sep, schema.max_participations_in(n)
+  from tff_mf import toeplitz_ops  # pylint: disable=g-import-not-at-top
+  cover = schema.cyclic_cover(n)
+  return (None, None) if cover is None else toeplitz_ops.participations(n, *cover)
 
 
 def _correlate_head(g: np.ndarray, u: np.ndarray, m: int) -> np.ndarray:

@@ -221,7 +221,7 @@ def _schema_patterns(schema: participation_lib.Participation, n: int):
 
 def _poisson_rounds(schema: participation_lib.Participation, n: int, canary) -> List[int]:
   """The residue class mod b of the canary's pattern (every round it may join)."""
-  if schema.kind != "min_sep":
+  if not schema.poisson:
     raise checks.CheckError("sampling_prob (Poisson canary) needs min_sep participation")
   rounds = list(range(canary["pattern"][0] % schema.min_sep, n, schema.min_sep))
   k = schema.max_participations
@@ -523,7 +523,7 @@ def plant_fault(fault: str, claimed, packed, factor: Optional[float] = None):
                            packed.info["noise_multiplier"] / (factor or 1.25))
     return claimed, dataclasses.replace(packed, aggregation_factory=faulty), schema
   if fault == "schema_ignored":
-    if schema.kind != "single":
+    if not schema.at_most_once:
       raise checks.CheckError("schema_ignored takes a mechanism built for single participation")
     return claimed, packed, participation_lib.fixed_epoch(2)
   if fault not in FAULTS:

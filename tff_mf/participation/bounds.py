@@ -1,0 +1,290 @@
+"""The L2 sensitivity of an encoder C under a participation schema (numpy core).
+
+A user contributes a vector x_t with ‖x_t‖₂ ≤ 1 in every round t of a participation
+pattern P (a set of rounds); the L2 sensitivity of C (m x n, columns = rounds) is
+
+  sens(C)² = sup_P sup_{‖x_t‖ ≤ 1} ‖Σ_{t∈P} C[:, t] x_tᵀ‖²_F = sup_P sup Σ_{s,t∈P} X_st ⟨x_s, x_t⟩
+
+with X = CᵀC (Choquette-Choo, McMahan, Rush, Thakurta 2023, arXiv:2211.06530).
+Each kind (``tff_mf.participation.kinds``) brackets sens² with its own routine here:
+fixed epochs and fixed bins by their b patterns, min_sep by Alg. 4 of arXiv:2306.08153
+(exact in the cases below), random allocation by ``random_allocation_bounds``.
+
+For min_sep the value is exact when columns ≥ b apart have disjoint supports, and when C
+is lower-triangular Toeplitz with non-negative, non-increasing coefficients (BLT and
+banded Toeplitz almost always are): then the earliest pattern {0, b, …, (k−1)b} is the
+worst one, O(n·k) (``_earliest_pattern_toeplitz``).
+
+Per pattern P the inner supremum is an SDP; this module brackets it by
+  lower(P) = max(1ᵀX_P1, tr X_P, max_{s∈{±1}^|P|} sᵀX_P s)   (explicit contributions)
+  upper(P) = min(Σ_{s,t}|X_st|, |P|·λ_max(X_P))              (arXiv:2306.08153 Eq. 5, and
+                                                             ⟨X_P, VᵀV⟩ ≤ λ_max·tr VᵀV)
+(random_allocation: see ``random_allocation_bounds`` for how the b^k patterns are searched)
+and ``sensitivity`` (``kinds``) returns the square root of the maximal upper value, never below the
+true sensitivity (up to float64 rounding of CᵀC). The report says ``exact`` when the
+largest upper value is attained by an explicit contribution (within 1e-12 relative).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable, List, Optional, Tuple
+
+import numpy as np
+
+from tff_mf import checks
+from tff_mf import separation
+
+# Random-allocation patterns (b^k) enumerated for the sensitivity at most.
+RANDOM_ALLOCATION_ENUMERATION_LIMIT = 20000
+# Admissible min-sep patterns enumerated (to tighten the Alg. 4 bound) at most.
+ENUMERATION_LIMIT = 2000
+# Blocks up to this size also try every ±1 sign vector for the lower bound.
+SIGN_ENUMERATION_MAX = 10
+# Upper and lower squared sensitivity within this relative distance count as exact.
+EXACT_RTOL = 1e-12
+# Relative margin added to every reported sensitivity (float64 rounding of Σ C_ij²).
+ROUNDING_MARGIN = 1e-12
+# Version of the min_sep analysis (2: exact earliest-pattern value for non-negative,
+# non-increasing Toeplitz C; 3: for other Toeplitz C also toeplitz_ops' structured bounds,
+# the smallest valid bound used). Part of min_sep cache keys, so that entries whose sidecar
+# figures came from an older analysis are recomputed rather than refused as edited.
+MIN_SEP_ANALYSIS_VERSION = 3
+
+
+
+def _gram(c: np.ndarray) -> np.ndarray:
+  m, n = c.shape
+  checks.dense_matrices_fit(n, 2.0, f"the Gram matrix CᵀC for n={n}")
+  x = c.T @ c
+  return 0.5 * (x + x.T)
+
+
+def _block_bounds(blocks: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+  """(upper, lower) bounds on the SDP value of each [p, p] block (see the module docstring)."""
+  size = blocks.shape[-1]
+  abs_sum = np.sum(np.abs(blocks), axis=(-2, -1))
+  lam_max = np.linalg.eigvalsh(blocks)[..., -1]
+  upper = np.minimum(abs_sum, size * np.maximum(lam_max, 0.0))
+  lower = np.maximum(np.sum(blocks, axis=(-2, -1)), np.trace(blocks, axis1=-2, axis2=-1))
+  if 1 < size <= SIGN_ENUMERATION_MAX:
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=size - 1)))
+    signs = np.concatenate([np.ones((signs.shape[0], 1)), signs], axis=1)
+    forms = np.einsum("si,...ij,sj->...s", signs, blocks, signs)
+    lower = np.maximum(lower, np.max(forms, axis=-1))
+  # Never report a lower bound above the upper one (they meet when exact; rounding aside).
+  return upper, np.minimum(lower, upper)
+
+
+def fixed_epoch_bounds(c: np.ndarray, idx: np.ndarray, col_sq: np.ndarray):
+  """(upper, lower, method) of sens² over the patterns ``idx`` ([b, k]: row j the rounds
+  {j, j+b, …}; (k, b)-participation, arXiv:2211.06530): exact when every pattern block
+  of X = CᵀC is non-negative or diagonal, else arXiv:2306.08153 Eq. 5 tightened by
+  |P|·λ_max."""
+  epochs = idx.shape[1]
+  if epochs == 1:
+    value = float(np.max(col_sq))
+    return value, value, "max_column_norm"
+  x = _gram(c)
+  blocks = x[idx[:, :, None], idx[:, None, :]]
+  upper, lower = _block_bounds(blocks)
+  off = blocks * (1.0 - np.eye(epochs))
+  if not np.any(off):
+    method = "pattern_traces"  # exact: orthogonal columns within every pattern
+  elif np.all(blocks >= 0):
+    method = "pattern_sums"  # exact: all-equal contributions attain Σ X_st
+  else:
+    method = "abs_bound"  # arXiv:2306.08153 Eq. 5, tightened by |P|·λ_max
+  return float(np.max(upper)), float(np.max(lower)), method
+
+
+def _disjoint_supports(c: np.ndarray, sep: int) -> bool:
+  """Columns of rounds ≥ sep apart have disjoint row supports (so X_st = 0 exactly)."""
+  m, n = c.shape
+  nonzero = c != 0
+  has = np.any(nonzero, axis=0)
+  first = np.where(has, np.argmax(nonzero, axis=0), m)
+  last = np.where(has, m - 1 - np.argmax(nonzero[::-1], axis=0), -1)
+  # Smallest first row among columns t ≥ s + sep (suffix minimum).
+  suffix_first = np.minimum.accumulate(first[::-1])[::-1]
+  s = np.arange(n - sep)
+  # Disjoint intervals need every later column to start after s ends, or s to start after
+  # it ends; banded lower-triangular C gives the first case.
+  return bool(np.all(last[s] < suffix_first[s + sep])) if n > sep else True
+
+
+def toeplitz_coefficients(c: np.ndarray) -> Optional[np.ndarray]:
+  """c_0..c_{n−1} when C (n x n) is exactly lower-triangular Toeplitz, C[i, j] = c_{i−j}; else None."""
+  m, n = c.shape
+  if m != n or np.any(np.triu(c, 1)):
+    return None
+  coef = c[:, 0]
+  # Every diagonal equals its first entry: compare C with the Toeplitz matrix of its column.
+  idx = np.arange(n)
+  diff = idx[:, None] - idx[None, :]
+  built = np.where(diff >= 0, coef[np.maximum(diff, 0)], 0.0)
+  return coef.copy() if np.array_equal(built, c) else None
+
+
+def _earliest_pattern_toeplitz(coef: np.ndarray, b: int, k: int) -> Optional[float]:
+  """Σ_{i,j<k} X_{ib, jb} for C = Toeplitz(coef), in O(n·k); None unless coef ≥ 0 is non-increasing.
+
+  X_st = Σ_{l=0}^{n−1−max(s,t)} c_l c_{l+|s−t|}. With c_0 ≥ c_1 ≥ … ≥ 0 every X_st is
+  non-negative and non-increasing in |s − t| and in max(s, t), so the earliest pattern
+  {0, b, …, (k−1)b} dominates every admissible pattern term by term (its i-th and j-th
+  rounds are no farther apart and no later), and equal contributions attain Σ X_st
+  (X ≥ 0): the value is the exact squared sensitivity (cf. Kalinin, Lampert 2024,
+  arXiv:2405.13763, for the same domination argument under b-min-separation).
+  """
+  n = coef.shape[0]
+  if np.any(coef < 0) or np.any(np.diff(coef) > 0):
+    return None
+  total = 0.0
+  for gap in range(k):  # pairs (i, j) with |i − j| = gap, max(i, j) = i
+    d = gap * b
+    # cum[r] = Σ_{l < r} c_l c_{l+d}; X_{s,s+d} with max = s + d sums l ≤ n − 1 − (s + d).
+    prod = coef[:n - d] * coef[d:]
+    cum = np.concatenate([[0.0], np.cumsum(prod)])
+    rows = np.arange(gap, k) * b  # max(i, j)·b for i = gap..k−1
+    terms = cum[n - rows]
+    total += (1.0 if gap == 0 else 2.0) * float(np.sum(terms))
+  return total
+
+
+def min_sep_bounds(c: np.ndarray, b: int, k: int, col_sq: np.ndarray,
+                   patterns: Callable[..., List[Tuple[int, ...]]]):
+  """(upper, lower, method) of sens² under b-min-separation with ≤ k rounds (arXiv:2306.08153
+  Alg. 4, tightened as ``sensitivity`` says); ``patterns(n, limit=…)`` lists the maximal
+  patterns or refuses more than ``limit``."""
+  n = c.shape[1]
+  # Mutually orthogonal unit contributions attain Σ_{t∈P} X_tt: a lower bound for any C.
+  lower, best_set = separation.separated_argmax(col_sq, b, k)
+  if k == 1:
+    return lower, lower, "max_column_norm"
+  if _disjoint_supports(c, b):
+    return lower, lower, "disjoint_supports"  # X_st = 0 for |s − t| ≥ b: exact
+  coef = toeplitz_coefficients(c)
+  earliest = None if coef is None else _earliest_pattern_toeplitz(coef, b, k)
+  if earliest is not None:
+    return earliest, earliest, "toeplitz_earliest_pattern"
+  checks.dense_matrices_fit(n, 6.0, f"the min_sep sensitivity bound for n={n}")
+  x = _gram(c)
+  # arXiv:2306.08153 Alg. 4: best admissible set per row of |X|, then over the row values.
+  row_best = separation.separated_max(np.abs(x), b, k)
+  upper, row_set = separation.separated_argmax(row_best, b, k)
+  method = "alg4_bound"
+  for pattern in (best_set, row_set):
+    if pattern:
+      p = np.asarray(pattern)
+      _, low = _block_bounds(x[np.ix_(p, p)])
+      lower = max(lower, float(low))
+  try:
+    listed = patterns(n, limit=ENUMERATION_LIMIT)
+  except checks.CheckError:
+    listed = None
+  if listed is not None:
+    enum_upper, enum_lower = 0.0, lower
+    for size in sorted({len(p) for p in listed}):
+      idx = np.array([p for p in listed if len(p) == size])
+      up, low = _block_bounds(x[idx[:, :, None], idx[:, None, :]])
+      enum_upper = max(enum_upper, float(np.max(up)))
+      enum_lower = max(enum_lower, float(np.max(low)))
+    if enum_upper < upper:
+      upper, method = enum_upper, "enumerated_patterns"
+    lower = enum_lower
+  if coef is not None:  # Toeplitz: its structured bounds are valid too; the smaller is used
+    from tff_mf import toeplitz_ops  # pylint: disable=g-import-not-at-top
+    structured = toeplitz_ops.min_sep_sensitivity_report(np.trim_zeros(coef, "b"), n, b, k)
+    if structured["value"] ** 2 < upper:
+      upper, method = structured["value"] ** 2, "toeplitz_" + structured["method"]
+  return upper, min(lower, upper), method
+
+
+def _best_one_per_block(weights: np.ndarray, k: int, b: int) -> Tuple[float, Tuple[int, ...]]:
+  """max over one round per block of Σ_{s,t∈P} weights[s, t], when weights vanish between
+  blocks ≥ 2 apart: a chain, so dynamic programming over the blocks is exact; O(k·b²)."""
+  w = weights.reshape(k, b, k, b)
+  value = np.diagonal(w[0, :, 0, :]).copy()
+  back = []
+  for j in range(1, k):
+    cross = value[:, None] + 2.0 * w[j - 1, :, j, :]  # [previous round, this round]
+    back.append(np.argmax(cross, axis=0))
+    value = np.max(cross, axis=0) + np.diagonal(w[j, :, j, :])
+  t = int(np.argmax(value))
+  chosen = [t]
+  for j in range(k - 1, 0, -1):
+    t = int(back[j - 1][t])
+    chosen.append(t)
+  return float(np.max(value)), tuple(j * b + t for j, t in enumerate(reversed(chosen)))
+
+
+def _ascend_one_per_block(x: np.ndarray, pattern: Tuple[int, ...], b: int,
+                          sweeps: int = 50) -> Tuple[int, ...]:
+  """Block coordinate ascent of 1ᵀX_P1 over one round per block (a local maximum)."""
+  p = list(pattern)
+  for _ in range(sweeps):
+    changed = False
+    for j in range(len(p)):
+      rows = np.arange(j * b, (j + 1) * b)
+      others = [q for i, q in enumerate(p) if i != j]
+      gain = np.diag(x)[rows] + 2.0 * np.sum(x[np.ix_(rows, others)], axis=1)
+      best = int(rows[np.argmax(gain)])
+      if best != p[j] and gain[best - j * b] > gain[p[j] - j * b]:  # strict: it terminates
+        p[j], changed = best, True
+    if not changed:
+      break
+  return tuple(p)
+
+
+def random_allocation_bounds(c: np.ndarray, k: int, col_sq: np.ndarray,
+                             patterns: Callable[..., List[Tuple[int, ...]]]):
+  """(upper, lower, method) of sens² under random allocation: one round in each of k blocks.
+
+  Patterns: every choice P of one round per block of b = n/k rounds (Chua et al. 2024,
+  arXiv:2412.16802). Exact ("block_chain_dp") when X = CᵀC vanishes between rounds
+  of blocks ≥ 2 apart (e.g. C with ≤ b + 1 bands): max_P Σ|X_P| by dynamic programming
+  over the blocks, attained by equal contributions when X_P ≥ 0 (as for every
+  non-negative C). Exact by enumeration ("enumerated_patterns") when b^k ≤
+  ``RANDOM_ALLOCATION_ENUMERATION_LIMIT`` and the best pattern's block is non-negative
+  or diagonal. Otherwise ("row_bound") the smaller of two upper bounds valid for every
+  pattern: Σ_j max_{s∈block j} Σ_i max_{t∈block i} |X_st| (arXiv:2306.08153 Alg. 4
+  with one round per block instead of b-separated sets) and k·λ_max(X) (λ_max of a
+  principal block ≤ λ_max(X)); the lower value comes from explicit contributions on
+  patterns found by block coordinate ascent, and the report says exact only when they
+  meet.
+  """
+  n = c.shape[1]
+  b = n // k
+  # Mutually orthogonal unit contributions, each at its block's longest column.
+  lower = float(np.sum(np.max(col_sq.reshape(k, b), axis=1)))
+  if k == 1:
+    return lower, lower, "max_column_norm"
+  x = _gram(c)
+  if b == 1:
+    up, low = _block_bounds(x[None])
+    return float(up[0]), float(low[0]), ("pattern_sums" if np.all(x >= 0) else "abs_bound")
+  ax = np.abs(x)
+  block_of = np.arange(n) // b
+  far = np.abs(block_of[:, None] - block_of[None, :]) >= 2
+  if not np.any(x[far]):
+    upper, pattern = _best_one_per_block(ax, k, b)
+    p = np.asarray(pattern)
+    _, low = _block_bounds(x[np.ix_(p, p)])
+    return upper, max(lower, float(low)), "block_chain_dp"
+  row = np.sum(np.max(ax.reshape(n, k, b), axis=2), axis=1)  # per s: best |X_st| per block
+  upper = min(float(np.sum(np.max(row.reshape(k, b), axis=1))),
+              k * max(float(np.linalg.eigvalsh(x)[-1]), 0.0))
+  method = "row_bound"
+  starts = [tuple(j * b + int(np.argmax(col_sq[j * b:(j + 1) * b])) for j in range(k)),
+            tuple(j * b + int(np.argmax(row[j * b:(j + 1) * b])) for j in range(k))]
+  for start in starts:
+    p = np.asarray(_ascend_one_per_block(x, start, b))
+    _, low = _block_bounds(x[np.ix_(p, p)])
+    lower = max(lower, float(low))
+  if b ** k <= RANDOM_ALLOCATION_ENUMERATION_LIMIT:
+    idx = np.asarray(patterns(n))
+    up, low = _block_bounds(x[idx[:, :, None], idx[:, None, :]])
+    if float(np.max(up)) < upper:
+      upper, method = float(np.max(up)), "enumerated_patterns"
+    lower = max(lower, float(np.max(low)))
+  return upper, min(lower, upper), method
