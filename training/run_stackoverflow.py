@@ -19,7 +19,8 @@ tensorboard/, checkpoints/, final_model.npz}, private to the user (0700/0600).
 Flags may be spelled ``--flag_name`` or ``--flag-name`` (``tff_mf.clitools``). Exit code
 0 on success, 2 on a usage error (a bad flag, value or configuration: one line on stderr
 with the closest valid spelling), 1 on a data or run-directory error (one line), 3 when
-training diverged, 130 after Ctrl-C (the run stops at the end of the current round,
+training diverged, 4 when the canary audit (``--canaries``) refuted the claimed ε (its lower
+bound exceeds the claim; summary.json and the statement say so), 130 after Ctrl-C (the run stops at the end of the current round,
 checkpointed; a second Ctrl-C stops at once).
 """
 
@@ -39,6 +40,7 @@ from training import config as config_lib  # pylint: disable=wrong-import-positi
 
 _DEFAULTS = config_lib.TrainingConfig()
 DIVERGED = 3  # exit status of a run whose model diverged (2 is a usage error)
+REFUTED = 4  # exit status of a run whose canary audit refuted its claimed ε (training.canaries)
 _NONE = "(default: none: "
 
 flags.DEFINE_string(
@@ -173,6 +175,25 @@ flags.DEFINE_list("workers", [],
 flags.DEFINE_enum("engine", _DEFAULTS.engine, config_lib.ENGINES,
                   config_lib.ENGINE_HELP[0].upper() + config_lib.ENGINE_HELP[1:] + ".")
 flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of client sampling and model init.")
+flags.DEFINE_integer("canaries", _DEFAULTS.canaries,
+                     "Plant m canary clients and audit the run's claimed ε in one run (0: off; "
+                     "training/canaries.py, docs/threat_model.md): each is a synthetic client "
+                     "whose update is a random direction clipped to --clip_norm, included by a "
+                     "fair coin, joining one participation pattern of the schema; after the "
+                     "last round the run reports the one-run ε lower bound beside the claim "
+                     "(exit status 4 when it exceeds the claim). At most --clients_per_round "
+                     "per pattern; single, fixed_epoch or balls_in_bins participation, the "
+                     "compiled engine and a fixed clip norm.")
+flags.DEFINE_float("canary_alpha", _DEFAULTS.canary_alpha,
+                   "--canaries: the audit's failure probability (each bound holds at "
+                   "confidence 1 - alpha).")
+flags.DEFINE_float("canary_plan_mu", None,
+                   f"--canaries: the Gaussian-DP μ of the score model the guess counts are "
+                   f"planned on before round 1 {_NONE}the claim's μ = sens/z).")
+flags.DEFINE_integer("canary_seed", None,
+                     f"--canaries: pin the canaries' coins and directions {_NONE}fresh from OS "
+                     "entropy; pinned, the audit is a demonstration: whoever knows the seed "
+                     "knows which canaries were included).")
 
 FLAGS = flags.FLAGS
 
@@ -257,7 +278,14 @@ def main(argv):
     # same command resumes from the last checkpoint.
     print(f"error: {_one_line(e)}", file=sys.stderr)
     return 1
-  return DIVERGED if summary["diverged"] else 0
+  if summary["diverged"]:
+    return DIVERGED
+  if summary.get("canary_audit", {}).get("exceeds_claim"):
+    print("error: the canary audit's epsilon lower bound "
+          f"{summary['canary_audit']['epsilon_lower_bound']:.4g} EXCEEDS the claimed epsilon "
+          f"{summary['epsilon']:.4g} (canary_audit.json in the run directory)", file=sys.stderr)
+    return REFUTED
+  return 0
 
 
 if __name__ == "__main__":
