@@ -1,0 +1,259 @@
+"""Canary clients in a training run and its one-run audit (``training.canaries``, ``--canaries``).
+
+In-process runs of ``training.loop`` on a tiny synthetic task (one task for the module): the
+canaries' secret comes from OS entropy unless pinned and is private (0600) and written, with
+the plan, before round 1; with no canary included the run is bit-identical to a run without
+the flag; an included canary joins exactly its schema pattern's rounds; with little noise
+every guess is right; at a moderate claim the bound stays below it; bad flags are one-line
+errors (exit status 2 from the binary). The slow tests: coverage over more pinned audits, and
+the main job's regime (read from ``training.main_job`` at run time) at a large target ε.
+"""
+
+import dataclasses
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tff_mf import audit as audit_lib
+from training import canaries as canaries_lib
+from training import config as config_lib
+from training import loop
+from training import sampling
+from training import task as task_lib
+
+import userenv
+
+# About 4000 parameters: canaries' random directions overlap by about 1/√4000.
+MODEL = dict(dataset="synthetic", vocab_size=50, embedding_size=16, lstm_size=16,
+             projection_size=16, max_validation_elements=16, max_test_elements=16,
+             client_batch_size=4, max_elements_per_client=8, seed=1, progress=False)
+ROUNDS, EPOCHS, CLIENTS = 4, 2, 16  # 2 cohorts of 16: 32 canary slots
+
+
+def _config(root, name, **kw):
+  values = dict(MODEL, mechanism="opt_prefix_sum", total_rounds=ROUNDS, epochs=EPOCHS,
+                participation="fixed_epoch", clients_per_round=CLIENTS, noise_multiplier=1.0,
+                noise_seed=20261127, experiment_name=name, root_output_dir=str(root),
+                cache_dir=str(root / "cache"), rounds_per_eval=ROUNDS,
+                rounds_per_checkpoint=ROUNDS)
+  values.update(kw)
+  return config_lib.TrainingConfig(**values)
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+  return task_lib.build_task(_config(tmp_path_factory.mktemp("task"), "t"))
+
+
+def _releases(run_dir):
+  with open(os.path.join(run_dir, "releases.jsonl"), encoding="utf-8") as f:
+    return [json.loads(line)["sha256"] for line in f if line.strip()]
+
+
+def _final_model(run_dir):
+  with np.load(os.path.join(run_dir, "final_model.npz")) as f:
+    return {k: f[k] for k in f.files}
+
+
+# ----------------------------------------------------------------------------- the secret
+
+
+def test_coins_and_directions_come_from_os_entropy_unless_pinned(tmp_path):
+  cfg = _config(tmp_path, "x", canaries=32)
+  a, b = canaries_lib.Canaries.draw(cfg), canaries_lib.Canaries.draw(cfg)
+  assert a.seed_source == b.seed_source == "os_entropy" and a.seed != b.seed
+  assert not np.array_equal(a.direction(0, 100), b.direction(0, 100))
+  p, q = canaries_lib.Canaries.draw(cfg, 7), canaries_lib.Canaries.draw(cfg, 7)
+  assert p.seed_source == "pinned" and np.array_equal(p.included, q.included)
+  u = p.direction(3, 1000)
+  assert np.array_equal(u, q.direction(3, 1000)) and abs(np.linalg.norm(u) - 1.0) < 1e-12
+
+
+def test_secret_is_private_whatever_the_umask(tmp_path):
+  cfg = _config(tmp_path, "x", canaries=8)
+  old = os.umask(0)
+  try:
+    canaries_lib.save(str(tmp_path), canaries_lib.Canaries.draw(cfg))
+  finally:
+    os.umask(old)
+  mode = stat.S_IMODE(os.stat(tmp_path / canaries_lib.SECRET_FILE).st_mode)
+  assert mode == 0o600, oct(mode)
+  loaded = canaries_lib.load(str(tmp_path))
+  assert loaded.count == 8 and loaded.seed_source == "os_entropy"
+
+
+def test_each_canary_takes_one_pattern_of_the_schema(tmp_path):
+  for participation, expected in (("fixed_epoch", {(1, 3), (2, 4)}),
+                                  ("balls_in_bins", {(1, 3), (2, 4)}),
+                                  ("single", {(1,), (2,), (3,), (4,)})):
+    epochs = None if participation == "single" else EPOCHS
+    cfg = _config(tmp_path, "x", participation=participation, epochs=epochs, canaries=8)
+    planted = canaries_lib.Canaries.draw(cfg, 1)
+    assert set(planted.rounds) == expected, participation
+
+
+# ----------------------------------------------------------------------------- bad flags
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(canaries=-1), "--canaries must be a non-negative integer"),
+    (dict(canaries=33), "--canaries=33 exceeds the schema's 32 client slots"),
+    (dict(canaries=4, mechanism="none", noise_multiplier=None, noise_seed=None),
+     "--mechanism=none makes none"),
+    (dict(canaries=4, clip_norm="adaptive", noise_multiplier=0.5), "--clip_norm=adaptive"),
+    (dict(canaries=4, engine="tff"), "--engine=tff and --workers are not supported"),
+    (dict(canaries=4, workers=("localhost:1",)), "--engine=tff and --workers are not supported"),
+    (dict(canaries=4, participation="min_sep", epochs=None, min_sep=2, sampling_prob=0.5),
+     "not min_sep"),
+    (dict(canaries=4, canary_alpha=1.5), "--canary_alpha must be in (0, 1)"),
+    (dict(canary_alpha=0.1), "--canary_alpha goes with --canaries=m"),
+    (dict(canary_seed=3), "--canary_seed goes with --canaries=m"),
+])
+def test_bad_canary_flags_are_one_line_errors(tmp_path, kw, words):
+  with pytest.raises(config_lib.TrainingError) as e:
+    _config(tmp_path, "x", **kw).validate()
+  assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_binary_refuses_bad_canary_flags_with_exit_status_2(tmp_path):
+  binary = os.path.join(userenv.REPO, "training", "run_stackoverflow.py")
+  result = subprocess.run(
+      [sys.executable, binary, "--dataset=synthetic", "--noise_multiplier=1",
+       "--engine=tff", "--canaries=4", f"--root_output_dir={tmp_path}"],
+      env=userenv.env(), capture_output=True, text=True, timeout=300)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [
+      "error: --canaries needs the compiled engine (--engine=compiled or auto without "
+      "--workers); --engine=tff and --workers are not supported"]
+  assert not os.listdir(tmp_path)  # nothing written
+
+
+def test_a_run_without_canaries_records_no_canary_field(tmp_path):
+  public = _config(tmp_path, "x").public_dict()
+  assert not [k for k in public if "canar" in k]
+  assert _config(tmp_path, "x", canaries=4).public_dict()["canary_seed"] == "os_entropy"
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def _all_out_seed(root, m):
+  """A canary seed whose coins leave every one of m canaries out."""
+  cfg = _config(root, "x", canaries=m)
+  return next(s for s in range(10_000)
+              if not canaries_lib.Canaries.draw(cfg, s).included.any())
+
+
+def test_no_included_canary_leaves_the_run_bit_identical(task, tmp_path):
+  plain = loop.run_training(_config(tmp_path, "plain"), task=task)
+  seed = _all_out_seed(tmp_path, 4)
+  audited = loop.run_training(_config(tmp_path, "canaries", canaries=4, canary_seed=seed),
+                              task=task)
+  assert audited["canary_audit"]["included"] == 0
+  assert _releases(tmp_path / "plain") == _releases(tmp_path / "canaries")
+  a, b = _final_model(tmp_path / "plain"), _final_model(tmp_path / "canaries")
+  assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+  assert plain["epsilon"] == audited["epsilon"]
+  assert audited["canary_audit"]["epsilon_lower_bound"] == 0.0
+
+
+def test_canaries_join_their_schema_rounds_and_are_found_with_little_noise(
+    task, tmp_path, monkeypatch):
+  """z = 0.2 (client learning rate 1e-20: the real clients' updates vanish): every guess the
+  plan allows is right.
+  The canary updates the loop hands the engine each round are
+  exactly those of the included canaries whose pattern holds the round, and the harness's own
+  participation log finds no break of the schema in them."""
+  fed = {}
+  real_round = loop.run_round
+
+  def spy(process, state, datasets, round_num, canaries=()):
+    fed[round_num] = [np.concatenate([np.ravel(u) for u in c]) for c in canaries]
+    return real_round(process, state, datasets, round_num, canaries)
+
+  monkeypatch.setattr(loop, "run_round", spy)
+  run_dir = tmp_path / "found"
+  seen_before_round_1 = []
+
+  def at_round(round_num):
+    if round_num == 1:
+      seen_before_round_1.extend(sorted(os.listdir(run_dir)))
+
+  cfg = _config(tmp_path, "found", noise_multiplier=0.2, canaries=32, canary_seed=11,
+                client_lr=1e-20)
+  summary = loop.run_training(cfg, task=task, round_callback=at_round)
+  assert {canaries_lib.SECRET_FILE, canaries_lib.PLAN_FILE} <= set(seen_before_round_1)
+  planted = canaries_lib.load(str(run_dir))
+  size = fed[1][0].size if fed[1] else None
+  log = sampling.ParticipationLog([f"canary{j}" for j in range(planted.count)],
+                                  period=ROUNDS // EPOCHS)
+  for t in range(1, ROUNDS + 1):
+    expected = [j for j in range(planted.count)
+                if planted.included[j] and t in planted.rounds[j]]
+    assert len(fed[t]) == len(expected)
+    for got, j in zip(fed[t], expected):
+      want = canaries_lib.SCALE * cfg.clip_norm * planted.direction(j, size)
+      np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)  # float32 of the float64
+    log.observe(t, [f"canary{j}" for j in expected])
+  assert not log.violations(cfg.schema(), ROUNDS)
+  report = summary["canary_audit"]
+  # Found: every guess the planned counts allow is right (the plan may guess more canaries in
+  # than the coins included, never from the scores).
+  k_in, k_out = report["plan"]["k_in"], report["plan"]["k_out"]
+  inside = int(planted.included.sum())
+  best = min(k_in, inside) + min(k_out, planted.count - inside)
+  assert report["correct"] == best and report["guesses"] == k_in + k_out
+  found = audit_lib.one_run_fdp_epsilon(32, k_in + k_out, best, cfg.canary_alpha, cfg.delta)
+  assert report["epsilon_lower_bound"] == pytest.approx(found) and found > 1.0
+  assert report["epsilon_lower_bound"] <= summary["epsilon"] and not report["exceeds_claim"]
+  for name in (canaries_lib.SECRET_FILE, canaries_lib.PLAN_FILE, canaries_lib.MODELS_FILE):
+    assert stat.S_IMODE(os.stat(run_dir / name).st_mode) == 0o600, name
+  statement = summary["privacy_statement"]
+  assert "32 synthetic canary clients" in statement["text"]
+  assert f"{planted.included.sum()} included" in statement["text"]
+  with open(run_dir / canaries_lib.REPORT_FILE, encoding="utf-8") as f:
+    assert json.load(f)["bounds"] == report["bounds"]
+
+
+AT_CLAIM_SEEDS = (1, 2)
+
+
+@pytest.mark.parametrize("canary_seed", AT_CLAIM_SEEDS)
+def test_the_bound_stays_below_the_claim(task, tmp_path, canary_seed):
+  summary = loop.run_training(_config(tmp_path, "claim", noise_multiplier=1.0, canaries=32,
+                                      canary_seed=canary_seed), task=task)
+  report = summary["canary_audit"]
+  assert 0.0 <= report["epsilon_lower_bound"] <= summary["epsilon"]
+  assert not report["exceeds_claim"]
+
+
+@pytest.mark.slow
+def test_the_bound_stays_below_the_claim_on_more_audits(task, tmp_path):
+  exceeded = 0
+  for seed in range(3, 23):
+    for z in (0.5, 1.0):
+      summary = loop.run_training(_config(tmp_path, f"c{seed}_{z}", noise_multiplier=z,
+                                          canaries=32, canary_seed=seed), task=task)
+      exceeded += summary["canary_audit"]["exceeds_claim"]
+  assert exceeded == 0
+
+
+@pytest.mark.slow
+def test_main_job_regime_at_a_large_epsilon_gives_a_nontrivial_bound_below_the_claim(tmp_path):
+  from training import main_job  # pylint: disable=g-import-not-at-top
+  values = dict(main_job.MAIN_JOB_DEFAULTS, mechanism="opt_momentum", target_epsilon=100.0,
+                progress=False, root_output_dir=str(tmp_path), experiment_name="main",
+                cache_dir=str(tmp_path / "cache"))
+  cfg = config_lib.TrainingConfig(**values)
+  cfg = dataclasses.replace(cfg, canaries=cfg.canary_slots())
+  summary = loop.run_training(cfg)
+  report = summary["canary_audit"]
+  print(json.dumps({k: report[k] for k in ("canaries", "included", "guesses", "correct",
+                                           "epsilon_lower_bound", "claimed_epsilon")}))
+  assert 0.0 < report["epsilon_lower_bound"] <= summary["epsilon"]
+  assert not report["exceeds_claim"]
