@@ -217,7 +217,13 @@ def test_canaries_join_their_schema_rounds_and_are_found_with_little_noise(
   assert "32 synthetic canary clients" in statement["text"]
   assert f"{planted.included.sum()} included" in statement["text"]
   with open(run_dir / canaries_lib.REPORT_FILE, encoding="utf-8") as f:
-    assert json.load(f)["bounds"] == report["bounds"]
+    evidence = json.load(f)
+  assert evidence["bounds"] == report["bounds"] and "scores" not in report
+  assert evidence["included_canaries"] == [int(x) for x in planted.included]
+  recheck = audit_lib.one_run_audit(evidence["scores"], planted.included, cfg.canary_alpha,
+                                    cfg.delta, (k_in, k_out))
+  assert recheck["correct"] == report["correct"]
+  assert stat.S_IMODE(os.stat(run_dir / canaries_lib.REPORT_FILE).st_mode) == 0o600
 
 
 def test_the_bound_stays_below_the_claim(task, tmp_path):

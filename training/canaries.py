@@ -237,7 +237,8 @@ def scores(models: np.ndarray, a: np.ndarray, cov: Optional[np.ndarray],
 def audit(run_dir: str, a: np.ndarray, noise_matrix: Optional[np.ndarray],
           claimed_epsilon: Optional[float], claimed_mu: Optional[float]) -> Dict[str, Any]:
   """The run's one-run audit from its releases and the canaries' secret; writes
-  ``REPORT_FILE`` and returns the report (every bound with its kind, and the check)."""
+  ``REPORT_FILE`` (with the scores and coins) and returns the report (every bound with its
+  kind, and the check)."""
   canaries = load(run_dir)
   planned = load_plan(run_dir)
   models = np.load(os.path.join(run_dir, MODELS_FILE), mmap_mode="r")
@@ -262,7 +263,10 @@ def audit(run_dir: str, a: np.ndarray, noise_matrix: Optional[np.ndarray],
                  "taken as the identity (the mechanism reports no noise matrix)")),
   }
   report["text"] = statement(report)
-  outputs.write_json(os.path.join(run_dir, REPORT_FILE), report)
+  # The evidence, for a recheck with any other auditor: each canary's score and coin (0600).
+  outputs.write_json(os.path.join(run_dir, REPORT_FILE),
+                     dict(report, scores=[float(x) for x in s],
+                          included_canaries=[int(x) for x in canaries.included]), private=True)
   return report
 
 
