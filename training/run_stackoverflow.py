@@ -188,12 +188,13 @@ flags.DEFINE_float("canary_alpha", _DEFAULTS.canary_alpha,
                    "--canaries: the audit's failure probability (each bound holds at "
                    "confidence 1 - alpha).")
 flags.DEFINE_float("canary_plan_mu", None,
-                   f"--canaries: the Gaussian-DP μ of the score model the guess counts are "
-                   f"planned on before round 1 {_NONE}the claim's μ = sens/z).")
+                   f"Planning μ {_NONE}the claim's μ = sens/z): with --canaries, the "
+                   "Gaussian-DP μ of the score model the guess counts are planned on before "
+                   "round 1.")
 flags.DEFINE_integer("canary_seed", None,
-                     f"--canaries: pin the canaries' coins and directions {_NONE}fresh from OS "
-                     "entropy; pinned, the audit is a demonstration: whoever knows the seed "
-                     "knows which canaries were included).")
+                     f"Pin the canaries {_NONE}fresh from OS entropy): with --canaries, the seed "
+                     "of their coins and directions; pinned, the audit is a demonstration: "
+                     "whoever knows the seed knows which canaries were included.")
 
 FLAGS = flags.FLAGS
 
