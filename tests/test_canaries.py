@@ -97,6 +97,17 @@ def test_each_canary_takes_one_pattern_of_the_schema(tmp_path):
     assert set(planted.rounds) == expected, participation
 
 
+def test_a_bound_above_the_claim_is_flagged_loudly():
+  bounds = {k: {"value": 3.0, "kind": v} for k, v in canaries_lib.BOUND_KINDS.items()}
+  report = dict(canaries=100, included=48, bounds=bounds, guesses=60, correct=60, alpha=0.05,
+                delta=1e-6, epsilon_lower_bound=3.0, claimed_epsilon=2.0, exceeds_claim=True)
+  text = canaries_lib.statement(report)
+  assert "EXCEEDS the claimed epsilon 2" in text and "refuted at confidence 0.95" in text
+  assert "100 synthetic canary clients" in text and "48 included" in text
+  below = canaries_lib.statement(dict(report, claimed_epsilon=8.0, exceeds_claim=False))
+  assert "does not exceed the claimed epsilon 8" in below and "EXCEEDS" not in below
+
+
 # ----------------------------------------------------------------------------- bad flags
 
 
