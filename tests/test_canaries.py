@@ -23,6 +23,7 @@ from tff_mf import audit as audit_lib
 from training import canaries as canaries_lib
 from training import config as config_lib
 from training import loop
+from training import mechanisms
 from training import sampling
 from training import task as task_lib
 
@@ -264,6 +265,26 @@ def test_a_resumed_run_keeps_its_canaries_and_stays_below_the_claim(task, tmp_pa
   assert summary["finished"] and summary["config"]["canary_seed"] == "os_entropy"
   report = summary["canary_audit"]
   assert 0.0 <= report["epsilon_lower_bound"] <= summary["epsilon"]
+
+
+def test_a_run_whose_noise_is_short_of_its_claim_is_refuted(task, tmp_path, monkeypatch):
+  """A planted fault: the aggregator adds noise at z/30 while the run claims z = 6's ε (about
+  1.2). The released models then give the canaries away and the audit flags the claim."""
+  real = mechanisms.build_library_mechanism
+
+  def short_noise(name, config, noise_seed, **kw):
+    honest = real(name, config, noise_seed, **kw)
+    quiet = real(name, dataclasses.replace(config, noise_multiplier=config.noise_multiplier / 30),
+                 noise_seed, **kw)
+    return dataclasses.replace(quiet, privacy=honest.privacy, info=honest.info)
+
+  monkeypatch.setattr(mechanisms, "build_library_mechanism", short_noise)
+  summary = loop.run_training(_config(tmp_path, "fault", noise_multiplier=6.0, canaries=32,
+                                      canary_seed=5, canary_plan_mu=4.0, client_lr=1e-20),
+                              task=task)
+  report = summary["canary_audit"]
+  assert report["epsilon_lower_bound"] > summary["epsilon"] and report["exceeds_claim"]
+  assert "EXCEEDS" in summary["privacy_statement"]["text"]
 
 
 @pytest.mark.slow
