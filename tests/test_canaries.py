@@ -145,6 +145,14 @@ def test_binary_refuses_bad_canary_flags_with_exit_status_2(tmp_path):
   assert not os.listdir(tmp_path)  # nothing written
 
 
+def test_released_models_that_would_not_fit_are_refused_in_one_line():
+  canaries_lib.check_models_size(48, 40_000)
+  with pytest.raises(config_lib.TrainingError) as e:
+    canaries_lib.check_models_size(2048, 4_000_000)  # the papers' model and rounds: 30.5 GiB
+  assert "--canaries keeps the model after every round" in str(e.value)
+  assert "30.5 GiB" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_a_run_without_canaries_records_no_canary_field(tmp_path):
   public = _config(tmp_path, "x").public_dict()
   assert not [k for k in public if "canar" in k]

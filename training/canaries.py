@@ -184,6 +184,20 @@ def load_plan(run_dir: str) -> Dict[str, Any]:
 # ----------------------------------------------------------------------------- releases
 
 
+# The released models the audit keeps (float32, θ_0 and one per round), at most.
+MAX_MODELS_BYTES = 4 * 2**30
+
+
+def check_models_size(total_rounds: int, size: int) -> None:
+  """Refuses (before anything is written) a run whose released models would not fit."""
+  needed = 4 * (total_rounds + 1) * size
+  if needed > MAX_MODELS_BYTES:
+    raise TrainingError(f"--canaries keeps the model after every round for the audit: "
+                        f"{total_rounds + 1} x {size} parameters is {needed / 2**30:.1f} GiB, "
+                        f"over {MAX_MODELS_BYTES / 2**30:.0f} GiB; audit a smaller model or "
+                        "fewer --total_rounds")
+
+
 class ReleasedModels:
   """θ_0 and the model after every round, flattened float32, one row each (``MODELS_FILE``)."""
 

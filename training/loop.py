@@ -547,16 +547,17 @@ def _plant_canaries(trainer: _Trainer, state, setup, new_run: bool) -> None:
   """--canaries: a new run draws them and plans the guesses before round 1 (both written to
   the run directory first); a resumed run reads them back. θ_0 is recorded for the audit."""
   run = trainer.run
+  trainable = _model_weights(trainer.process, state).trainable
+  size = sum(int(np.size(w)) for w in trainable)
+  canaries_lib.check_models_size(run.config.total_rounds, size)
   if new_run:
     planted = canaries_lib.Canaries.draw(run.config, run.config.canary_seed)
     canaries_lib.save_plan(run.run_dir, canaries_lib.plan(run.config, _claimed_mu(setup)))
     canaries_lib.save(run.run_dir, planted)
   else:
     planted = canaries_lib.load(run.run_dir)
-  trainable = _model_weights(trainer.process, state).trainable
   trainer.canaries = planted
-  trainer.released = canaries_lib.ReleasedModels(run.run_dir, run.config.total_rounds,
-                                                 sum(int(np.size(w)) for w in trainable))
+  trainer.released = canaries_lib.ReleasedModels(run.run_dir, run.config.total_rounds, size)
   if run.progress.round == 0:
     trainer.released.record(0, trainable)
 
