@@ -244,9 +244,17 @@ def test_canaries_join_their_schema_rounds_and_are_found_with_little_noise(
                                     cfg.delta, (k_in, k_out))
   assert recheck["correct"] == report["correct"]
   assert stat.S_IMODE(os.stat(run_dir / canaries_lib.REPORT_FILE).st_mode) == 0o600
+  # The kept models are checked against the release log: one changed entry is refused.
+  kept = np.array(np.load(run_dir / canaries_lib.MODELS_FILE))
+  shapes = [np.shape(w) for w in _final_model(run_dir).values()]
+  with open(run_dir / "releases.jsonl", encoding="utf-8") as f:
+    logged = {r["round"]: r for r in map(json.loads, f)}
+  kept[2, 0] += 1.0
+  with pytest.raises(config_lib.TrainingError, match="round 2 is not the model the run"):
+    canaries_lib.check_released(kept, shapes, logged)
 
 
-# A claim within reach of 32 canaries (z = 6: ε about 1.2; all of 26 guesses right would give
+# A claim within reach of 32 canaries (z = 6: ε = 0.91; all of 26 guesses right would give
 # about 2.1), audited as the planted fault below is: the honest run must pass.
 NEAR_REACH = dict(noise_multiplier=6.0, canaries=32, canary_plan_mu=4.0, client_lr=1e-20)
 
@@ -282,8 +290,8 @@ def test_a_resumed_run_keeps_its_canaries_and_stays_below_the_claim(task, tmp_pa
 
 
 def test_a_run_whose_noise_is_short_of_its_claim_is_refuted(task, tmp_path, monkeypatch):
-  """A planted fault: the aggregator adds noise at z/30 while the run claims z = 6's ε (about
-  1.2). The released models then give the canaries away and the audit flags the claim."""
+  """A planted fault: the aggregator adds noise at z/30 while the run claims z = 6's ε
+  (0.91). The released models then give the canaries away and the audit flags the claim."""
   real = mechanisms.build_library_mechanism
 
   def short_noise(name, config, noise_seed, **kw):

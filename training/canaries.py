@@ -42,6 +42,7 @@ from tff_mf import audit as audit_lib
 from tff_mf import checks
 from training import outputs
 from training import config as config_lib
+from training import identity as identity_lib
 from training.config import TrainingError
 
 SECRET_FILE = "canaries.json"
@@ -248,14 +249,29 @@ def scores(models: np.ndarray, a: np.ndarray, cov: Optional[np.ndarray],
   return out
 
 
+def check_released(models: np.ndarray, shapes: Sequence[Tuple[int, ...]],
+                   logged: Dict[int, Dict[str, Any]]) -> None:
+  """Each kept model (rows 1..n) is the one the run released in that round: its digest is the
+  one ``releases.jsonl`` logged (``training.identity.model_digest``); TrainingError if not."""
+  offsets = np.cumsum([int(np.prod(s)) for s in shapes])[:-1]
+  for t in range(1, np.asarray(models).shape[0]):
+    arrays = [p.reshape(s) for p, s in zip(np.split(np.asarray(models[t]), offsets), shapes)]
+    if t not in logged or identity_lib.model_digest(arrays)["sha256"] != logged[t]["sha256"]:
+      raise TrainingError(f"{MODELS_FILE} round {t} is not the model the run released then "
+                          "(releases.jsonl); the audit scores released models only")
+
+
 def audit(run_dir: str, a: np.ndarray, noise_matrix: Optional[np.ndarray],
-          claimed_epsilon: Optional[float], claimed_mu: Optional[float]) -> Dict[str, Any]:
+          claimed_epsilon: Optional[float], claimed_mu: Optional[float],
+          shapes: Sequence[Tuple[int, ...]], logged: Dict[int, Dict[str, Any]]
+          ) -> Dict[str, Any]:
   """The run's one-run audit from its releases and the canaries' secret; writes
   ``REPORT_FILE`` (with the scores and coins) and returns the report (every bound with its
-  kind, and the check)."""
+  kind, and the check). The kept models are checked against the release log first."""
   canaries = load(run_dir)
   planned = load_plan(run_dir)
   models = np.load(os.path.join(run_dir, MODELS_FILE), mmap_mode="r")
+  check_released(models, shapes, logged)
   cov = None if noise_matrix is None else np.asarray(noise_matrix) @ np.asarray(noise_matrix).T
   s = scores(models, a, cov, canaries)
   result = audit_lib.one_run_audit(s, canaries.included, planned["alpha"], planned["delta"],

@@ -571,7 +571,7 @@ def _workload(config: TrainingConfig, setup) -> np.ndarray:
   return workloads.momentum_matrix(config.total_rounds, config.server_momentum, etas)
 
 
-def _canary_audit(trainer: _Trainer, setup, summary: Dict[str, Any]) -> None:
+def _canary_audit(trainer: _Trainer, state, setup, summary: Dict[str, Any]) -> None:
   """The one-run audit of a finished canary run (``training.canaries``) into the summary and
   its privacy statement; a run that did not finish is not audited, and says so."""
   if not summary["finished"]:
@@ -579,8 +579,10 @@ def _canary_audit(trainer: _Trainer, setup, summary: Dict[str, Any]) -> None:
                                "reason": "the run did not finish (diverged)"}
     return
   noise = setup.factorization.noise_matrix() if setup.factorization is not None else None
+  shapes = [np.shape(w) for w in _model_weights(trainer.process, state).trainable]
   report = canaries_lib.audit(trainer.run.run_dir, _workload(trainer.run.config, setup), noise,
-                              summary["epsilon"], _claimed_mu(setup))
+                              summary["epsilon"], _claimed_mu(setup), shapes,
+                              trainer.run.releases.logged)
   summary["canary_audit"] = dict(report, audited=True)
   statement = summary["privacy_statement"]
   statement["text"] = f"{statement['text']}\n{report['text']}"
@@ -622,7 +624,7 @@ def _train(run: _Run, task: Optional[task_lib.Task]) -> Dict[str, object]:
     summary = _summary(trainer, state, diverged, noise_multiplier, record,
                        setup.single_participation_sqrt_loss, setup.info)
     if config.canaries:
-      _canary_audit(trainer, setup, summary)
+      _canary_audit(trainer, state, setup, summary)
   finally:
     trainer.writer.close()
   path = os.path.join(run.run_dir, outputs.SUMMARY_FILE)
