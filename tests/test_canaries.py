@@ -306,6 +306,11 @@ def test_a_run_whose_noise_is_short_of_its_claim_is_refuted(task, tmp_path, monk
   report = summary["canary_audit"]
   assert report["epsilon_lower_bound"] > summary["epsilon"] and report["exceeds_claim"]
   assert "EXCEEDS" in summary["privacy_statement"]["text"]
+  from training import run_stackoverflow  # pylint: disable=g-import-not-at-top
+  status, line = run_stackoverflow.exit_status(summary)
+  assert status == run_stackoverflow.REFUTED == 4 and "EXCEEDS the claimed epsilon" in line
+  assert run_stackoverflow.exit_status(dict(summary, canary_audit=dict(
+      report, exceeds_claim=False))) == (0, None)
 
 
 @pytest.mark.slow

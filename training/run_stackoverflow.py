@@ -279,14 +279,22 @@ def main(argv):
     # same command resumes from the last checkpoint.
     print(f"error: {_one_line(e)}", file=sys.stderr)
     return 1
+  status, message = exit_status(summary)
+  if message:
+    print(message, file=sys.stderr)
+  return status
+
+
+def exit_status(summary) -> tuple:
+  """(exit status, line for stderr or None) of a finished run's summary: DIVERGED, REFUTED
+  when the canary audit's bound exceeds the claimed ε, else 0."""
   if summary["diverged"]:
-    return DIVERGED
+    return DIVERGED, None
   if summary.get("canary_audit", {}).get("exceeds_claim"):
-    print("error: the canary audit's epsilon lower bound "
-          f"{summary['canary_audit']['epsilon_lower_bound']:.4g} EXCEEDS the claimed epsilon "
-          f"{summary['epsilon']:.4g} (canary_audit.json in the run directory)", file=sys.stderr)
-    return REFUTED
-  return 0
+    return REFUTED, ("error: the canary audit's epsilon lower bound "
+                     f"{summary['canary_audit']['epsilon_lower_bound']:.4g} EXCEEDS the claimed "
+                     f"epsilon {summary['epsilon']:.4g} (canary_audit.json in the run directory)")
+  return 0, None
 
 
 if __name__ == "__main__":
