@@ -79,6 +79,8 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
                                         "--clients=4", "--examples=400", "--hidden=256"),)),
     ("audit", "audit.md", (("benchmarks/bench_audit.py",),)),  # peer: /tmp/peer24 (jax_privacy)
     ("one_run_audit", "one_run_audit.md", (("benchmarks/bench_one_run_audit.py",),)),  # peer
+    # Written by hand from the runs it names (the binary with --canaries; no script reruns it).
+    ("canary_audit", "canary_audit.md", ()),
     ("peer_bands", "peer_bands.md", (("benchmarks/peer_jax_privacy_bands.py",),)),  # /tmp/peer24
 )
 
@@ -131,6 +133,11 @@ taken on a machine shared with other jobs (load average 4-14). Each section
 states the load it was measured at, and gives CPU seconds where contention
 matters. Ratios are always between measurements of the same run.
 """
+
+
+# Sections written by hand from the runs they name: no script regenerates them, so `make bench`
+# keeps them as they are.
+RECORDS = frozenset(name for name, _, commands in BENCHMARKS if not commands)
 
 
 def run(names: Sequence[str]) -> List[str]:

@@ -99,6 +99,9 @@ SLOW_BLOCKS: Dict[str, str] = {  # (times measured at load 6-9 on 2 cores)
         "a training run on two TFF workers: about a minute"),
     "training.run_stackoverflow --mechanism=opt_momentum": (
         "a training run on two TFF workers: 1-1.5 minutes"),
+    "--canaries=32": (
+        "a training run with its one-run audit (TensorFlow start-up, task and audit): "
+        "0.5-1 minute; the flag is tested in tests/test_canaries.py"),
     "tff-mf audit --mechanism opt_prefix_sum": (
         "two audits, each building and running federated averaging: 1-2 minutes (the command "
         "itself is tested in tests/test_audit.py)"),

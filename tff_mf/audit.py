@@ -917,9 +917,11 @@ def plan_one_run(model_in: np.ndarray, model_out: np.ndarray, canaries: int, alp
   """The guess counts (k_in, k_out) with the largest mean bound on simulated audits of
   the model's score laws (fixed seed, before and independently of the audit's scores),
   searched on a grid of fractions of the canaries guessed on each side: ε at δ
-  (``one_run_epsilon``) for target "epsilon", the GDP μ (``one_run_mu``) for "mu"."""
+  (``one_run_epsilon``) for target "epsilon", the GDP μ (``one_run_mu``) for "mu", the f-DP
+  ε at δ (``one_run_fdp_epsilon``) for "fdp_epsilon"."""
   bound = {"epsilon": lambda g, c: one_run_epsilon(canaries, g, c, alpha, delta),
-           "mu": lambda g, c: one_run_mu(canaries, g, c, alpha)}[target]
+           "mu": lambda g, c: one_run_mu(canaries, g, c, alpha),
+           "fdp_epsilon": lambda g, c: one_run_fdp_epsilon(canaries, g, c, alpha, delta)}[target]
   rng = np.random.default_rng(PLAN_SEED)
   model_in, model_out = np.asarray(model_in), np.asarray(model_out)
   sims = []

@@ -105,6 +105,9 @@ def is_private(mechanism: str) -> bool:
   return registry.mechanism(mechanism).private
 
 
+# The one-run audit's flags besides --canaries, and their defaults (training.canaries).
+CANARY_FLAGS = {"canary_alpha": 0.05, "canary_plan_mu": None, "canary_seed": None}
+CANARY_PARTICIPATIONS = ("single", "fixed_epoch", "balls_in_bins")
 # The quantile estimator's flags (--clip_norm=adaptive; tff_mf.adaptive_clipping).
 ADAPTIVE_FLAGS = ("target_quantile", "initial_clip_norm", "clip_learning_rate",
                   "clipped_count_stddev")
@@ -161,6 +164,10 @@ class TrainingConfig:
   seed: int = 0
   progress: bool = True
   report_train_metrics: bool = False
+  canaries: int = 0
+  canary_alpha: float = 0.05
+  canary_plan_mu: Optional[float] = None
+  canary_seed: Optional[int] = None
 
   def __post_init__(self):
     self.participation = participation.canonical_kind(self.participation)
@@ -193,6 +200,7 @@ class TrainingConfig:
       self._check_schedule()
       self._check_participation()
       self._check_privacy()
+      self._check_canaries()
     except TrainingError:
       raise
     except checks.CheckError as e:
@@ -320,6 +328,47 @@ class TrainingConfig:
     if self.noise_seed is not None:
       checks.seed(self.noise_seed, "--noise_seed")
 
+  def canary_slots(self) -> int:
+    """Canaries a run may plant: as many per participation pattern as real clients per round
+    (so canaries are at most half of any round's clients), 0 where unsupported."""
+    patterns = {"single": self.total_rounds, "fixed_epoch": self.total_rounds // (self.epochs or 1),
+                "balls_in_bins": self.total_rounds // (self.epochs or 1)}
+    return patterns.get(self.participation, 0) * self.clients_per_round
+
+  def _check_canaries(self) -> None:
+    """--canaries m (training.canaries): a one-run audit of the run's DP claim."""
+    if isinstance(self.canaries, bool) or not isinstance(self.canaries, int) or self.canaries < 0:
+      raise TrainingError(f"--canaries must be a non-negative integer, got {self.canaries!r}")
+    if self.canaries == 0:
+      for name, default in CANARY_FLAGS.items():
+        if getattr(self, name) != default:
+          raise TrainingError(f"--{name} goes with --canaries=m (m > 0) only")
+      return
+    if not is_private(self.canonical_mechanism):
+      raise TrainingError(f"--canaries audits a DP claim; --mechanism={self.mechanism} makes "
+                          "none (and its mean's denominator counts the clients present)")
+    if self.adaptive_clipping:
+      raise TrainingError("--canaries needs a fixed --clip_norm (a canary's update is scaled "
+                          "past the clip norm; --clip_norm=adaptive is not supported)")
+    if used_engine(self.engine, self.workers) != "compiled":
+      raise TrainingError("--canaries needs the compiled engine (--engine=compiled or auto "
+                          "without --workers); --engine=tff and --workers are not supported")
+    if self.participation not in CANARY_PARTICIPATIONS:
+      raise TrainingError(f"--canaries supports --participation={', '.join(CANARY_PARTICIPATIONS)}"
+                          f" (the canary's rounds are a fixed schema pattern), not "
+                          f"{self.participation}")
+    slots = self.canary_slots()
+    if self.canaries > slots:
+      raise TrainingError(f"--canaries={self.canaries} exceeds the schema's {slots} client slots "
+                          f"({slots // self.clients_per_round} participation patterns x "
+                          f"--clients_per_round={self.clients_per_round})")
+    if not 0.0 < self.canary_alpha < 1.0:
+      raise TrainingError(f"--canary_alpha must be in (0, 1), got {self.canary_alpha}")
+    if self.canary_plan_mu is not None:
+      checks.positive_float(self.canary_plan_mu, "--canary_plan_mu")
+    if self.canary_seed is not None:
+      checks.seed(self.canary_seed, "--canary_seed")
+
   def with_used_engine(self) -> "TrainingConfig":
     """This config with ``engine`` the one that runs the rounds (``used_engine``), as the
     run's config.json, summary and TensorBoard hparams record it."""
@@ -337,6 +386,12 @@ class TrainingConfig:
     out["workers"] = list(self.workers)
     if self.participation_kind.marks_fixed_bin:  # a pre-rename balls_in_bins run has no marker
       out[participation.FIXED_BIN_MARKER] = True
+    if self.canaries:
+      out["canary_seed"] = "os_entropy" if self.canary_seed is None else "pinned"
+    else:  # a run without canaries records (and fingerprints) no canary field
+      for name in CANARY_FLAGS:
+        del out[name]
+      del out["canaries"]
     if self.noise_seed is not None:
       out["noise_seed"] = "pinned"
     elif out["mechanism"] == "none":

@@ -110,17 +110,24 @@ class CompiledProcess:
     accumulator = self._sum
     report = self._report_metrics
 
+    def add_update(update, sample_params):
+      """A client's update into the round's sum, as the aggregators take it: zeroed when not
+      finite, then the query's clipping (``preprocess_record``)."""
+      value, zeroed = robustness.zero_if_non_finite(list(update))
+      record = value if query is None else query.preprocess_record(sample_params, value)
+      tf.nest.map_structure(lambda a, r: a.assign_add(r), accumulator, record)
+      return zeroed
+
     @tf.function
     def client_step(initial_weights, dataset, sample_params, hparams):
       if report:
         model.reset_metrics()
       result, metrics = client_update(client_optimizer, initial_weights, dataset, hparams)
-      value, zeroed = robustness.zero_if_non_finite(list(result.update))
-      record = value if query is None else query.preprocess_record(sample_params, value)
-      tf.nest.map_structure(lambda a, r: a.assign_add(r), accumulator, record)
-      return zeroed, metrics
+      return add_update(result.update, sample_params), metrics
 
     self._client_step = client_step
+    # A canary client (training.canaries): its fixed update goes the way of every client's.
+    self._canary_step = tf.function(add_update)
     if query is not None:
       # TFF's tree keeps one buffered node per completed level: its state grows, and
       # reduce_retracing keeps that to a few traces.
@@ -211,8 +218,13 @@ class CompiledProcess:
     feed = dict(zip(tf.nest.flatten(inputs), tf.nest.flatten(summed)))
     return session.run(outputs, feed_dict=feed)
 
-  def next(self, state, client_datasets: Sequence[Any]):
-    """One round on ``client_datasets`` (clients in this order); a ``LearningProcessOutput``."""
+  def next(self, state, client_datasets: Sequence[Any], canaries: Sequence[Any] = ()):
+    """One round on ``client_datasets`` (clients in this order); a ``LearningProcessOutput``.
+
+    ``canaries``: the client updates (one array per trainable variable) of the canary
+    clients in this round (``training.canaries``), summed after the clients through the
+    same zeroing and clipping; the mean's denominator stays the query's.
+    """
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
     from training import robustness  # pylint: disable=g-import-not-at-top
@@ -237,6 +249,10 @@ class CompiledProcess:
         metrics = _numpy(metrics)
         summed = metrics if summed is None else tf.nest.map_structure(
             lambda a, b: a + b, summed, metrics)
+    for update in canaries:
+      if query is None:
+        raise ValueError("canary clients need a DP query (a private mechanism)")
+      self._canary_step([tf.constant(u) for u in update], params)
     if query is None:
       count = tf.constant(float(len(client_datasets)))
       update = [v / count for v in self._sum]

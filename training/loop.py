@@ -27,11 +27,14 @@ import sys
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
+import numpy as np
+
 from tff_mf import checks
 from tff_mf import interrupt
 from tff_mf import jsonio
 from tff_mf import participation as participation_lib
 from tff_mf import registry
+from training import canaries as canaries_lib
 from training import checkpoints
 from training import engine
 from training import identity as identity_lib
@@ -114,14 +117,17 @@ def _find_metric(metrics, name: str):
   return None
 
 
-def run_round(process, state, datasets, round_num: int):
-  """``process.next(state, datasets)``; a failed tff-mf check becomes a one-line TrainingError.
+def run_round(process, state, datasets, round_num: int, canaries=()):
+  """``process.next(state, datasets)`` (with the round's canary updates, if any); a failed
+  tff-mf check becomes a one-line TrainingError.
 
   TFF runs the round in its C++ executor, which wraps an in-graph assertion
   (e.g. running past the n rounds a matrix was built for) in a long gRPC/TF
   error; the query's own message is what the user needs.
   """
   try:
+    if canaries:
+      return process.next(state, datasets, canaries=canaries)
     return process.next(state, datasets)
   except Exception as e:  # pylint: disable=broad-except
     message = library_error_message(e)
@@ -303,6 +309,8 @@ class _Trainer:
   evaluate: task_lib.Evaluator
   writer: outputs.MetricsWriter
   epsilons: Optional[list] = None  # ε spent after each round (privacy.epsilon_per_round)
+  canaries: Optional[canaries_lib.Canaries] = None  # --canaries: the planted canary clients
+  released: Optional[canaries_lib.ReleasedModels] = None  # the models the audit scores
 
   def sampling_state(self):
     """The sampler's and the participation log's arrays, as one checkpointable structure."""
@@ -325,7 +333,9 @@ class _Trainer:
     config, progress = self.run.config, self.run.progress
     start = time.perf_counter()
     client_ids, datasets, skipped = self.sampler.next_round(round_num, load_client)
-    output = run_round(self.process, state, datasets, round_num)
+    planted = () if self.canaries is None else self.canaries.updates(
+        round_num, [np.shape(w) for w in _model_weights(self.process, state).trainable])
+    output = run_round(self.process, state, datasets, round_num, planted)
     self.log.observe(round_num, client_ids)
     if self.ledger is not None:
       self.ledger.write(round_num, privacy.round_event(output.state.aggregator))
@@ -368,6 +378,8 @@ class _Trainer:
       for round_num in range(run.progress.round + 1, config.total_rounds + 1):
         state, row, diverged = self.round(state, round_num, load_client)
         digest = identity_lib.model_digest(_model_weights(self.process, state).trainable)
+        if self.released is not None:
+          self.released.record(round_num, _model_weights(self.process, state).trainable)
         replayed = run.releases.replays(round_num, digest)  # raises on a different release
         if replayed:  # released again only as first logged: no non-private metric it lacked
           logged = run.releases.logged[round_num].get("nonprivate", ())
@@ -525,6 +537,58 @@ def _build_trainer(run: _Run, task: task_lib.Task, setup) -> Tuple[_Trainer, obj
   return trainer, state
 
 
+def _claimed_mu(setup) -> Optional[float]:
+  """The run's Gaussian μ = sens/z (its unamplified Gaussian mechanism), None without noise."""
+  z_over_sens = setup.privacy.effective_noise_multiplier if setup.privacy is not None else None
+  return 1.0 / z_over_sens if z_over_sens else None
+
+
+def _plant_canaries(trainer: _Trainer, state, setup, new_run: bool) -> None:
+  """--canaries: a new run draws them and plans the guesses before round 1 (both written to
+  the run directory first); a resumed run reads them back. θ_0 is recorded for the audit."""
+  run = trainer.run
+  trainable = _model_weights(trainer.process, state).trainable
+  size = sum(int(np.size(w)) for w in trainable)
+  canaries_lib.check_models_size(run.config.total_rounds, size)
+  if new_run:
+    planted = canaries_lib.Canaries.draw(run.config, run.config.canary_seed)
+    canaries_lib.save_plan(run.run_dir, canaries_lib.plan(run.config, _claimed_mu(setup)))
+    canaries_lib.save(run.run_dir, planted)
+  else:
+    planted = canaries_lib.load(run.run_dir)
+  trainer.canaries = planted
+  trainer.released = canaries_lib.ReleasedModels(run.run_dir, run.config.total_rounds, size)
+  if run.progress.round == 0:
+    trainer.released.record(0, trainable)
+
+
+def _workload(config: TrainingConfig, setup) -> np.ndarray:
+  """A, the workload the server optimizer applies (the factorization's, else M(η)·M(β))."""
+  from tff_mf import workloads  # pylint: disable=g-import-not-at-top
+  if setup.factorization is not None:
+    return np.asarray(setup.factorization.a, np.float64)
+  etas = workloads.learning_rates(config.total_rounds, config.lr_schedule, config.schedule_rounds)
+  return workloads.momentum_matrix(config.total_rounds, config.server_momentum, etas)
+
+
+def _canary_audit(trainer: _Trainer, state, setup, summary: Dict[str, Any]) -> None:
+  """The one-run audit of a finished canary run (``training.canaries``) into the summary and
+  its privacy statement; a run that did not finish is not audited, and says so."""
+  if not summary["finished"]:
+    summary["canary_audit"] = {"audited": False,
+                               "reason": "the run did not finish (diverged)"}
+    return
+  noise = setup.factorization.noise_matrix() if setup.factorization is not None else None
+  shapes = [np.shape(w) for w in _model_weights(trainer.process, state).trainable]
+  report = canaries_lib.audit(trainer.run.run_dir, _workload(trainer.run.config, setup), noise,
+                              summary["epsilon"], _claimed_mu(setup), shapes,
+                              trainer.run.releases.logged)
+  summary["canary_audit"] = dict(report, audited=True)
+  statement = summary["privacy_statement"]
+  statement["text"] = f"{statement['text']}\n{report['text']}"
+  statement["canary_audit"] = report["text"]
+
+
 def interrupted_message(round_num: int) -> str:
   """The line a run stopped by Ctrl-C prints (``tff_mf.interrupt``)."""
   return f"interrupted at round {round_num}; run the same command to resume"
@@ -545,17 +609,22 @@ def _train(run: _Run, task: Optional[task_lib.Task]) -> Dict[str, object]:
   sampling.build_sampler(config, task.train_client_ids, run.progress.sampling_secret)
   setup, noise_multiplier, record = mechanisms.resolve_privacy(config, run.progress.seed_or_none)
   interrupt.check(where)
+  new_run = run.identity is None
   _bind_identity(run, setup)
   trainer, state = _build_trainer(run, task, setup)
   if record is not None:
     trainer.epsilons = privacy.epsilon_per_round(config, setup.encoder, noise_multiplier,
                                                  record)
+  if config.canaries:
+    _plant_canaries(trainer, state, setup, new_run)
   interrupt.check(where)
   try:
     trainer.writer.hparams(run.public_config(), config.experiment_name)
     state, diverged = trainer.rounds(state)
     summary = _summary(trainer, state, diverged, noise_multiplier, record,
                        setup.single_participation_sqrt_loss, setup.info)
+    if config.canaries:
+      _canary_audit(trainer, state, setup, summary)
   finally:
     trainer.writer.close()
   path = os.path.join(run.run_dir, outputs.SUMMARY_FILE)

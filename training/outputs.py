@@ -68,10 +68,13 @@ def package_versions() -> Dict[str, Optional[str]]:
   return out
 
 
-def write_json(path: str, value) -> None:
-  """Writes strict JSON atomically (a temporary file, then rename)."""
+def write_json(path: str, value, private: bool = False) -> None:
+  """Writes strict JSON atomically (a temporary file, then rename); ``private``: 0600
+  whatever the umask."""
   tmp = path + ".tmp"
   with open(tmp, "w", encoding="utf-8") as f:
+    if private:
+      os.fchmod(f.fileno(), 0o600)
     f.write(jsonio.dumps(value, indent=2))
   os.replace(tmp, path)
 

@@ -19,7 +19,8 @@ tensorboard/, checkpoints/, final_model.npz}, private to the user (0700/0600).
 Flags may be spelled ``--flag_name`` or ``--flag-name`` (``tff_mf.clitools``). Exit code
 0 on success, 2 on a usage error (a bad flag, value or configuration: one line on stderr
 with the closest valid spelling), 1 on a data or run-directory error (one line), 3 when
-training diverged, 130 after Ctrl-C (the run stops at the end of the current round,
+training diverged, 4 when the canary audit (``--canaries``) refuted the claimed ε (its lower
+bound exceeds the claim; summary.json and the statement say so), 130 after Ctrl-C (the run stops at the end of the current round,
 checkpointed; a second Ctrl-C stops at once).
 """
 
@@ -39,6 +40,7 @@ from training import config as config_lib  # pylint: disable=wrong-import-positi
 
 _DEFAULTS = config_lib.TrainingConfig()
 DIVERGED = 3  # exit status of a run whose model diverged (2 is a usage error)
+REFUTED = 4  # exit status of a run whose canary audit refuted its claimed ε (training.canaries)
 _NONE = "(default: none: "
 
 flags.DEFINE_string(
@@ -175,6 +177,26 @@ flags.DEFINE_list("workers", [],
 flags.DEFINE_enum("engine", _DEFAULTS.engine, config_lib.ENGINES,
                   config_lib.ENGINE_HELP[0].upper() + config_lib.ENGINE_HELP[1:] + ".")
 flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of client sampling and model init.")
+flags.DEFINE_integer("canaries", _DEFAULTS.canaries,
+                     "Plant m canary clients and audit the run's claimed ε in one run (0: off; "
+                     "training/canaries.py, docs/threat_model.md): each is a synthetic client "
+                     "whose update is a random direction clipped to --clip_norm, included by a "
+                     "fair coin, joining one participation pattern of the schema; after the "
+                     "last round the run reports the one-run ε lower bound beside the claim "
+                     "(exit status 4 when it exceeds the claim). At most --clients_per_round "
+                     "per pattern; single, fixed_epoch or balls_in_bins participation, the "
+                     "compiled engine and a fixed clip norm.")
+flags.DEFINE_float("canary_alpha", _DEFAULTS.canary_alpha,
+                   "--canaries: the audit's failure probability (each bound holds at "
+                   "confidence 1 - alpha).")
+flags.DEFINE_float("canary_plan_mu", None,
+                   f"Planning μ {_NONE}the claim's μ = sens/z): with --canaries, the "
+                   "Gaussian-DP μ of the score model the guess counts are planned on before "
+                   "round 1.")
+flags.DEFINE_integer("canary_seed", None,
+                     f"Pin the canaries {_NONE}fresh from OS entropy): with --canaries, the seed "
+                     "of their coins and directions; pinned, the audit is a demonstration: "
+                     "whoever knows the seed knows which canaries were included.")
 
 FLAGS = flags.FLAGS
 
@@ -263,7 +285,22 @@ def main(argv):
     # same command resumes from the last checkpoint.
     print(f"error: {_one_line(e)}", file=sys.stderr)
     return 1
-  return DIVERGED if summary["diverged"] else 0
+  status, message = exit_status(summary)
+  if message:
+    print(message, file=sys.stderr)
+  return status
+
+
+def exit_status(summary) -> tuple:
+  """(exit status, line for stderr or None) of a finished run's summary: DIVERGED, REFUTED
+  when the canary audit's bound exceeds the claimed ε, else 0."""
+  if summary["diverged"]:
+    return DIVERGED, None
+  if summary.get("canary_audit", {}).get("exceeds_claim"):
+    return REFUTED, ("error: the canary audit's epsilon lower bound "
+                     f"{summary['canary_audit']['epsilon_lower_bound']:.4g} EXCEEDS the claimed "
+                     f"epsilon {summary['epsilon']:.4g} (canary_audit.json in the run directory)")
+  return 0, None
 
 
 if __name__ == "__main__":
