@@ -191,6 +191,23 @@ def project(n, round_seconds, noise_now, fit):
   return n * work + n * a + b * n * (n + 1) / 2
 
 
+def project_all(rounds, noise, trained: str, n: int):
+  """{mechanism: its fits and projected totals}, in wall (index 0) and CPU (index 1) seconds.
+
+  The timed rounds added ``trained``'s noise; each mechanism's total swaps it for its own.
+  """
+  out = {}
+  for mechanism in noise:
+    r = noise[mechanism]["rounds"]
+    for index, key in ((0, ""), (1, "_cpu")):
+      fit = _fit({t: r[t][index] for t in r})
+      work = statistics.median(x[index] for x in rounds[1:])
+      now = noise[trained]["rounds"][len(rounds)][index]
+      out.setdefault(mechanism, {})["fit" + key] = fit
+      out[mechanism]["total" + key] = project(n, work, now, fit)
+  return out
+
+
 def section(args, run, config, parameters, rounds, noise, projections, load_start, load_end,
             minutes) -> str:
   timed = rounds[1:]
@@ -200,8 +217,8 @@ def section(args, run, config, parameters, rounds, noise, projections, load_star
   command = COMMAND + "".join(
       f" --{k.replace('_', '-')} {v}" for k, v in (("rounds", args.rounds), ("run", args.run))
       if v != {"rounds": 2, "run": 0}[k]) + (
-          f" --noise-rounds {' '.join(map(str, args.noise_rounds))}"
-          if args.noise_rounds != [1, 64, 256] else "") + (" --smoke" if args.smoke else "")
+          f" --noise-rounds {' '.join(map(str, args.noise_rounds_given))}"
+          if args.noise_rounds_given != [1, 64, 256] else "") + (" --smoke" if args.smoke else "")
   lines = [
       "## The papers' StackOverflow configuration on the compiled engine (grid `paper_config`)",
       "",
@@ -230,26 +247,35 @@ def section(args, run, config, parameters, rounds, noise, projections, load_star
       "The noise alone (one `get_noised_result` of the run's query at d = "
       f"{parameters:,}, wall / CPU s, median of {args.noise_reps}), its fit a + b·t, and the "
       f"projected total of all {config.total_rounds} rounds (n × (round − noise at round "
-      f"{len(rounds)}) + Σ noise(t)):",
+      f"{len(rounds)}) + Σ noise(t)), from the wall seconds here and from the CPU seconds "
+      "(which contention does not inflate: on 2 idle cores the wall lies between CPU / 2 and "
+      "CPU):",
       "",
       "| mechanism | noise | " + " | ".join(f"round {t}" for t in args.noise_rounds) +
-      " | a + b·t (wall s) | projected total: days (wall) |",
+      " | a + b·t, wall / CPU s | projected total, days: wall here / CPU |",
       "|---|---|" + "---|" * len(args.noise_rounds) + "---|---|"]
   for mechanism, p in projections.items():
     r = noise[mechanism]["rounds"]
-    a, b = p["fit"]
+    (a, b), (a_cpu, b_cpu) = p["fit"], p["fit_cpu"]
     lines.append(
         f"| {mechanism} | {noise[mechanism]['implementation']} | " +
         " | ".join(f"{r[t][0]:.2f} / {r[t][1]:.2f}" for t in args.noise_rounds) +
-        f" | {a:.3f} + {b:.5f}·t | **{p['total'] / 86400:.1f}** |")
+        f" | {a:.3f} + {b:.4f}·t / {a_cpu:.3f} + {b_cpu:.4f}·t | "
+        f"**{p['total'] / 86400:.1f}** / **{p['total_cpu'] / 86400:.1f}** |")
+  n = config.total_rounds
+  a_cpu, b_cpu = projections[run.mechanism]["fit_cpu"]
+  last = a_cpu + b_cpu * n
   lines += [
       "",
-      f"Reading: one round of the papers' configuration costs {wall:.0f} s of wall here "
-      f"({cpu:.0f} CPU s), {wall / config.clients_per_round:.2f} s per client update of "
-      f"{steps} steps; the clients' "
-      "work is the round. The dense `opt_momentum` stream regenerates t rows of Z in round t, "
-      "so its noise grows to dominate late rounds; a streaming mechanism (BLT, banded, BISR: "
-      "`bench_aggregation.py`) keeps it constant.",
+      f"Reading: one round of the papers' configuration costs {cpu:.0f} CPU s here "
+      f"({cpu / config.clients_per_round:.2f} CPU s per client update of {steps} steps) and "
+      f"{wall:.0f} s of wall, {wall / cpu:.1f}× its CPU seconds on this shared machine; the "
+      f"clients' work is the round at first. The dense `{run.mechanism}` stream regenerates t "
+      f"rows of Z in round t, so its noise grows: about {last:.0f} CPU s at round {n}, "
+      f"{last / (cpu + last):.0%} of that round; a streaming mechanism (BLT, banded, BISR: "
+      "`bench_aggregation.py`) keeps it constant, and TFF's own tree (`tree`) costs O(log n) "
+      "a round, where the paper's DP-FTRL tree as a matrix (`honaker_online`) regenerates "
+      "about twice the rows of the dense optimum.",
       "",
       "No GPU figure: the GPU machine lent to this project (one H100; checked 2026-11-27) runs "
       "an image with Python 3.12.3, CUDA 13.0 and no TensorFlow, and reaches no package "
@@ -277,6 +303,7 @@ def main(argv=None):
     parser.error("--rounds and --noise-reps must be at least 1")
   if args.smoke:
     args.rounds, args.noise_rounds = 1, [1, 8]
+  args.noise_rounds_given = list(args.noise_rounds)
   from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
   runtime.install_exit_hook()
   run = grid.runs[args.run]
@@ -289,14 +316,7 @@ def main(argv=None):
     n = config.total_rounds
     args.noise_rounds = sorted({t for t in args.noise_rounds if 1 <= t <= n} | {len(rounds)})
     noise = noise_seconds(args, grid.runs, os.path.join(root, "standin"), root)
-  wall = statistics.median(w for w, _ in rounds[1:])
-  projections = {}
-  for mechanism in noise:
-    r = noise[mechanism]["rounds"]
-    fit = _fit({t: r[t][0] for t in r})
-    now = r[len(rounds)][0] if mechanism == run.mechanism else noise[run.mechanism]["rounds"][
-        len(rounds)][0]
-    projections[mechanism] = {"fit": fit, "total": project(n, wall, now, fit)}
+  projections = project_all(rounds, noise, run.mechanism, n)
   text = section(args, run, config, parameters, rounds, noise, projections, load_start,
                  os.getloadavg()[0], (time.perf_counter() - start) / 60)
   write_section(args.out_dir, "paper_config", text, {
