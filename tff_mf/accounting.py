@@ -398,7 +398,7 @@ def summary(noise_multiplier: float, delta: float, accountant: str = DEFAULT_ACC
       "participation": "single",
       "analysis": "none",
       "sensitivity": 1.0,
-      "exact": accountant == "exact",
+      "exact": analyses.accountant(accountant).exact,
       "theorem": "Denisov et al. 2022 Thm 4.1 (C normalized to sensitivity 1)",
   }
   if target_epsilon is not None:

@@ -228,6 +228,8 @@ class Analysis:
   amplified: ClassVar[bool] = False  # reports the smaller of an amplified and the plain bound
   poisson: ClassVar[bool] = False  # Poisson sampling: needs sampling_prob and min_sep
   selectable: ClassVar[bool] = True  # an ``amplification=`` of ``tff_mf.accounting``
+  counts_clipping: ClassVar[bool] = False  # also accounts the adaptive clip norm's counts
+  chosen_because: ClassVar[str] = ""  # why training picks it (``automatic``), in words
 
   def applies(self, c: Optional[np.ndarray], schema) -> Optional[str]:
     """None when the analysis applies to C under ``schema``, else the one-line reason."""
@@ -378,6 +380,7 @@ class AmplifiedBanded(PoissonAmplified):
   most b bands is dominated by ⌈n/b⌉-fold composition of the Poisson-subsampled Gaussian
   with multiplier z / γ(C)."""
   name: ClassVar[str] = "banded"
+  chosen_because: ClassVar[str] = "C has at most b bands"
   label: ClassVar[str] = "amplified banded MF (Poisson sampling within residue classes)"
   theorem: ClassVar[str] = (
       "Choquette-Choo et al. 2023, arXiv:2306.08153, Thm 4: ceil(n/b)-fold composition "
@@ -386,7 +389,7 @@ class AmplifiedBanded(PoissonAmplified):
   def applies(self, c, schema):
     reason = super().applies(c, schema)
     if reason is None and band_count(c) > check_schema(schema).min_sep:
-      return "C has more than b bands"
+      return MMCC.chosen_because
     return reason
 
   def amplified_epsilon(self, record, c, b, z, delta, p, discretization, unamplified):
@@ -436,6 +439,7 @@ class MMCC(PoissonAmplified):
   """MMCC (Choquette-Choo et al. 2024, arXiv:2310.15526, Fig 1; b-min-sep: App D, Fig 6) at
   the average rate p / b, for any lower-triangular non-negative C (``tff_mf.mmcc``)."""
   name: ClassVar[str] = "mmcc"
+  chosen_because: ClassVar[str] = "C has more than b bands"
   label: ClassVar[str] = "MMCC (Poisson sampling within residue classes)"
   theorem: ClassVar[str] = "Choquette-Choo et al. 2024 (MMCC), arXiv:2310.15526, Fig 1 and App D"
   non_adaptive: bool = False  # the data are fixed in advance (signed or non-triangular C)
@@ -552,6 +556,7 @@ class AdaptiveClipping(Analysis):
   et al. 2021, arXiv:1905.03871): one Gaussian at 1/μ, μ² = (sens/z)² + k·(½/σ_b)²; the
   record is built by ``tff_mf.mechanisms`` (``tff_mf.adaptive_clipping``)."""
   name: ClassVar[str] = "adaptive"
+  counts_clipping: ClassVar[bool] = True
   label: ClassVar[str] = ("unamplified Gaussian at z / sensitivity composed with the adaptive "
                           "clip norm's count queries (one Gaussian at 1/mu)")
   selectable: ClassVar[bool] = False
@@ -619,17 +624,27 @@ def analysis_class(name: Optional[str]) -> type:
   return REGISTRY[name]
 
 
+def takes(cls: type, option: str) -> bool:
+  """Whether analysis class ``cls`` holds ``option`` (one of its fields)."""
+  return option in {f.name for f in dataclasses.fields(cls)}
+
+
 def make(name: Optional[str], **options) -> Analysis:
   """The analysis ``name`` holding those of ``options`` that are its own fields."""
   cls = analysis_class(name)
-  own = {f.name for f in dataclasses.fields(cls)}
-  return cls(**{k: v for k, v in options.items() if k in own})
+  return cls(**{k: v for k, v in options.items() if takes(cls, k)})
 
 
 def described(name: Optional[str]) -> Optional[Analysis]:
   """The registered analysis a record names (None when none is), for its words."""
   cls = REGISTRY.get(name) if isinstance(name, str) else None
   return None if cls is None else cls()
+
+
+def counts_clipping(record: Mapping[str, Any]) -> bool:
+  """Whether the analysis a record names also accounts adaptive clipping's count queries."""
+  analysis = described(record.get("analysis"))
+  return analysis is not None and analysis.counts_clipping
 
 
 def automatic(encoder: np.ndarray, schema) -> str:

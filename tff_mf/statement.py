@@ -359,7 +359,7 @@ def privacy_statement(record: Any, *, schema=None,
   n = _rounds(record, setup)
   covers = COVERS_RUN if run else (COVERS_ACCOUNT.format(n=n) if n is not None
                                    else COVERS_ACCOUNT_ANY_N)
-  adaptive = record.get("analysis") == "adaptive" or setup.get("clip_norm") == "adaptive"
+  adaptive = analyses.counts_clipping(record) or setup.get("clip_norm") == "adaptive"
   table = epsilon_table(record) if eps is not None else []
   out = {"setup": setup_words(record, setup, run),
          "unit": UNIT_ADAPTIVE if adaptive else UNIT,
