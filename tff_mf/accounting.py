@@ -73,6 +73,7 @@ from tff_mf import analyses
 from tff_mf import checks
 from tff_mf.analyses import RDP_ORDERS  # pylint: disable=unused-import
 from tff_mf.analyses import band_count  # pylint: disable=unused-import
+from tff_mf.analyses import check_encoder
 from tff_mf.analyses import mmcc_details  # pylint: disable=unused-import
 from tff_mf.analyses import poisson_sensitivity  # pylint: disable=unused-import
 from tff_mf.analyses import sampling_min_sep  # pylint: disable=unused-import
@@ -228,18 +229,6 @@ def _search(eps_of: Callable[[float], float], target: float, hi: float, toleranc
 _check_schema = analyses.check_schema
 
 
-def check_encoder(c, name: str = "C") -> np.ndarray:
-  """A 2-D real finite float64 C with m ≥ n ≥ 1 rows and columns, not all zero."""
-  c = checks.matrix(c, name)
-  m, n = c.shape
-  if m < n:
-    raise checks.CheckError(f"{name} must have at least as many rows as columns (one column "
-                            f"per round), got shape {c.shape}")
-  if not np.any(c):
-    raise checks.CheckError(f"{name} is all zeros")
-  return c
-
-
 # ----------------------------------------------------------------------------- ε of a run
 
 
@@ -315,17 +304,18 @@ def calibrate(c: Optional[np.ndarray], schema, target_epsilon: float, delta: flo
     c = check_encoder(c)
   if c is None and analysis.amplified:
     raise checks.CheckError(f"amplification {analysis.name!r} needs the encoder C")
-  # The unamplified calibration passes for every analysis (each reports at most the
-  # unamplified bound), so it is where the search starts; for the unamplified analysis
-  # it is the answer.
+  # The unamplified calibration passes for every registered analysis (each reports at most
+  # the unamplified bound), so it is where the search starts; for the unamplified analysis
+  # it is the answer. Whatever the analysis, the z returned was evaluated to pass.
   options = dict(options)
   sens = analysis().search_sensitivity(c, schema, options)
   hi = calibrate_noise_multiplier(target, delta, accountant, tolerance, sensitivity=sens)
-  if not analysis.amplified:
+  if not analysis.amplified:  # the Gaussian's calibration is the answer when its ε passes
     record = epsilon_for(c, schema, hi, delta, analysis.name, sampling_prob, accountant,
                          **options)
-    record.update(target_epsilon=target, tolerance=tolerance)
-    return record
+    if record["epsilon"] <= target:
+      record.update(target_epsilon=target, tolerance=tolerance)
+      return record
   records: Dict[float, Dict[str, Any]] = {}
   mmcc_options = options.get("mmcc_options") or {}
   bar = _SearchBar(bool(mmcc_options.get("progress")), target, tolerance)

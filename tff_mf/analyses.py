@@ -144,6 +144,18 @@ def check_schema(schema):
   return schema  # its class checked its parameters when it was built
 
 
+def check_encoder(c, name: str = "C") -> np.ndarray:
+  """A 2-D real finite float64 C with m ≥ n ≥ 1 rows and columns, not all zero."""
+  c = checks.matrix(c, name)
+  m, n = c.shape
+  if m < n:
+    raise checks.CheckError(f"{name} must have at least as many rows as columns (one column "
+                            f"per round), got shape {c.shape}")
+  if not np.any(c):
+    raise checks.CheckError(f"{name} is all zeros")
+  return c
+
+
 def sensitivity_report(c: Optional[np.ndarray], schema) -> Dict[str, Any]:
   """{value, exact, method}: the sensitivity of C under ``schema`` (tff_mf.participation)."""
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
@@ -239,14 +251,21 @@ class Analysis:
              delta: float, accountant_name: str, sampling_prob: Optional[float],
              known_sensitivity: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """``record`` completed with ``epsilon`` and what it rests on (checked inputs)."""
-    raise NotImplementedError(f"analysis {self.name!r} computes no record here")
+    raise checks.CheckError(f"analysis {self.name!r} gives no epsilon of its own here")
 
   def epsilon(self, c: Optional[np.ndarray], schema, noise_multiplier: float, delta: float,
               accountant_name: str = "exact", sampling_prob: Optional[float] = None) -> float:
-    """ε at δ (an upper bound when ``bound``) of the run."""
-    base = {"noise_multiplier": noise_multiplier, "delta": delta, "analysis": self.name}
-    return self.record(base, c, check_schema(schema), noise_multiplier, delta,
-                       accountant_name, sampling_prob, None)["epsilon"]
+    """ε at δ of the run: an upper bound (``bound``), every input checked here."""
+    z = checks.noise_multiplier(noise_multiplier, "noise_multiplier")
+    delta = checks.delta(delta, "delta")
+    accountant(accountant_name)
+    schema = check_schema(schema)
+    if c is not None:
+      c = check_encoder(c)
+      schema.check(c.shape[1])
+    base = {"noise_multiplier": z, "delta": delta, "analysis": self.name}
+    return self.record(base, c, schema, z, delta, accountant_name, sampling_prob,
+                       None)["epsilon"]
 
   def search_sensitivity(self, c: np.ndarray, schema,
                          options: Dict[str, Any]) -> float:
@@ -583,6 +602,11 @@ class MonteCarlo(Analysis):
   bound: ClassVar[bool] = False
   selectable: ClassVar[bool] = False
   samples: int = 1_000_000
+
+  def record(self, record, c, schema, z, delta, accountant_name, sampling_prob,
+             known_sensitivity):
+    raise checks.CheckError("monte_carlo is an ESTIMATE, not an upper bound: never a run's "
+                            "epsilon (its estimate() is reported beside the bounds)")
 
   def estimate(self, c, sampling_prob: float, noise_multiplier: float, delta: float,
                min_sep: int) -> Dict[str, Any]:
