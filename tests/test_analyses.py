@@ -139,3 +139,16 @@ def test_a_new_analysis_is_one_class_and_the_statement_reads_its_words(monkeypat
   assert "DOUBLED-WORDS at z/sens" in text
   calibrated = accounting.calibrate(c, participation.SINGLE, 1.0, DELTA, Doubled.name)
   assert calibrated["epsilon"] <= 1.0  # the one search, for the new analysis too
+
+
+def test_calibration_takes_the_analysis_object():
+  """The one search, given the object or its name with the same options, finds the same z."""
+  n, b, grid = 6, 2, 1e-2
+  schema = participation.from_args("min_sep", n, min_sep=b)
+  c = _prefix_sqrt(n)
+  by_name = accounting.calibrate(c, schema, 2.0, DELTA, "mmcc", 0.5, tolerance=1e-2,
+                                 pld_discretization=grid)
+  by_object = accounting.calibrate(c, schema, 2.0, DELTA, analyses.MMCC(pld_discretization=grid),
+                                   0.5, tolerance=1e-2)
+  assert by_object["noise_multiplier"] == by_name["noise_multiplier"]
+  assert by_object["epsilon"] <= 2.0 and by_object["analysis"] == "mmcc"

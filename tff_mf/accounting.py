@@ -249,6 +249,7 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
     amplification: None / "none" (one Gaussian at z / sensitivity), "mmcc" (MMCC), "banded"
       (amplified banded): a min_sep or fixed_epoch schema (``sampling_min_sep``) and
       ``sampling_prob``; "random_allocation": the random_allocation schema (never fixed-bin).
+      Or the ``tff_mf.analyses.Analysis`` object itself, holding its own options.
     sampling_prob: p in (0, 1], the probability that a user joins a round it is
       eligible for (amplified analyses only).
     accountant: accountant of the unamplified Gaussian ("exact", "pld" or "rdp").
@@ -308,10 +309,10 @@ def calibrate(c: Optional[np.ndarray], schema, target_epsilon: float, delta: flo
   # the unamplified bound), so it is where the search starts; for the unamplified analysis
   # it is the answer. Whatever the analysis, the z returned was evaluated to pass.
   options = dict(options)
-  sens = analysis().search_sensitivity(c, schema, options)
+  sens = analyses.make(amplification).search_sensitivity(c, schema, options)
   hi = calibrate_noise_multiplier(target, delta, accountant, tolerance, sensitivity=sens)
   if not analysis.amplified:  # the Gaussian's calibration is the answer when its ε passes
-    record = epsilon_for(c, schema, hi, delta, analysis.name, sampling_prob, accountant,
+    record = epsilon_for(c, schema, hi, delta, amplification, sampling_prob, accountant,
                          **options)
     if record["epsilon"] <= target:
       record.update(target_epsilon=target, tolerance=tolerance)
@@ -323,7 +324,7 @@ def calibrate(c: Optional[np.ndarray], schema, target_epsilon: float, delta: flo
     options = dict(options, mmcc_options=dict(mmcc_options, progress=False))
 
   def eps_of(z):
-    records[z] = epsilon_for(c, schema, z, delta, analysis.name, sampling_prob, accountant,
+    records[z] = epsilon_for(c, schema, z, delta, amplification, sampling_prob, accountant,
                              **options)
     bar.probed(z, records[z]["epsilon"])
     return records[z]["epsilon"]

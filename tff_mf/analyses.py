@@ -639,8 +639,11 @@ SELECTABLE = tuple(name for name, cls in REGISTRY.items() if cls.selectable and 
 AUTOMATIC = (RandomAllocation, AmplifiedBanded, MMCC)
 
 
-def analysis_class(name: Optional[str]) -> type:
-  """The selectable analysis called ``name`` (None: "none"); CheckError otherwise."""
+def analysis_class(name) -> type:
+  """The selectable analysis called ``name`` (None: "none"; an ``Analysis``: its class);
+  CheckError otherwise."""
+  if isinstance(name, Analysis):
+    name = name.name
   name = "none" if name is None else name
   if name not in SELECTABLE:
     raise checks.CheckError(f"amplification must be one of {', '.join(SELECTABLE)} (or None), "
@@ -653,9 +656,12 @@ def takes(cls: type, option: str) -> bool:
   return option in {f.name for f in dataclasses.fields(cls)}
 
 
-def make(name: Optional[str], **options) -> Analysis:
-  """The analysis ``name`` holding those of ``options`` that are its own fields."""
+def make(name, **options) -> Analysis:
+  """The analysis ``name`` holding those of ``options`` that are its own fields (an
+  ``Analysis`` given instead of a name is used as it is, with its own options)."""
   cls = analysis_class(name)
+  if isinstance(name, Analysis):
+    return name
   return cls(**{k: v for k, v in options.items() if takes(cls, k)})
 
 
