@@ -210,3 +210,75 @@ def test_participation_kinds_are_compared_by_name_in_few_places():
       f"{len(found)} comparisons against a participation kind's name outside "
       f"tff_mf.participation (at most {MAX_KIND_NAME_COMPARISONS}); ask the kind instead "
       f"(a method or attribute of its class): {found}")
+
+
+# Analyses own their words and rules (tff_mf.analyses): at most this many comparisons against
+# an analysis's or a Gaussian accountant's name remain outside that module.
+MAX_ANALYSIS_NAME_COMPARISONS = 2
+ANALYSIS_NAMES = ("none", "mmcc", "banded", "random_allocation", "adaptive", "monte_carlo",
+                  "exact", "pld", "rdp", "auto")
+# Operands that hold an analysis's or an accountant's name.
+ANALYSIS_HOLDERS = ("analysis", "amplification", "accountant", "unamplified_accountant")
+
+
+def _holds_analysis(node):
+  """Whether ``node`` reads an analysis or accountant name: a variable or attribute so called,
+  or ``record["analysis"]`` / ``record.get("analysis")``."""
+  if _operand_name(node) in ANALYSIS_HOLDERS:
+    return True
+  if isinstance(node, ast.Subscript):
+    key = node.slice
+    return isinstance(key, ast.Constant) and key.value in ANALYSIS_HOLDERS
+  if isinstance(node, ast.Call) and _operand_name(node.func) == "get" and node.args:
+    key = node.args[0]
+    return isinstance(key, ast.Constant) and key.value in ANALYSIS_HOLDERS
+  return False
+
+
+def _spells_analysis(node):
+  if isinstance(node, ast.Constant):
+    return node.value in ANALYSIS_NAMES
+  if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+    return any(isinstance(e, ast.Constant) and e.value in ANALYSIS_NAMES for e in node.elts)
+  return False
+
+
+def _compares_analysis(node):
+  """Whether ``node`` is ==, !=, in or not in between an analysis operand and a name."""
+  if not isinstance(node, ast.Compare) or not any(
+      isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops):
+    return False
+  operands = [node.left] + node.comparators
+  return any(map(_holds_analysis, operands)) and any(map(_spells_analysis, operands))
+
+
+def analysis_name_comparisons():
+  """``file:line`` of every ==, !=, in, not in between an analysis (or accountant) operand and
+  an analysis's name, outside tff_mf/analyses.py."""
+  found = []
+  for top in ("tff_mf", "training", "stackoverflow", "benchmarks", "scripts", "examples"):
+    for root, _, files in os.walk(os.path.join(REPO, top)):
+      for name in sorted(files):
+        path = os.path.join(root, name)
+        rel = os.path.relpath(path, REPO)
+        if not name.endswith(".py") or rel == os.path.join("tff_mf", "analyses.py"):
+          continue
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        found += [f"{rel}:{node.lineno}" for node in ast.walk(tree) if _compares_analysis(node)]
+  return found
+
+
+def test_analyses_are_compared_by_name_in_few_places():
+  found = analysis_name_comparisons()
+  assert len(found) <= MAX_ANALYSIS_NAME_COMPARISONS, (
+      f"{len(found)} comparisons against an analysis's or accountant's name outside "
+      f"tff_mf.analyses (at most {MAX_ANALYSIS_NAME_COMPARISONS}); ask the analysis instead "
+      f"(an attribute or method of its class in tff_mf.analyses.REGISTRY): {found}")
+
+
+def test_the_analysis_count_sees_a_comparison():
+  """The counter finds the forms it is meant to find (so a zero is not blindness)."""
+  code = ('a = analysis == "mmcc"\nb = record["analysis"] in ("banded", "mmcc")\n'
+          'c = r.get("accountant") != "exact"\nd = strategy == "banded"\n')
+  hits = [n.lineno for n in ast.walk(ast.parse(code)) if _compares_analysis(n)]
+  assert sorted(hits) == [1, 2, 3]

@@ -4,7 +4,9 @@ A run releases C·G + Z with noise std z (the noise multiplier, in units of the 
 norm) and the encoder C used as given (cached and built-in encoders are normalized to
 max column norm γ(C) = 1, Denisov et al. 2022, arXiv:2202.08312, App I). Every ε
 returned here is an upper bound on the run's ε at δ (add/remove-one adjacency,
-equivalently replace-with-zero). Three analyses (``epsilon_for``):
+equivalently replace-with-zero). Each analysis and each Gaussian accountant is one
+object of ``tff_mf.analyses`` (its registry names them; this module dispatches through
+it and keeps the functional API). The analyses (``epsilon_for``):
 
 - ``"none"`` (no amplification): the run is dominated by ONE Gaussian mechanism with
   multiplier z / sens, sens the sensitivity of C under the participation schema
@@ -54,8 +56,8 @@ The single Gaussian mechanism has three accountants:
   ``PLD_MAX_POINTS`` grid points: a coarser pessimistic grid is still an upper bound);
 - ``"rdp"``: Rényi DP converted to (ε, δ), the loosest.
 
-``calibrate`` (and ``calibrate_noise_multiplier`` for one Gaussian) searches for the
-smallest z, to a relative tolerance, whose ε does not exceed a target, always
+``calibrate`` (and ``calibrate_noise_multiplier`` for one Gaussian) runs the one search
+(``_search``) for the smallest z, to a relative tolerance, whose ε does not exceed a target, always
 returning a z whose ε was evaluated to be at most the target.
 """
 
@@ -67,59 +69,25 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
+from tff_mf import analyses
 from tff_mf import checks
-from tff_mf import gaussian
+from tff_mf.analyses import RDP_ORDERS  # pylint: disable=unused-import
+from tff_mf.analyses import band_count  # pylint: disable=unused-import
+from tff_mf.analyses import check_encoder
+from tff_mf.analyses import mmcc_details  # pylint: disable=unused-import
+from tff_mf.analyses import poisson_sensitivity  # pylint: disable=unused-import
+from tff_mf.analyses import sampling_min_sep  # pylint: disable=unused-import
+from tff_mf.analyses import sensitivity_report  # pylint: disable=unused-import
 from tff_mf.gaussian import PLD_DISCRETIZATION
 from tff_mf.gaussian import AccountingError
-from tff_mf.gaussian import gaussian_epsilon_exact
-from tff_mf.gaussian import pld_gaussian_epsilon
 
-ACCOUNTANTS = ("exact", "pld", "rdp")
+# The names of the registered analyses (``tff_mf.analyses``): its registry is their one home.
+ACCOUNTANTS = tuple(analyses.ACCOUNTANTS)
 DEFAULT_ACCOUNTANT = "exact"
-ANALYSES = ("none", "mmcc", "banded", "random_allocation")
-
-# Rényi orders for the RDP accountant: dense at small orders, geometric above.
-RDP_ORDERS = tuple(np.concatenate([
-    np.linspace(1.01, 8.0, 100), np.geomspace(8.0, 10000.0, 200)[1:]]).tolist())
+ANALYSES = analyses.SELECTABLE
 
 # Largest noise multiplier calibration searches (above it ε = 0 for every δ ≥ 1e-300).
 _MAX_NOISE_MULTIPLIER = 1e300
-
-THEOREMS = {
-    "single": "Denisov et al. 2022, arXiv:2202.08312, Thm 4.1: one Gaussian mechanism with "
-              "multiplier z / sensitivity",
-    "multi": "Choquette-Choo et al. 2023, arXiv:2211.06530: one Gaussian mechanism with "
-             "multiplier z / sensitivity under the participation schema",
-    "mmcc": "Choquette-Choo et al. 2024 (MMCC), arXiv:2310.15526, Fig 1 and App D",
-    "banded": "Choquette-Choo et al. 2023, arXiv:2306.08153, Thm 4: ceil(n/b)-fold composition "
-              "of the Poisson-subsampled Gaussian with multiplier z / max column norm",
-    "balls_in_bins": "one Gaussian mechanism with multiplier z / sensitivity over the b-cyclic "
-                     "patterns {j, j+b, ...} of fixed-bin balls-in-bins (Chua et al. 2024, "
-                     "arXiv:2410.06266, arXiv:2412.16802), the bin given: not amplified",
-    "random_allocation_schema": "one Gaussian mechanism with multiplier z / sensitivity over "
-                                "every pattern of one round per epoch (random allocation, "
-                                "arXiv:2412.16802), unamplified",
-    "random_allocation": "random-allocation amplification: Renyi divergence bounds of the pair "
-                         "N(0, z^2 I) vs E_pi N(C 1_pi, z^2 I) at integer orders (collision "
-                         "dynamic program and decoupling for remove, Jensen for add), after "
-                         "Schuchardt & Kalinin 2026, arXiv:2601.21636, Sec 3; converted by "
-                         "Canonne, Kamath, Steinke 2020, arXiv:2004.00010, Prop 12",
-    "random_allocation_pld": "random-allocation privacy-loss distribution for C = a I (Feldman "
-                             "& Shenfeld 2026, arXiv:2602.17284): the law of the likelihood "
-                             "ratio on a geometric grid, every loss rounded up, epochs "
-                             "composed by dp_accounting's pessimistic PLDs",
-}
-# What an unamplified record of these schemas leaves out (said with every such ε).
-NOT_AMPLIFIED = {
-    "balls_in_bins": "not amplified: the un-amplified bound of fixed-bin balls-in-bins (the "
-                     "user's rounds given its bin, b apart); the secrecy of the bin would only "
-                     "lower epsilon, and no amplified bound for the fixed-bin scheme is "
-                     "computed here (the random-allocation bound does not apply to it)",
-    "random_allocation": "unamplified bound; amplification 'random_allocation' "
-                         "(tff_mf.random_allocation, after arXiv:2601.21636) bounds random "
-                         "allocation with amplification",
-}
-
 
 # ----------------------------------------------------------------------------- checks
 
@@ -135,9 +103,7 @@ def check_noise_multiplier(noise_multiplier, name: str = "noise_multiplier") -> 
 
 
 def check_accountant(accountant: str) -> str:
-  if accountant not in ACCOUNTANTS:
-    raise checks.CheckError(f"accountant must be one of {', '.join(ACCOUNTANTS)}, "
-                            f"got {accountant!r}")
+  analyses.accountant(accountant)
   return accountant
 
 
@@ -151,25 +117,6 @@ def _check_target(target_epsilon) -> float:
 
 def _check_tolerance(tolerance) -> float:
   return checks.in_range(tolerance, "tolerance", 0.0, 1.0, low_open=True, high_open=True)
-
-
-def _multiplier(noise_multiplier: float, sensitivity: float) -> float:
-  """z / sens, the multiplier of the unit-sensitivity Gaussian (0 when it underflows)."""
-  return noise_multiplier / sensitivity
-
-
-# ----------------------------------------------------------------------------- RDP
-
-
-def _rdp_epsilon(multiplier: float, delta: float) -> float:
-  import dp_accounting  # pylint: disable=g-import-not-at-top
-  acc = dp_accounting.rdp.RdpAccountant(orders=list(RDP_ORDERS))
-  acc.compose(dp_accounting.GaussianDpEvent(multiplier))
-  with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-    eps = float(acc.get_epsilon(delta))
-  if math.isnan(eps):
-    return math.inf
-  return max(eps, 0.0)
 
 
 def epsilon(noise_multiplier: float, delta: float, accountant: str = DEFAULT_ACCOUNTANT,
@@ -186,18 +133,7 @@ def epsilon(noise_multiplier: float, delta: float, accountant: str = DEFAULT_ACC
   delta = check_delta(delta)
   check_accountant(accountant)
   sens = check_sensitivity(sensitivity)
-  m = _multiplier(z, sens)
-  if m == 0.0:
-    return math.inf
-  if accountant == "exact":
-    return gaussian_epsilon_exact(z, delta, sensitivity=sens)
-  if accountant == "pld":
-    try:
-      return pld_gaussian_epsilon(m, delta)[0]
-    except AccountingError as e:
-      exact = gaussian_epsilon_exact(z, delta, sensitivity=sens)
-      raise AccountingError(f"{e}; the exact accountant gives epsilon = {exact:.6g}") from None
-  return _rdp_epsilon(m, delta)
+  return analyses.gaussian_epsilon(z, delta, accountant, sens)
 
 
 # ----------------------------------------------------------------------------- calibration
@@ -223,7 +159,7 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float,
   else:
     tolerance = checks.positive_float(tolerance, "tolerance")
   start = None
-  if accountant != "exact":
+  if not analyses.accountant(accountant).exact:
     start, _ = _search(lambda z: epsilon(z, delta, "exact", sensitivity=sens), target, sens,
                        1e-9)
   z, _ = _search(lambda z: epsilon(z, delta, accountant, sensitivity=sens), target,
@@ -290,103 +226,10 @@ def _search(eps_of: Callable[[float], float], target: float, hi: float, toleranc
 # ----------------------------------------------------------------------------- schemas and C
 
 
-def _check_schema(schema):
-  from tff_mf import participation  # pylint: disable=g-import-not-at-top
-  if schema is None:
-    return participation.SINGLE
-  if isinstance(schema, dict):
-    schema = participation.from_dict(schema)
-  if not isinstance(schema, participation.Participation):
-    raise checks.CheckError(f"schema must be a tff_mf.participation.Participation, got "
-                            f"{schema!r}")
-  if schema.kind not in participation.KINDS:
-    raise checks.CheckError(f"participation must be one of {', '.join(participation.KINDS)}, "
-                            f"got {schema.kind!r}")
-  return schema  # its class checked its parameters when it was built
-
-
-def check_encoder(c, name: str = "C") -> np.ndarray:
-  """A 2-D real finite float64 C with m ≥ n ≥ 1 rows and columns, not all zero."""
-  c = checks.matrix(c, name)
-  m, n = c.shape
-  if m < n:
-    raise checks.CheckError(f"{name} must have at least as many rows as columns (one column "
-                            f"per round), got shape {c.shape}")
-  if not np.any(c):
-    raise checks.CheckError(f"{name} is all zeros")
-  return c
-
-
-def sensitivity_report(c: Optional[np.ndarray], schema) -> Dict[str, Any]:
-  """{value, exact, method}: the sensitivity of C under ``schema`` (tff_mf.participation)."""
-  from tff_mf import participation  # pylint: disable=g-import-not-at-top
-  schema = _check_schema(schema)
-  if c is None:
-    if not schema.at_most_once:
-      raise checks.CheckError(f"{schema.kind} participation needs the encoder C (a matrix or "
-                              "a mechanism) to compute its sensitivity")
-    return {"value": 1.0, "exact": True,
-            "method": "C normalized to max column norm 1 (Denisov et al. 2022, App I)"}
-  report = participation.sensitivity_report(c, schema)
-  value = checks.positive_float(report["value"], f"sensitivity under {schema.label}")
-  return {"value": value, "exact": bool(report.get("exact", False)),
-          "method": str(report.get("method", ""))}
-
-
-def sampling_min_sep(schema, n: int) -> int:
-  """b of the Poisson sampling a schema describes for the amplified analyses.
-
-  ``min_sep`` b: each user joins the rounds of one residue class mod b (b = 1: every
-  round, i.i.d. sampling); ``fixed_epoch`` k: b = n/k rounds per epoch, one round per
-  epoch. A cap on participations below ⌈n/b⌉ is not Poisson sampling and is refused.
-  """
-  return _check_schema(schema).poisson_period(n, AccountingError)
-
-
-def poisson_sensitivity(c: np.ndarray, min_sep: int) -> Tuple[float, bool]:
-  """(sens, exact): sensitivity of C when a user joins every round of its residue class mod b.
-
-  sens² = max_r sup_{‖g_j‖ ≤ 1} ‖Σ_{j ≡ r} C_{:,j} g_jᵀ‖²_F ≤ max_r Σ_{j,j' ≡ r} |X_{jj'}|
-  with X = CᵀC (Cauchy-Schwarz on ⟨g_j, g_j'⟩); equality when X has no negative
-  entry on the class (all g_j equal), e.g. for every non-negative C. This is the
-  unamplified bound for the same sampling (every eligible round joined).
-  """
-  n = c.shape[1]
-  best = 0.0
-  exact = True
-  for r in range(min(min_sep, n)):
-    cols = c[:, r::min_sep]
-    x = cols.T @ cols
-    best = max(best, float(np.sum(np.abs(x))))
-    exact = exact and not np.any(x < 0)
-  return math.sqrt(best), exact
-
-
-def band_count(c: np.ndarray) -> int:
-  """Number of non-zero bands of C: max over C[i, j] ≠ 0 of (release round of row i) − j + 1.
-
-  Row i of a square C is released in round i (C must be lower triangular); a C with
-  more rows than rounds has its rows in release order, row i released in the round of
-  its last non-zero column (``tff_mf.mmcc.release_rounds``).
-  """
-  from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
-  rounds = mmcc.release_rounds(c)
-  rows, cols = np.nonzero(c)
-  if rows.size == 0:
-    return 0
-  return int(np.max(rounds[rows] - cols)) + 1
+_check_schema = analyses.check_schema
 
 
 # ----------------------------------------------------------------------------- ε of a run
-
-
-def _analysis(amplification) -> str:
-  if amplification is None:
-    return "none"
-  if amplification not in ANALYSES:
-    raise checks.CheckError(f"amplification must be one of {', '.join(ANALYSES)} (or None), "
-                            f"got {amplification!r}")
-  return amplification
 
 
 def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta: float,
@@ -406,6 +249,7 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
     amplification: None / "none" (one Gaussian at z / sensitivity), "mmcc" (MMCC), "banded"
       (amplified banded): a min_sep or fixed_epoch schema (``sampling_min_sep``) and
       ``sampling_prob``; "random_allocation": the random_allocation schema (never fixed-bin).
+      Or the ``tff_mf.analyses.Analysis`` object itself, holding its own options.
     sampling_prob: p in (0, 1], the probability that a user joins a round it is
       eligible for (amplified analyses only).
     accountant: accountant of the unamplified Gaussian ("exact", "pld" or "rdp").
@@ -424,161 +268,20 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
   sensitivity), the schema, and for amplified analyses ``amplified_epsilon``,
   ``unamplified_epsilon`` and ``bound`` (which of the two valid bounds is reported).
   """
-  analysis = _analysis(amplification)
+  analysis = analyses.make(amplification, pld_discretization=pld_discretization,
+                           non_adaptive=non_adaptive, mmcc_options=mmcc_options)
   z = check_noise_multiplier(noise_multiplier)
   delta = check_delta(delta)
   check_accountant(accountant)
   schema = _check_schema(schema)
-  record: Dict[str, Any] = {"noise_multiplier": z, "delta": delta, "analysis": analysis,
+  record: Dict[str, Any] = {"noise_multiplier": z, "delta": delta, "analysis": analysis.name,
                             "participation": schema.label, "schema": schema.as_dict()}
   if c is not None:
     c = check_encoder(c)
     record["m"], record["n"] = int(c.shape[0]), int(c.shape[1])
     schema.check(c.shape[1])
-  if analysis == "none":
-    return _unamplified_record(record, c, schema, z, delta, accountant, sampling_prob,
-                               known_sensitivity)
-  if analysis == "random_allocation":
-    return _random_allocation_record(record, c, schema, z, delta, accountant, sampling_prob,
-                                     known_sensitivity)
-  if c is None:
-    raise checks.CheckError(f"amplification {analysis!r} needs the encoder C (a matrix or a "
-                            "mechanism)")
-  if sampling_prob is None:
-    raise checks.CheckError(f"amplification {analysis!r} needs sampling_prob")
-  p = checks.probability(sampling_prob, "sampling_prob")
-  pld_discretization = checks.positive_float(pld_discretization, "pld_discretization")
-  n = c.shape[1]
-  b = sampling_min_sep(schema, n)
-  if schema.for_rounds(n) != schema:  # min_sep without its cap: the ⌈n/b⌉ that fit
-    schema = schema.for_rounds(n)
-    record.update(participation=schema.label, schema=schema.as_dict())
-  sens, sens_exact = poisson_sensitivity(c, b)
-  unamplified = epsilon(z, delta, accountant, sensitivity=sens)
-  record.update(sampling_prob=p, min_sep=b, sensitivity=sens, sensitivity_exact=sens_exact,
-                sensitivity_method=f"every round of a residue class mod {b} joined: "
-                                   "sqrt(max_r sum |X_jj'|) over the class, X = C^T C",
-                unamplified_epsilon=unamplified, unamplified_accountant=accountant,
-                exact=False, theorem=THEOREMS[analysis])
-  if analysis == "banded":
-    amplified = _banded_epsilon(record, c, b, z, delta, p, pld_discretization, unamplified)
-  else:
-    amplified = _mmcc_epsilon(record, c, b, z, delta, p, pld_discretization, unamplified,
-                              non_adaptive, mmcc_options)
-  record["amplified_epsilon"] = amplified
-  record["bound"] = "amplified" if amplified <= unamplified else "unamplified"
-  record["epsilon"] = min(amplified, unamplified)
-  return record
-
-
-def _unamplified_record(record: Dict[str, Any], c: Optional[np.ndarray], schema, z: float,
-                        delta: float, accountant: str, sampling_prob: Optional[float],
-                        known_sensitivity: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-  """``epsilon_for`` without amplification: one Gaussian at z / sensitivity under the schema."""
-  if sampling_prob is not None:
-    raise checks.CheckError("sampling_prob applies only to the amplified analyses "
-                            "(amplification 'mmcc' or 'banded')")
-  report = known_sensitivity if known_sensitivity is not None else sensitivity_report(c, schema)
-  eps = epsilon(z, delta, accountant, sensitivity=report["value"])
-  record.update(epsilon=eps, accountant=accountant, sensitivity=report["value"],
-                sensitivity_exact=report["exact"], sensitivity_method=report["method"],
-                exact=bool(accountant == "exact" and report["exact"]),
-                theorem=THEOREMS[{"single": "single", "balls_in_bins": "balls_in_bins",
-                                  "random_allocation": "random_allocation_schema"}.get(
-                    schema.kind, "multi")])
-  if schema.kind in NOT_AMPLIFIED:
-    record["amplification"] = NOT_AMPLIFIED[schema.kind]
-  return record
-
-
-def _random_allocation_record(record: Dict[str, Any], c: Optional[np.ndarray], schema,
-                              z: float, delta: float, accountant: str,
-                              sampling_prob: Optional[float],
-                              known_sensitivity: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-  """``epsilon_for`` amplified by random allocation (``tff_mf.random_allocation``), and the
-  unamplified bound for the same schema: the smaller is reported."""
-  from tff_mf import random_allocation  # pylint: disable=g-import-not-at-top
-  if c is None:
-    raise checks.CheckError("amplification 'random_allocation' needs the encoder C (a matrix "
-                            "or a mechanism)")
-  if not schema.allocation_amplified:
-    raise checks.CheckError(f"amplification 'random_allocation' analyzes random_allocation "
-                            f"participation (a new random round each epoch), not "
-                            f"{schema.describe()}")
-  if sampling_prob is not None:
-    raise checks.CheckError("sampling_prob does not apply to random_allocation (every user "
-                            "joins one round of each epoch)")
-  report = known_sensitivity if known_sensitivity is not None else sensitivity_report(c, schema)
-  sens = float(report["value"])
-  unamplified = epsilon(z, delta, accountant, sensitivity=sens)
-  bound = random_allocation.epsilon(c, schema.epochs, z, delta, sensitivity=sens)
-  amplified = bound.pop("epsilon")
-  record.update(sensitivity=sens, sensitivity_exact=report["exact"],
-                sensitivity_method=report["method"], unamplified_epsilon=unamplified,
-                unamplified_accountant=accountant, amplified_epsilon=amplified,
-                theorem=THEOREMS["random_allocation"], random_allocation=bound)
-  record["bound"] = "amplified" if amplified <= unamplified else "unamplified"
-  record["epsilon"] = min(amplified, unamplified)
-  if record["bound"] == "amplified":  # else ε is the unamplified accountant's, as recorded
-    pld = bound["method"] == "pld"
-    record.update(accountant="pld" if pld else "rdp", exact=False)
-    if pld:
-      record["theorem"] = THEOREMS["random_allocation_pld"]
-  return record
-
-
-def _banded_epsilon(record: Dict[str, Any], c: np.ndarray, b: int, z: float, delta: float,
-                    p: float, pld_discretization: float, unamplified: float) -> float:
-  """Amplified banded ε (arXiv:2306.08153 Thm 4): ⌈n/b⌉-fold Poisson-subsampled Gaussian."""
-  bands = band_count(c)
-  if bands > b:
-    raise AccountingError(
-        f"the amplified banded analysis needs C with at most b = {b} non-zero bands (the "
-        f"sampling's min_sep); this C has {bands}. Use amplification 'mmcc' for other C")
-  gamma = checks.gamma(c)
-  rounds = -(-c.shape[1] // b)
-  try:
-    amplified, interval = pld_gaussian_epsilon(z / gamma, delta, p, rounds, pld_discretization)
-  except AccountingError as e:
-    raise AccountingError(f"{e}; the unamplified bound is epsilon = {unamplified:.6g}") from None
-  record.update(accountant="pld", bands=bands, compositions=rounds, column_norm=gamma,
-                pld_discretization=interval)
-  return amplified
-
-
-def _mmcc_epsilon(record: Dict[str, Any], c: np.ndarray, b: int, z: float, delta: float,
-                  p: float, pld_discretization: float, unamplified: float, non_adaptive: bool,
-                  mmcc_options: Optional[Dict[str, Any]]) -> float:
-  """MMCC ε (arXiv:2310.15526) at the average rate p / b of b-min-sep sampling."""
-  from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
-  options = dict(mmcc_options or {})
-  try:
-    result = mmcc.mmcc(c, p / b, z, delta, min_sep=b, non_adaptive=non_adaptive,
-                       pld_discretization=pld_discretization, **options)
-  except (mmcc.MMCCNumericError, ArithmeticError, RuntimeError, MemoryError) as e:
-    raise AccountingError(
-        f"MMCC could not analyze this run ({e}); the unamplified bound is epsilon = "
-        f"{unamplified:.6g}") from None
-  record.update(accountant="mmcc", mmcc=mmcc_details(result),
-                pld_discretization=result.pld_discretization)
-  return result.epsilon
-
-
-# MMCC's own fields that the record already holds under one name (epsilon is the
-# record's amplified_epsilon), and those renamed for the meaning they have in a record.
-_MMCC_SHARED = ("accountant", "delta", "epsilon", "min_sep", "n", "m", "noise_multiplier",
-                "pld_discretization")
-_MMCC_RENAMED = {
-    "sampling_prob": "average_sampling_rate",  # p / b, MMCC App D's p; the record's is p
-    "sensitivity": "column_norm",  # γ(C); the record's sensitivity is the unamplified one's
-    "unamplified_epsilon": "single_participation_reference_epsilon",  # not a bound here
-}
-
-
-def mmcc_details(result) -> Dict[str, Any]:
-  """MMCC's solver details for an ``epsilon_for`` record: each field once per meaning."""
-  return {_MMCC_RENAMED.get(k, k): v for k, v in result.as_dict().items()
-          if k not in _MMCC_SHARED}
+  return analysis.record(record, c, schema, z, delta, accountant, sampling_prob,
+                         known_sensitivity)
 
 
 def calibrate(c: Optional[np.ndarray], schema, target_epsilon: float, delta: float,
@@ -596,29 +299,24 @@ def calibrate(c: Optional[np.ndarray], schema, target_epsilon: float, delta: flo
   target = _check_target(target_epsilon)
   delta = check_delta(delta)
   tolerance = _check_tolerance(tolerance)
-  analysis = _analysis(amplification)
+  analysis = analyses.analysis_class(amplification)
   schema = _check_schema(schema)
   if c is not None:
     c = check_encoder(c)
-  # Validate everything once (cheaply) before searching.
-  if analysis == "none":
-    sens = sensitivity_report(c, schema)["value"]
-    z = calibrate_noise_multiplier(target, delta, accountant, tolerance, sensitivity=sens)
-    record = epsilon_for(c, schema, z, delta, analysis, sampling_prob, accountant, **options)
-    record.update(target_epsilon=target, tolerance=tolerance)
-    return record
-  if c is None:
-    raise checks.CheckError(f"amplification {analysis!r} needs the encoder C")
-  if analysis == "random_allocation":
-    known = options.pop("known_sensitivity", None) or sensitivity_report(c, schema)
-    options["known_sensitivity"] = known
-    sens = known["value"]
-  else:
-    b = sampling_min_sep(schema, c.shape[1])
-    sens, _ = poisson_sensitivity(c, b)
-  # The unamplified calibration passes for every analysis (each reports at most the
-  # unamplified bound), so it is where the search starts.
+  if c is None and analysis.amplified:
+    raise checks.CheckError(f"amplification {analysis.name!r} needs the encoder C")
+  # The unamplified calibration passes for every registered analysis (each reports at most
+  # the unamplified bound), so it is where the search starts; for the unamplified analysis
+  # it is the answer. Whatever the analysis, the z returned was evaluated to pass.
+  options = dict(options)
+  sens = analyses.make(amplification).search_sensitivity(c, schema, options)
   hi = calibrate_noise_multiplier(target, delta, accountant, tolerance, sensitivity=sens)
+  if not analysis.amplified:  # the Gaussian's calibration is the answer when its ε passes
+    record = epsilon_for(c, schema, hi, delta, amplification, sampling_prob, accountant,
+                         **options)
+    if record["epsilon"] <= target:
+      record.update(target_epsilon=target, tolerance=tolerance)
+      return record
   records: Dict[float, Dict[str, Any]] = {}
   mmcc_options = options.get("mmcc_options") or {}
   bar = _SearchBar(bool(mmcc_options.get("progress")), target, tolerance)
@@ -626,7 +324,7 @@ def calibrate(c: Optional[np.ndarray], schema, target_epsilon: float, delta: flo
     options = dict(options, mmcc_options=dict(mmcc_options, progress=False))
 
   def eps_of(z):
-    records[z] = epsilon_for(c, schema, z, delta, analysis, sampling_prob, accountant,
+    records[z] = epsilon_for(c, schema, z, delta, amplification, sampling_prob, accountant,
                              **options)
     bar.probed(z, records[z]["epsilon"])
     return records[z]["epsilon"]
@@ -691,7 +389,7 @@ def summary(noise_multiplier: float, delta: float, accountant: str = DEFAULT_ACC
       "participation": "single",
       "analysis": "none",
       "sensitivity": 1.0,
-      "exact": accountant == "exact",
+      "exact": analyses.accountant(accountant).exact,
       "theorem": "Denisov et al. 2022 Thm 4.1 (C normalized to sensitivity 1)",
   }
   if target_epsilon is not None:

@@ -87,6 +87,7 @@ def calibrate_bands(n: int, target_epsilon: float, delta: float, *, min_sep: int
   them, in increasing b), ``expected_participations`` E, and the inputs.
   """
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  from tff_mf import analyses  # pylint: disable=g-import-not-at-top
   from tff_mf import cache  # pylint: disable=g-import-not-at-top
   from tff_mf import factorization as fz  # pylint: disable=g-import-not-at-top
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
@@ -113,7 +114,7 @@ def calibrate_bands(n: int, target_epsilon: float, delta: float, *, min_sep: int
     spec = strategies.FactorizationSpec(workload=workload, strategy=strategy,
                                         participation=schema, bands=b)
     f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=progress)
-    record = accounting.calibrate(f.c, schema, target, delta, "banded", p_b,
+    record = accounting.calibrate(f.c, schema, target, delta, analyses.AmplifiedBanded.name, p_b,
                                   tolerance=tolerance)
     z = float(record["noise_multiplier"])
     rmse = fz.rmse(f.b, checks.gamma(f.c))
@@ -124,6 +125,6 @@ def calibrate_bands(n: int, target_epsilon: float, delta: float, *, min_sep: int
   return {"best": best.as_dict(), "candidates": [c.as_dict() for c in out],
           "expected_participations": expected, "n": n, "target_epsilon": target,
           "delta": delta, "min_sep": int(min_sep), "sampling_prob": p, "strategy": strategy,
-          "analysis": "banded", "theorem": accounting.THEOREMS["banded"],
+          "analysis": analyses.AmplifiedBanded.name, "theorem": analyses.AmplifiedBanded.theorem,
           "error": "z * rmse / expected_participations (jax_privacy BandMFConfig.rmse)"}
 

@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from tff_mf import analyses
 from tff_mf import checks
 from tff_mf import factorization as fz
 from tff_mf import participation as participation_lib
@@ -94,7 +95,7 @@ class PrivacyRecord:
       (``details["candidates"]``), None without δ.
     target_epsilon: the target z was calibrated to, or None.
     analysis: in words, the analysis that gave ``epsilon``.
-    bound: its key in ``tff_mf.statement.ANALYSIS_LABELS`` (none, banded, mmcc, adaptive).
+    bound: its analysis's name in ``tff_mf.analyses.REGISTRY`` (none, banded, mmcc, adaptive).
     details: the JSON-ready record a run writes (summary.json ``privacy``): the reported
       bound's fields, every candidate bound, notes; empty without δ.
     setup: what the privacy statement names beside ε (``tff_mf.statement.setup_words``):
@@ -284,10 +285,7 @@ def amplified_analysis(encoder: np.ndarray, schema: participation_lib.Participat
   random_allocation under random allocation; under cyclic Poisson sampling the amplified
   banded analysis when C has at most b bands (Choquette-Choo et al. 2023, arXiv:2306.08153,
   Thm 4), else MMCC (Choquette-Choo et al. 2024, arXiv:2310.15526)."""
-  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  if schema.allocation_amplified:
-    return "random_allocation"
-  return "banded" if accounting.band_count(encoder) <= schema.min_sep else "mmcc"
+  return analyses.automatic(encoder, schema)
 
 
 def run_privacy(encoder: np.ndarray, schema: participation_lib.Participation,
@@ -383,12 +381,12 @@ class _Run:
     from tff_mf import accounting  # pylint: disable=g-import-not-at-top
     args = (self.encoder, self.schema)
     analysis = amplified_analysis(self.encoder, self.schema)
-    if analysis == "random_allocation":
-      options = dict(amplification=analysis, accountant=self.accountant,
-                     known_sensitivity=self.report)
-    else:
+    if analyses.REGISTRY[analysis].poisson:
       options = dict(amplification=analysis, sampling_prob=self.sampling_prob,
                      accountant=self.accountant, mmcc_options=self.mmcc_options)
+    else:
+      options = dict(amplification=analysis, accountant=self.accountant,
+                     known_sensitivity=self.report)
     try:
       if target is not None:
         return accounting.calibrate(*args, target, self.delta, **options), ""
@@ -411,10 +409,10 @@ class _Run:
     candidates = [plain] + ([amplified] if amplified is not None else [])
     best = dict(min(candidates, key=lambda r: r["epsilon"]))
     best.update(candidates=[_candidate(r) for r in candidates], notes=notes,
-                analysis_label=statement.ANALYSIS_LABELS[best["analysis"]])
+                analysis_label=analyses.REGISTRY[best["analysis"]].label)
     if self.sampling_prob is not None:  # the sampling, whichever bound is reported
       best.setdefault("sampling_prob", self.sampling_prob)
-    if best["analysis"] in ("banded", "mmcc"):
+    if analyses.REGISTRY[best["analysis"]].poisson:
       # ``sensitivity`` then means every eligible round joined; the noise is calibrated for
       # the unamplified one (one field a meaning).
       best.update(unamplified_sensitivity=plain["sensitivity"],
@@ -435,11 +433,12 @@ class _Run:
     plain = self.unamplified(float(z))
     total = adaptive_clipping.combined_noise_multiplier(z, sens, sigma_b, k)
     eps = math.inf if total == 0.0 else accounting.epsilon(total, self.delta, self.accountant)
-    record = dict(plain, epsilon=eps, analysis="adaptive", noise_multiplier=float(z),
+    record = dict(plain, epsilon=eps, analysis=analyses.AdaptiveClipping.name,
+                  noise_multiplier=float(z),
                   effective_noise_multiplier=total, count_participations=k,
                   clipped_count_stddev=sigma_b)
     record.update(candidates=[_candidate(record)],
-                  analysis_label=statement.ANALYSIS_LABELS["adaptive"],
+                  analysis_label=analyses.AdaptiveClipping.label,
                   notes=["adaptive clipping: the count queries are accounted without "
                          "amplification"] if self.amplified else [])
     return record

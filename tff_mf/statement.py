@@ -21,6 +21,8 @@ import decimal
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from tff_mf import analyses
+
 DIGITS = 3
 UNIT = ("client-level: one client's whole data, in every round it joins. Adjacency is "
         "add/remove one client (equivalently, replacing all of its clipped updates by zero); "
@@ -34,11 +36,6 @@ UNIT_ADAPTIVE = (
     "noisy count of the adaptive clip norm) are present or absent together. Replacing its "
     "updates by zero is not the same (a zero update still counts as unclipped); a "
     "replace-one guarantee is not what is accounted (it would take twice the sensitivity)")
-ACCOUNTANT_WORDS = {
-    "exact": "the analytic Gaussian mechanism (Balle & Wang 2018, arXiv:1805.06530, Thm 8)",
-    "pld": "dp_accounting's privacy-loss distributions (pessimistic discretization)",
-    "rdp": "Renyi DP (dp_accounting), converted to (epsilon, delta)",
-}
 COVERS_RUN = ("the models released after every round (the aggregator's noisy output), hence "
               "the final model and anything computed from the models and held-out data alone "
               "(validation and test metrics)")
@@ -65,18 +62,6 @@ NOT_COVERED_ACCOUNT = (
     "a run whose noise seed is pinned or leaked, or whose clients join more rounds than the "
     "schema allows",
 )
-
-
-# The analyses a run's ε may come from (``tff_mf.mechanisms.PrivacyRecord.bound``), in words.
-ANALYSIS_LABELS = {
-    "none": "unamplified Gaussian mechanism at z / sensitivity",
-    "banded": "amplified banded MF (Poisson sampling within residue classes)",
-    "mmcc": "MMCC (Poisson sampling within residue classes)",
-    "random_allocation": "random-allocation amplification (Renyi bounds after "
-                         "arXiv:2601.21636; for C = I its PLD, arXiv:2602.17284)",
-    "adaptive": "unamplified Gaussian at z / sensitivity composed with the adaptive clip norm's "
-                "count queries (one Gaussian at 1/mu)",
-}
 
 
 # ----------------------------------------------------------------------------- ε, rounded up
@@ -126,8 +111,7 @@ def epsilon_text(value: Optional[float], digits: int = DIGITS) -> str:
 # ----------------------------------------------------------------------------- analysis
 
 
-def _fmt(x: Optional[float]) -> str:
-  return "?" if x is None else f"{float(x):.4g}"
+_fmt = analyses.fmt
 
 
 def _sensitivity_words(record: Mapping[str, Any], schema_text: str) -> str:
@@ -139,67 +123,15 @@ def _sensitivity_words(record: Mapping[str, Any], schema_text: str) -> str:
 
 
 def analysis_words(record: Mapping[str, Any], schema_text: str) -> str:
-  """The analysis behind ``record['epsilon']``, in words (what the code computed)."""
+  """The analysis behind ``record['epsilon']``, in its own words (``tff_mf.analyses``)."""
   z, sens = record.get("noise_multiplier"), record.get("sensitivity")
-  accountant = ACCOUNTANT_WORDS.get(record.get("unamplified_accountant") or
-                                    record.get("accountant"), str(record.get("accountant")))
-  analysis = record.get("analysis", "none")
+  named = record.get("unamplified_accountant") or record.get("accountant")
+  accountant = (analyses.ACCOUNTANTS[named].words if named in analyses.ACCOUNTANTS
+                else str(record.get("accountant")))
   ratio = (f"z/sens = {_fmt(z)}/{_fmt(sens)} = {_fmt(z / sens)}" if z is not None and sens
            else f"z = {_fmt(z)}")
-  if analysis == "adaptive":
-    return (f"no amplification by sampling: the matrix mechanism's Gaussian at {ratio} "
-            f"({_sensitivity_words(record, schema_text)}) composed with the "
-            f"{record.get('count_participations')} count queries of adaptive clipping (noise "
-            f"std {_fmt(record.get('clipped_count_stddev'))}, sensitivity 1/2 each) as one "
-            f"Gaussian with noise multiplier {_fmt(record.get('effective_noise_multiplier'))}; "
-            f"epsilon by {accountant}")
-  if analysis == "random_allocation":
-    bound = record.get("random_allocation") or {}
-    if record.get("bound") == "amplified" and bound.get("method") == "pld":
-      return (f"amplification by random allocation (one uniformly random round per epoch, "
-              f"drawn anew each epoch): the privacy-loss distribution of the pair N(0, z^2 I) "
-              f"vs the mixture over the round of N(e_round, z^2 I), C = I, noise multiplier "
-              f"z = {_fmt(z)} (Feldman & Shenfeld 2026, arXiv:2602.17284; "
-              f"tff_mf.allocation_pld, losses rounded up), {bound.get('epochs')} epochs "
-              f"composed via PLD (dp_accounting, pessimistic)")
-    if record.get("bound") == "amplified":
-      return (f"amplification by random allocation (one uniformly random round per "
-              f"epoch, drawn anew each epoch): Renyi divergence bounds of the pair "
-              f"N(0, z^2 I) vs E_pi N(C 1_pi, "
-              f"z^2 I) for C with noise multiplier z = {_fmt(z)} at order "
-              f"{bound.get('order')} (tff_mf.random_allocation, after Schuchardt & Kalinin "
-              f"2026, arXiv:2601.21636, Sec 3), converted to (epsilon, delta) by Canonne, "
-              f"Kamath, Steinke 2020, arXiv:2004.00010, Prop 12")
-    return (f"no amplification (the random-allocation Renyi bound after arXiv:2601.21636 was "
-            f"larger): one Gaussian mechanism at {ratio}, "
-            f"{_sensitivity_words(record, schema_text)}; epsilon by {accountant}")
-  if analysis in ("banded", "mmcc") and record.get("bound") == "amplified":
-    return _amplified_words(record, analysis)
-  if analysis in ("banded", "mmcc"):
-    return (f"no amplification (the {analysis} amplified bound was larger): one Gaussian "
-            f"mechanism at {ratio}, sens with every eligible round of a client joined "
-            f"(residue classes mod {record.get('min_sep')}); epsilon by {accountant}")
-  words = (f"no amplification by sampling: the whole run is one Gaussian mechanism with noise "
-           f"multiplier {ratio}, {_sensitivity_words(record, schema_text)} (Denisov et al. "
-           f"2022, arXiv:2202.08312, Thm 4.1; Choquette-Choo et al. 2023, arXiv:2211.06530); "
-           f"epsilon by {accountant}")
-  note = record.get("amplification")  # what an unamplified record of its schema leaves out
-  return f"{words} ({note})" if note else words
-
-
-def _amplified_words(record: Mapping[str, Any], analysis: str) -> str:
-  z, p, b = record.get("noise_multiplier"), record.get("sampling_prob"), record.get("min_sep")
-  sampling = (f"amplification by Poisson sampling (a client joins each round of its residue "
-              f"class mod {b} with probability {_fmt(p)})")
-  if analysis == "banded":
-    gamma = record.get("column_norm")
-    return (f"{sampling}: amplified banded MF (Choquette-Choo et al. 2023, arXiv:2306.08153, "
-            f"Thm 4), the {record.get('compositions')}-fold composition of the "
-            f"Poisson-subsampled Gaussian with noise multiplier z/max column norm = "
-            f"{_fmt(z)}/{_fmt(gamma)}, composed via PLD (dp_accounting, pessimistic)")
-  return (f"{sampling}: MMCC (Choquette-Choo et al. 2024, arXiv:2310.15526, App D) for C with "
-          f"noise multiplier z = {_fmt(z)}, the rows' mixture-of-Gaussians PLDs composed via "
-          f"PLD (dp_accounting, pessimistic)")
+  analysis = analyses.described(record.get("analysis", "none"))
+  return analysis.words(record, ratio, accountant, _sensitivity_words(record, schema_text))
 
 
 # ----------------------------------------------------------------------------- participation
@@ -322,13 +254,14 @@ def _row(analysis: str, label: str, eps: float) -> Dict[str, Any]:
 
 
 def _label(analysis: str) -> str:
-  return ANALYSIS_LABELS.get(analysis, analysis)
+  described = analyses.described(analysis)
+  return analysis if described is None else described.label
 
 
 # ----------------------------------------------------------------------------- the statement
 
-# The analyses a record may name (``tff_mf.accounting.ANALYSES`` and adaptive clipping's).
-ANALYSES = ("none", "banded", "mmcc", "random_allocation", "adaptive")
+# The analyses a record may name: the registered bounds (``tff_mf.analyses``).
+ANALYSES = tuple(name for name, cls in analyses.REGISTRY.items() if cls.bound)
 
 
 def _not_a_record(record: Any) -> Exception:
@@ -353,7 +286,7 @@ def _checked_record(record: Any) -> Dict[str, Any]:
                             f"(analysis = {analysis!r}; expected one of {', '.join(ANALYSES)}): "
                             f"pass the record tff_mf.accounting.epsilon_for returns, or a "
                             f"PrivacyRecord (setup.privacy)")
-  if analysis in ("banded", "mmcc", "random_allocation") and record.get("bound") not in (
+  if analyses.REGISTRY[analysis].amplified and record.get("bound") not in (
       "amplified", "unamplified"):
     raise checks.CheckError(f"privacy_statement: the {analysis} record does not say which bound "
                             f"its epsilon is (bound = {record.get('bound')!r})")
@@ -426,7 +359,7 @@ def privacy_statement(record: Any, *, schema=None,
   n = _rounds(record, setup)
   covers = COVERS_RUN if run else (COVERS_ACCOUNT.format(n=n) if n is not None
                                    else COVERS_ACCOUNT_ANY_N)
-  adaptive = record.get("analysis") == "adaptive" or setup.get("clip_norm") == "adaptive"
+  adaptive = analyses.counts_clipping(record) or setup.get("clip_norm") == "adaptive"
   table = epsilon_table(record) if eps is not None else []
   out = {"setup": setup_words(record, setup, run),
          "unit": UNIT_ADAPTIVE if adaptive else UNIT,

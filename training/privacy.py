@@ -129,7 +129,8 @@ def epsilon_per_round(config: TrainingConfig, c: np.ndarray, z: float,
 def _epsilon_at(config: TrainingConfig, z: float, sens: float, record: Dict[str, Any]) -> float:
   """ε of the released prefix with sensitivity ``sens`` (the run's analysis, unamplified)."""
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  if record.get("analysis") == "adaptive":
+  from tff_mf import analyses  # pylint: disable=g-import-not-at-top
+  if analyses.counts_clipping(record):
     from tff_mf import adaptive_clipping  # pylint: disable=g-import-not-at-top
     total = adaptive_clipping.combined_noise_multiplier(
         z, sens, record["clipped_count_stddev"], record["count_participations"])

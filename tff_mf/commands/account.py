@@ -214,11 +214,12 @@ def _add_slack_arguments(slack) -> None:
                           "epsilon (default: none)")
 
 
-def _check_slack_flags(args: argparse.Namespace, analysis: str) -> None:
-  """One-line errors for --lower_bound / --monte_carlo_samples where they do not apply."""
+def _check_slack_flags(args: argparse.Namespace, analysis: Optional[type]) -> None:
+  """One-line errors for --lower_bound / --monte_carlo_samples where they do not apply
+  (``analysis``: the class of ``tff_mf.analyses``, None while training's choice is pending)."""
   flags = [f for f, on in (("--lower_bound", args.lower_bound),
                            ("--monte_carlo_samples", args.monte_carlo_samples is not None)) if on]
-  if flags and analysis == "none":
+  if flags and analysis is not None and not analysis.amplified:
     _fail(f"{flags[0]} needs --amplification mmcc, banded or random_allocation (it bounds "
           "the sampled run's epsilon from below)")
   if args.monte_carlo_samples is not None and args.monte_carlo_samples < 1000:
@@ -262,14 +263,9 @@ def _add_slack(record: dict, c, args: argparse.Namespace) -> None:
     record["slack"] = (record["epsilon"] / lower["epsilon"] if lower["epsilon"] > 0
                        else float("inf"))
   if args.monte_carlo_samples is not None:
-    estimate = mixture_pair.monte_carlo_epsilon(*pair, samples=args.monte_carlo_samples,
-                                                **options)
-    record["monte_carlo_estimate"] = dict(
-        epsilon_estimate=estimate["epsilon"], samples=estimate["samples"],
-        seed=estimate["seed"], tail_hits=estimate["tail_hits"],
-        label="ESTIMATE of the epsilon of residue class 0's first rounds (Monte-Carlo "
-              "accounting, arXiv:2410.06266): sampling error, not a bound, never the run's "
-              "epsilon")
+    from tff_mf import analyses  # pylint: disable=g-import-not-at-top
+    estimator = analyses.MonteCarlo(samples=args.monte_carlo_samples)
+    record["monte_carlo_estimate"] = estimator.estimate(*pair, **options)
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -434,18 +430,20 @@ def _schema(args: argparse.Namespace, n, cached, amplified: bool):
 
 
 def _analysis_as_training(c, schema, sampling_prob: float):
-  """(analysis, why) for --sampling_prob without --amplification: the analysis a training run
-  of the same C, schema and p uses (``tff_mf.mechanisms``)."""
+  """(analysis class, why) for --sampling_prob without --amplification: the analysis a
+  training run of the same C, schema and p uses (``tff_mf.mechanisms``)."""
+  from tff_mf import analyses  # pylint: disable=g-import-not-at-top
   from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
   if schema.allocation_amplified:
     _fail("--sampling_prob does not apply to --participation random_allocation (each user "
           "joins one round of each epoch)")
   if not mechanisms.amplification_applies(schema, c.shape[1], sampling_prob):
-    return "none", ("chosen as training chooses: none (amplification by sampling needs "
-                    "min_sep with p < 1 and no binding --max_participations)")
-  analysis = mechanisms.amplified_analysis(c, schema)
-  why = "C has at most b bands" if analysis == "banded" else "C has more than b bands"
-  return analysis, f"chosen as training chooses: {analysis} ({why})"
+    return analyses.Unamplified, ("chosen as training chooses: none (amplification by "
+                                  "sampling needs min_sep with p < 1 and no binding "
+                                  "--max_participations)")
+  analysis = analyses.REGISTRY[mechanisms.amplified_analysis(c, schema)]
+  return analysis, (f"chosen as training chooses: {analysis.name} "
+                    f"({analysis.chosen_because})")
 
 
 # ----------------------------------------------------------------------------- output
@@ -498,13 +496,23 @@ def _check_allocation_schema(spelling: Optional[str]) -> None:
   _fail("--amplification random_allocation needs --participation random_allocation")
 
 
+def _analysis_options(args: argparse.Namespace) -> dict:
+  """The analyses' options the flags give (each analysis takes its own fields)."""
+  return {"pld_discretization": args.pld_discretization, "non_adaptive": args.non_adaptive,
+          "mmcc_options": {"workers": args.processes, "grid_resolution": args.grid_resolution,
+                           "progress": args.progress}}
+
+
 def run(args: argparse.Namespace) -> int:
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  from tff_mf import analyses  # pylint: disable=g-import-not-at-top
   if (args.noise_multiplier is None) == (args.target_epsilon is None):
     _fail("give exactly one of --noise_multiplier and --target_epsilon")
-  analysis = args.amplification or ("auto" if args.sampling_prob is not None else "none")
-  allocation = analysis == "random_allocation"
-  amplified = analysis not in ("none", "random_allocation")  # Poisson sampling
+  # None: --sampling_prob alone, the analysis is chosen below as training chooses it.
+  analysis = (None if args.amplification is None and args.sampling_prob is not None
+              else analyses.analysis_class(args.amplification))
+  allocation = analysis is not None and analysis.amplified and not analysis.poisson
+  amplified = analysis is None or analysis.poisson  # Poisson sampling
   if allocation:
     if args.sampling_prob is not None:
       _fail("--sampling_prob does not apply to --amplification random_allocation (each user "
@@ -516,8 +524,8 @@ def run(args: argparse.Namespace) -> int:
   if not amplified and not allocation and args.sampling_prob is not None:
     _fail("--sampling_prob needs --amplification mmcc or banded")
   if amplified and args.sampling_prob is None:
-    _fail(f"--amplification {analysis} needs --sampling_prob")
-  if args.non_adaptive and analysis != "mmcc":
+    _fail(f"--amplification {analysis.name} needs --sampling_prob")
+  if args.non_adaptive and (analysis is None or not analyses.takes(analysis, "non_adaptive")):
     _fail("--non_adaptive applies to --amplification mmcc")
   _check_slack_flags(args, analysis)
   c, label, cached, extra = _encoder(args, amplified)
@@ -538,25 +546,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
   sampling_prob = args.sampling_prob
   source = "--amplification" if args.amplification else "default (none)"
-  if analysis == "auto":
+  if analysis is None:
     analysis, source = _analysis_as_training(c, schema, sampling_prob)
-    if analysis == "none":
+    if not analysis.amplified:
       amplified, sampling_prob = False, None  # as a run reports it: unamplified, p recorded
     _check_slack_flags(args, analysis)
-  options = {}
-  if amplified:
-    options["pld_discretization"] = args.pld_discretization
-  if analysis == "mmcc":
-    options["non_adaptive"] = args.non_adaptive
-    options["mmcc_options"] = {"workers": args.processes,
-                               "grid_resolution": args.grid_resolution,
-                               "progress": args.progress}
+  options = {k: v for k, v in _analysis_options(args).items() if analyses.takes(analysis, k)}
   if args.target_epsilon is not None:
-    record = accounting.calibrate(c, schema, args.target_epsilon, args.delta, analysis,
+    record = accounting.calibrate(c, schema, args.target_epsilon, args.delta, analysis.name,
                                   sampling_prob, args.accountant, args.tolerance, **options)
   else:
-    record = accounting.epsilon_for(c, schema, args.noise_multiplier, args.delta, analysis,
-                                    sampling_prob, args.accountant, **options)
+    record = accounting.epsilon_for(c, schema, args.noise_multiplier, args.delta,
+                                    analysis.name, sampling_prob, args.accountant, **options)
   if args.sampling_prob is not None:
     record.setdefault("sampling_prob", args.sampling_prob)
   record["amplification_source"] = source

@@ -1,0 +1,687 @@
+"""The accountant interface: every privacy analysis is one object (numpy core, no TensorFlow).
+
+Two families share the interface (a name, its words and citation, whether its ε is a
+bound, and ``epsilon``):
+
+- ``GaussianAccountant``: the ε(δ) of ONE Gaussian mechanism with multiplier z / sens
+  (``accountant=``): ``"exact"`` (Balle & Wang 2018, arXiv:1805.06530, Thm 8), ``"pld"``
+  (dp_accounting's pessimistic privacy-loss distributions) and ``"rdp"`` (Rényi DP,
+  Mironov 2017, arXiv:1702.07476, converted to (ε, δ)). Registry ``ACCOUNTANTS``.
+- ``Analysis``: the ε of a whole run with encoder C under a participation schema
+  (``amplification=``): ``"none"`` (one Gaussian at z / sens; Denisov et al. 2022,
+  arXiv:2202.08312, Thm 4.1; Choquette-Choo et al. 2023, arXiv:2211.06530), ``"mmcc"``
+  (Choquette-Choo et al. 2024, arXiv:2310.15526), ``"banded"`` (Choquette-Choo et al.
+  2023, arXiv:2306.08153, Thm 4) and ``"random_allocation"`` (after Schuchardt & Kalinin
+  2026, arXiv:2601.21636); two more describe records built elsewhere: ``"adaptive"``
+  (the adaptive clip norm's count queries composed in) and ``"monte_carlo"`` (an
+  ESTIMATE, arXiv:2410.06266, never a run's ε). Each analysis reads the noise side
+  through a ``GaussianAccountant``. Registry ``REGISTRY``.
+
+Each class holds its options as frozen fields, computes its record (``record``: ε and
+what it rests on), says when it does not apply (``applies``) and words the statement
+prints (``label``, ``theorem``, ``words``). A new analysis is one class here plus its
+``register`` line; ``tff_mf.accounting`` (ε, calibration) and ``tff_mf.statement``
+dispatch through the registry and never compare analysis names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
+
+import numpy as np
+
+from tff_mf import checks
+from tff_mf.gaussian import PLD_DISCRETIZATION
+from tff_mf.gaussian import AccountingError
+from tff_mf.gaussian import gaussian_epsilon_exact
+from tff_mf.gaussian import pld_gaussian_epsilon
+
+# Rényi orders for the RDP accountant: dense at small orders, geometric above.
+RDP_ORDERS = tuple(np.concatenate([
+    np.linspace(1.01, 8.0, 100), np.geomspace(8.0, 10000.0, 200)[1:]]).tolist())
+
+
+def fmt(x: Optional[float]) -> str:
+  """A figure in a statement's words: 4 significant digits, "?" when unknown."""
+  return "?" if x is None else f"{float(x):.4g}"
+
+
+# ----------------------------------------------------------------------------- the noise side
+
+
+@dataclasses.dataclass(frozen=True)
+class GaussianAccountant:
+  """ε(δ) of one Gaussian mechanism with noise multiplier z / sensitivity (an upper bound)."""
+  name: ClassVar[str] = ""
+  words: ClassVar[str] = ""  # what the statement says computed ε
+  exact: ClassVar[bool] = False  # the Gaussian's exact ε (else a looser upper bound)
+  bound: ClassVar[bool] = True
+
+  def epsilon(self, noise_multiplier: float, delta: float, sensitivity: float = 1.0) -> float:
+    raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class ExactGaussian(GaussianAccountant):
+  """The analytic Gaussian ε (Balle & Wang 2018, arXiv:1805.06530, Thm 8), log space."""
+  name: ClassVar[str] = "exact"
+  words: ClassVar[str] = ("the analytic Gaussian mechanism (Balle & Wang 2018, "
+                          "arXiv:1805.06530, Thm 8)")
+  exact: ClassVar[bool] = True
+
+  def epsilon(self, noise_multiplier, delta, sensitivity=1.0):
+    return gaussian_epsilon_exact(noise_multiplier, delta, sensitivity=sensitivity)
+
+
+@dataclasses.dataclass(frozen=True)
+class PLDGaussian(GaussianAccountant):
+  """dp_accounting's pessimistic PLD of the Gaussian (``tff_mf.gaussian``)."""
+  name: ClassVar[str] = "pld"
+  words: ClassVar[str] = "dp_accounting's privacy-loss distributions (pessimistic discretization)"
+
+  def epsilon(self, noise_multiplier, delta, sensitivity=1.0):
+    try:
+      return pld_gaussian_epsilon(noise_multiplier / sensitivity, delta)[0]
+    except AccountingError as e:
+      exact = ExactGaussian().epsilon(noise_multiplier, delta, sensitivity)
+      raise AccountingError(f"{e}; the exact accountant gives epsilon = {exact:.6g}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class RDPGaussian(GaussianAccountant):
+  """Rényi DP of the Gaussian at ``RDP_ORDERS`` (Mironov 2017, arXiv:1702.07476), converted."""
+  name: ClassVar[str] = "rdp"
+  words: ClassVar[str] = "Renyi DP (dp_accounting), converted to (epsilon, delta)"
+
+  def epsilon(self, noise_multiplier, delta, sensitivity=1.0):
+    import dp_accounting  # pylint: disable=g-import-not-at-top
+    acc = dp_accounting.rdp.RdpAccountant(orders=list(RDP_ORDERS))
+    acc.compose(dp_accounting.GaussianDpEvent(noise_multiplier / sensitivity))
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+      eps = float(acc.get_epsilon(delta))
+    if math.isnan(eps):
+      return math.inf
+    return max(eps, 0.0)
+
+
+ACCOUNTANTS: Dict[str, type] = {a.name: a for a in (ExactGaussian, PLDGaussian, RDPGaussian)}
+
+
+def accountant(name: str) -> GaussianAccountant:
+  """The Gaussian accountant called ``name`` (CheckError naming the choices otherwise)."""
+  if name not in ACCOUNTANTS:
+    raise checks.CheckError(f"accountant must be one of {', '.join(ACCOUNTANTS)}, got {name!r}")
+  return ACCOUNTANTS[name]()
+
+
+def gaussian_epsilon(noise_multiplier: float, delta: float, name: str,
+                     sensitivity: float) -> float:
+  """ε(δ) by accountant ``name`` of the Gaussian at z / sens (∞ when z / sens underflows)."""
+  acc = accountant(name)
+  if noise_multiplier / sensitivity == 0.0:
+    return math.inf
+  return acc.epsilon(noise_multiplier, delta, sensitivity)
+
+
+# ----------------------------------------------------------------------------- C and schema
+
+
+def check_schema(schema):
+  """``schema`` as a ``tff_mf.participation.Participation`` (None: single; a dict: read)."""
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  if schema is None:
+    return participation.SINGLE
+  if isinstance(schema, dict):
+    schema = participation.from_dict(schema)
+  if not isinstance(schema, participation.Participation):
+    raise checks.CheckError(f"schema must be a tff_mf.participation.Participation, got "
+                            f"{schema!r}")
+  if schema.kind not in participation.KINDS:
+    raise checks.CheckError(f"participation must be one of {', '.join(participation.KINDS)}, "
+                            f"got {schema.kind!r}")
+  return schema  # its class checked its parameters when it was built
+
+
+def check_encoder(c, name: str = "C") -> np.ndarray:
+  """A 2-D real finite float64 C with m ≥ n ≥ 1 rows and columns, not all zero."""
+  c = checks.matrix(c, name)
+  m, n = c.shape
+  if m < n:
+    raise checks.CheckError(f"{name} must have at least as many rows as columns (one column "
+                            f"per round), got shape {c.shape}")
+  if not np.any(c):
+    raise checks.CheckError(f"{name} is all zeros")
+  return c
+
+
+def sensitivity_report(c: Optional[np.ndarray], schema) -> Dict[str, Any]:
+  """{value, exact, method}: the sensitivity of C under ``schema`` (tff_mf.participation)."""
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  schema = check_schema(schema)
+  if c is None:
+    if not schema.at_most_once:
+      raise checks.CheckError(f"{schema.kind} participation needs the encoder C (a matrix or "
+                              "a mechanism) to compute its sensitivity")
+    return {"value": 1.0, "exact": True,
+            "method": "C normalized to max column norm 1 (Denisov et al. 2022, App I)"}
+  report = participation.sensitivity_report(c, schema)
+  value = checks.positive_float(report["value"], f"sensitivity under {schema.label}")
+  return {"value": value, "exact": bool(report.get("exact", False)),
+          "method": str(report.get("method", ""))}
+
+
+def sampling_min_sep(schema, n: int) -> int:
+  """b of the Poisson sampling a schema describes for the amplified analyses.
+
+  ``min_sep`` b: each user joins the rounds of one residue class mod b (b = 1: every
+  round, i.i.d. sampling); ``fixed_epoch`` k: b = n/k rounds per epoch, one round per
+  epoch. A cap on participations below ⌈n/b⌉ is not Poisson sampling and is refused.
+  """
+  return check_schema(schema).poisson_period(n, AccountingError)
+
+
+def poisson_sensitivity(c: np.ndarray, min_sep: int) -> Tuple[float, bool]:
+  """(sens, exact): sensitivity of C when a user joins every round of its residue class mod b.
+
+  sens² = max_r sup_{‖g_j‖ ≤ 1} ‖Σ_{j ≡ r} C_{:,j} g_jᵀ‖²_F ≤ max_r Σ_{j,j' ≡ r} |X_{jj'}|
+  with X = CᵀC (Cauchy-Schwarz on ⟨g_j, g_j'⟩); equality when X has no negative
+  entry on the class (all g_j equal), e.g. for every non-negative C. This is the
+  unamplified bound for the same sampling (every eligible round joined).
+  """
+  n = c.shape[1]
+  best = 0.0
+  exact = True
+  for r in range(min(min_sep, n)):
+    cols = c[:, r::min_sep]
+    x = cols.T @ cols
+    best = max(best, float(np.sum(np.abs(x))))
+    exact = exact and not np.any(x < 0)
+  return math.sqrt(best), exact
+
+
+def band_count(c: np.ndarray) -> int:
+  """Number of non-zero bands of C: max over C[i, j] ≠ 0 of (release round of row i) − j + 1.
+
+  Row i of a square C is released in round i (C must be lower triangular); a C with
+  more rows than rounds has its rows in release order, row i released in the round of
+  its last non-zero column (``tff_mf.mmcc.release_rounds``).
+  """
+  from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
+  rounds = mmcc.release_rounds(c)
+  rows, cols = np.nonzero(c)
+  if rows.size == 0:
+    return 0
+  return int(np.max(rounds[rows] - cols)) + 1
+
+
+def _known_or_report(c, schema, known: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+  return known if known is not None else sensitivity_report(c, schema)
+
+
+def _best_of(record: Dict[str, Any], amplified: float, unamplified: float) -> None:
+  """The smaller of two valid bounds is the record's ε; ``bound`` says which."""
+  record["amplified_epsilon"] = amplified
+  record["bound"] = "amplified" if amplified <= unamplified else "unamplified"
+  record["epsilon"] = min(amplified, unamplified)
+
+
+# ----------------------------------------------------------------------------- the run side
+
+
+@dataclasses.dataclass(frozen=True)
+class Analysis:
+  """The ε at δ of a run with encoder C, participation schema and noise multiplier z."""
+  name: ClassVar[str] = ""
+  label: ClassVar[str] = ""  # the statement's one-line name of the analysis
+  theorem: ClassVar[str] = ""  # the citation a record carries
+  bound: ClassVar[bool] = True  # an upper bound on ε (False: an estimate, never a run's ε)
+  amplified: ClassVar[bool] = False  # reports the smaller of an amplified and the plain bound
+  poisson: ClassVar[bool] = False  # Poisson sampling: needs sampling_prob and min_sep
+  selectable: ClassVar[bool] = True  # an ``amplification=`` of ``tff_mf.accounting``
+  counts_clipping: ClassVar[bool] = False  # also accounts the adaptive clip norm's counts
+  chosen_because: ClassVar[str] = ""  # why training picks it (``automatic``), in words
+
+  def applies(self, c: Optional[np.ndarray], schema) -> Optional[str]:
+    """None when the analysis applies to C under ``schema``, else the one-line reason."""
+    return None
+
+  def record(self, record: Dict[str, Any], c: Optional[np.ndarray], schema, z: float,
+             delta: float, accountant_name: str, sampling_prob: Optional[float],
+             known_sensitivity: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """``record`` completed with ``epsilon`` and what it rests on (checked inputs)."""
+    raise checks.CheckError(f"analysis {self.name!r} gives no epsilon of its own here")
+
+  def epsilon(self, c: Optional[np.ndarray], schema, noise_multiplier: float, delta: float,
+              accountant_name: str = "exact", sampling_prob: Optional[float] = None) -> float:
+    """ε at δ of the run: an upper bound (``bound``), every input checked here."""
+    z = checks.noise_multiplier(noise_multiplier, "noise_multiplier")
+    delta = checks.delta(delta, "delta")
+    accountant(accountant_name)
+    schema = check_schema(schema)
+    if c is not None:
+      c = check_encoder(c)
+      schema.check(c.shape[1])
+    base = {"noise_multiplier": z, "delta": delta, "analysis": self.name}
+    return self.record(base, c, schema, z, delta, accountant_name, sampling_prob,
+                       None)["epsilon"]
+
+  def search_sensitivity(self, c: np.ndarray, schema,
+                         options: Dict[str, Any]) -> float:
+    """The sensitivity of the unamplified bound this analysis also reports (the
+    calibration starts from that Gaussian's z, valid for every analysis)."""
+    return sensitivity_report(c, schema)["value"]
+
+  def words(self, record: Mapping[str, Any], ratio: str, accountant_words: str,
+            sensitivity_words: str) -> str:
+    """The analysis behind ``record['epsilon']``, in the statement's words."""
+    raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class Unamplified(Analysis):
+  """One Gaussian mechanism at z / sens (Denisov et al. 2022, Thm 4.1; arXiv:2211.06530)."""
+  name: ClassVar[str] = "none"
+  label: ClassVar[str] = "unamplified Gaussian mechanism at z / sensitivity"
+  # The citation by what the schema's pattern is (``Participation.theorem_key``-like groups).
+  THEOREMS: ClassVar[Dict[str, str]] = {
+      "single": "Denisov et al. 2022, arXiv:2202.08312, Thm 4.1: one Gaussian mechanism with "
+                "multiplier z / sensitivity",
+      "multi": "Choquette-Choo et al. 2023, arXiv:2211.06530: one Gaussian mechanism with "
+               "multiplier z / sensitivity under the participation schema",
+      "balls_in_bins": "one Gaussian mechanism with multiplier z / sensitivity over the "
+                       "b-cyclic patterns {j, j+b, ...} of fixed-bin balls-in-bins (Chua et al. "
+                       "2024, arXiv:2410.06266, arXiv:2412.16802), the bin given: not amplified",
+      "random_allocation": "one Gaussian mechanism with multiplier z / sensitivity over "
+                           "every pattern of one round per epoch (random allocation, "
+                           "arXiv:2412.16802), unamplified",
+  }
+  # What an unamplified record of these schemas leaves out (said with every such ε).
+  NOT_AMPLIFIED: ClassVar[Dict[str, str]] = {
+      "balls_in_bins": "not amplified: the un-amplified bound of fixed-bin balls-in-bins (the "
+                       "user's rounds given its bin, b apart); the secrecy of the bin would "
+                       "only lower epsilon, and no amplified bound for the fixed-bin scheme is "
+                       "computed here (the random-allocation bound does not apply to it)",
+      "random_allocation": "unamplified bound; amplification 'random_allocation' "
+                           "(tff_mf.random_allocation, after arXiv:2601.21636) bounds random "
+                           "allocation with amplification",
+  }
+  theorem: ClassVar[str] = THEOREMS["multi"]
+
+  def record(self, record, c, schema, z, delta, accountant_name, sampling_prob,
+             known_sensitivity):
+    if sampling_prob is not None:
+      raise checks.CheckError("sampling_prob applies only to the amplified analyses "
+                              "(amplification 'mmcc' or 'banded')")
+    report = _known_or_report(c, schema, known_sensitivity)
+    eps = gaussian_epsilon(z, delta, accountant_name, report["value"])
+    record.update(epsilon=eps, accountant=accountant_name, sensitivity=report["value"],
+                  sensitivity_exact=report["exact"], sensitivity_method=report["method"],
+                  exact=bool(accountant(accountant_name).exact and report["exact"]),
+                  theorem=self.THEOREMS.get(schema.kind, self.THEOREMS["multi"]))
+    if schema.kind in self.NOT_AMPLIFIED:
+      record["amplification"] = self.NOT_AMPLIFIED[schema.kind]
+    return record
+
+  def words(self, record, ratio, accountant_words, sensitivity_words):
+    words = (f"no amplification by sampling: the whole run is one Gaussian mechanism with "
+             f"noise multiplier {ratio}, {sensitivity_words} (Denisov et al. 2022, "
+             f"arXiv:2202.08312, Thm 4.1; Choquette-Choo et al. 2023, arXiv:2211.06530); "
+             f"epsilon by {accountant_words}")
+    note = record.get("amplification")  # what an unamplified record of its schema leaves out
+    return f"{words} ({note})" if note else words
+
+
+@dataclasses.dataclass(frozen=True)
+class PoissonAmplified(Analysis):
+  """Amplification by b-min-sep Poisson sampling: each user joins each round of its residue
+  class mod b with probability p (p of arXiv:2306.08153; MMCC App D writes b·p)."""
+  amplified: ClassVar[bool] = True
+  poisson: ClassVar[bool] = True
+  pld_discretization: float = PLD_DISCRETIZATION
+
+  def applies(self, c, schema):
+    if c is None:
+      return f"amplification {self.name!r} needs the encoder C (a matrix or a mechanism)"
+    return check_schema(schema).not_poisson
+
+  def search_sensitivity(self, c, schema, options):
+    return poisson_sensitivity(c, sampling_min_sep(schema, c.shape[1]))[0]
+
+  def record(self, record, c, schema, z, delta, accountant_name, sampling_prob,
+             known_sensitivity):
+    if c is None:
+      raise checks.CheckError(f"amplification {self.name!r} needs the encoder C (a matrix or a "
+                              "mechanism)")
+    if sampling_prob is None:
+      raise checks.CheckError(f"amplification {self.name!r} needs sampling_prob")
+    p = checks.probability(sampling_prob, "sampling_prob")
+    discretization = checks.positive_float(self.pld_discretization, "pld_discretization")
+    n = c.shape[1]
+    b = sampling_min_sep(schema, n)
+    if schema.for_rounds(n) != schema:  # min_sep without its cap: the ⌈n/b⌉ that fit
+      schema = schema.for_rounds(n)
+      record.update(participation=schema.label, schema=schema.as_dict())
+    sens, sens_exact = poisson_sensitivity(c, b)
+    unamplified = gaussian_epsilon(z, delta, accountant_name, sens)
+    record.update(sampling_prob=p, min_sep=b, sensitivity=sens, sensitivity_exact=sens_exact,
+                  sensitivity_method=f"every round of a residue class mod {b} joined: "
+                                     "sqrt(max_r sum |X_jj'|) over the class, X = C^T C",
+                  unamplified_epsilon=unamplified, unamplified_accountant=accountant_name,
+                  exact=False, theorem=self.theorem)
+    _best_of(record, self.amplified_epsilon(record, c, b, z, delta, p, discretization,
+                                            unamplified), unamplified)
+    return record
+
+  def amplified_epsilon(self, record: Dict[str, Any], c: np.ndarray, b: int, z: float,
+                        delta: float, p: float, discretization: float,
+                        unamplified: float) -> float:
+    raise NotImplementedError
+
+  def words(self, record, ratio, accountant_words, sensitivity_words):
+    if record.get("bound") == "amplified":
+      b, p = record.get("min_sep"), record.get("sampling_prob")
+      sampling = (f"amplification by Poisson sampling (a client joins each round of its "
+                  f"residue class mod {b} with probability {fmt(p)})")
+      return f"{sampling}: {self.amplified_words(record)}"
+    return (f"no amplification (the {self.name} amplified bound was larger): one Gaussian "
+            f"mechanism at {ratio}, sens with every eligible round of a client joined "
+            f"(residue classes mod {record.get('min_sep')}); epsilon by {accountant_words}")
+
+  def amplified_words(self, record: Mapping[str, Any]) -> str:
+    raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class AmplifiedBanded(PoissonAmplified):
+  """Amplified banded MF (Choquette-Choo et al. 2023, arXiv:2306.08153, Thm 4): a C with at
+  most b bands is dominated by ⌈n/b⌉-fold composition of the Poisson-subsampled Gaussian
+  with multiplier z / γ(C)."""
+  name: ClassVar[str] = "banded"
+  chosen_because: ClassVar[str] = "C has at most b bands"
+  label: ClassVar[str] = "amplified banded MF (Poisson sampling within residue classes)"
+  theorem: ClassVar[str] = (
+      "Choquette-Choo et al. 2023, arXiv:2306.08153, Thm 4: ceil(n/b)-fold composition "
+      "of the Poisson-subsampled Gaussian with multiplier z / max column norm")
+
+  def applies(self, c, schema):
+    reason = super().applies(c, schema)
+    if reason is None and band_count(c) > check_schema(schema).min_sep:
+      return MMCC.chosen_because
+    return reason
+
+  def amplified_epsilon(self, record, c, b, z, delta, p, discretization, unamplified):
+    bands = band_count(c)
+    if bands > b:
+      raise AccountingError(
+          f"the amplified banded analysis needs C with at most b = {b} non-zero bands (the "
+          f"sampling's min_sep); this C has {bands}. Use amplification 'mmcc' for other C")
+    gamma = checks.gamma(c)
+    rounds = -(-c.shape[1] // b)
+    try:
+      amplified, interval = pld_gaussian_epsilon(z / gamma, delta, p, rounds, discretization)
+    except AccountingError as e:
+      raise AccountingError(f"{e}; the unamplified bound is epsilon = {unamplified:.6g}") \
+          from None
+    record.update(accountant="pld", bands=bands, compositions=rounds, column_norm=gamma,
+                  pld_discretization=interval)
+    return amplified
+
+  def amplified_words(self, record):
+    return (f"amplified banded MF (Choquette-Choo et al. 2023, arXiv:2306.08153, "
+            f"Thm 4), the {record.get('compositions')}-fold composition of the "
+            f"Poisson-subsampled Gaussian with noise multiplier z/max column norm = "
+            f"{fmt(record.get('noise_multiplier'))}/{fmt(record.get('column_norm'))}, "
+            f"composed via PLD (dp_accounting, pessimistic)")
+
+
+# MMCC's own fields that the record already holds under one name (epsilon is the
+# record's amplified_epsilon), and those renamed for the meaning they have in a record.
+_MMCC_SHARED = ("accountant", "delta", "epsilon", "min_sep", "n", "m", "noise_multiplier",
+                "pld_discretization")
+_MMCC_RENAMED = {
+    "sampling_prob": "average_sampling_rate",  # p / b, MMCC App D's p; the record's is p
+    "sensitivity": "column_norm",  # γ(C); the record's sensitivity is the unamplified one's
+    "unamplified_epsilon": "single_participation_reference_epsilon",  # not a bound here
+}
+
+
+def mmcc_details(result) -> Dict[str, Any]:
+  """MMCC's solver details for an ``epsilon_for`` record: each field once per meaning."""
+  return {_MMCC_RENAMED.get(k, k): v for k, v in result.as_dict().items()
+          if k not in _MMCC_SHARED}
+
+
+@dataclasses.dataclass(frozen=True)
+class MMCC(PoissonAmplified):
+  """MMCC (Choquette-Choo et al. 2024, arXiv:2310.15526, Fig 1; b-min-sep: App D, Fig 6) at
+  the average rate p / b, for any lower-triangular non-negative C (``tff_mf.mmcc``)."""
+  name: ClassVar[str] = "mmcc"
+  chosen_because: ClassVar[str] = "C has more than b bands"
+  label: ClassVar[str] = "MMCC (Poisson sampling within residue classes)"
+  theorem: ClassVar[str] = "Choquette-Choo et al. 2024 (MMCC), arXiv:2310.15526, Fig 1 and App D"
+  non_adaptive: bool = False  # the data are fixed in advance (signed or non-triangular C)
+  mmcc_options: Optional[Mapping[str, Any]] = None  # further keywords of tff_mf.mmcc.mmcc
+
+  def amplified_epsilon(self, record, c, b, z, delta, p, discretization, unamplified):
+    from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
+    options = dict(self.mmcc_options or {})
+    try:
+      result = mmcc.mmcc(c, p / b, z, delta, min_sep=b, non_adaptive=self.non_adaptive,
+                         pld_discretization=discretization, **options)
+    except (mmcc.MMCCNumericError, ArithmeticError, RuntimeError, MemoryError) as e:
+      raise AccountingError(
+          f"MMCC could not analyze this run ({e}); the unamplified bound is epsilon = "
+          f"{unamplified:.6g}") from None
+    record.update(accountant="mmcc", mmcc=mmcc_details(result),
+                  pld_discretization=result.pld_discretization)
+    return result.epsilon
+
+  def amplified_words(self, record):
+    return (f"MMCC (Choquette-Choo et al. 2024, arXiv:2310.15526, App D) for C with "
+            f"noise multiplier z = {fmt(record.get('noise_multiplier'))}, the rows' "
+            f"mixture-of-Gaussians PLDs composed via PLD (dp_accounting, pessimistic)")
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomAllocation(Analysis):
+  """Amplification by random allocation (one uniformly random round per epoch, drawn anew
+  each epoch) for lower-triangular non-negative square C: Rényi bounds after Schuchardt &
+  Kalinin 2026 (arXiv:2601.21636, Sec 3); for C = a·I its PLD (Feldman & Shenfeld 2026,
+  arXiv:2602.17284). ``tff_mf.random_allocation``."""
+  name: ClassVar[str] = "random_allocation"
+  label: ClassVar[str] = ("random-allocation amplification (Renyi bounds after "
+                          "arXiv:2601.21636; for C = I its PLD, arXiv:2602.17284)")
+  theorem: ClassVar[str] = (
+      "random-allocation amplification: Renyi divergence bounds of the pair "
+      "N(0, z^2 I) vs E_pi N(C 1_pi, z^2 I) at integer orders (collision "
+      "dynamic program and decoupling for remove, Jensen for add), after "
+      "Schuchardt & Kalinin 2026, arXiv:2601.21636, Sec 3; converted by "
+      "Canonne, Kamath, Steinke 2020, arXiv:2004.00010, Prop 12")
+  theorem_pld: ClassVar[str] = (
+      "random-allocation privacy-loss distribution for C = a I (Feldman "
+      "& Shenfeld 2026, arXiv:2602.17284): the law of the likelihood "
+      "ratio on a geometric grid, every loss rounded up, epochs "
+      "composed by dp_accounting's pessimistic PLDs")
+  amplified: ClassVar[bool] = True
+
+  def applies(self, c, schema):
+    schema = check_schema(schema)
+    if c is None:
+      return (f"amplification {self.name!r} needs the encoder C (a matrix or a mechanism)")
+    if not schema.allocation_amplified:
+      return (f"amplification {self.name!r} analyzes random_allocation participation (a new "
+              f"random round each epoch), not {schema.describe()}")
+    return None
+
+  def search_sensitivity(self, c, schema, options):
+    known = options.pop("known_sensitivity", None) or sensitivity_report(c, schema)
+    options["known_sensitivity"] = known
+    return known["value"]
+
+  def record(self, record, c, schema, z, delta, accountant_name, sampling_prob,
+             known_sensitivity):
+    from tff_mf import random_allocation  # pylint: disable=g-import-not-at-top
+    reason = self.applies(c, schema)
+    if reason is not None:
+      raise checks.CheckError(reason)
+    if sampling_prob is not None:
+      raise checks.CheckError("sampling_prob does not apply to random_allocation (every user "
+                              "joins one round of each epoch)")
+    report = _known_or_report(c, schema, known_sensitivity)
+    sens = float(report["value"])
+    unamplified = gaussian_epsilon(z, delta, accountant_name, sens)
+    bound = random_allocation.epsilon(c, schema.epochs, z, delta, sensitivity=sens)
+    amplified = bound.pop("epsilon")
+    record.update(sensitivity=sens, sensitivity_exact=report["exact"],
+                  sensitivity_method=report["method"], unamplified_epsilon=unamplified,
+                  unamplified_accountant=accountant_name, theorem=self.theorem,
+                  random_allocation=bound)
+    _best_of(record, amplified, unamplified)
+    if record["bound"] == "amplified":  # else ε is the unamplified accountant's, as recorded
+      pld = bound["method"] == "pld"
+      record.update(accountant="pld" if pld else "rdp", exact=False)
+      if pld:
+        record["theorem"] = self.theorem_pld
+    return record
+
+  def words(self, record, ratio, accountant_words, sensitivity_words):
+    bound = record.get("random_allocation") or {}
+    z = record.get("noise_multiplier")
+    if record.get("bound") == "amplified" and bound.get("method") == "pld":
+      return (f"amplification by random allocation (one uniformly random round per epoch, "
+              f"drawn anew each epoch): the privacy-loss distribution of the pair N(0, z^2 I) "
+              f"vs the mixture over the round of N(e_round, z^2 I), C = I, noise multiplier "
+              f"z = {fmt(z)} (Feldman & Shenfeld 2026, arXiv:2602.17284; "
+              f"tff_mf.allocation_pld, losses rounded up), {bound.get('epochs')} epochs "
+              f"composed via PLD (dp_accounting, pessimistic)")
+    if record.get("bound") == "amplified":
+      return (f"amplification by random allocation (one uniformly random round per "
+              f"epoch, drawn anew each epoch): Renyi divergence bounds of the pair "
+              f"N(0, z^2 I) vs E_pi N(C 1_pi, "
+              f"z^2 I) for C with noise multiplier z = {fmt(z)} at order "
+              f"{bound.get('order')} (tff_mf.random_allocation, after Schuchardt & Kalinin "
+              f"2026, arXiv:2601.21636, Sec 3), converted to (epsilon, delta) by Canonne, "
+              f"Kamath, Steinke 2020, arXiv:2004.00010, Prop 12")
+    return (f"no amplification (the random-allocation Renyi bound after arXiv:2601.21636 was "
+            f"larger): one Gaussian mechanism at {ratio}, "
+            f"{sensitivity_words}; epsilon by {accountant_words}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveClipping(Analysis):
+  """The unamplified Gaussian composed with the adaptive clip norm's k count queries (Andrew
+  et al. 2021, arXiv:1905.03871): one Gaussian at 1/μ, μ² = (sens/z)² + k·(½/σ_b)²; the
+  record is built by ``tff_mf.mechanisms`` (``tff_mf.adaptive_clipping``)."""
+  name: ClassVar[str] = "adaptive"
+  counts_clipping: ClassVar[bool] = True
+  label: ClassVar[str] = ("unamplified Gaussian at z / sensitivity composed with the adaptive "
+                          "clip norm's count queries (one Gaussian at 1/mu)")
+  selectable: ClassVar[bool] = False
+
+  def words(self, record, ratio, accountant_words, sensitivity_words):
+    return (f"no amplification by sampling: the matrix mechanism's Gaussian at {ratio} "
+            f"({sensitivity_words}) composed with the "
+            f"{record.get('count_participations')} count queries of adaptive clipping (noise "
+            f"std {fmt(record.get('clipped_count_stddev'))}, sensitivity 1/2 each) as one "
+            f"Gaussian with noise multiplier {fmt(record.get('effective_noise_multiplier'))}; "
+            f"epsilon by {accountant_words}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MonteCarlo(Analysis):
+  """An ESTIMATE of ε of b-min-sep Poisson sampling's residue-class pair (Monte-Carlo
+  accounting, Choquette-Choo et al. 2024, arXiv:2410.06266; ``tff_mf.mixture_pair``): it
+  carries sampling error, is labelled as such and is never a run's ε."""
+  name: ClassVar[str] = "monte_carlo"
+  label: ClassVar[str] = ("ESTIMATE of the epsilon of residue class 0's first rounds "
+                          "(Monte-Carlo accounting, arXiv:2410.06266): sampling error, not a "
+                          "bound, never the run's epsilon")
+  theorem: ClassVar[str] = "Monte-Carlo accounting, arXiv:2410.06266 (an estimate, not a bound)"
+  bound: ClassVar[bool] = False
+  selectable: ClassVar[bool] = False
+  samples: int = 1_000_000
+
+  def record(self, record, c, schema, z, delta, accountant_name, sampling_prob,
+             known_sensitivity):
+    raise checks.CheckError("monte_carlo is an ESTIMATE, not an upper bound: never a run's "
+                            "epsilon (its estimate() is reported beside the bounds)")
+
+  def estimate(self, c, sampling_prob: float, noise_multiplier: float, delta: float,
+               min_sep: int) -> Dict[str, Any]:
+    """The estimate's fields for a record (``epsilon_estimate``, never ``epsilon``)."""
+    from tff_mf import mixture_pair  # pylint: disable=g-import-not-at-top
+    found = mixture_pair.monte_carlo_epsilon(c, sampling_prob, noise_multiplier, delta,
+                                             samples=self.samples, min_sep=min_sep)
+    return dict(epsilon_estimate=found["epsilon"], samples=found["samples"],
+                seed=found["seed"], tail_hits=found["tail_hits"], label=self.label)
+
+
+REGISTRY: Dict[str, type] = {}
+
+
+def register(cls: type) -> type:
+  """Adds an analysis class to ``REGISTRY`` under its name (one name, one class)."""
+  if cls.name in REGISTRY:
+    raise ValueError(f"analysis {cls.name!r} is registered twice")
+  REGISTRY[cls.name] = cls
+  return cls
+
+
+for _cls in (Unamplified, MMCC, AmplifiedBanded, RandomAllocation, AdaptiveClipping,
+             MonteCarlo):
+  register(_cls)
+
+# The ``amplification=`` choices of ``tff_mf.accounting`` (bounds on a run's ε).
+SELECTABLE = tuple(name for name, cls in REGISTRY.items() if cls.selectable and cls.bound)
+# Tried in this order when training picks the amplified analysis itself.
+AUTOMATIC = (RandomAllocation, AmplifiedBanded, MMCC)
+
+
+def analysis_class(name) -> type:
+  """The selectable analysis called ``name`` (None: "none"; an ``Analysis``: its class);
+  CheckError otherwise."""
+  if isinstance(name, Analysis):
+    name = name.name
+  name = "none" if name is None else name
+  if name not in SELECTABLE:
+    raise checks.CheckError(f"amplification must be one of {', '.join(SELECTABLE)} (or None), "
+                            f"got {name!r}")
+  return REGISTRY[name]
+
+
+def takes(cls: type, option: str) -> bool:
+  """Whether analysis class ``cls`` holds ``option`` (one of its fields)."""
+  return option in {f.name for f in dataclasses.fields(cls)}
+
+
+def make(name, **options) -> Analysis:
+  """The analysis ``name`` holding those of ``options`` that are its own fields (an
+  ``Analysis`` given instead of a name is used as it is, with its own options)."""
+  cls = analysis_class(name)
+  if isinstance(name, Analysis):
+    return name
+  return cls(**{k: v for k, v in options.items() if takes(cls, k)})
+
+
+def described(name: Optional[str]) -> Optional[Analysis]:
+  """The registered analysis a record names (None when none is), for its words."""
+  cls = REGISTRY.get(name) if isinstance(name, str) else None
+  return None if cls is None else cls()
+
+
+def counts_clipping(record: Mapping[str, Any]) -> bool:
+  """Whether the analysis a record names also accounts adaptive clipping's count queries."""
+  analysis = described(record.get("analysis"))
+  return analysis is not None and analysis.counts_clipping
+
+
+def automatic(encoder: np.ndarray, schema) -> str:
+  """The amplified analysis a training run uses: the first of ``AUTOMATIC`` that applies
+  (random allocation; banded when C has at most b bands, arXiv:2306.08153, Thm 4; else
+  MMCC, arXiv:2310.15526)."""
+  for cls in AUTOMATIC:
+    if cls().applies(encoder, schema) is None:
+      return cls.name
+  return AUTOMATIC[-1].name
