@@ -356,9 +356,8 @@ def run_main_job(output_dir: str, cache_dir: Optional[str] = None, *,
     print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
     return 1
   result = report.compare(runs, baseline=mechanisms[0], leading=LEADING_METRIC,
-                          references=references)
+                          references=references, unigram=baselines["unigram"])
   result["initial_test_metrics"] = baselines["initial"]
-  result["unigram"] = baselines["unigram"]
   result["wall_seconds"] = time.perf_counter() - start
   notes = [note.format(**settings) for note in READING_NOTES]
   described = dict(settings, schema_text=schema_text(settings), notes=notes,
