@@ -170,6 +170,16 @@ def _factorize_columns(n: int, cache_dir: Optional[str]):
   return values, records, lower_bounds
 
 
+def main_job_settings(**overrides) -> dict:
+  """``MAIN_JOB_DEFAULTS`` with ``overrides`` (``TrainingConfig`` fields); a learning-rate
+  schedule covers ``COOLDOWN_FRACTION`` of the rounds unless ``schedule_rounds`` is given."""
+  settings = dict(MAIN_JOB_DEFAULTS, **overrides)
+  if settings.get("lr_schedule", "constant") != "constant":
+    settings.setdefault("schedule_rounds",
+                        max(1, round(COOLDOWN_FRACTION * settings["total_rounds"])))
+  return settings
+
+
 def main_job_schema():
   """The participation schema the main job trains under (``MAIN_JOB_DEFAULTS``)."""
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
@@ -359,10 +369,7 @@ def run_main_job(output_dir: str, cache_dir: Optional[str] = None, *,
     **overrides: any other ``TrainingConfig`` field (e.g. total_rounds).
   """
   from training import report  # pylint: disable=g-import-not-at-top
-  settings = dict(MAIN_JOB_DEFAULTS, **overrides)
-  if settings.get("lr_schedule", "constant") != "constant":
-    settings.setdefault("schedule_rounds",
-                        max(1, round(COOLDOWN_FRACTION * settings["total_rounds"])))
+  settings = main_job_settings(**overrides)
   os.makedirs(output_dir, exist_ok=True)
   start = time.perf_counter()
   try:
