@@ -43,7 +43,7 @@ MAIN_JOB_REFERENCES = ("none",)
 # Whether every item of issue 36's "a main job whose models learn" holds in this regime on
 # seeds 0-2 and 3-5: every DP run below the unigram predictor's test loss, the non-private
 # ceiling below every DP run, and MF beating the tree on test loss and on accuracy without
-# OOV/EOS beyond the seeds' spread. Not yet: all but the ceiling hold on seeds 0-2; the
+# OOV/EOS beyond the seeds' spread. Not yet: all but the ceiling hold on seeds 0-2 and 3-5; the
 # ceiling (FedAvg without clipping, one seed) scores about opt_momentum's test loss
 # (BENCHMARKS.md, "Main job: regimes tried with the compiled engine (issue 36)"). The slow
 # test (tests/test_training_main_job.py::test_the_conclusion_holds_on_seeds_the_job_was_not_
