@@ -8,7 +8,7 @@ and plots (``factorizations.json``), each mechanism's training run (its
 interpreter start) as the difference to the total. Then the job's own result table.
 Writes ``benchmarks/results/main_job.md``.
 
-  nice -n 10 .venv/bin/python benchmarks/bench_main_job.py           # about 12 min idle
+  nice -n 10 .venv/bin/python benchmarks/bench_main_job.py           # about 7 min idle
   .venv/bin/python benchmarks/bench_main_job.py --smoke --out-dir /tmp/x  # table only, n = 16
 """
 
@@ -95,19 +95,27 @@ def main(argv=None):
            f"average {load_start:.1f} at the start, {load_end:.1f} at the end. Exit code "
            f"{code}.", ""]
   if settings:
-    lines += [f"Settings: {settings['total_rounds']} rounds × "
-              f"{settings['clients_per_round']} clients per run, {settings['schema_text']}, "
-              f"seeds {', '.join(map(str, results['seeds']))}, ε = "
-              f"{settings['target_epsilon']:g}, δ = {settings['delta']:g}, LSTM "
+    schedule = settings.get("lr_schedule", "constant")
+    if schedule != "constant":
+      schedule += f" over the last {settings['schedule_rounds']} rounds"
+    lines += [f"Settings: `{settings['dataset']}`, {settings['total_rounds']} rounds × "
+              f"{settings['clients_per_round']} clients per run (at most "
+              f"{settings['max_elements_per_client']} sentences each), "
+              f"{settings['schema_text']}, seeds {', '.join(map(str, results['seeds']))}, ε = "
+              f"{settings['target_epsilon']:g}, δ = {settings['delta']:g}, client / server "
+              f"learning rate {settings['client_lr']:g} / {settings['server_lr']:g} (momentum "
+              f"{settings['server_momentum']:g}, {schedule}), LSTM "
               f"{settings['embedding_size']}/{settings['lstm_size']}/"
-              f"{settings['projection_size']}, vocabulary {settings['vocab_size']}, "
-              f"engine {settings.get('engine', 'tff')}.", ""]
+              f"{settings['projection_size']}, vocabulary {settings['vocab_size']} with "
+              f"{settings['num_oov_buckets']} OOV buckets, engine "
+              f"{settings.get('engine', 'tff')}.", ""]
   lines += ["| part | wall s |", "| --- | --- |"]
   lines += [f"| {name} | {seconds:.0f} |" for name, seconds in parts]
   lines += [f"| **total** | **{total:.0f}** ({total / 60:.1f} min) |", "",
             f"CPU time of the job and its TFF worker processes: {cpu:.0f} s (user + system; "
-            f"{cpu / 60:.1f} min, about {cpu / 120:.1f} min of wall on 2 idle cores if both "
-            "were kept busy).", ""]
+            f"{cpu / 60:.1f} min): on 2 idle cores that is between {cpu / 120:.1f} min of wall "
+            f"(both kept busy) and {cpu / 72:.1f} min (the about 1.2 cores the TensorFlow "
+            "client step keeps busy).", ""]
   if job_table:
     lines += ["What the job reported in this run (its results.md without the reading notes):",
               "", job_table.strip(), ""]

@@ -61,6 +61,8 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
     ("engine", "engine.md", (("benchmarks/bench_engine.py",),)),
     ("paper_config", "paper_config.md", (("benchmarks/bench_paper_config.py",),)),
     ("main_job", "main_job.md", (("benchmarks/bench_main_job.py",),)),
+    # Written by hand: the pilots that chose the main job's regime (issues 21 and 36).
+    ("main_job_regimes", "main_job_regimes.md", ()),
     ("multi_epoch_training", "training_multi_epoch.md", (
         ("benchmarks/training_pydocs.py", "--mechanisms", "tree", "gaussian", "banded", "blt",
          "opt_momentum",

@@ -426,17 +426,16 @@ def main(argv=None):
                       help="no training: the table and plot from <out>/raw.json")
   args = parser.parse_args(argv)
   from training import main_job  # pylint: disable=g-import-not-at-top
-  settings = dict(main_job.MAIN_JOB_DEFAULTS)
-  settings.pop("clip_norm")
-  for key in ("total_rounds", "target_epsilon"):
-    if getattr(args, key) is not None:
-      settings[key] = getattr(args, key)
+  overrides = {key: getattr(args, key) for key in ("total_rounds", "target_epsilon")
+               if getattr(args, key) is not None}
   if args.grid_seeds is None:
     args.grid_seeds = list(args.seeds)
   if args.smoke:
     args.seeds, args.grid_seeds, args.clips = [0], [0], args.clips[:1]
-    settings.update(total_rounds=2, dataset="synthetic", vocab_size=100, rounds_per_eval=1,
-                    rounds_per_checkpoint=1, max_validation_elements=32, max_test_elements=32)
+    overrides.update(total_rounds=2, dataset="synthetic", vocab_size=100, rounds_per_eval=1,
+                     rounds_per_checkpoint=1, max_validation_elements=32, max_test_elements=32)
+  settings = main_job.main_job_settings(**overrides)
+  settings.pop("clip_norm")
   start = time.perf_counter()
   results, tree = _load_raw(args.out, args) if args.report_only else train(args, settings)
   comparisons = summarize(results, args.mechanisms, args.grid_seeds)

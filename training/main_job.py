@@ -9,14 +9,15 @@
    arXiv:2202.08312, Eq. 2) with the lower bound ‖A‖_*/√n, and the per-round
    variance and heatmap plots into ``--output_dir``. Everything goes through the
    factorization cache, so a second run only redraws the plots.
-2. Trains the next-word-prediction LSTM (a small one) on the docstring dataset
-   (``stackoverflow/pydocs.py``, no download) with TFF's tree aggregator and the
-   MF mechanisms of ``MAIN_JOB_MECHANISMS`` at one (ε, δ), under the participation
-   schema of ``MAIN_JOB_DEFAULTS``, once per pinned noise seed (0, 1, 2), and
-   compares them on test loss: mean ± std over seeds and the paired per-seed
-   difference to the tree with its 95% t-interval (``training.report``). Writes
-   ``results.md`` (three sentences first), ``results.json`` and ``training.png``
-   into ``<output_dir>/training``.
+2. Trains the next-word-prediction LSTM (a small one) on the docstring dataset, one
+   client per source module (``stackoverflow/pydocs.py``, no download), with TFF's tree
+   aggregator and the MF mechanisms of ``MAIN_JOB_MECHANISMS`` at one (ε, δ), under the
+   participation schema of ``MAIN_JOB_DEFAULTS``, once per pinned noise seed (0, 1, 2),
+   with the non-private ceiling and a unigram predictor as references, and compares them
+   on test loss and on accuracy without OOV/EOS: mean ± std over seeds and the paired
+   per-seed difference to the tree with its 95% t-interval (``training.report``). Writes
+   ``results.md`` (its verdicts first), ``results.json`` and ``training.png`` into
+   ``<output_dir>/training``.
 
 Each (mechanism, seed) is one ``training.loop`` run under
 ``<output_dir>/training/runs/``; rerunning resumes from the checkpoints, and a
@@ -39,48 +40,63 @@ from training import config as config_lib
 MAIN_JOB_MECHANISMS = ("tree", "opt_momentum")
 # The ceiling: the same regime without DP, once (seed 0).
 MAIN_JOB_REFERENCES = ("none",)
-# Whether the job claims that MF beats the tree on the papers' headline accuracy (without
-# OOV/EOS) too. It does not: in this budget (12 minutes on 2 cores) no regime tried made the
-# DP models learn that accuracy beyond a unigram predictor's (BENCHMARKS.md, "Main job:
-# regimes tried for the headline accuracy"); results.md says so in its first sentence.
+# Whether every item of issue 36's "a main job whose models learn" holds in this regime on
+# seeds 0-2 and 3-5: every DP run below the unigram predictor's test loss, the non-private
+# ceiling below every DP run, and MF beating the tree on test loss and on accuracy without
+# OOV/EOS beyond the seeds' spread. Not yet: all but the ceiling hold on seeds 0-2 and 3-5; the
+# ceiling (FedAvg without clipping, one seed) scores about opt_momentum's test loss
+# (BENCHMARKS.md, "Main job: regimes tried with the compiled engine (issue 36)"). The slow
+# test (tests/test_training_main_job.py::test_the_conclusion_holds_on_seeds_the_job_was_not_
+# tuned_on) checks that this flag matches the runs; results.md states what each run found.
 MAIN_JOB_HEADLINE_CLAIM = False
 # Pinned for reproducibility: replicate r uses client order / model init seed r and noise
 # seed r. A pinned noise seed is public, so these runs demonstrate, they do not protect.
 NOISE_SEEDS = (0, 1, 2)
 LEADING_METRIC = "loss"
-# The regime, chosen so that DP noise dominates and both mechanisms still learn (pilots in
-# benchmarks/results/main_job.md) and the job fits 12 minutes on 2 idle cores: 48 rounds of 8
-# clients in 2 fixed epochs (24 cohorts of 8, 192 clients, each in rounds j and j + 24) at
-# ε = 16. The per-round noise in the average update has about 1.2 (tree) and 0.7
-# (opt_momentum) times the norm of a clipped update (z·‖B‖_F/(√n·clients)).
+# The regime, chosen with pilots on the compiled engine (BENCHMARKS.md, "Main job: regimes
+# tried with the compiled engine (issue 36)") so that every DP model learns beyond a unigram
+# predictor, DP noise still separates the mechanisms, and the job fits 10 minutes on 2 idle
+# cores: clients are source modules (`pydocs_modules`, about 48 sentences each, at most 64
+# used: up to 4 local steps), 64 rounds of 24 clients in 2 fixed epochs (32 cohorts of 24,
+# 768 clients, each in rounds j and j + 32) at ε = 16, the server learning rate cooled down
+# linearly to 0.05 over the last half of the rounds (Denisov et al. 2022, arXiv:2202.08312,
+# Sec 5; the MF mechanisms factorize that workload), and 20 OOV buckets, so that no OOV
+# bucket is more frequent than a word and accuracy without OOV/EOS measures words.
 MAIN_JOB_DEFAULTS = dict(
-    dataset="pydocs",
-    total_rounds=48,
-    clients_per_round=8,
+    dataset="pydocs_modules",
+    total_rounds=64,
+    clients_per_round=24,
     participation="fixed_epoch",
     epochs=2,
     target_epsilon=16.0,
     delta=1e-6,
     clip_norm=1.0,
-    client_lr=0.5,
-    server_lr=0.25,
+    client_lr=0.7,
+    server_lr=1.0,
     server_momentum=0.9,
+    lr_schedule="cooldown",
     vocab_size=1000,
+    num_oov_buckets=20,
     embedding_size=16,
     lstm_size=32,
     projection_size=16,
-    rounds_per_eval=12,
-    rounds_per_checkpoint=24,
+    max_elements_per_client=64,
+    rounds_per_eval=16,
+    rounds_per_checkpoint=32,
     max_validation_elements=500,
     max_test_elements=2000,
 )
+# The cooldown covers this fraction of the rounds, so --total_rounds keeps the schedule's
+# shape (``schedule_rounds`` = round(fraction × total_rounds) unless given).
+COOLDOWN_FRACTION = 0.5
 READING_NOTES = (
     "- Test loss is the token-weighted cross-entropy of the final model on {max_test_elements} "
     "held-out test sentences. It leads because it is what training minimizes and it moves "
     "smoothly with the noise. The papers' headline, accuracy without OOV/EOS targets (reached "
-    "after 2048 rounds of 100 clients there), needs a model that predicts words rather than "
-    "the frequent OOV and EOS tokens; at this scale none does, so that accuracy is shown and "
-    "tested but not where a mechanism wins.",
+    "after 2048 rounds of 100 clients there), counts only predictions of in-vocabulary words; "
+    "with {num_oov_buckets} OOV buckets no bucket is more frequent than a common word, so a "
+    "model scores on it only by predicting words, and a mechanism wins on it only when its "
+    "paired interval excludes 0.",
     "- Two reference rows bound the table: the same regime trained without DP (one seed; the "
     "ceiling, dashed in the plot) and a unigram predictor fit on the train clients (no "
     "training; always the most frequent word for the accuracies, the smoothed frequencies for "
@@ -152,6 +168,16 @@ def _factorize_columns(n: int, cache_dir: Optional[str], progress: bool = True):
       records.append(dict(factorize_cmd.result_record(f, entry), column=column))
     lower_bounds[column] = float(fz.lower_bound_nuclear(workload.build()) ** 0.5)
   return values, records, lower_bounds
+
+
+def main_job_settings(**overrides) -> dict:
+  """``MAIN_JOB_DEFAULTS`` with ``overrides`` (``TrainingConfig`` fields); a learning-rate
+  schedule covers ``COOLDOWN_FRACTION`` of the rounds unless ``schedule_rounds`` is given."""
+  settings = dict(MAIN_JOB_DEFAULTS, **overrides)
+  if settings.get("lr_schedule", "constant") != "constant":
+    settings.setdefault("schedule_rounds",
+                        max(1, round(COOLDOWN_FRACTION * settings["total_rounds"])))
+  return settings
 
 
 def main_job_schema():
@@ -342,7 +368,7 @@ def run_main_job(output_dir: str, cache_dir: Optional[str] = None, *,
     **overrides: any other ``TrainingConfig`` field (e.g. total_rounds).
   """
   from training import report  # pylint: disable=g-import-not-at-top
-  settings = dict(MAIN_JOB_DEFAULTS, **overrides)
+  settings = main_job_settings(**overrides)
   os.makedirs(output_dir, exist_ok=True)
   start = time.perf_counter()
   try:
@@ -355,13 +381,12 @@ def run_main_job(output_dir: str, cache_dir: Optional[str] = None, *,
     print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
     return 1
   result = report.compare(runs, baseline=mechanisms[0], leading=LEADING_METRIC,
-                          references=references)
+                          references=references, unigram=baselines["unigram"])
   result["initial_test_metrics"] = baselines["initial"]
-  result["unigram"] = baselines["unigram"]
   result["wall_seconds"] = time.perf_counter() - start
   notes = [note.format(**settings) for note in READING_NOTES]
   described = dict(settings, schema_text=schema_text(settings), notes=notes,
-                   title=(f"pydocs, {settings['total_rounds']} rounds x "
+                   title=(f"{settings['dataset']}, {settings['total_rounds']} rounds x "
                           f"{settings['clients_per_round']} clients, {schema_text(settings)}, "
                           f"target eps {settings['target_epsilon']:g}"))
   text = report.write_results(output_dir, result, described, curves)

@@ -77,12 +77,15 @@ def paired(values: Sequence[float], baseline: Sequence[float], lower_is_better: 
 
 
 def compare(runs: Dict[str, Dict[int, dict]], baseline: str, leading: str = "loss",
-            references: Sequence[str] = ()) -> Dict[str, object]:
+            references: Sequence[str] = (), unigram: Optional[dict] = None
+            ) -> Dict[str, object]:
   """{mechanisms: {name: {metric: {per_seed, mean, std, vs_baseline}}}, conclusion}.
 
   ``runs[mechanism][seed]`` is that run's summary; seeds are paired across the DP
   mechanisms. ``references`` (e.g. ``none``, the non-private ceiling) are summarized over
   their own seeds, marked ``reference`` and left out of the pairing and the conclusion.
+  ``unigram``: the unigram predictor's test metrics (``training.task.unigram_baseline``),
+  the floor every DP run's test loss is checked against.
   """
   contenders = {m: r for m, r in runs.items() if m not in references}
   seeds = sorted(set.intersection(*[set(r) for r in contenders.values()]))
@@ -109,9 +112,42 @@ def compare(runs: Dict[str, Dict[int, dict]], baseline: str, leading: str = "los
                  single_participation_sqrt_loss=first.get("single_participation_sqrt_loss"),
                  wall_seconds=[by_seed[s]["wall_seconds"] for s in own_seeds])
     out[mechanism] = entry
-  return {"seeds": seeds, "baseline": baseline, "leading_metric": leading,
-          "headline_metric": HEADLINE, "mechanisms": out,
-          "conclusion": conclusion(out, baseline, leading)}
+  result = {"seeds": seeds, "baseline": baseline, "leading_metric": leading,
+            "headline_metric": HEADLINE, "mechanisms": out,
+            "conclusion": conclusion(out, baseline, leading)}
+  if unigram is not None:
+    result["unigram"] = unigram
+  result["conclusion"].update(learning(result))
+  return result
+
+
+def learning(result: dict) -> Dict[str, object]:
+  """Whether the models learned: the DP runs whose test loss is not below the unigram
+  predictor's, and those the non-private ceiling does not beat, as {mechanism: [seeds]}.
+
+  ``every_dp_beats_unigram`` / ``ceiling_beats_every_dp`` are None where the unigram row /
+  the ceiling is missing.
+  """
+  unigram = (result.get("unigram") or {}).get("loss")
+  dp = {m: e for m, e in result["mechanisms"].items() if not e.get("reference")}
+  ceilings = [e for e in result["mechanisms"].values() if e.get("reference")]
+  # The ceiling's worst seed: it beats a DP run only if every one of its seeds does.
+  ceiling = max((v for e in ceilings for v in e["loss"]["per_seed"]), default=None)
+
+  def failures(bound, fails):
+    if bound is None:
+      return None
+    seeds = {m: [s for s, v in zip(e["seeds"], e["loss"]["per_seed"]) if fails(v, bound)]
+             for m, e in dp.items()}
+    return {m: s for m, s in seeds.items() if s}
+
+  above_unigram = failures(unigram, lambda v, floor: not v < floor)
+  below_ceiling = failures(ceiling, lambda v, top: not v > top)
+  return {"unigram_loss": unigram, "ceiling_loss": ceiling,
+          "dp_not_beating_unigram": above_unigram,
+          "every_dp_beats_unigram": None if above_unigram is None else not above_unigram,
+          "dp_not_beaten_by_ceiling": below_ceiling,
+          "ceiling_beats_every_dp": None if below_ceiling is None else not below_ceiling}
 
 
 def _largest_statement(summaries: Sequence[dict]) -> Optional[dict]:
@@ -187,6 +223,33 @@ def _headline_sentence(result: dict) -> str:
   return text + "."
 
 
+def _learning_sentence(result: dict) -> str:
+  """Whether every DP run beat the unigram predictor and the ceiling beat every DP run, on
+  test loss ("" where neither reference row is there)."""
+  c, mech = result["conclusion"], result["mechanisms"]
+
+  def runs(failed: Dict[str, List[int]]) -> str:
+    return "; ".join(f"{_label(m)}, seed{'s' if len(s) > 1 else ''} "
+                     f"{', '.join(map(str, s))}" for m, s in failed.items())
+
+  parts = []
+  if c.get("every_dp_beats_unigram") is not None:
+    floor = f"the unigram predictor's test loss ({c['unigram_loss']:.4f})"
+    parts.append(f"every DP run beats {floor}" if c["every_dp_beats_unigram"] else
+                 f"NOT every DP run beats {floor} ({runs(c['dp_not_beating_unigram'])} "
+                 "do not)")
+  if c.get("ceiling_beats_every_dp") is not None:
+    names = ", ".join(mech[m]["label"].lower() for m in mech if mech[m].get("reference"))
+    top = f"the {names} ceiling ({c['ceiling_loss']:.4f})"
+    parts.append(f"{top} beats every DP run on it" if c["ceiling_beats_every_dp"] else
+                 f"{top} does NOT beat every DP run on it "
+                 f"({runs(c['dp_not_beaten_by_ceiling'])} score at or below it)")
+  if not parts:
+    return ""
+  text = ", and ".join(parts)
+  return f"{text[0].upper()}{text[1:]}."
+
+
 def _sentences(result: dict, settings: dict) -> str:
   """The sentences results.md opens with: the verdict on both metrics, then three more."""
   mech = result["mechanisms"]
@@ -236,8 +299,9 @@ def _sentences(result: dict, settings: dict) -> str:
                    f"[{_fmt(low, '+.3f')}, {_fmt(high, '+.3f')}] includes 0)")
   third = "; ".join(parts) + "."
   headline = _headline_sentence(result)
-  return (f"{headline[0].upper()}{headline[1:]} {first} {second} "
-          f"{third[0].upper()}{third[1:]}")
+  learned = _learning_sentence(result)
+  return (f"{headline[0].upper()}{headline[1:]} {learned + ' ' if learned else ''}{first} "
+          f"{second} {third[0].upper()}{third[1:]}")
 
 
 def _delta(e: dict, key: str) -> str:
