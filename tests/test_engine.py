@@ -55,9 +55,7 @@ SERVER_LR = 0.7
 CLIP = 0.5
 SEED = 20261126
 U = 2.0 ** -24
-MODEL = dict(dataset="synthetic", vocab_size=50, embedding_size=4, lstm_size=4,
-             projection_size=4, max_validation_elements=16, max_test_elements=16,
-             client_batch_size=4, max_elements_per_client=8, seed=1)
+MODEL = dict(client_batch_size=4, max_elements_per_client=8, seed=1)  # on conftest's tiny one
 # (mechanism, participation, adaptive clipping); the default suite keeps TFF's tree, a
 # dense MF mechanism with momentum, and a stateful stream with adaptive clipping.
 DEFAULT_CASES = [("tree", "single", False), ("opt_momentum", "fixed_epoch", False),
@@ -70,12 +68,11 @@ ALL_CASES = [(m, p, False) for m in ("none", "tree", "gaussian", "opt_momentum",
 SLOW_CASES = [c for c in ALL_CASES if c not in DEFAULT_CASES]
 
 
-def _config(root, mechanism, participation, adaptive, **kw):
+def _config(tiny_config, root, mechanism, participation, adaptive, **kw):
   values = dict(MODEL, mechanism=mechanism, total_rounds=ROUNDS, clients_per_round=CLIENTS,
                 client_lr=CLIENT_LR, server_lr=SERVER_LR, clip_norm=CLIP,
                 server_momentum=0.9 if mechanism in ("opt_momentum", "none") else 0.0,
-                participation=participation, noise_seed=SEED, progress=False,
-                root_output_dir=str(root), cache_dir=str(root / "cache"))
+                participation=participation, noise_seed=SEED, cache_dir=str(root / "cache"))
   if mechanism != "none":
     values["noise_multiplier"] = 0.8
   else:
@@ -86,12 +83,13 @@ def _config(root, mechanism, participation, adaptive, **kw):
     values.update(clip_norm="adaptive", initial_clip_norm=CLIP, clipped_count_stddev=1.0,
                   noise_multiplier=0.4)
   values.update(kw)
-  return config_lib.TrainingConfig(**values)
+  return tiny_config(root, **values)
 
 
 @pytest.fixture(scope="module")
-def task(tmp_path_factory):
-  return task_lib.build_task(_config(tmp_path_factory.mktemp("task"), "none", "single", False))
+def task(tiny_config, tiny_task, tmp_path_factory):
+  return tiny_task(_config(tiny_config, tmp_path_factory.mktemp("task"), "none", "single",
+                           False))
 
 
 def _cohort(task, participation, round_num):
@@ -206,28 +204,28 @@ def _training_rounds(pair, task, participation):
     state = a
 
 
-def _check_case(tmp_path, task, case):
+def _check_case(tiny_config, tmp_path, task, case):
   mechanism, participation, adaptive = case
-  pair = _Pair(task, _config(tmp_path, mechanism, participation, adaptive))
+  pair = _Pair(task, _config(tiny_config, tmp_path, mechanism, participation, adaptive))
   _noise_rounds(pair, task, participation)
   _training_rounds(pair, task, participation)
 
 
 @pytest.mark.parametrize("case", DEFAULT_CASES, ids=lambda c: f"{c[0]}-{c[1]}" + (
     "-adaptive" if c[2] else ""))
-def test_compiled_engine_equals_tff(tmp_path, task, case):
-  _check_case(tmp_path, task, case)
+def test_compiled_engine_equals_tff(tiny_config, tmp_path, task, case):
+  _check_case(tiny_config, tmp_path, task, case)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", SLOW_CASES, ids=lambda c: f"{c[0]}-{c[1]}" + (
     "-adaptive" if c[2] else ""))
-def test_compiled_engine_equals_tff_every_mechanism(tmp_path, task, case):
-  _check_case(tmp_path, task, case)
+def test_compiled_engine_equals_tff_every_mechanism(tiny_config, tmp_path, task, case):
+  _check_case(tiny_config, tmp_path, task, case)
 
 
-def _run(root, engine_name, total_rounds=ROUNDS, **kw):
-  config = _config(root, "opt_momentum", "fixed_epoch", False, engine=engine_name,
+def _run(tiny_config, root, engine_name, total_rounds=ROUNDS, **kw):
+  config = _config(tiny_config, root, "opt_momentum", "fixed_epoch", False, engine=engine_name,
                    client_lr=1e-20, experiment_name=kw.pop("experiment_name", engine_name),
                    rounds_per_checkpoint=1, rounds_per_eval=2, **kw)
   if total_rounds != ROUNDS:  # a run stopped after total_rounds: the same flags, cut short
@@ -256,13 +254,15 @@ def _outputs(config):
   return summary, events, releases
 
 
-def test_training_loop_is_the_same_on_both_engines_and_resumes_across_them(tmp_path, task):
+def test_training_loop_is_the_same_on_both_engines_and_resumes_across_them(tiny_config, tmp_path,
+                                                                            task):
   """A run checkpointed on one engine resumes on the other (both ways) with the releases,
   DpEvents, ε, privacy statement and test metrics of a run on the compiled engine alone;
   the resumed run replays its last logged round on the other engine bit for bit
   (``releases.jsonl`` refuses a different release)."""
   del task
-  alone = _outputs(_run(tmp_path, config_lib.DEFAULT_ENGINE))  # auto: compiled on one machine
+  # auto: compiled on one machine
+  alone = _outputs(_run(tiny_config, tmp_path, config_lib.DEFAULT_ENGINE))
   summary, events, releases = alone
   assert summary["config"]["engine"] == "compiled" and summary["epsilon"] is not None
   with open(os.path.join(tmp_path, config_lib.DEFAULT_ENGINE, "config.json"),
@@ -270,9 +270,9 @@ def test_training_loop_is_the_same_on_both_engines_and_resumes_across_them(tmp_p
     assert json.load(f)["config"]["engine"] == "compiled"  # the record names the engine used
   for first, second in (("tff", "compiled"), ("compiled", "tff")):
     name = f"{first}-then-{second}"
-    _run(tmp_path, first, total_rounds=2, experiment_name=name)
+    _run(tiny_config, tmp_path, first, total_rounds=2, experiment_name=name)
     resumed_summary, resumed_events, resumed_releases = _outputs(
-        _run(tmp_path, second, experiment_name=name))
+        _run(tiny_config, tmp_path, second, experiment_name=name))
     assert resumed_events == events
     assert [(r["round"], r["sha256"]) for r in resumed_releases] == [
         (r["round"], r["sha256"]) for r in releases]
@@ -283,11 +283,11 @@ def test_training_loop_is_the_same_on_both_engines_and_resumes_across_them(tmp_p
     assert resumed_summary["config"]["engine"] == second
 
 
-def test_auto_is_the_default_compiled_on_one_machine_and_tff_with_workers(tmp_path):
+def test_auto_is_the_default_compiled_on_one_machine_and_tff_with_workers(tiny_config, tmp_path):
   """The default engine is auto: the compiled engine on one machine, TFF's process (its
   distributed runtime) with --workers; an explicit engine stays what it says."""
   assert config_lib.TrainingConfig().engine == config_lib.DEFAULT_ENGINE == "auto"
-  config = _config(tmp_path, "tree", "single", False)
+  config = _config(tiny_config, tmp_path, "tree", "single", False)
   assert config.with_used_engine().engine == "compiled"
   distributed = dataclasses.replace(config, workers=("localhost:1",))
   distributed.validate()
@@ -299,8 +299,8 @@ def test_auto_is_the_default_compiled_on_one_machine_and_tff_with_workers(tmp_pa
     engine.build_process("auto", None, None, CLIENT_LR)
 
 
-def test_compiled_engine_with_workers_is_refused_in_one_line(tmp_path):
-  config = _config(tmp_path, "tree", "single", False, engine="compiled",
+def test_compiled_engine_with_workers_is_refused_in_one_line(tiny_config, tmp_path):
+  config = _config(tiny_config, tmp_path, "tree", "single", False, engine="compiled",
                    workers=("localhost:1",))
   with pytest.raises(config_lib.TrainingError) as error:
     config.validate()
@@ -331,10 +331,10 @@ def test_binary_trains_on_the_compiled_engine_from_a_clean_shell(tmp_path):
   assert summary["epsilon"] is not None and summary["test_metrics"]["loss"] > 0
 
 
-def test_a_failed_library_check_in_the_compiled_round_is_one_line(tmp_path, task):
+def test_a_failed_library_check_in_the_compiled_round_is_one_line(tiny_config, tmp_path, task):
   """Past the n rounds its matrix was built for, the query's in-graph check stops the round
   with the query's own one-line message, as on TFF's process (``loop.run_round``)."""
-  config = _config(tmp_path, "banded", "single", False, total_rounds=1)
+  config = _config(tiny_config, tmp_path, "banded", "single", False, total_rounds=1)
   setup, _, _ = mechanisms.resolve_privacy(config, config.noise_seed)
   process = engine.build_process("compiled", task.model_fn, setup, CLIENT_LR,
                                  report_train_metrics=True)
@@ -346,10 +346,10 @@ def test_a_failed_library_check_in_the_compiled_round_is_one_line(tmp_path, task
   assert str(error.value).startswith("round 2: ") and "\n" not in str(error.value)
 
 
-def test_an_unpinned_noise_seed_is_fresh_at_every_initialize(tmp_path, task):
+def test_an_unpinned_noise_seed_is_fresh_at_every_initialize(tiny_config, tmp_path, task):
   """Without a pinned seed the compiled engine's query state draws its seed from OS entropy
   at every ``initialize`` (never one traced constant), as on TFF's process."""
-  config = _config(tmp_path, "banded", "single", False, noise_seed=None)
+  config = _config(tiny_config, tmp_path, "banded", "single", False, noise_seed=None)
   setup, _, _ = mechanisms.resolve_privacy(config, None)
   process = engine.build_process("compiled", task.model_fn, setup, CLIENT_LR)
   seeds = [tuple(process.initialize().aggregator.query_state.numerator_state.seed)

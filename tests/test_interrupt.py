@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 import userenv
-from stackoverflow import fixtures
 from tff_mf import interrupt
 from test_sweep_grids import FAKE_BINARY
 from test_training_resume import group_processes
@@ -138,10 +137,9 @@ def test_a_sigint_read_after_its_handling_ended_is_ignored():
     assert not interrupt.requested()
 
 
-def _interrupt_at_start_up_then_mid_run(tmp_path):
+def _interrupt_at_start_up_then_mid_run(tmp_path, tiny_stackoverflow):
   """Two runs of the same command, each stopped by one SIGINT; (argv, run dir, round)."""
-  data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=30,
-                                               num_empty_train_clients=3)
+  data_dir = tiny_stackoverflow(num_train_clients=30, num_empty_train_clients=3)
   root = tmp_path / "runs"
   run_dir = str(root / "run")
   argv = _binary(data_dir, root)
@@ -175,13 +173,15 @@ def _interrupt_at_start_up_then_mid_run(tmp_path):
   return argv, root, stopped, data_dir
 
 
-def test_ctrl_c_at_start_up_and_mid_run_checkpoints_the_current_round(tmp_path):
-  _interrupt_at_start_up_then_mid_run(tmp_path)
+def test_ctrl_c_at_start_up_and_mid_run_checkpoints_the_current_round(tmp_path,
+                                                                       tiny_stackoverflow):
+  _interrupt_at_start_up_then_mid_run(tmp_path, tiny_stackoverflow)
 
 
 @pytest.mark.slow
-def test_ctrl_c_then_rerun_ends_like_an_uninterrupted_run(tmp_path):
-  argv, root, stopped, data_dir = _interrupt_at_start_up_then_mid_run(tmp_path)
+def test_ctrl_c_then_rerun_ends_like_an_uninterrupted_run(tmp_path, tiny_stackoverflow):
+  argv, root, stopped, data_dir = _interrupt_at_start_up_then_mid_run(tmp_path,
+                                                                      tiny_stackoverflow)
   run_dir = str(root / "run")
 
   # The same command resumes from the interrupted round and finishes.
@@ -213,8 +213,8 @@ def test_ctrl_c_while_tensorflow_loads_writes_nothing(tmp_path):
   assert not root.exists()
 
 
-def test_a_second_ctrl_c_exits_at_once(tmp_path):
-  data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=12)
+def test_a_second_ctrl_c_exits_at_once(tmp_path, tiny_stackoverflow):
+  data_dir = tiny_stackoverflow(num_train_clients=12)
   root = tmp_path / "runs"
   proc = _start(_binary(data_dir, root), tmp_path, "twice")
   _wait_for(proc, lambda: (root / "run" / outputs.CONFIG_FILE).exists(), "the run directory")

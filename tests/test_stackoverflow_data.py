@@ -28,9 +28,8 @@ def _no_network(monkeypatch):
 
 
 @pytest.fixture(name="tiny_dir", scope="module")
-def _tiny_dir(tmp_path_factory):
-  directory = str(tmp_path_factory.mktemp("tiny_stackoverflow"))
-  return fixtures.write_tiny_stackoverflow(directory, num_empty_train_clients=1)
+def _tiny_dir(tiny_stackoverflow):
+  return tiny_stackoverflow(num_empty_train_clients=1)
 
 
 def test_offline_without_files_says_what_to_fetch_and_where(tmp_path,

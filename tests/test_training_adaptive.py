@@ -8,29 +8,25 @@ import math
 import dp_accounting
 import pytest
 
-from training import config as config_lib
 from training import loop
 from training import outputs
 from training.config import TrainingError
 
 
-def tiny_config(root, **kw):
-  values = dict(mechanism="blt", dataset="synthetic", total_rounds=4, clients_per_round=4,
-                vocab_size=50, embedding_size=4, lstm_size=4, projection_size=4,
-                max_validation_elements=16, max_test_elements=16, root_output_dir=str(root),
-                experiment_name="run", progress=False, rounds_per_eval=4,
-                participation="fixed_epoch", epochs=2, target_epsilon=8.0,
-                clip_norm="adaptive", initial_clip_norm=0.05, clip_learning_rate=0.5,
-                clipped_count_stddev=2.0)
-  values.update(kw)
-  return config_lib.TrainingConfig(**values)
+@pytest.fixture(name="configs", scope="module")
+def _configs(tiny_config):
+  return tiny_config.using(mechanism="blt", total_rounds=4, clients_per_round=4,
+                           experiment_name="run", rounds_per_eval=4, participation="fixed_epoch",
+                           epochs=2, target_epsilon=8.0, clip_norm="adaptive",
+                           initial_clip_norm=0.05, clip_learning_rate=0.5,
+                           clipped_count_stddev=2.0)
 
 
 # Slow: adaptive clipping trains inside TFF FedAvg (tests/test_adaptive_clipping.py) and the
 # run's composed record is the library's (tests/test_training_privacy.py) in the default suite.
 @pytest.mark.slow
-def test_adaptive_run_records_the_clip_and_an_epsilon_for_both_parts(tmp_path):
-  summary = loop.run_training(tiny_config(tmp_path))
+def test_adaptive_run_records_the_clip_and_an_epsilon_for_both_parts(configs, tmp_path):
+  summary = loop.run_training(configs(tmp_path))
   privacy = summary["privacy"]
   assert privacy["analysis"] == "adaptive"
   assert privacy["epsilon"] <= 8.0
@@ -52,8 +48,8 @@ def test_adaptive_run_records_the_clip_and_an_epsilon_for_both_parts(tmp_path):
       "clip_norm"] == "adaptive"
 
 
-def test_quantile_flags_need_adaptive_clipping(tmp_path):
+def test_quantile_flags_need_adaptive_clipping(configs, tmp_path):
   with pytest.raises(TrainingError, match="--target_quantile goes with --clip_norm=adaptive"):
-    tiny_config(tmp_path, clip_norm=1.0, target_quantile=0.9).validate()
+    configs(tmp_path, clip_norm=1.0, target_quantile=0.9).validate()
   with pytest.raises(TrainingError, match="needs a private --mechanism"):
-    tiny_config(tmp_path, mechanism="none", target_epsilon=None).validate()
+    configs(tmp_path, mechanism="none", target_epsilon=None).validate()

@@ -189,11 +189,10 @@ def test_configuration_errors_are_one_line_exit_2(flag, message, tmp_path):
   assert not root.exists() or not os.listdir(root)
 
 
-def _two_epoch_run(tmp_path, schema: str) -> dict:
+def _two_epoch_run(tmp_path, tiny_stackoverflow, schema: str) -> dict:
   """The clean-shell binary on 6 tiny StackOverflow clients, 4 rounds in 2 epochs under
   ``--participation=schema``, pinned noise seed; returns its summary.json."""
-  from stackoverflow import fixtures  # pylint: disable=g-import-not-at-top
-  data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=6)
+  data_dir = tiny_stackoverflow(num_train_clients=6)
   home = tmp_path / "home"
   home.mkdir()
   args = [a for a in TINY if not a.startswith(("--dataset", "--total_rounds"))] + [
@@ -209,14 +208,15 @@ def _two_epoch_run(tmp_path, schema: str) -> dict:
 # Slow: the library record of a random_allocation run is tested in tests/test_training_privacy.py
 # and tests/test_random_allocation.py, its sampler in-process; this is the clean-shell binary.
 @pytest.mark.slow
-def test_binary_trains_under_random_allocation_and_reports_the_smallest_bound(tmp_path):
+def test_binary_trains_under_random_allocation_and_reports_the_smallest_bound(
+    tmp_path, tiny_stackoverflow):
   """--participation=random_allocation: every client in exactly one round of each epoch; ε is the
   smaller of the Gaussian at z / sensitivity over the one-round-per-epoch patterns and the
   random-allocation bound (arXiv:2601.21636), both listed."""
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   from tff_mf import cache  # pylint: disable=g-import-not-at-top
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
-  summary = _two_epoch_run(tmp_path, "random_allocation")
+  summary = _two_epoch_run(tmp_path, tiny_stackoverflow, "random_allocation")
   seen = summary["participation"]
   assert seen["sampler"] == "random allocation (a new round each epoch)" and seen["follows_schema"]
   assert seen["observed"]["client_rounds"] == 6 * 2  # each client once in each of 2 epochs
@@ -239,13 +239,14 @@ def test_binary_trains_under_random_allocation_and_reports_the_smallest_bound(tm
 # Slow: the fixed-bin sampler and its record are tested in-process in tests/test_fixed_bin.py;
 # this is the clean-shell binary.
 @pytest.mark.slow
-def test_binary_trains_under_fixed_bin_balls_in_bins_and_labels_its_bound(tmp_path):
+def test_binary_trains_under_fixed_bin_balls_in_bins_and_labels_its_bound(
+    tmp_path, tiny_stackoverflow):
   """--participation=balls_in_bins: each client in the rounds of its one bin, b apart; ε is the
   Gaussian at z / sensitivity over those patterns, labelled not amplified."""
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   from tff_mf import cache  # pylint: disable=g-import-not-at-top
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
-  summary = _two_epoch_run(tmp_path, "balls_in_bins")
+  summary = _two_epoch_run(tmp_path, tiny_stackoverflow, "balls_in_bins")
   seen = summary["participation"]
   assert seen["sampler"] == "balls in bins (fixed bin)" and seen["follows_schema"]
   assert seen["schema"]["fixed_bin"] is True

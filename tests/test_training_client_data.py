@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from stackoverflow import data
-from stackoverflow import fixtures
 from stackoverflow import preprocessing
 from training import config as config_lib
 from training import loop
@@ -34,11 +33,9 @@ def _assert_same_batches(ours, lazy):
 
 
 @pytest.fixture(name="tiny_dir", scope="module")
-def _tiny_dir(tmp_path_factory):
-  return fixtures.write_tiny_stackoverflow(str(tmp_path_factory.mktemp("so")),
-                                           num_train_clients=12,
-                                           sentences_per_client=(5, 30),
-                                           num_empty_train_clients=3)
+def _tiny_dir(tiny_stackoverflow):
+  return tiny_stackoverflow(num_train_clients=12, sentences_per_client=(5, 30),
+                            num_empty_train_clients=3)
 
 
 @pytest.mark.parametrize("dataset,kw", [

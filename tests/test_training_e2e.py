@@ -17,7 +17,6 @@ import os
 import numpy as np
 import pytest
 
-from stackoverflow import fixtures
 from tff_mf import registry
 from training import config as config_lib
 from training import loop
@@ -31,25 +30,19 @@ PINNED_NOISE_SEED = 987654321012
 Z = 0.8
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-  return fixtures.write_tiny_stackoverflow(str(tmp_path_factory.mktemp("tiny_so")),
-                                          num_train_clients=48, num_empty_train_clients=12)
-
-
-def base_config(tiny_dir, root, **kw):
-  values = dict(dataset="stackoverflow", data_dir=tiny_dir, total_rounds=2, clients_per_round=3,
-                noise_multiplier=Z, vocab_size=100, embedding_size=8, lstm_size=8,
-                projection_size=8, rounds_per_eval=1, rounds_per_checkpoint=1,
-                max_validation_elements=64, max_test_elements=64, root_output_dir=str(root),
-                cache_dir=str(root / "cache_dir"), progress=False)
-  values.update(kw)
-  return config_lib.TrainingConfig(**values)
+@pytest.fixture(name="configs", scope="module")
+def _configs(tiny_config, tiny_stackoverflow):
+  tiny_dir = tiny_stackoverflow(num_train_clients=48, num_empty_train_clients=12)
+  return tiny_config.using(dataset="stackoverflow", data_dir=tiny_dir, total_rounds=2,
+                           clients_per_round=3, noise_multiplier=Z, vocab_size=100,
+                           embedding_size=8, lstm_size=8, projection_size=8, rounds_per_eval=1,
+                           rounds_per_checkpoint=1, max_validation_elements=64,
+                           max_test_elements=64, cache_subdir="cache_dir")
 
 
 @pytest.fixture(scope="module")
-def task(tiny_dir, tmp_path_factory):
-  return task_lib.build_task(base_config(tiny_dir, tmp_path_factory.mktemp("task")))
+def task(configs, tiny_task, tmp_path_factory):
+  return tiny_task(configs(tmp_path_factory.mktemp("task")))
 
 
 def empty_client_ids(task):
@@ -95,12 +88,12 @@ def test_mechanism_flag_takes_the_registrys_trainable_spellings():
 
 @pytest.mark.parametrize("mechanism", [
     m if m in DEFAULT_SUITE else pytest.param(m, marks=pytest.mark.slow) for m in MECHANISMS])
-def test_end_to_end(mechanism, tiny_dir, task, tmp_path, capfd):
+def test_end_to_end(mechanism, configs, task, tmp_path, capfd):
   private = mechanism != "none"
-  config = base_config(tiny_dir, tmp_path, mechanism=mechanism, experiment_name=mechanism,
-                       noise_multiplier=Z if private else None,
-                       noise_seed=None if config_lib.is_seedless(mechanism)
-                       else PINNED_NOISE_SEED)
+  config = configs(tmp_path, mechanism=mechanism, experiment_name=mechanism,
+                   noise_multiplier=Z if private else None,
+                   noise_seed=None if config_lib.is_seedless(mechanism)
+                   else PINNED_NOISE_SEED)
   summary = loop.run_training(config, task=task)
   run_dir = tmp_path / mechanism
   on_disk = json.loads((run_dir / outputs.SUMMARY_FILE).read_text())
@@ -160,13 +153,13 @@ def test_end_to_end(mechanism, tiny_dir, task, tmp_path, capfd):
 # Slow: an empty round still adds its noise (tests/test_training_participation.py) and resumed
 # runs count skipped clients alike (tests/test_training_resume.py) in the default suite.
 @pytest.mark.slow
-def test_empty_clients_are_skipped_and_counted(tiny_dir, task, tmp_path):
+def test_empty_clients_are_skipped_and_counted(configs, task, tmp_path):
   empties = empty_client_ids(task)
   assert len(empties) == 12
   seed = next(s for s in range(100) if expected_skips(task, s, 2, 4)[0] >= 2)
   expected, cursor = expected_skips(task, seed, 2, 4)
-  config = base_config(tiny_dir, tmp_path, mechanism="none", noise_multiplier=None, seed=seed,
-                       clients_per_round=4, experiment_name="empty")
+  config = configs(tmp_path, mechanism="none", noise_multiplier=None, seed=seed,
+                   clients_per_round=4, experiment_name="empty")
   summary = loop.run_training(config, task=task)
   assert summary["empty_clients_skipped"] == expected >= 2
   assert summary["clients_used"] == cursor == 8 + expected
@@ -177,9 +170,9 @@ def test_empty_clients_are_skipped_and_counted(tiny_dir, task, tmp_path):
   assert summary["finished"]
 
 
-def test_nonprivate_train_metrics_are_labeled_when_reported(tiny_dir, task, tmp_path):
-  config = base_config(tiny_dir, tmp_path, mechanism="opt_prefix_sum", experiment_name="train",
-                       noise_seed=PINNED_NOISE_SEED, report_train_metrics=True)
+def test_nonprivate_train_metrics_are_labeled_when_reported(configs, task, tmp_path):
+  config = configs(tmp_path, mechanism="opt_prefix_sum", experiment_name="train",
+                   noise_seed=PINNED_NOISE_SEED, report_train_metrics=True)
   summary = loop.run_training(config, task=task)
   with open(tmp_path / "train" / outputs.METRICS_FILE, newline="") as f:
     rows = list(csv.DictReader(f))

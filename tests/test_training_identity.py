@@ -21,13 +21,11 @@ import os
 import numpy as np
 import pytest
 
-from stackoverflow import fixtures
 from tff_mf import cache
 from tff_mf import factorization as fz
 from tff_mf import participation
 from tff_mf import strategies
 from tff_mf import workloads
-from training import config as config_lib
 from training import identity
 from training import loop
 from training import outputs
@@ -38,14 +36,12 @@ class Killed(Exception):
   pass
 
 
-def tiny(root, **kw):
-  values = dict(dataset="synthetic", total_rounds=4, clients_per_round=2, vocab_size=100,
-                embedding_size=8, lstm_size=8, projection_size=8, max_validation_elements=8,
-                max_test_elements=8, root_output_dir=str(root), experiment_name="run",
-                progress=False, noise_multiplier=1.0, rounds_per_checkpoint=2,
-                rounds_per_eval=1, cache_dir=str(root / "cache"))
-  values.update(kw)
-  return config_lib.TrainingConfig(**values)
+@pytest.fixture(name="configs", scope="module")
+def _configs(tiny_config):
+  return tiny_config.using(total_rounds=4, clients_per_round=2, vocab_size=100, embedding_size=8,
+                           lstm_size=8, projection_size=8, max_validation_elements=8,
+                           max_test_elements=8, experiment_name="run", noise_multiplier=1.0,
+                           rounds_per_checkpoint=2, rounds_per_eval=1, cache_subdir="cache")
 
 
 def run_until(config, kill_after=None):
@@ -78,9 +74,10 @@ def tensorboard_steps(run_dir, tag="validation/loss"):
 @pytest.mark.parametrize("mechanism,first_seed", [
     pytest.param("gaussian", None, marks=pytest.mark.slow), ("opt_prefix_sum", None),
     pytest.param("tree", 5, marks=pytest.mark.slow)])
-def test_killed_runs_replay_their_logged_rounds_bit_for_bit(tmp_path, mechanism, first_seed):
-  config = tiny(tmp_path, mechanism=mechanism, noise_seed=first_seed)
-  resumed = tiny(tmp_path, mechanism=mechanism)  # a pinned seed is not repeated on resume
+def test_killed_runs_replay_their_logged_rounds_bit_for_bit(configs, tmp_path, mechanism,
+                                                            first_seed):
+  config = configs(tmp_path, mechanism=mechanism, noise_seed=first_seed)
+  resumed = configs(tmp_path, mechanism=mechanism)  # a pinned seed is not repeated on resume
   run_dir = config.run_dir
   run_until(config, kill_after=1)  # before the first checkpoint (round 2)
   first = metric_rows(run_dir)
@@ -128,8 +125,8 @@ def _plant_other_encoder(tmp_path, cache_dir):
   return entry, saved_dir, original.c
 
 
-def test_a_replaced_encoder_is_refused_on_resume(tmp_path):
-  config = tiny(tmp_path, mechanism="opt_prefix_sum", rounds_per_eval=10)
+def test_a_replaced_encoder_is_refused_on_resume(configs, tmp_path):
+  config = configs(tmp_path, mechanism="opt_prefix_sum", rounds_per_eval=10)
   run_until(config, kill_after=3)
   elsewhere = tmp_path / "other_cache"
   _plant_other_encoder(tmp_path, str(elsewhere))
@@ -139,8 +136,8 @@ def test_a_replaced_encoder_is_refused_on_resume(tmp_path):
   new = identity.encoder_sha256(np.eye(4))
   for cache_dir in (str(tmp_path / "cache"), str(elsewhere)):
     with pytest.raises(TrainingError) as e:
-      run_until(tiny(tmp_path, mechanism="opt_prefix_sum", rounds_per_eval=10,
-                     cache_dir=cache_dir))
+      run_until(configs(tmp_path, mechanism="opt_prefix_sum", rounds_per_eval=10,
+                        cache_dir=cache_dir))
     message = str(e.value)
     assert "\n" not in message and old in message and new in message, message
     assert metric_rows(config.run_dir) == before  # nothing lost, nothing added
@@ -160,10 +157,10 @@ def _edit_identity(run_dir, **fields):
   return path
 
 
-def test_every_identity_field_is_bound_to_the_checkpoint_and_the_releases(tmp_path):
+def test_every_identity_field_is_bound_to_the_checkpoint_and_the_releases(configs, tmp_path):
   """identity.json edited after a release: refused in one line, nothing lost; an encoder
   hash edited to match another valid C in the cache would have mixed two mechanisms."""
-  config = tiny(tmp_path, mechanism="opt_prefix_sum", rounds_per_eval=10)
+  config = configs(tmp_path, mechanism="opt_prefix_sum", rounds_per_eval=10)
   run_dir = config.run_dir
   path = os.path.join(run_dir, identity.IDENTITY_FILE)
   run_until(config, kill_after=1)  # no checkpoint yet: only releases.jsonl binds it
@@ -208,12 +205,12 @@ def test_every_identity_field_is_bound_to_the_checkpoint_and_the_releases(tmp_pa
   assert summary["finished"] and summary["privacy"]["noise_seed_source"] == "os_entropy"
 
 
-def test_fixed_epoch_with_too_few_nonempty_clients_is_refused_before_round_1(tmp_path):
-  data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=10,
-                                               num_empty_train_clients=10)
-  config = tiny(tmp_path, mechanism="opt_prefix_sum", dataset="stackoverflow",
-                data_dir=data_dir, total_rounds=4, clients_per_round=6,
-                participation="fixed_epoch", epochs=2)
+def test_fixed_epoch_with_too_few_nonempty_clients_is_refused_before_round_1(configs, tmp_path,
+                                                                             tiny_stackoverflow):
+  data_dir = tiny_stackoverflow(num_train_clients=10, num_empty_train_clients=10)
+  config = configs(tmp_path, mechanism="opt_prefix_sum", dataset="stackoverflow",
+                   data_dir=data_dir, total_rounds=4, clients_per_round=6,
+                   participation="fixed_epoch", epochs=2)
   with pytest.raises(TrainingError, match="before round 1: too few non-empty clients"):
     run_until(config)
   assert not metric_rows(config.run_dir)
@@ -237,14 +234,15 @@ def _tensorboard_config(run_dir):
   return hparams, texts
 
 
-def test_a_resumed_run_reports_its_own_seed_source_and_every_nonprivate_release(tmp_path):
+def test_a_resumed_run_reports_its_own_seed_source_and_every_nonprivate_release(configs,
+                                                                                tmp_path):
   """Started pinned and with --report_train_metrics, resumed with neither flag: every output
   (summary.json, TensorBoard's hparams and config text, metrics.csv, the statement) still
   says pinned and names the non-private metrics the first rounds released."""
-  first = tiny(tmp_path, mechanism="opt_prefix_sum", noise_seed=7, report_train_metrics=True,
-               rounds_per_eval=10)
+  first = configs(tmp_path, mechanism="opt_prefix_sum", noise_seed=7, report_train_metrics=True,
+                  rounds_per_eval=10)
   run_until(first, kill_after=3)  # checkpoint of round 2; round 3 replays on resume
-  summary = run_until(tiny(tmp_path, mechanism="opt_prefix_sum", rounds_per_eval=10))
+  summary = run_until(configs(tmp_path, mechanism="opt_prefix_sum", rounds_per_eval=10))
   assert summary["finished"]
   assert summary["config"]["noise_seed"] == "pinned"
   assert summary["config"]["report_train_metrics"] is True
@@ -294,8 +292,8 @@ def test_release_log_refuses_a_malformed_line_and_repairs_a_cut_last_line(tmp_pa
     assert f.read() == whole
 
 
-def test_a_refused_replay_keeps_metrics_and_releases_consistent(tmp_path):
-  config = tiny(tmp_path, mechanism="opt_prefix_sum", rounds_per_eval=10)
+def test_a_refused_replay_keeps_metrics_and_releases_consistent(configs, tmp_path):
+  config = configs(tmp_path, mechanism="opt_prefix_sum", rounds_per_eval=10)
   run_dir = config.run_dir
   run_until(config, kill_after=3)  # checkpoint of round 2; round 3 logged after it
   path = os.path.join(run_dir, identity.RELEASES_FILE)

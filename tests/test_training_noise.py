@@ -67,20 +67,20 @@ MODEL = dict(dataset="synthetic", vocab_size=100, embedding_size=16, lstm_size=1
              projection_size=16, max_validation_elements=16, max_test_elements=16, seed=3)
 
 
-def _config(root, mechanism, **kw):
-  values = dict(MODEL, mechanism=mechanism, total_rounds=ROUNDS, clients_per_round=CLIENTS,
-                client_lr=CLIENT_LR, clip_norm=CLIP, server_lr=SERVER_LR, delta=DELTA,
-                rounds_per_eval=ROUNDS, rounds_per_checkpoint=1, root_output_dir=str(root),
-                experiment_name=mechanism, cache_dir=str(root / "cache_dir"),
-                progress=False)
-  values.update(kw)
-  return config_lib.TrainingConfig(**values)
+@pytest.fixture(name="configs", scope="module")
+def _configs(tiny_config):
+  """``configs(root, mechanism, **overrides)``: this file's run of ``mechanism``."""
+  base = tiny_config.using(**MODEL, total_rounds=ROUNDS, clients_per_round=CLIENTS,
+                           client_lr=CLIENT_LR, clip_norm=CLIP, server_lr=SERVER_LR, delta=DELTA,
+                           rounds_per_eval=ROUNDS, rounds_per_checkpoint=1,
+                           cache_subdir="cache_dir")
+  return lambda root, mechanism, **kw: base(root, mechanism=mechanism,
+                                            experiment_name=mechanism, **kw)
 
 
 @pytest.fixture(scope="module")
-def task(tmp_path_factory):
-  return task_lib.build_task(_config(tmp_path_factory.mktemp("task"), "gaussian",
-                                     noise_multiplier=1.0))
+def task(configs, tiny_task, tmp_path_factory):
+  return tiny_task(configs(tmp_path_factory.mktemp("task"), "gaussian", noise_multiplier=1.0))
 
 
 def _flat(arrays) -> np.ndarray:
@@ -216,13 +216,13 @@ def test_decoders_built_here_agree_with_the_library_tree():
 @pytest.mark.parametrize("mechanism", [pytest.param("opt_prefix_sum", marks=pytest.mark.slow),
                                        pytest.param("gaussian", marks=pytest.mark.slow),
                                        "tree"])
-def test_run_training_adds_the_reported_noise(mechanism, task, tmp_path):
+def test_run_training_adds_the_reported_noise(configs, mechanism, task, tmp_path):
   if mechanism == "opt_prefix_sum":  # ε calibrated by the run (--target_epsilon)
-    config = _config(tmp_path, mechanism, target_epsilon=3.0, noise_seed=SEED)
+    config = configs(tmp_path, mechanism, target_epsilon=3.0, noise_seed=SEED)
   elif mechanism == "gaussian":  # TFF's stateful RNG: no pinned seed
-    config = _config(tmp_path, mechanism, noise_multiplier=0.8)
+    config = configs(tmp_path, mechanism, noise_multiplier=0.8)
   else:
-    config = _config(tmp_path, mechanism, noise_multiplier=0.8, noise_seed=SEED)
+    config = configs(tmp_path, mechanism, noise_multiplier=0.8, noise_seed=SEED)
   summary, samples = _run(config, task)
   assert summary["finished"]
   z = summary["noise_multiplier"]
@@ -256,7 +256,7 @@ def test_run_training_adds_the_reported_noise(mechanism, task, tmp_path):
                               _alternatives(b, scale, others), what=mechanism)
 
 
-def test_binary_adds_the_reported_noise_in_a_clean_shell(tmp_path):
+def test_binary_adds_the_reported_noise_in_a_clean_shell(tiny_task, tmp_path):
   """training/run_stackoverflow.py from a clean environment: opt_momentum (β = 0.9, so the
   server optimizer's momentum is part of A = B·C), z calibrated to --target_epsilon. The
   run keeps its last three checkpoints; their rounds are the samples' coordinates."""
@@ -282,7 +282,7 @@ def test_binary_adds_the_reported_noise_in_a_clean_shell(tmp_path):
   assert rounds == [n - 2, n - 1, n]
   config = config_lib.TrainingConfig(**{k: v for k, v in flags.items()
                                         if k not in ("root_output_dir", "cache_dir")})
-  task = task_lib.build_task(config)
+  task = tiny_task(config)  # the module's task: the same data and model
   theta_0 = _initial_model(task, config.seed)
   models = [_checkpointed_model(run_dir, r) for r in rounds]
   with np.load(run_dir / "final_model.npz") as final:

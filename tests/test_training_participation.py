@@ -26,7 +26,6 @@ from tff_mf import mechanisms
 from tff_mf import participation
 from tff_mf import registry
 from tff_mf import workloads
-from training import config as config_lib
 from training import loop
 from training import outputs
 from training import sampling
@@ -34,20 +33,17 @@ from training import task as task_lib
 
 REPO = userenv.REPO
 BINARY = os.path.join(REPO, "training", "run_stackoverflow.py")
-TINY = dict(dataset="synthetic", vocab_size=50, embedding_size=4, lstm_size=4, projection_size=4,
-            max_validation_elements=16, max_test_elements=16, rounds_per_eval=2)
 
 
-def tiny_config(root, **kw):
-  values = dict(TINY, total_rounds=4, clients_per_round=2, root_output_dir=str(root),
-                cache_dir=str(root / "cache_dir"), progress=False, noise_seed=12345)
-  values.update(kw)
-  return config_lib.TrainingConfig(**values)
+@pytest.fixture(name="configs", scope="module")
+def _configs(tiny_config):
+  return tiny_config.using(rounds_per_eval=2, total_rounds=4, clients_per_round=2,
+                           cache_subdir="cache_dir", noise_seed=12345)
 
 
 @pytest.fixture(scope="module")
-def task(tmp_path_factory):
-  return task_lib.build_task(tiny_config(tmp_path_factory.mktemp("task")))
+def task(configs, tiny_task, tmp_path_factory):
+  return tiny_task(configs(tmp_path_factory.mktemp("task")))
 
 
 def run_binary(args, tmp_path):
@@ -66,8 +62,9 @@ def run_binary(args, tmp_path):
     (["--participation=min_sep", "--min_sep=2", "--sampling_prob=0.01", "--noise_multiplier=0.7"],
      "banded"),
 ])
-def test_binary_trains_under_the_schema_from_a_clean_shell(schema_flags, analysis, tmp_path):
-  flags = [f"--{k}={v}" for k, v in TINY.items()]
+def test_binary_trains_under_the_schema_from_a_clean_shell(schema_flags, analysis, tiny_config,
+                                                          tmp_path):
+  flags = tiny_config.using(rounds_per_eval=2).flags()
   result = run_binary(flags + schema_flags + [
       "--mechanism=banded", "--total_rounds=4", "--clients_per_round=2",
       f"--root_output_dir={tmp_path / 'runs'}", "--experiment_name=x", "--no_progress"],
@@ -115,15 +112,15 @@ def test_binary_trains_under_the_schema_from_a_clean_shell(schema_flags, analysi
   assert check["epsilon"] >= eps * (1 - 1e-3)
 
 
-def test_a_run_that_breaks_its_schema_reports_no_epsilon(task, tmp_path, monkeypatch):
+def test_a_run_that_breaks_its_schema_reports_no_epsilon(configs, task, tmp_path, monkeypatch):
   original = sampling.FixedEpochSampler.next_round
 
   def always_cohort_zero(self, round_num, load):
     return original(self, 1, load)  # the same clients every round: separation 1 < b = 2
 
   monkeypatch.setattr(sampling.FixedEpochSampler, "next_round", always_cohort_zero)
-  config = tiny_config(tmp_path, mechanism="opt_momentum", participation="fixed_epoch",
-                       epochs=2, noise_multiplier=1.0, experiment_name="broken")
+  config = configs(tmp_path, mechanism="opt_momentum", participation="fixed_epoch",
+                   epochs=2, noise_multiplier=1.0, experiment_name="broken")
   summary = loop.run_training(config, task=task)
   assert summary["finished"]
   assert summary["epsilon"] is None and summary["privacy"]["epsilon"] is None
@@ -172,7 +169,7 @@ def recording(monkeypatch):
 # Slow (40 s): the cyclic Poisson sampler's checkpointed state and its resume are checked in
 # tests/test_training_sampling.py, and runs resume bit for bit in tests/test_training_identity.py.
 @pytest.mark.slow
-def test_resumed_min_sep_run_samples_the_same_clients(task, tmp_path, monkeypatch):
+def test_resumed_min_sep_run_samples_the_same_clients(configs, task, tmp_path, monkeypatch):
   # A cap of 2 participations: unamplified accounting (fast); the Poisson coins are the same.
   kw = dict(mechanism="opt_prefix_sum", participation="min_sep", min_sep=2, sampling_prob=0.01,
             max_participations=2, noise_multiplier=1.0, total_rounds=6,
@@ -184,11 +181,11 @@ def test_resumed_min_sep_run_samples_the_same_clients(task, tmp_path, monkeypatc
       raise Stop()
 
   with pytest.raises(Stop):
-    loop.run_training(tiny_config(tmp_path, experiment_name="run", **kw), task=task,
+    loop.run_training(configs(tmp_path, experiment_name="run", **kw), task=task,
                       round_callback=stop_after_3)
   interrupted = dict(seen)
   seen.clear()
-  resumed = loop.run_training(tiny_config(tmp_path, experiment_name="run", **kw), task=task)
+  resumed = loop.run_training(configs(tmp_path, experiment_name="run", **kw), task=task)
   # Round 3 ran, then the run stopped before checkpointing it: the rerun resumes from round 2
   # and draws round 3 again, the same clients.
   assert sorted(seen) == [3, 4, 5, 6] and seen[3] == interrupted[3]
@@ -197,7 +194,7 @@ def test_resumed_min_sep_run_samples_the_same_clients(task, tmp_path, monkeypatc
   # An uninterrupted replay of the sampler with the run's secret draws the same clients.
   meta = loop.checkpoints.Checkpointer(str(tmp_path / "run" / "checkpoints")).latest()
   assert meta.sampling_secret >= 0
-  config = tiny_config(tmp_path, **kw)
+  config = configs(tmp_path, **kw)
   replay = sampling.build_sampler(config, task.train_client_ids, meta.sampling_secret)
   load = loop._client_loader(task)  # pylint: disable=protected-access
   assert {t: replay.next_round(t, load)[0] for t in range(1, 7)} == run_rounds
@@ -206,10 +203,10 @@ def test_resumed_min_sep_run_samples_the_same_clients(task, tmp_path, monkeypatc
   assert observed["rounds"] == 6 and resumed["participation"]["follows_schema"]
 
 
-def test_a_round_without_clients_still_adds_its_noise(task, tmp_path):
+def test_a_round_without_clients_still_adds_its_noise(configs, task, tmp_path):
   kw = dict(mechanism="opt_prefix_sum", participation="min_sep", min_sep=2,
             sampling_prob=1e-9, max_participations=1, noise_multiplier=1.0, total_rounds=2)
-  summary = loop.run_training(tiny_config(tmp_path, experiment_name="empty", **kw), task=task)
+  summary = loop.run_training(configs(tmp_path, experiment_name="empty", **kw), task=task)
   assert summary["finished"] and summary["participation"]["observed"]["client_rounds"] == 0
   trainable, _ = task_lib.initial_model_weights(task.keras_model_fn, 0)
   with np.load(tmp_path / "empty" / outputs.FINAL_MODEL_FILE) as final:
@@ -221,9 +218,9 @@ def test_a_round_without_clients_still_adds_its_noise(task, tmp_path):
 
 @pytest.mark.parametrize("mechanism", [pytest.param("banded_toeplitz", marks=pytest.mark.slow),
                                        "blt"])
-def test_banded_toeplitz_and_blt_train_under_fixed_epochs(mechanism, task, tmp_path):
-  config = tiny_config(tmp_path, mechanism=mechanism, participation="fixed_epoch", epochs=2,
-                       noise_multiplier=1.5, experiment_name=mechanism)
+def test_banded_toeplitz_and_blt_train_under_fixed_epochs(configs, mechanism, task, tmp_path):
+  config = configs(tmp_path, mechanism=mechanism, participation="fixed_epoch", epochs=2,
+                   noise_multiplier=1.5, experiment_name=mechanism)
   summary = loop.run_training(config, task=task)
   assert summary["finished"] and not summary["diverged"]
   assert summary["mechanism_info"]["noise_kind"] == "linear"
@@ -237,10 +234,10 @@ def test_banded_toeplitz_and_blt_train_under_fixed_epochs(mechanism, task, tmp_p
 @pytest.mark.slow
 @pytest.mark.parametrize("mechanism, analysis", [
     ("banded", "banded"), ("banded_toeplitz", "banded"), ("blt", "mmcc")])
-def test_banded_toeplitz_and_blt_train_under_min_sep_sampling(mechanism, analysis, task,
-                                                              tmp_path):
-  config = tiny_config(tmp_path, mechanism=mechanism, participation="min_sep", min_sep=2,
-                       sampling_prob=0.01, noise_multiplier=1.5, experiment_name=mechanism)
+def test_banded_toeplitz_and_blt_train_under_min_sep_sampling(configs, mechanism, analysis,
+                                                              task, tmp_path):
+  config = configs(tmp_path, mechanism=mechanism, participation="min_sep", min_sep=2,
+                   sampling_prob=0.01, noise_multiplier=1.5, experiment_name=mechanism)
   summary = loop.run_training(config, task=task)
   assert summary["finished"] and not summary["diverged"]
   assert summary["mechanism_info"]["noise_kind"] == "linear"

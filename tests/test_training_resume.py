@@ -15,7 +15,6 @@ import pytest
 import psutil
 
 import userenv
-from stackoverflow import fixtures
 from training import checkpoints
 from training import config as config_lib
 from training import identity
@@ -63,9 +62,8 @@ def group_processes(pgid, wait=5.0):
 # (tests/test_training_identity.py) and Ctrl-C checkpoints the current round and resumes
 # (tests/test_interrupt.py).
 @pytest.mark.slow
-def test_sigkill_then_rerun_ends_with_the_uninterrupted_model(tmp_path):
-  data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=30,
-                                               num_empty_train_clients=3)
+def test_sigkill_then_rerun_ends_with_the_uninterrupted_model(tmp_path, tiny_stackoverflow):
+  data_dir = tiny_stackoverflow(num_train_clients=30, num_empty_train_clients=3)
   root = tmp_path / "runs"
   env = userenv.env(home=tmp_path)
   checkpoint_dir = root / "run" / "checkpoints"

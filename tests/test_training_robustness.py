@@ -215,25 +215,25 @@ def test_binary_exits_nonzero_on_conflicting_flags(tmp_path):
 # Slow: the query's error past its n rounds is tested in-process (tests/test_query_noise.py,
 # tests/test_query_federated.py); this is the same error through the training loop.
 @pytest.mark.slow
-def test_running_past_the_matrix_rounds_is_the_querys_one_line_error(tmp_path, monkeypatch):
+def test_running_past_the_matrix_rounds_is_the_querys_one_line_error(tiny_config,
+                                                                      tiny_stackoverflow,
+                                                                      tmp_path, monkeypatch):
   """A mechanism built for n = 2 rounds in a 3-round run: round 3 fails with the query's own
   message (not a gRPC dump), and rounds 1-2 (metrics.csv rows, checkpoint) stay."""
   import dataclasses
-  from stackoverflow import fixtures
   from training import loop
-  data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=12)
+  data_dir = tiny_stackoverflow(num_train_clients=12)
   build = mechanisms.build_mechanism_setup
 
   def built_for_fewer_rounds(config, noise_seed):
     return build(dataclasses.replace(config, total_rounds=config.total_rounds - 1), noise_seed)
 
   monkeypatch.setattr(mechanisms, "build_mechanism_setup", built_for_fewer_rounds)
-  config = config_lib.TrainingConfig(
-      mechanism="opt_prefix_sum", dataset="stackoverflow", data_dir=data_dir, total_rounds=3,
-      clients_per_round=2, noise_multiplier=1.0, noise_seed=5, vocab_size=50, embedding_size=4,
-      lstm_size=4, projection_size=4, rounds_per_eval=100, rounds_per_checkpoint=1,
-      max_validation_elements=16, max_test_elements=16, root_output_dir=str(tmp_path / "runs"),
-      experiment_name="past_n", cache_dir=str(tmp_path / "cache"), progress=False)
+  config = tiny_config(
+      tmp_path / "runs", mechanism="opt_prefix_sum", dataset="stackoverflow", data_dir=data_dir,
+      total_rounds=3, clients_per_round=2, noise_multiplier=1.0, noise_seed=5,
+      rounds_per_eval=100, rounds_per_checkpoint=1, experiment_name="past_n",
+      cache_dir=str(tmp_path / "cache"))
   with pytest.raises(TrainingError) as error:
     loop.run_training(config)
   message = str(error.value)
@@ -246,20 +246,18 @@ def test_running_past_the_matrix_rounds_is_the_querys_one_line_error(tmp_path, m
   assert checkpoints.Checkpointer(str(run_dir / "checkpoints")).latest().round == 2
 
 
-def test_tff_tree_run_resumes_with_its_grown_level_buffer(tmp_path, capfd):
+def test_tff_tree_run_resumes_with_its_grown_level_buffer(tiny_config, tiny_stackoverflow,
+                                                          tmp_path, capfd):
   """TFF's tree_aggregation keeps one node per completed level, so its state after round 2
   has another leading dimension than the initial state; rerunning the command resumes from
   that checkpoint (it used to be refused as "a different tff-mf version") and keeps the model."""
-  from stackoverflow import fixtures
   from training import loop
   from training import outputs
-  data_dir = fixtures.write_tiny_stackoverflow(str(tmp_path / "so"), num_train_clients=12)
-  config = config_lib.TrainingConfig(
-      mechanism="tree", dataset="stackoverflow", data_dir=data_dir, total_rounds=2,
-      clients_per_round=2, noise_multiplier=1.0, vocab_size=50, embedding_size=4,
-      lstm_size=4, projection_size=4, rounds_per_eval=100, rounds_per_checkpoint=1,
-      max_validation_elements=16, max_test_elements=16, root_output_dir=str(tmp_path / "runs"),
-      experiment_name="tree", cache_dir=str(tmp_path / "cache"), progress=False)
+  data_dir = tiny_stackoverflow(num_train_clients=12)
+  config = tiny_config(
+      tmp_path / "runs", mechanism="tree", dataset="stackoverflow", data_dir=data_dir,
+      total_rounds=2, clients_per_round=2, noise_multiplier=1.0, rounds_per_eval=100,
+      rounds_per_checkpoint=1, experiment_name="tree", cache_dir=str(tmp_path / "cache"))
   assert loop.run_training(config)["finished"]
   run_dir = tmp_path / "runs" / "tree"
   with np.load(run_dir / outputs.FINAL_MODEL_FILE) as f:

@@ -26,13 +26,10 @@ from training.config import TrainingError
 REPO = userenv.REPO
 
 
-def tiny_config(root, **kw):
-  values = dict(mechanism="none", dataset="synthetic", total_rounds=2, clients_per_round=2,
-                vocab_size=50, embedding_size=4, lstm_size=4, projection_size=4,
-                max_validation_elements=16, max_test_elements=16, root_output_dir=str(root),
-                experiment_name="run", progress=False)
-  values.update(kw)
-  return config_lib.TrainingConfig(**values)
+@pytest.fixture(name="configs", scope="module")
+def _configs(tiny_config):
+  return tiny_config.using(mechanism="none", total_rounds=2, clients_per_round=2,
+                           experiment_name="run")
 
 
 def snapshot(directory):
@@ -84,19 +81,19 @@ def test_new_run_directory_is_0700_whatever_the_umask(tmp_path):
 
 
 @pytest.mark.parametrize("mode", [0o770, 0o707, 0o722])
-def test_group_or_other_writable_run_directory_is_refused_and_left_alone(tmp_path, mode):
+def test_group_or_other_writable_run_directory_is_refused_and_left_alone(configs, tmp_path, mode):
   run_dir = tmp_path / "runs" / "run"
   run_dir.mkdir(parents=True)
   (run_dir / "config.json").write_text("{}")
   os.chmod(run_dir, mode)
   before = snapshot(tmp_path / "runs")
   with pytest.raises(TrainingError, match=f"refusing to use {run_dir}: .*writable") as error:
-    loop.run_training(tiny_config(tmp_path / "runs"))
+    loop.run_training(configs(tmp_path / "runs"))
   assert "\n" not in str(error.value)
   assert snapshot(tmp_path / "runs") == before
 
 
-def test_writable_checkpoint_file_is_refused_before_resuming(tmp_path):
+def test_writable_checkpoint_file_is_refused_before_resuming(configs, tmp_path):
   run_dir = tmp_path / "runs" / "run"
   rundir.open_run_dir(str(run_dir))
   write_checkpoint(run_dir / "checkpoints")
@@ -104,22 +101,22 @@ def test_writable_checkpoint_file_is_refused_before_resuming(tmp_path):
                 for f in sorted(files))
   os.chmod(victim, 0o666)
   with pytest.raises(TrainingError, match=f"refusing to use {victim}: .*writable"):
-    loop.run_training(tiny_config(tmp_path / "runs"))
+    loop.run_training(configs(tmp_path / "runs"))
   with pytest.raises(TrainingError, match="writable"):
     checkpoints.Checkpointer(str(run_dir / "checkpoints"))
 
 
-def test_run_directory_of_another_user_is_refused(tmp_path, monkeypatch):
+def test_run_directory_of_another_user_is_refused(configs, tmp_path, monkeypatch):
   run_dir = tmp_path / "runs" / "run"
   rundir.open_run_dir(str(run_dir))
   real_uid = os.getuid()
   monkeypatch.setattr(os, "getuid", lambda: real_uid + 1)
   with pytest.raises(TrainingError, match=f"refusing to use {run_dir}: it is owned by uid "
                      f"{real_uid}, not by you"):
-    loop.run_training(tiny_config(tmp_path / "runs"))
+    loop.run_training(configs(tmp_path / "runs"))
 
 
-def test_checkpoint_of_another_user_is_refused(tmp_path, monkeypatch):
+def test_checkpoint_of_another_user_is_refused(configs, tmp_path, monkeypatch):
   run_dir = tmp_path / "runs" / "run"
   rundir.open_run_dir(str(run_dir))
   write_checkpoint(run_dir / "checkpoints")
@@ -137,10 +134,10 @@ def test_checkpoint_of_another_user_is_refused(tmp_path, monkeypatch):
 
   monkeypatch.setattr(os, "stat", stat_with_foreign_owner)
   with pytest.raises(TrainingError, match=f"refusing to use {victim}: it is owned by uid"):
-    loop.run_training(tiny_config(tmp_path / "runs"))
+    loop.run_training(configs(tmp_path / "runs"))
 
 
-def test_symlinked_run_directory_of_another_user_is_refused(tmp_path, monkeypatch):
+def test_symlinked_run_directory_of_another_user_is_refused(configs, tmp_path, monkeypatch):
   target = tmp_path / "elsewhere"
   target.mkdir(mode=0o700)
   (tmp_path / "runs").mkdir()
@@ -158,7 +155,7 @@ def test_symlinked_run_directory_of_another_user_is_refused(tmp_path, monkeypatc
 
   monkeypatch.setattr(os, "stat", link_of_another_user)
   with pytest.raises(TrainingError, match="owned by uid"):
-    loop.run_training(tiny_config(tmp_path / "runs"))
+    loop.run_training(configs(tmp_path / "runs"))
 
 
 @pytest.mark.parametrize("home", ["/home/alice", "/tmp/ci home/alice"])
