@@ -282,3 +282,18 @@ def test_the_analysis_count_sees_a_comparison():
           'c = r.get("accountant") != "exact"\nd = strategy == "banded"\n')
   hits = [n.lineno for n in ast.walk(ast.parse(code)) if _compares_analysis(n)]
   assert sorted(hits) == [1, 2, 3]
+
+
+def test_the_shared_tiny_task_is_keyed_on_every_field_build_task_reads():
+  """conftest's ``tiny_task`` shares one task between configs equal on ``TASK_FIELDS``: a
+  field that training/task.py reads but the key lacks would hand a test another config's task.
+  (``progress`` only draws bars.)"""
+  import ast
+  import conftest
+  with open(os.path.join(REPO, "training", "task.py"), encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  read = {node.attr for node in ast.walk(tree)
+          if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+          and node.value.id == "config"}
+  assert read, "training/task.py reads no config field: the check finds nothing"
+  assert read - {"progress"} <= set(conftest.TASK_FIELDS), read - set(conftest.TASK_FIELDS)
