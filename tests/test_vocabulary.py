@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -77,6 +78,8 @@ def _defaults(tool):
                            argparse._SubParsersAction)) or not action.option_strings:  # pylint: disable=protected-access
       continue
     shown = "required" if action.required else clitools.describe_default(action.default)
+    if sys.executable in shown:  # a command line: its words, unquoted (a clone path may hold
+      shown = " ".join(shlex.split(shown))  # spaces, which shlex quotes)
     out[action.option_strings[0][2:]] = shown.replace(sys.executable, "python").replace(
         REPO + os.sep, "")
   return out

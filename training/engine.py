@@ -129,25 +129,7 @@ class CompiledProcess:
     # A canary client (training.canaries): its fixed update goes the way of every client's.
     self._canary_step = tf.function(add_update)
     if query is not None:
-      # TFF's tree keeps one buffered node per completed level: its state grows, and
-      # reduce_retracing keeps that to a few traces.
-      self._sample_params = tf.function(query.derive_sample_params, reduce_retracing=True)
-      self._derive_metrics = tf.function(query.derive_metrics, reduce_retracing=True)
-
-      @tf.function(reduce_retracing=True)
-      def noised(global_state):
-        sample_state = tf.nest.map_structure(tf.identity, accumulator)
-        return query.get_noised_result(sample_state, global_state)
-
-      self._noised = noised
-
-      @tf.function
-      def initial_aggregator_state():
-        global_state = query.initial_global_state()
-        _, _, event = query.get_noised_result(query.initial_sample_state(specs), global_state)
-        return global_state, event
-
-      self._initial_aggregator_state = initial_aggregator_state
+      self._compile_query(query, specs, accumulator)
 
     @tf.function
     def server_step(optimizer_state, trainable, update):
@@ -160,6 +142,30 @@ class CompiledProcess:
     self._server_step = server_step
     self._finalizers = model.metric_finalizers()
     self._finalize = None
+
+  def _compile_query(self, query, specs, accumulator) -> None:
+    """The query's once-a-round steps as ``tf.function`` s (its sample parameters, metrics, the
+    noised sum of ``accumulator``, and the initial state with its DpEvent)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    # TFF's tree keeps one buffered node per completed level: its state grows, and
+    # reduce_retracing keeps that to a few traces.
+    self._sample_params = tf.function(query.derive_sample_params, reduce_retracing=True)
+    self._derive_metrics = tf.function(query.derive_metrics, reduce_retracing=True)
+
+    @tf.function(reduce_retracing=True)
+    def noised(global_state):
+      sample_state = tf.nest.map_structure(tf.identity, accumulator)
+      return query.get_noised_result(sample_state, global_state)
+
+    self._noised = noised
+
+    @tf.function
+    def initial_aggregator_state():
+      global_state = query.initial_global_state()
+      _, _, event = query.get_noised_result(query.initial_sample_state(specs), global_state)
+      return global_state, event
+
+    self._initial_aggregator_state = initial_aggregator_state
 
   def _aggregator_state(self, query_state, event, is_init_state: bool):
     from tensorflow_federated.python.aggregators import differential_privacy  # pylint: disable=g-import-not-at-top
