@@ -182,25 +182,32 @@ def _operand_name(node):
   return ""
 
 
-def kind_name_comparisons():
-  """``file:line`` of every ==, !=, in, not in against a kind's name outside the package."""
-  found = []
+def _code_outside(excluded: str):
+  """(path relative to the repository, parsed module) of every Python file of the code's
+  folders, except those under ``excluded``."""
   for top in ("tff_mf", "training", "stackoverflow", "benchmarks", "scripts", "examples"):
     for root, _, files in os.walk(os.path.join(REPO, top)):
       for name in sorted(files):
         path = os.path.join(root, name)
         rel = os.path.relpath(path, REPO)
-        if not name.endswith(".py") or rel.startswith(os.path.join("tff_mf", "participation")):
-          continue
-        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
-          if not isinstance(node, ast.Compare):
-            continue
-          operands = [node.left] + node.comparators
-          if any(_operand_name(o) in ANALYSIS_OPERANDS for o in operands):
-            continue
-          if any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops) and \
-              any(_names_in(o) for o in operands):
-            found.append(f"{rel}:{node.lineno}")
+        if name.endswith(".py") and not rel.startswith(excluded):
+          with open(path, encoding="utf-8") as f:
+            yield rel, ast.parse(f.read())
+
+
+def kind_name_comparisons():
+  """``file:line`` of every ==, !=, in, not in against a kind's name outside the package."""
+  found = []
+  for rel, tree in _code_outside(os.path.join("tff_mf", "participation")):
+    for node in ast.walk(tree):
+      if not isinstance(node, ast.Compare):
+        continue
+      operands = [node.left] + node.comparators
+      if any(_operand_name(o) in ANALYSIS_OPERANDS for o in operands):
+        continue
+      if any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops) and \
+          any(_names_in(o) for o in operands):
+        found.append(f"{rel}:{node.lineno}")
   return found
 
 
@@ -255,17 +262,9 @@ def _compares_analysis(node):
 def analysis_name_comparisons():
   """``file:line`` of every ==, !=, in, not in between an analysis (or accountant) operand and
   an analysis's name, outside tff_mf/analyses.py."""
-  found = []
-  for top in ("tff_mf", "training", "stackoverflow", "benchmarks", "scripts", "examples"):
-    for root, _, files in os.walk(os.path.join(REPO, top)):
-      for name in sorted(files):
-        path = os.path.join(root, name)
-        rel = os.path.relpath(path, REPO)
-        if not name.endswith(".py") or rel == os.path.join("tff_mf", "analyses.py"):
-          continue
-        tree = ast.parse(open(path, encoding="utf-8").read())
-        found += [f"{rel}:{node.lineno}" for node in ast.walk(tree) if _compares_analysis(node)]
-  return found
+  return [f"{rel}:{node.lineno}"
+          for rel, tree in _code_outside(os.path.join("tff_mf", "analyses.py"))
+          for node in ast.walk(tree) if _compares_analysis(node)]
 
 
 def test_analyses_are_compared_by_name_in_few_places():
