@@ -119,6 +119,14 @@ class _Sampler:
         loaded.append(value)
     return chosen, loaded, skipped
 
+  def _set_epochs(self, total_rounds: int, epochs: int) -> None:
+    """n rounds in k epochs of b = n/k rounds (k must divide n)."""
+    if total_rounds % epochs:
+      raise self.error(f"--epochs={epochs} must divide --total_rounds={total_rounds}")
+    self.total_rounds = int(total_rounds)
+    self.epochs = int(epochs)
+    self.rounds_per_epoch = self.total_rounds // self.epochs
+
 
 class SinglePassSampler(_Sampler):
   """Each client at most once, in a permutation fixed by ``seed``; ``cursor`` is the state."""
@@ -149,10 +157,8 @@ class FixedEpochSampler(_Sampler):
   def __init__(self, client_ids: Sequence[str], seed: int, total_rounds: int, epochs: int,
                clients_per_round: int):
     super().__init__(client_ids, seed)
-    if total_rounds % epochs:
-      raise self.error(f"--epochs={epochs} must divide --total_rounds={total_rounds}")
-    self.epochs = int(epochs)
-    self.cohort_count = total_rounds // epochs
+    self._set_epochs(total_rounds, epochs)
+    self.cohort_count = self.rounds_per_epoch
     self.clients_per_round = int(clients_per_round)
     self.cohorts = np.full([self.cohort_count, self.clients_per_round], -1, np.int64)
     self._loaded: Dict[int, Round] = {}
@@ -226,14 +232,6 @@ class _SecretSampler(_Sampler):
       raise self.error(f"{self.kind} sampling needs its secret sampling seed")
     self.secret = int(secret)
     self.counts = np.zeros(len(self.client_ids), np.int64)
-
-  def _set_epochs(self, total_rounds: int, epochs: int) -> None:
-    """n rounds in k epochs of b = n/k rounds (k must divide n)."""
-    if total_rounds % epochs:
-      raise self.error(f"--epochs={epochs} must divide --total_rounds={total_rounds}")
-    self.total_rounds = int(total_rounds)
-    self.epochs = int(epochs)
-    self.rounds_per_epoch = self.total_rounds // self.epochs
 
   def state(self):
     out = super().state()
