@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import numpy as np
 from scipy import special
@@ -194,9 +194,14 @@ def _loss_pmf(law: _Law, h: float, bins: int, remove: bool, loss_step: float):
 
 
 def epsilon(bins: int, epochs: int, noise_multiplier: float, delta: float, *,
-            grid_step: float = GRID_STEP, loss_step: float = LOSS_STEP) -> Dict[str, Any]:
+            grid_step: float = GRID_STEP, loss_step: float = LOSS_STEP,
+            gaussian_noise_multiplier: Optional[float] = None) -> Dict[str, Any]:
   """An upper bound on ε(δ) of random allocation with C = I: ``epochs`` epochs of ``bins``
   rounds, one round per epoch, Gaussian noise multiplier z (add/remove adjacency).
+
+  ``gaussian_noise_multiplier``: one more Gaussian mechanism (sensitivity 1, this noise
+  multiplier) composed with the epochs, its PLD dp_accounting's pessimistic one (the
+  common part of the comparison pairs of ``tff_mf.fixed_bin``).
 
   Returns {"epsilon", "epsilon_remove", "epsilon_add", "bins", "epochs", "grid_step",
   "loss_step", "max_loss_overstatement"} (the last: the most the grid's rounding can add to
@@ -222,6 +227,10 @@ def epsilon(bins: int, epochs: int, noise_multiplier: float, delta: float, *,
     warnings.simplefilter("ignore", RuntimeWarning)
     for name, pmf in (("remove", pmf_remove), ("add", pmf_add)):
       composed = pld_lib.PrivacyLossDistribution(pmf).self_compose(epochs)
+      if gaussian_noise_multiplier is not None:
+        composed = composed.compose(pld_lib.from_gaussian_mechanism(
+            checks.positive_float(gaussian_noise_multiplier, "gaussian_noise_multiplier"),
+            value_discretization_interval=loss_step, pessimistic_estimate=True))
       out[f"epsilon_{name}"] = max(float(composed.get_epsilon_for_delta(delta)), 0.0)
   if any(math.isnan(out[f"epsilon_{k}"]) for k in ("remove", "add")):
     raise AccountingError("the random-allocation PLD returned NaN")

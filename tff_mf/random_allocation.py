@@ -91,26 +91,27 @@ class RandomAllocationError(checks.CheckError):
   """Bad input to the random-allocation accountant."""
 
 
-def check_encoder(c, epochs) -> Tuple[np.ndarray, int, int]:
-  """(C, k, b): C square, lower triangular, non-negative and finite; k divides n."""
+def check_encoder(c, epochs, scheme: str = "random_allocation") -> Tuple[np.ndarray, int, int]:
+  """(C, k, b): C square, lower triangular, non-negative and finite; k divides n (the
+  messages name ``scheme``, the participation whose bound is asked for)."""
   c = np.asarray(c, dtype=np.float64)
   if c.ndim != 2 or c.shape[0] != c.shape[1] or c.shape[0] < 1:
-    raise RandomAllocationError(f"random allocation needs a square encoder C (one row per "
+    raise RandomAllocationError(f"{scheme} amplification needs a square encoder C (one row per "
                                 f"round), got shape {c.shape}")
   if not np.all(np.isfinite(c)):
     raise RandomAllocationError("C has non-finite entries")
   if np.any(c < 0):
-    raise RandomAllocationError("random allocation needs a non-negative C (the dominating "
+    raise RandomAllocationError(f"{scheme} amplification needs a non-negative C (the dominating "
                                 "pair of arXiv:2410.06266); this C has negative entries")
   if np.any(np.triu(c, 1)):
-    raise RandomAllocationError("random allocation needs a lower-triangular C (rows released "
-                                "in round order)")
+    raise RandomAllocationError(f"{scheme} amplification needs a lower-triangular C (rows "
+                                "released in round order)")
   if not np.any(c):
     raise RandomAllocationError("C is all zeros")
   n = c.shape[0]
   k = checks.positive_int(epochs, "epochs")
   if k > n or n % k:
-    raise RandomAllocationError(f"random_allocation: epochs={k} must divide the number of rounds "
+    raise RandomAllocationError(f"{scheme}: epochs={k} must divide the number of rounds "
                                 f"n={n}")
   return c, k, n // k
 
@@ -291,16 +292,8 @@ def epsilon(c, epochs: int, noise_multiplier: float, delta: float, *,
   delta = checks.delta(delta)
   if sensitivity is not None:
     sensitivity = checks.positive_float(sensitivity, "sensitivity")
-  bounds = _best(rdp(c, epochs, noise_multiplier, sensitivity=sensitivity,
-                     orders=COARSE_ORDERS if orders is None else orders), delta)
-  if orders is None:
-    near = [a for a in ORDERS if bounds["order"] / REFINE_FACTOR <= a <= bounds["order"] *
-            REFINE_FACTOR and a not in COARSE_ORDERS]
-    if near:
-      refined = _best(rdp(c, epochs, noise_multiplier, sensitivity=sensitivity, orders=near),
-                      delta)
-      if refined["epsilon"] < bounds["epsilon"]:
-        bounds = refined
+  bounds = best_order(lambda a: rdp(c, epochs, noise_multiplier, sensitivity=sensitivity,
+                                     orders=a), delta, orders)
   eps, order, i = bounds["epsilon"], bounds["order"], bounds["index"]
   remove = min(bounds["remove_collisions"][i], bounds["remove_decoupled"][i],
                bounds["unamplified"][i])
@@ -328,6 +321,23 @@ def _identity_scale(c) -> Optional[float]:
   if diag[0] > 0 and np.all(diag == diag[0]) and np.count_nonzero(c) == c.shape[0]:
     return float(diag[0])
   return None
+
+
+def best_order(bounds_at, delta: float, orders: Optional[Sequence[int]] = None
+               ) -> Dict[str, Any]:
+  """The Rényi bounds ``bounds_at(orders)`` (a dict with ``orders`` and ``rdp``) at the order
+  whose ε(δ) is smallest: over ``orders``, or (None) over ``COARSE_ORDERS`` and then the
+  orders of ``ORDERS`` within ``REFINE_FACTOR`` of the best (any set of orders gives a valid
+  ε). Returns the bounds with ``epsilon``, ``order`` and ``index`` (of that order)."""
+  bounds = _best(bounds_at(COARSE_ORDERS if orders is None else orders), delta)
+  if orders is None:
+    near = [a for a in ORDERS if bounds["order"] / REFINE_FACTOR <= a <= bounds["order"] *
+            REFINE_FACTOR and a not in COARSE_ORDERS]
+    if near:
+      refined = _best(bounds_at(near), delta)
+      if refined["epsilon"] < bounds["epsilon"]:
+        bounds = refined
+  return bounds
 
 
 def _best(bounds: Dict[str, np.ndarray], delta: float) -> Dict[str, Any]:
