@@ -16,7 +16,7 @@ it and keeps the functional API). The analyses (``epsilon_for``):
   balls-in-bins (one secret bin j per user, every round ≡ j mod b; Chua et al. 2024,
   arXiv:2410.06266, arXiv:2412.16802) the sensitivity over the b-cyclic patterns: given
   the bin the pattern is deterministic, so this bound holds and the bin's secrecy only
-  lowers the true ε (no amplified bound for it here yet, and the record says so); for
+  lowers the true ε (its amplified bound is ``"balls_in_bins"``, below); for
   random allocation (one uniformly random round per epoch, drawn anew each epoch) the
   sensitivity over every one-round-per-epoch pattern (its amplified bound is
   ``"random_allocation"``, below). The two are different mechanisms: neither's bound
@@ -28,6 +28,9 @@ it and keeps the functional API). The analyses (``epsilon_for``):
   round per epoch, the ``random_allocation`` schema) for any lower-triangular non-negative square C: Rényi-divergence
   bounds of the dominating pair at integer orders, after Schuchardt & Kalinin 2026
   (arXiv:2601.21636, Sec 3), converted to (ε, δ); ``tff_mf.random_allocation``.
+- ``"balls_in_bins"``: amplification by the secret bin of fixed-bin balls-in-bins for any
+  lower-triangular non-negative square C: Rényi bounds of the mixture over bins and a
+  dominating comparison pair's PLD; ``tff_mf.fixed_bin``.
 - ``"banded"``: amplified banded MF (Choquette-Choo et al. 2023, "(Amplified) Banded
   Matrix Factorization", arXiv:2306.08153, Thm 4): when C has at most b non-zero
   bands and every user belongs to one residue class mod b and joins each round of its
@@ -248,7 +251,8 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
     delta: δ in (0, 1).
     amplification: None / "none" (one Gaussian at z / sensitivity), "mmcc" (MMCC), "banded"
       (amplified banded): a min_sep or fixed_epoch schema (``sampling_min_sep``) and
-      ``sampling_prob``; "random_allocation": the random_allocation schema (never fixed-bin).
+      ``sampling_prob``; "random_allocation": the random_allocation schema (never fixed-bin);
+      "balls_in_bins": the fixed-bin balls_in_bins schema.
       Or the ``tff_mf.analyses.Analysis`` object itself, holding its own options.
     sampling_prob: p in (0, 1], the probability that a user joins a round it is
       eligible for (amplified analyses only).

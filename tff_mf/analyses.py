@@ -299,10 +299,9 @@ class Unamplified(Analysis):
   }
   # What an unamplified record of these schemas leaves out (said with every such ε).
   NOT_AMPLIFIED: ClassVar[Dict[str, str]] = {
-      "balls_in_bins": "not amplified: the un-amplified bound of fixed-bin balls-in-bins (the "
-                       "user's rounds given its bin, b apart); the secrecy of the bin would "
-                       "only lower epsilon, and no amplified bound for the fixed-bin scheme is "
-                       "computed here (the random-allocation bound does not apply to it)",
+      "balls_in_bins": "unamplified bound of fixed-bin balls-in-bins (the user's rounds "
+                       "given its bin, b apart); amplification 'balls_in_bins' "
+                       "(tff_mf.fixed_bin) bounds the secrecy of the bin",
       "random_allocation": "unamplified bound; amplification 'random_allocation' "
                            "(tff_mf.random_allocation, after arXiv:2601.21636) bounds random "
                            "allocation with amplification",
@@ -510,7 +509,7 @@ class RandomAllocation(Analysis):
     schema = check_schema(schema)
     if c is None:
       return (f"amplification {self.name!r} needs the encoder C (a matrix or a mechanism)")
-    if not schema.allocation_amplified:
+    if schema.kind != self.name:
       return (f"amplification {self.name!r} analyzes random_allocation participation (a new "
               f"random round each epoch), not {schema.describe()}")
     return None
@@ -520,24 +519,29 @@ class RandomAllocation(Analysis):
     options["known_sensitivity"] = known
     return known["value"]
 
+  def amplified_bound(self, c, schema, z: float, delta: float, sens: float):
+    """(record field, the amplified bound's details with its ``epsilon`` and ``method``)."""
+    from tff_mf import random_allocation  # pylint: disable=g-import-not-at-top
+    return "random_allocation", random_allocation.epsilon(c, schema.epochs, z, delta,
+                                                          sensitivity=sens)
+
   def record(self, record, c, schema, z, delta, accountant_name, sampling_prob,
              known_sensitivity):
-    from tff_mf import random_allocation  # pylint: disable=g-import-not-at-top
     reason = self.applies(c, schema)
     if reason is not None:
       raise checks.CheckError(reason)
     if sampling_prob is not None:
-      raise checks.CheckError("sampling_prob does not apply to random_allocation (every user "
-                              "joins one round of each epoch)")
+      raise checks.CheckError(f"sampling_prob does not apply to {self.name} (a user's rounds "
+                              "are allocated, not sampled)")
     report = _known_or_report(c, schema, known_sensitivity)
     sens = float(report["value"])
     unamplified = gaussian_epsilon(z, delta, accountant_name, sens)
-    bound = random_allocation.epsilon(c, schema.epochs, z, delta, sensitivity=sens)
+    field, bound = self.amplified_bound(c, schema, z, delta, sens)
     amplified = bound.pop("epsilon")
     record.update(sensitivity=sens, sensitivity_exact=report["exact"],
                   sensitivity_method=report["method"], unamplified_epsilon=unamplified,
                   unamplified_accountant=accountant_name, theorem=self.theorem,
-                  random_allocation=bound)
+                  **{field: bound})
     _best_of(record, amplified, unamplified)
     if record["bound"] == "amplified":  # else ε is the unamplified accountant's, as recorded
       pld = bound["method"] == "pld"
@@ -567,6 +571,63 @@ class RandomAllocation(Analysis):
     return (f"no amplification (the random-allocation Renyi bound after arXiv:2601.21636 was "
             f"larger): one Gaussian mechanism at {ratio}, "
             f"{sensitivity_words}; epsilon by {accountant_words}")
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedBin(RandomAllocation):
+  """Amplification by the secret bin of fixed-bin balls-in-bins (arXiv:2410.06266,
+  arXiv:2412.16802) for lower-triangular non-negative square C: Rényi bounds of the mixture
+  over bins and a comparison pair's PLD (``tff_mf.fixed_bin``)."""
+  name: ClassVar[str] = "balls_in_bins"
+  label: ClassVar[str] = ("fixed-bin balls-in-bins amplification (Renyi bounds of the mixture "
+                          "over the secret bin; a comparison pair's PLD)")
+  theorem: ClassVar[str] = (
+      "fixed-bin balls-in-bins amplification: Renyi divergence bounds of the pair "
+      "N(0, z^2 I) vs (1/b) sum_j N(C 1_{S_j}, z^2 I) at integer orders (Hoeffding "
+      "decoupling and collisions for remove, Jensen for add; the Renyi DP over bins of "
+      "Schuchardt & Kalinin 2026, arXiv:2601.21636), converted by Canonne, Kamath, Steinke "
+      "2020, arXiv:2004.00010, Prop 12")
+  theorem_pld: ClassVar[str] = (
+      "fixed-bin balls-in-bins amplification: the pair of the covariance A 11^T + B I >= "
+      "the bins' Gram matrix dominates (Kahane's convexity inequality, 1985), a Gaussian "
+      "composed with one epoch of random allocation, its PLD rounded up (after Feldman & "
+      "Shenfeld 2026, arXiv:2602.17284) and composed by dp_accounting (pessimistic)")
+
+  def applies(self, c, schema):
+    schema = check_schema(schema)
+    if c is None:
+      return f"amplification {self.name!r} needs the encoder C (a matrix or a mechanism)"
+    if schema.kind != self.name:
+      return (f"amplification {self.name!r} analyzes balls_in_bins participation (one secret "
+              f"bin for the whole run), not {schema.describe()}")
+    return None
+
+  def amplified_bound(self, c, schema, z, delta, sens):
+    from tff_mf import fixed_bin  # pylint: disable=g-import-not-at-top
+    return "fixed_bin", fixed_bin.epsilon(c, schema.epochs, z, delta, sensitivity=sens)
+
+  def words(self, record, ratio, accountant_words, sensitivity_words):
+    bound = record.get("fixed_bin") or {}
+    z = fmt(record.get("noise_multiplier"))
+    scheme = (f"amplification by the secret bin of fixed-bin balls-in-bins (one of "
+              f"{bound.get('bins')} bins drawn once, every round of it)")
+    if record.get("bound") == "amplified" and bound.get("method") == "pld":
+      pld = bound.get("pld") or {}
+      return (f"{scheme}: the privacy-loss distribution of a dominating pair (Kahane's "
+              f"convexity inequality, 1985): a Gaussian at squared sensitivity "
+              f"{fmt(pld.get('common'))} composed with one epoch of random allocation at "
+              f"squared sensitivity {fmt(pld.get('hidden'))}, noise multiplier z = {z} "
+              f"(tff_mf.fixed_bin, tff_mf.allocation_pld, losses rounded up), composed via "
+              f"PLD (dp_accounting, pessimistic)")
+    if record.get("bound") == "amplified":
+      return (f"{scheme}: Renyi divergence bounds of the pair N(0, z^2 I) vs the mixture over "
+              f"bins of N(C 1_bin, z^2 I) for C with noise multiplier z = {z} at order "
+              f"{bound.get('order')} (tff_mf.fixed_bin; the Renyi DP over bins of Schuchardt "
+              f"& Kalinin 2026, arXiv:2601.21636), converted to (epsilon, delta) by Canonne, "
+              f"Kamath, Steinke 2020, arXiv:2004.00010, Prop 12")
+    return (f"no amplification (the fixed-bin balls-in-bins bound of tff_mf.fixed_bin was "
+            f"larger): one Gaussian mechanism at {ratio}, {sensitivity_words}; epsilon by "
+            f"{accountant_words}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -629,14 +690,14 @@ def register(cls: type) -> type:
   return cls
 
 
-for _cls in (Unamplified, MMCC, AmplifiedBanded, RandomAllocation, AdaptiveClipping,
-             MonteCarlo):
+for _cls in (Unamplified, MMCC, AmplifiedBanded, RandomAllocation, FixedBin,
+             AdaptiveClipping, MonteCarlo):
   register(_cls)
 
 # The ``amplification=`` choices of ``tff_mf.accounting`` (bounds on a run's ε).
 SELECTABLE = tuple(name for name, cls in REGISTRY.items() if cls.selectable and cls.bound)
 # Tried in this order when training picks the amplified analysis itself.
-AUTOMATIC = (RandomAllocation, AmplifiedBanded, MMCC)
+AUTOMATIC = (RandomAllocation, FixedBin, AmplifiedBanded, MMCC)
 
 
 def analysis_class(name) -> type:

@@ -15,7 +15,8 @@ Choquette-Choo et al. 2024, arXiv:2310.15526; amplified banded, Choquette-Choo e
 2023, arXiv:2306.08153), or by random allocation (``--participation random_allocation
 --amplification random_allocation``, ``tff_mf.random_allocation``, after Schuchardt &
 Kalinin 2026, arXiv:2601.21636). ``--participation balls_in_bins`` is the field's
-fixed-bin scheme (arXiv:2410.06266), accounted without amplification::
+fixed-bin scheme (arXiv:2410.06266), amplified by ``--amplification balls_in_bins``
+(``tff_mf.fixed_bin``)::
 
   tff-mf account --mechanism blt --total_rounds 256 --min_sep 32 --amplification mmcc \\
       --sampling_prob 0.25 --noise_multiplier 2 --delta 1e-6 --cache_dir D --json
@@ -169,7 +170,8 @@ def _add_encoder_arguments(matrix) -> None:
 
 
 def _add_amplification_arguments(amp) -> None:
-  amp.add_argument("--amplification", choices=("none", "mmcc", "banded", "random_allocation"),
+  amp.add_argument("--amplification",
+                   choices=("none", "mmcc", "banded", "random_allocation", "balls_in_bins"),
                    default=None,
                    help="none: one Gaussian at z / sensitivity; mmcc: MMCC for any "
                         "lower-triangular non-negative C; banded: amplified banded MF for C "
@@ -177,7 +179,9 @@ def _add_amplification_arguments(amp) -> None:
                         "random_allocation: random allocation (--participation "
                         "random_allocation --epochs K, no --sampling_prob; never fixed-bin "
                         "balls_in_bins) for any square lower-triangular "
-                        "non-negative C, Renyi bounds after arXiv:2601.21636 (default: none; "
+                        "non-negative C, Renyi bounds after arXiv:2601.21636; balls_in_bins: "
+                        "fixed-bin balls-in-bins (--participation balls_in_bins --epochs K), "
+                        "tff_mf.fixed_bin, for the same C (default: none; "
                         "with --sampling_prob, the analysis training uses: banded when C has at "
                         "most b bands, else mmcc, under min_sep with p < 1 and no binding "
                         "--max_participations, else none; the output names it)")
@@ -202,10 +206,11 @@ def _add_amplification_arguments(amp) -> None:
 
 def _add_slack_arguments(slack) -> None:
   slack.add_argument("--lower_bound", action="store_true",
-                     help="mmcc, banded, random_allocation: also print a proven LOWER bound "
-                          "on the true epsilon (lower_bound_epsilon; b-min-sep: one residue "
-                          "class's first rounds, each joined with probability p, "
-                          "tff_mf.mixture_pair; random allocation: tff_mf.random_allocation) and "
+                     help="mmcc, banded, random_allocation, balls_in_bins: also print a "
+                          "proven LOWER bound on the true epsilon (lower_bound_epsilon; "
+                          "b-min-sep: one residue class's first rounds, each joined with "
+                          "probability p, tff_mf.mixture_pair; random allocation: "
+                          "tff_mf.random_allocation; fixed bin: tff_mf.fixed_bin) and "
                           "slack = epsilon / lower_bound_epsilon (default: off)")
   slack.add_argument("--monte_carlo_samples", type=int, default=None, metavar="N",
                      help="mmcc, banded: also print a Monte-Carlo ESTIMATE of the same pair's "
@@ -220,7 +225,8 @@ def _check_slack_flags(args: argparse.Namespace, analysis: Optional[type]) -> No
   flags = [f for f, on in (("--lower_bound", args.lower_bound),
                            ("--monte_carlo_samples", args.monte_carlo_samples is not None)) if on]
   if flags and analysis is not None and not analysis.amplified:
-    _fail(f"{flags[0]} needs --amplification mmcc, banded or random_allocation (it bounds "
+    _fail(f"{flags[0]} needs --amplification mmcc, banded, random_allocation or balls_in_bins "
+          f"(it bounds "
           "the sampled run's epsilon from below)")
   if args.monte_carlo_samples is not None and args.monte_carlo_samples < 1000:
     _fail(f"--monte_carlo_samples must be an integer >= 1000, got {args.monte_carlo_samples}")
@@ -238,18 +244,21 @@ def _add_slack(record: dict, c, args: argparse.Namespace) -> None:
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
   schema = participation.from_dict(record["schema"])
   if schema.allocation_amplified and args.monte_carlo_samples is None:
+    from tff_mf import fixed_bin  # pylint: disable=g-import-not-at-top
     from tff_mf import random_allocation  # pylint: disable=g-import-not-at-top
-    lower = random_allocation.lower_bound(c, record["schema"]["epochs"],
-                                          record["noise_multiplier"], record["delta"])
+    module = fixed_bin if schema.marks_fixed_bin else random_allocation
+    lower = module.lower_bound(c, record["schema"]["epochs"], record["noise_multiplier"],
+                               record["delta"])
     record["lower_bound_epsilon"] = lower
     record["lower_bound_method"] = (
-        "proven lower bound on the true epsilon: the all-ones adversary of random allocation, "
-        "threshold tests on projections (tff_mf.random_allocation.lower_bound)")
+        f"proven lower bound on the true epsilon: the all-ones adversary of {schema.kind}, "
+        f"threshold tests on projections ({module.__name__}.lower_bound)")
     record["slack"] = record["epsilon"] / lower if lower > 0 else float("inf")
     return
   if schema.not_poisson is not None:
     _fail(f"--lower_bound covers b-min-sep Poisson sampling (--participation min_sep or "
-          f"fixed_epoch) and random_allocation, --monte_carlo_samples only the former; not "
+          f"fixed_epoch), random_allocation and balls_in_bins, --monte_carlo_samples only the "
+          f"first; not "
           f"{record['schema']['kind']}")
   pair = (c, record["sampling_prob"], record["noise_multiplier"], record["delta"])
   options = {"min_sep": record["min_sep"]}
@@ -435,8 +444,8 @@ def _analysis_as_training(c, schema, sampling_prob: float):
   from tff_mf import analyses  # pylint: disable=g-import-not-at-top
   from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
   if schema.allocation_amplified:
-    _fail("--sampling_prob does not apply to --participation random_allocation (each user "
-          "joins one round of each epoch)")
+    _fail(f"--sampling_prob does not apply to --participation {schema.kind} (a user's rounds "
+          f"are allocated, not sampled)")
   if not mechanisms.amplification_applies(schema, c.shape[1], sampling_prob):
     return analyses.Unamplified, ("chosen as training chooses: none (amplification by "
                                   "sampling needs min_sep with p < 1 and no binding "
@@ -483,17 +492,17 @@ def _print(record: dict, as_json: bool) -> None:
 # ----------------------------------------------------------------------------- run
 
 
-def _check_allocation_schema(spelling: Optional[str]) -> None:
-  """--amplification random_allocation analyzes random allocation only (or no --participation)."""
+def _check_allocation_schema(spelling: Optional[str], name: str) -> None:
+  """--amplification random_allocation / balls_in_bins analyzes its own schema only (or no
+  --participation)."""
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
   kind = None if spelling is None else participation.CLASSES[participation.canonical_kind(spelling)]
-  if kind is None or kind.allocation_amplified:
+  if kind is None or kind.kind == name:
     return
-  if kind.marks_fixed_bin:
-    _fail("--amplification random_allocation analyzes --participation random_allocation (a "
-          "new random round each epoch), not balls_in_bins (the field's fixed-bin scheme, "
-          "which it does not bound)")
-  _fail("--amplification random_allocation needs --participation random_allocation")
+  if kind.allocation_amplified:
+    _fail(f"--amplification {name} analyzes --participation {name}, not {kind.kind} (a "
+          f"different mechanism, which it does not bound)")
+  _fail(f"--amplification {name} needs --participation {name}")
 
 
 def _analysis_options(args: argparse.Namespace) -> dict:
@@ -515,12 +524,12 @@ def run(args: argparse.Namespace) -> int:
   amplified = analysis is None or analysis.poisson  # Poisson sampling
   if allocation:
     if args.sampling_prob is not None:
-      _fail("--sampling_prob does not apply to --amplification random_allocation (each user "
-            "joins one round of each epoch)")
-    _check_allocation_schema(args.participation)
+      _fail(f"--sampling_prob does not apply to --amplification {analysis.name} (a user's "
+            f"rounds are allocated, not sampled)")
+    _check_allocation_schema(args.participation, analysis.name)
     if args.epochs is None:
-      _fail("--amplification random_allocation needs --epochs K (random_allocation)")
-    args.participation = "random_allocation"
+      _fail(f"--amplification {analysis.name} needs --epochs K ({analysis.name})")
+    args.participation = analysis.name
   if not amplified and not allocation and args.sampling_prob is not None:
     _fail("--sampling_prob needs --amplification mmcc or banded")
   if amplified and args.sampling_prob is None:

@@ -83,7 +83,8 @@ class Participation(metaclass=_Dispatch):
   poisson: ClassVar[bool] = False
   # The sampler draws from the run's secret sampling seed (kept out of released files).
   secret_sampling: ClassVar[bool] = False
-  # The random-allocation amplified analysis applies (tff_mf.random_allocation).
+  # An allocation analysis of tff_mf.analyses of the kind's own name applies (random
+  # allocation: tff_mf.random_allocation; fixed-bin balls-in-bins: tff_mf.fixed_bin).
   allocation_amplified: ClassVar[bool] = False
   # Why the schema is not Poisson sampling (no amplified Poisson analysis); None: it is.
   not_poisson: ClassVar[Optional[str]] = (
@@ -372,9 +373,10 @@ class BallsInBins(_Cyclic):
   sampler: ClassVar[str] = "balls in bins (fixed bin)"
   secret_sampling: ClassVar[bool] = True
   marks_fixed_bin: ClassVar[bool] = True
+  allocation_amplified: ClassVar[bool] = True
   not_poisson: ClassVar[Optional[str]] = (
-      "balls_in_bins (fixed bin) is not Poisson sampling and has no amplified analysis here: "
-      "use amplification none")
+      "balls_in_bins (fixed bin) is not Poisson sampling: use amplification 'balls_in_bins' "
+      "(or none)")
 
   @property
   def label(self) -> str:  # never the pre-rename label balls_in_bins-k<k>
