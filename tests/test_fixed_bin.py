@@ -17,13 +17,16 @@ import types
 
 import numpy as np
 import pytest
+from scipy import special
 from scipy import stats
 
 import userenv
 
 from tff_mf import accounting
+from tff_mf import allocation_pld
 from tff_mf import cache
 from tff_mf import checks
+from tff_mf import fixed_bin as fb
 from tff_mf import mechanisms
 from tff_mf import participation as pa
 from tff_mf import strategies
@@ -125,22 +128,33 @@ def test_fixed_bin_sensitivity_of_blt_equals_the_exact_min_sep_value():
 # ----------------------------------------------------------------------------- accounting
 
 
-def test_fixed_bin_epsilon_is_the_unamplified_gaussian_and_says_so():
-  c = np.eye(256)
+def test_fixed_bin_epsilon_is_amplified_and_the_plain_record_names_the_analysis():
+  c = np.eye(16)
   record = accounting.epsilon_for(c, pa.balls_in_bins(4), 2.0, DELTA)
   assert record["sensitivity"] == pytest.approx(2.0, rel=1e-9)
   assert record["epsilon"] == pytest.approx(
       accounting.epsilon(2.0, DELTA, sensitivity=record["sensitivity"]), rel=1e-12)
-  assert record["amplification"].startswith("not amplified")
+  assert "'balls_in_bins'" in record["amplification"]
   assert "fixed-bin" in record["theorem"]
-  # The random-allocation bound is never used for the fixed-bin scheme.
+  # The random-allocation bound is never used for the fixed-bin scheme, nor the reverse.
   with pytest.raises(checks.CheckError) as e:
     accounting.epsilon_for(c, pa.balls_in_bins(4), 2.0, DELTA, "random_allocation")
   assert "not balls_in_bins(epochs=4, fixed bin)" in str(e.value)
+  with pytest.raises(checks.CheckError) as e:
+    accounting.epsilon_for(c, pa.random_allocation(4), 2.0, DELTA, "balls_in_bins")
+  assert "not random_allocation" in str(e.value) and "\n" not in str(e.value)
+  # C = I: the bins' means are orthogonal, so the pair is one epoch of random allocation
+  # of b = 4 bins at z / sqrt(k) (the comparison pair is the pair itself; G is rounded up
+  # by participation.ROUNDING_MARGIN).
+  amplified = accounting.epsilon_for(c, pa.balls_in_bins(4), 2.0, DELTA, "balls_in_bins")
+  same = allocation_pld.epsilon(4, 1, 1.0, DELTA)["epsilon"]
+  assert amplified["fixed_bin"]["method"] == "pld" and amplified["bound"] == "amplified"
+  assert amplified["epsilon"] == pytest.approx(same, rel=1e-9)
+  assert amplified["epsilon"] < record["epsilon"] == amplified["unamplified_epsilon"]
   run = mechanisms.run_privacy(c, pa.balls_in_bins(4), 2.0, None, DELTA, "exact")
-  assert run.bound == "none" and run.epsilon == pytest.approx(record["epsilon"], rel=1e-12)
+  assert run.bound == "balls_in_bins" and run.epsilon == amplified["epsilon"]
   text = str(run)
-  assert "fixed bin" in text and "not amplified" in text
+  assert "secret bin of fixed-bin balls-in-bins" in text and "Kahane" in text
 
 
 def test_an_account_call_with_an_old_record_gets_the_random_allocation_bound():
@@ -157,24 +171,130 @@ def _account(*args):
 
 
 def test_cli_balls_in_bins_is_fixed_bin_and_random_allocation_is_amplified(tmp_path):
-  base = ["--mechanism", "gaussian", "--total_rounds", "64", "--epochs", "4", "--noise_multiplier",
+  base = ["--mechanism", "gaussian", "--total_rounds", "16", "--epochs", "4", "--noise_multiplier",
           "2", "--delta", "1e-8", "--cache_dir", str(tmp_path), "--json"]
   fixed = _account("--participation", "balls_in_bins", *base)
   assert fixed.returncode == 0, fixed.stderr
   record = json.loads(fixed.stdout)
   assert record["schema"]["kind"] == "balls_in_bins" and record["schema"]["fixed_bin"]
-  assert record["analysis"] == "none" and "not amplified" in record["amplification"]
+  assert record["analysis"] == "none" and "'balls_in_bins'" in record["amplification"]
   assert "fixed bin" in json.dumps(record["privacy_statement"])
   allocation = _account("--participation", "random_allocation", "--amplification",
                         "random_allocation", *base)
   assert allocation.returncode == 0, allocation.stderr
   assert json.loads(allocation.stdout)["epsilon"] < record["epsilon"]
-  refused = _account("--participation", "balls_in_bins", "--amplification",
-                     "random_allocation", *base)
-  lines = refused.stderr.strip().splitlines()
-  assert refused.returncode != 0 and len(lines) == 1 and "fixed-bin" in lines[0], refused.stderr
+  amplified = _account("--participation", "balls_in_bins", "--amplification", "balls_in_bins",
+                       "--lower_bound", *base)
+  assert amplified.returncode == 0, amplified.stderr
+  bound = json.loads(amplified.stdout)
+  assert bound["analysis"] == "balls_in_bins" and bound["schema"]["fixed_bin"]
+  assert bound["lower_bound_epsilon"] <= bound["epsilon"] < record["epsilon"]
+  assert "secret bin" in json.dumps(bound["privacy_statement"])
+  for schema, analysis, what in (("balls_in_bins", "random_allocation", "fixed-bin"),
+                                 ("random_allocation", "balls_in_bins", "new round")):
+    refused = _account("--participation", schema, "--amplification", analysis, *base)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode != 0 and len(lines) == 1 and what in lines[0], refused.stderr
   helped = _account("--help")
   assert "fixed-bin" in " ".join(helped.stdout.split()) and "random_allocation" in helped.stdout
+
+
+# ----------------------------------------------------------------------------- the bound
+
+
+def _random_c(n, seed):
+  """A random non-negative lower-triangular C (columns of unit norm at most)."""
+  c = np.tril(np.random.default_rng(seed).uniform(0.0, 1.0, (n, n)))
+  return c / np.max(np.linalg.norm(c, axis=0))
+
+
+def _exact_remove_moments(g, orders):
+  """E exp(Σ_{i<l} G[j_i, j_l]) over every α-tuple of bins (exact enumeration)."""
+  b = g.shape[0]
+  out = []
+  for alpha in orders:
+    vals = [sum(g[t[i], t[l]] for i in range(alpha) for l in range(i + 1, alpha))
+            for t in itertools.product(range(b), repeat=alpha)]
+    out.append(float(np.log(np.mean(np.exp(vals)))) / (alpha - 1))
+  return np.array(out)
+
+
+def _quadrature_add(g, orders, points):
+  """D_α(P‖Q) = log E_P[W^{1−α}] / (α − 1), W = mean_j exp(Y_j − G_jj/2), Y ~ N(0, G), by
+  tensor Gauss–Hermite quadrature (an independent, deterministic evaluation)."""
+  b = g.shape[0]
+  x, w = special.roots_hermitenorm(points)
+  w = w / np.sqrt(2 * np.pi)
+  xi = np.stack(np.meshgrid(*[x] * b, indexing="ij"), -1).reshape(-1, b)
+  weight = np.prod(np.stack(np.meshgrid(*[w] * b, indexing="ij"), -1).reshape(-1, b), axis=1)
+  y = xi @ np.linalg.cholesky(g).T
+  log_w = special.logsumexp(y - np.diag(g) / 2, axis=1) - np.log(b)
+  return np.array([float(special.logsumexp((1 - a) * log_w, b=weight)) / (a - 1)
+                   for a in orders])
+
+
+@pytest.mark.parametrize("n,k,seed", [(6, 2, 0), (9, 3, 1), (8, 2, 2)])
+def test_remove_bounds_hold_against_exact_enumeration_and_are_exact_where_proven(n, k, seed):
+  c = _random_c(n, seed)
+  z = 0.7
+  orders = [2, 3, 4, 5, 6]
+  bounds = fb.rdp(c, k, z, orders=orders)
+  g = fb.bin_gram(c, k, z)
+  exact = _exact_remove_moments(g, orders)
+  for name in ("remove_pairs", "remove_triples", "remove_collisions"):
+    assert np.all(bounds[name] >= exact * (1 - 1e-12)), name
+  # One block holds every ball: the pair bound at α = 2 and the triple bound at α = 3 are the
+  # exact moments (Hoeffding's decoupling loses nothing there).
+  assert bounds["remove_pairs"][0] == pytest.approx(exact[0], rel=1e-10)
+  assert bounds["remove_triples"][1] == pytest.approx(exact[1], rel=1e-10)
+  # C = I: the collision bound is exact.
+  eye = fb.rdp(np.eye(n), k, z, orders=orders)
+  assert eye["remove_collisions"] == pytest.approx(
+      _exact_remove_moments(fb.bin_gram(np.eye(n), k, z), orders), rel=1e-10)
+
+
+@pytest.mark.parametrize("n,k,seed", [(4, 2, 3), (6, 2, 4), (6, 3, 5)])
+def test_add_bound_holds_against_quadrature(n, k, seed):
+  c = _random_c(n, seed)
+  z = 1.5
+  orders = [2, 3, 4, 6, 8]
+  bounds = fb.rdp(c, k, z, orders=orders)
+  g = fb.bin_gram(c, k, z)
+  points = 40 if g.shape[0] == 2 else 30
+  exact = _quadrature_add(g, orders, points)
+  # Quadrature of a smooth integrand: two numbers of points agree far inside this margin.
+  again = _quadrature_add(g, orders, points + 10)
+  error = np.max(np.abs(exact - again))
+  assert error < 1e-6
+  assert np.all(bounds["add"] >= exact - 10 * error - 1e-12)
+  assert np.all(bounds["rdp"] <= bounds["unamplified"])
+
+
+def test_the_comparison_covariance_dominates_the_remove_moments():
+  """Kahane's inequality on the integer moments: A·11ᵀ + B·I ≥ G entrywise gives larger
+  moments (exact enumeration of both)."""
+  c = _random_c(9, 6)
+  g = fb.bin_gram(c, 3, 0.6)
+  parts = fb.comparison(g)
+  bigger = parts["common"] + parts["hidden"] * np.eye(3)
+  assert np.all(bigger >= g - 1e-15)
+  orders = [2, 3, 4, 5]
+  assert np.all(_exact_remove_moments(bigger, orders) >= _exact_remove_moments(g, orders))
+
+
+def test_fixed_bin_bound_sits_between_the_lower_bound_and_the_unamplified_one():
+  n, k, z = 64, 4, 2.0
+  coef = 1.0 / np.sqrt(1.0 + np.arange(n))  # a slowly decaying Toeplitz C, as BLT
+  c = sum(v * np.eye(n, k=-d) for d, v in enumerate(coef))
+  record = accounting.epsilon_for(c, pa.balls_in_bins(k), z, 1e-6, "balls_in_bins")
+  lower = fb.lower_bound(c, k, z, 1e-6)
+  assert 0 < lower <= record["epsilon"] <= record["unamplified_epsilon"]
+  assert record["bound"] == "amplified" and record["fixed_bin"]["method"] == "renyi"
+  # b = 1: nothing is hidden, the bound is the Gaussian's.
+  one = fb.epsilon(np.eye(4), 4, z, 1e-6)
+  gauss = accounting.epsilon(z, 1e-6, sensitivity=2.0)
+  assert one["method"] == "pld"
+  assert gauss <= one["epsilon"] <= gauss + 2 * one["pld"]["max_loss_overstatement"]
 
 
 # ----------------------------------------------------------------------------- sampler

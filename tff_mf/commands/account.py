@@ -500,8 +500,9 @@ def _check_allocation_schema(spelling: Optional[str], name: str) -> None:
   if kind is None or kind.kind == name:
     return
   if kind.allocation_amplified:
-    _fail(f"--amplification {name} analyzes --participation {name}, not {kind.kind} (a "
-          f"different mechanism, which it does not bound)")
+    what = "the field's fixed-bin scheme" if kind.marks_fixed_bin else "a new round each epoch"
+    _fail(f"--amplification {name} analyzes --participation {name}, not {kind.kind} ({what}: "
+          f"a different mechanism, which it does not bound)")
   _fail(f"--amplification {name} needs --participation {name}")
 
 
