@@ -509,12 +509,13 @@ def test_lower_bound_of_random_allocation(capsys):
     direct = random_allocation.lower_bound(f["C"], 2, 2.0, 1e-6)
   assert out["lower_bound_epsilon"] == pytest.approx(direct, rel=1e-12)
   _assert_one_line_error(argv + ["--monte_carlo_samples", "5000"],
-                         r"--monte_carlo_samples only the former; not random_allocation", capsys)
+                         r"--monte_carlo_samples only the first; not random_allocation", capsys)
 
 
 @pytest.mark.parametrize("argv, match", [
     (["--mechanism", "gaussian", "--total_rounds", "4", "--noise_multiplier", "1", "--delta", DELTA,
-      "--lower_bound"], r"--lower_bound needs --amplification mmcc, banded or random_alloc"),
+      "--lower_bound"],
+     r"--lower_bound needs --amplification mmcc, banded, random_allocation or balls_in_bins"),
     (["--mechanism", "gaussian", "--total_rounds", "4", "--noise_multiplier", "1", "--delta", DELTA,
       "--monte_carlo_samples", "5000"], r"--monte_carlo_samples needs --amplification"),
     (_SLACK + ["--noise_multiplier", "2", "--monte_carlo_samples", "10"],
