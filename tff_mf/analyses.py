@@ -499,10 +499,10 @@ class RandomAllocation(Analysis):
       "Schuchardt & Kalinin 2026, arXiv:2601.21636, Sec 3; converted by "
       "Canonne, Kamath, Steinke 2020, arXiv:2004.00010, Prop 12")
   theorem_pld: ClassVar[str] = (
-      "random-allocation privacy-loss distribution for C = a I (Feldman "
-      "& Shenfeld 2026, arXiv:2602.17284): the law of the likelihood "
-      "ratio on a geometric grid, every loss rounded up, epochs "
-      "composed by dp_accounting's pessimistic PLDs")
+      "random-allocation privacy-loss distribution (Feldman & Shenfeld 2026, "
+      "arXiv:2602.17284) of a pair dominating C's by Kahane's convexity inequality (1985; "
+      "C = a I: the pair itself): the law of the likelihood ratio on a geometric grid, "
+      "every loss rounded up, epochs composed by dp_accounting's pessimistic PLDs")
   amplified: ClassVar[bool] = True
 
   def applies(self, c, schema):
@@ -554,12 +554,17 @@ class RandomAllocation(Analysis):
     bound = record.get("random_allocation") or {}
     z = record.get("noise_multiplier")
     if record.get("bound") == "amplified" and bound.get("method") == "pld":
+      pld = bound.get("pld") or {}
+      common = (f"; a Gaussian at squared sensitivity {fmt(pld.get('common'))} composed in, "
+                f"the pair dominating C's by Kahane's convexity inequality (1985)"
+                if pld.get("common") else "")
       return (f"amplification by random allocation (one uniformly random round per epoch, "
               f"drawn anew each epoch): the privacy-loss distribution of the pair N(0, z^2 I) "
-              f"vs the mixture over the round of N(e_round, z^2 I), C = I, noise multiplier "
-              f"z = {fmt(z)} (Feldman & Shenfeld 2026, arXiv:2602.17284; "
-              f"tff_mf.allocation_pld, losses rounded up), {bound.get('epochs')} epochs "
-              f"composed via PLD (dp_accounting, pessimistic)")
+              f"vs the mixture over the round of N(e_round, z^2 I) at squared sensitivity "
+              f"{fmt(pld.get('hidden'))}, noise multiplier z = {fmt(z)} (Feldman & Shenfeld "
+              f"2026, arXiv:2602.17284; tff_mf.allocation_pld, losses rounded up), "
+              f"{bound.get('epochs')} epochs composed via PLD (dp_accounting, pessimistic)"
+              f"{common}")
     if record.get("bound") == "amplified":
       return (f"amplification by random allocation (one uniformly random round per "
               f"epoch, drawn anew each epoch): Renyi divergence bounds of the pair "

@@ -132,29 +132,16 @@ def rdp(c, epochs: int, noise_multiplier: float, *, sensitivity: Optional[float]
   remove = np.minimum.reduce([blocks[2], blocks[3], collisions, unamplified])
   return {"orders": alphas, "remove_pairs": blocks[2], "remove_triples": blocks[3],
           "remove_collisions": collisions, "add": add, "unamplified": unamplified,
+          "remove": remove, "added": np.minimum(add, unamplified),
           "rdp": np.maximum(remove, np.minimum(add, unamplified))}
 
 
 def comparison(g: np.ndarray) -> Dict[str, float]:
-  """A and B of the comparison covariance A·11ᵀ + B·I ≥ G (module docstring)."""
+  """A ("common") and B ("hidden") of the comparison covariance A·11ᵀ + B·I ≥ G."""
   b = g.shape[0]
   off = float(np.max(np.where(np.eye(b, dtype=bool), -np.inf, g))) if b > 1 else 0.0
   off = max(off, 0.0)
   return {"common": off, "hidden": max(float(np.max(np.diagonal(g))) - off, 0.0)}
-
-
-def pld_epsilon(c, epochs: int, noise_multiplier: float, delta: float) -> Optional[Dict]:
-  """ε(δ) of the comparison pair (module docstring) by PLD, or None when B = 0 (the pair
-  is then the unamplified Gaussian)."""
-  g = bin_gram(c, epochs, noise_multiplier)
-  parts = comparison(g)
-  if parts["hidden"] <= 0:
-    return None
-  common = parts["common"]
-  found = allocation_pld.epsilon(
-      g.shape[0], 1, 1.0 / math.sqrt(parts["hidden"]), delta,
-      gaussian_noise_multiplier=1.0 / math.sqrt(common) if common > 0 else None)
-  return dict(found, **parts)
 
 
 def epsilon(c, epochs: int, noise_multiplier: float, delta: float, *,
@@ -163,36 +150,21 @@ def epsilon(c, epochs: int, noise_multiplier: float, delta: float, *,
   """An upper bound on ε(δ) of fixed-bin balls-in-bins with encoder C, k = ``epochs``, z.
 
   ``sensitivity``: the fixed-bin sensitivity (``tff_mf.participation``), adding the
-  unamplified Rényi bound per order. ``pld``: also the comparison pair's PLD (None: when its
-  hidden part B is at least its common part A, where it can win; it costs seconds).
-  Returns {"epsilon", "method" ("renyi" or "pld"), "order", "direction", "epochs", "bins",
-  "renyi_epsilon", and "pld" (its details) where computed}.
+  unamplified Rényi bound per order. ``pld``: also the comparison pair's PLD (None: where
+  its hidden part B is at least its common part A, where it can win; it costs seconds).
+  Returns ``random_allocation.combine``'s fields (each direction the smaller of its Rényi
+  and PLD ε) and "epochs", "bins".
   """
   delta = checks.delta(delta)
   if sensitivity is not None:
     sensitivity = checks.positive_float(sensitivity, "sensitivity")
-  bounds = random_allocation.best_order(
-      lambda a: rdp(c, epochs, noise_multiplier, sensitivity=sensitivity, orders=a), delta,
-      orders)
-  i = bounds["index"]
-  remove = min(bounds["remove_pairs"][i], bounds["remove_triples"][i],
-               bounds["remove_collisions"][i], bounds["unamplified"][i])
-  add = min(bounds["add"][i], bounds["unamplified"][i])
+  z = checks.noise_multiplier(noise_multiplier)
+  parts = comparison(bin_gram(c, epochs, 1.0))  # in units of X = CᵀC, as random allocation's
   bins = np.asarray(c).shape[0] // int(epochs)
-  out = {"epsilon": float(bounds["epsilon"]), "method": "renyi", "order": int(bounds["order"]),
-         "direction": "remove" if remove >= add else "add", "epochs": int(epochs),
-         "bins": int(bins)}
-  out["renyi_epsilon"] = out["epsilon"]
-  if pld is None:
-    parts = comparison(bin_gram(c, epochs, noise_multiplier))
-    pld = parts["hidden"] > 0 and parts["hidden"] >= parts["common"]
-  found = pld_epsilon(c, epochs, noise_multiplier, delta) if pld else None
-  if found is not None:
-    out["pld"] = found
-    if found["epsilon"] < out["epsilon"]:
-      out.update(epsilon=found["epsilon"], method="pld", direction=(
-          "remove" if found["epsilon_remove"] >= found["epsilon_add"] else "add"))
-  return out
+  found = random_allocation.comparison_pld(bins, 1, z, delta, parts, pld)
+  out = random_allocation.combine(
+      lambda a: rdp(c, epochs, z, sensitivity=sensitivity, orders=a), delta, orders, found)
+  return dict(out, epochs=int(epochs), bins=int(bins))
 
 
 def lower_bound(c, epochs: int, noise_multiplier: float, delta: float) -> float:

@@ -46,13 +46,20 @@ units of z):
   D_α(P‖Q) ≤ ((α−1)‖m̄‖² + E‖m_π‖²) / (2z²) for every α > 1.
 - Both directions are also bounded by the unamplified Gaussian, α·sens²/(2z²), sens the
   random-allocation sensitivity (``tff_mf.participation``). Per order, the smallest bound of
-  each direction, the larger direction, then ε(δ) = min_α [D_α + log(1 − 1/α) −
-  log(α·δ)/(α − 1)] (Canonne, Kamath, Steinke 2020, arXiv:2004.00010, Prop 12; Balle
-  et al. 2020, arXiv:1905.09982, Thm 21; dp_accounting's ``compute_epsilon``).
-
-For C = a·I (DP-SGD) ``epsilon`` also computes the privacy-loss distribution of the pair
-itself (``tff_mf.allocation_pld``, after Feldman & Shenfeld 2026, arXiv:2602.17284),
-an upper bound much closer to the true ε, and reports the smaller of the two.
+  each direction; each direction's ε(δ) = min_α [D_α + log(1 − 1/α) − log(α·δ)/(α − 1)]
+  at its own best order (Canonne, Kamath, Steinke 2020, arXiv:2004.00010, Prop 12; Balle
+  et al. 2020, arXiv:1905.09982, Thm 21; dp_accounting's ``compute_epsilon``), since
+  add/remove (ε, δ)-DP bounds each direction's hockey-stick divergence on its own; ε is the
+  larger direction (``combine``).
+- Comparison pair, both directions (``comparison_pld``). With Y_π = 1_πᵀCᵀy/z² ~ N(0, G),
+  G = (1_πᵀX1_π')/z², the likelihood ratio is E_π exp(Y_π − G_ππ/2), and both hockey-stick
+  divergences are E F of it for a convex F; by Kahane's convexity inequality (Kahane 1985,
+  Ann. Sci. Math. Québec 9, 105–150) a covariance G' ≥ G entrywise gives a dominating
+  pair. G' = (ΣA)·11ᵀ + B·Σ_e [πᵉ = π'ᵉ] (A, B as above, B = max_e B_e) is a Gaussian at
+  squared sensitivity ΣA composed with k epochs of C = I random allocation at B, whose PLD
+  ``tff_mf.allocation_pld`` computes (after Feldman & Shenfeld 2026, arXiv:2602.17284);
+  for C = a·I it is the pair itself. Computed where B ≥ ΣA (near-diagonal C); each
+  direction takes the smaller of its PLD and Rényi ε.
 
 What is not here: the paper's own dynamic program (its Lemma 3.2 / Algorithm 3, exact for
 banded C at a cost exponential in the bands) and its conditional-composition bound
@@ -272,79 +279,113 @@ def rdp(c, epochs: int, noise_multiplier: float, *, sensitivity: Optional[float]
                  else np.full_like(a, np.inf))
   remove = np.minimum(np.minimum(collisions, decoupled), unamplified)
   return {"orders": alphas, "remove_collisions": collisions, "remove_decoupled": decoupled,
-          "add": add, "unamplified": unamplified,
+          "add": add, "unamplified": unamplified, "remove": remove,
+          "added": np.minimum(add, unamplified),
           "rdp": np.maximum(remove, np.minimum(add, unamplified))}
 
 
 def epsilon(c, epochs: int, noise_multiplier: float, delta: float, *,
             sensitivity: Optional[float] = None,
-            orders: Optional[Sequence[int]] = None, pld: bool = True) -> Dict[str, Any]:
+            orders: Optional[Sequence[int]] = None, pld: Optional[bool] = None
+            ) -> Dict[str, Any]:
   """An upper bound on ε(δ) of random allocation with encoder C, k = ``epochs``, z.
 
   ``sensitivity``: C's random-allocation sensitivity (``tff_mf.participation``), when known;
   it adds the unamplified Gaussian's Rényi bound per order. ``orders``: the integer
   orders to minimize over (default: ``COARSE_ORDERS``, then ``ORDERS`` near the best).
-  ``pld``: for C = a·I also the PLD bound (``tff_mf.allocation_pld``); False: Rényi only.
-  Returns {"epsilon", "method" ("renyi", or "pld" where C = a·I and the PLD bound is the
-  smaller), "order" (the α of the Rényi bound), "direction" (remove or add: the larger),
-  "epochs", "rounds_per_epoch"}, and for C = a·I "renyi_epsilon" and "pld" (its details).
+  ``pld``: also the comparison pair's PLD (``comparison_pld``; None: where its hidden part
+  is at least its common part, C = a·I included; False: Rényi only). Returns
+  ``combine``'s fields and "epochs", "rounds_per_epoch".
   """
   delta = checks.delta(delta)
   if sensitivity is not None:
     sensitivity = checks.positive_float(sensitivity, "sensitivity")
-  bounds = best_order(lambda a: rdp(c, epochs, noise_multiplier, sensitivity=sensitivity,
-                                     orders=a), delta, orders)
-  eps, order, i = bounds["epsilon"], bounds["order"], bounds["index"]
-  remove = min(bounds["remove_collisions"][i], bounds["remove_decoupled"][i],
-               bounds["unamplified"][i])
-  add = min(bounds["add"][i], bounds["unamplified"][i])
-  out = {"epsilon": float(eps), "method": "renyi", "order": int(order),
-         "direction": "remove" if remove >= add else "add", "epochs": int(epochs),
-         "rounds_per_epoch": int(np.asarray(c).shape[1]) // int(epochs)}
-  scale = _identity_scale(c) if pld else None
-  if scale is not None:
-    pld = allocation_pld.epsilon(out["rounds_per_epoch"], out["epochs"],
-                                 float(noise_multiplier) / scale, delta)
-    out.update(renyi_epsilon=out["epsilon"], pld=pld)
-    if pld["epsilon"] < out["epsilon"]:
-      out.update(epsilon=pld["epsilon"], method="pld",
-                 direction="remove" if pld["epsilon_remove"] >= pld["epsilon_add"] else "add")
+  c, k, b = check_encoder(c, epochs)
+  g = _gram(c, k, b)
+  parts = {"common": g.cross + float(np.sum(g.within)), "hidden": float(np.max(g.excess))}
+  found = comparison_pld(b, k, noise_multiplier, delta, parts, pld)
+  out = combine(lambda a: rdp(c, epochs, noise_multiplier, sensitivity=sensitivity,
+                              orders=a), delta, orders, found)
+  return dict(out, epochs=k, rounds_per_epoch=b)
+
+
+def comparison_pld(bins: int, epochs: int, noise_multiplier: float, delta: float,
+                   parts: Dict[str, float], pld: Optional[bool]) -> Optional[Dict[str, Any]]:
+  """ε(δ) by PLD of the comparison pair of covariance common·11ᵀ + hidden·Σ_e [same round
+  in epoch e] (in units of z²·(C-units)², i.e. X = CᵀC's units): a Gaussian composed with
+  ``epochs`` epochs of random allocation of ``bins`` rounds (Kahane's convexity inequality,
+  docs/mechanisms.md); None where not computed (``pld`` False, or None and hidden < common,
+  or hidden = 0)."""
+  common, hidden = parts["common"], parts["hidden"]
+  if pld is False or hidden <= 0 or (pld is None and hidden < common):
+    return None
+  z = checks.noise_multiplier(noise_multiplier)
+  found = allocation_pld.epsilon(
+      bins, epochs, z / math.sqrt(hidden), delta,
+      gaussian_noise_multiplier=z / math.sqrt(common) if common > 0 else None)
+  return dict(found, common=common / (z * z), hidden=hidden / (z * z))
+
+
+def combine(bounds_at, delta: float, orders: Optional[Sequence[int]],
+            pld: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+  """ε(δ) from Rényi bounds and an optional PLD bound, each direction on its own.
+
+  (ε, δ)-DP under add/remove adjacency bounds the hockey-stick divergence of each direction
+  separately: each direction's ε is the smaller of its Rényi ε (``bounds_at(orders)``'s
+  ``remove`` / ``added`` arrays, each at its own best order) and the PLD's, and ε is the
+  larger direction. Returns {"epsilon", "method" (renyi or pld, of the larger direction),
+  "direction", "order" (its Rényi order), "epsilon_remove", "epsilon_add", "methods" (per
+  direction), "renyi_epsilon", and "pld" where given}.
+  """
+  cache: Dict[Tuple[int, ...], Dict[str, np.ndarray]] = {}
+
+  def at(a):
+    key = tuple(int(x) for x in a)
+    if key not in cache:
+      cache[key] = bounds_at(a)
+    return cache[key]
+
+  out: Dict[str, Any] = {"methods": {}, "orders": {}}
+  renyi = {}
+  for direction, key in (("remove", "remove"), ("add", "added")):
+    best = best_order(at, delta, orders, key)
+    renyi[direction] = best["epsilon"]
+    out[f"epsilon_{direction}"], out["methods"][direction] = best["epsilon"], "renyi"
+    out["orders"][direction] = best["order"]
+    if pld is not None and pld[f"epsilon_{direction}"] < best["epsilon"]:
+      out[f"epsilon_{direction}"], out["methods"][direction] = pld[f"epsilon_{direction}"], "pld"
+  direction = "remove" if out["epsilon_remove"] >= out["epsilon_add"] else "add"
+  out.update(epsilon=float(out[f"epsilon_{direction}"]), direction=direction,
+             method=out["methods"][direction], order=int(out["orders"][direction]),
+             renyi_epsilon=float(max(renyi.values())))
+  if pld is not None:
+    out["pld"] = pld
   return out
 
 
-def _identity_scale(c) -> Optional[float]:
-  """a where C = a·I with a > 0 (DP-SGD's encoder), else None."""
-  c = np.asarray(c, dtype=np.float64)
-  if c.ndim != 2 or c.shape[0] != c.shape[1]:
-    return None
-  diag = np.diag(c)
-  if diag[0] > 0 and np.all(diag == diag[0]) and np.count_nonzero(c) == c.shape[0]:
-    return float(diag[0])
-  return None
-
-
-def best_order(bounds_at, delta: float, orders: Optional[Sequence[int]] = None
-               ) -> Dict[str, Any]:
-  """The Rényi bounds ``bounds_at(orders)`` (a dict with ``orders`` and ``rdp``) at the order
-  whose ε(δ) is smallest: over ``orders``, or (None) over ``COARSE_ORDERS`` and then the
-  orders of ``ORDERS`` within ``REFINE_FACTOR`` of the best (any set of orders gives a valid
-  ε). Returns the bounds with ``epsilon``, ``order`` and ``index`` (of that order)."""
-  bounds = _best(bounds_at(COARSE_ORDERS if orders is None else orders), delta)
+def best_order(bounds_at, delta: float, orders: Optional[Sequence[int]] = None,
+               key: str = "rdp") -> Dict[str, Any]:
+  """The Rényi bounds ``bounds_at(orders)`` (a dict with ``orders`` and the array ``key``)
+  at the order whose ε(δ) is smallest: over ``orders``, or (None) over ``COARSE_ORDERS``
+  and then the orders of ``ORDERS`` within ``REFINE_FACTOR`` of the best (any set of
+  orders gives a valid ε). Returns the bounds with ``epsilon``, ``order`` and ``index``."""
+  bounds = _best(bounds_at(COARSE_ORDERS if orders is None else orders), delta, key)
   if orders is None:
     near = [a for a in ORDERS if bounds["order"] / REFINE_FACTOR <= a <= bounds["order"] *
             REFINE_FACTOR and a not in COARSE_ORDERS]
     if near:
-      refined = _best(bounds_at(near), delta)
+      refined = _best(bounds_at(near), delta, key)
       if refined["epsilon"] < bounds["epsilon"]:
         bounds = refined
   return bounds
 
 
-def _best(bounds: Dict[str, np.ndarray], delta: float) -> Dict[str, Any]:
-  """``bounds`` with the ε at δ of its best order (dp_accounting's conversion)."""
+def _best(bounds: Dict[str, np.ndarray], delta: float, key: str = "rdp") -> Dict[str, Any]:
+  """``bounds`` with the ε at δ of its best order for the array ``key`` (dp_accounting's
+  conversion)."""
   from dp_accounting.rdp import rdp_privacy_accountant  # pylint: disable=g-import-not-at-top
   eps, order = rdp_privacy_accountant.compute_epsilon(
-      [float(a) for a in bounds["orders"]], [float(v) for v in bounds["rdp"]], delta)
+      [float(a) for a in bounds["orders"]], [float(v) for v in bounds[key]], delta)
   return dict(bounds, epsilon=float(eps), order=int(order),
               index=int(np.flatnonzero(bounds["orders"] == order)[0]))
 
