@@ -29,7 +29,7 @@ runs of distances, each run a window sum.
 
 At b = 64, k = 4, z = 2, δ = 1e-8 (C = I): 0.679 in about 5 s on 2 cores (opake's
 ``random_allocation_gaussian_pld``: 0.677 in 134 s, issue 39); Poisson sampling at p = 1/64
-over the same 256 rounds gives 0.731, the Rényi bound of ``tff_mf.random_allocation`` 1.18.
+over the same 256 rounds gives 0.731, the Rényi bound of ``tff_mf.random_allocation`` 1.15.
 """
 
 from __future__ import annotations
