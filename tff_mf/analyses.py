@@ -487,11 +487,13 @@ class MMCC(PoissonAmplified):
 class RandomAllocation(Analysis):
   """Amplification by random allocation (one uniformly random round per epoch, drawn anew
   each epoch) for lower-triangular non-negative square C: Rényi bounds after Schuchardt &
-  Kalinin 2026 (arXiv:2601.21636, Sec 3); for C = a·I its PLD (Feldman & Shenfeld 2026,
-  arXiv:2602.17284). ``tff_mf.random_allocation``."""
+  Kalinin 2026 (arXiv:2601.21636, Sec 3); for near-diagonal C the PLD of a dominating
+  comparison pair (Kahane 1985; Feldman & Shenfeld 2026, arXiv:2602.17284; for C = a·I the
+  pair itself). ``tff_mf.random_allocation``."""
   name: ClassVar[str] = "random_allocation"
   label: ClassVar[str] = ("random-allocation amplification (Renyi bounds after "
-                          "arXiv:2601.21636; for C = I its PLD, arXiv:2602.17284)")
+                          "arXiv:2601.21636; for near-diagonal C a comparison pair's PLD, "
+                          "arXiv:2602.17284)")
   theorem: ClassVar[str] = (
       "random-allocation amplification: Renyi divergence bounds of the pair "
       "N(0, z^2 I) vs E_pi N(C 1_pi, z^2 I) at integer orders (collision "
@@ -504,14 +506,17 @@ class RandomAllocation(Analysis):
       "C = a I: the pair itself): the law of the likelihood ratio on a geometric grid, "
       "every loss rounded up, epochs composed by dp_accounting's pessimistic PLDs")
   amplified: ClassVar[bool] = True
+  field: ClassVar[str] = "random_allocation"  # the record's field of the bound's details
+  bound_name: ClassVar[str] = "random-allocation Renyi bound after arXiv:2601.21636"
+  analyzes: ClassVar[str] = ("random_allocation participation (a new random round each "
+                             "epoch)")
 
   def applies(self, c, schema):
     schema = check_schema(schema)
     if c is None:
       return (f"amplification {self.name!r} needs the encoder C (a matrix or a mechanism)")
     if schema.kind != self.name:
-      return (f"amplification {self.name!r} analyzes random_allocation participation (a new "
-              f"random round each epoch), not {schema.describe()}")
+      return f"amplification {self.name!r} analyzes {self.analyzes}, not {schema.describe()}"
     return None
 
   def search_sensitivity(self, c, schema, options):
@@ -520,10 +525,9 @@ class RandomAllocation(Analysis):
     return known["value"]
 
   def amplified_bound(self, c, schema, z: float, delta: float, sens: float):
-    """(record field, the amplified bound's details with its ``epsilon`` and ``method``)."""
+    """The amplified bound's details (``epsilon``, ``method``, ...), the record's ``field``."""
     from tff_mf import random_allocation  # pylint: disable=g-import-not-at-top
-    return "random_allocation", random_allocation.epsilon(c, schema.epochs, z, delta,
-                                                          sensitivity=sens)
+    return random_allocation.epsilon(c, schema.epochs, z, delta, sensitivity=sens)
 
   def record(self, record, c, schema, z, delta, accountant_name, sampling_prob,
              known_sensitivity):
@@ -536,12 +540,12 @@ class RandomAllocation(Analysis):
     report = _known_or_report(c, schema, known_sensitivity)
     sens = float(report["value"])
     unamplified = gaussian_epsilon(z, delta, accountant_name, sens)
-    field, bound = self.amplified_bound(c, schema, z, delta, sens)
+    bound = self.amplified_bound(c, schema, z, delta, sens)
     amplified = bound.pop("epsilon")
     record.update(sensitivity=sens, sensitivity_exact=report["exact"],
                   sensitivity_method=report["method"], unamplified_epsilon=unamplified,
                   unamplified_accountant=accountant_name, theorem=self.theorem,
-                  **{field: bound})
+                  **{self.field: bound})
     _best_of(record, amplified, unamplified)
     if record["bound"] == "amplified":  # else ε is the unamplified accountant's, as recorded
       pld = bound["method"] == "pld"
@@ -551,31 +555,37 @@ class RandomAllocation(Analysis):
     return record
 
   def words(self, record, ratio, accountant_words, sensitivity_words):
-    bound = record.get("random_allocation") or {}
-    z = record.get("noise_multiplier")
-    if record.get("bound") == "amplified" and bound.get("method") == "pld":
-      pld = bound.get("pld") or {}
-      common = (f"; a Gaussian at squared sensitivity {fmt(pld.get('common'))} composed in, "
-                f"the pair dominating C's by Kahane's convexity inequality (1985)"
-                if pld.get("common") else "")
-      return (f"amplification by random allocation (one uniformly random round per epoch, "
-              f"drawn anew each epoch): the privacy-loss distribution of the pair N(0, z^2 I) "
-              f"vs the mixture over the round of N(e_round, z^2 I) at squared sensitivity "
-              f"{fmt(pld.get('hidden'))}, noise multiplier z = {fmt(z)} (Feldman & Shenfeld "
-              f"2026, arXiv:2602.17284; tff_mf.allocation_pld, losses rounded up), "
-              f"{bound.get('epochs')} epochs composed via PLD (dp_accounting, pessimistic)"
-              f"{common}")
+    bound = record.get(self.field) or {}
+    z = fmt(record.get("noise_multiplier"))
     if record.get("bound") == "amplified":
-      return (f"amplification by random allocation (one uniformly random round per "
-              f"epoch, drawn anew each epoch): Renyi divergence bounds of the pair "
-              f"N(0, z^2 I) vs E_pi N(C 1_pi, "
-              f"z^2 I) for C with noise multiplier z = {fmt(z)} at order "
-              f"{bound.get('order')} (tff_mf.random_allocation, after Schuchardt & Kalinin "
-              f"2026, arXiv:2601.21636, Sec 3), converted to (epsilon, delta) by Canonne, "
-              f"Kamath, Steinke 2020, arXiv:2004.00010, Prop 12")
-    return (f"no amplification (the random-allocation Renyi bound after arXiv:2601.21636 was "
-            f"larger): one Gaussian mechanism at {ratio}, "
-            f"{sensitivity_words}; epsilon by {accountant_words}")
+      pld = bound.get("method") == "pld"
+      how = self.pld_words(bound, z) if pld else self.renyi_words(bound, z)
+      return f"{self.scheme_words(bound)}: {how}"
+    return (f"no amplification (the {self.bound_name} was larger): one Gaussian mechanism at "
+            f"{ratio}, {sensitivity_words}; epsilon by {accountant_words}")
+
+  def scheme_words(self, bound: Mapping[str, Any]) -> str:
+    del bound
+    return ("amplification by random allocation (one uniformly random round per epoch, drawn "
+            "anew each epoch)")
+
+  def pld_words(self, bound: Mapping[str, Any], z: str) -> str:
+    pld = bound.get("pld") or {}
+    common = (f"; a Gaussian at squared sensitivity {fmt(pld.get('common'))} composed in, "
+              f"the pair dominating C's by Kahane's convexity inequality (1985)"
+              if pld.get("common") else "")
+    return (f"the privacy-loss distribution of the pair N(0, z^2 I) vs the mixture over the "
+            f"round of N(e_round, z^2 I) at squared sensitivity {fmt(pld.get('hidden'))}, "
+            f"noise multiplier z = {z} (Feldman & Shenfeld 2026, arXiv:2602.17284; "
+            f"tff_mf.allocation_pld, losses rounded up), {bound.get('epochs')} epochs "
+            f"composed via PLD (dp_accounting, pessimistic){common}")
+
+  def renyi_words(self, bound: Mapping[str, Any], z: str) -> str:
+    return (f"Renyi divergence bounds of the pair N(0, z^2 I) vs E_pi N(C 1_pi, z^2 I) for C "
+            f"with noise multiplier z = {z} at order {bound.get('order')} "
+            f"(tff_mf.random_allocation, after Schuchardt & Kalinin 2026, arXiv:2601.21636, "
+            f"Sec 3), converted to (epsilon, delta) by Canonne, Kamath, Steinke 2020, "
+            f"arXiv:2004.00010, Prop 12")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -584,6 +594,9 @@ class FixedBin(RandomAllocation):
   arXiv:2412.16802) for lower-triangular non-negative square C: Rényi bounds of the mixture
   over bins and a comparison pair's PLD (``tff_mf.fixed_bin``)."""
   name: ClassVar[str] = "balls_in_bins"
+  field: ClassVar[str] = "fixed_bin"
+  bound_name: ClassVar[str] = "fixed-bin balls-in-bins bound of tff_mf.fixed_bin"
+  analyzes: ClassVar[str] = "balls_in_bins participation (one secret bin for the whole run)"
   label: ClassVar[str] = ("fixed-bin balls-in-bins amplification (Renyi bounds of the mixture "
                           "over the secret bin; a comparison pair's PLD)")
   theorem: ClassVar[str] = (
@@ -598,41 +611,29 @@ class FixedBin(RandomAllocation):
       "composed with one epoch of random allocation, its PLD rounded up (after Feldman & "
       "Shenfeld 2026, arXiv:2602.17284) and composed by dp_accounting (pessimistic)")
 
-  def applies(self, c, schema):
-    schema = check_schema(schema)
-    if c is None:
-      return f"amplification {self.name!r} needs the encoder C (a matrix or a mechanism)"
-    if schema.kind != self.name:
-      return (f"amplification {self.name!r} analyzes balls_in_bins participation (one secret "
-              f"bin for the whole run), not {schema.describe()}")
-    return None
-
   def amplified_bound(self, c, schema, z, delta, sens):
     from tff_mf import fixed_bin  # pylint: disable=g-import-not-at-top
-    return "fixed_bin", fixed_bin.epsilon(c, schema.epochs, z, delta, sensitivity=sens)
+    return fixed_bin.epsilon(c, schema.epochs, z, delta, sensitivity=sens)
 
-  def words(self, record, ratio, accountant_words, sensitivity_words):
-    bound = record.get("fixed_bin") or {}
-    z = fmt(record.get("noise_multiplier"))
-    scheme = (f"amplification by the secret bin of fixed-bin balls-in-bins (one of "
-              f"{bound.get('bins')} bins drawn once, every round of it)")
-    if record.get("bound") == "amplified" and bound.get("method") == "pld":
-      pld = bound.get("pld") or {}
-      return (f"{scheme}: the privacy-loss distribution of a dominating pair (Kahane's "
-              f"convexity inequality, 1985): a Gaussian at squared sensitivity "
-              f"{fmt(pld.get('common'))} composed with one epoch of random allocation at "
-              f"squared sensitivity {fmt(pld.get('hidden'))}, noise multiplier z = {z} "
-              f"(tff_mf.fixed_bin, tff_mf.allocation_pld, losses rounded up), composed via "
-              f"PLD (dp_accounting, pessimistic)")
-    if record.get("bound") == "amplified":
-      return (f"{scheme}: Renyi divergence bounds of the pair N(0, z^2 I) vs the mixture over "
-              f"bins of N(C 1_bin, z^2 I) for C with noise multiplier z = {z} at order "
-              f"{bound.get('order')} (tff_mf.fixed_bin; the Renyi DP over bins of Schuchardt "
-              f"& Kalinin 2026, arXiv:2601.21636), converted to (epsilon, delta) by Canonne, "
-              f"Kamath, Steinke 2020, arXiv:2004.00010, Prop 12")
-    return (f"no amplification (the fixed-bin balls-in-bins bound of tff_mf.fixed_bin was "
-            f"larger): one Gaussian mechanism at {ratio}, {sensitivity_words}; epsilon by "
-            f"{accountant_words}")
+  def scheme_words(self, bound):
+    return (f"amplification by the secret bin of fixed-bin balls-in-bins (one of "
+            f"{bound.get('bins')} bins drawn once, every round of it)")
+
+  def pld_words(self, bound, z):
+    pld = bound.get("pld") or {}
+    return (f"the privacy-loss distribution of a dominating pair (Kahane's convexity "
+            f"inequality, 1985): a Gaussian at squared sensitivity {fmt(pld.get('common'))} "
+            f"composed with one epoch of random allocation at squared sensitivity "
+            f"{fmt(pld.get('hidden'))}, noise multiplier z = {z} (tff_mf.fixed_bin, "
+            f"tff_mf.allocation_pld, losses rounded up), composed via PLD (dp_accounting, "
+            f"pessimistic)")
+
+  def renyi_words(self, bound, z):
+    return (f"Renyi divergence bounds of the pair N(0, z^2 I) vs the mixture over bins of "
+            f"N(C 1_bin, z^2 I) for C with noise multiplier z = {z} at order "
+            f"{bound.get('order')} (tff_mf.fixed_bin; the Renyi DP over bins of Schuchardt & "
+            f"Kalinin 2026, arXiv:2601.21636), converted to (epsilon, delta) by Canonne, "
+            f"Kamath, Steinke 2020, arXiv:2004.00010, Prop 12")
 
 
 @dataclasses.dataclass(frozen=True)
