@@ -242,7 +242,8 @@ def test_binary_trains_under_random_allocation_and_reports_the_smallest_bound(
 def test_binary_trains_under_fixed_bin_balls_in_bins_and_labels_its_bound(
     tmp_path, tiny_stackoverflow):
   """--participation=balls_in_bins: each client in the rounds of its one bin, b apart; ε is the
-  Gaussian at z / sensitivity over those patterns, labelled not amplified."""
+  smaller of the Gaussian at z / sensitivity over those patterns and the fixed-bin bound
+  (tff_mf.fixed_bin), both listed."""
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   from tff_mf import cache  # pylint: disable=g-import-not-at-top
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
@@ -256,6 +257,12 @@ def test_binary_trains_under_fixed_bin_balls_in_bins_and_labels_its_bound(
   c = cache.load(summary["mechanism_info"]["cache_npz"]).c
   sens = participation.sensitivity(c, participation.balls_in_bins(2))
   assert summary["privacy"]["sensitivity"] == pytest.approx(sens, rel=1e-12)
-  assert summary["epsilon"] == pytest.approx(accounting.epsilon(1.0, 1e-6, sensitivity=sens),
-                                             rel=1e-9)
-  assert "not amplified" in summary["privacy_statement"]["text"]
+  by_analysis = {r["analysis"]: r["epsilon"] for r in summary["privacy"]["candidates"]}
+  assert set(by_analysis) == {"none", "balls_in_bins"}
+  assert summary["epsilon"] == min(by_analysis.values())
+  assert by_analysis["none"] == pytest.approx(accounting.epsilon(1.0, 1e-6, sensitivity=sens),
+                                              rel=1e-9)
+  amplified = accounting.epsilon_for(c, participation.balls_in_bins(2), 1.0, 1e-6,
+                                     "balls_in_bins")
+  assert by_analysis["balls_in_bins"] == pytest.approx(amplified["epsilon"], rel=1e-9)
+  assert "fixed bin" in summary["privacy_statement"]["text"]
