@@ -76,14 +76,22 @@ def bin_means(c, epochs: int) -> np.ndarray:
   return c.reshape(n, k, b).sum(axis=1)
 
 
+def _sum_slack(terms: int) -> float:
+  """log(1 + terms·2⁻⁵²): a float64 sum of ``terms`` non-negative numbers is within this
+  (in log) of the exact sum, so adding it keeps a computed moment an upper bound."""
+  return math.log1p(terms * 2.0 ** -52)
+
+
 def _log_mean_exp(x: np.ndarray) -> float:
   top = float(x.max())
-  return top + math.log(float(np.mean(np.exp(np.maximum(x - top, _FLOOR)))))
+  return (top + math.log(float(np.mean(np.exp(np.maximum(x - top, _FLOOR))))) +
+          _sum_slack(x.size))
 
 
 def log_block_moment(g: np.ndarray, scale: float, block: int) -> float:
   """An upper bound on log E exp(scale·Σ_{pairs of ``block`` balls} G) over independent
-  uniform bins (exact up to the floor, which only raises it); block 2 or 3."""
+  uniform bins (exact up to the floor and the float slack, which only raise it); block 2
+  or 3."""
   b = g.shape[0]
   if block == 2:
     return _log_mean_exp(scale * g)
@@ -92,15 +100,8 @@ def log_block_moment(g: np.ndarray, scale: float, block: int) -> float:
   local = scale * g
   top = float(local.max())
   e = np.exp(np.maximum(local - top, _FLOOR))
-  return 3.0 * top + math.log(float(np.sum(e * (e @ e)))) - 3.0 * math.log(b)
-
-
-def _orders(orders) -> np.ndarray:
-  alphas = np.asarray(orders)
-  if alphas.ndim != 1 or alphas.size == 0 or np.any(alphas < 2) or np.any(
-      alphas != np.round(alphas)):
-    raise random_allocation.RandomAllocationError("orders must be integers >= 2")
-  return alphas.astype(np.int64)
+  return (3.0 * top + math.log(float(np.sum(e * (e @ e)))) - 3.0 * math.log(b) +
+          _sum_slack(b ** 3))
 
 
 def rdp(c, epochs: int, noise_multiplier: float, *, sensitivity: Optional[float] = None,
@@ -110,7 +111,7 @@ def rdp(c, epochs: int, noise_multiplier: float, *, sensitivity: Optional[float]
   (inf without ``sensitivity``) and ``rdp`` (per order the smallest bound of each
   direction, then the larger direction)."""
   g = bin_gram(c, epochs, noise_multiplier)
-  alphas = _orders(orders)
+  alphas = random_allocation.check_orders(orders)
   a = alphas.astype(np.float64)
   b = g.shape[0]
   pairs = a * (a - 1) / 2.0
@@ -121,11 +122,11 @@ def rdp(c, epochs: int, noise_multiplier: float, *, sensitivity: Optional[float]
         hh * log_block_moment(g, p / (hh * r * (r - 1) / 2.0), r) / (al - 1) if hh else np.inf
         for hh, p, al in zip(h, pairs, a)])
   diag = np.diagonal(g)
-  off = float(np.max(np.where(np.eye(b, dtype=bool), -np.inf, g))) if b > 1 else 0.0
-  excess = max(float(diag.max()) - off, 0.0)
-  log_mgf = random_allocation.log_collision_mgf(excess, b, int(alphas.max()))[alphas]
-  collisions = (pairs * off + log_mgf) / (a - 1)
-  add = ((a - 1) * float(np.mean(g)) + float(np.mean(diag))) / 2.0
+  parts = comparison(g)
+  log_mgf = random_allocation.log_collision_mgf(parts["hidden"], b, int(alphas.max()))[alphas]
+  collisions = (pairs * parts["common"] + log_mgf) / (a - 1)
+  slack = 1.0 + b * b * 2.0 ** -52  # float64 means of b² and b non-negative terms
+  add = ((a - 1) * float(np.mean(g)) + float(np.mean(diag))) * slack / 2.0
   z = checks.noise_multiplier(noise_multiplier)
   unamplified = (a * sensitivity ** 2 / (2.0 * z * z) if sensitivity is not None
                  else np.full_like(a, np.inf))

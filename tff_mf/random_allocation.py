@@ -245,6 +245,15 @@ def log_pair_moment(g: _Gram, scale: float) -> float:
 # ----------------------------------------------------------------------------- the bound
 
 
+def check_orders(orders) -> np.ndarray:
+  """``orders`` as a non-empty 1-D int64 array of integers ≥ 2 (RandomAllocationError)."""
+  alphas = np.asarray(orders)
+  if alphas.ndim != 1 or alphas.size == 0 or np.any(alphas < 2) or np.any(
+      alphas != np.round(alphas)):
+    raise RandomAllocationError("orders must be integers >= 2")
+  return alphas.astype(np.int64)
+
+
 def rdp(c, epochs: int, noise_multiplier: float, *, sensitivity: Optional[float] = None,
         orders: Sequence[int] = ORDERS) -> Dict[str, np.ndarray]:
   """Rényi-DP bounds (see the module docstring) at integer ``orders`` ≥ 2.
@@ -255,11 +264,7 @@ def rdp(c, epochs: int, noise_multiplier: float, *, sensitivity: Optional[float]
   """
   c, k, b = check_encoder(c, epochs)
   z = checks.noise_multiplier(noise_multiplier)
-  alphas = np.asarray(orders)
-  if alphas.ndim != 1 or alphas.size == 0 or np.any(alphas < 2) or np.any(
-      alphas != np.round(alphas)):
-    raise RandomAllocationError("orders must be integers >= 2")
-  alphas = alphas.astype(np.int64)
+  alphas = check_orders(orders)
   a = alphas.astype(np.float64)
   g = _gram(c, k, b)
   s2 = z * z
