@@ -95,7 +95,8 @@ def register(subparsers) -> None:
           "Renyi bounds of the random-allocation pair after Schuchardt & Kalinin 2026, "
           "arXiv:2601.21636 (--amplification random_allocation). --participation "
           "balls_in_bins is the field's fixed-bin scheme (one secret bin per user, every "
-          "b-th round; arXiv:2410.06266): not amplified here."),
+          "b-th round; arXiv:2410.06266), amplified by --amplification balls_in_bins "
+          "(tff_mf.fixed_bin)."),
       epilog=_EXAMPLES, removed=REMOVED_FLAGS)
   _add_run_arguments(parser)
   _add_schema_arguments(parser.add_argument_group("participation schema"))

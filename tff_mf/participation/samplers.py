@@ -23,8 +23,8 @@ Five samplers, one per ``--participation`` (no TensorFlow):
   2024, arXiv:2410.06266, arXiv:2412.16802; jax_privacy's ``BallsInBinsSampling``):
   each client draws one bin j ∈ {0, …, b − 1}, b = n/k, once, from a generator seeded
   by the sampling secret, and joins every round t with (t − 1) mod b = j. ε is the
-  unamplified bound over these b-cyclic patterns (``tff_mf.accounting``, labelled
-  not amplified).
+  smaller of the unamplified bound over these b-cyclic patterns and the amplified bound of
+  the secret bin (``tff_mf.fixed_bin``); the bin is secret as the noise seed is.
 - ``random_allocation`` with k epochs (named ``balls_in_bins`` before the fixed-bin
   scheme took that name): n = k·b rounds in k epochs of b rounds; in every epoch each
   client joins exactly one round, chosen uniformly at random and independently per
