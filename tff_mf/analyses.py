@@ -11,10 +11,11 @@ bound, and ``epsilon``):
   (``amplification=``): ``"none"`` (one Gaussian at z / sens; Denisov et al. 2022,
   arXiv:2202.08312, Thm 4.1; Choquette-Choo et al. 2023, arXiv:2211.06530), ``"mmcc"``
   (Choquette-Choo et al. 2024, arXiv:2310.15526), ``"banded"`` (Choquette-Choo et al.
-  2023, arXiv:2306.08153, Thm 4) and ``"random_allocation"`` (after Schuchardt & Kalinin
-  2026, arXiv:2601.21636); two more describe records built elsewhere: ``"adaptive"``
-  (the adaptive clip norm's count queries composed in) and ``"monte_carlo"`` (an
-  ESTIMATE, arXiv:2410.06266, never a run's ε). Each analysis reads the noise side
+  2023, arXiv:2306.08153, Thm 4), ``"random_allocation"`` (after Schuchardt & Kalinin
+  2026, arXiv:2601.21636) and ``"balls_in_bins"`` (fixed bin, after arXiv:2601.21636);
+  two more describe records built elsewhere: ``"adaptive"`` (the adaptive clip norm's count
+  queries composed in) and ``"monte_carlo"`` (an ESTIMATE, arXiv:2410.06266, never a run's
+  ε). Each analysis reads the noise side
   through a ``GaussianAccountant``. Registry ``REGISTRY``.
 
 Each class holds its options as frozen fields, computes its record (``record``: ε and
@@ -746,8 +747,8 @@ def counts_clipping(record: Mapping[str, Any]) -> bool:
 
 def automatic(encoder: np.ndarray, schema) -> str:
   """The amplified analysis a training run uses: the first of ``AUTOMATIC`` that applies
-  (random allocation; banded when C has at most b bands, arXiv:2306.08153, Thm 4; else
-  MMCC, arXiv:2310.15526)."""
+  (random allocation; fixed-bin balls-in-bins; banded when C has at most b bands,
+  arXiv:2306.08153, Thm 4; else MMCC, arXiv:2310.15526)."""
   for cls in AUTOMATIC:
     if cls().applies(encoder, schema) is None:
       return cls.name
