@@ -65,6 +65,44 @@ def _event_numpy(event):
   return tf.nest.map_structure(leaf, event.to_named_tuple())
 
 
+def _array_client_update(model, optimizer):
+  """TFF's client update on a client's batches given as arrays (``ClientBatches``).
+
+  The body of ``build_model_delta_update_with_tff_optimizer`` (dataset-iterator loop): the
+  weights set to the round's model, the optimizer initialized with the round's
+  hyperparameters, then for each batch in order the model's ``forward_pass``, the gradient
+  of its loss and ``optimizer.next``; the update is the initial weights minus the final
+  ones, zeroed when not finite (TFF's ``zero_all_if_any_non_finite``, the metrics reset).
+  The batches are row slices of x and y, the rows and values tf.data's ``batch`` yields, so
+  every batch runs the same kernels on the same inputs as in TFF's process.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.learning import tensor_utils  # pylint: disable=g-import-not-at-top
+  weights = tff.learning.models.ModelWeights.from_model(model)
+  specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in tf.nest.flatten(weights.trainable))
+
+  def client_update(initial_weights, x, y, batch_size, hparams):
+    tf.nest.map_structure(lambda a, b: a.assign(b), weights, initial_weights)
+    state = optimizer.set_hparams(optimizer.initialize(specs), hparams)
+    rows = tf.shape(x, out_type=tf.int64)[0]
+    for start in tf.range(tf.constant(0, tf.int64), rows, batch_size):
+      stop = tf.minimum(start + batch_size, rows)
+      with tf.GradientTape() as tape:
+        output = model.forward_pass((x[start:stop], y[start:stop]), training=True)
+      gradients = tape.gradient(output.loss, weights.trainable)
+      state, updated = optimizer.next(state, tuple(tf.nest.flatten(weights.trainable)),
+                                      tuple(tf.nest.flatten(gradients)))
+      tf.nest.map_structure(lambda a, b: a.assign(b), weights.trainable,
+                            tf.nest.pack_sequence_as(weights.trainable, updated))
+    update = tf.nest.map_structure(tf.subtract, initial_weights.trainable, weights.trainable)
+    update, non_finite = tensor_utils.zero_all_if_any_non_finite(update)
+    if non_finite > 0:
+      model.reset_metrics()
+    return update, model.report_local_unfinalized_metrics()
+  return client_update
+
+
 class CompiledProcess:
   """FedAvg rounds with the run's DP query, compiled once, on one model.
 
@@ -125,7 +163,16 @@ class CompiledProcess:
       result, metrics = client_update(client_optimizer, initial_weights, dataset, hparams)
       return add_update(result.update, sample_params), metrics
 
-    self._client_step = client_step
+    array_update = _array_client_update(model, client_optimizer)
+
+    @tf.function(reduce_retracing=True)  # one trace for every client's row count
+    def array_step(initial_weights, x, y, batch_size, sample_params, hparams):
+      if report:
+        model.reset_metrics()
+      update, metrics = array_update(initial_weights, x, y, batch_size, hparams)
+      return add_update(update, sample_params), metrics
+
+    self._client_step, self._array_step = client_step, array_step
     # A canary client (training.canaries): its fixed update goes the way of every client's.
     self._canary_step = tf.function(add_update)
     if query is not None:
@@ -224,6 +271,16 @@ class CompiledProcess:
     feed = dict(zip(tf.nest.flatten(inputs), tf.nest.flatten(summed)))
     return session.run(outputs, feed_dict=feed)
 
+  def _one_client(self, initial, data, params, hparams):
+    """One client's update into the round's sum: ``data`` its ``ClientBatches`` (the
+    harness's form) or a tf.data.Dataset of (x, y) batches (TFF's form)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    ids = getattr(data, "ids", None)
+    if ids is None:
+      return self._client_step(initial, data, params, hparams)
+    return self._array_step(initial, tf.constant(ids[:, :-1]), tf.constant(ids[:, 1:]),
+                            tf.constant(data.batch_size, tf.int64), params, hparams)
+
   def next(self, state, client_datasets: Sequence[Any], canaries: Sequence[Any] = ()):
     """One round on ``client_datasets`` (clients in this order); a ``LearningProcessOutput``.
 
@@ -248,8 +305,8 @@ class CompiledProcess:
     for variable in tf.nest.flatten(self._sum):
       variable.assign(tf.zeros_like(variable))
     zeroed, summed = 0, None
-    for dataset in client_datasets:
-      flag, metrics = self._client_step(initial, dataset, params, hparams)
+    for data in client_datasets:
+      flag, metrics = self._one_client(initial, data, params, hparams)
       zeroed += int(flag)
       if self._report_metrics:
         metrics = _numpy(metrics)
