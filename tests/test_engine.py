@@ -59,8 +59,9 @@ MODEL = dict(client_batch_size=4, max_elements_per_client=8, seed=1)  # on conft
 # (mechanism, participation, adaptive clipping); the default suite keeps TFF's tree, a
 # dense MF mechanism with momentum, and a stateful stream with adaptive clipping.
 DEFAULT_CASES = [("tree", "single", False), ("opt_momentum", "fixed_epoch", False),
-                 ("banded", "fixed_epoch", True)]
-ALL_CASES = [(m, p, False) for m in ("none", "tree", "gaussian", "opt_momentum", "banded",
+                 ("banded", "fixed_epoch", True), ("nonprivate_clipped", "fixed_epoch", False)]
+ALL_CASES = [(m, p, False) for m in ("none", "nonprivate_clipped", "tree", "gaussian",
+                                     "opt_momentum", "banded",
                                      "blt", "bisr") for p in ("single", "fixed_epoch")] + [
                                          ("gaussian", p, True) for p in ("single",
                                                                          "fixed_epoch")] + [
@@ -71,9 +72,10 @@ SLOW_CASES = [c for c in ALL_CASES if c not in DEFAULT_CASES]
 def _config(tiny_config, root, mechanism, participation, adaptive, **kw):
   values = dict(MODEL, mechanism=mechanism, total_rounds=ROUNDS, clients_per_round=CLIENTS,
                 client_lr=CLIENT_LR, server_lr=SERVER_LR, clip_norm=CLIP,
-                server_momentum=0.9 if mechanism in ("opt_momentum", "none") else 0.0,
+                server_momentum=0.0 if mechanism in ("tree", "gaussian", "banded", "blt",
+                                                     "bisr") else 0.9,
                 participation=participation, noise_seed=SEED, cache_dir=str(root / "cache"))
-  if mechanism != "none":
+  if config_lib.is_private(mechanism):
     values["noise_multiplier"] = 0.8
   else:
     values["noise_seed"] = None
@@ -154,12 +156,12 @@ def _noise_rounds(pair, task, participation):
     before = pair.initial["tff"].global_model_weights.trainable
     moved |= any(not np.array_equal(a, b) for a, b in
                  zip(before, states["tff"].global_model_weights.trainable))
-  assert moved == (pair.config.canonical_mechanism != "none")  # the noise moved the model
+  assert moved == config_lib.is_private(pair.config.canonical_mechanism)  # noise moved it
 
 
 def _update_bound(pair, task, participation, state, round_num, clip):
   """B: the largest |coordinate| of a record the round sums (clip ζ, or measured for none)."""
-  if pair.config.canonical_mechanism != "none":
+  if pair.config.canonical_mechanism != "none":  # clipped (privately or not) to ζ
     return clip
   bound = 0.0
   state = state._replace(finalizer=pair.initial["compiled"].finalizer)  # no momentum yet

@@ -7,15 +7,20 @@ train (Granqvist et al. 2024, arXiv:2404.06430, Sec 3: one model, clients one af
 another, central noise added once to the sum). It is built from the parts the TFF
 process is built from, not from copies of them:
 
-- the client update is TFF's own (``model_delta_client_work``'s
+- the client update is TFF's (``model_delta_client_work``'s
   ``build_model_delta_update_with_tff_optimizer``: the client optimizer over the client's
   batches in the client's order, the delta zeroed when not finite), traced once on one
-  model and called for each client in turn. Its loop is TFF's dataset-iterator loop, part of
-  the traced graph: ``dataset.reduce`` (TFF's default) instantiates and optimizes the step
-  function again at every call (0.24 s per client measured on a 650-parameter model);
+  model and called for each client in turn. The harness gives a client as arrays
+  (``stackoverflow.preprocessing.ClientBatches``) and the traced update slices its batches
+  (``_array_client_update``: TFF's loop body, the same kernels on the same rows): a tf.data
+  dataset iterated inside the graph builds its iterator at every call, about 10 ms per
+  client on 2 cores, and ``dataset.reduce`` (TFF's default) instantiates the step function
+  again at every call (0.24 s per client on a 650-parameter model). A dataset is still
+  taken, through TFF's own function (tests and benchmarks feed both forms);
 - each update then goes through ``training.robustness.zero_if_non_finite`` and the DP
   query's ``preprocess_record`` (clipping), and is summed into one accumulator, as
-  ``NonFiniteZeroingFactory`` and ``tff.aggregators.DifferentiallyPrivateFactory`` do;
+  ``NonFiniteZeroingFactory`` and ``tff.aggregators.DifferentiallyPrivateFactory`` do (the
+  non-private ``nonprivate_clipped`` clips as TFF's ``clipping_factory`` does);
 - the query is the one ``tff_mf.tf.aggregators.build_mechanism`` wires into TFF
   (``DPAggregatorFactory.dp_query``): its ``initial_global_state``,
   ``derive_sample_params``, ``get_noised_result`` (the noise, once per round) and
@@ -103,6 +108,31 @@ def _array_client_update(model, optimizer):
   return client_update
 
 
+def _add_update_fn(query, accumulator, plain_clip: Optional[float], clipped):
+  """add_update(update, sample_params): a client's update into the round's sum, as the
+  aggregators take it: zeroed when not finite (``NonFiniteZeroingFactory``), then the
+  query's clipping (``preprocess_record``), or for a non-private clipped mean TFF's
+  ``clipping_factory`` clip (its global L2 norm, float32; ``clipped`` counts the clipped
+  updates as its ``clipped_count``); returns whether the update was zeroed."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.aggregators import robust  # pylint: disable=g-import-not-at-top
+  from training import robustness  # pylint: disable=g-import-not-at-top
+
+  def add_update(update, sample_params):
+    value, zeroed = robustness.zero_if_non_finite(list(update))
+    if query is not None:
+      record = query.preprocess_record(sample_params, value)
+    elif plain_clip is not None:
+      norm = tf.constant(plain_clip, robust.NORM_TF_TYPE)
+      record, global_norm = robust._clip_by_global_l2_norm(value, norm)  # pylint: disable=protected-access
+      clipped.assign_add(tf.cast(global_norm > norm, robust.COUNT_TF_TYPE))
+    else:
+      record = value
+    tf.nest.map_structure(lambda a, r: a.assign_add(r), accumulator, record)
+    return zeroed
+  return add_update
+
+
 class CompiledProcess:
   """FedAvg rounds with the run's DP query, compiled once, on one model.
 
@@ -121,7 +151,6 @@ class CompiledProcess:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
     from tensorflow_federated.python.learning.templates import model_delta_client_work  # pylint: disable=g-import-not-at-top
-    from training import robustness  # pylint: disable=g-import-not-at-top
 
     built: List[Any] = []
 
@@ -148,13 +177,9 @@ class CompiledProcess:
     accumulator = self._sum
     report = self._report_metrics
 
-    def add_update(update, sample_params):
-      """A client's update into the round's sum, as the aggregators take it: zeroed when not
-      finite, then the query's clipping (``preprocess_record``)."""
-      value, zeroed = robustness.zero_if_non_finite(list(update))
-      record = value if query is None else query.preprocess_record(sample_params, value)
-      tf.nest.map_structure(lambda a, r: a.assign_add(r), accumulator, record)
-      return zeroed
+    self._plain_clip = aggregation_factory.inner.plain_clip_norm
+    self._clipped = tf.Variable(0, dtype=tf.int32, trainable=False)
+    add_update = _add_update_fn(query, accumulator, self._plain_clip, self._clipped)
 
     @tf.function
     def client_step(initial_weights, dataset, sample_params, hparams):
@@ -227,6 +252,9 @@ class CompiledProcess:
         self._specs[0]))
     if self._query is None:
       aggregator = ((), ())  # UnweightedMeanFactory's: its two sums keep no state
+      if self._plain_clip is not None:  # TFF's clipping_factory's (a constant norm) around it
+        aggregator = collections.OrderedDict(clipping_norm=(), inner_agg=aggregator,
+                                             clipped_count_agg=())
     else:
       query_state, event = self._initial_aggregator_state()
       aggregator = self._aggregator_state(_numpy(query_state), _event_numpy(event), True)
@@ -304,6 +332,7 @@ class CompiledProcess:
       params = ()
     for variable in tf.nest.flatten(self._sum):
       variable.assign(tf.zeros_like(variable))
+    self._clipped.assign(0)
     zeroed, summed = 0, None
     for data in client_datasets:
       flag, metrics = self._one_client(initial, data, params, hparams)
@@ -321,6 +350,10 @@ class CompiledProcess:
       update = [v / count for v in self._sum]
       aggregator, inner = state.aggregator, collections.OrderedDict(mean_value=(),
                                                                      mean_count=())
+      if self._plain_clip is not None:  # the measurements of TFF's clipping_factory
+        inner = collections.OrderedDict(
+            clipping=inner, clipping_norm=np.float32(self._plain_clip),
+            clipped_count=self._clipped.numpy())
     else:
       update, query_state, event = self._noised(global_state)
       aggregator = self._aggregator_state(_numpy(query_state), _event_numpy(event), False)
