@@ -150,9 +150,8 @@ def bins_pair(c: np.ndarray, bins: int) -> Pair:
 
 def pairs_for(c, schema, sampling_prob: Optional[float]) -> List[Pair]:
   """The dominating pairs of C under ``schema`` (a ``tff_mf.participation.Participation``)."""
-  from tff_mf import participation  # pylint: disable=g-import-not-at-top
   n = np.shape(c)[1]
-  if isinstance(schema, participation.kinds.BallsInBins):
+  if schema.marks_fixed_bin:
     if sampling_prob is not None:
       raise MonteCarloError("sampling_prob does not apply to balls_in_bins (a user joins every "
                             "round of its bin)")
