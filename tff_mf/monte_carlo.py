@@ -261,14 +261,18 @@ class _Composed:
     for event in events:
       acc.compose(event)
     self.pld = acc._pld  # pylint: disable=protected-access
-    self.cache: Dict[Tuple[int, int], np.ndarray] = {}
+    self.lo, self.table = 0, np.zeros(0)
 
   def __call__(self, x: np.ndarray) -> np.ndarray:
     cells = np.floor(x / _GRID).astype(np.int64)
     lo, hi = int(cells.min()), int(cells.max())
-    grid = np.arange(lo, hi + 1)
-    table = np.minimum(np.asarray(self.pld.get_delta_for_epsilon(grid * _GRID), float), 1.0)
-    return table[cells - lo]
+    if lo < self.lo or hi >= self.lo + self.table.size:  # widen the table (by 1 at least)
+      lo = min(lo, self.lo) - 1000 if self.table.size else lo - 1000
+      hi = max(hi, self.lo + self.table.size - 1) + 1000
+      grid = np.arange(lo, hi + 1) * _GRID
+      self.lo = lo
+      self.table = np.minimum(np.asarray(self.pld.get_delta_for_epsilon(grid), float), 1.0)
+    return self.table[cells - self.lo]
 
 
 def _delta_mean(losses: np.ndarray, eps: float, composed: Optional[_Composed]) -> float:
