@@ -102,6 +102,16 @@ def _is_toeplitz(c: np.ndarray) -> bool:
   return all(np.array_equal(c[j:, j], first[:n - j]) for j in range(1, n))
 
 
+def _check_schema(schema):
+  """``schema`` as a ``tff_mf.participation.Participation`` (a dict is read)."""
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  if isinstance(schema, dict):
+    schema = participation.from_dict(schema)
+  if not isinstance(schema, participation.Participation):
+    raise MonteCarloError(f"schema must be a tff_mf.participation.Participation, got {schema!r}")
+  return schema
+
+
 def check_encoder(c) -> np.ndarray:
   """C as a finite non-negative lower-triangular float64 matrix (m ≥ n)."""
   c = checks.matrix(c, "C")
@@ -339,12 +349,11 @@ def epsilon(c, schema, noise_multiplier: float, delta: float, *,
   (dp_accounting DpEvents). Returns {epsilon, failure_probability, samples, seed,
   seed_source, pairs, point_estimate (ε where the sample means, without their confidence
   bound, meet δ: not a bound), method}."""
-  from tff_mf.analyses import check_schema  # pylint: disable=g-import-not-at-top
   z = checks.noise_multiplier(noise_multiplier, "noise_multiplier")
   delta = checks.delta(delta, "delta")
   beta = check_failure_probability(failure_probability)
   samples = _check_samples(samples)
-  schema = check_schema(schema)
+  schema = _check_schema(schema)
   c = check_encoder(c)
   schema.check(c.shape[1])
   pinned = seed is not None
@@ -395,12 +404,11 @@ def calibrate(c, schema, target_epsilon: float, delta: float, z_start: float, *,
   (Dong & Ganesh 2026, arXiv:2602.09338, Alg. 5): with probability ≥ 1 − β its ε at δ is
   ≤ target. ``z_start`` must be valid without sampling (the unamplified calibration);
   None for z when the first step already fails. Draws are shared across z."""
-  from tff_mf.analyses import check_schema  # pylint: disable=g-import-not-at-top
   target = checks.positive_float(target_epsilon, "target_epsilon")
   delta = checks.delta(delta, "delta")
   beta = check_failure_probability(failure_probability)
   samples = _check_samples(samples)
-  schema = check_schema(schema)
+  schema = _check_schema(schema)
   c = check_encoder(c)
   schema.check(c.shape[1])
   pinned = seed is not None

@@ -393,14 +393,20 @@ def privacy_statement(record: Any, *, schema=None,
          "participation": participation_words(schema_text, observed, sampling_prob),
          "covers": covers,
          "not_covered": not_covered, "void": void}
-  beta = high_probability(record) if eps is not None else None
-  if beta is not None:
-    out["failure_probability"] = beta
-    out["epsilon_label"] = analyses.high_probability_words(beta)
+  out.update(_label_fields(record) if eps is not None else {})
   if eps is None:
     out["epsilon_reason"] = epsilon_reason or "not reported"
   out["text"] = statement_text(out)
   return out
+
+
+def _label_fields(record: Mapping[str, Any]) -> Dict[str, Any]:
+  """β and the words every ε of a high-probability analysis carries (else nothing)."""
+  beta = high_probability(record)
+  if beta is None:
+    return {}
+  return {"failure_probability": beta,
+          "epsilon_label": analyses.high_probability_words(beta)}
 
 
 def _not_covered(run: bool, noise_seed_source: Optional[str],

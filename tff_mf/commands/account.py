@@ -527,6 +527,20 @@ def _analysis_options(args: argparse.Namespace) -> dict:
           "seed": args.accountant_seed}
 
 
+def _check_bound_flags(args: argparse.Namespace, sampled: bool) -> None:
+  """One-line errors for the Monte-Carlo bound's flags (out of range, or without it)."""
+  if sampled and not 0.0 < args.failure_probability < 1.0:
+    _fail(f"--failure_probability must be in (0, 1), got {args.failure_probability}")
+  if sampled and args.bound_samples < 1000:
+    _fail(f"--bound_samples must be an integer >= 1000, got {args.bound_samples}")
+  if not sampled:
+    for flag, given in (("--bound_samples", args.bound_samples != 1_000_000),
+                        ("--failure_probability", args.failure_probability != 1e-3),
+                        ("--accountant_seed", args.accountant_seed is not None)):
+      if given:
+        _fail(f"{flag} applies to --amplification monte_carlo_bound")
+
+
 def run(args: argparse.Namespace) -> int:
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   from tff_mf import analyses  # pylint: disable=g-import-not-at-top
@@ -540,16 +554,7 @@ def run(args: argparse.Namespace) -> int:
                 and not sampled)
   amplified = analysis is None or analysis.poisson or (  # Poisson sampling
       sampled and args.sampling_prob is not None)
-  if sampled and not 0.0 < args.failure_probability < 1.0:
-    _fail(f"--failure_probability must be in (0, 1), got {args.failure_probability}")
-  if sampled and args.bound_samples < 1000:
-    _fail(f"--bound_samples must be an integer >= 1000, got {args.bound_samples}")
-  if not sampled:
-    for flag, given in (("--bound_samples", args.bound_samples != 1_000_000),
-                        ("--failure_probability", args.failure_probability != 1e-3),
-                        ("--accountant_seed", args.accountant_seed is not None)):
-      if given:
-        _fail(f"{flag} applies to --amplification monte_carlo_bound")
+  _check_bound_flags(args, sampled)
   if allocation:
     if args.sampling_prob is not None:
       _fail("--sampling_prob does not apply to --amplification random_allocation (each user "
