@@ -278,3 +278,22 @@ def test_cli_monte_carlo_flags_need_the_analysis(capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert rc == 2 and len(err) == 1 and "--accountant_seed applies to --amplification " \
       "monte_carlo_bound" in err[0], err
+
+
+# ----------------------------------------------------------------------------- a run's record
+
+
+def test_run_privacy_uses_it_and_keeps_the_label():
+  """A run's record (tff_mf.mechanisms.run_privacy) with the analysis chosen: its ε, its
+  candidate and its statement carry β."""
+  from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
+  c = _banded_toeplitz(16, 2)
+  schema = participation.Participation("balls_in_bins", epochs=4)
+  analysis = analyses.MonteCarloBound(samples=20_000, failure_probability=0.01, seed=10)
+  record = mechanisms.run_privacy(c, schema, 2.0, None, 1e-2, "exact", amplification=analysis)
+  details = record.details
+  assert details["analysis"] == "monte_carlo_bound" and details["failure_probability"] == 0.01
+  candidate = [k for k in details["candidates"] if k["analysis"] == "monte_carlo_bound"][0]
+  assert candidate["failure_probability"] == 0.01
+  text = statement.privacy_statement(record)["text"]
+  assert "this epsilon holds with probability >= 1 - 0.01" in text
