@@ -248,7 +248,10 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
     delta: δ in (0, 1).
     amplification: None / "none" (one Gaussian at z / sensitivity), "mmcc" (MMCC), "banded"
       (amplified banded): a min_sep or fixed_epoch schema (``sampling_min_sep``) and
-      ``sampling_prob``; "random_allocation": the random_allocation schema (never fixed-bin).
+      ``sampling_prob``; "random_allocation": the random_allocation schema (never fixed-bin);
+      "monte_carlo_bound" (best given as ``analyses.MonteCarloBound(samples=, failure_probability=,
+      seed=)``): min_sep / fixed_epoch with ``sampling_prob``, or fixed-bin balls_in_bins; its
+      record carries ``failure_probability`` and ``epsilon_label`` beside ``epsilon``.
       Or the ``tff_mf.analyses.Analysis`` object itself, holding its own options.
     sampling_prob: p in (0, 1], the probability that a user joins a round it is
       eligible for (amplified analyses only).

@@ -11,8 +11,11 @@ bound, and ``epsilon``):
   (``amplification=``): ``"none"`` (one Gaussian at z / sens; Denisov et al. 2022,
   arXiv:2202.08312, Thm 4.1; Choquette-Choo et al. 2023, arXiv:2211.06530), ``"mmcc"``
   (Choquette-Choo et al. 2024, arXiv:2310.15526), ``"banded"`` (Choquette-Choo et al.
-  2023, arXiv:2306.08153, Thm 4) and ``"random_allocation"`` (after Schuchardt & Kalinin
-  2026, arXiv:2601.21636); two more describe records built elsewhere: ``"adaptive"``
+  2023, arXiv:2306.08153, Thm 4), ``"random_allocation"`` (after Schuchardt & Kalinin
+  2026, arXiv:2601.21636) and ``"monte_carlo_bound"`` (Monte-Carlo accounting of the
+  dominating pair of C ≥ 0, arXiv:2410.06266, δ bounded by Chernoff-Hoeffding: its ε
+  holds with probability ≥ 1 − β and carries β wherever it appears); two more describe
+  records built elsewhere: ``"adaptive"``
   (the adaptive clip norm's count queries composed in) and ``"monte_carlo"`` (an
   ESTIMATE, arXiv:2410.06266, never a run's ε). Each analysis reads the noise side
   through a ``GaussianAccountant``. Registry ``REGISTRY``.
