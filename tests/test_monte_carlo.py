@@ -221,6 +221,14 @@ def test_statement_refuses_the_epsilon_without_its_label():
     statement.privacy_statement(record, run=False)
 
 
+def test_a_bare_epsilon_is_refused():
+  """The analysis object's bare-float ε would drop β: refused, naming the labelled way."""
+  with pytest.raises(checks.CheckError, match="never given without that label"):
+    analyses.MonteCarloBound(samples=20_000).epsilon(
+        _banded_toeplitz(16, 2), participation.Participation("balls_in_bins", epochs=4), 2.0,
+        1e-2)
+
+
 def test_seed_from_os_entropy_unless_pinned():
   first, second = _record()["monte_carlo"], _record()["monte_carlo"]
   assert first["seed_source"] == second["seed_source"] == "os_entropy"

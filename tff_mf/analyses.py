@@ -654,6 +654,14 @@ class MonteCarloBound(Analysis):
               f"and fixed-bin balls_in_bins, not {schema.describe()}")
     return None
 
+  def epsilon(self, c, schema, noise_multiplier, delta, accountant_name="exact",
+              sampling_prob=None):
+    """Refused: a bare ε would lose its failure probability."""
+    raise checks.CheckError(
+        f"{self.name}'s epsilon holds with probability >= 1 - beta over the accountant's own "
+        "sampling and is never given without that label: use tff_mf.accounting.epsilon_for "
+        "(its record carries failure_probability beside epsilon)")
+
   def _unamplified(self, c, schema, z, delta, accountant_name, sampling_prob, known):
     """(ε, sensitivity fields) of the same sampling without amplification."""
     if schema.marks_fixed_bin:
