@@ -305,3 +305,7 @@ def test_run_privacy_uses_it_and_keeps_the_label():
   assert candidate["failure_probability"] == 0.01
   text = statement.privacy_statement(record)["text"]
   assert "this epsilon holds with probability >= 1 - 0.01" in text
+  label = "holds with probability >= 1 - 0.01 over the accountant's own sampling"
+  assert label in record.analysis  # the record's words for the analysis behind ε
+  info = record.info(clip_norm=1.0)
+  assert info["failure_probability"] == 0.01 and info["epsilon_label"] == label

@@ -155,6 +155,9 @@ class PrivacyRecord:
     if self.delta is not None:
       out.update(delta=self.delta, accountant=self.accountant, epsilon=self.epsilon,
                  epsilon_analysis=self.analysis, epsilon_bound=self.bound)
+      for key in ("failure_probability", "epsilon_label"):  # β beside an ε that needs it
+        if key in self.details:
+          out[key] = self.details[key]
     return out
 
 
@@ -419,7 +422,8 @@ class _Run:
     candidates = [plain] + ([amplified] if amplified is not None else [])
     best = dict(min(candidates, key=lambda r: r["epsilon"]))
     best.update(candidates=[_candidate(r) for r in candidates], notes=notes,
-                analysis_label=analyses.REGISTRY[best["analysis"]].label)
+                analysis_label=analyses.REGISTRY[best["analysis"]].label + (
+                    f" ({best['epsilon_label']})" if best.get("epsilon_label") else ""))
     if self.sampling_prob is not None:  # the sampling, whichever bound is reported
       best.setdefault("sampling_prob", self.sampling_prob)
     if analyses.REGISTRY[best["analysis"]].poisson:
