@@ -244,6 +244,8 @@ def test_too_few_samples_is_one_clear_error():
 def test_signed_or_wide_c_is_refused():
   with pytest.raises(monte_carlo.MonteCarloError, match="C >= 0"):
     monte_carlo.poisson_pairs(-np.eye(4), 1, 0.5)
+  with pytest.raises(monte_carlo.MonteCarloError, match="lower-triangular"):
+    monte_carlo.bins_pair(np.ones((4, 4)), 2)
   with pytest.raises(monte_carlo.MonteCarloError, match="use amplification 'mmcc'"):
     monte_carlo.poisson_pairs(np.tril(np.ones((24, 24))), 2, 0.5)
 
