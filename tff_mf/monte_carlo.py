@@ -64,7 +64,7 @@ DEFAULT_SAMPLES = 1_000_000
 DEFAULT_FAILURE_PROBABILITY = 1e-3
 MAX_WIDTH = 10  # 2^10 states at most in the Poisson pair's dynamic program
 _CHUNK = 1 << 21  # floats per block of draws
-_GRID = 1e-4  # grid of ε − L where a composed PLD's δ is read (rounded down: δ rounded up)
+_GRID = 1e-3  # grid of ε − L where a composed PLD's δ is read (rounded down: δ rounded up)
 
 
 class MonteCarloError(checks.CheckError):
@@ -279,9 +279,10 @@ class _Composed:
   def __call__(self, x: np.ndarray) -> np.ndarray:
     cells = np.floor(x / _GRID).astype(np.int64)
     lo, hi = int(cells.min()), int(cells.max())
-    if lo < self.lo or hi >= self.lo + self.table.size:  # widen the table (by 1 at least)
-      lo = min(lo, self.lo) - 1000 if self.table.size else lo - 1000
-      hi = max(hi, self.lo + self.table.size - 1) + 1000
+    if lo < self.lo or hi >= self.lo + self.table.size:  # widen the table, by 1 (ε) at least
+      margin = max(1000, self.table.size)
+      lo = min(lo, self.lo) - margin if self.table.size else lo - margin
+      hi = max(hi, self.lo + self.table.size - 1) + margin
       grid = np.arange(lo, hi + 1) * _GRID
       self.lo = lo
       self.table = np.minimum(np.asarray(self.pld.get_delta_for_epsilon(grid), float), 1.0)
