@@ -236,7 +236,7 @@ def test_seed_from_os_entropy_unless_pinned():
 
 
 def test_too_few_samples_is_one_clear_error():
-  with pytest.raises(monte_carlo.MonteCarloError, match="use at least .* samples"):
+  with pytest.raises(monte_carlo.MonteCarloError, match=r"use samples >= \d+"):
     monte_carlo.epsilon(np.eye(1), POISSON, 1.0, 1e-6, sampling_prob=0.3, samples=1000,
                         failure_probability=1e-3, seed=0)
 
@@ -278,6 +278,20 @@ def test_cli_prints_every_epsilon_with_its_label(capsys):
 ])
 def test_cli_bad_flags_are_one_line(extra, match, capsys):
   rc = cli.main(CLI + extra)
+  err = capsys.readouterr().err.strip().splitlines()
+  assert rc == 2 and len(err) == 1 and re.search(match, err[0]), err
+
+
+@pytest.mark.parametrize("argv,match", [
+    (CLI[:-6] + ["--delta", "1e-6", "--bound_samples", "10000"],
+     r"--bound_samples = 10000 cannot certify delta = 1e-06 .* use --bound_samples >= \d+, a "
+     r"larger delta or a larger --failure_probability"),
+    (["account", "--mechanism", "gaussian", "--total_rounds", "8", "--min_sep", "2",
+      "--amplification", "monte_carlo_bound", "--noise_multiplier", "2", "--delta", "1e-3"],
+     r"needs --sampling_prob$"),
+])
+def test_cli_library_refusals_name_the_flags(argv, match, capsys):
+  rc = cli.main(argv)
   err = capsys.readouterr().err.strip().splitlines()
   assert rc == 2 and len(err) == 1 and re.search(match, err[0]), err
 

@@ -695,6 +695,10 @@ class MonteCarloBound(Analysis):
           f"amplification {self.name!r} composes other_events only in "
           "tff_mf.monte_carlo.epsilon; its unamplified bound here would leave them out")
     if not schema.marks_fixed_bin:
+      if sampling_prob is None:
+        raise checks.CheckError(f"amplification {self.name!r} under {schema.describe()} (Poisson "
+                                "sampling of each eligible round) needs sampling_prob",
+                                arguments=("sampling_prob",))
       record_b = sampling_min_sep(schema, c.shape[1])
       return {"sampling_prob": checks.probability(sampling_prob, "sampling_prob"),
               "min_sep": record_b}

@@ -329,9 +329,10 @@ def _epsilon_from(sets, delta: float, beta_each: float, composed) -> float:
   if _upper(sets, hi, beta_each, composed) > delta:
     need = math.ceil(math.log(1.0 / beta_each) / delta)
     raise MonteCarloError(
-        f"{sets[0].size} samples cannot certify delta = {delta:g} at failure probability "
-        f"{beta_each:g} per direction: the confidence bound alone is about log(1/beta)/N; "
-        f"use at least {need} samples, a larger delta or a larger failure probability")
+        f"samples = {sets[0].size} cannot certify delta = {delta:g} at failure probability "
+        f"{beta_each:g} per direction (the confidence bound alone is about log(1/beta)/N): "
+        f"use samples >= {need}, a larger delta or a larger failure_probability",
+        arguments=("samples", "failure_probability"))
   lo = 0.0
   for _ in range(100):
     if hi - lo <= 1e-7 * max(1.0, hi):
