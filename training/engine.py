@@ -189,12 +189,17 @@ class CompiledProcess:
       return add_update(result.update, sample_params), metrics
 
     array_update = _array_client_update(model, client_optimizer)
+    # The round's model, set once a round: a client's call then passes only its batches (the
+    # weights as arguments cost about 0.4 ms a call on the main job's model).
+    self._round_model = round_model = tf.nest.map_structure(
+        lambda v: tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False), self._weights)
 
     @tf.function(reduce_retracing=True)  # one trace for every client's row count
-    def array_step(initial_weights, x, y, batch_size, sample_params, hparams):
+    def array_step(x, y, batch_size, sample_params, hparams):
       if report:
         model.reset_metrics()
-      update, metrics = array_update(initial_weights, x, y, batch_size, hparams)
+      start = tf.nest.map_structure(lambda v: v.read_value(), round_model)
+      update, metrics = array_update(start, x, y, batch_size, hparams)
       return add_update(update, sample_params), metrics
 
     self._client_step, self._array_step = client_step, array_step
@@ -306,7 +311,7 @@ class CompiledProcess:
     ids = getattr(data, "ids", None)
     if ids is None:
       return self._client_step(initial, data, params, hparams)
-    return self._array_step(initial, tf.constant(ids[:, :-1]), tf.constant(ids[:, 1:]),
+    return self._array_step(tf.constant(ids[:, :-1]), tf.constant(ids[:, 1:]),
                             tf.constant(data.batch_size, tf.int64), params, hparams)
 
   def next(self, state, client_datasets: Sequence[Any], canaries: Sequence[Any] = ()):
@@ -325,6 +330,7 @@ class CompiledProcess:
         trainable=trainable,
         non_trainable=[tf.constant(w) for w in state.global_model_weights.non_trainable])
     hparams = tf.nest.map_structure(tf.constant, state.client_work)
+    tf.nest.map_structure(lambda v, w: v.assign(w), self._round_model, initial)
     if query is not None:
       global_state = tf.nest.map_structure(tf.constant, state.aggregator.query_state)
       params = self._sample_params(global_state)
