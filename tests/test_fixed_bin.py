@@ -233,13 +233,16 @@ def _quadrature_add(g, orders, points):
                    for a in orders])
 
 
+def _bounds_and_gram(n, k, seed, z, orders):
+  """The Rényi bounds and the Gram matrix G of the bins for a random C ≥ 0."""
+  c = _random_c(n, seed)
+  return fb.rdp(c, k, z, orders=orders), fb.bin_gram(c, k, z)
+
+
 @pytest.mark.parametrize("n,k,seed", [(6, 2, 0), (9, 3, 1), (8, 2, 2)])
 def test_remove_bounds_hold_against_exact_enumeration_and_are_exact_where_proven(n, k, seed):
-  c = _random_c(n, seed)
-  z = 0.7
-  orders = [2, 3, 4, 5, 6]
-  bounds = fb.rdp(c, k, z, orders=orders)
-  g = fb.bin_gram(c, k, z)
+  z, orders = 0.7, [2, 3, 4, 5, 6]
+  bounds, g = _bounds_and_gram(n, k, seed, z, orders)
   exact = _exact_remove_moments(g, orders)
   for name in ("remove_pairs", "remove_triples", "remove_collisions"):
     assert np.all(bounds[name] >= exact * (1 - 1e-12)), name
@@ -255,11 +258,8 @@ def test_remove_bounds_hold_against_exact_enumeration_and_are_exact_where_proven
 
 @pytest.mark.parametrize("n,k,seed", [(4, 2, 3), (6, 2, 4), (6, 3, 5)])
 def test_add_bound_holds_against_quadrature(n, k, seed):
-  c = _random_c(n, seed)
-  z = 1.5
   orders = [2, 3, 4, 6, 8]
-  bounds = fb.rdp(c, k, z, orders=orders)
-  g = fb.bin_gram(c, k, z)
+  bounds, g = _bounds_and_gram(n, k, seed, 1.5, orders)
   points = 40 if g.shape[0] == 2 else 30
   exact = _quadrature_add(g, orders, points)
   # Quadrature of a smooth integrand: two numbers of points agree far inside this margin.
