@@ -19,6 +19,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from tff_mf import entropy
+
 
 class CheckError(ValueError):
   """An argument, matrix or file fails a check (the message says which and why).
@@ -130,9 +132,9 @@ def seed(x, name: str = "noise_seed") -> int:
   return int(x)
 
 
-def new_seed() -> int:
-  """A fresh non-negative int64 seed from OS entropy."""
-  return int.from_bytes(os.urandom(8), "little") >> 1
+def new_seed(purpose: str = "seed") -> int:
+  """A fresh secret int64 seed in [0, 2⁶³): HKDF-SHA256 of OS entropy (``tff_mf.entropy``)."""
+  return entropy.new_seed(purpose)
 
 
 def path_component(x, name: str) -> str:

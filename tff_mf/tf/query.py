@@ -7,10 +7,10 @@ that applies the workload A (momentum β, learning rates η; Prop 4.2) to these
 outputs releases A·(G + N·Z) = A·G + B·Z; see ``docs/mechanisms.md``.
 
 State: ``MatrixFactorizationState(round_index, seed, stream_state)``, all tensors;
-checkpointing and restoring it continues the identical noise stream. The seed comes
-from OS entropy (``RandomUniformInt`` with seed attributes 0, 0 draws its key from
-/dev/urandom each time the initial state is computed) unless ``noise_seed`` pins
-it. The state, hence any checkpoint of it, holds the secret seed: protect
+checkpointing and restoring it continues the identical noise stream. Unless
+``noise_seed`` pins it, the seed is new each time the initial state is computed: a fresh
+draw hashed with a 126-bit secret key the query takes from OS entropy through HKDF
+(``initial_seed``, ``tff_mf.entropy``). The state, hence any checkpoint of it, holds the secret seed: protect
 checkpoints like the raw updates (``docs/threat_model.md``).
 
 Privacy accounting. The stream reports the sensitivity sens of its encoder C under
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import dp_accounting
 import numpy as np
@@ -40,22 +40,38 @@ import tensorflow as tf
 import tensorflow_privacy as tfp
 
 from tff_mf import checks
+from tff_mf import entropy
 from tff_mf.tf import noise as noise_lib
 
 MatrixFactorizationState = collections.namedtuple(
     "MatrixFactorizationState", ["round_index", "seed", "stream_state"])
 
 _SEED_LOW, _SEED_HIGH = -(2**62), 2**62
+_SEED_BUCKETS = 2**63 - 1  # the seed words: SipHash outputs mod 2⁶³ − 1
 
 
-def initial_seed(pinned: Optional[np.ndarray]):
-  """The state's seed: the pinned pair, else one drawn from OS entropy each time the initial
-  state is computed (``RandomUniformInt`` with seed attributes 0, 0 reads /dev/urandom)."""
+def seed_key() -> Tuple[int, int]:
+  """A fresh 126-bit key (HKDF-SHA256 of OS entropy) for an unpinned query's seeds."""
+  return entropy.new_key_pair("noise-seed-key")
+
+
+def initial_seed(pinned: Optional[np.ndarray], key: Optional[Tuple[int, int]] = None):
+  """The state's seed: the pinned pair, else a new one each time the initial state is
+  computed: SipHash-2-4 keyed by ``key`` (``tf.strings.to_hash_bucket_strong``; Aumasson &
+  Bernstein 2012, a PRF) of a fresh ``RandomUniformInt`` draw. The draw makes every
+  ``initialize()`` different; it is not secret (TensorFlow's seed-(0, 0) ops draw from a
+  Mersenne Twister seeded with 32 bits per process, ``tff_mf.entropy``), the key is."""
   if pinned is not None:
     return tf.constant(pinned)
-  return tf.raw_ops.RandomUniformInt(
+  if key is None:
+    raise ValueError("an unpinned seed needs the query's key (seed_key())")
+  fresh = tf.strings.as_string(tf.raw_ops.RandomUniformInt(
       shape=tf.constant([2], tf.int32), minval=tf.constant(_SEED_LOW, tf.int64),
-      maxval=tf.constant(_SEED_HIGH, tf.int64), seed=0, seed2=0)
+      maxval=tf.constant(_SEED_HIGH, tf.int64), seed=0, seed2=0))
+  draw = tf.strings.join([fresh[0], fresh[1]], separator=":")
+  return tf.strings.to_hash_bucket_strong(
+      tf.strings.join([tf.stack([draw, draw]), tf.constant(["seed-0", "seed-1"])],
+                      separator="|"), num_buckets=_SEED_BUCKETS, key=list(key))
 
 
 def single_participation_event(noise_multiplier: float) -> dp_accounting.DpEvent:
@@ -88,6 +104,7 @@ class MatrixFactorizationQuery(tfp.SumAggregationDPQuery):
     self._flat_specs = noise_lib.flat_specs(record_specs)
     self._noise = noise
     self._seed = None if noise_seed is None else noise_lib.seed_pair(noise_seed)
+    self._seed_key = seed_key() if noise_seed is None else None
     if isinstance(noise, noise_lib.PrecomputedNoise):
       if self._seed is None:
         raise checks.CheckError("PrecomputedNoise serves one pinned seed: pass the same "
@@ -154,7 +171,7 @@ class MatrixFactorizationQuery(tfp.SumAggregationDPQuery):
   # -- DPQuery ----------------------------------------------------------------
   def initial_global_state(self):
     return MatrixFactorizationState(
-        round_index=tf.constant(0, tf.int32), seed=initial_seed(self._seed),
+        round_index=tf.constant(0, tf.int32), seed=initial_seed(self._seed, self._seed_key),
         stream_state=self._noise.initial_state(self._flat_specs))
 
   def derive_sample_params(self, global_state):
@@ -345,10 +362,12 @@ class SeededGaussianSumQuery(tfp.GaussianSumQuery):
   def __init__(self, l2_norm_clip: float, stddev: float, noise_seed: Optional[int] = None):
     super().__init__(l2_norm_clip=l2_norm_clip, stddev=stddev)
     self._seed = None if noise_seed is None else noise_lib.seed_pair(noise_seed)
+    self._seed_key = seed_key() if noise_seed is None else None
 
   def initial_global_state(self):
     return SeededGaussianState(tf.cast(self._l2_norm_clip, tf.float32),
-                               tf.cast(self._stddev, tf.float32), initial_seed(self._seed))
+                               tf.cast(self._stddev, tf.float32), initial_seed(self._seed,
+                                                                          self._seed_key))
 
   def get_noised_result(self, sample_state, global_state):
     flat = tf.nest.flatten(sample_state)
