@@ -12,7 +12,10 @@ import scipy.linalg
 import tensorflow as tf
 
 from tff_mf import factorization as fz
+from tff_mf import checks
+from tff_mf import participation
 from tff_mf import registry
+from tff_mf import spec as spec_lib
 from tff_mf import streams
 from tff_mf import strategies
 from tff_mf import workloads
@@ -297,7 +300,6 @@ def test_clipping_to_global_norm():
 def test_build_mechanism_calibrates_z_to_a_target_epsilon_under_the_schema():
   """ε of one Gaussian at z/sens with sens from the mechanism's own C, checked against the
   analytic Gaussian δ(ε) (Balle & Wang 2018) computed here with scipy."""
-  from tff_mf import participation  # pylint: disable=g-import-not-at-top
   for schema in (participation.SINGLE, participation.fixed_epoch(2)):
     setup = aggregators.build_mechanism("opt_momentum", total_rounds=8, target_epsilon=2.0,
                                         delta=1e-5, clients_per_round=2, clip_norm=1.0,
@@ -492,6 +494,21 @@ def test_every_spelling_builds_its_registry_mechanism():
     setup = aggregators.build_mechanism(spelling, total_rounds=4, noise_multiplier=1.0,
                                         clients_per_round=2, clip_norm=1.0)
     assert setup.info["mechanism"] == registry.mechanism(spelling).name
+
+
+def test_build_mechanism_wires_a_spec_and_the_keyword_call_is_the_same_spec():
+  """The keyword call builds the spec (``mechanism_spec``) and takes the same path."""
+  kwargs = dict(total_rounds=8, target_epsilon=4.0, delta=1e-6, clients_per_round=2,
+                clip_norm=0.5, participation=participation.fixed_epoch(2), bands=3)
+  spec = spec_lib.MechanismSpec.from_args("banded", **kwargs)
+  assert aggregators.mechanism_spec("band_mf", **kwargs) == spec
+  by_spec = aggregators.build_mechanism(spec)
+  by_keywords = aggregators.build_mechanism("band_mf", **kwargs)
+  assert by_spec.info == by_keywords.info and by_spec.privacy == by_keywords.privacy
+  assert by_spec.privacy.epsilon <= 4.0 and by_spec.info["bands"] == 3
+  with pytest.raises(checks.CheckError, match="a MechanismSpec or its keyword arguments") as e:
+    aggregators.build_mechanism(spec, total_rounds=8)
+  assert "\n" not in str(e.value)
 
 
 def test_tree_aggregation_seed_comes_from_os_entropy():
