@@ -17,10 +17,10 @@ import pytest
 from tff_mf import accounting
 from tff_mf import adaptive_clipping
 from tff_mf import mechanisms
+from tff_mf import spec as spec_lib
 from tff_mf import strategies
 from tff_mf import workloads
 from training import config as config_lib
-from training import mechanisms as training_mechanisms
 from training import privacy
 
 N = 8
@@ -36,12 +36,8 @@ def config(**kw):
 def privacy_record(cfg, c):
   """The library's ``PrivacyRecord`` for the run's flags and encoder C, the one the harness
   writes (``training.mechanisms.resolve_privacy`` reads it from build_mechanism)."""
-  adaptive = None
-  if cfg.adaptive_clipping:
-    adaptive = adaptive_clipping.AdaptiveClipping(*cfg.adaptive_kwargs().values()).checked(
-        cfg.clients_per_round)
-  return mechanisms.run_privacy(c, cfg.schema(), adaptive=adaptive,
-                                **training_mechanisms.privacy_arguments(cfg))
+  spec = cfg.mechanism_spec()
+  return mechanisms.privacy_record(c, spec.participation, spec.privacy, adaptive=spec.adaptive)
 
 
 def guarantee(cfg, c):
@@ -295,3 +291,21 @@ def test_a_square_encoders_leading_block_has_the_released_rows_sensitivity():
     assert accounting.sensitivity_report(block, schema_r)["value"] == pytest.approx(
         accounting.sensitivity_report(mechanisms.released_rows(c, r), schema)["value"],
         rel=1e-12)
+
+
+def test_the_config_derives_the_library_spec_and_validate_checks_it():
+  cfg = config(participation="min_sep", min_sep=4, sampling_prob=0.2, max_participations=2,
+               mechanism="band_mf", bands=4, server_momentum=0.9, clip_norm="adaptive")
+  cfg.validate()
+  spec = cfg.mechanism_spec()
+  assert spec == spec_lib.MechanismSpec.from_args(
+      "banded", total_rounds=N, clients_per_round=2, clip_norm="adaptive",
+      target_epsilon=4.0, delta=cfg.delta, accountant=cfg.accountant, sampling_prob=0.2,
+      momentum=0.9, participation=cfg.schema(), bands=4,
+      adaptive=adaptive_clipping.AdaptiveClipping())
+  assert spec.privacy.sampling_prob == 0.2 and spec.workload.momentum == 0.9
+  # A library rule fails validate(), before anything is built or written.
+  with pytest.raises(config_lib.TrainingError,
+                     match="^--mechanism=gaussian: buffers does not apply to mechanism "
+                           "'gaussian'$"):
+    config(mechanism="gaussian", buffers=2).validate()
