@@ -242,15 +242,14 @@ def test_the_spec_refuses_bad_input_in_one_line(kwargs, message):
 
 def test_build_returns_the_resolved_mechanism_and_its_record():
   s = spec(participation=participation.fixed_epoch(2), bands=3)
-  resolved_mechanism, record = mechanisms.build(s)
-  assert resolved_mechanism.info["bands"] == 3 and resolved_mechanism.participation == s.participation
-  assert record.epsilon == accounting.epsilon(1.3, DELTA, "exact",
-                                              sensitivity=resolved_mechanism.sensitivity)
+  built, record = mechanisms.build(s)
+  assert built.info["bands"] == 3 and built.participation == s.participation
+  assert record.epsilon == accounting.epsilon(1.3, DELTA, "exact", sensitivity=built.sensitivity)
   assert record.setup["rounds"] == N and record.setup["participation"] == s.participation.as_dict()
   none_resolved, none_record = mechanisms.build(spec("none", noise_multiplier=None))
   assert none_resolved.encoder is None and not none_record.private
   with pytest.raises(checks.CheckError, match="is not the one asked for"):
-    mechanisms.build(spec(bands=2), resolved=resolved_mechanism)
+    mechanisms.build(spec(bands=2), resolved=built)
 
 
 def test_epsilon_by_round_is_the_accountants_for_the_rounds_released():

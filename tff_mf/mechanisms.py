@@ -1,12 +1,14 @@
 """The numpy mechanism layer: what a registry mechanism is, before TensorFlow (no TF import).
 
 ``build(spec)`` takes the one input of the layer, a checked ``tff_mf.spec.MechanismSpec``,
-and returns the resolved mechanism and its privacy record. ``resolve`` turns a registry mechanism, the training workload and a participation schema
-into a ``Resolved`` mechanism: its factorization (from the cache where the strategy is
-cached), the noise stream of linear-noise mechanisms (a ``tff_mf.streams.LinearStream``),
-the encoder the noise is calibrated for and its sensitivity under the schema. ``privacy``
-then fixes the noise multiplier — given, or calibrated to a target ε — and returns a typed
-``PrivacyRecord`` (z, sensitivity, z/sens, ε, analysis, and the JSON record a run writes).
+and returns the resolved mechanism and its privacy record, whose ``epsilon_by_round``
+gives the ε spent after each round. ``resolve`` turns a registry mechanism, the training
+workload and a participation schema into a ``Resolved`` mechanism: its factorization (from
+the cache where the strategy is cached), the noise stream of linear-noise mechanisms (a
+``tff_mf.streams.LinearStream``), the encoder the noise is calibrated for and its
+sensitivity under the schema. ``privacy`` then fixes the noise multiplier — given, or
+calibrated to a target ε — and returns a typed ``PrivacyRecord`` (z, sensitivity, z/sens, ε,
+analysis, and the JSON record a run writes).
 It is the one place a run's ε is decided (``run_privacy``): the unamplified Gaussian under
 the schema, amplification under cyclic Poisson sampling, adaptive clipping's composition.
 ``tff_mf.tf.aggregators`` only turns a ``Resolved`` and its record into TFF objects; the

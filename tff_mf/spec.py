@@ -17,6 +17,7 @@ import dataclasses
 import types
 from typing import Any, Dict, Mapping, Optional, Union
 
+from tff_mf import accounting
 from tff_mf import adaptive_clipping
 from tff_mf import analyses
 from tff_mf import checks
@@ -25,7 +26,6 @@ from tff_mf import participation as participation_lib
 from tff_mf import registry
 from tff_mf import workloads
 
-DEFAULT_ACCOUNTANT = "exact"  # every tool's (tff_mf.accounting.DEFAULT_ACCOUNTANT)
 LR_SCHEDULES = workloads.LR_SCHEDULES
 
 # How a linear-noise mechanism produces C⁻¹·Z: "stateful" runs the family's recurrence and
@@ -57,7 +57,7 @@ class Privacy:
   noise_multiplier: Optional[float] = None
   target_epsilon: Optional[float] = None
   delta: Optional[float] = None
-  accountant: str = DEFAULT_ACCOUNTANT
+  accountant: str = accounting.DEFAULT_ACCOUNTANT
   sampling_prob: Optional[float] = None
   allow_no_noise: bool = False
 
@@ -155,9 +155,9 @@ class MechanismSpec:
     participation: the schema clients are sampled under (a ``tff_mf.participation`` kind).
     privacy: ``Privacy``; None for a mechanism that adds no noise (``none``).
     clipping: ``Clipping``.
+    clients_per_round: K, the clients a round's sum is divided by (and σ_b's default).
     params: the family parameters given (bands, rank, buffers, or a family's own), checked
       against the family's ``Declaration``; the others take its defaults.
-    clients_per_round: K, the clients a round's sum is divided by (and σ_b's default).
     noise_stream: how a linear-noise mechanism realizes C⁻¹·Z (``NOISE_STREAMS``), "auto"
       resolved to the mechanism's own.
   """
@@ -166,8 +166,8 @@ class MechanismSpec:
   participation: participation_lib.Participation
   privacy: Optional[Privacy]
   clipping: Clipping
+  clients_per_round: float
   params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-  clients_per_round: float = 1.0
   noise_stream: str = "auto"
 
   def __post_init__(self):
@@ -183,7 +183,7 @@ class MechanismSpec:
     _set(self, params=types.MappingProxyType(self.declaration.check_parameters(
         self.params, self.n, schema, f"mechanism {m.name!r}")),
          clients_per_round=checks.positive_float(self.clients_per_round, "clients_per_round"),
-         noise_stream=noise_stream(m, self.noise_stream))
+         noise_stream=resolve_noise_stream(m, self.noise_stream))
     self._check_clipping()
 
   def _check_privacy(self) -> None:
@@ -228,7 +228,8 @@ class MechanismSpec:
                 clients_per_round: float, clip_norm: Union[float, str],
                 noise_multiplier: Optional[float] = None,
                 target_epsilon: Optional[float] = None, delta: Optional[float] = None,
-                accountant: str = DEFAULT_ACCOUNTANT, sampling_prob: Optional[float] = None,
+                accountant: str = accounting.DEFAULT_ACCOUNTANT,
+                sampling_prob: Optional[float] = None,
                 allow_no_noise: bool = False, momentum: float = 0.0,
                 lr_schedule: str = "constant", schedule_rounds: Optional[int] = None,
                 participation: Optional[participation_lib.Participation] = None,
@@ -282,7 +283,7 @@ class MechanismSpec:
     return info
 
 
-def noise_stream(mechanism: registry.Mechanism, value: str) -> str:
+def resolve_noise_stream(mechanism: registry.Mechanism, value: str) -> str:
   """The noise stream asked for (``NOISE_STREAMS``), checked against the mechanism's noise
   kind; "auto" is the kind's own (stateful for linear, stateless for dense)."""
   if value not in NOISE_STREAMS:

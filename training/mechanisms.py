@@ -3,9 +3,10 @@
 Every DP mechanism is built once by ``tff_mf.tf.aggregators.build_mechanism``, through one
 function, :func:`build_library_mechanism`, from the run's ``tff_mf.spec.MechanismSpec``
 (``TrainingConfig.mechanism_spec``: the schema, sampling probability, privacy and
-clipping); ``none`` is plain FedAvg with the same server momentum and learning-rate schedule. The library resolves the mechanism in numpy (``tff_mf.mechanisms``), fixes the
-noise multiplier z (the flag's, or calibrated to ``--target_epsilon``) and decides the run's
-ε (``tff_mf.mechanisms.run_privacy``): the run writes that record, and computes no other.
+clipping); ``none`` is plain FedAvg with the same server momentum and learning-rate
+schedule. The library resolves the mechanism in numpy (``tff_mf.mechanisms.build``), fixes
+the noise multiplier z (the flag's, or calibrated to ``--target_epsilon``) and decides the
+run's ε and its ε after each round: the run writes that record, and computes no other.
 """
 
 from __future__ import annotations
