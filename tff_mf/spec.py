@@ -239,23 +239,20 @@ class MechanismSpec:
     """A spec from ``build_mechanism``'s keyword arguments (a mechanism by any spelling;
     ``family_params``: bands=, rank=, buffers= or a family's own, None meaning not given)."""
     m = mechanism if isinstance(mechanism, registry.Mechanism) else registry.mechanism(mechanism)
-    schema = participation or participation_lib.SINGLE
-    n = checks.positive_int(total_rounds, "total_rounds")
+    workload = training_workload(total_rounds, momentum, lr_schedule, schedule_rounds)
     privacy = None
-    if m.private:
+    if m.private or noise_multiplier not in (None, 0.0) or target_epsilon is not None:
+      # (a mechanism without noise refuses one: ``_check_privacy``)
       privacy = Privacy(noise_multiplier, target_epsilon, delta, accountant, sampling_prob,
                         allow_no_noise)
     else:
       analyses.accountant(accountant)
-      if noise_multiplier not in (None, 0.0) or target_epsilon is not None:
-        raise checks.CheckError(f"mechanism {m.name!r} adds no noise; it takes neither "
-                                "noise_multiplier nor target_epsilon")
-    workload = training_workload(n, momentum, lr_schedule, schedule_rounds)
-    k = checks.positive_float(clients_per_round, "clients_per_round")
-    clipping = Clipping.from_args(clip_norm, adaptive or adaptive_clipping.AdaptiveClipping(), k)
-    return cls(mechanism=m, workload=workload, participation=schema, privacy=privacy,
-               clipping=clipping, params=dict(params or {}, **family_params),
-               clients_per_round=k, noise_stream=noise_stream)
+    clipping = Clipping.from_args(clip_norm, adaptive or adaptive_clipping.AdaptiveClipping(),
+                                  clients_per_round)
+    return cls(mechanism=m, workload=workload, participation=participation or
+               participation_lib.SINGLE, privacy=privacy, clipping=clipping,
+               clients_per_round=clients_per_round, params=dict(params or {}, **family_params),
+               noise_stream=noise_stream)
 
   def statement_setup(self, noise_seed_pinned: bool = False) -> Dict[str, Any]:
     """What the privacy statement names beside ε (``tff_mf.statement.setup_words``)."""
