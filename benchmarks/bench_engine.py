@@ -69,13 +69,16 @@ def _config(model, mechanism, cache_dir):
 
 
 def _clients(model, count, seed):
-  """``count`` clients' (x, y) datasets of random token ids, ``model['sentences']`` each."""
+  """``count`` clients' batches of random token ids, ``model['sentences']`` each, in both
+  forms: ``ClientBatches`` (arrays, what the harness gives the compiled engine) and
+  tf.data datasets (what it gives TFF's process), built before the timing."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from stackoverflow import preprocessing  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(seed)
   classes = preprocessing.extended_vocab_size(model["vocab_size"], 1)
-  return [preprocessing.client_dataset(
+  batches = [preprocessing.ClientBatches(
       rng.integers(1, classes, size=(model["sentences"], 21)), BATCH) for _ in range(count)]
+  return {"arrays": batches, "dataset": [b.dataset() for b in batches]}
 
 
 def _model_fns(model):
@@ -97,7 +100,7 @@ class PlainTF:
     self.total = [tf.Variable(tf.zeros_like(v)) for v in variables]
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    @tf.function
+    @tf.function(reduce_retracing=True)
     def step(x, y):
       with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
@@ -116,23 +119,25 @@ class PlainTF:
 
     self.step, self.reset, self.add_delta = step, reset, add_delta
 
-  def round(self, datasets):
-    for dataset in datasets:
+  def round(self, clients):
+    for batches in clients:
       self.reset()
-      for x, y in dataset:
-        self.step(x, y)
+      ids, size = batches.ids, batches.batch_size
+      for start in range(0, len(ids), size):
+        self.step(ids[start:start + size, :-1], ids[start:start + size, 1:])
       self.add_delta()
 
 
 class Timed:
   """A path's rounds: CPU seconds of each."""
 
-  def __init__(self, name, run_round):
-    self.name, self.run_round, self.cpu = name, run_round, []
+  def __init__(self, name, run_round, form="arrays"):
+    self.name, self.run_round, self.form, self.cpu = name, run_round, form, []
 
-  def round(self, datasets, timed):
+  def round(self, clients, timed):
+    """One round on ``clients[self.form]`` (the clients in the form this path takes)."""
     start = _cpu_seconds()
-    self.run_round(datasets)
+    self.run_round(clients[self.form])
     if timed:
       self.cpu.append(_cpu_seconds() - start)
 
@@ -162,7 +167,7 @@ def _paths(model, cache_dir):
     paths.append(Timed(f"compiled engine ({mechanism})", run))
   plain = PlainTF(keras_model_fn)
   return [Timed("plain TF", plain.round), *paths,
-          Timed("TFF (build_unweighted_fed_avg)", run_tff)]
+          Timed("TFF (build_unweighted_fed_avg)", run_tff, form="dataset")]
 
 
 def noise_cost(model, cache_dir, mechanisms_to_time, repeats):
@@ -193,9 +198,9 @@ def measure(name, model, args):
   print(f"[engine] {name}: building", file=sys.stderr, flush=True)
   paths = _paths(model, args.cache_dir)
   for r in range(args.rounds + 1):  # round 0 traces (not timed)
-    datasets = _clients(model, args.clients, seed=r)
+    clients = _clients(model, args.clients, seed=r)
     for path in paths:
-      path.round(datasets, timed=r > 0)
+      path.round(clients, timed=r > 0)
   per_client = {p.name: statistics.median(p.cpu) / args.clients for p in paths}
   noise = noise_cost(model, args.cache_dir, args.noise_mechanisms, args.noise_repeats)
   from stackoverflow import model as so_model  # pylint: disable=g-import-not-at-top

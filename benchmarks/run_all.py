@@ -84,6 +84,8 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
     # Written by hand from the runs it names (the binary with --canaries; no script reruns it).
     ("canary_audit", "canary_audit.md", ()),
     ("peer_bands", "peer_bands.md", (("benchmarks/peer_jax_privacy_bands.py",),)),  # /tmp/peer24
+    # peer: /tmp/peer-audit (jax_privacy's newest source with jax and optax)
+    ("monte_carlo", "monte_carlo.md", (("benchmarks/bench_monte_carlo.py",),)),
 )
 
 # script -> arguments of a run in seconds that writes only under OUT (a temporary directory).
@@ -111,6 +113,7 @@ SMOKE: Dict[str, Tuple[str, ...]] = {
     "peer_jax_privacy_audit.py": ("--help",),  # runs in the jax_privacy interpreter
     "bench_one_run_audit.py": ("--smoke", "--out-dir", "{out}"),  # our side only
     "peer_jax_privacy_bands.py": ("--smoke", "--out-dir", "{out}"),  # our side only
+    "bench_monte_carlo.py": ("--smoke", "--out-dir", "{out}"),  # our side only
 }
 
 

@@ -21,6 +21,33 @@ ACCURACY_METRIC_NAMES = ("accuracy", "accuracy_no_oov",
                          "accuracy_no_oov_no_eos")
 
 
+def _token_runs(tokens: Sequence[int]):
+  """The sorted distinct ``tokens`` as runs of consecutive ids [(first, last), ...]."""
+  runs = []
+  for token in sorted(set(int(t) for t in tokens)):
+    if runs and token == runs[-1][1] + 1:
+      runs[-1] = (runs[-1][0], token)
+    else:
+      runs.append((token, token))
+  return runs
+
+
+def kept_targets(y_true, masked_tokens: Sequence[int]):
+  """Boolean mask of the targets not in ``masked_tokens`` (int64 ``y_true``).
+
+  One comparison per run of consecutive ids (the OOV buckets are one run), not one per
+  token: the same mask in a few ops per batch instead of two per masked token.
+  """
+  kept = tf.ones_like(y_true, dtype=tf.bool)
+  for first, last in _token_runs(masked_tokens):
+    if first == last:
+      kept = tf.logical_and(kept, tf.not_equal(y_true, first))
+    else:
+      inside = tf.logical_and(tf.greater_equal(y_true, first), tf.less_equal(y_true, last))
+      kept = tf.logical_and(kept, tf.logical_not(inside))
+  return kept
+
+
 class MaskedCategoricalAccuracy(tf.keras.metrics.Metric):
   """Accuracy of argmax predictions over targets not in `masked_tokens`.
 
@@ -40,10 +67,7 @@ class MaskedCategoricalAccuracy(tf.keras.metrics.Metric):
   def update_state(self, y_true, y_pred, sample_weight=None):
     y_true = tf.cast(y_true, tf.int64)
     predicted = tf.argmax(y_pred, axis=-1, output_type=tf.int64)
-    mask = tf.ones_like(y_true, dtype=tf.bool)
-    for token in self.masked_tokens:
-      mask = tf.logical_and(mask, tf.not_equal(y_true, token))
-    weight = tf.cast(mask, tf.float32)
+    weight = tf.cast(kept_targets(y_true, self.masked_tokens), tf.float32)
     if sample_weight is not None:
       weight *= tf.cast(sample_weight, tf.float32)
     matches = tf.cast(tf.equal(y_true, predicted), tf.float32)
@@ -74,10 +98,7 @@ class NumTokens(tf.keras.metrics.Sum):
   def update_state(self, y_true, y_pred, sample_weight=None):
     del y_pred, sample_weight
     y_true = tf.cast(y_true, tf.int64)
-    mask = tf.ones_like(y_true, dtype=tf.bool)
-    for token in self.masked_tokens:
-      mask = tf.logical_and(mask, tf.not_equal(y_true, token))
-    return super().update_state(tf.cast(mask, tf.float32))
+    return super().update_state(tf.cast(kept_targets(y_true, self.masked_tokens), tf.float32))
 
   def get_config(self):
     config = super().get_config()

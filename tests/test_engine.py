@@ -59,8 +59,9 @@ MODEL = dict(client_batch_size=4, max_elements_per_client=8, seed=1)  # on conft
 # (mechanism, participation, adaptive clipping); the default suite keeps TFF's tree, a
 # dense MF mechanism with momentum, and a stateful stream with adaptive clipping.
 DEFAULT_CASES = [("tree", "single", False), ("opt_momentum", "fixed_epoch", False),
-                 ("banded", "fixed_epoch", True)]
-ALL_CASES = [(m, p, False) for m in ("none", "tree", "gaussian", "opt_momentum", "banded",
+                 ("banded", "fixed_epoch", True), ("nonprivate_clipped", "fixed_epoch", False)]
+ALL_CASES = [(m, p, False) for m in ("none", "nonprivate_clipped", "tree", "gaussian",
+                                     "opt_momentum", "banded",
                                      "blt", "bisr") for p in ("single", "fixed_epoch")] + [
                                          ("gaussian", p, True) for p in ("single",
                                                                          "fixed_epoch")] + [
@@ -71,9 +72,10 @@ SLOW_CASES = [c for c in ALL_CASES if c not in DEFAULT_CASES]
 def _config(tiny_config, root, mechanism, participation, adaptive, **kw):
   values = dict(MODEL, mechanism=mechanism, total_rounds=ROUNDS, clients_per_round=CLIENTS,
                 client_lr=CLIENT_LR, server_lr=SERVER_LR, clip_norm=CLIP,
-                server_momentum=0.9 if mechanism in ("opt_momentum", "none") else 0.0,
+                server_momentum=0.0 if mechanism in ("tree", "gaussian", "banded", "blt",
+                                                     "bisr") else 0.9,
                 participation=participation, noise_seed=SEED, cache_dir=str(root / "cache"))
-  if mechanism != "none":
+  if config_lib.is_private(mechanism):
     values["noise_multiplier"] = 0.8
   else:
     values["noise_seed"] = None
@@ -92,13 +94,15 @@ def task(tiny_config, tiny_task, tmp_path_factory):
                            False))
 
 
-def _cohort(task, participation, round_num):
-  """The clients of round ``round_num`` (1-based): fresh ones, or cohort (r - 1) mod b."""
+def _cohort(task, participation, round_num, engine_name="tff"):
+  """The clients of round ``round_num`` (1-based): fresh ones, or cohort (r - 1) mod b, in
+  the form the engine takes in a run (TFF: datasets; compiled: ``ClientBatches``)."""
   index = round_num - 1
   if participation == "fixed_epoch":
     index %= ROUNDS // 2
   ids = task.train_client_ids[index * CLIENTS:(index + 1) * CLIENTS]
-  return [task.client_datasets.load(i) for i in ids]
+  load = task.client_datasets.load if engine_name == "tff" else task.client_datasets.batches
+  return [load(i) for i in ids]
 
 
 def _with_client_lr(state, lr):
@@ -143,7 +147,7 @@ def _noise_rounds(pair, task, participation):
   _assert_bit_identical(states["tff"], states["compiled"], "initial state")
   moved = False
   for r in range(1, ROUNDS + 1):
-    out = {k: getattr(pair, k).next(states[k], _cohort(task, participation, r))
+    out = {k: getattr(pair, k).next(states[k], _cohort(task, participation, r, k))
            for k in states}
     states = {k: o.state for k, o in out.items()}
     _assert_bit_identical(states["tff"], states["compiled"], f"round {r}")
@@ -152,17 +156,17 @@ def _noise_rounds(pair, task, participation):
     before = pair.initial["tff"].global_model_weights.trainable
     moved |= any(not np.array_equal(a, b) for a, b in
                  zip(before, states["tff"].global_model_weights.trainable))
-  assert moved == (pair.config.canonical_mechanism != "none")  # the noise moved the model
+  assert moved == config_lib.is_private(pair.config.canonical_mechanism)  # noise moved it
 
 
 def _update_bound(pair, task, participation, state, round_num, clip):
   """B: the largest |coordinate| of a record the round sums (clip ζ, or measured for none)."""
-  if pair.config.canonical_mechanism != "none":
+  if pair.config.canonical_mechanism != "none":  # clipped (privately or not) to ζ
     return clip
   bound = 0.0
   state = state._replace(finalizer=pair.initial["compiled"].finalizer)  # no momentum yet
-  for dataset in _cohort(task, participation, round_num):
-    alone = pair.compiled.next(state, [dataset]).state
+  for batches in _cohort(task, participation, round_num, "compiled"):
+    alone = pair.compiled.next(state, [batches]).state
     for before, after in zip(state.global_model_weights.trainable,
                              alone.global_model_weights.trainable):
       delta = np.abs(np.asarray(before, np.float64) - after) / SERVER_LR
@@ -176,7 +180,7 @@ def _training_rounds(pair, task, participation):
   clip = CLIP
   for r in range(1, ROUNDS + 1):
     bound = _update_bound(pair, task, participation, state, r, clip)
-    out = {k: getattr(pair, k).next(state, _cohort(task, participation, r))
+    out = {k: getattr(pair, k).next(state, _cohort(task, participation, r, k))
            for k in ("tff", "compiled")}
     a, b = out["tff"].state, out["compiled"].state
     tf.nest.assert_same_structure(a, b)
@@ -222,6 +226,31 @@ def test_compiled_engine_equals_tff(tiny_config, tmp_path, task, case):
     "-adaptive" if c[2] else ""))
 def test_compiled_engine_equals_tff_every_mechanism(tiny_config, tmp_path, task, case):
   _check_case(tiny_config, tmp_path, task, case)
+
+
+def test_a_client_as_arrays_trains_exactly_as_its_dataset(tiny_config, tmp_path, task):
+  """The compiled engine takes a client as ``ClientBatches`` (the harness's form, sliced in
+  the traced update) or as its tf.data.Dataset (TFF's form, TFF's own update): the same
+  batches on the same kernels, so the rounds are bit-identical, metrics included. Batches
+  of 3 rows: clients of several batches, the last one partial."""
+  from stackoverflow import preprocessing  # pylint: disable=g-import-not-at-top
+  config = _config(tiny_config, tmp_path, "banded", "fixed_epoch", False)
+  setup, _, _ = mechanisms.resolve_privacy(config, config.noise_seed)
+  process = engine.build_process("compiled", task.model_fn, setup, CLIENT_LR,
+                                 report_train_metrics=True)
+  states = {form: process.initialize() for form in ("dataset", "arrays")}
+  shapes = set()
+  for r in (1, 2, 3):
+    ids = [task.client_datasets.token_ids(i)
+           for i in task.train_client_ids[(r - 1) * CLIENTS:r * CLIENTS]]
+    batches = [preprocessing.ClientBatches(x, 3) for x in ids if len(x)]
+    shapes.update((len(b) > 3, len(b) % 3 > 0) for b in batches)
+    out = {"dataset": process.next(states["dataset"], [b.dataset() for b in batches]),
+           "arrays": process.next(states["arrays"], batches)}
+    _assert_bit_identical(out["dataset"].state, out["arrays"].state, f"round {r}")
+    _assert_bit_identical(out["dataset"].metrics, out["arrays"].metrics, f"metrics, round {r}")
+    states = {form: o.state for form, o in out.items()}
+  assert (True, True) in shapes, "no client of several batches, the last one partial"
 
 
 def _run(tiny_config, root, engine_name, total_rounds=ROUNDS, **kw):
@@ -339,7 +368,7 @@ def test_a_failed_library_check_in_the_compiled_round_is_one_line(tiny_config, t
   process = engine.build_process("compiled", task.model_fn, setup, CLIENT_LR,
                                  report_train_metrics=True)
   state = process.initialize()
-  output = loop.run_round(process, state, _cohort(task, "single", 1), 1)
+  output = loop.run_round(process, state, _cohort(task, "single", 1, "compiled"), 1)
   assert np.isfinite(output.metrics["client_work"]["train"]["loss"])
   with pytest.raises(config_lib.TrainingError) as error:
     loop.run_round(process, output.state, [], 2)

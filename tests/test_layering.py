@@ -223,6 +223,7 @@ def test_participation_kinds_are_compared_by_name_in_few_places():
 # an analysis's or a Gaussian accountant's name remain outside that module.
 MAX_ANALYSIS_NAME_COMPARISONS = 2
 ANALYSIS_NAMES = ("none", "mmcc", "banded", "random_allocation", "adaptive", "monte_carlo",
+                  "monte_carlo_bound",
                   "exact", "pld", "rdp", "auto")
 # Operands that hold an analysis's or an accountant's name.
 ANALYSIS_HOLDERS = ("analysis", "amplification", "accountant", "unamplified_accountant")

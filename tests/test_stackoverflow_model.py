@@ -91,6 +91,15 @@ def test_metrics_mask_pad_oov_and_eos_by_hand():
       "accuracy", "accuracy_no_oov", "accuracy_no_oov_no_eos")
 
 
+@pytest.mark.parametrize("masked", [[0], [0, 5, 6, 7, 8], [9, 0, 3, 4, 4, 12, 10], [7, 2, 3]])
+def test_kept_targets_is_one_test_per_masked_token(masked):
+  """The mask built from runs of consecutive ids equals the token-by-token one, on every id
+  in and around the runs."""
+  y = tf.constant(np.arange(-1, 15, dtype=np.int64).reshape(4, 4))
+  by_token = np.isin(y.numpy(), masked, invert=True)
+  np.testing.assert_array_equal(metrics.kept_targets(y, masked).numpy(), by_token)
+
+
 def test_metrics_accumulate_over_batches_and_handle_all_masked():
   metric = metrics.MaskedCategoricalAccuracy("accuracy_no_oov_no_eos",
                                              masked_tokens=[PAD, EOS, OOV])

@@ -248,7 +248,10 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
     delta: δ in (0, 1).
     amplification: None / "none" (one Gaussian at z / sensitivity), "mmcc" (MMCC), "banded"
       (amplified banded): a min_sep or fixed_epoch schema (``sampling_min_sep``) and
-      ``sampling_prob``; "random_allocation": the random_allocation schema (never fixed-bin).
+      ``sampling_prob``; "random_allocation": the random_allocation schema (never fixed-bin);
+      "monte_carlo_bound" (best given as ``analyses.MonteCarloBound(samples=, failure_probability=,
+      seed=)``): min_sep / fixed_epoch with ``sampling_prob``, or fixed-bin balls_in_bins; its
+      record carries ``failure_probability`` and ``epsilon_label`` beside ``epsilon``.
       Or the ``tff_mf.analyses.Analysis`` object itself, holding its own options.
     sampling_prob: p in (0, 1], the probability that a user joins a round it is
       eligible for (amplified analyses only).
@@ -274,14 +277,23 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
   delta = check_delta(delta)
   check_accountant(accountant)
   schema = _check_schema(schema)
+  if c is not None:
+    c = check_encoder(c)
+  record = _base_record(c, schema, z, delta, analysis)
+  return analysis.record(record, c, schema, z, delta, accountant, sampling_prob,
+                         known_sensitivity)
+
+
+def _base_record(c: Optional[np.ndarray], schema, z: float, delta: float,
+                 analysis) -> Dict[str, Any]:
+  """What every record of a run holds before its analysis fills it in (C's shape checked
+  against the schema)."""
   record: Dict[str, Any] = {"noise_multiplier": z, "delta": delta, "analysis": analysis.name,
                             "participation": schema.label, "schema": schema.as_dict()}
   if c is not None:
-    c = check_encoder(c)
     record["m"], record["n"] = int(c.shape[0]), int(c.shape[1])
     schema.check(c.shape[1])
-  return analysis.record(record, c, schema, z, delta, accountant, sampling_prob,
-                         known_sensitivity)
+  return record
 
 
 def calibrate(c: Optional[np.ndarray], schema, target_epsilon: float, delta: float,
@@ -311,6 +323,12 @@ def calibrate(c: Optional[np.ndarray], schema, target_epsilon: float, delta: flo
   options = dict(options)
   sens = analyses.make(amplification).search_sensitivity(c, schema, options)
   hi = calibrate_noise_multiplier(target, delta, accountant, tolerance, sensitivity=sens)
+  if analysis.calibrates_itself:  # its draws decide z: a bisection over them is not valid
+    record = _base_record(c, schema, hi, delta, analyses.make(amplification))
+    record = analyses.make(amplification).calibrate(c, schema, target, delta, hi, accountant,
+                                                    sampling_prob, record)
+    record.update(target_epsilon=target, tolerance=tolerance)
+    return record
   if not analysis.amplified:  # the Gaussian's calibration is the answer when its ε passes
     record = epsilon_for(c, schema, hi, delta, amplification, sampling_prob, accountant,
                          **options)

@@ -11,8 +11,11 @@ bound, and ``epsilon``):
   (``amplification=``): ``"none"`` (one Gaussian at z / sens; Denisov et al. 2022,
   arXiv:2202.08312, Thm 4.1; Choquette-Choo et al. 2023, arXiv:2211.06530), ``"mmcc"``
   (Choquette-Choo et al. 2024, arXiv:2310.15526), ``"banded"`` (Choquette-Choo et al.
-  2023, arXiv:2306.08153, Thm 4) and ``"random_allocation"`` (after Schuchardt & Kalinin
-  2026, arXiv:2601.21636); two more describe records built elsewhere: ``"adaptive"``
+  2023, arXiv:2306.08153, Thm 4), ``"random_allocation"`` (after Schuchardt & Kalinin
+  2026, arXiv:2601.21636) and ``"monte_carlo_bound"`` (Monte-Carlo accounting of the
+  dominating pair of C ≥ 0, arXiv:2410.06266, δ bounded by Chernoff-Hoeffding: its ε
+  holds with probability ≥ 1 − β and carries β wherever it appears); two more describe
+  records built elsewhere: ``"adaptive"``
   (the adaptive clip norm's count queries composed in) and ``"monte_carlo"`` (an
   ESTIMATE, arXiv:2410.06266, never a run's ε). Each analysis reads the noise side
   through a ``GaussianAccountant``. Registry ``REGISTRY``.
@@ -241,6 +244,8 @@ class Analysis:
   poisson: ClassVar[bool] = False  # Poisson sampling: needs sampling_prob and min_sep
   selectable: ClassVar[bool] = True  # an ``amplification=`` of ``tff_mf.accounting``
   counts_clipping: ClassVar[bool] = False  # also accounts the adaptive clip norm's counts
+  high_probability: ClassVar[bool] = False  # ε holds with probability ≥ 1 − β (labelled)
+  calibrates_itself: ClassVar[bool] = False  # ``calibrate`` of its own (no bisection)
   chosen_because: ClassVar[str] = ""  # why training picks it (``automatic``), in words
 
   def applies(self, c: Optional[np.ndarray], schema) -> Optional[str]:
@@ -618,6 +623,147 @@ class MonteCarlo(Analysis):
                 seed=found["seed"], tail_hits=found["tail_hits"], label=self.label)
 
 
+@dataclasses.dataclass(frozen=True)
+class MonteCarloBound(Analysis):
+  """Monte-Carlo accounting with a proof (``tff_mf.monte_carlo``): the dominating pair of C ≥ 0
+  (arXiv:2410.06266) under b-min-sep Poisson or fixed-bin balls-in-bins, sampled; δ bounded
+  by Chernoff-Hoeffding (Hoeffding 1963, Thm 1). Its ε holds with probability ≥ 1 − β over
+  the accountant's own draws, and every record and statement carries β beside it."""
+  name: ClassVar[str] = "monte_carlo_bound"
+  label: ClassVar[str] = ("Monte-Carlo accounting with a proof (arXiv:2410.06266; "
+                          "Chernoff-Hoeffding bound on delta)")
+  theorem: ClassVar[str] = (
+      "Monte-Carlo accounting of the dominating pair N(0, z^2 I) vs the mixture over join "
+      "patterns of N(C x, z^2 I) (Choquette-Choo, Ganesh, Haque, Steinke, Thakurta 2024, "
+      "arXiv:2410.06266), delta bounded by the Chernoff-Hoeffding inequality (Hoeffding "
+      "1963, Thm 1), calibration by the ordered sweep of arXiv:2602.09338, Alg. 5")
+  amplified: ClassVar[bool] = True
+  high_probability: ClassVar[bool] = True  # its ε holds with probability ≥ 1 − β
+  calibrates_itself: ClassVar[bool] = True  # a search over fresh draws would not be valid
+  samples: int = 1_000_000
+  failure_probability: float = 1e-3
+  seed: Optional[int] = None  # None: OS entropy
+  other_events: Tuple[Any, ...] = ()  # dp_accounting DpEvents composed in
+
+  def applies(self, c, schema):
+    schema = check_schema(schema)
+    if c is None:
+      return f"amplification {self.name!r} needs the encoder C (a matrix or a mechanism)"
+    if schema.not_poisson is not None and not schema.marks_fixed_bin:
+      return (f"amplification {self.name!r} analyzes min_sep / fixed_epoch Poisson sampling "
+              f"and fixed-bin balls_in_bins, not {schema.describe()}")
+    return None
+
+  def epsilon(self, c, schema, noise_multiplier, delta, accountant_name="exact",
+              sampling_prob=None):
+    """Refused: a bare ε would lose its failure probability."""
+    raise checks.CheckError(
+        f"{self.name}'s epsilon holds with probability >= 1 - beta over the accountant's own "
+        "sampling and is never given without that label: use tff_mf.accounting.epsilon_for "
+        "(its record carries failure_probability beside epsilon)")
+
+  def _unamplified(self, c, schema, z, delta, accountant_name, sampling_prob, known):
+    """(ε, sensitivity fields) of the same sampling without amplification."""
+    if schema.marks_fixed_bin:
+      report = _known_or_report(c, schema, known)
+      sens, exact, method = report["value"], report["exact"], report["method"]
+    else:
+      b = sampling_min_sep(schema, c.shape[1])
+      sens, exact = poisson_sensitivity(c, b)
+      method = (f"every round of a residue class mod {b} joined: sqrt(max_r sum |X_jj'|) over "
+                "the class, X = C^T C")
+    fields = dict(sensitivity=sens, sensitivity_exact=exact, sensitivity_method=method,
+                  unamplified_accountant=accountant_name)
+    return gaussian_epsilon(z, delta, accountant_name, sens), fields
+
+  def search_sensitivity(self, c, schema, options):
+    schema = check_schema(schema)
+    if schema.marks_fixed_bin:
+      return sensitivity_report(c, schema)["value"]
+    return poisson_sensitivity(c, sampling_min_sep(schema, c.shape[1]))[0]
+
+  def _options(self):
+    return dict(samples=self.samples, failure_probability=self.failure_probability,
+                seed=self.seed, other_events=self.other_events)
+
+  def _check(self, c, schema, sampling_prob):
+    reason = self.applies(c, schema)
+    if reason is not None:
+      raise checks.CheckError(reason)
+    if self.other_events:
+      raise checks.CheckError(
+          f"amplification {self.name!r} composes other_events only in "
+          "tff_mf.monte_carlo.epsilon; its unamplified bound here would leave them out")
+    if not schema.marks_fixed_bin:
+      if sampling_prob is None:
+        raise checks.CheckError(f"amplification {self.name!r} under {schema.describe()} (Poisson "
+                                "sampling of each eligible round) needs sampling_prob",
+                                arguments=("sampling_prob",))
+      record_b = sampling_min_sep(schema, c.shape[1])
+      return {"sampling_prob": checks.probability(sampling_prob, "sampling_prob"),
+              "min_sep": record_b}
+    return {}
+
+  def record(self, record, c, schema, z, delta, accountant_name, sampling_prob,
+             known_sensitivity):
+    from tff_mf import monte_carlo  # pylint: disable=g-import-not-at-top
+    record.update(self._check(c, schema, sampling_prob))
+    unamplified, fields = self._unamplified(c, schema, z, delta, accountant_name,
+                                            sampling_prob, known_sensitivity)
+    found = monte_carlo.epsilon(c, schema, z, delta, sampling_prob=sampling_prob,
+                                **self._options())
+    # ε lives in the record once, beside its β; the point estimate (no bound) stays out.
+    amplified = found.pop("epsilon")
+    found.pop("point_estimate")
+    record.update(fields, unamplified_epsilon=unamplified, exact=False, theorem=self.theorem,
+                  failure_probability=found["failure_probability"], monte_carlo=found,
+                  epsilon_label=high_probability_words(found["failure_probability"]))
+    _best_of(record, amplified, unamplified)
+    return record
+
+  def calibrate(self, c, schema, target: float, delta: float, z_start: float,
+                accountant_name: str, sampling_prob: Optional[float],
+                record: Dict[str, Any]) -> Dict[str, Any]:
+    """``record`` at the smallest z of ``tff_mf.monte_carlo.calibrate``'s sweep from
+    ``z_start`` (a valid unamplified z): ε is the target, holding with probability ≥ 1 − β."""
+    from tff_mf import monte_carlo  # pylint: disable=g-import-not-at-top
+    record.update(self._check(c, schema, sampling_prob))
+    found = monte_carlo.calibrate(c, schema, target, delta, z_start,
+                                  sampling_prob=sampling_prob, **self._options())
+    z = found["noise_multiplier"] or z_start
+    unamplified, fields = self._unamplified(c, schema, z, delta, accountant_name,
+                                            sampling_prob, None)
+    record.update(fields, noise_multiplier=z, unamplified_epsilon=unamplified, exact=False,
+                  theorem=self.theorem, failure_probability=found["failure_probability"],
+                  monte_carlo=found,
+                  epsilon_label=high_probability_words(found["failure_probability"]))
+    _best_of(record, target if found["noise_multiplier"] else math.inf, unamplified)
+    return record
+
+  def words(self, record, ratio, accountant_words, sensitivity_words):
+    beta = record.get("failure_probability")
+    if record.get("bound") != "amplified":
+      return (f"no amplification (the Monte-Carlo bound was larger): one Gaussian mechanism "
+              f"at {ratio}, {sensitivity_words}; epsilon by {accountant_words}")
+    found = record.get("monte_carlo") or {}
+    pair = ("the mixture over the b bins of N(C 1_bin, z^2 I) (fixed-bin balls-in-bins)"
+            if found.get("pair") == "bins" else
+            f"the mixture over join patterns of N(C x, z^2 I) of each residue class mod "
+            f"{record.get('min_sep')} (Poisson sampling, probability "
+            f"{fmt(record.get('sampling_prob'))})")
+    return (f"Monte-Carlo accounting with a proof: {found.get('samples')} draws of the "
+            f"privacy loss of the dominating pair N(0, z^2 I) vs {pair}, z = "
+            f"{fmt(record.get('noise_multiplier'))} (arXiv:2410.06266); delta bounded by the "
+            f"Chernoff-Hoeffding inequality (Hoeffding 1963, Thm 1), so epsilon "
+            f"{high_probability_words(beta)}; draws seeded from "
+            f"{found.get('seed_source')} (seed {found.get('seed')})")
+
+
+def high_probability_words(beta) -> str:
+  """How an ε that holds with probability ≥ 1 − β is labelled wherever it appears."""
+  return f"holds with probability >= 1 - {fmt(beta)} over the accountant's own sampling"
+
+
 REGISTRY: Dict[str, type] = {}
 
 
@@ -630,7 +776,7 @@ def register(cls: type) -> type:
 
 
 for _cls in (Unamplified, MMCC, AmplifiedBanded, RandomAllocation, AdaptiveClipping,
-             MonteCarlo):
+             MonteCarlo, MonteCarloBound):
   register(_cls)
 
 # The ``amplification=`` choices of ``tff_mf.accounting`` (bounds on a run's ε).

@@ -35,7 +35,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 USAGE_ERROR = 2  # exit status of a usage error (a bad flag, value or name), as argparse's
 HELP_FLAGS = ("--help", "-h", "--helpshort", "--helpfull", "-?")
 # The flag of a Python argument whose name differs (the rounds n are --total_rounds).
-FLAG_OF_ARGUMENT = {"n": "total_rounds"}
+FLAG_OF_ARGUMENT = {"n": "total_rounds", "samples": "bound_samples"}
 
 # Old spellings, per tool (the prog of its parser): {old flag: (canonical flag, what the old
 # spelling meant there, when the canonical name alone does not say it)}. An alias never

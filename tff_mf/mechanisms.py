@@ -173,6 +173,9 @@ class PrivacyRecord:
     if self.delta is not None:
       out.update(delta=self.delta, accountant=self.accountant, epsilon=self.epsilon,
                  epsilon_analysis=self.analysis, epsilon_bound=self.bound)
+      for key in ("failure_probability", "epsilon_label"):  # β beside an ε that needs it
+        if key in self.details:
+          out[key] = self.details[key]
     return out
 
 
@@ -382,7 +385,8 @@ def run_privacy(encoder: np.ndarray, schema: participation_lib.Participation,
                 sampling_prob: Optional[float] = None,
                 adaptive: Optional[Any] = None,
                 known_sensitivity: Optional[Dict[str, Any]] = None,
-                mmcc_options: Optional[Dict[str, Any]] = None) -> PrivacyRecord:
+                mmcc_options: Optional[Dict[str, Any]] = None,
+                amplification: Optional[Any] = None) -> PrivacyRecord:
   """The privacy of a run that adds z·(C⁻¹Z)-noise for ``encoder`` C under ``schema``.
 
   Every bound is computed by ``tff_mf.accounting`` and is an upper bound on ε at δ:
@@ -401,10 +405,13 @@ def run_privacy(encoder: np.ndarray, schema: participation_lib.Participation,
     amplification; a target ε keeps σ_b and gives z the rest.
 
   ``known_sensitivity``: C's sensitivity report under the schema, when the caller holds it.
+  ``amplification``: a ``tff_mf.analyses.Analysis`` used in place of the automatic choice
+  (e.g. ``MonteCarloBound``, whose ε the record and statement label with its β).
   Without δ the record has z and sens but no ε. Raises ``CheckError`` on bad input.
   """
   privacy_spec = spec_lib.Privacy(noise_multiplier, target_epsilon, delta, accountant,
-                                  sampling_prob, allow_no_noise=True)
+                                  sampling_prob, allow_no_noise=True,
+                                  amplification=amplification)
   privacy_spec.check_schema(schema)
   return privacy_record(encoder, schema, privacy_spec, adaptive=adaptive,
                         known_sensitivity=known_sensitivity, mmcc_options=mmcc_options)
@@ -424,7 +431,7 @@ def privacy_record(encoder: np.ndarray, schema: participation_lib.Participation,
     return PrivacyRecord(private=True, noise_multiplier=float(privacy_spec.noise_multiplier),
                          sensitivity=sens, encoder=encoder, participation=schema)
   run = _Run(encoder, schema, report, delta, privacy_spec.accountant,
-             privacy_spec.sampling_prob, mmcc_options or {})
+             privacy_spec.sampling_prob, mmcc_options or {}, privacy_spec.amplification)
   z = privacy_spec.noise_multiplier
   details = run.adaptive(z, target, adaptive) if adaptive is not None else run.record(z, target)
   if target is not None:
@@ -449,9 +456,12 @@ class _Run:
   accountant: str
   sampling_prob: Optional[float]
   mmcc_options: Dict[str, Any]
+  chosen: Optional[Any] = None  # an Analysis in place of the automatic choice
 
   @property
   def amplified(self) -> bool:
+    if self.chosen is not None:
+      return True  # it says itself, in the record's notes, when it does not apply
     return amplification_applies(self.schema, self.encoder.shape[1], self.sampling_prob)
 
   def unamplified(self, z: float) -> Dict[str, Any]:
@@ -468,8 +478,11 @@ class _Run:
     """(record, note): the amplified analysis at z (or calibrated to ``target``)."""
     from tff_mf import accounting  # pylint: disable=g-import-not-at-top
     args = (self.encoder, self.schema)
-    analysis = amplified_analysis(self.encoder, self.schema)
-    if analyses.REGISTRY[analysis].poisson:
+    analysis = self.chosen or amplified_analysis(self.encoder, self.schema)
+    if self.chosen is not None:
+      options = dict(amplification=analysis, sampling_prob=self.sampling_prob,
+                     accountant=self.accountant, known_sensitivity=self.report)
+    elif analyses.REGISTRY[analysis].poisson:
       options = dict(amplification=analysis, sampling_prob=self.sampling_prob,
                      accountant=self.accountant, mmcc_options=self.mmcc_options)
     else:
@@ -480,7 +493,8 @@ class _Run:
         return accounting.calibrate(*args, target, self.delta, **options), ""
       return accounting.epsilon_for(*args, z, self.delta, **options), ""
     except ValueError as e:  # AccountingError, CheckError: the analysis does not apply
-      return None, f"{analysis} analysis not applicable: {' '.join(str(e).split())}"
+      name = getattr(analysis, "name", analysis)
+      return None, f"{name} analysis not applicable: {' '.join(str(e).split())}"
 
   def record(self, z: Optional[float], target: Optional[float]) -> Dict[str, Any]:
     notes: List[str] = []
@@ -497,7 +511,8 @@ class _Run:
     candidates = [plain] + ([amplified] if amplified is not None else [])
     best = dict(min(candidates, key=lambda r: r["epsilon"]))
     best.update(candidates=[_candidate(r) for r in candidates], notes=notes,
-                analysis_label=analyses.REGISTRY[best["analysis"]].label)
+                analysis_label=analyses.REGISTRY[best["analysis"]].label + (
+                    f" ({best['epsilon_label']})" if best.get("epsilon_label") else ""))
     if self.sampling_prob is not None:  # the sampling, whichever bound is reported
       best.setdefault("sampling_prob", self.sampling_prob)
     if analyses.REGISTRY[best["analysis"]].poisson:
@@ -536,7 +551,8 @@ def _candidate(record: Dict[str, Any]) -> Dict[str, Any]:
   """A candidate bound; an amplified one keeps both of its bounds (the statement shows each)."""
   out = {"analysis": record["analysis"], "epsilon": record["epsilon"],
          "sensitivity": record.get("sensitivity"), "accountant": record.get("accountant")}
-  for key in ("amplified_epsilon", "unamplified_epsilon", "bound", "min_sep"):
+  for key in ("amplified_epsilon", "unamplified_epsilon", "bound", "min_sep",
+              "failure_probability", "epsilon_label"):  # an ε's β never left behind
     if key in record:
       out[key] = record[key]
   return out

@@ -28,7 +28,9 @@ PARTICIPATIONS = participation.KINDS  # every schema kind
 #   tff_tree     TFF's DifferentiallyPrivateFactory.tree_aggregation
 #   tff_gaussian TFF's DifferentiallyPrivateFactory with gaussian_fixed's query, seeded
 #   none         no noise (non-private)
-NOISE_KINDS = ("dense", "linear", "tff_tree", "tff_gaussian", "none")
+#   clipped      no noise; each client's update clipped to the clip norm before the mean
+#                (non-private: the ceiling of a DP run with the same clipping)
+NOISE_KINDS = ("dense", "linear", "tff_tree", "tff_gaussian", "none", "clipped")
 
 
 class RegistryError(checks.CheckError):
@@ -102,7 +104,7 @@ class Mechanism:
       the sensitivity under the schema is computed from C.
     trainable: False when it exists for accounting only.
     why_not_trainable: the reason, when not trainable.
-    private: False only for ``none``.
+    private: False only for ``none`` and ``nonprivate_clipped`` (no noise).
     momentum_workload: its C is meant for a momentum workload M(η)·M(β) (opt_momentum):
       with β = 0 and a constant schedule it would be another mechanism's C, so accounting
       it needs the run's β (or an explicit prefix-sum workload).
@@ -219,6 +221,10 @@ MECHANISMS: Dict[str, Mechanism] = {m.name: m for m in (
                                 "trees; train with tree or honaker_online"),
     Mechanism("none", ("nonprivate",), "non-private", "plain FedAvg without clipping noise",
               None, "training", "none", PARTICIPATIONS, private=False),
+    Mechanism("nonprivate_clipped", (), "non-private (clipped)",
+              "FedAvg with each client's update clipped to the clip norm and no noise (the "
+              "ceiling of a DP run with the same clipping; not private)",
+              None, "training", "clipped", PARTICIPATIONS, private=False),
 )}
 
 

@@ -53,6 +53,8 @@ class Privacy:
     accountant: the unamplified Gaussian's accountant (``tff_mf.analyses.ACCOUNTANTS``).
     sampling_prob: p < 1 of cyclic Poisson sampling under min_sep (amplified bounds).
     allow_no_noise: z = 0 is accepted (ε = ∞).
+    amplification: a ``tff_mf.analyses.Analysis`` in place of the automatic choice of the
+      amplified analysis (e.g. ``MonteCarloBound``), or None.
   """
   noise_multiplier: Optional[float] = None
   target_epsilon: Optional[float] = None
@@ -60,6 +62,7 @@ class Privacy:
   accountant: str = accounting.DEFAULT_ACCOUNTANT
   sampling_prob: Optional[float] = None
   allow_no_noise: bool = False
+  amplification: Optional[Any] = None
 
   def __post_init__(self):
     analyses.accountant(self.accountant)
@@ -80,8 +83,8 @@ class Privacy:
     _set(self, allow_no_noise=bool(self.allow_no_noise))
 
   def check_schema(self, schema: participation_lib.Participation) -> None:
-    """``sampling_prob`` goes with cyclic Poisson sampling only."""
-    if self.sampling_prob is not None and not schema.poisson:
+    """``sampling_prob`` goes with cyclic Poisson sampling only (or a chosen analysis)."""
+    if self.sampling_prob is not None and not schema.poisson and self.amplification is None:
       raise checks.CheckError(f"sampling_prob applies to min_sep (cyclic Poisson) "
                               f"participation, not {schema.kind}")
 

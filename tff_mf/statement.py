@@ -235,6 +235,9 @@ def epsilon_table(record: Mapping[str, Any]) -> List[Dict[str, Any]]:
       rows.append(_row(c["analysis"], _label(c["analysis"]), c["amplified_epsilon"]))
     elif c.get("epsilon") is not None:
       rows.append(_row(c["analysis"], _label(c["analysis"]), c["epsilon"]))
+    if rows and high_probability(c) is not None:  # its ε never appears without β
+      rows[-1]["label"] += f" ({analyses.high_probability_words(high_probability(c))})"
+      rows[-1]["failure_probability"] = high_probability(c)
   unique: List[Dict[str, Any]] = []  # one row per analysis: its smallest bound
   for row in rows:
     same = [u for u in unique if u["analysis"] == row["analysis"]]
@@ -251,6 +254,15 @@ def epsilon_table(record: Mapping[str, Any]) -> List[Dict[str, Any]]:
 def _row(analysis: str, label: str, eps: float) -> Dict[str, Any]:
   return {"analysis": analysis, "label": label, "epsilon": float(eps),
           "epsilon_text": epsilon_text(eps)}
+
+
+def high_probability(record: Mapping[str, Any]) -> Optional[float]:
+  """β when the record's analysis gives an ε that holds with probability ≥ 1 − β over the
+  accountant's own sampling (``tff_mf.monte_carlo``), else None."""
+  cls = analyses.REGISTRY.get(record.get("analysis"))
+  if cls is None or not cls.high_probability:
+    return None
+  return record.get("failure_probability")
 
 
 def _label(analysis: str) -> str:
@@ -290,6 +302,15 @@ def _checked_record(record: Any) -> Dict[str, Any]:
       "amplified", "unamplified"):
     raise checks.CheckError(f"privacy_statement: the {analysis} record does not say which bound "
                             f"its epsilon is (bound = {record.get('bound')!r})")
+  for c in [record] + list(record.get("candidates") or []):
+    cls = analyses.REGISTRY.get(c.get("analysis"))
+    beta = c.get("failure_probability")
+    if cls is not None and cls.high_probability and not (
+        isinstance(beta, float) and 0.0 < beta < 1.0):
+      raise checks.CheckError(
+          f"privacy_statement: the {c.get('analysis')} epsilon holds only with probability "
+          f">= 1 - beta over the accountant's own sampling, and the record carries no "
+          f"failure_probability (got {beta!r}): it is never reported without that label")
   computed = [c["epsilon"] for c in record.get("candidates") or [] if c.get("epsilon") is not None]
   if record.get("epsilon") is not None and computed:
     smallest = min(computed)
@@ -372,10 +393,20 @@ def privacy_statement(record: Any, *, schema=None,
          "participation": participation_words(schema_text, observed, sampling_prob),
          "covers": covers,
          "not_covered": not_covered, "void": void}
+  out.update(_label_fields(record) if eps is not None else {})
   if eps is None:
     out["epsilon_reason"] = epsilon_reason or "not reported"
   out["text"] = statement_text(out)
   return out
+
+
+def _label_fields(record: Mapping[str, Any]) -> Dict[str, Any]:
+  """β and the words every ε of a high-probability analysis carries (else nothing)."""
+  beta = high_probability(record)
+  if beta is None:
+    return {}
+  return {"failure_probability": beta,
+          "epsilon_label": analyses.high_probability_words(beta)}
 
 
 def _not_covered(run: bool, noise_seed_source: Optional[str],
@@ -413,6 +444,8 @@ def statement_text(statement: Mapping[str, Any]) -> str:
   else:
     guarantee = (f"(epsilon = {eps}, delta = {delta})-DP, epsilon rounded up to "
                  f"{DIGITS} significant digits" +
+                 (f"; this epsilon {statement['epsilon_label']}"
+                  if statement.get("epsilon_label") else "") +
                  (" (VOID for this run: see below)" if statement.get("void") else ""))
   lines = ["Privacy statement"]
   if statement.get("setup"):

@@ -97,8 +97,9 @@ def add_engine_flag(parser) -> None:
 
 
 def is_seedless(mechanism: str) -> bool:
-  """True when the mechanism adds no noise (``none``); every other one takes the secret seed."""
-  return registry.mechanism(mechanism).noise == "none"
+  """True when the mechanism adds no noise (the non-private ones); every other one takes the
+  secret seed."""
+  return not registry.mechanism(mechanism).private
 
 
 def is_private(mechanism: str) -> bool:

@@ -273,8 +273,11 @@ def _bind_identity(run: _Run, setup) -> None:
   run.progress.identity_digest = identity_lib.digest_int(run.identity)  # bound by checkpoints
 
 
-def _client_loader(task: task_lib.Task):
-  """The client's preprocessed dataset, or None when it has no examples (skipped)."""
+def _client_loader(task: task_lib.Task, process):
+  """The client's preprocessed batches in the form ``process`` takes (arrays for the compiled
+  engine, a tf.data.Dataset for TFF's process), or None when it has no examples (skipped)."""
+  if isinstance(process, engine.CompiledProcess):
+    return task.client_datasets.batches
   return task.client_datasets.load
 
 
@@ -368,7 +371,7 @@ class _Trainer:
   def rounds(self, state) -> Tuple[object, bool]:
     """Runs the remaining rounds (checkpointing); returns (state, diverged)."""
     run, config = self.run, self.run.config
-    load_client = _client_loader(self.task)
+    load_client = _client_loader(self.task, self.process)
     bar = outputs.Progress(config.experiment_name, config.total_rounds, run.progress.round,
                            config.progress)
     diverged = False

@@ -269,10 +269,15 @@ def _sentences(result: dict, settings: dict) -> str:
            f"{settings['clients_per_round']} clients, {schema}, {privacy}): TFF's tree "
            "aggregator against "
            f"{', '.join(_label(m) for m in others)}")
+  own = settings.get("reference_settings") or {}
   for m in references:
     n = len(mech[m]["seeds"])
     first += (f", with {_label(m).lower()} training of the same regime as the ceiling "
-              f"({n} seed{'s' if n > 1 else ''})")
+              f"({n} seed{'s' if n > 1 else ''}")
+    if own:
+      first += ("; its own learning rates, tuned for it: "
+                + ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in own.items()))
+    first += ")"
   first += "."
   initial = (result.get("initial_test_metrics") or {}).get("loss")
   start = f"; the untrained model scores {initial:.2f}" if initial is not None else ""

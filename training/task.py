@@ -56,11 +56,17 @@ class ClientDatasets:
 
   def load(self, client_id: str) -> Optional[object]:
     """The client's (x, y) batches as a tf.data.Dataset, None when it has no examples."""
+    batches = self.batches(client_id)
+    return None if batches is None else batches.dataset()
+
+  def batches(self, client_id: str) -> Optional[object]:
+    """The client's batches as arrays (``preprocessing.ClientBatches``, what the compiled
+    engine takes), None when it has no examples."""
     from stackoverflow import preprocessing  # pylint: disable=g-import-not-at-top
     ids = self.token_ids(client_id)
     if not len(ids):
       return None
-    return preprocessing.client_dataset(ids, self._batch_size)
+    return preprocessing.ClientBatches(ids, self._batch_size)
 
 
 @dataclasses.dataclass

@@ -169,11 +169,16 @@ def _add_encoder_arguments(matrix) -> None:
 
 
 def _add_amplification_arguments(amp) -> None:
-  amp.add_argument("--amplification", choices=("none", "mmcc", "banded", "random_allocation"),
+  amp.add_argument("--amplification", choices=("none", "mmcc", "banded", "random_allocation",
+                                               "monte_carlo_bound"),
                    default=None,
                    help="none: one Gaussian at z / sensitivity; mmcc: MMCC for any "
                         "lower-triangular non-negative C; banded: amplified banded MF for C "
                         "with at most b non-zero bands under b-min-sep sampling; "
+                        "monte_carlo_bound: Monte-Carlo accounting with a proof for any "
+                        "lower-triangular C >= 0 under min_sep / fixed_epoch Poisson sampling "
+                        "(with --sampling_prob) or fixed-bin balls_in_bins, its epsilon labelled "
+                        "with --failure_probability; "
                         "random_allocation: random allocation (--participation "
                         "random_allocation --epochs K, no --sampling_prob; never fixed-bin "
                         "balls_in_bins) for any square lower-triangular "
@@ -197,6 +202,16 @@ def _add_amplification_arguments(amp) -> None:
   amp.add_argument("--pld_discretization", type=float, default=1e-4,
                    help="mmcc, banded: privacy-loss grid step of the PLDs, coarsened "
                         "automatically where a PLD would be too large (default: 1e-4)")
+  amp.add_argument("--bound_samples", type=int, default=1_000_000, metavar="N",
+                   help="monte_carlo_bound: draws of the privacy loss per direction and class "
+                        "(default: 1000000)")
+  amp.add_argument("--failure_probability", type=float, default=1e-3, metavar="BETA",
+                   help="monte_carlo_bound: its epsilon holds with probability >= 1 - BETA over "
+                        "the accountant's own draws, and is printed with that label "
+                        "(default: 0.001)")
+  amp.add_argument("--accountant_seed", type=int, default=None, metavar="S",
+                   help="monte_carlo_bound: pin the seed of the accountant's draws (default: "
+                        "OS entropy; the seed is recorded either way)")
   clitools.add_progress_flags(amp, what="progress bars on stderr (mmcc, factorizing)")
 
 
@@ -463,6 +478,10 @@ def _with_statement(record: dict) -> dict:
                                                                     setup=setup))
 
 
+# The fields that carry a high-probability analysis's ε (printed with its label).
+LABELLED = ("epsilon", "amplified_epsilon", "target_epsilon")
+
+
 def _print(record: dict, as_json: bool) -> None:
   """key: value lines (the privacy statement last, as text), or one JSON object."""
   from tff_mf import jsonio  # pylint: disable=g-import-not-at-top
@@ -471,10 +490,13 @@ def _print(record: dict, as_json: bool) -> None:
     print(jsonio.dumps(record))
     return
   text = record.pop("privacy_statement", {}).get("text")
+  label = record.get("epsilon_label")  # an ε that holds with probability >= 1 - beta
   for key in sorted(record):
     value = record[key]
     if isinstance(value, (dict, list)):
       value = jsonio.dumps(value)
+    elif label and key in LABELLED:
+      value = f"{value} ({label})"
     print(f"{key}: {value}")
   if text:
     print(f"\n{text}")
@@ -500,7 +522,23 @@ def _analysis_options(args: argparse.Namespace) -> dict:
   """The analyses' options the flags give (each analysis takes its own fields)."""
   return {"pld_discretization": args.pld_discretization, "non_adaptive": args.non_adaptive,
           "mmcc_options": {"workers": args.processes, "grid_resolution": args.grid_resolution,
-                           "progress": args.progress}}
+                           "progress": args.progress},
+          "samples": args.bound_samples, "failure_probability": args.failure_probability,
+          "seed": args.accountant_seed}
+
+
+def _check_bound_flags(args: argparse.Namespace, sampled: bool) -> None:
+  """One-line errors for the Monte-Carlo bound's flags (out of range, or without it)."""
+  if sampled and not 0.0 < args.failure_probability < 1.0:
+    _fail(f"--failure_probability must be in (0, 1), got {args.failure_probability}")
+  if sampled and args.bound_samples < 1000:
+    _fail(f"--bound_samples must be an integer >= 1000, got {args.bound_samples}")
+  if not sampled:
+    for flag, given in (("--bound_samples", args.bound_samples != 1_000_000),
+                        ("--failure_probability", args.failure_probability != 1e-3),
+                        ("--accountant_seed", args.accountant_seed is not None)):
+      if given:
+        _fail(f"{flag} applies to --amplification monte_carlo_bound")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -511,8 +549,12 @@ def run(args: argparse.Namespace) -> int:
   # None: --sampling_prob alone, the analysis is chosen below as training chooses it.
   analysis = (None if args.amplification is None and args.sampling_prob is not None
               else analyses.analysis_class(args.amplification))
-  allocation = analysis is not None and analysis.amplified and not analysis.poisson
-  amplified = analysis is None or analysis.poisson  # Poisson sampling
+  sampled = analysis is not None and analysis.high_probability  # Poisson or fixed bin
+  allocation = (analysis is not None and analysis.amplified and not analysis.poisson
+                and not sampled)
+  amplified = analysis is None or analysis.poisson or (  # Poisson sampling
+      sampled and args.sampling_prob is not None)
+  _check_bound_flags(args, sampled)
   if allocation:
     if args.sampling_prob is not None:
       _fail("--sampling_prob does not apply to --amplification random_allocation (each user "
@@ -521,7 +563,7 @@ def run(args: argparse.Namespace) -> int:
     if args.epochs is None:
       _fail("--amplification random_allocation needs --epochs K (random_allocation)")
     args.participation = "random_allocation"
-  if not amplified and not allocation and args.sampling_prob is not None:
+  if not amplified and not allocation and not sampled and args.sampling_prob is not None:
     _fail("--sampling_prob needs --amplification mmcc or banded")
   if amplified and args.sampling_prob is None:
     _fail(f"--amplification {analysis.name} needs --sampling_prob")
@@ -552,12 +594,14 @@ def run(args: argparse.Namespace) -> int:
       amplified, sampling_prob = False, None  # as a run reports it: unamplified, p recorded
     _check_slack_flags(args, analysis)
   options = {k: v for k, v in _analysis_options(args).items() if analyses.takes(analysis, k)}
+  chosen = analysis(**options) if sampled else analysis.name
+  options = {} if sampled else options
   if args.target_epsilon is not None:
-    record = accounting.calibrate(c, schema, args.target_epsilon, args.delta, analysis.name,
+    record = accounting.calibrate(c, schema, args.target_epsilon, args.delta, chosen,
                                   sampling_prob, args.accountant, args.tolerance, **options)
   else:
     record = accounting.epsilon_for(c, schema, args.noise_multiplier, args.delta,
-                                    analysis.name, sampling_prob, args.accountant, **options)
+                                    chosen, sampling_prob, args.accountant, **options)
   if args.sampling_prob is not None:
     record.setdefault("sampling_prob", args.sampling_prob)
   record["amplification_source"] = source

@@ -102,9 +102,13 @@ class DPAggregatorFactory(tff.aggregators.UnweightedAggregationFactory,
   ignoring the client weights, as a weighted one.
   """
 
-  def __init__(self, make_factory: Callable[[Any], Any], name: str):
+  def __init__(self, make_factory: Callable[[Any], Any], name: str,
+               plain_clip_norm: Optional[float] = None):
     self._make_factory = make_factory
     self.name = name
+    # A non-private clipped mean (``nonprivate_clipped``): each update clipped to this norm
+    # (TFF's ``clipping_factory``), then the plain mean; None for every other mechanism.
+    self.plain_clip_norm = plain_clip_norm
 
   def dp_query(self, record_specs):
     """The DPQuery a process for values of ``record_specs`` aggregates with: the very query
@@ -114,7 +118,7 @@ class DPAggregatorFactory(tff.aggregators.UnweightedAggregationFactory,
     factory = self._make_factory(record_specs)
     if isinstance(factory, tff.aggregators.DifferentiallyPrivateFactory):
       return factory._query  # pylint: disable=protected-access
-    if isinstance(factory, tff.aggregators.UnweightedMeanFactory):
+    if isinstance(factory, tff.aggregators.UnweightedMeanFactory) or self.plain_clip_norm:
       return None
     raise TypeError(f"{self.name}: no DPQuery in a {type(factory).__name__}")
 
@@ -218,7 +222,9 @@ def build_mechanism(mechanism: Union[str, spec_lib.MechanismSpec], *,
     info.update(strategy=f.strategy,
                 single_participation_sqrt_loss=f.single_participation_sqrt_loss)
   return MechanismSetup(
-      aggregation_factory=DPAggregatorFactory(factory, spec.mechanism.name),
+      aggregation_factory=DPAggregatorFactory(
+          factory, spec.mechanism.name, plain_clip_norm=spec.clipping.clip_norm
+          if spec.mechanism.noise == "clipped" else None),
       server_optimizer=server_optimizer, factorization=f, noise=noise,
       single_participation_sqrt_loss=None if f is None else f.single_participation_sqrt_loss,
       info=info, mechanism=resolved, privacy=record)
@@ -368,5 +374,15 @@ def _build_none(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str, Any
   return (lambda specs: tff.aggregators.UnweightedMeanFactory()), None
 
 
+def _build_clipped(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str, Any]):
+  """Each client's update clipped to ζ (TFF's ``clipping_factory``, its global L2 norm), then
+  the plain mean: no noise, not private."""
+  del resolved
+  info["clip_norm"] = cfg.clip_norm
+  return (lambda specs: tff.aggregators.clipping_factory(
+      cfg.clip_norm, tff.aggregators.UnweightedMeanFactory())), None
+
+
 _BUILDERS = {"dense": _build_dense, "linear": _build_linear, "tff_tree": _build_tff_tree,
-             "tff_gaussian": _build_tff_gaussian, "none": _build_none}
+             "tff_gaussian": _build_tff_gaussian, "none": _build_none,
+             "clipped": _build_clipped}
