@@ -6,6 +6,9 @@ accountant's for that C, schema and z (Denisov et al. 2022, arXiv:2202.08312, Th
 calibration gives ε ≤ target with z minimal to the search's tolerance; amplification
 applies only to cyclic Poisson sampling without a binding cap and to random allocation
 (Choquette-Choo et al. 2023, arXiv:2306.08153, Thm 4); bad input is refused in one line.
+The layer's one input is a frozen ``MechanismSpec``, checked once where it is built (the
+family parameters by the family's declaration); ``build`` gives the resolved mechanism and
+its record, whose ε after each round is the accountant's for the rows released so far.
 """
 
 import math
@@ -16,10 +19,13 @@ import numpy as np
 import pytest
 
 from tff_mf import accounting
+from tff_mf import adaptive_clipping
 from tff_mf import checks
+from tff_mf import gaussian
 from tff_mf import mechanisms
 from tff_mf import participation
 from tff_mf import registry
+from tff_mf import spec as spec_lib
 from tff_mf import workloads
 from tff_mf.families import tree
 
@@ -180,3 +186,110 @@ def test_an_unknown_mechanism_is_refused_in_one_line():
   with pytest.raises(registry.RegistryError, match="unknown mechanism 'bandedd'") as e:
     registry.mechanism("bandedd")
   assert "\n" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- the spec
+
+
+def spec(name="banded", **kwargs):
+  values = dict(total_rounds=N, clients_per_round=2, clip_norm=1.0, noise_multiplier=1.3,
+                delta=DELTA)
+  values.update(kwargs)
+  return spec_lib.MechanismSpec.from_args(name, **values)
+
+
+def test_the_spec_is_frozen_and_typed():
+  s = spec(participation=participation.fixed_epoch(2), bands=3)
+  assert s.mechanism is registry.mechanism("banded") and s.n == N
+  assert isinstance(s.privacy, spec_lib.Privacy) and isinstance(s.clipping, spec_lib.Clipping)
+  assert dict(s.params) == {"bands": 3} and s.noise_stream == "stateful"  # "auto" resolved
+  with pytest.raises(TypeError):
+    s.params["bands"] = 4  # pylint: disable=unsupported-assignment-operation
+  with pytest.raises(AttributeError):  # dataclasses.FrozenInstanceError
+    s.clients_per_round = 4
+  assert spec("none", noise_multiplier=None).privacy is None
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(noise_multiplier=1.0, target_epsilon=2.0), "give exactly one of noise_multiplier and "
+                                                     "target_epsilon"),
+    (dict(noise_multiplier=None), "give exactly one of noise_multiplier and target_epsilon"),
+    (dict(noise_multiplier=None, target_epsilon=2.0, delta=None), "target_epsilon needs delta"),
+    (dict(accountant="moments"), "accountant must be one of exact, pld, rdp, got 'moments'"),
+    (dict(name="none", accountant="moments"), "accountant must be one of exact, pld, rdp"),
+    (dict(name="none", noise_multiplier=1.0), "mechanism 'none' adds no noise"),
+    (dict(sampling_prob=0.5), "sampling_prob applies to min_sep .* not single"),
+    (dict(bands=0), "bands must be"),
+    (dict(name="gaussian", bands=3), "bands does not apply to mechanism 'gaussian'"),
+    (dict(name="tree", clip_norm="adaptive"), "adaptive clipping with TFF's tree"),
+    (dict(clip_norm="fixed"), "clip_norm must be a positive number or 'adaptive'"),
+    (dict(target_quantile=0.3), "go with clip_norm='adaptive' only"),
+    (dict(noise_stream="stateful", name="opt_prefix_sum"), "does not apply to mechanism"),
+    (dict(name="tree_restart"), "cannot be trained"),
+    (dict(lr_schedule="decay"), "schedule_rounds goes with lr_schedule"),
+    (dict(momentum=1.5), "momentum"),
+    (dict(total_rounds=0), "total_rounds"),
+])
+def test_the_spec_refuses_bad_input_in_one_line(kwargs, message):
+  name = kwargs.pop("name", "banded")
+  adaptive = {k: kwargs.pop(k) for k in ("target_quantile",) if k in kwargs}
+  if adaptive:
+    kwargs["adaptive"] = adaptive_clipping.AdaptiveClipping(**adaptive)
+  with pytest.raises(checks.CheckError, match=message) as e:
+    spec(name, **kwargs)
+  assert "\n" not in str(e.value)
+
+
+def test_build_returns_the_resolved_mechanism_and_its_record():
+  s = spec(participation=participation.fixed_epoch(2), bands=3)
+  built, record = mechanisms.build(s)
+  assert built.info["bands"] == 3 and built.participation == s.participation
+  assert record.epsilon == accounting.epsilon(1.3, DELTA, "exact", sensitivity=built.sensitivity)
+  assert record.setup["rounds"] == N and record.setup["participation"] == s.participation.as_dict()
+  none_resolved, none_record = mechanisms.build(spec("none", noise_multiplier=None))
+  assert none_resolved.encoder is None and not none_record.private
+  with pytest.raises(checks.CheckError, match="is not the one asked for"):
+    mechanisms.build(spec(bands=2), resolved=built)
+
+
+def test_epsilon_by_round_is_the_accountants_for_the_rounds_released():
+  """C = I in 2 fixed epochs: after r ≤ n/2 rounds a client has joined once (sens 1), after
+  more twice (sens √2) (Choquette-Choo et al. 2023, arXiv:2211.06530)."""
+  _, record = mechanisms.build(spec("gaussian", participation=participation.fixed_epoch(2)))
+  eps = record.epsilon_by_round()
+  once = accounting.epsilon(1.3, DELTA, "exact", sensitivity=1.0)
+  twice = accounting.epsilon(1.3, DELTA, "exact", sensitivity=math.sqrt(2.0))
+  # The sensitivities are computed from C to participation.EXACT_RTOL, which moves ε by its
+  # elasticity in sens times that; the exact accountant bisects ε to gaussian.EXACT_TOLERANCE.
+  elasticity = (accounting.epsilon(1.3, DELTA, "exact", sensitivity=math.sqrt(2.0) * 1.0001)
+                / twice - 1.0) / 1e-4
+  rel = 2.0 * (gaussian.EXACT_TOLERANCE + elasticity * participation.EXACT_RTOL)
+  assert eps[:N // 2] == pytest.approx([once] * (N // 2), rel=rel)
+  assert eps[N // 2:] == [record.epsilon] * (N // 2)
+  assert record.epsilon == pytest.approx(twice, rel=rel)
+  assert record.epsilon_by_round(2) == eps[:2]
+  _, plain = mechanisms.build(spec("gaussian", delta=None))
+  with pytest.raises(checks.CheckError, match="needs a private record with delta"):
+    plain.epsilon_by_round()
+
+
+def test_a_family_parameter_of_its_own_flows_from_the_spec_to_its_factorization(tmp_path):
+  """tests/toy_family.py declares ``ratio`` for toy_ratio: no other file names it."""
+  registry.register(
+      registry.Strategy("toy_ratio", "toy_family", "toy ratio", "Toeplitz C with taps r^j",
+                        "none (a test family)"),
+      registry.Mechanism("toy_ratio", (), "toy ratio", "the toy family with its ratio",
+                         "toy_ratio", "training", "dense", registry.PARTICIPATIONS))
+  try:
+    for ratio in (0.25, None):
+      built, _ = mechanisms.build(spec("toy_ratio", ratio=ratio), cache_dir=str(tmp_path))
+      expected = 0.5 if ratio is None else ratio  # the family's default
+      assert built.info["ratio"] == expected
+      assert built.encoder[1, 0] / built.encoder[0, 0] == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(checks.CheckError, match="ratio must be in") as e:
+      spec("toy_ratio", ratio=2.0)
+    assert "\n" not in str(e.value)
+    with pytest.raises(checks.CheckError, match="ratio does not apply to mechanism 'banded'"):
+      spec("banded", ratio=0.25)
+  finally:
+    registry.unregister(strategy_name="toy_ratio", mechanism_name="toy_ratio")

@@ -12,12 +12,14 @@ import scipy.linalg
 import tensorflow as tf
 
 from tff_mf import factorization as fz
+from tff_mf import checks
+from tff_mf import participation
 from tff_mf import registry
+from tff_mf import spec as spec_lib
 from tff_mf import streams
 from tff_mf import strategies
 from tff_mf import workloads
 from tff_mf.families import structured
-from tff_mf import adaptive_clipping
 from tff_mf.tf import aggregators
 from tff_mf.tf import noise as noise_lib
 from tff_mf.tf import query as query_lib
@@ -298,7 +300,6 @@ def test_clipping_to_global_norm():
 def test_build_mechanism_calibrates_z_to_a_target_epsilon_under_the_schema():
   """ε of one Gaussian at z/sens with sens from the mechanism's own C, checked against the
   analytic Gaussian δ(ε) (Balle & Wang 2018) computed here with scipy."""
-  from tff_mf import participation  # pylint: disable=g-import-not-at-top
   for schema in (participation.SINGLE, participation.fixed_epoch(2)):
     setup = aggregators.build_mechanism("opt_momentum", total_rounds=8, target_epsilon=2.0,
                                         delta=1e-5, clients_per_round=2, clip_norm=1.0,
@@ -495,12 +496,24 @@ def test_every_spelling_builds_its_registry_mechanism():
     assert setup.info["mechanism"] == registry.mechanism(spelling).name
 
 
+def test_build_mechanism_wires_a_spec_and_the_keyword_call_is_the_same_spec():
+  """The keyword call builds the spec (``mechanism_spec``) and takes the same path."""
+  kwargs = dict(total_rounds=8, target_epsilon=4.0, delta=1e-6, clients_per_round=2,
+                clip_norm=0.5, participation=participation.fixed_epoch(2), bands=3)
+  spec = spec_lib.MechanismSpec.from_args("banded", **kwargs)
+  assert aggregators.mechanism_spec("band_mf", **kwargs) == spec
+  by_spec = aggregators.build_mechanism(spec)
+  by_keywords = aggregators.build_mechanism("band_mf", **kwargs)
+  assert by_spec.info == by_keywords.info and by_spec.privacy == by_keywords.privacy
+  assert by_spec.privacy.epsilon <= 4.0 and by_spec.info["bands"] == 3
+  with pytest.raises(checks.CheckError, match="a MechanismSpec or its keyword arguments") as e:
+    aggregators.build_mechanism(spec, total_rounds=8)
+  assert "\n" not in str(e.value)
+
+
 def test_tree_aggregation_seed_comes_from_os_entropy():
   """Never TFF's clock-based default: two unpinned builds differ in every bit pattern."""
-  cfg = aggregators._config("tree", 8, (1.0, None, None, "exact"), 2, 1.0, 1.0, 0.0,  # pylint: disable=protected-access
-                            "constant", None, None, None, None, None, None, None, False, False,
-                            adaptive_clipping.AdaptiveClipping())
-  seeds = {aggregators.tree_aggregation_params(cfg).noise_seed for _ in range(4)}
+  seeds = {aggregators.tree_aggregation_params(8, 1.0, None).noise_seed for _ in range(4)}
   assert len(seeds) == 4 and all(0 <= s < 2**63 for s in seeds)
 
 

@@ -4,8 +4,8 @@ flags, and training.privacy; no TensorFlow).
 Calibration hits ε ≤ target under every schema and analysis; min-sep Poisson sampling
 reports the smallest valid bound (amplified banded or MMCC vs unamplified) and names it;
 a cap on participations or p = 1 is never amplified; DpEvents compose to the unamplified ε;
-the ε spent after each round is non-decreasing and ends at the run's ε; dp_events.jsonl
-starts with a header line its readers skip.
+the ε spent after each round (the record's epsilon_by_round) is non-decreasing and ends at
+the run's ε; dp_events.jsonl starts with a header line its readers skip.
 """
 
 import json
@@ -17,10 +17,10 @@ import pytest
 from tff_mf import accounting
 from tff_mf import adaptive_clipping
 from tff_mf import mechanisms
+from tff_mf import spec as spec_lib
 from tff_mf import strategies
 from tff_mf import workloads
 from training import config as config_lib
-from training import mechanisms as training_mechanisms
 from training import privacy
 
 N = 8
@@ -33,15 +33,16 @@ def config(**kw):
   return config_lib.TrainingConfig(**values)
 
 
+def privacy_record(cfg, c):
+  """The library's ``PrivacyRecord`` for the run's flags and encoder C, the one the harness
+  writes (``training.mechanisms.resolve_privacy`` reads it from build_mechanism)."""
+  spec = cfg.mechanism_spec()
+  return mechanisms.privacy_record(c, spec.participation, spec.privacy, adaptive=spec.adaptive)
+
+
 def guarantee(cfg, c):
-  """(z, record): the library's run record for the run's flags and encoder C, the one the
-  harness writes (``training.mechanisms.resolve_privacy`` reads it from build_mechanism)."""
-  adaptive = None
-  if cfg.adaptive_clipping:
-    adaptive = adaptive_clipping.AdaptiveClipping(*cfg.adaptive_kwargs().values()).checked(
-        cfg.clients_per_round)
-  record = mechanisms.run_privacy(c, cfg.schema(), adaptive=adaptive,
-                                  **training_mechanisms.privacy_arguments(cfg))
+  """(z, record): the run's z and the JSON record it writes."""
+  record = privacy_record(cfg, c)
   return record.noise_multiplier, record.details
 
 
@@ -199,12 +200,13 @@ def run_config(**kw):
      mechanisms.tree_encoder(N)),
     (dict(clip_norm="adaptive", participation="fixed_epoch", epochs=4), encoder()),
 ])
-def test_epsilon_per_round_is_non_decreasing_and_ends_at_the_runs_epsilon(kw, c):
+def test_epsilon_by_round_is_non_decreasing_and_ends_at_the_runs_epsilon(kw, c):
   cfg = run_config(**kw)
   cfg.validate()
-  z, record = guarantee(cfg, c)
-  eps = privacy.epsilon_per_round(cfg, c, z, record)
-  assert len(eps) == N and eps[-1] == record["epsilon"]
+  record = privacy_record(cfg, c)
+  eps = record.epsilon_by_round()
+  assert len(eps) == N and eps[-1] == record.epsilon
+  assert record.epsilon_by_round(3) == eps[:3]
   assert all(a <= b for a, b in zip(eps, eps[1:]))
   assert 0 < eps[0] < eps[-1]  # round 1 has released less than the whole run
 
@@ -216,8 +218,7 @@ def test_epsilon_after_r_rounds_matches_dp_accounting_directly():
   cfg = run_config(mechanism="gaussian", participation="fixed_epoch", epochs=2,
                    noise_multiplier=1.5)
   c = np.eye(N)
-  z, record = guarantee(cfg, c)
-  eps = privacy.epsilon_per_round(cfg, c, z, record)
+  eps = privacy_record(cfg, c).epsilon_by_round()
   for r, joins in ((2, 1), (4, 1), (5, 2), (N, 2)):
     acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3)
     acc.compose(dp_accounting.GaussianDpEvent(1.5), joins)
@@ -230,7 +231,7 @@ def test_epsilon_after_r_rounds_matches_dp_accounting_directly():
 def test_released_rows_of_the_tree_encoder_are_those_of_finished_rounds():
   c = mechanisms.tree_encoder(4)
   for r in range(1, 5):
-    rows = privacy.released_rows(c, r)
+    rows = mechanisms.released_rows(c, r)
     assert not np.any(rows[:, r:])  # nothing of a later round
     assert np.all(np.any(rows[:, :r] != 0, axis=0))  # every round so far
 
@@ -285,8 +286,26 @@ def test_a_square_encoders_leading_block_has_the_released_rows_sensitivity():
   schema = config_lib.TrainingConfig(participation="min_sep", min_sep=3, sampling_prob=0.5,
                                      total_rounds=N).schema()
   for r in (2, 5, 7):
-    block, schema_r = privacy.prefix_encoder(c, schema, r)
+    block, schema_r = mechanisms.prefix_encoder(c, schema, r)
     assert block.shape == (r, r)
     assert accounting.sensitivity_report(block, schema_r)["value"] == pytest.approx(
-        accounting.sensitivity_report(privacy.released_rows(c, r), schema)["value"],
+        accounting.sensitivity_report(mechanisms.released_rows(c, r), schema)["value"],
         rel=1e-12)
+
+
+def test_the_config_derives_the_library_spec_and_validate_checks_it():
+  cfg = config(participation="min_sep", min_sep=4, sampling_prob=0.2, max_participations=2,
+               mechanism="band_mf", bands=4, server_momentum=0.9, clip_norm="adaptive")
+  cfg.validate()
+  spec = cfg.mechanism_spec()
+  assert spec == spec_lib.MechanismSpec.from_args(
+      "banded", total_rounds=N, clients_per_round=2, clip_norm="adaptive",
+      target_epsilon=4.0, delta=cfg.delta, accountant=cfg.accountant, sampling_prob=0.2,
+      momentum=0.9, participation=cfg.schema(), bands=4,
+      adaptive=adaptive_clipping.AdaptiveClipping())
+  assert spec.privacy.sampling_prob == 0.2 and spec.workload.momentum == 0.9
+  # A library rule fails validate(), before anything is built or written.
+  with pytest.raises(config_lib.TrainingError,
+                     match="^--mechanism=gaussian: buffers does not apply to mechanism "
+                           "'gaussian'$"):
+    config(mechanism="gaussian", buffers=2).validate()

@@ -1,9 +1,10 @@
 """A family that exists only to test the family protocol (``tff_mf.families``).
 
-C is the lower-triangular Toeplitz matrix whose first b diagonals are 2^(−j), j < b, and
-B = A·C⁻¹. It is not a published mechanism; it is registered at run time by
-tests/test_query_federated.py, which then factorizes, caches, accounts and trains it
-without any other file knowing its name.
+C is the lower-triangular Toeplitz matrix whose first b diagonals are r^j, j < b (r = ½ for
+``toy_geometric``), and B = A·C⁻¹. It is not a published mechanism; it is registered at run
+time by tests/test_query_federated.py, which then factorizes, caches, accounts and trains it
+without any other file knowing its name. ``toy_ratio`` declares a parameter of its own, the
+ratio r (tests/test_mechanisms.py: it flows from a ``MechanismSpec`` to ``factorize``).
 """
 
 from __future__ import annotations
@@ -17,13 +18,30 @@ from tff_mf import participation
 
 VERSION = "1"
 
-STRATEGIES = {"toy_geometric": families.Declaration(
-    parameters=("bands",), defaults=families.separation_bands,
-    participations=participation.KINDS, peak_matrices=4, check_spec=families.check_bands)}
+DEFAULT_RATIO = 0.5
 
 
-def coefficients(bands: int) -> np.ndarray:
-  return 0.5 ** np.arange(bands, dtype=np.float64)
+def _ratio_defaults(n, schema):
+  return dict(families.separation_bands(n, schema), ratio=DEFAULT_RATIO)
+
+
+def check_ratio(value, name: str) -> float:
+  return checks.in_range(value, name, 0.0, 1.0, low_open=True, high_open=True)
+
+
+STRATEGIES = {
+    "toy_geometric": families.Declaration(
+        parameters=("bands",), defaults=families.separation_bands,
+        participations=participation.KINDS, peak_matrices=4, check_spec=families.check_bands),
+    "toy_ratio": families.Declaration(
+        parameters=("bands", "ratio"), defaults=_ratio_defaults,
+        participations=participation.KINDS, peak_matrices=4, check_spec=families.check_bands,
+        own_parameters={"ratio": check_ratio}),
+}
+
+
+def coefficients(bands: int, ratio: float = DEFAULT_RATIO) -> np.ndarray:
+  return ratio ** np.arange(bands, dtype=np.float64)
 
 
 def _encoder(taps: np.ndarray, n: int) -> np.ndarray:
@@ -34,7 +52,7 @@ def _encoder(taps: np.ndarray, n: int) -> np.ndarray:
 
 def factorize(a: np.ndarray, spec, context) -> families.FamilyResult:
   del context
-  taps = coefficients(spec.bands)
+  taps = coefficients(spec.bands, getattr(spec, "ratio", DEFAULT_RATIO))
   c = _encoder(taps, a.shape[0])
   b = scipy.linalg.solve_triangular(c, a.T, lower=True, trans="T").T  # B = A·C⁻¹
   return families.FamilyResult(b=b, c=c, info={"bands": spec.bands},

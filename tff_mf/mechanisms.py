@@ -1,11 +1,14 @@
 """The numpy mechanism layer: what a registry mechanism is, before TensorFlow (no TF import).
 
-``resolve`` turns a registry mechanism, the training workload and a participation schema
-into a ``Resolved`` mechanism: its factorization (from the cache where the strategy is
-cached), the noise stream of linear-noise mechanisms (a ``tff_mf.streams.LinearStream``),
-the encoder the noise is calibrated for and its sensitivity under the schema. ``privacy``
-then fixes the noise multiplier — given, or calibrated to a target ε — and returns a typed
-``PrivacyRecord`` (z, sensitivity, z/sens, ε, analysis, and the JSON record a run writes).
+``build(spec)`` takes the one input of the layer, a checked ``tff_mf.spec.MechanismSpec``,
+and returns the resolved mechanism and its privacy record, whose ``epsilon_by_round``
+gives the ε spent after each round. ``resolve`` turns a registry mechanism, the training
+workload and a participation schema into a ``Resolved`` mechanism: its factorization (from
+the cache where the strategy is cached), the noise stream of linear-noise mechanisms (a
+``tff_mf.streams.LinearStream``), the encoder the noise is calibrated for and its
+sensitivity under the schema. ``privacy`` then fixes the noise multiplier — given, or
+calibrated to a target ε — and returns a typed ``PrivacyRecord`` (z, sensitivity, z/sens, ε,
+analysis, and the JSON record a run writes).
 It is the one place a run's ε is decided (``run_privacy``): the unamplified Gaussian under
 the schema, amplification under cyclic Poisson sampling, adaptive clipping's composition.
 ``tff_mf.tf.aggregators`` only turns a ``Resolved`` and its record into TFF objects; the
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -35,6 +38,7 @@ from tff_mf import checks
 from tff_mf import factorization as fz
 from tff_mf import participation as participation_lib
 from tff_mf import registry
+from tff_mf import spec as spec_lib
 from tff_mf import statement
 from tff_mf import streams
 from tff_mf import strategies
@@ -99,7 +103,9 @@ class PrivacyRecord:
     details: the JSON-ready record a run writes (summary.json ``privacy``): the reported
       bound's fields, every candidate bound, notes; empty without δ.
     setup: what the privacy statement names beside ε (``tff_mf.statement.setup_words``):
-      mechanism, rounds, clients per round, clip norm, schema; set by ``build_mechanism``.
+      mechanism, rounds, clients per round, clip norm, schema; set by ``build``.
+    encoder, participation: the C the noise is calibrated for and the schema (what
+      ``epsilon_by_round`` accounts for).
 
   ``str()`` is the privacy statement (``tff_mf.statement``) of this configuration.
   """
@@ -116,6 +122,18 @@ class PrivacyRecord:
   # statement, the JSON record is ``details``).
   details: Dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
   setup: Dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+  encoder: Optional[np.ndarray] = dataclasses.field(default=None, repr=False, compare=False)
+  participation: Optional[participation_lib.Participation] = dataclasses.field(
+      default=None, repr=False, compare=False)
+
+  def epsilon_by_round(self, rounds: Optional[int] = None) -> List[float]:
+    """ε spent after rounds 1..``rounds`` (default n): upper bounds, non-decreasing, ε after
+    round n the record's ``epsilon`` (``epsilon_by_round``). CheckError without ε."""
+    if not self.private or self.epsilon is None or self.encoder is None:
+      raise checks.CheckError("epsilon_by_round needs a private record with delta (an epsilon)")
+    out = epsilon_by_round(self.encoder, self.participation, self.noise_multiplier,
+                           self.delta, self.accountant, self.details)
+    return out if rounds is None else out[:checks.positive_int(rounds, "rounds")]
 
   def __str__(self) -> str:
     return statement.privacy_statement(self)["text"]
@@ -161,13 +179,8 @@ class PrivacyRecord:
     return out
 
 
-def training_workload(n: int, momentum: float, lr_schedule: str,
-                      schedule_rounds: Optional[int]) -> workloads.WorkloadSpec:
-  """The workload A a run trains with: S, or momentum with a learning-rate schedule."""
-  if momentum == 0.0 and lr_schedule == "constant":
-    return workloads.WorkloadSpec(kind="prefix_sum", n=n)
-  return workloads.WorkloadSpec(kind="momentum", n=n, momentum=momentum,
-                                lr_schedule=lr_schedule, schedule_rounds=schedule_rounds)
+# The workload A a run trains with (checked): one home, ``tff_mf.spec``.
+training_workload = spec_lib.training_workload
 
 
 def tree_encoder(n: int) -> np.ndarray:
@@ -182,15 +195,17 @@ def tree_node_multiplier(noise_multiplier: float, n: int) -> float:
 
 def resolve(mechanism: registry.Mechanism, workload: workloads.WorkloadSpec,
             participation: participation_lib.Participation, *, cache_dir: Optional[str] = None,
-            bands: Optional[int] = None, rank: Optional[int] = None,
-            buffers: Optional[int] = None, progress: bool = False) -> Resolved:
-  """The ``Resolved`` mechanism (see the class)."""
+            params: Optional[Mapping[str, Any]] = None, progress: bool = False,
+            **family_params) -> Resolved:
+  """The ``Resolved`` mechanism (see the class); ``params`` (or keywords: bands=, rank=,
+  buffers=, a family's own; None: not given) override the family's defaults."""
+  params = {k: v for k, v in dict(params or {}, **family_params).items() if v is not None}
   info: Dict[str, Any] = {}
   f = a_factorized = stream = encoder = report = sens = None
   n = workload.n
   if mechanism.noise in ("dense", "linear"):
     f, a_factorized = _matrix_factorization(mechanism, workload, participation, cache_dir,
-                                            bands, rank, buffers, progress, info)
+                                            params, progress, info)
     if mechanism.noise == "linear":
       stream = strategies.stream(mechanism.strategy, f.extras, a_factorized)
     encoder = f.c
@@ -218,22 +233,21 @@ def resolve(mechanism: registry.Mechanism, workload: workloads.WorkloadSpec,
 
 def _matrix_factorization(m: registry.Mechanism, w_spec: workloads.WorkloadSpec,
                           participation: participation_lib.Participation,
-                          cache_dir: Optional[str], bands: Optional[int], rank: Optional[int],
-                          buffers: Optional[int], progress: bool, info: Dict[str, Any]):
+                          cache_dir: Optional[str], given: Mapping[str, Any], progress: bool,
+                          info: Dict[str, Any]):
   """(factorization for the training A, workload of the stream) from the cache, checked."""
   from tff_mf import cache  # pylint: disable=g-import-not-at-top
   n = w_spec.n
   factorized = workloads.WorkloadSpec("prefix_sum", n) if m.post_processes_prefix_decoder \
       else w_spec
   params = registry.default_parameters(m.strategy, n, participation)
-  params.update({k: v for k, v in (("bands", bands), ("rank", rank),
-                                   ("buffers", buffers)) if v is not None and k in params})
+  params.update({k: v for k, v in given.items() if k in params})
   # C is optimized for the schema where its strategy can be; the noise stream computes the
   # sensitivity under the schema from C either way.
   optimized_for = (participation if participation.kind in
                    registry.strategy(m.strategy).participations else participation_lib.SINGLE)
-  spec = strategies.FactorizationSpec(workload=factorized, strategy=m.strategy,
-                                      participation=optimized_for, **params)
+  spec = strategies.FactorizationSpec.with_parameters(
+      params, workload=factorized, strategy=m.strategy, participation=optimized_for)
   if strategies.cached(m.strategy):
     f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=progress)
     info.update(cache_npz=entry.npz_path, cache_hit=entry.cache_hit)
@@ -262,10 +276,84 @@ def privacy(resolved: Resolved, noise_multiplier: Optional[float],
   ``target_epsilon`` (``options``: ``run_privacy``'s keywords)."""
   if not resolved.mechanism.private:
     return PrivacyRecord(private=False, noise_multiplier=0.0)
-  known = {"value": resolved.sensitivity, "exact": resolved.sensitivity_report["exact"],
-           "method": resolved.sensitivity_report["method"]}
   return run_privacy(resolved.encoder, resolved.participation, noise_multiplier,
-                     target_epsilon, delta, accountant, known_sensitivity=known, **options)
+                     target_epsilon, delta, accountant, known_sensitivity=_known(resolved),
+                     **options)
+
+
+def _known(resolved: Resolved) -> Dict[str, Any]:
+  """The resolved encoder's sensitivity report, as ``run_privacy`` takes it."""
+  return {"value": resolved.sensitivity, "exact": resolved.sensitivity_report["exact"],
+          "method": resolved.sensitivity_report["method"]}
+
+
+# ----------------------------------------------------------------------------- build(spec)
+
+def resolve_spec(spec: spec_lib.MechanismSpec, *, cache_dir: Optional[str] = None,
+                 progress: bool = False, resolved: Optional[Resolved] = None) -> Resolved:
+  """The ``Resolved`` mechanism of ``spec``; ``resolved``: one resolved before for the same
+  mechanism, workload and schema (checked, not resolved again)."""
+  if resolved is None:
+    return resolve(spec.mechanism, spec.workload, spec.participation, cache_dir=cache_dir,
+                   params=spec.params, progress=progress)
+  if (resolved.mechanism != spec.mechanism or resolved.workload != spec.workload
+      or resolved.participation != spec.participation):
+    raise checks.CheckError(f"the resolved mechanism ({resolved.mechanism.name}, "
+                            f"{resolved.workload}, {resolved.participation.describe()}) is not "
+                            f"the one asked for ({spec.mechanism.name})")
+  return resolved
+
+
+def build(spec: spec_lib.MechanismSpec, *, cache_dir: Optional[str] = None,
+          progress: bool = False, resolved: Optional[Resolved] = None,
+          noise_seed_pinned: bool = False,
+          mmcc_options: Optional[Dict[str, Any]] = None) -> Tuple[Resolved, PrivacyRecord]:
+  """(the resolved mechanism, its privacy record) of a checked ``MechanismSpec``.
+
+  The record's z is the spec's, or the smallest calibrated to its target ε; its ε is
+  ``run_privacy``'s for the resolved encoder (with adaptive clipping's count queries where
+  the spec clips adaptively); ``setup`` is what its statement names beside ε.
+  """
+  resolved = resolve_spec(spec, cache_dir=cache_dir, progress=progress, resolved=resolved)
+  if spec.privacy is None:
+    record = PrivacyRecord(private=False, noise_multiplier=0.0)
+  else:
+    record = privacy_record(resolved.encoder, resolved.participation, spec.privacy,
+                            adaptive=spec.adaptive, known_sensitivity=_known(resolved),
+                            mmcc_options=mmcc_options)
+  return resolved, dataclasses.replace(record, setup=spec.statement_setup(noise_seed_pinned))
+
+
+def describe(spec: spec_lib.MechanismSpec, resolved: Resolved, record: PrivacyRecord,
+             noise_seed_pinned: bool = False) -> Dict[str, Any]:
+  """The JSON-ready description of a built mechanism (no seed): the spec, the resolution,
+  the privacy record and, with adaptive clipping, how the run's multiplier splits."""
+  info = spec.describe(noise_seed_pinned)
+  info.update(resolved.info)
+  info.update(record.info(spec.clipping.clip_norm))
+  if spec.adaptive is not None:
+    info.update(adaptive_info(spec, resolved, record))
+  return info
+
+
+def adaptive_info(spec: spec_lib.MechanismSpec, resolved: Resolved,
+                  record: PrivacyRecord) -> Dict[str, Any]:
+  """The multipliers of adaptive clipping's two Gaussians and of their composition:
+  μ² = (sens/z)² + k·(½/σ_b)² (``tff_mf.adaptive_clipping``)."""
+  from tff_mf import adaptive_clipping  # pylint: disable=g-import-not-at-top
+  k = spec.participation.max_participations_in(spec.n)
+  sigma_b, sens, z = spec.adaptive.clipped_count_stddev, resolved.sensitivity, \
+      record.noise_multiplier
+  count_mu = adaptive_clipping.count_mu(sigma_b, k)
+  out = {"effective_noise_multiplier_value": z / sens,
+         "effective_noise_multiplier_count": 1.0 / count_mu if count_mu else math.inf,
+         "count_participations": k,
+         "effective_noise_multiplier": adaptive_clipping.combined_noise_multiplier(
+             z, sens, sigma_b, k),
+         "stddev_per_round_sum": f"{z:g} x the round's clip norm"}
+  if spec.privacy.target_epsilon is not None:
+    out["budget_split"] = "clipped_count_stddev fixed; the MF noise takes the rest"
+  return out
 
 
 # ----------------------------------------------------------------------------- a run's ε
@@ -321,40 +409,41 @@ def run_privacy(encoder: np.ndarray, schema: participation_lib.Participation,
   (e.g. ``MonteCarloBound``, whose ε the record and statement label with its β).
   Without δ the record has z and sens but no ε. Raises ``CheckError`` on bad input.
   """
+  privacy_spec = spec_lib.Privacy(noise_multiplier, target_epsilon, delta, accountant,
+                                  sampling_prob, allow_no_noise=True,
+                                  amplification=amplification)
+  privacy_spec.check_schema(schema)
+  return privacy_record(encoder, schema, privacy_spec, adaptive=adaptive,
+                        known_sensitivity=known_sensitivity, mmcc_options=mmcc_options)
+
+
+def privacy_record(encoder: np.ndarray, schema: participation_lib.Participation,
+                   privacy_spec: spec_lib.Privacy, *, adaptive: Optional[Any] = None,
+                   known_sensitivity: Optional[Dict[str, Any]] = None,
+                   mmcc_options: Optional[Dict[str, Any]] = None) -> PrivacyRecord:
+  """``run_privacy`` for a checked ``tff_mf.spec.Privacy`` (its schema checked too)."""
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   encoder = accounting.check_encoder(encoder, "encoder C")
-  n = encoder.shape[1]
-  p = None
-  if sampling_prob is not None:
-    p = checks.probability(sampling_prob, "sampling_prob")
-    if not schema.poisson and amplification is None:
-      raise checks.CheckError(f"sampling_prob applies to min_sep (cyclic Poisson) "
-                              f"participation, not {schema.kind}")
-  if (noise_multiplier is None) == (target_epsilon is None):
-    raise checks.CheckError("give exactly one of noise_multiplier and target_epsilon")
-  target = None if target_epsilon is None else checks.positive_float(target_epsilon,
-                                                                     "target_epsilon")
+  target, delta = privacy_spec.target_epsilon, privacy_spec.delta
   report = known_sensitivity or accounting.sensitivity_report(encoder, schema)
   sens = float(report["value"])
   if delta is None:
-    if target is not None:
-      raise checks.CheckError("target_epsilon needs delta")
-    return PrivacyRecord(private=True, noise_multiplier=float(noise_multiplier),
-                         sensitivity=sens)
-  delta = checks.delta(delta)
-  run = _Run(encoder, schema, report, delta, accountant, p, mmcc_options or {}, amplification)
-  details = run.adaptive(noise_multiplier, target, adaptive) if adaptive is not None \
-      else run.record(noise_multiplier, target)
+    return PrivacyRecord(private=True, noise_multiplier=float(privacy_spec.noise_multiplier),
+                         sensitivity=sens, encoder=encoder, participation=schema)
+  run = _Run(encoder, schema, report, delta, privacy_spec.accountant,
+             privacy_spec.sampling_prob, mmcc_options or {}, privacy_spec.amplification)
+  z = privacy_spec.noise_multiplier
+  details = run.adaptive(z, target, adaptive) if adaptive is not None else run.record(z, target)
   if target is not None:
     details["target_epsilon"] = target
     if not details["epsilon"] <= target:
       raise checks.CheckError(f"calibration gave epsilon {details['epsilon']} above the target "
                               f"{target}")
   return PrivacyRecord(private=True, noise_multiplier=float(details["noise_multiplier"]),
-                       sensitivity=sens, delta=delta, accountant=accountant,
+                       sensitivity=sens, delta=delta, accountant=privacy_spec.accountant,
                        epsilon=float(details["epsilon"]), target_epsilon=target,
                        analysis=details["analysis_label"], bound=details["analysis"],
-                       details=details)
+                       details=details, encoder=encoder, participation=schema)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -467,3 +556,90 @@ def _candidate(record: Dict[str, Any]) -> Dict[str, Any]:
     if key in record:
       out[key] = record[key]
   return out
+
+
+# ----------------------------------------------------------------------------- ε by round
+
+# Rounds at which the per-round ε is evaluated, at most (the others take the next evaluated
+# round's value, a valid and non-decreasing upper bound): keeps long runs cheap.
+MAX_EPSILON_POINTS = 64
+
+
+def released_rows(c: np.ndarray, rounds: int) -> np.ndarray:
+  """The rows of C released after ``rounds`` rounds, all n columns kept.
+
+  Row i of a square (lower-triangular) C is released in round i; a C with more rows than
+  rounds (TFF's tree, C_T/√levels) has its rows in release order, each released in the
+  round of its last non-zero column (``tff_mf.mmcc.release_rounds``). Taken no earlier
+  than any later column it touches, so the rows kept depend only on rounds 1..``rounds``.
+  """
+  m, n = c.shape
+  nonzero = c != 0
+  last = np.where(nonzero.any(axis=1), n - 1 - np.argmax(nonzero[:, ::-1], axis=1), -1)
+  release = np.maximum(last, np.arange(m)) if m == n else np.maximum.accumulate(last)
+  return c[release < rounds]
+
+
+def prefix_encoder(c: np.ndarray, schema_n: participation_lib.Participation, rounds: int):
+  """(C', schema'): what the first ``rounds`` rounds release, and the schema it is under.
+
+  A square C under min_sep: the leading block C[:r, :r] under the same min_sep schema on
+  r rounds (single when b > r), which is the n-round schema restricted to the first r
+  rounds, and keeps C's structure (e.g. Toeplitz) for a fast exact sensitivity. Otherwise
+  ``released_rows`` under the n-round schema: those rows have no column beyond round r.
+  """
+  m, n = c.shape
+  prefix = schema_n.prefix(rounds)
+  if m == n and prefix is not None and not np.any(np.triu(c, 1)):
+    return c[:rounds, :rounds], prefix
+  return released_rows(c, rounds), schema_n
+
+
+def _evaluated_rounds(n: int) -> List[int]:
+  return sorted(set(np.ceil(np.linspace(1, n, min(n, MAX_EPSILON_POINTS))).astype(int).tolist())
+                | {n})
+
+
+def epsilon_by_round(c: np.ndarray, schema: participation_lib.Participation, z: float,
+                     delta: float, accountant: str, details: Mapping[str, Any]) -> List[float]:
+  """ε spent after rounds 1..n: upper bounds, non-decreasing, the last ``details``' ε.
+
+  After r rounds a run has released the rows of C of rounds ≤ r (``prefix_encoder``): the
+  Gaussian mechanism at z / sens_r, sens_r the sensitivity of those rows under the
+  schema (its patterns restricted to rounds ≤ r, since the rows have zero columns
+  beyond), by ``accountant`` (Denisov et al. 2022, arXiv:2202.08312, Thm 4.1); with
+  adaptive clipping composed with the count queries (all k of them: an upper bound). ε
+  after r rounds is at most ε after any later round (the earlier release is a
+  post-processing of the later one), so each value is the smallest of these bounds from r
+  on, and the last is the record's ε (amplified where it is). Evaluated at
+  ≤ ``MAX_EPSILON_POINTS`` rounds.
+  """
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  n = c.shape[1]
+  final = float(details["epsilon"])
+  bounds = {}
+  for r in _evaluated_rounds(n)[:-1]:
+    rows, schema_r = prefix_encoder(c, schema, r)
+    if not np.any(rows):
+      bounds[r] = 0.0
+      continue
+    sens = accounting.sensitivity_report(rows, schema_r)["value"]
+    bounds[r] = _epsilon_at(z, sens, delta, accountant, details)
+  bounds[n] = final
+  out, best = [0.0] * n, final
+  for r in range(n, 0, -1):
+    best = min(best, bounds.get(r, best))
+    out[r - 1] = best
+  return out
+
+
+def _epsilon_at(z: float, sens: float, delta: float, accountant: str,
+                details: Mapping[str, Any]) -> float:
+  """ε of a released prefix with sensitivity ``sens`` (the record's analysis, unamplified)."""
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  if analyses.counts_clipping(details):
+    from tff_mf import adaptive_clipping  # pylint: disable=g-import-not-at-top
+    total = adaptive_clipping.combined_noise_multiplier(
+        z, sens, details["clipped_count_stddev"], details["count_participations"])
+    return math.inf if total == 0.0 else accounting.epsilon(total, delta, accountant)
+  return accounting.epsilon(z, delta, accountant, sensitivity=sens)

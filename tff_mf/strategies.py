@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from tff_mf import checks
 from tff_mf import dense_run
@@ -43,6 +43,22 @@ class FactorizationSpec:
   buffers: int = 0  # blt: m
   error: str = "mean"  # banded_toeplitz, blt: the error optimized (mean or max)
   als_iterations: int = structured.DEFAULT_ALS_ITERATIONS  # structured: ALS sweeps (limit)
+  # ((name, value), ...): parameters a family declares itself (``Declaration.own_parameters``),
+  # read as attributes (``spec.<name>``).
+  family_parameters: Tuple[Tuple[str, Any], ...] = ()
+
+  def __getattr__(self, name: str) -> Any:
+    for key, value in self.__dict__.get("family_parameters", ()):
+      if key == name:
+        return value
+    raise AttributeError(f"FactorizationSpec has no parameter {name!r}")
+
+  @classmethod
+  def with_parameters(cls, params: Mapping[str, Any], **fields) -> "FactorizationSpec":
+    """A spec with family parameters ``params`` (bands, rank, buffers or a family's own)."""
+    own = tuple(sorted((k, v) for k, v in params.items() if k not in families.SPEC_PARAMETERS))
+    shared = {k: v for k, v in params.items() if k in families.SPEC_PARAMETERS}
+    return cls(**fields, **shared, family_parameters=own)
 
   @property
   def n(self) -> int:
@@ -64,6 +80,10 @@ class FactorizationSpec:
     for name in families.SPEC_PARAMETERS:
       if name not in declared.parameters and getattr(self, name) != getattr(defaults, name):
         raise checks.CheckError(f"{name} does not apply to strategy {self.strategy!r}")
+    for name, value in self.family_parameters:
+      if name not in declared.own_parameters:
+        raise checks.CheckError(f"{name} does not apply to strategy {self.strategy!r}")
+      declared.own_parameters[name](value, name)
     if "target_gap" in declared.parameters:
       checks.in_range(self.target_gap, "target_gap", 0.0, 1.0, low_open=True)
       checks.positive_int(self.max_iterations, "max_iterations")

@@ -178,11 +178,29 @@ class TrainingConfig:
     """--clip_norm=adaptive: the clip norm follows a private quantile estimate."""
     return self.clip_norm == "adaptive"
 
-  def adaptive_kwargs(self) -> Dict[str, object]:
-    """The quantile estimator's arguments of ``build_mechanism`` (empty for a fixed clip)."""
-    if not self.adaptive_clipping:
-      return {}
-    return {name: getattr(self, name) for name in ADAPTIVE_FLAGS}
+  def mechanism_spec(self):
+    """The run's ``tff_mf.spec.MechanismSpec``, derived from its flags: the library checks it
+    once, where it is built (an error is a TrainingError naming --mechanism)."""
+    from tff_mf import spec as spec_lib  # pylint: disable=g-import-not-at-top
+    privacy: Dict[str, object] = {"accountant": self.accountant}
+    if is_private(self.canonical_mechanism):
+      privacy.update(noise_multiplier=self.noise_multiplier, target_epsilon=self.target_epsilon,
+                     delta=self.delta, sampling_prob=self.sampling_prob
+                     if self.participation_kind.poisson else None)
+    adaptive = adaptive_clipping.AdaptiveClipping(
+        self.target_quantile, self.initial_clip_norm, self.clip_learning_rate,
+        self.clipped_count_stddev) if self.adaptive_clipping else None
+    try:
+      return spec_lib.MechanismSpec.from_args(
+          self.canonical_mechanism, total_rounds=self.total_rounds,
+          clients_per_round=self.clients_per_round, clip_norm=self.clip_norm,
+          momentum=self.server_momentum, lr_schedule=self.lr_schedule,
+          schedule_rounds=self.schedule_rounds, participation=self.schema(), adaptive=adaptive,
+          bands=self.bands, rank=self.rank, buffers=self.buffers, **privacy)
+    except TrainingError:
+      raise
+    except checks.CheckError as e:
+      raise TrainingError(f"--mechanism={self.mechanism}: {e}") from None
 
   @property
   def canonical_mechanism(self) -> str:
@@ -202,6 +220,7 @@ class TrainingConfig:
       self._check_participation()
       self._check_privacy()
       self._check_canaries()
+      self.mechanism_spec()  # what the library checks: the family parameters, the schema
     except TrainingError:
       raise
     except checks.CheckError as e:

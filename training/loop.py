@@ -311,7 +311,7 @@ class _Trainer:
   ledger: Optional[privacy.EventLedger]
   evaluate: task_lib.Evaluator
   writer: outputs.MetricsWriter
-  epsilons: Optional[list] = None  # ε spent after each round (privacy.epsilon_per_round)
+  epsilons: Optional[list] = None  # ε spent after each round (PrivacyRecord.epsilon_by_round)
   canaries: Optional[canaries_lib.Canaries] = None  # --canaries: the planted canary clients
   released: Optional[canaries_lib.ReleasedModels] = None  # the models the audit scores
 
@@ -616,8 +616,7 @@ def _train(run: _Run, task: Optional[task_lib.Task]) -> Dict[str, object]:
   _bind_identity(run, setup)
   trainer, state = _build_trainer(run, task, setup)
   if record is not None:
-    trainer.epsilons = privacy.epsilon_per_round(config, setup.encoder, noise_multiplier,
-                                                 record)
+    trainer.epsilons = setup.privacy.epsilon_by_round()
   if config.canaries:
     _plant_canaries(trainer, state, setup, new_run)
   interrupt.check(where)

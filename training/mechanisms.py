@@ -1,11 +1,12 @@
 """The DP mechanism, server optimizer and FedAvg process of a run, and its privacy record.
 
 Every DP mechanism is built once by ``tff_mf.tf.aggregators.build_mechanism``, through one
-function, :func:`build_library_mechanism`, with the run's participation schema and sampling
-probability; ``none`` is plain FedAvg with the same server momentum and learning-rate
-schedule. The library resolves the mechanism in numpy (``tff_mf.mechanisms``), fixes the
-noise multiplier z (the flag's, or calibrated to ``--target_epsilon``) and decides the run's
-ε (``tff_mf.mechanisms.run_privacy``): the run writes that record, and computes no other.
+function, :func:`build_library_mechanism`, from the run's ``tff_mf.spec.MechanismSpec``
+(``TrainingConfig.mechanism_spec``: the schema, sampling probability, privacy and
+clipping); ``none`` is plain FedAvg with the same server momentum and learning-rate
+schedule. The library resolves the mechanism in numpy (``tff_mf.mechanisms.build``), fixes
+the noise multiplier z (the flag's, or calibrated to ``--target_epsilon``) and decides the
+run's ε and its ε after each round: the run writes that record, and computes no other.
 """
 
 from __future__ import annotations
@@ -55,32 +56,21 @@ def resolve_privacy(config: TrainingConfig, noise_seed: Optional[int]
   return setup, setup.privacy.noise_multiplier, dict(setup.privacy.details)
 
 
-def privacy_arguments(config: TrainingConfig) -> Dict[str, Any]:
-  """The library's privacy keywords for the run's flags (``build_mechanism``,
-  ``tff_mf.mechanisms.run_privacy``)."""
-  return dict(noise_multiplier=config.noise_multiplier, target_epsilon=config.target_epsilon,
-              delta=config.delta, accountant=config.accountant,
-              sampling_prob=config.sampling_prob if config.participation_kind.poisson else None)
-
-
 def build_library_mechanism(name: str, config: TrainingConfig, noise_seed: Optional[int],
                             **kwargs):
-  """``tff_mf.tf.aggregators.build_mechanism`` for registry mechanism ``name`` (canonical)
-  with the run's flags; a library error is a TrainingError naming the flag."""
+  """``tff_mf.tf.aggregators.build_mechanism`` for the run's spec
+  (``TrainingConfig.mechanism_spec``) with registry mechanism ``name`` (canonical);
+  ``kwargs`` override its wiring keywords; a library error is a TrainingError naming the
+  flag."""
   from tff_mf.tf import aggregators  # pylint: disable=g-import-not-at-top
-  arguments = dict(
-      total_rounds=config.total_rounds, clients_per_round=config.clients_per_round,
-      clip_norm=config.clip_norm, server_learning_rate=config.server_lr,
-      momentum=config.server_momentum, lr_schedule=config.lr_schedule,
-      schedule_rounds=config.schedule_rounds, noise_seed=noise_seed,
-      cache_dir=config.cache_dir, bands=config.bands, rank=config.rank,
-      buffers=config.buffers, participation=config.schema(), progress=config.progress,
-      **config.adaptive_kwargs())
-  if is_private(name):
-    arguments.update(privacy_arguments(config))
-  arguments.update(kwargs)
+  if name != config.canonical_mechanism:
+    config = dataclasses.replace(config, mechanism=name)
+  spec = config.mechanism_spec()
+  wiring = dict(server_learning_rate=config.server_lr, noise_seed=noise_seed,
+                cache_dir=config.cache_dir, progress=config.progress)
+  wiring.update(kwargs)
   try:
-    return aggregators.build_mechanism(name, **arguments)
+    return aggregators.build_mechanism(spec, **wiring)
   except ValueError as e:
     raise TrainingError(f"--mechanism={config.mechanism}: {e}") from e
 

@@ -87,7 +87,7 @@ def metric_fields(report_train_metrics: bool, adaptive_clipping: bool = False,
                   private: bool = False) -> tuple:
   """The columns of metrics.csv (``next_clip_norm``: with adaptive clipping, the clip norm
   ζ_{i+1} that round i's private count update set for the next round; ``epsilon``: in a DP
-  run, the ε spent after the round, ``training.privacy.epsilon_per_round``)."""
+  run, the ε spent after the round, ``tff_mf.mechanisms.PrivacyRecord.epsilon_by_round``)."""
   train = NONPRIVATE_TRAIN_KEYS if report_train_metrics else ()
   clip = ("next_clip_norm",) if adaptive_clipping else ()
   eps = ("epsilon",) if private else ()

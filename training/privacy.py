@@ -4,8 +4,6 @@ The run's ε is decided by the library, once, for the encoder it built
 (``tff_mf.mechanisms.run_privacy``, read through ``training.mechanisms.resolve_privacy``):
 every number is an upper bound on the run's ε at δ. This module adds what only a run has:
 
-- the ε spent after each round (``epsilon_per_round``): the rows of C released so far,
-  under the schema restricted to those rounds;
 - the run's privacy statement (``tff_mf.statement``);
 - the DpEvents the aggregators report each round: :class:`EventLedger` keeps them
   (``dp_events.jsonl``) and :func:`dp_event_epsilon` composes them with dp_accounting's
@@ -17,7 +15,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
-import math
 import os
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -26,11 +23,6 @@ import numpy as np
 from training.config import TrainingConfig
 
 EVENTS_FILE = "dp_events.jsonl"
-
-
-def schema(config: TrainingConfig):
-  """The participation schema of the run (min_sep without a cap: k = ⌈n/b⌉)."""
-  return config.schema()
 
 
 def sampling_secret(config: TrainingConfig, noise_seed: Optional[int]) -> int:
@@ -48,95 +40,6 @@ def sampling_secret(config: TrainingConfig, noise_seed: Optional[int]) -> int:
   seed = int(config.noise_seed if config.noise_seed is not None else noise_seed)
   digest = hashlib.sha256(f"tff_mf {config.participation} sampling {seed}".encode()).digest()
   return int.from_bytes(digest[:8], "little") >> 1
-
-
-# ----------------------------------------------------------------------------- ε per round
-
-
-# Rounds at which the per-round ε is evaluated, at most (the others take the next evaluated
-# round's value, a valid and non-decreasing upper bound): keeps long runs cheap.
-MAX_EPSILON_POINTS = 64
-
-
-def released_rows(c: np.ndarray, rounds: int) -> np.ndarray:
-  """The rows of C released after ``rounds`` rounds, all n columns kept.
-
-  Row i of a square (lower-triangular) C is released in round i; a C with more rows than
-  rounds (TFF's tree, C_T/√levels) has its rows in release order, each released in the
-  round of its last non-zero column (``tff_mf.mmcc.release_rounds``). Taken no earlier
-  than any later column it touches, so the rows kept depend only on rounds 1..``rounds``.
-  """
-  m, n = c.shape
-  nonzero = c != 0
-  last = np.where(nonzero.any(axis=1), n - 1 - np.argmax(nonzero[:, ::-1], axis=1), -1)
-  release = np.maximum(last, np.arange(m)) if m == n else np.maximum.accumulate(last)
-  return c[release < rounds]
-
-
-def prefix_encoder(c: np.ndarray, schema_n, rounds: int):
-  """(C', schema'): what the first ``rounds`` rounds release, and the schema it is under.
-
-  A square C under min_sep: the leading block C[:r, :r] under the same min_sep schema on
-  r rounds (single when b > r), which is the n-round schema restricted to the first r
-  rounds, and keeps C's structure (e.g. Toeplitz) for a fast exact sensitivity. Otherwise
-  ``released_rows`` under the n-round schema: those rows have no column beyond round r.
-  """
-  m, n = c.shape
-  prefix = schema_n.prefix(rounds)
-  if m == n and prefix is not None and not np.any(np.triu(c, 1)):
-    return c[:rounds, :rounds], prefix
-  return released_rows(c, rounds), schema_n
-
-
-def _evaluated_rounds(n: int) -> List[int]:
-  return sorted(set(np.ceil(np.linspace(1, n, min(n, MAX_EPSILON_POINTS))).astype(int).tolist())
-                | {n})
-
-
-def epsilon_per_round(config: TrainingConfig, c: np.ndarray, z: float,
-                      record: Dict[str, Any]) -> List[float]:
-  """ε spent after rounds 1..n: upper bounds, non-decreasing, the last one ``record``'s ε.
-
-  After r rounds the run has released the rows of C of rounds ≤ r (``prefix_encoder``): the
-  Gaussian mechanism at z / sens_r, sens_r the sensitivity of those rows under the
-  schema (its patterns restricted to rounds ≤ r, since the rows have zero columns
-  beyond), by the run's accountant; with adaptive clipping composed with the count
-  queries (all k of them: an upper bound). ε after r rounds is at most ε after any later
-  round (the earlier release is a post-processing of the later one), so each value is
-  the smallest of these bounds from r on, and the last is the run's reported ε (amplified
-  where the run is). Computed once, before round 1, at ≤ ``MAX_EPSILON_POINTS`` rounds.
-  """
-  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  n = config.total_rounds
-  final = float(record["epsilon"])
-  s = schema(config)
-  bounds = {}
-  for r in _evaluated_rounds(n)[:-1]:
-    rows, schema_r = prefix_encoder(c, s, r)
-    if not np.any(rows):
-      bounds[r] = 0.0
-      continue
-    sens = accounting.sensitivity_report(rows, schema_r)["value"]
-    bounds[r] = _epsilon_at(config, z, sens, record)
-  bounds[n] = final
-  out, best = [0.0] * n, final
-  for r in range(n, 0, -1):
-    best = min(best, bounds.get(r, best))
-    out[r - 1] = best
-  return out
-
-
-def _epsilon_at(config: TrainingConfig, z: float, sens: float, record: Dict[str, Any]) -> float:
-  """ε of the released prefix with sensitivity ``sens`` (the run's analysis, unamplified)."""
-  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  from tff_mf import analyses  # pylint: disable=g-import-not-at-top
-  if analyses.counts_clipping(record):
-    from tff_mf import adaptive_clipping  # pylint: disable=g-import-not-at-top
-    total = adaptive_clipping.combined_noise_multiplier(
-        z, sens, record["clipped_count_stddev"], record["count_participations"])
-    return math.inf if total == 0.0 else accounting.epsilon(total, config.delta,
-                                                            config.accountant)
-  return accounting.epsilon(z, config.delta, config.accountant, sensitivity=sens)
 
 
 # ----------------------------------------------------------------------------- statement

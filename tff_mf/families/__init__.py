@@ -54,6 +54,11 @@ SPEC_PARAMETERS = ("target_gap", "max_iterations", "allow_unconverged", "bands",
                    "buffers", "error", "als_iterations")
 # Short names of parameters in cache entry names ("blt-m4", "banded-b8").
 PARAMETER_LABELS = {"bands": "b", "rank": "r", "buffers": "m"}
+# The check of each parameter a caller may set (``value, name -> checked value``); a family
+# declares the checks of its own parameters (``Declaration.own_parameters``).
+PARAMETER_CHECKS: Mapping[str, Callable[[Any, str], Any]] = {
+    "bands": checks.positive_int, "rank": checks.nonnegative_int,
+    "buffers": checks.positive_int}
 
 
 def no_defaults(n: int, schema) -> Dict[str, Any]:
@@ -67,9 +72,10 @@ class Declaration:
 
   Attributes:
     parameters: the ``FactorizationSpec`` fields the strategy reads (every other field
-      must keep its default).
+      must keep its default), and its ``own_parameters``.
     defaults: ``(n, schema) -> {parameter: value}``, the values used when a caller gives
-      none (the keys are the parameters a caller may set: bands, rank, buffers).
+      none (the keys are the parameters a caller may set: bands, rank, buffers and the
+      family's own).
     participations: the schema kinds C can be optimized for; a mechanism under another
       schema uses the single-participation C and its sensitivity under the schema.
     schema_dependent: C depends on the schema even under single participation, so the
@@ -83,6 +89,10 @@ class Declaration:
     check_spec: ``spec -> None``, the strategy's own parameter checks (raises
       ``CheckError``).
     parameter_labels: short names in cache entry names, overriding ``PARAMETER_LABELS``.
+    own_parameters: ``{name: check}`` for parameters of this family beyond the
+      ``FactorizationSpec`` fields (``check(value, name)`` returns the checked value); a
+      ``tff_mf.spec.MechanismSpec`` carries them in ``params`` and the family reads them as
+      ``spec.<name>``, so a new parameter touches only its family.
   """
   parameters: Tuple[str, ...] = ()
   defaults: Callable[[int, Any], Dict[str, Any]] = no_defaults
@@ -94,11 +104,33 @@ class Declaration:
   cached: bool = True
   check_spec: Optional[Callable[[Any], None]] = None
   parameter_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  own_parameters: Mapping[str, Callable[[Any, str], Any]] = dataclasses.field(
+      default_factory=dict)
 
   def __post_init__(self):
-    unknown = set(self.parameters) - set(SPEC_PARAMETERS)
+    unknown = set(self.parameters) - set(SPEC_PARAMETERS) - set(self.own_parameters)
     if unknown:
       raise checks.CheckError(f"family declaration names unknown parameters {sorted(unknown)}")
+    clash = set(self.own_parameters) & set(SPEC_PARAMETERS)
+    if clash:
+      raise checks.CheckError(f"family declaration redeclares parameters {sorted(clash)}")
+
+  def parameter_check(self, parameter: str) -> Callable[[Any, str], Any]:
+    """The check of a parameter a caller may set (the family's own, else the shared one)."""
+    return self.own_parameters.get(parameter) or PARAMETER_CHECKS.get(
+        parameter, lambda value, name: value)
+
+  def check_parameters(self, given: Mapping[str, Any], n: int, schema,
+                       owner: str) -> Dict[str, Any]:
+    """The parameters a caller gave (None: not given), checked: each one a caller may set
+    for (n, schema) (``defaults``), by its check; CheckError "<name> does not apply to
+    <owner>" for any other."""
+    accepted = self.defaults(n, schema)
+    for name, value in given.items():
+      if value is not None and name not in accepted:
+        raise checks.CheckError(f"{name} does not apply to {owner}")
+    return {name: self.parameter_check(name)(value, name) for name, value in given.items()
+            if value is not None}
 
   def label(self, parameter: str) -> str:
     return self.parameter_labels.get(parameter, PARAMETER_LABELS.get(parameter, parameter))

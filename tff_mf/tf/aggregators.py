@@ -22,7 +22,6 @@ is divided by the clients per round like TFF's own DP factories
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable, Dict, Optional, Union
 
 import numpy as np
@@ -34,8 +33,7 @@ from tff_mf import adaptive_clipping
 from tff_mf import checks
 from tff_mf import factorization as fz
 from tff_mf import mechanisms
-from tff_mf import participation as participation_lib
-from tff_mf import registry
+from tff_mf import spec as spec_lib
 from tff_mf import workloads
 from tff_mf.families import tree
 from tff_mf.tf import noise as noise_lib
@@ -74,35 +72,25 @@ class MechanismSetup:
 
 
 @dataclasses.dataclass(frozen=True)
-class MechanismConfig:
-  """The checked arguments of ``build_mechanism``."""
-  mechanism: registry.Mechanism
-  n: int
-  noise_multiplier: Optional[float]  # None: calibrated to target_epsilon
-  target_epsilon: Optional[float]
-  delta: Optional[float]
-  accountant: str
-  clients_per_round: float
-  clip_norm: float
-  server_learning_rate: float
-  momentum: float
-  lr_schedule: str
-  schedule_rounds: Optional[int]
-  participation: participation_lib.Participation
+class _Wiring:
+  """What the TF objects are built from: the checked spec, its privacy record (z given or
+  calibrated) and the seed (pinned, or None: drawn from OS entropy)."""
+  spec: spec_lib.MechanismSpec
+  record: mechanisms.PrivacyRecord
   noise_seed: Optional[int]
-  cache_dir: Optional[str]
-  bands: Optional[int]
-  rank: Optional[int]
-  buffers: Optional[int]
-  allow_no_noise: bool
-  progress: bool
-  adaptive: Optional[adaptive_clipping.AdaptiveClipping] = None  # None: fixed clip_norm
-  noise_stream: str = "auto"  # NOISE_STREAMS
+
+  mechanism = property(lambda self: self.spec.mechanism)
+  n = property(lambda self: self.spec.n)
+  participation = property(lambda self: self.spec.participation)
+  clients_per_round = property(lambda self: self.spec.clients_per_round)
+  clip_norm = property(lambda self: self.spec.clipping.clip_norm)
+  adaptive = property(lambda self: self.spec.adaptive)
+  noise_stream = property(lambda self: self.spec.noise_stream)
+  noise_multiplier = property(lambda self: self.record.noise_multiplier)
 
   @property
-  def workload(self) -> workloads.WorkloadSpec:
-    return mechanisms.training_workload(self.n, self.momentum, self.lr_schedule,
-                                        self.schedule_rounds)
+  def allow_no_noise(self) -> bool:
+    return self.spec.privacy is not None and self.spec.privacy.allow_no_noise
 
 
 class DPAggregatorFactory(tff.aggregators.UnweightedAggregationFactory,
@@ -172,269 +160,98 @@ def build_server_optimizer(server_learning_rate: float, momentum: float, etas: n
   return tff.learning.optimizers.schedule_learning_rate(base, schedule)
 
 
-def _optional(value, check, name):
-  return None if value is None else check(value, name)
+def mechanism_spec(mechanism: str, *,
+                   target_quantile: float = adaptive_clipping.DEFAULT_TARGET_QUANTILE,
+                   initial_clip_norm: float = adaptive_clipping.DEFAULT_INITIAL_CLIP_NORM,
+                   clip_learning_rate: float = adaptive_clipping.DEFAULT_LEARNING_RATE,
+                   clipped_count_stddev: Optional[float] = None,
+                   **kwargs) -> spec_lib.MechanismSpec:
+  """The ``tff_mf.spec.MechanismSpec`` of ``build_mechanism``'s keyword arguments (the
+  quantile estimator's four, and ``MechanismSpec.from_args``'s)."""
+  return spec_lib.MechanismSpec.from_args(
+      mechanism, adaptive=adaptive_clipping.AdaptiveClipping(
+          target_quantile, initial_clip_norm, clip_learning_rate, clipped_count_stddev),
+      **kwargs)
 
 
-def _privacy_arguments(mechanism, noise_multiplier, target_epsilon, delta, accountant,
-                       allow_no_noise):
-  """(z or None, target ε or None, δ or None, accountant), checked."""
-  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  if accountant not in accounting.ACCOUNTANTS:
-    raise checks.CheckError(f"accountant must be one of {accounting.ACCOUNTANTS}, got "
-                            f"{accountant!r}")
-  if not mechanism.private:
-    if noise_multiplier not in (None, 0.0) or target_epsilon is not None:
-      raise checks.CheckError(f"mechanism {mechanism.name!r} adds no noise; it takes neither "
-                              "noise_multiplier nor target_epsilon")
-    return 0.0, None, None, accountant
-  if (noise_multiplier is None) == (target_epsilon is None):
-    raise checks.CheckError("give exactly one of noise_multiplier and target_epsilon")
-  delta = None if delta is None else checks.delta(delta)
-  if target_epsilon is not None:
-    if delta is None:
-      raise checks.CheckError("target_epsilon needs delta")
-    return None, checks.positive_float(target_epsilon, "target_epsilon"), delta, accountant
-  return (checks.noise_multiplier(noise_multiplier, allow_zero=allow_no_noise,
-                                  no_noise_hint=checks.PYTHON_NO_NOISE_HINT), None, delta,
-          accountant)
+def build_mechanism(mechanism: Union[str, spec_lib.MechanismSpec], *,
+                    server_learning_rate: float = 1.0, noise_seed: Optional[int] = None,
+                    cache_dir: Optional[str] = None, progress: bool = False,
+                    resolved: Optional[mechanisms.Resolved] = None,
+                    **spec_arguments) -> MechanismSetup:
+  """Aggregator + server optimizer for a ``tff_mf.spec.MechanismSpec``.
 
-
-def _clipping(mechanism, clip_norm, adaptive, clients_per_round):
-  """(ζ_0, checked AdaptiveClipping or None) from ``clip_norm`` (a number or "adaptive")."""
-  if isinstance(clip_norm, str):
-    if clip_norm != "adaptive":
-      raise checks.CheckError(f"clip_norm must be a positive number or 'adaptive', got "
-                              f"{clip_norm!r}")
-    if not mechanism.private:
-      raise checks.CheckError(f"mechanism {mechanism.name!r} adds no noise and clips nothing; "
-                              "adaptive clipping does not apply")
-    if mechanism.noise == "tff_tree":
-      raise checks.CheckError(
-          "adaptive clipping with TFF's tree: use mechanism 'honaker_online' (the same tree "
-          "and estimator as a matrix mechanism, which takes clip_norm='adaptive')")
-    checked = adaptive.checked(clients_per_round)
-    return checked.initial_clip_norm, checked
-  if adaptive != adaptive_clipping.AdaptiveClipping():
-    raise checks.CheckError("target_quantile, initial_clip_norm, clip_learning_rate and "
-                            "clipped_count_stddev go with clip_norm='adaptive' only")
-  return checks.positive_float(clip_norm, "clip_norm"), None
-
-
-def _config(name, total_rounds, privacy, clients_per_round, clip_norm, server_learning_rate,
-            momentum, lr_schedule, schedule_rounds, participation, noise_seed, cache_dir, bands,
-            rank, buffers, allow_no_noise, progress, adaptive):
-  mechanism = registry.mechanism(name)
-  if not mechanism.trainable:
-    raise checks.CheckError(f"mechanism {mechanism.name!r} cannot be trained: "
-                            f"{mechanism.why_not_trainable}")
-  schema = participation or participation_lib.SINGLE
-  if schema.kind not in mechanism.participations:
-    raise checks.CheckError(f"mechanism {mechanism.name!r} supports participation "
-                            f"{', '.join(mechanism.participations)}, not {schema.kind!r}")
-  n = checks.positive_int(total_rounds, "total_rounds")
-  schema.check(n)
-  z, target, delta, accountant = _privacy_arguments(mechanism, *privacy, allow_no_noise)
-  if lr_schedule not in workloads.LR_SCHEDULES:
-    raise checks.CheckError(f"unknown lr_schedule {lr_schedule!r}; expected one of "
-                            f"{workloads.LR_SCHEDULES}")
-  if (lr_schedule == "constant") != (schedule_rounds is None):
-    raise checks.CheckError("schedule_rounds goes with lr_schedule 'decay' or 'cooldown', and "
-                            "only with them")
-  accepted = registry.default_parameters(mechanism.strategy, n, schema) \
-      if mechanism.strategy in registry.STRATEGIES else {}
-  for key, value in (("bands", bands), ("rank", rank), ("buffers", buffers)):
-    if value is not None and key not in accepted:
-      raise checks.CheckError(f"{key} does not apply to mechanism {mechanism.name!r}")
-  clients_per_round = checks.positive_float(clients_per_round, "clients_per_round")
-  clip_norm, adaptive = _clipping(mechanism, clip_norm, adaptive, clients_per_round)
-  return MechanismConfig(
-      mechanism=mechanism, n=n, noise_multiplier=z, target_epsilon=target, delta=delta,
-      accountant=accountant,
-      clients_per_round=clients_per_round, clip_norm=clip_norm, adaptive=adaptive,
-      server_learning_rate=checks.positive_float(server_learning_rate, "server_learning_rate"),
-      momentum=checks.in_range(momentum, "momentum", 0.0, 1.0), lr_schedule=lr_schedule,
-      schedule_rounds=_optional(schedule_rounds, checks.positive_int, "schedule_rounds"),
-      participation=schema, noise_seed=_optional(noise_seed, checks.seed, "noise_seed"),
-      cache_dir=cache_dir, bands=_optional(bands, checks.positive_int, "bands"),
-      rank=_optional(rank, checks.nonnegative_int, "rank"),
-      buffers=_optional(buffers, checks.positive_int, "buffers"),
-      allow_no_noise=bool(allow_no_noise), progress=bool(progress))
-
-
-def build_mechanism(mechanism: str, *, total_rounds: int,
-                    noise_multiplier: Optional[float] = None, clients_per_round: float,
-                    clip_norm: Union[float, str], target_epsilon: Optional[float] = None,
-                    delta: Optional[float] = None, accountant: str = "exact",
-                    server_learning_rate: float = 1.0, momentum: float = 0.0,
-                    lr_schedule: str = "constant", schedule_rounds: Optional[int] = None,
-                    participation: Optional[participation_lib.Participation] = None,
-                    noise_seed: Optional[int] = None, cache_dir: Optional[str] = None,
-                    bands: Optional[int] = None, rank: Optional[int] = None,
-                    buffers: Optional[int] = None, allow_no_noise: bool = False,
-                    progress: bool = False, resolved: Optional[mechanisms.Resolved] = None,
-                    target_quantile: float = adaptive_clipping.DEFAULT_TARGET_QUANTILE,
-                    initial_clip_norm: float = adaptive_clipping.DEFAULT_INITIAL_CLIP_NORM,
-                    clip_learning_rate: float = adaptive_clipping.DEFAULT_LEARNING_RATE,
-                    clipped_count_stddev: Optional[float] = None,
-                    noise_stream: str = "auto", sampling_prob: Optional[float] = None,
-                    _resolve_only: bool = False) -> MechanismSetup:
-  """Aggregator + server optimizer for a registry mechanism (any accepted spelling).
-
-  Give the noise multiplier z, or ``target_epsilon`` and ``delta`` to calibrate the
-  smallest z whose ε (one Gaussian at z/sens, sens computed from the mechanism's C
-  under ``participation``, without amplification) is at most the target.
-  ``participation`` is the schema clients are sampled under (default single
-  participation); z must be positive unless ``allow_no_noise=True``. Raises
+  ``mechanism``: a spec, or a registry mechanism (any accepted spelling) with the spec's
+  keyword arguments (``mechanism_spec``): ``total_rounds``, ``clients_per_round``,
+  ``clip_norm`` (a number, or "adaptive" with ``target_quantile``, ``initial_clip_norm``,
+  ``clip_learning_rate``, ``clipped_count_stddev``: TFF's ``gaussian_adaptive`` defaults,
+  σ_b 0.05·clients_per_round), ``noise_multiplier`` z or ``target_epsilon`` with ``delta``
+  (the smallest z whose ε is at most the target), ``accountant``, ``sampling_prob`` (p < 1
+  of cyclic Poisson sampling under min_sep: ε also bounded with amplification),
+  ``allow_no_noise``, ``momentum``, ``lr_schedule``, ``schedule_rounds``, ``participation``
+  (default single), ``bands``/``rank``/``buffers`` (or ``params``) and ``noise_stream``
+  (``NOISE_STREAMS``). The numpy layer resolves the spec and decides its privacy record
+  (``tff_mf.mechanisms.build``); this function only wires them into TFF objects. Raises
   ``CheckError`` (a ValueError) naming the first bad or conflicting argument.
-  ``resolved``: the numpy mechanism ``resolve_mechanism`` returned for the same mechanism,
-  workload and schema (not resolved again: one cache load, one check).
-
-  ``clip_norm="adaptive"`` clips round i to ζ_i, a private estimate of the
-  ``target_quantile`` of the update norms (``tff_mf.adaptive_clipping``; defaults of
-  TFF's ``gaussian_adaptive``: ζ_0 = ``initial_clip_norm`` 0.1, ``clip_learning_rate``
-  0.2, ``clipped_count_stddev`` 0.05·clients_per_round). z is then the MF noise
-  multiplier; ε covers the MF noise and the count queries together, and a target ε is
-  split between them as TFF splits it (the count's σ_b fixed, z takes the rest).
-  ``noise_stream``: one of ``NOISE_STREAMS`` (same noise C⁻¹·Z, different state).
-  ``sampling_prob``: under min_sep participation, the probability p < 1 that a client joins
-  each round it is eligible for (cyclic Poisson sampling): ε is then also bounded with
-  amplification (banded or MMCC), z calibrated with it, and the smaller bound reported
-  (``tff_mf.mechanisms.run_privacy``). ``setup.privacy`` is the record a run writes.
+  ``resolved``: the numpy mechanism ``resolve_mechanism`` returned for the same spec (not
+  resolved again: one cache load, one check). ``setup.privacy`` is the record a run writes.
   """
-  cfg = _config(mechanism, total_rounds, (noise_multiplier, target_epsilon, delta, accountant),
-                clients_per_round, clip_norm, server_learning_rate, momentum, lr_schedule,
-                schedule_rounds, participation, noise_seed, cache_dir, bands, rank, buffers,
-                allow_no_noise, progress,
-                adaptive_clipping.AdaptiveClipping(target_quantile, initial_clip_norm,
-                                                   clip_learning_rate, clipped_count_stddev))
-  cfg = dataclasses.replace(cfg, noise_stream=_noise_stream(cfg.mechanism, noise_stream))
-  resolved = _resolved(cfg, resolved)
-  if _resolve_only:
-    return resolved
+  if isinstance(mechanism, spec_lib.MechanismSpec):
+    if spec_arguments:
+      raise checks.CheckError(f"build_mechanism takes a MechanismSpec or its keyword "
+                              f"arguments, not both ({', '.join(sorted(spec_arguments))})")
+    spec = mechanism
+  else:
+    spec = mechanism_spec(mechanism, **spec_arguments)
+  server_learning_rate = checks.positive_float(server_learning_rate, "server_learning_rate")
+  noise_seed = None if noise_seed is None else checks.seed(noise_seed, "noise_seed")
+  pinned = noise_seed is not None
+  resolved, record = mechanisms.build(spec, cache_dir=cache_dir, progress=bool(progress),
+                                      resolved=resolved, noise_seed_pinned=pinned,
+                                      mmcc_options=MMCC_OPTIONS)
   runtime.install_exit_hook()  # the aggregator runs on TFF's server, which TFF leaves running
-  etas = workloads.learning_rates(cfg.n, cfg.lr_schedule, cfg.schedule_rounds)
-  server_optimizer = build_server_optimizer(cfg.server_learning_rate, cfg.momentum, etas)
-  info = _setup_info(cfg, resolved)
-  record = mechanisms.privacy(resolved, cfg.noise_multiplier, cfg.target_epsilon, cfg.delta,
-                              cfg.accountant, sampling_prob=sampling_prob,
-                              adaptive=cfg.adaptive, mmcc_options=MMCC_OPTIONS)
-  if record.private:
-    cfg = dataclasses.replace(cfg, noise_multiplier=record.noise_multiplier)
-  record = dataclasses.replace(record, setup=_statement_setup(cfg))
-  info.update(record.info(cfg.clip_norm))
-  if cfg.adaptive is not None:
-    info.update(_adaptive_info(cfg, resolved))
-  factory, noise = _BUILDERS[cfg.mechanism.noise](cfg, resolved, info)
+  w = spec.workload
+  etas = workloads.learning_rates(spec.n, w.lr_schedule, w.schedule_rounds)
+  server_optimizer = build_server_optimizer(server_learning_rate, w.momentum, etas)
+  info = mechanisms.describe(spec, resolved, record, noise_seed_pinned=pinned)
+  info["server_learning_rate"] = server_learning_rate
+  wiring = _Wiring(spec, record, noise_seed)
+  factory, noise = _BUILDERS[spec.mechanism.noise](wiring, resolved, info)
   f = resolved.factorization
   if f is not None:
     info.update(strategy=f.strategy,
                 single_participation_sqrt_loss=f.single_participation_sqrt_loss)
   return MechanismSetup(
       aggregation_factory=DPAggregatorFactory(
-          factory, cfg.mechanism.name,
-          plain_clip_norm=cfg.clip_norm if cfg.mechanism.noise == "clipped" else None),
+          factory, spec.mechanism.name, plain_clip_norm=spec.clipping.clip_norm
+          if spec.mechanism.noise == "clipped" else None),
       server_optimizer=server_optimizer, factorization=f, noise=noise,
       single_participation_sqrt_loss=None if f is None else f.single_participation_sqrt_loss,
       info=info, mechanism=resolved, privacy=record)
-
-
-def _statement_setup(cfg: MechanismConfig) -> Dict[str, Any]:
-  """What the privacy statement names beside ε (``tff_mf.statement.setup_words``)."""
-  out: Dict[str, Any] = {
-      "mechanism": cfg.mechanism.name, "label": cfg.mechanism.label, "rounds": cfg.n,
-      "clients_per_round": cfg.clients_per_round,
-      "clip_norm": "adaptive" if cfg.adaptive is not None else cfg.clip_norm,
-      "participation": cfg.participation.as_dict(),
-      "noise_seed_pinned": cfg.noise_seed is not None}
-  if cfg.adaptive is not None:
-    out["adaptive_clipping"] = cfg.adaptive.as_dict()
-  return out
-
-
-def _setup_info(cfg: MechanismConfig, resolved: mechanisms.Resolved) -> Dict[str, Any]:
-  """The JSON-ready description of the mechanism asked for and resolved (no seed)."""
-  info: Dict[str, Any] = {
-      "mechanism": cfg.mechanism.name, "label": cfg.mechanism.label, "total_rounds": cfg.n,
-      "clients_per_round": cfg.clients_per_round, "clip_norm": cfg.clip_norm,
-      "server_learning_rate": cfg.server_learning_rate, "momentum": cfg.momentum,
-      "lr_schedule": cfg.lr_schedule, "schedule_rounds": cfg.schedule_rounds,
-      "participation": cfg.participation.as_dict(), "noise_kind": cfg.mechanism.noise,
-      "noise_stream": cfg.noise_stream,
-      "noise_seed_pinned": cfg.noise_seed is not None,
-      "clipping": "fixed" if cfg.adaptive is None else "adaptive",
-  }
-  if cfg.adaptive is not None:
-    info["adaptive_clipping"] = cfg.adaptive.as_dict()
-  info.update(resolved.info)
-  return info
 
 
 # MMCC in this process only: no forked workers inside a process that runs TensorFlow and
 # TFF's gRPC threads.
 MMCC_OPTIONS = {"workers": 1}
 
-# How a linear-noise mechanism produces C⁻¹·Z: "stateful" runs the family's recurrence and
-# carries its k model-sized state rows between rounds; "stateless" regenerates the rows of Z
-# that round i's noise needs from the secret seed and keeps no state (cost ∝ the non-zeros
-# of C⁻¹'s row i: b for BISR, BandInvMF and λCGD, whose C⁻¹ is banded; Kalinin et al. 2025,
-# arXiv:2505.12128). "auto": the registry's kind (stateful for linear, stateless for dense).
-NOISE_STREAMS = ("auto", "stateful", "stateless")
+# The noise streams a linear-noise mechanism can run (``tff_mf.spec``).
+NOISE_STREAMS = spec_lib.NOISE_STREAMS
 
 
-def _noise_stream(mechanism: registry.Mechanism, value: str) -> str:
-  """The noise stream asked for, checked against the mechanism's noise kind."""
-  if value not in NOISE_STREAMS:
-    raise checks.CheckError(f"noise_stream must be one of {', '.join(NOISE_STREAMS)}, got "
-                            f"{value!r}")
-  if value == "auto":
-    return {"linear": "stateful", "dense": "stateless"}.get(mechanism.noise, "auto")
-  allowed = {"linear": ("stateful", "stateless"), "dense": ("stateless",)}.get(mechanism.noise,
-                                                                            ())
-  if value not in allowed:
-    raise checks.CheckError(f"noise_stream={value!r} does not apply to mechanism "
-                            f"{mechanism.name!r} (its noise is {mechanism.noise}"
-                            f"{': stateless only' if allowed else ''})")
-  return value
-
-
-def resolve_mechanism(mechanism: str, **kwargs) -> mechanisms.Resolved:
+def resolve_mechanism(mechanism: Union[str, spec_lib.MechanismSpec], *,
+                      cache_dir: Optional[str] = None, progress: bool = False,
+                      **spec_arguments) -> mechanisms.Resolved:
   """The numpy ``tff_mf.mechanisms.Resolved`` that ``build_mechanism`` with the same arguments
   wires, checked the same way, without building TFF objects: its encoder is what the run's
   privacy is accounted for; pass it back to ``build_mechanism(..., resolved=)``."""
-  return build_mechanism(mechanism, _resolve_only=True, **kwargs)
+  for name in ("server_learning_rate", "noise_seed"):  # build_mechanism's, unused here
+    spec_arguments.pop(name, None)
+  spec = mechanism if isinstance(mechanism, spec_lib.MechanismSpec) else \
+      mechanism_spec(mechanism, **spec_arguments)
+  return mechanisms.resolve_spec(spec, cache_dir=cache_dir, progress=bool(progress))
 
 
-def _resolved(cfg: MechanismConfig,
-              resolved: Optional[mechanisms.Resolved]) -> mechanisms.Resolved:
-  if resolved is None:
-    return mechanisms.resolve(cfg.mechanism, cfg.workload, cfg.participation,
-                              cache_dir=cfg.cache_dir, bands=cfg.bands, rank=cfg.rank,
-                              buffers=cfg.buffers, progress=cfg.progress)
-  if (resolved.mechanism != cfg.mechanism or resolved.workload != cfg.workload
-      or resolved.participation != cfg.participation):
-    raise checks.CheckError(f"the resolved mechanism ({resolved.mechanism.name}, "
-                            f"{resolved.workload}, {resolved.participation.describe()}) is not "
-                            f"the one asked for ({cfg.mechanism.name})")
-  return resolved
-
-
-def _adaptive_info(cfg: MechanismConfig, resolved: mechanisms.Resolved) -> Dict[str, Any]:
-  k = cfg.participation.max_participations_in(cfg.n)
-  sigma_b, sens = cfg.adaptive.clipped_count_stddev, resolved.sensitivity
-  count_mu = adaptive_clipping.count_mu(sigma_b, k)
-  out = {"effective_noise_multiplier_value": cfg.noise_multiplier / sens,
-         "effective_noise_multiplier_count": 1.0 / count_mu if count_mu else math.inf,
-         "count_participations": k,
-         "effective_noise_multiplier": adaptive_clipping.combined_noise_multiplier(
-             cfg.noise_multiplier, sens, sigma_b, k),
-         "stddev_per_round_sum": f"{cfg.noise_multiplier:g} x the round's clip norm"}
-  if cfg.target_epsilon is not None:
-    out["budget_split"] = "clipped_count_stddev fixed; the MF noise takes the rest"
-  return out
-
-
-def _make_query_factory(cfg: MechanismConfig, noise: noise_lib.StreamingNoise):
+def _make_query_factory(cfg: _Wiring, noise: noise_lib.StreamingNoise):
   def make_factory(specs):
     if cfg.adaptive is not None:
       q = query_lib.AdaptiveClipMatrixFactorizationQuery(
@@ -455,7 +272,7 @@ def _record_noise(info: Dict[str, Any], noise) -> None:
   info.update(noise_implementation=noise.describe(), state_rows=noise.state_rows())
 
 
-def _build_dense(cfg: MechanismConfig, resolved: mechanisms.Resolved, info: Dict[str, Any]):
+def _build_dense(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str, Any]):
   f = resolved.factorization
   noise = noise_lib.DenseNoise(f.c, f.noise_matrix() if f.m != f.n else None, cfg.participation,
                                sensitivity_report=resolved.sensitivity_report)
@@ -463,7 +280,7 @@ def _build_dense(cfg: MechanismConfig, resolved: mechanisms.Resolved, info: Dict
   return _make_query_factory(cfg, noise), noise
 
 
-def _build_linear(cfg: MechanismConfig, resolved: mechanisms.Resolved, info: Dict[str, Any]):
+def _build_linear(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str, Any]):
   if cfg.noise_stream == "stateless":
     # The rows of Z that round i's noise needs, regenerated from the seed: N = C⁻¹ from the
     # stream itself (run on Z = I, so entries outside C⁻¹'s band are exact zeros).
@@ -485,20 +302,22 @@ class TreeAggregationParams:
   noise_seed: int
 
 
-def tree_aggregation_params(cfg: MechanismConfig) -> TreeAggregationParams:
-  """Per-node multiplier z·√levels (``mechanisms.tree_node_multiplier``). The seed is pinned
-  or drawn from OS entropy (never TFF's clock-based default)."""
-  seed = cfg.noise_seed if cfg.noise_seed is not None else checks.new_seed()
-  return TreeAggregationParams(mechanisms.tree_node_multiplier(cfg.noise_multiplier, cfg.n),
-                               tree.tree_levels(cfg.n), seed)
+def tree_aggregation_params(n: int, noise_multiplier: float,
+                            noise_seed: Optional[int]) -> TreeAggregationParams:
+  """Per-node multiplier z·√levels (``mechanisms.tree_node_multiplier``) for n rounds at
+  run multiplier z. The seed is pinned or drawn from OS entropy (never TFF's clock-based
+  default)."""
+  seed = noise_seed if noise_seed is not None else checks.new_seed()
+  return TreeAggregationParams(mechanisms.tree_node_multiplier(noise_multiplier, n),
+                               tree.tree_levels(n), seed)
 
 
-def _build_tff_tree(cfg: MechanismConfig, resolved: mechanisms.Resolved,
+def _build_tff_tree(cfg: _Wiring, resolved: mechanisms.Resolved,
                     info: Dict[str, Any]):
   # The nodes TFF adds noise to are the rows of C_T; the run is calibrated for C_T/√levels
   # (``tff_mf.mechanisms``).
   del resolved
-  params = tree_aggregation_params(cfg)
+  params = tree_aggregation_params(cfg.n, cfg.noise_multiplier, cfg.noise_seed)
   info.update(tff_dp_events="TFF's tree query reports UnsupportedDpEvent",
               noise_seed_source="pinned" if cfg.noise_seed is not None else "os_entropy",
               noise_multiplier_per_node=params.noise_multiplier_per_node)
@@ -512,7 +331,7 @@ def _build_tff_tree(cfg: MechanismConfig, resolved: mechanisms.Resolved,
   return make_factory, None
 
 
-def _build_tff_gaussian(cfg: MechanismConfig, resolved: mechanisms.Resolved,
+def _build_tff_gaussian(cfg: _Wiring, resolved: mechanisms.Resolved,
                         info: Dict[str, Any]):
   info.update(tff_dp_events="TFF reports GaussianDpEvent(z) every round; composing them "
                             "over-counts (an upper bound)",
@@ -531,7 +350,7 @@ def _build_tff_gaussian(cfg: MechanismConfig, resolved: mechanisms.Resolved,
   return make_factory, None
 
 
-def _seeded_gaussian_adaptive(cfg: MechanismConfig, resolved: mechanisms.Resolved, specs,
+def _seeded_gaussian_adaptive(cfg: _Wiring, resolved: mechanisms.Resolved, specs,
                               seed: int):
   """Independent noise (C = I) with adaptive clipping, drawn from the run's seed.
 
@@ -550,12 +369,12 @@ def _seeded_gaussian_adaptive(cfg: MechanismConfig, resolved: mechanisms.Resolve
       tfp.NormalizedQuery(q, denominator=cfg.clients_per_round))
 
 
-def _build_none(cfg: MechanismConfig, resolved: mechanisms.Resolved, info: Dict[str, Any]):
+def _build_none(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str, Any]):
   del cfg, resolved, info
   return (lambda specs: tff.aggregators.UnweightedMeanFactory()), None
 
 
-def _build_clipped(cfg: MechanismConfig, resolved: mechanisms.Resolved, info: Dict[str, Any]):
+def _build_clipped(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str, Any]):
   """Each client's update clipped to ζ (TFF's ``clipping_factory``, its global L2 norm), then
   the plain mean: no noise, not private."""
   del resolved

@@ -1,0 +1,301 @@
+"""The one input of the numpy mechanism layer: a frozen, typed ``MechanismSpec`` (no TF import).
+
+A spec names a registry mechanism, the training workload A (n rounds, momentum β and the
+learning-rate schedule: Denisov et al. 2022, arXiv:2202.08312, Eq. 9), the participation
+schema, the privacy (z or a target ε, δ, the Gaussian accountant, the sampling
+probability), the clipping (a fixed clip norm, or the adaptive quantile estimate of Andrew
+et al. 2021, arXiv:1905.03871) and the family parameters. Each part checks itself when it
+is built, and the spec checks how they fit together (the family parameters against the
+family's ``tff_mf.families.Declaration``), once: every error is one line naming the
+argument. ``MechanismSpec.from_args`` builds one from the keyword arguments of
+``tff_mf.tf.aggregators.build_mechanism``; ``tff_mf.mechanisms.build`` resolves it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any, Dict, Mapping, Optional, Union
+
+from tff_mf import accounting
+from tff_mf import adaptive_clipping
+from tff_mf import analyses
+from tff_mf import checks
+from tff_mf import families
+from tff_mf import participation as participation_lib
+from tff_mf import registry
+from tff_mf import workloads
+
+LR_SCHEDULES = workloads.LR_SCHEDULES
+
+# How a linear-noise mechanism produces C⁻¹·Z: "stateful" runs the family's recurrence and
+# carries its k model-sized state rows between rounds; "stateless" regenerates the rows of Z
+# that round i's noise needs from the secret seed and keeps no state (cost ∝ the non-zeros
+# of C⁻¹'s row i: b for BISR, BandInvMF and λCGD, whose C⁻¹ is banded; Kalinin et al. 2025,
+# arXiv:2505.12128). "auto": the registry's kind (stateful for linear, stateless for dense).
+NOISE_STREAMS = ("auto", "stateful", "stateless")
+
+
+def _set(obj, **values) -> None:
+  """Stores checked values on a frozen dataclass while it is being built."""
+  for name, value in values.items():
+    object.__setattr__(obj, name, value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Privacy:
+  """How much noise a private mechanism adds, and how its ε is computed.
+
+  Attributes:
+    noise_multiplier: z, or None to calibrate it to ``target_epsilon`` (exactly one given).
+    target_epsilon: the ε the smallest z is calibrated to (needs ``delta``).
+    delta: δ of the reported (ε, δ); None: no ε is computed.
+    accountant: the unamplified Gaussian's accountant (``tff_mf.analyses.ACCOUNTANTS``).
+    sampling_prob: p < 1 of cyclic Poisson sampling under min_sep (amplified bounds).
+    allow_no_noise: z = 0 is accepted (ε = ∞).
+    amplification: a ``tff_mf.analyses.Analysis`` in place of the automatic choice of the
+      amplified analysis (e.g. ``MonteCarloBound``), or None.
+  """
+  noise_multiplier: Optional[float] = None
+  target_epsilon: Optional[float] = None
+  delta: Optional[float] = None
+  accountant: str = accounting.DEFAULT_ACCOUNTANT
+  sampling_prob: Optional[float] = None
+  allow_no_noise: bool = False
+  amplification: Optional[Any] = None
+
+  def __post_init__(self):
+    analyses.accountant(self.accountant)
+    if self.sampling_prob is not None:
+      _set(self, sampling_prob=checks.probability(self.sampling_prob, "sampling_prob"))
+    if (self.noise_multiplier is None) == (self.target_epsilon is None):
+      raise checks.CheckError("give exactly one of noise_multiplier and target_epsilon")
+    if self.target_epsilon is not None:
+      _set(self, target_epsilon=checks.positive_float(self.target_epsilon, "target_epsilon"))
+      if self.delta is None:
+        raise checks.CheckError("target_epsilon needs delta")
+    else:
+      _set(self, noise_multiplier=checks.noise_multiplier(
+          self.noise_multiplier, allow_zero=self.allow_no_noise,
+          no_noise_hint=checks.PYTHON_NO_NOISE_HINT))
+    if self.delta is not None:
+      _set(self, delta=checks.delta(self.delta))
+    _set(self, allow_no_noise=bool(self.allow_no_noise))
+
+  def check_schema(self, schema: participation_lib.Participation) -> None:
+    """``sampling_prob`` goes with cyclic Poisson sampling only (or a chosen analysis)."""
+    if self.sampling_prob is not None and not schema.poisson and self.amplification is None:
+      raise checks.CheckError(f"sampling_prob applies to min_sep (cyclic Poisson) "
+                              f"participation, not {schema.kind}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Clipping:
+  """Each client update's clip norm: fixed, or adaptive.
+
+  Attributes:
+    clip_norm: ζ of every round (fixed), or ζ_0 (adaptive: ``adaptive.initial_clip_norm``).
+    adaptive: the checked quantile estimator (``tff_mf.adaptive_clipping``), None for a
+      fixed clip norm.
+  """
+  clip_norm: float
+  adaptive: Optional[adaptive_clipping.AdaptiveClipping] = None
+
+  def __post_init__(self):
+    _set(self, clip_norm=checks.positive_float(self.clip_norm, "clip_norm"))
+    if self.adaptive is not None and self.adaptive.initial_clip_norm != self.clip_norm:
+      raise checks.CheckError(f"clip_norm {self.clip_norm} is not the adaptive estimator's "
+                              f"initial_clip_norm {self.adaptive.initial_clip_norm}")
+
+  @classmethod
+  def from_args(cls, clip_norm: Union[float, str], adaptive: adaptive_clipping.AdaptiveClipping,
+                clients_per_round: float) -> "Clipping":
+    """From ``clip_norm`` (a number, or "adaptive" with the estimator ``adaptive``)."""
+    if isinstance(clip_norm, str):
+      if clip_norm != "adaptive":
+        raise checks.CheckError(f"clip_norm must be a positive number or 'adaptive', got "
+                                f"{clip_norm!r}")
+      checked = adaptive.checked(clients_per_round)
+      return cls(checked.initial_clip_norm, checked)
+    if adaptive != adaptive_clipping.AdaptiveClipping():
+      raise checks.CheckError("target_quantile, initial_clip_norm, clip_learning_rate and "
+                              "clipped_count_stddev go with clip_norm='adaptive' only")
+    return cls(clip_norm)
+
+  @property
+  def described(self) -> Union[float, str]:
+    """The clip norm as the privacy statement names it (a number or "adaptive")."""
+    return "adaptive" if self.adaptive is not None else self.clip_norm
+
+
+def training_workload(n: int, momentum: float = 0.0, lr_schedule: str = "constant",
+                      schedule_rounds: Optional[int] = None) -> workloads.WorkloadSpec:
+  """The workload A a run trains with: S, or momentum with a learning-rate schedule
+  (checked; errors name ``total_rounds``, ``momentum``, ``lr_schedule``, ``schedule_rounds``)."""
+  n = checks.positive_int(n, "total_rounds")
+  if lr_schedule not in LR_SCHEDULES:
+    raise checks.CheckError(f"unknown lr_schedule {lr_schedule!r}; expected one of "
+                            f"{LR_SCHEDULES}")
+  if (lr_schedule == "constant") != (schedule_rounds is None):
+    raise checks.CheckError("schedule_rounds goes with lr_schedule 'decay' or 'cooldown', and "
+                            "only with them")
+  momentum = checks.in_range(momentum, "momentum", 0.0, 1.0)
+  if schedule_rounds is not None:
+    schedule_rounds = checks.positive_int(schedule_rounds, "schedule_rounds")
+  if momentum == 0.0 and lr_schedule == "constant":
+    return workloads.WorkloadSpec(kind="prefix_sum", n=n)
+  return workloads.WorkloadSpec(kind="momentum", n=n, momentum=momentum,
+                                lr_schedule=lr_schedule, schedule_rounds=schedule_rounds)
+
+
+@dataclasses.dataclass(frozen=True)
+class MechanismSpec:
+  """Everything the numpy layer needs to resolve a mechanism and account for it.
+
+  Attributes:
+    mechanism: the registry entry (``tff_mf.registry.Mechanism``), trainable.
+    workload: the training workload A (``training_workload``); ``n`` is its rounds.
+    participation: the schema clients are sampled under (a ``tff_mf.participation`` kind).
+    privacy: ``Privacy``; None for a mechanism that adds no noise (``none``).
+    clipping: ``Clipping``.
+    clients_per_round: K, the clients a round's sum is divided by (and σ_b's default).
+    params: the family parameters given (bands, rank, buffers, or a family's own), checked
+      against the family's ``Declaration``; the others take its defaults.
+    noise_stream: how a linear-noise mechanism realizes C⁻¹·Z (``NOISE_STREAMS``), "auto"
+      resolved to the mechanism's own.
+  """
+  mechanism: registry.Mechanism
+  workload: workloads.WorkloadSpec
+  participation: participation_lib.Participation
+  privacy: Optional[Privacy]
+  clipping: Clipping
+  clients_per_round: float
+  params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  noise_stream: str = "auto"
+
+  def __post_init__(self):
+    m = self.mechanism
+    if not m.trainable:
+      raise checks.CheckError(f"mechanism {m.name!r} cannot be trained: {m.why_not_trainable}")
+    schema = self.participation
+    if schema.kind not in m.participations:
+      raise checks.CheckError(f"mechanism {m.name!r} supports participation "
+                              f"{', '.join(m.participations)}, not {schema.kind!r}")
+    schema.check(self.n)
+    self._check_privacy()
+    _set(self, params=types.MappingProxyType(self.declaration.check_parameters(
+        self.params, self.n, schema, f"mechanism {m.name!r}")),
+         clients_per_round=checks.positive_float(self.clients_per_round, "clients_per_round"),
+         noise_stream=resolve_noise_stream(m, self.noise_stream))
+    self._check_clipping()
+
+  def _check_privacy(self) -> None:
+    m = self.mechanism
+    if m.private and self.privacy is None:
+      raise checks.CheckError("give exactly one of noise_multiplier and target_epsilon")
+    if not m.private and self.privacy is not None:
+      raise checks.CheckError(f"mechanism {m.name!r} adds no noise; it takes neither "
+                              "noise_multiplier nor target_epsilon")
+    if self.privacy is not None:
+      self.privacy.check_schema(self.participation)
+
+  def _check_clipping(self) -> None:
+    m = self.mechanism
+    if self.clipping.adaptive is None:
+      return
+    if not m.private:
+      raise checks.CheckError(f"mechanism {m.name!r} adds no noise and clips nothing; "
+                              "adaptive clipping does not apply")
+    if m.noise == "tff_tree":
+      raise checks.CheckError(
+          "adaptive clipping with TFF's tree: use mechanism 'honaker_online' (the same tree "
+          "and estimator as a matrix mechanism, which takes clip_norm='adaptive')")
+
+  @property
+  def n(self) -> int:
+    return int(self.workload.n)
+
+  @property
+  def declaration(self) -> families.Declaration:
+    """The family's declaration of the mechanism's strategy (empty without one)."""
+    strategy = self.mechanism.strategy
+    return (registry.strategy(strategy).declaration if strategy in registry.STRATEGIES
+            else families.Declaration())
+
+  @property
+  def adaptive(self) -> Optional[adaptive_clipping.AdaptiveClipping]:
+    return self.clipping.adaptive
+
+  @classmethod
+  def from_args(cls, mechanism: Union[str, registry.Mechanism], *, total_rounds: int,
+                clients_per_round: float, clip_norm: Union[float, str],
+                noise_multiplier: Optional[float] = None,
+                target_epsilon: Optional[float] = None, delta: Optional[float] = None,
+                accountant: str = accounting.DEFAULT_ACCOUNTANT,
+                sampling_prob: Optional[float] = None,
+                allow_no_noise: bool = False, momentum: float = 0.0,
+                lr_schedule: str = "constant", schedule_rounds: Optional[int] = None,
+                participation: Optional[participation_lib.Participation] = None,
+                params: Optional[Mapping[str, Any]] = None, noise_stream: str = "auto",
+                adaptive: Optional[adaptive_clipping.AdaptiveClipping] = None,
+                **family_params) -> "MechanismSpec":
+    """A spec from ``build_mechanism``'s keyword arguments (a mechanism by any spelling;
+    ``family_params``: bands=, rank=, buffers= or a family's own, None meaning not given)."""
+    m = mechanism if isinstance(mechanism, registry.Mechanism) else registry.mechanism(mechanism)
+    workload = training_workload(total_rounds, momentum, lr_schedule, schedule_rounds)
+    privacy = None
+    if m.private or noise_multiplier not in (None, 0.0) or target_epsilon is not None:
+      # (a mechanism without noise refuses one: ``_check_privacy``)
+      privacy = Privacy(noise_multiplier, target_epsilon, delta, accountant, sampling_prob,
+                        allow_no_noise)
+    else:
+      analyses.accountant(accountant)
+    clipping = Clipping.from_args(clip_norm, adaptive or adaptive_clipping.AdaptiveClipping(),
+                                  clients_per_round)
+    return cls(mechanism=m, workload=workload, participation=participation or
+               participation_lib.SINGLE, privacy=privacy, clipping=clipping,
+               clients_per_round=clients_per_round, params=dict(params or {}, **family_params),
+               noise_stream=noise_stream)
+
+  def statement_setup(self, noise_seed_pinned: bool = False) -> Dict[str, Any]:
+    """What the privacy statement names beside ε (``tff_mf.statement.setup_words``)."""
+    out: Dict[str, Any] = {
+        "mechanism": self.mechanism.name, "label": self.mechanism.label, "rounds": self.n,
+        "clients_per_round": self.clients_per_round, "clip_norm": self.clipping.described,
+        "participation": self.participation.as_dict(), "noise_seed_pinned": noise_seed_pinned}
+    if self.adaptive is not None:
+      out["adaptive_clipping"] = self.adaptive.as_dict()
+    return out
+
+  def describe(self, noise_seed_pinned: bool = False) -> Dict[str, Any]:
+    """The JSON-ready description of the mechanism asked for (no seed)."""
+    w = self.workload
+    info: Dict[str, Any] = {
+        "mechanism": self.mechanism.name, "label": self.mechanism.label, "total_rounds": self.n,
+        "clients_per_round": self.clients_per_round, "clip_norm": self.clipping.clip_norm,
+        "momentum": w.momentum, "lr_schedule": w.lr_schedule,
+        "schedule_rounds": w.schedule_rounds, "participation": self.participation.as_dict(),
+        "noise_kind": self.mechanism.noise, "noise_stream": self.noise_stream,
+        "noise_seed_pinned": noise_seed_pinned,
+        "clipping": "fixed" if self.adaptive is None else "adaptive"}
+    if self.adaptive is not None:
+      info["adaptive_clipping"] = self.adaptive.as_dict()
+    return info
+
+
+def resolve_noise_stream(mechanism: registry.Mechanism, value: str) -> str:
+  """The noise stream asked for (``NOISE_STREAMS``), checked against the mechanism's noise
+  kind; "auto" is the kind's own (stateful for linear, stateless for dense)."""
+  if value not in NOISE_STREAMS:
+    raise checks.CheckError(f"noise_stream must be one of {', '.join(NOISE_STREAMS)}, got "
+                            f"{value!r}")
+  own = {"linear": "stateful", "dense": "stateless"}.get(mechanism.noise, "auto")
+  if value in ("auto", own):
+    return own
+  allowed = {"linear": ("stateful", "stateless"), "dense": ("stateless",)}.get(mechanism.noise,
+                                                                            ())
+  if value not in allowed:
+    raise checks.CheckError(f"noise_stream={value!r} does not apply to mechanism "
+                            f"{mechanism.name!r} (its noise is {mechanism.noise}"
+                            f"{': stateless only' if allowed else ''})")
+  return value
