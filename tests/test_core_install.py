@@ -217,6 +217,12 @@ def test_help_and_the_one_line_refusal_of_tf_only_commands(core):
     assert lines[0].startswith(f"tff-mf {argv[0]}: error: needs the "), lines[0]
     assert f"pip install 'tff-mf[{extra}]'" in lines[0], lines[0]
   assert not os.path.exists(os.path.join(core["work"], "plots")), "a refusal wrote output"
+  # From Python: the TF layer's import says the same.
+  out = _run([core["python"], "-c", "import tff_mf.tf"], env=core["env"], cwd=core["work"],
+             what="import tff_mf.tf")
+  assert out.returncode != 0
+  assert out.stderr.strip().splitlines()[-1].startswith(
+      "ImportError: tff_mf.tf needs the TensorFlow extra"), out.stderr
 
 
 def _requirement(line):

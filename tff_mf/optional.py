@@ -45,11 +45,19 @@ def missing(name: str) -> Tuple[str, ...]:
   return tuple(m for m in EXTRAS[name].modules if importlib.util.find_spec(m) is None)
 
 
-def require(name: str, user: str = "") -> None:
-  """Raises a one-line ``CheckError`` when extra ``name`` is not installed; ``user`` is what
+def message(name: str, user: str = "") -> str:
+  """The line that says extra ``name`` is missing ("" when it is installed); ``user`` is what
   needs it (a flag such as ``--plot``; a command's own error prefix names the command)."""
   absent = missing(name)
-  if absent:
-    extra = EXTRAS[name]
-    raise checks.CheckError(f"{user + ' ' if user else ''}needs {extra.what} "
-                            f"({', '.join(absent)} not installed): {extra.install}")
+  if not absent:
+    return ""
+  extra = EXTRAS[name]
+  return (f"{user + ' ' if user else ''}needs {extra.what} ({', '.join(absent)} not "
+          f"installed): {extra.install}")
+
+
+def require(name: str, user: str = "") -> None:
+  """Raises ``message`` as a ``CheckError`` when extra ``name`` is not installed."""
+  line = message(name, user)
+  if line:
+    raise checks.CheckError(line)
