@@ -63,8 +63,17 @@ def _stop_line(command: str) -> str:
   return f"tff-mf {command}: {getattr(module, 'INTERRUPTED', 'interrupted; nothing was written')}"
 
 
+def _require_extras(command: str) -> None:
+  """A command whose module lists ``EXTRAS`` (``tff_mf.optional``) stops at once, in one line,
+  where one of them is not installed."""
+  from tff_mf import optional  # pylint: disable=g-import-not-at-top
+  for extra in getattr(importlib.import_module(dict(COMMANDS)[command]), "EXTRAS", ()):
+    optional.require(extra)
+
+
 def _run(args: argparse.Namespace) -> int:
   try:
+    _require_extras(args.command)
     return int(args.func(args) or 0)
   except (ValueError, OSError, MemoryError) as e:  # user-facing errors: one line, no traceback
     message = (clitools.flag_message(e, flags=vars(args)).splitlines()[0] if str(e)

@@ -10,7 +10,8 @@ LOWER bounds on ε at δ and on the Gaussian-DP μ, against the claim
       --participation fixed_epoch --epochs 2 --json --plot out/audit.png
 
 Exit status 1 when the bounds refute the claim (at the stated confidence), 0
-otherwise, 2 for bad input. Imports TensorFlow only inside ``run``.
+otherwise, 2 for bad input. Imports TensorFlow only inside ``run``; without the TensorFlow
+extra (``tff_mf.optional``) it stops at once with one line.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import textwrap
 from tff_mf import clitools
 from tff_mf import participation
 
+EXTRAS = ("tff",)
 _EXAMPLES = """examples:
   tff-mf audit --mechanism opt_prefix_sum --total_rounds 8 --noise_multiplier 0.5 \\
       --participation fixed_epoch --epochs 2
@@ -158,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
       calibration_trials=args.calibration_trials, delta=args.delta, alpha=args.alpha,
       others=args.others, sampling_prob=args.sampling_prob).checked()
   if args.plot:
+    from tff_mf import optional  # pylint: disable=g-import-not-at-top
+    optional.require("plot", "--plot")
     os.makedirs(os.path.dirname(os.path.abspath(args.plot)), exist_ok=True)
   from tff_mf.tf import audit, runtime  # pylint: disable=g-import-not-at-top
   runtime.install_exit_hook()

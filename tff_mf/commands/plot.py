@@ -3,7 +3,8 @@
 Per-round variance: Denisov et al. 2022, arXiv:2202.08312, Fig 1; McMahan, Rush,
 Thakurta, arXiv:2202.08312 v1, Fig 1. Heatmaps: Denisov et al. 2022, App G.
 
-Factorizations come from the cache (computed on a miss), so plotting after
+Needs the plotting extra (matplotlib: ``pip install 'tff-mf[plot]'``). Factorizations come
+from the cache (computed on a miss), so plotting after
 ``tff-mf factorize`` or ``tff-mf demo`` costs only the drawing.
 """
 
@@ -14,6 +15,8 @@ import os
 
 from tff_mf import clitools
 from typing import List, Optional
+
+EXTRAS = ("plot",)
 
 
 def _factorization(workload, strategy: str, cache_dir: Optional[str], progress: bool = True):
