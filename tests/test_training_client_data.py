@@ -16,6 +16,7 @@ import pytest
 from stackoverflow import data
 from stackoverflow import preprocessing
 from training import config as config_lib
+from training import engine
 from training import loop
 from training import task as task_lib
 
@@ -38,6 +39,13 @@ def _tiny_dir(tiny_stackoverflow):
                             num_empty_train_clients=3)
 
 
+class _CompiledStub(engine.CompiledProcess):
+  """Only its type: which form of a client's batches the loop gives the compiled engine."""
+
+  def __init__(self):  # pylint: disable=super-init-not-called
+    pass
+
+
 @pytest.mark.parametrize("dataset,kw", [
     ("synthetic", dict(max_elements_per_client=5, client_batch_size=2, sequence_length=8)),
     ("stackoverflow", dict(max_elements_per_client=17, client_batch_size=4,
@@ -50,18 +58,22 @@ def test_materialized_clients_equal_the_lazy_pipeline(dataset, kw, tiny_dir, tmp
       dataset=dataset, data_dir=tiny_dir if dataset == "stackoverflow" else None,
       vocab_size=kw.pop("vocab_size", 30), progress=False, root_output_dir=str(tmp_path), **kw)
   task = task_lib.build_task(config)
-  load = loop._client_loader(task)  # pylint: disable=protected-access
+  # Each engine's form: TFF's process takes datasets, the compiled engine the same rows as
+  # arrays (ClientBatches, whose dataset() is its batches).
+  loads = {"tff": loop._client_loader(task, object()),  # pylint: disable=protected-access
+           "compiled": loop._client_loader(task, _CompiledStub())}  # pylint: disable=protected-access
   cut = long = empty = 0
   for client_id in task.train_client_ids[:16]:
     raw = [e["tokens"].numpy().decode() for e in
            task.train.create_tf_dataset_for_client(client_id)]
     lazy = _batches(task.preprocess_fn(task.train.create_tf_dataset_for_client(client_id)))
-    ours = load(client_id)
+    ours, arrays = loads["tff"](client_id), loads["compiled"](client_id)
     if not raw:
-      assert ours is None and not lazy
+      assert ours is None and arrays is None and not lazy
       empty += 1
       continue
     _assert_same_batches(_batches(ours), lazy)
+    _assert_same_batches(_batches(arrays.dataset()), lazy)
     cut += len(raw) > config.max_elements_per_client
     long += any(len(s.split()) > config.sequence_length for s in raw)
   # The clients compared exercise the cut, the sentences without EOS (and the empty clients).
