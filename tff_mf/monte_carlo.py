@@ -355,15 +355,8 @@ def epsilon(c, schema, noise_multiplier: float, delta: float, *,
   seed_source, pairs, point_estimate (ε where the sample means, without their confidence
   bound, meet δ: not a bound), method}."""
   z = checks.noise_multiplier(noise_multiplier, "noise_multiplier")
-  delta = checks.delta(delta, "delta")
-  beta = check_failure_probability(failure_probability)
-  samples = _check_samples(samples)
-  schema = _check_schema(schema)
-  c = check_encoder(c)
-  schema.check(c.shape[1])
-  pinned = seed is not None
-  seed = checks.seed(seed, "seed") if pinned else checks.new_seed()
-  pairs = pairs_for(c, schema, sampling_prob)
+  delta, beta, samples, seed, pinned, pairs = _checked_run(
+      c, schema, delta, failure_probability, samples, seed, sampling_prob)
   sets = _all_losses(pairs, z, samples, seed)
   beta_each = beta / len(sets)
   composed = _Composed(other_events) if other_events else None
@@ -373,6 +366,20 @@ def epsilon(c, schema, noise_multiplier: float, delta: float, *,
           "seed_source": "pinned" if pinned else "os_entropy", "pairs": len(pairs),
           "pair": pairs[0].kind, "point_estimate": point, "composed_events": len(other_events),
           "method": METHOD}
+
+
+def _checked_run(c, schema, delta, failure_probability, samples, seed, sampling_prob):
+  """The checked inputs of a Monte-Carlo run: (δ, β, samples, seed, pinned, pairs); the
+  seed from OS entropy unless pinned."""
+  delta = checks.delta(delta, "delta")
+  beta = check_failure_probability(failure_probability)
+  samples = _check_samples(samples)
+  schema = _check_schema(schema)
+  c = check_encoder(c)
+  schema.check(c.shape[1])
+  pinned = seed is not None
+  seed = checks.seed(seed, "seed") if pinned else checks.new_seed("monte-carlo-accountant")
+  return delta, beta, samples, seed, pinned, pairs_for(c, schema, sampling_prob)
 
 
 METHOD = ("Monte-Carlo accounting of the dominating pair (arXiv:2410.06266), delta by the "
@@ -410,15 +417,8 @@ def calibrate(c, schema, target_epsilon: float, delta: float, z_start: float, *,
   ≤ target. ``z_start`` must be valid without sampling (the unamplified calibration);
   None for z when the first step already fails. Draws are shared across z."""
   target = checks.positive_float(target_epsilon, "target_epsilon")
-  delta = checks.delta(delta, "delta")
-  beta = check_failure_probability(failure_probability)
-  samples = _check_samples(samples)
-  schema = _check_schema(schema)
-  c = check_encoder(c)
-  schema.check(c.shape[1])
-  pinned = seed is not None
-  seed = checks.seed(seed, "seed") if pinned else checks.new_seed()
-  pairs = pairs_for(c, schema, sampling_prob)
+  delta, beta, samples, seed, pinned, pairs = _checked_run(
+      c, schema, delta, failure_probability, samples, seed, sampling_prob)
   composed = _Composed(other_events) if other_events else None
   beta_each = beta / (2 * len(pairs))
   best, steps = None, 0
