@@ -145,7 +145,7 @@ class Timed:
 def _paths(model, cache_dir):
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from training import engine  # pylint: disable=g-import-not-at-top
-  from training import mechanisms  # pylint: disable=g-import-not-at-top
+  from training import run_setup  # pylint: disable=g-import-not-at-top
   tff_model_fn, keras_model_fn = _model_fns(model)
   # TFF's process first: it builds its models in graphs of its own, after which a Keras model
   # built before would no longer trace (Keras 2.14).
@@ -158,7 +158,7 @@ def _paths(model, cache_dir):
     bare_state[0] = bare.next(bare_state[0], datasets).state
   paths = []
   for mechanism in ("none", DP_MECHANISM):
-    setup, _, _ = mechanisms.resolve_privacy(_config(model, mechanism, cache_dir), 1)
+    setup, _, _ = run_setup.resolve_privacy(_config(model, mechanism, cache_dir), 1)
     process = engine.build_process("compiled", tff_model_fn, setup, CLIENT_LR)
     state = [process.initialize()]
 
@@ -173,12 +173,12 @@ def _paths(model, cache_dir):
 def noise_cost(model, cache_dir, mechanisms_to_time, repeats):
   """CPU seconds of one ``get_noised_result`` of each mechanism's query (median)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from training import mechanisms  # pylint: disable=g-import-not-at-top
+  from training import run_setup  # pylint: disable=g-import-not-at-top
   _, keras_model_fn = _model_fns(model)
   specs = [tf.TensorSpec(v.shape, v.dtype) for v in keras_model_fn().trainable_variables]
   out = {}
   for mechanism in mechanisms_to_time:
-    setup, _, _ = mechanisms.resolve_privacy(_config(model, mechanism, cache_dir), 1)
+    setup, _, _ = run_setup.resolve_privacy(_config(model, mechanism, cache_dir), 1)
     query = setup.aggregation_factory.inner.dp_query(specs)
     noised = tf.function(query.get_noised_result, reduce_retracing=True)
     sample = query.initial_sample_state(specs)

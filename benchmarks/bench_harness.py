@@ -201,7 +201,7 @@ def measure(args, model, mechanism, clients, sentences, tasks, bare_plain, root)
   between configurations, so each model's bare process is built (and traced) once.
   """
   from training import loop  # pylint: disable=g-import-not-at-top
-  from training import mechanisms  # pylint: disable=g-import-not-at-top
+  from training import run_setup  # pylint: disable=g-import-not-at-top
   from training import task as task_lib  # pylint: disable=g-import-not-at-top
   name = f"{model}_{mechanism}_{clients}x{sentences}"
   config = _config(args, model, mechanism, clients, sentences, root, name)
@@ -213,7 +213,7 @@ def measure(args, model, mechanism, clients, sentences, tasks, bare_plain, root)
     bare_plain[model] = _bare_process(task, config.client_lr)
   bares = {"bare": _BareLoop(bare_plain[model])}
   if mechanism != "none":
-    setup, _, _ = mechanisms.resolve_privacy(config, 1)
+    setup, _, _ = run_setup.resolve_privacy(config, 1)
     bares["bare_dp"] = _BareLoop(_bare_process(task, config.client_lr, setup))
   binary, clients_used = {}, {}
   clock = _Clock()

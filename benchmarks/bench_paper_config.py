@@ -142,13 +142,13 @@ def _at_round(state, t: int):
 def noise_seconds(args, runs, data_dir, root):
   """{mechanism: {round t: (wall s, CPU s)}} of one ``get_noised_result`` at round t.
 
-  The query is the run's own: ``training.mechanisms.resolve_privacy`` of the run's config,
+  The query is the run's own: ``training.run_setup.resolve_privacy`` of the run's config,
   as the binary builds it, asked for the model's variables.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import bench_aggregation as agg  # pylint: disable=g-import-not-at-top
   from stackoverflow import model as so_model  # pylint: disable=g-import-not-at-top
-  from training import mechanisms as mechanisms_lib  # pylint: disable=g-import-not-at-top
+  from training import run_setup as mechanisms_lib  # pylint: disable=g-import-not-at-top
   out = {}
   for run in runs:
     config = _config(args, run, data_dir, root)

@@ -23,7 +23,7 @@ from tff_mf import audit as audit_lib
 from training import canaries as canaries_lib
 from training import config as config_lib
 from training import loop
-from training import mechanisms
+from training import run_setup
 from training import sampling
 from training import task as task_lib
 
@@ -292,7 +292,7 @@ def test_a_resumed_run_keeps_its_canaries_and_stays_below_the_claim(task, tmp_pa
 def test_a_run_whose_noise_is_short_of_its_claim_is_refuted(task, tmp_path, monkeypatch):
   """A planted fault: the aggregator adds noise at z/30 while the run claims z = 6's ε
   (0.91). The released models then give the canaries away and the audit flags the claim."""
-  real = mechanisms.build_library_mechanism
+  real = run_setup.build_library_mechanism
 
   def short_noise(name, config, noise_seed, **kw):
     honest = real(name, config, noise_seed, **kw)
@@ -300,7 +300,7 @@ def test_a_run_whose_noise_is_short_of_its_claim_is_refuted(task, tmp_path, monk
                  noise_seed, **kw)
     return dataclasses.replace(quiet, privacy=honest.privacy, info=honest.info)
 
-  monkeypatch.setattr(mechanisms, "build_library_mechanism", short_noise)
+  monkeypatch.setattr(run_setup, "build_library_mechanism", short_noise)
   summary = loop.run_training(_config(tmp_path, "fault", canary_seed=5, **NEAR_REACH),
                               task=task)
   report = summary["canary_audit"]

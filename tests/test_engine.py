@@ -1,6 +1,6 @@
 """The compiled engine (``training.engine``) equals TFF's learning process, by test.
 
-Both processes are built from one ``training.mechanisms`` setup (one pinned noise seed), start
+Both processes are built from one ``training.run_setup`` setup (one pinned noise seed), start
 from one state and train the same clients in the same order.
 
 Noise: with a client learning rate of 0 (``state.client_work``, the hyperparameter both
@@ -43,7 +43,7 @@ import tensorflow_federated as tff
 from training import config as config_lib
 from training import engine
 from training import loop
-from training import mechanisms
+from training import run_setup
 from training import task as task_lib
 
 import userenv
@@ -131,9 +131,9 @@ class _Pair:
   """TFF's process and the compiled one, built from one setup."""
 
   def __init__(self, task, config):
-    setup, _, _ = mechanisms.resolve_privacy(config, config.noise_seed)
+    setup, _, _ = run_setup.resolve_privacy(config, config.noise_seed)
     self.config = config
-    self.tff = mechanisms.build_process(task.model_fn, setup, config.client_lr)
+    self.tff = run_setup.build_process(task.model_fn, setup, config.client_lr)
     self.compiled = engine.build_process("compiled", task.model_fn, setup, config.client_lr)
     trainable, non_trainable = task_lib.initial_model_weights(task.keras_model_fn, config.seed)
     weights = tff.learning.models.ModelWeights(trainable=trainable, non_trainable=non_trainable)
@@ -235,7 +235,7 @@ def test_a_client_as_arrays_trains_exactly_as_its_dataset(tiny_config, tmp_path,
   of 3 rows: clients of several batches, the last one partial."""
   from stackoverflow import preprocessing  # pylint: disable=g-import-not-at-top
   config = _config(tiny_config, tmp_path, "banded", "fixed_epoch", False)
-  setup, _, _ = mechanisms.resolve_privacy(config, config.noise_seed)
+  setup, _, _ = run_setup.resolve_privacy(config, config.noise_seed)
   process = engine.build_process("compiled", task.model_fn, setup, CLIENT_LR,
                                  report_train_metrics=True)
   states = {form: process.initialize() for form in ("dataset", "arrays")}
@@ -364,7 +364,7 @@ def test_a_failed_library_check_in_the_compiled_round_is_one_line(tiny_config, t
   """Past the n rounds its matrix was built for, the query's in-graph check stops the round
   with the query's own one-line message, as on TFF's process (``loop.run_round``)."""
   config = _config(tiny_config, tmp_path, "banded", "single", False, total_rounds=1)
-  setup, _, _ = mechanisms.resolve_privacy(config, config.noise_seed)
+  setup, _, _ = run_setup.resolve_privacy(config, config.noise_seed)
   process = engine.build_process("compiled", task.model_fn, setup, CLIENT_LR,
                                  report_train_metrics=True)
   state = process.initialize()
@@ -379,7 +379,7 @@ def test_an_unpinned_noise_seed_is_fresh_at_every_initialize(tiny_config, tmp_pa
   """Without a pinned seed the compiled engine's query state draws its seed from OS entropy
   at every ``initialize`` (never one traced constant), as on TFF's process."""
   config = _config(tiny_config, tmp_path, "banded", "single", False, noise_seed=None)
-  setup, _, _ = mechanisms.resolve_privacy(config, None)
+  setup, _, _ = run_setup.resolve_privacy(config, None)
   process = engine.build_process("compiled", task.model_fn, setup, CLIENT_LR)
   seeds = [tuple(process.initialize().aggregator.query_state.numerator_state.seed)
            for _ in range(3)]

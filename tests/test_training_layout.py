@@ -18,7 +18,7 @@ import setuptools
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 HARNESS = ("training", "stackoverflow")
-ROLE_MODULES = ("config", "sampling", "task", "mechanisms", "checkpoints", "rundir", "outputs",
+ROLE_MODULES = ("config", "sampling", "task", "run_setup", "checkpoints", "rundir", "outputs",
                 "loop", "run_stackoverflow", "main_job")
 MAX_FUNCTION_LINES = 80
 

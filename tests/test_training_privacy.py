@@ -35,7 +35,7 @@ def config(**kw):
 
 def privacy_record(cfg, c):
   """The library's ``PrivacyRecord`` for the run's flags and encoder C, the one the harness
-  writes (``training.mechanisms.resolve_privacy`` reads it from build_mechanism)."""
+  writes (``training.run_setup.resolve_privacy`` reads it from build_mechanism)."""
   spec = cfg.mechanism_spec()
   return mechanisms.privacy_record(c, spec.participation, spec.privacy, adaptive=spec.adaptive)
 

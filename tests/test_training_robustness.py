@@ -12,7 +12,7 @@ import pytest
 import userenv
 from training import checkpoints
 from training import config as config_lib
-from training import mechanisms
+from training import run_setup
 from training import sampling
 from training.config import TrainingError
 
@@ -66,8 +66,8 @@ def test_nan_client_update_is_zeroed_before_clipping_and_counted(mechanism):
   runtime.install_exit_hook()
   config = config_lib.TrainingConfig(mechanism=mechanism, total_rounds=4, clients_per_round=3,
                                      noise_multiplier=0.5, noise_seed=11, client_lr=0.5)
-  setup = mechanisms.build_mechanism_setup(config, 11)
-  process = mechanisms.build_process(poisoned_model_fn(), setup, config.client_lr)
+  setup = run_setup.build_run_setup(config, 11)
+  process = run_setup.build_process(poisoned_model_fn(), setup, config.client_lr)
   state = process.initialize()
   rng = np.random.default_rng(0)
   c1, c2 = client_dataset(rng), client_dataset(rng)
@@ -166,7 +166,7 @@ def test_conflicting_or_bad_flags_are_errors(kwargs, message):
 def test_mechanism_conflicts_from_build_mechanism_become_errors(kwargs, seed, message):
   config = config_lib.TrainingConfig(noise_multiplier=1.0, total_rounds=8, **kwargs)
   with pytest.raises(TrainingError, match=message):
-    mechanisms.build_mechanism_setup(config, seed)
+    run_setup.build_run_setup(config, seed)
 
 
 def test_checkpoint_of_another_state_layout_is_a_clear_error_and_kept(tmp_path):
@@ -223,12 +223,12 @@ def test_running_past_the_matrix_rounds_is_the_querys_one_line_error(tiny_config
   import dataclasses
   from training import loop
   data_dir = tiny_stackoverflow(num_train_clients=12)
-  build = mechanisms.build_mechanism_setup
+  build = run_setup.build_run_setup
 
   def built_for_fewer_rounds(config, noise_seed):
     return build(dataclasses.replace(config, total_rounds=config.total_rounds - 1), noise_seed)
 
-  monkeypatch.setattr(mechanisms, "build_mechanism_setup", built_for_fewer_rounds)
+  monkeypatch.setattr(run_setup, "build_run_setup", built_for_fewer_rounds)
   config = tiny_config(
       tmp_path / "runs", mechanism="opt_prefix_sum", dataset="stackoverflow", data_dir=data_dir,
       total_rounds=3, clients_per_round=2, noise_multiplier=1.0, noise_seed=5,

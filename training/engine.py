@@ -395,5 +395,5 @@ def build_process(engine: str, model_fn, setup, client_lr: float,
   if engine == "compiled":
     return CompiledProcess(model_fn, setup.aggregation_factory, setup.server_optimizer,
                            client_lr, report_train_metrics=report_train_metrics)
-  from training import mechanisms  # pylint: disable=g-import-not-at-top
-  return mechanisms.build_process(model_fn, setup, client_lr)
+  from training import run_setup  # pylint: disable=g-import-not-at-top
+  return run_setup.build_process(model_fn, setup, client_lr)

@@ -2,7 +2,7 @@
 
 The loop of Denisov et al. 2022 (arXiv:2202.08312, Sec 5 and App I): FedAvg where
 each round's clipped client updates go through a matrix-factorization mechanism
-(``training.mechanisms``), clients are sampled under the run's participation schema
+(``training.run_setup``), clients are sampled under the run's participation schema
 (``training.sampling``: single pass, fixed epochs or b-min-sep Poisson sampling), ε
 is that of the schema and its analysis (``training.privacy``), and the state is
 checkpointed through ``tff.program.FileProgramStateManager``
@@ -38,7 +38,7 @@ from training import canaries as canaries_lib
 from training import checkpoints
 from training import engine
 from training import identity as identity_lib
-from training import mechanisms
+from training import run_setup
 from training import outputs
 from training import privacy
 from training import rundir
@@ -610,7 +610,7 @@ def _train(run: _Run, task: Optional[task_lib.Task]) -> Dict[str, object]:
     task = task_lib.build_task(config)
     interrupt.check(where)
   sampling.build_sampler(config, task.train_client_ids, run.progress.sampling_secret)
-  setup, noise_multiplier, record = mechanisms.resolve_privacy(config, run.progress.seed_or_none)
+  setup, noise_multiplier, record = run_setup.resolve_privacy(config, run.progress.seed_or_none)
   interrupt.check(where)
   new_run = run.identity is None
   _bind_identity(run, setup)

@@ -1,7 +1,7 @@
 """A run's ε as the rounds go, its privacy statement, and the DpEvent ledger.
 
 The run's ε is decided by the library, once, for the encoder it built
-(``tff_mf.mechanisms.run_privacy``, read through ``training.mechanisms.resolve_privacy``):
+(``tff_mf.mechanisms.run_privacy``, read through ``training.run_setup.resolve_privacy``):
 every number is an upper bound on the run's ε at δ. This module adds what only a run has:
 
 - the run's privacy statement (``tff_mf.statement``);

@@ -19,8 +19,9 @@ from training.config import TrainingError
 from training.config import is_private
 
 @dataclasses.dataclass
-class MechanismSetup:
-  """What a run trains with.
+class RunSetup:
+  """What a run trains with: the library's ``tff_mf.tf.aggregators.MechanismSetup`` wrapped
+  for the harness.
 
   Attributes:
     aggregation_factory: the model aggregator (wrapped to zero non-finite updates).
@@ -43,14 +44,14 @@ class MechanismSetup:
 
 
 def resolve_privacy(config: TrainingConfig, noise_seed: Optional[int]
-                    ) -> Tuple["MechanismSetup", Optional[float], Optional[Dict[str, Any]]]:
+                    ) -> Tuple["RunSetup", Optional[float], Optional[Dict[str, Any]]]:
   """(setup, z, ε record): the mechanism built once, and the library's privacy record of it.
 
   z is the flag's or calibrated by the library (``--target_epsilon``, with amplification
   under cyclic Poisson sampling); the record is ``setup.privacy.details``, the one the
   library computed for the encoder it built. Both are None for a non-private run.
   """
-  setup = build_mechanism_setup(config, noise_seed)
+  setup = build_run_setup(config, noise_seed)
   if setup.privacy is None:
     return setup, None, None
   return setup, setup.privacy.noise_multiplier, dict(setup.privacy.details)
@@ -75,7 +76,7 @@ def build_library_mechanism(name: str, config: TrainingConfig, noise_seed: Optio
     raise TrainingError(f"--mechanism={config.mechanism}: {e}") from e
 
 
-def build_mechanism_setup(config: TrainingConfig, noise_seed: Optional[int]) -> MechanismSetup:
+def build_run_setup(config: TrainingConfig, noise_seed: Optional[int]) -> RunSetup:
   """The run's aggregator and server optimizer (conflicting flags raise TrainingError).
 
   For the DP mechanisms, momentum β and the learning-rate schedule are part of the
@@ -88,14 +89,14 @@ def build_mechanism_setup(config: TrainingConfig, noise_seed: Optional[int]) -> 
   info = dict(setup.info or {})
   info["private"] = is_private(mechanism)
   resolved = setup.mechanism
-  return MechanismSetup(robustness.NonFiniteZeroingFactory(setup.aggregation_factory),
+  return RunSetup(robustness.NonFiniteZeroingFactory(setup.aggregation_factory),
                         setup.server_optimizer, setup.single_participation_sqrt_loss, info,
                         setup.factorization,
                         encoder=None if resolved is None else resolved.encoder,
                         privacy=setup.privacy if info["private"] else None)
 
 
-def build_process(model_fn, setup: MechanismSetup, client_lr: float):
+def build_process(model_fn, setup: RunSetup, client_lr: float):
   """Unweighted FedAvg (each client one clipped update, Denisov et al. Sec 5)."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   return tff.learning.algorithms.build_unweighted_fed_avg(
