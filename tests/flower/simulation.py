@@ -1,8 +1,9 @@
 """A tiny numpy federation run in Flower's simulation engine (helpers of the Flower tests).
 
-Each client's model is one float32 vector; its "training" returns the model moved by the
-client's fixed update (``UPDATES[node]``: zero unless a test sets it), so the released
-iterates are the wrapper's output exactly. ``run`` records the model after every round.
+Each client's "training" returns the model it got moved by ``update(node_id, array)`` (zero
+unless a test gives one; the ClientApps run in Ray's worker processes, so an update depends
+only on its arguments), so the released iterates are the wrapper's output exactly. ``run``
+records the model after every round.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ MODEL_KEY = "arrays"
 
 
 def client_app(update: Callable[[int, np.ndarray], np.ndarray]) -> ClientApp:
-  """A ClientApp whose training adds ``update(partition, model)`` to the model it gets."""
+  """A ClientApp whose training adds ``update(node_id, array)`` to each array it gets."""
   app = ClientApp()
 
   @app.train()
   def train(msg: Message, context: Context) -> Message:
     arrays = msg.content["arrays"].to_numpy_ndarrays()
-    partition = int(context.node_config.get("partition-id", 0))
-    new = [a + update(partition, a).astype(a.dtype).reshape(a.shape) for a in arrays]
+    node = int(context.node_id)
+    new = [a + update(node, a).astype(a.dtype).reshape(a.shape) for a in arrays]
     content = RecordDict({"arrays": ArrayRecord(new),
                           "metrics": MetricRecord({"num-examples": 1})})
     return Message(content=content, reply_to=msg)
@@ -34,11 +35,20 @@ def client_app(update: Callable[[int, np.ndarray], np.ndarray]) -> ClientApp:
   return app
 
 
+# What the last ``run`` recorded (kept when the run raised).
+LAST: Dict[str, object] = {}
+
+
 def run(make_strategy: Callable[[], object], shapes: List[tuple], rounds: int,
-        num_clients: int, update=lambda p, a: np.zeros_like(a)) -> Dict[str, object]:
-  """Runs ``rounds`` rounds in Flower's simulation engine; returns the strategy and the model
-  (flat float64) after round 0..rounds."""
+        num_clients: int, update=lambda p, a: np.zeros_like(a), initial=None,
+        record: bool = True) -> Dict[str, object]:
+  """Runs ``rounds`` rounds in Flower's simulation engine; returns (and keeps in ``LAST``)
+  the strategy and the model (flat float64) after round 0..rounds."""
+  del record
   out: Dict[str, object] = {"models": []}
+  LAST.clear()
+  LAST.update(out)
+  out = LAST
   server = ServerApp()
 
   @server.main()
@@ -46,7 +56,9 @@ def run(make_strategy: Callable[[], object], shapes: List[tuple], rounds: int,
     del context
     strategy = make_strategy()
     out["strategy"] = strategy
-    initial = ArrayRecord([np.zeros(s, np.float32) for s in shapes])
+    arrays = ([np.zeros(s, np.float32) for s in shapes] if initial is None
+              else [np.asarray(a, np.float32) for a in initial])
+    initial_record = ArrayRecord(arrays)
 
     def evaluate(round_num, arrays):
       del round_num
@@ -55,7 +67,7 @@ def run(make_strategy: Callable[[], object], shapes: List[tuple], rounds: int,
       return None
 
     try:
-      strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds, evaluate_fn=evaluate)
+      strategy.start(grid=grid, initial_arrays=initial_record, num_rounds=rounds, evaluate_fn=evaluate)
     except Exception as e:  # the engine logs and swallows errors: hand them to the test
       out["error"] = e
 

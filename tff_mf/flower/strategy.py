@@ -191,6 +191,7 @@ class MatrixFactorizationFixedClipping(Strategy):
     self._keys: Optional[List[str]] = None
     self.current_arrays = ArrayRecord()
     self.rounds_done = 0
+    self._offset = 0
     self._restored: Optional[Dict[str, np.ndarray]] = None
     self.released_noise: List[List[np.ndarray]] = []  # σ/K·(N·Z)[i] of each round (record)
     self.keep_noise = False
@@ -230,27 +231,26 @@ class MatrixFactorizationFixedClipping(Strategy):
     if self._restored is not None:
       self._restore(self._restored)
       self._restored = None
+    self._offset = self.rounds_done
 
   def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                       grid) -> Iterable[Message]:
     if self.noise is None:
       self._setup(arrays, grid)
-    if server_round != self.rounds_done + 1:
-      if server_round <= self.rounds_done:
-        raise checks.CheckError(f"round {server_round} was already released (the state holds "
-                                f"{self.rounds_done} rounds)")
-      raise checks.CheckError(f"round {server_round} follows round {self.rounds_done}: rounds "
-                              "must run in order")
-    if server_round > self.spec.n:
-      raise checks.CheckError(f"round {server_round} is past the n={self.spec.n} rounds this "
-                              "mechanism was built for; build one for more rounds")
+    i = server_round + self._offset  # the mechanism's round (a restarted run goes on)
+    if i != self.rounds_done + 1:
+      raise checks.CheckError(f"round {i} does not follow round {self.rounds_done}: rounds "
+                              "must run in order, each once")
+    if i > self.spec.n:
+      raise checks.CheckError(f"round {i} is past the n={self.spec.n} rounds this mechanism "
+                              "was built for; build one for more rounds")
     if self.accountant is not None and self.accountant.would_exceed():
       spent = self.accountant.get_privacy_spent()
       raise PrivacyBudgetExhausted(
           f"The next private release would exceed max_epsilon (current epsilon: "
           f"{spent.epsilon}, delta: {spent.delta}).")
     self.current_arrays = arrays
-    chosen, _, _ = self.sampler.next_round(server_round, lambda cid: cid)
+    chosen, _, _ = self.sampler.next_round(i, lambda cid: cid)
     if not chosen:
       return []
     return self.strategy.configure_train(server_round, arrays, config,
@@ -276,13 +276,14 @@ class MatrixFactorizationFixedClipping(Strategy):
     noise = [z / k for z in noise]
     if self.keep_noise:
       self.released_noise.append(noise)
-    eta = self.server_learning_rate * float(self.etas[server_round - 1])
+    i = server_round + self._offset
+    eta = self.server_learning_rate * float(self.etas[i - 1])
     new = []
     for c, t, z, m in zip(current, total, noise, self._momentum_buffer):
       m *= self.momentum
       m += t / k + z
       new.append(c + eta * m)
-    self.rounds_done = server_round
+    self.rounds_done = i
     if self.accountant is not None:
       self.accountant.compose(None)
     dtypes = [a.dtype for a in self.current_arrays.to_numpy_ndarrays()]
@@ -324,6 +325,9 @@ class MatrixFactorizationFixedClipping(Strategy):
     self.noise.restore(state)
     self._seed = self.noise.seed
     self.rounds_done = int(state["rounds_done"][0])
+    if self.noise.round != self.rounds_done:
+      raise checks.CheckError(f"the state file's noise stream is at round {self.noise.round}, "
+                              f"its rounds at {self.rounds_done}")
     for t in range(len(self._momentum_buffer)):
       m = np.asarray(state[f"momentum_{t}"], np.float64)
       if m.shape != self._momentum_buffer[t].shape:
