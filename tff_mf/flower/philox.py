@@ -12,8 +12,10 @@ float32. numpy's Philox (``np.random.Philox``) is Philox-4x64, a different gener
 
 The integer part is exact. The transcendental functions are evaluated in float64 and
 rounded once to float32 (correctly rounded nearly always); the C library that TensorFlow
-calls (logf, sincosf) is within about one float32 ulp of that, so a normal can differ from
-TensorFlow's in its last bits only (``tests/test_flower_tf_noise.py`` measures it).
+calls (logf, sincosf) is within one float32 ulp of the true value, so a normal differs from
+TensorFlow's by at most 3 float32 ulps (measured: at most 3, about 1.4% of values not
+bit-identical). Calling the C library's logf and sincosf per value gives bit-identical
+normals, at about 2 s per million values.
 """
 
 from __future__ import annotations

@@ -167,8 +167,9 @@ class MatrixFactorizationFixedClipping(Strategy):
     self.resolved, self.record = mechanisms.build(spec, cache_dir=cache_dir,
                                                   noise_seed_pinned=pinned)
     if self.resolved.factorization is None:
-      raise checks.CheckError(f"mechanism {spec.mechanism.name!r} ({spec.mechanism.noise} "
-                              "noise) is not supported by the Flower wrapper")
+      raise checks.CheckError(f"mechanism {spec.mechanism.name!r} is TFF's own tree "
+                              "aggregation; in Flower use 'honaker_online' (the same tree as a "
+                              "matrix mechanism)")
     self.server_learning_rate = checks.positive_float(server_learning_rate,
                                                       "server_learning_rate")
     w = spec.workload
