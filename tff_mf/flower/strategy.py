@@ -162,6 +162,11 @@ class MatrixFactorizationFixedClipping(Strategy):
           f"cannot honour participation {spec.participation.describe()}; set "
           "fraction_train=1.0 (the wrapper selects clients by the library's sampler)")
     self.strategy = strategy
+    # The wrapper selects the round's clients; the wrapped strategy sends to all it is shown,
+    # however few (a cyclic Poisson round may draw one client, or none).
+    for name in ("min_train_nodes", "min_available_nodes"):
+      if hasattr(strategy, name):
+        setattr(strategy, name, 0)
     self.spec = spec
     pinned = noise_seed is not None
     self.resolved, self.record = mechanisms.build(spec, cache_dir=cache_dir,
