@@ -26,7 +26,8 @@ def _run(schema, rounds, **kwargs):
   def make():
     return Recording(FedAvg(fraction_train=1.0, fraction_evaluate=0.0), "blt",
                      total_rounds=rounds, clients_per_round=2, clip_norm=1.0,
-                     noise_multiplier=1.0, participation=schema, noise_seed=5, **kwargs)
+                     noise_multiplier=1.0, participation=schema, noise_seed=5, population=NODES,
+                     **kwargs)
   out = simulation.run(make, [(3,)], rounds, NODES)
   return out["strategy"], out["strategy"].sent, out["models"]
 

@@ -21,8 +21,10 @@ from flwr.serverapp.strategy import FedAvg
 
 import simulation
 import userenv
+from tff_mf import adaptive_clipping
 from tff_mf import checks
 from tff_mf import participation
+from tff_mf.flower import noise as noise_lib
 from tff_mf.flower import strategy as strategy_lib
 
 N, K, CLIP, Z = 8, 2, 1.0, 1.5
@@ -32,12 +34,12 @@ def fedavg(fraction=1.0):
   return FedAvg(fraction_train=fraction, fraction_evaluate=0.0)
 
 
-def wrapper(mechanism="blt", **overrides):
+def wrapper(mechanism="blt", cls=strategy_lib.MatrixFactorizationFixedClipping, **overrides):
   kwargs = dict(total_rounds=N, clients_per_round=K, clip_norm=CLIP, noise_multiplier=Z,
                 delta=1e-5, participation=participation.fixed_epoch(2), noise_seed=7,
-                sampling_seed=1, sampling_secret=2)
+                sampling_seed=1, sampling_secret=2, population=8)
   kwargs.update(overrides)
-  return strategy_lib.MatrixFactorizationFixedClipping(fedavg(), mechanism, **kwargs)
+  return cls(fedavg(), mechanism, **kwargs)
 
 
 def test_released_noise_has_the_mechanism_covariance_and_stops_at_n():
@@ -129,17 +131,17 @@ def test_restarted_server_continues_the_same_stream(tmp_path):
     del node
     return np.full(model.size, 0.3)
 
-  first = simulation.run(lambda: wrapper(total_rounds=4, momentum=0.5), [(5,)], 4, 4,
-                         update=update, record=True)
+  first = simulation.run(lambda: wrapper(total_rounds=4, momentum=0.5, population=4), [(5,)],
+                         4, 4, update=update, record=True)
   straight, cohorts = first["models"][-1], first["strategy"].sampler.cohorts.copy()
   path = str(tmp_path / "state.npz")
-  simulation.run(lambda: wrapper(total_rounds=4, momentum=0.5, state_path=path), [(5,)], 2, 4,
+  simulation.run(lambda: wrapper(total_rounds=4, momentum=0.5, state_path=path, population=4), [(5,)], 2, 4,
                  update=update, record=True)
   assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
   saved = strategy_lib.saved_model(path)
   resumed = simulation.run(
       lambda: wrapper(total_rounds=4, momentum=0.5, state_path=path, noise_seed=None,
-                      sampling_seed=None, sampling_secret=None),
+                      sampling_seed=None, sampling_secret=None, population=4),
       [(5,)], 2, 4, update=update, initial=list(saved.values()), record=True)
   assert np.array_equal(resumed["models"][-1], straight)
   assert np.array_equal(resumed["strategy"].sampler.cohorts, cohorts)
@@ -151,8 +153,10 @@ def test_restarted_server_continues_the_same_stream(tmp_path):
         fedavg(0.5), "blt", total_rounds=N, clients_per_round=K, clip_norm=CLIP,
         noise_multiplier=Z, participation=participation.fixed_epoch(2)),
      "fraction_train=0.5"),
+    (lambda: wrapper(cls=strategy_lib.MatrixFactorizationAdaptiveClipping), "clip_norm=1.0"),
+    (lambda: wrapper("tree"), "honaker_online"),
     (lambda: wrapper(participation=participation.fixed_epoch(3)), "epochs"),
-    (lambda: wrapper(clip_norm="adaptive"), "adaptive"),
+    (lambda: wrapper(clip_norm="adaptive"), "MatrixFactorizationAdaptiveClipping"),
 ])
 def test_bad_configuration_is_a_one_line_error(make, words):
   with pytest.raises(checks.CheckError) as err:
@@ -163,5 +167,33 @@ def test_bad_configuration_is_a_one_line_error(make, words):
 def test_too_few_clients_for_the_schema_is_refused_in_the_engine():
   """b = 4 cohorts of K = 2 need 8 clients; 5 is a one-line error before round 1."""
   with pytest.raises(checks.CheckError) as err:
-    simulation.run(wrapper, [(3,)], N, 5)
+    simulation.run(lambda: wrapper(population=5), [(3,)], N, 5)
   assert "too few" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_adaptive_clipping_follows_the_noisy_quantile_estimate():
+  """ζ_{i+1} is the geometric update from the count of unclipped updates plus σ_b times the
+  TF query's count draw for the seed (``adaptive_clipping.reference_clips``); each round's
+  noise is scaled to its ζ_i; ε composes the count queries (the core's record)."""
+  def update(node, model):
+    return np.full(model.size, 0.037 * (node % 7 + 1))
+
+  def make():
+    w = wrapper(cls=strategy_lib.MatrixFactorizationAdaptiveClipping, clip_norm="adaptive",
+                adaptive=adaptive_clipping.AdaptiveClipping(0.5, 0.2, 0.5))
+    w.keep_noise = True
+    return w
+
+  out = simulation.run(make, [(4,)], N, 8, update=update)
+  w = out["strategy"]
+  a = w.spec.adaptive
+  cohorts = [[int(w.sampler.client_ids[j]) for j in row] for row in w.sampler.cohorts]
+  # the norms the server sees: of the float32 updates the clients sent
+  norms = [[np.linalg.norm(update(node, np.zeros(4)).astype(np.float32).astype(np.float64))
+            for node in cohorts[i % len(cohorts)]] for i in range(N)]
+  draws = [a.clipped_count_stddev * noise_lib.count_noise(w.noise.seed, i) for i in range(N)]
+  clips = adaptive_clipping.reference_clips(norms, a, K, count_noise=draws)
+  assert w.clip_norm == pytest.approx(clips[-1], rel=1e-12)
+  assert len(set(np.round(clips, 12))) > 1  # the estimate moved
+  assert w.record.epsilon_by_round()[-1] == w.record.epsilon
+  assert w.record.details.get("clipped_count_stddev") == a.clipped_count_stddev

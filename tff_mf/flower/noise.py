@@ -101,3 +101,13 @@ class NoiseRows:
         raise checks.CheckError(f"the saved noise stream state has shape {s.shape}, this "
                                 f"model's {self.stream_state.shape}")
       self.stream_state = s.copy()
+
+
+# The TF query's tag of the count noise stream (adaptive clipping): fold_in(seed, tag), then i.
+COUNT_NOISE_TAG = -1
+
+
+def count_noise(seed: np.ndarray, i: int) -> float:
+  """The unit-variance normal the TF adaptive-clipping query adds to round i's count."""
+  return philox.standard_normal_float64(
+      philox.fold_in(philox.fold_in(seed, COUNT_NOISE_TAG), int(i)))

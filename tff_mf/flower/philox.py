@@ -20,6 +20,7 @@ normals, at about 2 s per million values.
 
 from __future__ import annotations
 
+import math
 from typing import List, Sequence, Tuple
 
 import numpy as np
@@ -125,3 +126,17 @@ def standard_normal_row(seed: Sequence[int], row: int,
     size = int(np.prod(shape, dtype=np.int64))
     out.append(standard_normal(var_seed, size).reshape(shape))
   return out
+
+
+def standard_normal_float64(seed: Sequence[int]) -> float:
+  """``tf.random.stateless_normal([], seed, float64, alg=PHILOX)``: one Box–Muller pair from
+  four words (52-bit uniforms), its first value; ``math`` calls the C library, as TF does."""
+  x = [int(v) for v in _stream(seed, 1)[0]]
+
+  def unit(hi: int, lo: int) -> float:
+    bits = (1023 << 52) | ((hi & 0xFFFFF) << 32) | lo
+    return float(np.array([bits], np.uint64).view(np.float64)[0]) - 1.0
+
+  u1 = max(unit(x[0], x[1]), 1e-7)
+  v = 2 * math.pi * unit(x[2], x[3])
+  return math.sin(v) * math.sqrt(-2.0 * math.log(u1))

@@ -1,4 +1,4 @@
-"""``MatrixFactorizationFixedClipping``: a Flower strategy wrapper adding correlated noise.
+"""Flower strategy wrappers adding correlated noise, with fixed or adaptive clipping.
 
 It wraps a FedAvg-style strategy (``flwr.serverapp.strategy``) as Flower's
 ``DifferentialPrivacyServerSideFixedClipping`` does, and runs Algorithm 1 of Denisov et al.
@@ -20,16 +20,19 @@ given that file continues the same stream, and a replayed round adds the same no
 
 from __future__ import annotations
 
-import dataclasses
 import os
+import time
+from logging import INFO
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import PrivacyConfig, PrivacySpent
 from flwr.serverapp.exception import PrivacyBudgetExhausted
-from flwr.serverapp.strategy import FedAvg, Strategy
+from flwr.serverapp.strategy import Strategy
+from flwr.supercore import log
 
+from tff_mf import adaptive_clipping
 from tff_mf import checks
 from tff_mf import entropy
 from tff_mf import mechanisms
@@ -122,8 +125,9 @@ class _SelectedGrid:
     return getattr(self._grid, name)
 
 
-class MatrixFactorizationFixedClipping(Strategy):
-  """Strategy wrapper for central DP with a matrix-factorization mechanism, fixed clipping.
+class _MatrixFactorizationServerSide(Strategy):
+  """Strategy wrapper for central DP with a matrix-factorization mechanism (server side);
+  ``MatrixFactorizationFixedClipping`` and ``MatrixFactorizationAdaptiveClipping`` below.
 
   Parameters:
     strategy: the wrapped FedAvg-style strategy (its ``fraction_train`` must be 1.0: the
@@ -136,13 +140,17 @@ class MatrixFactorizationFixedClipping(Strategy):
     state_path: the private file the run's state is written to after each round and read
       from at the start if it exists (a restarted server continues the run).
     privacy_config: Flower's ``PrivacyConfig``; its ``max_epsilon`` stops the run.
+    population: the clients (nodes) the sampler draws from: round 1 waits until this many
+      are connected and fixes the population to those connected then (default: the
+      ``PrivacyConfig``'s ``population_size``, else the wrapped strategy's
+      ``min_available_nodes``).
   """
 
   def __init__(self, strategy: Strategy, spec, *, server_learning_rate: float = 1.0,
                noise_seed: Optional[int] = None, sampling_seed: Optional[int] = None,
                sampling_secret: Optional[int] = None, state_path: Optional[str] = None,
-               privacy_config: Optional[PrivacyConfig] = None, cache_dir: Optional[str] = None,
-               **spec_arguments):
+               privacy_config: Optional[PrivacyConfig] = None, population: Optional[int] = None,
+               cache_dir: Optional[str] = None, **spec_arguments):
     super().__init__()
     if not isinstance(spec, spec_lib.MechanismSpec):
       spec = spec_lib.MechanismSpec.from_args(spec, **spec_arguments)
@@ -152,9 +160,16 @@ class MatrixFactorizationFixedClipping(Strategy):
     if not spec.mechanism.private:
       raise checks.CheckError(f"mechanism {spec.mechanism.name!r} adds no noise; this wrapper "
                               "is for private mechanisms")
-    if spec.adaptive is not None:
-      raise checks.CheckError("clip_norm='adaptive' is not supported by the Flower wrapper yet; "
-                              "give a fixed clip_norm")
+    if (spec.adaptive is not None) != self.clips_adaptively:
+      raise checks.CheckError(
+          f"{type(self).__name__} takes " + ("clip_norm='adaptive'" if self.clips_adaptively
+                                             else "a fixed clip_norm") +
+          f", got clip_norm={spec.clipping.described!r}; use MatrixFactorization"
+          f"{'Fixed' if self.clips_adaptively else 'Adaptive'}Clipping")
+    if (spec.adaptive is not None and spec.adaptive.clipped_count_stddev == 0.0
+        and not spec.privacy.allow_no_noise):
+      raise checks.CheckError("clipped_count_stddev = 0 releases the count of unclipped "
+                              "updates without noise; pass allow_no_noise=True to accept that")
     fraction = getattr(strategy, "fraction_train", None)
     if fraction != 1.0:
       raise checks.CheckError(
@@ -164,6 +179,10 @@ class MatrixFactorizationFixedClipping(Strategy):
     self.strategy = strategy
     # The wrapper selects the round's clients; the wrapped strategy sends to all it is shown,
     # however few (a cyclic Poisson round may draw one client, or none).
+    self.population = checks.positive_int(
+        population if population is not None else
+        privacy_config.population_size if privacy_config is not None else
+        max(1, int(getattr(strategy, "min_available_nodes", 1))), "population")
     for name in ("min_train_nodes", "min_available_nodes"):
       if hasattr(strategy, name):
         setattr(strategy, name, 0)
@@ -180,8 +199,7 @@ class MatrixFactorizationFixedClipping(Strategy):
     w = spec.workload
     self.momentum = float(w.momentum)
     self.etas = workloads.learning_rates(spec.n, w.lr_schedule, w.schedule_rounds)
-    self.clip_norm = spec.clipping.clip_norm
-    self.stddev = self.record.noise_multiplier * self.clip_norm
+    self.clip_norm = spec.clipping.clip_norm  # ζ_i: ζ_0, then the quantile estimate's
     self._seed = noise_lib.seed_pair(noise_seed)
     self._sampling_seed = (entropy.new_seed("sampling-seed") if sampling_seed is None
                            else checks.seed(sampling_seed, "sampling_seed"))
@@ -205,7 +223,8 @@ class MatrixFactorizationFixedClipping(Strategy):
       self._restored = _load_state(state_path)
 
   def __repr__(self) -> str:
-    return f"Matrix-Factorization DP Strategy Wrapper ({self.spec.mechanism.name}, fixed clipping)"
+    kind = "adaptive" if self.clips_adaptively else "fixed"
+    return f"Matrix-Factorization DP Strategy Wrapper ({self.spec.mechanism.name}, {kind} clipping)"
 
   def summary(self) -> None:
     self.strategy.summary()
@@ -224,7 +243,10 @@ class MatrixFactorizationFixedClipping(Strategy):
     self._keys = list(arrays.keys())
     self.noise = noise_lib.NoiseRows(self.resolved, [a.shape for a in ndarrays], self._seed)
     self._momentum_buffer = [np.zeros(a.shape, np.float64) for a in ndarrays]
-    node_ids = sorted(int(x) for x in grid.get_node_ids())
+    while len(node_ids := sorted(int(x) for x in grid.get_node_ids())) < self.population:
+      log(INFO, "Waiting for nodes to connect: %d connected (population: %d).", len(node_ids),
+          self.population)
+      time.sleep(1)
     n, k = self.spec.n, self.spec.clients_per_round
     if not float(k).is_integer() and not self.spec.participation.poisson:
       raise checks.CheckError(f"clients_per_round={k} must be an integer for participation "
@@ -267,18 +289,20 @@ class MatrixFactorizationFixedClipping(Strategy):
     replies = [r for r in replies if not r.has_error()]
     current = [a.astype(np.float64) for a in self.current_arrays.to_numpy_ndarrays()]
     total = [np.zeros_like(a) for a in current]
+    count = 0.0  # Σ (1[‖Δ‖ ≤ ζ_i] − ½): the quantile estimate's query (adaptive clipping)
     for reply in replies:
       record = next(iter(reply.content.array_records.values()))
       update = [a.astype(np.float64) - c for a, c in zip(record.to_numpy_ndarrays(), current)]
       norm = float(np.sqrt(sum(float(np.sum(u * u)) for u in update)))
       scale = min(1.0, self.clip_norm / norm) if norm > 0 else 1.0
+      count += (1.0 if norm <= self.clip_norm else 0.0) - 0.5
       for t, u in zip(total, update):
         t += scale * u
     metrics = None
     if replies:
       _, metrics = self.strategy.aggregate_train(server_round, replies)
     k = float(self.spec.clients_per_round)
-    noise = self.noise.next(self.stddev)
+    noise = self.noise.next(self.record.noise_multiplier * self.clip_norm)
     noise = [z / k for z in noise]
     if self.keep_noise:
       self.released_noise.append(noise)
@@ -290,6 +314,8 @@ class MatrixFactorizationFixedClipping(Strategy):
       m += t / k + z
       new.append(c + eta * m)
     self.rounds_done = i
+    if self.clips_adaptively:
+      self._next_clip(i, count, k)
     if self.accountant is not None:
       self.accountant.compose(None)
     dtypes = [a.dtype for a in self.current_arrays.to_numpy_ndarrays()]
@@ -298,6 +324,14 @@ class MatrixFactorizationFixedClipping(Strategy):
     if self.state_path is not None:
       self._save(out)
     return out, metrics
+
+  def _next_clip(self, i: int, count: float, k: float) -> None:
+    """ζ_{i+1} from the noisy count of round i (Andrew et al. 2021, arXiv:1905.03871, Alg. 1,
+    geometric update), its noise the TF query's draw for the seed and round."""
+    a = self.spec.adaptive
+    noisy = count + a.clipped_count_stddev * noise_lib.count_noise(self.noise.seed, i - 1)
+    self.clip_norm = adaptive_clipping.next_clip(self.clip_norm, noisy, k, a.target_quantile,
+                                                 a.learning_rate)
 
   def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                          grid) -> Iterable[Message]:
@@ -312,6 +346,7 @@ class MatrixFactorizationFixedClipping(Strategy):
     """Everything a restarted server needs to continue (holds the secret seed)."""
     out = dict(self.noise.state())
     out["rounds_done"] = np.array([self.rounds_done], np.int64)
+    out["clip_norm"] = np.array([self.clip_norm], np.float64)
     out["sampling"] = np.array([self._sampling_seed, self._secret], np.int64)
     for t, m in enumerate(self._momentum_buffer):
       out[f"momentum_{t}"] = m
@@ -331,6 +366,7 @@ class MatrixFactorizationFixedClipping(Strategy):
     self.noise.restore(state)
     self._seed = self.noise.seed
     self.rounds_done = int(state["rounds_done"][0])
+    self.clip_norm = float(state["clip_norm"][0])
     if self.noise.round != self.rounds_done:
       raise checks.CheckError(f"the state file's noise stream is at round {self.noise.round}, "
                               f"its rounds at {self.rounds_done}")
@@ -350,6 +386,19 @@ class MatrixFactorizationFixedClipping(Strategy):
     for key, value in zip(self._keys, arrays.to_numpy_ndarrays()):
       state[f"model_{key}"] = value
     _write_private(self.state_path, state)
+
+
+class MatrixFactorizationFixedClipping(_MatrixFactorizationServerSide):
+  """The wrapper with a fixed clip norm ζ (Flower's ``DifferentialPrivacyServerSideFixedClipping``
+  with the mechanism's correlated noise in place of independent noise)."""
+  clips_adaptively = False
+
+
+class MatrixFactorizationAdaptiveClipping(_MatrixFactorizationServerSide):
+  """The wrapper with ``clip_norm='adaptive'``: round i clips to ζ_i, adds ζ_i·z·(N·Z)[i], and
+  ζ_{i+1} follows the noisy count of unclipped updates (the spec's ``AdaptiveClipping``);
+  ε composes the count queries with the mechanism (the core's record)."""
+  clips_adaptively = True
 
 
 def _write_private(path: str, arrays: Dict[str, np.ndarray]) -> None:
