@@ -77,3 +77,18 @@ def test_noise_rows_equal_the_tf_aggregators(name):
     # which holds for these mechanisms' streams).
     scale = z * clip * n_abs[i] @ z_abs
     assert np.all(np.abs(got - want) <= (3 * 2.0**-23 + 2 * n * 2.0**-24) * scale)
+
+
+def test_count_noise_is_the_tf_querys_draw():
+  """Adaptive clipping's count noise: TF's float64 stateless normal, bit for bit (float64
+  Box–Muller through the C library's log and sin, which Python's math calls too)."""
+  from tff_mf.tf import query  # pylint: disable=g-import-not-at-top
+  pair = tf_noise.seed_pair(77)
+  assert flower_noise.COUNT_NOISE_TAG == query._COUNT_NOISE_TAG  # pylint: disable=protected-access
+  for i in range(6):
+    seed = tf.random.experimental.stateless_fold_in(
+        tf.random.experimental.stateless_fold_in(
+            tf.constant(pair), tf.constant(flower_noise.COUNT_NOISE_TAG, tf.int64),
+            alg=tf_noise.PHILOX), tf.constant(i, tf.int64), alg=tf_noise.PHILOX)
+    want = tf.random.stateless_normal([], seed=seed, dtype=tf.float64, alg=tf_noise.PHILOX)
+    assert flower_noise.count_noise(pair, i) == float(want.numpy())

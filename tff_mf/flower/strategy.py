@@ -318,6 +318,9 @@ class _MatrixFactorizationServerSide(Strategy):
       self._next_clip(i, count, k)
     if self.accountant is not None:
       self.accountant.compose(None)
+    if self.record.epsilon is not None:
+      log(INFO, "Privacy spent: epsilon=%.6f at delta=%g after %d of %d rounds (%s)",
+          self.epsilon(), self.record.delta, i, self.spec.n, self.spec.mechanism.name)
     dtypes = [a.dtype for a in self.current_arrays.to_numpy_ndarrays()]
     out = ArrayRecord({key: Array(np.asarray(v, dtype=dt))
                        for key, v, dt in zip(self._keys, new, dtypes)})
