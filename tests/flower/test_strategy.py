@@ -83,9 +83,7 @@ def test_iterates_are_algorithm_1_and_max_epsilon_stops_the_run():
                          max_epsilon=(eps[2] + eps[3]) / 2)
 
   def make():
-    w = wrapper(momentum=0.5, server_learning_rate=0.5, privacy_config=config)
-    w.keep_noise = True
-    return w
+    return wrapper(momentum=0.5, server_learning_rate=0.5, privacy_config=config)
 
   with pytest.raises(PrivacyBudgetExhausted):
     simulation.run(make, [(6,)], N, 8, update=update, record=True)
@@ -95,7 +93,9 @@ def test_iterates_are_algorithm_1_and_max_epsilon_stops_the_run():
   spent = w.privacy_spent()
   assert spent.epsilon == pytest.approx(eps[2], rel=1e-12) and spent.num_releases == 3
   models = np.stack(out["models"])
-  # The clients of round i are fixed-epoch cohort (i − 1) mod b; their clipped mean:
+  # The noise rows the seed gives (an independent NoiseRows on the wrapper's seed); the
+  # clients of round i are fixed-epoch cohort (i − 1) mod b, with their clipped mean:
+  rows = noise_lib.NoiseRows(w.resolved, [(6,)], w.noise.seed)
   cohorts = [[w.sampler.client_ids[j] for j in row] for row in w.sampler.cohorts]
   x = []
   for i in range(3):
@@ -103,7 +103,7 @@ def test_iterates_are_algorithm_1_and_max_epsilon_stops_the_run():
     for node in cohorts[i % len(cohorts)]:
       u = update(int(node), np.zeros(6))
       total += u * min(1.0, CLIP / np.linalg.norm(u))
-    x.append(total / K + w.released_noise[i][0])
+    x.append(total / K + rows.next(Z * CLIP)[0] / K)
   a = w.spec.workload.build()[:3, :3]
   want = models[0] + 0.5 * a @ np.stack(x)
   # float32 models: each round rounds θ_i once (relative 2⁻²⁴), three rounds at most.
@@ -179,10 +179,8 @@ def test_adaptive_clipping_follows_the_noisy_quantile_estimate():
     return np.full(model.size, 0.037 * (node % 7 + 1))
 
   def make():
-    w = wrapper(cls=strategy_lib.MatrixFactorizationAdaptiveClipping, clip_norm="adaptive",
-                adaptive=adaptive_clipping.AdaptiveClipping(0.5, 0.2, 0.5))
-    w.keep_noise = True
-    return w
+    return wrapper(cls=strategy_lib.MatrixFactorizationAdaptiveClipping, clip_norm="adaptive",
+                   adaptive=adaptive_clipping.AdaptiveClipping(0.5, 0.2, 0.5))
 
   out = simulation.run(make, [(4,)], N, 8, update=update)
   w = out["strategy"]
@@ -194,6 +192,15 @@ def test_adaptive_clipping_follows_the_noisy_quantile_estimate():
   draws = [a.clipped_count_stddev * noise_lib.count_noise(w.noise.seed, i) for i in range(N)]
   clips = adaptive_clipping.reference_clips(norms, a, K, count_noise=draws)
   assert w.clip_norm == pytest.approx(clips[-1], rel=1e-12)
+  rows = noise_lib.NoiseRows(w.resolved, [(4,)], w.noise.seed)
+  models = np.stack(out["models"])
+  for i in range(N):
+    total = sum(update(node, np.zeros(4)) * min(1.0, clips[i] / norm)
+                for node, norm in zip(cohorts[i % len(cohorts)], norms[i]))
+    want = total / K + rows.next(Z * clips[i])[0] / K
+    # float32 models: θ_i and the clients' θ_i + u are rounded (relative 2⁻²⁴ each)
+    tol = 8 * 2.0**-24 * (np.max(np.abs(models[i:i + 2])) + np.max(np.abs(want)))
+    assert np.allclose(models[i + 1] - models[i], want, rtol=0, atol=tol)
   assert len(set(np.round(clips, 12))) > 1  # the estimate moved
   assert w.record.epsilon_by_round()[-1] == w.record.epsilon
   assert w.record.details.get("clipped_count_stddev") == a.clipped_count_stddev

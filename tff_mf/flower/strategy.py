@@ -217,8 +217,6 @@ class _MatrixFactorizationServerSide(Strategy):
     self.rounds_done = 0
     self._offset = 0
     self._restored: Optional[Dict[str, np.ndarray]] = None
-    self.released_noise: List[List[np.ndarray]] = []  # σ/K·(N·Z)[i] of each round (record)
-    self.keep_noise = False
     if state_path is not None and os.path.exists(state_path):
       self._restored = _load_state(state_path)
 
@@ -304,8 +302,6 @@ class _MatrixFactorizationServerSide(Strategy):
     k = float(self.spec.clients_per_round)
     noise = self.noise.next(self.record.noise_multiplier * self.clip_norm)
     noise = [z / k for z in noise]
-    if self.keep_noise:
-      self.released_noise.append(noise)
     i = server_round + self._offset
     eta = self.server_learning_rate * float(self.etas[i - 1])
     new = []
