@@ -19,9 +19,10 @@ from flwr.simulation import run_simulation
 MODEL_KEY = "arrays"
 
 
-def client_app(update: Callable[[int, np.ndarray], np.ndarray]) -> ClientApp:
-  """A ClientApp whose training adds ``update(node_id, array)`` to each array it gets."""
-  app = ClientApp()
+def client_app(update: Callable[[int, np.ndarray], np.ndarray], mods=()) -> ClientApp:
+  """A ClientApp whose training adds ``update(node_id, array)`` to each array it gets
+  (``mods``: Flower's client-side modifiers)."""
+  app = ClientApp(mods=list(mods))
 
   @app.train()
   def train(msg: Message, context: Context) -> Message:
@@ -41,7 +42,7 @@ LAST: Dict[str, object] = {}
 
 def run(make_strategy: Callable[[], object], shapes: List[tuple], rounds: int,
         num_clients: int, update=lambda p, a: np.zeros_like(a), initial=None,
-        record: bool = True) -> Dict[str, object]:
+        record: bool = True, mods=()) -> Dict[str, object]:
   """Runs ``rounds`` rounds in Flower's simulation engine; returns (and keeps in ``LAST``)
   the strategy and the model (flat float64) after round 0..rounds."""
   del record
@@ -71,7 +72,7 @@ def run(make_strategy: Callable[[], object], shapes: List[tuple], rounds: int,
     except Exception as e:  # the engine logs and swallows errors: hand them to the test
       out["error"] = e
 
-  run_simulation(server_app=server, client_app=client_app(update), num_supernodes=num_clients,
+  run_simulation(server_app=server, client_app=client_app(update, mods), num_supernodes=num_clients,
                  backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                  "init_args": {"num_cpus": 1, "include_dashboard": False}})
   if "error" in out:

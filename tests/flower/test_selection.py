@@ -1,7 +1,8 @@
 """Client selection by the library's sampler for the spec's schema, in Flower's simulation
 engine: the wrapped FedAvg sends to exactly the clients the schema's sampler draws for the
 round (min-sep cyclic Poisson, balls-in-bins), however few; a round with no client still
-adds its noise row."""
+adds its noise row; and the clients get the clip norm, which Flower's client-side
+``fixedclipping_mod`` applies."""
 
 import numpy as np
 from flwr.serverapp.strategy import FedAvg
@@ -50,3 +51,32 @@ def test_balls_in_bins_sends_to_each_clients_secret_bin():
   for node in w.sampler.client_ids:
     rounds = [r for r, nodes in enumerate(sent, start=1) if int(node) in nodes]
     assert len(rounds) == 2 and rounds[1] - rounds[0] == 4
+
+
+class ReplyNorms(strategy_lib.MatrixFactorizationFixedClipping):
+  """The wrapper, recording the norm of each update as it arrives (before the server clips)."""
+
+  def aggregate_train(self, server_round, replies):
+    replies = list(replies)
+    current = self.current_arrays.to_numpy_ndarrays()
+    for reply in replies:
+      sent = next(iter(reply.content.array_records.values())).to_numpy_ndarrays()
+      norm = np.sqrt(sum(np.sum((a.astype(np.float64) - c) ** 2) for a, c in zip(sent, current)))
+      self.norms = getattr(self, "norms", []) + [float(norm)]
+    return super().aggregate_train(server_round, replies)
+
+
+def test_clients_with_flowers_fixedclipping_mod_clip_to_the_wrappers_norm():
+  """The train config carries ζ, so Flower's client-side mod clips updates of norm 6 to ζ."""
+  from flwr.clientapp.mod import fixedclipping_mod  # pylint: disable=g-import-not-at-top
+
+  def make():
+    return ReplyNorms(FedAvg(fraction_train=1.0, fraction_evaluate=0.0), "blt", total_rounds=4,
+                      clients_per_round=2, clip_norm=0.25, noise_multiplier=1.0,
+                      participation=participation.fixed_epoch(2), population=4)
+
+  out = simulation.run(make, [(4,)], 4, 4, update=lambda node, a: np.full(a.size, 3.0),
+                       mods=[fixedclipping_mod])
+  norms = out["strategy"].norms
+  # float32 models of size ≤ 4: the difference is rounded at 2⁻²⁴ of ~4, well below 1e-5
+  assert len(norms) == 8 and all(abs(n - 0.25) <= 1e-5 for n in norms)

@@ -3,7 +3,8 @@
 It wraps a FedAvg-style strategy (``flwr.serverapp.strategy``) as Flower's
 ``DifferentialPrivacyServerSideFixedClipping`` does, and runs Algorithm 1 of Denisov et al.
 2022 (arXiv:2202.08312): round i clips each client's model update to L2 norm ζ over all
-arrays, sums, divides by the expected clients per round K, adds σ/K·(N·Z)[i] (σ = z·ζ,
+arrays (and sends ζ in the train config, so that clients may clip too with Flower's
+``fixedclipping_mod``), sums, divides by the expected clients per round K, adds σ/K·(N·Z)[i] (σ = z·ζ,
 ``tff_mf.flower.noise``) and applies the workload's server optimizer (heavy-ball momentum β
 with the learning-rate schedule η_i, Prop 4.2), so the released iterates are those of the
 mechanism's workload A.
@@ -31,6 +32,7 @@ from flwr.serverapp import PrivacyConfig, PrivacySpent
 from flwr.serverapp.exception import PrivacyBudgetExhausted
 from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
 from tff_mf import adaptive_clipping
 from tff_mf import checks
@@ -276,6 +278,9 @@ class _MatrixFactorizationServerSide(Strategy):
           f"The next private release would exceed max_epsilon (current epsilon: "
           f"{spent.epsilon}, delta: {spent.delta}).")
     self.current_arrays = arrays
+    # Clients that use Flower's ``fixedclipping_mod`` clip to ζ_i themselves too; the server
+    # clips every update regardless.
+    config[KEY_CLIPPING_NORM] = float(self.clip_norm)
     chosen, _, _ = self.sampler.next_round(i, lambda cid: cid)
     if not chosen:
       return []
