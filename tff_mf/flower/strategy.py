@@ -49,7 +49,8 @@ class MatrixFactorizationAccountant:
   """Flower's ``PrivacyAccountant`` protocol over a core ``PrivacyRecord``: ε after r releases
   is ``epsilon_by_round()[r − 1]`` (an upper bound at the record's δ)."""
 
-  def __init__(self, record: mechanisms.PrivacyRecord, config: PrivacyConfig):
+  def __init__(self, record: mechanisms.PrivacyRecord, config: PrivacyConfig,
+               epsilons: Optional[List[float]] = None):
     if record.epsilon is None:
       raise checks.CheckError("the mechanism has no epsilon: give delta to the spec")
     if config.target_delta != record.delta:
@@ -57,7 +58,7 @@ class MatrixFactorizationAccountant:
                               f"spec's delta={record.delta}")
     self._config = config
     self._record = record
-    self._eps = record.epsilon_by_round()
+    self._eps = list(epsilons) if epsilons is not None else record.epsilon_by_round()
     self._releases = 0
 
   @property
@@ -203,14 +204,19 @@ class _MatrixFactorizationServerSide(Strategy):
     self.etas = workloads.learning_rates(spec.n, w.lr_schedule, w.schedule_rounds)
     self.clip_norm = spec.clipping.clip_norm  # ζ_i: ζ_0, then the quantile estimate's
     self._seed = noise_lib.seed_pair(noise_seed)
+    self._noise_seed_pinned = pinned
     self._sampling_seed = (entropy.new_seed("sampling-seed") if sampling_seed is None
                            else checks.seed(sampling_seed, "sampling_seed"))
     self._secret = (entropy.new_seed("sampling-secret") if sampling_secret is None
                     else checks.seed(sampling_secret, "sampling_secret"))
     self.state_path = state_path
+    # ε after each round (upper bounds at δ), computed once; None without δ.
+    self._epsilons = (self.record.epsilon_by_round() if self.record.epsilon is not None
+                      else None)
     self.accountant = None
     if privacy_config is not None:
-      self.accountant = MatrixFactorizationAccountant(self.record, privacy_config)
+      self.accountant = MatrixFactorizationAccountant(self.record, privacy_config,
+                                                      self._epsilons)
     self.noise: Optional[noise_lib.NoiseRows] = None
     self.sampler = None
     self._momentum_buffer: Optional[List[np.ndarray]] = None
@@ -234,8 +240,9 @@ class _MatrixFactorizationServerSide(Strategy):
 
   def epsilon(self) -> float:
     """ε spent after the rounds released so far (an upper bound at the spec's δ)."""
-    eps = self.record.epsilon_by_round()
-    return 0.0 if self.rounds_done == 0 else float(eps[self.rounds_done - 1])
+    if self._epsilons is None:
+      raise checks.CheckError("the mechanism has no epsilon: give delta to the spec")
+    return 0.0 if self.rounds_done == 0 else float(self._epsilons[self.rounds_done - 1])
 
   # ------------------------------------------------------------------ training
   def _setup(self, arrays: ArrayRecord, grid) -> None:
@@ -319,7 +326,7 @@ class _MatrixFactorizationServerSide(Strategy):
       self._next_clip(i, count, k)
     if self.accountant is not None:
       self.accountant.compose(None)
-    if self.record.epsilon is not None:
+    if self._epsilons is not None:
       log(INFO, "Privacy spent: epsilon=%.6f at delta=%g after %d of %d rounds (%s)",
           self.epsilon(), self.record.delta, i, self.spec.n, self.spec.mechanism.name)
     dtypes = [a.dtype for a in self.current_arrays.to_numpy_ndarrays()]
@@ -367,6 +374,10 @@ class _MatrixFactorizationServerSide(Strategy):
           node_ids, seed=self._sampling_seed, total_rounds=self.spec.n,
           clients_per_round=int(self.spec.clients_per_round),
           sampling_prob=self.spec.privacy.sampling_prob, secret=self._secret)
+    saved_seed = np.asarray(state["noise_seed"], np.int64)
+    if self._noise_seed_pinned and not np.array_equal(saved_seed, self._seed):
+      raise checks.CheckError(f"noise_seed is pinned, but the state file {self.state_path} "
+                              "holds another seed; drop noise_seed to continue its run")
     self.noise.restore(state)
     self._seed = self.noise.seed
     self.rounds_done = int(state["rounds_done"][0])
