@@ -6,7 +6,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 3
 # Tests run with two workers (this project's machines have 2 cores).
 PYTEST_WORKERS ?= 2
 
-.PHONY: venv demo test test-slow bench clean-venv
+.PHONY: venv demo test test-slow bench clean-venv venv-flower test-flower
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -26,6 +26,14 @@ test-slow: venv
 ## Benchmarks (write their tables into BENCHMARKS.md and PNGs under benchmarks/results/).
 bench: venv
 	$(PY) benchmarks/run_all.py
+
+## The Flower layer's tests in Flower's simulation engine, in .venv-flower (its own lock:
+## flwr needs protobuf >= 5.28, which TensorFlow 2.14 cannot share).
+venv-flower:
+	@bash scripts/bootstrap_flower.sh
+
+test-flower: venv-flower
+	.venv-flower/bin/python -m pytest --timeout=900 -q -rs tests/flower
 
 clean-venv:
 	rm -rf $(VENV)

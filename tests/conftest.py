@@ -119,3 +119,13 @@ def tiny_stackoverflow(tmp_path_factory):
     return written[key]
   return make
 
+
+
+# tests/flower run in Flower's own environment (``make test-flower``: .venv-flower, whose flwr
+# needs a protobuf TensorFlow 2.14 cannot share); an environment without flwr skips them.
+def _has_flwr() -> bool:
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  return importlib.util.find_spec("flwr") is not None
+
+
+collect_ignore = [] if _has_flwr() else ["flower"]

@@ -80,6 +80,11 @@ COVERED_ELSEWHERE: Dict[str, Tuple[str, ...]] = {
     # The benchmarks take hours and write BENCHMARKS.md; no test runs them. Only the Makefile
     # line is pinned.
     "make bench": ("tests/test_docs_commands.py::test_make_targets_run_the_documented_commands",),
+    # The Flower layer's suite in its own environment (.venv-flower); CI runs it after make test.
+    "make test-flower": (
+        "tests/test_docs_commands.py::test_make_targets_run_the_documented_commands",),
+    ".venv-flower/bin/python examples/flower_mf.py": (
+        "tests/flower/test_example.py::test_flower_example_runs_at_the_same_epsilon",),
     ".venv/bin/python examples/fed_avg_with_mf.py": (
         "tests/test_docs_commands.py::test_fed_avg_example_runs_and_meets_its_target_epsilon",),
     ".venv/bin/python examples/run_notebook.py examples/tutorial.ipynb": (
@@ -385,6 +390,9 @@ def test_make_targets_run_the_documented_commands():
       ("bench", r"\$\(PY\) benchmarks/run_all.py")):
     assert re.search(rf"^{target}: venv\n\t{command}$", makefile, re.M), target
   assert re.search(r"^venv:\n\t@bash scripts/bootstrap.sh$", makefile, re.M)
+  assert re.search(r"^test-flower: venv-flower\n\t\.venv-flower/bin/python -m pytest .*tests/flower$",
+                   makefile, re.M)
+  assert re.search(r"^venv-flower:\n\t@bash scripts/bootstrap_flower.sh$", makefile, re.M)
 
 
 def test_code_blocks_are_tagged_and_text_blocks_sit_next_to_a_runnable_one():

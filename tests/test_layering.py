@@ -1,8 +1,11 @@
-"""Layering, stated once and tested: the numpy core (``tff_mf`` outside ``tff_mf.tf``) imports
-no TensorFlow; the library (``tff_mf``) imports neither the harness (``training``) nor the data
-package (``stackoverflow``); the data package does not import the harness; and no module
-imports, directly or through others, a module that imports it back; and no library function
-runs over MAX_FUNCTION_LINES lines."""
+"""Layering, stated once and tested: the numpy core (``tff_mf`` outside the framework layers
+``tff_mf.tf`` and ``tff_mf.flower``) loads no TensorFlow and no Flower at import, and never
+imports the Flower layer (its TF-only commands import ``tff_mf.tf`` when run); the two
+framework layers never import each other, and the Flower layer's numpy modules (all but those
+that import flwr) load neither framework; the library (``tff_mf``) imports neither the
+harness (``training``) nor the data package (``stackoverflow``); the data package does not
+import the harness; and no module imports, directly or through others, a module that imports
+it back; and no library function runs over MAX_FUNCTION_LINES lines."""
 
 import ast
 import os
@@ -15,7 +18,9 @@ import userenv
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("tff_mf", "training", "stackoverflow")
-HEAVY = ("tensorflow", "tensorflow_federated", "tensorflow_privacy", "jax", "keras")
+HEAVY = ("tensorflow", "tensorflow_federated", "tensorflow_privacy", "jax", "keras", "flwr")
+# The framework layers over the numpy core: each may import the core, never the other.
+FRAMEWORK_LAYERS = ("tff_mf.tf", "tff_mf.flower")
 # package -> packages it may import
 ALLOWED = {"tff_mf": {"tff_mf"}, "stackoverflow": {"stackoverflow", "tff_mf"},
            "training": {"training", "stackoverflow", "tff_mf"}}
@@ -103,8 +108,39 @@ def test_no_import_cycles():
   assert cycles == []
 
 
+def _layer(module):
+  """The framework layer ``module`` belongs to, or None for the numpy core."""
+  for layer in FRAMEWORK_LAYERS:
+    if module == layer or module.startswith(layer + "."):
+      return layer
+  return None
+
+
+def test_core_never_imports_flower_and_layers_not_each_other():
+  """(The core's TF-only commands import ``tff_mf.tf`` inside their functions, which
+  ``test_numpy_core_imports_no_tensorflow`` allows: they run only when asked for.)"""
+  bad = []
+  for name, deps in _graph().items():
+    if not name.startswith("tff_mf"):
+      continue
+    own = _layer(name)
+    bad += [f"{name} imports {d}" for d in deps if _layer(d) not in (None, own)
+            and (own is not None or _layer(d) == "tff_mf.flower")]
+  assert bad == []
+
+
+def _imports_flwr(path):
+  tree = ast.parse(open(path, encoding="utf-8").read())
+  return any((isinstance(n, ast.Import) and any(a.name.split(".")[0] == "flwr" for a in n.names))
+             or (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "flwr")
+             for n in ast.walk(tree))
+
+
 def test_numpy_core_imports_no_tensorflow():
-  core = sorted(m for m in _modules("tff_mf") if not m.startswith("tff_mf.tf"))
+  """The core and the Flower layer's numpy modules load neither TensorFlow nor flwr."""
+  core = sorted(m for m, path in _modules("tff_mf").items()
+                if _layer(m) is None or (_layer(m) == "tff_mf.flower" and not _imports_flwr(path)))
+  assert "tff_mf.flower.noise" in core
   code = (
       "import importlib, sys\n"
       f"for m in {core!r}:\n"
