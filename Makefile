@@ -33,7 +33,7 @@ venv-flower:
 	@bash scripts/bootstrap_flower.sh
 
 test-flower: venv-flower
-	.venv-flower/bin/python -m pytest --timeout=900 -q -rs tests/flower
+	"$$(cd .venv-flower && pwd -P)/bin/python" -m pytest --timeout=900 -q -rs tests/flower
 
 clean-venv:
 	rm -rf $(VENV)

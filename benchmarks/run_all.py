@@ -88,6 +88,7 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
     ("monte_carlo", "monte_carlo.md", (("benchmarks/bench_monte_carlo.py",),)),
     # peer: /tmp/opake-venv (pip install opake-accounting); without it, our side only.
     ("fixed_bin", "fixed_bin.md", (("benchmarks/peer_opake_fixed_bin.py",),)),
+    ("flower", "flower.md", (("benchmarks/bench_flower.py",),)),
 )
 
 # script -> arguments of a run in seconds that writes only under OUT (a temporary directory).
@@ -117,6 +118,7 @@ SMOKE: Dict[str, Tuple[str, ...]] = {
     "peer_jax_privacy_bands.py": ("--smoke", "--out-dir", "{out}"),  # our side only
     "bench_monte_carlo.py": ("--smoke", "--out-dir", "{out}"),  # our side only
     "peer_opake_fixed_bin.py": ("--smoke", "--out-dir", "{out}"),  # our side only
+    "bench_flower.py": ("--help",),  # measures in .venv-flower (make venv-flower)
 }
 
 

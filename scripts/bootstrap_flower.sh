@@ -8,6 +8,23 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 venv="$root/.venv-flower"
 lock="requirements/flower-lock.txt"
+# Ray (Flower's simulation engine) starts its workers through a shell command line that does
+# not quote the interpreter's path, so a checkout whose path has a space (or a tab) gets the
+# venv in a space-free directory, and .venv-flower is a link to it (`make test-flower` runs the
+# interpreter by its resolved path).
+case "$root" in
+  *" "* | *$'\t'*)
+    base="${XDG_CACHE_HOME:-$HOME/.cache}"
+    case "$base" in *" "* | *$'\t'*) base="/tmp/tff-mf-$(id -u)" ;; esac
+    target="$base/tff-mf/venv-flower-$(printf '%s' "$root" | sha256sum | cut -c1-16)"
+    mkdir -p "$(dirname "$target")"
+    if [[ ! -L "$venv" || "$(readlink "$venv")" != "$target" ]]; then
+      rm -rf "$venv"
+      ln -s "$target" "$venv"
+    fi
+    venv="$target"
+    ;;
+esac
 # The interpreter: $FLOWER_PYTHON if set, else the newest Python 3.13, 3.12 or 3.11 that runs:
 # on PATH, or installed by pyenv (whose shims run only the versions a directory selects).
 python="${FLOWER_PYTHON:-}"

@@ -13,10 +13,10 @@ it and keeps the functional API). The analyses (``epsilon_for``):
   (``tff_mf.participation``): γ(C) for single participation (Denisov et al. 2022,
   Thm 4.1), the multi-participation sensitivity for fixed-epoch and b-min-sep
   participation (Choquette-Choo et al. 2023, arXiv:2211.06530, Sec 2); for fixed-bin
-  balls-in-bins (one secret bin j per user, every round ≡ j mod b; Chua et al. 2024,
-  arXiv:2410.06266, arXiv:2412.16802) the sensitivity over the b-cyclic patterns: given
-  the bin the pattern is deterministic, so this bound holds and the bin's secrecy only
-  lowers the true ε (its amplified bound is ``"balls_in_bins"``, below); for
+  balls-in-bins (one secret bin j per user, every round ≡ j mod b; Choquette-Choo et al.
+  2024, arXiv:2410.06266; Chua et al. 2024, arXiv:2412.16802) the sensitivity over the
+  b-cyclic patterns: given the bin the pattern is deterministic, so this bound holds and
+  the bin's secrecy only lowers the true ε (its amplified bound is ``"balls_in_bins"``, below); for
   random allocation (one uniformly random round per epoch, drawn anew each epoch) the
   sensitivity over every one-round-per-epoch pattern (its amplified bound is
   ``"random_allocation"``, below). The two are different mechanisms: neither's bound

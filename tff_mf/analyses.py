@@ -296,8 +296,9 @@ class Unamplified(Analysis):
       "multi": "Choquette-Choo et al. 2023, arXiv:2211.06530: one Gaussian mechanism with "
                "multiplier z / sensitivity under the participation schema",
       "balls_in_bins": "one Gaussian mechanism with multiplier z / sensitivity over the "
-                       "b-cyclic patterns {j, j+b, ...} of fixed-bin balls-in-bins (Chua et al. "
-                       "2024, arXiv:2410.06266, arXiv:2412.16802), the bin given: not amplified",
+                       "b-cyclic patterns {j, j+b, ...} of fixed-bin balls-in-bins "
+                       "(Choquette-Choo et al. 2024, arXiv:2410.06266; Chua et al. 2024, "
+                       "arXiv:2412.16802), the bin given: not amplified",
       "random_allocation": "one Gaussian mechanism with multiplier z / sensitivity over "
                            "every pattern of one round per epoch (random allocation, "
                            "arXiv:2412.16802), unamplified",
@@ -693,9 +694,10 @@ class MonteCarlo(Analysis):
 @dataclasses.dataclass(frozen=True)
 class MonteCarloBound(Analysis):
   """Monte-Carlo accounting with a proof (``tff_mf.monte_carlo``): the dominating pair of C ≥ 0
-  (arXiv:2410.06266) under b-min-sep Poisson or fixed-bin balls-in-bins, sampled; δ bounded
-  by Chernoff-Hoeffding (Hoeffding 1963, Thm 1). Its ε holds with probability ≥ 1 − β over
-  the accountant's own draws, and every record and statement carries β beside it."""
+  (arXiv:2410.06266) under cyclic Poisson (min_sep as sampled here) or fixed-bin
+  balls-in-bins, sampled; δ bounded by Chernoff-Hoeffding (Hoeffding 1963, Thm 1). Its ε
+  holds with probability ≥ 1 − β over the accountant's own draws, and every record and
+  statement carries β beside it."""
   name: ClassVar[str] = "monte_carlo_bound"
   label: ClassVar[str] = ("Monte-Carlo accounting with a proof (arXiv:2410.06266; "
                           "Chernoff-Hoeffding bound on delta)")

@@ -1,9 +1,9 @@
 """Amplified ε of fixed-bin balls-in-bins for lower-triangular C ≥ 0 (numpy).
 
-Setting (Chua, Ghazi, Kamath, Kumar, Manurangsi, Sinha, Zhang 2024, arXiv:2410.06266,
-arXiv:2412.16802; the ``balls_in_bins`` participation schema): n = k·b rounds, a user draws
-one bin j of b uniformly, once, and joins rounds S_j = {j, j + b, …, j + (k − 1)b},
-contributions clipped to norm 1; the run releases C·G + Z, Z ~ N(0, z² I). For C ≥ 0 the
+Setting (Choquette-Choo, Ganesh, Haque, Steinke, Thakurta 2024, arXiv:2410.06266; Chua
+et al. 2024, arXiv:2412.16802; the ``balls_in_bins`` participation schema): n = k·b
+rounds, a user draws one bin j of b uniformly, once, and joins rounds
+S_j = {j, j + b, …, j + (k − 1)b}, contributions clipped to norm 1; the run releases C·G + Z, Z ~ N(0, z² I). For C ≥ 0 the
 adaptive run is dominated by the pair (as for random allocation, arXiv:2410.06266; and
 for contributions fixed in advance every inner product below is at most its all-ones value)
 

@@ -7,8 +7,11 @@ Haque, Steinke, Thakurta 2024, arXiv:2410.06266; MMCC App D, arXiv:2310.15526):
 
   P = N(0, σ² I)  vs  Q = Σ_s w_s N(C x_s, σ² I),   L(y) = log dQ/dP(y).
 
-- b-min-sep Poisson (``min_sep`` b, or ``fixed_epoch`` with b = n/k, each eligible round
-  joined with probability p; the same pair for cyclic Poisson): x = Σ_t u_t e_{r + tb}
+- cyclic Poisson (``min_sep`` b as this library samples it: a user keeps one residue class
+  mod b and joins each of its rounds with probability p; or ``fixed_epoch`` with b = n/k
+  sampled that way). Not the general b-min-sep Poisson of arXiv:2410.06266, where a user
+  may move to another class after a gap longer than b: this pair does not dominate that
+  one: x = Σ_t u_t e_{r + tb}
   over the class r's columns J, u ~ Bernoulli(p)^k. The class may be known: the
   worst class counts, so every class is sampled (a Toeplitz C: class 0 alone, since
   every other class's pair is class 0's with rows dropped, a post-processing).

@@ -99,13 +99,19 @@ class LinearStream:
     return self.f[t], self.g[t], self.w_old[t], self.w_new[t], self.c[t]
 
   def step(self, state: np.ndarray, z_row: np.ndarray, i: int) -> Tuple[np.ndarray, np.ndarray]:
-    """(y_i, s_i) from s_{i−1} (k x d) and Z[i] (d,), in float64."""
+    """(y_i, s_i) from s_{i−1} (k x d) and Z[i] (d,), in float64.
+
+    Only the nonzero coefficients are applied (in index order), as the TF layer does: a
+    BLT's F is diagonal, so a computed row costs one scaled add, not k, at any model size.
+    """
     f, g, w_old, w_new, c = self.tables(i)
     new = np.empty_like(state)
     for l in range(self.k):
       m = self.copies[l]
-      new[l] = state[m] if m >= 0 else f[l] @ state + g[l] * z_row
-    y = w_old @ state + w_new @ new + c * z_row
+      new[l] = state[m] if m >= 0 else _combination(f[l], state, g[l], z_row)
+    y = _combination(w_old, state, c, z_row)
+    for m in np.flatnonzero(w_new):
+      y += w_new[m] * new[m]
     return y, new
 
   def run(self, z: np.ndarray) -> np.ndarray:
@@ -154,6 +160,15 @@ class LinearStream:
     return cls(n=n, copies=copies.astype(np.int64), name=name,
                **{label: arrays[f"{prefix}{label}"]
                   for label in ("f", "g", "w_old", "w_new", "c")})
+
+
+def _combination(weights: np.ndarray, rows: np.ndarray, z_weight: float,
+                 z_row: np.ndarray) -> np.ndarray:
+  """Σ_m weights[m]·rows[m] + z_weight·z_row over the nonzero weights, in index order."""
+  out = np.multiply(z_weight, z_row, dtype=np.float64)
+  for m in np.flatnonzero(weights):
+    out += weights[m] * rows[m]
+  return out
 
 
 def independent(n: int) -> LinearStream:

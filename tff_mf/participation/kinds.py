@@ -15,8 +15,8 @@ schema is one more subclass here, registered by its ``kind``.
   (b-min-separation, Choquette-Choo, Ganesh, McMahan, Rush, Steinke, Thakurta 2023,
   arXiv:2306.08153), realized by cyclic Poisson sampling (arXiv:2306.08153 Sec 4);
   ``cyclic_poisson`` is another spelling of the kind.
-- ``BallsInBins(epochs=k)``: the field's fixed-bin balls-in-bins (Chua, Ghazi, Kamath,
-  Kumar, Manurangsi, Sinha, Zhang 2024, arXiv:2410.06266 and arXiv:2412.16802): a user
+- ``BallsInBins(epochs=k)``: the field's fixed-bin balls-in-bins (Choquette-Choo, Ganesh, Haque,
+  Steinke, Thakurta 2024, arXiv:2410.06266; Chua et al. 2024, arXiv:2412.16802): a user
   draws one bin j of b = n/k once and joins every round i with i mod b = j. Its
   patterns are the fixed-epoch ones (the bin is secret, which only helps).
 - ``RandomAllocation(epochs=k)``: k epoch blocks of b rounds; a user joins one round of

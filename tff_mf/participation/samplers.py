@@ -19,8 +19,9 @@ Five samplers, one per ``--participation`` (no TensorFlow):
   (sampling secret, t): a resumed run draws the same clients. The secret is kept only
   in the checkpoints, like the noise seed: the amplified ε assumes nobody who sees the
   models knows who was sampled.
-- ``balls_in_bins`` with k epochs: the field's fixed-bin balls-in-bins (Chua et al.
-  2024, arXiv:2410.06266, arXiv:2412.16802; jax_privacy's ``BallsInBinsSampling``):
+- ``balls_in_bins`` with k epochs: the field's fixed-bin balls-in-bins (Choquette-Choo et al.
+  2024, arXiv:2410.06266; Chua et al. 2024, arXiv:2412.16802; jax_privacy's
+  ``BallsInBinsSampling``):
   each client draws one bin j ∈ {0, …, b − 1}, b = n/k, once, from a generator seeded
   by the sampling secret, and joins every round t with (t − 1) mod b = j. ε is the
   smaller of the unamplified bound over these b-cyclic patterns and the amplified bound of
