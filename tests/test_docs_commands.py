@@ -390,7 +390,8 @@ def test_make_targets_run_the_documented_commands():
       ("bench", r"\$\(PY\) benchmarks/run_all.py")):
     assert re.search(rf"^{target}: venv\n\t{command}$", makefile, re.M), target
   assert re.search(r"^venv:\n\t@bash scripts/bootstrap.sh$", makefile, re.M)
-  assert re.search(r"^test-flower: venv-flower\n\t\.venv-flower/bin/python -m pytest .*tests/flower$",
+  assert re.search(r"^test-flower: venv-flower\n\t\"\$\$\(cd \.venv-flower && pwd -P\)/bin/python\" "
+                   r"-m pytest .*tests/flower$",
                    makefile, re.M)
   assert re.search(r"^venv-flower:\n\t@bash scripts/bootstrap_flower.sh$", makefile, re.M)
 
