@@ -336,12 +336,18 @@ def _epsilon_from(sets, delta: float, beta_each: float, composed) -> float:
         f"{beta_each:g} per direction (the confidence bound alone is about log(1/beta)/N): "
         f"use samples >= {need}, a larger delta or a larger failure_probability",
         arguments=("samples", "failure_probability"))
+  return _passing_end(lambda eps: _upper(sets, eps, beta_each, composed) <= delta, hi)
+
+
+def _passing_end(ok, hi: float) -> float:
+  """Bisection on [0, hi] (``ok(hi)`` holds, ``ok(0)`` does not) for the smallest ε with
+  ``ok``, to 1e-7 relative; returns the passing end, never a failing point."""
   lo = 0.0
   for _ in range(100):
     if hi - lo <= 1e-7 * max(1.0, hi):
       break
     mid = 0.5 * (lo + hi)
-    if _upper(sets, mid, beta_each, composed) <= delta:
+    if ok(mid):
       hi = mid
     else:
       lo = mid
@@ -394,20 +400,12 @@ def _point(sets, delta: float, composed) -> float:
   """ε where the sample means meet δ (no confidence bound): an estimate, for comparison."""
   def ok(eps):
     return max(_delta_mean(l, eps, composed) for l in sets) <= delta
-  lo, hi = 0.0, max(1.0, max(float(np.max(l)) for l in sets) + 1.0)
+  hi = max(1.0, max(float(np.max(l)) for l in sets) + 1.0)
   if ok(0.0):
     return 0.0
   if not ok(hi):
     return math.inf
-  for _ in range(100):
-    if hi - lo <= 1e-7 * max(1.0, hi):
-      break
-    mid = 0.5 * (lo + hi)
-    if ok(mid):
-      hi = mid
-    else:
-      lo = mid
-  return hi
+  return _passing_end(ok, hi)
 
 
 def calibrate(c, schema, target_epsilon: float, delta: float, z_start: float, *,
