@@ -309,7 +309,9 @@ def _build_discrete(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str,
                     noise_multiplier=cfg.noise_multiplier, model_size=model_size, bands=bands,
                     participations=cfg.participation.max_participations_in(cfg.n), n=cfg.n,
                     granularity=cfg.spec.privacy.granularity)
-    info.update(discrete_gaussian=found.as_dict())
+    info.update(granularity=found.granularity, discrete_gaussian_sigma=found.sigma,
+                integer_sensitivity=found.integer_sensitivity,
+                rounding_inflation=found.inflation, model_size=found.model_size)
     return found
 
   info.update(noise_implementation=f"DiscreteGaussianQuery(bands={bands})", state_rows=2 * (
