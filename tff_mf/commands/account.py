@@ -581,12 +581,18 @@ def _run_discrete(args: argparse.Namespace) -> int:
                 schema_source=_schema_source(args, cached, False))
   if c is not None:
     record.update(n=c.shape[1], m=c.shape[0])
+  return _finish(record, args, extra)
+
+
+def _finish(record: dict, args: argparse.Namespace, extra: dict) -> int:
+  """Prints ``record`` with the encoder's fields and the parameter flags given."""
   for key, value in extra.items():
     record.setdefault(key, value)
   for flag in ("height", "bands"):
     if getattr(args, flag) is not None:
       record.setdefault(flag, getattr(args, flag))
   _print(_with_statement(record), args.json)
+  sys.stdout.flush()
   return 0
 
 
@@ -661,11 +667,4 @@ def run(args: argparse.Namespace) -> int:
   if args.lower_bound or args.monte_carlo_samples is not None:
     _add_slack(record, c, args)
   record["schema_source"] = _schema_source(args, cached, amplified)
-  for key, value in extra.items():
-    record.setdefault(key, value)
-  for flag in ("height", "bands"):
-    if getattr(args, flag) is not None:
-      record.setdefault(flag, getattr(args, flag))
-  _print(_with_statement(record), args.json)
-  sys.stdout.flush()
-  return 0
+  return _finish(record, args, extra)
