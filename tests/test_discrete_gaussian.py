@@ -219,3 +219,16 @@ def test_plan_refuses_a_coarse_granularity_and_the_float_range():
   plan = dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1.0, model_size=4_050_000,
                  bands=1, participations=1, n=10)
   assert plan.inflation <= dg.ROUNDING_INFLATION and plan.sigma == plan.granularity
+
+
+def test_unpinned_stream_draws_its_key_from_os_entropy():
+  """Without a key two streams add different noise; a pinned key replays the same release."""
+  c = np.eye(4)
+  plan = dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1.0, model_size=200,
+                 bands=1, participations=1, n=4)
+  x = np.zeros(200)
+  a, b = dg.IntegerRelease(c, plan).step(x)[1], dg.IntegerRelease(c, plan).step(x)[1]
+  assert not np.array_equal(a, b)
+  key = dg.seed_key(99)
+  np.testing.assert_array_equal(dg.IntegerRelease(c, plan, key).step(x)[1],
+                                dg.IntegerRelease(c, plan, key).step(x)[1])

@@ -19,6 +19,7 @@ import numpy as np
 from scipy import optimize
 
 from tff_mf import checks
+from tff_mf import entropy
 
 DISTRIBUTIONS = ("gaussian", "discrete_gaussian")
 # Mechanisms whose C-domain encoder streams with small state (C = I; b-banded C).
@@ -274,17 +275,24 @@ def band_coefficients(c: np.ndarray) -> np.ndarray:
 class IntegerRelease:
   """The numpy stream of the integer release: ``step(x_t)`` returns (s_t, Y_t).
 
+  ``key``: the secret Philox key (``seed_key`` of a pinned seed); None draws one from OS
+  entropy.
+
   State: the last b − 1 real sums x_j (float64: as secret as the seed, which regenerates
   the noise) and the last b − 1 outputs s_j. s_t is computed from Y_t and earlier s only.
   """
 
-  def __init__(self, c: np.ndarray, run_plan: Plan, key: Tuple[int, int]):
+  def __init__(self, c: np.ndarray, run_plan: Plan, key: Optional[Tuple[int, int]] = None):
     self.bands_table = band_coefficients(c)
     self.n, self.b = self.bands_table.shape
     if self.b != run_plan.bands:
       raise checks.CheckError(f"the plan is for {run_plan.bands} bands, C has {self.b}")
+    if not run_plan.inflation <= ROUNDING_INFLATION:  # what the record accounts for
+      raise checks.CheckError(f"the plan's rounding inflation {run_plan.inflation:.3g} exceeds "
+                              f"the {ROUNDING_INFLATION:g} accounted; build it with plan()")
     self.plan = run_plan
-    self.key = key
+    # The secret Philox key: pinned (``seed_key``), else 126 bits of OS entropy (HKDF).
+    self.key = key if key is not None else entropy.new_key_pair("discrete-gaussian-key")
     self.round_index = 0
     self._sums = []  # newest first
     self._outputs = []
