@@ -271,6 +271,8 @@ def test_run_training_with_the_discrete_gaussian(configs, task, tmp_path):
   assert info["rounding_inflation"] <= dg.ROUNDING_INFLATION
   assert info["discrete_gaussian_sigma"] == 0.8 * CLIP * info["granularity"] > 1000
   assert summary["privacy"]["analysis"] == "discrete_gaussian"
+  text = summary["privacy_statement"]["text"]
+  assert "discrete Gaussian" in text and "sums without noise" in text
   sens = summary["privacy"]["encoder_sensitivity"]  # C = I: 1, as an upper bound
   assert 1.0 <= sens <= 1.0 + 1e-9
   assert summary["epsilon"] == pytest.approx(dg.epsilon(0.8, DELTA, sens), rel=1e-12)
