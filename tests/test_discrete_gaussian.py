@@ -201,6 +201,7 @@ def test_record_and_statement_name_the_discrete_gaussian():
     (dict(noise_distribution="gaussian", granularity=4.0), "granularity goes with"),
     (dict(granularity=0.0), "granularity must be positive"),
     (dict(noise_stream="stateless"), "does not apply"),
+    (dict(noise_multiplier=0.0, allow_no_noise=True), "adds no noise"),
 ])
 def test_refusals_are_one_line(overrides, words):
   with pytest.raises(checks.CheckError) as e:

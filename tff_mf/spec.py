@@ -106,6 +106,10 @@ class Privacy:
       return
     if self.granularity is not None:
       _set(self, granularity=checks.positive_float(self.granularity, "granularity"))
+    if self.noise_multiplier == 0.0:
+      raise checks.CheckError("the discrete Gaussian with noise_multiplier 0 adds no noise: use "
+                              "noise_distribution 'gaussian' to run without privacy",
+                              arguments=("noise_multiplier", "noise_distribution"))
     if self.sampling_prob is not None or self.amplification is not None:
       raise checks.CheckError("the discrete Gaussian is accounted without amplification by "
                               "sampling: leave out sampling_prob and amplification",
