@@ -233,3 +233,17 @@ def test_unpinned_stream_draws_its_key_from_os_entropy():
   key = dg.seed_key(99)
   np.testing.assert_array_equal(dg.IntegerRelease(c, plan, key).step(x)[1],
                                 dg.IntegerRelease(c, plan, key).step(x)[1])
+
+
+@pytest.mark.parametrize("flags,words", [
+    (dict(mechanism="banded", granularity=4.0),
+     "--granularity goes with --noise_distribution"),
+    (dict(mechanism="blt", noise_distribution="discrete_gaussian"), "every past sum"),
+    (dict(mechanism="banded", noise_distribution="discrete_gaussian", participation="min_sep",
+          min_sep=2, sampling_prob=0.5), "leave out --sampling_prob"),
+])
+def test_training_flags_are_refused_in_one_line_naming_them(flags, words):
+  from training import config as config_lib  # pylint: disable=g-import-not-at-top
+  with pytest.raises(config_lib.TrainingError) as e:
+    config_lib.TrainingConfig(noise_multiplier=1.0, **flags).validate()
+  assert words in str(e.value) and "\n" not in str(e.value)

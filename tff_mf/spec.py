@@ -102,7 +102,7 @@ class Privacy:
     if not self.discrete:
       if self.granularity is not None:
         raise checks.CheckError("granularity goes with noise_distribution 'discrete_gaussian' "
-                                "only", arguments=("granularity",))
+                                "only", arguments=("granularity", "noise_distribution"))
       return
     if self.granularity is not None:
       _set(self, granularity=checks.positive_float(self.granularity, "granularity"))
