@@ -128,6 +128,16 @@ class _SelectedGrid:
     return getattr(self._grid, name)
 
 
+def _check_continuous(spec: spec_lib.MechanismSpec) -> None:
+  """The Flower layer adds continuous noise: a discrete-Gaussian spec's integer release is
+  the TF query's (``tff_mf.tf.aggregators``) or ``tff_mf.discrete_gaussian.IntegerRelease``."""
+  if spec.privacy.discrete:
+    raise checks.CheckError("the Flower layer adds continuous noise: noise_distribution "
+                            "'discrete_gaussian' runs with the TF aggregator "
+                            "(tff_mf.tf.aggregators) or tff_mf.discrete_gaussian.IntegerRelease",
+                            arguments=("noise_distribution",))
+
+
 class _MatrixFactorizationServerSide(Strategy):
   """Strategy wrapper for central DP with a matrix-factorization mechanism (server side);
   ``MatrixFactorizationFixedClipping`` and ``MatrixFactorizationAdaptiveClipping`` below.
@@ -167,6 +177,7 @@ class _MatrixFactorizationServerSide(Strategy):
     if not spec.mechanism.private:
       raise checks.CheckError(f"mechanism {spec.mechanism.name!r} adds no noise; this wrapper "
                               "is for private mechanisms")
+    _check_continuous(spec)
     if (spec.adaptive is not None) != self.clips_adaptively:
       raise checks.CheckError(
           f"{type(self).__name__} takes " + ("clip_norm='adaptive'" if self.clips_adaptively
