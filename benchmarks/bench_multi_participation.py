@@ -4,16 +4,16 @@ Prefix sums S, n ∈ {512, 1024}; k participations at least b rounds apart (b-mi
 Choquette-Choo et al. 2023, arXiv:2306.08153) with b ∈ {32, 64, 128}, or k epochs of
 n/k rounds (fixed epoch, Choquette-Choo et al. 2023, arXiv:2211.06530). Pairs:
 
-- banded Toeplitz (McKenna 2024, arXiv:2405.15913): ``tff_mf.families.toeplitz.optimize``
+- banded Toeplitz (McKenna 2024, arXiv:2405.15913): ``tff_mf.factorization.families.toeplitz.optimize``
   (b bands, optimized under the min-sep schema) vs jax_privacy
   ``toeplitz.optimize_banded_toeplitz(n, b)``;
 - BLT (Dvijotham et al. 2024, arXiv:2404.16706; McMahan, Xu, Zhang 2024,
-  arXiv:2408.08868): ``tff_mf.families.blt.optimize`` with the number of buffers
+  arXiv:2408.08868): ``tff_mf.factorization.families.blt.optimize`` with the number of buffers
   jax_privacy chose, and ``blt.optimize_buffers`` (our own choice), vs jax_privacy
   ``buffered_toeplitz.optimize(n=, min_sep=, max_participations=, error='mean')``;
-- optimal fixed-epoch (``tff_mf.dense_fixed_epoch.solve_fixed_epoch``, certified duality gap)
+- optimal fixed-epoch (``tff_mf.factorization.dense_fixed_epoch.solve_fixed_epoch``, certified duality gap)
   vs jax_privacy ``dense.optimize(n, epochs=k)``;
-- banded (``tff_mf.families.banded.optimize``, b bands, unit columns; with b ≤ the
+- banded (``tff_mf.factorization.families.banded.optimize``, b bands, unit columns; with b ≤ the
   separation the min-sep sensitivity is that of single participation times √k, so both
   optimize the same objective) vs jax_privacy ``banded.optimize(n, bands=b)``.
 
@@ -50,15 +50,15 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-from tff_mf import dense_fixed_epoch  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization import dense_fixed_epoch  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_mf import participation  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf import toeplitz_ops  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf import workloads  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf.families import banded  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf.families import blt  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf.families import square_root  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf.families import toeplitz  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf.families import tree  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization import toeplitz_ops  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization import workloads  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization.families import banded  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization.families import blt  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization.families import square_root  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization.families import toeplitz  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization.families import tree  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 MACHINE = "2-core x86_64 CPU, 24 GB, no GPU (shared with other jobs)"

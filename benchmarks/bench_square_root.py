@@ -50,10 +50,10 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 from tff_mf import participation  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf import toeplitz_ops  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf.families import blt  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf.families import square_root  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf.families import toeplitz  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization import toeplitz_ops  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization.families import blt  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization.families import square_root  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization.families import toeplitz  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")

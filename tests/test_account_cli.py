@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from tff_mf import accounting
-from tff_mf import cache
+from tff_mf.factorization import cache
 from tff_mf import cli
-from tff_mf import mmcc
-from tff_mf import strategies
-from tff_mf import workloads
+from tff_mf.accounting import mmcc
+from tff_mf.factorization import strategies
+from tff_mf.factorization import workloads
 from tff_mf.commands import account as account_cmd
 
 import statcheck
@@ -335,7 +335,7 @@ def test_help_describes_every_flag_with_its_default():
 
 
 def test_no_tensorflow_imported():
-  code = ("import sys; import tff_mf.accounting, tff_mf.mmcc, tff_mf.commands.account; "
+  code = ("import sys; import tff_mf.accounting, tff_mf.accounting.mmcc, tff_mf.commands.account; "
           "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
   subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env=userenv.env())
 
@@ -463,7 +463,7 @@ _SLACK = ["--mechanism", "truncated_sqrt_prefix", "--bands", "4", "--total_round
 def test_lower_bound_and_estimate_are_labeled_and_below_the_bound(capsys):
   """--lower_bound: a proven lower bound ≤ the printed ε, and slack = ε / lower; the
   Monte-Carlo estimate is a separate, labeled field and never the run's ε."""
-  from tff_mf import mixture_pair  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import mixture_pair  # pylint: disable=g-import-not-at-top
   noise = ["--noise_multiplier", "2"]
   out = _json(_SLACK + noise + ["--lower_bound", "--monte_carlo_samples", "5000"], capsys)
   plain = _json(_SLACK + noise, capsys)
@@ -495,9 +495,9 @@ def test_lower_bound_at_the_calibrated_noise(capsys):
 
 
 def test_lower_bound_of_random_allocation(capsys):
-  """Balls-in-bins (random allocation): the proven lower bound of tff_mf.random_allocation
+  """Balls-in-bins (random allocation): the proven lower bound of tff_mf.accounting.random_allocation
   below the printed ε; Monte-Carlo accounting is not offered there."""
-  from tff_mf import random_allocation  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import random_allocation  # pylint: disable=g-import-not-at-top
   argv = ["--mechanism", "banded_toeplitz", "--total_rounds", "16", "--participation",
           "random_allocation",
           "--epochs", "2", "--amplification", "random_allocation", "--noise_multiplier", "2",

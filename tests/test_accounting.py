@@ -19,8 +19,8 @@ from scipy import stats
 
 from tff_mf import accounting
 from tff_mf import checks
-from tff_mf import gaussian
-from tff_mf import mmcc
+from tff_mf.accounting import gaussian
+from tff_mf.accounting import mmcc
 from tff_mf import participation
 
 import statcheck

@@ -1,4 +1,4 @@
-"""The accountant interface (tff_mf.analyses): one object per analysis, its own words, one
+"""The accountant interface (tff_mf.accounting.analyses): one object per analysis, its own words, one
 registry that the functional API, the calibration and the statement dispatch through."""
 
 import dataclasses
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from tff_mf import accounting
-from tff_mf import analyses
+from tff_mf.accounting import analyses
 from tff_mf import checks
 from tff_mf import participation
-from tff_mf import statement
+from tff_mf.accounting import statement
 
 DELTA = 1e-6
 

@@ -1,4 +1,4 @@
-"""Choosing the number of bands with amplification (``tff_mf.band_calibration``).
+"""Choosing the number of bands with amplification (``tff_mf.accounting.band_calibration``).
 
 Against a grid computed here from the definitions: for each b, the b-banded Toeplitz C,
 cyclic Poisson of cycle b at p·b/B, z calibrated with the amplified banded analysis
@@ -14,12 +14,12 @@ import pytest
 
 import userenv
 from tff_mf import accounting
-from tff_mf import band_calibration
-from tff_mf import cache
+from tff_mf.accounting import band_calibration
+from tff_mf.factorization import cache
 from tff_mf import checks
 from tff_mf import participation
-from tff_mf import strategies
-from tff_mf import workloads
+from tff_mf.factorization import strategies
+from tff_mf.factorization import workloads
 
 N, B, P, EPS, DELTA = 16, 2, 0.5, 4.0, 1e-6
 TOL = 0.02  # z within 2% of the smallest valid one: few PLD evaluations (seconds each)

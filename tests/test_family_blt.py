@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from tff_mf import checks
-from tff_mf import mmcc
-from tff_mf import toeplitz_ops
-from tff_mf import workloads
-from tff_mf.families import blt
-from tff_mf.families import toeplitz
+from tff_mf.accounting import mmcc
+from tff_mf.factorization import toeplitz_ops
+from tff_mf.factorization import workloads
+from tff_mf.factorization.families import blt
+from tff_mf.factorization.families import toeplitz
 
 THETA = np.array([0.995, 0.9, 0.5])
 THETA_HAT = np.array([0.97, 0.7, 0.2])
@@ -243,7 +243,7 @@ def test_momentum_fixed_epoch_gives_a_valid_blt(n, momentum, schedule):
   push pole/zero pairs to θ = 1 in float64. Whether it does depends on the BLAS's rounding,
   so the property is checked: a valid BLT comes back, whatever the buffer count."""
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
-  from tff_mf import strategies  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import strategies  # pylint: disable=g-import-not-at-top
   kw = {} if schedule == "constant" else {"schedule_rounds": n // 2}
   spec = strategies.FactorizationSpec(
       workload=workloads.WorkloadSpec(kind="momentum", n=n, momentum=momentum,

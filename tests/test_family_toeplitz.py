@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from tff_mf import checks
-from tff_mf import mmcc
+from tff_mf.accounting import mmcc
 from tff_mf import participation
-from tff_mf import separation
-from tff_mf import toeplitz_ops
-from tff_mf import workloads
-from tff_mf.families import toeplitz
+from tff_mf.participation import separation
+from tff_mf.factorization import toeplitz_ops
+from tff_mf.factorization import workloads
+from tff_mf.factorization.families import toeplitz
 
 
 def _fd_gradient(fun, x, eps=1e-6):
@@ -142,7 +142,7 @@ def test_optimized_beats_square_root_truncation_and_identity():
   previous = identity
   for bands in (2, 4, 8, 16, 32):
     sqrt_s = toeplitz_ops.evaluate(mmcc.sqrt_prefix_coefficients(bands), n)["rmse"]
-    # Same numbers as the dense matrix of tff_mf.mmcc (normalized to γ = 1).
+    # Same numbers as the dense matrix of tff_mf.accounting.mmcc (normalized to γ = 1).
     c = mmcc.truncated_sqrt_prefix_matrix(n, bands)
     b = workloads.prefix_sum(n) @ np.linalg.inv(c)
     assert sqrt_s == pytest.approx(np.linalg.norm(b) / np.sqrt(n), rel=1e-10)

@@ -255,7 +255,7 @@ def test_participation_kinds_are_compared_by_name_in_few_places():
       f"(a method or attribute of its class): {found}")
 
 
-# Analyses own their words and rules (tff_mf.analyses): at most this many comparisons against
+# Analyses own their words and rules (tff_mf.accounting.analyses): at most this many comparisons against
 # an analysis's or a Gaussian accountant's name remain outside that module.
 MAX_ANALYSIS_NAME_COMPARISONS = 2
 ANALYSIS_NAMES = ("none", "mmcc", "banded", "random_allocation", "adaptive", "monte_carlo",
@@ -298,9 +298,9 @@ def _compares_analysis(node):
 
 def analysis_name_comparisons():
   """``file:line`` of every ==, !=, in, not in between an analysis (or accountant) operand and
-  an analysis's name, outside tff_mf/analyses.py."""
+  an analysis's name, outside tff_mf/accounting/analyses.py."""
   return [f"{rel}:{node.lineno}"
-          for rel, tree in _code_outside(os.path.join("tff_mf", "analyses.py"))
+          for rel, tree in _code_outside(os.path.join("tff_mf", "accounting", "analyses.py"))
           for node in ast.walk(tree) if _compares_analysis(node)]
 
 
@@ -308,8 +308,8 @@ def test_analyses_are_compared_by_name_in_few_places():
   found = analysis_name_comparisons()
   assert len(found) <= MAX_ANALYSIS_NAME_COMPARISONS, (
       f"{len(found)} comparisons against an analysis's or accountant's name outside "
-      f"tff_mf.analyses (at most {MAX_ANALYSIS_NAME_COMPARISONS}); ask the analysis instead "
-      f"(an attribute or method of its class in tff_mf.analyses.REGISTRY): {found}")
+      f"tff_mf.accounting.analyses (at most {MAX_ANALYSIS_NAME_COMPARISONS}); ask the analysis instead "
+      f"(an attribute or method of its class in tff_mf.accounting.analyses.REGISTRY): {found}")
 
 
 def test_the_analysis_count_sees_a_comparison():

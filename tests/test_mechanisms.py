@@ -19,15 +19,15 @@ import numpy as np
 import pytest
 
 from tff_mf import accounting
-from tff_mf import adaptive_clipping
+from tff_mf.accounting import adaptive_clipping
 from tff_mf import checks
-from tff_mf import gaussian
+from tff_mf.accounting import gaussian
 from tff_mf import mechanisms
 from tff_mf import participation
 from tff_mf import registry
 from tff_mf import spec as spec_lib
-from tff_mf import workloads
-from tff_mf.families import tree
+from tff_mf.factorization import workloads
+from tff_mf.factorization.families import tree
 
 import userenv
 

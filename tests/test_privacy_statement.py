@@ -1,4 +1,4 @@
-"""The privacy statement (tff_mf.statement) of runs and of ``tff-mf account``, and the JSON
+"""The privacy statement (tff_mf.accounting.statement) of runs and of ``tff-mf account``, and the JSON
 fields and zero-noise errors it stands beside (no TensorFlow). ε per round and
 dp_events.jsonl's header: tests/test_training_privacy.py."""
 
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from tff_mf import accounting
-from tff_mf import adaptive_clipping
+from tff_mf.accounting import adaptive_clipping
 from tff_mf import checks
 from tff_mf import mechanisms
 from tff_mf import participation
-from tff_mf import statement
+from tff_mf.accounting import statement
 from training import config as config_lib
 
 

@@ -16,10 +16,10 @@ from tff_mf import checks
 from tff_mf import participation
 from tff_mf import registry
 from tff_mf import spec as spec_lib
-from tff_mf import streams
-from tff_mf import strategies
-from tff_mf import workloads
-from tff_mf.families import structured
+from tff_mf.noise import streams
+from tff_mf.factorization import strategies
+from tff_mf.factorization import workloads
+from tff_mf.factorization.families import structured
 from tff_mf.tf import aggregators
 from tff_mf.tf import noise as noise_lib
 from tff_mf.tf import query as query_lib
@@ -582,7 +582,7 @@ def test_privacy_record_of_a_setup_prints_its_own_statement(tmp_path, capsys):
   ε of banded under min_sep(4) sampled at 0.25 (it read "no amplification ... single" beside
   the amplified ε, and print gave a 900-character repr), and name the setup."""
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
-  from tff_mf import statement  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import statement  # pylint: disable=g-import-not-at-top
   setup = aggregators.build_mechanism(
       "banded", total_rounds=16, noise_multiplier=2.0, delta=1e-6, clients_per_round=4,
       clip_norm=1.0, participation=participation.min_sep(4), sampling_prob=0.25,

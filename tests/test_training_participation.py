@@ -25,7 +25,7 @@ from tff_mf import accounting
 from tff_mf import mechanisms
 from tff_mf import participation
 from tff_mf import registry
-from tff_mf import workloads
+from tff_mf.factorization import workloads
 from training import loop
 from training import outputs
 from training import sampling

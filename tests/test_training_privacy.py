@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from tff_mf import accounting
-from tff_mf import adaptive_clipping
+from tff_mf.accounting import adaptive_clipping
 from tff_mf import mechanisms
 from tff_mf import spec as spec_lib
-from tff_mf import strategies
-from tff_mf import workloads
+from tff_mf.factorization import strategies
+from tff_mf.factorization import workloads
 from training import config as config_lib
 from training import privacy
 
@@ -126,7 +126,7 @@ ORIGINAL_CALIBRATE = accounting.calibrate
 def test_tree_and_gaussian_encoders_are_what_tff_adds_noise_for():
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
   from tff_mf import registry  # pylint: disable=g-import-not-at-top
-  from tff_mf.families import tree as tree_lib  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization.families import tree as tree_lib  # pylint: disable=g-import-not-at-top
 
   def resolved(name, n):
     return mechanisms.resolve(registry.mechanism(name), workloads.WorkloadSpec("prefix_sum", n),

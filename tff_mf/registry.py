@@ -1,7 +1,7 @@
 """The mechanism registry: every strategy and mechanism name of tff-mf, as data (no TensorFlow).
 
 Two tables. A *strategy* is a way to choose the encoder C for a given workload A
-(a family module in ``tff_mf.families``); ``tff-mf factorize --mechanism`` takes
+(a family module in ``tff_mf.factorization.families``); ``tff-mf factorize --mechanism`` takes
 these names. A *mechanism* is what a user trains or accounts for: a strategy
 applied to a workload (prefix sums post-processed into the training workload, or
 the training workload itself), plus the kind of noise stream that realizes it.
@@ -39,12 +39,12 @@ class RegistryError(checks.CheckError):
 
 @dataclasses.dataclass(frozen=True)
 class Strategy:
-  """A way to choose C, computed by a family module (``tff_mf.families``).
+  """A way to choose C, computed by a family module (``tff_mf.factorization.families``).
 
-  ``family`` names the module: a module of ``tff_mf.families`` ("banded") or any
+  ``family`` names the module: a module of ``tff_mf.factorization.families`` ("banded") or any
   other importable module ("my_project.my_family"). The module declares what the
   strategy reads, supports and costs (``STRATEGIES[name]``, a
-  ``tff_mf.families.Declaration``); the properties below read that declaration.
+  ``tff_mf.factorization.families.Declaration``); the properties below read that declaration.
   """
   name: str
   family: str
@@ -56,8 +56,8 @@ class Strategy:
   def module(self):
     """The family module that computes this strategy."""
     path = self.family
-    if "." not in path and importlib.util.find_spec(f"tff_mf.families.{path}") is not None:
-      path = f"tff_mf.families.{path}"
+    if "." not in path and importlib.util.find_spec(f"tff_mf.factorization.families.{path}") is not None:
+      path = f"tff_mf.factorization.families.{path}"
     try:
       return importlib.import_module(path)
     except ImportError as e:
@@ -66,7 +66,7 @@ class Strategy:
 
   @property
   def declaration(self) -> Any:
-    """The family's ``tff_mf.families.Declaration`` for this strategy."""
+    """The family's ``tff_mf.factorization.families.Declaration`` for this strategy."""
     module = self.module
     declared = getattr(module, "STRATEGIES", {}).get(self.name)
     if declared is None:

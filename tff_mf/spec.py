@@ -6,7 +6,7 @@ schema, the privacy (z or a target ε, δ, the Gaussian accountant, the sampling
 probability), the clipping (a fixed clip norm, or the adaptive quantile estimate of Andrew
 et al. 2021, arXiv:1905.03871) and the family parameters. Each part checks itself when it
 is built, and the spec checks how they fit together (the family parameters against the
-family's ``tff_mf.families.Declaration``), once: every error is one line naming the
+family's ``tff_mf.factorization.families.Declaration``), once: every error is one line naming the
 argument. ``MechanismSpec.from_args`` builds one from the keyword arguments of
 ``tff_mf.tf.aggregators.build_mechanism``; ``tff_mf.mechanisms.build`` resolves it.
 """
@@ -18,13 +18,13 @@ import types
 from typing import Any, Dict, Mapping, Optional, Union
 
 from tff_mf import accounting
-from tff_mf import adaptive_clipping
-from tff_mf import analyses
+from tff_mf.accounting import adaptive_clipping
+from tff_mf.accounting import analyses
 from tff_mf import checks
-from tff_mf import families
+from tff_mf.factorization import families
 from tff_mf import participation as participation_lib
 from tff_mf import registry
-from tff_mf import workloads
+from tff_mf.factorization import workloads
 
 LR_SCHEDULES = workloads.LR_SCHEDULES
 
@@ -50,10 +50,10 @@ class Privacy:
     noise_multiplier: z, or None to calibrate it to ``target_epsilon`` (exactly one given).
     target_epsilon: the ε the smallest z is calibrated to (needs ``delta``).
     delta: δ of the reported (ε, δ); None: no ε is computed.
-    accountant: the unamplified Gaussian's accountant (``tff_mf.analyses.ACCOUNTANTS``).
+    accountant: the unamplified Gaussian's accountant (``tff_mf.accounting.analyses.ACCOUNTANTS``).
     sampling_prob: p < 1 of cyclic Poisson sampling under min_sep (amplified bounds).
     allow_no_noise: z = 0 is accepted (ε = ∞).
-    amplification: a ``tff_mf.analyses.Analysis`` in place of the automatic choice of the
+    amplification: a ``tff_mf.accounting.analyses.Analysis`` in place of the automatic choice of the
       amplified analysis (e.g. ``MonteCarloBound``), or None.
   """
   noise_multiplier: Optional[float] = None
@@ -95,7 +95,7 @@ class Clipping:
 
   Attributes:
     clip_norm: ζ of every round (fixed), or ζ_0 (adaptive: ``adaptive.initial_clip_norm``).
-    adaptive: the checked quantile estimator (``tff_mf.adaptive_clipping``), None for a
+    adaptive: the checked quantile estimator (``tff_mf.accounting.adaptive_clipping``), None for a
       fixed clip norm.
   """
   clip_norm: float
@@ -258,7 +258,7 @@ class MechanismSpec:
                noise_stream=noise_stream)
 
   def statement_setup(self, noise_seed_pinned: bool = False) -> Dict[str, Any]:
-    """What the privacy statement names beside ε (``tff_mf.statement.setup_words``)."""
+    """What the privacy statement names beside ε (``tff_mf.accounting.statement.setup_words``)."""
     out: Dict[str, Any] = {
         "mechanism": self.mechanism.name, "label": self.mechanism.label, "rounds": self.n,
         "clients_per_round": self.clients_per_round, "clip_norm": self.clipping.described,

@@ -13,10 +13,10 @@ built, or factorized once into the cache and reused, exactly as training resolve
 unamplified (one Gaussian at z / sensitivity) or amplified by Poisson sampling (MMCC,
 Choquette-Choo et al. 2024, arXiv:2310.15526; amplified banded, Choquette-Choo et al.
 2023, arXiv:2306.08153), or by random allocation (``--participation random_allocation
---amplification random_allocation``, ``tff_mf.random_allocation``, after Schuchardt &
+--amplification random_allocation``, ``tff_mf.accounting.random_allocation``, after Schuchardt &
 Kalinin 2026, arXiv:2601.21636). ``--participation balls_in_bins`` is the field's
 fixed-bin scheme (arXiv:2410.06266), amplified by ``--amplification balls_in_bins``
-(``tff_mf.fixed_bin``)::
+(``tff_mf.accounting.fixed_bin``)::
 
   tff-mf account --mechanism blt --total_rounds 256 --min_sep 32 --amplification mmcc \\
       --sampling_prob 0.25 --noise_multiplier 2 --delta 1e-6 --cache_dir D --json
@@ -37,7 +37,7 @@ from tff_mf import clitools
 from tff_mf.commands import factorize as factorize_cmd
 
 # MMCC's own matrices (Choquette-Choo et al. 2024, arXiv:2310.15526, Sec 6.3 and App E),
-# closed forms of tff_mf.mmcc that are no registry strategy, under names that say what they
+# closed forms of tff_mf.accounting.mmcc that are no registry strategy, under names that say what they
 # are: binary trees restarted every 2^(h-1) rounds (also the registry's accounting-only
 # mechanism tree_restart) and the square root of the prefix-sum matrix truncated to b bands.
 MMCC_MATRICES = {
@@ -96,7 +96,7 @@ def register(subparsers) -> None:
           "arXiv:2601.21636 (--amplification random_allocation). --participation "
           "balls_in_bins is the field's fixed-bin scheme (one secret bin per user, every "
           "b-th round; arXiv:2410.06266), amplified by --amplification balls_in_bins "
-          "(tff_mf.fixed_bin)."),
+          "(tff_mf.accounting.fixed_bin)."),
       epilog=_EXAMPLES, removed=REMOVED_FLAGS)
   _add_run_arguments(parser)
   _add_schema_arguments(parser.add_argument_group("participation schema"))
@@ -187,7 +187,7 @@ def _add_amplification_arguments(amp) -> None:
                         "balls_in_bins) for any square lower-triangular "
                         "non-negative C, Renyi bounds after arXiv:2601.21636; balls_in_bins: "
                         "fixed-bin balls-in-bins (--participation balls_in_bins --epochs K), "
-                        "tff_mf.fixed_bin, for the same C as random_allocation (default: none; "
+                        "tff_mf.accounting.fixed_bin, for the same C as random_allocation (default: none; "
                         "with --sampling_prob, the analysis training uses: banded when C has at "
                         "most b bands, else mmcc, under min_sep with p < 1 and no binding "
                         "--max_participations, else none; the output names it)")
@@ -225,8 +225,8 @@ def _add_slack_arguments(slack) -> None:
                      help="mmcc, banded, random_allocation, balls_in_bins: also print a "
                           "proven LOWER bound on the true epsilon (lower_bound_epsilon; "
                           "b-min-sep: one residue class's first rounds, each joined with "
-                          "probability p, tff_mf.mixture_pair; random allocation: "
-                          "tff_mf.random_allocation; fixed bin: tff_mf.fixed_bin) and "
+                          "probability p, tff_mf.accounting.mixture_pair; random allocation: "
+                          "tff_mf.accounting.random_allocation; fixed bin: tff_mf.accounting.fixed_bin) and "
                           "slack = epsilon / lower_bound_epsilon (default: off)")
   slack.add_argument("--monte_carlo_samples", type=int, default=None, metavar="N",
                      help="mmcc, banded: also print a Monte-Carlo ESTIMATE of the same pair's "
@@ -237,7 +237,7 @@ def _add_slack_arguments(slack) -> None:
 
 def _check_slack_flags(args: argparse.Namespace, analysis: Optional[type]) -> None:
   """One-line errors for --lower_bound / --monte_carlo_samples where they do not apply
-  (``analysis``: the class of ``tff_mf.analyses``, None while training's choice is pending)."""
+  (``analysis``: the class of ``tff_mf.accounting.analyses``, None while training's choice is pending)."""
   flags = [f for f, on in (("--lower_bound", args.lower_bound),
                            ("--monte_carlo_samples", args.monte_carlo_samples is not None)) if on]
   if flags and analysis is not None and not analysis.amplified:
@@ -253,14 +253,14 @@ def _add_slack(record: dict, c, args: argparse.Namespace) -> None:
   """The proven lower bound, the slack and the Monte-Carlo estimate, as separate fields.
 
   Residue class 0 of b-min-sep Poisson sampling (fixed_epoch k: b = n/k), each of its
-  rounds joined with probability p, at the z of the record (``tff_mf.mixture_pair``).
+  rounds joined with probability p, at the z of the record (``tff_mf.accounting.mixture_pair``).
   """
-  from tff_mf import mixture_pair  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import mixture_pair  # pylint: disable=g-import-not-at-top
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
   schema = participation.from_dict(record["schema"])
   if schema.allocation_amplified and args.monte_carlo_samples is None:
-    from tff_mf import fixed_bin  # pylint: disable=g-import-not-at-top
-    from tff_mf import random_allocation  # pylint: disable=g-import-not-at-top
+    from tff_mf.accounting import fixed_bin  # pylint: disable=g-import-not-at-top
+    from tff_mf.accounting import random_allocation  # pylint: disable=g-import-not-at-top
     module = fixed_bin if schema.marks_fixed_bin else random_allocation
     lower = module.lower_bound(c, record["schema"]["epochs"], record["noise_multiplier"],
                                record["delta"])
@@ -283,11 +283,11 @@ def _add_slack(record: dict, c, args: argparse.Namespace) -> None:
     record["lower_bound_method"] = (
         f"proven lower bound on the true epsilon: residue class 0, its first "
         f"{lower['columns']} rounds joined with probability p, threshold tests on projections "
-        "(tff_mf.mixture_pair.lower_bound)")
+        "(tff_mf.accounting.mixture_pair.lower_bound)")
     record["slack"] = (record["epsilon"] / lower["epsilon"] if lower["epsilon"] > 0
                        else float("inf"))
   if args.monte_carlo_samples is not None:
-    from tff_mf import analyses  # pylint: disable=g-import-not-at-top
+    from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
     estimator = analyses.MonteCarlo(samples=args.monte_carlo_samples)
     record["monte_carlo_estimate"] = estimator.estimate(*pair, **options)
 
@@ -318,7 +318,7 @@ def _encoder(args: argparse.Namespace, amplified: bool):
   if args.matrix is not None and args.mechanism is not None:
     _fail("give one of --matrix and --mechanism")
   if args.matrix is not None:
-    from tff_mf import cache  # pylint: disable=g-import-not-at-top
+    from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
     for flag in _given(args, _PARAMETER_FLAGS + _WORKLOAD_FLAGS):
       _fail(f"--{flag} describes a mechanism, not --matrix")
     f = cache.load(args.matrix)
@@ -377,7 +377,7 @@ def _encoder(args: argparse.Namespace, amplified: bool):
 def _mmcc_matrix(args: argparse.Namespace):
   """(C, source label) of one of MMCC's own matrices."""
   from tff_mf import checks  # pylint: disable=g-import-not-at-top
-  from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import mmcc  # pylint: disable=g-import-not-at-top
   for flag in _given(args, ("rank", "buffers") + _WORKLOAD_FLAGS):
     if flag != "cache_dir":  # accepted (nothing to cache), so one command fits every mechanism
       _fail(f"--{flag} does not apply to --mechanism {args.mechanism}")
@@ -456,7 +456,7 @@ def _schema(args: argparse.Namespace, n, cached, amplified: bool):
 def _analysis_as_training(c, schema, sampling_prob: float):
   """(analysis class, why) for --sampling_prob without --amplification: the analysis a
   training run of the same C, schema and p uses (``tff_mf.mechanisms``)."""
-  from tff_mf import analyses  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
   from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
   if schema.allocation_amplified:
     _fail(f"--sampling_prob does not apply to --participation {schema.kind} (a user's rounds "
@@ -474,10 +474,10 @@ def _analysis_as_training(c, schema, sampling_prob: float):
 
 
 def _with_statement(record: dict) -> dict:
-  """The record and its privacy statement (``tff_mf.statement``, for the configuration
+  """The record and its privacy statement (``tff_mf.accounting.statement``, for the configuration
   given: no run, nothing sampled)."""
   from tff_mf import registry  # pylint: disable=g-import-not-at-top
-  from tff_mf import statement  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import statement  # pylint: disable=g-import-not-at-top
   setup = {}
   if record.get("mechanism"):
     setup.update(mechanism=record["mechanism"], label=registry.label(record["mechanism"]))
@@ -553,7 +553,7 @@ def _check_bound_flags(args: argparse.Namespace, sampled: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  from tff_mf import analyses  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
   if (args.noise_multiplier is None) == (args.target_epsilon is None):
     _fail("give exactly one of --noise_multiplier and --target_epsilon")
   # None: --sampling_prob alone, the analysis is chosen below as training chooses it.

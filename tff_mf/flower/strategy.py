@@ -34,12 +34,12 @@ from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
-from tff_mf import adaptive_clipping
+from tff_mf.accounting import adaptive_clipping
 from tff_mf import checks
 from tff_mf import entropy
 from tff_mf import mechanisms
 from tff_mf import spec as spec_lib
-from tff_mf import workloads
+from tff_mf.factorization import workloads
 from tff_mf.flower import noise as noise_lib
 
 ACCOUNTING_METHOD = "tff-mf epsilon_by_round"

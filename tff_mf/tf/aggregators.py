@@ -29,13 +29,13 @@ import tensorflow as tf
 import tensorflow_federated as tff
 import tensorflow_privacy as tfp
 
-from tff_mf import adaptive_clipping
+from tff_mf.accounting import adaptive_clipping
 from tff_mf import checks
 from tff_mf import factorization as fz
 from tff_mf import mechanisms
 from tff_mf import spec as spec_lib
-from tff_mf import workloads
-from tff_mf.families import tree
+from tff_mf.factorization import workloads
+from tff_mf.factorization.families import tree
 from tff_mf.tf import noise as noise_lib
 from tff_mf.tf import query as query_lib
 from tff_mf.tf import runtime

@@ -25,7 +25,7 @@ an upper bound at every intermediate round too, since the rows of C released by
 round k have no larger sensitivity than C. (TFF traces ``get_noised_result`` once
 and fixes its result type, hence the probability field rather than a switch to
 ``NoOpDpEvent``.) Amplification by sampling is not in the event: it can only lower
-ε, and MMCC (``tff_mf.mmcc``) computes it separately.
+ε, and MMCC (``tff_mf.accounting.mmcc``) computes it separately.
 """
 
 from __future__ import annotations
@@ -244,14 +244,14 @@ class AdaptiveClipMatrixFactorizationQuery(MatrixFactorizationQuery):
   Round i clips each update to ζ_i and adds ζ_i·(C⁻¹Z)[i] with Z ~ N(0, z²); the clip
   norm then moves geometrically toward the target quantile of the update norms from a
   noisy count of unclipped updates (Andrew et al. 2021, arXiv:1905.03871), as in
-  ``tff_mf.adaptive_clipping`` (the float64 reference and the privacy split). The count
+  ``tff_mf.accounting.adaptive_clipping`` (the float64 reference and the privacy split). The count
   noise is drawn from the run's secret seed (a stream apart from Z's rows), so a
   checkpoint resumes the identical clip sequence and noise. With learning rate 0 every
   round equals the fixed-clip query at ζ_0 bit for bit.
 
   Args:
     noise: the ``StreamingNoise`` of the mechanism.
-    adaptive: a checked ``tff_mf.adaptive_clipping.AdaptiveClipping``.
+    adaptive: a checked ``tff_mf.accounting.adaptive_clipping.AdaptiveClipping``.
     noise_multiplier: z of the MF noise (per unit of clip norm).
     clients_per_round: K, the expected number of updates per round (normalizes the count).
     participations: k, the most rounds one client joins under the schema (count sensitivity).
@@ -264,7 +264,7 @@ class AdaptiveClipMatrixFactorizationQuery(MatrixFactorizationQuery):
     super().__init__(noise, l2_norm_clip=adaptive.initial_clip_norm,
                      noise_multiplier=noise_multiplier, record_specs=record_specs,
                      noise_seed=noise_seed, allow_no_noise=allow_no_noise)
-    from tff_mf import adaptive_clipping  # pylint: disable=g-import-not-at-top
+    from tff_mf.accounting import adaptive_clipping  # pylint: disable=g-import-not-at-top
     self._adaptive = adaptive
     self._clients = checks.positive_float(clients_per_round, "clients_per_round")
     self._participations = checks.positive_int(participations, "participations")

@@ -21,7 +21,7 @@ import decimal
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from tff_mf import analyses
+from tff_mf.accounting import analyses
 
 DIGITS = 3
 UNIT = ("client-level: one client's whole data, in every round it joins. Adjacency is "
@@ -123,7 +123,7 @@ def _sensitivity_words(record: Mapping[str, Any], schema_text: str) -> str:
 
 
 def analysis_words(record: Mapping[str, Any], schema_text: str) -> str:
-  """The analysis behind ``record['epsilon']``, in its own words (``tff_mf.analyses``)."""
+  """The analysis behind ``record['epsilon']``, in its own words (``tff_mf.accounting.analyses``)."""
   z, sens = record.get("noise_multiplier"), record.get("sensitivity")
   named = record.get("unamplified_accountant") or record.get("accountant")
   accountant = (analyses.ACCOUNTANTS[named].words if named in analyses.ACCOUNTANTS
@@ -258,7 +258,7 @@ def _row(analysis: str, label: str, eps: float) -> Dict[str, Any]:
 
 def high_probability(record: Mapping[str, Any]) -> Optional[float]:
   """β when the record's analysis gives an ε that holds with probability ≥ 1 − β over the
-  accountant's own sampling (``tff_mf.monte_carlo``), else None."""
+  accountant's own sampling (``tff_mf.accounting.monte_carlo``), else None."""
   cls = analyses.REGISTRY.get(record.get("analysis"))
   if cls is None or not cls.high_probability:
     return None
@@ -272,7 +272,7 @@ def _label(analysis: str) -> str:
 
 # ----------------------------------------------------------------------------- the statement
 
-# The analyses a record may name: the registered bounds (``tff_mf.analyses``).
+# The analyses a record may name: the registered bounds (``tff_mf.accounting.analyses``).
 ANALYSES = tuple(name for name, cls in analyses.REGISTRY.items() if cls.bound)
 
 

@@ -1,7 +1,7 @@
 """Operations on banded lower-triangular Toeplitz strategies C (numpy core, no TensorFlow).
 
-The toolkit the Toeplitz-type families (``tff_mf.families.toeplitz``, the optimized banded
-Toeplitz C, and ``tff_mf.families.blt``, buffered linear Toeplitz C) share: the workload
+The toolkit the Toeplitz-type families (``tff_mf.factorization.families.toeplitz``, the optimized banded
+Toeplitz C, and ``tff_mf.factorization.families.blt``, buffered linear Toeplitz C) share: the workload
 operators, the min-sep sensitivity, the evaluation of a first column, and the packaging of
 a result.
 
@@ -43,7 +43,7 @@ import scipy.linalg
 import scipy.signal
 
 from tff_mf import checks
-from tff_mf import separation
+from tff_mf.participation import separation
 
 ERRORS = ("mean", "max")
 # Alg. 4 on the band of CᵀC costs about n·(2b − 1)·k' operations (k' ≤ k participations fit in

@@ -5,8 +5,8 @@ elsewhere (McKenna 2024, arXiv:2405.15913; Choquette-Choo et al. 2023,
 arXiv:2306.08153, Sec 4). The coefficients f minimize sens(f)²·‖A·C⁻¹‖_F² (mean
 error, the default) or sens(f)²·max_i ‖(A·C⁻¹)[i, :]‖² (max error).
 
-The toolkit (workload operators, min-sep sensitivity, evaluation) is ``tff_mf.toeplitz_ops``;
-the L-BFGS-B wrapper is ``tff_mf.lbfgs``.
+The toolkit (workload operators, min-sep sensitivity, evaluation) is ``tff_mf.factorization.toeplitz_ops``;
+the L-BFGS-B wrapper is ``tff_mf.factorization.lbfgs``.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import scipy.optimize
 import scipy.signal
 
 from tff_mf import checks
-from tff_mf import families
-from tff_mf import lbfgs
+from tff_mf.factorization import families
+from tff_mf.factorization import lbfgs
 from tff_mf import participation
-from tff_mf import streams
-from tff_mf import toeplitz_ops
-from tff_mf import workloads
+from tff_mf.noise import streams
+from tff_mf.factorization import toeplitz_ops
+from tff_mf.factorization import workloads
 
 
 class _Objective:
@@ -207,7 +207,7 @@ STRATEGIES = {"banded_toeplitz": families.Declaration(
 
 def factorize(a: np.ndarray, spec, context):
   """The optimized b-banded Toeplitz C for A under the spec's schema (``optimize``)."""
-  from tff_mf.families import FamilyResult  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization.families import FamilyResult  # pylint: disable=g-import-not-at-top
   del context
   min_sep, k = toeplitz_ops.schema_arguments(spec.participation, a.shape[0])
   result = optimize(a.shape[0], spec.bands, workload=a, error=spec.error, min_sep=min_sep,

@@ -21,7 +21,7 @@ c_1 = Σ_j (θ_j − θ̂_j) < 1), the condition under which the min-sep sensiti
 ``toeplitz_ops.min_sep_sensitivity`` is exact; it is the class of well-behaved BLTs of
 McMahan & Pillutla 2025, arXiv:2504.21413, Thm 1. Each evaluation costs O(n·m) for
 Toeplitz workloads (the coefficients of C and C⁻¹, then the Toeplitz-workload path of
-``tff_mf.toeplitz_ops``).
+``tff_mf.factorization.toeplitz_ops``).
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from tff_mf import checks
-from tff_mf import families
-from tff_mf import lbfgs
+from tff_mf.factorization import families
+from tff_mf.factorization import lbfgs
 from tff_mf import participation
-from tff_mf import streams
-from tff_mf import toeplitz_ops
+from tff_mf.noise import streams
+from tff_mf.factorization import toeplitz_ops
 
 LOG_GAP_BOUNDS = (-30.0, math.log(20.0))
 EXTRAS = ("blt_theta", "blt_omega", "blt_inverse_theta", "blt_inverse_omega")
@@ -509,7 +509,7 @@ STRATEGIES = {"blt": families.Declaration(
 
 def factorize(a: np.ndarray, spec, context):
   """The optimized BLT C with ``spec.buffers`` buffers for A under the spec's schema."""
-  from tff_mf.families import FamilyResult  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization.families import FamilyResult  # pylint: disable=g-import-not-at-top
   del context
   min_sep, k = toeplitz_ops.schema_arguments(spec.participation, a.shape[0])
   result = optimize(a.shape[0], spec.buffers, min_sep=min_sep, max_participations=k,

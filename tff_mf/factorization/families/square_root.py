@@ -31,12 +31,12 @@ import scipy.linalg
 import scipy.optimize
 
 from tff_mf import checks
-from tff_mf import families
+from tff_mf.factorization import families
 from tff_mf import factorization as fz
 from tff_mf import participation as participation_lib
-from tff_mf import streams
-from tff_mf.families import FamilyResult
-from tff_mf.families import banded
+from tff_mf.noise import streams
+from tff_mf.factorization.families import FamilyResult
+from tff_mf.factorization.families import banded
 
 # Bumped whenever the output for the same inputs changes (part of the cache key).
 VERSION = "2"  # 2: BandInvMF with closed-form gradients, L-BFGS-B restarts, Nelder-Mead polish
@@ -244,7 +244,7 @@ def _schema_separation(schema, n: int):
 
   Fixed-epoch patterns {j, j + n/k, …} are min-sep patterns with separation n/k.
   """
-  from tff_mf import toeplitz_ops  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import toeplitz_ops  # pylint: disable=g-import-not-at-top
   cover = schema.cyclic_cover(n)
   return (None, None) if cover is None else toeplitz_ops.participations(n, *cover)
 
@@ -277,7 +277,7 @@ def banded_inverse_value_and_gradient(free_taps: np.ndarray, a_column: np.ndarra
   arXiv:2405.13763, Thm 2); s = 1 under single participation. The gradient uses
   dc = −c ∗ c ∗ dh (from c ∗ h = e_0) and the majorant's subgradient.
   """
-  from tff_mf import toeplitz_ops  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import toeplitz_ops  # pylint: disable=g-import-not-at-top
   n = a_column.shape[0]
   free = np.asarray(free_taps, dtype=np.float64)
   taps = np.concatenate([[1.0], free])
@@ -317,7 +317,7 @@ def banded_inverse_value_and_gradient(free_taps: np.ndarray, a_column: np.ndarra
 def bound_value(free_taps: np.ndarray, a_column: np.ndarray, schema) -> float:
   """rmse² of C⁻¹ = Toeplitz(1, free_taps) with ``toeplitz_ops.min_sep_sensitivity`` (exact
   for non-negative non-increasing C, else the smaller of its two upper bounds)."""
-  from tff_mf import toeplitz_ops  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import toeplitz_ops  # pylint: disable=g-import-not-at-top
   n = a_column.shape[0]
   free = np.asarray(free_taps, dtype=np.float64)
   taps = np.concatenate([[1.0], free])

@@ -73,7 +73,7 @@ probabilities and PLD arithmetic.
 Adaptivity (footnote 7, Lemma B.4) needs C lower triangular with rows in
 release order and non-negative entries (Lemma C.3 uses non-negativity). C may
 have more rows than columns when its rows are in release order (the binary
-tree: a node is released in the round of its last leaf, ``tff_mf.families.tree``).
+tree: a node is released in the round of its last leaf, ``tff_mf.factorization.families.tree``).
 Other matrices are rejected unless the caller asserts ``non_adaptive=True``
 (data fixed in advance), where any row order is valid (Observation 3.2) and
 negative entries are replaced by their absolute values (the triangle
@@ -100,10 +100,10 @@ import numpy as np
 from scipy import special
 from scipy import stats
 
-from tff_mf import gaussian
+from tff_mf.accounting import gaussian
 from tff_mf import checks
-from tff_mf import workloads
-from tff_mf.families import tree
+from tff_mf.factorization import workloads
+from tff_mf.factorization.families import tree
 
 STRATEGIES = ("identity", "binary_tree", "tree_restart", "truncated_sqrt_prefix")
 # Older names still accepted by ``strategy_matrix``: "banded_toeplitz" was the truncated √S

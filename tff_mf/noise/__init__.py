@@ -1,0 +1,6 @@
+"""Noise of the numpy core (no TensorFlow).
+
+``streams``: the streaming form of a residual noise matrix N = C⁻¹, one linear recurrence
+that the family modules build and every framework layer evaluates with the same tables
+(Denisov et al. 2022, arXiv:2202.08312, App H; Dvijotham et al. 2024, arXiv:2404.16706).
+"""
