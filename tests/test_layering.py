@@ -5,7 +5,8 @@ framework layers never import each other, and the Flower layer's numpy modules (
 that import flwr) load neither framework; the library (``tff_mf``) imports neither the
 harness (``training``) nor the data package (``stackoverflow``); the data package does not
 import the harness; and no module imports, directly or through others, a module that imports
-it back; and no library function runs over MAX_FUNCTION_LINES lines."""
+it back; the library's parts (its folders and loose modules) import only down their floors
+(FLOORS); and no library function runs over MAX_FUNCTION_LINES lines."""
 
 import ast
 import os
@@ -38,8 +39,11 @@ def _modules(package):
   return out
 
 
-def _imports(name, path):
-  """Project modules ``name`` imports anywhere in its file (module- or function-level)."""
+def _imports(name, path, modules=()):
+  """Project modules ``name`` imports anywhere in its file (module- or function-level).
+
+  ``from package import submodule`` names the submodule only (the package's own names are
+  not read); a name that is not one of ``modules`` is read from the package itself."""
   tree = ast.parse(open(path, encoding="utf-8").read())
   found = set()
   for node in ast.walk(tree):
@@ -52,18 +56,25 @@ def _imports(name, path):
         module = ".".join(base + ([node.module] if node.module else []))
       else:
         module = node.module or ""
-      found.add(module)
-      found.update(f"{module}.{alias.name}" for alias in node.names)
+      named = {f"{module}.{alias.name}" for alias in node.names}
+      found.update(named)
+      if not named <= set(modules):
+        found.add(module)
   return {m for m in found if m.split(".")[0] in PACKAGES}
 
 
-def _graph():
+def _all_modules():
   modules = {}
   for package in PACKAGES:
     modules.update(_modules(package))
+  return modules
+
+
+def _graph():
+  modules = _all_modules()
   graph = {}
   for name, path in modules.items():
-    graph[name] = {m for m in _imports(name, path) if m in modules and m != name}
+    graph[name] = {m for m in _imports(name, path, modules) if m in modules and m != name}
   return graph
 
 
@@ -106,6 +117,63 @@ def test_no_import_cycles():
     if v not in index:
       visit(v)
   assert cycles == []
+
+
+# The floors of the library: each part (a folder of tff_mf or one of its loose modules) may
+# import only parts on lower floors (and itself); on floor 0, the basic tools, any other.
+# docs/architecture.md draws the same tree. A new part must be given a floor here.
+FLOORS = {
+    "tff_mf": 0, "entropy": 0, "jsonio": 0, "interrupt": 0, "plots": 0, "checks": 0,
+    "optional": 0,
+    "participation": 1, "noise": 1,
+    "registry": 2,
+    "factorization": 3,
+    "accounting": 4,
+    "audit": 5, "spec": 5,
+    "mechanisms": 6,
+    "tf": 7, "flower": 7,
+    "clitools": 8,
+    "cli": 9, "commands": 9,
+}
+
+
+def _part(module):
+  """The part of the library ``module`` belongs to: ``tff_mf.x.y`` -> ``x``."""
+  names = module.split(".")
+  return names[1] if len(names) > 1 else names[0]
+
+
+def upward_imports(graph):
+  """``a imports b`` for every import of the library that does not go down a floor."""
+  bad = []
+  for name, deps in sorted(graph.items()):
+    if not name.startswith("tff_mf"):
+      continue
+    own = _part(name)
+    for dep in sorted(d for d in deps if d.startswith("tff_mf")):
+      other = _part(dep)
+      if other == own or FLOORS[other] < FLOORS[own] or FLOORS[own] == FLOORS[other] == 0:
+        continue
+      bad.append(f"{name} (floor {FLOORS[own]}) imports {dep} (floor {FLOORS[other]})")
+  return bad
+
+
+def test_every_part_of_the_library_has_a_floor():
+  parts = {_part(m) for m in _modules("tff_mf")}
+  assert parts - set(FLOORS) == set(), "give the new part a floor in FLOORS"
+  assert set(FLOORS) - parts == set(), "FLOORS names a part that no longer exists"
+
+
+def test_the_library_imports_only_down_its_floors():
+  assert upward_imports(_graph()) == []
+
+
+def test_the_floor_check_sees_an_upward_import():
+  """The check finds an upward or sideways import (so an empty list is not blindness)."""
+  graph = {"tff_mf.participation.kinds": {"tff_mf.factorization.toeplitz_ops"},
+           "tff_mf.noise.streams": {"tff_mf.participation.kinds", "tff_mf.checks"},
+           "tff_mf.factorization.cache": {"tff_mf.registry", "tff_mf.factorization"}}
+  assert len(upward_imports(graph)) == 2
 
 
 def _layer(module):
