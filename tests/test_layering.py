@@ -401,3 +401,67 @@ def test_the_shared_tiny_task_is_keyed_on_every_field_build_task_reads():
           and node.value.id == "config"}
   assert read, "training/task.py reads no config field: the check finds nothing"
   assert read - {"progress"} <= set(conftest.TASK_FIELDS), read - set(conftest.TASK_FIELDS)
+
+
+# Strategies own their rules (their family's Declaration, tff_mf.registry): at most this many
+# dispatches on a strategy's name remain outside the families and the registry, in the
+# library, the harness, the data package, the scripts and the examples. (The benchmarks name
+# strategies to map them onto other libraries' constructors.) The issue's goal was 8.
+MAX_STRATEGY_NAME_DISPATCHES = 6
+STRATEGY_DISPATCH_FOLDERS = ("tff_mf", "training", "stackoverflow", "scripts", "examples")
+STRATEGY_DISPATCH_HOMES = (os.path.join("tff_mf", "factorization", "families"),
+                           os.path.join("tff_mf", "registry.py"))
+
+
+def _spells_strategy(node, names):
+  if isinstance(node, ast.Constant):
+    return node.value in names
+  if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+    return any(isinstance(e, ast.Constant) and e.value in names for e in node.elts)
+  return False
+
+
+def strategy_dispatches(trees, names):
+  """``file:line`` of every ==, !=, in, not in against a strategy's name (an analysis
+  operand aside: "banded" was also an analysis) and of every dict literal keyed by one."""
+  found = []
+  for rel, tree in trees:
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Compare) and any(
+          isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops):
+        operands = [node.left] + node.comparators
+        if any(map(_spells_strategy, operands, [names] * len(operands))) and \
+            not any(map(_holds_analysis, operands)):
+          found.append(f"{rel}:{node.lineno}")
+      elif isinstance(node, ast.Dict) and any(_spells_strategy(k, names) for k in node.keys
+                                              if k is not None):
+        found.append(f"{rel}:{node.lineno}")
+  return found
+
+
+def _code_in(folders, excluded):
+  for top in folders:
+    for root, _, files in os.walk(os.path.join(REPO, top)):
+      for name in sorted(files):
+        path = os.path.join(root, name)
+        rel = os.path.relpath(path, REPO)
+        if name.endswith(".py") and not rel.startswith(excluded):
+          with open(path, encoding="utf-8") as f:
+            yield rel, ast.parse(f.read())
+
+
+def test_strategies_are_dispatched_on_by_name_in_few_places():
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
+  found = strategy_dispatches(_code_in(STRATEGY_DISPATCH_FOLDERS, STRATEGY_DISPATCH_HOMES),
+                              tuple(registry.STRATEGIES))
+  assert len(found) <= MAX_STRATEGY_NAME_DISPATCHES, (
+      f"{len(found)} dispatches on a strategy's name outside the families and the registry "
+      f"(at most {MAX_STRATEGY_NAME_DISPATCHES}); ask the strategy's Declaration or registry "
+      f"entry instead: {found}")
+
+
+def test_the_strategy_count_sees_a_dispatch():
+  code = ('a = strategy == "blt"\nb = name in ("banded", "bsr")\nc = {"optimal": 1}\n'
+          'd = analysis == "banded"\ne = kind == "single"\n')
+  found = strategy_dispatches([("x.py", ast.parse(code))], ("blt", "banded", "bsr", "optimal"))
+  assert found == ["x.py:1", "x.py:2", "x.py:3"]

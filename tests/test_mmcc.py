@@ -216,8 +216,11 @@ def test_strategy_matrices():
     mmcc.strategy_matrix("tree_restart", 8)
   with pytest.raises(ValueError, match="bands"):
     mmcc.strategy_matrix("truncated_sqrt_prefix", 8)
-  # The older name of the truncated √S is still accepted.
-  assert np.array_equal(mmcc.strategy_matrix("banded_toeplitz", 10, bands=3), band)
+  assert np.array_equal(mmcc.strategy_matrix("truncated_sqrt_prefix", 10, bands=3), band)
+  # "banded_toeplitz" is the registry's optimized banded Toeplitz strategy, never the
+  # truncated √S (one name, one meaning).
+  with pytest.raises(ValueError, match="unknown strategy 'banded_toeplitz'"):
+    mmcc.strategy_matrix("banded_toeplitz", 10, bands=3)
   with pytest.raises(ValueError, match="unknown strategy"):
     mmcc.strategy_matrix("fft", 8)
 
