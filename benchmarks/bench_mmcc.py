@@ -194,10 +194,10 @@ EDGE_CASES = (
       "0.25", "--target-epsilon", "1000", "--no-progress"]),
     ("banded restart n = 64, b = 8, p = 1/2, z = 1e-3",
      ["--mechanism", "tree_restart", "--height", "4", "--n", "64", "--min-sep", "8",
-      "--amplification", "banded", "--sampling-prob", "0.5", "--noise-multiplier", "1e-3"]),
+      "--amplification", "amplified_banded", "--sampling-prob", "0.5", "--noise-multiplier", "1e-3"]),
     ("banded restart n = 16, b = 4, p = 1/2, target ε = 1000",
      ["--mechanism", "tree_restart", "--height", "3", "--n", "16", "--min-sep", "4",
-      "--amplification", "banded", "--sampling-prob", "0.5", "--target-epsilon", "1000"]),
+      "--amplification", "amplified_banded", "--sampling-prob", "0.5", "--target-epsilon", "1000"]),
 )
 
 _EDGE_DRIVER = (

@@ -7,7 +7,7 @@ calibrated to the target ε with the amplified banded analysis (Choquette-Choo e
 2023, arXiv:2306.08153, Thm 4), expected error z·rmse/E; each picks the b with the least.
 
 - tff-mf: ``tff_mf.accounting.band_calibration.calibrate_bands`` (banded Toeplitz C from the
-  factorization cache, ``accounting.calibrate`` with analysis "banded").
+  factorization cache, ``accounting.calibrate`` with analysis "amplified_banded").
 - jax_privacy (newest source, benchmark-only interpreter): for each b,
   ``BandMFConfig.default(num_bands=b, iterations=n, expected_participations=E)``, then
   ``.calibrate(epsilon=, delta=)`` and ``.rmse``. jax_privacy's package ``__init__``

@@ -129,12 +129,24 @@ def test_mmcc_matrices_keep_names_that_say_what_they_are(capsys):
   assert sqrt["matrix"].startswith("truncated_sqrt_prefix") and sqrt["bands"] == 4
 
 
+def test_the_former_amplification_name_banded_works_with_one_warning_line(capsys):
+  argv = ["--mechanism", "tree_restart", "--height", "3", "--total_rounds", "16", "--min_sep",
+          "4", "--sampling_prob", "0.5", "--noise_multiplier", "2", "--delta", DELTA,
+          "--pld_discretization", "1e-2", "--json"]
+  rc, out, err = _run(argv + ["--amplification", "banded"], capsys)
+  assert rc == 0 and err.strip() == ("warning: --amplification banded is deprecated; use "
+                                     "--amplification amplified_banded")
+  assert _strict(out) == _json(argv[:-1] + ["--amplification", "amplified_banded"], capsys)
+
+
 def test_banded_with_target_epsilon(capsys):
   out = _json(["--mechanism", "tree_restart", "--height", "3", "--total_rounds", "16", "--min_sep",
-               "4", "--amplification", "banded", "--sampling_prob", "0.5", "--target_epsilon", "1",
+               "4", "--amplification", "amplified_banded", "--sampling_prob", "0.5",
+               "--target_epsilon", "1",
                "--delta", DELTA, "--pld_discretization", "1e-3", "--tolerance", "1e-2"], capsys)
   z = out["noise_multiplier"]
-  assert out["epsilon"] <= 1.0 and out["analysis"] == "banded" and out["compositions"] == 4
+  assert out["epsilon"] <= 1.0 and out["analysis"] == "amplified_banded"
+  assert out["compositions"] == 4
   acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3)
   acc.compose(dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(z)), 4)
   assert acc.get_epsilon(1e-6) <= 1.0
@@ -253,11 +265,11 @@ Z = ["--noise_multiplier", "1"]
     (["--target_epsilon", "1", "--delta", DELTA, "--tolerance", "nan"], "tolerance"),
     (Z + ["--target_epsilon", "1", "--delta", DELTA], "exactly one of"),
     (["--delta", DELTA], "exactly one of"),
-    (MECH + Z + ["--delta", DELTA, "--amplification", "banded", "--sampling_prob", "0"],
+    (MECH + Z + ["--delta", DELTA, "--amplification", "amplified_banded", "--sampling_prob", "0"],
      r"sampling_prob must be in \(0, 1\]"),
-    (MECH + Z + ["--delta", DELTA, "--amplification", "banded", "--sampling_prob", "1.5"],
+    (MECH + Z + ["--delta", DELTA, "--amplification", "amplified_banded", "--sampling_prob", "1.5"],
      r"sampling_prob must be in \(0, 1\]"),
-    (MECH + Z + ["--delta", DELTA, "--amplification", "banded", "--sampling_prob", "nan"],
+    (MECH + Z + ["--delta", DELTA, "--amplification", "amplified_banded", "--sampling_prob", "nan"],
      "--sampling_prob: must be a finite"),
     (MECH + Z + ["--delta", DELTA, "--amplification", "mmcc", "--sampling_prob", "-0.1"],
      r"sampling_prob must be in \(0, 1\]"),
@@ -281,11 +293,11 @@ Z = ["--noise_multiplier", "1"]
     (Z + ["--delta", DELTA, "--participation", "min_sep", "--min_sep", "2"],
      "needs the encoder C"),
     (["--mechanism", "binary_tree", "--total_rounds", "8", "--min_sep", "4", "--amplification",
-      "banded", "--sampling_prob", "0.1"] + Z + ["--delta", DELTA], "non-zero bands"),
+      "amplified_banded", "--sampling_prob", "0.1"] + Z + ["--delta", DELTA], "non-zero bands"),
     (MECH + Z + ["--delta", DELTA, "--participation", "single", "--amplification", "mmcc",
                  "--sampling_prob", "0.5"], "min_sep schema"),
     (MECH + Z + ["--delta", DELTA, "--non_adaptive"], "--non_adaptive"),
-    (MECH + Z + ["--delta", DELTA, "--amplification", "banded", "--sampling_prob", "0.5",
+    (MECH + Z + ["--delta", DELTA, "--amplification", "amplified_banded", "--sampling_prob", "0.5",
                  "--pld_discretization", "-1"], "pld_discretization"),
     (MECH + Z + ["--delta", DELTA, "--bands", "3"], "--bands"),
     (MECH + Z + ["--delta", DELTA, "--target_epsilonn", "1"], "did you mean --target_epsilon?"),
@@ -425,7 +437,7 @@ EDGE_CASES = [
       "--sampling_prob",
       "0.25", "--noise_multiplier", "1e-5"] + FAST_MMCC, "unamplified bound is epsilon"),
     (["--mechanism", "tree_restart", "--height", "3", "--total_rounds", "16", "--min_sep", "4",
-      "--amplification", "banded", "--sampling_prob", "0.5", "--noise_multiplier", "1e-3"],
+      "--amplification", "amplified_banded", "--sampling_prob", "0.5", "--noise_multiplier", "1e-3"],
      lambda: _amplified_bounds(_restart_blocks(16, 4), [tuple(range(r, 16, 4)) for r in range(4)],
                                0.5, Z_TINY)),
 ]
@@ -515,7 +527,7 @@ def test_lower_bound_of_random_allocation(capsys):
 @pytest.mark.parametrize("argv, match", [
     (["--mechanism", "gaussian", "--total_rounds", "4", "--noise_multiplier", "1", "--delta", DELTA,
       "--lower_bound"],
-     r"--lower_bound needs --amplification mmcc, banded, random_allocation or balls_in_bins"),
+     r"--lower_bound needs --amplification mmcc, amplified_banded, random_allocation or balls_in_bins"),
     (["--mechanism", "gaussian", "--total_rounds", "4", "--noise_multiplier", "1", "--delta", DELTA,
       "--monte_carlo_samples", "5000"], r"--monte_carlo_samples needs --amplification"),
     (_SLACK + ["--noise_multiplier", "2", "--monte_carlo_samples", "10"],

@@ -55,11 +55,11 @@ def test_best_is_the_least_expected_error_of_an_independent_grid(result):
     assert entry.cache_hit and entry.npz_path == c["cache_npz"]  # factorized once, cached
     assert accounting.band_count(f.c) <= b
     # z meets the target under the amplified banded analysis, and z·(1 − tolerance) does not.
-    record = accounting.epsilon_for(f.c, schema, c["noise_multiplier"], DELTA, "banded",
+    record = accounting.epsilon_for(f.c, schema, c["noise_multiplier"], DELTA, "amplified_banded",
                                     c["sampling_prob"])
     assert record["epsilon"] <= EPS and record["epsilon"] == pytest.approx(c["epsilon"])
     below = accounting.epsilon_for(f.c, schema, c["noise_multiplier"] * (1 - TOL), DELTA,
-                                   "banded", c["sampling_prob"])
+                                   "amplified_banded", c["sampling_prob"])
     assert below["epsilon"] > EPS
     rmse = float(np.linalg.norm(f.b) / np.sqrt(N))  # γ(C) = 1
     assert c["rmse"] == pytest.approx(rmse, rel=1e-12)

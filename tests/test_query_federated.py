@@ -131,7 +131,7 @@ def _built(mechanism, cache_dir):
 
 
 MATRIX_MECHANISMS = tuple(m for m in registry.mechanism_names(trainable=True)
-                          if registry.mechanism(m).noise in ("dense", "linear"))
+                          if registry.mechanism(m).noise in ("dense_rows", "linear"))
 
 
 @pytest.mark.parametrize("mechanism", MATRIX_MECHANISMS)
@@ -253,7 +253,7 @@ def test_a_new_family_is_one_module_and_one_registry_entry(cache_dir, capsys):
       registry.Strategy("toy_geometric", "toy_family", "toy", "Toeplitz C with taps 2^-j, j < b",
                         "none (a test family)"),
       registry.Mechanism("toy_geometric", ("toy",), "toy", "the toy family for the training "
-                         "workload", "toy_geometric", "training", "dense",
+                         "workload", "toy_geometric", "training", "dense_rows",
                          registry.PARTICIPATIONS))
   try:
     rounds, cohorts, schema = 6, 3, participation.min_sep(3, 2)

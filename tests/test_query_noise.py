@@ -588,7 +588,7 @@ def test_privacy_record_of_a_setup_prints_its_own_statement(tmp_path, capsys):
       clip_norm=1.0, participation=participation.min_sep(4), sampling_prob=0.25,
       cache_dir=str(tmp_path))
   record = setup.privacy
-  assert record.bound == "banded"
+  assert record.bound == "amplified_banded"
   s = statement.privacy_statement(record)
   assert s == statement.privacy_statement(record.details, run=False,
                                           setup=record.setup)

@@ -60,7 +60,8 @@ def encoder(strategy="optimal", schema=None, **params):
 @pytest.mark.parametrize("kw, strategy, analysis", [
     (dict(), "optimal", "none"),
     (dict(participation="fixed_epoch", epochs=2), "optimal", "none"),
-    (dict(participation="min_sep", min_sep=4, sampling_prob=0.2), "banded", "banded"),
+    (dict(participation="min_sep", min_sep=4, sampling_prob=0.2), "banded",
+     "amplified_banded"),
     (dict(participation="min_sep", min_sep=2, sampling_prob=0.2), "honaker_online", "mmcc"),
     (dict(participation="min_sep", min_sep=2, sampling_prob=0.2, max_participations=2),
      "optimal", "none"),
@@ -261,7 +262,7 @@ def test_the_privacy_record_holds_a_sensitivity_once_per_meaning():
   cfg = config(participation="min_sep", min_sep=4, sampling_prob=0.2, noise_multiplier=2.0,
                target_epsilon=None)
   _, banded = guarantee(cfg, encoder("banded", bands=4))
-  assert banded["analysis"] == "banded"  # `sensitivity`: every eligible round joined
+  assert banded["analysis"] == "amplified_banded"  # `sensitivity`: every eligible round joined
   assert banded["unamplified_sensitivity"] == accounting.sensitivity_report(
       encoder("banded", bands=4), cfg.schema())["value"]
 

@@ -374,16 +374,16 @@ def test_account_sampling_prob_alone_uses_the_training_analysis(tmp_path, capsys
           "--cache_dir", str(tmp_path)]
   assert cli.main(base) == 0
   chosen = json.loads(capsys.readouterr().out)
-  assert chosen["analysis"] == "banded" and chosen["delta"] == 1e-6
-  assert chosen["amplification_source"].startswith("chosen as training chooses: banded")
-  assert cli.main(base + ["--amplification", "banded"]) == 0
+  assert chosen["analysis"] == "amplified_banded" and chosen["delta"] == 1e-6
+  assert chosen["amplification_source"].startswith("chosen as training chooses: amplified_banded")
+  assert cli.main(base + ["--amplification", "amplified_banded"]) == 0
   explicit = json.loads(capsys.readouterr().out)
   assert explicit["epsilon"] == chosen["epsilon"]
   assert explicit["amplification_source"] == "--amplification"
   schema = participation.Participation("min_sep", min_sep=4, max_participations=4)
   c = cache_lib.load(chosen["cache_npz"]).c
   run = mechanisms.run_privacy(c, schema, 2.0, None, 1e-6, "exact", sampling_prob=0.5)
-  assert run.epsilon == chosen["epsilon"] and run.bound == chosen["analysis"] == "banded"
+  assert run.epsilon == chosen["epsilon"] and run.bound == chosen["analysis"] == "amplified_banded"
   # p = 1 does not amplify: the unamplified bound, as a run reports it, p recorded.
   assert cli.main([("1" if a == "0.5" else a) for a in base]) == 0
   plain = json.loads(capsys.readouterr().out)

@@ -99,7 +99,8 @@ class PrivacyRecord:
       (``details["candidates"]``), None without δ.
     target_epsilon: the target z was calibrated to, or None.
     analysis: in words, the analysis that gave ``epsilon``.
-    bound: its analysis's name in ``tff_mf.accounting.analyses.REGISTRY`` (none, banded, mmcc, adaptive).
+    bound: its analysis's name in ``tff_mf.accounting.analyses.REGISTRY`` (none,
+      amplified_banded, mmcc, adaptive).
     details: the JSON-ready record a run writes (summary.json ``privacy``): the reported
       bound's fields, every candidate bound, notes; empty without δ.
     setup: what the privacy statement names beside ε (``tff_mf.accounting.statement.setup_words``):
@@ -203,7 +204,7 @@ def resolve(mechanism: registry.Mechanism, workload: workloads.WorkloadSpec,
   info: Dict[str, Any] = {}
   f = a_factorized = stream = encoder = report = sens = None
   n = workload.n
-  if mechanism.noise in ("dense", "linear"):
+  if mechanism.noise in ("dense_rows", "linear"):
     f, a_factorized = _matrix_factorization(mechanism, workload, participation, cache_dir,
                                             params, progress, info)
     if mechanism.noise == "linear":

@@ -32,7 +32,7 @@ LR_SCHEDULES = workloads.LR_SCHEDULES
 # carries its k model-sized state rows between rounds; "stateless" regenerates the rows of Z
 # that round i's noise needs from the secret seed and keeps no state (cost ∝ the non-zeros
 # of C⁻¹'s row i: b for BISR, BandInvMF and λCGD, whose C⁻¹ is banded; Kalinin et al. 2025,
-# arXiv:2505.12128). "auto": the registry's kind (stateful for linear, stateless for dense).
+# arXiv:2505.12128). "auto": the registry's kind (stateful for linear, stateless for dense_rows).
 NOISE_STREAMS = ("auto", "stateful", "stateless")
 
 
@@ -285,15 +285,15 @@ class MechanismSpec:
 
 def resolve_noise_stream(mechanism: registry.Mechanism, value: str) -> str:
   """The noise stream asked for (``NOISE_STREAMS``), checked against the mechanism's noise
-  kind; "auto" is the kind's own (stateful for linear, stateless for dense)."""
+  kind; "auto" is the kind's own (stateful for linear, stateless for dense_rows)."""
   if value not in NOISE_STREAMS:
     raise checks.CheckError(f"noise_stream must be one of {', '.join(NOISE_STREAMS)}, got "
                             f"{value!r}")
-  own = {"linear": "stateful", "dense": "stateless"}.get(mechanism.noise, "auto")
+  own = {"linear": "stateful", "dense_rows": "stateless"}.get(mechanism.noise, "auto")
   if value in ("auto", own):
     return own
-  allowed = {"linear": ("stateful", "stateless"), "dense": ("stateless",)}.get(mechanism.noise,
-                                                                            ())
+  allowed = {"linear": ("stateful", "stateless"),
+             "dense_rows": ("stateless",)}.get(mechanism.noise, ())
   if value not in allowed:
     raise checks.CheckError(f"noise_stream={value!r} does not apply to mechanism "
                             f"{mechanism.name!r} (its noise is {mechanism.noise}"

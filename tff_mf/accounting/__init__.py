@@ -31,7 +31,7 @@ it and keeps the functional API). The analyses (``epsilon_for``):
 - ``"balls_in_bins"``: amplification by the secret bin of fixed-bin balls-in-bins for any
   lower-triangular non-negative square C: Rényi bounds of the mixture over bins and a
   dominating comparison pair's PLD; ``tff_mf.accounting.fixed_bin``.
-- ``"banded"``: amplified banded MF (Choquette-Choo et al. 2023, "(Amplified) Banded
+- ``"amplified_banded"`` (formerly ``"banded"``): amplified banded MF (Choquette-Choo et al. 2023, "(Amplified) Banded
   Matrix Factorization", arXiv:2306.08153, Thm 4): when C has at most b non-zero
   bands and every user belongs to one residue class mod b and joins each round of its
   class independently with probability p, the run is dominated by ⌈n/b⌉-fold
@@ -249,9 +249,9 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
     schema: a ``tff_mf.participation.Participation`` (or its dict).
     noise_multiplier: z, the noise std in units of the clip norm.
     delta: δ in (0, 1).
-    amplification: None / "none" (one Gaussian at z / sensitivity), "mmcc" (MMCC), "banded"
-      (amplified banded): a min_sep or fixed_epoch schema (``sampling_min_sep``) and
-      ``sampling_prob``; "random_allocation": the random_allocation schema (never fixed-bin);
+    amplification: None / "none" (one Gaussian at z / sensitivity), "mmcc" (MMCC),
+      "amplified_banded" (formerly "banded"): a min_sep or fixed_epoch schema
+      (``sampling_min_sep``) and ``sampling_prob``; "random_allocation": the random_allocation schema (never fixed-bin);
       "balls_in_bins": the fixed-bin balls_in_bins schema;
       "monte_carlo_bound" (best given as ``analyses.MonteCarloBound(samples=, failure_probability=,
       seed=)``): min_sep / fixed_epoch with ``sampling_prob``, or fixed-bin balls_in_bins; its

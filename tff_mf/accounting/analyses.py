@@ -10,8 +10,8 @@ bound, and ``epsilon``):
 - ``Analysis``: the ε of a whole run with encoder C under a participation schema
   (``amplification=``): ``"none"`` (one Gaussian at z / sens; Denisov et al. 2022,
   arXiv:2202.08312, Thm 4.1; Choquette-Choo et al. 2023, arXiv:2211.06530), ``"mmcc"``
-  (Choquette-Choo et al. 2024, arXiv:2310.15526), ``"banded"`` (Choquette-Choo et al.
-  2023, arXiv:2306.08153, Thm 4), ``"random_allocation"`` (after Schuchardt & Kalinin
+  (Choquette-Choo et al. 2024, arXiv:2310.15526), ``"amplified_banded"`` (Choquette-Choo et
+  al. 2023, arXiv:2306.08153, Thm 4; formerly ``"banded"``, a strategy's name), ``"random_allocation"`` (after Schuchardt & Kalinin
   2026, arXiv:2601.21636), ``"balls_in_bins"`` (fixed bin, after arXiv:2601.21636) and
   ``"monte_carlo_bound"`` (Monte-Carlo accounting of the dominating pair of C ≥ 0,
   arXiv:2410.06266, δ bounded by Chernoff-Hoeffding: its ε holds with probability ≥ 1 − β
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
 
 import numpy as np
@@ -318,7 +319,7 @@ class Unamplified(Analysis):
              known_sensitivity):
     if sampling_prob is not None:
       raise checks.CheckError("sampling_prob applies only to the amplified analyses "
-                              "(amplification 'mmcc' or 'banded')")
+                              "(amplification 'mmcc' or 'amplified_banded')")
     report = _known_or_report(c, schema, known_sensitivity)
     eps = gaussian_epsilon(z, delta, accountant_name, report["value"])
     record.update(epsilon=eps, accountant=accountant_name, sensitivity=report["value"],
@@ -344,6 +345,7 @@ class PoissonAmplified(Analysis):
   class mod b with probability p (p of arXiv:2306.08153; MMCC App D writes b·p)."""
   amplified: ClassVar[bool] = True
   poisson: ClassVar[bool] = True
+  in_words: ClassVar[str] = ""  # the bound's name in the statement (its name when empty)
   pld_discretization: float = PLD_DISCRETIZATION
 
   def applies(self, c, schema):
@@ -390,8 +392,8 @@ class PoissonAmplified(Analysis):
       sampling = (f"amplification by Poisson sampling (a client joins each round of its "
                   f"residue class mod {b} with probability {fmt(p)})")
       return f"{sampling}: {self.amplified_words(record)}"
-    return (f"no amplification (the {self.name} amplified bound was larger): one Gaussian "
-            f"mechanism at {ratio}, sens with every eligible round of a client joined "
+    return (f"no amplification (the {self.in_words or self.name} amplified bound was larger): "
+            f"one Gaussian mechanism at {ratio}, sens with every eligible round of a client joined "
             f"(residue classes mod {record.get('min_sep')}); epsilon by {accountant_words}")
 
   def amplified_words(self, record: Mapping[str, Any]) -> str:
@@ -403,7 +405,8 @@ class AmplifiedBanded(PoissonAmplified):
   """Amplified banded MF (Choquette-Choo et al. 2023, arXiv:2306.08153, Thm 4): a C with at
   most b bands is dominated by ⌈n/b⌉-fold composition of the Poisson-subsampled Gaussian
   with multiplier z / γ(C)."""
-  name: ClassVar[str] = "banded"
+  name: ClassVar[str] = "amplified_banded"
+  in_words: ClassVar[str] = "banded"
   chosen_because: ClassVar[str] = "C has at most b bands"
   label: ClassVar[str] = "amplified banded MF (Poisson sampling within residue classes)"
   theorem: ClassVar[str] = (
@@ -834,6 +837,10 @@ def high_probability_words(beta) -> str:
 
 
 REGISTRY: Dict[str, type] = {}
+# Former names of analyses (one name, one meaning: "banded" is also a strategy). A stored
+# record that names one reads as the analysis it named (``of_record``); a caller who passes
+# one gets that analysis and a one-line DeprecationWarning (``analysis_class``).
+RENAMED: Dict[str, str] = {"banded": "amplified_banded"}
 
 
 def register(cls: type) -> type:
@@ -860,6 +867,10 @@ def analysis_class(name) -> type:
   if isinstance(name, Analysis):
     name = name.name
   name = "none" if name is None else name
+  if name in RENAMED:
+    warnings.warn(f"amplification {name!r} is deprecated; use {RENAMED[name]!r}",
+                  DeprecationWarning, stacklevel=3)
+    name = RENAMED[name]
   if name not in SELECTABLE:
     raise checks.CheckError(f"amplification must be one of {', '.join(SELECTABLE)} (or None), "
                             f"got {name!r}")
@@ -880,9 +891,15 @@ def make(name, **options) -> Analysis:
   return cls(**{k: v for k, v in options.items() if takes(cls, k)})
 
 
+def of_record(name: Optional[str]) -> Optional[type]:
+  """The registered analysis class a record's ``analysis`` names, under its current or a
+  former name (``RENAMED``); None when it names none."""
+  return REGISTRY.get(RENAMED.get(name, name)) if isinstance(name, str) else None
+
+
 def described(name: Optional[str]) -> Optional[Analysis]:
   """The registered analysis a record names (None when none is), for its words."""
-  cls = REGISTRY.get(name) if isinstance(name, str) else None
+  cls = of_record(name)
   return None if cls is None else cls()
 
 

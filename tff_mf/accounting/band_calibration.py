@@ -15,7 +15,7 @@ for each b, ``calibrate`` for z, ``rmse`` to compare):
   family jax_privacy optimizes; or ``banded``), from ``tff_mf.factorization.cache.load_or_factorize``
   (computed once, then read from the cache), γ(C) = 1;
 - z(b): the smallest z whose ε at δ is at most the target under the amplified banded
-  analysis at p_b (``tff_mf.accounting.calibrate``, analysis ``"banded"``; it reports
+  analysis at p_b (``tff_mf.accounting.calibrate``, analysis ``"amplified_banded"``; it reports
   the smaller of the amplified and the unamplified bound, both valid);
 - expected error: z(b)·rmse(b)/E with rmse(b) = ‖B‖_F/√n at γ(C) = 1, the figure of
   jax_privacy's ``BandMFConfig.rmse`` (noise multiplier over expected participations

@@ -259,7 +259,7 @@ def _row(analysis: str, label: str, eps: float) -> Dict[str, Any]:
 def high_probability(record: Mapping[str, Any]) -> Optional[float]:
   """β when the record's analysis gives an ε that holds with probability ≥ 1 − β over the
   accountant's own sampling (``tff_mf.accounting.monte_carlo``), else None."""
-  cls = analyses.REGISTRY.get(record.get("analysis"))
+  cls = analyses.of_record(record.get("analysis"))
   if cls is None or not cls.high_probability:
     return None
   return record.get("failure_probability")
@@ -293,17 +293,18 @@ def _checked_record(record: Any) -> Dict[str, Any]:
                             f"tff_mf.accounting.epsilon_for, or a PrivacyRecord), got "
                             f"{type(record).__name__}")
   analysis = record.get("analysis")
-  if analysis not in ANALYSES:
+  cls = analyses.of_record(analysis)
+  if cls is None or not cls.bound:
     raise checks.CheckError(f"privacy_statement: the record names no analysis it can describe "
                             f"(analysis = {analysis!r}; expected one of {', '.join(ANALYSES)}): "
                             f"pass the record tff_mf.accounting.epsilon_for returns, or a "
                             f"PrivacyRecord (setup.privacy)")
-  if analyses.REGISTRY[analysis].amplified and record.get("bound") not in (
+  if cls.amplified and record.get("bound") not in (
       "amplified", "unamplified"):
     raise checks.CheckError(f"privacy_statement: the {analysis} record does not say which bound "
                             f"its epsilon is (bound = {record.get('bound')!r})")
   for c in [record] + list(record.get("candidates") or []):
-    cls = analyses.REGISTRY.get(c.get("analysis"))
+    cls = analyses.of_record(c.get("analysis"))
     beta = c.get("failure_probability")
     if cls is not None and cls.high_probability and not (
         isinstance(beta, float) and 0.0 < beta < 1.0):

@@ -21,7 +21,7 @@ fixed-bin scheme (arXiv:2410.06266), amplified by ``--amplification balls_in_bin
   tff-mf account --mechanism blt --total_rounds 256 --min_sep 32 --amplification mmcc \\
       --sampling_prob 0.25 --noise_multiplier 2 --delta 1e-6 --cache_dir D --json
   tff-mf account --matrix CACHE.npz --participation min_sep --min_sep 8 \\
-      --amplification banded --sampling_prob 0.5 --target_epsilon 2 --delta 1e-6
+      --amplification amplified_banded --sampling_prob 0.5 --target_epsilon 2 --delta 1e-6
 
 Imports nothing heavy at module level (numpy and dp_accounting only inside ``run``).
 """
@@ -65,7 +65,7 @@ _EXAMPLES = """examples:
   tff-mf account --mechanism blt --total_rounds 256 --min_sep 32 --amplification mmcc \\
       --sampling_prob 0.25 --noise_multiplier 2 --delta 1e-6
   tff-mf account --mechanism tree_restart --height 4 --total_rounds 512 --participation min_sep \\
-      --min_sep 8 --amplification banded --sampling_prob 0.5 --target_epsilon 2 --delta 1e-6
+      --min_sep 8 --amplification amplified_banded --sampling_prob 0.5 --target_epsilon 2 --delta 1e-6
   tff-mf account --matrix ~/.cache/tff_mf/<entry>/<file>.npz --amplification mmcc \\
       --sampling_prob 0.01 --noise_multiplier 8 --delta 1e-6
   tff-mf account --mechanism blt --total_rounds 256 --participation random_allocation --epochs 8 \\
@@ -172,11 +172,13 @@ def _add_encoder_arguments(matrix) -> None:
 
 def _add_amplification_arguments(amp) -> None:
   amp.add_argument("--amplification",
-                   choices=("none", "mmcc", "banded", "random_allocation", "balls_in_bins",
-                            "monte_carlo_bound"),
+                   choices=("none", "mmcc", "amplified_banded", "random_allocation",
+                            "balls_in_bins", "monte_carlo_bound",
+                            "banded"),  # a former name (analyses.RENAMED), with a warning
                    default=None,
                    help="none: one Gaussian at z / sensitivity; mmcc: MMCC for any "
-                        "lower-triangular non-negative C; banded: amplified banded MF for C "
+                        "lower-triangular non-negative C; amplified_banded (formerly banded, "
+                        "still accepted with a warning): amplified banded MF for C "
                         "with at most b non-zero bands under b-min-sep sampling; "
                         "monte_carlo_bound: Monte-Carlo accounting with a proof for any "
                         "lower-triangular C >= 0 under min_sep / fixed_epoch Poisson sampling "
@@ -188,13 +190,13 @@ def _add_amplification_arguments(amp) -> None:
                         "non-negative C, Renyi bounds after arXiv:2601.21636; balls_in_bins: "
                         "fixed-bin balls-in-bins (--participation balls_in_bins --epochs K), "
                         "tff_mf.accounting.fixed_bin, for the same C as random_allocation (default: none; "
-                        "with --sampling_prob, the analysis training uses: banded when C has at "
+                        "with --sampling_prob, the analysis training uses: amplified_banded when C has at "
                         "most b bands, else mmcc, under min_sep with p < 1 and no binding "
                         "--max_participations, else none; the output names it)")
   amp.add_argument("--sampling_prob", type=float, default=None, metavar="P",
                    help="probability p in (0, 1] that a user joins a round it may be sampled in "
                         "(every round for b = 1, the rounds of its residue class for b-min-sep); "
-                        "needed with --amplification mmcc or banded; alone, it picks the "
+                        "needed with --amplification mmcc or amplified_banded; alone, it picks the "
                         "analysis as training does (default: none)")
   amp.add_argument("--non_adaptive", action="store_true",
                    help="mmcc: assert the data are fixed in advance (allows non-triangular or "
@@ -205,7 +207,7 @@ def _add_amplification_arguments(amp) -> None:
                    help="mmcc: entries of C are rounded up to multiples of max|C| / this "
                         "(default: 64)")
   amp.add_argument("--pld_discretization", type=float, default=1e-4,
-                   help="mmcc, banded: privacy-loss grid step of the PLDs, coarsened "
+                   help="mmcc, amplified_banded: privacy-loss grid step of the PLDs, coarsened "
                         "automatically where a PLD would be too large (default: 1e-4)")
   amp.add_argument("--bound_samples", type=int, default=1_000_000, metavar="N",
                    help="monte_carlo_bound: draws of the privacy loss per direction and class "
@@ -222,14 +224,15 @@ def _add_amplification_arguments(amp) -> None:
 
 def _add_slack_arguments(slack) -> None:
   slack.add_argument("--lower_bound", action="store_true",
-                     help="mmcc, banded, random_allocation, balls_in_bins: also print a "
+                     help="mmcc, amplified_banded, random_allocation, balls_in_bins: also "
+                          "print a "
                           "proven LOWER bound on the true epsilon (lower_bound_epsilon; "
                           "b-min-sep: one residue class's first rounds, each joined with "
                           "probability p, tff_mf.accounting.mixture_pair; random allocation: "
                           "tff_mf.accounting.random_allocation; fixed bin: tff_mf.accounting.fixed_bin) and "
                           "slack = epsilon / lower_bound_epsilon (default: off)")
   slack.add_argument("--monte_carlo_samples", type=int, default=None, metavar="N",
-                     help="mmcc, banded: also print a Monte-Carlo ESTIMATE of the same pair's "
+                     help="mmcc, amplified_banded: also print a Monte-Carlo ESTIMATE of the same pair's "
                           "epsilon from N draws (Choquette-Choo et al. 2024, arXiv:2410.06266; "
                           "monte_carlo_estimate): sampling error, not a bound, never the run's "
                           "epsilon (default: none)")
@@ -241,7 +244,8 @@ def _check_slack_flags(args: argparse.Namespace, analysis: Optional[type]) -> No
   flags = [f for f, on in (("--lower_bound", args.lower_bound),
                            ("--monte_carlo_samples", args.monte_carlo_samples is not None)) if on]
   if flags and analysis is not None and not analysis.amplified:
-    _fail(f"{flags[0]} needs --amplification mmcc, banded, random_allocation or balls_in_bins "
+    _fail(f"{flags[0]} needs --amplification mmcc, amplified_banded, random_allocation or "
+          "balls_in_bins "
           "(it bounds the sampled run's epsilon from below)")
   if args.monte_carlo_samples is not None and args.monte_carlo_samples < 1000:
     _fail(f"--monte_carlo_samples must be an integer >= 1000, got {args.monte_carlo_samples}")
@@ -551,11 +555,22 @@ def _check_bound_flags(args: argparse.Namespace, sampled: bool) -> None:
         _fail(f"{flag} applies to --amplification monte_carlo_bound")
 
 
+def _rename_amplification(args: argparse.Namespace, renamed) -> None:
+  """A former analysis name (``renamed``: old -> new) is the analysis it named, with one
+  warning line."""
+  if args.amplification in renamed:
+    new = renamed[args.amplification]
+    print(f"warning: --amplification {args.amplification} is deprecated; use --amplification "
+          f"{new}", file=sys.stderr)
+    args.amplification = new
+
+
 def run(args: argparse.Namespace) -> int:
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
   if (args.noise_multiplier is None) == (args.target_epsilon is None):
     _fail("give exactly one of --noise_multiplier and --target_epsilon")
+  _rename_amplification(args, analyses.RENAMED)
   # None: --sampling_prob alone, the analysis is chosen below as training chooses it.
   analysis = (None if args.amplification is None and args.sampling_prob is not None
               else analyses.analysis_class(args.amplification))
@@ -574,7 +589,7 @@ def run(args: argparse.Namespace) -> int:
       _fail(f"--amplification {analysis.name} needs --epochs K ({analysis.name})")
     args.participation = analysis.name
   if not amplified and not allocation and not sampled and args.sampling_prob is not None:
-    _fail("--sampling_prob needs --amplification mmcc or banded")
+    _fail("--sampling_prob needs --amplification mmcc or amplified_banded")
   if amplified and args.sampling_prob is None:
     _fail(f"--amplification {analysis.name} needs --sampling_prob")
   if args.non_adaptive and (analysis is None or not analyses.takes(analysis, "non_adaptive")):

@@ -284,7 +284,8 @@ def result_from_coefficients(coeffs: np.ndarray, h: np.ndarray, work: Workload, 
   info = {
       **family_info, "error": error, "workload": work.kind, "min_sep": min_sep,
       "max_participations": k,
-      "sensitivity_exact": toeplitz_bounds.sensitivity_is_exact(coeffs, n, min_sep, max_participations),
+      "sensitivity_exact": toeplitz_bounds.sensitivity_is_exact(coeffs, n, min_sep,
+                                                                max_participations),
       **figures, "objective": objective_value, **fit,
   }
   b_mat = c_mat = None

@@ -383,6 +383,6 @@ def _build_clipped(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str, 
       cfg.clip_norm, tff.aggregators.UnweightedMeanFactory())), None
 
 
-_BUILDERS = {"dense": _build_dense, "linear": _build_linear, "tff_tree": _build_tff_tree,
+_BUILDERS = {"dense_rows": _build_dense, "linear": _build_linear, "tff_tree": _build_tff_tree,
              "tff_gaussian": _build_tff_gaussian, "none": _build_none,
              "clipped": _build_clipped}
