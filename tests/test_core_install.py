@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 
 import pytest
 
@@ -119,7 +120,7 @@ def core(tmp_path_factory):
            env=env, cwd=str(work), timeout=INSTALL_TIMEOUT_SECONDS,
            what=f"pip install of the wheel on Python {version[0]}.{version[1]}")
   return dict(version=version, python=str(venv / "bin" / "python"),
-              tff_mf=str(venv / "bin" / "tff-mf"), work=str(work),
+              tff_mf=str(venv / "bin" / "tff-mf"), work=str(work), wheel=wheels[0],
               env=userenv.env(home=str(home), TFF_MF_CACHE=str(root / "cache")))
 
 
@@ -142,6 +143,17 @@ def test_the_core_installs_on_the_newest_python_with_numpy_2_and_without_tensorf
   assert out["present"] == [], f"the core install pulled in {out['present']}"
   assert int(out["numpy"].split(".")[0]) >= 2, out["numpy"]
   assert not out["tff_mf"].startswith(REPO), "tff_mf was imported from the checkout"
+
+
+def test_the_wheel_holds_every_package_of_the_library(core):
+  """Every folder of tff_mf (participation, noise, factorization and its families,
+  accounting, audit, tf, flower, commands) is in the wheel, with every module."""
+  with zipfile.ZipFile(core["wheel"]) as wheel:
+    shipped = {n for n in wheel.namelist() if n.endswith(".py")}
+  ours = {os.path.relpath(os.path.join(root, name), REPO).replace(os.sep, "/")
+          for root, _, files in os.walk(os.path.join(REPO, "tff_mf"))
+          for name in files if name.endswith(".py")}
+  assert "tff_mf/noise/streams.py" in ours and ours - shipped == set()
 
 
 def test_factorize_then_the_noise_stream_of_that_factorization(core):

@@ -31,10 +31,10 @@ it and keeps the functional API). The analyses (``epsilon_for``):
 - ``"balls_in_bins"``: amplification by the secret bin of fixed-bin balls-in-bins for any
   lower-triangular non-negative square C: Rényi bounds of the mixture over bins and a
   dominating comparison pair's PLD; ``tff_mf.accounting.fixed_bin``.
-- ``"amplified_banded"`` (formerly ``"banded"``): amplified banded MF (Choquette-Choo et al. 2023, "(Amplified) Banded
-  Matrix Factorization", arXiv:2306.08153, Thm 4): when C has at most b non-zero
-  bands and every user belongs to one residue class mod b and joins each round of its
-  class independently with probability p, the run is dominated by ⌈n/b⌉-fold
+- ``"amplified_banded"`` (formerly ``"banded"``): amplified banded MF (Choquette-Choo et al.
+  2023, "(Amplified) Banded Matrix Factorization", arXiv:2306.08153, Thm 4): when C has at
+  most b non-zero bands and every user belongs to one residue class mod b and joins each
+  round of its class independently with probability p, the run is dominated by ⌈n/b⌉-fold
   composition of the Poisson-subsampled Gaussian mechanism with multiplier z / γ(C).
 
 Sampling probability convention (amplified analyses): ``sampling_prob`` p is the
@@ -84,7 +84,8 @@ from tff_mf.accounting.analyses import sensitivity_report  # pylint: disable=unu
 from tff_mf.accounting.gaussian import PLD_DISCRETIZATION
 from tff_mf.accounting.gaussian import AccountingError
 
-# The names of the registered analyses (``tff_mf.accounting.analyses``): its registry is their one home.
+# The names of the registered analyses (``tff_mf.accounting.analyses``): its registry is their
+# one home.
 ACCOUNTANTS = tuple(analyses.ACCOUNTANTS)
 DEFAULT_ACCOUNTANT = "exact"
 ANALYSES = analyses.SELECTABLE
@@ -251,7 +252,8 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
     delta: δ in (0, 1).
     amplification: None / "none" (one Gaussian at z / sensitivity), "mmcc" (MMCC),
       "amplified_banded" (formerly "banded"): a min_sep or fixed_epoch schema
-      (``sampling_min_sep``) and ``sampling_prob``; "random_allocation": the random_allocation schema (never fixed-bin);
+      (``sampling_min_sep``) and ``sampling_prob``; "random_allocation": the
+      random_allocation schema (never fixed-bin);
       "balls_in_bins": the fixed-bin balls_in_bins schema;
       "monte_carlo_bound" (best given as ``analyses.MonteCarloBound(samples=, failure_probability=,
       seed=)``): min_sep / fixed_epoch with ``sampling_prob``, or fixed-bin balls_in_bins; its

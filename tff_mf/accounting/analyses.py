@@ -11,8 +11,8 @@ bound, and ``epsilon``):
   (``amplification=``): ``"none"`` (one Gaussian at z / sens; Denisov et al. 2022,
   arXiv:2202.08312, Thm 4.1; Choquette-Choo et al. 2023, arXiv:2211.06530), ``"mmcc"``
   (Choquette-Choo et al. 2024, arXiv:2310.15526), ``"amplified_banded"`` (Choquette-Choo et
-  al. 2023, arXiv:2306.08153, Thm 4; formerly ``"banded"``, a strategy's name), ``"random_allocation"`` (after Schuchardt & Kalinin
-  2026, arXiv:2601.21636), ``"balls_in_bins"`` (fixed bin, after arXiv:2601.21636) and
+  al. 2023, arXiv:2306.08153, Thm 4; formerly ``"banded"``, a strategy's name),
+  ``"random_allocation"`` (after Schuchardt & Kalinin 2026, arXiv:2601.21636), ``"balls_in_bins"`` (fixed bin, after arXiv:2601.21636) and
   ``"monte_carlo_bound"`` (Monte-Carlo accounting of the dominating pair of C ≥ 0,
   arXiv:2410.06266, δ bounded by Chernoff-Hoeffding: its ε holds with probability ≥ 1 − β
   and carries β wherever it appears); two more describe records built elsewhere:

@@ -1,4 +1,5 @@
-"""``tff-mf cache list|verify``: inspect and check the factorization cache (``tff_mf.factorization.cache``)."""
+"""``tff-mf cache list|verify``: inspect and check the factorization cache
+(``tff_mf.factorization.cache``)."""
 
 from __future__ import annotations
 

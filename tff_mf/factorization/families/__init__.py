@@ -13,8 +13,8 @@ The family protocol. A family module exposes
   matrices) and, when it streams, ``stream(extras, a) -> tff_mf.noise.streams.LinearStream``.
 
 ``tff_mf.registry`` names each strategy's family module (``Strategy.family``: a module of
-this package, or any importable module path); ``tff_mf.factorization.strategies``, ``tff_mf.factorization.cache``,
-``tff_mf.mechanisms``, the commands and the TF layer read the declarations, so a new
+this package, or any importable module path); ``tff_mf.factorization.strategies``,
+``tff_mf.factorization.cache``, ``tff_mf.mechanisms``, the commands and the TF layer read the declarations, so a new
 family is one module plus one registry entry (``registry.register``). This package
 module holds only the types the families share.
 """
