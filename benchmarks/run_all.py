@@ -89,6 +89,7 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
     # peer: /tmp/opake-venv (pip install opake-accounting); without it, our side only.
     ("fixed_bin", "fixed_bin.md", (("benchmarks/peer_opake_fixed_bin.py",),)),
     ("flower", "flower.md", (("benchmarks/bench_flower.py",),)),
+    ("discrete_gaussian", "discrete_gaussian.md", (("benchmarks/bench_discrete_gaussian.py",),)),
 )
 
 # script -> arguments of a run in seconds that writes only under OUT (a temporary directory).
@@ -119,6 +120,7 @@ SMOKE: Dict[str, Tuple[str, ...]] = {
     "bench_monte_carlo.py": ("--smoke", "--out-dir", "{out}"),  # our side only
     "peer_opake_fixed_bin.py": ("--smoke", "--out-dir", "{out}"),  # our side only
     "bench_flower.py": ("--help",),  # measures in .venv-flower (make venv-flower)
+    "bench_discrete_gaussian.py": ("--smoke", "--out-dir", "{out}"),
 }
 
 

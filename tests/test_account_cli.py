@@ -570,3 +570,25 @@ def test_mechanism_workload_follows_the_run_as_training_builds_it(tmp_path, caps
   assert record["epsilon"] == trained.epsilon
   plain = _json(base + ["--workload", "prefix_sum"], capsys)  # a run without momentum
   assert plain["workload"] == "prefix_sum" and plain["epsilon"] != record["epsilon"]
+
+
+def test_discrete_gaussian_epsilon_and_refusals(capsys):
+  """--noise_distribution discrete_gaussian: the zCDP ε (Cor 13 of arXiv:2004.00010) above the
+  continuous Gaussian's exact ε at the same z/sens, a calibrated z at most the target, the
+  statement naming it; sampling and other mechanisms refused in one line."""
+  from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+  base = ["--noise_distribution", "discrete_gaussian", "--delta", DELTA]
+  record = _json(base + ["--noise_multiplier", "1.5", "--mechanism", "banded",
+                         "--total_rounds", "16", "--bands", "4", "--epochs", "2"], capsys)
+  assert record["analysis"] == "discrete_gaussian"
+  sens = record["encoder_sensitivity"]
+  assert record["epsilon"] == pytest.approx(dg.epsilon(1.5, 1e-6, sens), rel=1e-12)
+  assert record["epsilon"] >= statcheck.gaussian_epsilon(1.5 / record["sensitivity"], 1e-6)
+  assert "discrete Gaussian" in record["privacy_statement"]["text"]
+  calibrated = _json(base + ["--target_epsilon", "2"], capsys)
+  assert calibrated["epsilon"] <= 2.0
+  for extra, words in ((["--mechanism", "blt", "--total_rounds", "16"], "every past sum"),
+                       (["--sampling_prob", "0.5", "--min_sep", "2", "--mechanism", "banded",
+                         "--total_rounds", "16"], "without amplification")):
+    rc, out, err = _run(base + ["--noise_multiplier", "1"] + extra, capsys)
+    assert rc == 2 and out == "" and words in err and len(err.strip().splitlines()) == 1

@@ -92,3 +92,62 @@ def test_count_noise_is_the_tf_querys_draw():
             alg=tf_noise.PHILOX), tf.constant(i, tf.int64), alg=tf_noise.PHILOX)
     want = tf.random.stateless_normal([], seed=seed, dtype=tf.float64, alg=tf_noise.PHILOX)
     assert flower_noise.count_noise(pair, i) == float(want.numpy())
+
+
+def _tf_noise_for(resolved, participation_schema):
+  f = resolved.factorization
+  if resolved.stream is not None:
+    return tf_noise.LinearNoise(resolved.stream, f.c, participation_schema)
+  return tf_noise.DenseNoise(f.c, f.noise_matrix() if f.m != f.n else None, participation_schema)
+
+
+def test_exact_z_rows_are_tfs_bit_for_bit():
+  """``exact=True``: the C library's logf and sincosf, as TensorFlow's Box–Muller calls them."""
+  pair = tf_noise.seed_pair(2**62 + 12345)
+  specs = [tf.TensorSpec(s, tf.float32) for s in SHAPES]
+  for row in (0, 1, 37):
+    want = tf_noise.standard_normal_row(tf.constant(pair), row, specs)
+    got = philox.standard_normal_row(pair, row, SHAPES, exact=True)
+    for w, g in zip(want, got):
+      assert g.dtype == np.float32 and np.array_equal(w.numpy(), g)
+
+
+@pytest.mark.parametrize("name,schema", [
+    ("blt", participation.fixed_epoch(2)), ("opt_prefix_sum", participation.fixed_epoch(2)),
+    ("banded", participation.min_sep(2)), ("bisr", participation.SINGLE),
+    ("honaker_online", participation.SINGLE), ("gaussian", participation.SINGLE)])
+def test_exact_noise_rows_are_the_tf_aggregators_bit_for_bit(name, schema):
+  """With ``exact=True`` the Flower layer's rows are the TF query's, every bit, for the same
+  seed and factorization: 20,020 coordinates a round, every round of the run."""
+  n, z, clip = 8, 1.5, 0.5
+  spec = spec_lib.MechanismSpec.from_args(
+      name, total_rounds=n, clients_per_round=2, clip_norm=clip, noise_multiplier=z,
+      participation=schema)
+  resolved, _ = mechanisms.build(spec)
+  pair = tf_noise.seed_pair(99)
+  shapes = [(20000,), (4, 5)]
+  specs = [tf.TensorSpec(s, tf.float32) for s in shapes]
+  tf_stream = _tf_noise_for(resolved, spec.participation)
+  flower = flower_noise.NoiseRows(resolved, shapes, pair, exact=True)
+  state = tf_stream.initial_state(specs)
+  for i in range(n):
+    rows, state = tf_stream.noise_row(tf.constant(pair), tf.constant(i), state, specs, z * clip)
+    got = flower.next(z * clip)
+    for w, g in zip(rows, got):
+      assert g.dtype == np.float32 and g.shape == tuple(w.shape)
+      assert np.array_equal(w.numpy(), g), (name, i, int(np.sum(w.numpy() != g)))
+
+
+def test_exact_mode_survives_a_restart_and_refuses_a_mixed_one():
+  spec = spec_lib.MechanismSpec.from_args("blt", total_rounds=4, clients_per_round=2,
+                                          clip_norm=1.0, noise_multiplier=1.0)
+  resolved, _ = mechanisms.build(spec)
+  pair = tf_noise.seed_pair(5)
+  a = flower_noise.NoiseRows(resolved, [(300,)], pair, exact=True)
+  a.next(1.0)
+  b = flower_noise.NoiseRows(resolved, [(300,)], pair, exact=True)
+  b.restore(a.state())
+  assert np.array_equal(a.next(1.0)[0], b.next(1.0)[0])
+  c = flower_noise.NoiseRows(resolved, [(300,)], pair)
+  with pytest.raises(Exception, match="exact=True"):
+    c.restore(a.state())

@@ -3,12 +3,15 @@
 Denisov et al. 2022, arXiv:2202.08312: Algorithm 1, App H Algorithm 3, Thm 4.1.
 """
 
+import math
+
 import dp_accounting
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 import numpy as np
 import pytest
 import scipy.linalg
+import scipy.stats
 import tensorflow as tf
 
 from tff_mf import factorization as fz
@@ -599,3 +602,77 @@ def test_privacy_record_of_a_setup_prints_its_own_statement(tmp_path, capsys):
   assert capsys.readouterr().out == s["text"] + "\n"
   assert s["setup"].startswith("mechanism banded, n = 16 rounds")
   assert "4 clients per round, fixed clip norm 1" in s["setup"] and not s["void"]
+
+
+def test_discrete_gaussian_query_round_trip(tmp_path):
+  """banded C (b = 3) with the discrete Gaussian: γ·C·s is the integer release Y (s computed
+  from Y alone), Y − round(γ·C·x) is N_ℤ(0, σ²) (second moment within 5 SE), a replayed
+  round adds the same noise, another seed other noise, and the event is unsupported."""
+  from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+  n, d = 5, 4000
+  specs = [tf.TensorSpec([d - 10], tf.float32), tf.TensorSpec([2, 5], tf.float32)]
+
+  def query(seed):
+    setup = aggregators.build_mechanism(
+        "banded", total_rounds=n, clients_per_round=1, clip_norm=1.0, noise_multiplier=0.5,
+        delta=1e-6, noise_distribution="discrete_gaussian", bands=3, noise_seed=seed,
+        cache_dir=str(tmp_path))
+    return setup, setup.aggregation_factory.dp_query(specs)._numerator
+
+  setup, q = query(5)
+  c = setup.noise.encoder()
+  rng = np.random.default_rng(0)
+  records = [[tf.constant(rng.normal(size=s.shape).astype(np.float32) * 0.01) for s in specs]
+             for _ in range(n)]
+  state, xs, outs = q.initial_global_state(), [], []
+  for t in range(n):
+    params = q.derive_sample_params(state)
+    sample = q.accumulate_record(params, q.initial_sample_state(specs), records[t])
+    xs.append(np.concatenate([np.ravel(v.numpy()) for v in sample]).astype(np.float64))
+    before = state
+    result, state, event = q.get_noised_result(sample, state)
+    outs.append(np.concatenate([np.ravel(v.numpy()) for v in result]).astype(np.float64))
+    if t == 1:  # replay: the same round from the same state
+      again, _, _ = q.get_noised_result(sample, before)
+      np.testing.assert_array_equal(np.concatenate([np.ravel(v.numpy()) for v in again]),
+                                    outs[-1])
+  assert isinstance(event, dp_accounting.UnsupportedDpEvent)
+  plan = q.plan
+  assert plan.model_size == d and plan.inflation <= dg.ROUNDING_INFLATION
+  # The outputs are float32 (relative error 2⁻²⁴ each, b = 3 terms of C·s): γ·C·s is Y
+  # within that error, which stays below 1/2, so rounding recovers Y exactly.
+  y = plan.granularity * (c @ np.array(outs))
+  error = plan.granularity * np.max(np.abs(c) @ np.abs(np.array(outs))) * 2.0**-22
+  assert error < 0.5
+  y_int = np.rint(y)
+  assert np.max(np.abs(y - y_int)) <= error
+  noise = y_int - np.rint(plan.granularity * (c @ np.array(xs)))
+  ratio = np.mean(noise**2) / dg.variance(plan.sigma)
+  assert abs(ratio - 1) < 5 * math.sqrt(2 / noise.size)
+  _, other = query(6)
+  params = other.derive_sample_params(other.initial_global_state())
+  sample = other.accumulate_record(params, other.initial_sample_state(specs), records[0])
+  first, _, _ = other.get_noised_result(sample, other.initial_global_state())
+  assert not np.allclose(np.concatenate([np.ravel(v.numpy()) for v in first]), outs[0])
+
+
+def test_discrete_gaussian_tf_sampler_matches_the_pmf():
+  """The TF sampler (stateless, from the seed) against N_ℤ(0, σ²) by χ² (false alarm 1e-4),
+  deterministic given (seed, round)."""
+  from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+  sigma, size = 2.5, 200_000
+  seed = tf.constant([3, 4], tf.int64)
+  draws = noise_lib.discrete_gaussian_row(seed, tf.constant(0), size, sigma).numpy()
+  assert draws.dtype == np.int64
+  np.testing.assert_array_equal(
+      draws, noise_lib.discrete_gaussian_row(seed, tf.constant(0), size, sigma).numpy())
+  top = 11
+  support = np.arange(-top, top + 1)
+  expected = dg.pmf(sigma, support) * size
+  observed = np.array([np.sum(draws == x) for x in support], dtype=np.float64)
+  tails = np.sum(np.abs(draws) > top)
+  assert tails <= 5
+  p = scipy.stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
+  assert p > 1e-4
+  wider = dg.pmf(sigma * 1.05, support) * size
+  assert scipy.stats.chisquare(observed, wider * observed.sum() / wider.sum()).pvalue < 1e-4

@@ -256,6 +256,34 @@ def test_run_training_adds_the_reported_noise(configs, mechanism, task, tmp_path
                               _alternatives(b, scale, others), what=mechanism)
 
 
+def test_run_training_with_the_discrete_gaussian(configs, task, tmp_path):
+  """--noise_distribution discrete_gaussian with gaussian (C = I): the models are
+  θ_0 − (η/K)·S·(N/γ) up to rounding, N ~ N_ℤ(0, (zγζ)²) (variance σ²(1 − e^{−2π²σ²}·…), σ in
+  the tens of thousands here, so the covariance test of (zζη/K)²·S·Sᵀ applies); summary.json
+  names the analysis and reports its zCDP ε (Canonne, Kamath, Steinke 2020, Cor 13)."""
+  from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+  config = configs(tmp_path, "gaussian", noise_multiplier=0.8, noise_seed=SEED,
+                   noise_distribution="discrete_gaussian")
+  summary, samples = _run(config, task)
+  assert summary["finished"]
+  info = summary["mechanism_info"]
+  assert info["noise_distribution"] == "discrete_gaussian"
+  assert info["rounding_inflation"] <= dg.ROUNDING_INFLATION
+  assert info["discrete_gaussian_sigma"] == 0.8 * CLIP * info["granularity"] > 1000
+  assert summary["privacy"]["analysis"] == "discrete_gaussian"
+  text = summary["privacy_statement"]["text"]
+  assert "discrete Gaussian" in text and "sums without noise" in text
+  sens = summary["privacy"]["encoder_sensitivity"]  # C = I: 1, as an upper bound
+  assert 1.0 <= sens <= 1.0 + 1e-9
+  assert summary["epsilon"] == pytest.approx(dg.epsilon(0.8, DELTA, sens), rel=1e-12)
+  assert summary["epsilon"] > statcheck.gaussian_epsilon(0.8 / (1 + dg.ROUNDING_INFLATION), DELTA)
+  s = prefix_sum(ROUNDS)
+  scale = 0.8 * CLIP * SERVER_LR / CLIENTS
+  statcheck.assert_covariance(samples, _cov(s, scale), ALPHA,
+                              _alternatives(s, scale, {"banded-like decoder": 0.5 * (s + np.eye(
+                                  ROUNDS))}), what="discrete_gaussian")
+
+
 def test_binary_adds_the_reported_noise_in_a_clean_shell(tiny_task, tmp_path):
   """training/run_stackoverflow.py from a clean environment: opt_momentum (β = 0.9, so the
   server optimizer's momentum is part of A = B·C), z calibrated to --target_epsilon. The

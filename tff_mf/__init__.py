@@ -1,11 +1,11 @@
 """tff-mf: optimal matrix-factorization mechanisms for DP federated learning.
 
 The numpy/scipy core imports no TensorFlow; its folders name the parts:
-``participation`` (schemas, sensitivities, samplers), ``noise`` (streams),
-``factorization`` (workloads, families and their solvers, the cache), ``accounting``
-(analyses, calibration, the privacy statement) and ``audit``, beside ``registry``,
-``spec`` and ``mechanisms``. The TensorFlow/TFF layer lives in ``tff_mf.tf``; its public
-names are re-exported here lazily, so ``import tff_mf`` stays TensorFlow-free.
+``participation`` (schemas, sensitivities, samplers), ``noise`` (streams, the discrete
+Gaussian), ``factorization`` (workloads, families and their solvers, the cache),
+``accounting`` (analyses, calibration, the privacy statement) and ``audit``, beside
+``registry``, ``spec`` and ``mechanisms``. The TensorFlow/TFF layer lives in ``tff_mf.tf``;
+its public names are re-exported here lazily, so ``import tff_mf`` stays TensorFlow-free.
 
 Modules that moved into a folder keep their old import path (``tff_mf.streams`` is
 ``tff_mf.noise.streams``): the old name yields the same module object and warns once
@@ -50,6 +50,7 @@ MOVED = {
     "band_calibration": "accounting.band_calibration",
     "adaptive_clipping": "accounting.adaptive_clipping",
     "streams": "noise.streams",
+    "discrete_gaussian": "noise.discrete_gaussian",
 }
 
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from tff_mf.accounting import analyses
 from tff_mf import checks
+from tff_mf.noise import discrete_gaussian as dg
 from tff_mf import factorization as fz
 from tff_mf import participation as participation_lib
 from tff_mf import registry
@@ -428,6 +429,8 @@ def privacy_record(encoder: np.ndarray, schema: participation_lib.Participation,
   target, delta = privacy_spec.target_epsilon, privacy_spec.delta
   report = known_sensitivity or accounting.sensitivity_report(encoder, schema)
   sens = float(report["value"])
+  if privacy_spec.discrete:
+    return discrete_record(encoder, schema, report, privacy_spec)
   if delta is None:
     return PrivacyRecord(private=True, noise_multiplier=float(privacy_spec.noise_multiplier),
                          sensitivity=sens, encoder=encoder, participation=schema)
@@ -445,6 +448,43 @@ def privacy_record(encoder: np.ndarray, schema: participation_lib.Participation,
                        epsilon=float(details["epsilon"]), target_epsilon=target,
                        analysis=details["analysis_label"], bound=details["analysis"],
                        details=details, encoder=encoder, participation=schema)
+
+
+def discrete_record(encoder: np.ndarray, schema: participation_lib.Participation,
+                    report: Dict[str, Any], privacy_spec: spec_lib.Privacy) -> PrivacyRecord:
+  """The record of a run with the discrete Gaussian (``tff_mf.noise.discrete_gaussian``): z given or
+  calibrated, ρ-zCDP at the sensitivity inflated by the accounted rounding share, ε by
+  Cor. 13 of arXiv:2004.00010; its ``sensitivity`` is that inflated one (z/sens is ρ's)."""
+  sens = float(report["value"])
+  accounted = sens * (1.0 + dg.ROUNDING_INFLATION)
+  delta, target = privacy_spec.delta, privacy_spec.target_epsilon
+  z = (dg.calibrate(target, delta, sens) if target is not None
+       else float(privacy_spec.noise_multiplier))
+  common = dict(private=True, noise_multiplier=z, sensitivity=accounted, encoder=encoder,
+                participation=schema)
+  if delta is None:
+    return PrivacyRecord(**common)
+  analysis = analyses.DiscreteGaussian
+  rho = dg.rho(z, sens) if z > 0 else math.inf
+  eps, order = dg.zcdp_epsilon(rho, delta) if z > 0 else (math.inf, math.nan)
+  details: Dict[str, Any] = {
+      "analysis": analysis.name, "analysis_label": analysis.label, "epsilon": eps,
+      "noise_multiplier": z, "delta": delta, "accountant": "zcdp",
+      "noise_distribution": "discrete_gaussian", "sensitivity": accounted,
+      "encoder_sensitivity": sens, "sensitivity_exact": False,
+      "sensitivity_method": f"{report['method']}; times 1 + {dg.ROUNDING_INFLATION:g} for "
+                            "the rounding of gamma C x",
+      "rounding_inflation": dg.ROUNDING_INFLATION,
+      "granularity": privacy_spec.granularity or "automatic (per model size)",
+      "rho": rho, "order": order, "exact": False, "theorem": analysis.theorem, "notes": []}
+  details["candidates"] = [_candidate(details)]
+  if target is not None:
+    details["target_epsilon"] = target
+    if not eps <= target:
+      raise checks.CheckError(f"calibration gave epsilon {eps} above the target {target}")
+  return PrivacyRecord(**common, delta=delta, accountant="zcdp", epsilon=eps,
+                       target_epsilon=target, analysis=analysis.label, bound=analysis.name,
+                       details=details)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -638,6 +678,8 @@ def _epsilon_at(z: float, sens: float, delta: float, accountant: str,
                 details: Mapping[str, Any]) -> float:
   """ε of a released prefix with sensitivity ``sens`` (the record's analysis, unamplified)."""
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  if details.get("noise_distribution") == "discrete_gaussian":
+    return dg.epsilon(z, delta, sens)
   if analyses.counts_clipping(details):
     from tff_mf.accounting import adaptive_clipping  # pylint: disable=g-import-not-at-top
     total = adaptive_clipping.combined_noise_multiplier(

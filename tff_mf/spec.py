@@ -22,6 +22,7 @@ from tff_mf.accounting import adaptive_clipping
 from tff_mf.accounting import analyses
 from tff_mf import checks
 from tff_mf.factorization import families
+from tff_mf.noise import discrete_gaussian
 from tff_mf import participation as participation_lib
 from tff_mf import registry
 from tff_mf.factorization import workloads
@@ -55,6 +56,10 @@ class Privacy:
     allow_no_noise: z = 0 is accepted (ε = ∞).
     amplification: a ``tff_mf.accounting.analyses.Analysis`` in place of the automatic choice of the
       amplified analysis (e.g. ``MonteCarloBound``), or None.
+    noise_distribution: "gaussian" (continuous noise on C⁻¹·Z), or "discrete_gaussian"
+      (integer noise on the integer release round(γ·C·x), ``tff_mf.noise.discrete_gaussian``:
+      accounted by zCDP, never amplified by sampling).
+    granularity: γ of the discrete Gaussian (None: the default for the model size).
   """
   noise_multiplier: Optional[float] = None
   target_epsilon: Optional[float] = None
@@ -63,9 +68,12 @@ class Privacy:
   sampling_prob: Optional[float] = None
   allow_no_noise: bool = False
   amplification: Optional[Any] = None
+  noise_distribution: str = "gaussian"
+  granularity: Optional[float] = None
 
   def __post_init__(self):
     analyses.accountant(self.accountant)
+    self._check_distribution()
     if self.sampling_prob is not None:
       _set(self, sampling_prob=checks.probability(self.sampling_prob, "sampling_prob"))
     if (self.noise_multiplier is None) == (self.target_epsilon is None):
@@ -81,6 +89,31 @@ class Privacy:
     if self.delta is not None:
       _set(self, delta=checks.delta(self.delta))
     _set(self, allow_no_noise=bool(self.allow_no_noise))
+
+  @property
+  def discrete(self) -> bool:
+    return self.noise_distribution == "discrete_gaussian"
+
+  def _check_distribution(self) -> None:
+    if self.noise_distribution not in discrete_gaussian.DISTRIBUTIONS:
+      raise checks.CheckError(f"noise_distribution must be one of "
+                              f"{', '.join(discrete_gaussian.DISTRIBUTIONS)}, got "
+                              f"{self.noise_distribution!r}", arguments=("noise_distribution",))
+    if not self.discrete:
+      if self.granularity is not None:
+        raise checks.CheckError("granularity goes with noise_distribution 'discrete_gaussian' "
+                                "only", arguments=("granularity", "noise_distribution"))
+      return
+    if self.granularity is not None:
+      _set(self, granularity=checks.positive_float(self.granularity, "granularity"))
+    if self.noise_multiplier == 0.0:
+      raise checks.CheckError("the discrete Gaussian with noise_multiplier 0 adds no noise: use "
+                              "noise_distribution 'gaussian' to run without privacy",
+                              arguments=("noise_multiplier", "noise_distribution"))
+    if self.sampling_prob is not None or self.amplification is not None:
+      raise checks.CheckError("the discrete Gaussian is accounted without amplification by "
+                              "sampling: leave out sampling_prob and amplification",
+                              arguments=("sampling_prob", "noise_distribution"))
 
   def check_schema(self, schema: participation_lib.Participation) -> None:
     """``sampling_prob`` goes with cyclic Poisson sampling only (or a chosen analysis)."""
@@ -198,6 +231,21 @@ class MechanismSpec:
                               "noise_multiplier nor target_epsilon")
     if self.privacy is not None:
       self.privacy.check_schema(self.participation)
+      if self.privacy.discrete:
+        self._check_discrete()
+
+  def _check_discrete(self) -> None:
+    """The discrete Gaussian needs a C whose encoder (C·x)_t streams with small state."""
+    m = self.mechanism
+    if m.name not in discrete_gaussian.MECHANISMS:
+      raise checks.CheckError(
+          f"mechanism {m.name!r} with the discrete Gaussian: its C-domain encoder (C·x)_t would "
+          f"keep every past sum; use one of {', '.join(discrete_gaussian.MECHANISMS)}",
+          arguments=("mechanism", "noise_distribution"))
+    if self.noise_stream not in ("auto", "stateful"):
+      raise checks.CheckError("the discrete Gaussian streams the encoder itself: noise_stream "
+                              f"{self.noise_stream!r} does not apply",
+                              arguments=("noise_stream",))
 
   def _check_clipping(self) -> None:
     m = self.mechanism
@@ -206,6 +254,10 @@ class MechanismSpec:
     if not m.private:
       raise checks.CheckError(f"mechanism {m.name!r} adds no noise and clips nothing; "
                               "adaptive clipping does not apply")
+    if self.privacy is not None and self.privacy.discrete:
+      raise checks.CheckError("adaptive clipping with the discrete Gaussian is not supported "
+                              "(its count queries are continuous Gaussians): give a clip_norm",
+                              arguments=("clip_norm", "noise_distribution"))
     if m.noise == "tff_tree":
       raise checks.CheckError(
           "adaptive clipping with TFF's tree: use mechanism 'honaker_online' (the same tree "
@@ -238,6 +290,7 @@ class MechanismSpec:
                 participation: Optional[participation_lib.Participation] = None,
                 params: Optional[Mapping[str, Any]] = None, noise_stream: str = "auto",
                 adaptive: Optional[adaptive_clipping.AdaptiveClipping] = None,
+                noise_distribution: str = "gaussian", granularity: Optional[float] = None,
                 **family_params) -> "MechanismSpec":
     """A spec from ``build_mechanism``'s keyword arguments (a mechanism by any spelling;
     ``family_params``: bands=, rank=, buffers= or a family's own, None meaning not given)."""
@@ -247,8 +300,12 @@ class MechanismSpec:
     if m.private or noise_multiplier not in (None, 0.0) or target_epsilon is not None:
       # (a mechanism without noise refuses one: ``_check_privacy``)
       privacy = Privacy(noise_multiplier, target_epsilon, delta, accountant, sampling_prob,
-                        allow_no_noise)
+                        allow_no_noise, noise_distribution=noise_distribution,
+                        granularity=granularity)
     else:
+      if noise_distribution != "gaussian" or granularity is not None:
+        raise checks.CheckError(f"mechanism {m.name!r} adds no noise; noise_distribution and "
+                                "granularity do not apply")
       analyses.accountant(accountant)
     clipping = Clipping.from_args(clip_norm, adaptive or adaptive_clipping.AdaptiveClipping(),
                                   clients_per_round)
@@ -265,6 +322,8 @@ class MechanismSpec:
         "participation": self.participation.as_dict(), "noise_seed_pinned": noise_seed_pinned}
     if self.adaptive is not None:
       out["adaptive_clipping"] = self.adaptive.as_dict()
+    if self.privacy is not None and self.privacy.discrete:
+      out["noise_distribution"] = self.privacy.noise_distribution
     return out
 
   def describe(self, noise_seed_pinned: bool = False) -> Dict[str, Any]:
@@ -278,6 +337,9 @@ class MechanismSpec:
         "noise_kind": self.mechanism.noise, "noise_stream": self.noise_stream,
         "noise_seed_pinned": noise_seed_pinned,
         "clipping": "fixed" if self.adaptive is None else "adaptive"}
+    if self.privacy is not None and self.privacy.discrete:
+      info["noise_distribution"] = self.privacy.noise_distribution
+      info["granularity"] = self.privacy.granularity or "automatic (per model size)"
     if self.adaptive is not None:
       info["adaptive_clipping"] = self.adaptive.as_dict()
     return info

@@ -131,6 +131,8 @@ class TrainingConfig:
   target_epsilon: Optional[float] = None
   delta: float = checks.DEFAULT_DELTA
   accountant: str = accounting.DEFAULT_ACCOUNTANT
+  noise_distribution: str = "gaussian"
+  granularity: Optional[float] = None
   clip_norm: Union[float, str] = 1.0  # or "adaptive"
   target_quantile: float = 0.5
   initial_clip_norm: float = 0.1
@@ -182,7 +184,9 @@ class TrainingConfig:
     """The run's ``tff_mf.spec.MechanismSpec``, derived from its flags: the library checks it
     once, where it is built (an error is a TrainingError naming --mechanism)."""
     from tff_mf import spec as spec_lib  # pylint: disable=g-import-not-at-top
-    privacy: Dict[str, object] = {"accountant": self.accountant}
+    privacy: Dict[str, object] = {"accountant": self.accountant,
+                                  "noise_distribution": self.noise_distribution,
+                                  "granularity": self.granularity}
     if is_private(self.canonical_mechanism):
       privacy.update(noise_multiplier=self.noise_multiplier, target_epsilon=self.target_epsilon,
                      delta=self.delta, sampling_prob=self.sampling_prob
@@ -200,6 +204,8 @@ class TrainingConfig:
     except TrainingError:
       raise
     except checks.CheckError as e:
+      if "noise_distribution" in e.arguments:  # the discrete Gaussian's: name its flags
+        raise TrainingError(clitools.flag_message(e)) from None
       raise TrainingError(f"--mechanism={self.mechanism}: {e}") from None
 
   @property
@@ -412,6 +418,8 @@ class TrainingConfig:
       for name in CANARY_FLAGS:
         del out[name]
       del out["canaries"]
+    if self.noise_distribution == "gaussian" and self.granularity is None:
+      del out["noise_distribution"], out["granularity"]  # as runs before the flag fingerprint
     if self.noise_seed is not None:
       out["noise_seed"] = "pinned"
     elif out["mechanism"] == "none":

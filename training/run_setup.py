@@ -86,7 +86,9 @@ def build_run_setup(config: TrainingConfig, noise_seed: Optional[int]) -> RunSet
   from training import robustness  # pylint: disable=g-import-not-at-top
   mechanism = config.canonical_mechanism
   setup = build_library_mechanism(mechanism, config, noise_seed)
-  info = dict(setup.info or {})
+  # The library's own dict: the discrete Gaussian records γ and σ in it once TFF has built the
+  # aggregator for the model's size.
+  info = setup.info if setup.info is not None else {}
   info["private"] = is_private(mechanism)
   resolved = setup.mechanism
   return RunSetup(robustness.NonFiniteZeroingFactory(setup.aggregation_factory),

@@ -110,6 +110,16 @@ flags.DEFINE_enum("accountant", _DEFAULTS.accountant, config_lib.ACCOUNTANTS,
                   f"{clitools.ACCOUNTANT_HELP}. It is what summary.json records as epsilon "
                   "for an unamplified run; amplified analyses use PLD (amplified banded) or "
                   "MMCC and summary.json names it (analysis); every reported ε is an upper bound.")
+flags.DEFINE_enum("noise_distribution", _DEFAULTS.noise_distribution,
+                  ["gaussian", "discrete_gaussian"],
+                  "gaussian: continuous noise C⁻¹·Z; discrete_gaussian: integer noise on the "
+                  "integer release round(γ·C·x) (Canonne, Kamath, Steinke 2020, "
+                  "arXiv:2004.00010), accounted by zCDP without amplification, for --mechanism "
+                  "gaussian, banded or banded_toeplitz.")
+flags.DEFINE_float("granularity", None,
+                   f"γ of --noise_distribution=discrete_gaussian, integer units per unit of the "
+                   f"summed update {_NONE}the smallest power of two that keeps the rounding "
+                   "below 0.1% of the sensitivity for the model's size).")
 flags.DEFINE_string("clip_norm", str(_DEFAULTS.clip_norm),
                     "Per-client L2 clip norm ζ, or 'adaptive': ζ follows a private estimate of "
                     "--target_quantile of the update norms (Andrew et al. 2021, "

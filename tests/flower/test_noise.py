@@ -48,3 +48,32 @@ def test_tree_is_refused_with_its_matrix_form_named():
 
 def test_unpinned_seeds_differ():
   assert not np.array_equal(noise_lib.seed_pair(None), noise_lib.seed_pair(None))
+
+
+@pytest.mark.parametrize("name", ["blt", "opt_prefix_sum", "banded", "honaker_online"])
+def test_exact_rows_are_tfs_arithmetic_on_the_same_z(name):
+  """``exact=True`` (the TF aggregator's draws and float32 arithmetic, bit for bit; checked
+  against TF in tests/test_flower_tf_noise.py): float32 rows, the same for the same seed,
+  and within float32 rounding of the float64 rows (the normals within 3 float32 ulps of the
+  float64-rounded ones, each float32 operation within 2⁻²⁴ on terms no larger than
+  |N|·|Z|, at most 2·(k + m) + 2 of them in a row)."""
+  spec = spec_lib.MechanismSpec.from_args(name, total_rounds=N, clients_per_round=2,
+                                          clip_norm=1.0, noise_multiplier=2.0)
+  resolved, _ = mechanisms.build(spec)
+  shapes = [(3000,), (4, 5)]
+  seed = noise_lib.seed_pair(23)
+  exact = noise_lib.NoiseRows(resolved, shapes, seed, exact=True)
+  again = noise_lib.NoiseRows(resolved, shapes, seed, exact=True)
+  plain = noise_lib.NoiseRows(resolved, shapes, seed)
+  f = resolved.factorization
+  z = np.stack([np.concatenate([p.ravel() for p in philox.standard_normal_row(seed, j, shapes)])
+                for j in range(f.m)]).astype(np.float64)
+  scale = 2.0 * np.abs(f.noise_matrix()) @ np.abs(z)
+  k = resolved.stream.k if resolved.stream is not None else 0
+  ops = 2 * (k + f.m) + 2
+  for i in range(N):
+    a = np.concatenate([p.ravel() for p in exact.next(2.0)])
+    assert a.dtype == np.float32
+    assert np.array_equal(a, np.concatenate([p.ravel() for p in again.next(2.0)]))
+    b = np.concatenate([p.ravel() for p in plain.next(2.0)])
+    assert np.all(np.abs(a - b) <= (3 * 2.0**-23 + ops * 2.0**-24) * scale[i])

@@ -157,6 +157,7 @@ def test_restarted_server_continues_the_same_stream(tmp_path):
     (lambda: wrapper("tree"), "honaker_online"),
     (lambda: wrapper(participation=participation.fixed_epoch(3)), "epochs"),
     (lambda: wrapper(clip_norm="adaptive"), "MatrixFactorizationAdaptiveClipping"),
+    (lambda: wrapper("gaussian", noise_distribution="discrete_gaussian"), "continuous noise"),
 ])
 def test_bad_configuration_is_a_one_line_error(make, words):
   with pytest.raises(checks.CheckError) as err:

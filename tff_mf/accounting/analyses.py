@@ -831,6 +831,34 @@ class MonteCarloBound(Analysis):
             f"{found.get('seed_source')} (seed {found.get('seed')})")
 
 
+@dataclasses.dataclass(frozen=True)
+class DiscreteGaussian(Analysis):
+  """The discrete Gaussian on the integer release round(γ·C·x) (``tff_mf.noise.discrete_gaussian``):
+  ρ-zCDP with ρ = (sens·(1 + η))²/(2z²), η the accounted rounding inflation (Canonne, Kamath,
+  Steinke 2020, arXiv:2004.00010, Thm 14), as (ε, δ) by their Cor. 13; never amplified. The
+  record is built by ``tff_mf.mechanisms``."""
+  name: ClassVar[str] = "discrete_gaussian"
+  label: ClassVar[str] = ("discrete Gaussian on the integer release: zCDP (Canonne, Kamath, "
+                          "Steinke 2020, arXiv:2004.00010, Thm 14) as (epsilon, delta) by "
+                          "Cor 13, unamplified")
+  theorem: ClassVar[str] = (
+      "Canonne, Kamath, Steinke 2020, arXiv:2004.00010, Thm 14 (the multivariate discrete "
+      "Gaussian with l2 sensitivity Delta and variance parameter sigma^2 is "
+      "Delta^2/(2 sigma^2)-zCDP) and Cor 13 (zCDP to (epsilon, delta))")
+  selectable: ClassVar[bool] = False
+
+  def words(self, record, ratio, accountant_words, sensitivity_words):
+    gamma = record.get("granularity")
+    gamma_words = (f"granularity gamma = {fmt(gamma)}" if isinstance(gamma, (int, float))
+                   else "granularity gamma chosen per model size")
+    return (f"discrete Gaussian noise N_Z(0, (z gamma clip)^2) on the integer release "
+            f"round(gamma C x), {gamma_words}, sensitivity inflated by at most "
+            f"{100 * record.get('rounding_inflation', 0):.2g}% for rounding; no amplification "
+            f"by sampling: the whole run is rho-zCDP with rho = {fmt(record.get('rho'))} at "
+            f"{ratio}, {sensitivity_words} (Canonne, Kamath, Steinke 2020, arXiv:2004.00010, "
+            f"Thm 14); epsilon by their Cor 13 at order {fmt(record.get('order'))}")
+
+
 def high_probability_words(beta) -> str:
   """How an ε that holds with probability ≥ 1 − β is labelled wherever it appears."""
   return f"holds with probability >= 1 - {fmt(beta)} over the accountant's own sampling"
@@ -852,7 +880,7 @@ def register(cls: type) -> type:
 
 
 for _cls in (Unamplified, MMCC, AmplifiedBanded, RandomAllocation, FixedBin,
-             AdaptiveClipping, MonteCarlo, MonteCarloBound):
+             AdaptiveClipping, MonteCarlo, MonteCarloBound, DiscreteGaussian):
   register(_cls)
 
 # The ``amplification=`` choices of ``tff_mf.accounting`` (bounds on a run's ε).

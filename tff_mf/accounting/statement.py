@@ -57,6 +57,8 @@ PINNED = ("the noise seed was pinned: anyone who knows it can regenerate and sub
           "above is the mechanism's with a secret seed)")
 SECRET_SEED = ("the secret noise seed lives in identity.json and the checkpoints: whoever "
                "reads them can remove the noise (keep them private)")
+SECRET_SUMS = ("with the discrete Gaussian the checkpoints also hold the last b - 1 clipped "
+               "sums without noise (the encoder's state): keep them as private as the seed")
 NOT_COVERED_ACCOUNT = (
     "anything computed from the clients' data without noise (e.g. training metrics)",
     "a run whose noise seed is pinned or leaked, or whose clients join more rounds than the "
@@ -378,6 +380,8 @@ def privacy_statement(record: Any, *, schema=None,
   if sampling_prob is None:
     sampling_prob = record.get("sampling_prob")
   not_covered, void = _not_covered(run, noise_seed_source, nonprivate_metrics)
+  if run and record.get("noise_distribution") == "discrete_gaussian":
+    not_covered.append(SECRET_SUMS)
   n = _rounds(record, setup)
   covers = COVERS_RUN if run else (COVERS_ACCOUNT.format(n=n) if n is not None
                                    else COVERS_ACCOUNT_ANY_N)

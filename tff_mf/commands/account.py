@@ -118,6 +118,12 @@ def _add_run_arguments(parser) -> None:
                            "most EPS (default: none; give this or --noise_multiplier)")
   clitools.add_delta_flag(parser)
   clitools.add_accountant_flag(parser)
+  parser.add_argument("--noise_distribution", choices=("gaussian", "discrete_gaussian"),
+                      default="gaussian",
+                      help="discrete_gaussian: integer noise on the integer release "
+                           "round(gamma C x), accounted by zCDP (Canonne, Kamath, Steinke 2020, "
+                           "arXiv:2004.00010, Thm 14, Cor 13), never amplified; for --mechanism "
+                           "gaussian, banded or banded_toeplitz (default: gaussian)")
   parser.add_argument("--tolerance", type=float, default=1e-3,
                       help="relative tolerance of --target_epsilon calibration: the z printed "
                            "exceeds the smallest valid z by less than this fraction "
@@ -565,6 +571,45 @@ def _rename_amplification(args: argparse.Namespace, renamed) -> None:
     args.amplification = new
 
 
+def _run_discrete(args: argparse.Namespace) -> int:
+  """--noise_distribution discrete_gaussian: the zCDP record of ``tff_mf.mechanisms``."""
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+  from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
+  from tff_mf import spec as spec_lib  # pylint: disable=g-import-not-at-top
+  if args.amplification is not None or args.sampling_prob is not None:
+    _fail("--noise_distribution discrete_gaussian is accounted without amplification by "
+          "sampling: leave out --amplification and --sampling_prob")
+  if args.mechanism is not None and registry.mechanism(args.mechanism).name not in dg.MECHANISMS:
+    _fail(f"--mechanism {args.mechanism} with --noise_distribution discrete_gaussian: its "
+          f"C-domain encoder would keep every past sum; use one of {', '.join(dg.MECHANISMS)}")
+  c, label, cached, extra = _encoder(args, False)
+  schema = _schema(args, None if c is None else c.shape[1], cached, False)
+  privacy = spec_lib.Privacy(args.noise_multiplier, args.target_epsilon, args.delta,
+                             args.accountant, noise_distribution="discrete_gaussian")
+  report = accounting.sensitivity_report(c, schema)
+  record = dict(mechanisms.discrete_record(c if c is not None else [[1.0]], schema, report,
+                                           privacy).details)
+  record.update(matrix=label, schema=schema.as_dict(), participation=schema.label,
+                schema_source=_schema_source(args, cached, False))
+  if c is not None:
+    record.update(n=c.shape[1], m=c.shape[0])
+  return _finish(record, args, extra)
+
+
+def _finish(record: dict, args: argparse.Namespace, extra: dict) -> int:
+  """Prints ``record`` with the encoder's fields and the parameter flags given."""
+  for key, value in extra.items():
+    record.setdefault(key, value)
+  for flag in ("height", "bands"):
+    if getattr(args, flag) is not None:
+      record.setdefault(flag, getattr(args, flag))
+  _print(_with_statement(record), args.json)
+  sys.stdout.flush()
+  return 0
+
+
 def run(args: argparse.Namespace) -> int:
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
@@ -595,6 +640,8 @@ def run(args: argparse.Namespace) -> int:
   if args.non_adaptive and (analysis is None or not analyses.takes(analysis, "non_adaptive")):
     _fail("--non_adaptive applies to --amplification mmcc")
   _check_slack_flags(args, analysis)
+  if args.noise_distribution == "discrete_gaussian":
+    return _run_discrete(args)
   c, label, cached, extra = _encoder(args, amplified)
   schema = _schema(args, None if c is None else c.shape[1], cached, amplified)
   if c is None:
@@ -635,11 +682,4 @@ def run(args: argparse.Namespace) -> int:
   if args.lower_bound or args.monte_carlo_samples is not None:
     _add_slack(record, c, args)
   record["schema_source"] = _schema_source(args, cached, amplified)
-  for key, value in extra.items():
-    record.setdefault(key, value)
-  for flag in ("height", "bands"):
-    if getattr(args, flag) is not None:
-      record.setdefault(flag, getattr(args, flag))
-  _print(_with_statement(record), args.json)
-  sys.stdout.flush()
-  return 0
+  return _finish(record, args, extra)

@@ -6,6 +6,13 @@ the TF aggregator draws it (``tff_mf.flower.philox``), so a Flower run and a TFF
 the same seed and mechanism add the same noise. A linear-noise mechanism runs its
 ``LinearStream`` (k model-sized rows of state, float64); any other matrix mechanism
 regenerates the Z rows that row i of N needs. Going past round n raises.
+
+``exact=True`` reproduces the TF aggregator's arithmetic as well as its draws: Z through the
+C library (``philox``), a stream's recurrence in float32 with the coefficients cast as TF
+casts them and each sum taken left to right (``tf.add_n``), a dense row accumulated in
+float64 in the order of N's nonzeros and cast once. Its rows are then the TF query's bit
+for bit on the same machine, for the same factorization (N's last bits come from the BLAS
+that solved for it: load both from the same cache).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ class NoiseRows:
   """
 
   def __init__(self, resolved: mechanisms.Resolved, shapes: Sequence[Tuple[int, ...]],
-               seed: np.ndarray):
+               seed: np.ndarray, exact: bool = False):
     if resolved.factorization is None or resolved.encoder is None:
       raise checks.CheckError(f"mechanism {resolved.mechanism.name!r} has no matrix "
                               "factorization to add noise for; the Flower layer runs matrix "
@@ -55,36 +62,54 @@ class NoiseRows:
     self.matrix = None if self.linear else (
         f.noise_matrix() if f.m != f.n else
         scipy.linalg.solve_triangular(f.c, np.eye(f.n), lower=True))
+    self.exact = bool(exact)
     self.round = 0
-    self.stream_state = np.zeros((self.stream.k, self.d)) if self.linear else None
+    self.stream_state = (np.zeros((self.stream.k, self.d),
+                                  np.float32 if self.exact else np.float64)
+                         if self.linear else None)
 
   def z_row(self, j: int) -> np.ndarray:
-    """Z̃[j] flat (float64 of the float32 draw)."""
-    return np.concatenate([p.ravel() for p in philox.standard_normal_row(
-        self.seed, j, self.shapes)]).astype(np.float64)
+    """Z̃[j] flat: float32 with ``exact``, else float64 of the float32 draw."""
+    z = np.concatenate([p.ravel() for p in philox.standard_normal_row(
+        self.seed, j, self.shapes, self.exact)])
+    return z if self.exact else z.astype(np.float64)
 
   def next(self, stddev: float) -> List[np.ndarray]:
-    """The next round's σ·(N·Z)[i] as float64 arrays shaped like the model (then i += 1)."""
+    """The next round's σ·(N·Z)[i] shaped like the model (then i += 1): float64 arrays, or
+    with ``exact`` TF's float32 rows."""
     i = self.round
     if i >= self.n:
       raise checks.CheckError(f"round {i + 1} is past the n={self.n} rounds this mechanism "
                               "was built for; build one for more rounds")
-    if self.linear:
+    stddev = float(stddev)
+    if self.linear and self.exact:
+      y, self.stream_state = _tf_stream_step(self.stream, self.stream_state, self.z_row(i), i,
+                                             stddev)
+    elif self.linear:
       y, self.stream_state = self.stream.step(self.stream_state, self.z_row(i), i)
+      y = stddev * y
+    elif self.exact:  # as tff_mf.tf.noise.DenseNoise: float64 a + (N[i, j]·σ)·Z̃[j], cast once
+      row = self.matrix[i]
+      y = np.zeros(self.d)
+      for j in np.flatnonzero(row):
+        y = y + (row[j] * stddev) * self.z_row(int(j)).astype(np.float64)
+      y = y.astype(np.float32)
     else:
       row = self.matrix[i]
       y = np.zeros(self.d)
       for j in np.flatnonzero(row):
         y += row[j] * self.z_row(int(j))
+      y = stddev * y
     self.round = i + 1
-    return self.split(float(stddev) * y)
+    return self.split(y)
 
   def split(self, flat: np.ndarray) -> List[np.ndarray]:
     parts = np.split(flat, np.cumsum(self.sizes)[:-1])
     return [p.reshape(s) for p, s in zip(parts, self.shapes)]
 
   def state(self) -> Dict[str, np.ndarray]:
-    out = {"noise_seed": self.seed.copy(), "noise_round": np.array([self.round], np.int64)}
+    out = {"noise_seed": self.seed.copy(), "noise_round": np.array([self.round], np.int64),
+           "noise_exact": np.array([self.exact], np.int64)}
     if self.linear:
       out["noise_stream_state"] = self.stream_state.copy()
     return out
@@ -94,13 +119,60 @@ class NoiseRows:
     if seed.shape != (2,):
       raise checks.CheckError(f"the saved noise seed has shape {seed.shape}, expected (2,)")
     self.seed = seed.copy()
+    exact = bool(np.asarray(state.get("noise_exact", [0]))[0])
+    if exact != self.exact:
+      raise checks.CheckError(f"the saved run drew its noise with exact={exact}, this one with "
+                              f"exact={self.exact}; continue it as it was started")
     self.round = int(np.asarray(state["noise_round"])[0])
     if self.linear:
-      s = np.asarray(state["noise_stream_state"], np.float64)
+      s = np.asarray(state["noise_stream_state"], self.stream_state.dtype)
       if s.shape != self.stream_state.shape:
         raise checks.CheckError(f"the saved noise stream state has shape {s.shape}, this "
                                 f"model's {self.stream_state.shape}")
       self.stream_state = s.copy()
+
+
+def _add_n(terms: List[Tuple[int, np.ndarray]], like: np.ndarray) -> np.ndarray:
+  """A ``tf.add_n`` of products as the TF kernel's graph runs it: summed left to right
+  (the CPU kernel's order) after Grappler's arithmetic optimizer sorts the inputs of the
+  commutative AddN by node name, the products being named ``mul``, ``mul_1``, … in the
+  order the kernel creates them (so ``mul_10`` comes before ``mul_2``). ``terms``: (creation
+  index, product)."""
+  if not terms:
+    return np.zeros_like(like)
+  ordered = [t for _, t in sorted(terms, key=lambda e: "mul" if e[0] == 0 else f"mul_{e[0]}")]
+  out = ordered[0]
+  for t in ordered[1:]:
+    out = out + t
+  return out
+
+
+def _tf_stream_step(stream, state: np.ndarray, z: np.ndarray, i: int, stddev: float):
+  """``tff_mf.tf.noise.LinearNoise``'s round in numpy float32: the tables cast to float32
+  (the output's scaled by σ in float64 first), every coefficient that is nonzero in some
+  round applied, each sum in the order the TF graph takes it (``_add_n``). ``state``: k x d
+  float32."""
+  sup = stream.support()
+  f, g, w_old, w_new, c = stream.tables(i)
+  f32, g32 = f.astype(np.float32), g.astype(np.float32)
+  w_old32, w_new32 = (w_old * stddev).astype(np.float32), (w_new * stddev).astype(np.float32)
+  c32 = np.float32(c * stddev)
+  made = iter(range(1 << 30))  # the kernel's products, numbered as it creates them
+  new = [None] * stream.k
+  for l in range(stream.k):
+    m = stream.copies[l]
+    if m >= 0:
+      new[l] = state[m]
+      continue
+    terms = [(next(made), f32[l, m] * state[m]) for m in range(stream.k) if sup["f"][l, m]]
+    if sup["g"][l]:
+      terms.append((next(made), g32[l] * z))
+    new[l] = _add_n(terms, z)
+  terms = [(next(made), w_old32[m] * state[m]) for m in range(stream.k) if sup["w_old"][m]]
+  terms += [(next(made), w_new32[m] * new[m]) for m in range(stream.k) if sup["w_new"][m]]
+  if sup["c"]:
+    terms.append((next(made), c32 * z))
+  return _add_n(terms, z), np.stack(new) if stream.k else state
 
 
 # The TF query's tag of the count noise stream (adaptive clipping): fold_in(seed, tag), then i.

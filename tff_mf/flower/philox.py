@@ -10,20 +10,27 @@ Box–Muller transform (Box & Muller 1958) with TensorFlow's rounding: u₁ clam
 v = float32(2π·u₂) formed in double, the log, square root and sine/cosine rounded to
 float32. numpy's Philox (``np.random.Philox``) is Philox-4x64, a different generator.
 
-The integer part is exact. The transcendental functions are evaluated in float64 and
-rounded once to float32 (correctly rounded nearly always); the C library that TensorFlow
-calls (logf, sincosf) is within one float32 ulp of the true value, so a normal differs from
-TensorFlow's by at most 3 float32 ulps (measured: at most 3, about 1.4% of values not
-bit-identical). Calling the C library's logf and sincosf per value gives bit-identical
-normals, at about 2 s per million values.
+The integer part is exact. By default the transcendental functions are evaluated in
+float64 and rounded once to float32 (correctly rounded nearly always); the C library that
+TensorFlow calls (logf, sincosf) is within one float32 ulp of the true value, so a normal
+differs from TensorFlow's by at most 3 float32 ulps (measured: at most 3, about 1.4% of
+values not bit-identical). ``exact=True`` calls the process's C library (logf, and sincosf
+on Linux, sinf and cosf elsewhere, as TensorFlow's Box–Muller does) for every value: the
+normals are then TensorFlow's bit for bit on the same machine, at about 3 µs per value.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import math
-from typing import List, Sequence, Tuple
+import sys
+from typing import Callable, List, Sequence, Tuple
 
 import numpy as np
+
+from tff_mf import checks
 
 _M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85
@@ -100,23 +107,67 @@ def _unit_floats(words: np.ndarray) -> np.ndarray:
   return bits.view(np.float32) - np.float32(1.0)
 
 
-def standard_normal(seed: Sequence[int], size: int) -> np.ndarray:
-  """``tf.random.stateless_normal([size], seed, float32, alg=PHILOX)`` (float32)."""
+@functools.lru_cache(maxsize=1)
+def _libm() -> Tuple[Callable[[float], float], Callable[[float], Tuple[float, float]]]:
+  """The C library's float32 logf and sin/cos pair (ctypes), as TensorFlow's kernels call
+  them: sincosf on Linux, sinf and cosf elsewhere."""
+  name = ctypes.util.find_library("m") or ("libm.so.6" if sys.platform.startswith("linux")
+                                            else None)
+  try:
+    lib = ctypes.CDLL(name)
+  except OSError as e:
+    raise checks.CheckError(f"exact noise needs the C math library (libm), which could not "
+                            f"be loaded here ({e}); use exact=False") from None
+  logf = lib.logf
+  logf.restype, logf.argtypes = ctypes.c_float, [ctypes.c_float]
+  if sys.platform.startswith("linux"):
+    sincosf = lib.sincosf
+    sincosf.restype = None
+    sincosf.argtypes = [ctypes.c_float, ctypes.POINTER(ctypes.c_float),
+                        ctypes.POINTER(ctypes.c_float)]
+    s, c = ctypes.c_float(), ctypes.c_float()
+    ps, pc = ctypes.byref(s), ctypes.byref(c)
+
+    def sin_cos(x: float) -> Tuple[float, float]:
+      sincosf(x, ps, pc)
+      return s.value, c.value
+  else:
+    sinf, cosf = lib.sinf, lib.cosf
+    for fn in (sinf, cosf):
+      fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
+
+    def sin_cos(x: float) -> Tuple[float, float]:
+      return sinf(x), cosf(x)
+  return logf, sin_cos
+
+
+def _log_sin_cos(u1: np.ndarray, v: np.ndarray, exact: bool):
+  """float32 log(u1), sin(v), cos(v): from float64 rounded once, or the C library's."""
+  if not exact:
+    v64 = v.astype(np.float64)
+    return (np.log(u1.astype(np.float64)).astype(np.float32),
+            np.sin(v64).astype(np.float32), np.cos(v64).astype(np.float32))
+  logf, sin_cos = _libm()
+  log_u1 = np.fromiter(map(logf, u1.tolist()), np.float32, u1.size)
+  pairs = np.array([sin_cos(x) for x in v.tolist()], np.float32).reshape(-1, 2)
+  return log_u1, pairs[:, 0], pairs[:, 1]
+
+
+def standard_normal(seed: Sequence[int], size: int, exact: bool = False) -> np.ndarray:
+  """``tf.random.stateless_normal([size], seed, float32, alg=PHILOX)`` (float32); bit for
+  bit with ``exact`` (see the module's docstring)."""
   groups = -(-int(size) // 4)
   words = _stream(seed, groups).reshape(-1, 2)  # Box–Muller pairs, in output order
   u1 = np.maximum(_unit_floats(words[:, 0]), np.float32(1e-7))
   v = (2.0 * np.pi * _unit_floats(words[:, 1]).astype(np.float64)).astype(np.float32)
-  log_u1 = np.log(u1.astype(np.float64)).astype(np.float32)
+  log_u1, sin, cos = _log_sin_cos(u1, v, exact)
   radius = np.sqrt(np.float32(-2.0) * log_u1)  # float32 sqrt: correctly rounded
-  v64 = v.astype(np.float64)
-  sin = np.sin(v64).astype(np.float32)
-  cos = np.cos(v64).astype(np.float32)
   out = np.stack([sin * radius, cos * radius], axis=1).reshape(-1)
   return out[:size]
 
 
-def standard_normal_row(seed: Sequence[int], row: int,
-                        shapes: Sequence[Tuple[int, ...]]) -> List[np.ndarray]:
+def standard_normal_row(seed: Sequence[int], row: int, shapes: Sequence[Tuple[int, ...]],
+                        exact: bool = False) -> List[np.ndarray]:
   """Z̃[row] shaped like ``shapes`` (float32): the TF aggregator's row for the same seed pair
   (``fold_in`` by the int64 row, then by the int32 variable index)."""
   row_seed = fold_in(seed, int(row), bits=64)
@@ -124,7 +175,7 @@ def standard_normal_row(seed: Sequence[int], row: int,
   for t, shape in enumerate(shapes):
     var_seed = fold_in(row_seed, t, bits=32)
     size = int(np.prod(shape, dtype=np.int64))
-    out.append(standard_normal(var_seed, size).reshape(shape))
+    out.append(standard_normal(var_seed, size, exact).reshape(shape))
   return out
 
 

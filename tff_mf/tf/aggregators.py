@@ -216,7 +216,9 @@ def build_mechanism(mechanism: Union[str, spec_lib.MechanismSpec], *,
   info = mechanisms.describe(spec, resolved, record, noise_seed_pinned=pinned)
   info["server_learning_rate"] = server_learning_rate
   wiring = _Wiring(spec, record, noise_seed)
-  factory, noise = _BUILDERS[spec.mechanism.noise](wiring, resolved, info)
+  builder = (_build_discrete if spec.privacy is not None and spec.privacy.discrete
+             else _BUILDERS[spec.mechanism.noise])
+  factory, noise = builder(wiring, resolved, info)
   f = resolved.factorization
   if f is not None:
     info.update(strategy=f.strategy,
@@ -292,6 +294,38 @@ def _build_linear(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str, A
                                   sensitivity_report=resolved.sensitivity_report)
   _record_noise(info, noise)
   return _make_query_factory(cfg, noise), noise
+
+
+def _build_discrete(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str, Any]):
+  """The discrete Gaussian's integer release (``query_lib.DiscreteGaussianQuery``) for C = I
+  or a b-banded C; γ and σ are fixed per model size when TFF reveals the specs."""
+  from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+  noise = noise_lib.DenseNoise(resolved.encoder, None, cfg.participation,
+                               sensitivity_report=resolved.sensitivity_report)
+  bands = dg.band_coefficients(resolved.encoder).shape[1]
+
+  def plan_for(model_size: int) -> dg.Plan:
+    found = dg.plan(sensitivity=resolved.sensitivity, clip_norm=cfg.clip_norm,
+                    noise_multiplier=cfg.noise_multiplier, model_size=model_size, bands=bands,
+                    participations=cfg.participation.max_participations_in(cfg.n), n=cfg.n,
+                    granularity=cfg.spec.privacy.granularity)
+    info.update(granularity=found.granularity, discrete_gaussian_sigma=found.sigma,
+                integer_sensitivity=found.integer_sensitivity,
+                rounding_inflation=found.inflation, model_size=found.model_size)
+    return found
+
+  info.update(noise_implementation=f"DiscreteGaussianQuery(bands={bands})", state_rows=2 * (
+      bands - 1), tff_dp_events="UnsupportedDpEvent: the run's epsilon is the record's (zCDP)",
+              noise_seed_source="pinned" if cfg.noise_seed is not None else "os_entropy")
+
+  def make_factory(specs):
+    q = query_lib.DiscreteGaussianQuery(
+        noise, plan_for=plan_for, l2_norm_clip=cfg.clip_norm,
+        noise_multiplier=cfg.noise_multiplier, record_specs=specs, noise_seed=cfg.noise_seed)
+    return tff.aggregators.DifferentiallyPrivateFactory(
+        tfp.NormalizedQuery(q, denominator=cfg.clients_per_round))
+
+  return make_factory, noise
 
 
 @dataclasses.dataclass(frozen=True)

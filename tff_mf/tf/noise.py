@@ -88,6 +88,52 @@ def standard_normal_row(seed, row, specs) -> list:
   return out
 
 
+# Tag of the discrete Gaussian's draws: fold_in(fold_in(seed, tag), round), apart from the
+# Z rows (fold_in(seed, j), j ≥ 0) and the count noise (tag −1).
+DISCRETE_GAUSSIAN_TAG = -2
+
+
+def discrete_gaussian_row(seed, round_index, size: int, sigma: float):
+  """int64 [size] i.i.d. N_ℤ(0, σ²) of one round from the secret seed (stateless Philox).
+
+  The numpy sampler's algorithm (``tff_mf.noise.discrete_gaussian.candidates``: a discrete Laplace
+  proposal accepted with probability exp(−(|Y| − σ²/t)²/(2σ²)), Canonne, Kamath, Steinke 2020,
+  arXiv:2004.00010, Alg. 3) with TensorFlow's stateless uniforms keyed by (seed, round,
+  attempt): rejection rounds over the pending coordinates until all are accepted (an
+  in-graph error after ``MAX_ATTEMPTS``, never a truncated draw). Deterministic given the
+  seed; not bit-identical to the numpy stream (another generator).
+  """
+  from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+  t = float(dg.proposal_scale(sigma))
+  sigma = float(sigma)
+  base = tf.random.experimental.stateless_fold_in(
+      tf.random.experimental.stateless_fold_in(
+          tf.convert_to_tensor(seed, tf.int64), tf.constant(DISCRETE_GAUSSIAN_TAG, tf.int64),
+          alg=PHILOX), tf.cast(round_index, tf.int64), alg=PHILOX)
+
+  def body(attempt, values, pending):
+    u = tf.random.stateless_uniform(
+        tf.stack([3, tf.size(pending)]), dtype=tf.float64, alg=PHILOX,
+        seed=tf.random.experimental.stateless_fold_in(base, tf.cast(attempt, tf.int64),
+                                                      alg=PHILOX))
+    y = tf.floor(-t * tf.math.log1p(-u[0])) - tf.floor(-t * tf.math.log1p(-u[1]))
+    accept = u[2] < tf.exp(-tf.square(tf.abs(y) - sigma**2 / t) / (2.0 * sigma**2))
+    values = tf.tensor_scatter_nd_update(values, tf.boolean_mask(pending, accept)[:, None],
+                                         tf.cast(tf.boolean_mask(y, accept), tf.int64))
+    return attempt + 1, values, tf.boolean_mask(pending, tf.logical_not(accept))
+
+  _, values, pending = tf.while_loop(
+      lambda attempt, values, pending: tf.logical_and(tf.size(pending) > 0,
+                                                      attempt < dg.MAX_ATTEMPTS),
+      body, (tf.constant(0), tf.zeros([size], tf.int64), tf.range(size, dtype=tf.int64)),
+      shape_invariants=(tf.TensorShape([]), tf.TensorShape([size]), tf.TensorShape([None])))
+  done = tf.debugging.assert_equal(
+      tf.size(pending), 0, message=f"{checks.IN_GRAPH_PREFIX}discrete Gaussian sampler: "
+      f"coordinates still pending after {dg.MAX_ATTEMPTS} rejection rounds")
+  with tf.control_dependencies([done]):
+    return tf.identity(values)
+
+
 def standard_normal_matrix(seed, rows: int, specs) -> np.ndarray:
   """Z̃ (rows x d) in float64, each row the concatenation of ``standard_normal_row`` (eager)."""
   seed = tf.constant(np.asarray(seed, dtype=np.int64))

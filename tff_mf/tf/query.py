@@ -378,3 +378,91 @@ class SeededGaussianSumQuery(tfp.GaussianSumQuery):
     event = dp_accounting.GaussianDpEvent(global_state.stddev / global_state.l2_norm_clip)
     new_state = SeededGaussianState(global_state.l2_norm_clip, global_state.stddev, seeds[-1])
     return tf.nest.pack_sequence_as(sample_state, noised), new_state, event
+
+
+DiscreteGaussianState = collections.namedtuple(
+    "DiscreteGaussianState", ["round_index", "seed", "sums", "outputs"])
+
+
+class DiscreteGaussianQuery(MatrixFactorizationQuery):
+  """The integer release with discrete Gaussian noise (``tff_mf.noise.discrete_gaussian``).
+
+  Round t clips and sums the records (x_t), releases Y_t = round(γ·(C·x)_t) + N_t with
+  N_t ~ N_ℤ(0, σ²), σ = z·γ·ζ (``noise.discrete_gaussian_row``), and returns
+  s_t = (Y_t/γ − Σ_{k≥1} C[t, t−k]·s_{t−k})/C[t, t], computed from Y and earlier outputs
+  only. C is b-banded (C = I: b = 1). State: the last b − 1 sums x (unnoised, float64: as
+  secret as the seed, which regenerates the noise) and outputs s. Its DpEvent is
+  ``UnsupportedDpEvent``: dp_accounting has no discrete-Gaussian event; the run's ε is the
+  record's (zCDP, Canonne, Kamath, Steinke 2020, arXiv:2004.00010, Thm 14 and Cor 13).
+
+  Args:
+    noise: a ``StreamingNoise`` of the encoder C (its sensitivity under the schema).
+    plan_for: model size d → the checked ``tff_mf.noise.discrete_gaussian.Plan``.
+    l2_norm_clip, noise_multiplier, record_specs, noise_seed: as for
+      ``MatrixFactorizationQuery``.
+  """
+
+  def __init__(self, noise: noise_lib.StreamingNoise, *, plan_for, l2_norm_clip: float,
+               noise_multiplier: float, record_specs, noise_seed: Optional[int] = None):
+    from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+    super().__init__(noise, l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier,
+                     record_specs=record_specs, noise_seed=noise_seed)
+    self._dg = dg
+    self._bands = dg.band_coefficients(noise.encoder())
+    self._sizes = [int(np.prod(s.shape)) for s in self._flat_specs]
+    self.plan = plan_for(sum(self._sizes))
+
+  @property
+  def effective_noise_multiplier(self) -> float:
+    """σ/Δ = z·γ·ζ/Δ: ρ = 1/(2·(σ/Δ)²)."""
+    return self.plan.sigma / self.plan.integer_sensitivity
+
+  def initial_global_state(self):
+    d, b = sum(self._sizes), self._bands.shape[1]
+    return DiscreteGaussianState(
+        round_index=tf.constant(0, tf.int32), seed=initial_seed(self._seed, self._seed_key),
+        sums=tf.zeros([b - 1, d], tf.float64), outputs=tf.zeros([b - 1, d], tf.float64))
+
+  def get_noised_result(self, sample_state, global_state):
+    dg, plan, b = self._dg, self.plan, self._bands.shape[1]
+    i = global_state.round_index
+    past_end = tf.debugging.assert_less(
+        i, tf.constant(self._bands.shape[0], tf.int32),
+        message=f"{checks.IN_GRAPH_PREFIX}DiscreteGaussianQuery: round index past the "
+        f"n={self._bands.shape[0]} rounds it was built for")
+    with tf.control_dependencies([past_end]):
+      coef = tf.gather(tf.constant(self._bands), i)
+    flat = tf.nest.flatten(sample_state)
+    x = tf.concat([tf.reshape(tf.cast(v, tf.float64), [-1]) for v in flat], 0)
+    a, size = coef[0] * x, tf.abs(coef[0]) * tf.abs(x)
+    for k in range(1, b):
+      a += coef[k] * global_state.sums[k - 1]
+      size += tf.abs(coef[k]) * tf.abs(global_state.sums[k - 1])
+    gamma = tf.constant(plan.granularity, tf.float64)
+    in_range = tf.debugging.assert_less_equal(
+        gamma * tf.reduce_max(size), tf.constant(dg.MAGNITUDE_LIMIT, tf.float64),
+        message=f"{checks.IN_GRAPH_PREFIX}DiscreteGaussianQuery: gamma * |C x| exceeds 2^40, "
+        "where the float64 allowance of the sensitivity holds; use a smaller granularity")
+    with tf.control_dependencies([in_range]):
+      y = tf.cast(tf.round(gamma * a), tf.int64) + noise_lib.discrete_gaussian_row(
+          global_state.seed, i, x.shape[0], plan.sigma)
+    exact = tf.debugging.assert_less(
+        tf.reduce_max(tf.abs(y)), tf.constant(int(dg.INTEGER_LIMIT), tf.int64),
+        message=f"{checks.IN_GRAPH_PREFIX}DiscreteGaussianQuery: the integer release left "
+        "2^52; use a smaller granularity")
+    with tf.control_dependencies([exact]):
+      s = tf.cast(y, tf.float64) / gamma
+    for k in range(1, b):
+      s -= coef[k] * global_state.outputs[k - 1]
+    s /= coef[0]
+    if b > 1:
+      sums = tf.concat([x[None], global_state.sums[:-1]], 0)
+      outputs = tf.concat([s[None], global_state.outputs[:-1]], 0)
+    else:
+      sums, outputs = global_state.sums, global_state.outputs
+    parts = tf.split(s, self._sizes) if len(self._sizes) > 1 else [s]
+    result = tf.nest.pack_sequence_as(
+        sample_state, [tf.cast(tf.reshape(p, tf.shape(v)), v.dtype) for p, v in zip(parts, flat)])
+    new_state = DiscreteGaussianState(round_index=i + 1, seed=global_state.seed, sums=sums,
+                                      outputs=outputs)
+    return result, new_state, dp_accounting.UnsupportedDpEvent()

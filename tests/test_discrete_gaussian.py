@@ -1,0 +1,249 @@
+"""The discrete Gaussian on the integer release (numpy core): the sampler against the pmf of
+Canonne, Kamath, Steinke 2020 (arXiv:2004.00010, Def. 1), the sensitivity of the rounded
+encoder against brute force, the post-processing s = C⁻¹·Y/γ, and the zCDP accounting
+(Thm 14, Cor. 13) against the continuous Gaussian and a direct evaluation.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import scipy.linalg
+import scipy.stats
+
+from tff_mf.accounting import analyses
+from tff_mf import checks
+from tff_mf.noise import discrete_gaussian as dg
+from tff_mf import mechanisms
+from tff_mf import participation
+from tff_mf import spec as spec_lib
+
+KEY = (12345, 678)
+DRAWS = 200_000
+# False-alarm rate of each statistical check below.
+ALPHA = 1e-4
+
+
+def _chi_square_p(draws: np.ndarray, sigma: float) -> float:
+  """p-value of H0: draws ~ N_ℤ(0, σ²), bins |x| ≤ 4σ and the two tails lumped."""
+  top = int(4 * sigma) + 1
+  support = np.arange(-top, top + 1)
+  expected = dg.pmf(sigma, support) * draws.size
+  tail = (draws.size - expected.sum()) / 2
+  observed = np.array([np.sum(draws == x) for x in support], dtype=np.float64)
+  obs = np.concatenate([[np.sum(draws < -top)], observed, [np.sum(draws > top)]])
+  exp = np.concatenate([[tail], expected, [tail]])
+  keep = exp >= 5  # the χ² approximation's usual condition; the rest lumped into one bin
+  obs = np.concatenate([obs[keep], [obs[~keep].sum()]])
+  exp = np.concatenate([exp[keep], [exp[~keep].sum()]])
+  if exp[-1] < 5:
+    obs, exp = obs[:-1], exp[:-1]
+    exp = exp * obs.sum() / exp.sum()
+  return float(scipy.stats.chisquare(obs, exp).pvalue)
+
+
+@pytest.mark.parametrize("sigma", [0.7, 2.5, 6.0])
+def test_sampler_matches_the_pmf(sigma):
+  draws = dg.sample(KEY, 3, DRAWS, sigma)
+  assert draws.dtype == np.int64
+  assert _chi_square_p(draws, sigma) > ALPHA
+  # Power on these very draws: a 5% wider discrete Gaussian is rejected.
+  assert _chi_square_p(draws, sigma * 1.05) < ALPHA
+
+
+@pytest.mark.parametrize("sigma", [0.7, 3.0, 1000.0])
+def test_sampler_variance(sigma):
+  """Sample variance within 5 standard errors of Var N_ℤ(0, σ²) (SE from its 4th moment)."""
+  draws = dg.sample(KEY, 0, DRAWS, sigma).astype(np.float64)
+  var = dg.variance(sigma)
+  top = int(60 * sigma + 60)
+  grid = np.arange(-top, top + 1, dtype=np.float64)
+  fourth = float(np.sum(grid**4 * dg.pmf(sigma, grid)))
+  se = math.sqrt((fourth - var**2) / DRAWS)
+  assert abs(np.mean(draws**2) - var) < 5 * se
+  assert var <= sigma**2  # CKS Cor. 9
+  assert abs(np.mean(draws)) < 5 * math.sqrt(var / DRAWS)
+
+
+def test_sampler_is_deterministic_from_the_seed():
+  a = dg.sample(KEY, 5, 1000, 4.0)
+  assert np.array_equal(a, dg.sample(KEY, 5, 1000, 4.0))
+  assert not np.array_equal(a, dg.sample(KEY, 6, 1000, 4.0))
+  assert not np.array_equal(a, dg.sample((KEY[0] + 1, KEY[1]), 5, 1000, 4.0))
+
+
+def _banded_c(n: int, b: int, seed: int = 0) -> np.ndarray:
+  rng = np.random.default_rng(seed)
+  c = np.zeros((n, n))
+  for k in range(b):
+    c += np.diag(rng.uniform(0.2, 1.0, n - k), -k)
+  return c / np.max(np.linalg.norm(c, axis=0))
+
+
+def _rounded(c, x, gamma):
+  return np.rint(gamma * (c @ x)).astype(np.int64)
+
+
+@pytest.mark.parametrize("schema,patterns", [
+    (participation.SINGLE, [(j,) for j in range(6)]),
+    (participation.fixed_epoch(2), [(j, j + 3) for j in range(3)]),
+])
+def test_integer_sensitivity_bounds_brute_force(schema, patterns):
+  """‖round(γCx) − round(γCx')‖₂ ≤ Δ for random neighbours; an adversarial pair shows the
+  rounding term is needed (it exceeds γ·ζ·sens)."""
+  n, b, d, zeta, gamma = 6, 3, 4, 1.0, 3.0
+  c = _banded_c(n, b)
+  sens = participation.sensitivity_report(c, schema)["value"]
+  k = max(len(p) for p in patterns)
+  delta = dg.integer_sensitivity(sens, zeta, gamma, d, dg.touched_rows(b, k, n), b)
+  rng = np.random.default_rng(1)
+  worst = 0.0
+  for _ in range(3000):
+    x = rng.normal(size=(n, d)) * 3
+    pattern = patterns[rng.integers(len(patterns))]
+    v = rng.normal(size=(len(pattern), d))
+    v *= zeta * rng.uniform(0, 1, (len(pattern), 1)) / np.linalg.norm(v, axis=1, keepdims=True)
+    x2 = x.copy()
+    x2[list(pattern)] += v
+    worst = max(worst, float(np.linalg.norm(_rounded(c, x, gamma) - _rounded(c, x2, gamma))))
+  assert worst <= delta
+  # Adversarial: every coordinate of γ·C·x just below 1/2 and a neighbour's tiny step up:
+  # each touched coordinate rounds one unit higher, while γ·‖C·Δx‖ is almost 0.
+  pattern = list(patterns[0])
+  x = np.linalg.solve(c, np.full((n, d), (0.5 - 1e-9) / gamma))
+  x2 = x.copy()
+  x2[pattern] += 1e-6
+  jump = _rounded(c, x2, gamma) - _rounded(c, x, gamma)
+  touched = np.count_nonzero(np.any(c[:, pattern] != 0, axis=1)) * d
+  assert np.count_nonzero(jump) == touched
+  assert np.linalg.norm(jump) > 100 * gamma * np.linalg.norm(c @ (x2 - x))
+  assert np.linalg.norm(jump) <= delta
+
+
+def test_release_is_c_inverse_of_y_over_gamma():
+  """s = C⁻¹·Y/γ (from Y alone) and equals x + C⁻¹·N/γ up to the rounding, ‖C⁻¹‖_∞/(2γ)."""
+  n, b, d = 8, 3, 50
+  c = _banded_c(n, b, seed=2)
+  sens = participation.sensitivity_report(c, participation.SINGLE)["value"]
+  plan = dg.plan(sensitivity=sens, clip_norm=1.0, noise_multiplier=0.8, model_size=d,
+                 bands=b, participations=1, n=n)
+  assert plan.inflation <= dg.ROUNDING_INFLATION
+  stream = dg.IntegerRelease(c, plan, KEY)
+  x = np.random.default_rng(3).normal(size=(n, d))
+  s, y = zip(*[stream.step(x[t]) for t in range(n)])
+  s, y = np.array(s), np.array(y)
+  assert y.dtype == np.int64
+  from_y = scipy.linalg.solve_triangular(c, y / plan.granularity, lower=True)
+  assert np.max(np.abs(s - from_y)) <= 1e-9 * np.max(np.abs(from_y))
+  noise = y - _rounded(c, x, plan.granularity)
+  expected = x + scipy.linalg.solve_triangular(c, noise / plan.granularity, lower=True)
+  c_inv = np.linalg.inv(c)
+  bound = np.max(np.sum(np.abs(c_inv), axis=1)) * 0.5 / plan.granularity
+  assert np.max(np.abs(s - expected)) <= bound * (1 + 1e-6) + 1e-9 * np.max(np.abs(s))
+  # The noise is the plan's N_ℤ(0, σ²): its second moment within 5 standard errors.
+  ratio = np.mean(noise.astype(float)**2) / dg.variance(plan.sigma)
+  assert abs(ratio - 1) < 5 * math.sqrt(2 / noise.size)
+
+
+def test_epsilon_is_cor13_and_above_the_continuous_gaussian():
+  delta = 1e-6
+  for z, sens in [(0.6, 1.0), (1.0, 1.0), (2.0, math.sqrt(3)), (8.0, 1.0)]:
+    eps = dg.epsilon(z, delta, sens)
+    rho = dg.rho(z, sens)
+    grid = 1 + np.geomspace(1e-4, 1e4, 20001)
+    direct = min(dg.cor13_epsilon(rho, delta, a) for a in grid)
+    assert eps <= direct + 1e-9
+    assert eps >= direct - 1e-4 * direct
+    _, order = dg.zcdp_epsilon(rho, delta)
+    assert dg.cor13_delta(rho, eps, order) <= delta * (1 + 1e-9)
+    # Bun & Steinke 2016, Prop 1.3 (a looser valid conversion).
+    assert eps <= rho + 2 * math.sqrt(rho * math.log(1 / delta))
+    # The continuous Gaussian at the same z/sens (ρ-zCDP too) has the smaller exact ε.
+    accounted = sens * (1 + dg.ROUNDING_INFLATION)
+    assert eps >= analyses.ExactGaussian().epsilon(z, delta, accounted)
+
+
+def test_calibration_is_the_smallest_z():
+  delta, sens = 1e-6, 1.3
+  for target in (0.5, 2.0, 8.0):
+    z = dg.calibrate(target, delta, sens)
+    assert dg.epsilon(z, delta, sens) <= target
+    assert dg.epsilon(z / (1 + 2e-3), delta, sens) > target
+
+
+def _spec(**overrides):
+  kw = dict(total_rounds=8, clients_per_round=4, clip_norm=1.0, noise_multiplier=1.0,
+            delta=1e-6, noise_distribution="discrete_gaussian")
+  mechanism = overrides.pop("mechanism", "banded")
+  kw.update(overrides)
+  return spec_lib.MechanismSpec.from_args(mechanism, **kw)
+
+
+def test_record_and_statement_name_the_discrete_gaussian():
+  resolved, record = mechanisms.build(_spec(bands=3, participation=participation.fixed_epoch(2)))
+  assert record.bound == "discrete_gaussian"
+  assert record.epsilon == pytest.approx(dg.epsilon(1.0, 1e-6, resolved.sensitivity), rel=1e-12)
+  assert record.epsilon >= analyses.ExactGaussian().epsilon(1.0, 1e-6, record.sensitivity)
+  by_round = record.epsilon_by_round()
+  assert by_round[-1] == record.epsilon and all(np.diff(by_round) >= 0)
+  text = str(record)
+  assert "discrete Gaussian" in text and "arXiv:2004.00010" in text and "0.1%" in text
+  calibrated = mechanisms.build(_spec(mechanism="gaussian", noise_multiplier=None,
+                                      target_epsilon=2.0))[1]
+  assert calibrated.epsilon <= 2.0
+
+
+@pytest.mark.parametrize("overrides,words", [
+    (dict(mechanism="blt"), "would keep every past sum"),
+    (dict(sampling_prob=0.5, participation=participation.min_sep(2)), "without amplification"),
+    (dict(clip_norm="adaptive"), "adaptive clipping with the discrete Gaussian"),
+    (dict(noise_distribution="laplace"), "noise_distribution must be one of"),
+    (dict(noise_distribution="gaussian", granularity=4.0), "granularity goes with"),
+    (dict(granularity=0.0), "granularity must be positive"),
+    (dict(noise_stream="stateless"), "does not apply"),
+    (dict(noise_multiplier=0.0, allow_no_noise=True), "adds no noise"),
+])
+def test_refusals_are_one_line(overrides, words):
+  with pytest.raises(checks.CheckError) as e:
+    _spec(**overrides)
+  assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_plan_refuses_a_coarse_granularity_and_the_float_range():
+  with pytest.raises(checks.CheckError, match="inflates the sensitivity") as e:
+    dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1.0, model_size=4_050_000,
+            bands=1, participations=1, n=10, granularity=1024.0)
+  assert "\n" not in str(e.value)
+  with pytest.raises(checks.CheckError, match="2\\^52"):
+    dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1e9, model_size=10, bands=1,
+            participations=1, n=10, granularity=2.0**40)
+  plan = dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1.0, model_size=4_050_000,
+                 bands=1, participations=1, n=10)
+  assert plan.inflation <= dg.ROUNDING_INFLATION and plan.sigma == plan.granularity
+
+
+def test_unpinned_stream_draws_its_key_from_os_entropy():
+  """Without a key two streams add different noise; a pinned key replays the same release."""
+  c = np.eye(4)
+  plan = dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1.0, model_size=200,
+                 bands=1, participations=1, n=4)
+  x = np.zeros(200)
+  a, b = dg.IntegerRelease(c, plan).step(x)[1], dg.IntegerRelease(c, plan).step(x)[1]
+  assert not np.array_equal(a, b)
+  key = dg.seed_key(99)
+  np.testing.assert_array_equal(dg.IntegerRelease(c, plan, key).step(x)[1],
+                                dg.IntegerRelease(c, plan, key).step(x)[1])
+
+
+@pytest.mark.parametrize("flags,words", [
+    (dict(mechanism="banded", granularity=4.0),
+     "--granularity goes with --noise_distribution"),
+    (dict(mechanism="blt", noise_distribution="discrete_gaussian"), "every past sum"),
+    (dict(mechanism="banded", noise_distribution="discrete_gaussian", participation="min_sep",
+          min_sep=2, sampling_prob=0.5), "leave out --sampling_prob"),
+])
+def test_training_flags_are_refused_in_one_line_naming_them(flags, words):
+  from training import config as config_lib  # pylint: disable=g-import-not-at-top
+  with pytest.raises(config_lib.TrainingError) as e:
+    config_lib.TrainingConfig(noise_multiplier=1.0, **flags).validate()
+  assert words in str(e.value) and "\n" not in str(e.value)
