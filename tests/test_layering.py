@@ -460,3 +460,17 @@ def test_the_strategy_count_sees_a_dispatch():
           'd = analysis == "banded"\ne = kind == "single"\n')
   found = strategy_dispatches([("x.py", ast.parse(code))], ("blt", "banded", "bsr", "optimal"))
   assert found == ["x.py:1", "x.py:2", "x.py:3"]
+
+
+def test_an_import_from_a_package_reads_its_api_only_when_it_names_no_submodule(tmp_path):
+  """``from pkg import submodule`` depends on the submodule; ``from pkg import name`` on the
+  package's own API (so a sibling may import a sibling without a cycle through the package,
+  and a caller of the package API still depends on it)."""
+  path = tmp_path / "m.py"
+  path.write_text("from tff_mf.accounting import analyses\n"
+                  "from tff_mf.accounting import epsilon_for\n", encoding="utf-8")
+  modules = _all_modules()
+  assert _imports("tff_mf.x", str(path), modules) == {
+      "tff_mf.accounting.analyses", "tff_mf.accounting", "tff_mf.accounting.epsilon_for"}
+  path.write_text("from tff_mf.accounting import analyses\n", encoding="utf-8")
+  assert _imports("tff_mf.x", str(path), modules) == {"tff_mf.accounting.analyses"}
