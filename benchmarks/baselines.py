@@ -34,10 +34,10 @@ import numpy as np
 import scipy.linalg
 import scipy.optimize
 
-from tff_mf import dense_run
-from tff_mf import dense_single
+from tff_mf.factorization import dense_run
+from tff_mf.factorization import dense_single
 from tff_mf import factorization as fz
-from tff_mf import workloads
+from tff_mf.factorization import workloads
 
 METHODS = ("gradient_descent", "lbfgs")
 _ARMIJO_C = 1e-4

@@ -53,8 +53,8 @@ import tensorflow_privacy as tfp  # pylint: disable=wrong-import-position
 from tensorflow_privacy.privacy.dp_query import tree_aggregation  # pylint: disable=wrong-import-position
 from tqdm import tqdm  # pylint: disable=wrong-import-position
 
-from tff_mf import strategies  # pylint: disable=wrong-import-position
-from tff_mf import workloads  # pylint: disable=wrong-import-position
+from tff_mf.factorization import strategies  # pylint: disable=wrong-import-position
+from tff_mf.factorization import workloads  # pylint: disable=wrong-import-position
 from tff_mf.tf import aggregators  # pylint: disable=wrong-import-position
 from tff_mf.tf import query as query_lib  # pylint: disable=wrong-import-position
 

@@ -57,8 +57,8 @@ def _resolved(name, noise_distribution):
 def measure_numpy(d, rounds):
   """Seconds per round of the numpy stream, continuous and discrete; the discrete variance."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from tff_mf import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
-  from tff_mf import streams  # pylint: disable=g-import-not-at-top
+  from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+  from tff_mf.noise import streams  # pylint: disable=g-import-not-at-top
   out = {}
   x = np.random.default_rng(0).normal(size=d) * 0.01
   for name in ("gaussian", "banded"):
@@ -100,7 +100,7 @@ def measure_tf(d, rounds):
   """Seconds per round of the TF queries, continuous and discrete; the TF sampler's variance."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tff_mf import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+  from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
   from tff_mf.tf import aggregators  # pylint: disable=g-import-not-at-top
   from tff_mf.tf import noise as noise_lib  # pylint: disable=g-import-not-at-top
   out = {}

@@ -1,7 +1,7 @@
 """Factorization solvers: loss against wall time (Denisov et al. 2022, arXiv:2202.08312, App E.4, Fig 4).
 
 Compares, on the prefix-sum workload S, in one run:
-- ``newton``: the default solver of ``tff_mf.families.dense`` (fixed point φ, Denisov
+- ``newton``: the default solver of ``tff_mf.factorization.families.dense`` (fixed point φ, Denisov
   Eq. 5, driven by safeguarded Newton-CG steps on the Eq. 8 dual);
 - ``anderson``: φ with Anderson acceleration;
 - ``plain``: the plain fixed point, one ``eigh`` per iteration (the baseline
@@ -36,8 +36,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 from benchmarks import baselines  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf import dense_single  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf import workloads  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization import dense_single  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization import workloads  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 MACHINE = "2-core x86_64 CPU, 24 GB, no GPU"
 # McMahan, Rush, Thakurta (arXiv:2202.08312 v1) Table 1, √L of the optimum (paper values).
@@ -149,7 +149,7 @@ def write_markdown(results, momentum, path, png_name, command, load_before, load
             f"Total run: {total_seconds / 60:.1f} min.", ""]
   lines += ["Workload: prefix sum S. Target: relative duality gap (L − d)/L ≤ 1e-6, with L the "
             "loss of the returned factors and d the Eq. 8 lower bound (Denisov et al. Thm 3.2). "
-            "`newton` = default `tff_mf.dense_single.solve`; `plain` = one `eigh` per "
+            "`newton` = default `tff_mf.factorization.dense_single.solve`; `plain` = one `eigh` per "
             "iteration of φ "
             "(Denisov Eq. 5) with the same certificate; `gradient_descent`/`lbfgs` = Eq. 4 "
             "baselines (`benchmarks/baselines.py`) run for a fixed wall-time budget.", ""]

@@ -42,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
+from tff_mf.accounting import mmcc  # pylint: disable=g-import-not-at-top
 
 DEFAULT_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 RESULTS = DEFAULT_RESULTS  # set from --results-dir in main()
@@ -140,7 +140,7 @@ def run_speed(args):
                            "unamplified_epsilon": r.unamplified_epsilon})
       print(json.dumps(data["tree"][-1]), flush=True)
   if "dense" in args.cases:
-    from tff_mf import strategies, workloads  # pylint: disable=g-import-not-at-top
+    from tff_mf.factorization import strategies, workloads  # pylint: disable=g-import-not-at-top
     n, sigma, p = 256, args.dense_sigma, args.dense_p
     t = time.time()
     f = strategies.factorize(strategies.FactorizationSpec(
@@ -194,10 +194,10 @@ EDGE_CASES = (
       "0.25", "--target-epsilon", "1000", "--no-progress"]),
     ("banded restart n = 64, b = 8, p = 1/2, z = 1e-3",
      ["--mechanism", "tree_restart", "--height", "4", "--n", "64", "--min-sep", "8",
-      "--amplification", "banded", "--sampling-prob", "0.5", "--noise-multiplier", "1e-3"]),
+      "--amplification", "amplified_banded", "--sampling-prob", "0.5", "--noise-multiplier", "1e-3"]),
     ("banded restart n = 16, b = 4, p = 1/2, target ε = 1000",
      ["--mechanism", "tree_restart", "--height", "3", "--n", "16", "--min-sep", "4",
-      "--amplification", "banded", "--sampling-prob", "0.5", "--target-epsilon", "1000"]),
+      "--amplification", "amplified_banded", "--sampling-prob", "0.5", "--target-epsilon", "1000"]),
 )
 
 _EDGE_DRIVER = (
@@ -246,7 +246,7 @@ def run_report(args):
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   lines = ["## MMCC: privacy amplification for matrix mechanisms", "",
            f"Machine: {MACHINE}. Script: `benchmarks/bench_mmcc.py`. All ε are upper bounds "
-           "(every approximation in `tff_mf/mmcc.py` is pessimistic). δ = 1e-6, "
+           "(every approximation in `tff_mf/accounting/mmcc.py` is pessimistic). δ = 1e-6, "
            "δ1 = δ2 = δ/2 inside MMCC.", ""]
   fig2 = _load("fig2")
   if fig2:

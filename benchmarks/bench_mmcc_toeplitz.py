@@ -2,18 +2,18 @@
 
 Choquette-Choo, Ganesh, Steinke, Thakurta 2024 (MMCC, arXiv:2310.15526, App D) under
 b-min-sep Poisson sampling (k = n/b participations, each eligible round joined with
-probability q). Every ε here is an upper bound (``tff_mf.mmcc``).
+probability q). Every ε here is an upper bound (``tff_mf.accounting.mmcc``).
 
 Parts (each writes ``benchmarks/results/mmcc_toeplitz_<part>.json``; ``report`` writes
 ``benchmarks/results/mmcc_toeplitz.md`` and ``mmcc_toeplitz_curves.png``):
 
 - ``profile``: BLT and banded Toeplitz from the registry at n = 256, 512, 1024 (k = 8):
-  ``tff_mf.mmcc.mmcc`` composing only the undominated residue classes against composing
+  ``tff_mf.accounting.mmcc.mmcc`` composing only the undominated residue classes against composing
   every class (``prune_offsets=False``, the previous behaviour; only up to --max-slow-n).
 - ``production``: ``tff-mf account --mechanism blt|banded_toeplitz --total_rounds 2048 --min_sep 256
   --amplification mmcc`` (k = 8) at several q, wall time of the whole command.
 - ``slack``: for the production cases, a proven lower bound on ε
-  (``tff_mf.mixture_pair.lower_bound``) and the Monte-Carlo ESTIMATE of the non-adaptive
+  (``tff_mf.accounting.mixture_pair.lower_bound``) and the Monte-Carlo ESTIMATE of the non-adaptive
   pair's ε (arXiv:2410.06266; an estimate, not a bound).
 - ``curves``: ε against z for tree, banded, BLT and the multi-epoch optimum at equal n,
   with (MMCC) and without amplification, each point one ``tff-mf account`` call.
@@ -40,9 +40,9 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tff_mf import cache  # pylint: disable=g-import-not-at-top
-from tff_mf import mixture_pair  # pylint: disable=g-import-not-at-top
-from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
+from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
+from tff_mf.accounting import mixture_pair  # pylint: disable=g-import-not-at-top
+from tff_mf.accounting import mmcc  # pylint: disable=g-import-not-at-top
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 DELTA = 1e-6

@@ -5,7 +5,7 @@ Both sides sample the privacy loss of the same dominating pair, fixed-bin balls-
 jax_privacy's coverage (``experimental/monte_carlo``): N(0, z² I) vs the mean over bins j
 of N(C 1_{S_j}, z² I), both directions, N draws each.
 
-- tff-mf: ``tff_mf.monte_carlo.epsilon`` (Gram route: a draw costs O(b²) after one
+- tff-mf: ``tff_mf.accounting.monte_carlo.epsilon`` (Gram route: a draw costs O(b²) after one
   O(n·bands·b) Gram), ε at δ whose δ is bounded by Chernoff-Hoeffding at failure
   probability β, and its point estimate (sample means alone).
 - jax_privacy (newest source, benchmark-only interpreter, ``--peer-python``):
@@ -148,7 +148,7 @@ def ours(config, seed):
   """Our ε bound, point estimate and seconds for one configuration."""
   # pylint: disable=g-import-not-at-top
   import numpy as np
-  from tff_mf import monte_carlo
+  from tff_mf.accounting import monte_carlo
   from tff_mf import participation
   # pylint: enable=g-import-not-at-top
   n, b, bands, z, delta, count = config
@@ -196,7 +196,7 @@ def report(configs, mine, peer, version):
            "Fixed-bin balls-in-bins, banded Toeplitz C (first column 0.7^i, unit norm), the same "
            "dominating pair on both sides, N draws per direction each. Ours: epsilon whose delta "
            f"is bounded by Chernoff-Hoeffding at failure probability beta = {BETA:g} "
-           "(tff_mf.monte_carlo). Peer: jax_privacy "
+           "(tff_mf.accounting.monte_carlo). Peer: jax_privacy "
            f"{version} experimental/monte_carlo, its point epsilon and its band [lo, hi] "
            f"(the two-sided Chernoff-Hoeffding interval of delta, beta/2 per side, from its "
            "draws), and its reportable epsilon (get_base_delta: delta-hat below the base delta). "

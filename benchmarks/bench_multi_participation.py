@@ -4,16 +4,16 @@ Prefix sums S, n ∈ {512, 1024}; k participations at least b rounds apart (b-mi
 Choquette-Choo et al. 2023, arXiv:2306.08153) with b ∈ {32, 64, 128}, or k epochs of
 n/k rounds (fixed epoch, Choquette-Choo et al. 2023, arXiv:2211.06530). Pairs:
 
-- banded Toeplitz (McKenna 2024, arXiv:2405.15913): ``tff_mf.families.toeplitz.optimize``
+- banded Toeplitz (McKenna 2024, arXiv:2405.15913): ``tff_mf.factorization.families.toeplitz.optimize``
   (b bands, optimized under the min-sep schema) vs jax_privacy
   ``toeplitz.optimize_banded_toeplitz(n, b)``;
 - BLT (Dvijotham et al. 2024, arXiv:2404.16706; McMahan, Xu, Zhang 2024,
-  arXiv:2408.08868): ``tff_mf.families.blt.optimize`` with the number of buffers
+  arXiv:2408.08868): ``tff_mf.factorization.families.blt.optimize`` with the number of buffers
   jax_privacy chose, and ``blt.optimize_buffers`` (our own choice), vs jax_privacy
   ``buffered_toeplitz.optimize(n=, min_sep=, max_participations=, error='mean')``;
-- optimal fixed-epoch (``tff_mf.dense_fixed_epoch.solve_fixed_epoch``, certified duality gap)
+- optimal fixed-epoch (``tff_mf.factorization.dense_fixed_epoch.solve_fixed_epoch``, certified duality gap)
   vs jax_privacy ``dense.optimize(n, epochs=k)``;
-- banded (``tff_mf.families.banded.optimize``, b bands, unit columns; with b ≤ the
+- banded (``tff_mf.factorization.families.banded.optimize``, b bands, unit columns; with b ≤ the
   separation the min-sep sensitivity is that of single participation times √k, so both
   optimize the same objective) vs jax_privacy ``banded.optimize(n, bands=b)``.
 
@@ -50,15 +50,16 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-from tff_mf import dense_fixed_epoch  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization import dense_fixed_epoch  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_mf import participation  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf import toeplitz_ops  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf import workloads  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf.families import banded  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf.families import blt  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf.families import square_root  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf.families import toeplitz  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf.families import tree  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization import toeplitz_ops  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.participation import toeplitz_bounds  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization import workloads  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization.families import banded  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization.families import blt  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization.families import square_root  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization.families import toeplitz  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization.families import tree  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 MACHINE = "2-core x86_64 CPU, 24 GB, no GPU (shared with other jobs)"
@@ -103,7 +104,7 @@ def sensitivity_dense(c: np.ndarray, schema: Dict[str, Any]) -> Dict[str, Any]:
       exact = exact and bool(np.all(sub >= -1e-12 * np.max(np.abs(sub))))
       best = max(best, float(np.sum(np.abs(sub))))
     return {"sensitivity": math.sqrt(best), "sensitivity_exact": exact}
-  min_sep, k = toeplitz_ops.participations(n, schema["min_sep"], schema["k"])
+  min_sep, k = toeplitz_bounds.participations(n, schema["min_sep"], schema["k"])
   rows, cols = np.nonzero(np.abs(c) > 1e-15 * np.max(np.abs(c)))
   # Columns at least `width` apart have disjoint supports.
   width = int(np.max(rows - cols)) + int(np.max(cols - rows)) + 1
@@ -140,11 +141,11 @@ def tree_rmse(n: int, k: int) -> Dict[str, Any]:
 
 def score_inverse_taps(taps, n: int, min_sep: Optional[int], k: int) -> Dict[str, Any]:
   """rmse, max error and sensitivity of the Toeplitz C whose C⁻¹ has the taps h (C = T(1/h))."""
-  h = toeplitz_ops.padded(np.asarray(taps, dtype=np.float64), n)
+  h = toeplitz_bounds.padded(np.asarray(taps, dtype=np.float64), n)
   c = toeplitz_ops.inverse_column(h, n)
-  sens = toeplitz_ops.min_sep_sensitivity(c, n, min_sep, k)
+  sens = toeplitz_bounds.min_sep_sensitivity(c, n, min_sep, k)
   out = toeplitz_ops.evaluate_inverse_column(h, sens, toeplitz_ops.workload_operator(n))
-  out["sensitivity_exact"] = toeplitz_ops.sensitivity_is_exact(c, n, min_sep, k)
+  out["sensitivity_exact"] = toeplitz_bounds.sensitivity_is_exact(c, n, min_sep, k)
   return out
 
 
@@ -342,7 +343,7 @@ def run_table(args, settings) -> Dict[str, Any]:
       their_banded, t_banded = theirs(f"banded_n{n}_b{b}")
       for k in ks:
         config = {"n": n, "k": k, "min_sep": b,
-                  "k_effective": toeplitz_ops.participations(n, b, k)[1]}
+                  "k_effective": toeplitz_bounds.participations(n, b, k)[1]}
         ours, cpu = _timed(toeplitz.optimize, n, b, min_sep=b, max_participations=k, dense=False)
         ours = dict(ours.info, detail=f"{b} bands", cpu_seconds=cpu)
         other = None

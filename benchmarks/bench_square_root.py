@@ -50,10 +50,11 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 from tff_mf import participation  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf import toeplitz_ops  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf.families import blt  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf.families import square_root  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_mf.families import toeplitz  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization import toeplitz_ops  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.participation import toeplitz_bounds  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization.families import blt  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization.families import square_root  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_mf.factorization.families import toeplitz  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -199,7 +200,7 @@ def run(args) -> Dict[str, Any]:
     column = np.ones(n)
     schema = participation.min_sep(sep, k)
     config = {"n": n, "k": k, "min_sep": sep, "bands": b,
-              "k_effective": toeplitz_ops.participations(n, sep, k)[1]}
+              "k_effective": toeplitz_bounds.participations(n, sep, k)[1]}
     taps, wall, cpu = _timed(square_root.bisr_taps, column, b)
     ours = dict(score_inverse_taps(taps, n, sep, k), seconds=wall, cpu_seconds=cpu)
     other, note = theirs(f"bisr_b{b}", lambda a: score_inverse_taps(a["taps"], n, sep, k))

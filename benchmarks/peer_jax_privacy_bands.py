@@ -6,8 +6,8 @@ a b-banded Toeplitz C, cyclic Poisson sampling of cycle b at probability E·b/n,
 calibrated to the target ε with the amplified banded analysis (Choquette-Choo et al.
 2023, arXiv:2306.08153, Thm 4), expected error z·rmse/E; each picks the b with the least.
 
-- tff-mf: ``tff_mf.band_calibration.calibrate_bands`` (banded Toeplitz C from the
-  factorization cache, ``accounting.calibrate`` with analysis "banded").
+- tff-mf: ``tff_mf.accounting.band_calibration.calibrate_bands`` (banded Toeplitz C from the
+  factorization cache, ``accounting.calibrate`` with analysis "amplified_banded").
 - jax_privacy (newest source, benchmark-only interpreter): for each b,
   ``BandMFConfig.default(num_bands=b, iterations=n, expected_participations=E)``, then
   ``.calibrate(epsilon=, delta=)`` and ``.rmse``. jax_privacy's package ``__init__``
@@ -78,7 +78,7 @@ def peer_main(tasks_path):
 
 
 def ours(n, min_sep, epsilon, cache_dir):
-  from tff_mf import band_calibration  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import band_calibration  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
   result = band_calibration.calibrate_bands(n, epsilon, DELTA, min_sep=min_sep,
                                             sampling_prob=SAMPLING_PROB, cache_dir=cache_dir,

@@ -1,10 +1,10 @@
 """Fixed-bin balls-in-bins and random allocation: tff-mf's bounds, and opake's beside them.
 
-Our side (``tff_mf.fixed_bin``, ``tff_mf.random_allocation``):
+Our side (``tff_mf.accounting.fixed_bin``, ``tff_mf.accounting.random_allocation``):
 
 - fixed-bin balls-in-bins with the registry's BLT built for ``balls_in_bins --epochs 8``,
   z = 4, at n = 512 (b = 64) and n = 2048 (b = 256): the amplified bound, the unamplified
-  Gaussian and the proven lower bound (``tff_mf.fixed_bin.lower_bound``), with wall times;
+  Gaussian and the proven lower bound (``tff_mf.accounting.fixed_bin.lower_bound``), with wall times;
 - C = I, b = 64, k = E = 4, z = σ = 2, δ = 1e-8 (issue 39's configuration): fixed bin, and
   random allocation before and after this change (before: each order's larger direction
   converted, and the PLD for C = a·I only; after: each direction at its own order, and the
@@ -76,7 +76,7 @@ def peer_main(tasks_path):
 def _blt(n, k, cache_dir):
   """The registry's BLT built for ``balls_in_bins --epochs k``, as ``tff-mf account`` builds
   (and caches) it."""
-  from tff_mf import cache  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
   command = [sys.executable, "-m", "tff_mf.cli", "account", "--mechanism", "blt",
              "--total_rounds", str(n), "--participation", "balls_in_bins", "--epochs", str(k),
              "--noise_multiplier", "1", "--delta", "1e-6", "--json"]
@@ -89,7 +89,7 @@ def _blt(n, k, cache_dir):
 def fixed_bin_rows(sizes, cache_dir):
   """Per (n, δ): ours, the unamplified bound, the lower bound, times; and the Gram."""
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  from tff_mf import fixed_bin  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import fixed_bin  # pylint: disable=g-import-not-at-top
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
   rows, grams = [], {}
   for n in sizes:
@@ -115,9 +115,9 @@ def fixed_bin_rows(sizes, cache_dir):
 def allocation_rows(n, k, z, delta, cache_dir):
   """Random allocation before / after, and fixed bin, for C = I, BLT and a 2-band C."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from tff_mf import fixed_bin  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import fixed_bin  # pylint: disable=g-import-not-at-top
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
-  from tff_mf import random_allocation as ra  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import random_allocation as ra  # pylint: disable=g-import-not-at-top
   blt = _blt(n, k, cache_dir)
   banded = np.eye(n) + 0.05 * np.eye(n, k=-1)
   rows = []
@@ -169,8 +169,8 @@ def render(rows, peer, alloc, alloc_config, smoke):
       "Script: `benchmarks/peer_opake_fixed_bin.py` (module docstring: both sides). "
       f"Machine: the shared 2-core x86_64 CPU ({platform.python_version()}); 1-minute load "
       f"average at the end: {_load():.1f}. Every ε of ours is a proven upper bound "
-      "(`tff_mf.fixed_bin`, derivation in docs/mechanisms.md); \"lower\" is a proven lower "
-      "bound (`tff_mf.fixed_bin.lower_bound`). opake's column is its Monte-Carlo PLD "
+      "(`tff_mf.accounting.fixed_bin`, derivation in docs/mechanisms.md); \"lower\" is a proven lower "
+      "bound (`tff_mf.accounting.fixed_bin.lower_bound`). opake's column is its Monte-Carlo PLD "
       "(`bnb_mc_pld`, opake 0.16.1, failure probability 1e-6) of the same pair: the same "
       "b x b Gram matrix of the bins and z, run here in its own interpreter.", "",
       f"Fixed bin, BLT built for `balls_in_bins --epochs {EPOCHS}`, z = {Z:g}:", "",

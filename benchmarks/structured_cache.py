@@ -29,11 +29,11 @@ import scipy.linalg
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from tff_mf import dense_single  # pylint: disable=wrong-import-position
+from tff_mf.factorization import dense_single  # pylint: disable=wrong-import-position
 from tff_mf import factorization as fz  # pylint: disable=wrong-import-position
-from tff_mf import workloads  # pylint: disable=wrong-import-position
-from tff_mf.families import structured  # pylint: disable=wrong-import-position
-from tff_mf.families import tree  # pylint: disable=wrong-import-position
+from tff_mf.factorization import workloads  # pylint: disable=wrong-import-position
+from tff_mf.factorization.families import structured  # pylint: disable=wrong-import-position
+from tff_mf.factorization.families import tree  # pylint: disable=wrong-import-position
 
 # Paper values, shown beside ours and labeled as the paper's: McMahan, Rush, Thakurta
 # (arXiv:2202.08312 v1) Table 1 = Denisov et al. 2022 Table 2, n -> (optimal, Efficient).

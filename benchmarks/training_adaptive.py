@@ -13,7 +13,7 @@ per-seed differences with a 95% t-interval, ``training.report``):
   norm (0.1), with the value noise multiplier of ``adaptive_clip_noise_params``. That is
   how it is run here (``--mechanism=tree --clip_norm=0.1 --noise_multiplier=z``), with z
   from the same budget split as the binary's adaptive MF runs
-  (``tff_mf.adaptive_clipping.value_noise_multiplier``): the table's ε composes the tree
+  (``tff_mf.accounting.adaptive_clipping.value_noise_multiplier``): the table's ε composes the tree
   at z with the count queries (Andrew, Thakkar, McMahan, Ramaswamy 2021,
   arXiv:1905.03871; Dong, Roth, Su 2019, arXiv:1905.02383).
 - adaptive MF: ``--clip_norm=adaptive`` with TFF's ``gaussian_adaptive`` defaults
@@ -68,7 +68,8 @@ def tree_adaptive_budget(settings):
   The budget is split as for the binary's adaptive MF runs: 1/μ from the target ε, σ_b
   fixed, the tree's value noise takes the rest; ε is the composition's, an upper bound.
   """
-  from tff_mf import accounting, adaptive_clipping, mechanisms  # pylint: disable=g-import-not-at-top
+  from tff_mf import accounting, mechanisms  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import adaptive_clipping  # pylint: disable=g-import-not-at-top
   from training import config as config_lib  # pylint: disable=g-import-not-at-top
   n = settings["total_rounds"]
   if n > TFF_RESTART_WARMUP:
@@ -93,7 +94,7 @@ def _config(arm, mechanism, clip, seed, out, settings, tree_z, smoke):
   from training import config as config_lib  # pylint: disable=g-import-not-at-top
   run = dict(settings)
   if arm == TREE_ADAPTIVE:
-    from tff_mf import adaptive_clipping  # pylint: disable=g-import-not-at-top
+    from tff_mf.accounting import adaptive_clipping  # pylint: disable=g-import-not-at-top
     run.update(clip_norm=adaptive_clipping.DEFAULT_INITIAL_CLIP_NORM, target_epsilon=None,
                noise_multiplier=tree_z)
   else:
@@ -267,7 +268,7 @@ def markdown(results, comparisons, settings, tree, command, trained, smoke, png,
 
   ``grid``: (clip norms, seeds the grid ran).
   """
-  from tff_mf import adaptive_clipping as ac  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import adaptive_clipping as ac  # pylint: disable=g-import-not-at-top
   from training import main_job  # pylint: disable=g-import-not-at-top
   z, sens, sigma_b, k, eps = tree
   seeds = next(iter(results.values()))["seeds"]

@@ -43,7 +43,7 @@ import tqdm
 
 from stackoverflow.word_counts import DatasetUnavailableError  # pylint: disable=unused-import
 from stackoverflow.word_counts import read_word_counts
-from tff_mf.cache import file_sha256
+from tff_mf.factorization.cache import file_sha256
 
 DATASETS = ("stackoverflow", "pydocs", "pydocs_modules", "synthetic")
 # The pydocs build option each pydocs dataset name stands for.

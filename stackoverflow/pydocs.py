@@ -59,7 +59,7 @@ import tqdm
 
 from stackoverflow import sqlite_format
 from stackoverflow import word_counts as word_counts_lib
-from tff_mf.cache import file_sha256
+from tff_mf.factorization.cache import file_sha256
 
 BUILDER_VERSION = 2
 SPLITS = ("train", "heldout", "test")

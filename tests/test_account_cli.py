@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from tff_mf import accounting
-from tff_mf import cache
+from tff_mf.factorization import cache
 from tff_mf import cli
-from tff_mf import mmcc
-from tff_mf import strategies
-from tff_mf import workloads
+from tff_mf.accounting import mmcc
+from tff_mf.factorization import strategies
+from tff_mf.factorization import workloads
 from tff_mf.commands import account as account_cmd
 
 import statcheck
@@ -129,12 +129,24 @@ def test_mmcc_matrices_keep_names_that_say_what_they_are(capsys):
   assert sqrt["matrix"].startswith("truncated_sqrt_prefix") and sqrt["bands"] == 4
 
 
+def test_the_former_amplification_name_banded_works_with_one_warning_line(capsys):
+  argv = ["--mechanism", "tree_restart", "--height", "3", "--total_rounds", "16", "--min_sep",
+          "4", "--sampling_prob", "0.5", "--noise_multiplier", "2", "--delta", DELTA,
+          "--pld_discretization", "1e-2", "--json"]
+  rc, out, err = _run(argv + ["--amplification", "banded"], capsys)
+  assert rc == 0 and err.strip() == ("warning: --amplification banded is deprecated; use "
+                                     "--amplification amplified_banded")
+  assert _strict(out) == _json(argv[:-1] + ["--amplification", "amplified_banded"], capsys)
+
+
 def test_banded_with_target_epsilon(capsys):
   out = _json(["--mechanism", "tree_restart", "--height", "3", "--total_rounds", "16", "--min_sep",
-               "4", "--amplification", "banded", "--sampling_prob", "0.5", "--target_epsilon", "1",
+               "4", "--amplification", "amplified_banded", "--sampling_prob", "0.5",
+               "--target_epsilon", "1",
                "--delta", DELTA, "--pld_discretization", "1e-3", "--tolerance", "1e-2"], capsys)
   z = out["noise_multiplier"]
-  assert out["epsilon"] <= 1.0 and out["analysis"] == "banded" and out["compositions"] == 4
+  assert out["epsilon"] <= 1.0 and out["analysis"] == "amplified_banded"
+  assert out["compositions"] == 4
   acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3)
   acc.compose(dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(z)), 4)
   assert acc.get_epsilon(1e-6) <= 1.0
@@ -253,11 +265,11 @@ Z = ["--noise_multiplier", "1"]
     (["--target_epsilon", "1", "--delta", DELTA, "--tolerance", "nan"], "tolerance"),
     (Z + ["--target_epsilon", "1", "--delta", DELTA], "exactly one of"),
     (["--delta", DELTA], "exactly one of"),
-    (MECH + Z + ["--delta", DELTA, "--amplification", "banded", "--sampling_prob", "0"],
+    (MECH + Z + ["--delta", DELTA, "--amplification", "amplified_banded", "--sampling_prob", "0"],
      r"sampling_prob must be in \(0, 1\]"),
-    (MECH + Z + ["--delta", DELTA, "--amplification", "banded", "--sampling_prob", "1.5"],
+    (MECH + Z + ["--delta", DELTA, "--amplification", "amplified_banded", "--sampling_prob", "1.5"],
      r"sampling_prob must be in \(0, 1\]"),
-    (MECH + Z + ["--delta", DELTA, "--amplification", "banded", "--sampling_prob", "nan"],
+    (MECH + Z + ["--delta", DELTA, "--amplification", "amplified_banded", "--sampling_prob", "nan"],
      "--sampling_prob: must be a finite"),
     (MECH + Z + ["--delta", DELTA, "--amplification", "mmcc", "--sampling_prob", "-0.1"],
      r"sampling_prob must be in \(0, 1\]"),
@@ -281,11 +293,11 @@ Z = ["--noise_multiplier", "1"]
     (Z + ["--delta", DELTA, "--participation", "min_sep", "--min_sep", "2"],
      "needs the encoder C"),
     (["--mechanism", "binary_tree", "--total_rounds", "8", "--min_sep", "4", "--amplification",
-      "banded", "--sampling_prob", "0.1"] + Z + ["--delta", DELTA], "non-zero bands"),
+      "amplified_banded", "--sampling_prob", "0.1"] + Z + ["--delta", DELTA], "non-zero bands"),
     (MECH + Z + ["--delta", DELTA, "--participation", "single", "--amplification", "mmcc",
                  "--sampling_prob", "0.5"], "min_sep schema"),
     (MECH + Z + ["--delta", DELTA, "--non_adaptive"], "--non_adaptive"),
-    (MECH + Z + ["--delta", DELTA, "--amplification", "banded", "--sampling_prob", "0.5",
+    (MECH + Z + ["--delta", DELTA, "--amplification", "amplified_banded", "--sampling_prob", "0.5",
                  "--pld_discretization", "-1"], "pld_discretization"),
     (MECH + Z + ["--delta", DELTA, "--bands", "3"], "--bands"),
     (MECH + Z + ["--delta", DELTA, "--target_epsilonn", "1"], "did you mean --target_epsilon?"),
@@ -335,7 +347,7 @@ def test_help_describes_every_flag_with_its_default():
 
 
 def test_no_tensorflow_imported():
-  code = ("import sys; import tff_mf.accounting, tff_mf.mmcc, tff_mf.commands.account; "
+  code = ("import sys; import tff_mf.accounting, tff_mf.accounting.mmcc, tff_mf.commands.account; "
           "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
   subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env=userenv.env())
 
@@ -425,7 +437,7 @@ EDGE_CASES = [
       "--sampling_prob",
       "0.25", "--noise_multiplier", "1e-5"] + FAST_MMCC, "unamplified bound is epsilon"),
     (["--mechanism", "tree_restart", "--height", "3", "--total_rounds", "16", "--min_sep", "4",
-      "--amplification", "banded", "--sampling_prob", "0.5", "--noise_multiplier", "1e-3"],
+      "--amplification", "amplified_banded", "--sampling_prob", "0.5", "--noise_multiplier", "1e-3"],
      lambda: _amplified_bounds(_restart_blocks(16, 4), [tuple(range(r, 16, 4)) for r in range(4)],
                                0.5, Z_TINY)),
 ]
@@ -463,7 +475,7 @@ _SLACK = ["--mechanism", "truncated_sqrt_prefix", "--bands", "4", "--total_round
 def test_lower_bound_and_estimate_are_labeled_and_below_the_bound(capsys):
   """--lower_bound: a proven lower bound ≤ the printed ε, and slack = ε / lower; the
   Monte-Carlo estimate is a separate, labeled field and never the run's ε."""
-  from tff_mf import mixture_pair  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import mixture_pair  # pylint: disable=g-import-not-at-top
   noise = ["--noise_multiplier", "2"]
   out = _json(_SLACK + noise + ["--lower_bound", "--monte_carlo_samples", "5000"], capsys)
   plain = _json(_SLACK + noise, capsys)
@@ -495,9 +507,9 @@ def test_lower_bound_at_the_calibrated_noise(capsys):
 
 
 def test_lower_bound_of_random_allocation(capsys):
-  """Balls-in-bins (random allocation): the proven lower bound of tff_mf.random_allocation
+  """Balls-in-bins (random allocation): the proven lower bound of tff_mf.accounting.random_allocation
   below the printed ε; Monte-Carlo accounting is not offered there."""
-  from tff_mf import random_allocation  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import random_allocation  # pylint: disable=g-import-not-at-top
   argv = ["--mechanism", "banded_toeplitz", "--total_rounds", "16", "--participation",
           "random_allocation",
           "--epochs", "2", "--amplification", "random_allocation", "--noise_multiplier", "2",
@@ -515,7 +527,7 @@ def test_lower_bound_of_random_allocation(capsys):
 @pytest.mark.parametrize("argv, match", [
     (["--mechanism", "gaussian", "--total_rounds", "4", "--noise_multiplier", "1", "--delta", DELTA,
       "--lower_bound"],
-     r"--lower_bound needs --amplification mmcc, banded, random_allocation or balls_in_bins"),
+     r"--lower_bound needs --amplification mmcc, amplified_banded, random_allocation or balls_in_bins"),
     (["--mechanism", "gaussian", "--total_rounds", "4", "--noise_multiplier", "1", "--delta", DELTA,
       "--monte_carlo_samples", "5000"], r"--monte_carlo_samples needs --amplification"),
     (_SLACK + ["--noise_multiplier", "2", "--monte_carlo_samples", "10"],
@@ -564,7 +576,7 @@ def test_discrete_gaussian_epsilon_and_refusals(capsys):
   """--noise_distribution discrete_gaussian: the zCDP ε (Cor 13 of arXiv:2004.00010) above the
   continuous Gaussian's exact ε at the same z/sens, a calibrated z at most the target, the
   statement naming it; sampling and other mechanisms refused in one line."""
-  from tff_mf import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+  from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
   base = ["--noise_distribution", "discrete_gaussian", "--delta", DELTA]
   record = _json(base + ["--noise_multiplier", "1.5", "--mechanism", "banded",
                          "--total_rounds", "16", "--bands", "4", "--epochs", "2"], capsys)

@@ -19,8 +19,8 @@ from scipy import stats
 
 from tff_mf import accounting
 from tff_mf import checks
-from tff_mf import gaussian
-from tff_mf import mmcc
+from tff_mf.accounting import gaussian
+from tff_mf.accounting import mmcc
 from tff_mf import participation
 
 import statcheck
@@ -285,18 +285,18 @@ def test_epsilon_for_refuses_bad_combinations():
   with pytest.raises(checks.CheckError, match="sampling_prob applies"):
     accounting.epsilon_for(c, SINGLE, 1.0, DELTA, sampling_prob=0.5)
   with pytest.raises(checks.CheckError, match="needs sampling_prob"):
-    accounting.epsilon_for(c, _min_sep(1), 1.0, DELTA, "banded")
+    accounting.epsilon_for(c, _min_sep(1), 1.0, DELTA, "amplified_banded")
   for p in (0.0, 1.5, -0.1, float("nan")):
     with pytest.raises(checks.CheckError, match="sampling_prob"):
-      accounting.epsilon_for(c, _min_sep(1), 1.0, DELTA, "banded", p)
+      accounting.epsilon_for(c, _min_sep(1), 1.0, DELTA, "amplified_banded", p)
   with pytest.raises(checks.CheckError, match="min_sep schema"):
     accounting.epsilon_for(c, SINGLE, 1.0, DELTA, "mmcc", 0.5)
   with pytest.raises(checks.CheckError, match="amplification must be"):
     accounting.epsilon_for(c, _min_sep(1), 1.0, DELTA, "shuffle", 0.5)
   with pytest.raises(checks.CheckError, match="cap of 2"):
-    accounting.epsilon_for(c, _min_sep(1, 2), 1.0, DELTA, "banded", 0.5)
+    accounting.epsilon_for(c, _min_sep(1, 2), 1.0, DELTA, "amplified_banded", 0.5)
   with pytest.raises(checks.CheckError, match="min_sep=8 exceeds the number of rounds"):
-    accounting.epsilon_for(c, _min_sep(8), 1.0, DELTA, "banded", 0.5)
+    accounting.epsilon_for(c, _min_sep(8), 1.0, DELTA, "amplified_banded", 0.5)
   with pytest.raises(checks.CheckError, match="must divide the number of rounds"):
     accounting.epsilon_for(c, participation.Participation("fixed_epoch", epochs=3), 1.0, DELTA)
   with pytest.raises(checks.CheckError, match="needs the encoder C"):
@@ -361,7 +361,7 @@ def test_banded_matches_dp_accounting_and_valid_bounds(n, height, p, z):
   """arXiv:2306.08153 Thm 4: ⌈n/b⌉-fold Poisson-subsampled Gaussian at z / γ(C)."""
   c = mmcc.tree_restart_matrix(n, height)  # 2^(h-1)-banded, γ = 1
   b = 1 << (height - 1)
-  r = accounting.epsilon_for(c, _min_sep(b), z, DELTA, "banded", p, pld_discretization=DISC)
+  r = accounting.epsilon_for(c, _min_sep(b), z, DELTA, "amplified_banded", p, pld_discretization=DISC)
   k = -(-n // b)
   assert r["bands"] == b and r["compositions"] == k
   ref = _dpsgd_pld(k, p, z, discretization=DISC)
@@ -378,21 +378,21 @@ def test_banded_matches_dp_accounting_and_valid_bounds(n, height, p, z):
 def test_banded_counts_partial_classes_and_uses_the_eligible_round_probability():
   n, b, p, z = 10, 4, 0.3, 1.5  # classes of 3, 3 and 2 rounds: ⌈10/4⌉ = 3 compositions
   c = mmcc.tree_restart_matrix(n, 3)
-  r = accounting.epsilon_for(c, _min_sep(b), z, DELTA, "banded", p, pld_discretization=DISC)
+  r = accounting.epsilon_for(c, _min_sep(b), z, DELTA, "amplified_banded", p, pld_discretization=DISC)
   assert r["compositions"] == 3
   assert r["epsilon"] == pytest.approx(_dpsgd_pld(3, p, z, discretization=DISC), rel=1e-9)
   assert r["epsilon"] > _dpsgd_pld(2, p, z, discretization=DISC)
   # fixed_epoch k: b = n / k rounds per epoch.
   r2 = accounting.epsilon_for(mmcc.tree_restart_matrix(8, 3),
                               participation.Participation("fixed_epoch", epochs=2), z, DELTA,
-                              "banded", p, pld_discretization=DISC)
+                              "amplified_banded", p, pld_discretization=DISC)
   assert r2["min_sep"] == 4 and r2["compositions"] == 2
   assert r2["epsilon"] == pytest.approx(_dpsgd_pld(2, p, z, discretization=DISC), rel=1e-9)
 
 
 def test_banded_at_p_one_is_the_exact_gaussian_at_z_over_sqrt_k():
   c = mmcc.tree_restart_matrix(16, 3)
-  r = accounting.epsilon_for(c, _min_sep(4), 2.0, DELTA, "banded", 1.0)
+  r = accounting.epsilon_for(c, _min_sep(4), 2.0, DELTA, "amplified_banded", 1.0)
   _assert_tight(r["epsilon"], 2.0 / 2.0)  # k = 4 rounds: z / √4
   assert r["bound"] == "unamplified"
 
@@ -400,7 +400,7 @@ def test_banded_at_p_one_is_the_exact_gaussian_at_z_over_sqrt_k():
 def test_banded_scales_by_the_column_norm_and_accepts_signed_c():
   c = mmcc.tree_restart_matrix(16, 3)
   c = c * np.where(np.arange(16) % 3 == 0, -1.0, 1.0)[None, :]  # signed columns, still banded
-  r = accounting.epsilon_for(2.0 * c, _min_sep(4), 4.0, DELTA, "banded", 0.2,
+  r = accounting.epsilon_for(2.0 * c, _min_sep(4), 4.0, DELTA, "amplified_banded", 0.2,
                              pld_discretization=DISC)
   assert r["column_norm"] == pytest.approx(2.0)
   assert r["epsilon"] == pytest.approx(_dpsgd_pld(4, 0.2, 2.0, discretization=DISC), rel=1e-9)
@@ -408,34 +408,34 @@ def test_banded_scales_by_the_column_norm_and_accepts_signed_c():
 
 def test_banded_refuses_c_with_more_bands_than_the_separation():
   with pytest.raises(checks.CheckError, match="at most b = 4 non-zero bands.*has 8"):
-    accounting.epsilon_for(mmcc.binary_tree_matrix(8), _min_sep(4), 1.0, DELTA, "banded", 0.1)
+    accounting.epsilon_for(mmcc.binary_tree_matrix(8), _min_sep(4), 1.0, DELTA, "amplified_banded", 0.1)
   c = np.tril(np.ones((6, 6)), 0) - np.tril(np.ones((6, 6)), -3)  # 3 bands
   with pytest.raises(checks.CheckError, match="has 3"):
-    accounting.epsilon_for(c, _min_sep(2), 1.0, DELTA, "banded", 0.1)
+    accounting.epsilon_for(c, _min_sep(2), 1.0, DELTA, "amplified_banded", 0.1)
   assert accounting.band_count(c) == 3
   with pytest.raises(checks.CheckError, match="lower triangular"):
-    accounting.epsilon_for(c.T, _min_sep(3), 1.0, DELTA, "banded", 0.1)
+    accounting.epsilon_for(c.T, _min_sep(3), 1.0, DELTA, "amplified_banded", 0.1)
 
 
 @pytest.mark.timeout(60)
 def test_banded_tiny_noise_is_bounded():
   c = mmcc.tree_restart_matrix(16, 3)
   start = time.perf_counter()
-  r = accounting.epsilon_for(c, _min_sep(4), 1e-3, DELTA, "banded", 0.5)
+  r = accounting.epsilon_for(c, _min_sep(4), 1e-3, DELTA, "amplified_banded", 0.5)
   assert r["pld_discretization"] > 1e-4  # coarsened, still pessimistic
   assert _one_round_epsilon(1e-3, 0.5) <= r["epsilon"] <= r["unamplified_epsilon"]
   with pytest.raises(checks.CheckError, match="unamplified bound is epsilon"):
-    accounting.epsilon_for(c, _min_sep(4), 1e-5, DELTA, "banded", 0.5)
+    accounting.epsilon_for(c, _min_sep(4), 1e-5, DELTA, "amplified_banded", 0.5)
   assert time.perf_counter() - start < 30
 
 
 def test_banded_calibration():
   c, tol = mmcc.tree_restart_matrix(16, 3), 1e-2
-  r = accounting.calibrate(c, _min_sep(4), 1.0, DELTA, "banded", 0.5, tolerance=tol,
+  r = accounting.calibrate(c, _min_sep(4), 1.0, DELTA, "amplified_banded", 0.5, tolerance=tol,
                            pld_discretization=DISC)
   z = r["noise_multiplier"]
   assert r["epsilon"] <= 1.0 and _dpsgd_pld(4, 0.5, z, discretization=DISC) <= 1.0
-  assert accounting.epsilon_for(c, _min_sep(4), z * (1 - tol), DELTA, "banded", 0.5,
+  assert accounting.epsilon_for(c, _min_sep(4), z * (1 - tol), DELTA, "amplified_banded", 0.5,
                                 pld_discretization=DISC)["epsilon"] > 1.0
 
 

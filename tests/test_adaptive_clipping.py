@@ -16,11 +16,11 @@ import pytest
 import tensorflow as tf
 
 import statcheck
-from tff_mf import adaptive_clipping as ac
+from tff_mf.accounting import adaptive_clipping as ac
 from tff_mf import checks
 from tff_mf import participation
-from tff_mf import strategies
-from tff_mf import workloads
+from tff_mf.factorization import strategies
+from tff_mf.factorization import workloads
 from tff_mf.tf import aggregators
 from tff_mf.tf import noise as noise_lib
 from tff_mf.tf import query as query_lib

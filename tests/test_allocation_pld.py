@@ -1,15 +1,15 @@
-"""The random-allocation PLD for C = I (tff_mf.allocation_pld; Feldman & Shenfeld 2026,
+"""The random-allocation PLD for C = I (tff_mf.accounting.allocation_pld; Feldman & Shenfeld 2026,
 arXiv:2602.17284): an upper bound, checked against dp_accounting's Gaussian and Poisson
 PLDs where they must agree, against sampling of the pair itself, and against the Renyi
-bound of tff_mf.random_allocation."""
+bound of tff_mf.accounting.random_allocation."""
 
 import numpy as np
 import pytest
 
-from tff_mf import allocation_pld
+from tff_mf.accounting import allocation_pld
 from tff_mf import checks
-from tff_mf import gaussian
-from tff_mf import random_allocation
+from tff_mf.accounting import gaussian
+from tff_mf.accounting import random_allocation
 
 
 @pytest.mark.parametrize("z,epochs,delta", [(2.0, 1, 1e-8), (1.0, 3, 1e-6), (0.7, 2, 1e-5)])
@@ -90,7 +90,7 @@ def test_bad_inputs_are_one_line_errors():
 def test_issue_39_configuration():
   """C = I, b = 64, E = 4, z = 2, δ = 1e-8 (issue 39): opake's random_allocation_gaussian_pld
   gives 0.677. Ours is within 2% of it, above the proven lower bound of
-  tff_mf.random_allocation, and below both the Renyi bound and Poisson sampling at p = 1/64."""
+  tff_mf.accounting.random_allocation, and below both the Renyi bound and Poisson sampling at p = 1/64."""
   r = allocation_pld.epsilon(64, 4, 2.0, 1e-8)
   assert r["epsilon"] <= 0.677 * 1.02
   assert random_allocation.lower_bound(np.eye(256), 4, 2.0, 1e-8) <= r["epsilon"]

@@ -1,4 +1,4 @@
-"""The accountant interface (tff_mf.analyses): one object per analysis, its own words, one
+"""The accountant interface (tff_mf.accounting.analyses): one object per analysis, its own words, one
 registry that the functional API, the calibration and the statement dispatch through."""
 
 import dataclasses
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from tff_mf import accounting
-from tff_mf import analyses
+from tff_mf.accounting import analyses
 from tff_mf import checks
 from tff_mf import participation
-from tff_mf import statement
+from tff_mf.accounting import statement
 
 DELTA = 1e-6
 
@@ -80,7 +80,7 @@ def test_an_analysis_object_gives_epsilon_for_its_epsilon():
   schema = participation.from_args("min_sep", n, min_sep=b)
   banded = np.tril(np.triu(_prefix_sqrt(n), -(b - 1)))  # b bands: the banded analysis applies
   banded /= np.max(np.linalg.norm(banded, axis=0))
-  for name, c, p in (("none", _prefix_sqrt(n), None), ("banded", banded, 0.5),
+  for name, c, p in (("none", _prefix_sqrt(n), None), ("amplified_banded", banded, 0.5),
                      ("mmcc", _prefix_sqrt(n), 0.5)):
     record = accounting.epsilon_for(c, schema, 2.0, DELTA, name, p, pld_discretization=grid)
     analysis = analyses.make(name, pld_discretization=grid)
@@ -97,7 +97,7 @@ def test_applies_gives_a_one_line_reason():
   reason = analyses.RandomAllocation().applies(c, min_sep)
   assert "random_allocation" in reason and "\n" not in reason
   assert analyses.automatic(c, min_sep) == "mmcc"
-  assert analyses.automatic(np.tril(np.triu(c, -3)), min_sep) == "banded"
+  assert analyses.automatic(np.tril(np.triu(c, -3)), min_sep) == "amplified_banded"
 
 
 def test_options_belong_to_their_analysis():
@@ -152,3 +152,25 @@ def test_calibration_takes_the_analysis_object():
                                    0.5, tolerance=1e-2)
   assert by_object["noise_multiplier"] == by_name["noise_multiplier"]
   assert by_object["epsilon"] <= 2.0 and by_object["analysis"] == "mmcc"
+
+
+def test_the_former_name_banded_is_the_amplified_banded_analysis_with_a_warning():
+  """"banded" is a strategy; the analysis is "amplified_banded". The former name still works
+  where a caller types it (with a DeprecationWarning) and a stored record naming it reads as
+  the analysis it named."""
+  n, b, grid = 6, 2, 1e-2
+  schema = participation.from_args("min_sep", n, min_sep=b)
+  c = np.tril(np.triu(_prefix_sqrt(n), -(b - 1)))
+  c /= np.max(np.linalg.norm(c, axis=0))
+  new = accounting.epsilon_for(c, schema, 2.0, DELTA, "amplified_banded", 0.5,
+                               pld_discretization=grid)
+  with pytest.warns(DeprecationWarning, match="'banded' is deprecated; use 'amplified_banded'"):
+    old = accounting.epsilon_for(c, schema, 2.0, DELTA, "banded", 0.5, pld_discretization=grid)
+  assert old == new and new["analysis"] == "amplified_banded"
+  stored = dict(new, analysis="banded")  # a record written before the rename
+  assert analyses.of_record("banded") is analyses.AmplifiedBanded
+  then, now = (statement.privacy_statement(r, run=False) for r in (stored, new))
+  assert then["analysis"] == now["analysis"] and "amplified banded MF" in then["analysis"]
+  assert [e["epsilon_text"] for e in then["epsilons"]] == \
+      [e["epsilon_text"] for e in now["epsilons"]]
+  assert "banded" not in analyses.SELECTABLE and "banded" not in analyses.REGISTRY

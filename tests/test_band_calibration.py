@@ -1,4 +1,4 @@
-"""Choosing the number of bands with amplification (``tff_mf.band_calibration``).
+"""Choosing the number of bands with amplification (``tff_mf.accounting.band_calibration``).
 
 Against a grid computed here from the definitions: for each b, the b-banded Toeplitz C,
 cyclic Poisson of cycle b at p·b/B, z calibrated with the amplified banded analysis
@@ -14,12 +14,12 @@ import pytest
 
 import userenv
 from tff_mf import accounting
-from tff_mf import band_calibration
-from tff_mf import cache
+from tff_mf.accounting import band_calibration
+from tff_mf.factorization import cache
 from tff_mf import checks
 from tff_mf import participation
-from tff_mf import strategies
-from tff_mf import workloads
+from tff_mf.factorization import strategies
+from tff_mf.factorization import workloads
 
 N, B, P, EPS, DELTA = 16, 2, 0.5, 4.0, 1e-6
 TOL = 0.02  # z within 2% of the smallest valid one: few PLD evaluations (seconds each)
@@ -55,11 +55,11 @@ def test_best_is_the_least_expected_error_of_an_independent_grid(result):
     assert entry.cache_hit and entry.npz_path == c["cache_npz"]  # factorized once, cached
     assert accounting.band_count(f.c) <= b
     # z meets the target under the amplified banded analysis, and z·(1 − tolerance) does not.
-    record = accounting.epsilon_for(f.c, schema, c["noise_multiplier"], DELTA, "banded",
+    record = accounting.epsilon_for(f.c, schema, c["noise_multiplier"], DELTA, "amplified_banded",
                                     c["sampling_prob"])
     assert record["epsilon"] <= EPS and record["epsilon"] == pytest.approx(c["epsilon"])
     below = accounting.epsilon_for(f.c, schema, c["noise_multiplier"] * (1 - TOL), DELTA,
-                                   "banded", c["sampling_prob"])
+                                   "amplified_banded", c["sampling_prob"])
     assert below["epsilon"] > EPS
     rmse = float(np.linalg.norm(f.b) / np.sqrt(N))  # γ(C) = 1
     assert c["rmse"] == pytest.approx(rmse, rel=1e-12)

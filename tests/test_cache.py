@@ -1,4 +1,4 @@
-"""The factorization cache (tff_mf.cache): round trips, hits, atomicity, corruption."""
+"""The factorization cache (tff_mf.factorization.cache): round trips, hits, atomicity, corruption."""
 
 import dataclasses
 import json
@@ -13,11 +13,11 @@ import pytest
 
 import userenv
 
-from tff_mf import cache
+from tff_mf.factorization import cache
 from tff_mf import factorization as fz
 from tff_mf import participation
-from tff_mf import strategies
-from tff_mf import workloads
+from tff_mf.factorization import strategies
+from tff_mf.factorization import workloads
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -400,7 +400,7 @@ def test_solver_version_change_is_a_miss(tmp_path, monkeypatch, count_factorizat
 _REWRITER = """
 import sys, time
 import numpy as np
-from tff_mf import cache, strategies, workloads
+from tff_mf.factorization import cache, strategies, workloads
 spec = strategies.FactorizationSpec(workloads.WorkloadSpec(n=300), strategy="identity")
 f, entry = cache.load_or_factorize(spec, cache_dir=sys.argv[1])
 end, k = time.time() + float(sys.argv[2]), 0

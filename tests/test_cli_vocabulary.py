@@ -19,12 +19,12 @@ import pytest
 
 import userenv
 from tff_mf import accounting
-from tff_mf import cache
+from tff_mf.factorization import cache
 from tff_mf import cli
 from tff_mf import clitools
 from tff_mf import participation
 from tff_mf import registry
-from tff_mf import strategies
+from tff_mf.factorization import strategies
 from training import config as config_lib
 from training import distributed
 from training import main_job
@@ -294,7 +294,7 @@ def test_remedies_name_the_flag_on_a_command_line_and_the_argument_in_python(tmp
   """An unconverged optimal factorization and a count released without noise: the command
   line's error names --allow_unconverged (and --max_iterations, --target_gap) or
   --clipped_count_stddev, the Python error allow_unconverged=True or allow_no_noise=True."""
-  from tff_mf import dense_run  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import dense_run  # pylint: disable=g-import-not-at-top
   from tff_mf.commands import factorize  # pylint: disable=g-import-not-at-top
   argv = ["factorize", "--mechanism", "optimal", "--total_rounds", "32", "--participation",
           "fixed_epoch",

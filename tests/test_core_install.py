@@ -5,7 +5,7 @@ newest Python the machine offers (pyenv's versions, then the interpreters on PAT
 the wheel there with its core requirements from the package index (or pip's cache), and
 checks, in that environment: TensorFlow is absent and numpy is 2.x; ``tff-mf`` factorizes,
 accounts (the same ε as the pinned TensorFlow environment) and names the extra a TF-only
-command needs, in one line; the core's noise stream (``tff_mf.streams``) runs. Every
+command needs, in one line; the core's noise stream (``tff_mf.noise.streams``) runs. Every
 subprocess gets a clean-shell environment (``userenv.env``) plus pip's index settings and
 cache, never this process's ``os.environ``. About a minute from a warm pip cache.
 """
@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 
 import pytest
 
@@ -119,7 +120,7 @@ def core(tmp_path_factory):
            env=env, cwd=str(work), timeout=INSTALL_TIMEOUT_SECONDS,
            what=f"pip install of the wheel on Python {version[0]}.{version[1]}")
   return dict(version=version, python=str(venv / "bin" / "python"),
-              tff_mf=str(venv / "bin" / "tff-mf"), work=str(work),
+              tff_mf=str(venv / "bin" / "tff-mf"), work=str(work), wheel=wheels[0],
               env=userenv.env(home=str(home), TFF_MF_CACHE=str(root / "cache")))
 
 
@@ -144,6 +145,17 @@ def test_the_core_installs_on_the_newest_python_with_numpy_2_and_without_tensorf
   assert not out["tff_mf"].startswith(REPO), "tff_mf was imported from the checkout"
 
 
+def test_the_wheel_holds_every_package_of_the_library(core):
+  """Every folder of tff_mf (participation, noise, factorization and its families,
+  accounting, audit, tf, flower, commands) is in the wheel, with every module."""
+  with zipfile.ZipFile(core["wheel"]) as wheel:
+    shipped = {n for n in wheel.namelist() if n.endswith(".py")}
+  ours = {os.path.relpath(os.path.join(root, name), REPO).replace(os.sep, "/")
+          for root, _, files in os.walk(os.path.join(REPO, "tff_mf"))
+          for name in files if name.endswith(".py")}
+  assert "tff_mf/noise/streams.py" in ours and ours - shipped == set()
+
+
 def test_factorize_then_the_noise_stream_of_that_factorization(core):
   """The stream the core rebuilds from the cached factorization is C⁻¹ (both exact up to
   float64 rounding over 32 rounds of a well-conditioned C)."""
@@ -155,7 +167,8 @@ def test_factorize_then_the_noise_stream_of_that_factorization(core):
   checked = json.loads(_python(core, """
       import json
       import numpy as np
-      from tff_mf import cache, registry, strategies, workloads
+      from tff_mf.factorization import cache, strategies, workloads
+      from tff_mf import registry
       spec = strategies.FactorizationSpec(workload=workloads.WorkloadSpec("prefix_sum", 32),
                                           strategy="blt", **registry.default_parameters("blt", 32))
       f, entry = cache.load_or_factorize(spec, progress=False)
@@ -176,7 +189,7 @@ def test_factorize_then_the_noise_stream_of_that_factorization(core):
 
 def test_account_gives_the_pinned_environments_epsilon(core):
   """numpy 2 and today's scipy report the same ε as the lock's numpy 1.25 / scipy 1.9: the
-  exact Gaussian ε is bisected to a relative 1e-12 (tff_mf.gaussian.EXACT_TOLERANCE) from
+  exact Gaussian ε is bisected to a relative 1e-12 (tff_mf.accounting.gaussian.EXACT_TOLERANCE) from
   log Φ accurate to a few ulp, and the sensitivity of C = I under fixed_epoch is exact."""
   argv = ["account", "--mechanism", "gaussian", "--total_rounds", "64", "--participation",
           "fixed_epoch", "--epochs", "4", "--noise_multiplier", "4", "--delta", "1e-6", "--json"]
@@ -196,7 +209,7 @@ def test_account_of_a_factorized_mechanism(core):
   record = json.loads(out.stdout)
   # z/sens with sens >= 1 (C is normalized to column norm 1, min_sep joins up to 4 rounds).
   floor = _python(core, """
-      from tff_mf import gaussian
+      from tff_mf.accounting import gaussian
       print(gaussian.gaussian_epsilon_exact(2.0, 1e-6))
   """)
   assert float(floor) <= record["epsilon"] < float("inf")

@@ -11,9 +11,9 @@ import pytest
 import scipy.linalg
 import scipy.stats
 
-from tff_mf import analyses
+from tff_mf.accounting import analyses
 from tff_mf import checks
-from tff_mf import discrete_gaussian as dg
+from tff_mf.noise import discrete_gaussian as dg
 from tff_mf import mechanisms
 from tff_mf import participation
 from tff_mf import spec as spec_lib

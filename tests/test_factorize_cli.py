@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import userenv
-from tff_mf import cache
+from tff_mf.factorization import cache
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JSON_KEYS = ("single_participation_sqrt_loss", "single_participation_loss", "n", "relative_gap", "iterations", "seconds", "path",

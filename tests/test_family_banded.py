@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from tff_mf import checks
-from tff_mf import dense_single
-from tff_mf import mmcc
+from tff_mf.factorization import dense_single
+from tff_mf.accounting import mmcc
 from tff_mf import participation
-from tff_mf import workloads
-from tff_mf.families import banded
+from tff_mf.factorization import workloads
+from tff_mf.factorization.families import banded
 
 
 def _workloads(n):

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from tff_mf import checks
-from tff_mf import mmcc
-from tff_mf import toeplitz_ops
-from tff_mf import workloads
-from tff_mf.families import blt
-from tff_mf.families import toeplitz
+from tff_mf.accounting import mmcc
+from tff_mf.factorization import toeplitz_ops
+from tff_mf.participation import toeplitz_bounds
+from tff_mf.factorization import workloads
+from tff_mf.factorization.families import blt
+from tff_mf.factorization.families import toeplitz
 
 THETA = np.array([0.995, 0.9, 0.5])
 THETA_HAT = np.array([0.97, 0.7, 0.2])
@@ -41,7 +42,7 @@ def test_inverse_round_trip_and_closed_form():
   # Coefficients by definition: c_0 = 1, c_k = Σ ω θ^{k−1}.
   assert c[0] == 1.0 and c[5] == pytest.approx(np.sum(c_blt.omega * THETA ** 4), rel=1e-14)
   # Interlacing makes c positive and non-increasing.
-  assert toeplitz_ops.is_nonincreasing_nonnegative(c)
+  assert toeplitz_bounds.is_nonincreasing_nonnegative(c)
 
 
 def test_inverse_refuses_complex_decays():
@@ -62,7 +63,7 @@ WORKLOADS = {
 @pytest.mark.parametrize("min_sep,k,m", [(N, 1, 1), (N, 1, 3), (5, 4, 2), (3, None, 3)])
 def test_gradient_matches_finite_differences(name, error, min_sep, k, m):
   work = toeplitz_ops.workload_operator(N, WORKLOADS[name])
-  k = toeplitz_ops.participations(N, min_sep, k)[1]
+  k = toeplitz_bounds.participations(N, min_sep, k)[1]
   objective = blt._Objective(work, N, m, error, min_sep, k)  # pylint: disable=protected-access
   y = blt._log_gaps(blt.initial_points(N, m))  # pylint: disable=protected-access
   y = y + 0.2 * np.random.default_rng(m).normal(size=y.size)
@@ -87,7 +88,7 @@ def test_factors_and_extras(name):
   assert np.all((ex["blt_theta"] > 0) & (ex["blt_theta"] < 1))
   assert result.info["sensitivity_exact"]
   assert result.info["sensitivity"] == pytest.approx(
-      toeplitz_ops.min_sep_sensitivity(result.c[:, 0], N, 6, 4), rel=1e-14)
+      toeplitz_bounds.min_sep_sensitivity(result.c[:, 0], N, 6, 4), rel=1e-14)
   assert result.info["rmse"] == pytest.approx(
       result.info["sensitivity"] * np.linalg.norm(result.b) / np.sqrt(N), rel=1e-12)
 
@@ -139,7 +140,7 @@ def _patterns(n, min_sep, k):
 def test_sensitivity_against_brute_force(n, min_sep, k):
   c_blt, _ = blt.from_theta_pair(THETA, THETA_HAT)
   c = c_blt.matrix(n)
-  k_fit = toeplitz_ops.participations(n, min_sep, k)[1]
+  k_fit = toeplitz_bounds.participations(n, min_sep, k)[1]
   best_rounds, best = None, 0.0
   for rounds in _patterns(n, min_sep, k_fit):
     for signs in itertools.product((1.0, -1.0), repeat=len(rounds)):
@@ -164,7 +165,7 @@ def test_sensitivity_upper_bound_without_monotone_coefficients():
   n, min_sep, k = 10, 2, 4
   odd = blt.BLT([0.9, 0.3], [0.9, -0.6])  # coefficients rise then fall: not monotone
   c = odd.matrix(n)
-  assert not toeplitz_ops.is_nonincreasing_nonnegative(c[:, 0])
+  assert not toeplitz_bounds.is_nonincreasing_nonnegative(c[:, 0])
   x = np.abs(c.T @ c)
   worst = max(np.sum(x[np.ix_(r, r)]) for r in _patterns(n, min_sep, k))
   assert blt.sensitivity(odd, n, min_sep, k) >= np.sqrt(worst) * (1 - 1e-12)
@@ -243,7 +244,7 @@ def test_momentum_fixed_epoch_gives_a_valid_blt(n, momentum, schedule):
   push pole/zero pairs to θ = 1 in float64. Whether it does depends on the BLAS's rounding,
   so the property is checked: a valid BLT comes back, whatever the buffer count."""
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
-  from tff_mf import strategies  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import strategies  # pylint: disable=g-import-not-at-top
   kw = {} if schedule == "constant" else {"schedule_rounds": n // 2}
   spec = strategies.FactorizationSpec(
       workload=workloads.WorkloadSpec(kind="momentum", n=n, momentum=momentum,

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from tff_mf import checks
-from tff_mf import dense_fixed_epoch
-from tff_mf import dense_run
-from tff_mf import dense_single
+from tff_mf.factorization import dense_fixed_epoch
+from tff_mf.factorization import dense_run
+from tff_mf.factorization import dense_single
 from tff_mf import participation
-from tff_mf import workloads
+from tff_mf.factorization import workloads
 
 
 def _rmse(b, sens):

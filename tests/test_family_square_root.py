@@ -18,11 +18,11 @@ import scipy.linalg
 import scipy.special
 
 import userenv
-from tff_mf import cache
+from tff_mf.factorization import cache
 from tff_mf import participation as pa
-from tff_mf import strategies
-from tff_mf import workloads
-from tff_mf.families import square_root as sr
+from tff_mf.factorization import strategies
+from tff_mf.factorization import workloads
+from tff_mf.factorization.families import square_root as sr
 
 PREFIX = workloads.WorkloadSpec(kind="prefix_sum", n=48)
 MOMENTUM = workloads.WorkloadSpec(kind="momentum", n=48, momentum=0.9, lr_schedule="constant")

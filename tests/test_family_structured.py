@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from tff_mf import dense_single
+from tff_mf.factorization import dense_single
 from tff_mf import factorization as fz
-from tff_mf import workloads
-from tff_mf.families import structured
+from tff_mf.factorization import workloads
+from tff_mf.factorization.families import structured
 
 # McMahan et al. Table 1 / Denisov et al. 2022 Table 2: n -> (h, r, optimal √L,
 # "Efficient" √L of the banded + low-rank approximation).

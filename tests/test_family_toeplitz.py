@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 
 from tff_mf import checks
-from tff_mf import mmcc
+from tff_mf.accounting import mmcc
 from tff_mf import participation
-from tff_mf import separation
-from tff_mf import toeplitz_ops
-from tff_mf import workloads
-from tff_mf.families import toeplitz
+from tff_mf.participation import separation
+from tff_mf.factorization import toeplitz_ops
+from tff_mf.participation import toeplitz_bounds
+from tff_mf.factorization import workloads
+from tff_mf.factorization.families import toeplitz
 
 
 def _fd_gradient(fun, x, eps=1e-6):
@@ -55,7 +56,7 @@ def test_factors_reproduce_the_workload(name):
   np.testing.assert_array_equal(result.c[:, 0], np.pad(f, (0, N - 6)))
   assert checks.is_lower_triangular(result.c) and np.all(np.tril(result.c, -6) == 0)  # 6 bands
   # The reported figures are what a dense evaluation gives.
-  sens = toeplitz_ops.min_sep_sensitivity(f, N, 8, 3)
+  sens = toeplitz_bounds.min_sep_sensitivity(f, N, 8, 3)
   row_norms = np.linalg.norm(result.b, axis=1)
   assert result.info["rmse"] == pytest.approx(sens * np.linalg.norm(result.b) / np.sqrt(N),
                                               rel=1e-12)
@@ -107,11 +108,11 @@ COEFFICIENTS = {
 def test_sensitivity_against_brute_force(name, n, min_sep, k):
   f = COEFFICIENTS[name]
   c = toeplitz_ops.lower_toeplitz(np.pad(f, (0, max(0, n - f.size)))[:n])
-  k_fit = toeplitz_ops.participations(n, min_sep, k)[1]
+  k_fit = toeplitz_bounds.participations(n, min_sep, k)[1]
   scalar, absolute = _brute_force(c, min_sep, k_fit)
-  sens = toeplitz_ops.min_sep_sensitivity(f, n, min_sep, k)
+  sens = toeplitz_bounds.min_sep_sensitivity(f, n, min_sep, k)
   assert sens >= absolute * (1 - 1e-12)  # an upper bound on every contribution pattern
-  if toeplitz_ops.sensitivity_is_exact(f, n, min_sep, k):
+  if toeplitz_bounds.sensitivity_is_exact(f, n, min_sep, k):
     assert sens == pytest.approx(scalar, rel=1e-12)
   # Vector contributions: unit rows g_p at any min-sep pattern never exceed the bound.
   rng = np.random.default_rng(1)
@@ -125,15 +126,15 @@ def test_sensitivity_against_brute_force(name, n, min_sep, k):
 
 def test_sensitivity_cases():
   f = np.array([1.0, 0.5, 0.25])
-  assert toeplitz_ops.min_sep_sensitivity(f, 100, None) == pytest.approx(np.linalg.norm(f))
+  assert toeplitz_bounds.min_sep_sensitivity(f, 100, None) == pytest.approx(np.linalg.norm(f))
   # b ≤ min_sep: √k·‖f‖ whenever all k columns are complete.
-  assert toeplitz_ops.min_sep_sensitivity(f, 100, 3, 5) == pytest.approx(np.sqrt(5) * np.linalg.norm(f))
+  assert toeplitz_bounds.min_sep_sensitivity(f, 100, 3, 5) == pytest.approx(np.sqrt(5) * np.linalg.norm(f))
   # k is capped by how many participations fit: ceil(10 / 4) = 3.
-  assert toeplitz_ops.participations(10, 4, 7) == (4, 3)
+  assert toeplitz_bounds.participations(10, 4, 7) == (4, 3)
   with pytest.raises(checks.CheckError):
-    toeplitz_ops.min_sep_sensitivity(f, 10, None, 2)
+    toeplitz_bounds.min_sep_sensitivity(f, 10, None, 2)
   with pytest.raises(checks.CheckError):
-    toeplitz_ops.min_sep_sensitivity(f, 10, 0, 2)
+    toeplitz_bounds.min_sep_sensitivity(f, 10, 0, 2)
 
 
 def test_optimized_beats_square_root_truncation_and_identity():
@@ -142,7 +143,7 @@ def test_optimized_beats_square_root_truncation_and_identity():
   previous = identity
   for bands in (2, 4, 8, 16, 32):
     sqrt_s = toeplitz_ops.evaluate(mmcc.sqrt_prefix_coefficients(bands), n)["rmse"]
-    # Same numbers as the dense matrix of tff_mf.mmcc (normalized to γ = 1).
+    # Same numbers as the dense matrix of tff_mf.accounting.mmcc (normalized to γ = 1).
     c = mmcc.truncated_sqrt_prefix_matrix(n, bands)
     b = workloads.prefix_sum(n) @ np.linalg.inv(c)
     assert sqrt_s == pytest.approx(np.linalg.norm(b) / np.sqrt(n), rel=1e-10)
@@ -173,10 +174,10 @@ def test_min_sep_optimization_keeps_coefficients_monotone():
   n, min_sep, k = 96, 4, 8
   result = toeplitz.optimize(n, 12, min_sep=min_sep, max_participations=k, dense=False)
   f = result.extras["toeplitz_coefficients"]
-  assert toeplitz_ops.is_nonincreasing_nonnegative(f)
+  assert toeplitz_bounds.is_nonincreasing_nonnegative(f)
   assert result.info["sensitivity_exact"]
   assert result.info["sensitivity"] == pytest.approx(
-      toeplitz_ops.min_sep_sensitivity(f, n, min_sep, k), rel=1e-14)
+      toeplitz_bounds.min_sep_sensitivity(f, n, min_sep, k), rel=1e-14)
   # Better than a 4-band optimum (bands ≤ min_sep) and than the identity under the schema.
   four = toeplitz.optimize(n, 4, min_sep=min_sep, max_participations=k, dense=False)
   assert result.info["rmse"] < four.info["rmse"]
@@ -231,19 +232,19 @@ def test_min_sep_bound_is_the_smallest_of_the_valid_bounds_alg4_included():
   contribution pattern (brute force)."""
   n, min_sep, k = 48, 4, 4
   f = np.array([1.0, -0.45, 0.8, 0.1, -0.6, 0.7, 0.35, -0.5])
-  c = toeplitz_ops.lower_toeplitz(toeplitz_ops.padded(f, n))
+  c = toeplitz_ops.lower_toeplitz(toeplitz_bounds.padded(f, n))
   x = c.T @ c
   dense_alg4 = np.sqrt(separation.separated_max(
       separation.separated_max(np.abs(x), min_sep, k), min_sep, k))
-  report = toeplitz_ops.min_sep_sensitivity_report(f, n, min_sep, k)
+  report = toeplitz_bounds.min_sep_sensitivity_report(f, n, min_sep, k)
   majorant = np.maximum.accumulate(np.abs(f)[::-1])[::-1]
-  row_bound = toeplitz_ops._row_bound(f, min_sep, k)  # pylint: disable=protected-access
-  others = min(np.linalg.norm(toeplitz_ops.minsep_vector(toeplitz_ops.padded(majorant, n),
+  row_bound = toeplitz_bounds._row_bound(f, min_sep, k)  # pylint: disable=protected-access
+  others = min(np.linalg.norm(toeplitz_bounds.minsep_vector(toeplitz_bounds.padded(majorant, n),
                                                           min_sep, k)), np.sqrt(k * row_bound))
   assert dense_alg4 < others  # the case the issue found: the structured bounds alone are looser
   assert report["method"] == "alg4_bound" and not report["exact"]
   assert report["value"] == pytest.approx(dense_alg4, rel=1e-12)
-  assert toeplitz_ops.min_sep_sensitivity(f, n, min_sep, k) == report["value"]
+  assert toeplitz_bounds.min_sep_sensitivity(f, n, min_sep, k) == report["value"]
   _, absolute = _brute_force(c, min_sep, k)
   assert report["value"] >= absolute * (1 - 1e-12)  # still an upper bound
   # The dense report (what a run's epsilon uses) is never above the structured one.

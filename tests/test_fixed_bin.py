@@ -23,14 +23,14 @@ from scipy import stats
 import userenv
 
 from tff_mf import accounting
-from tff_mf import allocation_pld
-from tff_mf import cache
+from tff_mf.accounting import allocation_pld
+from tff_mf.factorization import cache
 from tff_mf import checks
-from tff_mf import fixed_bin as fb
+from tff_mf.accounting import fixed_bin as fb
 from tff_mf import mechanisms
 from tff_mf import participation as pa
-from tff_mf import strategies
-from tff_mf import workloads
+from tff_mf.factorization import strategies
+from tff_mf.factorization import workloads
 from training import config as config_lib
 from training import identity as identity_lib
 from training import loop

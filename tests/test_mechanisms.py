@@ -19,15 +19,15 @@ import numpy as np
 import pytest
 
 from tff_mf import accounting
-from tff_mf import adaptive_clipping
+from tff_mf.accounting import adaptive_clipping
 from tff_mf import checks
-from tff_mf import gaussian
+from tff_mf.accounting import gaussian
 from tff_mf import mechanisms
 from tff_mf import participation
 from tff_mf import registry
 from tff_mf import spec as spec_lib
-from tff_mf import workloads
-from tff_mf.families import tree
+from tff_mf.factorization import workloads
+from tff_mf.factorization.families import tree
 
 import userenv
 
@@ -49,7 +49,8 @@ def _banded():
 
 def test_the_layer_never_imports_tensorflow():
   code = ("import sys\n"
-          "from tff_mf import mechanisms, participation, registry, workloads\n"
+          "from tff_mf import mechanisms, participation, registry\n"
+          "from tff_mf.factorization import workloads\n"
           "r = mechanisms.resolve(registry.mechanism('gaussian'), "
           "workloads.WorkloadSpec(kind='prefix_sum', n=4), participation.SINGLE)\n"
           "mechanisms.privacy(r, None, 4.0, 1e-6, 'exact')\n"
@@ -142,7 +143,7 @@ def test_amplification_applies_to_poisson_sampling_without_a_binding_cap():
 
 
 def test_amplified_analysis_follows_the_bands(banded):
-  assert mechanisms.amplified_analysis(banded.encoder, participation.min_sep(3)) == "banded"
+  assert mechanisms.amplified_analysis(banded.encoder, participation.min_sep(3)) == "amplified_banded"
   assert mechanisms.amplified_analysis(banded.encoder, participation.min_sep(2)) == "mmcc"
   assert mechanisms.amplified_analysis(
       banded.encoder, participation.random_allocation(2)) == "random_allocation"
@@ -153,7 +154,7 @@ def test_amplified_record_reports_the_smaller_valid_bound(banded):
   record = mechanisms.run_privacy(banded.encoder, schema, 1.0, None, DELTA, "exact",
                                   sampling_prob=0.25)
   epsilons = {c["analysis"]: c["epsilon"] for c in record.details["candidates"]}
-  assert set(epsilons) == {"none", "banded"}
+  assert set(epsilons) == {"none", "amplified_banded"}
   plain = accounting.epsilon_for(banded.encoder, schema, 1.0, DELTA)["epsilon"]
   assert epsilons["none"] == plain
   assert record.epsilon == min(epsilons.values()) and record.bound == min(epsilons,
@@ -279,7 +280,7 @@ def test_a_family_parameter_of_its_own_flows_from_the_spec_to_its_factorization(
       registry.Strategy("toy_ratio", "toy_family", "toy ratio", "Toeplitz C with taps r^j",
                         "none (a test family)"),
       registry.Mechanism("toy_ratio", (), "toy ratio", "the toy family with its ratio",
-                         "toy_ratio", "training", "dense", registry.PARTICIPATIONS))
+                         "toy_ratio", "training", "dense_rows", registry.PARTICIPATIONS))
   try:
     for ratio in (0.25, None):
       built, _ = mechanisms.build(spec("toy_ratio", ratio=ratio), cache_dir=str(tmp_path))
@@ -293,3 +294,17 @@ def test_a_family_parameter_of_its_own_flows_from_the_spec_to_its_factorization(
       spec("banded", ratio=0.25)
   finally:
     registry.unregister(strategy_name="toy_ratio", mechanism_name="toy_ratio")
+
+
+def test_the_former_noise_kind_dense_is_dense_rows_with_a_warning():
+  """"dense" names the optimal family; the noise kind that regenerates N's rows is
+  "dense_rows". A Mechanism spelled the old way still means it (and warns); an unknown kind
+  is refused in one line."""
+  with pytest.warns(DeprecationWarning,
+                    match="noise kind 'dense' is deprecated; use 'dense_rows'"):
+    old = registry.Mechanism("x", (), "x", "x", "optimal", "training", "dense")
+  assert old.noise == "dense_rows"
+  assert old == registry.Mechanism("x", (), "x", "x", "optimal", "training", "dense_rows")
+  assert "dense" not in registry.NOISE_KINDS
+  with pytest.raises(registry.RegistryError, match="noise must be one of .*got 'dens'"):
+    registry.Mechanism("x", (), "x", "x", "optimal", "training", "dens")

@@ -5,8 +5,8 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 import numpy as np
 import pytest
 
-from tff_mf import mixture_pair
-from tff_mf import mmcc
+from tff_mf.accounting import mixture_pair
+from tff_mf.accounting import mmcc
 
 DELTA = 1e-6
 
@@ -35,7 +35,7 @@ def test_lower_bound_below_dpsgd_for_k_rounds():
 
 
 def test_lower_bound_below_mmcc_for_blt():
-  from tff_mf.families import blt  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization.families import blt  # pylint: disable=g-import-not-at-top
   c = blt.from_theta_pair(np.array([0.99, 0.8]), np.array([0.95, 0.5]))[0].matrix(32)
   c = c / np.sqrt(np.max(np.sum(c * c, axis=0)))
   upper = mmcc.mmcc_epsilon(c, 0.3 / 4, 1.5, DELTA, min_sep=4, workers=1, grid_resolution=8,

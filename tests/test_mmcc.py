@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tff_mf import gaussian
-from tff_mf import mmcc
-from tff_mf.families import tree
+from tff_mf.accounting import gaussian
+from tff_mf.accounting import mmcc
+from tff_mf.factorization.families import tree
 
 DELTA = 1e-6
 FAST = dict(workers=1, grid_resolution=8)
@@ -216,8 +216,11 @@ def test_strategy_matrices():
     mmcc.strategy_matrix("tree_restart", 8)
   with pytest.raises(ValueError, match="bands"):
     mmcc.strategy_matrix("truncated_sqrt_prefix", 8)
-  # The older name of the truncated √S is still accepted.
-  assert np.array_equal(mmcc.strategy_matrix("banded_toeplitz", 10, bands=3), band)
+  assert np.array_equal(mmcc.strategy_matrix("truncated_sqrt_prefix", 10, bands=3), band)
+  # "banded_toeplitz" is the registry's optimized banded Toeplitz strategy, never the
+  # truncated √S (one name, one meaning).
+  with pytest.raises(ValueError, match="unknown strategy 'banded_toeplitz'"):
+    mmcc.strategy_matrix("banded_toeplitz", 10, bands=3)
   with pytest.raises(ValueError, match="unknown strategy"):
     mmcc.strategy_matrix("fft", 8)
 
@@ -333,8 +336,8 @@ def _toeplitz(coefficients, n):
 def _toeplitz_cases(n):
   """BLT (Dvijotham et al. 2024, arXiv:2404.16706), optimized banded Toeplitz (McKenna
   2024, arXiv:2405.15913) and a random non-negative Toeplitz C, all n x n."""
-  from tff_mf.families import blt  # pylint: disable=g-import-not-at-top
-  from tff_mf.families import toeplitz  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization.families import blt  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization.families import toeplitz  # pylint: disable=g-import-not-at-top
   c_blt = blt.from_theta_pair(np.array([0.995, 0.9, 0.5]), np.array([0.97, 0.7, 0.2]))[0]
   banded = toeplitz.optimize(n, 6, min_sep=8, max_participations=n // 8, dense=False)
   rng = np.random.default_rng(7)
@@ -462,7 +465,7 @@ def test_merging_small_entries_never_raises_epsilon(name):
   """b = 1: merging the entries below Δ2 never raises ε and stays above a proven lower
   bound (``mixture_pair.lower_bound``); a C whose far lags are tiny (as the registry's
   BLT optimized for b = 1) gains most."""
-  from tff_mf import mixture_pair  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import mixture_pair  # pylint: disable=g-import-not-at-top
   if name == "random":
     n, sigma = 10, 4.0
     c = _random_c(n, 5, density=0.3)

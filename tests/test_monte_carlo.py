@@ -1,4 +1,4 @@
-"""Monte-Carlo accounting with a proof (tff_mf.monte_carlo, analysis monte_carlo_bound)."""
+"""Monte-Carlo accounting with a proof (tff_mf.accounting.monte_carlo, analysis monte_carlo_bound)."""
 
 import itertools
 import json
@@ -13,12 +13,12 @@ from scipy import special
 from scipy import stats
 
 from tff_mf import accounting
-from tff_mf import analyses
+from tff_mf.accounting import analyses
 from tff_mf import checks
 from tff_mf import cli
-from tff_mf import monte_carlo
+from tff_mf.accounting import monte_carlo
 from tff_mf import participation
-from tff_mf import statement
+from tff_mf.accounting import statement
 
 POISSON = participation.Participation("min_sep", min_sep=1)
 

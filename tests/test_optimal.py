@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from benchmarks import baselines
-from tff_mf import dense_run
-from tff_mf import dense_single
+from tff_mf.factorization import dense_run
+from tff_mf.factorization import dense_single
 from tff_mf import factorization as fz
-from tff_mf import strategies
-from tff_mf import workloads
+from tff_mf.factorization import strategies
+from tff_mf.factorization import workloads
 
 # McMahan et al. Table 1 (√L): n -> (optimal, Honaker online).
 TABLE_1 = {

@@ -17,7 +17,7 @@ import pytest
 
 from tff_mf import checks
 from tff_mf import participation as pa
-from tff_mf import separation
+from tff_mf.participation import separation
 
 
 def brute_patterns(schema, n):

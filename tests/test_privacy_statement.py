@@ -1,4 +1,4 @@
-"""The privacy statement (tff_mf.statement) of runs and of ``tff-mf account``, and the JSON
+"""The privacy statement (tff_mf.accounting.statement) of runs and of ``tff-mf account``, and the JSON
 fields and zero-noise errors it stands beside (no TensorFlow). ε per round and
 dp_events.jsonl's header: tests/test_training_privacy.py."""
 
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from tff_mf import accounting
-from tff_mf import adaptive_clipping
+from tff_mf.accounting import adaptive_clipping
 from tff_mf import checks
 from tff_mf import mechanisms
 from tff_mf import participation
-from tff_mf import statement
+from tff_mf.accounting import statement
 from training import config as config_lib
 
 
@@ -75,8 +75,8 @@ def test_statement_names_what_is_not_private():
 
 
 def test_statement_of_amplified_analyses_says_which_bound_was_used():
-  record = accounting.epsilon_for(np.eye(8), participation.min_sep(2), 1.0, 1e-6, "banded",
-                                  0.1, pld_discretization=1e-3)
+  record = accounting.epsilon_for(np.eye(8), participation.min_sep(2), 1.0, 1e-6,
+                                  "amplified_banded", 0.1, pld_discretization=1e-3)
   assert record["bound"] == "amplified"
   s = statement.privacy_statement(record, run=False)
   assert "amplified banded MF" in s["analysis"] and "PLD" in s["analysis"]
@@ -152,7 +152,7 @@ def test_statement_of_a_privacy_record_names_the_analysis_its_epsilon_came_from(
   """``privacy_statement(setup.privacy)`` describes the amplified ε it reports (it said "no
   amplification ... under single" beside the amplified ε)."""
   record = amplified_record()
-  assert record.bound == "banded"
+  assert record.bound == "amplified_banded"
   s = statement.privacy_statement(record)
   assert s["epsilon"] == statement.round_up(record.epsilon)
   assert s["analysis"].startswith("amplification by Poisson sampling")
@@ -204,13 +204,13 @@ def test_statement_stands_on_its_own():
   assert s["covers"].startswith("the models released after each of the 16 rounds")
   assert "as configured" not in s["text"] and " n rounds" not in s["text"]
   table = {row["analysis"]: row for row in s["epsilons"]}
-  assert set(table) == {"none", "banded"}
+  assert set(table) == {"none", "amplified_banded"}
   candidates = {c["analysis"]: c for c in record.details["candidates"]}
   assert table["none"]["epsilon"] == min(candidates["none"]["epsilon"],
-                                         candidates["banded"]["unamplified_epsilon"])
-  assert table["banded"]["epsilon"] == candidates["banded"]["amplified_epsilon"] == record.epsilon
-  assert table["banded"]["reported"] and not table["none"]["reported"]
-  assert table["banded"]["epsilon"] < table["none"]["epsilon"]
+                                         candidates["amplified_banded"]["unamplified_epsilon"])
+  assert table["amplified_banded"]["epsilon"] == candidates["amplified_banded"]["amplified_epsilon"] == record.epsilon
+  assert table["amplified_banded"]["reported"] and not table["none"]["reported"]
+  assert table["amplified_banded"]["epsilon"] < table["none"]["epsilon"]
   assert "smallest is reported" in s["reported_why"]
   for row in s["epsilons"]:
     line = f"    - {row['label']}: {row['epsilon_text']}"

@@ -131,7 +131,7 @@ def _built(mechanism, cache_dir):
 
 
 MATRIX_MECHANISMS = tuple(m for m in registry.mechanism_names(trainable=True)
-                          if registry.mechanism(m).noise in ("dense", "linear"))
+                          if registry.mechanism(m).noise in ("dense_rows", "linear"))
 
 
 @pytest.mark.parametrize("mechanism", MATRIX_MECHANISMS)
@@ -244,15 +244,16 @@ def test_unpinned_seed_runs_differ(cache_dir):
 
 
 def test_a_new_family_is_one_module_and_one_registry_entry(cache_dir, capsys):
-  """The family protocol (tff_mf.families): a family module (tests/toy_family.py) plus one
+  """The family protocol (tff_mf.factorization.families): a family module (tests/toy_family.py) plus one
   registry entry added at run time factorizes, caches, accounts and trains through
   build_mechanism; no other file names it."""
-  from tff_mf import cache, cli, mechanisms, strategies, workloads  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import cache, strategies, workloads  # pylint: disable=g-import-not-at-top
+  from tff_mf import cli, mechanisms  # pylint: disable=g-import-not-at-top
   registry.register(
       registry.Strategy("toy_geometric", "toy_family", "toy", "Toeplitz C with taps 2^-j, j < b",
                         "none (a test family)"),
       registry.Mechanism("toy_geometric", ("toy",), "toy", "the toy family for the training "
-                         "workload", "toy_geometric", "training", "dense",
+                         "workload", "toy_geometric", "training", "dense_rows",
                          registry.PARTICIPATIONS))
   try:
     rounds, cohorts, schema = 6, 3, participation.min_sep(3, 2)

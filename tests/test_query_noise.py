@@ -19,10 +19,10 @@ from tff_mf import checks
 from tff_mf import participation
 from tff_mf import registry
 from tff_mf import spec as spec_lib
-from tff_mf import streams
-from tff_mf import strategies
-from tff_mf import workloads
-from tff_mf.families import structured
+from tff_mf.noise import streams
+from tff_mf.factorization import strategies
+from tff_mf.factorization import workloads
+from tff_mf.factorization.families import structured
 from tff_mf.tf import aggregators
 from tff_mf.tf import noise as noise_lib
 from tff_mf.tf import query as query_lib
@@ -585,13 +585,13 @@ def test_privacy_record_of_a_setup_prints_its_own_statement(tmp_path, capsys):
   ε of banded under min_sep(4) sampled at 0.25 (it read "no amplification ... single" beside
   the amplified ε, and print gave a 900-character repr), and name the setup."""
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
-  from tff_mf import statement  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import statement  # pylint: disable=g-import-not-at-top
   setup = aggregators.build_mechanism(
       "banded", total_rounds=16, noise_multiplier=2.0, delta=1e-6, clients_per_round=4,
       clip_norm=1.0, participation=participation.min_sep(4), sampling_prob=0.25,
       cache_dir=str(tmp_path))
   record = setup.privacy
-  assert record.bound == "banded"
+  assert record.bound == "amplified_banded"
   s = statement.privacy_statement(record)
   assert s == statement.privacy_statement(record.details, run=False,
                                           setup=record.setup)
@@ -608,7 +608,7 @@ def test_discrete_gaussian_query_round_trip(tmp_path):
   """banded C (b = 3) with the discrete Gaussian: γ·C·s is the integer release Y (s computed
   from Y alone), Y − round(γ·C·x) is N_ℤ(0, σ²) (second moment within 5 SE), a replayed
   round adds the same noise, another seed other noise, and the event is unsupported."""
-  from tff_mf import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+  from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
   n, d = 5, 4000
   specs = [tf.TensorSpec([d - 10], tf.float32), tf.TensorSpec([2, 5], tf.float32)]
 
@@ -659,7 +659,7 @@ def test_discrete_gaussian_query_round_trip(tmp_path):
 def test_discrete_gaussian_tf_sampler_matches_the_pmf():
   """The TF sampler (stateless, from the seed) against N_ℤ(0, σ²) by χ² (false alarm 1e-4),
   deterministic given (seed, round)."""
-  from tff_mf import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+  from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
   sigma, size = 2.5, 200_000
   seed = tf.constant([3, 4], tf.int64)
   draws = noise_lib.discrete_gaussian_row(seed, tf.constant(0), size, sigma).numpy()

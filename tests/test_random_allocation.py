@@ -1,4 +1,4 @@
-"""The random-allocation accountant: tff_mf.random_allocation."""
+"""The random-allocation accountant: tff_mf.accounting.random_allocation."""
 
 import itertools
 import math
@@ -14,7 +14,7 @@ from tff_mf import accounting
 from tff_mf import checks
 from tff_mf import mechanisms
 from tff_mf import participation
-from tff_mf import random_allocation as ra
+from tff_mf.accounting import random_allocation as ra
 
 DELTA = 1e-6
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import userenv
-from tff_mf import cache
-from tff_mf import lbfgs
+from tff_mf.factorization import cache
+from tff_mf.factorization import lbfgs
 from tff_mf import participation
-from tff_mf import strategies
-from tff_mf import workloads
+from tff_mf.factorization import strategies
+from tff_mf.factorization import workloads
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Under 32-min-sep participation at n = 512 the best 4-buffer BLT switches buffers off (two,

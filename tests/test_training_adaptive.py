@@ -1,5 +1,5 @@
 """The training binary with --clip_norm=adaptive: the clip norm per round, and an ε that covers
-the MF noise and the quantile estimator's count queries (tff_mf.adaptive_clipping)."""
+the MF noise and the quantile estimator's count queries (tff_mf.accounting.adaptive_clipping)."""
 
 import csv
 import json

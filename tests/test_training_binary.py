@@ -214,7 +214,7 @@ def test_binary_trains_under_random_allocation_and_reports_the_smallest_bound(
   smaller of the Gaussian at z / sensitivity over the one-round-per-epoch patterns and the
   random-allocation bound (arXiv:2601.21636), both listed."""
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  from tff_mf import cache  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
   summary = _two_epoch_run(tmp_path, tiny_stackoverflow, "random_allocation")
   seen = summary["participation"]
@@ -243,9 +243,9 @@ def test_binary_trains_under_fixed_bin_balls_in_bins_and_labels_its_bound(
     tmp_path, tiny_stackoverflow):
   """--participation=balls_in_bins: each client in the rounds of its one bin, b apart; ε is the
   smaller of the Gaussian at z / sensitivity over those patterns and the fixed-bin bound
-  (tff_mf.fixed_bin), both listed."""
+  (tff_mf.accounting.fixed_bin), both listed."""
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  from tff_mf import cache  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
   summary = _two_epoch_run(tmp_path, tiny_stackoverflow, "balls_in_bins")
   seen = summary["participation"]

@@ -21,11 +21,11 @@ import os
 import numpy as np
 import pytest
 
-from tff_mf import cache
+from tff_mf.factorization import cache
 from tff_mf import factorization as fz
 from tff_mf import participation
-from tff_mf import strategies
-from tff_mf import workloads
+from tff_mf.factorization import strategies
+from tff_mf.factorization import workloads
 from training import identity
 from training import loop
 from training import outputs

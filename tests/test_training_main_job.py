@@ -14,7 +14,7 @@ import pytest
 
 import userenv
 from stackoverflow import fixtures
-from tff_mf import statement
+from tff_mf.accounting import statement
 from training import main_job
 
 REPO = userenv.REPO

@@ -27,7 +27,7 @@ B = S (the prefix-sum matrix, built here). ``tree`` (TFF's tree_aggregation with
 covering it, each subtree's sum by its best linear unbiased estimate from that
 subtree's node values (Honaker 2015, "Efficient Use of Differentially Private Binary
 Trees"); B is built here by least squares on each subtree, independently of
-``tff_mf.families.tree``, and the covariance check uses the per-node multiplier the
+``tff_mf.factorization.families.tree``, and the covariance check uses the per-node multiplier the
 run reports (``mechanism_info.noise_multiplier_per_node``), so a different value
 passed to TFF fails the test.
 
@@ -47,7 +47,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_mf.families import tree as tree_family
+from tff_mf.factorization.families import tree as tree_family
 from training import config as config_lib
 from training import loop
 from training import task as task_lib
@@ -119,7 +119,7 @@ def dyadic_nodes(n):
 def honaker_decoder(n):
   """B (n x nodes): round t's prefix sum from the maximal complete subtrees inside [0, t],
   each subtree's sum estimated by least squares (BLUE, unit node noise) from the node
-  values of that subtree; independent of tff_mf.families.tree."""
+  values of that subtree; independent of tff_mf.factorization.families.tree."""
   nodes = dyadic_nodes(n)
   col = {node: k for k, node in enumerate(nodes)}
   b = np.zeros((n, len(nodes)))
@@ -261,7 +261,7 @@ def test_run_training_with_the_discrete_gaussian(configs, task, tmp_path):
   θ_0 − (η/K)·S·(N/γ) up to rounding, N ~ N_ℤ(0, (zγζ)²) (variance σ²(1 − e^{−2π²σ²}·…), σ in
   the tens of thousands here, so the covariance test of (zζη/K)²·S·Sᵀ applies); summary.json
   names the analysis and reports its zCDP ε (Canonne, Kamath, Steinke 2020, Cor 13)."""
-  from tff_mf import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+  from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
   config = configs(tmp_path, "gaussian", noise_multiplier=0.8, noise_seed=SEED,
                    noise_distribution="discrete_gaussian")
   summary, samples = _run(config, task)

@@ -25,7 +25,7 @@ from tff_mf import accounting
 from tff_mf import mechanisms
 from tff_mf import participation
 from tff_mf import registry
-from tff_mf import workloads
+from tff_mf.factorization import workloads
 from training import loop
 from training import outputs
 from training import sampling
@@ -60,7 +60,7 @@ def run_binary(args, tmp_path):
     # A given z here: calibrating the amplified analysis takes several PLD evaluations
     # (tests/test_training_privacy.py calibrates under every schema).
     (["--participation=min_sep", "--min_sep=2", "--sampling_prob=0.01", "--noise_multiplier=0.7"],
-     "banded"),
+     "amplified_banded"),
 ])
 def test_binary_trains_under_the_schema_from_a_clean_shell(schema_flags, analysis, tiny_config,
                                                           tmp_path):
@@ -102,7 +102,7 @@ def test_binary_trains_under_the_schema_from_a_clean_shell(schema_flags, analysi
                          participation.from_dict(part["schema"]),
                          cache_dir=str(tmp_path / "cache")),
       summary["noise_multiplier"], None, 1e-6, "exact",
-      sampling_prob=0.01 if analysis == "banded" else None)
+      sampling_prob=0.01 if analysis == "amplified_banded" else None)
   assert library.epsilon == eps and library.bound == analysis
   assert "epsilon" not in summary["mechanism_info"]  # the privacy block is the one record
   check = privacy["dp_event_cross_check"]
@@ -233,7 +233,7 @@ def test_banded_toeplitz_and_blt_train_under_fixed_epochs(configs, mechanism, ta
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mechanism, analysis", [
-    ("banded", "banded"), ("banded_toeplitz", "banded"), ("blt", "mmcc")])
+    ("banded", "amplified_banded"), ("banded_toeplitz", "amplified_banded"), ("blt", "mmcc")])
 def test_banded_toeplitz_and_blt_train_under_min_sep_sampling(configs, mechanism, analysis,
                                                               task, tmp_path):
   config = configs(tmp_path, mechanism=mechanism, participation="min_sep", min_sep=2,

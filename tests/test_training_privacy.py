@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from tff_mf import accounting
-from tff_mf import adaptive_clipping
+from tff_mf.accounting import adaptive_clipping
 from tff_mf import mechanisms
 from tff_mf import spec as spec_lib
-from tff_mf import strategies
-from tff_mf import workloads
+from tff_mf.factorization import strategies
+from tff_mf.factorization import workloads
 from training import config as config_lib
 from training import privacy
 
@@ -60,7 +60,8 @@ def encoder(strategy="optimal", schema=None, **params):
 @pytest.mark.parametrize("kw, strategy, analysis", [
     (dict(), "optimal", "none"),
     (dict(participation="fixed_epoch", epochs=2), "optimal", "none"),
-    (dict(participation="min_sep", min_sep=4, sampling_prob=0.2), "banded", "banded"),
+    (dict(participation="min_sep", min_sep=4, sampling_prob=0.2), "banded",
+     "amplified_banded"),
     (dict(participation="min_sep", min_sep=2, sampling_prob=0.2), "honaker_online", "mmcc"),
     (dict(participation="min_sep", min_sep=2, sampling_prob=0.2, max_participations=2),
      "optimal", "none"),
@@ -126,7 +127,7 @@ ORIGINAL_CALIBRATE = accounting.calibrate
 def test_tree_and_gaussian_encoders_are_what_tff_adds_noise_for():
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
   from tff_mf import registry  # pylint: disable=g-import-not-at-top
-  from tff_mf.families import tree as tree_lib  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization.families import tree as tree_lib  # pylint: disable=g-import-not-at-top
 
   def resolved(name, n):
     return mechanisms.resolve(registry.mechanism(name), workloads.WorkloadSpec("prefix_sum", n),
@@ -261,7 +262,7 @@ def test_the_privacy_record_holds_a_sensitivity_once_per_meaning():
   cfg = config(participation="min_sep", min_sep=4, sampling_prob=0.2, noise_multiplier=2.0,
                target_epsilon=None)
   _, banded = guarantee(cfg, encoder("banded", bands=4))
-  assert banded["analysis"] == "banded"  # `sensitivity`: every eligible round joined
+  assert banded["analysis"] == "amplified_banded"  # `sensitivity`: every eligible round joined
   assert banded["unamplified_sensitivity"] == accounting.sensitivity_report(
       encoder("banded", bands=4), cfg.schema())["value"]
 

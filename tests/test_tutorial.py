@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import userenv
-from tff_mf import statement
+from tff_mf.accounting import statement
 
 NOTEBOOK = os.path.join(userenv.REPO, "examples", "tutorial.ipynb")
 

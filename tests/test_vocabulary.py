@@ -266,7 +266,7 @@ def test_no_progress_turns_every_bar_off(tmp_path, capsys, monkeypatch):
                             str(tmp_path / "png")], tmp_path, capsys)
   # calibrate-bands end to end takes half a minute here (slow test below): the flag reaches
   # the library call that draws its bars.
-  from tff_mf import band_calibration  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import band_calibration  # pylint: disable=g-import-not-at-top
   from tff_mf import checks  # pylint: disable=g-import-not-at-top
   seen = []
 
@@ -295,7 +295,7 @@ def test_calibrate_bands_no_progress_end_to_end(tmp_path, capsys):
 def test_main_job_table_bars_follow_no_progress(tmp_path, capsys, monkeypatch):
   """The main job took --no_progress but its √L table's solvers drew bars anyway: every
   factorization it asks for now gets the flag's value."""
-  from tff_mf import cache  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
   from training import main_job  # pylint: disable=g-import-not-at-top
   asked = []
   real = cache.load_or_factorize
@@ -366,7 +366,7 @@ def test_account_sampling_prob_alone_uses_the_training_analysis(tmp_path, capsys
   itself: alone, --sampling_prob now gives the bound a training run of the same C, schema
   and p reports (tff_mf.mechanisms.run_privacy), and the record says how it was chosen.
   δ, not given, is the one default 1e-6 and is stated."""
-  from tff_mf import cache as cache_lib  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import cache as cache_lib  # pylint: disable=g-import-not-at-top
   from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
   base = ["account", "--mechanism", "banded", "--total_rounds", "16", "--min_sep", "4",
@@ -374,16 +374,16 @@ def test_account_sampling_prob_alone_uses_the_training_analysis(tmp_path, capsys
           "--cache_dir", str(tmp_path)]
   assert cli.main(base) == 0
   chosen = json.loads(capsys.readouterr().out)
-  assert chosen["analysis"] == "banded" and chosen["delta"] == 1e-6
-  assert chosen["amplification_source"].startswith("chosen as training chooses: banded")
-  assert cli.main(base + ["--amplification", "banded"]) == 0
+  assert chosen["analysis"] == "amplified_banded" and chosen["delta"] == 1e-6
+  assert chosen["amplification_source"].startswith("chosen as training chooses: amplified_banded")
+  assert cli.main(base + ["--amplification", "amplified_banded"]) == 0
   explicit = json.loads(capsys.readouterr().out)
   assert explicit["epsilon"] == chosen["epsilon"]
   assert explicit["amplification_source"] == "--amplification"
   schema = participation.Participation("min_sep", min_sep=4, max_participations=4)
   c = cache_lib.load(chosen["cache_npz"]).c
   run = mechanisms.run_privacy(c, schema, 2.0, None, 1e-6, "exact", sampling_prob=0.5)
-  assert run.epsilon == chosen["epsilon"] and run.bound == chosen["analysis"] == "banded"
+  assert run.epsilon == chosen["epsilon"] and run.bound == chosen["analysis"] == "amplified_banded"
   # p = 1 does not amplify: the unamplified bound, as a run reports it, p recorded.
   assert cli.main([("1" if a == "0.5" else a) for a in base]) == 0
   plain = json.loads(capsys.readouterr().out)

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from tff_mf import strategies
-from tff_mf.families import tree
-from tff_mf import workloads
+from tff_mf.factorization import strategies
+from tff_mf.factorization.families import tree
+from tff_mf.factorization import workloads
 
 
 # --- workloads ---------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""A family that exists only to test the family protocol (``tff_mf.families``).
+"""A family that exists only to test the family protocol (``tff_mf.factorization.families``).
 
 C is the lower-triangular Toeplitz matrix whose first b diagonals are r^j, j < b (r = ½ for
 ``toy_geometric``), and B = A·C⁻¹. It is not a published mechanism; it is registered at run
@@ -13,7 +13,7 @@ import numpy as np
 import scipy.linalg
 
 from tff_mf import checks
-from tff_mf import families
+from tff_mf.factorization import families
 from tff_mf import participation
 
 VERSION = "1"

@@ -311,7 +311,7 @@ def participation_source(participation: Optional[str], epochs=None, min_sep=None
 
 
 def add_cache_dir_flag(parser):
-  """``--cache_dir``: the factorization cache (``tff_mf.cache``)."""
+  """``--cache_dir``: the factorization cache (``tff_mf.factorization.cache``)."""
   parser.add_argument("--cache_dir", default=None, metavar="DIR",
                       help="factorization cache directory (default: $TFF_MF_CACHE or "
                            "~/.cache/tff_mf)")

@@ -5,7 +5,7 @@ and returns the resolved mechanism and its privacy record, whose ``epsilon_by_ro
 gives the ε spent after each round. ``resolve`` turns a registry mechanism, the training
 workload and a participation schema into a ``Resolved`` mechanism: its factorization (from
 the cache where the strategy is cached), the noise stream of linear-noise mechanisms (a
-``tff_mf.streams.LinearStream``), the encoder the noise is calibrated for and its
+``tff_mf.noise.streams.LinearStream``), the encoder the noise is calibrated for and its
 sensitivity under the schema. ``privacy`` then fixes the noise multiplier — given, or
 calibrated to a target ε — and returns a typed ``PrivacyRecord`` (z, sensitivity, z/sens, ε,
 analysis, and the JSON record a run writes).
@@ -33,18 +33,18 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from tff_mf import analyses
+from tff_mf.accounting import analyses
 from tff_mf import checks
-from tff_mf import discrete_gaussian as dg
+from tff_mf.noise import discrete_gaussian as dg
 from tff_mf import factorization as fz
 from tff_mf import participation as participation_lib
 from tff_mf import registry
 from tff_mf import spec as spec_lib
-from tff_mf import statement
-from tff_mf import streams
-from tff_mf import strategies
-from tff_mf import workloads
-from tff_mf.families import tree
+from tff_mf.accounting import statement
+from tff_mf.noise import streams
+from tff_mf.factorization import strategies
+from tff_mf.factorization import workloads
+from tff_mf.factorization.families import tree
 
 EPSILON_ANALYSIS = "one Gaussian at z/sens, without amplification"
 
@@ -100,15 +100,16 @@ class PrivacyRecord:
       (``details["candidates"]``), None without δ.
     target_epsilon: the target z was calibrated to, or None.
     analysis: in words, the analysis that gave ``epsilon``.
-    bound: its analysis's name in ``tff_mf.analyses.REGISTRY`` (none, banded, mmcc, adaptive).
+    bound: its analysis's name in ``tff_mf.accounting.analyses.REGISTRY`` (none,
+      amplified_banded, mmcc, adaptive).
     details: the JSON-ready record a run writes (summary.json ``privacy``): the reported
       bound's fields, every candidate bound, notes; empty without δ.
-    setup: what the privacy statement names beside ε (``tff_mf.statement.setup_words``):
+    setup: what the privacy statement names beside ε (``tff_mf.accounting.statement.setup_words``):
       mechanism, rounds, clients per round, clip norm, schema; set by ``build``.
     encoder, participation: the C the noise is calibrated for and the schema (what
       ``epsilon_by_round`` accounts for).
 
-  ``str()`` is the privacy statement (``tff_mf.statement``) of this configuration.
+  ``str()`` is the privacy statement (``tff_mf.accounting.statement``) of this configuration.
   """
   private: bool
   noise_multiplier: float
@@ -140,7 +141,7 @@ class PrivacyRecord:
     return statement.privacy_statement(self)["text"]
 
   def statement_input(self) -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
-    """(the record ``tff_mf.statement.privacy_statement`` describes, or None without noise;
+    """(the record ``tff_mf.accounting.statement.privacy_statement`` describes, or None without noise;
     its keyword defaults: the setup, schema, seed source and why ε may be missing)."""
     if not self.private:
       return None, {}
@@ -204,7 +205,7 @@ def resolve(mechanism: registry.Mechanism, workload: workloads.WorkloadSpec,
   info: Dict[str, Any] = {}
   f = a_factorized = stream = encoder = report = sens = None
   n = workload.n
-  if mechanism.noise in ("dense", "linear"):
+  if mechanism.noise in ("dense_rows", "linear"):
     f, a_factorized = _matrix_factorization(mechanism, workload, participation, cache_dir,
                                             params, progress, info)
     if mechanism.noise == "linear":
@@ -237,7 +238,7 @@ def _matrix_factorization(m: registry.Mechanism, w_spec: workloads.WorkloadSpec,
                           cache_dir: Optional[str], given: Mapping[str, Any], progress: bool,
                           info: Dict[str, Any]):
   """(factorization for the training A, workload of the stream) from the cache, checked."""
-  from tff_mf import cache  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
   n = w_spec.n
   factorized = workloads.WorkloadSpec("prefix_sum", n) if m.post_processes_prefix_decoder \
       else w_spec
@@ -340,8 +341,8 @@ def describe(spec: spec_lib.MechanismSpec, resolved: Resolved, record: PrivacyRe
 def adaptive_info(spec: spec_lib.MechanismSpec, resolved: Resolved,
                   record: PrivacyRecord) -> Dict[str, Any]:
   """The multipliers of adaptive clipping's two Gaussians and of their composition:
-  μ² = (sens/z)² + k·(½/σ_b)² (``tff_mf.adaptive_clipping``)."""
-  from tff_mf import adaptive_clipping  # pylint: disable=g-import-not-at-top
+  μ² = (sens/z)² + k·(½/σ_b)² (``tff_mf.accounting.adaptive_clipping``)."""
+  from tff_mf.accounting import adaptive_clipping  # pylint: disable=g-import-not-at-top
   k = spec.participation.max_participations_in(spec.n)
   sigma_b, sens, z = spec.adaptive.clipped_count_stddev, resolved.sensitivity, \
       record.noise_multiplier
@@ -398,15 +399,15 @@ def run_privacy(encoder: np.ndarray, schema: participation_lib.Participation,
     also the amplified banded analysis when C has at most b bands (Choquette-Choo et al.
     2023, arXiv:2306.08153, Thm 4), else MMCC (Choquette-Choo et al. 2024,
     arXiv:2310.15526, App D); under random_allocation: also its Rényi bound
-    (``tff_mf.random_allocation``, after Schuchardt & Kalinin 2026, arXiv:2601.21636).
+    (``tff_mf.accounting.random_allocation``, after Schuchardt & Kalinin 2026, arXiv:2601.21636).
     z is then calibrated with it. The record reports the smallest bound and names it; an
     analysis that does not apply leaves a note;
-  - with ``adaptive`` (a checked ``tff_mf.adaptive_clipping.AdaptiveClipping``): the MF
+  - with ``adaptive`` (a checked ``tff_mf.accounting.adaptive_clipping.AdaptiveClipping``): the MF
     Gaussian composed with the clip norm's count queries, one Gaussian at 1/μ, without
     amplification; a target ε keeps σ_b and gives z the rest.
 
   ``known_sensitivity``: C's sensitivity report under the schema, when the caller holds it.
-  ``amplification``: a ``tff_mf.analyses.Analysis`` used in place of the automatic choice
+  ``amplification``: a ``tff_mf.accounting.analyses.Analysis`` used in place of the automatic choice
   (e.g. ``MonteCarloBound``, whose ε the record and statement label with its β).
   Without δ the record has z and sens but no ε. Raises ``CheckError`` on bad input.
   """
@@ -451,7 +452,7 @@ def privacy_record(encoder: np.ndarray, schema: participation_lib.Participation,
 
 def discrete_record(encoder: np.ndarray, schema: participation_lib.Participation,
                     report: Dict[str, Any], privacy_spec: spec_lib.Privacy) -> PrivacyRecord:
-  """The record of a run with the discrete Gaussian (``tff_mf.discrete_gaussian``): z given or
+  """The record of a run with the discrete Gaussian (``tff_mf.noise.discrete_gaussian``): z given or
   calibrated, ρ-zCDP at the sensitivity inflated by the accounted rounding share, ε by
   Cor. 13 of arXiv:2004.00010; its ``sensitivity`` is that inflated one (z/sens is ρ's)."""
   sens = float(report["value"])
@@ -565,9 +566,9 @@ class _Run:
     return best
 
   def adaptive(self, z: Optional[float], target: Optional[float], adaptive) -> Dict[str, Any]:
-    """μ² = (sens/z)² + k·(½/σ_b)² (``tff_mf.adaptive_clipping``), one Gaussian at 1/μ."""
+    """μ² = (sens/z)² + k·(½/σ_b)² (``tff_mf.accounting.adaptive_clipping``), one Gaussian at 1/μ."""
     from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-    from tff_mf import adaptive_clipping  # pylint: disable=g-import-not-at-top
+    from tff_mf.accounting import adaptive_clipping  # pylint: disable=g-import-not-at-top
     k = self.schema.max_participations_in(self.encoder.shape[1])
     sigma_b, sens = adaptive.clipped_count_stddev, float(self.report["value"])
     if target is not None:
@@ -610,7 +611,7 @@ def released_rows(c: np.ndarray, rounds: int) -> np.ndarray:
 
   Row i of a square (lower-triangular) C is released in round i; a C with more rows than
   rounds (TFF's tree, C_T/√levels) has its rows in release order, each released in the
-  round of its last non-zero column (``tff_mf.mmcc.release_rounds``). Taken no earlier
+  round of its last non-zero column (``tff_mf.accounting.mmcc.release_rounds``). Taken no earlier
   than any later column it touches, so the rows kept depend only on rounds 1..``rounds``.
   """
   m, n = c.shape
@@ -680,7 +681,7 @@ def _epsilon_at(z: float, sens: float, delta: float, accountant: str,
   if details.get("noise_distribution") == "discrete_gaussian":
     return dg.epsilon(z, delta, sens)
   if analyses.counts_clipping(details):
-    from tff_mf import adaptive_clipping  # pylint: disable=g-import-not-at-top
+    from tff_mf.accounting import adaptive_clipping  # pylint: disable=g-import-not-at-top
     total = adaptive_clipping.combined_noise_multiplier(
         z, sens, details["clipped_count_stddev"], details["count_participations"])
     return math.inf if total == 0.0 else accounting.epsilon(total, delta, accountant)

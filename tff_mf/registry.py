@@ -1,7 +1,7 @@
 """The mechanism registry: every strategy and mechanism name of tff-mf, as data (no TensorFlow).
 
 Two tables. A *strategy* is a way to choose the encoder C for a given workload A
-(a family module in ``tff_mf.families``); ``tff-mf factorize --mechanism`` takes
+(a family module in ``tff_mf.factorization.families``); ``tff-mf factorize --mechanism`` takes
 these names. A *mechanism* is what a user trains or accounts for: a strategy
 applied to a workload (prefix sums post-processed into the training workload, or
 the training workload itself), plus the kind of noise stream that realizes it.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import warnings
 from typing import Any, Dict, Optional, Tuple
 
 from tff_mf import checks
@@ -23,14 +24,17 @@ from tff_mf import participation
 PARTICIPATIONS = participation.KINDS  # every schema kind
 
 # Noise kinds: how the TF layer realizes a mechanism.
-#   dense        row i of N·Z regenerated from the secret seed (tff_mf.tf.noise.DenseNoise)
+#   dense_rows   row i of N·Z regenerated from the secret seed (tff_mf.tf.noise.DenseNoise)
 #   linear       a LinearStream recurrence with O(k·d) state (tff_mf.tf.noise.LinearNoise)
 #   tff_tree     TFF's DifferentiallyPrivateFactory.tree_aggregation
 #   tff_gaussian TFF's DifferentiallyPrivateFactory with gaussian_fixed's query, seeded
 #   none         no noise (non-private)
 #   clipped      no noise; each client's update clipped to the clip norm before the mean
 #                (non-private: the ceiling of a DP run with the same clipping)
-NOISE_KINDS = ("dense", "linear", "tff_tree", "tff_gaussian", "none", "clipped")
+NOISE_KINDS = ("dense_rows", "linear", "tff_tree", "tff_gaussian", "none", "clipped")
+# Former spellings of noise kinds (one name, one meaning: "dense" is the optimal family):
+# accepted in a Mechanism with a DeprecationWarning.
+RENAMED_NOISE_KINDS = {"dense": "dense_rows"}
 
 
 class RegistryError(checks.CheckError):
@@ -39,12 +43,12 @@ class RegistryError(checks.CheckError):
 
 @dataclasses.dataclass(frozen=True)
 class Strategy:
-  """A way to choose C, computed by a family module (``tff_mf.families``).
+  """A way to choose C, computed by a family module (``tff_mf.factorization.families``).
 
-  ``family`` names the module: a module of ``tff_mf.families`` ("banded") or any
+  ``family`` names the module: a module of ``tff_mf.factorization.families`` ("banded") or any
   other importable module ("my_project.my_family"). The module declares what the
   strategy reads, supports and costs (``STRATEGIES[name]``, a
-  ``tff_mf.families.Declaration``); the properties below read that declaration.
+  ``tff_mf.factorization.families.Declaration``); the properties below read that declaration.
   """
   name: str
   family: str
@@ -56,8 +60,9 @@ class Strategy:
   def module(self):
     """The family module that computes this strategy."""
     path = self.family
-    if "." not in path and importlib.util.find_spec(f"tff_mf.families.{path}") is not None:
-      path = f"tff_mf.families.{path}"
+    in_package = f"tff_mf.factorization.families.{path}"
+    if "." not in path and importlib.util.find_spec(in_package) is not None:
+      path = in_package
     try:
       return importlib.import_module(path)
     except ImportError as e:
@@ -66,7 +71,7 @@ class Strategy:
 
   @property
   def declaration(self) -> Any:
-    """The family's ``tff_mf.families.Declaration`` for this strategy."""
+    """The family's ``tff_mf.factorization.families.Declaration`` for this strategy."""
     module = self.module
     declared = getattr(module, "STRATEGIES", {}).get(self.name)
     if declared is None:
@@ -122,6 +127,16 @@ class Mechanism:
   private: bool = True
   momentum_workload: bool = False
 
+  def __post_init__(self):
+    if self.noise in RENAMED_NOISE_KINDS:
+      new = RENAMED_NOISE_KINDS[self.noise]
+      warnings.warn(f"mechanism {self.name!r}: noise kind {self.noise!r} is deprecated; use "
+                    f"{new!r}", DeprecationWarning, stacklevel=3)
+      object.__setattr__(self, "noise", new)
+    if self.noise not in NOISE_KINDS:
+      raise RegistryError(f"mechanism {self.name!r}: noise must be one of "
+                          f"{', '.join(NOISE_KINDS)}, got {self.noise!r}")
+
   @property
   def post_processes_prefix_decoder(self) -> bool:
     return self.workload == "prefix_sum"
@@ -174,17 +189,17 @@ MECHANISMS: Dict[str, Mechanism] = {m.name: m for m in (
               "honaker_online", "prefix_sum", "tff_tree", PARTICIPATIONS),
     Mechanism("honaker_online", ("binary_tree", "dp_ftrl"), "Honaker online (tree)",
               "binary tree C_T with the streaming Honaker decoder, as a matrix mechanism",
-              "honaker_online", "prefix_sum", "dense", PARTICIPATIONS),
+              "honaker_online", "prefix_sum", "dense_rows", PARTICIPATIONS),
     Mechanism("honaker_full", (), "Honaker full",
               "binary tree C_T with the full Honaker decoder", "honaker_full", "prefix_sum",
-              "dense", PARTICIPATIONS),
+              "dense_rows", PARTICIPATIONS),
     Mechanism("opt_prefix_sum", ("optimal_prefix_sum",), "opt prefix sum",
               "optimal factorization of the prefix sum S; momentum and the learning-rate "
-              "schedule applied as post-processing", "optimal", "prefix_sum", "dense",
+              "schedule applied as post-processing", "optimal", "prefix_sum", "dense_rows",
               PARTICIPATIONS),
     Mechanism("opt_momentum", ("optimal_momentum", "optimal"), "opt momentum",
               "optimal factorization of the training workload M = M(η)·M(β) itself",
-              "optimal", "training", "dense", PARTICIPATIONS, momentum_workload=True),
+              "optimal", "training", "dense_rows", PARTICIPATIONS, momentum_workload=True),
     Mechanism("structured", (), "structured (banded + low rank)",
               "banded + low-rank B̂ for S with O((h + r)·d) noise per round", "structured",
               "prefix_sum", "linear", PARTICIPATIONS),
@@ -216,7 +231,7 @@ MECHANISMS: Dict[str, Mechanism] = {m.name: m for m in (
               "(C = I, DP-FedAvg)", "identity", "training", "tff_gaussian", PARTICIPATIONS),
     Mechanism("tree_restart", (), "tree with restarts",
               "binary trees restarted every 2^(h−1) rounds (Kairouz et al. 2021); MMCC Sec 6.3",
-              None, "prefix_sum", "dense", ("single", "min_sep"), trainable=False,
+              None, "prefix_sum", "dense_rows", ("single", "min_sep"), trainable=False,
               why_not_trainable="accounting only: tff-mf has no streaming decoder for restarted "
                                 "trees; train with tree or honaker_online"),
     Mechanism("none", ("nonprivate",), "non-private", "plain FedAvg without clipping noise",

@@ -6,7 +6,7 @@ schema, the privacy (z or a target ε, δ, the Gaussian accountant, the sampling
 probability), the clipping (a fixed clip norm, or the adaptive quantile estimate of Andrew
 et al. 2021, arXiv:1905.03871) and the family parameters. Each part checks itself when it
 is built, and the spec checks how they fit together (the family parameters against the
-family's ``tff_mf.families.Declaration``), once: every error is one line naming the
+family's ``tff_mf.factorization.families.Declaration``), once: every error is one line naming the
 argument. ``MechanismSpec.from_args`` builds one from the keyword arguments of
 ``tff_mf.tf.aggregators.build_mechanism``; ``tff_mf.mechanisms.build`` resolves it.
 """
@@ -18,14 +18,14 @@ import types
 from typing import Any, Dict, Mapping, Optional, Union
 
 from tff_mf import accounting
-from tff_mf import adaptive_clipping
-from tff_mf import analyses
+from tff_mf.accounting import adaptive_clipping
+from tff_mf.accounting import analyses
 from tff_mf import checks
-from tff_mf import discrete_gaussian
-from tff_mf import families
+from tff_mf.factorization import families
+from tff_mf.noise import discrete_gaussian
 from tff_mf import participation as participation_lib
 from tff_mf import registry
-from tff_mf import workloads
+from tff_mf.factorization import workloads
 
 LR_SCHEDULES = workloads.LR_SCHEDULES
 
@@ -33,7 +33,7 @@ LR_SCHEDULES = workloads.LR_SCHEDULES
 # carries its k model-sized state rows between rounds; "stateless" regenerates the rows of Z
 # that round i's noise needs from the secret seed and keeps no state (cost ∝ the non-zeros
 # of C⁻¹'s row i: b for BISR, BandInvMF and λCGD, whose C⁻¹ is banded; Kalinin et al. 2025,
-# arXiv:2505.12128). "auto": the registry's kind (stateful for linear, stateless for dense).
+# arXiv:2505.12128). "auto": the registry's kind (stateful for linear, stateless for dense_rows).
 NOISE_STREAMS = ("auto", "stateful", "stateless")
 
 
@@ -51,13 +51,13 @@ class Privacy:
     noise_multiplier: z, or None to calibrate it to ``target_epsilon`` (exactly one given).
     target_epsilon: the ε the smallest z is calibrated to (needs ``delta``).
     delta: δ of the reported (ε, δ); None: no ε is computed.
-    accountant: the unamplified Gaussian's accountant (``tff_mf.analyses.ACCOUNTANTS``).
+    accountant: the unamplified Gaussian's accountant (``tff_mf.accounting.analyses.ACCOUNTANTS``).
     sampling_prob: p < 1 of cyclic Poisson sampling under min_sep (amplified bounds).
     allow_no_noise: z = 0 is accepted (ε = ∞).
-    amplification: a ``tff_mf.analyses.Analysis`` in place of the automatic choice of the
+    amplification: a ``tff_mf.accounting.analyses.Analysis`` in place of the automatic choice of the
       amplified analysis (e.g. ``MonteCarloBound``), or None.
     noise_distribution: "gaussian" (continuous noise on C⁻¹·Z), or "discrete_gaussian"
-      (integer noise on the integer release round(γ·C·x), ``tff_mf.discrete_gaussian``:
+      (integer noise on the integer release round(γ·C·x), ``tff_mf.noise.discrete_gaussian``:
       accounted by zCDP, never amplified by sampling).
     granularity: γ of the discrete Gaussian (None: the default for the model size).
   """
@@ -128,7 +128,7 @@ class Clipping:
 
   Attributes:
     clip_norm: ζ of every round (fixed), or ζ_0 (adaptive: ``adaptive.initial_clip_norm``).
-    adaptive: the checked quantile estimator (``tff_mf.adaptive_clipping``), None for a
+    adaptive: the checked quantile estimator (``tff_mf.accounting.adaptive_clipping``), None for a
       fixed clip norm.
   """
   clip_norm: float
@@ -315,7 +315,7 @@ class MechanismSpec:
                noise_stream=noise_stream)
 
   def statement_setup(self, noise_seed_pinned: bool = False) -> Dict[str, Any]:
-    """What the privacy statement names beside ε (``tff_mf.statement.setup_words``)."""
+    """What the privacy statement names beside ε (``tff_mf.accounting.statement.setup_words``)."""
     out: Dict[str, Any] = {
         "mechanism": self.mechanism.name, "label": self.mechanism.label, "rounds": self.n,
         "clients_per_round": self.clients_per_round, "clip_norm": self.clipping.described,
@@ -347,15 +347,15 @@ class MechanismSpec:
 
 def resolve_noise_stream(mechanism: registry.Mechanism, value: str) -> str:
   """The noise stream asked for (``NOISE_STREAMS``), checked against the mechanism's noise
-  kind; "auto" is the kind's own (stateful for linear, stateless for dense)."""
+  kind; "auto" is the kind's own (stateful for linear, stateless for dense_rows)."""
   if value not in NOISE_STREAMS:
     raise checks.CheckError(f"noise_stream must be one of {', '.join(NOISE_STREAMS)}, got "
                             f"{value!r}")
-  own = {"linear": "stateful", "dense": "stateless"}.get(mechanism.noise, "auto")
+  own = {"linear": "stateful", "dense_rows": "stateless"}.get(mechanism.noise, "auto")
   if value in ("auto", own):
     return own
-  allowed = {"linear": ("stateful", "stateless"), "dense": ("stateless",)}.get(mechanism.noise,
-                                                                            ())
+  allowed = {"linear": ("stateful", "stateless"),
+             "dense_rows": ("stateless",)}.get(mechanism.noise, ())
   if value not in allowed:
     raise checks.CheckError(f"noise_stream={value!r} does not apply to mechanism "
                             f"{mechanism.name!r} (its noise is {mechanism.noise}"

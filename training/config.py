@@ -16,7 +16,7 @@ import os
 from typing import Dict, Optional, Tuple, Union
 
 from tff_mf import accounting
-from tff_mf import adaptive_clipping
+from tff_mf.accounting import adaptive_clipping
 from tff_mf import checks
 from tff_mf import clitools
 from tff_mf import participation
@@ -109,7 +109,7 @@ def is_private(mechanism: str) -> bool:
 # The one-run audit's flags besides --canaries, and their defaults (training.canaries).
 CANARY_FLAGS = {"canary_alpha": 0.05, "canary_plan_mu": None, "canary_seed": None}
 CANARY_PARTICIPATIONS = ("single", "fixed_epoch", "balls_in_bins")
-# The quantile estimator's flags (--clip_norm=adaptive; tff_mf.adaptive_clipping).
+# The quantile estimator's flags (--clip_norm=adaptive; tff_mf.accounting.adaptive_clipping).
 ADAPTIVE_FLAGS = ("target_quantile", "initial_clip_norm", "clip_learning_rate",
                   "clipped_count_stddev")
 

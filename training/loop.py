@@ -567,7 +567,7 @@ def _plant_canaries(trainer: _Trainer, state, setup, new_run: bool) -> None:
 
 def _workload(config: TrainingConfig, setup) -> np.ndarray:
   """A, the workload the server optimizer applies (the factorization's, else M(η)·M(β))."""
-  from tff_mf import workloads  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import workloads  # pylint: disable=g-import-not-at-top
   if setup.factorization is not None:
     return np.asarray(setup.factorization.a, np.float64)
   etas = workloads.learning_rates(config.total_rounds, config.lr_schedule, config.schedule_rounds)

@@ -4,7 +4,7 @@
 
 1. Factorizes n = 512 rounds for prefix sums and for momentum β = 0.95 with the
    identity, Honaker online / full, optimal and structured (h + r = ⌈log₂ n⌉)
-   strategies through the library (``tff_mf.cache``, ``tff_mf.strategies``),
+   strategies through the library (``tff_mf.factorization.cache``, ``tff_mf.factorization.strategies``),
    writes a table of √L (Denisov, McMahan, Rush, Smith, Thakurta 2022,
    arXiv:2202.08312, Eq. 2) with the lower bound ‖A‖_*/√n, and the per-round
    variance and heatmap plots into ``--output_dir``. Everything goes through the
@@ -146,7 +146,7 @@ def _strategy_labels(n: int) -> Dict[str, str]:
 
 
 def _workloads(n: int):
-  from tff_mf import workloads  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import workloads  # pylint: disable=g-import-not-at-top
   return {"prefix sum": workloads.WorkloadSpec(kind="prefix_sum", n=n),
           f"momentum {DEMO_MOMENTUM:g}": workloads.WorkloadSpec(kind="momentum", n=n,
                                                                 momentum=DEMO_MOMENTUM)}
@@ -154,7 +154,8 @@ def _workloads(n: int):
 
 def _factorize_columns(n: int, cache_dir: Optional[str], progress: bool = True):
   """{column: {strategy: factorization}}, the cache records, and {column: √(lower bound)}."""
-  from tff_mf import cache, registry, strategies  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import cache, strategies  # pylint: disable=g-import-not-at-top
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
   from tff_mf import factorization as fz  # pylint: disable=g-import-not-at-top
   from tff_mf.commands import factorize as factorize_cmd  # pylint: disable=g-import-not-at-top
   structure = registry.default_parameters("structured", n)
@@ -212,7 +213,8 @@ def _schema_rows(n: int, cache_dir: Optional[str], single: Dict[str, Dict[str, o
   The single-participation strategies of the first table are measured under the schema
   (their C is not optimized for it); ``MULTI_STRATEGIES`` are optimized for it.
   """
-  from tff_mf import cache, registry, strategies  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import cache, strategies  # pylint: disable=g-import-not-at-top
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
   from tff_mf.commands import factorize as factorize_cmd  # pylint: disable=g-import-not-at-top
   schema = main_job_schema()
   labels = _strategy_labels(n)
@@ -365,7 +367,7 @@ def run_main_job(output_dir: str, cache_dir: Optional[str] = None, *,
 
   Args:
     output_dir: where runs/, results.md, results.json and training.png go.
-    cache_dir: factorization cache (default ``tff_mf.cache.default_cache_dir()``).
+    cache_dir: factorization cache (default ``tff_mf.factorization.cache.default_cache_dir()``).
     data_dir: docstring-dataset cache (default ``stackoverflow.pydocs.default_cache_dir()``).
     mechanisms: mechanism names (tff_mf.registry); the first is the baseline.
     seeds: replicate r uses client-sampling/model-init seed r and noise seed r (pinned, so

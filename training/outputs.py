@@ -5,7 +5,7 @@
   ``round/<counter>``, ``privacy/epsilon``: the ε spent after each round), the test metrics
   and ε at the end, the config as hparams
   (``tensorboard.plugins.hparams``) and as text.
-* ``summary.json``: ε and the privacy statement (``tff_mf.statement``), metrics, √L, package versions, the dataset fingerprint,
+* ``summary.json``: ε and the privacy statement (``tff_mf.accounting.statement``), metrics, √L, package versions, the dataset fingerprint,
   UTC start and end times and the full config (never the noise seed).
 * ``final_model.npz``: the trained weights, each array named by its model variable.
 

@@ -4,7 +4,7 @@ The run's ε is decided by the library, once, for the encoder it built
 (``tff_mf.mechanisms.run_privacy``, read through ``training.run_setup.resolve_privacy``):
 every number is an upper bound on the run's ε at δ. This module adds what only a run has:
 
-- the run's privacy statement (``tff_mf.statement``);
+- the run's privacy statement (``tff_mf.accounting.statement``);
 - the DpEvents the aggregators report each round: :class:`EventLedger` keeps them
   (``dp_events.jsonl``) and :func:`dp_event_epsilon` composes them with dp_accounting's
   PLD accountant, a cross-check of the unamplified guarantee recorded beside ε.
@@ -49,9 +49,9 @@ def run_statement(config: TrainingConfig, record: Optional[Dict[str, Any]],
                   epsilon: Optional[float], reason: Optional[str],
                   participation: Dict[str, Any], seed_source: str,
                   nonprivate_metrics: Sequence[str] = ()) -> Dict[str, Any]:
-  """The run's privacy statement (``tff_mf.statement``) for summary.json and stdout;
+  """The run's privacy statement (``tff_mf.accounting.statement``) for summary.json and stdout;
   ``nonprivate_metrics``: those released over the whole run (named as not covered)."""
-  from tff_mf import statement  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import statement  # pylint: disable=g-import-not-at-top
   if record is None:
     return statement.no_privacy_statement(f"--mechanism={config.mechanism} adds no noise")
   return statement.privacy_statement(
@@ -63,7 +63,7 @@ def run_statement(config: TrainingConfig, record: Optional[Dict[str, Any]],
 
 
 def statement_setup(config: TrainingConfig) -> Dict[str, Any]:
-  """What the run's privacy statement names beside ε (``tff_mf.statement.setup_words``)."""
+  """What the run's privacy statement names beside ε (``tff_mf.accounting.statement.setup_words``)."""
   from tff_mf import registry  # pylint: disable=g-import-not-at-top
   mechanism = config.canonical_mechanism
   out: Dict[str, Any] = {"mechanism": mechanism, "label": registry.label(mechanism),

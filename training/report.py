@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tff_mf.statement import epsilon_text
+from tff_mf.accounting.statement import epsilon_text
 
 # (metric key in summary["test_metrics"], label, lower is better)
 METRICS = (("loss", "test loss (nats/token)", True),
@@ -151,7 +151,7 @@ def learning(result: dict) -> Dict[str, object]:
 
 
 def _largest_statement(summaries: Sequence[dict]) -> Optional[dict]:
-  """The privacy statement (``tff_mf.statement``) of the run with the largest ε (None: a
+  """The privacy statement (``tff_mf.accounting.statement``) of the run with the largest ε (None: a
   summary written before statements were)."""
   statements = [s.get("privacy_statement") for s in summaries]
   if any(s is None for s in statements):

@@ -21,7 +21,7 @@ from flwr.serverapp.strategy import FedAvg
 
 import simulation
 import userenv
-from tff_mf import adaptive_clipping
+from tff_mf.accounting import adaptive_clipping
 from tff_mf import checks
 from tff_mf import participation
 from tff_mf.flower import noise as noise_lib

@@ -13,15 +13,15 @@ built, or factorized once into the cache and reused, exactly as training resolve
 unamplified (one Gaussian at z / sensitivity) or amplified by Poisson sampling (MMCC,
 Choquette-Choo et al. 2024, arXiv:2310.15526; amplified banded, Choquette-Choo et al.
 2023, arXiv:2306.08153), or by random allocation (``--participation random_allocation
---amplification random_allocation``, ``tff_mf.random_allocation``, after Schuchardt &
+--amplification random_allocation``, ``tff_mf.accounting.random_allocation``, after Schuchardt &
 Kalinin 2026, arXiv:2601.21636). ``--participation balls_in_bins`` is the field's
 fixed-bin scheme (arXiv:2410.06266), amplified by ``--amplification balls_in_bins``
-(``tff_mf.fixed_bin``)::
+(``tff_mf.accounting.fixed_bin``)::
 
   tff-mf account --mechanism blt --total_rounds 256 --min_sep 32 --amplification mmcc \\
       --sampling_prob 0.25 --noise_multiplier 2 --delta 1e-6 --cache_dir D --json
   tff-mf account --matrix CACHE.npz --participation min_sep --min_sep 8 \\
-      --amplification banded --sampling_prob 0.5 --target_epsilon 2 --delta 1e-6
+      --amplification amplified_banded --sampling_prob 0.5 --target_epsilon 2 --delta 1e-6
 
 Imports nothing heavy at module level (numpy and dp_accounting only inside ``run``).
 """
@@ -37,7 +37,7 @@ from tff_mf import clitools
 from tff_mf.commands import factorize as factorize_cmd
 
 # MMCC's own matrices (Choquette-Choo et al. 2024, arXiv:2310.15526, Sec 6.3 and App E),
-# closed forms of tff_mf.mmcc that are no registry strategy, under names that say what they
+# closed forms of tff_mf.accounting.mmcc that are no registry strategy, under names that say what they
 # are: binary trees restarted every 2^(h-1) rounds (also the registry's accounting-only
 # mechanism tree_restart) and the square root of the prefix-sum matrix truncated to b bands.
 MMCC_MATRICES = {
@@ -65,7 +65,7 @@ _EXAMPLES = """examples:
   tff-mf account --mechanism blt --total_rounds 256 --min_sep 32 --amplification mmcc \\
       --sampling_prob 0.25 --noise_multiplier 2 --delta 1e-6
   tff-mf account --mechanism tree_restart --height 4 --total_rounds 512 --participation min_sep \\
-      --min_sep 8 --amplification banded --sampling_prob 0.5 --target_epsilon 2 --delta 1e-6
+      --min_sep 8 --amplification amplified_banded --sampling_prob 0.5 --target_epsilon 2 --delta 1e-6
   tff-mf account --matrix ~/.cache/tff_mf/<entry>/<file>.npz --amplification mmcc \\
       --sampling_prob 0.01 --noise_multiplier 8 --delta 1e-6
   tff-mf account --mechanism blt --total_rounds 256 --participation random_allocation --epochs 8 \\
@@ -96,7 +96,7 @@ def register(subparsers) -> None:
           "arXiv:2601.21636 (--amplification random_allocation). --participation "
           "balls_in_bins is the field's fixed-bin scheme (one secret bin per user, every "
           "b-th round; arXiv:2410.06266), amplified by --amplification balls_in_bins "
-          "(tff_mf.fixed_bin)."),
+          "(tff_mf.accounting.fixed_bin)."),
       epilog=_EXAMPLES, removed=REMOVED_FLAGS)
   _add_run_arguments(parser)
   _add_schema_arguments(parser.add_argument_group("participation schema"))
@@ -178,11 +178,13 @@ def _add_encoder_arguments(matrix) -> None:
 
 def _add_amplification_arguments(amp) -> None:
   amp.add_argument("--amplification",
-                   choices=("none", "mmcc", "banded", "random_allocation", "balls_in_bins",
-                            "monte_carlo_bound"),
+                   choices=("none", "mmcc", "amplified_banded", "random_allocation",
+                            "balls_in_bins", "monte_carlo_bound",
+                            "banded"),  # a former name (analyses.RENAMED), with a warning
                    default=None,
                    help="none: one Gaussian at z / sensitivity; mmcc: MMCC for any "
-                        "lower-triangular non-negative C; banded: amplified banded MF for C "
+                        "lower-triangular non-negative C; amplified_banded (formerly banded, "
+                        "still accepted with a warning): amplified banded MF for C "
                         "with at most b non-zero bands under b-min-sep sampling; "
                         "monte_carlo_bound: Monte-Carlo accounting with a proof for any "
                         "lower-triangular C >= 0 under min_sep / fixed_epoch Poisson sampling "
@@ -193,14 +195,14 @@ def _add_amplification_arguments(amp) -> None:
                         "balls_in_bins) for any square lower-triangular "
                         "non-negative C, Renyi bounds after arXiv:2601.21636; balls_in_bins: "
                         "fixed-bin balls-in-bins (--participation balls_in_bins --epochs K), "
-                        "tff_mf.fixed_bin, for the same C as random_allocation (default: none; "
-                        "with --sampling_prob, the analysis training uses: banded when C has at "
+                        "tff_mf.accounting.fixed_bin, for the same C as random_allocation (default: none; "
+                        "with --sampling_prob, the analysis training uses: amplified_banded when C has at "
                         "most b bands, else mmcc, under min_sep with p < 1 and no binding "
                         "--max_participations, else none; the output names it)")
   amp.add_argument("--sampling_prob", type=float, default=None, metavar="P",
                    help="probability p in (0, 1] that a user joins a round it may be sampled in "
                         "(every round for b = 1, the rounds of its residue class for b-min-sep); "
-                        "needed with --amplification mmcc or banded; alone, it picks the "
+                        "needed with --amplification mmcc or amplified_banded; alone, it picks the "
                         "analysis as training does (default: none)")
   amp.add_argument("--non_adaptive", action="store_true",
                    help="mmcc: assert the data are fixed in advance (allows non-triangular or "
@@ -211,7 +213,7 @@ def _add_amplification_arguments(amp) -> None:
                    help="mmcc: entries of C are rounded up to multiples of max|C| / this "
                         "(default: 64)")
   amp.add_argument("--pld_discretization", type=float, default=1e-4,
-                   help="mmcc, banded: privacy-loss grid step of the PLDs, coarsened "
+                   help="mmcc, amplified_banded: privacy-loss grid step of the PLDs, coarsened "
                         "automatically where a PLD would be too large (default: 1e-4)")
   amp.add_argument("--bound_samples", type=int, default=1_000_000, metavar="N",
                    help="monte_carlo_bound: draws of the privacy loss per direction and class "
@@ -228,14 +230,15 @@ def _add_amplification_arguments(amp) -> None:
 
 def _add_slack_arguments(slack) -> None:
   slack.add_argument("--lower_bound", action="store_true",
-                     help="mmcc, banded, random_allocation, balls_in_bins: also print a "
+                     help="mmcc, amplified_banded, random_allocation, balls_in_bins: also "
+                          "print a "
                           "proven LOWER bound on the true epsilon (lower_bound_epsilon; "
                           "b-min-sep: one residue class's first rounds, each joined with "
-                          "probability p, tff_mf.mixture_pair; random allocation: "
-                          "tff_mf.random_allocation; fixed bin: tff_mf.fixed_bin) and "
+                          "probability p, tff_mf.accounting.mixture_pair; random allocation: "
+                          "tff_mf.accounting.random_allocation; fixed bin: tff_mf.accounting.fixed_bin) and "
                           "slack = epsilon / lower_bound_epsilon (default: off)")
   slack.add_argument("--monte_carlo_samples", type=int, default=None, metavar="N",
-                     help="mmcc, banded: also print a Monte-Carlo ESTIMATE of the same pair's "
+                     help="mmcc, amplified_banded: also print a Monte-Carlo ESTIMATE of the same pair's "
                           "epsilon from N draws (Choquette-Choo et al. 2024, arXiv:2410.06266; "
                           "monte_carlo_estimate): sampling error, not a bound, never the run's "
                           "epsilon (default: none)")
@@ -243,11 +246,12 @@ def _add_slack_arguments(slack) -> None:
 
 def _check_slack_flags(args: argparse.Namespace, analysis: Optional[type]) -> None:
   """One-line errors for --lower_bound / --monte_carlo_samples where they do not apply
-  (``analysis``: the class of ``tff_mf.analyses``, None while training's choice is pending)."""
+  (``analysis``: the class of ``tff_mf.accounting.analyses``, None while training's choice is pending)."""
   flags = [f for f, on in (("--lower_bound", args.lower_bound),
                            ("--monte_carlo_samples", args.monte_carlo_samples is not None)) if on]
   if flags and analysis is not None and not analysis.amplified:
-    _fail(f"{flags[0]} needs --amplification mmcc, banded, random_allocation or balls_in_bins "
+    _fail(f"{flags[0]} needs --amplification mmcc, amplified_banded, random_allocation or "
+          "balls_in_bins "
           "(it bounds the sampled run's epsilon from below)")
   if args.monte_carlo_samples is not None and args.monte_carlo_samples < 1000:
     _fail(f"--monte_carlo_samples must be an integer >= 1000, got {args.monte_carlo_samples}")
@@ -259,14 +263,14 @@ def _add_slack(record: dict, c, args: argparse.Namespace) -> None:
   """The proven lower bound, the slack and the Monte-Carlo estimate, as separate fields.
 
   Residue class 0 of b-min-sep Poisson sampling (fixed_epoch k: b = n/k), each of its
-  rounds joined with probability p, at the z of the record (``tff_mf.mixture_pair``).
+  rounds joined with probability p, at the z of the record (``tff_mf.accounting.mixture_pair``).
   """
-  from tff_mf import mixture_pair  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import mixture_pair  # pylint: disable=g-import-not-at-top
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
   schema = participation.from_dict(record["schema"])
   if schema.allocation_amplified and args.monte_carlo_samples is None:
-    from tff_mf import fixed_bin  # pylint: disable=g-import-not-at-top
-    from tff_mf import random_allocation  # pylint: disable=g-import-not-at-top
+    from tff_mf.accounting import fixed_bin  # pylint: disable=g-import-not-at-top
+    from tff_mf.accounting import random_allocation  # pylint: disable=g-import-not-at-top
     module = fixed_bin if schema.marks_fixed_bin else random_allocation
     lower = module.lower_bound(c, record["schema"]["epochs"], record["noise_multiplier"],
                                record["delta"])
@@ -289,11 +293,11 @@ def _add_slack(record: dict, c, args: argparse.Namespace) -> None:
     record["lower_bound_method"] = (
         f"proven lower bound on the true epsilon: residue class 0, its first "
         f"{lower['columns']} rounds joined with probability p, threshold tests on projections "
-        "(tff_mf.mixture_pair.lower_bound)")
+        "(tff_mf.accounting.mixture_pair.lower_bound)")
     record["slack"] = (record["epsilon"] / lower["epsilon"] if lower["epsilon"] > 0
                        else float("inf"))
   if args.monte_carlo_samples is not None:
-    from tff_mf import analyses  # pylint: disable=g-import-not-at-top
+    from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
     estimator = analyses.MonteCarlo(samples=args.monte_carlo_samples)
     record["monte_carlo_estimate"] = estimator.estimate(*pair, **options)
 
@@ -324,7 +328,7 @@ def _encoder(args: argparse.Namespace, amplified: bool):
   if args.matrix is not None and args.mechanism is not None:
     _fail("give one of --matrix and --mechanism")
   if args.matrix is not None:
-    from tff_mf import cache  # pylint: disable=g-import-not-at-top
+    from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
     for flag in _given(args, _PARAMETER_FLAGS + _WORKLOAD_FLAGS):
       _fail(f"--{flag} describes a mechanism, not --matrix")
     f = cache.load(args.matrix)
@@ -383,7 +387,7 @@ def _encoder(args: argparse.Namespace, amplified: bool):
 def _mmcc_matrix(args: argparse.Namespace):
   """(C, source label) of one of MMCC's own matrices."""
   from tff_mf import checks  # pylint: disable=g-import-not-at-top
-  from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import mmcc  # pylint: disable=g-import-not-at-top
   for flag in _given(args, ("rank", "buffers") + _WORKLOAD_FLAGS):
     if flag != "cache_dir":  # accepted (nothing to cache), so one command fits every mechanism
       _fail(f"--{flag} does not apply to --mechanism {args.mechanism}")
@@ -462,7 +466,7 @@ def _schema(args: argparse.Namespace, n, cached, amplified: bool):
 def _analysis_as_training(c, schema, sampling_prob: float):
   """(analysis class, why) for --sampling_prob without --amplification: the analysis a
   training run of the same C, schema and p uses (``tff_mf.mechanisms``)."""
-  from tff_mf import analyses  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
   from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
   if schema.allocation_amplified:
     _fail(f"--sampling_prob does not apply to --participation {schema.kind} (a user's rounds "
@@ -480,10 +484,10 @@ def _analysis_as_training(c, schema, sampling_prob: float):
 
 
 def _with_statement(record: dict) -> dict:
-  """The record and its privacy statement (``tff_mf.statement``, for the configuration
+  """The record and its privacy statement (``tff_mf.accounting.statement``, for the configuration
   given: no run, nothing sampled)."""
   from tff_mf import registry  # pylint: disable=g-import-not-at-top
-  from tff_mf import statement  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import statement  # pylint: disable=g-import-not-at-top
   setup = {}
   if record.get("mechanism"):
     setup.update(mechanism=record["mechanism"], label=registry.label(record["mechanism"]))
@@ -557,10 +561,20 @@ def _check_bound_flags(args: argparse.Namespace, sampled: bool) -> None:
         _fail(f"{flag} applies to --amplification monte_carlo_bound")
 
 
+def _rename_amplification(args: argparse.Namespace, renamed) -> None:
+  """A former analysis name (``renamed``: old -> new) is the analysis it named, with one
+  warning line."""
+  if args.amplification in renamed:
+    new = renamed[args.amplification]
+    print(f"warning: --amplification {args.amplification} is deprecated; use --amplification "
+          f"{new}", file=sys.stderr)
+    args.amplification = new
+
+
 def _run_discrete(args: argparse.Namespace) -> int:
   """--noise_distribution discrete_gaussian: the zCDP record of ``tff_mf.mechanisms``."""
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  from tff_mf import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+  from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
   from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
   from tff_mf import registry  # pylint: disable=g-import-not-at-top
   from tff_mf import spec as spec_lib  # pylint: disable=g-import-not-at-top
@@ -598,9 +612,10 @@ def _finish(record: dict, args: argparse.Namespace, extra: dict) -> int:
 
 def run(args: argparse.Namespace) -> int:
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  from tff_mf import analyses  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
   if (args.noise_multiplier is None) == (args.target_epsilon is None):
     _fail("give exactly one of --noise_multiplier and --target_epsilon")
+  _rename_amplification(args, analyses.RENAMED)
   # None: --sampling_prob alone, the analysis is chosen below as training chooses it.
   analysis = (None if args.amplification is None and args.sampling_prob is not None
               else analyses.analysis_class(args.amplification))
@@ -619,7 +634,7 @@ def run(args: argparse.Namespace) -> int:
       _fail(f"--amplification {analysis.name} needs --epochs K ({analysis.name})")
     args.participation = analysis.name
   if not amplified and not allocation and not sampled and args.sampling_prob is not None:
-    _fail("--sampling_prob needs --amplification mmcc or banded")
+    _fail("--sampling_prob needs --amplification mmcc or amplified_banded")
   if amplified and args.sampling_prob is None:
     _fail(f"--amplification {analysis.name} needs --sampling_prob")
   if args.non_adaptive and (analysis is None or not analyses.takes(analysis, "non_adaptive")):

@@ -1,4 +1,5 @@
-"""``tff-mf cache list|verify``: inspect and check the factorization cache (``tff_mf.cache``)."""
+"""``tff-mf cache list|verify``: inspect and check the factorization cache
+(``tff_mf.factorization.cache``)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def _fmt(x, spec):
 
 
 def run(args: argparse.Namespace) -> int:
-  from tff_mf import cache  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
   from tff_mf import jsonio  # pylint: disable=g-import-not-at-top
   root = cache.resolve_dir(args.cache_dir)
   if args.cache_action == "list":

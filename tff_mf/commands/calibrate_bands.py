@@ -1,6 +1,6 @@
 """``tff-mf calibrate-bands``: the number of bands (and z) with the least expected error at a
 target ε under cyclic Poisson sampling, with the amplified banded analysis
-(``tff_mf.band_calibration``; Choquette-Choo et al. 2023, arXiv:2306.08153, Thm 4)."""
+(``tff_mf.accounting.band_calibration``; Choquette-Choo et al. 2023, arXiv:2306.08153, Thm 4)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-  from tff_mf import band_calibration  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import band_calibration  # pylint: disable=g-import-not-at-top
   from tff_mf import jsonio  # pylint: disable=g-import-not-at-top
   result = band_calibration.calibrate_bands(
       args.n, args.target_epsilon, args.delta, min_sep=args.min_sep,

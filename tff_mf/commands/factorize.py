@@ -1,6 +1,6 @@
 """``tff-mf factorize``: the offline job that computes (or loads) a factorization A = B·C.
 
-Writes the result into the cache (``tff_mf.cache``) and prints √L, the sensitivity,
+Writes the result into the cache (``tff_mf.factorization.cache``) and prints √L, the sensitivity,
 rmse and max_error under the participation schema, and the solver figures;
 ``--json`` prints one JSON object. A repeated call is a cache hit. Module-level
 imports stay light (no TensorFlow, no matplotlib) so a hit answers in about a second.
@@ -15,7 +15,7 @@ import time
 from tff_mf import clitools
 
 WORKLOADS = ("prefix_sum", "momentum", "file")
-# After Ctrl-C (tff_mf.cli): cache entries are written atomically (tff_mf.cache).
+# After Ctrl-C (tff_mf.cli): cache entries are written atomically (tff_mf.factorization.cache).
 INTERRUPTED = "interrupted; no partial cache entry was written (finished ones stay cached)"
 DEFAULT_MOMENTUM = 0.95  # Denisov et al. 2022, arXiv:2202.08312, Fig 1 (right), Sec 5
 
@@ -82,7 +82,8 @@ def add_parameter_arguments(group) -> None:
 
 def workload_from_args(args: argparse.Namespace):
   """A ``WorkloadSpec`` from the parsed flags (validating a matrix file at once)."""
-  from tff_mf import checks, workloads  # pylint: disable=g-import-not-at-top
+  from tff_mf import checks  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import workloads  # pylint: disable=g-import-not-at-top
   kind = args.workload
   if args.matrix_file:
     if kind not in (None, "file"):
@@ -134,7 +135,8 @@ def strategy_and_workload(name: str, args: argparse.Namespace):
   or a mechanism (name or alias), which maps to its strategy and workload as the
   registry says: the prefix sum S for mechanisms that post-process a prefix-sum decoder,
   else the workload the flags describe (the training workload)."""
-  from tff_mf import checks, registry, workloads  # pylint: disable=g-import-not-at-top
+  from tff_mf import checks, registry  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import workloads  # pylint: disable=g-import-not-at-top
   if name in registry.STRATEGIES:
     return name, workload_from_args(args)
   if name not in registry.all_spellings():
@@ -158,7 +160,8 @@ def strategy_and_workload(name: str, args: argparse.Namespace):
 
 
 def spec_from_args(args: argparse.Namespace):
-  from tff_mf import checks, registry, strategies  # pylint: disable=g-import-not-at-top
+  from tff_mf import checks, registry  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import strategies  # pylint: disable=g-import-not-at-top
   strategy, workload = strategy_and_workload(args.mechanism, args)
   schema = participation_from_args(args, workload.n)
   params = registry.default_parameters(strategy, workload.n, schema)
@@ -210,7 +213,7 @@ def result_record(f, entry) -> dict:
                                            md.get("sensitivity_before_normalization")),
       "path": entry.npz_path, "metadata_path": entry.json_path, "cache_hit": entry.cache_hit,
       "key": md.get("key"), "params": md.get("params"),
-      # What was asked and what was done (tff_mf.strategies.solver_outcome).
+      # What was asked and what was done (tff_mf.factorization.strategies.solver_outcome).
       "outcome": f.info.get("outcome"),
   }
 
@@ -265,7 +268,7 @@ def _fmt(value, spec) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-  from tff_mf import cache  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
   from tff_mf import jsonio  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
   spec = spec_from_args(args)

@@ -20,7 +20,7 @@ EXTRAS = ("plot",)
 
 
 def _factorization(workload, strategy: str, cache_dir: Optional[str], progress: bool = True):
-  from tff_mf import cache, strategies  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import cache, strategies  # pylint: disable=g-import-not-at-top
   spec = strategies.FactorizationSpec(workload=workload, strategy=strategy)
   f, _ = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=progress)
   return f
@@ -29,7 +29,8 @@ def _factorization(workload, strategy: str, cache_dir: Optional[str], progress: 
 def make_plots(output_dir: str, n: int, momentum: Optional[float] = None,
                cache_dir: Optional[str] = None, progress: bool = True) -> List[str]:
   """Writes the PNGs for prefix sums (and momentum β if given); returns their paths."""
-  from tff_mf import plots, strategies, workloads  # pylint: disable=g-import-not-at-top
+  from tff_mf import plots  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import strategies, workloads  # pylint: disable=g-import-not-at-top
   os.makedirs(output_dir, exist_ok=True)
   paths = []
   prefix = workloads.WorkloadSpec(kind="prefix_sum", n=n)

@@ -34,12 +34,12 @@ from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
-from tff_mf import adaptive_clipping
+from tff_mf.accounting import adaptive_clipping
 from tff_mf import checks
 from tff_mf import entropy
 from tff_mf import mechanisms
 from tff_mf import spec as spec_lib
-from tff_mf import workloads
+from tff_mf.factorization import workloads
 from tff_mf.flower import noise as noise_lib
 
 ACCOUNTING_METHOD = "tff-mf epsilon_by_round"
@@ -130,11 +130,11 @@ class _SelectedGrid:
 
 def _check_continuous(spec: spec_lib.MechanismSpec) -> None:
   """The Flower layer adds continuous noise: a discrete-Gaussian spec's integer release is
-  the TF query's (``tff_mf.tf.aggregators``) or ``tff_mf.discrete_gaussian.IntegerRelease``."""
+  the TF query's (``tff_mf.tf.aggregators``) or ``tff_mf.noise.discrete_gaussian.IntegerRelease``."""
   if spec.privacy.discrete:
     raise checks.CheckError("the Flower layer adds continuous noise: noise_distribution "
                             "'discrete_gaussian' runs with the TF aggregator "
-                            "(tff_mf.tf.aggregators) or tff_mf.discrete_gaussian.IntegerRelease",
+                            "(tff_mf.tf.aggregators) or tff_mf.noise.discrete_gaussian.IntegerRelease",
                             arguments=("noise_distribution",))
 
 

@@ -33,7 +33,7 @@ from typing import Callable, List, Optional, Tuple
 import numpy as np
 
 from tff_mf import checks
-from tff_mf import separation
+from tff_mf.participation import separation
 
 # Random-allocation patterns (b^k) enumerated for the sensitivity at most.
 RANDOM_ALLOCATION_ENUMERATION_LIMIT = 20000
@@ -193,8 +193,8 @@ def min_sep_bounds(c: np.ndarray, b: int, k: int, col_sq: np.ndarray,
       upper, method = enum_upper, "enumerated_patterns"
     lower = enum_lower
   if coef is not None:  # Toeplitz: its structured bounds are valid too; the smaller is used
-    from tff_mf import toeplitz_ops  # pylint: disable=g-import-not-at-top
-    structured = toeplitz_ops.min_sep_sensitivity_report(np.trim_zeros(coef, "b"), n, b, k)
+    from tff_mf.participation import toeplitz_bounds  # pylint: disable=g-import-not-at-top
+    structured = toeplitz_bounds.min_sep_sensitivity_report(np.trim_zeros(coef, "b"), n, b, k)
     if structured["value"] ** 2 < upper:
       upper, method = structured["value"] ** 2, "toeplitz_" + structured["method"]
   return upper, min(lower, upper), method

@@ -83,8 +83,8 @@ class Participation(metaclass=_Dispatch):
   poisson: ClassVar[bool] = False
   # The sampler draws from the run's secret sampling seed (kept out of released files).
   secret_sampling: ClassVar[bool] = False
-  # An allocation analysis of tff_mf.analyses of the kind's own name applies (random
-  # allocation: tff_mf.random_allocation; fixed-bin balls-in-bins: tff_mf.fixed_bin).
+  # An allocation analysis of tff_mf.accounting.analyses of the kind's own name applies (random
+  # allocation: tff_mf.accounting.random_allocation; fixed-bin balls-in-bins: tff_mf.accounting.fixed_bin).
   allocation_amplified: ClassVar[bool] = False
   # Why the schema is not Poisson sampling (no amplified Poisson analysis); None: it is.
   not_poisson: ClassVar[Optional[str]] = (

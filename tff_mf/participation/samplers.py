@@ -25,13 +25,13 @@ Five samplers, one per ``--participation`` (no TensorFlow):
   each client draws one bin j ∈ {0, …, b − 1}, b = n/k, once, from a generator seeded
   by the sampling secret, and joins every round t with (t − 1) mod b = j. ε is the
   smaller of the unamplified bound over these b-cyclic patterns and the amplified bound of
-  the secret bin (``tff_mf.fixed_bin``); the bin is secret as the noise seed is.
+  the secret bin (``tff_mf.accounting.fixed_bin``); the bin is secret as the noise seed is.
 - ``random_allocation`` with k epochs (named ``balls_in_bins`` before the fixed-bin
   scheme took that name): n = k·b rounds in k epochs of b rounds; in every epoch each
   client joins exactly one round, chosen uniformly at random and independently per
   epoch. Epoch e's rounds are drawn from a generator seeded by (sampling secret, e).
   ε is the smaller of the unamplified bound over every one-round-per-epoch pattern and
-  the random-allocation bound (``tff_mf.random_allocation``).
+  the random-allocation bound (``tff_mf.accounting.random_allocation``).
 
 Each sampler enforces its schema by construction and refuses what would break it
 (``SamplingError``, or the ``error`` a framework's subclass names). All sampler state is a

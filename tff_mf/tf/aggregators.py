@@ -29,13 +29,13 @@ import tensorflow as tf
 import tensorflow_federated as tff
 import tensorflow_privacy as tfp
 
-from tff_mf import adaptive_clipping
+from tff_mf.accounting import adaptive_clipping
 from tff_mf import checks
 from tff_mf import factorization as fz
 from tff_mf import mechanisms
 from tff_mf import spec as spec_lib
-from tff_mf import workloads
-from tff_mf.families import tree
+from tff_mf.factorization import workloads
+from tff_mf.factorization.families import tree
 from tff_mf.tf import noise as noise_lib
 from tff_mf.tf import query as query_lib
 from tff_mf.tf import runtime
@@ -299,7 +299,7 @@ def _build_linear(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str, A
 def _build_discrete(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str, Any]):
   """The discrete Gaussian's integer release (``query_lib.DiscreteGaussianQuery``) for C = I
   or a b-banded C; γ and σ are fixed per model size when TFF reveals the specs."""
-  from tff_mf import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+  from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
   noise = noise_lib.DenseNoise(resolved.encoder, None, cfg.participation,
                                sensitivity_report=resolved.sensitivity_report)
   bands = dg.band_coefficients(resolved.encoder).shape[1]
@@ -417,6 +417,6 @@ def _build_clipped(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str, 
       cfg.clip_norm, tff.aggregators.UnweightedMeanFactory())), None
 
 
-_BUILDERS = {"dense": _build_dense, "linear": _build_linear, "tff_tree": _build_tff_tree,
+_BUILDERS = {"dense_rows": _build_dense, "linear": _build_linear, "tff_tree": _build_tff_tree,
              "tff_gaussian": _build_tff_gaussian, "none": _build_none,
              "clipped": _build_clipped}

@@ -9,7 +9,7 @@ One interface, ``StreamingNoise``, three implementations:
 
 - ``DenseNoise``: row i regenerates the Z rows it needs from (secret seed, row
   index) with a stateless RNG; time ∝ nonzeros of N[i], no state beyond the seed.
-- ``LinearNoise``: a ``tff_mf.streams.LinearStream`` (structured, banded, banded
+- ``LinearNoise``: a ``tff_mf.noise.streams.LinearStream`` (structured, banded, banded
   Toeplitz, BLT, independent noise): each Z row drawn once, k model-sized rows of
   state, O(k·d) work per round, the same recurrence as the numpy float64
   reference, evaluated in the variables' dtype with float64-computed tables.
@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from tff_mf import checks
 from tff_mf import participation as participation_lib
-from tff_mf import streams
+from tff_mf.noise import streams
 
 PHILOX = tf.random.Algorithm.PHILOX
 _SEED_TAG = 0x6D665F6E6F697365  # "mf_noise": second word of a pinned seed
@@ -96,14 +96,14 @@ DISCRETE_GAUSSIAN_TAG = -2
 def discrete_gaussian_row(seed, round_index, size: int, sigma: float):
   """int64 [size] i.i.d. N_ℤ(0, σ²) of one round from the secret seed (stateless Philox).
 
-  The numpy sampler's algorithm (``tff_mf.discrete_gaussian.candidates``: a discrete Laplace
+  The numpy sampler's algorithm (``tff_mf.noise.discrete_gaussian.candidates``: a discrete Laplace
   proposal accepted with probability exp(−(|Y| − σ²/t)²/(2σ²)), Canonne, Kamath, Steinke 2020,
   arXiv:2004.00010, Alg. 3) with TensorFlow's stateless uniforms keyed by (seed, round,
   attempt): rejection rounds over the pending coordinates until all are accepted (an
   in-graph error after ``MAX_ATTEMPTS``, never a truncated draw). Deterministic given the
   seed; not bit-identical to the numpy stream (another generator).
   """
-  from tff_mf import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+  from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
   t = float(dg.proposal_scale(sigma))
   sigma = float(sigma)
   base = tf.random.experimental.stateless_fold_in(
@@ -309,7 +309,7 @@ class DenseNoise(StreamingNoise):
 
 
 class LinearNoise(StreamingNoise):
-  """A ``LinearStream`` recurrence (``tff_mf.streams``) in TensorFlow: O(k·d) state.
+  """A ``LinearStream`` recurrence (``tff_mf.noise.streams``) in TensorFlow: O(k·d) state.
 
   Each round draws Z[i] from (seed, i), updates the k state rows and outputs y_i
   exactly as ``LinearStream.step`` does in float64 — the same tables, cast to the
@@ -325,7 +325,7 @@ class LinearNoise(StreamingNoise):
                participation: participation_lib.Participation = participation_lib.SINGLE,
                jit_compile: bool = False, sensitivity_report: Optional[Dict[str, Any]] = None):
     if not isinstance(stream, streams.LinearStream):
-      raise NoiseError(f"stream must be a tff_mf.streams.LinearStream, got "
+      raise NoiseError(f"stream must be a tff_mf.noise.streams.LinearStream, got "
                        f"{type(stream).__name__}")
     super().__init__(c, participation, sensitivity_report)
     if stream.n != self.n or self.m != self.n:

@@ -25,7 +25,7 @@ an upper bound at every intermediate round too, since the rows of C released by
 round k have no larger sensitivity than C. (TFF traces ``get_noised_result`` once
 and fixes its result type, hence the probability field rather than a switch to
 ``NoOpDpEvent``.) Amplification by sampling is not in the event: it can only lower
-ε, and MMCC (``tff_mf.mmcc``) computes it separately.
+ε, and MMCC (``tff_mf.accounting.mmcc``) computes it separately.
 """
 
 from __future__ import annotations
@@ -244,14 +244,14 @@ class AdaptiveClipMatrixFactorizationQuery(MatrixFactorizationQuery):
   Round i clips each update to ζ_i and adds ζ_i·(C⁻¹Z)[i] with Z ~ N(0, z²); the clip
   norm then moves geometrically toward the target quantile of the update norms from a
   noisy count of unclipped updates (Andrew et al. 2021, arXiv:1905.03871), as in
-  ``tff_mf.adaptive_clipping`` (the float64 reference and the privacy split). The count
+  ``tff_mf.accounting.adaptive_clipping`` (the float64 reference and the privacy split). The count
   noise is drawn from the run's secret seed (a stream apart from Z's rows), so a
   checkpoint resumes the identical clip sequence and noise. With learning rate 0 every
   round equals the fixed-clip query at ζ_0 bit for bit.
 
   Args:
     noise: the ``StreamingNoise`` of the mechanism.
-    adaptive: a checked ``tff_mf.adaptive_clipping.AdaptiveClipping``.
+    adaptive: a checked ``tff_mf.accounting.adaptive_clipping.AdaptiveClipping``.
     noise_multiplier: z of the MF noise (per unit of clip norm).
     clients_per_round: K, the expected number of updates per round (normalizes the count).
     participations: k, the most rounds one client joins under the schema (count sensitivity).
@@ -264,7 +264,7 @@ class AdaptiveClipMatrixFactorizationQuery(MatrixFactorizationQuery):
     super().__init__(noise, l2_norm_clip=adaptive.initial_clip_norm,
                      noise_multiplier=noise_multiplier, record_specs=record_specs,
                      noise_seed=noise_seed, allow_no_noise=allow_no_noise)
-    from tff_mf import adaptive_clipping  # pylint: disable=g-import-not-at-top
+    from tff_mf.accounting import adaptive_clipping  # pylint: disable=g-import-not-at-top
     self._adaptive = adaptive
     self._clients = checks.positive_float(clients_per_round, "clients_per_round")
     self._participations = checks.positive_int(participations, "participations")
@@ -385,7 +385,7 @@ DiscreteGaussianState = collections.namedtuple(
 
 
 class DiscreteGaussianQuery(MatrixFactorizationQuery):
-  """The integer release with discrete Gaussian noise (``tff_mf.discrete_gaussian``).
+  """The integer release with discrete Gaussian noise (``tff_mf.noise.discrete_gaussian``).
 
   Round t clips and sums the records (x_t), releases Y_t = round(γ·(C·x)_t) + N_t with
   N_t ~ N_ℤ(0, σ²), σ = z·γ·ζ (``noise.discrete_gaussian_row``), and returns
@@ -397,14 +397,14 @@ class DiscreteGaussianQuery(MatrixFactorizationQuery):
 
   Args:
     noise: a ``StreamingNoise`` of the encoder C (its sensitivity under the schema).
-    plan_for: model size d → the checked ``tff_mf.discrete_gaussian.Plan``.
+    plan_for: model size d → the checked ``tff_mf.noise.discrete_gaussian.Plan``.
     l2_norm_clip, noise_multiplier, record_specs, noise_seed: as for
       ``MatrixFactorizationQuery``.
   """
 
   def __init__(self, noise: noise_lib.StreamingNoise, *, plan_for, l2_norm_clip: float,
                noise_multiplier: float, record_specs, noise_seed: Optional[int] = None):
-    from tff_mf import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+    from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
     super().__init__(noise, l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier,
                      record_specs=record_specs, noise_seed=noise_seed)
     self._dg = dg

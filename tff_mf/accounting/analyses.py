@@ -10,9 +10,9 @@ bound, and ``epsilon``):
 - ``Analysis``: the ε of a whole run with encoder C under a participation schema
   (``amplification=``): ``"none"`` (one Gaussian at z / sens; Denisov et al. 2022,
   arXiv:2202.08312, Thm 4.1; Choquette-Choo et al. 2023, arXiv:2211.06530), ``"mmcc"``
-  (Choquette-Choo et al. 2024, arXiv:2310.15526), ``"banded"`` (Choquette-Choo et al.
-  2023, arXiv:2306.08153, Thm 4), ``"random_allocation"`` (after Schuchardt & Kalinin
-  2026, arXiv:2601.21636), ``"balls_in_bins"`` (fixed bin, after arXiv:2601.21636) and
+  (Choquette-Choo et al. 2024, arXiv:2310.15526), ``"amplified_banded"`` (Choquette-Choo et
+  al. 2023, arXiv:2306.08153, Thm 4; formerly ``"banded"``, a strategy's name),
+  ``"random_allocation"`` (after Schuchardt & Kalinin 2026, arXiv:2601.21636), ``"balls_in_bins"`` (fixed bin, after arXiv:2601.21636) and
   ``"monte_carlo_bound"`` (Monte-Carlo accounting of the dominating pair of C ≥ 0,
   arXiv:2410.06266, δ bounded by Chernoff-Hoeffding: its ε holds with probability ≥ 1 − β
   and carries β wherever it appears); two more describe records built elsewhere:
@@ -23,7 +23,7 @@ bound, and ``epsilon``):
 Each class holds its options as frozen fields, computes its record (``record``: ε and
 what it rests on), says when it does not apply (``applies``) and words the statement
 prints (``label``, ``theorem``, ``words``). A new analysis is one class here plus its
-``register`` line; ``tff_mf.accounting`` (ε, calibration) and ``tff_mf.statement``
+``register`` line; ``tff_mf.accounting`` (ε, calibration) and ``tff_mf.accounting.statement``
 dispatch through the registry and never compare analysis names.
 """
 
@@ -31,15 +31,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
 from tff_mf import checks
-from tff_mf.gaussian import PLD_DISCRETIZATION
-from tff_mf.gaussian import AccountingError
-from tff_mf.gaussian import gaussian_epsilon_exact
-from tff_mf.gaussian import pld_gaussian_epsilon
+from tff_mf.accounting.gaussian import PLD_DISCRETIZATION
+from tff_mf.accounting.gaussian import AccountingError
+from tff_mf.accounting.gaussian import gaussian_epsilon_exact
+from tff_mf.accounting.gaussian import pld_gaussian_epsilon
 
 # Rényi orders for the RDP accountant: dense at small orders, geometric above.
 RDP_ORDERS = tuple(np.concatenate([
@@ -80,7 +81,7 @@ class ExactGaussian(GaussianAccountant):
 
 @dataclasses.dataclass(frozen=True)
 class PLDGaussian(GaussianAccountant):
-  """dp_accounting's pessimistic PLD of the Gaussian (``tff_mf.gaussian``)."""
+  """dp_accounting's pessimistic PLD of the Gaussian (``tff_mf.accounting.gaussian``)."""
   name: ClassVar[str] = "pld"
   words: ClassVar[str] = "dp_accounting's privacy-loss distributions (pessimistic discretization)"
 
@@ -209,9 +210,9 @@ def band_count(c: np.ndarray) -> int:
 
   Row i of a square C is released in round i (C must be lower triangular); a C with
   more rows than rounds has its rows in release order, row i released in the round of
-  its last non-zero column (``tff_mf.mmcc.release_rounds``).
+  its last non-zero column (``tff_mf.accounting.mmcc.release_rounds``).
   """
-  from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import mmcc  # pylint: disable=g-import-not-at-top
   rounds = mmcc.release_rounds(c)
   rows, cols = np.nonzero(c)
   if rows.size == 0:
@@ -307,9 +308,9 @@ class Unamplified(Analysis):
   NOT_AMPLIFIED: ClassVar[Dict[str, str]] = {
       "balls_in_bins": "unamplified bound of fixed-bin balls-in-bins (the user's rounds "
                        "given its bin, b apart); amplification 'balls_in_bins' "
-                       "(tff_mf.fixed_bin) bounds the secrecy of the bin",
+                       "(tff_mf.accounting.fixed_bin) bounds the secrecy of the bin",
       "random_allocation": "unamplified bound; amplification 'random_allocation' "
-                           "(tff_mf.random_allocation, after arXiv:2601.21636) bounds random "
+                           "(tff_mf.accounting.random_allocation, after arXiv:2601.21636) bounds random "
                            "allocation with amplification",
   }
   theorem: ClassVar[str] = THEOREMS["multi"]
@@ -318,7 +319,7 @@ class Unamplified(Analysis):
              known_sensitivity):
     if sampling_prob is not None:
       raise checks.CheckError("sampling_prob applies only to the amplified analyses "
-                              "(amplification 'mmcc' or 'banded')")
+                              "(amplification 'mmcc' or 'amplified_banded')")
     report = _known_or_report(c, schema, known_sensitivity)
     eps = gaussian_epsilon(z, delta, accountant_name, report["value"])
     record.update(epsilon=eps, accountant=accountant_name, sensitivity=report["value"],
@@ -344,6 +345,7 @@ class PoissonAmplified(Analysis):
   class mod b with probability p (p of arXiv:2306.08153; MMCC App D writes b·p)."""
   amplified: ClassVar[bool] = True
   poisson: ClassVar[bool] = True
+  in_words: ClassVar[str] = ""  # the bound's name in the statement (its name when empty)
   pld_discretization: float = PLD_DISCRETIZATION
 
   def applies(self, c, schema):
@@ -390,8 +392,8 @@ class PoissonAmplified(Analysis):
       sampling = (f"amplification by Poisson sampling (a client joins each round of its "
                   f"residue class mod {b} with probability {fmt(p)})")
       return f"{sampling}: {self.amplified_words(record)}"
-    return (f"no amplification (the {self.name} amplified bound was larger): one Gaussian "
-            f"mechanism at {ratio}, sens with every eligible round of a client joined "
+    return (f"no amplification (the {self.in_words or self.name} amplified bound was larger): "
+            f"one Gaussian mechanism at {ratio}, sens with every eligible round of a client joined "
             f"(residue classes mod {record.get('min_sep')}); epsilon by {accountant_words}")
 
   def amplified_words(self, record: Mapping[str, Any]) -> str:
@@ -403,7 +405,8 @@ class AmplifiedBanded(PoissonAmplified):
   """Amplified banded MF (Choquette-Choo et al. 2023, arXiv:2306.08153, Thm 4): a C with at
   most b bands is dominated by ⌈n/b⌉-fold composition of the Poisson-subsampled Gaussian
   with multiplier z / γ(C)."""
-  name: ClassVar[str] = "banded"
+  name: ClassVar[str] = "amplified_banded"
+  in_words: ClassVar[str] = "banded"
   chosen_because: ClassVar[str] = "C has at most b bands"
   label: ClassVar[str] = "amplified banded MF (Poisson sampling within residue classes)"
   theorem: ClassVar[str] = (
@@ -461,16 +464,16 @@ def mmcc_details(result) -> Dict[str, Any]:
 @dataclasses.dataclass(frozen=True)
 class MMCC(PoissonAmplified):
   """MMCC (Choquette-Choo et al. 2024, arXiv:2310.15526, Fig 1; b-min-sep: App D, Fig 6) at
-  the average rate p / b, for any lower-triangular non-negative C (``tff_mf.mmcc``)."""
+  the average rate p / b, for any lower-triangular non-negative C (``tff_mf.accounting.mmcc``)."""
   name: ClassVar[str] = "mmcc"
   chosen_because: ClassVar[str] = "C has more than b bands"
   label: ClassVar[str] = "MMCC (Poisson sampling within residue classes)"
   theorem: ClassVar[str] = "Choquette-Choo et al. 2024 (MMCC), arXiv:2310.15526, Fig 1 and App D"
   non_adaptive: bool = False  # the data are fixed in advance (signed or non-triangular C)
-  mmcc_options: Optional[Mapping[str, Any]] = None  # further keywords of tff_mf.mmcc.mmcc
+  mmcc_options: Optional[Mapping[str, Any]] = None  # further keywords of tff_mf.accounting.mmcc.mmcc
 
   def amplified_epsilon(self, record, c, b, z, delta, p, discretization, unamplified):
-    from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
+    from tff_mf.accounting import mmcc  # pylint: disable=g-import-not-at-top
     options = dict(self.mmcc_options or {})
     try:
       result = mmcc.mmcc(c, p / b, z, delta, min_sep=b, non_adaptive=self.non_adaptive,
@@ -495,7 +498,7 @@ class RandomAllocation(Analysis):
   each epoch) for lower-triangular non-negative square C: Rényi bounds after Schuchardt &
   Kalinin 2026 (arXiv:2601.21636, Sec 3); for near-diagonal C the PLD of a dominating
   comparison pair (Kahane 1985; Feldman & Shenfeld 2026, arXiv:2602.17284; for C = a·I the
-  pair itself). ``tff_mf.random_allocation``."""
+  pair itself). ``tff_mf.accounting.random_allocation``."""
   name: ClassVar[str] = "random_allocation"
   label: ClassVar[str] = ("random-allocation amplification (Renyi bounds after "
                           "arXiv:2601.21636; for near-diagonal C a comparison pair's PLD, "
@@ -532,7 +535,7 @@ class RandomAllocation(Analysis):
 
   def amplified_bound(self, c, schema, z: float, delta: float, sens: float):
     """The amplified bound's details (``epsilon``, ``method``, ...), the record's ``field``."""
-    from tff_mf import random_allocation  # pylint: disable=g-import-not-at-top
+    from tff_mf.accounting import random_allocation  # pylint: disable=g-import-not-at-top
     return random_allocation.epsilon(c, schema.epochs, z, delta, sensitivity=sens)
 
   def record(self, record, c, schema, z, delta, accountant_name, sampling_prob,
@@ -583,13 +586,13 @@ class RandomAllocation(Analysis):
     return (f"the privacy-loss distribution of the pair N(0, z^2 I) vs the mixture over the "
             f"round of N(e_round, z^2 I) at squared sensitivity {fmt(pld.get('hidden'))}, "
             f"noise multiplier z = {z} (Feldman & Shenfeld 2026, arXiv:2602.17284; "
-            f"tff_mf.allocation_pld, losses rounded up), {bound.get('epochs')} epochs "
+            f"tff_mf.accounting.allocation_pld, losses rounded up), {bound.get('epochs')} epochs "
             f"composed via PLD (dp_accounting, pessimistic){common}")
 
   def renyi_words(self, bound: Mapping[str, Any], z: str) -> str:
     return (f"Renyi divergence bounds of the pair N(0, z^2 I) vs E_pi N(C 1_pi, z^2 I) for C "
             f"with noise multiplier z = {z} at order {bound.get('order')} "
-            f"(tff_mf.random_allocation, after Schuchardt & Kalinin 2026, arXiv:2601.21636, "
+            f"(tff_mf.accounting.random_allocation, after Schuchardt & Kalinin 2026, arXiv:2601.21636, "
             f"Sec 3), converted to (epsilon, delta) by Canonne, Kamath, Steinke 2020, "
             f"arXiv:2004.00010, Prop 12")
 
@@ -598,10 +601,10 @@ class RandomAllocation(Analysis):
 class FixedBin(RandomAllocation):
   """Amplification by the secret bin of fixed-bin balls-in-bins (arXiv:2410.06266,
   arXiv:2412.16802) for lower-triangular non-negative square C: Rényi bounds of the mixture
-  over bins and a comparison pair's PLD (``tff_mf.fixed_bin``)."""
+  over bins and a comparison pair's PLD (``tff_mf.accounting.fixed_bin``)."""
   name: ClassVar[str] = "balls_in_bins"
   field: ClassVar[str] = "fixed_bin"
-  bound_name: ClassVar[str] = "fixed-bin balls-in-bins bound of tff_mf.fixed_bin"
+  bound_name: ClassVar[str] = "fixed-bin balls-in-bins bound of tff_mf.accounting.fixed_bin"
   analyzes: ClassVar[str] = "balls_in_bins participation (one secret bin for the whole run)"
   label: ClassVar[str] = ("fixed-bin balls-in-bins amplification (Renyi bounds of the mixture "
                           "over the secret bin; a comparison pair's PLD)")
@@ -618,7 +621,7 @@ class FixedBin(RandomAllocation):
       "Shenfeld 2026, arXiv:2602.17284) and composed by dp_accounting (pessimistic)")
 
   def amplified_bound(self, c, schema, z, delta, sens):
-    from tff_mf import fixed_bin  # pylint: disable=g-import-not-at-top
+    from tff_mf.accounting import fixed_bin  # pylint: disable=g-import-not-at-top
     return fixed_bin.epsilon(c, schema.epochs, z, delta, sensitivity=sens)
 
   def scheme_words(self, bound):
@@ -630,14 +633,14 @@ class FixedBin(RandomAllocation):
     return (f"the privacy-loss distribution of a dominating pair (Kahane's convexity "
             f"inequality, 1985): a Gaussian at squared sensitivity {fmt(pld.get('common'))} "
             f"composed with one epoch of random allocation at squared sensitivity "
-            f"{fmt(pld.get('hidden'))}, noise multiplier z = {z} (tff_mf.fixed_bin, "
-            f"tff_mf.allocation_pld, losses rounded up), composed via PLD (dp_accounting, "
+            f"{fmt(pld.get('hidden'))}, noise multiplier z = {z} (tff_mf.accounting.fixed_bin, "
+            f"tff_mf.accounting.allocation_pld, losses rounded up), composed via PLD (dp_accounting, "
             f"pessimistic)")
 
   def renyi_words(self, bound, z):
     return (f"Renyi divergence bounds of the pair N(0, z^2 I) vs the mixture over bins of "
             f"N(C 1_bin, z^2 I) for C with noise multiplier z = {z} at order "
-            f"{bound.get('order')} (tff_mf.fixed_bin; the Renyi DP over bins of Schuchardt & "
+            f"{bound.get('order')} (tff_mf.accounting.fixed_bin; the Renyi DP over bins of Schuchardt & "
             f"Kalinin 2026, arXiv:2601.21636), converted to (epsilon, delta) by Canonne, "
             f"Kamath, Steinke 2020, arXiv:2004.00010, Prop 12")
 
@@ -646,7 +649,7 @@ class FixedBin(RandomAllocation):
 class AdaptiveClipping(Analysis):
   """The unamplified Gaussian composed with the adaptive clip norm's k count queries (Andrew
   et al. 2021, arXiv:1905.03871): one Gaussian at 1/μ, μ² = (sens/z)² + k·(½/σ_b)²; the
-  record is built by ``tff_mf.mechanisms`` (``tff_mf.adaptive_clipping``)."""
+  record is built by ``tff_mf.mechanisms`` (``tff_mf.accounting.adaptive_clipping``)."""
   name: ClassVar[str] = "adaptive"
   counts_clipping: ClassVar[bool] = True
   label: ClassVar[str] = ("unamplified Gaussian at z / sensitivity composed with the adaptive "
@@ -665,7 +668,7 @@ class AdaptiveClipping(Analysis):
 @dataclasses.dataclass(frozen=True)
 class MonteCarlo(Analysis):
   """An ESTIMATE of ε of b-min-sep Poisson sampling's residue-class pair (Monte-Carlo
-  accounting, Choquette-Choo et al. 2024, arXiv:2410.06266; ``tff_mf.mixture_pair``): it
+  accounting, Choquette-Choo et al. 2024, arXiv:2410.06266; ``tff_mf.accounting.mixture_pair``): it
   carries sampling error, is labelled as such and is never a run's ε."""
   name: ClassVar[str] = "monte_carlo"
   label: ClassVar[str] = ("ESTIMATE of the epsilon of residue class 0's first rounds "
@@ -684,7 +687,7 @@ class MonteCarlo(Analysis):
   def estimate(self, c, sampling_prob: float, noise_multiplier: float, delta: float,
                min_sep: int) -> Dict[str, Any]:
     """The estimate's fields for a record (``epsilon_estimate``, never ``epsilon``)."""
-    from tff_mf import mixture_pair  # pylint: disable=g-import-not-at-top
+    from tff_mf.accounting import mixture_pair  # pylint: disable=g-import-not-at-top
     found = mixture_pair.monte_carlo_epsilon(c, sampling_prob, noise_multiplier, delta,
                                              samples=self.samples, min_sep=min_sep)
     return dict(epsilon_estimate=found["epsilon"], samples=found["samples"],
@@ -693,7 +696,7 @@ class MonteCarlo(Analysis):
 
 @dataclasses.dataclass(frozen=True)
 class MonteCarloBound(Analysis):
-  """Monte-Carlo accounting with a proof (``tff_mf.monte_carlo``): the dominating pair of C ≥ 0
+  """Monte-Carlo accounting with a proof (``tff_mf.accounting.monte_carlo``): the dominating pair of C ≥ 0
   (arXiv:2410.06266) under cyclic Poisson (min_sep as sampled here) or fixed-bin
   balls-in-bins, sampled; δ bounded by Chernoff-Hoeffding (Hoeffding 1963, Thm 1). Its ε
   holds with probability ≥ 1 − β over the accountant's own draws, and every record and
@@ -762,7 +765,7 @@ class MonteCarloBound(Analysis):
     if self.other_events:
       raise checks.CheckError(
           f"amplification {self.name!r} composes other_events only in "
-          "tff_mf.monte_carlo.epsilon; its unamplified bound here would leave them out")
+          "tff_mf.accounting.monte_carlo.epsilon; its unamplified bound here would leave them out")
     if not schema.marks_fixed_bin:
       if sampling_prob is None:
         raise checks.CheckError(f"amplification {self.name!r} under {schema.describe()} (Poisson "
@@ -775,7 +778,7 @@ class MonteCarloBound(Analysis):
 
   def record(self, record, c, schema, z, delta, accountant_name, sampling_prob,
              known_sensitivity):
-    from tff_mf import monte_carlo  # pylint: disable=g-import-not-at-top
+    from tff_mf.accounting import monte_carlo  # pylint: disable=g-import-not-at-top
     record.update(self._check(c, schema, sampling_prob))
     unamplified, fields = self._unamplified(c, schema, z, delta, accountant_name,
                                             sampling_prob, known_sensitivity)
@@ -793,9 +796,9 @@ class MonteCarloBound(Analysis):
   def calibrate(self, c, schema, target: float, delta: float, z_start: float,
                 accountant_name: str, sampling_prob: Optional[float],
                 record: Dict[str, Any]) -> Dict[str, Any]:
-    """``record`` at the smallest z of ``tff_mf.monte_carlo.calibrate``'s sweep from
+    """``record`` at the smallest z of ``tff_mf.accounting.monte_carlo.calibrate``'s sweep from
     ``z_start`` (a valid unamplified z): ε is the target, holding with probability ≥ 1 − β."""
-    from tff_mf import monte_carlo  # pylint: disable=g-import-not-at-top
+    from tff_mf.accounting import monte_carlo  # pylint: disable=g-import-not-at-top
     record.update(self._check(c, schema, sampling_prob))
     found = monte_carlo.calibrate(c, schema, target, delta, z_start,
                                   sampling_prob=sampling_prob, **self._options())
@@ -830,7 +833,7 @@ class MonteCarloBound(Analysis):
 
 @dataclasses.dataclass(frozen=True)
 class DiscreteGaussian(Analysis):
-  """The discrete Gaussian on the integer release round(γ·C·x) (``tff_mf.discrete_gaussian``):
+  """The discrete Gaussian on the integer release round(γ·C·x) (``tff_mf.noise.discrete_gaussian``):
   ρ-zCDP with ρ = (sens·(1 + η))²/(2z²), η the accounted rounding inflation (Canonne, Kamath,
   Steinke 2020, arXiv:2004.00010, Thm 14), as (ε, δ) by their Cor. 13; never amplified. The
   record is built by ``tff_mf.mechanisms``."""
@@ -862,6 +865,10 @@ def high_probability_words(beta) -> str:
 
 
 REGISTRY: Dict[str, type] = {}
+# Former names of analyses (one name, one meaning: "banded" is also a strategy). A stored
+# record that names one reads as the analysis it named (``of_record``); a caller who passes
+# one gets that analysis and a one-line DeprecationWarning (``analysis_class``).
+RENAMED: Dict[str, str] = {"banded": "amplified_banded"}
 
 
 def register(cls: type) -> type:
@@ -888,6 +895,10 @@ def analysis_class(name) -> type:
   if isinstance(name, Analysis):
     name = name.name
   name = "none" if name is None else name
+  if name in RENAMED:
+    warnings.warn(f"amplification {name!r} is deprecated; use {RENAMED[name]!r}",
+                  DeprecationWarning, stacklevel=3)
+    name = RENAMED[name]
   if name not in SELECTABLE:
     raise checks.CheckError(f"amplification must be one of {', '.join(SELECTABLE)} (or None), "
                             f"got {name!r}")
@@ -908,9 +919,15 @@ def make(name, **options) -> Analysis:
   return cls(**{k: v for k, v in options.items() if takes(cls, k)})
 
 
+def of_record(name: Optional[str]) -> Optional[type]:
+  """The registered analysis class a record's ``analysis`` names, under its current or a
+  former name (``RENAMED``); None when it names none."""
+  return REGISTRY.get(RENAMED.get(name, name)) if isinstance(name, str) else None
+
+
 def described(name: Optional[str]) -> Optional[Analysis]:
   """The registered analysis a record names (None when none is), for its words."""
-  cls = REGISTRY.get(name) if isinstance(name, str) else None
+  cls = of_record(name)
   return None if cls is None else cls()
 
 

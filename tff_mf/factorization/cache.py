@@ -44,12 +44,12 @@ import numpy as np
 
 from tff_mf import checks
 from tff_mf import factorization as fz
-from tff_mf import families
+from tff_mf.factorization import families
 from tff_mf import jsonio
 from tff_mf import participation as participation_lib
 from tff_mf import registry
-from tff_mf import strategies
-from tff_mf import workloads
+from tff_mf.factorization import strategies
+from tff_mf.factorization import workloads
 
 CACHE_ENV = "TFF_MF_CACHE"
 FORMAT_VERSION = 2

@@ -7,7 +7,7 @@ X[i, i] ≤ 1 (Eq. 4), the map φ(v) = diagpart((V^½ AᵀA V^½)^½) (Eq. 5), X
 the lower bound tr(V(2X(v) − I)) (Eq. 8) valid for every v > 0; float64 throughout with
 a-priori eigenvalue floors for the square roots (App E.4); a lower-triangular C with
 CᵀC = X (Prop 2.2, here a reversed Cholesky factorization). The run loop is shared with
-the fixed-epoch solver (``tff_mf.dense_run``).
+the fixed-epoch solver (``tff_mf.factorization.dense_run``).
 
 How ``solve`` is made fast (see benchmarks/results/factorization.md; BLAS
 threads follow the usual OPENBLAS_NUM_THREADS / OMP_NUM_THREADS settings):
@@ -49,9 +49,9 @@ import scipy.linalg
 from scipy.linalg import blas as scipy_blas
 
 from tff_mf import checks
-from tff_mf import dense_run
+from tff_mf.factorization import dense_run
 from tff_mf import factorization as fz
-from tff_mf import workloads
+from tff_mf.factorization import workloads
 
 ACCELERATIONS = ("newton", "anderson", "none")
 DEFAULT_ANDERSON_MEMORY = 10

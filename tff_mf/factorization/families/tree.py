@@ -35,7 +35,7 @@ import numpy as np
 import scipy.linalg
 
 from tff_mf import checks
-from tff_mf import families
+from tff_mf.factorization import families
 
 # Bumped whenever the output for the same inputs changes (part of the cache key).
 VERSION = "1"
@@ -157,7 +157,7 @@ def honaker_full_decoder(n: int, workload: np.ndarray = None) -> np.ndarray:
 def factorize(a: np.ndarray, spec, context):
   """C_T with the Honaker online (streaming) or full decoder, post-processed into A."""
   from tff_mf import factorization as fz  # pylint: disable=g-import-not-at-top
-  from tff_mf.families import FamilyResult  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization.families import FamilyResult  # pylint: disable=g-import-not-at-top
   del context
   n = a.shape[0]
   b_tree = honaker_online_decoder(n) if spec.strategy == "honaker_online" \

@@ -21,7 +21,7 @@ the true one: every loss is rounded up. X above the grid counts as infinite loss
 (remove) or is rounded down to the top (add); X below it is rounded up to the bottom
 (remove) or down to 0 (add, infinite loss when the whole sum is 0). The losses are rounded
 up again to dp_accounting's grid and the k epochs composed there (pessimistic PLDs, as
-``tff_mf.gaussian``): ε is an upper bound on the true ε. The sum of b terms is built by
+``tff_mf.accounting.gaussian``): ε is an upper bound on the true ε. The sum of b terms is built by
 doubling, at most ⌈log₂ b⌉ + 1 roundings deep: the loss is overstated by at most that many
 grid steps per epoch. One sum of two laws on n grid points costs O(n·log(2)/h): the
 rounding offset of a pair depends only on the distance of its indices and is constant on
@@ -29,7 +29,7 @@ runs of distances, each run a window sum.
 
 At b = 64, k = 4, z = 2, δ = 1e-8 (C = I): 0.679 in about 5 s on 2 cores (opake's
 ``random_allocation_gaussian_pld``: 0.677 in 134 s, issue 39); Poisson sampling at p = 1/64
-over the same 256 rounds gives 0.731, the Rényi bound of ``tff_mf.random_allocation`` 1.15.
+over the same 256 rounds gives 0.731, the Rényi bound of ``tff_mf.accounting.random_allocation`` 1.15.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import numpy as np
 from scipy import special
 
 from tff_mf import checks
-from tff_mf.gaussian import AccountingError
+from tff_mf.accounting.gaussian import AccountingError
 
 # Step h of the geometric grid of S (log scale). At b = 64, k = 4, z = 2, δ = 1e-8 the
 # bound is 0.686, 0.679 and 0.675 at h = 1e-3, 5e-4 and 2.5e-4 (2 s, 5 s and 18 s on 2
@@ -201,7 +201,7 @@ def epsilon(bins: int, epochs: int, noise_multiplier: float, delta: float, *,
 
   ``gaussian_noise_multiplier``: one more Gaussian mechanism (sensitivity 1, this noise
   multiplier) composed with the epochs, its PLD dp_accounting's pessimistic one (the
-  common part of the comparison pairs of ``tff_mf.fixed_bin``).
+  common part of the comparison pairs of ``tff_mf.accounting.fixed_bin``).
 
   Returns {"epsilon", "epsilon_remove", "epsilon_add", "bins", "epochs", "grid_step",
   "loss_step", "max_loss_overstatement"} (the last: the most the grid's rounding can add to

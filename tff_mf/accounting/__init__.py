@@ -5,7 +5,7 @@ norm) and the encoder C used as given (cached and built-in encoders are normaliz
 max column norm γ(C) = 1, Denisov et al. 2022, arXiv:2202.08312, App I). Every ε
 returned here is an upper bound on the run's ε at δ (add/remove-one adjacency,
 equivalently replace-with-zero). Each analysis and each Gaussian accountant is one
-object of ``tff_mf.analyses`` (its registry names them; this module dispatches through
+object of ``tff_mf.accounting.analyses`` (its registry names them; this module dispatches through
 it and keeps the functional API). The analyses (``epsilon_for``):
 
 - ``"none"`` (no amplification): the run is dominated by ONE Gaussian mechanism with
@@ -23,18 +23,18 @@ it and keeps the functional API). The analyses (``epsilon_for``):
   is used for the other.
 - ``"mmcc"``: amplification by Poisson sampling for any lower-triangular non-negative
   C (Choquette-Choo et al. 2024, MMCC, arXiv:2310.15526, Fig 1; b-min-sep sampling:
-  App D, Fig 6); ``tff_mf.mmcc``.
+  App D, Fig 6); ``tff_mf.accounting.mmcc``.
 - ``"random_allocation"``: amplification by random allocation (one uniformly random
   round per epoch, the ``random_allocation`` schema) for any lower-triangular non-negative square C: Rényi-divergence
   bounds of the dominating pair at integer orders, after Schuchardt & Kalinin 2026
-  (arXiv:2601.21636, Sec 3), converted to (ε, δ); ``tff_mf.random_allocation``.
+  (arXiv:2601.21636, Sec 3), converted to (ε, δ); ``tff_mf.accounting.random_allocation``.
 - ``"balls_in_bins"``: amplification by the secret bin of fixed-bin balls-in-bins for any
   lower-triangular non-negative square C: Rényi bounds of the mixture over bins and a
-  dominating comparison pair's PLD; ``tff_mf.fixed_bin``.
-- ``"banded"``: amplified banded MF (Choquette-Choo et al. 2023, "(Amplified) Banded
-  Matrix Factorization", arXiv:2306.08153, Thm 4): when C has at most b non-zero
-  bands and every user belongs to one residue class mod b and joins each round of its
-  class independently with probability p, the run is dominated by ⌈n/b⌉-fold
+  dominating comparison pair's PLD; ``tff_mf.accounting.fixed_bin``.
+- ``"amplified_banded"`` (formerly ``"banded"``): amplified banded MF (Choquette-Choo et al.
+  2023, "(Amplified) Banded Matrix Factorization", arXiv:2306.08153, Thm 4): when C has at
+  most b non-zero bands and every user belongs to one residue class mod b and joins each
+  round of its class independently with probability p, the run is dominated by ⌈n/b⌉-fold
   composition of the Poisson-subsampled Gaussian mechanism with multiplier z / γ(C).
 
 Sampling probability convention (amplified analyses): ``sampling_prob`` p is the
@@ -72,19 +72,20 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from tff_mf import analyses
+from tff_mf.accounting import analyses
 from tff_mf import checks
-from tff_mf.analyses import RDP_ORDERS  # pylint: disable=unused-import
-from tff_mf.analyses import band_count  # pylint: disable=unused-import
-from tff_mf.analyses import check_encoder
-from tff_mf.analyses import mmcc_details  # pylint: disable=unused-import
-from tff_mf.analyses import poisson_sensitivity  # pylint: disable=unused-import
-from tff_mf.analyses import sampling_min_sep  # pylint: disable=unused-import
-from tff_mf.analyses import sensitivity_report  # pylint: disable=unused-import
-from tff_mf.gaussian import PLD_DISCRETIZATION
-from tff_mf.gaussian import AccountingError
+from tff_mf.accounting.analyses import RDP_ORDERS  # pylint: disable=unused-import
+from tff_mf.accounting.analyses import band_count  # pylint: disable=unused-import
+from tff_mf.accounting.analyses import check_encoder
+from tff_mf.accounting.analyses import mmcc_details  # pylint: disable=unused-import
+from tff_mf.accounting.analyses import poisson_sensitivity  # pylint: disable=unused-import
+from tff_mf.accounting.analyses import sampling_min_sep  # pylint: disable=unused-import
+from tff_mf.accounting.analyses import sensitivity_report  # pylint: disable=unused-import
+from tff_mf.accounting.gaussian import PLD_DISCRETIZATION
+from tff_mf.accounting.gaussian import AccountingError
 
-# The names of the registered analyses (``tff_mf.analyses``): its registry is their one home.
+# The names of the registered analyses (``tff_mf.accounting.analyses``): its registry is their
+# one home.
 ACCOUNTANTS = tuple(analyses.ACCOUNTANTS)
 DEFAULT_ACCOUNTANT = "exact"
 ANALYSES = analyses.SELECTABLE
@@ -249,22 +250,23 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
     schema: a ``tff_mf.participation.Participation`` (or its dict).
     noise_multiplier: z, the noise std in units of the clip norm.
     delta: δ in (0, 1).
-    amplification: None / "none" (one Gaussian at z / sensitivity), "mmcc" (MMCC), "banded"
-      (amplified banded): a min_sep or fixed_epoch schema (``sampling_min_sep``) and
-      ``sampling_prob``; "random_allocation": the random_allocation schema (never fixed-bin);
+    amplification: None / "none" (one Gaussian at z / sensitivity), "mmcc" (MMCC),
+      "amplified_banded" (formerly "banded"): a min_sep or fixed_epoch schema
+      (``sampling_min_sep``) and ``sampling_prob``; "random_allocation": the
+      random_allocation schema (never fixed-bin);
       "balls_in_bins": the fixed-bin balls_in_bins schema;
       "monte_carlo_bound" (best given as ``analyses.MonteCarloBound(samples=, failure_probability=,
       seed=)``): min_sep / fixed_epoch with ``sampling_prob``, or fixed-bin balls_in_bins; its
       record carries ``failure_probability`` and ``epsilon_label`` beside ``epsilon``.
-      Or the ``tff_mf.analyses.Analysis`` object itself, holding its own options.
+      Or the ``tff_mf.accounting.analyses.Analysis`` object itself, holding its own options.
     sampling_prob: p in (0, 1], the probability that a user joins a round it is
       eligible for (amplified analyses only).
     accountant: accountant of the unamplified Gaussian ("exact", "pld" or "rdp").
     pld_discretization: privacy-loss grid of the amplified analyses' PLDs (coarsened
       automatically where a PLD would exceed ``PLD_MAX_POINTS`` points).
     non_adaptive: MMCC only: the data are fixed in advance (allows signed or
-      non-triangular C; ``tff_mf.mmcc``).
-    mmcc_options: further keyword arguments of ``tff_mf.mmcc.mmcc`` (workers,
+      non-triangular C; ``tff_mf.accounting.mmcc``).
+    mmcc_options: further keyword arguments of ``tff_mf.accounting.mmcc.mmcc`` (workers,
       grid_resolution, progress, ...).
     known_sensitivity: C's ``sensitivity_report`` under ``schema`` when the caller holds it
       (``tff_mf.mechanisms``; unamplified or random_allocation), so it is not recomputed.

@@ -1,18 +1,18 @@
 """The optimal dense family: C from the certified dual solvers (numpy core, no TensorFlow).
 
-``tff_mf.dense_single.solve`` for single participation (Denisov et al. 2022,
-arXiv:2202.08312) and ``tff_mf.dense_fixed_epoch.solve_fixed_epoch`` under
+``tff_mf.factorization.dense_single.solve`` for single participation (Denisov et al. 2022,
+arXiv:2202.08312) and ``tff_mf.factorization.dense_fixed_epoch.solve_fixed_epoch`` under
 (k, b)-fixed-epoch participation (Choquette-Choo et al. 2023, arXiv:2211.06530); they
-share their run loop (``tff_mf.dense_run``).
+share their run loop (``tff_mf.factorization.dense_run``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tff_mf import dense_fixed_epoch
-from tff_mf import families
-from tff_mf import dense_single
+from tff_mf.factorization import dense_fixed_epoch
+from tff_mf.factorization import families
+from tff_mf.factorization import dense_single
 from tff_mf import participation
 
 # ----------------------------------------------------------------------------- family interface
@@ -27,7 +27,7 @@ STRATEGIES = {"optimal": families.Declaration(
 
 def factorize(a: np.ndarray, spec, context):
   """The optimal C for A: ``solve`` (single participation) or ``solve_fixed_epoch``."""
-  from tff_mf.families import FamilyResult  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization.families import FamilyResult  # pylint: disable=g-import-not-at-top
   progress = bool(context and context.progress)
   if a.shape[0] == 1:  # one round: C = [1] is optimal for every schema, with gap 0
     return FamilyResult(b=a.copy(), c=np.ones((1, 1)),

@@ -1,6 +1,6 @@
 """The Gaussian mechanism's privacy curve, exactly and on bounded PLD grids (numpy core).
 
-Shared by ``tff_mf.accounting`` and ``tff_mf.mmcc``:
+Shared by ``tff_mf.accounting`` and ``tff_mf.accounting.mmcc``:
 
 - ``gaussian_delta_exact`` / ``gaussian_epsilon_exact``: δ(ε) and ε(δ) of the Gaussian
   mechanism (Balle & Wang 2018, arXiv:1805.06530, Thm 8), evaluated in log space so

@@ -12,10 +12,10 @@ b, as jax_privacy's ``BandMFConfig`` is meant to be used (``BandMFConfig.default
 for each b, ``calibrate`` for z, ``rmse`` to compare):
 
 - C: the b-banded factorization of the workload (``banded_toeplitz`` by default, the
-  family jax_privacy optimizes; or ``banded``), from ``tff_mf.cache.load_or_factorize``
+  family jax_privacy optimizes; or ``banded``), from ``tff_mf.factorization.cache.load_or_factorize``
   (computed once, then read from the cache), γ(C) = 1;
 - z(b): the smallest z whose ε at δ is at most the target under the amplified banded
-  analysis at p_b (``tff_mf.accounting.calibrate``, analysis ``"banded"``; it reports
+  analysis at p_b (``tff_mf.accounting.calibrate``, analysis ``"amplified_banded"``; it reports
   the smaller of the amplified and the unamplified bound, both valid);
 - expected error: z(b)·rmse(b)/E with rmse(b) = ‖B‖_F/√n at γ(C) = 1, the figure of
   jax_privacy's ``BandMFConfig.rmse`` (noise multiplier over expected participations
@@ -79,20 +79,20 @@ def calibrate_bands(n: int, target_epsilon: float, delta: float, *, min_sep: int
     sampling_prob: p, the probability of joining an eligible round at cycle B.
     max_bands: a further cap on b (default: none).
     strategy: ``banded_toeplitz`` (default) or ``banded``.
-    workload: a ``tff_mf.workloads.WorkloadSpec`` with n rounds (default: prefix sum).
-    cache_dir: the factorization cache (``tff_mf.cache``; default: its default).
+    workload: a ``tff_mf.factorization.workloads.WorkloadSpec`` with n rounds (default: prefix sum).
+    cache_dir: the factorization cache (``tff_mf.factorization.cache``; default: its default).
     tolerance: relative tolerance of each z (the returned z always meets the target).
 
   Returns a JSON-ready dict: ``best`` (a ``BandCandidate`` dict), ``candidates`` (all of
   them, in increasing b), ``expected_participations`` E, and the inputs.
   """
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  from tff_mf import analyses  # pylint: disable=g-import-not-at-top
-  from tff_mf import cache  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
   from tff_mf import factorization as fz  # pylint: disable=g-import-not-at-top
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
-  from tff_mf import strategies  # pylint: disable=g-import-not-at-top
-  from tff_mf import workloads  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import strategies  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import workloads  # pylint: disable=g-import-not-at-top
   n = checks.positive_int(n, "n")
   target = checks.positive_float(target_epsilon, "target_epsilon")
   delta = checks.delta(delta, "delta")

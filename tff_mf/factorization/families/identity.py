@@ -10,10 +10,10 @@ from typing import Dict
 
 import numpy as np
 
-from tff_mf import families
+from tff_mf.factorization import families
 from tff_mf import participation
-from tff_mf import streams
-from tff_mf.families import FamilyResult
+from tff_mf.noise import streams
+from tff_mf.factorization.families import FamilyResult
 
 # Bumped whenever the output for the same inputs changes (part of the cache key).
 VERSION = "1"

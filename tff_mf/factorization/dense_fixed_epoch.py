@@ -2,11 +2,11 @@
 duality-gap certificate (numpy/scipy, no TF).
 
 ``solve_fixed_epoch`` (Choquette-Choo, McMahan, Rush, Thakurta 2023, arXiv:2211.06530,
-Eq. 5): the objective of the single-participation solver (``tff_mf.dense_single``) with
+Eq. 5): the objective of the single-participation solver (``tff_mf.factorization.dense_single``) with
 columns of one user's rounds orthogonal and their squared norms summing to at most 1;
 see the comment block before ``FixedEpochDual``. The run loop, the floored
 eigendecomposition and conjugate gradients are shared with the single-participation
-solver (``tff_mf.dense_run``).
+solver (``tff_mf.factorization.dense_run``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import numpy as np
 from scipy.linalg import blas as scipy_blas
 
 from tff_mf import checks
-from tff_mf import dense_run
-from tff_mf import workloads
+from tff_mf.factorization import dense_run
+from tff_mf.factorization import workloads
 
 # Multi-epoch optimum (Choquette-Choo, McMahan, Rush, Thakurta 2023, arXiv:2211.06530,
 # Eq. 5): under (k, b)-participation (n = k·b rounds; user j takes rounds

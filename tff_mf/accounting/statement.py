@@ -21,7 +21,7 @@ import decimal
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from tff_mf import analyses
+from tff_mf.accounting import analyses
 
 DIGITS = 3
 UNIT = ("client-level: one client's whole data, in every round it joins. Adjacency is "
@@ -125,7 +125,7 @@ def _sensitivity_words(record: Mapping[str, Any], schema_text: str) -> str:
 
 
 def analysis_words(record: Mapping[str, Any], schema_text: str) -> str:
-  """The analysis behind ``record['epsilon']``, in its own words (``tff_mf.analyses``)."""
+  """The analysis behind ``record['epsilon']``, in its own words (``tff_mf.accounting.analyses``)."""
   z, sens = record.get("noise_multiplier"), record.get("sensitivity")
   named = record.get("unamplified_accountant") or record.get("accountant")
   accountant = (analyses.ACCOUNTANTS[named].words if named in analyses.ACCOUNTANTS
@@ -260,8 +260,8 @@ def _row(analysis: str, label: str, eps: float) -> Dict[str, Any]:
 
 def high_probability(record: Mapping[str, Any]) -> Optional[float]:
   """β when the record's analysis gives an ε that holds with probability ≥ 1 − β over the
-  accountant's own sampling (``tff_mf.monte_carlo``), else None."""
-  cls = analyses.REGISTRY.get(record.get("analysis"))
+  accountant's own sampling (``tff_mf.accounting.monte_carlo``), else None."""
+  cls = analyses.of_record(record.get("analysis"))
   if cls is None or not cls.high_probability:
     return None
   return record.get("failure_probability")
@@ -274,7 +274,7 @@ def _label(analysis: str) -> str:
 
 # ----------------------------------------------------------------------------- the statement
 
-# The analyses a record may name: the registered bounds (``tff_mf.analyses``).
+# The analyses a record may name: the registered bounds (``tff_mf.accounting.analyses``).
 ANALYSES = tuple(name for name, cls in analyses.REGISTRY.items() if cls.bound)
 
 
@@ -295,17 +295,18 @@ def _checked_record(record: Any) -> Dict[str, Any]:
                             f"tff_mf.accounting.epsilon_for, or a PrivacyRecord), got "
                             f"{type(record).__name__}")
   analysis = record.get("analysis")
-  if analysis not in ANALYSES:
+  cls = analyses.of_record(analysis)
+  if cls is None or not cls.bound:
     raise checks.CheckError(f"privacy_statement: the record names no analysis it can describe "
                             f"(analysis = {analysis!r}; expected one of {', '.join(ANALYSES)}): "
                             f"pass the record tff_mf.accounting.epsilon_for returns, or a "
                             f"PrivacyRecord (setup.privacy)")
-  if analyses.REGISTRY[analysis].amplified and record.get("bound") not in (
+  if cls.amplified and record.get("bound") not in (
       "amplified", "unamplified"):
     raise checks.CheckError(f"privacy_statement: the {analysis} record does not say which bound "
                             f"its epsilon is (bound = {record.get('bound')!r})")
   for c in [record] + list(record.get("candidates") or []):
-    cls = analyses.REGISTRY.get(c.get("analysis"))
+    cls = analyses.of_record(c.get("analysis"))
     beta = c.get("failure_probability")
     if cls is not None and cls.high_probability and not (
         isinstance(beta, float) and 0.0 < beta < 1.0):

@@ -3,7 +3,7 @@
 The dynamic program behind min-sep sensitivities (Choquette-Choo et al. 2023,
 arXiv:2306.08153, Alg. 3 and the two stages of Alg. 4): the largest sum of at most k
 entries of a vector whose indices are pairwise at least ``sep`` apart. Used by
-``tff_mf.participation`` on dense CᵀC and by ``tff_mf.toeplitz_ops`` on its band.
+``tff_mf.participation`` on dense CᵀC and by ``tff_mf.factorization.toeplitz_ops`` on its band.
 """
 
 from __future__ import annotations

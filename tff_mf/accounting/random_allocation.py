@@ -57,7 +57,7 @@ units of z):
   Ann. Sci. Math. Québec 9, 105–150) a covariance G' ≥ G entrywise gives a dominating
   pair. G' = (ΣA)·11ᵀ + B·Σ_e [πᵉ = π'ᵉ] (A, B as above, B = max_e B_e) is a Gaussian at
   squared sensitivity ΣA composed with k epochs of C = I random allocation at B, whose PLD
-  ``tff_mf.allocation_pld`` computes (after Feldman & Shenfeld 2026, arXiv:2602.17284);
+  ``tff_mf.accounting.allocation_pld`` computes (after Feldman & Shenfeld 2026, arXiv:2602.17284);
   for C = a·I it is the pair itself. Computed where B ≥ ΣA (near-diagonal C); each
   direction takes the smaller of its PLD and Rényi ε.
 
@@ -78,7 +78,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 from scipy import special
 
-from tff_mf import allocation_pld
+from tff_mf.accounting import allocation_pld
 from tff_mf import checks
 from tff_mf import participation
 
@@ -406,13 +406,13 @@ def lower_bound(c, epochs: int, noise_multiplier: float, delta: float,
   docstring; projecting y on v = C·w (post-processing) leaves N(0, z²‖v‖²) against the
   mixture over π of N(wᵀX·1_π, z²‖v‖²), whose means are sums over epochs of independent
   uniform picks, and each threshold test then proves ε below the true one
-  (``tff_mf.mixture_pair.threshold_epsilon``). Where the sums take more than
+  (``tff_mf.accounting.mixture_pair.threshold_epsilon``). Where the sums take more than
   ``LOWER_BOUND_MAX_POINTS`` values they are rounded DOWN to a grid: a mixture with smaller
   means puts less mass above every threshold and more below it, so both tests then prove
   less, still a lower bound. Directions: w = 1 and w = e_t for the first round of each
   epoch, unless given.
   """
-  from tff_mf import mixture_pair  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import mixture_pair  # pylint: disable=g-import-not-at-top
   c, k, b = check_encoder(c, epochs)
   z = checks.noise_multiplier(noise_multiplier)
   delta = checks.delta(delta)

@@ -28,10 +28,10 @@ import scipy.linalg
 import scipy.optimize
 
 from tff_mf import checks
-from tff_mf import families
+from tff_mf.factorization import families
 from tff_mf import participation
-from tff_mf import streams
-from tff_mf import workloads
+from tff_mf.noise import streams
+from tff_mf.factorization import workloads
 
 # Rows per block of the banded triangular solves (at least b).
 BLOCK_ROWS = 64
@@ -466,7 +466,7 @@ STRATEGIES = {"banded": families.Declaration(
 
 def factorize(a: np.ndarray, spec, context):
   """The optimized b-banded C for A (``optimize``)."""
-  from tff_mf.families import FamilyResult  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization.families import FamilyResult  # pylint: disable=g-import-not-at-top
   result = optimize(a, spec.bands, progress=bool(context and context.progress))
   return FamilyResult(b=result.b, c=result.c, info=dict(result.info), extras=dict(result.extras))
 

@@ -11,7 +11,7 @@ the rest of the lower triangle (i − j ≥ h) and U, V are n x r, fitted by
 alternating least squares with penalty λ(‖U‖²_F + ‖V‖²_F), λ = 1e-6 (App H). The
 paired encoder is C = B̂⁻¹·A, so B̂·C = A exactly.
 
-``pieces_stream`` gives the residual noise N = A⁻¹·B̂ = C⁻¹ as a ``tff_mf.streams.LinearStream``
+``pieces_stream`` gives the residual noise N = A⁻¹·B̂ = C⁻¹ as a ``tff_mf.noise.streams.LinearStream``
 with h′ + r rows of state (Algorithm 3 applied to N; h′ = h + w − 1 when A⁻¹ has w
 nonzero diagonals): a ring of the last h′ Z rows and the low-rank sum in a whitened
 basis, so that float32 carries it without cancellation.
@@ -29,8 +29,8 @@ import scipy.linalg
 import math
 
 from tff_mf import checks
-from tff_mf import families
-from tff_mf import streams
+from tff_mf.factorization import families
+from tff_mf.noise import streams
 
 # Bumped whenever the output for the same inputs changes (part of the cache key).
 VERSION = "2"
@@ -235,7 +235,7 @@ def fit(a: np.ndarray, bands: int, rank: int, progress: bool = False,
   Denisov et al. App H / McMahan et al. Sec 4.2. ``b_opt`` is the optimal
   decoder B* for A when the caller already has it (any positive scaling of it
   gives the same mechanism); otherwise it is computed with
-  ``tff_mf.dense_single.solve`` (``target_gap``, ``max_iterations`` and
+  ``tff_mf.factorization.dense_single.solve`` (``target_gap``, ``max_iterations`` and
   ``allow_unconverged`` are passed through). The result is not normalized;
   ``strategies.factorize`` normalizes it so that γ(C) = 1.
   """
@@ -246,7 +246,7 @@ def fit(a: np.ndarray, bands: int, rank: int, progress: bool = False,
   n = a.shape[0]
   info: Dict[str, Any] = {"bands": bands, "rank": rank}
   if b_opt is None:
-    from tff_mf import dense_single  # pylint: disable=g-import-not-at-top
+    from tff_mf.factorization import dense_single  # pylint: disable=g-import-not-at-top
     kwargs = {"progress": progress, "allow_unconverged": allow_unconverged}
     if target_gap is not None:
       kwargs["target_gap"] = target_gap
@@ -403,7 +403,7 @@ def _tables(n_matrix, u_tilde, v, hp, name):
 
 def factorize(a: np.ndarray, spec, context) -> "FamilyResult":
   """Fits B̂ to the optimal decoder of A (from ``context.optimal``) and returns its pieces."""
-  from tff_mf.families import FamilyResult  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization.families import FamilyResult  # pylint: disable=g-import-not-at-top
   b_opt, optimal_info = None, {}
   if context is not None and context.optimal is not None:
     optimal_f = context.optimal()

@@ -31,12 +31,12 @@ import scipy.linalg
 import scipy.optimize
 
 from tff_mf import checks
-from tff_mf import families
+from tff_mf.factorization import families
 from tff_mf import factorization as fz
 from tff_mf import participation as participation_lib
-from tff_mf import streams
-from tff_mf.families import FamilyResult
-from tff_mf.families import banded
+from tff_mf.noise import streams
+from tff_mf.factorization.families import FamilyResult
+from tff_mf.factorization.families import banded
 
 # Bumped whenever the output for the same inputs changes (part of the cache key).
 VERSION = "2"  # 2: BandInvMF with closed-form gradients, L-BFGS-B restarts, Nelder-Mead polish
@@ -244,9 +244,9 @@ def _schema_separation(schema, n: int):
 
   Fixed-epoch patterns {j, j + n/k, …} are min-sep patterns with separation n/k.
   """
-  from tff_mf import toeplitz_ops  # pylint: disable=g-import-not-at-top
+  from tff_mf.participation import toeplitz_bounds  # pylint: disable=g-import-not-at-top
   cover = schema.cyclic_cover(n)
-  return (None, None) if cover is None else toeplitz_ops.participations(n, *cover)
+  return (None, None) if cover is None else toeplitz_bounds.participations(n, *cover)
 
 
 def _correlate_head(g: np.ndarray, u: np.ndarray, m: int) -> np.ndarray:
@@ -272,12 +272,13 @@ def banded_inverse_value_and_gradient(free_taps: np.ndarray, a_column: np.ndarra
   C's first column c is the power series 1/h (O(n·b)); with v = c/‖c‖,
   rmse² = s(v)²·‖c‖²·Σ_i (n − i)·β_i²/n, β = a ∗ h (B = A·C⁻¹ is Toeplitz). The
   sensitivity s(v) is the min-sep value of the non-increasing majorant of |v|
-  (``toeplitz_ops.min_sep_sensitivity``'s earliest pattern; exact when v is non-negative
+  (``toeplitz_bounds.min_sep_sensitivity``'s earliest pattern; exact when v is non-negative
   and non-increasing, which it then equals, else an upper bound; Kalinin & Lampert 2024,
   arXiv:2405.13763, Thm 2); s = 1 under single participation. The gradient uses
   dc = −c ∗ c ∗ dh (from c ∗ h = e_0) and the majorant's subgradient.
   """
-  from tff_mf import toeplitz_ops  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import toeplitz_ops  # pylint: disable=g-import-not-at-top
+  from tff_mf.participation import toeplitz_bounds  # pylint: disable=g-import-not-at-top
   n = a_column.shape[0]
   free = np.asarray(free_taps, dtype=np.float64)
   taps = np.concatenate([[1.0], free])
@@ -298,9 +299,9 @@ def banded_inverse_value_and_gradient(free_taps: np.ndarray, a_column: np.ndarra
     # majorant[i] = |v[r(i)]|, r(i) the first position ≥ i where |v| equals its majorant.
     positions = np.where(absv >= majorant, np.arange(n), n)
     r = np.minimum.accumulate(positions[::-1])[::-1]
-    pattern = toeplitz_ops.minsep_vector(majorant, sep, k)
+    pattern = toeplitz_bounds.minsep_vector(majorant, sep, k)
     sens_sq = float(pattern @ pattern)
-    g_major = 2.0 * toeplitz_ops.minsep_vector_adjoint(pattern, sep, k)
+    g_major = 2.0 * toeplitz_bounds.minsep_vector_adjoint(pattern, sep, k)
     grad_v = np.bincount(r, weights=g_major * np.sign(v[r]), minlength=n)
   beta = np.convolve(a_column, taps)[:n]
   weights = (n - np.arange(n)) / n
@@ -315,9 +316,10 @@ def banded_inverse_value_and_gradient(free_taps: np.ndarray, a_column: np.ndarra
 
 
 def bound_value(free_taps: np.ndarray, a_column: np.ndarray, schema) -> float:
-  """rmse² of C⁻¹ = Toeplitz(1, free_taps) with ``toeplitz_ops.min_sep_sensitivity`` (exact
+  """rmse² of C⁻¹ = Toeplitz(1, free_taps) with ``toeplitz_bounds.min_sep_sensitivity`` (exact
   for non-negative non-increasing C, else the smaller of its two upper bounds)."""
-  from tff_mf import toeplitz_ops  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import toeplitz_ops  # pylint: disable=g-import-not-at-top
+  from tff_mf.participation import toeplitz_bounds  # pylint: disable=g-import-not-at-top
   n = a_column.shape[0]
   free = np.asarray(free_taps, dtype=np.float64)
   taps = np.concatenate([[1.0], free])
@@ -327,7 +329,7 @@ def bound_value(free_taps: np.ndarray, a_column: np.ndarray, schema) -> float:
   if not np.isfinite(gamma) or gamma > _UNSTABLE:
     return _UNSTABLE * (1.0 + float(np.sum(np.square(free))))
   sep, k = _schema_separation(schema, n)
-  sens = 1.0 if sep is None else toeplitz_ops.min_sep_sensitivity(c / gamma, n, sep, k)
+  sens = 1.0 if sep is None else toeplitz_bounds.min_sep_sensitivity(c / gamma, n, sep, k)
   beta = np.convolve(a_column, taps)[:n] * gamma
   return sens ** 2 * float(np.sum((n - np.arange(n)) * beta ** 2)) / n
 

@@ -10,11 +10,11 @@ The family protocol. A family module exposes
 - ``factorize(a, spec, context) -> FamilyResult``: an unnormalized B, C with B·C = A,
   JSON-ready info and the float64 parameters the cache stores beside A, B and C;
 - optionally ``check_extras(factorization)`` (its stored parameters rebuild its
-  matrices) and, when it streams, ``stream(extras, a) -> tff_mf.streams.LinearStream``.
+  matrices) and, when it streams, ``stream(extras, a) -> tff_mf.noise.streams.LinearStream``.
 
 ``tff_mf.registry`` names each strategy's family module (``Strategy.family``: a module of
-this package, or any importable module path); ``tff_mf.strategies``, ``tff_mf.cache``,
-``tff_mf.mechanisms``, the commands and the TF layer read the declarations, so a new
+this package, or any importable module path); ``tff_mf.factorization.strategies``,
+``tff_mf.factorization.cache``, ``tff_mf.mechanisms``, the commands and the TF layer read the declarations, so a new
 family is one module plus one registry entry (``registry.register``). This package
 module holds only the types the families share.
 """
@@ -49,7 +49,7 @@ class FamilyResult:
     return FamilyResult(b=self.b * gamma, c=self.c / gamma, info=info, extras=extras)
 
 
-# The FactorizationSpec fields a strategy may read (tff_mf.strategies.FactorizationSpec).
+# The FactorizationSpec fields a strategy may read (tff_mf.factorization.strategies.FactorizationSpec).
 SPEC_PARAMETERS = ("target_gap", "max_iterations", "allow_unconverged", "bands", "rank",
                    "buffers", "error", "als_iterations")
 # Short names of parameters in cache entry names ("blt-m4", "banded-b8").
@@ -84,7 +84,7 @@ class Declaration:
       against memory before A is built).
     encoder_rows: C has encoder_rows·n rows (2 for the tree's C_T).
     streams: the family rebuilds C⁻¹·Z as a ``LinearStream`` (``stream``).
-    cached: mechanisms load it through ``tff_mf.cache`` (False for closed forms, cheaper
+    cached: mechanisms load it through ``tff_mf.factorization.cache`` (False for closed forms, cheaper
       to rebuild than to load and check).
     check_spec: ``spec -> None``, the strategy's own parameter checks (raises
       ``CheckError``).

@@ -18,10 +18,10 @@ Practice: Don't Use Tree Aggregation, Use BLTs", arXiv:2408.08868) is over the p
 through unconstrained log-gaps of 1 − θ. Interlacing gives ω > 0 and ω̂ < 0, and then
 c is positive and non-increasing (c_k − c_{k+1} = Σ_j ω_j θ_j^{k−1}(1 − θ_j) > 0 and
 c_1 = Σ_j (θ_j − θ̂_j) < 1), the condition under which the min-sep sensitivity of
-``toeplitz_ops.min_sep_sensitivity`` is exact; it is the class of well-behaved BLTs of
+``toeplitz_bounds.min_sep_sensitivity`` is exact; it is the class of well-behaved BLTs of
 McMahan & Pillutla 2025, arXiv:2504.21413, Thm 1. Each evaluation costs O(n·m) for
 Toeplitz workloads (the coefficients of C and C⁻¹, then the Toeplitz-workload path of
-``tff_mf.toeplitz_ops``).
+``tff_mf.factorization.toeplitz_ops``).
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from tff_mf import checks
-from tff_mf import families
-from tff_mf import lbfgs
+from tff_mf.factorization import families
+from tff_mf.factorization import lbfgs
 from tff_mf import participation
-from tff_mf import streams
-from tff_mf import toeplitz_ops
+from tff_mf.noise import streams
+from tff_mf.factorization import toeplitz_ops
+from tff_mf.participation import toeplitz_bounds
 
 LOG_GAP_BOUNDS = (-30.0, math.log(20.0))
 EXTRAS = ("blt_theta", "blt_omega", "blt_inverse_theta", "blt_inverse_omega")
@@ -133,9 +134,9 @@ def sensitivity(blt: BLT, n: int, min_sep: Optional[int] = None,
 
   The worst pattern is rounds 0, min_sep, 2·min_sep, … when the coefficients are
   non-negative and non-increasing (always so for interlaced θ̂ < θ); otherwise a valid
-  upper bound (``toeplitz_ops.min_sep_sensitivity``).
+  upper bound (``toeplitz_bounds.min_sep_sensitivity``).
   """
-  return toeplitz_ops.min_sep_sensitivity(blt.coefficients(n), n, min_sep, max_participations)
+  return toeplitz_bounds.min_sep_sensitivity(blt.coefficients(n), n, min_sep, max_participations)
 
 
 def evaluate(blt: BLT, n: int, workload=None, min_sep: Optional[int] = None,
@@ -143,9 +144,9 @@ def evaluate(blt: BLT, n: int, workload=None, min_sep: Optional[int] = None,
   """rmse, max_error and sensitivity of the BLT C (O(n·m) for Toeplitz A)."""
   work = toeplitz_ops.workload_operator(n, workload)
   c = blt.coefficients(n)
-  sens = toeplitz_ops.min_sep_sensitivity(c, n, min_sep, max_participations)
+  sens = toeplitz_bounds.min_sep_sensitivity(c, n, min_sep, max_participations)
   out = toeplitz_ops.evaluate_inverse_column(blt.inverse().coefficients(n), sens, work)
-  out["sensitivity_exact"] = toeplitz_ops.sensitivity_is_exact(c, n, min_sep, max_participations)
+  out["sensitivity_exact"] = toeplitz_bounds.sensitivity_is_exact(c, n, min_sep, max_participations)
   return out
 
 
@@ -219,9 +220,9 @@ class _Objective:
     c, p_c = self._coefficients(omega, e)
     c_hat, p_i = self._coefficients(omega_hat, e_hat)
     err, g_chat = self.work.loss_and_grad(c_hat, self.error)
-    v = toeplitz_ops.minsep_vector(c, self.min_sep, self.k)
+    v = toeplitz_bounds.minsep_vector(c, self.min_sep, self.k)
     s = float(np.dot(v, v))
-    g_c = 2.0 * toeplitz_ops.minsep_vector_adjoint(v, self.min_sep, self.k)
+    g_c = 2.0 * toeplitz_bounds.minsep_vector_adjoint(v, self.min_sep, self.k)
     value = s * err / self.scale
     g_c *= err / self.scale
     g_chat *= s / self.scale
@@ -343,7 +344,7 @@ def optimize(n: int, buffers: int = 4, *, min_sep: Optional[int] = None,
   m = checks.nonnegative_int(buffers, "buffers")
   starts = checks.positive_int(starts, "starts")
   toeplitz_ops.check_error(error)
-  ms, k = toeplitz_ops.participations(n, min_sep, max_participations)
+  ms, k = toeplitz_bounds.participations(n, min_sep, max_participations)
   work = toeplitz_ops.workload_operator(n, workload)
   iterations, converged, message, evaluations, gradient = 0, True, "no buffers: C = I", 0, 0.0
   if m == 0:
@@ -383,7 +384,7 @@ def _fewer_buffers(unpruned: np.ndarray, m: int, info: Dict[str, Any], n: int, w
   """
   try:
     full, full_inv = from_theta_pair(1.0 - unpruned[1::2], 1.0 - unpruned[0::2])
-    sens = toeplitz_ops.min_sep_sensitivity(full.coefficients(n), n, min_sep, max_participations)
+    sens = toeplitz_bounds.min_sep_sensitivity(full.coefficients(n), n, min_sep, max_participations)
     rmse_requested = float(toeplitz_ops.evaluate_inverse_column(
         full_inv.coefficients(n), sens, work)["rmse"])
   except checks.CheckError:  # decays equal in float64: no distinct m-buffer BLT to evaluate
@@ -509,9 +510,9 @@ STRATEGIES = {"blt": families.Declaration(
 
 def factorize(a: np.ndarray, spec, context):
   """The optimized BLT C with ``spec.buffers`` buffers for A under the spec's schema."""
-  from tff_mf.families import FamilyResult  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization.families import FamilyResult  # pylint: disable=g-import-not-at-top
   del context
-  min_sep, k = toeplitz_ops.schema_arguments(spec.participation, a.shape[0])
+  min_sep, k = toeplitz_bounds.schema_arguments(spec.participation, a.shape[0])
   result = optimize(a.shape[0], spec.buffers, min_sep=min_sep, max_participations=k,
                     error=spec.error, workload=a)
   return FamilyResult(b=result.b, c=result.c, info=dict(result.info), extras=dict(result.extras))

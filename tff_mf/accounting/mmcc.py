@@ -73,7 +73,7 @@ probabilities and PLD arithmetic.
 Adaptivity (footnote 7, Lemma B.4) needs C lower triangular with rows in
 release order and non-negative entries (Lemma C.3 uses non-negativity). C may
 have more rows than columns when its rows are in release order (the binary
-tree: a node is released in the round of its last leaf, ``tff_mf.families.tree``).
+tree: a node is released in the round of its last leaf, ``tff_mf.factorization.families.tree``).
 Other matrices are rejected unless the caller asserts ``non_adaptive=True``
 (data fixed in advance), where any row order is valid (Observation 3.2) and
 negative entries are replaced by their absolute values (the triangle
@@ -100,15 +100,15 @@ import numpy as np
 from scipy import special
 from scipy import stats
 
-from tff_mf import gaussian
+from tff_mf.accounting import gaussian
 from tff_mf import checks
-from tff_mf import workloads
-from tff_mf.families import tree
+from tff_mf.factorization import workloads
+from tff_mf.factorization.families import tree
 
+# The encoders of the MMCC paper's figures. (The truncated √S was once also spelled
+# "banded_toeplitz", which names the registry's optimized banded Toeplitz strategy: one name,
+# one meaning, so only "truncated_sqrt_prefix" is accepted.)
 STRATEGIES = ("identity", "binary_tree", "tree_restart", "truncated_sqrt_prefix")
-# Older names still accepted by ``strategy_matrix``: "banded_toeplitz" was the truncated √S
-# (not the registry's optimized banded Toeplitz strategy).
-STRATEGY_ALIASES = {"banded_toeplitz": "truncated_sqrt_prefix"}
 
 DEFAULT_GRID_RESOLUTION = 64  # Δ2 = max entry of C / 64 unless grid_step is given
 DEFAULT_PLD_DISCRETIZATION = 1e-4  # Δ of the privacy-loss grid
@@ -209,9 +209,7 @@ def truncated_sqrt_prefix_matrix(n: int, bands: int) -> np.ndarray:
 
 def strategy_matrix(strategy: str, n: int, height: Optional[int] = None,
                     bands: Optional[int] = None) -> np.ndarray:
-  """Built-in encoder C for ``strategy`` in STRATEGIES (or STRATEGY_ALIASES), normalized to
-  γ = 1."""
-  strategy = STRATEGY_ALIASES.get(strategy, strategy)
+  """Built-in encoder C for ``strategy`` in STRATEGIES, normalized to γ = 1."""
   if strategy == "identity":
     return identity_matrix(n)
   if strategy == "binary_tree":

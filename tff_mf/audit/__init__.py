@@ -91,7 +91,7 @@ POWER_GRID = 48
 
 # Noise kinds whose seed is drawn at every ``initialize`` (fresh seeds per run); TFF's tree
 # fixes its seed when it is built.
-AUDITABLE_NOISE = ("dense", "linear", "tff_gaussian")
+AUDITABLE_NOISE = ("dense_rows", "linear", "tff_gaussian")
 
 # Faults ``tff_mf.tf.audit.plant_fault`` plants in a copy of a mechanism (the audit's own
 # check of its power); the last three sit away from the reported worst canary.

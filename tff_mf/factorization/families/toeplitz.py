@@ -5,8 +5,8 @@ elsewhere (McKenna 2024, arXiv:2405.15913; Choquette-Choo et al. 2023,
 arXiv:2306.08153, Sec 4). The coefficients f minimize sens(f)²·‖A·C⁻¹‖_F² (mean
 error, the default) or sens(f)²·max_i ‖(A·C⁻¹)[i, :]‖² (max error).
 
-The toolkit (workload operators, min-sep sensitivity, evaluation) is ``tff_mf.toeplitz_ops``;
-the L-BFGS-B wrapper is ``tff_mf.lbfgs``.
+The toolkit (workload operators, min-sep sensitivity, evaluation) is ``tff_mf.factorization.toeplitz_ops``;
+the L-BFGS-B wrapper is ``tff_mf.factorization.lbfgs``.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ import scipy.optimize
 import scipy.signal
 
 from tff_mf import checks
-from tff_mf import families
-from tff_mf import lbfgs
+from tff_mf.factorization import families
+from tff_mf.factorization import lbfgs
 from tff_mf import participation
-from tff_mf import streams
-from tff_mf import toeplitz_ops
-from tff_mf import workloads
+from tff_mf.noise import streams
+from tff_mf.factorization import toeplitz_ops
+from tff_mf.participation import toeplitz_bounds
+from tff_mf.factorization import workloads
 
 
 class _Objective:
@@ -47,9 +48,9 @@ class _Objective:
     e, g_h = self.work.loss_and_grad(h, self.error)
     lam = scipy.signal.lfilter([1.0], f, g_h[::-1])[::-1]  # C⁻ᵀ·dE/dh
     g_e = np.array([-np.dot(lam[j:], h[:n - j]) for j in range(b)])
-    v = toeplitz_ops.minsep_vector(toeplitz_ops.padded(f, n), self.min_sep, self.k)
+    v = toeplitz_bounds.minsep_vector(toeplitz_bounds.padded(f, n), self.min_sep, self.k)
     s = float(np.dot(v, v))
-    g_s = 2.0 * toeplitz_ops.minsep_vector_adjoint(v, self.min_sep, self.k)[:b]
+    g_s = 2.0 * toeplitz_bounds.minsep_vector_adjoint(v, self.min_sep, self.k)[:b]
     value = s * e / self.scale
     return value, (e * g_s + s * g_e) / self.scale
 
@@ -62,7 +63,7 @@ def optimize(n: int, bands: int, *, workload=None, error: str = "mean",
 
   Minimizes rmse² = sens²·‖A·C⁻¹‖_F²/n (error='mean') or max_error² =
   sens²·max_i ‖(A·C⁻¹)[i, :]‖² (error='max') with scipy's L-BFGS-B and an analytic
-  gradient, sens under b-min-sep participation (``toeplitz_ops.min_sep_sensitivity``; single
+  gradient, sens under b-min-sep participation (``toeplitz_bounds.min_sep_sensitivity``; single
   participation when min_sep is None). ``workload``: None (prefix sum S), the first
   column of a Toeplitz A, or a lower-triangular A. When bands > min_sep (and more than
   one participation fits) the coefficients are kept non-negative and non-increasing
@@ -74,7 +75,7 @@ def optimize(n: int, bands: int, *, workload=None, error: str = "mean",
   n = checks.positive_int(n, "n")
   bands = min(checks.positive_int(bands, "bands"), n)
   toeplitz_ops.check_error(error)
-  ms, k = toeplitz_ops.participations(n, min_sep, max_participations)
+  ms, k = toeplitz_bounds.participations(n, min_sep, max_participations)
   work = toeplitz_ops.workload_operator(n, workload)
   monotone = k > 1 and bands > ms
   f0 = _initial_coefficients(init, bands, monotone)
@@ -137,7 +138,7 @@ def _initial_coefficients(init, bands: int, monotone: bool) -> np.ndarray:
     if f0.shape[0] != bands:
       raise checks.CheckError(f"initial coefficients have {f0.shape[0]} bands, expected {bands}")
     f0 = f0 / f0[0]
-  if monotone and not toeplitz_ops.is_nonincreasing_nonnegative(f0):
+  if monotone and not toeplitz_bounds.is_nonincreasing_nonnegative(f0):
     f0 = np.maximum.accumulate(np.abs(f0)[::-1])[::-1]
     f0 = f0 / f0[0]
   return f0
@@ -207,9 +208,9 @@ STRATEGIES = {"banded_toeplitz": families.Declaration(
 
 def factorize(a: np.ndarray, spec, context):
   """The optimized b-banded Toeplitz C for A under the spec's schema (``optimize``)."""
-  from tff_mf.families import FamilyResult  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization.families import FamilyResult  # pylint: disable=g-import-not-at-top
   del context
-  min_sep, k = toeplitz_ops.schema_arguments(spec.participation, a.shape[0])
+  min_sep, k = toeplitz_bounds.schema_arguments(spec.participation, a.shape[0])
   result = optimize(a.shape[0], spec.bands, workload=a, error=spec.error, min_sep=min_sep,
                     max_participations=k)
   return FamilyResult(b=result.b, c=result.c, info=dict(result.info), extras=dict(result.extras))

@@ -1,7 +1,7 @@
 """The run loop and linear algebra shared by the two optimal dense solvers (numpy, no TF).
 
-``tff_mf.dense_single.solve`` (single participation, Denisov et al. 2022,
-arXiv:2202.08312) and ``tff_mf.dense_fixed_epoch.solve_fixed_epoch`` ((k, b)-fixed-epoch
+``tff_mf.factorization.dense_single.solve`` (single participation, Denisov et al. 2022,
+arXiv:2202.08312) and ``tff_mf.factorization.dense_fixed_epoch.solve_fixed_epoch`` ((k, b)-fixed-epoch
 participation, Choquette-Choo et al. 2023, arXiv:2211.06530) both work through the
 Lagrange dual of a convex program in X = CᵀC. What they share lives here: the result and
 error types; ``Run``, which keeps the best dual and primal points, the history, the

@@ -124,7 +124,7 @@ def check_encoder(c) -> np.ndarray:
   if np.any(c < 0):
     raise MonteCarloError("Monte-Carlo accounting needs C >= 0 (arXiv:2410.06266's dominating "
                           "pair); this C has a negative entry")
-  from tff_mf import mmcc  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import mmcc  # pylint: disable=g-import-not-at-top
   try:  # square: lower triangular; taller: rows in release order (MMCC's rule)
     mmcc.release_rounds(c)
   except mmcc.MMCCError as e:

@@ -33,7 +33,7 @@ Y ~ N(0, G): everything depends on C only through G.
   E F (F(w) = (w − e^ε)₊ remove, (1 − e^ε w)₊ add), so the pair of any PSD G' ≥ G
   dominates ours. G' = A·11ᵀ + B·I is the product of the Gaussian N(0, 1) vs N(√A, 1) and
   one epoch of random allocation of b bins at noise multiplier 1/√B, whose PLDs
-  ``tff_mf.allocation_pld`` composes (exact, up to its rounding, for C = I).
+  ``tff_mf.accounting.allocation_pld`` composes (exact, up to its rounding, for C = I).
 
 Per order the smallest bound of each direction and the larger direction; ε(δ) by the
 conversion of Canonne, Kamath, Steinke 2020 (arXiv:2004.00010, Prop 12) minimized over the
@@ -49,10 +49,10 @@ from typing import Any, Dict, Optional, Sequence
 import numpy as np
 from scipy import special
 
-from tff_mf import allocation_pld
+from tff_mf.accounting import allocation_pld
 from tff_mf import checks
 from tff_mf import participation
-from tff_mf import random_allocation
+from tff_mf.accounting import random_allocation
 
 SCHEME = "balls_in_bins"
 # Smallest exponent kept in the moment sums (raising a term only raises the bound).
@@ -174,9 +174,9 @@ def lower_bound(c, epochs: int, noise_multiplier: float, delta: float) -> float:
   An adversary contributing 1 in every round of its bin faces the pair of the module
   docstring; projecting y on v = M·w (post-processing; w = 1 and w = e_0) leaves
   N(0, z²‖v‖²) against (1/b) Σ_j N(⟨m_j, v⟩, z²‖v‖²), and each threshold test proves an
-  ε below the true one (``tff_mf.mixture_pair.threshold_epsilon``).
+  ε below the true one (``tff_mf.accounting.mixture_pair.threshold_epsilon``).
   """
-  from tff_mf import mixture_pair  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import mixture_pair  # pylint: disable=g-import-not-at-top
   z = checks.noise_multiplier(noise_multiplier)
   delta = checks.delta(delta)
   m = bin_means(c, epochs)
