@@ -125,9 +125,15 @@ def plan(*, sensitivity: float, clip_norm: float, noise_multiplier: float, model
 # ----------------------------------------------------------------------------- accounting
 
 
-def rho(noise_multiplier: float, sensitivity: float) -> float:
-  """ρ = (sens·(1 + ROUNDING_INFLATION))² / (2z²): Thm 14 with Δ/σ ≤ sens·(1 + η)/z."""
-  accounted = sensitivity * (1.0 + ROUNDING_INFLATION)
+def rho(noise_multiplier: float, sensitivity: float,
+        rounding_sensitivity: Optional[float] = None) -> float:
+  """ρ = (sens + η·sens_R)² / (2z²): Thm 14 with Δ/σ ≤ (sens + η·sens_R)/z, η = ROUNDING_INFLATION.
+
+  ``plan`` keeps the whole run's rounding term below η·γ·ζ·sens_R, sens_R its sensitivity
+  (the default, ``sensitivity``). A prefix of the run rounds a subset of those coordinates,
+  so its rounding term has the same bound: pass the run's sensitivity as sens_R there."""
+  extra = sensitivity if rounding_sensitivity is None else rounding_sensitivity
+  accounted = sensitivity + ROUNDING_INFLATION * extra
   return accounted**2 / (2.0 * noise_multiplier**2)
 
 
@@ -158,12 +164,14 @@ def zcdp_epsilon(rho_value: float, delta: float) -> Tuple[float, float]:
   return max(0.0, f(u)), 1.0 + math.exp(u)
 
 
-def epsilon(noise_multiplier: float, delta: float, sensitivity: float) -> float:
-  """ε at δ of a run adding N_ℤ(0, (z·γ·ζ)²) to the integer release of C with sens."""
+def epsilon(noise_multiplier: float, delta: float, sensitivity: float,
+            rounding_sensitivity: Optional[float] = None) -> float:
+  """ε at δ of a run adding N_ℤ(0, (z·γ·ζ)²) to the integer release of C with sens
+  (``rounding_sensitivity``: as for ``rho``)."""
   z = checks.noise_multiplier(noise_multiplier, allow_zero=True)
   if z == 0.0:
     return math.inf
-  return zcdp_epsilon(rho(z, sensitivity), delta)[0]
+  return zcdp_epsilon(rho(z, sensitivity, rounding_sensitivity), delta)[0]
 
 
 def calibrate(target_epsilon: float, delta: float, sensitivity: float,
@@ -304,6 +312,8 @@ class IntegerRelease:
     x = np.asarray(x, dtype=np.float64).ravel()
     if x.size != self.plan.model_size:
       raise checks.CheckError(f"the sum has {x.size} entries, the plan {self.plan.model_size}")
+    if not np.all(np.isfinite(x)):  # NaN would pass the range checks and round to int64 min
+      raise checks.CheckError(f"round {t}: the sum is not finite (NaN or Inf); nothing released")
     coef = self.bands_table[t]
     gamma = self.plan.granularity
     past = range(1, min(self.b, t + 1))

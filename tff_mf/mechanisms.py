@@ -678,7 +678,8 @@ def _epsilon_at(z: float, sens: float, delta: float, accountant: str,
   """ε of a released prefix with sensitivity ``sens`` (the record's analysis, unamplified)."""
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   if details.get("noise_distribution") == "discrete_gaussian":
-    return dg.epsilon(z, delta, sens)
+    # The prefix's rounding term is at most the whole run's (η times its sensitivity).
+    return dg.epsilon(z, delta, sens, details["encoder_sensitivity"])
   if analyses.counts_clipping(details):
     from tff_mf import adaptive_clipping  # pylint: disable=g-import-not-at-top
     total = adaptive_clipping.combined_noise_multiplier(

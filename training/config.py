@@ -204,7 +204,7 @@ class TrainingConfig:
     except TrainingError:
       raise
     except checks.CheckError as e:
-      if "noise_distribution" in e.arguments:  # the discrete Gaussian's: name its flags
+      if {"noise_distribution", "granularity"} & set(e.arguments):  # the discrete Gaussian's
         raise TrainingError(clitools.flag_message(e)) from None
       raise TrainingError(f"--mechanism={self.mechanism}: {e}") from None
 
