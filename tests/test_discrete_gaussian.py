@@ -240,7 +240,13 @@ def test_unpinned_stream_draws_its_key_from_os_entropy():
      "--granularity goes with --noise_distribution"),
     (dict(mechanism="blt", noise_distribution="discrete_gaussian"), "every past sum"),
     (dict(mechanism="banded", noise_distribution="discrete_gaussian", participation="min_sep",
-          min_sep=2, sampling_prob=0.5), "leave out --sampling_prob"),
+          min_sep=2, sampling_prob=0.5), "without amplification by sampling"),
+    # Without --sampling_prob the refusal is the same (not "needs --sampling_prob", which the
+    # next try would be refused for).
+    (dict(mechanism="banded", noise_distribution="discrete_gaussian", participation="min_sep",
+          min_sep=2), "without amplification by sampling"),
+    (dict(mechanism="gaussian", noise_distribution="discrete_gaussian",
+          participation="cyclic_poisson", min_sep=1), "samples clients (cyclic Poisson)"),
 ])
 def test_training_flags_are_refused_in_one_line_naming_them(flags, words):
   from training import config as config_lib  # pylint: disable=g-import-not-at-top
