@@ -309,3 +309,21 @@ def test_training_granularity_errors_name_the_flag(granularity, words):
                               noise_distribution="discrete_gaussian",
                               granularity=granularity).validate()
   assert str(e.value).startswith(words) and "\n" not in str(e.value)
+
+
+def test_epsilon_at_extreme_noise_multipliers():
+  """z whose ρ = (sens/z)²/2 over- or underflows: ε = ∞ or 0 (as the continuous Gaussian's),
+  never an OverflowError or ZeroDivisionError; and non-increasing in z across the range."""
+  delta = 1e-6
+  zs = [1e-200, 1e-100, 1e-15, 1e-3, 1.0, 1e3, 1e12, 1e300]
+  eps = [dg.epsilon(z, delta, 1.0) for z in zs]
+  assert eps[0] == math.inf and eps[-1] == 0.0
+  assert all(math.isfinite(e) for e in eps[1:])
+  assert eps[1] >= dg.rho(1e-100, 1.0)
+  assert all(a >= b for a, b in zip(eps, eps[1:]))
+  for z in (1e-200, 1e300):
+    record = mechanisms.discrete_record(
+        np.eye(1), participation.SINGLE, participation.sensitivity_report(np.eye(1),
+                                                                         participation.SINGLE),
+        spec_lib.Privacy(z, None, delta, noise_distribution="discrete_gaussian"))
+    assert record.epsilon == (math.inf if z < 1 else 0.0)

@@ -133,8 +133,8 @@ def rho(noise_multiplier: float, sensitivity: float,
   (the default, ``sensitivity``). A prefix of the run rounds a subset of those coordinates,
   so its rounding term has the same bound: pass the run's sensitivity as sens_R there."""
   extra = sensitivity if rounding_sensitivity is None else rounding_sensitivity
-  accounted = sensitivity + ROUNDING_INFLATION * extra
-  return accounted**2 / (2.0 * noise_multiplier**2)
+  ratio = (sensitivity + ROUNDING_INFLATION * extra) / noise_multiplier
+  return 0.5 * ratio * ratio  # inf or 0 where z is extreme, never an OverflowError
 
 
 def cor13_epsilon(rho_value: float, delta: float, alpha: float) -> float:
@@ -152,9 +152,12 @@ def cor13_delta(rho_value: float, epsilon: float, alpha: float) -> float:
 
 def zcdp_epsilon(rho_value: float, delta: float) -> Tuple[float, float]:
   """(ε, α): ρ-zCDP as (ε, δ)-DP by Cor. 13 at the order α found by a bounded search over
-  log(α − 1) (any α gives an upper bound; the search only tightens it)."""
-  rho_value = checks.positive_float(rho_value, "rho")
+  log(α − 1) (any α gives an upper bound; the search only tightens it). ρ = ∞ (z
+  underflowed): ε = ∞; ρ = 0 (z overflowed): ε = 0 at every δ."""
   delta = checks.delta(delta)
+  if rho_value in (0.0, math.inf):
+    return (0.0, math.inf) if rho_value == 0.0 else (math.inf, math.nan)
+  rho_value = checks.positive_float(rho_value, "rho")
   f = lambda u: cor13_epsilon(rho_value, delta, 1.0 + math.exp(u))
   # The minimizer is near α ≈ 1 + √(log(1/δ)/ρ); search around it.
   centre = math.log(math.sqrt(math.log(1.0 / delta) / rho_value) + 1e-9)
