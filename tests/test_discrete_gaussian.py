@@ -327,3 +327,4 @@ def test_epsilon_at_extreme_noise_multipliers():
                                                                          participation.SINGLE),
         spec_lib.Privacy(z, None, delta, noise_distribution="discrete_gaussian"))
     assert record.epsilon == (math.inf if z < 1 else 0.0)
+    assert not math.isnan(record.details["order"])  # JSON output refuses a NaN

@@ -156,7 +156,7 @@ def zcdp_epsilon(rho_value: float, delta: float) -> Tuple[float, float]:
   underflowed): ε = ∞; ρ = 0 (z overflowed): ε = 0 at every δ."""
   delta = checks.delta(delta)
   if rho_value in (0.0, math.inf):
-    return (0.0, math.inf) if rho_value == 0.0 else (math.inf, math.nan)
+    return (0.0 if rho_value == 0.0 else math.inf), math.inf
   rho_value = checks.positive_float(rho_value, "rho")
   f = lambda u: cor13_epsilon(rho_value, delta, 1.0 + math.exp(u))
   # The minimizer is near α ≈ 1 + √(log(1/δ)/ρ); search around it.

@@ -465,7 +465,7 @@ def discrete_record(encoder: np.ndarray, schema: participation_lib.Participation
     return PrivacyRecord(**common)
   analysis = analyses.DiscreteGaussian
   rho = dg.rho(z, sens) if z > 0 else math.inf
-  eps, order = dg.zcdp_epsilon(rho, delta) if z > 0 else (math.inf, math.nan)
+  eps, order = dg.zcdp_epsilon(rho, delta) if z > 0 else (math.inf, math.inf)
   details: Dict[str, Any] = {
       "analysis": analysis.name, "analysis_label": analysis.label, "epsilon": eps,
       "noise_multiplier": z, "delta": delta, "accountant": "zcdp",
