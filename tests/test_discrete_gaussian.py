@@ -328,3 +328,21 @@ def test_epsilon_at_extreme_noise_multipliers():
         spec_lib.Privacy(z, None, delta, noise_distribution="discrete_gaussian"))
     assert record.epsilon == (math.inf if z < 1 else 0.0)
     assert not math.isnan(record.details["order"])  # JSON output refuses a NaN
+
+
+def test_release_keeps_its_own_copy_of_the_sums():
+  """The state's past sums are the stream's own: a caller that refills one buffer each round
+  gets the release of fresh arrays (else (C·x)_t would use this round's sum as the last one's,
+  another C than the accounted one)."""
+  n, b, d = 5, 3, 7
+  c = _banded_c(n, b, seed=4)
+  plan = dg.plan(sensitivity=participation.sensitivity_report(c, participation.SINGLE)["value"],
+                 clip_norm=1.0, noise_multiplier=1.0, model_size=d, bands=b, participations=1,
+                 n=n)
+  x = np.random.default_rng(5).normal(size=(n, d))
+  fresh = dg.IntegerRelease(c, plan, KEY)
+  reused = dg.IntegerRelease(c, plan, KEY)
+  buffer = np.empty(d)
+  for t in range(n):
+    buffer[:] = x[t]
+    np.testing.assert_array_equal(reused.step(buffer)[1], fresh.step(x[t].copy())[1])

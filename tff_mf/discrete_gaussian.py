@@ -312,7 +312,7 @@ class IntegerRelease:
     t = self.round_index
     if t >= self.n:
       raise checks.CheckError(f"round {t} is past the n={self.n} rounds of this stream")
-    x = np.asarray(x, dtype=np.float64).ravel()
+    x = np.array(x, dtype=np.float64).ravel()  # a copy: the state keeps it for b − 1 rounds
     if x.size != self.plan.model_size:
       raise checks.CheckError(f"the sum has {x.size} entries, the plan {self.plan.model_size}")
     if not np.all(np.isfinite(x)):  # NaN would pass the range checks and round to int64 min
