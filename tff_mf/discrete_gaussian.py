@@ -182,6 +182,7 @@ def calibrate(target_epsilon: float, delta: float, sensitivity: float,
   """The smallest z (within ``rtol``, rounded up) whose ``epsilon`` is at most the target
   (ε decreases in z)."""
   target = checks.positive_float(target_epsilon, "target_epsilon")
+  rtol = checks.in_range(rtol, "tolerance", 0.0, 1.0, low_open=True, high_open=True)
   lo, hi = 1e-3, 1.0
   while epsilon(hi, delta, sensitivity) > target:
     lo, hi = hi, hi * 2.0

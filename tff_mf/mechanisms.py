@@ -450,14 +450,16 @@ def privacy_record(encoder: np.ndarray, schema: participation_lib.Participation,
 
 
 def discrete_record(encoder: np.ndarray, schema: participation_lib.Participation,
-                    report: Dict[str, Any], privacy_spec: spec_lib.Privacy) -> PrivacyRecord:
+                    report: Dict[str, Any], privacy_spec: spec_lib.Privacy,
+                    tolerance: float = 1e-3) -> PrivacyRecord:
   """The record of a run with the discrete Gaussian (``tff_mf.discrete_gaussian``): z given or
-  calibrated, ρ-zCDP at the sensitivity inflated by the accounted rounding share, ε by
-  Cor. 13 of arXiv:2004.00010; its ``sensitivity`` is that inflated one (z/sens is ρ's)."""
+  calibrated (within relative ``tolerance``), ρ-zCDP at the sensitivity inflated by the
+  accounted rounding share, ε by Cor. 13 of arXiv:2004.00010; its ``sensitivity`` is that
+  inflated one (z/sens is ρ's)."""
   sens = float(report["value"])
   accounted = sens * (1.0 + dg.ROUNDING_INFLATION)
   delta, target = privacy_spec.delta, privacy_spec.target_epsilon
-  z = (dg.calibrate(target, delta, sens) if target is not None
+  z = (dg.calibrate(target, delta, sens, rtol=tolerance) if target is not None
        else float(privacy_spec.noise_multiplier))
   common = dict(private=True, noise_multiplier=z, sensitivity=accounted, encoder=encoder,
                 participation=schema)
