@@ -587,6 +587,12 @@ def test_discrete_gaussian_epsilon_and_refusals(capsys):
   assert "discrete Gaussian" in record["privacy_statement"]["text"]
   calibrated = _json(base + ["--target_epsilon", "2"], capsys)
   assert calibrated["epsilon"] <= 2.0
+  # --tolerance applies: the z printed is within it of the smallest valid z.
+  tight = _json(base + ["--target_epsilon", "2", "--tolerance", "1e-7"], capsys)
+  assert tight["epsilon"] <= 2.0 and tight["tolerance"] == 1e-7
+  assert dg.epsilon(tight["noise_multiplier"] / (1 + 1e-7), 1e-6, 1.0) > 2.0
+  rc, out, err = _run(base + ["--target_epsilon", "2", "--tolerance", "0"], capsys)
+  assert rc == 2 and out == "" and "--tolerance must be in (0, 1)" in err
   for extra, words in ((["--mechanism", "blt", "--total_rounds", "16"], "every past sum"),
                        (["--sampling_prob", "0.5", "--min_sep", "2", "--mechanism", "banded",
                          "--total_rounds", "16"], "without amplification")):

@@ -240,10 +240,109 @@ def test_unpinned_stream_draws_its_key_from_os_entropy():
      "--granularity goes with --noise_distribution"),
     (dict(mechanism="blt", noise_distribution="discrete_gaussian"), "every past sum"),
     (dict(mechanism="banded", noise_distribution="discrete_gaussian", participation="min_sep",
-          min_sep=2, sampling_prob=0.5), "leave out --sampling_prob"),
+          min_sep=2, sampling_prob=0.5), "without amplification by sampling"),
+    # Without --sampling_prob the refusal is the same (not "needs --sampling_prob", which the
+    # next try would be refused for).
+    (dict(mechanism="banded", noise_distribution="discrete_gaussian", participation="min_sep",
+          min_sep=2), "without amplification by sampling"),
+    (dict(mechanism="gaussian", noise_distribution="discrete_gaussian",
+          participation="cyclic_poisson", min_sep=1), "samples clients (cyclic Poisson)"),
 ])
 def test_training_flags_are_refused_in_one_line_naming_them(flags, words):
   from training import config as config_lib  # pylint: disable=g-import-not-at-top
   with pytest.raises(config_lib.TrainingError) as e:
     config_lib.TrainingConfig(noise_multiplier=1.0, **flags).validate()
   assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_epsilon_by_round_covers_the_rounding_of_a_prefix():
+  """A prefix's rounding term is bounded by the whole run's (η·γ·ζ·sens), not by η times the
+  prefix's own sensitivity: with a small diagonal (C₀₀ = 0.1 against a column norm √1.01) two
+  neighbours whose first release differs by ⌊δa⌋ + 1 on every coordinate (δa = γ·C₀₀·ζ/√d)
+  exceed γ·ζ·C₀₀·(1 + η); ε after round 1 must still cover them."""
+  n, d, zeta, delta = 4, 1000, 1.0, 1e-6
+  c = np.eye(n) * 0.1 + np.eye(n, k=-1)
+  report = participation.sensitivity_report(c, participation.SINGLE)
+  sens = report["value"]
+  privacy = spec_lib.Privacy(1.0, None, delta, noise_distribution="discrete_gaussian")
+  record = mechanisms.discrete_record(c, participation.SINGLE, report, privacy)
+  rows = dg.touched_rows(2, 1, n)
+  # γ with the whole run's rounding share just under the accounted η.
+  gamma = (math.sqrt(d * rows) * (1 + 2 * dg.float_allowance(2))
+           / (dg.ROUNDING_INFLATION * zeta * sens)) * (1 + 1e-9)
+  plan = dg.plan(sensitivity=sens, clip_norm=zeta, noise_multiplier=1.0, model_size=d, bands=2,
+                 participations=1, n=n, granularity=gamma)
+  x = np.full(d, (0.5 - 1e-6) / (gamma * c[0, 0]))
+  x2 = x + zeta / math.sqrt(d)  # the neighbour's clipped record, ‖·‖₂ = ζ
+  y = dg.IntegerRelease(c, plan, KEY).step(x)[1]
+  y2 = dg.IntegerRelease(c, plan, KEY).step(x2)[1]
+  jump = float(np.linalg.norm(y2 - y))
+  assert jump > gamma * zeta * c[0, 0] * (1 + dg.ROUNDING_INFLATION)
+  realized = dg.zcdp_epsilon((jump / plan.sigma)**2 / 2, delta)[0]
+  assert record.epsilon_by_round()[0] >= realized
+
+
+def test_release_refuses_a_non_finite_sum():
+  """A NaN sum would round to int64's minimum and release the noise in the clear (and pass
+  the range check through |int64 min| < 0): refused in one line, before any state changes."""
+  c = np.eye(3)
+  plan = dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1.0, model_size=5, bands=1,
+                 participations=1, n=3)
+  stream = dg.IntegerRelease(c, plan, KEY)
+  stream.step(np.ones(5))
+  for bad in (np.nan, np.inf, -np.inf):
+    x = np.ones(5)
+    x[2] = bad
+    with pytest.raises(checks.CheckError, match="not finite") as e:
+      stream.step(x)
+    assert "\n" not in str(e.value) and stream.round_index == 1
+
+
+@pytest.mark.parametrize("granularity,words", [
+    (0.0, "--granularity must be positive"), (-2.0, "--granularity must be positive"),
+    (float("nan"), "--granularity must be a finite"),
+])
+def test_training_granularity_errors_name_the_flag(granularity, words):
+  from training import config as config_lib  # pylint: disable=g-import-not-at-top
+  with pytest.raises(config_lib.TrainingError) as e:
+    config_lib.TrainingConfig(mechanism="banded", noise_multiplier=1.0,
+                              noise_distribution="discrete_gaussian",
+                              granularity=granularity).validate()
+  assert str(e.value).startswith(words) and "\n" not in str(e.value)
+
+
+def test_epsilon_at_extreme_noise_multipliers():
+  """z whose ρ = (sens/z)²/2 over- or underflows: ε = ∞ or 0 (as the continuous Gaussian's),
+  never an OverflowError or ZeroDivisionError; and non-increasing in z across the range."""
+  delta = 1e-6
+  zs = [1e-200, 1e-100, 1e-15, 1e-3, 1.0, 1e3, 1e12, 1e300]
+  eps = [dg.epsilon(z, delta, 1.0) for z in zs]
+  assert eps[0] == math.inf and eps[-1] == 0.0
+  assert all(math.isfinite(e) for e in eps[1:])
+  assert eps[1] >= dg.rho(1e-100, 1.0)
+  assert all(a >= b for a, b in zip(eps, eps[1:]))
+  for z in (1e-200, 1e300):
+    record = mechanisms.discrete_record(
+        np.eye(1), participation.SINGLE, participation.sensitivity_report(np.eye(1),
+                                                                         participation.SINGLE),
+        spec_lib.Privacy(z, None, delta, noise_distribution="discrete_gaussian"))
+    assert record.epsilon == (math.inf if z < 1 else 0.0)
+    assert not math.isnan(record.details["order"])  # JSON output refuses a NaN
+
+
+def test_release_keeps_its_own_copy_of_the_sums():
+  """The state's past sums are the stream's own: a caller that refills one buffer each round
+  gets the release of fresh arrays (else (C·x)_t would use this round's sum as the last one's,
+  another C than the accounted one)."""
+  n, b, d = 5, 3, 7
+  c = _banded_c(n, b, seed=4)
+  plan = dg.plan(sensitivity=participation.sensitivity_report(c, participation.SINGLE)["value"],
+                 clip_norm=1.0, noise_multiplier=1.0, model_size=d, bands=b, participations=1,
+                 n=n)
+  x = np.random.default_rng(5).normal(size=(n, d))
+  fresh = dg.IntegerRelease(c, plan, KEY)
+  reused = dg.IntegerRelease(c, plan, KEY)
+  buffer = np.empty(d)
+  for t in range(n):
+    buffer[:] = x[t]
+    np.testing.assert_array_equal(reused.step(buffer)[1], fresh.step(x[t].copy())[1])

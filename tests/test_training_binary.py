@@ -266,3 +266,17 @@ def test_binary_trains_under_fixed_bin_balls_in_bins_and_labels_its_bound(
                                      "balls_in_bins")
   assert by_analysis["balls_in_bins"] == pytest.approx(amplified["epsilon"], rel=1e-9)
   assert "fixed bin" in summary["privacy_statement"]["text"]
+
+
+def test_a_too_coarse_granularity_is_one_line_naming_the_flag(tmp_path):
+  """--granularity is checked against the rounding inflation once TFF reveals the model size
+  (``tff_mf.noise.discrete_gaussian.plan``): one line naming --granularity, exit 1, no round run."""
+  root = tmp_path / "runs"
+  args = [a for a in TINY if not a.startswith("--mechanism")] + [
+      "--mechanism=gaussian", "--noise_distribution=discrete_gaussian", "--granularity=0.5",
+      f"--root_output_dir={root}", "--experiment_name=coarse", "--noprogress"]
+  result = run_binary(args, cwd=tmp_path, home=tmp_path, timeout=300)
+  assert result.returncode == 1, result.stderr[-3000:]
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: --granularity 0.5 inflates"), lines
+  assert not os.listdir(root / "coarse" / "checkpoints")

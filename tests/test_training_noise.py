@@ -47,6 +47,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tff_mf.accounting import analyses
 from tff_mf.factorization.families import tree as tree_family
 from training import config as config_lib
 from training import loop
@@ -273,6 +274,11 @@ def test_run_training_with_the_discrete_gaussian(configs, task, tmp_path):
   assert summary["privacy"]["analysis"] == "discrete_gaussian"
   text = summary["privacy_statement"]["text"]
   assert "discrete Gaussian" in text and "sums without noise" in text
+  # The statement names the run's own gamma, sigma and rounding share, and the conversion.
+  for figure in (info["granularity"], info["discrete_gaussian_sigma"]):
+    assert analyses.fmt(figure) in text
+  assert f"this run's rounding: {100 * info['rounding_inflation']:.2g}%" in text
+  assert "Cor 13" in text
   sens = summary["privacy"]["encoder_sensitivity"]  # C = I: 1, as an upper bound
   assert 1.0 <= sens <= 1.0 + 1e-9
   assert summary["epsilon"] == pytest.approx(dg.epsilon(0.8, DELTA, sens), rel=1e-12)

@@ -451,14 +451,16 @@ def privacy_record(encoder: np.ndarray, schema: participation_lib.Participation,
 
 
 def discrete_record(encoder: np.ndarray, schema: participation_lib.Participation,
-                    report: Dict[str, Any], privacy_spec: spec_lib.Privacy) -> PrivacyRecord:
-  """The record of a run with the discrete Gaussian (``tff_mf.noise.discrete_gaussian``): z given or
-  calibrated, ρ-zCDP at the sensitivity inflated by the accounted rounding share, ε by
-  Cor. 13 of arXiv:2004.00010; its ``sensitivity`` is that inflated one (z/sens is ρ's)."""
+                    report: Dict[str, Any], privacy_spec: spec_lib.Privacy,
+                    tolerance: float = 1e-3) -> PrivacyRecord:
+  """The record of a run with the discrete Gaussian (``tff_mf.noise.discrete_gaussian``): z
+  given or calibrated (within relative ``tolerance``), ρ-zCDP at the sensitivity inflated by
+  the accounted rounding share, ε by Cor. 13 of arXiv:2004.00010; its ``sensitivity`` is that
+  inflated one (z/sens is ρ's)."""
   sens = float(report["value"])
   accounted = sens * (1.0 + dg.ROUNDING_INFLATION)
   delta, target = privacy_spec.delta, privacy_spec.target_epsilon
-  z = (dg.calibrate(target, delta, sens) if target is not None
+  z = (dg.calibrate(target, delta, sens, rtol=tolerance) if target is not None
        else float(privacy_spec.noise_multiplier))
   common = dict(private=True, noise_multiplier=z, sensitivity=accounted, encoder=encoder,
                 participation=schema)
@@ -466,7 +468,7 @@ def discrete_record(encoder: np.ndarray, schema: participation_lib.Participation
     return PrivacyRecord(**common)
   analysis = analyses.DiscreteGaussian
   rho = dg.rho(z, sens) if z > 0 else math.inf
-  eps, order = dg.zcdp_epsilon(rho, delta) if z > 0 else (math.inf, math.nan)
+  eps, order = dg.zcdp_epsilon(rho, delta) if z > 0 else (math.inf, math.inf)
   details: Dict[str, Any] = {
       "analysis": analysis.name, "analysis_label": analysis.label, "epsilon": eps,
       "noise_multiplier": z, "delta": delta, "accountant": "zcdp",
@@ -679,7 +681,8 @@ def _epsilon_at(z: float, sens: float, delta: float, accountant: str,
   """ε of a released prefix with sensitivity ``sens`` (the record's analysis, unamplified)."""
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   if details.get("noise_distribution") == "discrete_gaussian":
-    return dg.epsilon(z, delta, sens)
+    # The prefix's rounding term is at most the whole run's (η times its sensitivity).
+    return dg.epsilon(z, delta, sens, details["encoder_sensitivity"])
   if analyses.counts_clipping(details):
     from tff_mf.accounting import adaptive_clipping  # pylint: disable=g-import-not-at-top
     total = adaptive_clipping.combined_noise_multiplier(

@@ -105,7 +105,10 @@ class Privacy:
                                 "only", arguments=("granularity", "noise_distribution"))
       return
     if self.granularity is not None:
-      _set(self, granularity=checks.positive_float(self.granularity, "granularity"))
+      try:
+        _set(self, granularity=checks.positive_float(self.granularity, "granularity"))
+      except checks.CheckError as e:
+        raise checks.CheckError(str(e), arguments=("granularity",)) from None
     if self.noise_multiplier == 0.0:
       raise checks.CheckError("the discrete Gaussian with noise_multiplier 0 adds no noise: use "
                               "noise_distribution 'gaussian' to run without privacy",
@@ -305,7 +308,8 @@ class MechanismSpec:
     else:
       if noise_distribution != "gaussian" or granularity is not None:
         raise checks.CheckError(f"mechanism {m.name!r} adds no noise; noise_distribution and "
-                                "granularity do not apply")
+                                "granularity do not apply",
+                                arguments=("noise_distribution", "granularity"))
       analyses.accountant(accountant)
     clipping = Clipping.from_args(clip_norm, adaptive or adaptive_clipping.AdaptiveClipping(),
                                   clients_per_round)

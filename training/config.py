@@ -204,7 +204,7 @@ class TrainingConfig:
     except TrainingError:
       raise
     except checks.CheckError as e:
-      if "noise_distribution" in e.arguments:  # the discrete Gaussian's: name its flags
+      if {"noise_distribution", "granularity"} & set(e.arguments):  # the discrete Gaussian's
         raise TrainingError(clitools.flag_message(e)) from None
       raise TrainingError(f"--mechanism={self.mechanism}: {e}") from None
 
@@ -307,6 +307,11 @@ class TrainingConfig:
         raise TrainingError(f"--epochs={self.epochs} must divide --total_rounds="
                             f"{self.total_rounds} (n = k·b rounds, b cohorts)")
     if kind.poisson:
+      if self.noise_distribution == "discrete_gaussian":  # else: needs p, then p is refused
+        raise TrainingError(f"--participation={self.participation} samples clients (cyclic "
+                            "Poisson), and --noise_distribution=discrete_gaussian is accounted "
+                            "without amplification by sampling: use --participation single, "
+                            "fixed_epoch, balls_in_bins or random_allocation")
       if self.min_sep is None or self.sampling_prob is None:
         raise TrainingError("--participation=min_sep needs --min_sep=b and --sampling_prob=p "
                             f"(got {self.min_sep} and {self.sampling_prob})")

@@ -48,14 +48,23 @@ def sampling_secret(config: TrainingConfig, noise_seed: Optional[int]) -> int:
 def run_statement(config: TrainingConfig, record: Optional[Dict[str, Any]],
                   epsilon: Optional[float], reason: Optional[str],
                   participation: Dict[str, Any], seed_source: str,
-                  nonprivate_metrics: Sequence[str] = ()) -> Dict[str, Any]:
+                  nonprivate_metrics: Sequence[str] = (),
+                  mechanism_info: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
   """The run's privacy statement (``tff_mf.accounting.statement``) for summary.json and stdout;
-  ``nonprivate_metrics``: those released over the whole run (named as not covered)."""
+  ``nonprivate_metrics``: those released over the whole run (named as not covered);
+  ``mechanism_info``: the aggregator's description (the discrete Gaussian's γ, σ and
+  rounding share, fixed once TFF knew the model size, are named in the statement)."""
   from tff_mf.accounting import statement  # pylint: disable=g-import-not-at-top
   if record is None:
     return statement.no_privacy_statement(f"--mechanism={config.mechanism} adds no noise")
+  record = dict(record, epsilon=epsilon)
+  info = mechanism_info or {}
+  if record.get("noise_distribution") == "discrete_gaussian" and "granularity" in info:
+    record.update(granularity=info["granularity"],
+                  discrete_gaussian_sigma=info["discrete_gaussian_sigma"],
+                  rounding_share=info["rounding_inflation"])
   return statement.privacy_statement(
-      dict(record, epsilon=epsilon), schema=participation["schema"], setup=statement_setup(config),
+      record, schema=participation["schema"], setup=statement_setup(config),
       observed=participation["observed"],
       sampling_prob=config.sampling_prob if config.participation_kind.poisson else None,
       noise_seed_source=seed_source, epsilon_reason=reason,

@@ -292,8 +292,9 @@ def main(argv):
   except (ValueError, distributed.WorkerError) as e:
     # TrainingError, CheckError, RegistryError and the library's ValueErrors: one line, no
     # traceback. Everything written so far (checkpoints, metrics.csv) stays; rerunning the
-    # same command resumes from the last checkpoint.
-    print(f"error: {_one_line(e)}", file=sys.stderr)
+    # same command resumes from the last checkpoint. The arguments its remedy names are spelled
+    # as the flags (e.g. the discrete Gaussian's --granularity, checked once TFF knows d).
+    print(f"error: {_one_line(clitools.flag_message(e))}", file=sys.stderr)
     return 1
   status, message = exit_status(summary)
   if message:

@@ -848,15 +848,20 @@ class DiscreteGaussian(Analysis):
   selectable: ClassVar[bool] = False
 
   def words(self, record, ratio, accountant_words, sensitivity_words):
-    gamma = record.get("granularity")
-    gamma_words = (f"granularity gamma = {fmt(gamma)}" if isinstance(gamma, (int, float))
+    gamma, sigma = record.get("granularity"), record.get("discrete_gaussian_sigma")
+    numeric = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+    gamma_words = (f"granularity gamma = {fmt(gamma)}" if numeric(gamma)
                    else "granularity gamma chosen per model size")
-    return (f"discrete Gaussian noise N_Z(0, (z gamma clip)^2) on the integer release "
-            f"round(gamma C x), {gamma_words}, sensitivity inflated by at most "
-            f"{100 * record.get('rounding_inflation', 0):.2g}% for rounding; no amplification "
-            f"by sampling: the whole run is rho-zCDP with rho = {fmt(record.get('rho'))} at "
-            f"{ratio}, {sensitivity_words} (Canonne, Kamath, Steinke 2020, arXiv:2004.00010, "
-            f"Thm 14); epsilon by their Cor 13 at order {fmt(record.get('order'))}")
+    sigma_words = (f" (sigma = {fmt(sigma)} integer units)" if numeric(sigma) else "")
+    share = record.get("rounding_share")
+    share_words = (f" (this run's rounding: {100 * share:.2g}%)" if numeric(share) else "")
+    return (f"discrete Gaussian noise N_Z(0, sigma^2), sigma = z gamma clip{sigma_words}, on the "
+            f"integer release round(gamma C x), {gamma_words}, sensitivity inflated by at most "
+            f"{100 * record.get('rounding_inflation', 0):.2g}% for rounding{share_words}; no "
+            f"amplification by sampling: the whole run is rho-zCDP with rho = "
+            f"{fmt(record.get('rho'))} at {ratio}, {sensitivity_words} (Canonne, Kamath, "
+            f"Steinke 2020, arXiv:2004.00010, Thm 14); epsilon by their Cor 13 at order "
+            f"{fmt(record.get('order'))}")
 
 
 def high_probability_words(beta) -> str:

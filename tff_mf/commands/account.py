@@ -590,7 +590,9 @@ def _run_discrete(args: argparse.Namespace) -> int:
                              args.accountant, noise_distribution="discrete_gaussian")
   report = accounting.sensitivity_report(c, schema)
   record = dict(mechanisms.discrete_record(c if c is not None else [[1.0]], schema, report,
-                                           privacy).details)
+                                           privacy, tolerance=args.tolerance).details)
+  if args.target_epsilon is not None:
+    record["tolerance"] = args.tolerance
   record.update(matrix=label, schema=schema.as_dict(), participation=schema.label,
                 schema_source=_schema_source(args, cached, False))
   if c is not None:

@@ -125,10 +125,16 @@ def plan(*, sensitivity: float, clip_norm: float, noise_multiplier: float, model
 # ----------------------------------------------------------------------------- accounting
 
 
-def rho(noise_multiplier: float, sensitivity: float) -> float:
-  """ρ = (sens·(1 + ROUNDING_INFLATION))² / (2z²): Thm 14 with Δ/σ ≤ sens·(1 + η)/z."""
-  accounted = sensitivity * (1.0 + ROUNDING_INFLATION)
-  return accounted**2 / (2.0 * noise_multiplier**2)
+def rho(noise_multiplier: float, sensitivity: float,
+        rounding_sensitivity: Optional[float] = None) -> float:
+  """ρ = (sens + η·sens_R)² / (2z²): Thm 14 with Δ/σ ≤ (sens + η·sens_R)/z, η = ROUNDING_INFLATION.
+
+  ``plan`` keeps the whole run's rounding term below η·γ·ζ·sens_R, sens_R its sensitivity
+  (the default, ``sensitivity``). A prefix of the run rounds a subset of those coordinates,
+  so its rounding term has the same bound: pass the run's sensitivity as sens_R there."""
+  extra = sensitivity if rounding_sensitivity is None else rounding_sensitivity
+  ratio = (sensitivity + ROUNDING_INFLATION * extra) / noise_multiplier
+  return 0.5 * ratio * ratio  # inf or 0 where z is extreme, never an OverflowError
 
 
 def cor13_epsilon(rho_value: float, delta: float, alpha: float) -> float:
@@ -146,9 +152,12 @@ def cor13_delta(rho_value: float, epsilon: float, alpha: float) -> float:
 
 def zcdp_epsilon(rho_value: float, delta: float) -> Tuple[float, float]:
   """(ε, α): ρ-zCDP as (ε, δ)-DP by Cor. 13 at the order α found by a bounded search over
-  log(α − 1) (any α gives an upper bound; the search only tightens it)."""
-  rho_value = checks.positive_float(rho_value, "rho")
+  log(α − 1) (any α gives an upper bound; the search only tightens it). ρ = ∞ (z
+  underflowed): ε = ∞; ρ = 0 (z overflowed): ε = 0 at every δ."""
   delta = checks.delta(delta)
+  if rho_value in (0.0, math.inf):
+    return (0.0 if rho_value == 0.0 else math.inf), math.inf
+  rho_value = checks.positive_float(rho_value, "rho")
   f = lambda u: cor13_epsilon(rho_value, delta, 1.0 + math.exp(u))
   # The minimizer is near α ≈ 1 + √(log(1/δ)/ρ); search around it.
   centre = math.log(math.sqrt(math.log(1.0 / delta) / rho_value) + 1e-9)
@@ -158,12 +167,14 @@ def zcdp_epsilon(rho_value: float, delta: float) -> Tuple[float, float]:
   return max(0.0, f(u)), 1.0 + math.exp(u)
 
 
-def epsilon(noise_multiplier: float, delta: float, sensitivity: float) -> float:
-  """ε at δ of a run adding N_ℤ(0, (z·γ·ζ)²) to the integer release of C with sens."""
+def epsilon(noise_multiplier: float, delta: float, sensitivity: float,
+            rounding_sensitivity: Optional[float] = None) -> float:
+  """ε at δ of a run adding N_ℤ(0, (z·γ·ζ)²) to the integer release of C with sens
+  (``rounding_sensitivity``: as for ``rho``)."""
   z = checks.noise_multiplier(noise_multiplier, allow_zero=True)
   if z == 0.0:
     return math.inf
-  return zcdp_epsilon(rho(z, sensitivity), delta)[0]
+  return zcdp_epsilon(rho(z, sensitivity, rounding_sensitivity), delta)[0]
 
 
 def calibrate(target_epsilon: float, delta: float, sensitivity: float,
@@ -171,6 +182,7 @@ def calibrate(target_epsilon: float, delta: float, sensitivity: float,
   """The smallest z (within ``rtol``, rounded up) whose ``epsilon`` is at most the target
   (ε decreases in z)."""
   target = checks.positive_float(target_epsilon, "target_epsilon")
+  rtol = checks.in_range(rtol, "tolerance", 0.0, 1.0, low_open=True, high_open=True)
   lo, hi = 1e-3, 1.0
   while epsilon(hi, delta, sensitivity) > target:
     lo, hi = hi, hi * 2.0
@@ -301,9 +313,11 @@ class IntegerRelease:
     t = self.round_index
     if t >= self.n:
       raise checks.CheckError(f"round {t} is past the n={self.n} rounds of this stream")
-    x = np.asarray(x, dtype=np.float64).ravel()
+    x = np.array(x, dtype=np.float64).ravel()  # a copy: the state keeps it for b − 1 rounds
     if x.size != self.plan.model_size:
       raise checks.CheckError(f"the sum has {x.size} entries, the plan {self.plan.model_size}")
+    if not np.all(np.isfinite(x)):  # NaN would pass the range checks and round to int64 min
+      raise checks.CheckError(f"round {t}: the sum is not finite (NaN or Inf); nothing released")
     coef = self.bands_table[t]
     gamma = self.plan.granularity
     past = range(1, min(self.b, t + 1))
