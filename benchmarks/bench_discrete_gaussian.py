@@ -32,6 +32,7 @@ D = 4_050_748
 N = 16
 BANDS = 4
 Z = 1.0
+CLIENTS = 100
 
 
 def _timed(step, rounds):
@@ -48,7 +49,7 @@ def _resolved(name, noise_distribution):
   from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
   from tff_mf import spec as spec_lib  # pylint: disable=g-import-not-at-top
   params = {"bands": BANDS} if name == "banded" else {}
-  spec = spec_lib.MechanismSpec.from_args(name, total_rounds=N, clients_per_round=100,
+  spec = spec_lib.MechanismSpec.from_args(name, total_rounds=N, clients_per_round=CLIENTS,
                                           clip_norm=1.0, noise_multiplier=Z,
                                           noise_distribution=noise_distribution, **params)
   return mechanisms.build(spec)[0]
@@ -75,7 +76,8 @@ def measure_numpy(d, rounds):
 
     bands = dg.band_coefficients(c).shape[1]
     plan = dg.plan(sensitivity=resolved.sensitivity, clip_norm=1.0, noise_multiplier=Z,
-                   model_size=d, bands=bands, participations=1, n=N)
+                   model_size=d, bands=bands, participations=1, n=N,
+                   records=2 * CLIENTS)  # build_mechanism's bound: K clients, K canaries
     release = dg.IntegerRelease(c, plan, (3, 4))
 
     def discrete(release=release):
@@ -109,7 +111,7 @@ def measure_tf(d, rounds):
   for name in ("gaussian", "banded"):
     for dist in ("gaussian", "discrete_gaussian"):
       params = {"bands": BANDS} if name == "banded" else {}
-      setup = aggregators.build_mechanism(name, total_rounds=N, clients_per_round=100,
+      setup = aggregators.build_mechanism(name, total_rounds=N, clients_per_round=CLIENTS,
                                           clip_norm=1.0, noise_multiplier=Z,
                                           noise_distribution=dist, noise_seed=7, **params)
       query = setup.aggregation_factory.dp_query(specs)._numerator

@@ -95,7 +95,7 @@ def test_integer_sensitivity_bounds_brute_force(schema, patterns):
   c = _banded_c(n, b)
   sens = participation.sensitivity_report(c, schema)["value"]
   k = max(len(p) for p in patterns)
-  delta = dg.integer_sensitivity(sens, zeta, gamma, d, dg.touched_rows(b, k, n), b)
+  delta = dg.integer_sensitivity(sens, zeta, gamma, d, dg.touched_rows(b, k, n), b, 1)
   rng = np.random.default_rng(1)
   worst = 0.0
   for _ in range(3000):
@@ -126,7 +126,7 @@ def test_release_is_c_inverse_of_y_over_gamma():
   c = _banded_c(n, b, seed=2)
   sens = participation.sensitivity_report(c, participation.SINGLE)["value"]
   plan = dg.plan(sensitivity=sens, clip_norm=1.0, noise_multiplier=0.8, model_size=d,
-                 bands=b, participations=1, n=n)
+                 bands=b, participations=1, n=n, records=1)
   assert plan.inflation <= dg.ROUNDING_INFLATION
   stream = dg.IntegerRelease(c, plan, KEY)
   x = np.random.default_rng(3).normal(size=(n, d))
@@ -212,13 +212,13 @@ def test_refusals_are_one_line(overrides, words):
 def test_plan_refuses_a_coarse_granularity_and_the_float_range():
   with pytest.raises(checks.CheckError, match="inflates the sensitivity") as e:
     dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1.0, model_size=4_050_000,
-            bands=1, participations=1, n=10, granularity=1024.0)
+            bands=1, participations=1, n=10, records=1, granularity=1024.0)
   assert "\n" not in str(e.value)
   with pytest.raises(checks.CheckError, match="2\\^52"):
     dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1e9, model_size=10, bands=1,
-            participations=1, n=10, granularity=2.0**40)
+            participations=1, n=10, records=1, granularity=2.0**40)
   plan = dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1.0, model_size=4_050_000,
-                 bands=1, participations=1, n=10)
+                 bands=1, participations=1, n=10, records=1)
   assert plan.inflation <= dg.ROUNDING_INFLATION and plan.sigma == plan.granularity
 
 
@@ -226,7 +226,7 @@ def test_unpinned_stream_draws_its_key_from_os_entropy():
   """Without a key two streams add different noise; a pinned key replays the same release."""
   c = np.eye(4)
   plan = dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1.0, model_size=200,
-                 bands=1, participations=1, n=4)
+                 bands=1, participations=1, n=4, records=1)
   x = np.zeros(200)
   a, b = dg.IntegerRelease(c, plan).step(x)[1], dg.IntegerRelease(c, plan).step(x)[1]
   assert not np.array_equal(a, b)
@@ -271,7 +271,7 @@ def test_epsilon_by_round_covers_the_rounding_of_a_prefix():
   gamma = (math.sqrt(d * rows) * (1 + 2 * dg.float_allowance(2))
            / (dg.ROUNDING_INFLATION * zeta * sens)) * (1 + 1e-9)
   plan = dg.plan(sensitivity=sens, clip_norm=zeta, noise_multiplier=1.0, model_size=d, bands=2,
-                 participations=1, n=n, granularity=gamma)
+                 participations=1, n=n, records=1, granularity=gamma)
   x = np.full(d, (0.5 - 1e-6) / (gamma * c[0, 0]))
   x2 = x + zeta / math.sqrt(d)  # the neighbour's clipped record, ‖·‖₂ = ζ
   y = dg.IntegerRelease(c, plan, KEY).step(x)[1]
@@ -287,7 +287,7 @@ def test_release_refuses_a_non_finite_sum():
   the range check through |int64 min| < 0): refused in one line, before any state changes."""
   c = np.eye(3)
   plan = dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1.0, model_size=5, bands=1,
-                 participations=1, n=3)
+                 participations=1, n=3, records=1)
   stream = dg.IntegerRelease(c, plan, KEY)
   stream.step(np.ones(5))
   for bad in (np.nan, np.inf, -np.inf):
@@ -338,7 +338,7 @@ def test_release_keeps_its_own_copy_of_the_sums():
   c = _banded_c(n, b, seed=4)
   plan = dg.plan(sensitivity=participation.sensitivity_report(c, participation.SINGLE)["value"],
                  clip_norm=1.0, noise_multiplier=1.0, model_size=d, bands=b, participations=1,
-                 n=n)
+                 n=n, records=1)
   x = np.random.default_rng(5).normal(size=(n, d))
   fresh = dg.IntegerRelease(c, plan, KEY)
   reused = dg.IntegerRelease(c, plan, KEY)

@@ -628,7 +628,9 @@ def test_discrete_gaussian_query_round_trip(tmp_path):
   for t in range(n):
     params = q.derive_sample_params(state)
     sample = q.accumulate_record(params, q.initial_sample_state(specs), records[t])
-    xs.append(np.concatenate([np.ravel(v.numpy()) for v in sample]).astype(np.float64))
+    values, count = sample  # float64 records and their count (test below)
+    assert count.numpy() == 1.0
+    xs.append(np.concatenate([np.ravel(v.numpy()) for v in values]))
     before = state
     result, state, event = q.get_noised_result(sample, state)
     outs.append(np.concatenate([np.ravel(v.numpy()) for v in result]).astype(np.float64))

@@ -475,7 +475,7 @@ def discrete_record(encoder: np.ndarray, schema: participation_lib.Participation
       "noise_distribution": "discrete_gaussian", "sensitivity": accounted,
       "encoder_sensitivity": sens, "sensitivity_exact": False,
       "sensitivity_method": f"{report['method']}; times 1 + {dg.ROUNDING_INFLATION:g} for "
-                            "the rounding of gamma C x",
+                            "the rounding of gamma C x and the float64 clipping and sum of x",
       "rounding_inflation": dg.ROUNDING_INFLATION,
       "granularity": privacy_spec.granularity or "automatic (per model size)",
       "rho": rho, "order": order, "exact": False, "theorem": analysis.theorem, "notes": []}

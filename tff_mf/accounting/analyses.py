@@ -857,7 +857,8 @@ class DiscreteGaussian(Analysis):
     share_words = (f" (this run's rounding: {100 * share:.2g}%)" if numeric(share) else "")
     return (f"discrete Gaussian noise N_Z(0, sigma^2), sigma = z gamma clip{sigma_words}, on the "
             f"integer release round(gamma C x), {gamma_words}, sensitivity inflated by at most "
-            f"{100 * record.get('rounding_inflation', 0):.2g}% for rounding{share_words}; no "
+            f"{100 * record.get('rounding_inflation', 0):.2g}% for rounding and float64 "
+            f"clipping and summation{share_words}; no "
             f"amplification by sampling: the whole run is rho-zCDP with rho = "
             f"{fmt(record.get('rho'))} at {ratio}, {sensitivity_words} (Canonne, Kamath, "
             f"Steinke 2020, arXiv:2004.00010, Thm 14); epsilon by their Cor 13 at order "

@@ -3,10 +3,13 @@
 Canonne, Kamath, Steinke 2020 (CKS), arXiv:2004.00010. Round t releases the integer vector
 Y_t = round(γ·(C·x)_t) + N_t, N_t i.i.d. N_ℤ(0, σ²) (Def. 1), γ the granularity; training
 sees only s = C⁻¹·Y/γ, streamed from Y and earlier s (post-processing). For neighbours,
-‖ΔY‖₂ ≤ Δ = γ·ζ·sens(C) + √(d·rows)·(1 + 2ε_f) (rounding moves each of the d·rows touched
-coordinates by < 1, plus ε_f of float64 error), so with σ = z·γ·ζ the run is ρ-zCDP with
-ρ = Δ²/(2σ²) (Thm 14), converted to (ε, δ) by Cor. 13. The sampler is Alg. 1-3 (discrete
-Laplace proposal, Bernoulli acceptance), vectorized, in floating point.
+‖ΔY‖₂ ≤ Δ = γ·ζ·(1 + κ)·sens(C) + √(d·rows)·(1 + 2ε_f) (rounding moves each of the d·rows
+touched coordinates by < 1, plus ε_f of float64 error), so with σ = z·γ·ζ the run is
+ρ-zCDP with ρ = Δ²/(2σ²) (Thm 14), converted to (ε, δ) by Cor. 13. κ covers the sum x_t
+as computed: the K records clipped and summed in float64, in any order, so one record moves
+the computed sum by at most ζ·(1 + κ) (``clip_allowance``; Higham 2002, Sec 4.2). The
+sampler is Alg. 1-3 (discrete Laplace proposal, Bernoulli acceptance), vectorized, in
+floating point.
 """
 
 from __future__ import annotations
@@ -52,19 +55,53 @@ def touched_rows(bands: int, participations: int, n: int) -> int:
   return min(int(n), int(participations) * int(bands))
 
 
+def _gamma_n(m: int) -> float:
+  """γ_m = m·u/(1 − m·u) (Higham 2002, Lemma 3.1), ∞ where m·u ≥ 1/2."""
+  mu = m * _UNIT_ROUNDOFF
+  return math.inf if mu >= 0.5 else mu / (1.0 - mu)
+
+
+def clip_allowance(model_size: int, records: int) -> float:
+  """κ: one record moves a round's computed float64 sum by at most ζ·(1 + κ).
+
+  Clipping a d-entry record in float64 (its squares summed in any order, one sqrt, the
+  factor ζ·min(1/‖x‖, 1/ζ), d products) leaves ‖x̂_k‖ ≤ ζ·(1 + κ_c),
+  1 + κ_c = (1 + u)⁴/((1 − u)²·√(1 − γ_2d)), u = 2⁻⁵³. Summing K records in any order errs
+  by ‖fl(Σ_k x̂_k) − Σ_k x̂_k‖₂ ≤ γ_{K−1}·Σ_k‖x̂_k‖ (Higham 2002, Sec 4.2: γ_{K−1}·Σ_k|x̂_k,i|
+  per coordinate), so two neighbours' computed sums (K and K − 1 records, or K each)
+  differ by at most ζ·(1 + κ_c)·(1 + 2·K·γ_{K−1}) = ζ·(1 + κ) (with 10⁻⁶ relative slack for
+  evaluating κ). Rounds without the user sum the same records in the same order: equal."""
+  d = checks.positive_int(model_size, "model size")
+  k = checks.positive_int(records, "records")
+  g = _gamma_n(2 * d)
+  if not g < 1.0:
+    return math.inf
+  u = _UNIT_ROUNDOFF
+  clip = math.expm1(4.0 * math.log1p(u) - 2.0 * math.log1p(-u) - 0.5 * math.log1p(-g))
+  summation = 2.0 * k * _gamma_n(k - 1)
+  return (clip + summation + clip * summation) * (1.0 + 1e-6)
+
+
 def integer_sensitivity(sensitivity: float, clip_norm: float, granularity: float,
-                        model_size: int, rows: int, bands: int) -> float:
-  """Δ = γ·ζ·sens + √(d·rows)·(1 + 2ε_f): ‖ΔY‖₂ of neighbours (module docstring)."""
-  return (granularity * clip_norm * sensitivity
+                        model_size: int, rows: int, bands: int, records: int) -> float:
+  """Δ = γ·ζ·(1 + κ)·sens + √(d·rows)·(1 + 2ε_f): ‖ΔY‖₂ of neighbours (module docstring),
+  κ = ``clip_allowance`` of ``records`` (K) per round."""
+  return (granularity * clip_norm * (1.0 + clip_allowance(model_size, records)) * sensitivity
           + math.sqrt(model_size * rows) * (1.0 + 2.0 * float_allowance(bands)))
 
 
 def default_granularity(sensitivity: float, clip_norm: float, model_size: int, rows: int,
-                        bands: int) -> float:
-  """The smallest power of two γ whose rounding inflation is at most ROUNDING_INFLATION
-  (a power of two: Y/γ is exact in float64)."""
+                        bands: int, records: int) -> float:
+  """The smallest power of two γ whose inflation (rounding and κ) is at most
+  ROUNDING_INFLATION (a power of two: Y/γ is exact in float64)."""
+  room = ROUNDING_INFLATION - clip_allowance(model_size, records)
+  if not room > 0.0:
+    raise checks.CheckError(
+        f"{records} records per round of a {model_size}-entry model: float64 clipping and "
+        f"summation alone inflate the sensitivity by {clip_allowance(model_size, records):.3g}, "
+        f"above the {ROUNDING_INFLATION:g} accounted")
   need = (math.sqrt(model_size * rows) * (1.0 + 2.0 * float_allowance(bands))
-          / (ROUNDING_INFLATION * clip_norm * sensitivity))
+          / (room * clip_norm * sensitivity))
   return 2.0 ** math.ceil(math.log2(need))
 
 
@@ -78,6 +115,8 @@ class Plan:
     integer_sensitivity: Δ (``integer_sensitivity``).
     inflation: Δ/(γ·ζ·sens) − 1 ≤ ROUNDING_INFLATION.
     model_size, rows, bands: d, rows touched, bands of C.
+    records: K, the most records one round sums (the query refuses more).
+    clip_allowance: κ of d and K (``clip_allowance``), part of the inflation.
   """
   granularity: float
   sigma: float
@@ -86,31 +125,36 @@ class Plan:
   model_size: int
   rows: int
   bands: int
+  records: int
+  clip_allowance: float
 
   def as_dict(self):
     return dataclasses.asdict(self)
 
 
 def plan(*, sensitivity: float, clip_norm: float, noise_multiplier: float, model_size: int,
-         bands: int, participations: int, n: int, granularity: Optional[float] = None,
-         flag: str = "granularity") -> Plan:
-  """The checked ``Plan``: γ given or ``default_granularity``; CheckError (one line) when
-  its inflation exceeds ROUNDING_INFLATION or the integers could leave float64's range."""
+         bands: int, participations: int, n: int, records: int,
+         granularity: Optional[float] = None, flag: str = "granularity") -> Plan:
+  """The checked ``Plan`` for sums of at most ``records`` clipped records a round: γ given or
+  ``default_granularity``; CheckError (one line) when its inflation exceeds
+  ROUNDING_INFLATION or the integers could leave float64's range."""
   sens = checks.positive_float(sensitivity, "sensitivity")
   zeta = checks.positive_float(clip_norm, "clip_norm")
   z = checks.positive_float(noise_multiplier, "noise_multiplier")
   d = checks.positive_int(model_size, "model size")
   b = checks.positive_int(bands, "bands")
+  k = checks.positive_int(records, "records")
   rows = touched_rows(b, checks.positive_int(participations, "participations"), n)
-  gamma = (default_granularity(sens, zeta, d, rows, b) if granularity is None
+  kappa = clip_allowance(d, k)
+  gamma = (default_granularity(sens, zeta, d, rows, b, k) if granularity is None
            else checks.positive_float(granularity, flag))
-  delta = integer_sensitivity(sens, zeta, gamma, d, rows, b)
+  delta = integer_sensitivity(sens, zeta, gamma, d, rows, b, k)
   inflation = delta / (gamma * zeta * sens) - 1.0
   if inflation > ROUNDING_INFLATION:
     raise checks.CheckError(
         f"{flag} {gamma:g} inflates the sensitivity by {inflation:.3g} for rounding at model "
         f"size {d}, above the {ROUNDING_INFLATION:g} accounted: give at least "
-        f"{default_granularity(sens, zeta, d, rows, b):g} or leave it out",
+        f"{default_granularity(sens, zeta, d, rows, b, k):g} or leave it out",
         arguments=(flag,))
   sigma = z * gamma * zeta
   if MAGNITUDE_LIMIT + NOISE_TAIL * sigma >= INTEGER_LIMIT:
@@ -119,7 +163,8 @@ def plan(*, sensitivity: float, clip_norm: float, noise_multiplier: float, model
         f"units) would leave the range where the integer release converts to float64 exactly "
         f"(2^52); use a smaller {flag}", arguments=(flag,))
   return Plan(granularity=float(gamma), sigma=float(sigma), integer_sensitivity=float(delta),
-              inflation=float(inflation), model_size=d, rows=rows, bands=b)
+              inflation=float(inflation), model_size=d, rows=rows, bands=b, records=k,
+              clip_allowance=float(kappa))
 
 
 # ----------------------------------------------------------------------------- accounting

@@ -22,6 +22,7 @@ is divided by the clients per round like TFF's own DP factories
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Dict, Optional, Union
 
 import numpy as np
@@ -304,14 +305,19 @@ def _build_discrete(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str,
                                sensitivity_report=resolved.sensitivity_report)
   bands = dg.band_coefficients(resolved.encoder).shape[1]
 
+  # The most records a round sums: K clients and as many planted canary updates (a one-run
+  # audit plants at most K a round); the query refuses a round with more.
+  records = 2 * math.ceil(cfg.clients_per_round)
+
   def plan_for(model_size: int) -> dg.Plan:
     found = dg.plan(sensitivity=resolved.sensitivity, clip_norm=cfg.clip_norm,
                     noise_multiplier=cfg.noise_multiplier, model_size=model_size, bands=bands,
                     participations=cfg.participation.max_participations_in(cfg.n), n=cfg.n,
-                    granularity=cfg.spec.privacy.granularity)
+                    records=records, granularity=cfg.spec.privacy.granularity)
     info.update(granularity=found.granularity, discrete_gaussian_sigma=found.sigma,
                 integer_sensitivity=found.integer_sensitivity,
-                rounding_inflation=found.inflation, model_size=found.model_size)
+                rounding_inflation=found.inflation, model_size=found.model_size,
+                records_per_round=found.records, clip_allowance=found.clip_allowance)
     return found
 
   info.update(noise_implementation=f"DiscreteGaussianQuery(bands={bands})", state_rows=2 * (

@@ -196,8 +196,8 @@ class MatrixFactorizationQuery(tfp.SumAggregationDPQuery):
       self._check_structure(template, "the value type")
     return super().initial_sample_state(self._record_specs)
 
-  def _clipped(self, params, record):
-    """(clipped leaves, global norm) of a checked, finite client update."""
+  def _clipped(self, params, record, dtype=tf.float32):
+    """(clipped leaves, global norm) of a checked, finite client update, clipped in ``dtype``."""
     self._check_structure(record, "the client update")
     flat = tf.nest.flatten(record)
     name = type(self).__name__
@@ -205,7 +205,7 @@ class MatrixFactorizationQuery(tfp.SumAggregationDPQuery):
         x, message=f"{checks.IN_GRAPH_PREFIX}{name}: client update leaf #{k} contains NaN or "
         "Inf") for k, x in enumerate(flat)]
     with tf.control_dependencies(finite):
-      return tf.clip_by_global_norm(flat, tf.cast(params, tf.float32))
+      return tf.clip_by_global_norm([tf.cast(x, dtype) for x in flat], tf.cast(params, dtype))
 
   def preprocess_record(self, params, record):
     clipped, _ = self._clipped(params, record)
@@ -390,8 +390,12 @@ class DiscreteGaussianQuery(MatrixFactorizationQuery):
   Round t clips and sums the records (x_t), releases Y_t = round(γ·(C·x)_t) + N_t with
   N_t ~ N_ℤ(0, σ²), σ = z·γ·ζ (``noise.discrete_gaussian_row``), and returns
   s_t = (Y_t/γ − Σ_{k≥1} C[t, t−k]·s_{t−k})/C[t, t], computed from Y and earlier outputs
-  only. C is b-banded (C = I: b = 1). State: the last b − 1 sums x (unnoised, float64: as
-  secret as the seed, which regenerates the noise) and outputs s. Its DpEvent is
+  only, cast to the records' dtype. A record is clipped to ζ in float64 and summed in float64
+  (TFF's sum and the compiled engine's alike), with a count of the records, so the sensitivity
+  covers the sum as computed (``discrete_gaussian.clip_allowance``); a round that sums more
+  than the plan's K records is refused. C is b-banded (C = I: b = 1). State: the last b − 1
+  sums x (unnoised, float64: as secret as the seed, which regenerates the noise) and
+  outputs s. Its DpEvent is
   ``UnsupportedDpEvent``: dp_accounting has no discrete-Gaussian event; the run's ε is the
   record's (zCDP, Canonne, Kamath, Steinke 2020, arXiv:2004.00010, Thm 14 and Cor 13).
 
@@ -423,16 +427,37 @@ class DiscreteGaussianQuery(MatrixFactorizationQuery):
         round_index=tf.constant(0, tf.int32), seed=initial_seed(self._seed, self._seed_key),
         sums=tf.zeros([b - 1, d], tf.float64), outputs=tf.zeros([b - 1, d], tf.float64))
 
+  def derive_sample_params(self, global_state):
+    del global_state
+    return tf.constant(self._clip, tf.float64)  # ζ itself, not its float32 rounding
+
+  def initial_sample_state(self, template=None):
+    """(float64 zeros shaped like the records, a float64 record count of 0)."""
+    if template is not None:
+      self._check_structure(template, "the value type")
+    zeros = [tf.zeros(s.shape, tf.float64) for s in self._flat_specs]
+    return (tf.nest.pack_sequence_as(self._record_specs, zeros), tf.constant(0.0, tf.float64))
+
+  def preprocess_record(self, params, record):
+    """(the record clipped to ζ in float64, 1): summed in float64 with its count."""
+    clipped, _ = self._clipped(params, record, tf.float64)
+    return tf.nest.pack_sequence_as(record, clipped), tf.constant(1.0, tf.float64)
+
   def get_noised_result(self, sample_state, global_state):
     dg, plan, b = self._dg, self.plan, self._bands.shape[1]
+    values, count = sample_state
     i = global_state.round_index
     past_end = tf.debugging.assert_less(
         i, tf.constant(self._bands.shape[0], tf.int32),
         message=f"{checks.IN_GRAPH_PREFIX}DiscreteGaussianQuery: round index past the "
         f"n={self._bands.shape[0]} rounds it was built for")
-    with tf.control_dependencies([past_end]):
+    few = tf.debugging.assert_less_equal(
+        count, tf.constant(float(plan.records), tf.float64),
+        message=f"{checks.IN_GRAPH_PREFIX}DiscreteGaussianQuery: the round summed more than "
+        f"the {plan.records} records its sensitivity covers (float64 summation allowance)")
+    with tf.control_dependencies([past_end, few]):
       coef = tf.gather(tf.constant(self._bands), i)
-    flat = tf.nest.flatten(sample_state)
+    flat = tf.nest.flatten(values)
     x = tf.concat([tf.reshape(tf.cast(v, tf.float64), [-1]) for v in flat], 0)
     a, size = coef[0] * x, tf.abs(coef[0]) * tf.abs(x)
     for k in range(1, b):
@@ -461,8 +486,8 @@ class DiscreteGaussianQuery(MatrixFactorizationQuery):
     else:
       sums, outputs = global_state.sums, global_state.outputs
     parts = tf.split(s, self._sizes) if len(self._sizes) > 1 else [s]
-    result = tf.nest.pack_sequence_as(
-        sample_state, [tf.cast(tf.reshape(p, tf.shape(v)), v.dtype) for p, v in zip(parts, flat)])
+    result = tf.nest.pack_sequence_as(  # the records' dtype (float64 only up to here)
+        values, [tf.cast(tf.reshape(p, s.shape), s.dtype) for p, s in zip(parts, self._flat_specs)])
     new_state = DiscreteGaussianState(round_index=i + 1, seed=global_state.seed, sums=sums,
                                       outputs=outputs)
     return result, new_state, dp_accounting.UnsupportedDpEvent()
