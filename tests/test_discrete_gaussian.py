@@ -4,6 +4,7 @@ encoder against brute force, the post-processing s = C⁻¹·Y/γ, and the zCDP 
 (Thm 14, Cor. 13) against the continuous Gaussian and a direct evaluation.
 """
 
+import fractions
 import math
 
 import numpy as np
@@ -346,3 +347,71 @@ def test_release_keeps_its_own_copy_of_the_sums():
   for t in range(n):
     buffer[:] = x[t]
     np.testing.assert_array_equal(reused.step(buffer)[1], fresh.step(x[t].copy())[1])
+
+
+def _adversarial_neighbour_sums(dtype, k: int, rng) -> float:
+  """Exact difference of the computed sums of neighbours in one coordinate (records in
+  [−1, 1], ζ = 1): D = the user's record 1 and k − 1 others, D′ = the others, summed left to
+  right in ``dtype``. The first m − 1 others are 1 (m = 2^⌊log2(k/2)⌋), so D's partial sum
+  starts at m and D′'s at m − 1, in binades whose ulps differ by 2; each later record is
+  the one of 4096 random candidates that keeps them there and rounds D's sum up the most
+  against D′'s (about ulp(m)/2 a record, K²·u/4 in all, against the bound's 2·K²·u)."""
+  m = 2 ** int(math.log2(k // 2))
+  with_user, without = dtype(m), dtype(m - 1)
+  for _ in range(k - m):
+    candidates = rng.uniform(-1.0, 1.0, 4096).astype(dtype)
+    a, b = with_user + candidates, without + candidates  # ``dtype`` arithmetic
+    gain = a.astype(np.float64) - b.astype(np.float64)  # exact: both within 2^10 of 2^k
+    gain[(a < m) | (b >= m)] = -np.inf
+    best = candidates[np.argmax(gain)]
+    with_user, without = dtype(with_user + best), dtype(without + best)
+  return float(fractions.Fraction(float(with_user)) - fractions.Fraction(float(without)))
+
+
+def test_clip_allowance_covers_an_adversarial_float64_sum_and_float32_breaks_the_bound():
+  """Neighbouring sums of K = 400 records (ζ = 1), the user's record exactly 1: summed in
+  float64 they differ by more than ζ (the allowance is needed) and by at most ζ·(1 + κ)
+  (``clip_allowance``: Higham 2002, Sec 4.2); summed in float32, as TFF summed the records
+  before, by more than the whole accounted inflation 10⁻³, so the integer release of that
+  pair moves by more than Δ, while the float64 pair stays within it."""
+  k, gamma = 400, 2.0**12
+  kappa = dg.clip_allowance(1, k)
+  rng = np.random.default_rng(7)
+  wide = _adversarial_neighbour_sums(np.float64, k, rng)
+  narrow = _adversarial_neighbour_sums(np.float32, k, rng)
+  assert 1.0 < wide <= 1.0 + kappa
+  assert wide - 1.0 > 0.05 * kappa  # the bound is within a small factor of what is reached
+  assert narrow > 1.0 + dg.ROUNDING_INFLATION
+  plan = dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1.0, model_size=1, bands=1,
+                 participations=1, n=1, records=k, granularity=gamma)
+  assert plan.clip_allowance == kappa and plan.inflation <= dg.ROUNDING_INFLATION
+
+  def release_gap(difference):
+    base = 123.4567  # the other records' sum: any value
+    y = [dg.IntegerRelease(np.eye(1), plan, KEY).step(np.array([x]))[1][0]
+         for x in (base + difference, base)]  # the same key: the same noise
+    return abs(int(y[0]) - int(y[1]))
+
+  assert release_gap(narrow) > plan.integer_sensitivity
+  assert release_gap(wide) <= plan.integer_sensitivity
+
+
+def test_plan_counts_the_records_of_a_round():
+  """κ grows with K (the summation term 2·K·γ_{K−1} ≈ 2K²u) and d (clipping, ≈ (d + 6)·u);
+  the default γ leaves room for it, and a K whose κ alone exceeds 10⁻³ is refused in one
+  line."""
+  kappas = [dg.clip_allowance(1000, k) for k in (1, 100, 10**4)]
+  assert kappas[0] < kappas[1] < kappas[2]
+  assert dg.clip_allowance(10, 4) < dg.clip_allowance(10**6, 4)
+  u = 2.0**-53
+  k, d = 1000, 10**6
+  first_order = 2 * k * (k - 1) * u + (d + 6) * u
+  assert first_order <= dg.clip_allowance(d, k) <= 1.01 * first_order + 10 * u
+  plan = dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1.0, model_size=d, bands=1,
+                 participations=1, n=10, records=k)
+  assert plan.inflation <= dg.ROUNDING_INFLATION
+  assert plan.integer_sensitivity >= plan.granularity * (1 + plan.clip_allowance)
+  with pytest.raises(checks.CheckError, match="float64 clipping and summation alone") as e:
+    dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1.0, model_size=d, bands=1,
+            participations=1, n=10, records=3 * 10**6)
+  assert "\n" not in str(e.value)
