@@ -658,6 +658,59 @@ def test_discrete_gaussian_query_round_trip(tmp_path):
   assert not np.allclose(np.concatenate([np.ravel(v.numpy()) for v in first]), outs[0])
 
 
+def test_discrete_gaussian_query_clips_and_sums_records_in_float64(tmp_path):
+  """The discrete Gaussian's records are clipped to ζ (not its float32 rounding) in float64
+  and summed in float64 with their count: each clipped record's exact norm is at most
+  ζ·(1 + κ_c) (``clip_allowance`` with K = 1), a record inside the ball is kept up to a few
+  float64 roundings, the released s is float32 again, and a round that sums more records
+  than the plan's K (2 × clients_per_round: room for planted canaries) is refused."""
+  import fractions  # pylint: disable=g-import-not-at-top
+  from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+  zeta, clients = 0.3, 3  # 0.3 is not a float32: its float32 rounding is above it
+  specs = [tf.TensorSpec([300], tf.float32), tf.TensorSpec([4, 5], tf.float32)]
+  setup = aggregators.build_mechanism(
+      "gaussian", total_rounds=2, clients_per_round=clients, clip_norm=zeta,
+      noise_multiplier=1.0, delta=1e-6, noise_distribution="discrete_gaussian", noise_seed=3,
+      cache_dir=str(tmp_path))
+  q = setup.aggregation_factory.dp_query(specs)._numerator
+  d = 320
+  assert q.plan.records == 2 * clients and q.plan.clip_allowance == dg.clip_allowance(d, 6)
+  zeros, count = q.initial_sample_state(specs)
+  assert [v.dtype for v in zeros] == [tf.float64] * 2 and count.dtype == tf.float64
+  assert count.numpy() == 0.0 and not any(np.any(v.numpy()) for v in zeros)
+  state = q.initial_global_state()
+  params = q.derive_sample_params(state)
+  assert params.dtype == tf.float64 and params.numpy() == zeta
+  assert float(np.float32(zeta)) > zeta
+  bound = (fractions.Fraction(zeta) * (1 + fractions.Fraction(dg.clip_allowance(d, 1))))**2
+  rng = np.random.default_rng(11)
+  records = []
+  for scale in (1e-3, 0.5, 0.999999, 1.0, 1.000001, 3.0, 1e6):
+    for _ in range(3):
+      flat = rng.normal(size=d)
+      flat = (flat * scale * zeta / np.linalg.norm(flat)).astype(np.float32)
+      records.append([tf.constant(flat[:300]), tf.constant(flat[300:].reshape(4, 5))])
+      clipped, one = q.preprocess_record(params, records[-1])
+      assert [v.dtype for v in clipped] == [tf.float64] * 2 and one.numpy() == 1.0
+      out = np.concatenate([np.ravel(v.numpy()) for v in clipped])
+      square = sum(fractions.Fraction(float(v))**2 for v in out)
+      assert square <= bound
+      exact = math.sqrt(float(sum(fractions.Fraction(float(v))**2 for v in flat)))
+      if exact < zeta * (1 - 1e-12):  # inside the ball: kept (up to 4 roundings a coordinate)
+        assert np.all(np.abs(out - flat) <= 4 * 2.0**-53 * np.abs(flat))
+      elif exact > zeta * (1 + 1e-12):  # onto the sphere, up to the same allowance below it
+        assert float(square) >= (zeta * (1 - dg.clip_allowance(d, 1)))**2
+  sample = q.initial_sample_state(specs)
+  for record in records[:q.plan.records]:
+    sample = q.accumulate_record(params, sample, record)
+  result, _, _ = q.get_noised_result(sample, state)
+  assert [v.dtype for v in result] == [tf.float32] * 2
+  assert [v.shape for v in result] == [s.shape for s in specs]
+  sample = q.accumulate_record(params, sample, records[-1])
+  with pytest.raises(tf.errors.InvalidArgumentError, match="more than the 6 records"):
+    q.get_noised_result(sample, state)
+
+
 def test_discrete_gaussian_tf_sampler_matches_the_pmf():
   """The TF sampler (stateless, from the seed) against N_ℤ(0, σ²) by χ² (false alarm 1e-4),
   deterministic given (seed, round)."""
