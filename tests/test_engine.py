@@ -141,12 +141,12 @@ class _Pair:
                     for name, process in (("tff", self.tff), ("compiled", self.compiled))}
 
 
-def _noise_rounds(pair, task, participation):
+def _noise_rounds(pair, task, participation, rounds=ROUNDS):
   """Zero client updates: models, aggregator and optimizer states bit-identical each round."""
   states = {k: _with_client_lr(s, 0.0) for k, s in pair.initial.items()}
   _assert_bit_identical(states["tff"], states["compiled"], "initial state")
   moved = False
-  for r in range(1, ROUNDS + 1):
+  for r in range(1, rounds + 1):
     out = {k: getattr(pair, k).next(states[k], _cohort(task, participation, r, k))
            for k in states}
     states = {k: o.state for k, o in out.items()}
@@ -174,8 +174,14 @@ def _update_bound(pair, task, participation, state, round_num, clip):
   return bound
 
 
-def _training_rounds(pair, task, participation):
-  """Real client updates, each round from one start state: weights within the tolerance."""
+def _training_rounds(pair, task, participation, release_unit=None):
+  """Real client updates, each round from one start state: weights within the tolerance.
+
+  ``release_unit``: 1/γ of the discrete Gaussian, whose records both engines sum in float64.
+  Two orders of that sum differ by at most 2·γ_K·K·ζ (u = 2⁻⁵³), far below 1/γ, so γ·x rounds
+  to integers at most one apart and s differs by at most 1/γ a coordinate, η_server/(K·γ) in
+  the model; each engine then rounds s to float32, divides and steps (at most 4 roundings
+  of magnitude ≤ 2M each): 8·u·M with u = 2⁻²⁴."""
   state = pair.initial["tff"]
   clip = CLIP
   for r in range(1, ROUNDS + 1):
@@ -188,7 +194,10 @@ def _training_rounds(pair, task, participation):
     magnitudes = [np.abs(np.asarray(x, np.float64)) for x in _leaves(
         (state.global_model_weights.trainable, a.global_model_weights.trainable, a.finalizer))]
     m = max(float(np.max(x)) for x in magnitudes if x.size)
-    tolerance = SERVER_LR * 2.0 * _gamma(CLIENTS) * bound + 4.0 * U * m
+    if release_unit is None:
+      tolerance = SERVER_LR * 2.0 * _gamma(CLIENTS) * bound + 4.0 * U * m
+    else:
+      tolerance = SERVER_LR * release_unit / CLIENTS * (1 + 4 * U) + 8.0 * U * m
     diff = max(float(np.max(np.abs(np.asarray(x, np.float64) - y)))
                for x, y in zip(a.global_model_weights.trainable,
                                b.global_model_weights.trainable))
@@ -226,6 +235,21 @@ def test_compiled_engine_equals_tff(tiny_config, tmp_path, task, case):
     "-adaptive" if c[2] else ""))
 def test_compiled_engine_equals_tff_every_mechanism(tiny_config, tmp_path, task, case):
   _check_case(tiny_config, tmp_path, task, case)
+
+
+def test_compiled_engine_equals_tff_for_the_discrete_gaussian(tiny_config, tmp_path, task):
+  """``gaussian`` with the discrete Gaussian: both engines sum the float64 records the query
+  makes (TFF's sum of its record type, the compiled engine's accumulator shaped by its sample
+  state) with their count; two noise rounds are bit-identical and the trained rounds within
+  1/γ of the integer release."""
+  pair = _Pair(task, _config(tiny_config, tmp_path, "gaussian", "single", False,
+                             noise_distribution="discrete_gaussian"))
+  compiled = pair.compiled
+  query = compiled._query._numerator  # pylint: disable=protected-access
+  accumulator, count = compiled._sum  # pylint: disable=protected-access
+  assert {v.dtype for v in accumulator} == {tf.float64} and count.dtype == tf.float64
+  _noise_rounds(pair, task, "single", rounds=2)
+  _training_rounds(pair, task, "single", release_unit=1.0 / query.plan.granularity)
 
 
 def test_a_client_as_arrays_trains_exactly_as_its_dataset(tiny_config, tmp_path, task):
