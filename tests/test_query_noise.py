@@ -663,7 +663,7 @@ def test_discrete_gaussian_query_clips_and_sums_records_in_float64(tmp_path):
   and summed in float64 with their count: each clipped record's exact norm is at most
   ζ·(1 + κ_c) (``clip_allowance`` with K = 1), a record inside the ball is kept up to a few
   float64 roundings, the released s is float32 again, and a round that sums more records
-  than the plan's K (2 × clients_per_round: room for planted canaries) is refused."""
+  than the plan's K (2 × clients_per_round, at least ``RECORDS_FLOOR``) is refused."""
   import fractions  # pylint: disable=g-import-not-at-top
   from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
   zeta, clients = 0.3, 3  # 0.3 is not a float32: its float32 rounding is above it
@@ -674,7 +674,8 @@ def test_discrete_gaussian_query_clips_and_sums_records_in_float64(tmp_path):
       cache_dir=str(tmp_path))
   q = setup.aggregation_factory.dp_query(specs)._numerator
   d = 320
-  assert q.plan.records == 2 * clients and q.plan.clip_allowance == dg.clip_allowance(d, 6)
+  k = dg.RECORDS_FLOOR
+  assert q.plan.records == k and q.plan.clip_allowance == dg.clip_allowance(d, k)
   zeros, count = q.initial_sample_state(specs)
   assert [v.dtype for v in zeros] == [tf.float64] * 2 and count.dtype == tf.float64
   assert count.numpy() == 0.0 and not any(np.any(v.numpy()) for v in zeros)
@@ -701,14 +702,16 @@ def test_discrete_gaussian_query_clips_and_sums_records_in_float64(tmp_path):
       elif exact > zeta * (1 + 1e-12):  # onto the sphere, up to the same allowance below it
         assert float(square) >= (zeta * (1 - dg.clip_allowance(d, 1)))**2
   sample = q.initial_sample_state(specs)
-  for record in records[:q.plan.records]:
+  for record in records:
     sample = q.accumulate_record(params, sample, record)
+  assert sample[1].numpy() == len(records)
   result, _, _ = q.get_noised_result(sample, state)
   assert [v.dtype for v in result] == [tf.float32] * 2
   assert [v.shape for v in result] == [s.shape for s in specs]
-  sample = q.accumulate_record(params, sample, records[-1])
-  with pytest.raises(tf.errors.InvalidArgumentError, match="more than the 6 records"):
-    q.get_noised_result(sample, state)
+  values = sample[0]
+  q.get_noised_result((values, tf.constant(float(k), tf.float64)), state)  # K: covered
+  with pytest.raises(tf.errors.InvalidArgumentError, match=f"more than the {k} records"):
+    q.get_noised_result((values, tf.constant(k + 1.0, tf.float64)), state)
 
 
 def test_discrete_gaussian_tf_sampler_matches_the_pmf():

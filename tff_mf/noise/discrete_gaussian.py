@@ -41,6 +41,10 @@ NOISE_TAIL = 10.0
 # each round accepts a fixed fraction of the pending coordinates).
 MAX_ATTEMPTS = 10_000
 _UNIT_ROUNDOFF = 2.0**-53
+# The fewest records per round the wiring's plan covers (``clip_allowance``; its summation
+# term is then about 2⁻²⁰): balls-in-bins and random allocation put a random number of
+# clients in a round, not the K the mean divides by.
+RECORDS_FLOOR = 2**16
 
 
 def float_allowance(bands: int) -> float:

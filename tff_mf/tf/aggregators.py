@@ -305,9 +305,10 @@ def _build_discrete(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str,
                                sensitivity_report=resolved.sensitivity_report)
   bands = dg.band_coefficients(resolved.encoder).shape[1]
 
-  # The most records a round sums: K clients and as many planted canary updates (a one-run
-  # audit plants at most K a round); the query refuses a round with more.
-  records = 2 * math.ceil(cfg.clients_per_round)
+  # The most records a round may sum: K clients and as many planted canary updates (a one-run
+  # audit plants at most K a round), at least RECORDS_FLOOR (schemas whose rounds hold a
+  # random number of clients); the query refuses a round with more.
+  records = max(2 * math.ceil(cfg.clients_per_round), dg.RECORDS_FLOOR)
 
   def plan_for(model_size: int) -> dg.Plan:
     found = dg.plan(sensitivity=resolved.sensitivity, clip_norm=cfg.clip_norm,
@@ -317,7 +318,7 @@ def _build_discrete(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str,
     info.update(granularity=found.granularity, discrete_gaussian_sigma=found.sigma,
                 integer_sensitivity=found.integer_sensitivity,
                 rounding_inflation=found.inflation, model_size=found.model_size,
-                records_per_round=found.records, clip_allowance=found.clip_allowance)
+                max_records_per_round=found.records, clip_allowance=found.clip_allowance)
     return found
 
   info.update(noise_implementation=f"DiscreteGaussianQuery(bands={bands})", state_rows=2 * (
