@@ -28,7 +28,8 @@ DISTRIBUTIONS = ("gaussian", "discrete_gaussian")
 # Mechanisms whose C-domain encoder streams with small state (C = I; b-banded C).
 MECHANISMS = ("gaussian", "banded", "banded_toeplitz")
 # The sensitivity is accounted at sens·(1 + ROUNDING_INFLATION): the default granularity
-# keeps the rounding's share below it, and a given one is refused above it.
+# keeps the share of the rounding and of κ (``clip_allowance``) below it, and a given one is
+# refused above it.
 ROUNDING_INFLATION = 1e-3
 # Per coordinate, γ·Σ_j |C_tj|·|x_j| must stay below this (refused in the round otherwise):
 # it bounds the float64 error ε_f of computing γ·(C·x)_t (``float_allowance``).
