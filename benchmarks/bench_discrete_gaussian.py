@@ -77,7 +77,7 @@ def measure_numpy(d, rounds):
     bands = dg.band_coefficients(c).shape[1]
     plan = dg.plan(sensitivity=resolved.sensitivity, clip_norm=1.0, noise_multiplier=Z,
                    model_size=d, bands=bands, participations=1, n=N,
-                   records=2 * CLIENTS)  # build_mechanism's bound: K clients, K canaries
+                   records=dg.records_covered(CLIENTS))  # as build_mechanism plans
     release = dg.IntegerRelease(c, plan, (3, 4))
 
     def discrete(release=release):
@@ -107,7 +107,7 @@ def measure_tf(d, rounds):
   from tff_mf.tf import noise as noise_lib  # pylint: disable=g-import-not-at-top
   out = {}
   specs = [tf.TensorSpec([d], tf.float32)]
-  sample = [tf.constant(np.random.default_rng(0).normal(size=d).astype(np.float32) * 0.01)]
+  record = [tf.constant(np.random.default_rng(0).normal(size=d).astype(np.float32) * 0.01)]
   for name in ("gaussian", "banded"):
     for dist in ("gaussian", "discrete_gaussian"):
       params = {"bands": BANDS} if name == "banded" else {}
@@ -117,8 +117,10 @@ def measure_tf(d, rounds):
       query = setup.aggregation_factory.dp_query(specs)._numerator
       state = {"s": query.initial_global_state(), "n": 0}
       noised = tf.function(query.get_noised_result, autograph=False)
+      sample = query.accumulate_record(query.derive_sample_params(state["s"]),
+                                       query.initial_sample_state(specs), record)
 
-      def step(query=query, state=state, noised=noised):
+      def step(query=query, state=state, noised=noised, sample=sample):
         if state["n"] == N:
           state["s"], state["n"] = query.initial_global_state(), 0
         result, state["s"], _ = noised(sample, state["s"])

@@ -663,7 +663,7 @@ def test_discrete_gaussian_query_clips_and_sums_records_in_float64(tmp_path):
   and summed in float64 with their count: each clipped record's exact norm is at most
   ζ·(1 + κ_c) (``clip_allowance`` with K = 1), a record inside the ball is kept up to a few
   float64 roundings, the released s is float32 again, and a round that sums more records
-  than the plan's K (2 × clients_per_round, at least ``RECORDS_FLOOR``) is refused."""
+  than the plan's K (``records_covered``: 2 × clients_per_round, at least 2¹⁶) is refused."""
   import fractions  # pylint: disable=g-import-not-at-top
   from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
   zeta, clients = 0.3, 3  # 0.3 is not a float32: its float32 rounding is above it
@@ -674,7 +674,8 @@ def test_discrete_gaussian_query_clips_and_sums_records_in_float64(tmp_path):
       cache_dir=str(tmp_path))
   q = setup.aggregation_factory.dp_query(specs)._numerator
   d = 320
-  k = dg.RECORDS_FLOOR
+  k = dg.records_covered(clients)
+  assert k == dg.RECORDS_FLOOR and dg.records_covered(10**5) == 2 * 10**5
   assert q.plan.records == k and q.plan.clip_allowance == dg.clip_allowance(d, k)
   zeros, count = q.initial_sample_state(specs)
   assert [v.dtype for v in zeros] == [tf.float64] * 2 and count.dtype == tf.float64

@@ -42,9 +42,9 @@ NOISE_TAIL = 10.0
 # each round accepts a fixed fraction of the pending coordinates).
 MAX_ATTEMPTS = 10_000
 _UNIT_ROUNDOFF = 2.0**-53
-# The fewest records per round the wiring's plan covers (``clip_allowance``; its summation
-# term is then about 2⁻²⁰): balls-in-bins and random allocation put a random number of
-# clients in a round, not the K the mean divides by.
+# The fewest records per round a run's plan covers (``records_covered``; the summation term
+# of ``clip_allowance`` is then about 2⁻²⁰): balls-in-bins and random allocation put a random
+# number of clients in a round, not the K the mean divides by.
 RECORDS_FLOOR = 2**16
 
 
@@ -85,6 +85,13 @@ def clip_allowance(model_size: int, records: int) -> float:
   clip = math.expm1(4.0 * math.log1p(u) - 2.0 * math.log1p(-u) - 0.5 * math.log1p(-g))
   summation = 2.0 * k * _gamma_n(k - 1)
   return (clip + summation + clip * summation) * (1.0 + 1e-6)
+
+
+def records_covered(clients_per_round: float) -> int:
+  """The most records a run's round may sum: K clients and as many planted canary updates (a
+  one-run audit plants at most K a round), and at least ``RECORDS_FLOOR``."""
+  k = checks.positive_float(clients_per_round, "clients_per_round")
+  return max(2 * math.ceil(k), RECORDS_FLOOR)
 
 
 def integer_sensitivity(sensitivity: float, clip_norm: float, granularity: float,

@@ -22,7 +22,6 @@ is divided by the clients per round like TFF's own DP factories
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable, Dict, Optional, Union
 
 import numpy as np
@@ -305,10 +304,7 @@ def _build_discrete(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str,
                                sensitivity_report=resolved.sensitivity_report)
   bands = dg.band_coefficients(resolved.encoder).shape[1]
 
-  # The most records a round may sum: K clients and as many planted canary updates (a one-run
-  # audit plants at most K a round), at least RECORDS_FLOOR (schemas whose rounds hold a
-  # random number of clients); the query refuses a round with more.
-  records = max(2 * math.ceil(cfg.clients_per_round), dg.RECORDS_FLOOR)
+  records = dg.records_covered(cfg.clients_per_round)  # the query refuses a round with more
 
   def plan_for(model_size: int) -> dg.Plan:
     found = dg.plan(sensitivity=resolved.sensitivity, clip_norm=cfg.clip_norm,
