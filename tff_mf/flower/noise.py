@@ -63,6 +63,8 @@ class NoiseRows:
         f.noise_matrix() if f.m != f.n else
         scipy.linalg.solve_triangular(f.c, np.eye(f.n), lower=True))
     self.exact = bool(exact)
+    # Which coefficients the TF kernel applies (nonzero in some round), fixed at build time.
+    self._support = self.stream.support() if self.linear and self.exact else None
     self.round = 0
     self.stream_state = (np.zeros((self.stream.k, self.d),
                                   np.float32 if self.exact else np.float64)
@@ -83,8 +85,8 @@ class NoiseRows:
                               "was built for; build one for more rounds")
     stddev = float(stddev)
     if self.linear and self.exact:
-      y, self.stream_state = _tf_stream_step(self.stream, self.stream_state, self.z_row(i), i,
-                                             stddev)
+      y, self.stream_state = _tf_stream_step(self.stream, self._support, self.stream_state,
+                                             self.z_row(i), i, stddev)
     elif self.linear:
       y, self.stream_state = self.stream.step(self.stream_state, self.z_row(i), i)
       y = stddev * y
@@ -92,7 +94,7 @@ class NoiseRows:
       row = self.matrix[i]
       y = np.zeros(self.d)
       for j in np.flatnonzero(row):
-        y = y + (row[j] * stddev) * self.z_row(int(j)).astype(np.float64)
+        y += (row[j] * stddev) * self.z_row(int(j)).astype(np.float64)
       y = y.astype(np.float32)
     else:
       row = self.matrix[i]
@@ -147,12 +149,11 @@ def _add_n(terms: List[Tuple[int, np.ndarray]], like: np.ndarray) -> np.ndarray:
   return out
 
 
-def _tf_stream_step(stream, state: np.ndarray, z: np.ndarray, i: int, stddev: float):
+def _tf_stream_step(stream, sup, state: np.ndarray, z: np.ndarray, i: int, stddev: float):
   """``tff_mf.tf.noise.LinearNoise``'s round in numpy float32: the tables cast to float32
   (the output's scaled by σ in float64 first), every coefficient that is nonzero in some
-  round applied, each sum in the order the TF graph takes it (``_add_n``). ``state``: k x d
-  float32."""
-  sup = stream.support()
+  round (``sup``: ``stream.support()``, fixed at build time as TF's kernel fixes it) applied,
+  each sum in the order the TF graph takes it (``_add_n``). ``state``: k x d float32."""
   f, g, w_old, w_new, c = stream.tables(i)
   f32, g32 = f.astype(np.float32), g.astype(np.float32)
   w_old32, w_new32 = (w_old * stddev).astype(np.float32), (w_new * stddev).astype(np.float32)
