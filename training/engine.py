@@ -136,32 +136,23 @@ def _add_update_fn(query, accumulator, plain_clip: Optional[float], clipped):
   return add_update
 
 
-def _array_steps_for(model, array_update, add_update, round_model, report: bool):
-  """``array_step_for(round_inputs)``: the client step and the round step on arrays for
+def _round_step_builder(model, array_update, add_update, round_model, report: bool):
+  """``round_step_for(round_inputs)``: the step on arrays (one client or a whole round) for
   one structure of the round's inputs (sample parameters, hyperparameters)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  def array_step_for(round_inputs):
-    """A client's step on arrays, its round's sample parameters and hyperparameters read
-    from ``round_inputs`` (variables set once a round, as the model is: a call then
-    passes only the client's batches, which saves the canonicalization of nested
-    arguments, about 1 ms a call on the main job's model)."""
-
-    @tf.function(reduce_retracing=True)  # one trace for every client's row count
-    def array_step(x, y, batch_size):
-      if report:
-        model.reset_metrics()
-      start = tf.nest.map_structure(lambda v: v.read_value(), round_model)
-      sample_params, hparams = tf.nest.map_structure(lambda v: v.read_value(), round_inputs)
-      update, metrics = array_update(start, x, y, batch_size, hparams)
-      return add_update(update, sample_params), metrics
+  def round_step_for(round_inputs):
+    """The step on arrays, its round's sample parameters and hyperparameters read from
+    ``round_inputs`` (variables set once a round, as the model is: a call then passes only
+    the clients' batches, which saves the canonicalization of nested arguments, about 1 ms
+    a call on the main job's model)."""
 
     @tf.function(reduce_retracing=True)  # one trace for every round's row count
     def round_step(x, y, bounds, batch_sizes):
-      """Every client of the round in one call, in order: client k's rows are
-      x[bounds[k]:bounds[k + 1]]. Each runs exactly what ``array_step`` runs; the
-      zeroed-update flags and the metrics are summed in client order, as the per-client
-      loop sums them."""
+      """Clients in order, in one call: client k's rows are x[bounds[k]:bounds[k + 1]]
+      (the metrics reset before each when reported, TFF's client update, then the
+      aggregators' zeroing, clipping and sum); the zeroed-update flags and the metrics are
+      summed in client order, as the per-client loop sums them."""
       start = tf.nest.map_structure(lambda v: v.read_value(), round_model)
       sample_params, hparams = tf.nest.map_structure(lambda v: v.read_value(), round_inputs)
       zeroed = tf.constant(0, tf.int32)
@@ -174,8 +165,8 @@ def _array_steps_for(model, array_update, add_update, round_model, report: bool)
         zeroed += add_update(update, sample_params)
         summed = tf.nest.map_structure(tf.add, summed, metrics)
       return zeroed, summed
-    return array_step, round_step
-  return array_step_for
+    return round_step
+  return round_step_for
 
 
 def _arrays_of_one_length(clients) -> bool:
@@ -245,10 +236,10 @@ class CompiledProcess:
     self._round_model = round_model = tf.nest.map_structure(
         lambda v: tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False), self._weights)
 
-    array_step_for = _array_steps_for(model, array_update, add_update, round_model, report)
-    self._client_step, self._array_step_for = client_step, array_step_for
-    # (structure and specs of the round's inputs) -> (their variables, array and round steps)
-    self._array_steps: Dict[Any, Any] = {}
+    round_step_for = _round_step_builder(model, array_update, add_update, round_model, report)
+    self._client_step, self._round_step_for = client_step, round_step_for
+    # (structure and specs of the round's inputs) -> (their variables, the round step)
+    self._round_steps: Dict[Any, Any] = {}
     # A canary client (training.canaries): its fixed update goes the way of every client's.
     self._canary_step = tf.function(add_update)
     if query is not None:
@@ -350,38 +341,35 @@ class CompiledProcess:
     feed = dict(zip(tf.nest.flatten(inputs), tf.nest.flatten(summed)))
     return session.run(outputs, feed_dict=feed)
 
-  def _round_array_step(self, params, hparams):
-    """The array step for this round's inputs, which it reads from variables set here."""
+  def _round_step(self, params, hparams):
+    """The step on arrays for this round's inputs, which it reads from variables set here."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     inputs = (params, hparams)
-    key = (str(tf.nest.map_structure(lambda t: (t.dtype.name, tuple(t.shape)), inputs)),)
-    if key not in self._array_steps:
+    key = str(tf.nest.map_structure(lambda t: (t.dtype.name, tuple(t.shape)), inputs))
+    if key not in self._round_steps:
       variables = tf.nest.map_structure(lambda t: tf.Variable(t, trainable=False), inputs)
-      self._array_steps[key] = (variables, *self._array_step_for(variables))
-    variables, array_step, round_step = self._array_steps[key]
+      self._round_steps[key] = (variables, self._round_step_for(variables))
+    variables, round_step = self._round_steps[key]
     tf.nest.map_structure(lambda v, t: v.assign(t), variables, inputs)
-    return array_step, round_step
+    return round_step
 
-  def _all_clients(self, clients, round_step) -> Tuple[int, Any]:
-    """The round's clients, all given as ``ClientBatches`` of one sequence length, in one
-    call of ``round_step``: (updates zeroed, the metrics summed in client order)."""
+  @staticmethod
+  def _run_arrays(clients, round_step) -> Tuple[Any, Any]:
+    """Clients given as ``ClientBatches`` of one sequence length, in one call of
+    ``round_step``: (updates zeroed, the metrics summed in client order), as tensors."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     ids = np.concatenate([c.ids for c in clients])
     bounds = np.concatenate([[0], np.cumsum([len(c.ids) for c in clients])]).astype(np.int64)
     sizes = np.array([c.batch_size for c in clients], np.int64)
-    zeroed, summed = round_step(tf.constant(ids[:, :-1]), tf.constant(ids[:, 1:]),
-                                tf.constant(bounds), tf.constant(sizes))
-    return int(zeroed), _numpy(summed)
+    return round_step(tf.constant(ids[:, :-1]), tf.constant(ids[:, 1:]), tf.constant(bounds),
+                      tf.constant(sizes))
 
-  def _one_client(self, initial, data, params, hparams, array_step):
+  def _one_client(self, initial, data, params, hparams, round_step):
     """One client's update into the round's sum: ``data`` its ``ClientBatches`` (the
     harness's form) or a tf.data.Dataset of (x, y) batches (TFF's form)."""
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    ids = getattr(data, "ids", None)
-    if ids is None:
+    if getattr(data, "ids", None) is None:
       return self._client_step(initial, data, params, hparams)
-    return array_step(tf.constant(ids[:, :-1]), tf.constant(ids[:, 1:]),
-                      tf.constant(data.batch_size, tf.int64))
+    return self._run_arrays([data], round_step)
 
   def next(self, state, client_datasets: Sequence[Any], canaries: Sequence[Any] = ()):
     """One round on ``client_datasets`` (clients in this order); a ``LearningProcessOutput``.
@@ -409,13 +397,14 @@ class CompiledProcess:
       variable.assign(tf.zeros_like(variable))
     self._clipped.assign(0)
     zeroed, summed = 0, None
-    array_step, round_step = self._round_array_step(params, hparams)
+    round_step = self._round_step(params, hparams)
     if _arrays_of_one_length(client_datasets):
-      zeroed, all_summed = self._all_clients(client_datasets, round_step)
-      summed = all_summed if self._report_metrics else None
+      flags, all_summed = self._run_arrays(client_datasets, round_step)
+      zeroed = int(flags)
+      summed = _numpy(all_summed) if self._report_metrics else None
     else:
       for data in client_datasets:
-        flag, metrics = self._one_client(initial, data, params, hparams, array_step)
+        flag, metrics = self._one_client(initial, data, params, hparams, round_step)
         zeroed += int(flag)
         if self._report_metrics:
           metrics = _numpy(metrics)
