@@ -15,8 +15,13 @@ learning rate 0.5), on the LSTM of ``stackoverflow/model.py``:
 - TFF's process: ``tff.learning.algorithms.build_unweighted_fed_avg`` with its default
   aggregator, what ``--engine=tff`` runs for ``none``.
 
-Models: the main job's (LSTM 16/32/16, V = 1,000; ``training.main_job.MAIN_JOB_DEFAULTS``)
-with 5 sentences per client, and the papers' (4.05M parameters, V = 10,000) with 16. Each
+Models: the main job's (LSTM 16/32/16, V = 1,000, on the fused ``block`` LSTM kernel it
+trains with; ``training.main_job.MAIN_JOB_DEFAULTS``) with 5 sentences per client, and the
+papers' (4.05M parameters, V = 10,000, Keras' LSTM cell) with 16. Each model is measured in
+a process of its own, whose TensorFlow thread pools are the compiled engine's choice for it
+(``training.engine.configure_threads``: one thread for the main job's model, TF's default for
+the papers'); plain TF runs in that process too, and TFF in its worker_binary child with TF's
+default pools. Each
 client's sentences are random token ids of the vocabulary (fixed seed), batches of 16; the
 three paths see the same clients in the same order. CPU seconds are those of this process
 and its children (TFF's worker_binary), per round divided by K: the median of the timed
@@ -50,22 +55,28 @@ NOISE_MECHANISMS = ("gaussian", "tree", "opt_momentum", "banded", "blt", "bisr")
 DP_MECHANISM = "banded"
 MODELS = {
     "main job": dict(vocab_size=1000, embedding_size=16, lstm_size=32, projection_size=16,
-                     sentences=5),
+                     lstm_kernel="block", sentences=5),
     "paper": dict(vocab_size=10000, embedding_size=96, lstm_size=670, projection_size=96,
-                  sentences=16),
+                  lstm_kernel="keras", sentences=16),
 }
-SMOKE_MODEL = dict(vocab_size=50, embedding_size=4, lstm_size=4, projection_size=4, sentences=5)
+SMOKE_MODEL = dict(vocab_size=50, embedding_size=4, lstm_size=4, projection_size=4,
+                   lstm_kernel="block", sentences=5)
+
+
+def _sizes(model):
+  """The model's size arguments of ``stackoverflow.model.parameter_count``."""
+  return {k: v for k, v in model.items() if k not in ("sentences", "lstm_kernel")}
 
 
 def _config(model, mechanism, cache_dir):
   from training import config as config_lib  # pylint: disable=g-import-not-at-top
-  sizes = {k: v for k, v in model.items() if k != "sentences"}
+  sizes = {k: v for k, v in model.items() if k != "sentences"}  # with its lstm_kernel
   private = mechanism != "none"
   return config_lib.TrainingConfig(
       dataset="synthetic", mechanism=mechanism, total_rounds=NOISE_ROUNDS, clients_per_round=8,
       noise_multiplier=1.0 if private else None, clip_norm=1.0, client_lr=CLIENT_LR,
       client_batch_size=BATCH, cache_dir=cache_dir, progress=False,
-      noise_seed=1 if private else None, **sizes)
+      noise_seed=1 if private else None, engine="compiled", **sizes)
 
 
 def _clients(model, count, seed):
@@ -195,7 +206,11 @@ def noise_cost(model, cache_dir, mechanisms_to_time, repeats):
 
 
 def measure(name, model, args):
-  print(f"[engine] {name}: building", file=sys.stderr, flush=True)
+  """One model's figures, in this process (``_measure_apart`` runs it in a fresh one)."""
+  from training import engine  # pylint: disable=g-import-not-at-top
+  threads = engine.configure_threads(_config(model, "none", args.cache_dir))
+  print(f"[engine] {name}: building (TensorFlow threads: {threads})", file=sys.stderr,
+        flush=True)
   paths = _paths(model, args.cache_dir)
   for r in range(args.rounds + 1):  # round 0 traces (not timed)
     clients = _clients(model, args.clients, seed=r)
@@ -204,14 +219,33 @@ def measure(name, model, args):
   per_client = {p.name: statistics.median(p.cpu) / args.clients for p in paths}
   noise = noise_cost(model, args.cache_dir, args.noise_mechanisms, args.noise_repeats)
   from stackoverflow import model as so_model  # pylint: disable=g-import-not-at-top
-  sizes = {k: v for k, v in model.items() if k != "sentences"}
-  result = {"model": name, "parameters": so_model.parameter_count(**sizes),
+  result = {"model": name, "parameters": so_model.parameter_count(**_sizes(model)),
+            "lstm_kernel": model["lstm_kernel"], "threads": threads,
             "sentences": model["sentences"], "clients": args.clients,
             "per_client_cpu_s": per_client,
             "rounds_cpu_s": {p.name: p.cpu for p in paths}, "noise_cpu_s": noise}
   print(f"[engine] {name}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in
                                           per_client.items()), file=sys.stderr, flush=True)
   return result
+
+
+def _measure_apart(name, argv, args):
+  """``measure`` of one model in a fresh process: TensorFlow's thread pools are fixed once it
+  runs, and each model gets the compiled engine's choice."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if "--models" in argv:  # the child's --models is this model alone
+    i = argv.index("--models")
+    while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+      del argv[i + 1]
+    del argv[i]
+  with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "result.json")
+    subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--models", name,
+                    "--one-model-json", out], check=True)
+    with open(out, encoding="utf-8") as f:
+      return json.load(f)
 
 
 def section(args, results, load_start, load_end, minutes) -> str:
@@ -230,14 +264,16 @@ def section(args, results, load_start, load_end, minutes) -> str:
       "noise included) on one model; TFF is a bare `build_unweighted_fed_avg`. Goals: compiled "
       f"≤ {TARGET_PLAIN}× plain TF, and ≥ {TARGET_TFF:g}× faster than TFF on the main job's "
       "model.", "",
-      "| model | parameters | sentences per client | plain TF ms | compiled (none) ms | "
-      f"compiled ({DP_MECHANISM}) ms | TFF ms | compiled / plain | TFF / compiled |",
-      "|---|---|---|---|---|---|---|---|---|"]
+      "| model | parameters | LSTM kernel | engine's TF threads | sentences per client | "
+      f"plain TF ms | compiled (none) ms | compiled ({DP_MECHANISM}) ms | TFF ms | "
+      "compiled / plain | TFF / compiled |",
+      "|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in results:
     t = r["per_client_cpu_s"]
     plain, none = t["plain TF"], t["compiled engine (none)"]
     dp, bare = t[f"compiled engine ({DP_MECHANISM})"], t["TFF (build_unweighted_fed_avg)"]
-    lines.append(f"| {r['model']} | {r['parameters']:,} | {r['sentences']} | "
+    lines.append(f"| {r['model']} | {r['parameters']:,} | {r['lstm_kernel']} | "
+                 f"{r['threads']} | {r['sentences']} | "
                  f"{plain * 1e3:.1f} | {none * 1e3:.1f} | {dp * 1e3:.1f} | {bare * 1e3:.1f} | "
                  f"**{none / plain:.2f}** | **{bare / none:.1f}** |")
   lines += ["", f"The mechanisms' noise, once per round (CPU ms of the query's "
@@ -258,12 +294,11 @@ def main(argv=None):
   parser.add_argument("--rounds", type=int, default=10, help="timed rounds per path")
   parser.add_argument("--clients", type=int, default=8, help="clients per round")
   parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+  parser.add_argument("--one-model-json", default=None, help=argparse.SUPPRESS)
   common_arguments(parser, "a tiny model, 2 clients, one timed round, two mechanisms' noise")
   args = parser.parse_args(argv)
   if args.rounds < 1 or args.clients < 1:
     parser.error("--rounds and --clients must be at least 1")
-  from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
-  runtime.install_exit_hook()
   models = {name: MODELS[name] for name in args.models}
   args.noise_mechanisms, args.noise_repeats = NOISE_MECHANISMS, 5
   if args.smoke:
@@ -273,9 +308,21 @@ def main(argv=None):
       args.cache_dir = os.path.join(args.out_dir, "cache")
   load_start, start = os.getloadavg()[0], time.perf_counter()
   os.makedirs(args.out_dir, exist_ok=True)
+  if args.one_model_json:  # the child of _measure_apart: one model, its figures to a file
+    from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
+    runtime.install_exit_hook()
+    (name, model), = models.items()
+    with open(args.one_model_json, "w", encoding="utf-8") as f:
+      json.dump(measure(name, model, args), f)
+    return 0
   results = []
   for name, model in models.items():
-    results.append(measure(name, model, args))
+    if args.smoke:  # the tiny model, in this process
+      from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
+      runtime.install_exit_hook()
+      results.append(measure(name, model, args))
+    else:
+      results.append(_measure_apart(name, argv, args))
     with open(os.path.join(args.out_dir, "engine.json"), "w", encoding="utf-8") as f:
       json.dump(results, f, indent=1)  # so far
   text = section(args, results, load_start, os.getloadavg()[0],

@@ -7,3 +7,10 @@
 - `pydocs`: the docstring dataset (no download).
 - `fixtures`: a tiny StackOverflow copy in TFF's on-disk format, for tests.
 """
+
+# The LSTM kernels the model can run (``model.create_keras_model``'s ``lstm_kernel``, the
+# harness's --lstm_kernel): "keras", Keras' own (its LSTM layer on a GPU, the same cell in
+# the generic RNN wrapper on a CPU), and "block", TensorFlow's fused BlockLSTMV2 op
+# (``model.BlockLSTM``). Same variables, initial values and function.
+LSTM_KERNELS = ("keras", "block")
+DEFAULT_LSTM_KERNEL = "keras"

@@ -50,7 +50,7 @@ TINY_MODEL = dict(dataset="synthetic", vocab_size=50, embedding_size=4, lstm_siz
 TASK_FIELDS = ("dataset", "data_dir", "vocab_size", "max_validation_elements",
                "max_test_elements", "sequence_length", "max_elements_per_client",
                "client_batch_size", "num_oov_buckets", "embedding_size", "lstm_size",
-               "projection_size")
+               "projection_size", "lstm_kernel")
 
 
 class TinyConfigs:

@@ -237,6 +237,19 @@ def test_compiled_engine_equals_tff_every_mechanism(tiny_config, tmp_path, task,
   _check_case(tiny_config, tmp_path, task, case)
 
 
+@pytest.mark.parametrize("mechanism", ["opt_momentum", "tree"])
+def test_compiled_engine_equals_tff_on_the_block_lstm(tiny_config, tiny_task, tmp_path,
+                                                      mechanism):
+  """The fused LSTM kernel the main job trains with (``--lstm_kernel=block``): both engines
+  run it, with the same noise bit for bit and weights within the same tolerance."""
+  config = _config(tiny_config, tmp_path, mechanism, "fixed_epoch", False,
+                   lstm_kernel="block")
+  block_task = tiny_task(config)
+  pair = _Pair(block_task, config)
+  _noise_rounds(pair, block_task, "fixed_epoch")
+  _training_rounds(pair, block_task, "fixed_epoch")
+
+
 def test_compiled_engine_equals_tff_for_the_discrete_gaussian(tiny_config, tmp_path, task):
   """``gaussian`` with the discrete Gaussian: both engines sum the float64 records the query
   makes (TFF's sum of its record type, the compiled engine's accumulator shaped by its sample

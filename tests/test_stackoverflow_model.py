@@ -140,3 +140,81 @@ def test_tff_model_reports_loss_and_all_metrics():
           "accuracy_no_oov_no_eos"} <= set(unfinalized)
   # Targets: 'the cat sat EOS' (4) and the 7-word sentence cut to 6 words (6).
   assert float(unfinalized["num_tokens"][0]) == 4 + 6
+
+
+def _padded_ids(lengths, width, seed=0):
+  """Rows of random ids (never pad) followed by pad (0): row r keeps lengths[r] ids."""
+  ids = np.random.default_rng(seed).integers(1, V + 4, size=(len(lengths), width))
+  for row, length in enumerate(lengths):
+    ids[row, length:] = PAD
+  return tf.constant(ids, tf.int64)
+
+
+def test_block_lstm_is_the_keras_lstm_on_trailing_padding():
+  """lstm_kernel="block" (TensorFlow's fused BlockLSTMV2): the same variables and seeded
+  values as the Keras cell, and the same logits and gradients on rows with trailing padding
+  (a full row, shorter ones, one id, an empty row), within float32 rounding of the two
+  kernels' arithmetic (about 1e-7 relative; asserted at 1e-5 of each array's scale)."""
+  kwargs = dict(vocab_size=V, embedding_size=8, lstm_size=12, projection_size=6, seed=3)
+  keras_model = model.create_keras_model(**kwargs)
+  block_model = model.create_keras_model(lstm_kernel="block", **kwargs)
+  assert isinstance(block_model.get_layer("lstm"), model.BlockLSTM)
+  assert block_model.get_layer("lstm").cell.units == 12
+  assert [v.name for v in keras_model.weights] == [v.name for v in block_model.weights]
+  for a, b in zip(keras_model.get_weights(), block_model.get_weights()):
+    np.testing.assert_array_equal(a, b)
+  ids = _padded_ids([9, 5, 1, 0, 3], 9)
+  results = []
+  for keras_or_block in (keras_model, block_model):
+    with tf.GradientTape() as tape:
+      logits = keras_or_block(ids)
+      loss = tf.reduce_sum(tf.square(logits))
+    grads = tape.gradient(loss, keras_or_block.trainable_variables)
+    results.append([logits.numpy()] + [tf.convert_to_tensor(g).numpy() for g in grads])
+  for a, b in zip(*results):
+    np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * np.abs(a).max())
+
+
+def test_block_lstm_does_not_clip_the_cell_state():
+  """BlockLSTM clips its cell state at a positive cell_clip (3 by default): the layer passes
+  none, so a cell state far beyond 3 gives Keras' outputs."""
+  layer = model.BlockLSTM(4, kernel_initializer="ones", recurrent_initializer="ones")
+  cell = tf.keras.layers.RNN(tf.keras.layers.LSTMCell(
+      4, kernel_initializer="ones", recurrent_initializer="ones"), return_sequences=True)
+  inputs = tf.fill([2, 12, 3], 2.0)
+  expected = cell(inputs).numpy()
+  np.testing.assert_allclose(layer(inputs).numpy(), expected, rtol=1e-6)
+  assert np.abs(expected[:, -1]).min() > 0.99  # tanh(c) with c = 12 steps of ~1, far past 3
+
+
+def test_block_lstm_refuses_padding_that_does_not_trail():
+  block_model = model.create_keras_model(vocab_size=V, embedding_size=4, lstm_size=4,
+                                         projection_size=4, seed=1, lstm_kernel="block")
+  with pytest.raises(tf.errors.InvalidArgumentError, match="padding must trail"):
+    block_model(tf.constant([[3, PAD, 4]], tf.int64))
+  with pytest.raises(ValueError, match="lstm_kernel"):
+    model.create_keras_model(lstm_kernel="cudnn")
+
+
+def test_the_loss_runs_its_softmax_once_a_batch():
+  """TFF's Keras model calls the loss twice on one batch (the loss, then its "loss" metric):
+  the second call returns the first's tensor, so one softmax cross-entropy runs, and the
+  metric holds the batch's loss."""
+  model_fn = model.create_tff_model_fn(vocab_size=V, embedding_size=4, lstm_size=4,
+                                       projection_size=4, sequence_length=6, seed=1)
+  tff_model = model_fn()
+  batch = (_padded_ids([6, 2], 6), _padded_ids([6, 1], 6, seed=1))
+  graph = tff_model.forward_pass.get_concrete_function(batch, training=True).graph
+  ops = [op.type for f in [graph, *[g.graph for g in graph._functions.values()  # pylint: disable=protected-access
+                                       if hasattr(g, "graph")]] for op in f.get_operations()]
+  assert ops.count("SparseSoftmaxCrossEntropyWithLogits") == 1
+  output = tff_model.forward_pass(batch, training=True)
+  metrics_now = tff_model.report_local_unfinalized_metrics()
+  total, count = (float(t) for t in metrics_now["loss"])
+  assert total / count == pytest.approx(float(output.loss), rel=1e-6)
+  loss_fn = metrics.MaskedSparseCategoricalCrossentropy(pad_token=PAD)
+  logits = tf.random.stateless_normal([2, 3, V + 4], seed=[1, 2])
+  y_true = tf.constant([[1, 2, PAD], [EOS, PAD, PAD]], tf.int64)
+  first = loss_fn(y_true, logits)
+  assert loss_fn(y_true, logits) is first
+  assert float(loss_fn(y_true, logits * 2.0)) != float(first)  # other tensors: computed

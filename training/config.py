@@ -22,6 +22,8 @@ from tff_mf import clitools
 from tff_mf import participation
 from tff_mf import registry
 
+import stackoverflow
+
 DATASETS = ("stackoverflow", "pydocs", "pydocs_modules", "synthetic")  # stackoverflow.data.DATASETS
 # What runs the rounds (training.engine): TFF's learning process, or the compiled engine that
 # runs the same round on one model in this process. "auto" (the default) is the compiled
@@ -157,6 +159,7 @@ class TrainingConfig:
   embedding_size: int = 96
   lstm_size: int = 670
   projection_size: int = 96
+  lstm_kernel: str = stackoverflow.DEFAULT_LSTM_KERNEL
   sequence_length: int = 20
   max_elements_per_client: int = 256
   client_batch_size: int = 16
@@ -237,7 +240,8 @@ class TrainingConfig:
     for name, value, allowed in (("dataset", self.dataset, DATASETS),
                                  ("lr_schedule", self.lr_schedule, LR_SCHEDULES),
                                  ("accountant", self.accountant, ACCOUNTANTS),
-                                 ("participation", self.participation, PARTICIPATIONS)):
+                                 ("participation", self.participation, PARTICIPATIONS),
+                                 ("lstm_kernel", self.lstm_kernel, stackoverflow.LSTM_KERNELS)):
       if value not in allowed:
         raise TrainingError(f"--{name}={value!r}; expected one of {', '.join(allowed)}")
     used_engine(self.engine, self.workers)
@@ -425,6 +429,8 @@ class TrainingConfig:
       del out["canaries"]
     if self.noise_distribution == "gaussian" and self.granularity is None:
       del out["noise_distribution"], out["granularity"]  # as runs before the flag fingerprint
+    if self.lstm_kernel == stackoverflow.DEFAULT_LSTM_KERNEL:
+      del out["lstm_kernel"]  # likewise
     if self.noise_seed is not None:
       out["noise_seed"] = "pinned"
     elif out["mechanism"] == "none":

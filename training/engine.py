@@ -447,6 +447,47 @@ class CompiledProcess:
     return tff.learning.templates.LearningProcessOutput(new_state, metrics)
 
 
+# The compiled engine runs TensorFlow on one thread (intra- and inter-op) for a model of
+# fewer trainable parameters than this: its ops are then too small to split, and handing them
+# to thread pools costs more than they do. The main job's model (39,932 parameters): 2.56 ms
+# of CPU a client update on one thread against 4.06 ms with TF's default pools on 2 cores,
+# and less wall time too; the papers' (4.05M): the default pools halve a step's wall time.
+SINGLE_THREAD_PARAMETERS = 1_000_000
+THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
+
+
+def configure_threads(config) -> str:
+  """Sets TensorFlow's thread pools for the run ``config`` (a ``TrainingConfig`` whose
+  engine is resolved) before TensorFlow starts, and says what they are.
+
+  One thread each when the compiled engine trains a model under
+  ``SINGLE_THREAD_PARAMETERS``; otherwise, or when the environment sets TensorFlow's own
+  ``TF_NUM_INTRAOP_THREADS``/``TF_NUM_INTEROP_THREADS``, TensorFlow's choice. Pools are fixed
+  once TensorFlow runs: a process that already ran ops keeps its pools. Threads change the
+  speed only, never what a run computes or releases (a checkpoint resumes under any).
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from stackoverflow import model as so_model  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  if any(os.environ.get(name) for name in THREAD_VARIABLES):
+    return "set by " + ", ".join(f"{n}={os.environ[n]}" for n in THREAD_VARIABLES
+                                 if os.environ.get(n))
+  parameters = so_model.parameter_count(
+      config.vocab_size, config.num_oov_buckets, config.embedding_size, config.lstm_size,
+      config.projection_size)
+  current = (tf.config.threading.get_intra_op_parallelism_threads(),
+             tf.config.threading.get_inter_op_parallelism_threads())
+  if config.engine != "compiled" or parameters >= SINGLE_THREAD_PARAMETERS:
+    return "one thread" if current == (1, 1) else "TensorFlow's default"
+  if current != (1, 1):
+    try:
+      tf.config.threading.set_intra_op_parallelism_threads(1)
+      tf.config.threading.set_inter_op_parallelism_threads(1)
+    except RuntimeError:  # TensorFlow already runs: its pools stay
+      return "TensorFlow's default (it was running before the run started)"
+  return "one thread"
+
+
 def build_process(engine: str, model_fn, setup, client_lr: float,
                   report_train_metrics: bool = False):
   """The run's FedAvg process: TFF's (``engine="tff"``) or the compiled one.

@@ -659,6 +659,7 @@ def run_training(config: TrainingConfig, task: Optional[task_lib.Task] = None,
   config.validate()
   config = config.with_used_engine()
   log = log or _stderr
+  engine.configure_threads(config)
   from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
   runtime.install_exit_hook()
   run_dir = rundir.open_run_dir(config.run_dir)

@@ -86,6 +86,7 @@ MAIN_JOB_DEFAULTS = dict(
     embedding_size=16,
     lstm_size=32,
     projection_size=16,
+    lstm_kernel="block",
     max_elements_per_client=64,
     rounds_per_eval=16,
     rounds_per_checkpoint=32,
@@ -333,6 +334,7 @@ def _train_all(output_dir: str, cache_dir, data_dir, mechanisms: Sequence[str],
   ``references`` (the non-private ceiling) run once, with the first seed, with
   ``reference_settings`` over ``settings``.
   """
+  from training import engine  # pylint: disable=g-import-not-at-top
   from training import loop  # pylint: disable=g-import-not-at-top
   from training import report  # pylint: disable=g-import-not-at-top
   from training import task as task_lib  # pylint: disable=g-import-not-at-top
@@ -344,6 +346,8 @@ def _train_all(output_dir: str, cache_dir, data_dir, mechanisms: Sequence[str],
                  if mechanism in references else settings)
     config = _config(mechanism, seed, output_dir, cache_dir, data_dir, progress, overrides)
     config.validate()
+    if task is None:  # TensorFlow's thread pools, before anything runs (training.engine)
+      engine.configure_threads(config.with_used_engine())
     task = task or task_lib.build_task(config)
     if not baselines:
       baselines = {"initial": initial_metrics(task, config),

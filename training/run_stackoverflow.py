@@ -36,6 +36,7 @@ from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-pos
 
 from tff_mf import clitools  # pylint: disable=wrong-import-position
 from tff_mf import interrupt  # pylint: disable=wrong-import-position
+import stackoverflow  # pylint: disable=wrong-import-position
 from training import config as config_lib  # pylint: disable=wrong-import-position
 
 _DEFAULTS = config_lib.TrainingConfig()
@@ -162,6 +163,11 @@ flags.DEFINE_integer("embedding_size", _DEFAULTS.embedding_size,
 flags.DEFINE_integer("lstm_size", _DEFAULTS.lstm_size, "LSTM units (670 in the papers).")
 flags.DEFINE_integer("projection_size", _DEFAULTS.projection_size,
                      "Projection units (96 in the papers).")
+flags.DEFINE_enum("lstm_kernel", _DEFAULTS.lstm_kernel, stackoverflow.LSTM_KERNELS,
+                  "The LSTM's kernel: keras (Keras' cell; its cuDNN layer on a GPU) or block "
+                  "(TensorFlow's fused BlockLSTMV2 op: the same variables and function, about "
+                  "2x faster a step on small models on a CPU, slower at the papers' 670 "
+                  "units).")
 flags.DEFINE_integer("sequence_length", _DEFAULTS.sequence_length,
                      "Words per sentence (20 in the papers).")
 flags.DEFINE_integer("max_elements_per_client", _DEFAULTS.max_elements_per_client,

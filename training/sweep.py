@@ -97,7 +97,7 @@ EPSILON_NEUTRAL_FLAGS = frozenset((
     "dataset", "data_dir", "total_rounds", "clients_per_round", "client_lr", "server_lr",
     "server_momentum", "lr_schedule", "schedule_rounds", "cache_dir", "rounds_per_eval",
     "rounds_per_checkpoint", "vocab_size", "num_oov_buckets", "embedding_size", "lstm_size",
-    "projection_size", "sequence_length", "max_elements_per_client", "client_batch_size",
+    "projection_size", "lstm_kernel", "sequence_length", "max_elements_per_client", "client_batch_size",
     "max_validation_elements", "max_test_elements", "progress", "report_train_metrics",
     "workers", "seed", "engine"))  # both engines add the same noise (tests/test_engine.py)
 

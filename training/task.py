@@ -122,7 +122,7 @@ def build_task(config: TrainingConfig) -> Task:
       batch_size=256, num_oov_buckets=config.num_oov_buckets)
   model_kwargs = dict(vocab_size=len(vocab), num_oov_buckets=config.num_oov_buckets,
                       embedding_size=config.embedding_size, lstm_size=config.lstm_size,
-                      projection_size=config.projection_size)
+                      projection_size=config.projection_size, lstm_kernel=config.lstm_kernel)
   model_fn = so_model.create_tff_model_fn(sequence_length=config.sequence_length, **model_kwargs)
 
   def keras_model_fn(seed=None):
