@@ -365,6 +365,52 @@ def test_auto_is_the_default_compiled_on_one_machine_and_tff_with_workers(tiny_c
     engine.build_process("auto", None, None, CLIENT_LR)
 
 
+def test_the_lstm_kernel_is_part_of_the_run(tiny_config, tmp_path):
+  """--lstm_kernel=block is fingerprinted (a checkpoint resumes only on its kernel); the
+  default keras is not recorded, so runs from before the flag keep their fingerprint."""
+  config = _config(tiny_config, tmp_path, "tree", "single", False)
+  block = dataclasses.replace(config, lstm_kernel="block")
+  assert "lstm_kernel" not in config.public_dict()
+  assert block.public_dict()["lstm_kernel"] == "block"
+  assert block.fingerprint() != config.fingerprint()
+  assert block.changed_fields(config.public_dict()) == ("lstm_kernel",)
+  with pytest.raises(config_lib.TrainingError, match="lstm_kernel"):
+    dataclasses.replace(config, lstm_kernel="cudnn").validate()
+
+
+def test_thread_policy_one_thread_for_small_models_on_the_compiled_engine(
+    tiny_config, tmp_path, monkeypatch):
+  """configure_threads: one thread for the compiled engine on a model under 1M parameters,
+  TensorFlow's default on a larger one or on TFF's process, the environment's own
+  TF_NUM_*_THREADS first; it never changes pools TensorFlow already runs with."""
+  calls = []
+  monkeypatch.setattr(tf.config.threading, "set_intra_op_parallelism_threads",
+                      lambda n: calls.append(("intra", n)))
+  monkeypatch.setattr(tf.config.threading, "set_inter_op_parallelism_threads",
+                      lambda n: calls.append(("inter", n)))
+  monkeypatch.setattr(tf.config.threading, "get_intra_op_parallelism_threads", lambda: 0)
+  monkeypatch.setattr(tf.config.threading, "get_inter_op_parallelism_threads", lambda: 0)
+  for name in engine.THREAD_VARIABLES:
+    monkeypatch.delenv(name, raising=False)
+  small = _config(tiny_config, tmp_path, "tree", "single", False, engine="compiled")
+  assert engine.configure_threads(small) == "one thread"
+  assert calls == [("intra", 1), ("inter", 1)]
+  calls.clear()
+  assert engine.configure_threads(dataclasses.replace(small, engine="tff")) == (
+      "TensorFlow's default")
+  paper = dataclasses.replace(small, vocab_size=10000, embedding_size=96, lstm_size=670,
+                              projection_size=96)
+  assert engine.configure_threads(paper) == "TensorFlow's default" and not calls
+  monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "2")
+  assert engine.configure_threads(small) == "set by TF_NUM_INTRAOP_THREADS=2" and not calls
+  monkeypatch.delenv("TF_NUM_INTRAOP_THREADS")
+
+  def running(_):
+    raise RuntimeError("Intra op parallelism cannot be modified after initialization.")
+  monkeypatch.setattr(tf.config.threading, "set_intra_op_parallelism_threads", running)
+  assert engine.configure_threads(small).startswith("TensorFlow's default (it was running")
+
+
 def test_compiled_engine_with_workers_is_refused_in_one_line(tiny_config, tmp_path):
   config = _config(tiny_config, tmp_path, "tree", "single", False, engine="compiled",
                    workers=("localhost:1",))

@@ -254,6 +254,23 @@ class CompiledProcess:
       return new_state, list(new_weights), measurements
 
     self._server_step = server_step
+    clipped = self._clipped
+
+    @tf.function
+    def start_round(weights):
+      """The round's model into its variables; the round's sum and clipped count to zero."""
+      tf.nest.map_structure(lambda v, w: v.assign(w), round_model, weights)
+      for variable in tf.nest.flatten(accumulator):
+        variable.assign(tf.zeros_like(variable))
+      clipped.assign(0)
+
+    @tf.function
+    def mean_server_step(optimizer_state, trainable, count):
+      """A non-private round's end: the mean of the sum (UnweightedMeanFactory's division by
+      the count of clients), then the server step."""
+      return server_step(optimizer_state, trainable, [v / count for v in accumulator])
+
+    self._start_round, self._mean_server_step = start_round, mean_server_step
     self._finalizers = model.metric_finalizers()
     self._finalize = None
 
@@ -387,15 +404,12 @@ class CompiledProcess:
         trainable=trainable,
         non_trainable=[tf.constant(w) for w in state.global_model_weights.non_trainable])
     hparams = tf.nest.map_structure(tf.constant, state.client_work)
-    tf.nest.map_structure(lambda v, w: v.assign(w), self._round_model, initial)
+    self._start_round(initial)
     if query is not None:
       global_state = tf.nest.map_structure(tf.constant, state.aggregator.query_state)
       params = self._sample_params(global_state)
     else:
       params = ()
-    for variable in tf.nest.flatten(self._sum):
-      variable.assign(tf.zeros_like(variable))
-    self._clipped.assign(0)
     zeroed, summed = 0, None
     round_step = self._round_step(params, hparams)
     if _arrays_of_one_length(client_datasets):
@@ -414,9 +428,10 @@ class CompiledProcess:
       if query is None:
         raise ValueError("canary clients need a DP query (a private mechanism)")
       self._canary_step([tf.constant(u) for u in update], params)
+    finalizer = tf.nest.map_structure(tf.constant, state.finalizer)
     if query is None:
-      count = tf.constant(float(len(client_datasets)))
-      update = [v / count for v in self._sum]
+      optimizer_state, new_trainable, finalizer_metrics = self._mean_server_step(
+          finalizer, trainable, tf.constant(float(len(client_datasets))))
       aggregator, inner = state.aggregator, collections.OrderedDict(mean_value=(),
                                                                      mean_count=())
       if self._plain_clip is not None:  # the measurements of TFF's clipping_factory
@@ -428,8 +443,8 @@ class CompiledProcess:
       aggregator = self._aggregator_state(_numpy(query_state), _event_numpy(event), False)
       inner = collections.OrderedDict(
           dp_query_metrics=_numpy(self._derive_metrics(query_state)), dp=())
-    optimizer_state, new_trainable, finalizer_metrics = self._server_step(
-        tf.nest.map_structure(tf.constant, state.finalizer), trainable, list(update))
+      optimizer_state, new_trainable, finalizer_metrics = self._server_step(
+          finalizer, trainable, list(update))
     weights = tff.learning.models.ModelWeights(
         trainable=[w.numpy() for w in new_trainable],
         non_trainable=list(state.global_model_weights.non_trainable))
