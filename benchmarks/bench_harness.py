@@ -48,7 +48,7 @@ TARGET_RATIO = 1.3
 NOISE_MULTIPLIER = 1.0  # the private rounds' z; its value does not change their cost
 TINY_MODEL = dict(dataset="synthetic", vocab_size=50, embedding_size=4, lstm_size=4,
                   projection_size=4)
-MODEL_FIELDS = ("vocab_size", "embedding_size", "lstm_size", "projection_size")
+MODEL_FIELDS = ("vocab_size", "embedding_size", "lstm_size", "projection_size", "lstm_kernel")
 # (model, mechanism, clients, sentences): the paper-size model (the TrainingConfig defaults)
 # and the main job's (its MAIN_JOB_DEFAULTS, read when the benchmark runs). The default run
 # is the paper-size model's; --only picks any (make bench: the main job's, --name

@@ -106,7 +106,8 @@ def main(argv=None):
               f"learning rate {settings['client_lr']:g} / {settings['server_lr']:g} (momentum "
               f"{settings['server_momentum']:g}, {schedule}), LSTM "
               f"{settings['embedding_size']}/{settings['lstm_size']}/"
-              f"{settings['projection_size']}, vocabulary {settings['vocab_size']} with "
+              f"{settings['projection_size']} ({settings.get('lstm_kernel', 'keras')} kernel), "
+              f"vocabulary {settings['vocab_size']} with "
               f"{settings['num_oov_buckets']} OOV buckets, engine "
               f"{settings.get('engine', 'tff')}.", ""]
   lines += ["| part | wall s |", "| --- | --- |"]
