@@ -254,7 +254,15 @@ class CompiledProcess:
       return new_state, list(new_weights), measurements
 
     self._server_step = server_step
-    clipped = self._clipped
+    self._compile_round_ends()
+    self._finalizers = model.metric_finalizers()
+    self._finalize = None
+
+  def _compile_round_ends(self) -> None:
+    """A round's start and a non-private round's end, one call each."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    round_model, accumulator, clipped = self._round_model, self._sum, self._clipped
+    server_step = self._server_step
 
     @tf.function
     def start_round(weights):
@@ -271,8 +279,6 @@ class CompiledProcess:
       return server_step(optimizer_state, trainable, [v / count for v in accumulator])
 
     self._start_round, self._mean_server_step = start_round, mean_server_step
-    self._finalizers = model.metric_finalizers()
-    self._finalize = None
 
   def _compile_query(self, query, specs, accumulator) -> None:
     """The query's once-a-round steps as ``tf.function`` s (its sample parameters, metrics, the
