@@ -68,6 +68,9 @@ class _PooledClients:
   def load(self, client_id):
     return self._clients.load(self._source(client_id))
 
+  def batches(self, client_id):
+    return self._clients.batches(self._source(client_id))
+
   def token_ids(self, client_id):
     return self._clients.token_ids(self._source(client_id))
 
@@ -277,10 +280,14 @@ def section(args, run, config, parameters, rounds, noise, projections, load_star
       "a round, where the paper's DP-FTRL tree as a matrix (`honaker_online`) regenerates "
       "about twice the rows of the dense optimum.",
       "",
-      "No GPU figure: the GPU machine lent to this project (one H100; checked 2026-11-27) runs "
-      "an image with Python 3.12.3, CUDA 13.0 and no TensorFlow, and reaches no package "
-      "index; TFF 0.87 pins TensorFlow 2.14, which has no wheel for Python 3.12 and is built "
-      "against CUDA 11.8, so neither engine runs there. Nothing here depends on a GPU."]
+      "No GPU figure: the GPU machines lent to this project (an H100 and an H200, checked on "
+      "2026-11-27 by two sessions) run an image with Python 3.12.3 only, CUDA 13.0 and no "
+      "TensorFlow (`import tensorflow` fails), and reach no package index (pip finds no "
+      "TensorFlow 2.14); TFF 0.87 pins TensorFlow 2.14, which needs Python 3.11 at most and is "
+      "built against CUDA 11.8, so neither engine runs there. What a run would need there "
+      "(Python 3.11, TensorFlow's GPU wheel, CUDA 11.8 and cuDNN 8: about 2 GB) cannot "
+      "travel: a device call carries at most 64 MiB, and a session has 15 minutes of device "
+      "time. Nothing here depends on a GPU."]
   return "\n".join(lines) + "\n"
 
 

@@ -132,7 +132,7 @@ class MaskedSparseCategoricalCrossentropy(tf.keras.losses.Loss):
                name: str = "masked_sparse_categorical_crossentropy"):
     super().__init__(name=name, reduction=tf.keras.losses.Reduction.NONE)
     self.pad_token = int(pad_token)
-    self._last_call = None  # (y_true, y_pred, sample_weight, loss) of the last call
+    self._last_call = None  # (y_true, y_pred, sample_weight, graph, loss) of the last call
 
   def call(self, y_true, y_pred):
     return tf.keras.losses.sparse_categorical_crossentropy(
@@ -140,14 +140,16 @@ class MaskedSparseCategoricalCrossentropy(tf.keras.losses.Loss):
 
   def __call__(self, y_true, y_pred, sample_weight=None):
     # TFF's Keras model calls its loss twice on the same tensors (the batch loss, then its
-    # "loss" metric, tff.learning.models.from_keras_model): the second call returns the
-    # first's result, the same value, and the softmax over the vocabulary runs once.
+    # "loss" metric, tff.learning.models.from_keras_model): the second call, in the same
+    # graph, returns the first's result, the same value, and the softmax over the
+    # vocabulary runs once.
+    graph = tf.compat.v1.get_default_graph()
     last = self._last_call
     if (last is not None and last[0] is y_true and last[1] is y_pred
-        and last[2] is sample_weight):
-      return last[3]
+        and last[2] is sample_weight and last[3] is graph):
+      return last[4]
     loss = self._loss(y_true, y_pred, sample_weight)
-    self._last_call = (y_true, y_pred, sample_weight, loss)
+    self._last_call = (y_true, y_pred, sample_weight, graph, loss)
     return loss
 
   def _loss(self, y_true, y_pred, sample_weight):

@@ -131,6 +131,9 @@ class BlockLSTM(tf.keras.layers.Layer):
   def compute_mask(self, inputs, mask=None):
     return mask
 
+  def get_config(self):
+    return dict(super().get_config(), units=self.units)
+
 
 def _lstm_layer(units: int, keras_lstm: Optional[bool] = None,
                 lstm_kernel: str = DEFAULT_LSTM_KERNEL,

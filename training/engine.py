@@ -41,6 +41,7 @@ on the other. ``--workers`` (TFF's distributed runtime) keeps the TFF process.
 from __future__ import annotations
 
 import collections
+import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -489,7 +490,6 @@ def configure_threads(config) -> str:
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from stackoverflow import model as so_model  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
   if any(os.environ.get(name) for name in THREAD_VARIABLES):
     return "set by " + ", ".join(f"{n}={os.environ[n]}" for n in THREAD_VARIABLES
                                  if os.environ.get(n))
