@@ -411,6 +411,42 @@ def test_thread_policy_one_thread_for_small_models_on_the_compiled_engine(
   assert engine.configure_threads(small).startswith("TensorFlow's default (it was running")
 
 
+def _new_function():
+  @tf.function
+  def doubled():
+    return tf.constant(1.0) * 2
+  return doubled
+
+
+def test_a_job_of_many_runs_does_not_warn_of_retracing():
+  """Each run builds its process anew, and TensorFlow warns of retracing from the fifth fresh
+  tf.function of one name (the main job has 7 runs): the compiled engine drops that warning
+  (and only that one) from TensorFlow's logger."""
+  import logging  # pylint: disable=g-import-not-at-top
+  logger = tf.get_logger()
+  installed = [f for f in logger.filters if isinstance(f, engine._NoRetracingWarning)]  # pylint: disable=protected-access
+  for f in installed:
+    logger.removeFilter(f)
+  records = []
+  handler = logging.Handler(logging.WARNING)
+  handler.emit = lambda record: records.append(record.getMessage())
+  logger.addHandler(handler)
+  try:
+    for _ in range(7):
+      _new_function()()
+    assert any("retracing" in r for r in records)
+    records.clear()
+    engine.quiet_retracing_warnings()
+    engine.quiet_retracing_warnings()  # once
+    assert sum(isinstance(f, engine._NoRetracingWarning) for f in logger.filters) == 1  # pylint: disable=protected-access
+    for _ in range(7):
+      _new_function()()
+    logger.warning("another warning")
+    assert records == ["another warning"]
+  finally:
+    logger.removeHandler(handler)
+
+
 def test_compiled_engine_with_workers_is_refused_in_one_line(tiny_config, tmp_path):
   config = _config(tiny_config, tmp_path, "tree", "single", False, engine="compiled",
                    workers=("localhost:1",))

@@ -41,6 +41,7 @@ on the other. ``--workers`` (TFF's distributed runtime) keeps the TFF process.
 from __future__ import annotations
 
 import collections
+import logging
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -72,6 +73,23 @@ def _event_numpy(event):
       return np.float64(x)
     return x
   return tf.nest.map_structure(leaf, event.to_named_tuple())
+
+
+class _NoRetracingWarning(logging.Filter):
+  """Drops TensorFlow's warning that a tf.function was traced frequently: every run of a job
+  builds its process, and so its functions, anew (the main job has 7 runs), and TensorFlow
+  counts the fresh functions of one name as retracing of one."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "triggered tf.function retracing" not in record.getMessage()
+
+
+def quiet_retracing_warnings() -> None:
+  """Installs ``_NoRetracingWarning`` on TensorFlow's logger (once)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  logger = tf.get_logger()
+  if not any(isinstance(f, _NoRetracingWarning) for f in logger.filters):
+    logger.addFilter(_NoRetracingWarning())
 
 
 def _array_client_update(model, optimizer):
@@ -195,6 +213,7 @@ class CompiledProcess:
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
     from tensorflow_federated.python.learning.templates import model_delta_client_work  # pylint: disable=g-import-not-at-top
 
+    quiet_retracing_warnings()
     built: List[Any] = []
 
     def recording_model_fn():
