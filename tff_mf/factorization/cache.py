@@ -107,10 +107,14 @@ def resolve_dir(cache_dir: Optional[str]) -> str:
 
 
 def file_sha256(path: str) -> str:
-  digest = hashlib.sha256()
   with open(path, "rb") as f:
-    for chunk in iter(lambda: f.read(1 << 22), b""):
-      digest.update(chunk)
+    return _stream_sha256(f)
+
+
+def _stream_sha256(f) -> str:
+  digest = hashlib.sha256()
+  for chunk in iter(lambda: f.read(1 << 22), b""):
+    digest.update(chunk)
   return digest.hexdigest()
 
 
@@ -209,20 +213,24 @@ def _read_metadata(json_path: str) -> Dict[str, Any]:
 
 
 def _load_arrays(npz_path: str, expected_sha256: str) -> Dict[str, np.ndarray]:
+  """The arrays of ``npz_path``, hashed and read through one open file: a writer that
+  replaces the entry meanwhile removes only the name, so the bytes hashed are the bytes read."""
   try:
-    actual = file_sha256(npz_path)
+    f = open(npz_path, "rb")  # pylint: disable=consider-using-with
   except FileNotFoundError:
     raise _Replaced() from None
-  if actual != expected_sha256:
-    raise CacheError(f"cache file {npz_path} is corrupt: sha256 {actual[:16]}… does not match "
-                     f"its sidecar ({str(expected_sha256)[:16]}…)")
-  try:
-    with np.load(npz_path, allow_pickle=False) as data:
-      arrays = {k: data[k] for k in data.files}
-  except FileNotFoundError:
-    raise _Replaced() from None
-  except Exception as e:  # zipfile.BadZipFile, ValueError, EOFError, OSError, ...
-    raise CacheError(f"cache file {npz_path} cannot be read as .npz: {type(e).__name__}: {e}") from e
+  with f:
+    actual = _stream_sha256(f)
+    if actual != expected_sha256:
+      raise CacheError(f"cache file {npz_path} is corrupt: sha256 {actual[:16]}… does not "
+                       f"match its sidecar ({str(expected_sha256)[:16]}…)")
+    f.seek(0)
+    try:
+      with np.load(f, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    except Exception as e:  # zipfile.BadZipFile, ValueError, EOFError, OSError, ...
+      raise CacheError(f"cache file {npz_path} cannot be read as .npz: "
+                       f"{type(e).__name__}: {e}") from e
   for key in ("A", "B", "C"):
     if key not in arrays:
       raise CacheError(f"cache file {npz_path} lacks array {key!r} (has {sorted(arrays)})")
