@@ -229,6 +229,13 @@ def measure(name, model, args):
   return result
 
 
+def _measure_here(name, model, args):
+  """``measure`` in this process, which then owns TFF's worker_binary."""
+  from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
+  runtime.install_exit_hook()
+  return measure(name, model, args)
+
+
 def _measure_apart(name, argv, args):
   """``measure`` of one model in a fresh process: TensorFlow's thread pools are fixed once it
   runs, and each model gets the compiled engine's choice."""
@@ -309,20 +316,14 @@ def main(argv=None):
   load_start, start = os.getloadavg()[0], time.perf_counter()
   os.makedirs(args.out_dir, exist_ok=True)
   if args.one_model_json:  # the child of _measure_apart: one model, its figures to a file
-    from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
-    runtime.install_exit_hook()
     (name, model), = models.items()
     with open(args.one_model_json, "w", encoding="utf-8") as f:
-      json.dump(measure(name, model, args), f)
+      json.dump(_measure_here(name, model, args), f)
     return 0
   results = []
   for name, model in models.items():
-    if args.smoke:  # the tiny model, in this process
-      from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
-      runtime.install_exit_hook()
-      results.append(measure(name, model, args))
-    else:
-      results.append(_measure_apart(name, argv, args))
+    results.append(_measure_here(name, model, args) if args.smoke  # the tiny model
+                   else _measure_apart(name, argv, args))
     with open(os.path.join(args.out_dir, "engine.json"), "w", encoding="utf-8") as f:
       json.dump(results, f, indent=1)  # so far
   text = section(args, results, load_start, os.getloadavg()[0],
