@@ -36,7 +36,9 @@ when the StackOverflow files are not available.
   `word_count` ("word count" lines over the train split) and `metadata.json`
   (sources, counts, sha256 of both files). The fingerprint hashes the builder
   version, the Python version, the name and version of every scanned
-  distribution and the options, so the same lock file gives the same dataset.
+  distribution and the options. The standard library's docstrings change with Python's
+  patch version; with `include_stdlib=False` the sources are the pinned distributions
+  alone, so the same lock file gives the same dataset under any Python 3.11.
 """
 
 import ast

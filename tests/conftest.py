@@ -47,8 +47,9 @@ TINY_MODEL = dict(dataset="synthetic", vocab_size=50, embedding_size=4, lstm_siz
                   projection_size=4, max_validation_elements=16, max_test_elements=16)
 # What ``training.task.build_task`` reads from a config: configs that agree on these share
 # one task.
-TASK_FIELDS = ("dataset", "data_dir", "vocab_size", "max_validation_elements",
-               "max_test_elements", "sequence_length", "max_elements_per_client",
+TASK_FIELDS = ("dataset", "data_dir", "pydocs_stdlib", "vocab_size",
+               "max_validation_elements", "max_test_elements", "sequence_length",
+               "max_elements_per_client",
                "client_batch_size", "num_oov_buckets", "embedding_size", "lstm_size",
                "projection_size", "lstm_kernel")
 

@@ -233,3 +233,36 @@ def test_module_clients_hold_every_docstring_of_their_module(tmp_path):
   with pytest.raises(ValueError, match="pydocs_modules sets client_unit itself"):
     data.load_federated_data("pydocs_modules", data_dir=str(tmp_path), progress=False,
                              client_unit="object", **SMALL)
+
+
+def _fake_stdlib(root, text):
+  """A standard library of one documented module, ``textmod``."""
+  os.makedirs(root, exist_ok=True)
+  with open(os.path.join(root, "textmod.py"), "w", encoding="utf-8") as f:
+    f.write(f'"""{text} It has a second sentence here.\n\nAnd a third one, for luck."""\n')
+  return str(root)
+
+
+def test_without_the_standard_library_the_dataset_is_the_same_under_any_python(
+    tmp_path, monkeypatch):
+  """The standard library's docstrings follow Python's patch version (3.11.2 and 3.11.7
+  differ); include_stdlib=False (--nopydocs_stdlib, the main job's) reads the pinned
+  distributions alone, so another interpreter's standard library changes nothing."""
+  options = dict(distributions=["absl-py"], client_unit="module")
+  builds = {}
+  for name, text in (("a", "The first interpreter documents this module."),
+                     ("b", "Another patch release rewrote this docstring entirely.")):
+    stdlib = _fake_stdlib(tmp_path / f"stdlib_{name}", text)
+    monkeypatch.setattr(pydocs.sysconfig, "get_paths", lambda stdlib=stdlib: {"stdlib": stdlib})
+    with_stdlib = pydocs.build(str(tmp_path / f"with_{name}"), progress=False,
+                               include_stdlib=True, **options)
+    without = pydocs.build(str(tmp_path / f"without_{name}"), progress=False,
+                           include_stdlib=False, **options)
+    builds[name] = (with_stdlib.metadata, without.metadata)
+  (with_a, without_a), (with_b, without_b) = builds["a"], builds["b"]
+  assert with_a["files_per_package"]["stdlib"] == 1
+  assert with_a["num_clients"] == without_a["num_clients"] + 1  # textmod, a client of its own
+  assert with_a["content_sha256"] != with_b["content_sha256"]  # the stdlib is in the data
+  for key in ("content_sha256", "sqlite_sha256", "word_count_sha256", "splits"):
+    assert without_a[key] == without_b[key], key
+  assert "stdlib" not in without_a["files_per_package"]

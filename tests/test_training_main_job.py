@@ -390,3 +390,32 @@ def test_a_dp_run_above_the_unigram_or_below_the_ceiling_is_named_in_the_opening
           "tree_aggregation), seeds 0, 2 do not), and the non-private ceiling (4.5000) does NOT "
           "beat every DP run on it (opt momentum, seed 0 score at or below it).") in opening
   assert "Every DP run beats" not in text
+
+
+def test_the_main_job_reads_the_pinned_packages_docstrings_alone():
+  """The main job's dataset leaves the standard library out (--nopydocs_stdlib): its
+  docstrings change with Python's patch version, so with them the same lock gave other
+  results under the distribution's Python 3.11.2 than under pyenv's 3.11.7. The flag is
+  recorded (and fingerprinted) only when off, applies to the docstring datasets only, and
+  reaches the dataset's build."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from training import config as config_lib  # pylint: disable=g-import-not-at-top
+  from training import task as task_lib  # pylint: disable=g-import-not-at-top
+  settings = main_job.main_job_settings()
+  assert settings["dataset"] == "pydocs_modules" and settings["pydocs_stdlib"] is False
+  config = config_lib.TrainingConfig(mechanism="tree", **settings)
+  config.validate()
+  assert config.public_dict()["pydocs_stdlib"] is False
+  assert task_lib._dataset_options(config) == {"include_stdlib": False}  # pylint: disable=protected-access
+  default = dataclasses.replace(config, pydocs_stdlib=True)
+  assert "pydocs_stdlib" not in default.public_dict()  # as runs from before the flag
+  assert task_lib._dataset_options(default) == {}  # pylint: disable=protected-access
+  assert default.fingerprint() != config.fingerprint()
+  assert config.changed_fields(default.public_dict()) == ("pydocs_stdlib",)
+  # Another dataset has no such option: the main job drops it, a run refuses it.
+  assert "pydocs_stdlib" not in main_job.main_job_settings(dataset="synthetic")
+  with pytest.raises(config_lib.TrainingError, match="--nopydocs_stdlib applies to the "
+                                                     "docstring datasets"):
+    dataclasses.replace(config, dataset="synthetic").validate()
+  with pytest.raises(config_lib.TrainingError, match="--pydocs_stdlib must be true or false"):
+    dataclasses.replace(config, pydocs_stdlib="no").validate()

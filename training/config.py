@@ -25,6 +25,10 @@ from tff_mf import registry
 import stackoverflow
 
 DATASETS = ("stackoverflow", "pydocs", "pydocs_modules", "synthetic")  # stackoverflow.data.DATASETS
+# The docstring datasets (stackoverflow.data.PYDOCS_CLIENT_UNITS); --pydocs_stdlib says whether
+# they include the standard library's docstrings, which change with Python's patch version
+# (without them the dataset is a function of the lock file alone).
+PYDOCS_DATASETS = ("pydocs", "pydocs_modules")
 # What runs the rounds (training.engine): TFF's learning process, or the compiled engine that
 # runs the same round on one model in this process. "auto" (the default) is the compiled
 # engine on one machine and TFF's process with --workers (TFF's distributed runtime); a run
@@ -122,6 +126,7 @@ class TrainingConfig:
   mechanism: str = "opt_prefix_sum"
   dataset: str = "pydocs"
   data_dir: Optional[str] = None
+  pydocs_stdlib: bool = True
   total_rounds: int = 100
   clients_per_round: int = 10
   client_lr: float = 0.5
@@ -245,6 +250,11 @@ class TrainingConfig:
       if value not in allowed:
         raise TrainingError(f"--{name}={value!r}; expected one of {', '.join(allowed)}")
     used_engine(self.engine, self.workers)
+    if not isinstance(self.pydocs_stdlib, bool):
+      raise TrainingError(f"--pydocs_stdlib must be true or false, got {self.pydocs_stdlib!r}")
+    if not self.pydocs_stdlib and self.dataset not in PYDOCS_DATASETS:
+      raise TrainingError(f"--nopydocs_stdlib applies to the docstring datasets "
+                          f"({', '.join(PYDOCS_DATASETS)}), not --dataset={self.dataset}")
     checks.path_component(self.experiment_name, "--experiment_name")
     if not self.root_output_dir:
       raise TrainingError("--root_output_dir must not be empty")
@@ -431,6 +441,8 @@ class TrainingConfig:
       del out["noise_distribution"], out["granularity"]  # as runs before the flag fingerprint
     if self.lstm_kernel == stackoverflow.DEFAULT_LSTM_KERNEL:
       del out["lstm_kernel"]  # likewise
+    if self.pydocs_stdlib:
+      del out["pydocs_stdlib"]  # likewise
     if self.noise_seed is not None:
       out["noise_seed"] = "pinned"
     elif out["mechanism"] == "none":

@@ -33,6 +33,14 @@ CONFIDENCE = 0.95
 HEADLINE = "accuracy_no_oov_no_eos"
 
 
+def _dataset_note(settings: dict) -> str:
+  """What the docstring dataset was built from, when not from everything installed."""
+  if settings.get("pydocs_stdlib", True):
+    return ""
+  return (" of the pinned packages (standard library left out, so the lock file alone fixes "
+          "the data)")
+
+
 def _label(mechanism: str) -> str:
   from tff_mf import registry  # pylint: disable=g-import-not-at-top
   return registry.label(mechanism)
@@ -265,7 +273,8 @@ def _sentences(result: dict, settings: dict) -> str:
   first = (f"These are {len(others) + 1} mechanisms × {seeds} pinned noise seed"
            f"{'s' if seeds > 1 else ''} ({', '.join(map(str, result['seeds']))}) of DP "
            f"federated training of a small "
-           f"next-word LSTM on the docstring dataset ({settings['total_rounds']} rounds of "
+           f"next-word LSTM on the docstring dataset{_dataset_note(settings)} "
+           f"({settings['total_rounds']} rounds of "
            f"{settings['clients_per_round']} clients, {schema}, {privacy}): TFF's tree "
            "aggregator against "
            f"{', '.join(_label(m) for m in others)}")

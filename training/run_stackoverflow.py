@@ -55,6 +55,11 @@ flags.DEFINE_string("data_dir", None,
                     "Directory of the dataset files (stackoverflow) or of the built dataset "
                     f"cache (pydocs) {_NONE}$TFF_MF_STACKOVERFLOW_DIR or ~/.tff for stackoverflow, "
                     "$TFF_MF_CACHE/datasets/pydocs for pydocs).")
+flags.DEFINE_boolean("pydocs_stdlib", _DEFAULTS.pydocs_stdlib,
+                     "pydocs, pydocs_modules: include the standard library's docstrings, which "
+                     "change with Python's patch version (--nopydocs_stdlib: the pinned "
+                     "packages' alone, the same dataset from the same lock file under any "
+                     "Python 3.11).")
 flags.DEFINE_integer("total_rounds", _DEFAULTS.total_rounds, "Rounds n (the matrix size).")
 flags.DEFINE_integer("clients_per_round", _DEFAULTS.clients_per_round,
                      "Clients per round (single, fixed_epoch). With --participation=min_sep, "

@@ -98,6 +98,12 @@ def _dataset_record(federated) -> Dict[str, object]:
   return record
 
 
+def _dataset_options(config: TrainingConfig) -> dict:
+  """``load_federated_data``'s dataset options of ``config``: for a docstring dataset without
+  the standard library (--nopydocs_stdlib), ``include_stdlib=False``."""
+  return {} if config.pydocs_stdlib else {"include_stdlib": False}
+
+
 def build_task(config: TrainingConfig) -> Task:
   """Loads the federated data and builds the preprocessing and model (stackoverflow/)."""
   from stackoverflow import data as so_data  # pylint: disable=g-import-not-at-top
@@ -106,7 +112,8 @@ def build_task(config: TrainingConfig) -> Task:
   federated = so_data.load_federated_data(
       config.dataset, data_dir=config.data_dir, vocab_size=config.vocab_size,
       num_validation_examples=config.max_validation_elements,
-      max_test_examples=config.max_test_elements, progress=config.progress)
+      max_test_examples=config.max_test_elements, progress=config.progress,
+      **_dataset_options(config))
   vocab = list(federated.vocab)
   preprocess_fn = preprocessing.build_preprocess_fn(
       vocab, sequence_length=config.sequence_length,
