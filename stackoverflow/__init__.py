@@ -8,6 +8,12 @@
 - `fixtures`: a tiny StackOverflow copy in TFF's on-disk format, for tests.
 """
 
+# The training corpora ``data.load_federated_data`` loads, and the pydocs build option
+# (``pydocs.build``'s ``client_unit``) each docstring dataset's name stands for; here, free of
+# TensorFlow, so the harness's flags validate them without loading it.
+DATASETS = ("stackoverflow", "pydocs", "pydocs_modules", "synthetic")
+PYDOCS_CLIENT_UNITS = {"pydocs": "object", "pydocs_modules": "module"}
+
 # The LSTM kernels the model can run (``model.create_keras_model``'s ``lstm_kernel``, the
 # harness's --lstm_kernel): "keras", Keras' own (its LSTM layer on a GPU, the same cell in
 # the generic RNN wrapper on a CPU), and "block", TensorFlow's fused BlockLSTMV2 op

@@ -41,13 +41,12 @@ import tensorflow as tf
 import tensorflow_federated as tff
 import tqdm
 
+from stackoverflow import DATASETS
+from stackoverflow import PYDOCS_CLIENT_UNITS
 from stackoverflow.word_counts import DatasetUnavailableError  # pylint: disable=unused-import
 from stackoverflow.word_counts import read_word_counts
 from tff_mf.factorization.cache import file_sha256
 
-DATASETS = ("stackoverflow", "pydocs", "pydocs_modules", "synthetic")
-# The pydocs build option each pydocs dataset name stands for.
-PYDOCS_CLIENT_UNITS = {"pydocs": "object", "pydocs_modules": "module"}
 DEFAULT_NUM_VALIDATION_EXAMPLES = 10000
 # The deterministic client order from which the validation sentences are taken.
 VALIDATION_CLIENT_ORDER_SEED = 0

@@ -24,11 +24,11 @@ from tff_mf import registry
 
 import stackoverflow
 
-DATASETS = ("stackoverflow", "pydocs", "pydocs_modules", "synthetic")  # stackoverflow.data.DATASETS
-# The docstring datasets (stackoverflow.data.PYDOCS_CLIENT_UNITS); --pydocs_stdlib says whether
-# they include the standard library's docstrings, which change with Python's patch version
-# (without them the dataset is a function of the lock file alone).
-PYDOCS_DATASETS = ("pydocs", "pydocs_modules")
+DATASETS = stackoverflow.DATASETS
+# The docstring datasets; --pydocs_stdlib says whether they include the standard library's
+# docstrings, which change with Python's patch version (without them the dataset is a function
+# of the lock file alone).
+PYDOCS_DATASETS = tuple(stackoverflow.PYDOCS_CLIENT_UNITS)
 # What runs the rounds (training.engine): TFF's learning process, or the compiled engine that
 # runs the same round on one model in this process. "auto" (the default) is the compiled
 # engine on one machine and TFF's process with --workers (TFF's distributed runtime); a run

@@ -94,8 +94,8 @@ def parse_extra_flags(items: Optional[Sequence[str]]) -> List[str]:
 # in --extra_flags (z, δ, the schema, the clip norm, the mechanism, a pinned seed...) may
 # change the runs' ε, so the dry run then shows none rather than one they may not have.
 EPSILON_NEUTRAL_FLAGS = frozenset((
-    "dataset", "data_dir", "pydocs_stdlib", "nopydocs_stdlib", "total_rounds", "clients_per_round", "client_lr", "server_lr",
-    "server_momentum", "lr_schedule", "schedule_rounds", "cache_dir", "rounds_per_eval",
+    "dataset", "data_dir", "pydocs_stdlib", "nopydocs_stdlib", "total_rounds",
+    "clients_per_round", "client_lr", "server_lr", "server_momentum", "lr_schedule", "schedule_rounds", "cache_dir", "rounds_per_eval",
     "rounds_per_checkpoint", "vocab_size", "num_oov_buckets", "embedding_size", "lstm_size",
     "projection_size", "lstm_kernel", "sequence_length", "max_elements_per_client", "client_batch_size",
     "max_validation_elements", "max_test_elements", "progress", "report_train_metrics",
