@@ -77,7 +77,7 @@ def measure_numpy(d, rounds):
     bands = dg.band_coefficients(c).shape[1]
     plan = dg.plan(sensitivity=resolved.sensitivity, clip_norm=1.0, noise_multiplier=Z,
                    model_size=d, bands=bands, participations=1, n=N,
-                   records=dg.records_covered(CLIENTS))  # as build_mechanism plans
+                   records=dg.records_covered(CLIENTS), encoder=c)  # as build_mechanism plans
     release = dg.IntegerRelease(c, plan, (3, 4))
 
     def discrete(release=release):

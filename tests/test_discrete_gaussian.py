@@ -4,6 +4,7 @@ encoder against brute force, the post-processing s = C⁻¹·Y/γ, and the zCDP 
 (Thm 14, Cor. 13) against the continuous Gaussian and a direct evaluation.
 """
 
+import dataclasses
 import fractions
 import math
 
@@ -127,7 +128,7 @@ def test_release_is_c_inverse_of_y_over_gamma():
   c = _banded_c(n, b, seed=2)
   sens = participation.sensitivity_report(c, participation.SINGLE)["value"]
   plan = dg.plan(sensitivity=sens, clip_norm=1.0, noise_multiplier=0.8, model_size=d,
-                 bands=b, participations=1, n=n, records=1)
+                 bands=b, participations=1, n=n, records=1, encoder=c)
   assert plan.inflation <= dg.ROUNDING_INFLATION
   stream = dg.IntegerRelease(c, plan, KEY)
   x = np.random.default_rng(3).normal(size=(n, d))
@@ -213,13 +214,13 @@ def test_refusals_are_one_line(overrides, words):
 def test_plan_refuses_a_coarse_granularity_and_the_float_range():
   with pytest.raises(checks.CheckError, match="inflates the sensitivity") as e:
     dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1.0, model_size=4_050_000,
-            bands=1, participations=1, n=10, records=1, granularity=1024.0)
+            bands=1, participations=1, n=10, records=1, encoder=np.eye(10), granularity=1024.0)
   assert "\n" not in str(e.value)
   with pytest.raises(checks.CheckError, match="2\\^52"):
     dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1e9, model_size=10, bands=1,
-            participations=1, n=10, records=1, granularity=2.0**40)
+            participations=1, n=10, records=1, encoder=np.eye(10), granularity=2.0**40)
   plan = dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1.0, model_size=4_050_000,
-                 bands=1, participations=1, n=10, records=1)
+                 bands=1, participations=1, n=10, records=1, encoder=np.eye(10))
   assert plan.inflation <= dg.ROUNDING_INFLATION and plan.sigma == plan.granularity
 
 
@@ -227,7 +228,7 @@ def test_unpinned_stream_draws_its_key_from_os_entropy():
   """Without a key two streams add different noise; a pinned key replays the same release."""
   c = np.eye(4)
   plan = dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1.0, model_size=200,
-                 bands=1, participations=1, n=4, records=1)
+                 bands=1, participations=1, n=4, records=1, encoder=c)
   x = np.zeros(200)
   a, b = dg.IntegerRelease(c, plan).step(x)[1], dg.IntegerRelease(c, plan).step(x)[1]
   assert not np.array_equal(a, b)
@@ -272,7 +273,7 @@ def test_epsilon_by_round_covers_the_rounding_of_a_prefix():
   gamma = (math.sqrt(d * rows) * (1 + 2 * dg.float_allowance(2))
            / (dg.ROUNDING_INFLATION * zeta * sens)) * (1 + 1e-9)
   plan = dg.plan(sensitivity=sens, clip_norm=zeta, noise_multiplier=1.0, model_size=d, bands=2,
-                 participations=1, n=n, records=1, granularity=gamma)
+                 participations=1, n=n, records=1, encoder=c, granularity=gamma)
   x = np.full(d, (0.5 - 1e-6) / (gamma * c[0, 0]))
   x2 = x + zeta / math.sqrt(d)  # the neighbour's clipped record, ‖·‖₂ = ζ
   y = dg.IntegerRelease(c, plan, KEY).step(x)[1]
@@ -288,7 +289,7 @@ def test_release_refuses_a_non_finite_sum():
   the range check through |int64 min| < 0): refused in one line, before any state changes."""
   c = np.eye(3)
   plan = dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1.0, model_size=5, bands=1,
-                 participations=1, n=3, records=1)
+                 participations=1, n=3, records=1, encoder=c)
   stream = dg.IntegerRelease(c, plan, KEY)
   stream.step(np.ones(5))
   for bad in (np.nan, np.inf, -np.inf):
@@ -339,7 +340,7 @@ def test_release_keeps_its_own_copy_of_the_sums():
   c = _banded_c(n, b, seed=4)
   plan = dg.plan(sensitivity=participation.sensitivity_report(c, participation.SINGLE)["value"],
                  clip_norm=1.0, noise_multiplier=1.0, model_size=d, bands=b, participations=1,
-                 n=n, records=1)
+                 n=n, records=1, encoder=c)
   x = np.random.default_rng(5).normal(size=(n, d))
   fresh = dg.IntegerRelease(c, plan, KEY)
   reused = dg.IntegerRelease(c, plan, KEY)
@@ -383,7 +384,7 @@ def test_clip_allowance_covers_an_adversarial_float64_sum_and_float32_breaks_the
   assert wide - 1.0 > 0.05 * kappa  # the bound is within a small factor of what is reached
   assert narrow > 1.0 + dg.ROUNDING_INFLATION
   plan = dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1.0, model_size=1, bands=1,
-                 participations=1, n=1, records=k, granularity=gamma)
+                 participations=1, n=1, records=k, encoder=np.eye(1), granularity=gamma)
   assert plan.clip_allowance == kappa and plan.inflation <= dg.ROUNDING_INFLATION
 
   def release_gap(difference):
@@ -408,10 +409,124 @@ def test_plan_counts_the_records_of_a_round():
   first_order = 2 * k * (k - 1) * u + (d + 6) * u
   assert first_order <= dg.clip_allowance(d, k) <= 1.01 * first_order + 10 * u
   plan = dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1.0, model_size=d, bands=1,
-                 participations=1, n=10, records=k)
+                 participations=1, n=10, records=k, encoder=np.eye(10))
   assert plan.inflation <= dg.ROUNDING_INFLATION
   assert plan.integer_sensitivity >= plan.granularity * (1 + plan.clip_allowance)
   with pytest.raises(checks.CheckError, match="float64 clipping and summation alone") as e:
     dg.plan(sensitivity=1.0, clip_norm=1.0, noise_multiplier=1.0, model_size=d, bands=1,
-            participations=1, n=10, records=3 * 10**6)
+            participations=1, n=10, records=3 * 10**6, encoder=np.eye(10))
+  assert "\n" not in str(e.value)
+
+
+def _signed_banded_c(n: int, b: int, seed: int) -> np.ndarray:
+  """``_banded_c`` with random signs off the diagonal (|C_tj| is what the range check sums)."""
+  c = _banded_c(n, b, seed)
+  signs = np.where(np.random.default_rng(seed + 100).random((n, n)) < 0.5, -1.0, 1.0)
+  np.fill_diagonal(signs, 1.0)
+  return c * signs
+
+
+def _plan_args(c, d, zeta, z, k):
+  return dict(sensitivity=participation.sensitivity_report(c, participation.SINGLE)["value"],
+              clip_norm=zeta, noise_multiplier=z, model_size=d,
+              bands=dg.band_coefficients(c).shape[1], participations=1, n=c.shape[0],
+              records=k, encoder=c)
+
+
+def _largest_granularity(c, d, zeta, k):
+  """The γ at which ``worst_magnitude`` meets 2⁴⁰ (the plan's boundary)."""
+  b = dg.band_coefficients(c).shape[1]
+  return dg.MAGNITUDE_LIMIT / dg.worst_magnitude(1.0, zeta, k, d, b, dg.row_sum(c))
+
+
+def _run_worst_case(c, plan, zeta, k):
+  """Every row t* of C in turn: rounds j ≤ t* sum K records ζ·sign(C_t*j)·e₀ (each clipped to
+  ζ, summed in float64), so γ·Σ_j |C_t*j|·|x_j,0| = γ·K·ζ·Σ_j |C_t*j|, the most any clipped
+  data reaches; every round must release (CheckError otherwise)."""
+  n, d = c.shape[0], plan.model_size
+  for target in range(n):
+    stream = dg.IntegerRelease(c, plan, KEY)
+    for j in range(target + 1):
+      v = np.zeros(d)
+      v[0] = 1e6 * (1.0 if c[target, j] >= 0 else -1.0)
+      record = v * min(1.0, zeta / np.linalg.norm(v))  # clipped to ζ in float64
+      stream.step(np.sum(np.tile(record, (k, 1)), axis=0))
+
+
+def test_plan_refuses_a_granularity_a_round_could_halt_at():
+  """Issue 46, item 6: at γ = 2^38 (C = I, ζ = 1) a sum of 4 in one coordinate passed the
+  round's 2⁴⁰ check and a sum of 5 refused the round, so whether a run halted depended on
+  one client's data. The plan now refuses γ for the worst case of its K records, in one line
+  naming γ, the bound and the largest γ that fits; that γ plans and its worst case runs."""
+  for k in (5, dg.records_covered(10)):
+    args = _plan_args(np.eye(4), 10, 1.0, 1.0, k)
+    with pytest.raises(checks.CheckError) as e:
+      dg.plan(granularity=2.0**38, **args)
+    message = str(e.value)
+    assert "\n" not in message and "granularity 2.74878e+11" in message
+    assert "2^40" in message and "or less" in message
+    top = float(message.rsplit("use granularity ", 1)[1].split(" or less")[0])
+    plan = dg.plan(granularity=top, **args)
+    assert dg.worst_magnitude(top, 1.0, k, 10, 1, 1.0) <= dg.MAGNITUDE_LIMIT < 2 * top * k
+    _run_worst_case(np.eye(4), plan, 1.0, k)
+  # The released sum of 4 still releases where K = 4 records are planned at 2^37.
+  plan = dg.plan(granularity=2.0**37, **_plan_args(np.eye(4), 10, 1.0, 1.0, 4))
+  x = np.zeros(10)
+  x[3] = -4.0
+  dg.IntegerRelease(np.eye(4), plan, KEY).step(x)
+
+
+def test_default_granularity_still_plans():
+  """The default γ plans for the benchmark's model (d = 4,050,748, 4 bands, K = 2^16) and a
+  small one, with room under 2⁴⁰; where no γ fits both bounds the refusal says so."""
+  for c, d in ((_banded_c(16, 4, seed=1), 4_050_748), (np.eye(16), 4_050_748),
+               (_banded_c(8, 3, seed=2), 50)):
+    args = _plan_args(c, d, 1.0, 1.0, dg.records_covered(100))
+    plan = dg.plan(**args)
+    assert plan.inflation <= dg.ROUNDING_INFLATION and plan.row_sum == dg.row_sum(c)
+    assert dg.worst_magnitude(plan.granularity, 1.0, plan.records, d, plan.bands,
+                              plan.row_sum) <= dg.MAGNITUDE_LIMIT
+  with pytest.raises(checks.CheckError, match="no granularity keeps both") as e:
+    dg.plan(**_plan_args(np.eye(4) * 3.0, 10**10, 1.0, 1.0, dg.records_covered(10)))
+  assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_planned_worst_case_never_reaches_the_round_checks(seed):
+  """Property over random b-banded C (signed), d, ζ, z and K: at the default γ and at the
+  largest γ the plan accepts (just under its boundary), the worst case of K records clipped
+  to ζ in every row releases every round; 10⁻⁶ above the boundary the plan refuses."""
+  rng = np.random.default_rng(seed)
+  n = int(rng.integers(2, 7))
+  c = _signed_banded_c(n, int(rng.integers(1, n + 1)), seed)
+  d, zeta = int(rng.integers(1, 12)), float(rng.uniform(0.3, 4.0))
+  z, k = float(rng.uniform(0.5, 3.0)), int(rng.choice([1, 3, 64, 1000]))
+  args = _plan_args(c, d, zeta, z, k)
+  _run_worst_case(c, dg.plan(**args), zeta, k)
+  edge = _largest_granularity(c, d, zeta, k)
+  plan = dg.plan(granularity=edge * (1 - 1e-12), **args)
+  _run_worst_case(c, plan, zeta, k)
+  with pytest.raises(checks.CheckError, match="above the 2\\^40"):
+    dg.plan(granularity=edge * (1 + 1e-6), **args)
+  # The worst case is tight: 10⁻³ past the boundary (a plan built around the check) it halts.
+  with pytest.raises(checks.CheckError, match="exceeds 2\\^40"):
+    _run_worst_case(c, dataclasses.replace(plan, granularity=edge * 1.001), zeta, k)
+
+
+def test_noise_bound_covers_the_samplers_extreme_draw():
+  """The largest |N| a sampler can draw (u = the float64 below 1 in one geometric, 0 in the
+  other) is at most ``noise_bound``, the headroom the plan keeps under 2⁵²."""
+  top = np.nextafter(1.0, 0.0)
+  for sigma in (0.7, 3.0, 1e6, 1e13):
+    for u in (np.array([[top], [0.0], [0.0]]), np.array([[0.0], [top], [0.0]])):
+      y, _ = dg.candidates(u, sigma)
+      assert abs(int(y[0])) <= dg.noise_bound(sigma)
+      assert abs(int(y[0])) >= dg.noise_bound(sigma) * (1 - 2e-6) - 2  # and not far above it
+
+
+def test_release_refuses_a_c_beyond_its_plan():
+  """A plan checked for C = I does not cover 2·I (twice the reach): refused at construction."""
+  plan = dg.plan(**_plan_args(np.eye(3), 4, 1.0, 1.0, 1))
+  with pytest.raises(checks.CheckError, match="largest row sum") as e:
+    dg.IntegerRelease(2.0 * np.eye(3), plan, KEY)
   assert "\n" not in str(e.value)

@@ -9,7 +9,9 @@ touched coordinates by < 1, plus ε_f of float64 error), so with σ = z·γ·ζ 
 as computed: the K records clipped and summed in float64, in any order, so one record moves
 the computed sum by at most ζ·(1 + κ) (``clip_allowance``; Higham 2002, Sec 4.2). The
 sampler is Alg. 1-3 (discrete Laplace proposal, Bernoulli acceptance), vectorized, in
-floating point.
+floating point. ``plan`` refuses a γ at which some K records clipped to ζ could fail a round's
+range checks (γ·|C·x| ≤ 2⁴⁰, |Y| < 2⁵²): a halt that depends on the data is a release the
+accounting does not cover.
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ ROUNDING_INFLATION = 1e-3
 MAGNITUDE_LIMIT = 2.0**40
 # |Y| stays below this: Y (int64) converts to float64 exactly for s = C⁻¹·Y/γ.
 INTEGER_LIMIT = 2.0**52
-# Tail the range check allows for the noise (in σ).
-NOISE_TAIL = 10.0
+# The samplers' largest |N| per unit of the proposal scale t: a geometric draw is
+# ⌊−t·log(1 − u)⌋ with u a float64 in [0, 1), so 1 − u ≥ 2⁻⁵³ and each draw is at most
+# t·53·log 2 (``noise_bound``): a hard bound, not a tail.
+NOISE_REACH = 53.0 * math.log(2.0)
 # Rejection rounds before the sampler gives up with an error (never reached in practice:
 # each round accepts a fixed fraction of the pending coordinates).
 MAX_ATTEMPTS = 10_000
@@ -58,6 +62,28 @@ def float_allowance(bands: int) -> float:
 def touched_rows(bands: int, participations: int, n: int) -> int:
   """Rows of a b-banded C that one user's k participations touch: at most min(n, k·b)."""
   return min(int(n), int(participations) * int(bands))
+
+
+def noise_bound(sigma: float) -> int:
+  """The largest |N| either sampler (``candidates``, ``tff_mf.tf.noise.discrete_gaussian_row``)
+  can return at σ: both geometrics lie in [0, t·``NOISE_REACH``] (10⁻⁶ slack for log1p)."""
+  return int(math.floor(proposal_scale(sigma) * NOISE_REACH * (1.0 + 1e-6))) + 1
+
+
+def row_sum(encoder: np.ndarray) -> float:
+  """max_t Σ_j |C_tj| of a b-banded C, over its band table as the release reads it."""
+  return float(np.max(np.sum(np.abs(band_coefficients(encoder)), axis=1)))
+
+
+def worst_magnitude(granularity: float, clip_norm: float, records: int, model_size: int,
+                    bands: int, encoder_row_sum: float) -> float:
+  """The largest γ·max_i Σ_j |C_tj|·|x_j,i| the release's in-round check can compute when each
+  x_j is a float64 sum of at most K = ``records`` records clipped to ζ (in any order): a
+  coordinate of x_j is at most K·ζ·(1 + κ) (``clip_allowance``), and forming the b-term sum
+  and its product with γ in float64 errs by at most γ_{b+2} (Higham 2002, Lemma 3.1)."""
+  k = checks.positive_int(records, "records")
+  return (granularity * clip_norm * k * (1.0 + clip_allowance(model_size, k)) * encoder_row_sum
+          * (1.0 + _gamma_n(int(bands) + 2)) * (1.0 + 1e-9))
 
 
 def _gamma_n(m: int) -> float:
@@ -129,6 +155,8 @@ class Plan:
     model_size, rows, bands: d, rows touched, bands of C.
     records: K, the most records one round sums (the query refuses more).
     clip_allowance: κ of d and K (``clip_allowance``), part of the inflation.
+    row_sum: max_t Σ_j |C_tj| of the C it was checked for (``row_sum``); a release of a C
+      with a larger one is refused.
   """
   granularity: float
   sigma: float
@@ -139,23 +167,31 @@ class Plan:
   bands: int
   records: int
   clip_allowance: float
+  row_sum: float
 
   def as_dict(self):
     return dataclasses.asdict(self)
 
 
 def plan(*, sensitivity: float, clip_norm: float, noise_multiplier: float, model_size: int,
-         bands: int, participations: int, n: int, records: int,
+         bands: int, participations: int, n: int, records: int, encoder: np.ndarray,
          granularity: Optional[float] = None, flag: str = "granularity") -> Plan:
-  """The checked ``Plan`` for sums of at most ``records`` clipped records a round: γ given or
-  ``default_granularity``; CheckError (one line) when its inflation exceeds
-  ROUNDING_INFLATION or the integers could leave float64's range."""
+  """The checked ``Plan`` for sums of at most ``records`` clipped records a round through the
+  b-banded ``encoder`` C: γ given or ``default_granularity``; CheckError (one line) when its
+  inflation exceeds ROUNDING_INFLATION, or when some sums of K records clipped to ζ could fail
+  a round's range checks (γ·|C·x| ≤ 2⁴⁰, |Y| < 2⁵²): a refusal in the round would depend on
+  the data, a release the accounting does not cover, so it is refused here for the worst
+  case (``worst_magnitude``, ``noise_bound``)."""
   sens = checks.positive_float(sensitivity, "sensitivity")
   zeta = checks.positive_float(clip_norm, "clip_norm")
   z = checks.positive_float(noise_multiplier, "noise_multiplier")
   d = checks.positive_int(model_size, "model size")
   b = checks.positive_int(bands, "bands")
   k = checks.positive_int(records, "records")
+  found_bands = band_coefficients(encoder).shape[1]
+  if found_bands != b:
+    raise checks.CheckError(f"the plan is for {b} bands, the encoder C has {found_bands}")
+  reach = row_sum(encoder)
   rows = touched_rows(b, checks.positive_int(participations, "participations"), n)
   kappa = clip_allowance(d, k)
   gamma = (default_granularity(sens, zeta, d, rows, b, k) if granularity is None
@@ -169,14 +205,28 @@ def plan(*, sensitivity: float, clip_norm: float, noise_multiplier: float, model
         f"{default_granularity(sens, zeta, d, rows, b, k):g} or leave it out",
         arguments=(flag,))
   sigma = z * gamma * zeta
-  if MAGNITUDE_LIMIT + NOISE_TAIL * sigma >= INTEGER_LIMIT:
+  # |Y| ≤ round(γ·|C·x|) + |N| ≤ 2⁴⁰·(1 + 10⁻⁶) + 1 + noise_bound(σ) once the first check passed.
+  if MAGNITUDE_LIMIT * (1.0 + 1e-6) + 1.0 + noise_bound(sigma) >= INTEGER_LIMIT:
     raise checks.CheckError(
         f"{flag} {gamma:g} with noise_multiplier {z:g}: the noise (sigma {sigma:.3g} integer "
         f"units) would leave the range where the integer release converts to float64 exactly "
         f"(2^52); use a smaller {flag}", arguments=(flag,))
+  worst = worst_magnitude(gamma, zeta, k, d, b, reach)
+  if worst > MAGNITUDE_LIMIT:
+    top = 2.0 ** math.floor(math.log2(gamma * MAGNITUDE_LIMIT / worst))
+    fits = (integer_sensitivity(sens, zeta, top, d, rows, b, k) / (top * zeta * sens) - 1.0
+            <= ROUNDING_INFLATION)
+    remedy = (f"use {flag} {top:g} or less" if fits else
+              f"no {flag} keeps both this and the rounding within bounds (rounding needs at "
+              f"least {default_granularity(sens, zeta, d, rows, b, k):g}): use a smaller model, "
+              f"fewer bands or fewer records a round")
+    raise checks.CheckError(
+        f"{flag} {gamma:g}: {k} records a round clipped to {zeta:g} can reach "
+        f"gamma*zeta*records*max_t sum_j|C_tj| = {worst:.4g}, above the 2^40 the round checks, "
+        f"so a round's data could halt the run; {remedy}", arguments=(flag,))
   return Plan(granularity=float(gamma), sigma=float(sigma), integer_sensitivity=float(delta),
               inflation=float(inflation), model_size=d, rows=rows, bands=b, records=k,
-              clip_allowance=float(kappa))
+              clip_allowance=float(kappa), row_sum=reach)
 
 
 # ----------------------------------------------------------------------------- accounting
@@ -359,6 +409,10 @@ class IntegerRelease:
     if not run_plan.inflation <= ROUNDING_INFLATION:  # what the record accounts for
       raise checks.CheckError(f"the plan's rounding inflation {run_plan.inflation:.3g} exceeds "
                               f"the {ROUNDING_INFLATION:g} accounted; build it with plan()")
+    found = float(np.max(np.sum(np.abs(self.bands_table), axis=1)))
+    if not found <= run_plan.row_sum:  # what plan()'s range check covered
+      raise checks.CheckError(f"C's largest row sum {found:.6g} exceeds the {run_plan.row_sum:.6g} "
+                              "the plan checked; build it with plan(encoder=C)")
     self.plan = run_plan
     # The secret Philox key: pinned (``seed_key``), else 126 bits of OS entropy (HKDF).
     self.key = key if key is not None else entropy.new_key_pair("discrete-gaussian-key")
@@ -385,7 +439,8 @@ class IntegerRelease:
       size += abs(coef[k]) * np.abs(self._sums[k - 1])
     if gamma * float(np.max(size)) > MAGNITUDE_LIMIT:
       raise checks.CheckError(f"round {t}: gamma * |C x| exceeds 2^40, where the float64 "
-                              "allowance of the sensitivity holds; use a smaller granularity")
+                              "allowance of the sensitivity holds: the sum is larger than the "
+                              "plan's records clipped to clip_norm can make (plan())")
     y = np.rint(gamma * a).astype(np.int64) + sample(self.key, t, x.size, self.plan.sigma)
     if np.max(np.abs(y)) >= INTEGER_LIMIT:
       raise checks.CheckError(f"round {t}: the integer release left 2^52, where it converts to "

@@ -310,7 +310,8 @@ def _build_discrete(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str,
     found = dg.plan(sensitivity=resolved.sensitivity, clip_norm=cfg.clip_norm,
                     noise_multiplier=cfg.noise_multiplier, model_size=model_size, bands=bands,
                     participations=cfg.participation.max_participations_in(cfg.n), n=cfg.n,
-                    records=records, granularity=cfg.spec.privacy.granularity)
+                    records=records, encoder=resolved.encoder,
+                    granularity=cfg.spec.privacy.granularity)
     info.update(granularity=found.granularity, discrete_gaussian_sigma=found.sigma,
                 integer_sensitivity=found.integer_sensitivity,
                 rounding_inflation=found.inflation, model_size=found.model_size,
