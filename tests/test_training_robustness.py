@@ -95,8 +95,8 @@ def test_nan_client_update_is_zeroed_before_clipping_and_counted(mechanism):
 def test_zeroing_factory_on_raw_values():
   """NaN/Inf client values are replaced by zeros before the inner aggregator sees them."""
   import tensorflow_federated as tff
-  from training import robustness
-  factory = robustness.NonFiniteZeroingFactory(tff.aggregators.UnweightedMeanFactory())
+  from tff_mf.tf import clipping as tf_clipping
+  factory = tf_clipping.NonFiniteZeroingFactory(tff.aggregators.UnweightedMeanFactory())
   value_type = tff.to_type(collections.OrderedDict(a=tff.TensorType(np.float32, [2]),
                                                    b=tff.TensorType(np.float32, [])))
   process = factory.create(value_type)
@@ -109,7 +109,7 @@ def test_zeroing_factory_on_raw_values():
   np.testing.assert_allclose(out.result["a"], [3.0 / 4, 2.0 / 4])
   np.testing.assert_allclose(out.result["b"], 3.0 / 4)
   with pytest.raises(TypeError, match="UnweightedAggregationFactory"):
-    robustness.NonFiniteZeroingFactory(object())
+    tf_clipping.NonFiniteZeroingFactory(object())
 
 
 def test_too_few_clients_fails_with_the_numbers():

@@ -20,7 +20,7 @@ process is built from, not from copies of them:
   client on 2 cores, and ``dataset.reduce`` (TFF's default) instantiates the step function
   again at every call (0.24 s per client on a 650-parameter model). A dataset is still
   taken, through TFF's own function (tests and benchmarks feed both forms);
-- each update then goes through ``training.robustness.zero_if_non_finite`` and the DP
+- each update then goes through ``tff_mf.tf.clipping.zero_if_non_finite`` and the DP
   query's ``preprocess_record`` (clipping), and is summed into one accumulator, as
   ``NonFiniteZeroingFactory`` and ``tff.aggregators.DifferentiallyPrivateFactory`` do (the
   non-private ``nonprivate_clipped`` clips as TFF's ``clipping_factory`` does);
@@ -138,10 +138,10 @@ def _add_update_fn(query, accumulator, plain_clip: Optional[float], clipped):
   updates as its ``clipped_count``); returns whether the update was zeroed."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tensorflow_federated.python.aggregators import robust  # pylint: disable=g-import-not-at-top
-  from training import robustness  # pylint: disable=g-import-not-at-top
+  from tff_mf.tf import clipping as tf_clipping  # pylint: disable=g-import-not-at-top
 
   def add_update(update, sample_params):
-    value, zeroed = robustness.zero_if_non_finite(list(update))
+    value, zeroed = tf_clipping.zero_if_non_finite(list(update))
     if query is not None:
       record = query.preprocess_record(sample_params, value)
     elif plain_clip is not None:
@@ -199,7 +199,7 @@ class CompiledProcess:
 
   Args:
     model_fn: the no-argument ``tff.learning.models.VariableModel`` builder of the task.
-    aggregation_factory: the run's ``training.robustness.NonFiniteZeroingFactory``
+    aggregation_factory: the run's ``tff_mf.tf.clipping.NonFiniteZeroingFactory``
       around ``tff_mf.tf.aggregators.DPAggregatorFactory``.
     server_optimizer: the run's ``tff.learning.optimizers.Optimizer``.
     client_lr: the client SGD learning rate (``tff.learning.optimizers.build_sgdm``).
@@ -423,7 +423,7 @@ class CompiledProcess:
     """
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-    from training import robustness  # pylint: disable=g-import-not-at-top
+    from tff_mf.tf import clipping as tf_clipping  # pylint: disable=g-import-not-at-top
     query = self._query
     trainable = [tf.constant(w) for w in state.global_model_weights.trainable]
     initial = tff.learning.models.ModelWeights(
@@ -483,7 +483,7 @@ class CompiledProcess:
     train = self._train_metrics(summed) if summed is not None else collections.OrderedDict()
     metrics = collections.OrderedDict(
         distributor=(), client_work=collections.OrderedDict(train=train),
-        aggregator=collections.OrderedDict(inner=inner, **{robustness.ZEROED_METRIC: zeroed}),
+        aggregator=collections.OrderedDict(inner=inner, **{tf_clipping.ZEROED_METRIC: zeroed}),
         finalizer=_numpy(finalizer_metrics))
     return tff.learning.templates.LearningProcessOutput(new_state, metrics)
 

@@ -83,7 +83,7 @@ def build_run_setup(config: TrainingConfig, noise_seed: Optional[int]) -> RunSet
   mechanism's workload (opt_momentum) or its post-processing, and the server
   optimizer realizes the rest.
   """
-  from training import robustness  # pylint: disable=g-import-not-at-top
+  from tff_mf.tf import clipping as tf_clipping  # pylint: disable=g-import-not-at-top
   mechanism = config.canonical_mechanism
   setup = build_library_mechanism(mechanism, config, noise_seed)
   # The library's own dict: the discrete Gaussian records γ and σ in it once TFF has built the
@@ -91,7 +91,7 @@ def build_run_setup(config: TrainingConfig, noise_seed: Optional[int]) -> RunSet
   info = setup.info if setup.info is not None else {}
   info["private"] = is_private(mechanism)
   resolved = setup.mechanism
-  return RunSetup(robustness.NonFiniteZeroingFactory(setup.aggregation_factory),
+  return RunSetup(tf_clipping.NonFiniteZeroingFactory(setup.aggregation_factory),
                         setup.server_optimizer, setup.single_participation_sqrt_loss, info,
                         setup.factorization,
                         encoder=None if resolved is None else resolved.encoder,

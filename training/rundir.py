@@ -20,58 +20,29 @@ No TensorFlow.
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import os
 import stat
-from typing import Iterator, Optional
 
+from tff_mf import runstate
 from training.config import TrainingError
 
 LOCK_FILE = ".lock"
 
 
-def _describe_mode(mode: int) -> str:
-  return oct(stat.S_IMODE(mode))
+REMEDY = "use another --root_output_dir or --experiment_name"
 
 
 def check_private(path: str) -> None:
-  """Refuses ``path`` unless the current user owns it and it is not group/other-writable.
-
-  A symbolic link is judged by the link itself and by what it points to.
-  """
-  uid = os.getuid()
-  for follow in (False, True):
-    st = os.stat(path, follow_symlinks=follow)
-    if st.st_uid != uid:
-      raise TrainingError(
-          f"refusing to use {path}: it is owned by uid {st.st_uid}, not by you (uid {uid}); "
-          "its checkpoints could have been planted or read by someone else; use another "
-          "--root_output_dir or --experiment_name")
-    if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o022:
-      raise TrainingError(
-          f"refusing to use {path}: it is group- or other-writable (mode "
-          f"{_describe_mode(st.st_mode)}), so others could replace its checkpoints; "
-          f"`chmod go-w {path}` or use another --root_output_dir")
-    if not stat.S_ISLNK(st.st_mode):
-      break
+  """Refuses ``path`` unless the current user owns it and it is not group/other-writable
+  (``tff_mf.runstate.check_private``; a symbolic link is judged by itself and its target)."""
+  runstate.check_private(path, REMEDY, TrainingError)
 
 
 def check_secret(path: str, what: str) -> None:
-  """Refuses a file holding secrets (``what``) that group or others may read.
-
-  Refused, not repaired: a chmod cannot unread what may have been read, and ε holds only
-  while the secrets are secret; the owner, who knows whether anyone else could read it,
-  decides (``chmod 600``) or starts a new run.
-  """
-  mode = os.stat(path).st_mode
-  if mode & 0o077:
-    raise TrainingError(
-        f"refusing to use {path}: it is readable by group or others (mode "
-        f"{_describe_mode(mode)}), so {what} may have been read and epsilon would not hold; "
-        f"if nobody else could read it, `chmod 600 {path}` and rerun, else use a new "
-        "--experiment_name")
+  """Refuses a file holding secrets (``what``) that group or others may read
+  (``tff_mf.runstate.check_secret``): refused, not repaired, since a chmod cannot unread
+  what may have been read; the owner decides (``chmod 600``) or starts a new run."""
+  runstate.check_secret(path, what, "use a new --experiment_name", TrainingError)
 
 
 def check_private_tree(directory: str) -> None:
@@ -92,14 +63,7 @@ def restrict_tree(directory: str) -> None:
       os.chmod(os.path.join(dirpath, name), 0o600)
 
 
-@contextlib.contextmanager
-def private_umask() -> Iterator[None]:
-  """Process umask 077 inside the block (files 0600, directories 0700), restored after."""
-  previous = os.umask(0o077)
-  try:
-    yield
-  finally:
-    os.umask(previous)
+private_umask = runstate.private_umask
 
 
 def make_private_dir(path: str) -> str:
@@ -126,47 +90,12 @@ def open_run_dir(run_dir: str) -> str:
   return make_private_dir(os.path.abspath(run_dir))
 
 
-class RunLock:
-  """An exclusive ``fcntl.flock`` on ``<run_dir>/.lock`` (0600), held until :meth:`release`.
-
-  ``RunLock(run_dir)`` acquires the lock or raises TrainingError at once: another
-  run (in any process) holds the directory. The lock file keeps the holder's pid.
-  """
+class RunLock(runstate.StateLock):
+  """An exclusive ``fcntl.flock`` on ``<run_dir>/.lock`` (0600), held until :meth:`release`
+  (``tff_mf.runstate.StateLock``): ``RunLock(run_dir)`` acquires the lock or raises
+  TrainingError at once: another run (in any process) holds the directory. The lock file
+  keeps the holder's pid."""
 
   def __init__(self, run_dir: str):
-    self.path = os.path.join(run_dir, LOCK_FILE)
-    try:
-      fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as e:
-      if e.errno == errno.ELOOP:
-        raise TrainingError(f"refusing to use {self.path}: it is a symbolic link") from None
-      raise
-    self._fd: Optional[int] = fd
-    try:
-      check_private(self.path)
-      os.fchmod(fd, 0o600)
-      try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-      except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-        raise TrainingError(
-            f"{run_dir} is in use by another run (lock {self.path} is held"
-            f"{f' by pid {holder}' if holder else ''}); wait for it to finish or use another "
-            "--experiment_name") from None
-      os.ftruncate(fd, 0)
-      os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    except BaseException:
-      self.release()
-      raise
-
-  def release(self) -> None:
-    """Releases the lock (closing the file releases the flock)."""
-    if self._fd is not None:
-      os.close(self._fd)
-      self._fd = None
-
-  def __enter__(self) -> "RunLock":
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.release()
+    super().__init__(os.path.join(run_dir, LOCK_FILE), run_dir, "use another --experiment_name",
+                     TrainingError)

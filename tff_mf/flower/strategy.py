@@ -21,6 +21,7 @@ given that file continues the same stream, and a replayed round adds the same no
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from logging import INFO
@@ -28,21 +29,26 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.serverapp import PrivacyConfig, PrivacySpent
+from flwr.serverapp import NeighboringRelation, PrivacyConfig, PrivacySpent, SamplingMethod
 from flwr.serverapp.exception import PrivacyBudgetExhausted
 from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
-from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, KEY_NORM_BIT
 
 from tff_mf.accounting import adaptive_clipping
 from tff_mf import checks
+from tff_mf import clipping
 from tff_mf import entropy
 from tff_mf import mechanisms
+from tff_mf import runstate
 from tff_mf import spec as spec_lib
 from tff_mf.factorization import workloads
 from tff_mf.flower import noise as noise_lib
 
 ACCOUNTING_METHOD = "tff-mf epsilon_by_round"
+# Beside ``state_path``: its release log and its lock.
+RELEASES_SUFFIX = ".releases.jsonl"
+STATE_REMEDY = "start the run with a new state_path"
 
 
 class MatrixFactorizationAccountant:
@@ -56,6 +62,7 @@ class MatrixFactorizationAccountant:
     if config.target_delta != record.delta:
       raise checks.CheckError(f"PrivacyConfig target_delta={config.target_delta} is not the "
                               f"spec's delta={record.delta}")
+    check_privacy_config(config, record.participation)
     self._config = config
     self._record = record
     self._eps = list(epsilons) if epsilons is not None else record.epsilon_by_round()
@@ -112,6 +119,25 @@ class MatrixFactorizationAccountant:
 
   def load_state_dict(self, state: Dict[str, object]) -> None:
     self._releases = int(state["num_releases"])
+
+
+def check_privacy_config(config: PrivacyConfig, schema) -> None:
+  """Refuses a ``PrivacyConfig`` that claims what the record does not account: tff-mf's ε is
+  for add-or-remove-one neighbours (a replace-one guarantee needs twice the sensitivity),
+  with the clients drawn by the spec's schema (``POISSON`` only for a Poisson schema)."""
+  relation = NeighboringRelation(config.neighboring_relation)
+  if relation != NeighboringRelation.ADD_OR_REMOVE_ONE:
+    raise checks.CheckError(
+        f"PrivacyConfig neighboring_relation={relation.value!r}: tff-mf's epsilon is for "
+        "add-or-remove-one neighbours (replace-one needs twice the sensitivity, which this "
+        "epsilon does not cover); use NeighboringRelation.ADD_OR_REMOVE_ONE")
+  method = SamplingMethod(config.sampling_method)
+  if method == SamplingMethod.POISSON and not (schema is not None and schema.poisson):
+    raise checks.CheckError(
+        f"PrivacyConfig sampling_method='poisson', but the wrapper samples clients by "
+        f"participation {schema.describe() if schema is not None else 'single'}, not by "
+        "Poisson sampling; use SamplingMethod.NO_AMPLIFICATION (the epsilon reported is the "
+        "schema's own) or a Poisson schema")
 
 
 class _SelectedGrid:
@@ -221,11 +247,18 @@ class _MatrixFactorizationServerSide(Strategy):
     self._seed = noise_lib.seed_pair(noise_seed)
     self._noise_seed_pinned = pinned
     self._exact_noise = bool(exact_noise)
+    self._sampling_pinned = (sampling_seed is not None, sampling_secret is not None)
     self._sampling_seed = (entropy.new_seed("sampling-seed") if sampling_seed is None
                            else checks.seed(sampling_seed, "sampling_seed"))
     self._secret = (entropy.new_seed("sampling-secret") if sampling_secret is None
                     else checks.seed(sampling_secret, "sampling_secret"))
     self.state_path = state_path
+    # Where each seed came from; a restarted run keeps the file's (a seed pinned now: pinned).
+    self.seed_sources = {name: "pinned" if p else "os_entropy" for name, p in zip(
+        ("noise_seed", "sampling_seed", "sampling_secret"), (pinned,) + self._sampling_pinned)}
+    self._lock: Optional[runstate.StateLock] = None
+    self._log: Optional[runstate.ReleaseLog] = None
+    self._binding: Optional[Dict[str, object]] = None
     # ε after each round (upper bounds at δ), computed once; None without δ.
     self._epsilons = (self.record.epsilon_by_round() if self.record.epsilon is not None
                       else None)
@@ -241,8 +274,60 @@ class _MatrixFactorizationServerSide(Strategy):
     self.rounds_done = 0
     self._offset = 0
     self._restored: Optional[Dict[str, np.ndarray]] = None
-    if state_path is not None and os.path.exists(state_path):
-      self._restored = _load_state(state_path)
+    if state_path is not None:
+      self._open_state()
+
+  def start(self, grid, initial_arrays: ArrayRecord, *args, **kwargs):
+    """Flower's loop (``Strategy.start``) with the state file's lock held throughout."""
+    if self.state_path is not None and (self._lock is None or not self._lock.held):
+      self._open_state(reopen=True)
+    try:
+      return super().start(grid, initial_arrays, *args, **kwargs)
+    finally:
+      self.close()
+
+  def close(self) -> None:
+    """Releases the state file's lock (``start`` does at the end of a run)."""
+    if self._lock is not None:
+      self._lock.release()
+
+  def _open_state(self, reopen: bool = False) -> None:
+    """Locks ``state_path`` (one server per state file), checks it is private (owner, mode)
+    and reads it with its release log: the run's state as ``_restored``."""
+    path = self.state_path
+    self._lock = runstate.StateLock(f"{path}.lock", f"the state file {path}", STATE_REMEDY)
+    try:
+      self._log = runstate.ReleaseLog(f"{path}{RELEASES_SUFFIX}", STATE_REMEDY)
+      if reopen:  # a second start of this strategy: the file must still be the one it wrote
+        saved = _load_state(path) if os.path.lexists(path) else None
+        at = 0 if saved is None else int(np.asarray(saved["rounds_done"])[0])
+        if self.noise is not None and at != self.rounds_done:
+          raise checks.CheckError(f"the state file {path} was changed by another server "
+                                  f"(round {at}, this server's {self.rounds_done}); "
+                                  f"{STATE_REMEDY}")
+      elif os.path.lexists(path):
+        self._restored = _load_state(path)
+    except BaseException:
+      self.close()
+      raise
+
+  def _run_binding(self, arrays: ArrayRecord, ndarrays) -> Dict[str, object]:
+    """What makes a state file this run's: the mechanism (encoder C, and B when C is not
+    square), schema, spec, noise multiplier, clipping and the model. (The seeds and their
+    sources are the file's: a restart continues them, ``_restore``.)"""
+    f = self.resolved.factorization
+    return {
+        "mechanism": self.spec.mechanism.name,
+        "encoder_sha256": runstate.encoder_sha256(self.record.encoder, f.b),
+        "schema_sha256": runstate.json_sha256(self.spec.participation.as_dict()),
+        "spec_sha256": runstate.json_sha256(self.spec.describe()),
+        "noise_multiplier": float(self.record.noise_multiplier),
+        "sampling_prob": self.spec.privacy.sampling_prob,
+        "clipping": "adaptive" if self.clips_adaptively else "fixed",
+        "exact_noise": self._exact_noise,
+        "server_learning_rate": self.server_learning_rate,
+        "model": [[key, list(a.shape), a.dtype.str] for key, a in zip(arrays.keys(), ndarrays)],
+    }
 
   def __repr__(self) -> str:
     kind = "adaptive" if self.clips_adaptively else "fixed"
@@ -280,9 +365,15 @@ class _MatrixFactorizationServerSide(Strategy):
         clients_per_round=int(k), sampling_prob=self.spec.privacy.sampling_prob,
         secret=self._secret)
     self.sampler.prepare(lambda cid: cid)
+    self._binding = self._run_binding(arrays, ndarrays)
     if self._restored is not None:
       self._restore(self._restored)
       self._restored = None
+    elif self._log is not None and self._log.last_round:
+      raise checks.CheckError(
+          f"{self._log.path} shows {self._log.last_round} rounds released but the state file "
+          f"{self.state_path} is missing: a new run would release them again with new noise "
+          f"under an epsilon that covers one run; {STATE_REMEDY}")
     self._offset = self.rounds_done
 
   def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -302,9 +393,12 @@ class _MatrixFactorizationServerSide(Strategy):
           f"The next private release would exceed max_epsilon (current epsilon: "
           f"{spent.epsilon}, delta: {spent.delta}).")
     self.current_arrays = arrays
-    # Clients that use Flower's ``fixedclipping_mod`` clip to ζ_i themselves too; the server
-    # clips every update regardless.
-    config[KEY_CLIPPING_NORM] = float(self.clip_norm)
+    if not self.clips_adaptively:
+      # Clients that use Flower's ``fixedclipping_mod`` clip to ζ themselves too; the server
+      # clips every update regardless. The adaptive wrapper sends no clip norm: its quantile
+      # estimate needs the raw updates' norms, so client-side clipping mods find no norm
+      # to clip to and the round is refused (``aggregate_train``).
+      config[KEY_CLIPPING_NORM] = float(self.clip_norm)
     chosen, _, _ = self.sampler.next_round(i, lambda cid: cid)
     if not chosen:
       return []
@@ -313,21 +407,26 @@ class _MatrixFactorizationServerSide(Strategy):
 
   def aggregate_train(self, server_round: int, replies: Iterable[Message]
                       ) -> Tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
+    replies = list(replies)
+    _refuse_client_side_clipping(replies, self.clips_adaptively)
     replies = [r for r in replies if not r.has_error()]
     current = [a.astype(np.float64) for a in self.current_arrays.to_numpy_ndarrays()]
     total = [np.zeros_like(a) for a in current]
     count = 0.0  # Σ (1[‖Δ‖ ≤ ζ_i] − ½): the quantile estimate's query (adaptive clipping)
+    zeroed = 0
     for reply in replies:
-      record = next(iter(reply.content.array_records.values()))
-      update = [a.astype(np.float64) - c for a, c in zip(record.to_numpy_ndarrays(), current)]
-      norm = float(np.sqrt(sum(float(np.sum(u * u)) for u in update)))
-      scale = min(1.0, self.clip_norm / norm) if norm > 0 else 1.0
-      count += (1.0 if norm <= self.clip_norm else 0.0) - 0.5
-      for t, u in zip(total, update):
-        t += scale * u
+      # The core's rule: a non-finite (or malformed) update is zeroed and counted, and the
+      # norm cannot overflow (``tff_mf.clipping``).
+      clipped = clipping.clip_update(_update(reply, self._keys, current), self.clip_norm)
+      zeroed += int(clipped.zeroed)
+      count += (1.0 if clipped.unclipped else 0.0) - 0.5
+      for t, u in zip(total, clipped.values):
+        t += u
     metrics = None
     if replies:
       _, metrics = self.strategy.aggregate_train(server_round, replies)
+    metrics = MetricRecord() if metrics is None else metrics
+    metrics[clipping.ZEROED_METRIC] = zeroed
     k = float(self.spec.clients_per_round)
     noise = self.noise.next(self.record.noise_multiplier * self.clip_norm)
     noise = [z.astype(np.float64) / k for z in noise]
@@ -383,7 +482,30 @@ class _MatrixFactorizationServerSide(Strategy):
     return out
 
   def _restore(self, state: Dict[str, np.ndarray]) -> None:
+    path = self.state_path
+    if "binding" not in state:
+      raise checks.CheckError(f"the state file {path} has no run binding (written by an older "
+                              f"tff-mf): it cannot be proven to be this run's; {STATE_REMEDY}")
+    recorded = json.loads(str(state["binding"]))
+    runstate.check_binding(recorded, self._binding, f"the state file {path}", STATE_REMEDY)
+    rounds = int(np.asarray(state["rounds_done"])[0])
+    digest = runstate.binding_digest(self._binding)
+    elsewhere = self._log.bound_elsewhere(digest)
+    if elsewhere is not None:
+      raise checks.CheckError(f"{self._log.path} logs round {elsewhere} under another run "
+                              f"binding than the state file {path}; {STATE_REMEDY}")
+    if self._log.check_state_round(rounds, f"the state file {path}"):
+      self._log.record(rounds, runstate.model_digest(_saved_arrays(state, self._keys)), digest)
+    recorded_sources = json.loads(str(state["seed_sources"]))
+    self.seed_sources = {name: "pinned" if self.seed_sources[name] == "pinned" else
+                         recorded_sources[name] for name in self.seed_sources}
     sampling = np.asarray(state["sampling"], np.int64)
+    for pinned, name, saved, mine in zip(self._sampling_pinned,
+                                         ("sampling_seed", "sampling_secret"), sampling,
+                                         (self._sampling_seed, self._secret)):
+      if pinned and int(saved) != mine:
+        raise checks.CheckError(f"{name} is pinned, but the state file {path} holds another; "
+                                f"drop {name} to continue its run, or {STATE_REMEDY}")
     if (int(sampling[0]), int(sampling[1])) != (self._sampling_seed, self._secret):
       self._sampling_seed, self._secret = int(sampling[0]), int(sampling[1])
       node_ids = self.sampler.client_ids
@@ -414,10 +536,18 @@ class _MatrixFactorizationServerSide(Strategy):
       self.accountant.load_state_dict({"num_releases": self.rounds_done})
 
   def _save(self, arrays: ArrayRecord) -> None:
+    """The state (with the released model and the run's binding) written whole, then the
+    round logged: a kill between the two leaves a state one round ahead of its log, which
+    the next start logs from the state."""
     state = self.state()
-    for key, value in zip(self._keys, arrays.to_numpy_ndarrays()):
+    model = arrays.to_numpy_ndarrays()
+    for key, value in zip(self._keys, model):
       state[f"model_{key}"] = value
-    _write_private(self.state_path, state)
+    state["binding"] = np.array(json.dumps(self._binding, sort_keys=True))
+    state["seed_sources"] = np.array(json.dumps(self.seed_sources, sort_keys=True))
+    runstate.write_private(self.state_path, lambda f: np.savez(f, **state))
+    self._log.record(self.rounds_done, runstate.model_digest(model),
+                     runstate.binding_digest(self._binding))
 
 
 class MatrixFactorizationFixedClipping(_MatrixFactorizationServerSide):
@@ -433,19 +563,50 @@ class MatrixFactorizationAdaptiveClipping(_MatrixFactorizationServerSide):
   clips_adaptively = True
 
 
-def _write_private(path: str, arrays: Dict[str, np.ndarray]) -> None:
-  """``np.savez`` to ``path`` through a 0600 temporary file, renamed into place."""
-  tmp = f"{path}.tmp"
-  fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-  os.fchmod(fd, 0o600)
-  with os.fdopen(fd, "wb") as f:
-    np.savez(f, **arrays)
-  os.replace(tmp, path)
+def _update(reply: Message, keys: List[str], current: List[np.ndarray]) -> List[np.ndarray]:
+  """A reply's model minus the current model (float64); NaN where the reply is malformed
+  (not one ArrayRecord of the model's keys and shapes), so the rule zeroes and counts it."""
+  records = list(reply.content.array_records.values())
+  try:
+    if len(records) != 1 or list(records[0].keys()) != keys:
+      raise ValueError("not the model's arrays")
+    arrays = records[0].to_numpy_ndarrays()
+    if any(a.shape != c.shape for a, c in zip(arrays, current)):
+      raise ValueError("not the model's shapes")
+    return [np.asarray(a, np.float64) - c for a, c in zip(arrays, current)]
+  except (ValueError, TypeError):
+    return [np.full(c.shape, np.nan) for c in current]
+
+
+def _refuse_client_side_clipping(replies: List[Message], adaptive: bool) -> None:
+  """Refuses a round whose clients ran Flower's client-side clipping mods where the wrapper
+  cannot honour them: ``adaptiveclipping_mod``'s norm bit would be released in the
+  metrics without noise, and with the adaptive wrapper any client-side clipping hides the
+  raw norms its quantile estimate counts (true norms of 5 would keep ζ near 1)."""
+  for reply in replies:
+    if reply.has_error():
+      if adaptive and KEY_CLIPPING_NORM in str(reply.error.reason):
+        raise checks.CheckError(
+            "a client runs Flower's client-side clipping mod (fixedclipping_mod or "
+            "adaptiveclipping_mod) under MatrixFactorizationAdaptiveClipping, whose quantile "
+            "estimate needs the raw update norms; remove the mod from the ClientApp")
+      continue
+    if any(KEY_NORM_BIT in m for m in reply.content.metric_records.values()):
+      raise checks.CheckError(
+          "a client runs Flower's adaptiveclipping_mod: its norm bit would be released in "
+          "the round's metrics without noise; remove the mod from the ClientApp")
+
+
+def _saved_arrays(state: Dict[str, np.ndarray], keys: List[str]) -> List[np.ndarray]:
+  return [state[f"model_{key}"] for key in keys]
 
 
 def _load_state(path: str) -> Dict[str, np.ndarray]:
+  """The state file's arrays, after its owner and mode checks (it holds the seeds)."""
+  runstate.check_private(path, STATE_REMEDY)
+  runstate.check_secret(path, "its noise seed and sampling secret", STATE_REMEDY)
   try:
-    with np.load(path) as data:
+    with np.load(path, allow_pickle=False) as data:
       return {k: data[k] for k in data.files}
   except (OSError, ValueError) as e:
     raise checks.CheckError(f"cannot read the state file {path}: {e}") from None

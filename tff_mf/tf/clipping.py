@@ -1,33 +1,31 @@
-"""Aggregation wrapper that zeroes non-finite client updates before clipping.
+"""The clipping rule of ``tff_mf.clipping`` in TensorFlow ops (its constants and messages).
 
-A client whose local training diverged (NaN/Inf anywhere in its model delta)
-must not poison the round: its update is replaced by zeros *before* the inner
-(clipping + noising) aggregator sees it, so the DP guarantee is untouched — a
-zero update has norm 0 ≤ ζ (Denisov et al. Sec 5, per-user clipping to ζ).
-
-Each round reports ``zeroed_client_updates``: clients whose update arrived
-non-finite, or arrived as exactly zero. TFF's FedAvg client work
-(``model_delta_client_work``) already replaces a non-finite delta by zeros
-before aggregation, so at this point a diverged client shows up as an all-zero
-update; empty clients are removed earlier by the sampler
-(``training.sampling``), so an all-zero update here means a client whose
-training was non-finite (with a zero client learning rate every update is
-zero, and every client is counted).
+``zero_if_non_finite`` zeroes an update with any NaN/Inf entry and flags it, and
+``NonFiniteZeroingFactory`` applies it to every client value of a TFF aggregator (TFF's
+own client work zeroes a non-finite model delta too; the factory covers any other client
+work and counts the zeroed updates under ``ZEROED_METRIC``);
+``clip_by_global_norm`` clips to ζ with a norm that cannot overflow: where the plain
+float32 global norm is finite it is ``tf.clip_by_global_norm`` itself (the same ops, so
+every result is unchanged), and where it overflows (‖u‖ above about 2.6e19 in float32,
+for which ``tf.clip_by_global_norm`` returns NaN and rejects the round) it scales by
+m = max|u| first: the clipped update is (ζ/‖u/m‖)·(u/m), of norm ζ.
 """
 
 from __future__ import annotations
 
 import collections
+from typing import List, Tuple
 
-import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-ZEROED_METRIC = "zeroed_client_updates"
+from tff_mf import clipping
+
+ZEROED_METRIC = clipping.ZEROED_METRIC
 
 
 def zero_if_non_finite(value):
-  """Returns (value or zeros when any entry is NaN/Inf, flag int32: 1 if zeroed or all-zero)."""
+  """(value, or zeros when any entry is NaN/Inf; int32 flag: 1 if zeroed or all zero)."""
   flat = tf.nest.flatten(value)
   finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in flat]))
   all_zero = tf.reduce_all(tf.stack([tf.reduce_all(tf.equal(t, 0)) for t in flat]))
@@ -81,4 +79,30 @@ class NonFiniteZeroingFactory(tff.aggregators.UnweightedAggregationFactory):
 
 def all_finite(arrays) -> bool:
   """True when every array in the (nested) structure is finite."""
-  return all(np.all(np.isfinite(np.asarray(a))) for a in tf.nest.flatten(arrays))
+  return clipping.all_finite(tf.nest.flatten(arrays))
+
+
+def assert_finite(flat: List[tf.Tensor], prefix: str) -> List[tf.Operation]:
+  """Assertions that every leaf is finite, in the rule's words (``prefix`` names the caller)."""
+  return [tf.debugging.assert_all_finite(
+      x, message=prefix + clipping.NON_FINITE_MESSAGE.format(leaf=k))
+          for k, x in enumerate(flat)]
+
+
+def clip_by_global_norm(flat: List[tf.Tensor], clip_norm) -> Tuple[List[tf.Tensor], tf.Tensor]:
+  """(leaves clipped to global ℓ2 norm ``clip_norm``, the norm before clipping) of finite
+  leaves of one float dtype; the norm is inf only where the true norm is past the dtype."""
+  flat = list(flat)
+  norm = tf.linalg.global_norm(flat)
+
+  def plain():
+    clipped, _ = tf.clip_by_global_norm(flat, clip_norm, use_norm=norm)
+    return clipped, norm
+
+  def wide():
+    m = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(x)) for x in flat]))
+    scaled = [x / m for x in flat]
+    inner = tf.linalg.global_norm(scaled)  # in [1, √d]
+    return [x * (clip_norm / inner) for x in scaled], m * inner
+
+  return tf.cond(tf.math.is_finite(norm), plain, wide)
