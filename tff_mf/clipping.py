@@ -42,7 +42,9 @@ def all_finite(arrays: Sequence[np.ndarray]) -> bool:
 
 
 def _plain_norm(arrays: Sequence[np.ndarray]) -> float:
-  return float(np.sqrt(sum(float(np.sum(a * a)) for a in arrays)))
+  """√Σ u², inf where the squares overflow (the callers then scale first)."""
+  with np.errstate(over="ignore"):
+    return float(np.sqrt(sum(float(np.sum(a * a)) for a in arrays)))
 
 
 def global_norm(arrays: Sequence[np.ndarray]) -> float:

@@ -41,6 +41,7 @@ import tensorflow_privacy as tfp
 
 from tff_mf import checks
 from tff_mf import entropy
+from tff_mf.tf import clipping
 from tff_mf.tf import noise as noise_lib
 
 MatrixFactorizationState = collections.namedtuple(
@@ -200,12 +201,10 @@ class MatrixFactorizationQuery(tfp.SumAggregationDPQuery):
     """(clipped leaves, global norm) of a checked, finite client update, clipped in ``dtype``."""
     self._check_structure(record, "the client update")
     flat = tf.nest.flatten(record)
-    name = type(self).__name__
-    finite = [tf.debugging.assert_all_finite(
-        x, message=f"{checks.IN_GRAPH_PREFIX}{name}: client update leaf #{k} contains NaN or "
-        "Inf") for k, x in enumerate(flat)]
+    finite = clipping.assert_finite(flat, f"{checks.IN_GRAPH_PREFIX}{type(self).__name__}: ")
     with tf.control_dependencies(finite):
-      return tf.clip_by_global_norm([tf.cast(x, dtype) for x in flat], tf.cast(params, dtype))
+      return clipping.clip_by_global_norm([tf.cast(x, dtype) for x in flat],
+                                          tf.cast(params, dtype))
 
   def preprocess_record(self, params, record):
     clipped, _ = self._clipped(params, record)
@@ -363,6 +362,12 @@ class SeededGaussianSumQuery(tfp.GaussianSumQuery):
     super().__init__(l2_norm_clip=l2_norm_clip, stddev=stddev)
     self._seed = None if noise_seed is None else noise_lib.seed_pair(noise_seed)
     self._seed_key = seed_key() if noise_seed is None else None
+
+  def preprocess_record_impl(self, params, record):
+    """tensorflow_privacy's clipping with the rule's norm (``tff_mf.tf.clipping``): the same
+    ops where the float32 norm is finite, no NaN where it overflows."""
+    clipped, norm = clipping.clip_by_global_norm(tf.nest.flatten(record), params)
+    return tf.nest.pack_sequence_as(record, clipped), norm
 
   def initial_global_state(self):
     return SeededGaussianState(tf.cast(self._l2_norm_clip, tf.float32),
