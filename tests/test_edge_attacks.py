@@ -61,7 +61,7 @@ def released(engine, mechanism, clients):
 
 
 @pytest.mark.parametrize("attack", sorted(edge_attacks.ATTACKS))
-@pytest.mark.parametrize("mechanism", ["gaussian", "opt_prefix_sum", "banded"])
+@pytest.mark.parametrize("mechanism", ["gaussian", "opt_prefix_sum", "banded", "tree"])
 @pytest.mark.parametrize("engine", ["tff", "compiled"])
 def test_an_attacker_moves_the_release_by_at_most_its_clipped_share(engine, mechanism, attack):
   honest = edge_attacks.HONEST
