@@ -3,8 +3,9 @@
 It wraps a FedAvg-style strategy (``flwr.serverapp.strategy``) as Flower's
 ``DifferentialPrivacyServerSideFixedClipping`` does, and runs Algorithm 1 of Denisov et al.
 2022 (arXiv:2202.08312): round i clips each client's model update to L2 norm ζ over all
-arrays (and sends ζ in the train config, so that clients may clip too with Flower's
-``fixedclipping_mod``), sums, divides by the expected clients per round K, adds σ/K·(N·Z)[i] (σ = z·ζ,
+arrays by the core's rule (``tff_mf.clipping``: a non-finite update zeroed and counted, a
+norm that cannot overflow; the fixed wrapper sends ζ in the train config, so that clients
+may clip too with Flower's ``fixedclipping_mod``), sums, divides by the expected clients per round K, adds σ/K·(N·Z)[i] (σ = z·ζ,
 ``tff_mf.flower.noise``) and applies the workload's server optimizer (heavy-ball momentum β
 with the learning-rate schedule η_i, Prop 4.2), so the released iterates are those of the
 mechanism's workload A.
@@ -16,7 +17,9 @@ record's ``epsilon_by_round`` reported through Flower's ``PrivacyAccountant`` pr
 ``max_epsilon`` stops the run before the release that would pass it. The seed (OS entropy
 unless pinned), the round, the noise stream's rows, the momentum and the sampler's state
 are written after every round to a file private to its owner (0600); a restarted server
-given that file continues the same stream, and a replayed round adds the same noise.
+given that file continues the same stream. The file is bound to its run, locked while a
+server runs and checked against its release log (``tff_mf.runstate``): another run's state,
+a file others could read or write, or an older copy is refused.
 """
 
 from __future__ import annotations
