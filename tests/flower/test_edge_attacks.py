@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
-from flwr.supercore.task_identity import TaskIdentity
 
 import edge_attacks
 from tff_mf import clipping
@@ -24,15 +23,7 @@ class Grid:
     return list(NODES)
 
 
-@pytest.fixture(autouse=True)
-def run_identity():
-  """The run id Flower's messages are stamped with (the engine sets it in a real run)."""
-  names = ("_run_id", "_node_id", "_task_id")
-  previous = [getattr(TaskIdentity, n) for n in names]
-  TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-  yield
-  for name, value in zip(names, previous):
-    setattr(TaskIdentity, name, value)
+pytestmark = pytest.mark.usefixtures("flower_task")
 
 
 def wrapper(mechanism):

@@ -13,7 +13,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, Re
 from flwr.serverapp import NeighboringRelation, PrivacyConfig, SamplingMethod
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, KEY_NORM_BIT
-from flwr.supercore.task_identity import TaskIdentity
 
 from tff_mf import checks
 from tff_mf import participation
@@ -22,14 +21,7 @@ from tff_mf.flower import strategy as strategy_lib
 N, K, NODES = 4, 2, list(range(201, 209))
 
 
-@pytest.fixture(autouse=True)
-def run_identity():
-  names = ("_run_id", "_node_id", "_task_id")
-  previous = [getattr(TaskIdentity, n) for n in names]
-  TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-  yield
-  for name, value in zip(names, previous):
-    setattr(TaskIdentity, name, value)
+pytestmark = pytest.mark.usefixtures("flower_task")
 
 
 class Grid:
