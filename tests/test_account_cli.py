@@ -1,6 +1,7 @@
 """``tff-mf account``: flags, unchanged single-participation outputs, strict JSON, one-line
 errors for every bad input, and edge inputs in bounded memory and time (subprocesses)."""
 
+import decimal
 import hashlib
 import json
 import math
@@ -598,3 +599,107 @@ def test_discrete_gaussian_epsilon_and_refusals(capsys):
                          "--total_rounds", "16"], "without amplification")):
     rc, out, err = _run(base + ["--noise_multiplier", "1"] + extra, capsys)
     assert rc == 2 and out == "" and words in err and len(err.strip().splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------- issue 46, items 8-9
+
+DISCRETE = ["--noise_distribution", "discrete_gaussian", "--delta", DELTA]
+
+
+@pytest.fixture(scope="module")
+def discrete_matrices(tmp_path_factory):
+  """Cached n = 8 factorizations: BLT and the binary tree (no run streams them with integer
+  noise) and a 2-banded C (one that does)."""
+  cache_dir = str(tmp_path_factory.mktemp("dg_cache"))
+  out = {}
+  for strategy, params in (("blt", {"buffers": 2}), ("honaker_online", {}),
+                           ("banded", {"bands": 2})):
+    spec = strategies.FactorizationSpec(
+        workload=workloads.WorkloadSpec(kind="prefix_sum", n=8), strategy=strategy, **params)
+    out[strategy] = cache.load_or_factorize(spec, cache_dir=cache_dir)[1].npz_path
+  return out
+
+
+def test_discrete_gaussian_refuses_a_matrix_no_run_can_use(discrete_matrices, capsys):
+  """Issue 46, item 8: --matrix <a BLT .npz> was accounted with integer noise though training
+  refuses --mechanism blt with it. The rule is training's (discrete_gaussian.MECHANISMS):
+  refused in one line naming the strategy and why; a banded C is accounted as before."""
+  from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+  for strategy in ("blt", "honaker_online"):
+    _assert_one_line_error(DISCRETE + Z + ["--matrix", discrete_matrices[strategy]],
+                           rf"\(strategy {strategy}\) with --noise_distribution "
+                           "discrete_gaussian",
+                           capsys)
+    rc, _, err = _run(DISCRETE + Z + ["--matrix", discrete_matrices[strategy]], capsys)
+    assert "integer noise" in err and "--mechanism banded" in err
+  record = _json(DISCRETE + Z + ["--matrix", discrete_matrices["banded"]], capsys)
+  assert record["epsilon"] == dg.epsilon(1.0, 1e-6, record["encoder_sensitivity"])
+  # The continuous Gaussian still accounts any matrix.
+  assert _json(["--delta", DELTA] + Z + ["--matrix", discrete_matrices["blt"]], capsys)["epsilon"]
+  _assert_one_line_error(DISCRETE + Z + ["--mechanism", "truncated_sqrt_prefix", "--bands", "2",
+                                         "--total_rounds", "8"], "MMCC's own matrices", capsys)
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld", "exact"])
+def test_discrete_gaussian_refuses_an_accountant_it_does_not_use(accountant, capsys):
+  """Issue 46, item 8: --accountant rdp was silently replaced by zCDP. Any --accountant given
+  with the discrete Gaussian is refused in one line; left out, the record names zcdp, and
+  the continuous Gaussian takes every accountant as before."""
+  _assert_one_line_error(DISCRETE + Z + ["--accountant", accountant],
+                         f"--accountant {accountant} does not apply to --noise_distribution "
+                         "discrete_gaussian", capsys)
+  assert _json(DISCRETE + Z, capsys)["accountant"] == "zcdp"
+  assert _json(["--delta", DELTA, "--accountant", accountant] + Z, capsys)["accountant"] == \
+      accountant
+
+
+@pytest.mark.parametrize("extra", [
+    [], ["--accountant", "pld"], ["--accountant", "rdp"],
+    ["--noise_distribution", "discrete_gaussian"]])
+def test_a_noise_multiplier_past_float64_is_refused_alike(extra, capsys):
+  """Issue 46, item 8: --noise_multiplier 1e300 printed epsilon 0.0 for the discrete Gaussian
+  (rho underflowed) and raised OverflowError for the continuous PLD and RDP accountants.
+  Every distribution and accountant refuses it in one line; 1e100 is accounted."""
+  _assert_one_line_error(["--noise_multiplier", "1e300", "--delta", DELTA] + extra,
+                         r"--noise_multiplier 1e\+300 is above 1e\+100", capsys)
+  record = _json(["--noise_multiplier", "1e100", "--delta", DELTA] + extra, capsys)
+  assert record["epsilon"] >= 0.0
+
+
+def _exact_cor13(rho, delta, alpha, eps):
+  """Cor. 13 of arXiv:2004.00010 in 400-digit decimal arithmetic: (ε at order α, δ at ε and α);
+  ``rho`` a Decimal, the rest floats (converted exactly)."""
+  with decimal.localcontext() as ctx:
+    ctx.prec = 400
+    delta, alpha, eps = (decimal.Decimal(v) for v in (delta, alpha, eps))
+    log_keep = (1 - 1 / alpha).ln()  # 400 digits: exact enough where 1/α is ~1e-150
+    at = alpha * rho + log_keep - (delta.ln() + alpha.ln()) / (alpha - 1)
+    d = ((alpha - 1) * (alpha * rho - eps) - (alpha - 1).ln() + alpha * log_keep).exp()
+    return at, d
+
+
+@pytest.mark.parametrize("z", ["1e3", "1e6", "1e8", "1e100"])
+@pytest.mark.parametrize("delta", ["1e-6", "1e-100", "1e-320"])
+def test_discrete_gaussian_epsilon_is_a_proven_upper_bound_at_large_z(z, delta, capsys):
+  """Issue 46, item 8: an ε printed for the discrete Gaussian is Cor. 13's bound at the printed
+  order or above it (checked in 400-digit arithmetic at the true, unfloored ρ), and 0 only
+  where Cor. 13 at that order proves (0, δ)-DP. At δ = 1e-320 the conversion used to read
+  log(1/δ) = log(inf) and print 0.0 for every z."""
+  record = _json(["--noise_distribution", "discrete_gaussian", "--noise_multiplier", z,
+                  "--delta", delta], capsys)
+  eps, alpha = record["epsilon"], record["order"]
+  with decimal.localcontext() as ctx:
+    ctx.prec = 400
+    ratio = (decimal.Decimal(record["encoder_sensitivity"])
+             * (1 + decimal.Decimal(record["rounding_inflation"])) / decimal.Decimal(z))
+    rho = ratio**2 / 2
+  at, d_zero = _exact_cor13(rho, float(delta), alpha, 0.0)
+  assert eps >= at
+  if eps == 0.0:
+    assert d_zero <= decimal.Decimal(float(delta))
+  text = _run(["--noise_distribution", "discrete_gaussian", "--noise_multiplier", z,
+               "--delta", delta], capsys)[1]
+  assert re.search(r"^epsilon: ", text, re.M)
+  if delta == "1e-320" and z != "1e100":
+    assert eps > 0.0
+

@@ -5,6 +5,7 @@ encoder against brute force, the post-processing s = C⁻¹·Y/γ, and the zCDP 
 """
 
 import dataclasses
+import decimal
 import fractions
 import math
 
@@ -530,3 +531,27 @@ def test_release_refuses_a_c_beyond_its_plan():
   with pytest.raises(checks.CheckError, match="largest row sum") as e:
     dg.IntegerRelease(2.0 * np.eye(3), plan, KEY)
   assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("delta", [1e-6, 1e-100, 1e-320])
+@pytest.mark.parametrize("z", [1e3, 1e6, 1e100, 1e300])
+def test_zcdp_epsilon_is_a_bound_past_float64s_range(z, delta):
+  """Issue 46, item 8: ε is Cor. 13's bound at the returned order plus its float64 error, so
+  never below it; 0 only where Cor. 13 at that order proves (0, δ)-DP; an underflowed ρ is
+  accounted as ``RHO_FLOOR`` (not as ρ = 0, which read as ε = 0 at every δ), and a subnormal
+  δ (1/δ = inf) no longer turns the search into NaN and ε into 0."""
+  eps, alpha = dg.zcdp_epsilon(dg.rho(z, 1.0), delta)
+  assert math.isfinite(alpha) and alpha > 1
+  with decimal.localcontext() as ctx:
+    ctx.prec = 400  # 1/α is ~1e-150 at most: 1 − 1/α keeps 250 digits
+    ratio = (1 + decimal.Decimal(dg.ROUNDING_INFLATION)) / decimal.Decimal(z)
+    rho = ratio**2 / 2  # the true ρ, not floored
+    a, d = decimal.Decimal(alpha), decimal.Decimal(delta)
+    keep = (1 - 1 / a).ln()
+    at = a * rho + keep - (d.ln() + a.ln()) / (a - 1)
+    assert eps >= at
+    if eps == 0.0:
+      assert ((a - 1) * a * rho - (a - 1).ln() + a * keep).exp() <= d
+  if delta == 1e-320 and z < 1e100:
+    assert eps > 0.0
+  assert dg.rho(z, 1.0) >= dg.RHO_FLOOR

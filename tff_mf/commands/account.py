@@ -29,6 +29,7 @@ Imports nothing heavy at module level (numpy and dp_accounting only inside ``run
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import textwrap
 from typing import Optional
@@ -108,6 +109,16 @@ def register(subparsers) -> None:
   parser.set_defaults(func=run)
 
 
+class _Default(str):
+  """A flag's default that knows it is one (an explicit ``--accountant`` is a plain str)."""
+
+
+# Above this z the accountants' arithmetic (z², ρ = sens²/(2z²)) leaves float64's range; every
+# distribution and accountant refuses it alike (the continuous PLD and RDP ones overflowed at
+# about 1.3e154, the discrete Gaussian's ρ underflowed).
+MAX_NOISE_MULTIPLIER = 1e100
+
+
 def _add_run_arguments(parser) -> None:
   """The noise (or target ε), δ, the accountant and the output format."""
   parser.add_argument("--noise_multiplier", type=float, default=None, metavar="Z",
@@ -118,12 +129,15 @@ def _add_run_arguments(parser) -> None:
                            "most EPS (default: none; give this or --noise_multiplier)")
   clitools.add_delta_flag(parser)
   clitools.add_accountant_flag(parser)
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  parser.set_defaults(accountant=_Default(accounting.DEFAULT_ACCOUNTANT))
   parser.add_argument("--noise_distribution", choices=("gaussian", "discrete_gaussian"),
                       default="gaussian",
                       help="discrete_gaussian: integer noise on the integer release "
                            "round(gamma C x), accounted by zCDP (Canonne, Kamath, Steinke 2020, "
-                           "arXiv:2004.00010, Thm 14, Cor 13), never amplified; for --mechanism "
-                           "gaussian, banded or banded_toeplitz (default: gaussian)")
+                           "arXiv:2004.00010, Thm 14, Cor 13), never amplified and without "
+                           "--accountant; for --mechanism gaussian, banded or banded_toeplitz, or "
+                           "a --matrix of theirs (default: gaussian)")
   parser.add_argument("--tolerance", type=float, default=1e-3,
                       help="relative tolerance of --target_epsilon calibration: the z printed "
                            "exceeds the smallest valid z by less than this fraction "
@@ -332,6 +346,8 @@ def _encoder(args: argparse.Namespace, amplified: bool):
     for flag in _given(args, _PARAMETER_FLAGS + _WORKLOAD_FLAGS):
       _fail(f"--{flag} describes a mechanism, not --matrix")
     f = cache.load(args.matrix)
+    if args.noise_distribution == "discrete_gaussian":
+      _check_discrete_matrix(f, args.matrix)
     n = f.c.shape[1]
     if args.n is not None and args.n != n:
       _fail(f"--total_rounds {args.n} does not match the matrix in {args.matrix} ({n} rounds)")
@@ -571,7 +587,33 @@ def _rename_amplification(args: argparse.Namespace, renamed) -> None:
     args.amplification = new
 
 
-def _run_discrete(args: argparse.Namespace) -> int:
+def _discrete_strategies():
+  """The strategies of the mechanisms the discrete Gaussian runs (``discrete_gaussian.MECHANISMS``,
+  the rule training applies, ``tff_mf.spec``)."""
+  from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
+  return {registry.mechanism(name).strategy: name for name in dg.MECHANISMS}
+
+
+def _check_discrete_matrix(f, path: str) -> None:
+  """--matrix with the discrete Gaussian: a C some run can stream with integer noise (a
+  strategy of ``discrete_gaussian.MECHANISMS``, square lower-triangular with a non-zero
+  diagonal, ``discrete_gaussian.band_coefficients``), else one line naming why."""
+  from tff_mf import checks  # pylint: disable=g-import-not-at-top
+  from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
+  allowed = _discrete_strategies()
+  if f.strategy not in allowed:
+    _fail(f"--matrix {path} (strategy {f.strategy}) with --noise_distribution discrete_gaussian: "
+          f"no run can use that C with integer noise (its C-domain encoder would keep every "
+          f"past sum; training refuses it); use a matrix of "
+          f"{', '.join(f'{s} (--mechanism {m})' for s, m in allowed.items())}")
+  try:
+    dg.band_coefficients(f.c)
+  except checks.CheckError as e:
+    _fail(f"--matrix {path} with --noise_distribution discrete_gaussian: {e}")
+
+
+def _run_discrete(args: argparse.Namespace, accountant_given: bool) -> int:
   """--noise_distribution discrete_gaussian: the zCDP record of ``tff_mf.mechanisms``."""
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
@@ -581,6 +623,14 @@ def _run_discrete(args: argparse.Namespace) -> int:
   if args.amplification is not None or args.sampling_prob is not None:
     _fail("--noise_distribution discrete_gaussian is accounted without amplification by "
           "sampling: leave out --amplification and --sampling_prob")
+  if accountant_given:
+    _fail(f"--accountant {args.accountant} does not apply to --noise_distribution "
+          f"discrete_gaussian: its epsilon is zCDP's (Canonne, Kamath, Steinke 2020, "
+          f"arXiv:2004.00010, Thm 14, Cor 13) whichever accountant is named; leave out "
+          f"--accountant")
+  if args.mechanism in MMCC_MATRICES:
+    _fail(f"--mechanism {args.mechanism} with --noise_distribution discrete_gaussian: it is one "
+          f"of MMCC's own matrices, which no run uses; use one of {', '.join(dg.MECHANISMS)}")
   if args.mechanism is not None and registry.mechanism(args.mechanism).name not in dg.MECHANISMS:
     _fail(f"--mechanism {args.mechanism} with --noise_distribution discrete_gaussian: its "
           f"C-domain encoder would keep every past sum; use one of {', '.join(dg.MECHANISMS)}")
@@ -617,6 +667,12 @@ def run(args: argparse.Namespace) -> int:
   from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
   if (args.noise_multiplier is None) == (args.target_epsilon is None):
     _fail("give exactly one of --noise_multiplier and --target_epsilon")
+  if args.noise_multiplier is not None and MAX_NOISE_MULTIPLIER < args.noise_multiplier < math.inf:
+    _fail(f"--noise_multiplier {args.noise_multiplier:g} is above {MAX_NOISE_MULTIPLIER:g}, "
+          f"where the accountants' arithmetic (z^2, rho = sens^2/(2 z^2)) leaves float64's "
+          f"range; give a z of at most {MAX_NOISE_MULTIPLIER:g}")
+  accountant_given = not isinstance(args.accountant, _Default)
+  args.accountant = str(args.accountant)
   _rename_amplification(args, analyses.RENAMED)
   # None: --sampling_prob alone, the analysis is chosen below as training chooses it.
   analysis = (None if args.amplification is None and args.sampling_prob is not None
@@ -643,7 +699,7 @@ def run(args: argparse.Namespace) -> int:
     _fail("--non_adaptive applies to --amplification mmcc")
   _check_slack_flags(args, analysis)
   if args.noise_distribution == "discrete_gaussian":
-    return _run_discrete(args)
+    return _run_discrete(args, accountant_given)
   c, label, cached, extra = _encoder(args, amplified)
   schema = _schema(args, None if c is None else c.shape[1], cached, amplified)
   if c is None:

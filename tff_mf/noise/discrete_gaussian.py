@@ -232,6 +232,10 @@ def plan(*, sensitivity: float, clip_norm: float, noise_multiplier: float, model
 # ----------------------------------------------------------------------------- accounting
 
 
+# The smallest ρ accounted (a ρ below it is accounted as RHO_FLOOR: an upper bound).
+RHO_FLOOR = 1e-300
+
+
 def rho(noise_multiplier: float, sensitivity: float,
         rounding_sensitivity: Optional[float] = None) -> float:
   """ρ = (sens + η·sens_R)² / (2z²): Thm 14 with Δ/σ ≤ (sens + η·sens_R)/z, η = ROUNDING_INFLATION.
@@ -241,7 +245,9 @@ def rho(noise_multiplier: float, sensitivity: float,
   so its rounding term has the same bound: pass the run's sensitivity as sens_R there."""
   extra = sensitivity if rounding_sensitivity is None else rounding_sensitivity
   ratio = (sensitivity + ROUNDING_INFLATION * extra) / noise_multiplier
-  return 0.5 * ratio * ratio  # inf or 0 where z is extreme, never an OverflowError
+  # inf where z underflows, never an OverflowError; at least RHO_FLOOR where z is huge (a
+  # larger ρ is still a valid bound, and ε grows with ρ): an underflow never makes ε 0.
+  return max(0.5 * ratio * ratio, RHO_FLOOR)
 
 
 def cor13_epsilon(rho_value: float, delta: float, alpha: float) -> float:
@@ -259,19 +265,32 @@ def cor13_delta(rho_value: float, epsilon: float, alpha: float) -> float:
 
 def zcdp_epsilon(rho_value: float, delta: float) -> Tuple[float, float]:
   """(ε, α): ρ-zCDP as (ε, δ)-DP by Cor. 13 at the order α found by a bounded search over
-  log(α − 1) (any α gives an upper bound; the search only tightens it). ρ = ∞ (z
-  underflowed): ε = ∞; ρ = 0 (z overflowed): ε = 0 at every δ."""
+  log(α − 1) (any α gives an upper bound; the search only tightens it). The ε returned is
+  Cor. 13's at α plus the float64 error of evaluating it (``_cor13_slack``), so never below
+  the bound; 0 only where that sum is ≤ 0, i.e. Cor. 13 at α proves (0, δ)-DP. ρ = ∞ (z
+  underflowed): ε = ∞; a ρ below ``RHO_FLOOR`` is accounted as RHO_FLOOR."""
   delta = checks.delta(delta)
-  if rho_value in (0.0, math.inf):
-    return (0.0 if rho_value == 0.0 else math.inf), math.inf
-  rho_value = checks.positive_float(rho_value, "rho")
+  if rho_value == math.inf:
+    return math.inf, math.inf
+  rho_value = max(checks.finite_float(rho_value, "rho"), RHO_FLOOR)
   f = lambda u: cor13_epsilon(rho_value, delta, 1.0 + math.exp(u))
   # The minimizer is near α ≈ 1 + √(log(1/δ)/ρ); search around it.
-  centre = math.log(math.sqrt(math.log(1.0 / delta) / rho_value) + 1e-9)
+  centre = math.log(math.sqrt(-math.log(delta) / rho_value) + 1e-9)  # 1/δ may overflow
   found = optimize.minimize_scalar(f, bounds=(centre - 12.0, centre + 12.0), method="bounded",
                                    options={"xatol": 1e-10})
-  u = float(found.x)
-  return max(0.0, f(u)), 1.0 + math.exp(u)
+  alpha = 1.0 + math.exp(float(found.x))
+  bound = cor13_epsilon(rho_value, delta, alpha) + _cor13_slack(rho_value, delta, alpha)
+  if math.isnan(bound):  # never read as a certified 0
+    return math.inf, math.inf
+  return (bound if bound > 0.0 else 0.0), alpha
+
+
+def _cor13_slack(rho_value: float, delta: float, alpha: float) -> float:
+  """An upper bound on the float64 error of ``cor13_epsilon`` at α: 16 unit roundoffs of each
+  term's magnitude (each term is a few correctly rounded operations)."""
+  terms = (alpha * rho_value + abs(math.log1p(-1.0 / alpha))
+           + (abs(math.log(delta)) + abs(math.log(alpha))) / (alpha - 1.0))
+  return 16.0 * _UNIT_ROUNDOFF * terms + 1e-300
 
 
 def epsilon(noise_multiplier: float, delta: float, sensitivity: float,
