@@ -866,8 +866,11 @@ class DiscreteGaussian(Analysis):
 
 
 def high_probability_words(beta) -> str:
-  """How an ε that holds with probability ≥ 1 − β is labelled wherever it appears."""
-  return f"holds with probability >= 1 - {fmt(beta)} over the accountant's own sampling"
+  """How an ε that holds with probability ≥ 1 − β is labelled wherever it appears: β and the
+  condition that the seed was fixed before looking (``monte_carlo.SEED_CONDITION``)."""
+  from tff_mf.accounting import monte_carlo  # pylint: disable=g-import-not-at-top
+  return (f"holds with probability >= 1 - {fmt(beta)} over the accountant's own sampling, "
+          f"{monte_carlo.SEED_CONDITION}")
 
 
 REGISTRY: Dict[str, type] = {}

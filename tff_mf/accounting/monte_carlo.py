@@ -50,6 +50,13 @@ directions), H_{e^ε}(Q₁×Q₂ ‖ P₁×P₂) = E_{Q₁}[H_{e^{ε−L₁}}(Q�
 the add direction with −L₁ under P₁. So V = δ₂(ε − L) ∈ [0, 1] with δ₂ the composed
 events' pessimistic PLD δ (dp_accounting, max over its two directions, read at the grid
 point at or below ε − L: δ₂ is non-increasing) and the same bound applies.
+
+**One seed, fixed before looking.** The probability ≥ 1 − β is over the draws of one run
+whose seed was fixed before any result was seen (a seed chosen in advance, or OS
+entropy). Rerunning with new seeds until a small ε̂ appears and keeping it is a search over
+k runs: each fails with probability ≤ β, so the smallest fails with probability up to
+min(1, k·β) and the stated β no longer holds. Every label of the ε says so
+(``SEED_CONDITION``, in ``tff_mf.accounting.analyses.high_probability_words``).
 """
 
 from __future__ import annotations
@@ -62,6 +69,10 @@ import numpy as np
 from scipy import special
 
 from tff_mf import checks
+
+# The condition under which β holds, printed with every ε this analysis gives.
+SEED_CONDITION = ("for an accountant seed fixed before any result was seen; trying several "
+                  "seeds and keeping the smallest epsilon voids this")
 
 DEFAULT_SAMPLES = 1_000_000
 DEFAULT_FAILURE_PROBABILITY = 1e-3

@@ -234,11 +234,13 @@ def _add_amplification_arguments(amp) -> None:
                         "(default: 1000000)")
   amp.add_argument("--failure_probability", type=float, default=1e-3, metavar="BETA",
                    help="monte_carlo_bound: its epsilon holds with probability >= 1 - BETA over "
-                        "the accountant's own draws, and is printed with that label "
-                        "(default: 0.001)")
+                        "the accountant's own draws of one run whose seed was fixed before any "
+                        "result was seen, and is printed with that label (default: 0.001)")
   amp.add_argument("--accountant_seed", type=int, default=None, metavar="S",
-                   help="monte_carlo_bound: pin the seed of the accountant's draws (default: "
-                        "OS entropy; the seed is recorded either way)")
+                   help="monte_carlo_bound: pin the seed of the accountant's draws, chosen before "
+                        "seeing any result: rerunning with other seeds and keeping the smallest "
+                        "epsilon voids BETA (default: OS entropy; the seed is recorded either "
+                        "way)")
   clitools.add_progress_flags(amp, what="progress bars on stderr (mmcc, factorizing)")
 
 
