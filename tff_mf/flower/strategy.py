@@ -247,18 +247,9 @@ class _MatrixFactorizationServerSide(Strategy):
     self.momentum = float(w.momentum)
     self.etas = workloads.learning_rates(spec.n, w.lr_schedule, w.schedule_rounds)
     self.clip_norm = spec.clipping.clip_norm  # ζ_i: ζ_0, then the quantile estimate's
-    self._seed = noise_lib.seed_pair(noise_seed)
-    self._noise_seed_pinned = pinned
     self._exact_noise = bool(exact_noise)
-    self._sampling_pinned = (sampling_seed is not None, sampling_secret is not None)
-    self._sampling_seed = (entropy.new_seed("sampling-seed") if sampling_seed is None
-                           else checks.seed(sampling_seed, "sampling_seed"))
-    self._secret = (entropy.new_seed("sampling-secret") if sampling_secret is None
-                    else checks.seed(sampling_secret, "sampling_secret"))
+    self._init_seeds(noise_seed, sampling_seed, sampling_secret)
     self.state_path = state_path
-    # Where each seed came from; a restarted run keeps the file's (a seed pinned now: pinned).
-    self.seed_sources = {name: "pinned" if p else "os_entropy" for name, p in zip(
-        ("noise_seed", "sampling_seed", "sampling_secret"), (pinned,) + self._sampling_pinned)}
     self._lock: Optional[runstate.StateLock] = None
     self._log: Optional[runstate.ReleaseLog] = None
     self._binding: Optional[Dict[str, object]] = None
@@ -279,6 +270,20 @@ class _MatrixFactorizationServerSide(Strategy):
     self._restored: Optional[Dict[str, np.ndarray]] = None
     if state_path is not None:
       self._open_state()
+
+  def _init_seeds(self, noise_seed, sampling_seed, sampling_secret) -> None:
+    """The noise seed pair and the sampler's seed and secret (OS entropy unless pinned), and
+    where each came from (a restarted run keeps the file's; a seed pinned now: pinned)."""
+    self._seed = noise_lib.seed_pair(noise_seed)
+    self._noise_seed_pinned = noise_seed is not None
+    self._sampling_pinned = (sampling_seed is not None, sampling_secret is not None)
+    self._sampling_seed = (entropy.new_seed("sampling-seed") if sampling_seed is None
+                           else checks.seed(sampling_seed, "sampling_seed"))
+    self._secret = (entropy.new_seed("sampling-secret") if sampling_secret is None
+                    else checks.seed(sampling_secret, "sampling_secret"))
+    self.seed_sources = {name: "pinned" if p else "os_entropy" for name, p in zip(
+        ("noise_seed", "sampling_seed", "sampling_secret"),
+        (self._noise_seed_pinned,) + self._sampling_pinned)}
 
   def start(self, grid, initial_arrays: ArrayRecord, *args, **kwargs):
     """Flower's loop (``Strategy.start``) with the state file's lock held throughout."""
