@@ -57,3 +57,17 @@ def test_the_tf_twin_clips_every_finite_float32_update_to_the_norm(scale):
     plain, _ = tf.clip_by_global_norm(flat, 1.0)
     for a, b in zip(clipped, plain):
       assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_the_tf_twin_in_a_graph_is_tensorflows_clipping_bit_for_bit():
+  import tensorflow as tf
+  from tff_mf.tf import clipping as tf_clipping
+  rng = np.random.default_rng(1)
+  flat = [tf.constant(rng.normal(size=s).astype(np.float32) * 3) for s in [(40, 7), (7,), (3,)]]
+  ours = tf.function(lambda xs, c: tf_clipping.clip_by_global_norm(xs, c))
+  theirs = tf.function(lambda xs, c: tf.clip_by_global_norm(xs, c))
+  for clip in (0.5, 1.0, 1e3):
+    (a, na), (b, nb) = ours(flat, tf.constant(clip)), theirs(flat, tf.constant(clip))
+    assert np.array_equal(np.asarray(na), np.asarray(nb))
+    for x, y in zip(a, b):
+      assert np.array_equal(np.asarray(x), np.asarray(y))

@@ -55,3 +55,22 @@ def test_an_unpinned_seed_is_a_keyed_hash_fresh_at_every_computation():
     query.initial_seed(None, None)
   pinned = np.array([5, 7], np.int64)
   np.testing.assert_array_equal(query.initial_seed(pinned, key).numpy(), pinned)
+
+
+def test_an_unpinned_noise_key_is_two_secret_words_and_a_pinned_one_keeps_the_tag():
+  """Issue 46 item 7: an unpinned key is both Philox words from HKDF over OS entropy (126
+  secret bits), never the public tag; a pinned int keeps (seed, tag), a pinned pair is used
+  as it is, and a malformed one is refused in one line."""
+  from tff_mf.noise import keys  # pylint: disable=g-import-not-at-top
+  drawn = [keys.noise_key(None) for _ in range(50)]
+  assert len(set(drawn)) == 50 and len({k for _, k in drawn}) == 50
+  assert all(k != keys.SEED_TAG and 0 <= s < 2**63 and 0 <= k < 2**63 for s, k in drawn)
+  assert keys.SEED_TAG == int.from_bytes(b"mf_noise", "big")
+  assert keys.noise_key(17) == (17, keys.SEED_TAG)
+  assert keys.noise_key((17, 5)) == (17, 5) == keys.noise_key(np.array([17, 5], np.int64))
+  pair = keys.seed_pair(None)
+  assert pair.dtype == np.int64 and pair.shape == (2,) and pair[1] != keys.SEED_TAG
+  for bad in [(1,), (1, 2, 3), [[1, 2]], (1, -1), (1, 2.0), 2**63, True, "7"]:
+    with pytest.raises(checks.CheckError) as e:
+      keys.noise_key(bad)
+    assert "\n" not in str(e.value)

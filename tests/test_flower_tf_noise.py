@@ -18,6 +18,7 @@ from tff_mf import participation
 from tff_mf import spec as spec_lib
 from tff_mf.flower import noise as flower_noise
 from tff_mf.flower import philox
+from tff_mf.noise import keys
 from tff_mf.tf import noise as tf_noise
 
 SHAPES = [(20000,), (10, 48), (5,)]
@@ -32,6 +33,16 @@ def _ulps(a, b):
 
 def test_seed_pairs_agree():
   assert np.array_equal(flower_noise.seed_pair(1234), tf_noise.seed_pair(1234))
+  assert list(flower_noise.seed_pair(1234)) == [1234, keys.SEED_TAG]
+  key = keys.noise_key(None)
+  assert np.array_equal(flower_noise.seed_pair(key), tf_noise.seed_pair(key))
+
+
+def test_an_unpinned_flower_key_has_two_secret_words():
+  """Issue 46 item 7: no public tag in an unpinned Flower run's key; fresh at every draw."""
+  a, b = flower_noise.seed_pair(None), flower_noise.seed_pair(None)
+  assert a.dtype == np.int64 and a.shape == (2,)
+  assert a[1] != keys.SEED_TAG and b[1] != keys.SEED_TAG and a[0] != b[0] and a[1] != b[1]
 
 
 @pytest.mark.parametrize("seed", [0, 2**62 + 12345])

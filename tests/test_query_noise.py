@@ -515,9 +515,35 @@ def test_build_mechanism_wires_a_spec_and_the_keyword_call_is_the_same_spec():
 
 
 def test_tree_aggregation_seed_comes_from_os_entropy():
-  """Never TFF's clock-based default: two unpinned builds differ in every bit pattern."""
-  seeds = {aggregators.tree_aggregation_params(8, 1.0, None).noise_seed for _ in range(4)}
-  assert len(seeds) == 4 and all(0 <= s < 2**63 for s in seeds)
+  """Never TFF's clock-based default: two unpinned builds differ, and both words of the key
+  TFF's generator takes are secret (issue 46 item 7); a pinned int is TFF's as it was."""
+  seeds = [aggregators.tree_aggregation_params(8, 1.0, None).noise_seed for _ in range(4)]
+  assert len({tuple(s) for s in seeds}) == 4 and len({s[1] for s in seeds}) == 4
+  assert all(len(s) == 2 and all(0 <= w < 2**63 for w in s) for s in seeds)
+  assert aggregators.tree_aggregation_params(8, 1.0, 5).noise_seed == 5
+  assert aggregators.tree_aggregation_params(8, 1.0, (5, 6)).noise_seed == [5, 6]
+
+
+def test_a_pinned_key_pair_is_the_state_seed_and_a_malformed_one_is_refused():
+  """A harness's recorded key (two secret words) pins the query as it is; an int keeps the
+  public tag (the seeds of every pinned run so far); a malformed key: one line."""
+  from tff_mf.noise import keys  # pylint: disable=g-import-not-at-top
+  stream = noise_lib.DenseNoise.from_factorization(_factorization("honaker_online"))
+  kw = dict(l2_norm_clip=1.0, noise_multiplier=1.0, record_specs=SPECS)
+  key = keys.noise_key(None)
+  q = query_lib.MatrixFactorizationQuery(stream, noise_seed=key, **kw)
+  np.testing.assert_array_equal(q.initial_global_state().seed, key)
+  q = query_lib.MatrixFactorizationQuery(stream, noise_seed=9, **kw)
+  np.testing.assert_array_equal(q.initial_global_state().seed, [9, keys.SEED_TAG])
+  gauss = query_lib.SeededGaussianSumQuery(1.0, 1.0, noise_seed=key)
+  np.testing.assert_array_equal(gauss.initial_global_state().seed, key)
+  for bad in [(1, 2, 3), (1, -2), (1.5, 2)]:
+    with pytest.raises(checks.CheckError) as e:
+      query_lib.MatrixFactorizationQuery(stream, noise_seed=bad, **kw)
+    assert "\n" not in str(e.value)
+    with pytest.raises(checks.CheckError):
+      aggregators.build_mechanism("band_mf", total_rounds=8, clients_per_round=2,
+                                  noise_multiplier=1.0, clip_norm=1.0, bands=2, noise_seed=bad)
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ logged: what is on disk is what a SIGKILL at that point leaves.
 
 import csv
 import glob
+import hashlib
 import json
 import os
 
@@ -98,6 +99,8 @@ def test_killed_runs_replay_their_logged_rounds_bit_for_bit(configs, tmp_path, m
     recorded = json.load(f)
   source = "pinned" if first_seed is not None else "os_entropy"
   assert recorded["seed_source"] == source
+  # An unpinned key's second word is a secret; a pinned seed keeps the public tag (no field).
+  assert ("noise_seed_key" in recorded) == (first_seed is None)
   assert summary["config"]["noise_seed"] == source
   assert summary["privacy"]["noise_seed_source"] == source
   assert ("warning" in summary["privacy"]) == (first_seed is not None)
@@ -166,7 +169,8 @@ def test_every_identity_field_is_bound_to_the_checkpoint_and_the_releases(config
   run_until(config, kill_after=1)  # no checkpoint yet: only releases.jsonl binds it
   with open(path, "rb") as f:
     original = f.read()
-  edits = [dict(seed_source="pinned"), dict(config_fingerprint="0" * 64)]
+  edits = [dict(seed_source="pinned"), dict(config_fingerprint="0" * 64),
+           dict(noise_seed_key=12345)]
 
   def refused(expected_line_part):
     before = metric_rows(run_dir)
@@ -331,3 +335,89 @@ def test_a_checkpoint_without_the_identity_digest_is_refused_in_one_line(tmp_pat
   with pytest.raises(TrainingError, match="meta_2 .* without the digest that binds") as e:
     checkpoints.Checkpointer(directory).latest()
   assert "\n" not in str(e.value)
+
+
+def test_an_unpinned_run_draws_two_secret_key_words_and_a_pinned_one_keeps_the_tag(configs,
+                                                                                  tmp_path):
+  """Issue 46 item 7: a new unpinned run's noise key is two words from OS entropy, the second
+  no public tag and fresh at every start; a pinned seed is (seed, tag) as before."""
+  from tff_mf.noise import keys  # pylint: disable=g-import-not-at-top
+  new = loop._new_progress  # pylint: disable=protected-access
+  drawn = [new(configs(tmp_path, mechanism="opt_prefix_sum"))[0] for _ in range(3)]
+  assert len({p.noise_key for p in drawn}) == 3 and len({p.noise_seed_key for p in drawn}) == 3
+  for progress in drawn:
+    seed, key = progress.noise_key
+    assert seed == progress.noise_seed and 0 <= key < 2**63 and key != keys.SEED_TAG
+  progress, source = new(configs(tmp_path, mechanism="opt_prefix_sum", noise_seed=7))
+  assert source == "pinned" and progress.noise_key == 7 and progress.noise_seed_key == -1
+  assert keys.noise_key(progress.noise_key) == (7, keys.SEED_TAG)
+
+
+def test_an_identity_without_the_key_keeps_its_digest_and_refuses_a_bad_key(tmp_path):
+  """An identity written before the second key word (or a pinned one) has the file and the
+  digest an earlier tff-mf wrote, so its releases.jsonl records still match."""
+  old_fields = dict(noise_seed=5, sampling_secret=-1, seed_source="os_entropy",
+                    config_fingerprint="f", encoder_sha256="e", schema_sha256="s")
+  ident = identity.RunIdentity(**old_fields)
+  old_digest = hashlib.sha256(json.dumps(old_fields, sort_keys=True).encode()).hexdigest()
+  assert identity.digest(ident) == old_digest
+  identity.save(str(tmp_path), ident)
+  with open(tmp_path / identity.IDENTITY_FILE) as f:
+    assert json.load(f) == old_fields
+  assert identity.load(str(tmp_path)) == ident
+  keyed = identity.RunIdentity(**old_fields, noise_seed_key=9)
+  assert identity.digest(keyed) != old_digest
+  identity.save(str(tmp_path), keyed)
+  assert identity.load(str(tmp_path)) == keyed
+  _edit_identity(str(tmp_path), noise_seed_key=-3)
+  with pytest.raises(TrainingError, match="noise_seed_key must be in") as e:
+    identity.load(str(tmp_path))
+  assert "\n" not in str(e.value)
+
+
+def test_a_run_from_before_the_key_word_resumes_with_its_identical_noise(configs, tmp_path,
+                                                                          monkeypatch):
+  """A run started by an earlier tff-mf (key (seed, tag), identity.json and the checkpoints'
+  meta without the second word) resumes on the tag: round 3, released before the
+  checkpoint of round 2 was resumed, replays bit for bit (releases.jsonl refuses any other
+  model), and the run finishes with its old identity."""
+  import asyncio  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from training import checkpoints  # pylint: disable=g-import-not-at-top
+  from training import rundir  # pylint: disable=g-import-not-at-top
+  config = configs(tmp_path, mechanism="opt_prefix_sum", rounds_per_eval=10)
+  run_dir = config.run_dir
+  real = loop._new_progress  # pylint: disable=protected-access
+
+  def old_progress(cfg):
+    progress, source = real(cfg)
+    progress.noise_seed_key = -1  # what an earlier tff-mf drew: the public tag
+    return progress, source
+
+  monkeypatch.setattr(loop, "_new_progress", old_progress)
+  run_until(config, kill_after=3)  # checkpoint of round 2, rounds 1-3 released
+  monkeypatch.undo()
+  with open(os.path.join(run_dir, identity.IDENTITY_FILE)) as f:
+    old = json.load(f)
+  assert "noise_seed_key" not in old and old["seed_source"] == "os_entropy"
+  # The meta as an earlier tff-mf wrote it: without the noise_seed_key field.
+  directory = os.path.join(run_dir, checkpoints.CHECKPOINT_DIR)
+  manager = tff.program.FileProgramStateManager(directory, prefix="meta_")
+  structure = checkpoints._meta_structure  # pylint: disable=protected-access
+  with rundir.private_umask():
+    for version in asyncio.run(manager.get_versions()):
+      meta = asyncio.run(manager.load(version, structure()))
+      legacy = structure(legacy=True)
+      legacy.update({k: type(legacy[k])(meta[k]) for k in legacy})
+      asyncio.run(manager._remove(version))  # pylint: disable=protected-access
+      asyncio.run(manager.save(legacy, version))
+  latest = checkpoints.Checkpointer(directory).latest()
+  assert latest.noise_seed_key == -1 and latest.noise_key == old["noise_seed"]
+  summary = run_until(config)
+  assert summary["finished"] and summary["privacy"]["noise_seed_source"] == "os_entropy"
+  assert sorted(metric_rows(run_dir)) == [1, 2, 3, 4]
+  with open(os.path.join(run_dir, identity.IDENTITY_FILE)) as f:
+    assert json.load(f) == old
+  with open(os.path.join(run_dir, identity.RELEASES_FILE)) as f:
+    digests = {json.loads(line)["identity"] for line in f}
+  assert digests == {hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()}

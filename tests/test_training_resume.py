@@ -62,7 +62,8 @@ def group_processes(pgid, wait=5.0):
 # (tests/test_training_identity.py) and Ctrl-C checkpoints the current round and resumes
 # (tests/test_interrupt.py).
 @pytest.mark.slow
-def test_sigkill_then_rerun_ends_with_the_uninterrupted_model(tmp_path, tiny_stackoverflow):
+def test_sigkill_then_rerun_ends_with_the_uninterrupted_model(tmp_path, tiny_stackoverflow,
+                                                               monkeypatch):
   data_dir = tiny_stackoverflow(num_train_clients=30, num_empty_train_clients=3)
   root = tmp_path / "runs"
   env = userenv.env(home=tmp_path)
@@ -86,7 +87,8 @@ def test_sigkill_then_rerun_ends_with_the_uninterrupted_model(tmp_path, tiny_sta
   assert 2 <= meta.round < FLAGS["total_rounds"]
   assert not (root / "run" / outputs.SUMMARY_FILE).exists()
   with open(root / "run" / identity.IDENTITY_FILE) as f:  # written before round 1, 0600
-    assert json.load(f)["noise_seed"] == meta.noise_seed
+    recorded = json.load(f)
+  assert (recorded["noise_seed"], recorded["noise_seed_key"]) == meta.noise_key
   assert (root / "run" / identity.IDENTITY_FILE).stat().st_mode & 0o777 == 0o600
   logged_before = rows_without_timing(root / "run")
 
@@ -101,10 +103,15 @@ def test_sigkill_then_rerun_ends_with_the_uninterrupted_model(tmp_path, tiny_sta
   for round_num, row in logged_before.items():  # what was logged before the kill replays
     assert logged_after[round_num] == row, round_num
 
-  # 3. The uninterrupted reference run, with the noise seed the killed run drew.
+  # 3. The uninterrupted reference run, with the noise key the killed run drew (both words
+  # secret: no --noise_seed gives it, so the reference draws it "from OS entropy").
+  real_key = loop.noise_keys.noise_key
+  monkeypatch.setattr(loop.noise_keys, "noise_key",
+                      lambda seed=None, name="noise_seed": meta.noise_key if seed is None
+                      else real_key(seed, name))
   reference = config_lib.TrainingConfig(
       **FLAGS, data_dir=data_dir, root_output_dir=str(root), experiment_name="reference",
-      cache_dir=str(root / "cache_dir"), noise_seed=meta.noise_seed, progress=False)
+      cache_dir=str(root / "cache_dir"), progress=False)
   summary = loop.run_training(reference)
   assert summary["finished"]
 

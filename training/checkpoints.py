@@ -6,8 +6,10 @@ the digest of the run identity it was written under (``training.identity``);
 fixed structure, so it can be read before the process is built with that seed),
 ``sampling_<round>`` (the sampler's state and the participation record,
 ``training.sampling``: fixed-shape int64 arrays) and ``program_state_<round>`` (the
-LearningAlgorithmState). Meta is written last, so its latest version always has a
-complete process state and sampling state beside it.
+LearningAlgorithmState). A meta written before the noise key's second word was recorded
+(``noise_seed_key``) loads with -1 there: the public tag, the key that run drew its noise
+with, so it continues its identical noise. Meta is written last, so its latest version
+always has a complete process state and sampling state beside it.
 
 The checkpoints hold the secret noise and sampling seeds and who joined which round
 (amplification by sampling assumes that is secret): they are written 0600 in 0700
@@ -22,7 +24,7 @@ import asyncio
 import collections
 import dataclasses
 import os
-from typing import Optional
+from typing import Optional, Tuple, Union
 
 import numpy as np
 
@@ -37,10 +39,12 @@ GROWING_ENTRIES = ("tree_state/level_buffer",)
 
 @dataclasses.dataclass
 class RunProgress:
-  """Where a run is: what ``meta_<round>`` stores (noise_seed -1: the run has none)."""
+  """Where a run is: what ``meta_<round>`` stores (noise_seed -1: the run has none;
+  noise_seed_key -1: the key's second word is the public tag, ``tff_mf.noise.keys``)."""
   round: int = 0
   cursor: int = 0
   noise_seed: int = -1
+  noise_seed_key: int = -1
   sampling_secret: int = -1
   empty_clients_skipped: int = 0
   zeroed_client_updates: int = 0
@@ -48,8 +52,12 @@ class RunProgress:
   identity_digest: int = -1  # training.identity.digest_int of the identity it was written under
 
   @property
-  def seed_or_none(self) -> Optional[int]:
-    return None if self.noise_seed < 0 else self.noise_seed
+  def noise_key(self) -> Optional[Union[int, Tuple[int, int]]]:
+    """What the mechanism is built with: None (no noise), the int seed (keyed with the
+    public tag: pinned, or recorded before the second word was) or the secret pair."""
+    if self.noise_seed < 0:
+      return None
+    return self.noise_seed if self.noise_seed_key < 0 else (self.noise_seed, self.noise_seed_key)
 
 
 def _run(coro):
@@ -69,11 +77,25 @@ def _leaf_dtype(x) -> str:
   return getattr(dtype, "name", str(dtype))
 
 
-def _meta_structure() -> "collections.OrderedDict[str, object]":
+# Fields a meta written by an earlier tff-mf may lack (their defaults are what that run used).
+LEGACY_FIELDS = ("noise_seed_key",)
+
+
+def _meta_structure(legacy: bool = False) -> "collections.OrderedDict[str, object]":
   out = collections.OrderedDict()
   for field in dataclasses.fields(RunProgress):
-    out[field.name] = np.float64(0.0) if field.type == "float" else np.int64(0)
+    if not (legacy and field.name in LEGACY_FIELDS):
+      out[field.name] = np.float64(0.0) if field.type == "float" else np.int64(0)
   return out
+
+
+def _load_meta(manager, version: int):
+  """``meta_<version>`` with this tff-mf's fields, else an earlier one's (the missing
+  ``LEGACY_FIELDS`` then keep their defaults); ValueError/TypeError if neither fits."""
+  try:
+    return _run(manager.load(version, _meta_structure()))
+  except (ValueError, TypeError):
+    return _run(manager.load(version, _meta_structure(legacy=True)))
 
 
 class Checkpointer:
@@ -98,7 +120,7 @@ class Checkpointer:
     if not versions:
       return None
     try:
-      meta = _run(self.meta.load(versions[-1], _meta_structure()))
+      meta = _load_meta(self.meta, versions[-1])
     except (ValueError, TypeError):
       raise TrainingError(
           f"checkpoint meta_{versions[-1]} in {self.directory} does not have this tff-mf's "
@@ -106,7 +128,7 @@ class Checkpointer:
           "identity); resume with that version, or use a new --experiment_name") from None
     progress = RunProgress(**{f.name: (float(meta[f.name]) if f.type == "float"
                                        else int(meta[f.name]))
-                              for f in dataclasses.fields(RunProgress)})
+                              for f in dataclasses.fields(RunProgress) if f.name in meta})
     if progress.round != versions[-1]:
       raise TrainingError(f"checkpoint meta_{versions[-1]} in {self.directory} records round "
                           f"{progress.round}; the checkpoint directory is corrupt")

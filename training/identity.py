@@ -1,7 +1,10 @@
 """What makes a resumed or repeated run the same mechanism: its identity and its releases.
 
 ``<run dir>/identity.json`` (0600) is written once, after the mechanism is built and
-before round 1 is computed. It holds the secret noise seed and sampling secret, where
+before round 1 is computed. It holds the secret noise seed (with ``noise_seed_key``, the
+second secret word of its key, drawn with it from OS entropy: ``tff_mf.noise.keys``; absent
+for a pinned seed, keyed with the public tag, and in an identity written before it was
+recorded, so that run resumes with its old key) and sampling secret, where
 the seed came from (``pinned`` or ``os_entropy``), the fingerprint of the run's flags,
 the sha256 of the encoder C the noise realizes (float64; for a non-square C also the
 decoder B that fixes the per-round noise A⁻¹·B) and the sha256 of the participation
@@ -35,6 +38,7 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
+from tff_mf import checks
 from training import rundir
 from training.config import TrainingError
 
@@ -48,13 +52,23 @@ PINNED_WARNING = ("the noise seed was pinned with --noise_seed: anyone who knows
 
 @dataclasses.dataclass
 class RunIdentity:
-  """The seeds and fingerprints a run keeps from its first start (noise_seed -1: none)."""
+  """The seeds and fingerprints a run keeps from its first start (noise_seed -1: none;
+  noise_seed_key None: the key's second word is the public tag)."""
   noise_seed: int
   sampling_secret: int
   seed_source: str
   config_fingerprint: str
   encoder_sha256: Optional[str] = None
   schema_sha256: Optional[str] = None
+  noise_seed_key: Optional[int] = None
+
+  def fields(self) -> Dict[str, object]:
+    """Its fields as recorded: ``noise_seed_key`` only when set, so an identity without it
+    has the file and digest an earlier tff-mf wrote (and its releases still match)."""
+    out = dataclasses.asdict(self)
+    if out["noise_seed_key"] is None:
+      del out["noise_seed_key"]
+    return out
 
 
 def _path(run_dir: str) -> str:
@@ -63,8 +77,7 @@ def _path(run_dir: str) -> str:
 
 def digest(identity: RunIdentity) -> str:
   """sha256 of every field of ``identity`` (canonical JSON): what checkpoints and releases bind."""
-  return hashlib.sha256(json.dumps(dataclasses.asdict(identity), sort_keys=True)
-                        .encode()).hexdigest()
+  return hashlib.sha256(json.dumps(identity.fields(), sort_keys=True).encode()).hexdigest()
 
 
 def digest_int(identity: RunIdentity) -> int:
@@ -89,6 +102,12 @@ def load(run_dir: str) -> Optional[RunIdentity]:
   if identity.seed_source not in SEED_SOURCES:
     raise TrainingError(f"{path} records seed source {identity.seed_source!r}; expected one "
                         f"of {', '.join(SEED_SOURCES)}")
+  if identity.noise_seed_key is not None:
+    try:
+      checks.seed(identity.noise_seed_key, "noise_seed_key")
+    except checks.CheckError as e:
+      raise TrainingError(f"{path}: {e}; the run's noise key cannot be proven: use a new "
+                          "--experiment_name") from None
   return identity
 
 
@@ -98,7 +117,7 @@ def save(run_dir: str, identity: RunIdentity) -> None:
   tmp = path + ".tmp"
   with rundir.private_umask():
     with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(dataclasses.asdict(identity), f, indent=2, sort_keys=True)
+      json.dump(identity.fields(), f, indent=2, sort_keys=True)
       f.flush()
       os.fsync(f.fileno())
     os.chmod(tmp, 0o600)

@@ -34,6 +34,7 @@ from tff_mf import interrupt
 from tff_mf import jsonio
 from tff_mf import participation as participation_lib
 from tff_mf import registry
+from tff_mf.noise import keys as noise_keys
 from training import canaries as canaries_lib
 from training import checkpoints
 from training import engine
@@ -192,15 +193,22 @@ def _last_logged_round(run_dir: str, releases: identity_lib.ReleaseLog) -> int:
 
 
 def _new_progress(config: TrainingConfig) -> Tuple[checkpoints.RunProgress, str]:
-  """A fresh run's seeds (pinned or from OS entropy) and where the noise seed came from."""
+  """A fresh run's seeds (pinned or from OS entropy) and where the noise seed came from.
+
+  An unpinned run's noise key is two secret words from OS entropy (``tff_mf.noise.keys``),
+  and its sampling secret a third, drawn apart from them; a pinned seed keeps the public tag
+  and derives the sampling secret (pinning it pins the whole run)."""
+  key = -1
   if config.noise_seed is not None:
     seed, source = int(config.noise_seed), "pinned"
   elif is_seedless(config.canonical_mechanism):
     seed, source = None, "no_noise"
   else:
-    seed, source = checks.new_seed(), "os_entropy"
-  return checkpoints.RunProgress(noise_seed=-1 if seed is None else seed,
-                                 sampling_secret=privacy.sampling_secret(config, seed)), source
+    (seed, key), source = noise_keys.noise_key(None), "os_entropy"
+  return checkpoints.RunProgress(
+      noise_seed=-1 if seed is None else seed, noise_seed_key=key,
+      sampling_secret=privacy.sampling_secret(config, seed if source == "pinned" else None)
+  ), source
 
 
 def _start_or_resume(config: TrainingConfig, run_dir: str, log: Log,
@@ -218,6 +226,9 @@ def _start_or_resume(config: TrainingConfig, run_dir: str, log: Log,
     if recorded.sampling_secret != progress.sampling_secret:
       raise TrainingError(f"the checkpoint of {run_dir} holds another sampling secret than "
                           f"its {identity_lib.IDENTITY_FILE}; the run directory is corrupt")
+    if _key_word(recorded) != progress.noise_seed_key:
+      raise TrainingError(f"the checkpoint of {run_dir} holds another noise key than its "
+                          f"{identity_lib.IDENTITY_FILE}; the run directory is corrupt")
     if progress.identity_digest != identity_lib.digest_int(recorded):
       raise TrainingError(
           f"{os.path.join(run_dir, identity_lib.IDENTITY_FILE)} is not the identity the "
@@ -232,6 +243,7 @@ def _start_or_resume(config: TrainingConfig, run_dir: str, log: Log,
                                    recorded, recorded.noise_seed if recorded else -1)
     releases.check_identity(recorded)
     progress = checkpoints.RunProgress(noise_seed=recorded.noise_seed,
+                                       noise_seed_key=_key_word(recorded),
                                        sampling_secret=recorded.sampling_secret)
     log(f"restarting {run_dir} from round 0 with its recorded seeds (rounds 1-{logged} "
         "were logged and must replay identically)")
@@ -251,6 +263,11 @@ def _start_or_resume(config: TrainingConfig, run_dir: str, log: Log,
               wall_before=progress.wall_seconds)
 
 
+def _key_word(identity: identity_lib.RunIdentity) -> int:
+  """The identity's second key word as the checkpoint's meta holds it (-1: the public tag)."""
+  return -1 if identity.noise_seed_key is None else identity.noise_seed_key
+
+
 def _bind_identity(run: _Run, setup) -> None:
   """Records the run's seeds, encoder and schema before round 1, or checks them on a restart."""
   config = run.config
@@ -268,7 +285,8 @@ def _bind_identity(run: _Run, setup) -> None:
     run.identity = identity_lib.RunIdentity(
         noise_seed=run.progress.noise_seed, sampling_secret=run.progress.sampling_secret,
         seed_source=run.seed_source, config_fingerprint=config.fingerprint(),
-        encoder_sha256=encoder, schema_sha256=schema)
+        encoder_sha256=encoder, schema_sha256=schema,
+        noise_seed_key=None if run.progress.noise_seed_key < 0 else run.progress.noise_seed_key)
     identity_lib.save(run.run_dir, run.identity)
   run.progress.identity_digest = identity_lib.digest_int(run.identity)  # bound by checkpoints
 
@@ -610,7 +628,7 @@ def _train(run: _Run, task: Optional[task_lib.Task]) -> Dict[str, object]:
     task = task_lib.build_task(config)
     interrupt.check(where)
   sampling.build_sampler(config, task.train_client_ids, run.progress.sampling_secret)
-  setup, noise_multiplier, record = run_setup.resolve_privacy(config, run.progress.seed_or_none)
+  setup, noise_multiplier, record = run_setup.resolve_privacy(config, run.progress.noise_key)
   interrupt.check(where)
   new_run = run.identity is None
   _bind_identity(run, setup)

@@ -11,6 +11,7 @@ from tff_mf import registry
 from tff_mf import spec as spec_lib
 from tff_mf.flower import noise as noise_lib
 from tff_mf.flower import philox
+from tff_mf.noise import keys
 
 N = 8
 MECHANISMS = [m for m in registry.mechanism_names(trainable=True, private=True) if m != "tree"]
@@ -47,7 +48,10 @@ def test_tree_is_refused_with_its_matrix_form_named():
 
 
 def test_unpinned_seeds_differ():
-  assert not np.array_equal(noise_lib.seed_pair(None), noise_lib.seed_pair(None))
+  """Both words of an unpinned key are fresh secrets, never the public tag (issue 46 item 7)."""
+  a, b = noise_lib.seed_pair(None), noise_lib.seed_pair(None)
+  assert a[0] != b[0] and a[1] != b[1] and keys.SEED_TAG not in (a[1], b[1])
+  assert list(noise_lib.seed_pair(11)) == [11, keys.SEED_TAG]
 
 
 @pytest.mark.parametrize("name", ["blt", "opt_prefix_sum", "banded", "honaker_online"])

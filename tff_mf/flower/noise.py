@@ -23,19 +23,15 @@ import numpy as np
 import scipy.linalg
 
 from tff_mf import checks
-from tff_mf import entropy
 from tff_mf import mechanisms
 from tff_mf.flower import philox
-
-# Second word of a pinned seed pair: the TF layer's tag ("mf_noise"), so a pinned integer
-# seed gives both layers the same Z.
-SEED_TAG = 0x6D665F6E6F697365
+from tff_mf.noise import keys
 
 
-def seed_pair(noise_seed: Optional[int]) -> np.ndarray:
-  """The int64 [2] seed pair: the pinned seed's, else a fresh secret from OS entropy."""
-  value = entropy.new_seed("noise-seed") if noise_seed is None else checks.seed(noise_seed)
-  return np.array([value, SEED_TAG], dtype=np.int64)
+def seed_pair(noise_seed: Optional[keys.Seed]) -> np.ndarray:
+  """The int64 [2] seed pair (``tff_mf.noise.keys``): a pinned integer's (seed, tag), as the
+  TF layer's, so both add the same Z; else both words a fresh secret from OS entropy."""
+  return keys.seed_pair(noise_seed)
 
 
 class NoiseRows:

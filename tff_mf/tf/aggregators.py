@@ -36,6 +36,7 @@ from tff_mf import mechanisms
 from tff_mf import spec as spec_lib
 from tff_mf.factorization import workloads
 from tff_mf.factorization.families import tree
+from tff_mf.noise import keys
 from tff_mf.tf import noise as noise_lib
 from tff_mf.tf import query as query_lib
 from tff_mf.tf import runtime
@@ -74,10 +75,11 @@ class MechanismSetup:
 @dataclasses.dataclass(frozen=True)
 class _Wiring:
   """What the TF objects are built from: the checked spec, its privacy record (z given or
-  calibrated) and the seed (pinned, or None: drawn from OS entropy)."""
+  calibrated) and the seed (pinned: an int or a key pair, ``tff_mf.noise.keys``; or None:
+  drawn from OS entropy)."""
   spec: spec_lib.MechanismSpec
   record: mechanisms.PrivacyRecord
-  noise_seed: Optional[int]
+  noise_seed: Optional[keys.Seed]
 
   mechanism = property(lambda self: self.spec.mechanism)
   n = property(lambda self: self.spec.n)
@@ -175,7 +177,7 @@ def mechanism_spec(mechanism: str, *,
 
 
 def build_mechanism(mechanism: Union[str, spec_lib.MechanismSpec], *,
-                    server_learning_rate: float = 1.0, noise_seed: Optional[int] = None,
+                    server_learning_rate: float = 1.0, noise_seed: Optional[keys.Seed] = None,
                     cache_dir: Optional[str] = None, progress: bool = False,
                     resolved: Optional[mechanisms.Resolved] = None,
                     **spec_arguments) -> MechanismSetup:
@@ -195,6 +197,8 @@ def build_mechanism(mechanism: Union[str, spec_lib.MechanismSpec], *,
   ``CheckError`` (a ValueError) naming the first bad or conflicting argument.
   ``resolved``: the numpy mechanism ``resolve_mechanism`` returned for the same spec (not
   resolved again: one cache load, one check). ``setup.privacy`` is the record a run writes.
+  ``noise_seed``: None, a secret 126-bit key from OS entropy; an int, pinned with the public
+  tag; a pair, a full pinned key (``tff_mf.noise.keys``).
   """
   if isinstance(mechanism, spec_lib.MechanismSpec):
     if spec_arguments:
@@ -204,7 +208,7 @@ def build_mechanism(mechanism: Union[str, spec_lib.MechanismSpec], *,
   else:
     spec = mechanism_spec(mechanism, **spec_arguments)
   server_learning_rate = checks.positive_float(server_learning_rate, "server_learning_rate")
-  noise_seed = None if noise_seed is None else checks.seed(noise_seed, "noise_seed")
+  noise_seed = None if noise_seed is None else keys.pinned(noise_seed, "noise_seed")
   pinned = noise_seed is not None
   resolved, record = mechanisms.build(spec, cache_dir=cache_dir, progress=bool(progress),
                                       resolved=resolved, noise_seed_pinned=pinned,
@@ -337,15 +341,17 @@ class TreeAggregationParams:
   """What is passed to TFF's tree_aggregation, recorded from the same object."""
   noise_multiplier_per_node: float
   levels: int
-  noise_seed: int
+  noise_seed: Union[int, list]
 
 
 def tree_aggregation_params(n: int, noise_multiplier: float,
-                            noise_seed: Optional[int]) -> TreeAggregationParams:
+                            noise_seed: Optional[keys.Seed]) -> TreeAggregationParams:
   """Per-node multiplier z·√levels (``mechanisms.tree_node_multiplier``) for n rounds at
-  run multiplier z. The seed is pinned or drawn from OS entropy (never TFF's clock-based
-  default)."""
-  seed = noise_seed if noise_seed is not None else checks.new_seed()
+  run multiplier z. The seed: a pinned int as TFF takes it (its generator's key [s, s]), a
+  key pair as TFF's two key words, None a fresh secret pair (``tff_mf.noise.keys``; never
+  TFF's clock-based default)."""
+  seed = keys.pinned(noise_seed) if noise_seed is not None else keys.noise_key(None)
+  seed = list(seed) if isinstance(seed, tuple) else seed
   return TreeAggregationParams(mechanisms.tree_node_multiplier(noise_multiplier, n),
                                tree.tree_levels(n), seed)
 
@@ -389,7 +395,7 @@ def _build_tff_gaussian(cfg: _Wiring, resolved: mechanisms.Resolved,
 
 
 def _seeded_gaussian_adaptive(cfg: _Wiring, resolved: mechanisms.Resolved, specs,
-                              seed: int):
+                              seed: Optional[keys.Seed]):
   """Independent noise (C = I) with adaptive clipping, drawn from the run's seed.
 
   The query of the matrix mechanisms with C = I: the noise and the count noise come from

@@ -39,10 +39,10 @@ import tensorflow as tf
 
 from tff_mf import checks
 from tff_mf import participation as participation_lib
+from tff_mf.noise import keys
 from tff_mf.noise import streams
 
 PHILOX = tf.random.Algorithm.PHILOX
-_SEED_TAG = 0x6D665F6E6F697365  # "mf_noise": second word of a pinned seed
 # N·C = I is checked exactly up to this n, beyond with secret random vectors.
 FULL_CHECK_MAX_N = 4096
 
@@ -144,13 +144,13 @@ def standard_normal_matrix(seed, rows: int, specs) -> np.ndarray:
   return np.stack(out)
 
 
-def seed_pair(noise_seed: int) -> np.ndarray:
-  """The int64 [2] seed tensor value for a pinned integer seed."""
+def seed_pair(noise_seed: keys.Seed) -> np.ndarray:
+  """The int64 [2] seed tensor value of a pinned seed: (seed, tag) for an integer, a pair
+  (a full key) as it is (``tff_mf.noise.keys``)."""
   try:
-    value = checks.seed(noise_seed)
+    return keys.seed_pair(keys.pinned(noise_seed))
   except checks.CheckError as e:
     raise NoiseError(str(e)) from None
-  return np.array([value, _SEED_TAG], dtype=np.int64)
 
 
 def _check_inverse(n_matrix_rows: np.ndarray, c: np.ndarray, what: str, probe: bool) -> None:
@@ -406,7 +406,7 @@ class PrecomputedNoise(StreamingNoise):
   never reused under another seed.
   """
 
-  def __init__(self, c: np.ndarray, noise_seed: int, specs,
+  def __init__(self, c: np.ndarray, noise_seed: keys.Seed, specs,
                noise_matrix: Optional[np.ndarray] = None,
                participation: participation_lib.Participation = participation_lib.SINGLE,
                max_floats: int = 50_000_000):
