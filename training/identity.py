@@ -32,13 +32,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import os
 from typing import Dict, Optional, Sequence
 
-import numpy as np
-
 from tff_mf import checks
+from tff_mf import runstate
 from training import rundir
 from training.config import TrainingError
 
@@ -124,28 +122,12 @@ def save(run_dir: str, identity: RunIdentity) -> None:
     os.replace(tmp, path)
 
 
-def _sha256(*arrays: np.ndarray) -> str:
-  hasher = hashlib.sha256()
-  for x in arrays:
-    x = np.ascontiguousarray(x, dtype=np.float64)
-    hasher.update(repr(x.shape).encode())
-    hasher.update(x.tobytes())
-  return hasher.hexdigest()
-
-
-def encoder_sha256(c: Optional[np.ndarray], b: Optional[np.ndarray] = None) -> Optional[str]:
-  """sha256 of the float64 C the noise realizes (and of B when C is not square)."""
-  if c is None:
-    return None
-  c = np.asarray(c, np.float64)
-  if b is not None and c.shape[0] != c.shape[1]:
-    return _sha256(c, np.asarray(b, np.float64))
-  return _sha256(c)
+encoder_sha256 = runstate.encoder_sha256
 
 
 def schema_sha256(schema_dict: Dict[str, object]) -> str:
   """sha256 of a participation schema's canonical JSON."""
-  return hashlib.sha256(json.dumps(schema_dict, sort_keys=True).encode()).hexdigest()
+  return runstate.json_sha256(schema_dict)
 
 
 def check_same_mechanism(recorded: RunIdentity, encoder: Optional[str], schema: str,
@@ -160,88 +142,28 @@ def check_same_mechanism(recorded: RunIdentity, encoder: Optional[str], schema: 
           "or --cache_dir changed); restore that entry or use a new --experiment_name")
 
 
-def model_digest(arrays: Sequence[np.ndarray]) -> Dict[str, object]:
-  """sha256 and ℓ2 norm of a released model (its trainable arrays, as stored)."""
-  hasher = hashlib.sha256()
-  norm = 0.0
-  for x in arrays:
-    x = np.ascontiguousarray(np.asarray(x))
-    hasher.update(f"{x.dtype.str}{x.shape}".encode())
-    hasher.update(x.tobytes())
-    norm += float(np.sum(np.square(x, dtype=np.float64)))
-  return {"sha256": hasher.hexdigest(), "l2": math.sqrt(norm)}
+model_digest = runstate.model_digest
 
 
-def _release_entry(line: bytes) -> Optional[Dict[str, object]]:
-  """One parsed ``releases.jsonl`` record, or None when the line is not one."""
-  try:
-    entry = json.loads(line)
-    entry["round"] = int(entry["round"])
-    if not isinstance(entry["sha256"], str):
-      return None
-  except (ValueError, KeyError, TypeError):
-    return None
-  return entry
-
-
-class ReleaseLog:
-  """``releases.jsonl``: the model digest of every round ever logged (never truncated).
-
-  A malformed line followed by others is refused (TrainingError naming the file and line):
-  the rounds of the lines after it would otherwise escape the replay check. A last line
-  without its newline is what a kill during :meth:`record` leaves; the round it names was
-  not written anywhere else yet (metrics and TensorBoard come after it), so an unreadable
-  one is removed, and a complete one gets its newline before anything is appended.
-  """
+class ReleaseLog(runstate.ReleaseLog):
+  """``releases.jsonl``: the model digest of every round ever logged (never truncated;
+  ``tff_mf.runstate.ReleaseLog``), each record bound to the run identity's digest."""
 
   def __init__(self, run_dir: str):
-    self.path = os.path.join(run_dir, RELEASES_FILE)
-    self.logged: Dict[int, Dict[str, object]] = {}
-    if not os.path.lexists(self.path):
-      return
-    rundir.check_private(self.path)
-    with open(self.path, "rb") as f:
-      data = f.read()
-    lines = data.split(b"\n")
-    tail = lines.pop()  # b"" when the file ends with a newline
-    for number, line in enumerate(lines, 1):
-      if not line.strip():
-        continue
-      entry = _release_entry(line)
-      if entry is None:
-        raise TrainingError(
-            f"{self.path} line {number} is not a release record (cut or edited), so a rerun "
-            "could release its round again unchecked; restore the file or use a new "
-            "--experiment_name")
-      self._add(entry, number)
-    entry = _release_entry(tail) if tail.strip() else None
-    if entry is not None:
-      self._add(entry, len(lines) + 1)
-    if tail:
-      with open(self.path, "r+b") as f:
-        if entry is not None:
-          f.seek(0, os.SEEK_END)
-          f.write(b"\n")
-        else:
-          f.truncate(len(data) - len(tail))  # cut by a kill inside record()
-
-  def _add(self, entry: Dict[str, object], number: int) -> None:
-    if entry["round"] in self.logged:
-      raise TrainingError(f"{self.path} line {number} logs round {entry['round']} a second "
-                          "time; restore the file or use a new --experiment_name")
-    self.logged[entry["round"]] = entry
+    super().__init__(os.path.join(run_dir, RELEASES_FILE), "use a new --experiment_name",
+                     TrainingError)
 
   def check_identity(self, identity: RunIdentity) -> None:
     """Refuses records bound to another identity than ``identity`` (one line)."""
     expected = digest(identity)
-    for round_num in sorted(self.logged):
+    round_num = self.bound_elsewhere(expected)
+    if round_num is not None:
       found = self.logged[round_num].get("identity")
-      if found != expected:
-        raise TrainingError(
-            f"{self.path} logs round {round_num} under another run identity than "
-            f"{IDENTITY_FILE} ({str(found)[:16]}… against {expected[:16]}…): {IDENTITY_FILE} "
-            "was edited, replaced or restored after that round was released (or written by "
-            "an older tff-mf); restore it or use a new --experiment_name")
+      raise TrainingError(
+          f"{self.path} logs round {round_num} under another run identity than "
+          f"{IDENTITY_FILE} ({str(found)[:16]}… against {expected[:16]}…): {IDENTITY_FILE} "
+          "was edited, replaced or restored after that round was released (or written by "
+          "an older tff-mf); restore it or use a new --experiment_name")
 
   def nonprivate_metrics(self) -> Sequence[str]:
     """The names of the non-private metrics any logged round released."""
@@ -250,32 +172,8 @@ class ReleaseLog:
       names.update(entry.get("nonprivate", ()))
     return tuple(sorted(names))
 
-  @property
-  def last_round(self) -> int:
-    return max(self.logged, default=0)
-
-  def replays(self, round_num: int, model: Dict[str, object]) -> bool:
-    """True if ``round_num`` was logged and ``model`` reproduces it; raises if it does not."""
-    old = self.logged.get(round_num)
-    if old is None:
-      return False
-    if old["sha256"] == model["sha256"]:
-      return True
-    raise TrainingError(
-        f"round {round_num} was already released by this run and the rerun computed another "
-        f"model (sha256 {str(old['sha256'])[:16]}… logged, {str(model['sha256'])[:16]}… now); "
-        "refusing to release it twice: use a new --experiment_name")
-
   def record(self, round_num: int, model: Dict[str, object], identity: RunIdentity,
              nonprivate: Sequence[str] = ()) -> None:
     """Appends round ``round_num``'s record: its model digest, the run identity's digest and
     the non-private metrics released with it (a logged round is never recorded again)."""
-    if round_num in self.logged:
-      return
-    entry = {"round": int(round_num), **model, "identity": digest(identity),
-             "nonprivate": sorted(nonprivate)}
-    with rundir.private_umask():
-      fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-      with os.fdopen(fd, "a", encoding="utf-8") as f:
-        f.write(json.dumps(entry, sort_keys=True) + "\n")
-    self.logged[round_num] = entry
+    super().record(round_num, model, digest(identity), nonprivate=sorted(nonprivate))

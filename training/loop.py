@@ -350,7 +350,7 @@ class _Trainer:
 
     A round may have no clients (Poisson sampling): it still runs, so its noise is added.
     """
-    from training import robustness  # pylint: disable=g-import-not-at-top
+    from tff_mf.tf import clipping as tf_clipping  # pylint: disable=g-import-not-at-top
     config, progress = self.run.config, self.run.progress
     start = time.perf_counter()
     client_ids, datasets, skipped = self.sampler.next_round(round_num, load_client)
@@ -360,7 +360,7 @@ class _Trainer:
     self.log.observe(round_num, client_ids)
     if self.ledger is not None:
       self.ledger.write(round_num, privacy.round_event(output.state.aggregator))
-    zeroed = int(output.metrics["aggregator"][robustness.ZEROED_METRIC])
+    zeroed = int(output.metrics["aggregator"][tf_clipping.ZEROED_METRIC])
     clip = _find_metric(output.metrics["aggregator"], "clip_norm")
     progress.empty_clients_skipped += skipped
     progress.zeroed_client_updates += zeroed
@@ -379,7 +379,7 @@ class _Trainer:
       row["nonprivate_train_loss"] = float(train["loss"])
       row["nonprivate_train_accuracy"] = float(train.get("accuracy", float("nan")))
     weights = _model_weights(self.process, output.state)
-    diverged = not robustness.all_finite(weights.trainable)
+    diverged = not tf_clipping.all_finite(weights.trainable)
     if not diverged and (round_num % config.rounds_per_eval == 0
                          or round_num == config.total_rounds):
       row.update({f"validation_{k}": v for k, v in self.evaluate(weights, self.task.validation)

@@ -37,6 +37,7 @@ from tff_mf import spec as spec_lib
 from tff_mf.factorization import workloads
 from tff_mf.factorization.families import tree
 from tff_mf.noise import keys
+from tff_mf.tf import clipping as tf_clipping
 from tff_mf.tf import noise as noise_lib
 from tff_mf.tf import query as query_lib
 from tff_mf.tf import runtime
@@ -367,10 +368,14 @@ def _build_tff_tree(cfg: _Wiring, resolved: mechanisms.Resolved,
               noise_multiplier_per_node=params.noise_multiplier_per_node)
 
   def make_factory(specs):
-    return tff.aggregators.DifferentiallyPrivateFactory.tree_aggregation(
-        noise_multiplier=params.noise_multiplier_per_node,
-        clients_per_round=cfg.clients_per_round, l2_norm_clip=cfg.clip_norm,
-        record_specs=specs, noise_seed=params.noise_seed, use_efficient=True)
+    # TFF's ``DifferentiallyPrivateFactory.tree_aggregation``, its query's clipping the rule's
+    # (``tff_mf.tf.clipping``: TF's own ops where the float32 norm is finite, no NaN past it).
+    sum_query = tfp.TreeResidualSumQuery.build_l2_gaussian_query(
+        cfg.clip_norm, params.noise_multiplier_per_node, specs, noise_seed=params.noise_seed,
+        use_efficient=True)
+    sum_query._clip_fn = lambda flat, clip: tf_clipping.clip_by_global_norm(flat, clip)[0]  # pylint: disable=protected-access
+    return tff.aggregators.DifferentiallyPrivateFactory(
+        tfp.NormalizedQuery(sum_query, denominator=float(cfg.clients_per_round)))
 
   return make_factory, None
 
