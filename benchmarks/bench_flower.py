@@ -6,7 +6,7 @@ Usage: .venv/bin/python benchmarks/bench_flower.py [--rounds 4] [--smoke]
 CPU seconds of one round's noise at d = 4,050,748 (the papers' StackOverflow LSTM), median
 of ``--rounds`` rounds after one: Flower's ``DifferentialPrivacyServerSideFixedClipping``
 adds ``add_gaussian_noise_inplace`` (numpy's default generator, independent noise); the
-Flower layer (``tff_mf.flower.noise.NoiseRows``) adds σ·(N·Z)[i], Z drawn as the TF
+Flower layer (``tff_mf.noise.rows.NoiseRows``) adds σ·(N·Z)[i], Z drawn as the TF
 aggregator draws it (Philox, Box–Muller), for ``gaussian`` (independent, C = I), ``blt``
 (4 state rows) and ``banded`` (the default bands). n = 48 rounds. Writes
 benchmarks/results/flower.md (and flower.json).
@@ -36,7 +36,7 @@ def measure(d: int, rounds: int) -> dict:
   sys.path.insert(0, REPO)
   from tff_mf import mechanisms  # pylint: disable=g-import-not-at-top
   from tff_mf import spec as spec_lib  # pylint: disable=g-import-not-at-top
-  from tff_mf.flower import noise  # pylint: disable=g-import-not-at-top
+  from tff_mf.noise import rows as noise  # pylint: disable=g-import-not-at-top
 
   def timed(step):
     step()

@@ -16,8 +16,8 @@ import tensorflow as tf
 from tff_mf import mechanisms
 from tff_mf import participation
 from tff_mf import spec as spec_lib
-from tff_mf.flower import noise as flower_noise
-from tff_mf.flower import philox
+from tff_mf.noise import rows as flower_noise
+from tff_mf.noise import philox
 from tff_mf.noise import keys
 from tff_mf.tf import noise as tf_noise
 

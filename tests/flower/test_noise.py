@@ -9,8 +9,8 @@ from tff_mf import checks
 from tff_mf import mechanisms
 from tff_mf import registry
 from tff_mf import spec as spec_lib
-from tff_mf.flower import noise as noise_lib
-from tff_mf.flower import philox
+from tff_mf.noise import rows as noise_lib
+from tff_mf.noise import philox
 from tff_mf.noise import keys
 
 N = 8

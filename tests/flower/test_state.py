@@ -16,6 +16,7 @@ from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, KEY_NORM_BIT
 
 from tff_mf import checks
 from tff_mf import participation
+from tff_mf import plan as plan_lib
 from tff_mf.flower import strategy as strategy_lib
 
 N, K, NODES = 4, 2, list(range(201, 209))
@@ -125,7 +126,7 @@ def test_a_kill_between_the_state_and_its_log_resumes(tmp_path):
   w = wrapper(state_path=path)
   model = rounds(w, 2)
   w.close()
-  log = path + strategy_lib.RELEASES_SUFFIX
+  log = path + plan_lib.RELEASES_SUFFIX
   lines = open(log, encoding="utf-8").read().splitlines(keepends=True)
   with open(log, "w", encoding="utf-8") as f:
     f.writelines(lines[:1])  # round 2's state written, its log line not yet

@@ -24,7 +24,7 @@ import userenv
 from tff_mf.accounting import adaptive_clipping
 from tff_mf import checks
 from tff_mf import participation
-from tff_mf.flower import noise as noise_lib
+from tff_mf.noise import rows as noise_lib
 from tff_mf.flower import strategy as strategy_lib
 
 N, K, CLIP, Z = 8, 2, 1.0, 1.5

@@ -1,6 +1,6 @@
 """Matrix-factorization DP for Flower (flwr's Message API): a thin layer over the numpy core.
 
-``tff_mf.flower.noise`` (numpy only) realizes a resolved mechanism's noise rows; the
+The numpy core realizes a resolved mechanism's noise rows (``tff_mf.noise.rows``); the
 strategy wrapper (``tff_mf.flower.strategy``, which imports flwr) clips, sums, adds them
 and applies the workload's server optimizer. Importing this package imports neither flwr
 nor TensorFlow.

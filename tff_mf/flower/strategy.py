@@ -6,7 +6,7 @@ It wraps a FedAvg-style strategy (``flwr.serverapp.strategy``) as Flower's
 arrays by the core's rule (``tff_mf.clipping``: a non-finite update zeroed and counted, a
 norm that cannot overflow; the fixed wrapper sends ζ in the train config, so that clients
 may clip too with Flower's ``fixedclipping_mod``), sums, divides by the expected clients per round K, adds σ/K·(N·Z)[i] (σ = z·ζ,
-``tff_mf.flower.noise``) and applies the workload's server optimizer (heavy-ball momentum β
+``tff_mf.noise.rows``) and applies the workload's server optimizer (heavy-ball momentum β
 with the learning-rate schedule η_i, Prop 4.2), so the released iterates are those of the
 mechanism's workload A.
 
@@ -24,8 +24,6 @@ a file others could read or write, or an older copy is refused.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from logging import INFO
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -38,20 +36,13 @@ from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, KEY_NORM_BIT
 
-from tff_mf.accounting import adaptive_clipping
 from tff_mf import checks
 from tff_mf import clipping
-from tff_mf import entropy
 from tff_mf import mechanisms
-from tff_mf import runstate
+from tff_mf import plan as plan_lib
 from tff_mf import spec as spec_lib
-from tff_mf.factorization import workloads
-from tff_mf.flower import noise as noise_lib
 
 ACCOUNTING_METHOD = "tff-mf epsilon_by_round"
-# Beside ``state_path``: its release log and its lock.
-RELEASES_SUFFIX = ".releases.jsonl"
-STATE_REMEDY = "start the run with a new state_path"
 
 
 class MatrixFactorizationAccountant:
@@ -157,16 +148,6 @@ class _SelectedGrid:
     return getattr(self._grid, name)
 
 
-def _check_continuous(spec: spec_lib.MechanismSpec) -> None:
-  """The Flower layer adds continuous noise: a discrete-Gaussian spec's integer release is
-  the TF query's (``tff_mf.tf.aggregators``) or ``tff_mf.noise.discrete_gaussian.IntegerRelease``."""
-  if spec.privacy.discrete:
-    raise checks.CheckError("the Flower layer adds continuous noise: noise_distribution "
-                            "'discrete_gaussian' runs with the TF aggregator "
-                            "(tff_mf.tf.aggregators) or tff_mf.noise.discrete_gaussian.IntegerRelease",
-                            arguments=("noise_distribution",))
-
-
 class _MatrixFactorizationServerSide(Strategy):
   """Strategy wrapper for central DP with a matrix-factorization mechanism (server side);
   ``MatrixFactorizationFixedClipping`` and ``MatrixFactorizationAdaptiveClipping`` below.
@@ -206,17 +187,12 @@ class _MatrixFactorizationServerSide(Strategy):
     if not spec.mechanism.private:
       raise checks.CheckError(f"mechanism {spec.mechanism.name!r} adds no noise; this wrapper "
                               "is for private mechanisms")
-    _check_continuous(spec)
     if (spec.adaptive is not None) != self.clips_adaptively:
       raise checks.CheckError(
           f"{type(self).__name__} takes " + ("clip_norm='adaptive'" if self.clips_adaptively
                                              else "a fixed clip_norm") +
           f", got clip_norm={spec.clipping.described!r}; use MatrixFactorization"
           f"{'Fixed' if self.clips_adaptively else 'Adaptive'}Clipping")
-    if (spec.adaptive is not None and spec.adaptive.clipped_count_stddev == 0.0
-        and not spec.privacy.allow_no_noise):
-      raise checks.CheckError("clipped_count_stddev = 0 releases the count of unclipped "
-                              "updates without noise; pass allow_no_noise=True to accept that")
     fraction = getattr(strategy, "fraction_train", None)
     if fraction != 1.0:
       raise checks.CheckError(
@@ -233,62 +209,34 @@ class _MatrixFactorizationServerSide(Strategy):
     for name in ("min_train_nodes", "min_available_nodes"):
       if hasattr(strategy, name):
         setattr(strategy, name, 0)
-    self.spec = spec
-    pinned = noise_seed is not None
-    self.resolved, self.record = mechanisms.build(spec, cache_dir=cache_dir,
-                                                  noise_seed_pinned=pinned)
-    if self.resolved.factorization is None:
-      raise checks.CheckError(f"mechanism {spec.mechanism.name!r} is TFF's own tree "
-                              "aggregation; in Flower use 'honaker_online' (the same tree as a "
-                              "matrix mechanism)")
-    self.server_learning_rate = checks.positive_float(server_learning_rate,
-                                                      "server_learning_rate")
-    w = spec.workload
-    self.momentum = float(w.momentum)
-    self.etas = workloads.learning_rates(spec.n, w.lr_schedule, w.schedule_rounds)
-    self.clip_norm = spec.clipping.clip_norm  # ζ_i: ζ_0, then the quantile estimate's
-    self._exact_noise = bool(exact_noise)
-    self._init_seeds(noise_seed, sampling_seed, sampling_secret)
-    self.state_path = state_path
-    self._lock: Optional[runstate.StateLock] = None
-    self._log: Optional[runstate.ReleaseLog] = None
-    self._binding: Optional[Dict[str, object]] = None
-    # ε after each round (upper bounds at δ), computed once; None without δ.
-    self._epsilons = (self.record.epsilon_by_round() if self.record.epsilon is not None
-                      else None)
+    self.plan = plan_lib.build(spec, cache_dir=cache_dir, noise_seed_pinned=noise_seed is not None)
+    self.plan.check_numpy_run()
     self.accountant = None
     if privacy_config is not None:
       self.accountant = MatrixFactorizationAccountant(self.record, privacy_config,
-                                                      self._epsilons)
-    self.noise: Optional[noise_lib.NoiseRows] = None
-    self.sampler = None
-    self._momentum_buffer: Optional[List[np.ndarray]] = None
-    self._keys: Optional[List[str]] = None
+                                                      self.plan.epsilons)
+    self.run = plan_lib.ServerRun(
+        self.plan, server_learning_rate=server_learning_rate, noise_seed=noise_seed,
+        sampling_seed=sampling_seed, sampling_secret=sampling_secret, exact_noise=exact_noise,
+        state_path=state_path)
     self.current_arrays = ArrayRecord()
-    self.rounds_done = 0
     self._offset = 0
-    self._restored: Optional[Dict[str, np.ndarray]] = None
-    if state_path is not None:
-      self._open_state()
 
-  def _init_seeds(self, noise_seed, sampling_seed, sampling_secret) -> None:
-    """The noise seed pair and the sampler's seed and secret (OS entropy unless pinned), and
-    where each came from (a restarted run keeps the file's; a seed pinned now: pinned)."""
-    self._seed = noise_lib.seed_pair(noise_seed)
-    self._noise_seed_pinned = noise_seed is not None
-    self._sampling_pinned = (sampling_seed is not None, sampling_secret is not None)
-    self._sampling_seed = (entropy.new_seed("sampling-seed") if sampling_seed is None
-                           else checks.seed(sampling_seed, "sampling_seed"))
-    self._secret = (entropy.new_seed("sampling-secret") if sampling_secret is None
-                    else checks.seed(sampling_secret, "sampling_secret"))
-    self.seed_sources = {name: "pinned" if p else "os_entropy" for name, p in zip(
-        ("noise_seed", "sampling_seed", "sampling_secret"),
-        (self._noise_seed_pinned,) + self._sampling_pinned)}
+  # The run's parts, as the plan and its server hold them.
+  spec = property(lambda self: self.plan.spec)
+  resolved = property(lambda self: self.plan.resolved)
+  record = property(lambda self: self.plan.record)
+  state_path = property(lambda self: self.run.state_path)
+  sampler = property(lambda self: self.run.sampler)
+  noise = property(lambda self: self.run.noise)
+  rounds_done = property(lambda self: self.run.rounds_done)
+  clip_norm = property(lambda self: self.run.clip_norm)
+  seed_sources = property(lambda self: self.run.seed_sources)
 
   def start(self, grid, initial_arrays: ArrayRecord, *args, **kwargs):
     """Flower's loop (``Strategy.start``) with the state file's lock held throughout."""
-    if self.state_path is not None and (self._lock is None or not self._lock.held):
-      self._open_state(reopen=True)
+    if self.state_path is not None:
+      self.run.open_state()
     try:
       return super().start(grid, initial_arrays, *args, **kwargs)
     finally:
@@ -296,46 +244,7 @@ class _MatrixFactorizationServerSide(Strategy):
 
   def close(self) -> None:
     """Releases the state file's lock (``start`` does at the end of a run)."""
-    if self._lock is not None:
-      self._lock.release()
-
-  def _open_state(self, reopen: bool = False) -> None:
-    """Locks ``state_path`` (one server per state file), checks it is private (owner, mode)
-    and reads it with its release log: the run's state as ``_restored``."""
-    path = self.state_path
-    self._lock = runstate.StateLock(f"{path}.lock", f"the state file {path}", STATE_REMEDY)
-    try:
-      self._log = runstate.ReleaseLog(f"{path}{RELEASES_SUFFIX}", STATE_REMEDY)
-      if reopen:  # a second start of this strategy: the file must still be the one it wrote
-        saved = _load_state(path) if os.path.lexists(path) else None
-        at = 0 if saved is None else int(np.asarray(saved["rounds_done"])[0])
-        if self.noise is not None and at != self.rounds_done:
-          raise checks.CheckError(f"the state file {path} was changed by another server "
-                                  f"(round {at}, this server's {self.rounds_done}); "
-                                  f"{STATE_REMEDY}")
-      elif os.path.lexists(path):
-        self._restored = _load_state(path)
-    except BaseException:
-      self.close()
-      raise
-
-  def _run_binding(self, arrays: ArrayRecord, ndarrays) -> Dict[str, object]:
-    """What makes a state file this run's: the mechanism (encoder C, and B when C is not
-    square), schema, spec, noise multiplier, clipping and the model. (The seeds and their
-    sources are the file's: a restart continues them, ``_restore``.)"""
-    f = self.resolved.factorization
-    return {
-        "mechanism": self.spec.mechanism.name,
-        "encoder_sha256": runstate.encoder_sha256(self.record.encoder, f.b),
-        "schema_sha256": runstate.json_sha256(self.spec.participation.as_dict()),
-        "spec_sha256": runstate.json_sha256(self.spec.describe()),
-        "noise_multiplier": float(self.record.noise_multiplier),
-        "sampling_prob": self.spec.privacy.sampling_prob,
-        "clipping": "adaptive" if self.clips_adaptively else "fixed",
-        "exact_noise": self._exact_noise,
-        "server_learning_rate": self.server_learning_rate,
-        "model": [[key, list(a.shape), a.dtype.str] for key, a in zip(arrays.keys(), ndarrays)],
-    }
+    self.run.close()
 
   def __repr__(self) -> str:
     kind = "adaptive" if self.clips_adaptively else "fixed"
@@ -349,44 +258,22 @@ class _MatrixFactorizationServerSide(Strategy):
 
   def epsilon(self) -> float:
     """ε spent after the rounds released so far (an upper bound at the spec's δ)."""
-    if self._epsilons is None:
-      raise checks.CheckError("the mechanism has no epsilon: give delta to the spec")
-    return 0.0 if self.rounds_done == 0 else float(self._epsilons[self.rounds_done - 1])
+    return self.plan.epsilon_after(self.rounds_done)
 
   # ------------------------------------------------------------------ training
   def _setup(self, arrays: ArrayRecord, grid) -> None:
-    ndarrays = arrays.to_numpy_ndarrays()
-    self._keys = list(arrays.keys())
-    self.noise = noise_lib.NoiseRows(self.resolved, [a.shape for a in ndarrays], self._seed,
-                                     exact=self._exact_noise)
-    self._momentum_buffer = [np.zeros(a.shape, np.float64) for a in ndarrays]
     while len(node_ids := sorted(int(x) for x in grid.get_node_ids())) < self.population:
       log(INFO, "Waiting for nodes to connect: %d connected (population: %d).", len(node_ids),
           self.population)
       time.sleep(1)
-    n, k = self.spec.n, self.spec.clients_per_round
-    if not float(k).is_integer() and not self.spec.participation.poisson:
-      raise checks.CheckError(f"clients_per_round={k} must be an integer for participation "
-                              f"{self.spec.participation.kind}")
-    self.sampler = self.spec.participation.make_sampler(
-        [str(i) for i in node_ids], seed=self._sampling_seed, total_rounds=n,
-        clients_per_round=int(k), sampling_prob=self.spec.privacy.sampling_prob,
-        secret=self._secret)
-    self.sampler.prepare(lambda cid: cid)
-    self._binding = self._run_binding(arrays, ndarrays)
-    if self._restored is not None:
-      self._restore(self._restored)
-      self._restored = None
-    elif self._log is not None and self._log.last_round:
-      raise checks.CheckError(
-          f"{self._log.path} shows {self._log.last_round} rounds released but the state file "
-          f"{self.state_path} is missing: a new run would release them again with new noise "
-          f"under an epsilon that covers one run; {STATE_REMEDY}")
+    self.run.start(list(arrays.keys()), arrays.to_numpy_ndarrays(), [str(i) for i in node_ids])
+    if self.accountant is not None:
+      self.accountant.load_state_dict({"num_releases": self.rounds_done})
     self._offset = self.rounds_done
 
   def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                       grid) -> Iterable[Message]:
-    if self.noise is None:
+    if not self.run.started:
       self._setup(arrays, grid)
     i = server_round + self._offset  # the mechanism's round (a restarted run goes on)
     if i != self.rounds_done + 1:
@@ -407,7 +294,7 @@ class _MatrixFactorizationServerSide(Strategy):
       # estimate needs the raw updates' norms, so client-side clipping mods find no norm
       # to clip to and the round is refused (``aggregate_train``).
       config[KEY_CLIPPING_NORM] = float(self.clip_norm)
-    chosen, _, _ = self.sampler.next_round(i, lambda cid: cid)
+    _, chosen = self.run.next_round()
     if not chosen:
       return []
     return self.strategy.configure_train(server_round, arrays, config,
@@ -418,55 +305,24 @@ class _MatrixFactorizationServerSide(Strategy):
     replies = list(replies)
     _refuse_client_side_clipping(replies, self.clips_adaptively)
     replies = [r for r in replies if not r.has_error()]
-    current = [a.astype(np.float64) for a in self.current_arrays.to_numpy_ndarrays()]
-    total = [np.zeros_like(a) for a in current]
-    count = 0.0  # Σ (1[‖Δ‖ ≤ ζ_i] − ½): the quantile estimate's query (adaptive clipping)
-    zeroed = 0
-    for reply in replies:
-      # The core's rule: a non-finite (or malformed) update is zeroed and counted, and the
-      # norm cannot overflow (``tff_mf.clipping``).
-      clipped = clipping.clip_update(_update(reply, self._keys, current), self.clip_norm)
-      zeroed += int(clipped.zeroed)
-      count += (1.0 if clipped.unclipped else 0.0) - 0.5
-      for t, u in zip(total, clipped.values):
-        t += u
+    current = self.current_arrays.to_numpy_ndarrays()
+    delta = plan_lib.update_fn(current)
+    keys = list(self.current_arrays.keys())
+    # The core's rule: a non-finite (or malformed) update is zeroed and counted, and the norm
+    # cannot overflow (``tff_mf.clipping``); the round is the core's (``ServerRun``).
+    new, zeroed = self.run.release(current, [delta(_arrays(r, keys)) for r in replies])
     metrics = None
     if replies:
       _, metrics = self.strategy.aggregate_train(server_round, replies)
     metrics = MetricRecord() if metrics is None else metrics
     metrics[clipping.ZEROED_METRIC] = zeroed
-    k = float(self.spec.clients_per_round)
-    noise = self.noise.next(self.record.noise_multiplier * self.clip_norm)
-    noise = [z.astype(np.float64) / k for z in noise]
-    i = server_round + self._offset
-    eta = self.server_learning_rate * float(self.etas[i - 1])
-    new = []
-    for c, t, z, m in zip(current, total, noise, self._momentum_buffer):
-      m *= self.momentum
-      m += t / k + z
-      new.append(c + eta * m)
-    self.rounds_done = i
-    if self.clips_adaptively:
-      self._next_clip(i, count, k)
     if self.accountant is not None:
       self.accountant.compose(None)
-    if self._epsilons is not None:
+    if self.plan.epsilons is not None:
       log(INFO, "Privacy spent: epsilon=%.6f at delta=%g after %d of %d rounds (%s)",
-          self.epsilon(), self.record.delta, i, self.spec.n, self.spec.mechanism.name)
-    dtypes = [a.dtype for a in self.current_arrays.to_numpy_ndarrays()]
-    out = ArrayRecord({key: Array(np.asarray(v, dtype=dt))
-                       for key, v, dt in zip(self._keys, new, dtypes)})
-    if self.state_path is not None:
-      self._save(out)
-    return out, metrics
-
-  def _next_clip(self, i: int, count: float, k: float) -> None:
-    """ζ_{i+1} from the noisy count of round i (Andrew et al. 2021, arXiv:1905.03871, Alg. 1,
-    geometric update), its noise the TF query's draw for the seed and round."""
-    a = self.spec.adaptive
-    noisy = count + a.clipped_count_stddev * noise_lib.count_noise(self.noise.seed, i - 1)
-    self.clip_norm = adaptive_clipping.next_clip(self.clip_norm, noisy, k, a.target_quantile,
-                                                 a.learning_rate)
+          self.epsilon(), self.record.delta, self.rounds_done, self.spec.n,
+          self.spec.mechanism.name)
+    return ArrayRecord({key: Array(v) for key, v in zip(keys, new)}), metrics
 
   def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                          grid) -> Iterable[Message]:
@@ -476,86 +332,9 @@ class _MatrixFactorizationServerSide(Strategy):
                          ) -> Optional[MetricRecord]:
     return self.strategy.aggregate_evaluate(server_round, replies)
 
-  # ------------------------------------------------------------------ state
   def state(self) -> Dict[str, np.ndarray]:
-    """Everything a restarted server needs to continue (holds the secret seed)."""
-    out = dict(self.noise.state())
-    out["rounds_done"] = np.array([self.rounds_done], np.int64)
-    out["clip_norm"] = np.array([self.clip_norm], np.float64)
-    out["sampling"] = np.array([self._sampling_seed, self._secret], np.int64)
-    for t, m in enumerate(self._momentum_buffer):
-      out[f"momentum_{t}"] = m
-    for key, value in self.sampler.state().items():
-      out[f"sampler_{key}"] = np.asarray(value)
-    return out
-
-  def _restore(self, state: Dict[str, np.ndarray]) -> None:
-    path = self.state_path
-    if "binding" not in state:
-      raise checks.CheckError(f"the state file {path} has no run binding (written by an older "
-                              f"tff-mf): it cannot be proven to be this run's; {STATE_REMEDY}")
-    recorded = json.loads(str(state["binding"]))
-    runstate.check_binding(recorded, self._binding, f"the state file {path}", STATE_REMEDY)
-    rounds = int(np.asarray(state["rounds_done"])[0])
-    digest = runstate.binding_digest(self._binding)
-    elsewhere = self._log.bound_elsewhere(digest)
-    if elsewhere is not None:
-      raise checks.CheckError(f"{self._log.path} logs round {elsewhere} under another run "
-                              f"binding than the state file {path}; {STATE_REMEDY}")
-    if self._log.check_state_round(rounds, f"the state file {path}"):
-      self._log.record(rounds, runstate.model_digest(_saved_arrays(state, self._keys)), digest)
-    recorded_sources = json.loads(str(state["seed_sources"]))
-    self.seed_sources = {name: "pinned" if self.seed_sources[name] == "pinned" else
-                         recorded_sources[name] for name in self.seed_sources}
-    sampling = np.asarray(state["sampling"], np.int64)
-    for pinned, name, saved, mine in zip(self._sampling_pinned,
-                                         ("sampling_seed", "sampling_secret"), sampling,
-                                         (self._sampling_seed, self._secret)):
-      if pinned and int(saved) != mine:
-        raise checks.CheckError(f"{name} is pinned, but the state file {path} holds another; "
-                                f"drop {name} to continue its run, or {STATE_REMEDY}")
-    if (int(sampling[0]), int(sampling[1])) != (self._sampling_seed, self._secret):
-      self._sampling_seed, self._secret = int(sampling[0]), int(sampling[1])
-      node_ids = self.sampler.client_ids
-      self.sampler = self.spec.participation.make_sampler(
-          node_ids, seed=self._sampling_seed, total_rounds=self.spec.n,
-          clients_per_round=int(self.spec.clients_per_round),
-          sampling_prob=self.spec.privacy.sampling_prob, secret=self._secret)
-    saved_seed = np.asarray(state["noise_seed"], np.int64)
-    if self._noise_seed_pinned and not np.array_equal(saved_seed, self._seed):
-      raise checks.CheckError(f"noise_seed is pinned, but the state file {self.state_path} "
-                              "holds another seed; drop noise_seed to continue its run")
-    self.noise.restore(state)
-    self._seed = self.noise.seed
-    self.rounds_done = int(state["rounds_done"][0])
-    self.clip_norm = float(state["clip_norm"][0])
-    if self.noise.round != self.rounds_done:
-      raise checks.CheckError(f"the state file's noise stream is at round {self.noise.round}, "
-                              f"its rounds at {self.rounds_done}")
-    for t in range(len(self._momentum_buffer)):
-      m = np.asarray(state[f"momentum_{t}"], np.float64)
-      if m.shape != self._momentum_buffer[t].shape:
-        raise checks.CheckError(f"the state file's momentum_{t} has shape {m.shape}, the "
-                                f"model's {self._momentum_buffer[t].shape}")
-      self._momentum_buffer[t] = m.copy()
-    self.sampler.restore({k[len("sampler_"):]: v for k, v in state.items()
-                          if k.startswith("sampler_")})
-    if self.accountant is not None:
-      self.accountant.load_state_dict({"num_releases": self.rounds_done})
-
-  def _save(self, arrays: ArrayRecord) -> None:
-    """The state (with the released model and the run's binding) written whole, then the
-    round logged: a kill between the two leaves a state one round ahead of its log, which
-    the next start logs from the state."""
-    state = self.state()
-    model = arrays.to_numpy_ndarrays()
-    for key, value in zip(self._keys, model):
-      state[f"model_{key}"] = value
-    state["binding"] = np.array(json.dumps(self._binding, sort_keys=True))
-    state["seed_sources"] = np.array(json.dumps(self.seed_sources, sort_keys=True))
-    runstate.write_private(self.state_path, lambda f: np.savez(f, **state))
-    self._log.record(self.rounds_done, runstate.model_digest(model),
-                     runstate.binding_digest(self._binding))
+    """Everything a restarted server needs to continue (holds the secret seeds)."""
+    return self.run.state()
 
 
 class MatrixFactorizationFixedClipping(_MatrixFactorizationServerSide):
@@ -571,19 +350,16 @@ class MatrixFactorizationAdaptiveClipping(_MatrixFactorizationServerSide):
   clips_adaptively = True
 
 
-def _update(reply: Message, keys: List[str], current: List[np.ndarray]) -> List[np.ndarray]:
-  """A reply's model minus the current model (float64); NaN where the reply is malformed
-  (not one ArrayRecord of the model's keys and shapes), so the rule zeroes and counts it."""
+def _arrays(reply: Message, keys: List[str]) -> Optional[List[np.ndarray]]:
+  """The model a client returned: its one ArrayRecord's arrays by the model's keys, or None
+  (which ``plan.update_fn`` turns into an update the clipping rule zeroes and counts)."""
   records = list(reply.content.array_records.values())
+  if len(records) != 1 or list(records[0].keys()) != keys:
+    return None
   try:
-    if len(records) != 1 or list(records[0].keys()) != keys:
-      raise ValueError("not the model's arrays")
-    arrays = records[0].to_numpy_ndarrays()
-    if any(a.shape != c.shape for a, c in zip(arrays, current)):
-      raise ValueError("not the model's shapes")
-    return [np.asarray(a, np.float64) - c for a, c in zip(arrays, current)]
+    return records[0].to_numpy_ndarrays()
   except (ValueError, TypeError):
-    return [np.full(c.shape, np.nan) for c in current]
+    return None
 
 
 def _refuse_client_side_clipping(replies: List[Message], adaptive: bool) -> None:
@@ -605,21 +381,4 @@ def _refuse_client_side_clipping(replies: List[Message], adaptive: bool) -> None
           "the round's metrics without noise; remove the mod from the ClientApp")
 
 
-def _saved_arrays(state: Dict[str, np.ndarray], keys: List[str]) -> List[np.ndarray]:
-  return [state[f"model_{key}"] for key in keys]
-
-
-def _load_state(path: str) -> Dict[str, np.ndarray]:
-  """The state file's arrays, after its owner and mode checks (it holds the seeds)."""
-  runstate.check_private(path, STATE_REMEDY)
-  runstate.check_secret(path, "its noise seed and sampling secret", STATE_REMEDY)
-  try:
-    with np.load(path, allow_pickle=False) as data:
-      return {k: data[k] for k in data.files}
-  except (OSError, ValueError) as e:
-    raise checks.CheckError(f"cannot read the state file {path}: {e}") from None
-
-
-def saved_model(path: str) -> Dict[str, np.ndarray]:
-  """The model arrays written with the state after the last round (by their keys)."""
-  return {k[len("model_"):]: v for k, v in _load_state(path).items() if k.startswith("model_")}
+saved_model = plan_lib.saved_model

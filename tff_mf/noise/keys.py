@@ -3,7 +3,7 @@
 Every framework layer draws Z from ``stateless_normal(…, seed=fold_in(fold_in(key, j), t))``
 (Philox4x32-10, Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3"); one
 Philox call turns the two words into the generator's 64-bit key and the high half of its
-counter (TensorFlow's stateless kernels, ``tff_mf.flower.philox.key_counter``), a bijection,
+counter (TensorFlow's stateless kernels, ``tff_mf.noise.philox.key_counter``), a bijection,
 so every bit of both words matters. The pair is all an attacker needs to regenerate and
 subtract the noise. Its one rule:
 

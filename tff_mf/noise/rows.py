@@ -1,8 +1,10 @@
-"""Round i's noise row σ·(N·Z)[i] of a resolved mechanism, in numpy (no flwr, no TF).
+"""Round i's noise row σ·(N·Z)[i] of a resolved mechanism, in numpy (no flwr, no TF): the one
+numpy noise source every framework but TensorFlow's draws from (the TF kernel,
+``tff_mf.tf.noise``, is its bit-exact twin with ``exact=True``).
 
 N = A⁻¹·B (C⁻¹ for square C) of the factorization the core resolved (Denisov et al. 2022,
 arXiv:2202.08312, Algorithm 1 and App I); Z is drawn row by row from a secret seed pair as
-the TF aggregator draws it (``tff_mf.flower.philox``), so a Flower run and a TFF run with
+the TF aggregator draws it (``tff_mf.noise.philox``), so a Flower run and a TFF run with
 the same seed and mechanism add the same noise. A linear-noise mechanism runs its
 ``LinearStream`` (k model-sized rows of state, float64); any other matrix mechanism
 regenerates the Z rows that row i of N needs. Going past round n raises.
@@ -23,8 +25,7 @@ import numpy as np
 import scipy.linalg
 
 from tff_mf import checks
-from tff_mf import mechanisms
-from tff_mf.flower import philox
+from tff_mf.noise import philox
 from tff_mf.noise import keys
 
 
@@ -36,12 +37,13 @@ def seed_pair(noise_seed: Optional[keys.Seed]) -> np.ndarray:
 
 class NoiseRows:
   """σ·(N·Z)[i] for i = 0, 1, …, n − 1, from a seed pair; ``state``/``restore`` carry it.
+  ``resolved``: a ``tff_mf.mechanisms.Resolved`` (its factorization, stream and n).
 
   Attributes:
     n: rounds. linear: whether the mechanism's ``LinearStream`` produces the rows.
   """
 
-  def __init__(self, resolved: mechanisms.Resolved, shapes: Sequence[Tuple[int, ...]],
+  def __init__(self, resolved, shapes: Sequence[Tuple[int, ...]],
                seed: np.ndarray, exact: bool = False):
     if resolved.factorization is None or resolved.encoder is None:
       raise checks.CheckError(f"mechanism {resolved.mechanism.name!r} has no matrix "
