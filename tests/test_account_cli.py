@@ -130,14 +130,13 @@ def test_mmcc_matrices_keep_names_that_say_what_they_are(capsys):
   assert sqrt["matrix"].startswith("truncated_sqrt_prefix") and sqrt["bands"] == 4
 
 
-def test_the_former_amplification_name_banded_works_with_one_warning_line(capsys):
+def test_the_former_amplification_name_banded_is_refused_naming_the_new(capsys):
   argv = ["--mechanism", "tree_restart", "--height", "3", "--total_rounds", "16", "--min_sep",
           "4", "--sampling_prob", "0.5", "--noise_multiplier", "2", "--delta", DELTA,
           "--pld_discretization", "1e-2", "--json"]
   rc, out, err = _run(argv + ["--amplification", "banded"], capsys)
-  assert rc == 0 and err.strip() == ("warning: --amplification banded is deprecated; use "
-                                     "--amplification amplified_banded")
-  assert _strict(out) == _json(argv[:-1] + ["--amplification", "amplified_banded"], capsys)
+  assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+  assert "--amplification banded was renamed --amplification amplified_banded" in err
 
 
 def test_banded_with_target_epsilon(capsys):

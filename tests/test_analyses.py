@@ -154,19 +154,19 @@ def test_calibration_takes_the_analysis_object():
   assert by_object["epsilon"] <= 2.0 and by_object["analysis"] == "mmcc"
 
 
-def test_the_former_name_banded_is_the_amplified_banded_analysis_with_a_warning():
-  """"banded" is a strategy; the analysis is "amplified_banded". The former name still works
-  where a caller types it (with a DeprecationWarning) and a stored record naming it reads as
-  the analysis it named."""
+def test_the_former_name_banded_is_refused_and_a_stored_record_still_reads():
+  """"banded" is a strategy; the analysis is "amplified_banded". A caller who types the
+  former name is refused in one line naming the new one (no alias); a stored record naming it
+  reads as the analysis it named."""
   n, b, grid = 6, 2, 1e-2
   schema = participation.from_args("min_sep", n, min_sep=b)
   c = np.tril(np.triu(_prefix_sqrt(n), -(b - 1)))
   c /= np.max(np.linalg.norm(c, axis=0))
   new = accounting.epsilon_for(c, schema, 2.0, DELTA, "amplified_banded", 0.5,
                                pld_discretization=grid)
-  with pytest.warns(DeprecationWarning, match="'banded' is deprecated; use 'amplified_banded'"):
-    old = accounting.epsilon_for(c, schema, 2.0, DELTA, "banded", 0.5, pld_discretization=grid)
-  assert old == new and new["analysis"] == "amplified_banded"
+  with pytest.raises(checks.CheckError, match="'banded' was renamed 'amplified_banded'"):
+    accounting.epsilon_for(c, schema, 2.0, DELTA, "banded", 0.5, pld_discretization=grid)
+  assert new["analysis"] == "amplified_banded"
   stored = dict(new, analysis="banded")  # a record written before the rename
   assert analyses.of_record("banded") is analyses.AmplifiedBanded
   then, now = (statement.privacy_statement(r, run=False) for r in (stored, new))

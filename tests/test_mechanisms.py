@@ -296,15 +296,12 @@ def test_a_family_parameter_of_its_own_flows_from_the_spec_to_its_factorization(
     registry.unregister(strategy_name="toy_ratio", mechanism_name="toy_ratio")
 
 
-def test_the_former_noise_kind_dense_is_dense_rows_with_a_warning():
+def test_the_former_noise_kind_dense_is_refused_naming_dense_rows():
   """"dense" names the optimal family; the noise kind that regenerates N's rows is
-  "dense_rows". A Mechanism spelled the old way still means it (and warns); an unknown kind
-  is refused in one line."""
-  with pytest.warns(DeprecationWarning,
-                    match="noise kind 'dense' is deprecated; use 'dense_rows'"):
-    old = registry.Mechanism("x", (), "x", "x", "optimal", "training", "dense")
-  assert old.noise == "dense_rows"
-  assert old == registry.Mechanism("x", (), "x", "x", "optimal", "training", "dense_rows")
+  "dense_rows". A Mechanism spelled the old way is refused in one line naming the new
+  spelling, and an unknown kind is refused in one line."""
+  with pytest.raises(registry.RegistryError, match="noise kind 'dense' was renamed 'dense_rows'"):
+    registry.Mechanism("x", (), "x", "x", "optimal", "training", "dense")
   assert "dense" not in registry.NOISE_KINDS
   with pytest.raises(registry.RegistryError, match="noise must be one of .*got 'dens'"):
     registry.Mechanism("x", (), "x", "x", "optimal", "training", "dens")

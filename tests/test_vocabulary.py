@@ -2,8 +2,8 @@
 
 Each tool's ``--help`` runs in a clean-shell subprocess (``userenv``) and must list exactly the
 flags the table gives it; each flag's default (from the tool's parser, as ``--help`` shows it)
-must be the table's; the deprecated column is ``clitools.DEPRECATED``. An old spelling warns
-in one line and parses to the same namespace as the new one; ``--no_progress`` silences every
+must be the table's; the former-spellings column is ``clitools.RENAMED``. An old spelling is
+refused in one line naming the new one (no alias keeps it alive); ``--no_progress`` silences every
 bar; the schema flags imply the schema, δ has one default, and ``account --sampling_prob``
 alone uses the analysis a training run uses.
 """
@@ -125,7 +125,7 @@ TOOLS = TFF_MF + ("run_stackoverflow",) + tuple(MODULE_TOOLS)
 
 def test_the_table_is_every_tools_help():
   """Every flag a tool's --help lists is in the table with that tool and its default, every
-  table row's tools list it, and the deprecated spellings are clitools.DEPRECATED's."""
+  table row's tools list it, and the former spellings are clitools.RENAMED's."""
   table = _table()
   listed_by = {}
   for tool in TOOLS:
@@ -142,13 +142,13 @@ def test_the_table_is_every_tools_help():
       if flag == first:  # --no_progress shares --progress's row and default
         assert _table_default(cell, tool) == defaults[flag], (tool, flag, cell, defaults[flag])
       listed_by.setdefault(flag, set()).add(tool)
-    # Old spellings: listed at the end of the help, never as flags of their own.
-    for old, (new, _) in clitools.DEPRECATED.get(PROGS.get(tool, ""), {}).items():
-      assert f"--{old} (use --{new})" in " ".join(result.stdout.split()), (tool, old)
+    # Former spellings: listed at the end of the help, never as flags of their own.
+    for old, (new, _) in clitools.RENAMED.get(PROGS.get(tool, ""), {}).items():
+      assert f"--{old} (now --{new})" in " ".join(result.stdout.split()), (tool, old)
   for flag, (_, tools, _, first) in table.items():  # a shared row: its first flag's tools
     assert set(tools) == listed_by.get(first, set()), (flag, tools, listed_by.get(first))
   deprecated = {}
-  for prog, aliases in clitools.DEPRECATED.items():
+  for prog, aliases in clitools.RENAMED.items():
     tool = next(t for t, p in PROGS.items() if p == prog)
     for old, (new, _) in aliases.items():
       deprecated.setdefault(new, {}).setdefault(old, []).append(tool)
@@ -185,34 +185,29 @@ def test_one_name_one_meaning_across_the_table():
 
 
 @pytest.mark.parametrize("argv, old, new", [
-    (["factorize", "--n", "8", "--strategy", "optimal"],
-     ["--n", "--strategy"], ["factorize", "--total_rounds", "8", "--mechanism", "optimal"]),
-    (["account", "--n", "8", "--mechanism", "blt", "--noise_multiplier", "1"],
-     ["--n"], ["account", "--total_rounds", "8", "--mechanism", "blt", "--noise_multiplier", "1"]),
-    (["plot", "--n=8", "--output_dir", "x"], ["--n"],
-     ["plot", "--total_rounds=8", "--output_dir", "x"]),
-    (["calibrate-bands", "--n", "16", "--min_sep", "4", "--sampling_prob", "0.5",
-      "--target_epsilon", "2", "--strategy", "banded"], ["--n", "--strategy"],
-     ["calibrate-bands", "--total_rounds", "16", "--min_sep", "4", "--sampling_prob", "0.5",
-      "--target_epsilon", "2", "--mechanism", "banded"]),
-    (["audit", "--mechanism", "blt", "--n", "4", "--momentum", "0.5"], ["--n", "--momentum"],
-     ["audit", "--mechanism", "blt", "--total_rounds", "4", "--server_momentum", "0.5"]),
+    (["factorize", "--n", "8", "--mechanism", "optimal"], "--n", "--total_rounds"),
+    (["factorize", "--total_rounds", "8", "--strategy", "optimal"], "--strategy", "--mechanism"),
+    (["account", "--n", "8", "--mechanism", "blt", "--noise_multiplier", "1"], "--n",
+     "--total_rounds"),
+    (["plot", "--n=8", "--output_dir", "x"], "--n", "--total_rounds"),
+    (["calibrate-bands", "--total_rounds", "16", "--min_sep", "4", "--sampling_prob", "0.5",
+      "--target_epsilon", "2", "--strategy", "banded"], "--strategy", "--mechanism"),
+    (["audit", "--mechanism", "blt", "--momentum", "0.5"], "--momentum", "--server_momentum"),
 ])
-def test_an_old_spelling_warns_in_one_line_and_means_the_same(argv, old, new, capsys):
-  parsed = cli.build_parser().parse_args(argv)
-  lines = capsys.readouterr().err.strip().splitlines()
-  assert len(lines) == len(old), lines
-  for flag, line in zip(old, lines):
-    assert line.startswith(f"warning: {flag} is deprecated; use --"), line
-  assert vars(parsed) == vars(cli.build_parser().parse_args(new))
-  assert capsys.readouterr().err == ""
+def test_an_old_spelling_is_refused_in_one_line_naming_the_new(argv, old, new, capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.build_parser().parse_args(argv)
+  assert e.value.code == clitools.USAGE_ERROR
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert f"{old} was renamed {new}; use {new}" in err, err
 
 
-def test_aliases_keep_their_meaning_where_they_had_one(capsys):
-  """audit's --momentum says what it meant; factorize's --momentum is still the workload's β
-  (no alias there); account's --strategy stays the removed flag it was; the main job's --n is
-  its table's rounds, pydocs' --cache_dir its dataset cache."""
-  cli.build_parser().parse_args(["audit", "--mechanism", "blt", "--momentum", "0.5"])
+def test_a_renamed_flag_says_what_it_meant_where_the_new_name_does_not(capsys):
+  """audit's --momentum was the server momentum; factorize's --momentum is still the
+  workload's β (never renamed there); account's --strategy stays the removed flag it was; the
+  main job's --n was its table's rounds, pydocs' --cache_dir its dataset cache."""
+  with pytest.raises(SystemExit):
+    cli.build_parser().parse_args(["audit", "--mechanism", "blt", "--momentum", "0.5"])
   assert "(audit's --momentum was the server momentum)" in capsys.readouterr().err
   args = cli.build_parser().parse_args(["factorize", "--mechanism", "optimal",
                                         "--total_rounds", "8", "--momentum", "0.9"])
@@ -221,26 +216,14 @@ def test_aliases_keep_their_meaning_where_they_had_one(capsys):
     cli.build_parser().parse_args(["account", "--strategy", "blt", "--noise_multiplier", "1"])
   assert "--strategy was removed" in capsys.readouterr().err
   from training import main_job  # pylint: disable=g-import-not-at-top
-  args = main_job.build_parser().parse_args(["--n", "16"])
-  assert args.table_rounds == 16 and args.total_rounds != 16
-  assert "use --table_rounds (the main job's --n was the rounds of the sqrt(L) table" in \
-      capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    main_job.build_parser().parse_args(["--n", "16"])
+  assert "--n was renamed --table_rounds; use --table_rounds (the main job's --n was the " \
+      "rounds of the sqrt(L) table" in capsys.readouterr().err
   from stackoverflow import pydocs  # pylint: disable=g-import-not-at-top
-  assert pydocs.build_parser().parse_args(["--cache_dir", "d"]).data_dir == "d"
-  assert "use --data_dir" in capsys.readouterr().err
-
-
-def test_an_old_spelling_gives_the_same_output(tmp_path, capsys):
-  """End to end: the deprecated command line prints what the canonical one prints."""
-  outputs = []
-  for i, argv in enumerate((["--strategy", "blt", "--n", "16"],
-                            ["--mechanism", "blt", "--total_rounds", "16"])):
-    assert cli.main(["factorize", *argv, "--min_sep", "4", "--participation", "min_sep",
-                     "--json", "--cache_dir", str(tmp_path / str(i))]) == 0
-    record = json.loads(capsys.readouterr().out)
-    outputs.append({k: v for k, v in record.items()
-                    if k not in ("wall_seconds", "seconds", "path", "metadata_path")})
-  assert outputs[0] == outputs[1] and outputs[0]["participation"]["kind"] == "min_sep"
+  with pytest.raises(SystemExit):
+    pydocs.build_parser().parse_args(["--cache_dir", "d"])
+  assert "--cache_dir was renamed --data_dir" in capsys.readouterr().err
 
 
 def _stderr_of(argv, capsys):

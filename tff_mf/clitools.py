@@ -12,8 +12,9 @@ Every tool (argparse or absl) goes through this module, so that
 - the shared concepts have one flag each: ``add_progress_flags``, ``add_cache_dir_flag``,
   ``add_accountant_flag``, ``add_rounds_flag``, ``add_delta_flag``; ``--workers`` always
   means TFF worker addresses and ``--processes`` local processes;
-- an old spelling of a flag (``DEPRECATED``) still works, means exactly what it meant in
-  that tool, and prints one line ``warning: --old is deprecated; use --new`` on stderr;
+- a renamed flag (``RENAMED``) is refused in one line naming its new spelling (and what it
+  meant in that tool where the new name alone does not say it), exit status 2: a name never
+  changes meaning, and no alias keeps an old one alive;
 - the schema flags imply their participation kind where ``--participation`` is not given
   (``implied_participation``).
 
@@ -37,11 +38,11 @@ HELP_FLAGS = ("--help", "-h", "--helpshort", "--helpfull", "-?")
 # The flag of a Python argument whose name differs (the rounds n are --total_rounds).
 FLAG_OF_ARGUMENT = {"n": "total_rounds", "samples": "bound_samples"}
 
-# Old spellings, per tool (the prog of its parser): {old flag: (canonical flag, what the old
-# spelling meant there, when the canonical name alone does not say it)}. An alias never
-# changes meaning: it is listed only in the tools where it meant the canonical flag's concept.
+# Former spellings, per tool (the prog of its parser): {old flag: (canonical flag, what the
+# old spelling meant there, when the canonical name alone does not say it)}. Each is refused
+# in one line naming the canonical flag, only in the tools where it meant that flag's concept.
 _ROUNDS_ALIAS = {"n": ("total_rounds", "")}
-DEPRECATED: Dict[str, Dict[str, tuple]] = {
+RENAMED: Dict[str, Dict[str, tuple]] = {
     "tff-mf factorize": {**_ROUNDS_ALIAS, "strategy": ("mechanism", "")},
     "tff-mf account": dict(_ROUNDS_ALIAS),
     "tff-mf plot": dict(_ROUNDS_ALIAS),
@@ -179,21 +180,24 @@ class ArgumentParser(argparse.ArgumentParser):
 
   Accepts ``--flag_name`` and ``--flag-name``; errors are one line with the closest valid
   spelling, exit status 2; ``removed`` maps a flag that no longer exists to the message
-  that names its replacement (a one-line error when given); the old spellings of
-  ``DEPRECATED[prog]`` work with a one-line warning, and the epilog lists them. Subparsers
-  are of this class.
+  that names its replacement (a one-line error when given), and so do the former spellings
+  of ``RENAMED[prog]``, which the epilog lists. Subparsers are of this class.
   """
 
   def __init__(self, *args, removed: Optional[Dict[str, str]] = None, **kwargs):
     kwargs.setdefault("allow_abbrev", False)
     kwargs.setdefault("formatter_class", HelpFormatter)
     super().__init__(*args, **kwargs)
-    self.removed = dict(removed or {})
-    self.deprecated = dict(DEPRECATED.get(self.prog, {}))
-    if self.deprecated:
-      listed = "; ".join(f"--{old} (use --{new})" for old, (new, _) in self.deprecated.items())
+    # flag -> the one-line refusal that names what replaces it
+    self.removed = {name: f"--{name} was removed: {why}" for name, why in (removed or {}).items()}
+    for old, (new, meaning) in RENAMED.get(self.prog, {}).items():
+      self.removed.setdefault(old, f"--{old} was renamed --{new}; use --{new}" +
+                              (f" ({meaning})" if meaning else ""))
+    renamed = RENAMED.get(self.prog, {})
+    if renamed:
+      listed = "; ".join(f"--{old} (now --{new})" for old, (new, _) in renamed.items())
       self.epilog = ((self.epilog + "\n\n") if self.epilog else "") + \
-          f"deprecated spellings, still accepted with a warning: {listed}"
+          f"former spellings, refused: {listed}"
     self.register("type", float, finite_float)  # argument groups share the registry
 
   def long_flags(self) -> List[str]:
@@ -202,33 +206,17 @@ class ArgumentParser(argparse.ArgumentParser):
   def parse_known_args(self, args=None, namespace=None):
     args = list(sys.argv[1:] if args is None else args)
     known = self.long_flags()
-    args = normalize_argv(args, [s[2:] for s in known] + list(self.deprecated))
-    args = self._undeprecate(args, known)
+    args = normalize_argv(args, [s[2:] for s in known] + list(self.removed))
     for token in args:
       if token == "--":
         break
       name = token.split("=", 1)[0][2:].replace("-", "_")
       if token.startswith("--") and name in self.removed and f"--{name}" not in known:
-        self.error(f"--{name} was removed: {self.removed[name]}")
+        self.error(self.removed[name])
     namespace, extras = super().parse_known_args(args, namespace)
     if extras:
       self.error(self._unknown(extras[0]))
     return namespace, extras
-
-  def _undeprecate(self, args: List[str], known: List[str]) -> List[str]:
-    """``args`` with each deprecated spelling replaced by its flag, one warning line each."""
-    out = list(args)
-    for i, token in enumerate(args):
-      if token == "--":
-        break
-      name, eq, value = token[2:].partition("=")
-      if not token.startswith("--") or name not in self.deprecated or f"--{name}" in known:
-        continue
-      new, meaning = self.deprecated[name]
-      print(f"warning: --{name} is deprecated; use --{new}" + (f" ({meaning})" if meaning
-                                                               else ""), file=sys.stderr)
-      out[i] = f"--{new}{eq}{value}"
-    return out
 
   def _unknown(self, token: str) -> str:
     if token.startswith("-"):
@@ -264,7 +252,7 @@ def add_progress_flags(parser, default: bool = True, what: str = "progress bars 
 def add_rounds_flag(parser, default: Optional[int] = None, required: bool = False,
                     what: str = "", dest: str = "n"):
   """``--total_rounds`` (dest ``n``): the number of rounds n, the size of A, B and C, as
-  training's ``--total_rounds``; its old spelling ``--n`` is deprecated."""
+  training's ``--total_rounds``; its old spelling ``--n`` is refused, naming it."""
   parser.add_argument("--total_rounds", dest=dest, type=int, default=default,
                       required=required, metavar="N",
                       help="number of rounds n, the size of the matrices A, B and C" + what)

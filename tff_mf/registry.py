@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-import warnings
 from typing import Any, Dict, Optional, Tuple
 
 from tff_mf import checks
@@ -33,7 +32,7 @@ PARTICIPATIONS = participation.KINDS  # every schema kind
 #                (non-private: the ceiling of a DP run with the same clipping)
 NOISE_KINDS = ("dense_rows", "linear", "tff_tree", "tff_gaussian", "none", "clipped")
 # Former spellings of noise kinds (one name, one meaning: "dense" is the optimal family):
-# accepted in a Mechanism with a DeprecationWarning.
+# refused in a Mechanism, naming the new spelling.
 RENAMED_NOISE_KINDS = {"dense": "dense_rows"}
 
 
@@ -129,10 +128,9 @@ class Mechanism:
 
   def __post_init__(self):
     if self.noise in RENAMED_NOISE_KINDS:
-      new = RENAMED_NOISE_KINDS[self.noise]
-      warnings.warn(f"mechanism {self.name!r}: noise kind {self.noise!r} is deprecated; use "
-                    f"{new!r}", DeprecationWarning, stacklevel=3)
-      object.__setattr__(self, "noise", new)
+      raise RegistryError(f"mechanism {self.name!r}: noise kind {self.noise!r} was renamed "
+                          f"{RENAMED_NOISE_KINDS[self.noise]!r} ({self.noise!r} is the optimal "
+                          f"family); use {RENAMED_NOISE_KINDS[self.noise]!r}")
     if self.noise not in NOISE_KINDS:
       raise RegistryError(f"mechanism {self.name!r}: noise must be one of "
                           f"{', '.join(NOISE_KINDS)}, got {self.noise!r}")

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
 
 import numpy as np
@@ -876,7 +875,7 @@ def high_probability_words(beta) -> str:
 REGISTRY: Dict[str, type] = {}
 # Former names of analyses (one name, one meaning: "banded" is also a strategy). A stored
 # record that names one reads as the analysis it named (``of_record``); a caller who passes
-# one gets that analysis and a one-line DeprecationWarning (``analysis_class``).
+# one is refused in one line naming the new name (``analysis_class``).
 RENAMED: Dict[str, str] = {"banded": "amplified_banded"}
 
 
@@ -905,9 +904,8 @@ def analysis_class(name) -> type:
     name = name.name
   name = "none" if name is None else name
   if name in RENAMED:
-    warnings.warn(f"amplification {name!r} is deprecated; use {RENAMED[name]!r}",
-                  DeprecationWarning, stacklevel=3)
-    name = RENAMED[name]
+    raise checks.CheckError(f"amplification {name!r} was renamed {RENAMED[name]!r} (one name, "
+                            f"one meaning: {name!r} is a strategy); use {RENAMED[name]!r}")
   if name not in SELECTABLE:
     raise checks.CheckError(f"amplification must be one of {', '.join(SELECTABLE)} (or None), "
                             f"got {name!r}")

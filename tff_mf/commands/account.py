@@ -194,11 +194,11 @@ def _add_amplification_arguments(amp) -> None:
   amp.add_argument("--amplification",
                    choices=("none", "mmcc", "amplified_banded", "random_allocation",
                             "balls_in_bins", "monte_carlo_bound",
-                            "banded"),  # a former name (analyses.RENAMED), with a warning
+                            "banded"),  # a former name (analyses.RENAMED): refused, naming the new
                    default=None,
                    help="none: one Gaussian at z / sensitivity; mmcc: MMCC for any "
                         "lower-triangular non-negative C; amplified_banded (formerly banded, "
-                        "still accepted with a warning): amplified banded MF for C "
+                        "a name now refused): amplified banded MF for C "
                         "with at most b non-zero bands under b-min-sep sampling; "
                         "monte_carlo_bound: Monte-Carlo accounting with a proof for any "
                         "lower-triangular C >= 0 under min_sep / fixed_epoch Poisson sampling "
@@ -579,14 +579,11 @@ def _check_bound_flags(args: argparse.Namespace, sampled: bool) -> None:
         _fail(f"{flag} applies to --amplification monte_carlo_bound")
 
 
-def _rename_amplification(args: argparse.Namespace, renamed) -> None:
-  """A former analysis name (``renamed``: old -> new) is the analysis it named, with one
-  warning line."""
+def _refuse_renamed_amplification(args: argparse.Namespace, renamed) -> None:
+  """A former analysis name (``renamed``: old -> new) is refused in one line naming the new."""
   if args.amplification in renamed:
-    new = renamed[args.amplification]
-    print(f"warning: --amplification {args.amplification} is deprecated; use --amplification "
-          f"{new}", file=sys.stderr)
-    args.amplification = new
+    _fail(f"--amplification {args.amplification} was renamed --amplification "
+          f"{renamed[args.amplification]} ({args.amplification} is a strategy); use that")
 
 
 def _discrete_strategies():
@@ -675,7 +672,7 @@ def run(args: argparse.Namespace) -> int:
           f"range; give a z of at most {MAX_NOISE_MULTIPLIER:g}")
   accountant_given = not isinstance(args.accountant, _Default)
   args.accountant = str(args.accountant)
-  _rename_amplification(args, analyses.RENAMED)
+  _refuse_renamed_amplification(args, analyses.RENAMED)
   # None: --sampling_prob alone, the analysis is chosen below as training chooses it.
   analysis = (None if args.amplification is None and args.sampling_prob is not None
               else analyses.analysis_class(args.amplification))
