@@ -500,11 +500,11 @@ def test_every_spelling_builds_its_registry_mechanism():
 
 
 def test_build_mechanism_wires_a_spec_and_the_keyword_call_is_the_same_spec():
-  """The keyword call builds the spec (``mechanism_spec``) and takes the same path."""
+  """The keyword call builds the spec (``MechanismSpec.from_args``) and takes the same path."""
   kwargs = dict(total_rounds=8, target_epsilon=4.0, delta=1e-6, clients_per_round=2,
                 clip_norm=0.5, participation=participation.fixed_epoch(2), bands=3)
   spec = spec_lib.MechanismSpec.from_args("banded", **kwargs)
-  assert aggregators.mechanism_spec("band_mf", **kwargs) == spec
+  assert spec_lib.MechanismSpec.from_args("band_mf", **kwargs) == spec
   by_spec = aggregators.build_mechanism(spec)
   by_keywords = aggregators.build_mechanism("band_mf", **kwargs)
   assert by_spec.info == by_keywords.info and by_spec.privacy == by_keywords.privacy

@@ -39,6 +39,16 @@ class CheckError(ValueError):
 IN_GRAPH_PREFIX = "tff-mf check failed: "
 
 
+def closest(word: str, choices: Sequence[str]) -> Optional[str]:
+  """The closest valid spelling of ``word`` among ``choices`` (difflib), or None."""
+  import difflib  # pylint: disable=g-import-not-at-top
+  choices = [str(c) for c in choices]
+  key = str(word).replace("-", "_").lower()
+  by_key = {c.replace("-", "_").lower(): c for c in choices}
+  match = difflib.get_close_matches(key, list(by_key), n=1, cutoff=0.6)
+  return by_key[match[0]] if match else None
+
+
 # ----------------------------------------------------------------------------- numbers
 
 

@@ -26,12 +26,13 @@ Imports neither TensorFlow nor absl at module level.
 from __future__ import annotations
 
 import argparse
-import difflib
 import math
 import os
 import re
 import sys
 from typing import Dict, Iterable, List, Optional, Sequence
+
+from tff_mf.checks import closest  # the one spelling helper (re-used by every tool)
 
 USAGE_ERROR = 2  # exit status of a usage error (a bad flag, value or name), as argparse's
 HELP_FLAGS = ("--help", "-h", "--helpshort", "--helpfull", "-?")
@@ -60,15 +61,6 @@ RENAMED: Dict[str, Dict[str, tuple]] = {
 
 
 # ----------------------------------------------------------------------------- spelling
-
-
-def closest(word: str, choices: Iterable[str]) -> Optional[str]:
-  """The closest valid spelling of ``word`` among ``choices`` (difflib), or None."""
-  choices = [str(c) for c in choices]
-  key = str(word).replace("-", "_").lower()
-  by_key = {c.replace("-", "_").lower(): c for c in choices}
-  match = difflib.get_close_matches(key, list(by_key), n=1, cutoff=0.6)
-  return by_key[match[0]] if match else None
 
 
 def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:

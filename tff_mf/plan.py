@@ -226,6 +226,13 @@ class ServerRun:
   def started(self) -> bool:
     return self.noise is not None
 
+  @property
+  def resume_round(self) -> int:
+    """The rounds released before this server's next one (the state file's, before start)."""
+    if self._restored is not None:
+      return int(np.asarray(self._restored["rounds_done"])[0])
+    return self.rounds_done
+
   # ------------------------------------------------------------------ state file
   def open_state(self) -> None:
     """Locks ``state_path`` (one server per state file) and reads it, after its owner and

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from tff_mf import accounting
 from tff_mf.accounting import adaptive_clipping
@@ -294,9 +294,27 @@ class MechanismSpec:
                 params: Optional[Mapping[str, Any]] = None, noise_stream: str = "auto",
                 adaptive: Optional[adaptive_clipping.AdaptiveClipping] = None,
                 noise_distribution: str = "gaussian", granularity: Optional[float] = None,
+                target_quantile: Optional[float] = None,
+                initial_clip_norm: Optional[float] = None,
+                clip_learning_rate: Optional[float] = None,
+                clipped_count_stddev: Optional[float] = None,
                 **family_params) -> "MechanismSpec":
-    """A spec from ``build_mechanism``'s keyword arguments (a mechanism by any spelling;
-    ``family_params``: bands=, rank=, buffers= or a family's own, None meaning not given)."""
+    """The one keyword constructor of a spec (a mechanism by any spelling). With
+    ``clip_norm="adaptive"``, the quantile estimator is ``adaptive`` or its four keywords
+    (``target_quantile``, ``initial_clip_norm``, ``clip_learning_rate``,
+    ``clipped_count_stddev``; TFF's ``gaussian_adaptive`` defaults). ``family_params``:
+    bands=, rank=, buffers= or a family's own (None meaning not given); any other keyword is
+    refused in one line naming the closest accepted one."""
+    _check_keywords(family_params)
+    estimator = {k: v for k, v in dict(
+        target_quantile=target_quantile, initial_clip_norm=initial_clip_norm,
+        learning_rate=clip_learning_rate, clipped_count_stddev=clipped_count_stddev).items()
+                 if v is not None}
+    if estimator and adaptive is not None:
+      raise checks.CheckError("give adaptive= or the estimator's keywords, not both",
+                              arguments=("adaptive",))
+    if estimator:
+      adaptive = adaptive_clipping.AdaptiveClipping(**estimator)
     m = mechanism if isinstance(mechanism, registry.Mechanism) else registry.mechanism(mechanism)
     workload = training_workload(total_rounds, momentum, lr_schedule, schedule_rounds)
     privacy = None
@@ -347,6 +365,27 @@ class MechanismSpec:
     if self.adaptive is not None:
       info["adaptive_clipping"] = self.adaptive.as_dict()
     return info
+
+
+def keyword_names() -> Tuple[str, ...]:
+  """Every keyword ``MechanismSpec.from_args`` accepts: its own and every family's parameters."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  own = [p for p in inspect.signature(MechanismSpec.from_args).parameters
+         if p not in ("cls", "mechanism", "family_params")]
+  family = set(families.SPEC_PARAMETERS)
+  for strategy in registry.STRATEGIES.values():
+    family.update(getattr(strategy.declaration, "own_parameters", {}) or {})
+  return tuple(own) + tuple(sorted(family))
+
+
+def _check_keywords(family_params: Mapping[str, Any]) -> None:
+  """Refuses a keyword that is neither ``from_args``'s nor any family's parameter."""
+  names = keyword_names()
+  for name in family_params:
+    if name not in names:
+      close = checks.closest(name, names)
+      raise checks.CheckError(f"unknown argument {name!r}" + (f"; did you mean {close!r}?"
+                                                              if close else ""))
 
 
 def resolve_noise_stream(mechanism: registry.Mechanism, value: str) -> str:

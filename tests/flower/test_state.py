@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.serverapp import NeighboringRelation, PrivacyConfig, SamplingMethod
+from flwr.serverapp.exception import PrivacyBudgetExhausted
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, KEY_NORM_BIT
 
@@ -202,3 +203,45 @@ def test_the_adaptive_mods_norm_bit_is_refused():
   with pytest.raises(checks.CheckError, match="norm bit"):
     w.aggregate_train(1, [reply(m, metrics={"num-examples": 1, KEY_NORM_BIT: 1})
                           for m in messages])
+
+
+def test_a_budget_stop_keeps_the_last_released_model():
+  config = PrivacyConfig(target_delta=1e-5, population_size=len(NODES),
+                         neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+                         sampling_method=SamplingMethod.NO_AMPLIFICATION)
+  probe = wrapper()
+  eps = probe.plan.epsilons
+  w = wrapper(privacy_config=PrivacyConfig(**{**config.__dict__,
+                                              "max_epsilon": (eps[1] + eps[2]) / 2}))
+  arrays = ArrayRecord([np.zeros(5, np.float32)])
+  for r in (1, 2):
+    messages = list(w.configure_train(r, arrays, ConfigRecord(), Grid()))
+    arrays, _ = w.aggregate_train(r, [reply(m) for m in messages])
+  with pytest.raises(PrivacyBudgetExhausted):
+    w.configure_train(3, arrays, ConfigRecord(), Grid())
+  assert np.array_equal(w.current_arrays.to_numpy_ndarrays()[0], arrays.to_numpy_ndarrays()[0])
+
+
+def test_more_rounds_than_the_mechanism_has_are_refused_before_round_1(tmp_path):
+  w = wrapper(state_path=str(tmp_path / "state.npz"))
+  with pytest.raises(checks.CheckError, match=f"num_rounds={N + 1} is more than the {N} rounds"):
+    w.start(Grid(), ArrayRecord([np.zeros(5, np.float32)]), num_rounds=N + 1)
+  assert w.rounds_done == 0 and not os.path.exists(tmp_path / "state.npz")
+  wrapper(state_path=str(tmp_path / "state.npz")).close()  # the lock was released
+
+
+class FewNodes(Grid):
+  def get_node_ids(self):
+    return NODES[:3]
+
+
+def test_waiting_for_nodes_times_out_and_too_few_nodes_are_named_in_flowers_words():
+  w = wrapper(node_wait_timeout=1)
+  with pytest.raises(checks.CheckError, match=r"only 3 of the population's 8 nodes connected in "
+                     r"1 s \(node_wait_timeout\); start more SuperNodes"):
+    w.configure_train(1, ArrayRecord([np.zeros(5, np.float32)]), ConfigRecord(), FewNodes())
+  few = wrapper(population=3)
+  with pytest.raises(checks.CheckError, match="the population of 3 connected nodes is too few "
+                     ".* start more SuperNodes") as e:
+    few.configure_train(1, ArrayRecord([np.zeros(5, np.float32)]), ConfigRecord(), FewNodes())
+  assert "\n" not in str(e.value) and "--" not in str(e.value).split("(")[0]

@@ -45,13 +45,16 @@ def wrapper(mechanism="blt", cls=strategy_lib.MatrixFactorizationFixedClipping, 
 def test_released_noise_has_the_mechanism_covariance_and_stops_at_n():
   """Zero updates, momentum 0.9 and a cooldown: A⁻¹·(θ_i − θ_0) are the noise rows, whose
   covariance over d = 20,480 coordinates is σ²/K²·C⁻¹C⁻ᵀ within 6 standard errors of its
-  estimate; round n + 1 is a one-line error."""
+  estimate; n + 1 rounds are refused in one line before round 1."""
   shapes = [(20000,), (10, 48)]
+
+  def make():
+    return wrapper(momentum=0.9, lr_schedule="cooldown", schedule_rounds=3)
   with pytest.raises(checks.CheckError) as err:
-    simulation.run(lambda: wrapper(momentum=0.9, lr_schedule="cooldown", schedule_rounds=3),
-                   shapes, N + 1, 8, record=True)
-  assert "past the n=8 rounds" in str(err.value) and "\n" not in str(err.value)
-  out = simulation.LAST
+    simulation.run(make, shapes, N + 1, 8, record=True)
+  assert "num_rounds=9 is more than the 8 rounds" in str(err.value)
+  assert "\n" not in str(err.value) and simulation.LAST["models"] == []
+  out = simulation.run(make, shapes, N, 8, record=True)
   w = out["strategy"]
   models = np.stack(out["models"])
   assert models.shape == (N + 1, 20480)  # θ_0 .. θ_n, then the refusal

@@ -41,8 +41,24 @@ from tff_mf import clipping
 from tff_mf import mechanisms
 from tff_mf import plan as plan_lib
 from tff_mf import spec as spec_lib
+from tff_mf.participation import samplers
 
 ACCOUNTING_METHOD = "tff-mf epsilon_by_round"
+# Flower's DP wrappers' argument names -> ours (``MechanismSpec.from_args``).
+FLOWER_NAMES = {"clipping_norm": "clip_norm", "num_sampled_clients": "clients_per_round",
+                "initial_clipping_norm": "initial_clip_norm",
+                "target_clipped_quantile": "target_quantile",
+                "clip_norm_lr": "clip_learning_rate"}
+# Flower's positional arguments after the strategy (fixed; adaptive).
+FLOWER_POSITIONAL = {False: ("noise_multiplier", "clipping_norm", "num_sampled_clients"),
+                     True: ("noise_multiplier", "num_sampled_clients")}
+# The mechanism of Flower's forms when none is named: BLT (Dvijotham et al. 2024,
+# arXiv:2404.16706), a streaming mechanism with a few buffers of state and near-optimal error.
+DEFAULT_MECHANISM = "blt"
+
+
+def _is_number(x) -> bool:
+  return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
 
 
 class MatrixFactorizationAccountant:
@@ -155,8 +171,14 @@ class _MatrixFactorizationServerSide(Strategy):
   Parameters:
     strategy: the wrapped FedAvg-style strategy (its ``fraction_train`` must be 1.0: the
       wrapper hands it exactly the clients the library's sampler drew).
-    spec: a ``tff_mf.spec.MechanismSpec`` (fixed clip norm), or the name of a registry
-      mechanism with ``MechanismSpec.from_args``'s keywords in ``spec_arguments``.
+    spec: a ``tff_mf.spec.MechanismSpec``, or the name of a registry mechanism with
+      ``MechanismSpec.from_args``'s keywords in ``spec_arguments``; or, as Flower's own DP
+      wrappers take them, positionally ``(noise_multiplier, clipping_norm,
+      num_sampled_clients)`` (adaptive: ``(noise_multiplier, num_sampled_clients)``) with
+      ``mechanism=`` (default ``DEFAULT_MECHANISM``) and ``total_rounds=`` as keywords.
+      Flower's names are accepted beside ours (``FLOWER_NAMES``: ``clipping_norm``,
+      ``num_sampled_clients``, ``initial_clipping_norm``, ``target_clipped_quantile``,
+      ``clip_norm_lr``); a wrong name is one line naming the closest right one.
     server_learning_rate: η_server of the server optimizer.
     noise_seed: pins the noise seed (tests, replays); None: a fresh secret from OS entropy.
     exact_noise: draw and combine the noise as the TF aggregator does, bit for bit on the
@@ -166,24 +188,25 @@ class _MatrixFactorizationServerSide(Strategy):
     sampling_seed, sampling_secret: pin the sampler's permutation and secret; None: OS entropy.
     state_path: the private file the run's state is written to after each round and read
       from at the start if it exists (a restarted server continues the run).
-    privacy_config: Flower's ``PrivacyConfig``; its ``max_epsilon`` stops the run.
+    privacy_config: Flower's ``PrivacyConfig``; its ``max_epsilon`` stops the run (the last
+      released model stays ``current_arrays``).
+    node_wait_timeout: seconds round 1 waits for the population's nodes before a one-line
+      error.
     population: the clients (nodes) the sampler draws from: round 1 waits until this many
       are connected and fixes the population to those connected then (default: the
       ``PrivacyConfig``'s ``population_size``, else the wrapped strategy's
       ``min_available_nodes``).
   """
 
-  def __init__(self, strategy: Strategy, spec, *, server_learning_rate: float = 1.0,
+  def __init__(self, strategy: Strategy, *spec, server_learning_rate: float = 1.0,
                noise_seed: Optional[int] = None, sampling_seed: Optional[int] = None,
                sampling_secret: Optional[int] = None, state_path: Optional[str] = None,
                privacy_config: Optional[PrivacyConfig] = None, population: Optional[int] = None,
-               cache_dir: Optional[str] = None, exact_noise: bool = False, **spec_arguments):
+               cache_dir: Optional[str] = None, exact_noise: bool = False,
+               node_wait_timeout: float = 600.0, **spec_arguments):
     super().__init__()
-    if not isinstance(spec, spec_lib.MechanismSpec):
-      spec = spec_lib.MechanismSpec.from_args(spec, **spec_arguments)
-    elif spec_arguments:
-      raise checks.CheckError(f"give a MechanismSpec or its keyword arguments, not both "
-                              f"({', '.join(sorted(spec_arguments))})")
+    spec = self._spec_of(spec, spec_arguments)
+    self.node_wait_timeout = checks.positive_float(node_wait_timeout, "node_wait_timeout")
     if not spec.mechanism.private:
       raise checks.CheckError(f"mechanism {spec.mechanism.name!r} adds no noise; this wrapper "
                               "is for private mechanisms")
@@ -222,6 +245,46 @@ class _MatrixFactorizationServerSide(Strategy):
     self.current_arrays = ArrayRecord()
     self._offset = 0
 
+  @classmethod
+  def _spec_of(cls, positional: Tuple[Any, ...], keywords: Dict[str, Any]
+               ) -> spec_lib.MechanismSpec:
+    """The spec of the wrapper's arguments: ours or Flower's (see the class docstring)."""
+    if len(positional) == 1 and isinstance(positional[0], spec_lib.MechanismSpec):
+      if keywords:
+        raise checks.CheckError(f"give a MechanismSpec or its keyword arguments, not both "
+                                f"({', '.join(sorted(keywords))})")
+      return positional[0]
+    keywords = dict(keywords)
+    for flower, ours in FLOWER_NAMES.items():
+      if flower in keywords:
+        if ours in keywords:
+          raise checks.CheckError(f"give {flower} (Flower's name) or {ours}, not both")
+        keywords[ours] = keywords.pop(flower)
+    if len(positional) == 1 and not _is_number(positional[0]):
+      name = positional[0]
+    else:
+      flower_order = (("noise_multiplier", "clients_per_round") if cls.clips_adaptively else
+                      ("noise_multiplier", "clip_norm", "clients_per_round"))
+      if len(positional) > len(flower_order) or not all(map(_is_number, positional)):
+        raise checks.CheckError(
+            f"{cls.__name__} takes a MechanismSpec, a mechanism's name, or Flower's "
+            f"positional ({', '.join(FLOWER_POSITIONAL[cls.clips_adaptively])})")
+      for key, value in zip(flower_order, positional):
+        if key in keywords:
+          raise checks.CheckError(f"{key} is given positionally and by keyword")
+        keywords[key] = value
+      name = keywords.pop("mechanism", DEFAULT_MECHANISM)
+    if cls.clips_adaptively:
+      keywords.setdefault("clip_norm", "adaptive")
+    missing = [k for k in ("total_rounds", "clients_per_round", "clip_norm")
+               if k not in keywords]
+    if missing:
+      raise checks.CheckError(
+          f"{cls.__name__} needs {', '.join(missing)} (total_rounds: the n rounds the "
+          "mechanism's matrices are built for, at least Flower's num_rounds)",
+          arguments=tuple(missing))
+    return spec_lib.MechanismSpec.from_args(name, **keywords)
+
   # The run's parts, as the plan and its server hold them.
   spec = property(lambda self: self.plan.spec)
   resolved = property(lambda self: self.plan.resolved)
@@ -233,12 +296,20 @@ class _MatrixFactorizationServerSide(Strategy):
   clip_norm = property(lambda self: self.run.clip_norm)
   seed_sources = property(lambda self: self.run.seed_sources)
 
-  def start(self, grid, initial_arrays: ArrayRecord, *args, **kwargs):
-    """Flower's loop (``Strategy.start``) with the state file's lock held throughout."""
+  def start(self, grid, initial_arrays: ArrayRecord, num_rounds: int = 3, *args, **kwargs):
+    """Flower's loop (``Strategy.start``) with the state file's lock held throughout; more
+    rounds than the mechanism has left are refused before round 1."""
     if self.state_path is not None:
       self.run.open_state()
+    left = self.spec.n - self.run.resume_round
+    if num_rounds > left:
+      self.close()
+      raise checks.CheckError(
+          f"num_rounds={num_rounds} is more than the {left} rounds the mechanism has left "
+          f"(total_rounds={self.spec.n}, {self.run.resume_round} released); build it with "
+          "total_rounds at least num_rounds, or lower num_rounds")
     try:
-      return super().start(grid, initial_arrays, *args, **kwargs)
+      return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
     finally:
       self.close()
 
@@ -262,11 +333,26 @@ class _MatrixFactorizationServerSide(Strategy):
 
   # ------------------------------------------------------------------ training
   def _setup(self, arrays: ArrayRecord, grid) -> None:
+    waited = 0.0
     while len(node_ids := sorted(int(x) for x in grid.get_node_ids())) < self.population:
+      if waited >= self.node_wait_timeout:
+        raise checks.CheckError(
+            f"only {len(node_ids)} of the population's {self.population} nodes connected in "
+            f"{self.node_wait_timeout:g} s (node_wait_timeout); start more SuperNodes "
+            "(num-supernodes in a simulation) or lower population")
       log(INFO, "Waiting for nodes to connect: %d connected (population: %d).", len(node_ids),
           self.population)
       time.sleep(1)
-    self.run.start(list(arrays.keys()), arrays.to_numpy_ndarrays(), [str(i) for i in node_ids])
+      waited += 1.0
+    try:
+      self.run.start(list(arrays.keys()), arrays.to_numpy_ndarrays(),
+                     [str(i) for i in node_ids])
+    except samplers.SamplingError as e:
+      raise checks.CheckError(
+          f"the population of {len(node_ids)} connected nodes is too few for participation "
+          f"{self.spec.participation.describe()} over total_rounds={self.spec.n} with "
+          f"num_sampled_clients={self.spec.clients_per_round:g} ({e}); start more SuperNodes "
+          "(num-supernodes in a simulation) or lower total_rounds") from None
     if self.accountant is not None:
       self.accountant.load_state_dict({"num_releases": self.rounds_done})
     self._offset = self.rounds_done
@@ -275,6 +361,7 @@ class _MatrixFactorizationServerSide(Strategy):
                       grid) -> Iterable[Message]:
     if not self.run.started:
       self._setup(arrays, grid)
+    self.current_arrays = arrays  # the last released model, kept if the budget stops the run
     i = server_round + self._offset  # the mechanism's round (a restarted run goes on)
     if i != self.rounds_done + 1:
       raise checks.CheckError(f"round {i} does not follow round {self.rounds_done}: rounds "
@@ -287,7 +374,6 @@ class _MatrixFactorizationServerSide(Strategy):
       raise PrivacyBudgetExhausted(
           f"The next private release would exceed max_epsilon (current epsilon: "
           f"{spent.epsilon}, delta: {spent.delta}).")
-    self.current_arrays = arrays
     if not self.clips_adaptively:
       # Clients that use Flower's ``fixedclipping_mod`` clip to ζ themselves too; the server
       # clips every update regardless. The adaptive wrapper sends no clip norm: its quantile

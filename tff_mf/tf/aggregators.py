@@ -29,7 +29,6 @@ import tensorflow as tf
 import tensorflow_federated as tff
 import tensorflow_privacy as tfp
 
-from tff_mf.accounting import adaptive_clipping
 from tff_mf import checks
 from tff_mf import factorization as fz
 from tff_mf import mechanisms
@@ -163,20 +162,6 @@ def build_server_optimizer(server_learning_rate: float, momentum: float, etas: n
   return tff.learning.optimizers.schedule_learning_rate(base, schedule)
 
 
-def mechanism_spec(mechanism: str, *,
-                   target_quantile: float = adaptive_clipping.DEFAULT_TARGET_QUANTILE,
-                   initial_clip_norm: float = adaptive_clipping.DEFAULT_INITIAL_CLIP_NORM,
-                   clip_learning_rate: float = adaptive_clipping.DEFAULT_LEARNING_RATE,
-                   clipped_count_stddev: Optional[float] = None,
-                   **kwargs) -> spec_lib.MechanismSpec:
-  """The ``tff_mf.spec.MechanismSpec`` of ``build_mechanism``'s keyword arguments (the
-  quantile estimator's four, and ``MechanismSpec.from_args``'s)."""
-  return spec_lib.MechanismSpec.from_args(
-      mechanism, adaptive=adaptive_clipping.AdaptiveClipping(
-          target_quantile, initial_clip_norm, clip_learning_rate, clipped_count_stddev),
-      **kwargs)
-
-
 def build_mechanism(mechanism: Union[str, spec_lib.MechanismSpec], *,
                     server_learning_rate: float = 1.0, noise_seed: Optional[keys.Seed] = None,
                     cache_dir: Optional[str] = None, progress: bool = False,
@@ -185,7 +170,7 @@ def build_mechanism(mechanism: Union[str, spec_lib.MechanismSpec], *,
   """Aggregator + server optimizer for a ``tff_mf.spec.MechanismSpec``.
 
   ``mechanism``: a spec, or a registry mechanism (any accepted spelling) with the spec's
-  keyword arguments (``mechanism_spec``): ``total_rounds``, ``clients_per_round``,
+  keyword arguments (``MechanismSpec.from_args``): ``total_rounds``, ``clients_per_round``,
   ``clip_norm`` (a number, or "adaptive" with ``target_quantile``, ``initial_clip_norm``,
   ``clip_learning_rate``, ``clipped_count_stddev``: TFF's ``gaussian_adaptive`` defaults,
   σ_b 0.05·clients_per_round), ``noise_multiplier`` z or ``target_epsilon`` with ``delta``
@@ -207,7 +192,7 @@ def build_mechanism(mechanism: Union[str, spec_lib.MechanismSpec], *,
                               f"arguments, not both ({', '.join(sorted(spec_arguments))})")
     spec = mechanism
   else:
-    spec = mechanism_spec(mechanism, **spec_arguments)
+    spec = spec_lib.MechanismSpec.from_args(mechanism, **spec_arguments)
   server_learning_rate = checks.positive_float(server_learning_rate, "server_learning_rate")
   noise_seed = None if noise_seed is None else keys.pinned(noise_seed, "noise_seed")
   pinned = noise_seed is not None
@@ -254,7 +239,7 @@ def resolve_mechanism(mechanism: Union[str, spec_lib.MechanismSpec], *,
   for name in ("server_learning_rate", "noise_seed"):  # build_mechanism's, unused here
     spec_arguments.pop(name, None)
   spec = mechanism if isinstance(mechanism, spec_lib.MechanismSpec) else \
-      mechanism_spec(mechanism, **spec_arguments)
+      spec_lib.MechanismSpec.from_args(mechanism, **spec_arguments)
   return mechanisms.resolve_spec(spec, cache_dir=cache_dir, progress=bool(progress))
 
 
