@@ -219,6 +219,7 @@ class ServerRun:
     self._lock: Optional[runstate.StateLock] = None
     self._log: Optional[runstate.ReleaseLog] = None
     self._restored: Optional[Dict[str, np.ndarray]] = None
+    self._pending: Optional[Tuple[float, float]] = None
     if state_path is not None:
       self.open_state()
 
@@ -295,14 +296,11 @@ class ServerRun:
     chosen, _, _ = self.sampler.next_round(i, lambda cid: cid)
     return i, list(chosen)
 
-  def release(self, current: Sequence[np.ndarray], updates: Sequence[Sequence[np.ndarray]]
-              ) -> Tuple[List[np.ndarray], int]:
-    """Round ``rounds_done + 1`` on the clients' updates (float64 deltas; NaN where a client's
-    reply was malformed): (the released model, in the current model's dtypes, and how many
-    updates the rule zeroed). With a state file, the state is saved and the round logged
-    before it returns."""
-    i = self.rounds_done + 1
-    dtypes = [np.asarray(a).dtype for a in current]
+  def estimate(self, current: Sequence[np.ndarray], updates: Sequence[Sequence[np.ndarray]]
+               ) -> Tuple[List[np.ndarray], int]:
+    """Round ``rounds_done + 1``'s release before any optimizer: (the noisy mean update
+    Σ clip(Δ)/K + σ/K·(N·Z)[i] in float64, how many updates the rule zeroed). ``updates``:
+    the clients' float64 deltas (NaN where a reply was malformed). ``commit`` ends the round."""
     current = [np.asarray(a, np.float64) for a in current]
     total = [np.zeros_like(a) for a in current]
     count, zeroed = 0.0, 0  # Σ (1[‖Δ‖ ≤ ζ_i] − ½): the quantile estimate's query
@@ -314,18 +312,32 @@ class ServerRun:
         t += u
     k = float(self.plan.spec.clients_per_round)
     noise = self.noise.next(self.plan.record.noise_multiplier * self.clip_norm)
-    eta = self.server_learning_rate * float(self.plan.learning_rates[i - 1])
-    new = []
-    for c, t, z, m in zip(current, total, noise, self.momentum_buffer):
-      m *= self.plan.momentum
-      m += t / k + z.astype(np.float64) / k
-      new.append(c + eta * m)
-    self.rounds_done = i
+    self._pending = (count, k)
+    return [t / k + z.astype(np.float64) / k for t, z in zip(total, noise)], zeroed
+
+  def commit(self, released: Sequence[np.ndarray]) -> None:
+    """Ends the round ``estimate`` began with the model it released: the next clip norm
+    (adaptive clipping), then the state saved and the round logged (with a state file)."""
+    count, k = self._pending
+    self.rounds_done += 1
     if self.plan.spec.adaptive is not None:
-      self._next_clip(i, count, k)
-    released = [np.asarray(v, dtype=dt) for v, dt in zip(new, dtypes)]
+      self._next_clip(self.rounds_done, count, k)
     if self.state_path is not None:
       self.save(released)
+
+  def release(self, current: Sequence[np.ndarray], updates: Sequence[Sequence[np.ndarray]]
+              ) -> Tuple[List[np.ndarray], int]:
+    """Round ``rounds_done + 1`` with the workload's optimizer (heavy-ball momentum β, η_i
+    times ``server_learning_rate``): (the released model, in the current model's dtypes, and
+    how many updates the rule zeroed); committed (saved and logged) before it returns."""
+    mean, zeroed = self.estimate(current, updates)
+    eta = self.server_learning_rate * float(self.plan.learning_rates[self.rounds_done])
+    released = []
+    for c, g, m in zip(current, mean, self.momentum_buffer):
+      m *= self.plan.momentum
+      m += g
+      released.append(np.asarray(np.asarray(c, np.float64) + eta * m, dtype=np.asarray(c).dtype))
+    self.commit(released)
     return released, zeroed
 
   def _next_clip(self, i: int, count: float, k: float) -> None:

@@ -1,11 +1,14 @@
-"""Flower's names for its DP wrappers' arguments work on ours (issue 48, item 2): the positional
+"""Flower's names for its DP wrappers' arguments work on ours (issue 48, item 2), and a wrapped
+strategy's optimizer post-processes the release where the workload allows it (item 3): the positional
 form ``(strategy, noise_multiplier, clipping_norm, num_sampled_clients)``, the keywords
 ``clipping_norm`` and ``num_sampled_clients``, and the adaptive wrapper's
 ``initial_clipping_norm``, ``target_clipped_quantile``, ``clip_norm_lr`` and
 ``clipped_count_stddev``, beside ours; a wrong or missing name is one line."""
 
+import numpy as np
 import pytest
-from flwr.serverapp.strategy import FedAvg
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAdam, FedAvg
 
 from tff_mf import checks
 from tff_mf import spec as spec_lib
@@ -64,3 +67,52 @@ def test_a_wrong_or_missing_name_is_one_line(make, words):
   with pytest.raises(checks.CheckError, match=words) as e:
     make()
   assert "\n" not in str(e.value)
+
+
+class Grid:
+  def get_node_ids(self):
+    return list(range(301, 317))
+
+
+def _rounds(w, count):
+  """``count`` rounds of ``w`` on clients that each move the model by +0.25."""
+  arrays = ArrayRecord([np.zeros(5, np.float32)])
+  for r in range(1, count + 1):
+    messages = list(w.configure_train(r, arrays, ConfigRecord(), Grid()))
+    replies = [Message(RecordDict({"arrays": ArrayRecord([
+        m.content["arrays"].to_numpy_ndarrays()[0] + np.float32(0.25)]),
+        "metrics": MetricRecord({"num-examples": 1})}), reply_to=m) for m in messages]
+    arrays, _ = w.aggregate_train(r, replies)
+  return arrays
+
+
+@pytest.mark.usefixtures("flower_task")
+def test_a_wrapped_optimizer_post_processes_the_released_estimate():
+  """For a prefix-sum workload the wrapped FedAdam gets the released noisy mean: the same
+  FedAdam fed, by hand, the model FedAvg's wrapper releases (current + noisy mean) gives the
+  same model."""
+  kwargs = dict(total_rounds=4, mechanism="blt", **COMMON)
+  adam = FIXED(FedAdam(fraction_train=1.0, fraction_evaluate=0.0, eta=0.1), 1.2, 0.5, 2,
+               **kwargs)
+  assert adam.delegates_optimizer
+  got = _rounds(adam, 1).to_numpy_ndarrays()[0]
+  plain = FIXED(fedavg(), 1.2, 0.5, 2, **kwargs)
+  assert not plain.delegates_optimizer
+  estimate = _rounds(plain, 1)  # η = 1, momentum 0: the current model plus the noisy mean
+  by_hand = FedAdam(fraction_train=1.0, fraction_evaluate=0.0, eta=0.1)
+  start = ArrayRecord([np.zeros(5, np.float32)])
+  list(by_hand.configure_train(1, start, ConfigRecord(), Grid()))
+  source = Message(RecordDict(), dst_node_id=0, message_type=MessageType.TRAIN)
+  want, _ = by_hand.aggregate_train(1, [Message(RecordDict({
+      "arrays": estimate, "metrics": MetricRecord({"num-examples": 1})}), reply_to=source)])
+  assert np.array_equal(got, want.to_numpy_ndarrays()[0])
+  assert not np.array_equal(got, estimate.to_numpy_ndarrays()[0])
+
+
+def test_an_optimizer_over_a_mechanism_that_owns_the_momentum_is_refused():
+  with pytest.raises(checks.CheckError, match="FedAdam's optimizer cannot be applied"):
+    FIXED(FedAdam(fraction_train=1.0, fraction_evaluate=0.0), 1.2, 0.5, 2, total_rounds=8,
+          momentum=0.9, **COMMON)
+  with pytest.raises(checks.CheckError, match="server_learning_rate=0.5 does not apply"):
+    FIXED(FedAdam(fraction_train=1.0, fraction_evaluate=0.0), 1.2, 0.5, 2, total_rounds=8,
+          server_learning_rate=0.5, **COMMON)

@@ -29,10 +29,10 @@ from logging import INFO
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import NeighboringRelation, PrivacyConfig, PrivacySpent, SamplingMethod
 from flwr.serverapp.exception import PrivacyBudgetExhausted
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import FedAvg, Strategy
 from flwr.supercore import log
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, KEY_NORM_BIT
 
@@ -234,6 +234,7 @@ class _MatrixFactorizationServerSide(Strategy):
         setattr(strategy, name, 0)
     self.plan = plan_lib.build(spec, cache_dir=cache_dir, noise_seed_pinned=noise_seed is not None)
     self.plan.check_numpy_run()
+    self.delegates_optimizer = self._check_optimizer(strategy, spec, server_learning_rate)
     self.accountant = None
     if privacy_config is not None:
       self.accountant = MatrixFactorizationAccountant(self.record, privacy_config,
@@ -284,6 +285,31 @@ class _MatrixFactorizationServerSide(Strategy):
           "mechanism's matrices are built for, at least Flower's num_rounds)",
           arguments=tuple(missing))
     return spec_lib.MechanismSpec.from_args(name, **keywords)
+
+  @staticmethod
+  def _check_optimizer(strategy: Strategy, spec: spec_lib.MechanismSpec,
+                       server_learning_rate: float) -> bool:
+    """Whether the wrapped strategy's own optimizer gets the released estimate. FedAvg: no,
+    the wrapper applies the workload's optimizer itself. Any other strategy (FedAdam,
+    FedYogi, FedAdagrad, FedAvgM, …): yes, where the workload is the prefix sum (momentum 0,
+    constant learning rate), whose noisy mean any optimizer may post-process; refused where
+    the mechanism's C is built for a momentum workload, whose momentum is the mechanism's."""
+    if type(strategy).aggregate_train is FedAvg.aggregate_train:  # FedAvg's mean, no optimizer
+      return False
+    w = spec.workload
+    if w.momentum != 0.0 or w.lr_schedule != "constant" or spec.mechanism.momentum_workload:
+      raise checks.CheckError(
+          f"mechanism {spec.mechanism.name!r} with momentum={w.momentum:g} and lr_schedule="
+          f"{w.lr_schedule!r} releases the iterates of its own optimizer (the momentum is part "
+          f"of the mechanism's workload A); {type(strategy).__name__}'s optimizer cannot be "
+          "applied on top of it: wrap FedAvg, or use momentum=0 with a constant lr_schedule "
+          f"so that {type(strategy).__name__} post-processes the released noisy mean")
+    if server_learning_rate != 1.0:
+      raise checks.CheckError(
+          f"server_learning_rate={server_learning_rate:g} does not apply: the wrapped "
+          f"{type(strategy).__name__}'s own optimizer (and learning rate) takes the released "
+          "noisy mean")
+    return True
 
   # The run's parts, as the plan and its server hold them.
   spec = property(lambda self: self.plan.spec)
@@ -381,8 +407,10 @@ class _MatrixFactorizationServerSide(Strategy):
       # to clip to and the round is refused (``aggregate_train``).
       config[KEY_CLIPPING_NORM] = float(self.clip_norm)
     _, chosen = self.run.next_round()
-    if not chosen:
+    if not chosen and not self.delegates_optimizer:
       return []
+    # (An optimizer the estimate is delegated to records the round's model even when the
+    # sampler drew nobody.)
     return self.strategy.configure_train(server_round, arrays, config,
                                          _SelectedGrid(grid, [int(c) for c in chosen]))
 
@@ -396,10 +424,14 @@ class _MatrixFactorizationServerSide(Strategy):
     keys = list(self.current_arrays.keys())
     # The core's rule: a non-finite (or malformed) update is zeroed and counted, and the norm
     # cannot overflow (``tff_mf.clipping``); the round is the core's (``ServerRun``).
-    new, zeroed = self.run.release(current, [delta(_arrays(r, keys)) for r in replies])
-    metrics = None
-    if replies:
-      _, metrics = self.strategy.aggregate_train(server_round, replies)
+    updates = [delta(_arrays(r, keys)) for r in replies]
+    if self.delegates_optimizer:
+      new, zeroed, metrics = self._delegated_round(server_round, current, keys, updates, replies)
+    else:
+      new, zeroed = self.run.release(current, updates)
+      metrics = None
+      if replies:
+        _, metrics = self.strategy.aggregate_train(server_round, replies)
     metrics = MetricRecord() if metrics is None else metrics
     metrics[clipping.ZEROED_METRIC] = zeroed
     if self.accountant is not None:
@@ -409,6 +441,26 @@ class _MatrixFactorizationServerSide(Strategy):
           self.epsilon(), self.record.delta, self.rounds_done, self.spec.n,
           self.spec.mechanism.name)
     return ArrayRecord({key: Array(v) for key, v in zip(keys, new)}), metrics
+
+  def _delegated_round(self, server_round: int, current, keys, updates, replies):
+    """The round's noisy mean handed to the wrapped strategy's optimizer as the one reply it
+    aggregates (post-processing of the release); its metrics from the clients' replies."""
+    mean, zeroed = self.run.estimate(current, updates)
+    estimate = ArrayRecord({key: Array(np.asarray(np.asarray(c, np.float64) + g,
+                                                  dtype=np.asarray(c).dtype))
+                            for key, c, g in zip(keys, current, mean)})
+    weight_key = getattr(self.strategy, "weighted_by_key", "num-examples")
+    content = RecordDict({getattr(self.strategy, "arrayrecord_key", "arrays"): estimate,
+                          "metrics": MetricRecord({weight_key: 1})})
+    source = Message(RecordDict(), dst_node_id=0, message_type=MessageType.TRAIN)
+    arrays, _ = self.strategy.aggregate_train(server_round, [Message(content, reply_to=source)])
+    new = [np.asarray(a) for a in arrays.to_numpy_ndarrays()]
+    self.run.commit(new)
+    metrics = None
+    aggregate_metrics = getattr(self.strategy, "train_metrics_aggr_fn", None)
+    if replies and aggregate_metrics is not None:
+      metrics = aggregate_metrics([r.content for r in replies], weight_key)
+    return new, zeroed, metrics
 
   def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                          grid) -> Iterable[Message]:
