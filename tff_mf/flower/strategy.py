@@ -293,7 +293,9 @@ class _MatrixFactorizationServerSide(Strategy):
     the wrapper applies the workload's optimizer itself. Any other strategy (FedAdam,
     FedYogi, FedAdagrad, FedAvgM, …): yes, where the workload is the prefix sum (momentum 0,
     constant learning rate), whose noisy mean any optimizer may post-process; refused where
-    the mechanism's C is built for a momentum workload, whose momentum is the mechanism's."""
+    the mechanism's C is built for a momentum workload, whose momentum is the mechanism's.
+    The wrapped optimizer's own state (Adam's moments) is not in ``state_path``: a restarted
+    server continues the noise, the sampler and the model, and the optimizer starts anew."""
     if type(strategy).aggregate_train is FedAvg.aggregate_train:  # FedAvg's mean, no optimizer
       return False
     w = spec.workload
