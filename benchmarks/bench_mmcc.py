@@ -190,13 +190,13 @@ EDGE_CASES = (
      ["--mechanism", "binary_tree", "--total_rounds", "16", "--amplification", "mmcc",
       "--sampling-prob", "0.0625", "--noise-multiplier", "0.01", "--no-progress"]),
     ("mmcc tree n = 4, p = 1/4, target ε = 1000",
-     ["--mechanism", "binary_tree", "--n", "4", "--amplification", "mmcc", "--sampling-prob",
+     ["--mechanism", "binary_tree", "--total_rounds", "4", "--amplification", "mmcc", "--sampling-prob",
       "0.25", "--target-epsilon", "1000", "--no-progress"]),
     ("banded restart n = 64, b = 8, p = 1/2, z = 1e-3",
-     ["--mechanism", "tree_restart", "--height", "4", "--n", "64", "--min-sep", "8",
+     ["--mechanism", "tree_restart", "--height", "4", "--total_rounds", "64", "--min-sep", "8",
       "--amplification", "amplified_banded", "--sampling-prob", "0.5", "--noise-multiplier", "1e-3"]),
     ("banded restart n = 16, b = 4, p = 1/2, target ε = 1000",
-     ["--mechanism", "tree_restart", "--height", "3", "--n", "16", "--min-sep", "4",
+     ["--mechanism", "tree_restart", "--height", "3", "--total_rounds", "16", "--min-sep", "4",
       "--amplification", "amplified_banded", "--sampling-prob", "0.5", "--target-epsilon", "1000"]),
 )
 

@@ -19,6 +19,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from tff_mf import checks
+from tff_mf import clipping
 from tff_mf import participation
 from tff_mf import plan as plan_lib
 from tff_mf import spec as spec_lib
@@ -53,7 +54,8 @@ def simulate(spec: spec_lib.MechanismSpec, clients: Dict[str, Client],
       i, chosen = run.next_round()
       delta = plan_lib.update_fn(model)
       replies = [clients[c]([np.copy(a) for a in model]) for c in chosen]
-      model, zeroed = run.release(model, [delta(r) for r in replies if r is not None])
+      model, counts = run.release(model, [delta(r) for r in replies if r is not None])
+      zeroed = counts[clipping.ZEROED_METRIC]
       out["models"].append(model)
       out["zeroed"].append(zeroed)
       if plan.epsilons is not None:

@@ -617,7 +617,7 @@ def _factorize_cli(tmp_path, *flags):
   env = userenv.env()
   env.pop("TFF_MF_CACHE", None)
   out = subprocess.run([sys.executable, "-m", "tff_mf.cli", "factorize", "--workload",
-                        "prefix_sum", "--strategy", "identity", "--n", "16", "--participation",
+                        "prefix_sum", "--mechanism", "identity", "--total_rounds", "16", "--participation",
                         "min_sep", "--min_sep", "4", *flags, "--json", "--cache_dir",
                         str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True,
                        timeout=300)

@@ -32,6 +32,9 @@ from tff_mf import checks
 
 # The per-round count of updates zeroed for NaN/Inf, under one name in every framework.
 ZEROED_METRIC = "zeroed_client_updates"
+# The per-round count of client-side clipped updates whose norm the server found above ζ
+# (the client did not clip): zeroed like a non-finite one.
+REJECTED_METRIC = "unclipped_client_updates"
 # The refusal, where a framework asserts finiteness after zeroing (leaf index, then what).
 NON_FINITE_MESSAGE = "client update leaf #{leaf} contains NaN or Inf"
 
@@ -83,3 +86,12 @@ def clip_update(arrays: Sequence[np.ndarray], clip_norm: float) -> ClippedUpdate
   scaled = [a / m for a in values]
   inner = _plain_norm(scaled)  # in [1, √d]
   return ClippedUpdate([(clip_norm / inner) * a for a in scaled], m * inner, False, False)
+
+
+def within_clip(update: Sequence[np.ndarray], clip_norm: float,
+                returned: Sequence[np.ndarray]) -> bool:
+  """Whether a finite update a client clipped itself has norm at most ζ, up to the rounding of
+  the model it returned (the clipped update added to the model in the model's dtype): ‖u‖ ≤
+  ζ·(1 + 1e-6) + ‖spacing(returned)‖₂, one unit in the last place of each coordinate."""
+  slack = _plain_norm([np.spacing(np.abs(np.asarray(r))).astype(np.float64) for r in returned])
+  return global_norm(update) <= float(clip_norm) * (1.0 + 1e-6) + slack

@@ -296,24 +296,41 @@ class ServerRun:
     chosen, _, _ = self.sampler.next_round(i, lambda cid: cid)
     return i, list(chosen)
 
-  def estimate(self, current: Sequence[np.ndarray], updates: Sequence[Sequence[np.ndarray]]
-               ) -> Tuple[List[np.ndarray], int]:
+  def estimate(self, current: Sequence[np.ndarray], updates: Sequence[Sequence[np.ndarray]],
+               client_side: Optional[Sequence[Tuple[Sequence[np.ndarray],
+                                                    Optional[bool]]]] = None
+               ) -> Tuple[List[np.ndarray], Dict[str, int]]:
     """Round ``rounds_done + 1``'s release before any optimizer: (the noisy mean update
-    Σ clip(Δ)/K + σ/K·(N·Z)[i] in float64, how many updates the rule zeroed). ``updates``:
-    the clients' float64 deltas (NaN where a reply was malformed). ``commit`` ends the round."""
+    Σ clip(Δ)/K + σ/K·(N·Z)[i] in float64, the counts of updates zeroed for NaN/Inf and of
+    client-side updates rejected). ``updates``: the clients' float64 deltas (NaN where a reply
+    was malformed). ``client_side``: where the clients clipped, per update the model it
+    returned and its unclipped bit (None: not sent); an update above ζ (beyond the rounding
+    of its model: ``clipping.within_clip``), or without a bit under adaptive clipping, is
+    rejected, zeroed and counted, and the bits feed the quantile estimate. ``commit`` ends
+    the round."""
     current = [np.asarray(a, np.float64) for a in current]
     total = [np.zeros_like(a) for a in current]
-    count, zeroed = 0.0, 0  # Σ (1[‖Δ‖ ≤ ζ_i] − ½): the quantile estimate's query
-    for update in updates:
-      clipped = self.plan.clip(update, self.clip_norm)
-      zeroed += int(clipped.zeroed)
-      count += (1.0 if clipped.unclipped else 0.0) - 0.5
+    count = 0.0  # Σ (1[‖Δ‖ ≤ ζ_i] − ½): the quantile estimate's query
+    counts = {clipping.ZEROED_METRIC: 0, clipping.REJECTED_METRIC: 0}
+    for j, update in enumerate(updates):
+      bit = None
+      if client_side is not None:
+        returned, bit = client_side[j]
+        no_bit = bit is None and self.plan.spec.adaptive is not None
+        if no_bit or (clipping.all_finite(update) and
+                      not clipping.within_clip(update, self.clip_norm, returned)):
+          counts[clipping.REJECTED_METRIC] += 1
+          update, bit = [np.zeros_like(u) for u in update], True
+      clipped = self.plan.clip(update, self.clip_norm)  # client-side: trims rounding only
+      counts[clipping.ZEROED_METRIC] += int(clipped.zeroed)
+      unclipped = clipped.unclipped if bit is None or clipped.zeroed else bit
+      count += (1.0 if unclipped else 0.0) - 0.5
       for t, u in zip(total, clipped.values):
         t += u
     k = float(self.plan.spec.clients_per_round)
     noise = self.noise.next(self.plan.record.noise_multiplier * self.clip_norm)
     self._pending = (count, k)
-    return [t / k + z.astype(np.float64) / k for t, z in zip(total, noise)], zeroed
+    return [t / k + z.astype(np.float64) / k for t, z in zip(total, noise)], counts
 
   def commit(self, released: Sequence[np.ndarray]) -> None:
     """Ends the round ``estimate`` began with the model it released: the next clip norm
@@ -325,12 +342,12 @@ class ServerRun:
     if self.state_path is not None:
       self.save(released)
 
-  def release(self, current: Sequence[np.ndarray], updates: Sequence[Sequence[np.ndarray]]
-              ) -> Tuple[List[np.ndarray], int]:
+  def release(self, current: Sequence[np.ndarray], updates: Sequence[Sequence[np.ndarray]],
+              client_side=None) -> Tuple[List[np.ndarray], Dict[str, int]]:
     """Round ``rounds_done + 1`` with the workload's optimizer (heavy-ball momentum β, η_i
     times ``server_learning_rate``): (the released model, in the current model's dtypes, and
-    how many updates the rule zeroed); committed (saved and logged) before it returns."""
-    mean, zeroed = self.estimate(current, updates)
+    ``estimate``'s counts); committed (saved and logged) before it returns."""
+    mean, counts = self.estimate(current, updates, client_side)
     eta = self.server_learning_rate * float(self.plan.learning_rates[self.rounds_done])
     released = []
     for c, g, m in zip(current, mean, self.momentum_buffer):
@@ -338,7 +355,7 @@ class ServerRun:
       m += g
       released.append(np.asarray(np.asarray(c, np.float64) + eta * m, dtype=np.asarray(c).dtype))
     self.commit(released)
-    return released, zeroed
+    return released, counts
 
   def _next_clip(self, i: int, count: float, k: float) -> None:
     """ζ_{i+1} from the noisy count of round i (Andrew et al. 2021, arXiv:1905.03871, Alg. 1,

@@ -198,6 +198,8 @@ class _MatrixFactorizationServerSide(Strategy):
       ``min_available_nodes``).
   """
 
+  client_side = False  # True: the clients clip (Flower's clipping mods), the server checks
+
   def __init__(self, strategy: Strategy, *spec, server_learning_rate: float = 1.0,
                noise_seed: Optional[int] = None, sampling_seed: Optional[int] = None,
                sampling_secret: Optional[int] = None, state_path: Optional[str] = None,
@@ -402,11 +404,11 @@ class _MatrixFactorizationServerSide(Strategy):
       raise PrivacyBudgetExhausted(
           f"The next private release would exceed max_epsilon (current epsilon: "
           f"{spent.epsilon}, delta: {spent.delta}).")
-    if not self.clips_adaptively:
+    if self.client_side or not self.clips_adaptively:
       # Clients that use Flower's ``fixedclipping_mod`` clip to ζ themselves too; the server
-      # clips every update regardless. The adaptive wrapper sends no clip norm: its quantile
-      # estimate needs the raw updates' norms, so client-side clipping mods find no norm
-      # to clip to and the round is refused (``aggregate_train``).
+      # clips every update regardless. The server-side adaptive wrapper sends no clip norm:
+      # its quantile estimate needs the raw updates' norms, so client-side clipping mods
+      # find no norm to clip to and the round is refused (``aggregate_train``).
       config[KEY_CLIPPING_NORM] = float(self.clip_norm)
     _, chosen = self.run.next_round()
     if not chosen and not self.delegates_optimizer:
@@ -419,23 +421,33 @@ class _MatrixFactorizationServerSide(Strategy):
   def aggregate_train(self, server_round: int, replies: Iterable[Message]
                       ) -> Tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
     replies = list(replies)
-    _refuse_client_side_clipping(replies, self.clips_adaptively)
-    replies = [r for r in replies if not r.has_error()]
+    if self.client_side:
+      replies, bits = _take_norm_bits([r for r in replies if not r.has_error()],
+                                      self.clips_adaptively)
+    else:
+      _refuse_client_side_clipping(replies, self.clips_adaptively)
+      replies = [r for r in replies if not r.has_error()]
     current = self.current_arrays.to_numpy_ndarrays()
     delta = plan_lib.update_fn(current)
     keys = list(self.current_arrays.keys())
     # The core's rule: a non-finite (or malformed) update is zeroed and counted, and the norm
     # cannot overflow (``tff_mf.clipping``); the round is the core's (``ServerRun``).
-    updates = [delta(_arrays(r, keys)) for r in replies]
+    returned = [_arrays(r, keys) for r in replies]
+    updates = [delta(a) for a in returned]
+    client_side = (None if not self.client_side else
+                   [(a if a is not None else [], b) for a, b in zip(returned, bits)])
     if self.delegates_optimizer:
-      new, zeroed, metrics = self._delegated_round(server_round, current, keys, updates, replies)
+      new, counts, metrics = self._delegated_round(server_round, current, keys, updates,
+                                                   replies, client_side)
     else:
-      new, zeroed = self.run.release(current, updates)
+      new, counts = self.run.release(current, updates, client_side)
       metrics = None
       if replies:
         _, metrics = self.strategy.aggregate_train(server_round, replies)
     metrics = MetricRecord() if metrics is None else metrics
-    metrics[clipping.ZEROED_METRIC] = zeroed
+    metrics[clipping.ZEROED_METRIC] = counts[clipping.ZEROED_METRIC]
+    if self.client_side:
+      metrics[clipping.REJECTED_METRIC] = counts[clipping.REJECTED_METRIC]
     if self.accountant is not None:
       self.accountant.compose(None)
     if self.plan.epsilons is not None:
@@ -444,10 +456,10 @@ class _MatrixFactorizationServerSide(Strategy):
           self.spec.mechanism.name)
     return ArrayRecord({key: Array(v) for key, v in zip(keys, new)}), metrics
 
-  def _delegated_round(self, server_round: int, current, keys, updates, replies):
+  def _delegated_round(self, server_round: int, current, keys, updates, replies, client_side):
     """The round's noisy mean handed to the wrapped strategy's optimizer as the one reply it
     aggregates (post-processing of the release); its metrics from the clients' replies."""
-    mean, zeroed = self.run.estimate(current, updates)
+    mean, counts = self.run.estimate(current, updates, client_side)
     estimate = ArrayRecord({key: Array(np.asarray(np.asarray(c, np.float64) + g,
                                                   dtype=np.asarray(c).dtype))
                             for key, c, g in zip(keys, current, mean)})
@@ -462,7 +474,7 @@ class _MatrixFactorizationServerSide(Strategy):
     aggregate_metrics = getattr(self.strategy, "train_metrics_aggr_fn", None)
     if replies and aggregate_metrics is not None:
       metrics = aggregate_metrics([r.content for r in replies], weight_key)
-    return new, zeroed, metrics
+    return new, counts, metrics
 
   def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                          grid) -> Iterable[Message]:
@@ -475,6 +487,30 @@ class _MatrixFactorizationServerSide(Strategy):
   def state(self) -> Dict[str, np.ndarray]:
     """Everything a restarted server needs to continue (holds the secret seeds)."""
     return self.run.state()
+
+
+class MatrixFactorizationClientSideFixedClipping(_MatrixFactorizationServerSide):
+  """Flower's ``DifferentialPrivacyClientSideFixedClipping`` with the mechanism's correlated
+  noise: ζ goes to the clients in the train config and each clips its own update with
+  Flower's ``fixedclipping_mod``. The server does not clip again: it checks each update's norm
+  (ζ up to the rounding of the model the client returned, ``tff_mf.clipping.within_clip``)
+  and rejects one above it, zeroed and counted (``unclipped_client_updates``): seeing the
+  updates, it trusts no client. Behind secure aggregation, where a server sees only the sum,
+  the same ε holds only if every client runs the mod."""
+  clips_adaptively = False
+  client_side = True
+
+
+class MatrixFactorizationClientSideAdaptiveClipping(_MatrixFactorizationServerSide):
+  """Flower's ``DifferentialPrivacyClientSideAdaptiveClipping`` with the mechanism's noise:
+  clients clip to ζ_i with ``adaptiveclipping_mod`` and send its norm bit (1: their update was
+  above ζ_i); the server checks the norms as the fixed variant does, takes the bits (a reply
+  without one is rejected) out of the metrics, so that they are released only through the
+  noisy count, and updates ζ as ``MatrixFactorizationAdaptiveClipping`` does. The server
+  trusts each client's bit (it cannot see the norm before clipping); ε composes the count
+  queries with the mechanism, as for the server-side adaptive wrapper."""
+  clips_adaptively = True
+  client_side = True
 
 
 class MatrixFactorizationFixedClipping(_MatrixFactorizationServerSide):
@@ -500,6 +536,26 @@ def _arrays(reply: Message, keys: List[str]) -> Optional[List[np.ndarray]]:
     return records[0].to_numpy_ndarrays()
   except (ValueError, TypeError):
     return None
+
+
+def _take_norm_bits(replies: List[Message], adaptive: bool
+                    ) -> Tuple[List[Message], List[Optional[bool]]]:
+  """(the replies with ``adaptiveclipping_mod``'s norm bit taken out of their metrics, each
+  client's unclipped bit). Fixed: a norm bit is refused (it would be released in the metrics
+  without noise). Adaptive: a reply without a bit gets None (the core rejects its update)."""
+  bits: List[Optional[bool]] = []
+  for reply in replies:
+    found = None
+    for record in reply.content.metric_records.values():
+      if KEY_NORM_BIT in record:
+        if not adaptive:
+          raise checks.CheckError(
+              "a client runs Flower's adaptiveclipping_mod under "
+              "MatrixFactorizationClientSideFixedClipping: its norm bit would be released in "
+              "the round's metrics without noise; use fixedclipping_mod")
+        found = not bool(record.pop(KEY_NORM_BIT))  # Flower's bit: 1 when clipped
+    bits.append(found)
+  return replies, bits
 
 
 def _refuse_client_side_clipping(replies: List[Message], adaptive: bool) -> None:
