@@ -8,6 +8,7 @@ the attacker and without it (it drops out), at a pinned noise seed: the release 
 and the attacker moves it by at most server_lr·ζ/K.
 """
 
+import functools
 import types
 
 import numpy as np
@@ -69,9 +70,10 @@ def numpy_released(mechanism, clients):
   return out["models"][0][0], out["models"][1][0]
 
 
-def released(engine, mechanism, clients):
-  if engine == "numpy":
-    return numpy_released(mechanism, clients)
+@functools.lru_cache(maxsize=None)
+def process_of(engine, mechanism):
+  """The engine's process for the mechanism and its initial state (built once: every attack
+  starts its rounds, with and without the attacker, from this state)."""
   library = aggregators.build_mechanism(
       mechanism, total_rounds=4, clients_per_round=K, clip_norm=CLIP, noise_multiplier=Z,
       server_learning_rate=SERVER_LR, noise_seed=SEED)
@@ -79,15 +81,19 @@ def released(engine, mechanism, clients):
       aggregation_factory=tf_clipping.NonFiniteZeroingFactory(library.aggregation_factory),
       server_optimizer=library.server_optimizer)
   process = engine_lib.build_process(engine, model_fn, setup, client_lr=edge_attacks.CLIENT_LR)
-  state = process.initialize()
+  return process, process.initialize()
+
+
+def released(engine, mechanism, clients):
+  if engine == "numpy":
+    return numpy_released(mechanism, clients)
+  process, state = process_of(engine, mechanism)
 
   def flat(state):
     return np.concatenate([np.asarray(v, np.float64).ravel()
                            for v in process.get_model_weights(state).trainable])
 
-  before = flat(state)
-  state = process.next(state, [dataset(x, y) for x, y in clients]).state
-  return before, flat(state)
+  return flat(state), flat(process.next(state, [dataset(x, y) for x, y in clients]).state)
 
 
 @pytest.mark.parametrize("attack", sorted(edge_attacks.ATTACKS))
