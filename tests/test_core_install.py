@@ -236,6 +236,13 @@ def test_help_and_the_one_line_refusal_of_tf_only_commands(core):
   assert out.returncode != 0
   assert out.stderr.strip().splitlines()[-1].startswith(
       "ImportError: tff_mf.tf needs the TensorFlow extra"), out.stderr
+  # And the Flower layer's, naming its extra (flwr is not in the core's environment).
+  out = _run([core["python"], "-c", "import tff_mf.flower.strategy"], env=core["env"],
+             cwd=core["work"], what="import tff_mf.flower.strategy")
+  assert out.returncode != 0
+  assert out.stderr.strip().splitlines()[-1].startswith(
+      "ImportError: tff_mf.flower.strategy needs the Flower extra (flwr not installed): "
+      "pip install '<a tff-mf wheel or clone>[flower]'"), out.stderr
 
 
 def _requirement(line):

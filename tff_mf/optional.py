@@ -1,11 +1,14 @@
 """The package's extras: what ``pip install tff-mf`` leaves out, and the one line that says so.
 
 ``pip install tff-mf`` installs the numpy core (numpy, scipy, dp-accounting, tqdm) on any
-Python >= 3.11. Two extras add the rest (setup.cfg's ``options.extras_require``):
+Python >= 3.11. Three extras add the rest (setup.cfg's ``options.extras_require``):
 
 - ``tff``: the TensorFlow Federated layer ``tff_mf.tf`` (TensorFlow 2.14, TFF 0.87 and
   TensorFlow Privacy 0.9, which exist for Python 3.11 only; see requirements/README.md);
-- ``plot``: matplotlib, for ``tff-mf plot`` and ``tff-mf audit --plot``.
+- ``plot``: matplotlib, for ``tff-mf plot`` and ``tff-mf audit --plot``;
+- ``flower``: Flower (flwr with its simulation engine), for the Flower layer
+  ``tff_mf.flower.strategy`` (its own environment: flwr's protobuf cannot share
+  TensorFlow 2.14's).
 
 ``require`` is the check a command runs before it starts work: a missing extra is one
 ``CheckError`` line naming the extra and the command that installs it, never an
@@ -37,6 +40,10 @@ EXTRAS = {
         "pip install 'tff-mf[tff]' (Python 3.11), then pip install --no-deps "
         "tensorflow-federated==0.87.0 tensorflow-privacy==0.9.0; or `make venv` in a clone"),
     "plot": Extra("plot", "the plotting extra", ("matplotlib",), "pip install 'tff-mf[plot]'"),
+    "flower": Extra(
+        "flower", "the Flower extra", ("flwr",),
+        "pip install '<a tff-mf wheel or clone>[flower]' in an environment without "
+        "TensorFlow, or `make venv-flower` in a clone"),
 }
 
 

@@ -29,6 +29,13 @@ from logging import INFO
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
+
+from tff_mf import optional
+
+if optional.missing("flower"):
+  raise ImportError(optional.message("flower", "tff_mf.flower.strategy"))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import NeighboringRelation, PrivacyConfig, PrivacySpent, SamplingMethod
 from flwr.serverapp.exception import PrivacyBudgetExhausted
