@@ -175,6 +175,17 @@ def test_a_privacy_config_the_record_does_not_account_is_refused(relation, metho
     wrapper(privacy_config=config)
 
 
+def test_poisson_is_accepted_only_where_the_wrapper_samples_by_poisson():
+  config = PrivacyConfig(target_delta=1e-5, population_size=len(NODES),
+                         neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+                         sampling_method=SamplingMethod.POISSON)
+  with pytest.raises(checks.CheckError, match="not by\\s+Poisson"):
+    wrapper(privacy_config=config, participation=participation.min_sep(2))  # p = 1: cyclic
+  w = wrapper(privacy_config=config, participation=participation.min_sep(2),
+              sampling_prob=0.5)
+  assert w.accountant is not None
+
+
 def test_a_privacy_config_that_matches_is_accepted():
   config = PrivacyConfig(target_delta=1e-5, population_size=len(NODES),
                          neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,

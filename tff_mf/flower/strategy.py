@@ -138,10 +138,12 @@ class MatrixFactorizationAccountant:
     self._releases = int(state["num_releases"])
 
 
-def check_privacy_config(config: PrivacyConfig, schema) -> None:
+def check_privacy_config(config: PrivacyConfig, schema,
+                         sampling_prob: Optional[float] = None) -> None:
   """Refuses a ``PrivacyConfig`` that claims what the record does not account: tff-mf's ε is
   for add-or-remove-one neighbours (a replace-one guarantee needs twice the sensitivity),
-  with the clients drawn by the spec's schema (``POISSON`` only for a Poisson schema)."""
+  with the clients drawn by the spec's schema (``POISSON`` only for a Poisson schema, and,
+  where the spec's ``sampling_prob`` is known, only when it is below 1)."""
   relation = NeighboringRelation(config.neighboring_relation)
   if relation != NeighboringRelation.ADD_OR_REMOVE_ONE:
     raise checks.CheckError(
@@ -149,7 +151,9 @@ def check_privacy_config(config: PrivacyConfig, schema) -> None:
         "add-or-remove-one neighbours (replace-one needs twice the sensitivity, which this "
         "epsilon does not cover); use NeighboringRelation.ADD_OR_REMOVE_ONE")
   method = SamplingMethod(config.sampling_method)
-  if method == SamplingMethod.POISSON and not (schema is not None and schema.poisson):
+  poisson = schema is not None and schema.poisson and (sampling_prob is None or
+                                                       sampling_prob < 1.0)
+  if method == SamplingMethod.POISSON and not poisson:
     raise checks.CheckError(
         f"PrivacyConfig sampling_method='poisson', but the wrapper samples clients by "
         f"participation {schema.describe() if schema is not None else 'single'}, not by "
@@ -246,6 +250,9 @@ class _MatrixFactorizationServerSide(Strategy):
     self.delegates_optimizer = self._check_optimizer(strategy, spec, server_learning_rate)
     self.accountant = None
     if privacy_config is not None:
+      check_privacy_config(privacy_config, spec.participation,
+                           spec.privacy.sampling_prob if spec.privacy.sampling_prob is not None
+                           else 1.0)
       self.accountant = MatrixFactorizationAccountant(self.record, privacy_config,
                                                       self.plan.epsilons)
     self.run = plan_lib.ServerRun(
