@@ -55,6 +55,7 @@ from tqdm import tqdm  # pylint: disable=wrong-import-position
 
 from tff_mf.factorization import strategies  # pylint: disable=wrong-import-position
 from tff_mf.factorization import workloads  # pylint: disable=wrong-import-position
+from tff_mf.spec import MechanismSpec
 from tff_mf.tf import aggregators  # pylint: disable=wrong-import-position
 from tff_mf.tf import query as query_lib  # pylint: disable=wrong-import-position
 
@@ -128,22 +129,23 @@ def build_queries(n, specs, bands, cache_dir, mechs=MECHS):
   def normalized(q):
     return tfp.NormalizedQuery(q, denominator=CLIENTS)
 
-  common = dict(total_rounds=n, noise_multiplier=Z, clients_per_round=CLIENTS, clip_norm=CLIP,
-                cache_dir=cache_dir, progress=True)
+  common = dict(total_rounds=n, noise_multiplier=Z, clients_per_round=CLIENTS, clip_norm=CLIP)
+  wiring = dict(cache_dir=cache_dir, progress=True)
   queries, losses, infos = {}, {}, {}
   for name, (mechanism, kwargs) in MATRIX.items():
     if name not in mechs:
       continue
     if mechanism in ("banded", "bisr"):
       kwargs = dict(kwargs, bands=bands)
-    setup = aggregators.build_mechanism(mechanism, **common, **kwargs)
+    setup = aggregators.build_mechanism(MechanismSpec.from_args(mechanism, **common, **kwargs),
+                                        **wiring)
     queries[name] = normalized(query_lib.MatrixFactorizationQuery(
         setup.noise, l2_norm_clip=CLIP, noise_multiplier=Z, record_specs=specs, noise_seed=1))
     losses[name] = setup.single_participation_sqrt_loss
     infos[name] = {k: setup.info.get(k) for k in ("noise_implementation", "state_rows",
                                                    "bands", "rank", "buffers", "cache_npz")}
   if "tree_aggregation" in mechs:
-    tree_setup = aggregators.build_mechanism("tree", **common)
+    tree_setup = aggregators.build_mechanism(MechanismSpec.from_args("tree", **common), **wiring)
     z_node = tree_setup.info["noise_multiplier_per_node"]
     queries["tree_aggregation"] = normalized(tfp.TreeResidualSumQuery.build_l2_gaussian_query(
         CLIP, z_node, specs, noise_seed=1, use_efficient=True))

@@ -43,6 +43,7 @@ import numpy as np
 from tff_mf import audit as audit_lib
 from tff_mf import participation
 from tff_mf import registry
+from tff_mf.spec import MechanismSpec
 from tff_mf.tf import audit
 from tff_mf.tf import runtime
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -57,11 +58,11 @@ def auditable():
           if registry.mechanism(m).noise in audit.AUDITABLE_NOISE]
 
 
-def _kwargs(schema, **kw):
+def _spec(mechanism, schema, **kw):
   out = dict(total_rounds=N, noise_multiplier=Z, clients_per_round=2, clip_norm=1.0,
              participation=schema)
   out.update(kw)
-  return out
+  return MechanismSpec.from_args(mechanism, **out)
 
 
 def sweep(mechanisms, schemas, options, scores_dir):
@@ -69,7 +70,7 @@ def sweep(mechanisms, schemas, options, scores_dir):
   for mech in mechanisms:
     for label, schema in schemas.items():
       start = time.perf_counter()
-      r = audit.audit(mech, options=options, **_kwargs(schema))
+      r = audit.audit(_spec(mech, schema), options=options)
       seconds = time.perf_counter() - start
       s0, s1 = r["scores"]["reported_sigma"]
       np.savez(os.path.join(scores_dir, f"{mech}_{label}.npz"), out=s0, held_in=s1)
@@ -90,8 +91,8 @@ def poisson(mechanisms, prob, options):
   for mech in mechanisms:
     start = time.perf_counter()
     opts = dataclasses.replace(options, sampling_prob=prob)
-    r = audit.json_ready(audit.audit(mech, options=opts,
-                                     **_kwargs(schema, noise_multiplier=POISSON_Z)))
+    r = audit.json_ready(audit.audit(_spec(mech, schema, noise_multiplier=POISSON_Z),
+                                                 options=opts))
     r.update(seconds=time.perf_counter() - start)
     rows.append(r)
     print(f"[audit] poisson {mech}: eps lb {r['epsilon_lower_bound']:.3f} vs "
@@ -104,8 +105,8 @@ def faults(options):
   for fault in audit.FAULTS:
     schema = participation.SINGLE if fault == "schema_ignored" else participation.fixed_epoch(2)
     start = time.perf_counter()
-    claimed, packed = audit.build_pair("opt_prefix_sum", options.trials_per_run,
-                                       **_kwargs(schema))
+    claimed, packed = audit.build_pair(_spec("opt_prefix_sum", schema),
+                                       options.trials_per_run)
     claimed, packed, canary_schema = audit.plant_fault(fault, claimed, packed)
     r = audit.json_ready(audit.audit_setups(claimed, packed, options, schema=canary_schema))
     r.update(fault=fault, seconds=time.perf_counter() - start)

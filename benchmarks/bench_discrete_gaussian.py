@@ -111,9 +111,9 @@ def measure_tf(d, rounds):
   for name in ("gaussian", "banded"):
     for dist in ("gaussian", "discrete_gaussian"):
       params = {"bands": BANDS} if name == "banded" else {}
-      setup = aggregators.build_mechanism(name, total_rounds=N, clients_per_round=CLIENTS,
-                                          clip_norm=1.0, noise_multiplier=Z,
-                                          noise_distribution=dist, noise_seed=7, **params)
+      setup = aggregators.build_mechanism(spec_lib.MechanismSpec.from_args(
+          name, total_rounds=N, clients_per_round=CLIENTS, clip_norm=1.0, noise_multiplier=Z,
+          noise_distribution=dist, **params), noise_seed=7)
       query = setup.aggregation_factory.dp_query(specs)._numerator
       state = {"s": query.initial_global_state(), "n": 0}
       noised = tf.function(query.get_noised_result, autograph=False)

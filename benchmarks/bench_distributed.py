@@ -37,14 +37,15 @@ def main(argv=None):
     args.rounds, args.clients, args.examples, args.hidden = 1, 2, 16, 8
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_mf.spec import MechanismSpec  # pylint: disable=g-import-not-at-top
   from tff_mf.tf import aggregators  # pylint: disable=g-import-not-at-top
   from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
   from training import distributed  # pylint: disable=g-import-not-at-top
   runtime.install_exit_hook()
   total_rounds = args.rounds + 1
-  setup = aggregators.build_mechanism(
+  setup = aggregators.build_mechanism(MechanismSpec.from_args(
       "opt_prefix_sum", total_rounds=total_rounds, noise_multiplier=1.0,
-      clients_per_round=args.clients, clip_norm=1.0, noise_seed=11)
+      clients_per_round=args.clients, clip_norm=1.0), noise_seed=11)
 
   def model_fn():
     model = tf.keras.Sequential([

@@ -20,6 +20,7 @@ import tensorflow as tf  # pylint: disable=wrong-import-position
 import tensorflow_federated as tff  # pylint: disable=wrong-import-position
 
 from tff_mf import participation  # pylint: disable=wrong-import-position
+from tff_mf.spec import MechanismSpec  # pylint: disable=wrong-import-position
 from tff_mf.tf import aggregators  # pylint: disable=wrong-import-position
 
 absl.logging.set_verbosity(absl.logging.ERROR)
@@ -57,16 +58,17 @@ def train(process, cohorts, x_test, y_test):
   return process.get_model_weights(state).trainable, losses
 
 
-setup = aggregators.build_mechanism(
+spec = MechanismSpec.from_args(
     "opt_momentum", total_rounds=ROUNDS, target_epsilon=8.0, delta=1e-6,
     participation=participation.fixed_epoch(EPOCHS), clients_per_round=CLIENTS_PER_ROUND,
-    clip_norm=1.0, server_learning_rate=0.5, momentum=0.5)
+    clip_norm=1.0, momentum=0.5)
+setup = aggregators.build_mechanism(spec, server_learning_rate=0.5)
 process = tff.learning.algorithms.build_unweighted_fed_avg(
     model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
     server_optimizer_fn=setup.server_optimizer, model_aggregator=setup.aggregation_factory)
-baseline = aggregators.build_mechanism(
+baseline = aggregators.build_mechanism(MechanismSpec.from_args(
     "none", total_rounds=ROUNDS, clients_per_round=CLIENTS_PER_ROUND, clip_norm=1.0,
-    server_learning_rate=0.5, momentum=0.5)
+    momentum=0.5), server_learning_rate=0.5)
 nonprivate = tff.learning.algorithms.build_unweighted_fed_avg(
     model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
     server_optimizer_fn=baseline.server_optimizer, model_aggregator=baseline.aggregation_factory)

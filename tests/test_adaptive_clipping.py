@@ -21,6 +21,7 @@ from tff_mf import checks
 from tff_mf import participation
 from tff_mf.factorization import strategies
 from tff_mf.factorization import workloads
+from tff_mf.spec import MechanismSpec
 from tff_mf.tf import aggregators
 from tff_mf.tf import noise as noise_lib
 from tff_mf.tf import query as query_lib
@@ -157,9 +158,9 @@ def _pld_epsilon(multipliers, delta):
 def test_epsilon_composes_the_mf_gaussian_and_the_count_queries(schema):
   """ε of build_mechanism = PLD of Gaussian(z/sens) ∘ Gaussian(σ_b/(½√k)), computed directly."""
   n, z, sigma_b, delta = 16, 1.2, 3.0, 1e-6
-  setup = aggregators.build_mechanism(
+  setup = aggregators.build_mechanism(MechanismSpec.from_args(
       "opt_prefix_sum", total_rounds=n, noise_multiplier=z, clients_per_round=10,
-      clip_norm="adaptive", clipped_count_stddev=sigma_b, delta=delta, participation=schema)
+      clip_norm="adaptive", clipped_count_stddev=sigma_b, delta=delta, participation=schema))
   info = setup.info
   k = schema.max_participations_in(n)
   sens = info["sensitivity"]
@@ -176,9 +177,9 @@ def test_epsilon_composes_the_mf_gaussian_and_the_count_queries(schema):
 
 def test_target_epsilon_is_split_and_met():
   n, delta, target = 16, 1e-6, 4.0
-  setup = aggregators.build_mechanism(
-      "opt_prefix_sum", total_rounds=n, target_epsilon=target, delta=delta,
-      clients_per_round=100, clip_norm="adaptive")
+  setup = aggregators.build_mechanism(MechanismSpec.from_args(
+      "opt_prefix_sum", total_rounds=n, target_epsilon=target, delta=delta, clients_per_round=100,
+      clip_norm="adaptive"))
   info = setup.info
   assert info["epsilon"] <= target
   assert info["epsilon"] == pytest.approx(target, rel=1e-3)
@@ -200,13 +201,14 @@ def test_bad_adaptive_arguments_are_one_line_errors():
   ]
   for kwargs, message in cases:
     with pytest.raises(checks.CheckError, match=message) as e:
-      aggregators.build_mechanism("opt_prefix_sum", **base, **kwargs)
+      aggregators.build_mechanism(MechanismSpec.from_args("opt_prefix_sum", **base, **kwargs))
     assert "\n" not in str(e.value)
   with pytest.raises(checks.CheckError, match="honaker_online"):
-    aggregators.build_mechanism("tree", **base, clip_norm="adaptive")
+    aggregators.build_mechanism(MechanismSpec.from_args("tree", **base, clip_norm="adaptive"))
   with pytest.raises(checks.CheckError, match="too small"):
-    aggregators.build_mechanism("opt_prefix_sum", total_rounds=8, target_epsilon=1.0,
-                                delta=1e-6, clients_per_round=4, clip_norm="adaptive")
+    aggregators.build_mechanism(MechanismSpec.from_args(
+        "opt_prefix_sum", total_rounds=8, target_epsilon=1.0, delta=1e-6, clients_per_round=4,
+        clip_norm="adaptive"))
 
 
 @pytest.mark.parametrize("mechanism", ["blt", "gaussian"])
@@ -225,10 +227,10 @@ def test_adaptive_mechanism_trains_inside_tff_fed_avg(mechanism):
     return tff.learning.models.from_keras_model(
         keras_model, loss=tf.keras.losses.MeanSquaredError(), input_spec=input_spec)
 
-  setup = aggregators.build_mechanism(
-      mechanism, total_rounds=n, noise_multiplier=2.0, clients_per_round=k,
-      clip_norm="adaptive", initial_clip_norm=0.05, clip_learning_rate=0.5, delta=delta,
-      noise_seed=None if mechanism == "gaussian" else SEED, clipped_count_stddev=0.5)
+  setup = aggregators.build_mechanism(MechanismSpec.from_args(
+      mechanism, total_rounds=n, noise_multiplier=2.0, clients_per_round=k, clip_norm="adaptive",
+      initial_clip_norm=0.05, clip_learning_rate=0.5, delta=delta,
+      clipped_count_stddev=0.5), noise_seed=None if mechanism == "gaussian" else SEED)
   process = tff.learning.algorithms.build_unweighted_fed_avg(
       model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.5),
       server_optimizer_fn=setup.server_optimizer, model_aggregator=setup.aggregation_factory)

@@ -23,6 +23,7 @@ import statcheck
 import userenv
 from tff_mf import audit as audit_lib
 from tff_mf import participation
+from tff_mf.spec import MechanismSpec
 from tff_mf.commands import audit as audit_command
 from tff_mf.tf import audit
 from tff_mf.tf import runtime
@@ -35,10 +36,10 @@ OPTIONS = audit.AuditOptions(trials=2048, trials_per_run=512, calibration_trials
                              delta=1e-5, alpha=0.01)
 
 
-def _kwargs(**kw):
+def _spec(mechanism="opt_prefix_sum", **kw):
   out = dict(total_rounds=N, noise_multiplier=Z, clients_per_round=2, clip_norm=1.0)
   out.update(kw)
-  return out
+  return MechanismSpec.from_args(mechanism, **out)
 
 
 # ----------------------------------------------------------------------------- numpy core
@@ -251,8 +252,8 @@ def test_detectable_ratio_is_a_lower_bound_on_power():
 
 @pytest.fixture(scope="module")
 def fixed_epoch_pair():
-  return audit.build_pair("opt_prefix_sum", OPTIONS.trials_per_run,
-                          **_kwargs(participation=participation.fixed_epoch(2)))
+  return audit.build_pair(_spec(participation=participation.fixed_epoch(2)),
+                          OPTIONS.trials_per_run)
 
 
 def test_tight_and_no_false_alarm(fixed_epoch_pair):
@@ -306,7 +307,7 @@ def test_flags_a_fault_away_from_the_reported_canary(schema, fault):
   the claim there), a row of C⁻¹ left out (μ = ∞). The canary is placed from 512
   canary-free trials and the claim refuted on fresh ones at α = 1e-4; by
   ``flag_probability`` a μ of 2x the claim is missed with probability < 1e-12."""
-  pair = audit.build_pair("opt_prefix_sum", AWAY.trials_per_run, **_kwargs(participation=schema))
+  pair = audit.build_pair(_spec(participation=schema), AWAY.trials_per_run)
   claimed, packed, canary_schema = audit.plant_fault(fault, *pair)
   r = audit.audit_setups(claimed, packed, AWAY, schema=canary_schema, seed=2)
   reported = r["canary"]["reported_worst_pattern"]
@@ -324,7 +325,7 @@ def test_a_correct_mechanism_passes_where_it_is_audited():
   """The same audit (α = 1e-4: a false alarm has probability ≤ 1e-4) of the correct
   mechanism: no violation, and the canary sits at a pattern whose reported μ is the
   claim's (opt_prefix_sum's rounds tie under single participation)."""
-  claimed, packed = audit.build_pair("opt_prefix_sum", AWAY.trials_per_run, **_kwargs())
+  claimed, packed = audit.build_pair(_spec(), AWAY.trials_per_run)
   r = audit.audit_setups(claimed, packed, AWAY, seed=3)
   assert not r["violation"], audit.json_ready(r)
   assert r["release_mu"] == pytest.approx(r["claimed_mu"], rel=1e-6)
@@ -333,7 +334,7 @@ def test_a_correct_mechanism_passes_where_it_is_audited():
 
 def test_flags_a_fixed_epoch_run_accounted_as_single_participation():
   claimed, packed, schema = audit.plant_fault(
-      "schema_ignored", *audit.build_pair("opt_prefix_sum", OPTIONS.trials_per_run, **_kwargs()))
+      "schema_ignored", *audit.build_pair(_spec(), OPTIONS.trials_per_run))
   r = audit.audit_setups(claimed, packed, OPTIONS, schema=schema, seed=4)
   assert r["claimed_sensitivity"] == pytest.approx(1.0)
   assert r["release_mu"] > 1.2 * r["claimed_mu"]
@@ -400,7 +401,7 @@ def test_every_mechanism_and_schema_is_tight(mechanism, schema):
   standard errors at 2048 trials, μ ≤ 5.7); no violation. (honaker_online's
   release is worth 0.93-0.98 of its claim: its online decoder discards information, so
   comparing μ̂ with the claim directly would leave less than 2 standard errors.)"""
-  r = audit.audit(mechanism, options=OPTIONS, **_kwargs(participation=schema))
+  r = audit.audit(_spec(mechanism, participation=schema), options=OPTIONS)
   assert 0.9 <= r["reported_worst_mu"] / r["claimed_mu"] <= 1 + 1e-9, audit.json_ready(r)
   # The canary's pattern is the worst on 1024 calibration trials (μ̂ there within about
   # 2 % of the truth): its reported μ is within 10 % of the reported worst.
@@ -415,7 +416,7 @@ def test_poisson_canary_never_exceeds_the_amplified_claim(mechanism):
   """Issue 24, point 4: a canary joining each round of its min-sep class with p = 0.5; the ε
   lower bound stays below MMCC's amplified ε (loose is expected)."""
   opts = dataclasses.replace(OPTIONS, sampling_prob=0.5)
-  r = audit.audit(mechanism, options=opts, **_kwargs(participation=participation.min_sep(2)))
+  r = audit.audit(_spec(mechanism, participation=participation.min_sep(2)), options=opts)
   assert r["claimed_analysis"] == "mmcc"
   assert 0 < r["epsilon_lower_bound"] <= r["claimed_epsilon"], audit.json_ready(r)
   assert not r["violation"]

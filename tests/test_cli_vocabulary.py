@@ -322,10 +322,11 @@ def test_remedies_name_the_flag_on_a_command_line_and_the_argument_in_python(tmp
   assert not (tmp_path / "runs").exists()
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_mf.spec import MechanismSpec  # pylint: disable=g-import-not-at-top
   from tff_mf.tf import aggregators  # pylint: disable=g-import-not-at-top
-  setup = aggregators.build_mechanism("gaussian", total_rounds=4, noise_multiplier=1.0,
-                                      clients_per_round=2, clip_norm="adaptive",
-                                      clipped_count_stddev=0.0)
+  setup = aggregators.build_mechanism(MechanismSpec.from_args(
+      "gaussian", total_rounds=4, noise_multiplier=1.0, clients_per_round=2, clip_norm="adaptive",
+      clipped_count_stddev=0.0))
   with pytest.raises(ValueError) as e:  # when TFF builds the aggregator
     setup.aggregation_factory.create(tff.TensorType(np.float32, [3]))
   assert "pass allow_no_noise=True to accept that" in str(e.value)

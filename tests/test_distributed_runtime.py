@@ -299,15 +299,17 @@ def _fast_driver(out_dir):
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_mf.spec import MechanismSpec  # pylint: disable=g-import-not-at-top
   from tff_mf.tf import aggregators  # pylint: disable=g-import-not-at-top
   from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
   from training import distributed  # pylint: disable=g-import-not-at-top
   runtime.install_exit_hook()
   rounds, clients = 4, 2
-  setup = aggregators.build_mechanism(
+  setup = aggregators.build_mechanism(MechanismSpec.from_args(
       "opt_prefix_sum", total_rounds=rounds, noise_multiplier=1.0, clients_per_round=clients,
-      clip_norm=1.0, server_learning_rate=0.5, momentum=0.9, noise_seed=7,
-      cache_dir=os.path.join(out_dir, "cache"))
+      clip_norm=1.0,
+      momentum=0.9), server_learning_rate=0.5, noise_seed=7, cache_dir=os.path.join(out_dir,
+      "cache"))
 
   def model_fn():
     model = tf.keras.Sequential([

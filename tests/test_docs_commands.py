@@ -473,6 +473,7 @@ import psutil
 import tensorflow as tf
 import tensorflow_federated as tff
 from tff_mf import participation
+from tff_mf.spec import MechanismSpec
 from tff_mf.tf import aggregators
 ROUNDS, CLIENTS_PER_ROUND, EPOCHS = 4, 2, 1
 

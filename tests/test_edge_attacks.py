@@ -74,9 +74,9 @@ def numpy_released(mechanism, clients):
 def process_of(engine, mechanism):
   """The engine's process for the mechanism and its initial state (built once: every attack
   starts its rounds, with and without the attacker, from this state)."""
-  library = aggregators.build_mechanism(
-      mechanism, total_rounds=4, clients_per_round=K, clip_norm=CLIP, noise_multiplier=Z,
-      server_learning_rate=SERVER_LR, noise_seed=SEED)
+  library = aggregators.build_mechanism(spec_lib.MechanismSpec.from_args(
+      mechanism, total_rounds=4, clients_per_round=K, clip_norm=CLIP,
+      noise_multiplier=Z), server_learning_rate=SERVER_LR, noise_seed=SEED)
   setup = types.SimpleNamespace(
       aggregation_factory=tf_clipping.NonFiniteZeroingFactory(library.aggregation_factory),
       server_optimizer=library.server_optimizer)

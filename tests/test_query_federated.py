@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_mf.spec import MechanismSpec
 from tff_mf.tf import aggregators
 from tff_mf import participation
 from tff_mf import registry
@@ -105,11 +106,12 @@ def cache_dir(tmp_path_factory):
 
 def _setup(mechanism, cache_dir, noise_multiplier=Z_MULT, noise_seed=SEED, **kw):
   args = dict(total_rounds=N, noise_multiplier=noise_multiplier, clients_per_round=K,
-              clip_norm=CLIP, server_learning_rate=SERVER_LR, momentum=MOMENTUM,
-              lr_schedule=SCHEDULE, schedule_rounds=SCHEDULE_ROUNDS, noise_seed=noise_seed,
-              cache_dir=cache_dir)
+              clip_norm=CLIP, momentum=MOMENTUM, lr_schedule=SCHEDULE,
+              schedule_rounds=SCHEDULE_ROUNDS)
   args.update(kw)
-  return aggregators.build_mechanism(mechanism, **args)
+  return aggregators.build_mechanism(MechanismSpec.from_args(mechanism, **args),
+                                     server_learning_rate=SERVER_LR, noise_seed=noise_seed,
+                                     cache_dir=cache_dir)
 
 
 def _process(setup, weighted=False):

@@ -304,9 +304,9 @@ def test_build_mechanism_calibrates_z_to_a_target_epsilon_under_the_schema():
   """ε of one Gaussian at z/sens with sens from the mechanism's own C, checked against the
   analytic Gaussian δ(ε) (Balle & Wang 2018) computed here with scipy."""
   for schema in (participation.SINGLE, participation.fixed_epoch(2)):
-    setup = aggregators.build_mechanism("opt_momentum", total_rounds=8, target_epsilon=2.0,
-                                        delta=1e-5, clients_per_round=2, clip_norm=1.0,
-                                        momentum=0.9, participation=schema)
+    setup = aggregators.build_mechanism(spec_lib.MechanismSpec.from_args(
+        "opt_momentum", total_rounds=8, target_epsilon=2.0, delta=1e-5, clients_per_round=2,
+        clip_norm=1.0, momentum=0.9, participation=schema))
     info = setup.info
     assert info["calibrated"] and info["epsilon"] <= 2.0
     mu = info["sensitivity"] / info["noise_multiplier"]
@@ -318,8 +318,8 @@ def test_build_mechanism_calibrates_z_to_a_target_epsilon_under_the_schema():
     assert (scipy.stats.norm.cdf(mu / 2 - 2.0 / mu)
             - np.exp(2.0) * scipy.stats.norm.cdf(-mu / 2 - 2.0 / mu)) > 1e-5  # and z is tight
   with pytest.raises(ValueError, match="exactly one of noise_multiplier and target_epsilon"):
-    aggregators.build_mechanism("opt_momentum", total_rounds=8, clients_per_round=2,
-                                clip_norm=1.0)
+    aggregators.build_mechanism(spec_lib.MechanismSpec.from_args(
+        "opt_momentum", total_rounds=8, clients_per_round=2, clip_norm=1.0))
 
 
 def test_zero_noise_needs_an_explicit_opt_in():
@@ -332,8 +332,9 @@ def test_zero_noise_needs_an_explicit_opt_in():
   rows, _, _ = _run_rounds(q, 2)
   assert np.all(np.array(rows) == 0)
   with pytest.raises(ValueError, match="allow_no_noise=True"):
-    aggregators.build_mechanism("opt_prefix_sum", total_rounds=4, noise_multiplier=0.0,
-                                clients_per_round=2, clip_norm=1.0)
+    aggregators.build_mechanism(spec_lib.MechanismSpec.from_args(
+        "opt_prefix_sum", total_rounds=4, noise_multiplier=0.0, clients_per_round=2,
+        clip_norm=1.0))
 
 
 def test_streams_refuse_noise_that_does_not_invert_their_encoder():
@@ -458,8 +459,10 @@ def test_build_mechanism_rejects_bad_arguments(kwargs, match):
   args = dict(mechanism="honaker_online", total_rounds=8, noise_multiplier=1.0,
               clients_per_round=4, clip_norm=1.0)
   args.update(kwargs)
+  wiring = {k: args.pop(k) for k in ("noise_seed", "server_learning_rate") if k in args}
   with pytest.raises(ValueError, match=match):
-    aggregators.build_mechanism(args.pop("mechanism"), **args)
+    aggregators.build_mechanism(spec_lib.MechanismSpec.from_args(
+        args.pop("mechanism"), **args), **wiring)
 
 
 def test_server_optimizer_applies_momentum_and_schedule():
@@ -480,13 +483,14 @@ def test_server_optimizer_applies_momentum_and_schedule():
 
 def test_honaker_setups_have_paper_sqrt_loss():
   """√L of Honaker online for n = 256 is 74.4 (Denisov App H Table 2)."""
-  setup = aggregators.build_mechanism("honaker_online", total_rounds=256, noise_multiplier=1.0,
-                                      clients_per_round=10, clip_norm=1.0)
+  setup = aggregators.build_mechanism(spec_lib.MechanismSpec.from_args(
+      "honaker_online", total_rounds=256, noise_multiplier=1.0, clients_per_round=10,
+      clip_norm=1.0))
   assert setup.single_participation_sqrt_loss == pytest.approx(74.4, abs=0.05)
   assert setup.info["noise_implementation"].startswith("DenseNoise(n=256, m=511")
-  tree_setup = aggregators.build_mechanism("tree_aggregation", total_rounds=256,
-                                           noise_multiplier=1.0, clients_per_round=10,
-                                           clip_norm=1.0)
+  tree_setup = aggregators.build_mechanism(spec_lib.MechanismSpec.from_args(
+      "tree_aggregation", total_rounds=256, noise_multiplier=1.0, clients_per_round=10,
+      clip_norm=1.0))
   assert tree_setup.factorization is None and tree_setup.info["mechanism"] == "tree"
   assert tree_setup.info["noise_multiplier_per_node"] == pytest.approx(3.0)  # √9 levels
 
@@ -494,24 +498,28 @@ def test_honaker_setups_have_paper_sqrt_loss():
 def test_every_spelling_builds_its_registry_mechanism():
   for spelling in ("binary_tree", "dp_ftrl", "gaussian_fixed", "identity", "optimal",
                    "tree_aggregation"):
-    setup = aggregators.build_mechanism(spelling, total_rounds=4, noise_multiplier=1.0,
-                                        clients_per_round=2, clip_norm=1.0)
+    setup = aggregators.build_mechanism(spec_lib.MechanismSpec.from_args(
+        spelling, total_rounds=4, noise_multiplier=1.0, clients_per_round=2, clip_norm=1.0))
     assert setup.info["mechanism"] == registry.mechanism(spelling).name
 
 
-def test_build_mechanism_wires_a_spec_and_the_keyword_call_is_the_same_spec():
-  """The keyword call builds the spec (``MechanismSpec.from_args``) and takes the same path."""
+def test_build_mechanism_takes_a_spec_only():
+  """The spec is the one way in (issue 47 item 1): any spelling of a mechanism builds the same
+  spec, a name with keywords is refused in one line naming the constructor, and so is a
+  mechanism keyword beside the spec."""
   kwargs = dict(total_rounds=8, target_epsilon=4.0, delta=1e-6, clients_per_round=2,
                 clip_norm=0.5, participation=participation.fixed_epoch(2), bands=3)
   spec = spec_lib.MechanismSpec.from_args("banded", **kwargs)
   assert spec_lib.MechanismSpec.from_args("band_mf", **kwargs) == spec
   by_spec = aggregators.build_mechanism(spec)
-  by_keywords = aggregators.build_mechanism("band_mf", **kwargs)
-  assert by_spec.info == by_keywords.info and by_spec.privacy == by_keywords.privacy
   assert by_spec.privacy.epsilon <= 4.0 and by_spec.info["bands"] == 3
-  with pytest.raises(checks.CheckError, match="a MechanismSpec or its keyword arguments") as e:
-    aggregators.build_mechanism(spec, total_rounds=8)
-  assert "\n" not in str(e.value)
+  for call in (lambda: aggregators.build_mechanism("banded"),
+               lambda: aggregators.resolve_mechanism("banded")):
+    with pytest.raises(checks.CheckError, match="MechanismSpec.from_args") as e:
+      call()
+    assert "\n" not in str(e.value)
+  with pytest.raises(TypeError, match="total_rounds"):
+    aggregators.build_mechanism(spec, total_rounds=8)  # pylint: disable=unexpected-keyword-arg
 
 
 def test_tree_aggregation_seed_comes_from_os_entropy():
@@ -542,8 +550,9 @@ def test_a_pinned_key_pair_is_the_state_seed_and_a_malformed_one_is_refused():
       query_lib.MatrixFactorizationQuery(stream, noise_seed=bad, **kw)
     assert "\n" not in str(e.value)
     with pytest.raises(checks.CheckError):
-      aggregators.build_mechanism("band_mf", total_rounds=8, clients_per_round=2,
-                                  noise_multiplier=1.0, clip_norm=1.0, bands=2, noise_seed=bad)
+      aggregators.build_mechanism(spec_lib.MechanismSpec.from_args(
+          "band_mf", total_rounds=8, clients_per_round=2, noise_multiplier=1.0, clip_norm=1.0,
+          bands=2), noise_seed=bad)
 
 
 @pytest.mark.slow
@@ -554,10 +563,12 @@ def test_structured_n2048_near_optimal_and_streams_its_noise_matrix():
   missing), then streams all 2048 rounds at d = 8 and compares with N·Z.
   """
   n = 2048
-  setup = aggregators.build_mechanism("structured", total_rounds=n, noise_multiplier=1.0,
-                                      clients_per_round=100, clip_norm=1.0, noise_seed=3)
-  optimal = aggregators.build_mechanism("opt_prefix_sum", total_rounds=n, noise_multiplier=1.0,
-                                        clients_per_round=100, clip_norm=1.0)
+  setup = aggregators.build_mechanism(spec_lib.MechanismSpec.from_args(
+      "structured", total_rounds=n, noise_multiplier=1.0, clients_per_round=100,
+      clip_norm=1.0), noise_seed=3)
+  optimal = aggregators.build_mechanism(spec_lib.MechanismSpec.from_args(
+      "opt_prefix_sum", total_rounds=n, noise_multiplier=1.0, clients_per_round=100,
+      clip_norm=1.0))
   assert (setup.info["bands"], setup.info["rank"]) == (6, 5)
   assert optimal.single_participation_sqrt_loss == pytest.approx(143.6, abs=0.1)
   assert setup.single_participation_sqrt_loss <= 1.03 * optimal.single_participation_sqrt_loss
@@ -612,10 +623,10 @@ def test_privacy_record_of_a_setup_prints_its_own_statement(tmp_path, capsys):
   the amplified ε, and print gave a 900-character repr), and name the setup."""
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
   from tff_mf.accounting import statement  # pylint: disable=g-import-not-at-top
-  setup = aggregators.build_mechanism(
+  setup = aggregators.build_mechanism(spec_lib.MechanismSpec.from_args(
       "banded", total_rounds=16, noise_multiplier=2.0, delta=1e-6, clients_per_round=4,
-      clip_norm=1.0, participation=participation.min_sep(4), sampling_prob=0.25,
-      cache_dir=str(tmp_path))
+      clip_norm=1.0, participation=participation.min_sep(4),
+      sampling_prob=0.25), cache_dir=str(tmp_path))
   record = setup.privacy
   assert record.bound == "amplified_banded"
   s = statement.privacy_statement(record)
@@ -639,10 +650,10 @@ def test_discrete_gaussian_query_round_trip(tmp_path):
   specs = [tf.TensorSpec([d - 10], tf.float32), tf.TensorSpec([2, 5], tf.float32)]
 
   def query(seed):
-    setup = aggregators.build_mechanism(
+    setup = aggregators.build_mechanism(spec_lib.MechanismSpec.from_args(
         "banded", total_rounds=n, clients_per_round=1, clip_norm=1.0, noise_multiplier=0.5,
-        delta=1e-6, noise_distribution="discrete_gaussian", bands=3, noise_seed=seed,
-        cache_dir=str(tmp_path))
+        delta=1e-6, noise_distribution="discrete_gaussian",
+        bands=3), noise_seed=seed, cache_dir=str(tmp_path))
     return setup, setup.aggregation_factory.dp_query(specs)._numerator
 
   setup, q = query(5)
@@ -694,10 +705,9 @@ def test_discrete_gaussian_query_clips_and_sums_records_in_float64(tmp_path):
   from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
   zeta, clients = 0.3, 3  # 0.3 is not a float32: its float32 rounding is above it
   specs = [tf.TensorSpec([300], tf.float32), tf.TensorSpec([4, 5], tf.float32)]
-  setup = aggregators.build_mechanism(
-      "gaussian", total_rounds=2, clients_per_round=clients, clip_norm=zeta,
-      noise_multiplier=1.0, delta=1e-6, noise_distribution="discrete_gaussian", noise_seed=3,
-      cache_dir=str(tmp_path))
+  setup = aggregators.build_mechanism(spec_lib.MechanismSpec.from_args(
+      "gaussian", total_rounds=2, clients_per_round=clients, clip_norm=zeta, noise_multiplier=1.0,
+      delta=1e-6, noise_distribution="discrete_gaussian"), noise_seed=3, cache_dir=str(tmp_path))
   q = setup.aggregation_factory.dp_query(specs)._numerator
   d = 320
   k = dg.records_covered(clients)

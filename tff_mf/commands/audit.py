@@ -165,14 +165,16 @@ def run(args: argparse.Namespace) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.plot)), exist_ok=True)
   from tff_mf.tf import audit, runtime  # pylint: disable=g-import-not-at-top
   runtime.install_exit_hook()
-  build = dict(total_rounds=args.n, noise_multiplier=args.noise_multiplier,
-               target_epsilon=args.target_epsilon, clients_per_round=args.clients_per_round,
-               clip_norm=args.clip_norm, momentum=args.server_momentum,
-               server_learning_rate=args.server_lr, participation=accounted,
-               bands=args.bands, buffers=args.buffers, rank=args.rank)
-  if args.target_epsilon is not None:
-    build["delta"] = args.delta
-  claimed, packed = audit.build_pair(args.mechanism, options.trials_per_run, **build)
+  from tff_mf.spec import MechanismSpec  # pylint: disable=g-import-not-at-top
+  spec = MechanismSpec.from_args(
+      args.mechanism, total_rounds=args.n, noise_multiplier=args.noise_multiplier,
+      target_epsilon=args.target_epsilon,
+      delta=args.delta if args.target_epsilon is not None else None,
+      clients_per_round=args.clients_per_round, clip_norm=args.clip_norm,
+      momentum=args.server_momentum, participation=accounted, bands=args.bands,
+      buffers=args.buffers, rank=args.rank)
+  claimed, packed = audit.build_pair(spec, options.trials_per_run,
+                                     server_learning_rate=args.server_lr)
   if args.plant_fault:
     claimed, packed, schema = audit.plant_fault(args.plant_fault, claimed, packed)
   report = audit.audit_setups(claimed, packed, options, schema=schema,

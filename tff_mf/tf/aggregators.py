@@ -1,6 +1,6 @@
 """Drop-in TFF aggregators for every trainable mechanism of the registry.
 
-``build_mechanism(name, ...)`` returns a ``MechanismSetup``: an aggregation factory
+``build_mechanism(spec)`` returns a ``MechanismSetup``: an aggregation factory
 for ``model_aggregator=`` of ``tff.learning.algorithms.build_unweighted_fed_avg`` /
 ``build_weighted_fed_avg`` and the server optimizer that applies the training
 workload A = M(η)·M(β) (Denisov et al. 2022, arXiv:2202.08312, Prop 4.2, Eq. 9) to
@@ -162,37 +162,25 @@ def build_server_optimizer(server_learning_rate: float, momentum: float, etas: n
   return tff.learning.optimizers.schedule_learning_rate(base, schedule)
 
 
-def build_mechanism(mechanism: Union[str, spec_lib.MechanismSpec], *,
-                    server_learning_rate: float = 1.0, noise_seed: Optional[keys.Seed] = None,
-                    cache_dir: Optional[str] = None, progress: bool = False,
-                    resolved: Optional[mechanisms.Resolved] = None,
-                    **spec_arguments) -> MechanismSetup:
+def build_mechanism(spec: spec_lib.MechanismSpec, *, server_learning_rate: float = 1.0,
+                    noise_seed: Optional[keys.Seed] = None, cache_dir: Optional[str] = None,
+                    progress: bool = False,
+                    resolved: Optional[mechanisms.Resolved] = None) -> MechanismSetup:
   """Aggregator + server optimizer for a ``tff_mf.spec.MechanismSpec``.
 
-  ``mechanism``: a spec, or a registry mechanism (any accepted spelling) with the spec's
-  keyword arguments (``MechanismSpec.from_args``): ``total_rounds``, ``clients_per_round``,
-  ``clip_norm`` (a number, or "adaptive" with ``target_quantile``, ``initial_clip_norm``,
-  ``clip_learning_rate``, ``clipped_count_stddev``: TFF's ``gaussian_adaptive`` defaults,
-  σ_b 0.05·clients_per_round), ``noise_multiplier`` z or ``target_epsilon`` with ``delta``
-  (the smallest z whose ε is at most the target), ``accountant``, ``sampling_prob`` (p < 1
-  of cyclic Poisson sampling under min_sep: ε also bounded with amplification),
-  ``allow_no_noise``, ``momentum``, ``lr_schedule``, ``schedule_rounds``, ``participation``
-  (default single), ``bands``/``rank``/``buffers`` (or ``params``) and ``noise_stream``
-  (``NOISE_STREAMS``). The numpy layer resolves the spec and decides its privacy record
-  (``tff_mf.mechanisms.build``); this function only wires them into TFF objects. Raises
-  ``CheckError`` (a ValueError) naming the first bad or conflicting argument.
-  ``resolved``: the numpy mechanism ``resolve_mechanism`` returned for the same spec (not
-  resolved again: one cache load, one check). ``setup.privacy`` is the record a run writes.
-  ``noise_seed``: None, a secret 126-bit key from OS entropy; an int, pinned with the public
-  tag; a pair, a full pinned key (``tff_mf.noise.keys``).
+  ``spec`` is the only description of the mechanism: build it with
+  ``MechanismSpec.from_args(name, total_rounds=, clients_per_round=, clip_norm=, ...)``, the
+  one keyword constructor (its docstring lists the keywords). The numpy layer resolves the
+  spec and decides its privacy record (``tff_mf.mechanisms.build``); this function only wires
+  them into TFF objects. The keywords are the wiring, not the mechanism:
+  ``server_learning_rate``; ``noise_seed`` (None, a secret 126-bit key from OS entropy; an
+  int, pinned with the public tag; a pair, a full pinned key, ``tff_mf.noise.keys``);
+  ``cache_dir`` and ``progress`` for the factorization; ``resolved``, the numpy mechanism
+  ``resolve_mechanism`` returned for the same spec (one cache load, one check).
+  ``setup.privacy`` is the record a run writes. Raises ``CheckError`` (a ValueError) naming
+  the first bad argument.
   """
-  if isinstance(mechanism, spec_lib.MechanismSpec):
-    if spec_arguments:
-      raise checks.CheckError(f"build_mechanism takes a MechanismSpec or its keyword "
-                              f"arguments, not both ({', '.join(sorted(spec_arguments))})")
-    spec = mechanism
-  else:
-    spec = spec_lib.MechanismSpec.from_args(mechanism, **spec_arguments)
+  spec = _spec_only(spec, "build_mechanism")
   server_learning_rate = checks.positive_float(server_learning_rate, "server_learning_rate")
   noise_seed = None if noise_seed is None else keys.pinned(noise_seed, "noise_seed")
   pinned = noise_seed is not None
@@ -230,17 +218,21 @@ MMCC_OPTIONS = {"workers": 1}
 NOISE_STREAMS = spec_lib.NOISE_STREAMS
 
 
-def resolve_mechanism(mechanism: Union[str, spec_lib.MechanismSpec], *,
-                      cache_dir: Optional[str] = None, progress: bool = False,
-                      **spec_arguments) -> mechanisms.Resolved:
-  """The numpy ``tff_mf.mechanisms.Resolved`` that ``build_mechanism`` with the same arguments
-  wires, checked the same way, without building TFF objects: its encoder is what the run's
-  privacy is accounted for; pass it back to ``build_mechanism(..., resolved=)``."""
-  for name in ("server_learning_rate", "noise_seed"):  # build_mechanism's, unused here
-    spec_arguments.pop(name, None)
-  spec = mechanism if isinstance(mechanism, spec_lib.MechanismSpec) else \
-      spec_lib.MechanismSpec.from_args(mechanism, **spec_arguments)
-  return mechanisms.resolve_spec(spec, cache_dir=cache_dir, progress=bool(progress))
+def resolve_mechanism(spec: spec_lib.MechanismSpec, *, cache_dir: Optional[str] = None,
+                      progress: bool = False) -> mechanisms.Resolved:
+  """The numpy ``tff_mf.mechanisms.Resolved`` that ``build_mechanism(spec)`` wires, checked
+  the same way, without building TFF objects: its encoder is what the run's privacy is
+  accounted for; pass it back to ``build_mechanism(spec, resolved=)``."""
+  return mechanisms.resolve_spec(_spec_only(spec, "resolve_mechanism"), cache_dir=cache_dir,
+                                 progress=bool(progress))
+
+
+def _spec_only(spec, caller: str) -> spec_lib.MechanismSpec:
+  if not isinstance(spec, spec_lib.MechanismSpec):
+    raise checks.CheckError(
+        f"{caller} takes a MechanismSpec, not {type(spec).__name__} {spec!r}: build one with "
+        "tff_mf.spec.MechanismSpec.from_args(mechanism, total_rounds=..., ...)")
+  return spec
 
 
 def _make_query_factory(cfg: _Wiring, noise: noise_lib.StreamingNoise):

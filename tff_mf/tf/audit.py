@@ -43,6 +43,7 @@ import tensorflow_federated as tff
 from tff_mf import audit as audit_lib
 from tff_mf import checks
 from tff_mf import participation as participation_lib
+from tff_mf import spec as spec_lib
 from tff_mf.tf import aggregators
 from tff_mf.tf import noise as noise_lib
 
@@ -89,26 +90,28 @@ def released_model(packed: aggregators.MechanismSetup) -> Released:
                   server_lr=float(info["server_learning_rate"]), packed=t)
 
 
-def build_pair(mechanism: str, trials_per_run: int, **kwargs):
-  """(claimed, packed) setups: the user's configuration and its T-trial packing.
-
-  ``kwargs`` are ``build_mechanism``'s (``total_rounds``, ``noise_multiplier`` or
-  ``target_epsilon`` and ``delta``, ``clients_per_round``, ``clip_norm``,
-  ``participation``, ...). The packed setup has clip ζ·√T and multiplier z/√T.
-  """
-  audit_lib.check_auditable(mechanism)
-  if kwargs.get("noise_seed") is not None:
-    raise checks.CheckError("the audit draws a fresh noise seed per run: leave noise_seed unset")
-  claimed = aggregators.build_mechanism(mechanism, **kwargs)
+def build_pair(spec: spec_lib.MechanismSpec, trials_per_run: int, *,
+               server_learning_rate: float = 1.0, cache_dir: Optional[str] = None):
+  """(claimed, packed) setups: the user's configuration (a ``tff_mf.spec.MechanismSpec``) and
+  its T-trial packing, the same spec at clip ζ·√T and multiplier z/√T (z as given or as
+  calibrated for the claim)."""
+  if not isinstance(spec, spec_lib.MechanismSpec):
+    raise checks.CheckError("the audit takes a MechanismSpec: "
+                            "tff_mf.spec.MechanismSpec.from_args(mechanism, ...)")
+  audit_lib.check_auditable(spec.mechanism.name)
+  wiring = dict(server_learning_rate=server_learning_rate, cache_dir=cache_dir)
+  claimed = aggregators.build_mechanism(spec, **wiring)
   t = checks.positive_int(trials_per_run, "trials_per_run")
   z = claimed.info.get("noise_multiplier")
   if not claimed.info.get("private", True) or not z:
     raise checks.CheckError(f"mechanism {claimed.info['mechanism']!r} adds no noise: nothing "
                             "to audit")
-  packed_kwargs = {k: v for k, v in kwargs.items() if k not in ("target_epsilon",)}
-  packed_kwargs.update(noise_multiplier=z / math.sqrt(t),
-                       clip_norm=claimed.info["clip_norm"] * math.sqrt(t))
-  packed = aggregators.build_mechanism(mechanism, **packed_kwargs)
+  packed_spec = dataclasses.replace(
+      spec, privacy=dataclasses.replace(spec.privacy, noise_multiplier=z / math.sqrt(t),
+                                        target_epsilon=None),
+      clipping=dataclasses.replace(spec.clipping,
+                                   clip_norm=claimed.info["clip_norm"] * math.sqrt(t)))
+  packed = aggregators.build_mechanism(packed_spec, **wiring)
   packed.info["audit_trials_per_run"] = t
   return claimed, packed
 
@@ -417,15 +420,16 @@ def _report(claimed, schema, opts, rel, canary, reported, poisson, stats, claim,
   return out
 
 
-def audit(mechanism: str, *, options: AuditOptions = AuditOptions(),
+def audit(spec: spec_lib.MechanismSpec, *, options: AuditOptions = AuditOptions(),
           schema: Optional[participation_lib.Participation] = None, progress: bool = False,
-          seed: Optional[int] = None, **build_kwargs) -> Dict[str, Any]:
-  """Builds the mechanism (``build_mechanism`` keyword arguments) and audits it.
+          seed: Optional[int] = None, server_learning_rate: float = 1.0) -> Dict[str, Any]:
+  """Builds the mechanism of ``spec`` (a ``tff_mf.spec.MechanismSpec``) and audits it.
 
   The report's ``epsilon_lower_bound`` and ``mu_lower_bound`` are empirical LOWER
   bounds (probability ≥ 1 − alpha); ``violation`` says they refute the claim.
   """
-  claimed, packed = build_pair(mechanism, options.trials_per_run, **build_kwargs)
+  claimed, packed = build_pair(spec, options.trials_per_run,
+                               server_learning_rate=server_learning_rate)
   return audit_setups(claimed, packed, options, schema=schema, progress=progress, seed=seed)
 
 
