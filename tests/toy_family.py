@@ -4,7 +4,8 @@ C is the lower-triangular Toeplitz matrix whose first b diagonals are r^j, j < b
 ``toy_geometric``), and B = A·C⁻¹. It is not a published mechanism; it is registered at run
 time by tests/test_query_federated.py, which then factorizes, caches, accounts and trains it
 without any other file knowing its name. ``toy_ratio`` declares a parameter of its own, the
-ratio r (tests/test_mechanisms.py: it flows from a ``MechanismSpec`` to ``factorize``).
+ratio r (tests/test_mechanisms.py: it flows from a ``MechanismSpec`` to ``factorize``;
+tests/test_flag_table.py: its flag reaches every tool).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ STRATEGIES = {
     "toy_ratio": families.Declaration(
         parameters=("bands", "ratio"), defaults=_ratio_defaults,
         participations=participation.KINDS, peak_matrices=4, check_spec=families.check_bands,
-        own_parameters={"ratio": check_ratio}),
+        own_parameters={"ratio": check_ratio},
+        own_parameter_flags={"ratio": (float, "R", "ratio r of the taps r^j, in (0, 1)")}),
 }
 
 

@@ -290,6 +290,59 @@ def participation_source(participation: Optional[str], epochs=None, min_sep=None
   return None
 
 
+def add_flag(group, flag, default=None, default_text: Optional[str] = None,
+             note: str = "") -> None:
+  """Defines a ``tff_mf.flagspec.Flag`` on an argparse group: its help, then ``note`` (what
+  the flag means in this tool), then its default (``default_text``, else ``default``)."""
+  shown = f" (default: {default_text})" if default_text is not None else ""
+  kwargs = dict(choices=flag.choices) if flag.choices else dict(metavar=flag.metavar)
+  group.add_argument(f"--{flag.name}", type=flag.convert or _argparse_type(flag.type),
+                     default=default, help=f"{flag.text}{note}{shown}", **kwargs)
+
+
+def _argparse_type(kind):
+  return finite_float if kind is float else kind
+
+
+def add_schema_flags(group, default_text: Optional[Dict[str, str]] = None,
+                     notes: Optional[Dict[str, str]] = None) -> None:
+  """``--participation`` and the parameters of every kind (``tff_mf.participation.flags``),
+  each with this tool's default in words (``default_text``) and note (``notes``)."""
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  for flag in participation.flags():
+    add_flag(group, flag, default_text=(default_text or {}).get(flag.name),
+             note=(notes or {}).get(flag.name, ""))
+
+
+def add_family_flags(group) -> None:
+  """The family parameters (``tff_mf.spec.family_flags``: bands, rank, buffers and every
+  family's own), each default none (the family's default)."""
+  from tff_mf import spec  # pylint: disable=g-import-not-at-top
+  for flag in spec.family_flags():
+    add_flag(group, flag)
+
+
+def define_absl_flag(flag, module_name: str, default=None, note: str = "",
+                     flag_values=None) -> None:
+  """Defines a ``tff_mf.flagspec.Flag`` as an absl flag of module ``module_name`` (the tool's
+  ``__name__``: its ``--help`` lists it) (an enum when it has choices), with ``note`` after its
+  help; absl shows the default."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  values = flag_values if flag_values is not None else flags.FLAGS
+  if module_name == "__main__":  # absl files a script's own flags under its path
+    module_name = sys.argv[0]
+  text = f"{flag.text}{note}"
+  if default is None and "default" not in text:
+    text += " (default: none)"
+  if flag.choices:
+    flags.DEFINE_enum(flag.name, default, list(flag.choices), text, flag_values=values,
+                      module_name=module_name)
+    return
+  define = {int: flags.DEFINE_integer, float: flags.DEFINE_float}.get(flag.type,
+                                                                       flags.DEFINE_string)
+  define(flag.name, default, text, flag_values=values, module_name=module_name)
+
+
 def add_cache_dir_flag(parser):
   """``--cache_dir``: the factorization cache (``tff_mf.factorization.cache``)."""
   parser.add_argument("--cache_dir", default=None, metavar="DIR",

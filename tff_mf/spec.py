@@ -21,6 +21,7 @@ from tff_mf import accounting
 from tff_mf.accounting import adaptive_clipping
 from tff_mf.accounting import analyses
 from tff_mf import checks
+from tff_mf import flagspec
 from tff_mf.factorization import families
 from tff_mf.noise import discrete_gaussian
 from tff_mf import participation as participation_lib
@@ -376,6 +377,26 @@ def keyword_names() -> Tuple[str, ...]:
   for strategy in registry.STRATEGIES.values():
     family.update(getattr(strategy.declaration, "own_parameters", {}) or {})
   return tuple(own) + tuple(sorted(family))
+
+
+def family_flags() -> Tuple[flagspec.Flag, ...]:
+  """The flags of the family parameters for every tool: the shared ones (bands, rank, buffers;
+  ``families.PARAMETER_FLAGS``), then each registered strategy's own
+  (``Declaration.own_parameter_flags``), naming the strategies that take it."""
+  shared = tuple(flagspec.Flag(name, int, metavar, text)
+                 for name, (metavar, text) in families.PARAMETER_FLAGS.items())
+  own = flagspec.merged(
+      flagspec.Flag(name, kind, metavar, text, owners=(strategy.name,))
+      for strategy in registry.STRATEGIES.values()
+      for name, (kind, metavar, text) in getattr(strategy.declaration, "own_parameter_flags",
+                                                 {}).items())
+  return shared + own
+
+
+def family_values(values: Mapping[str, Any]) -> Dict[str, Any]:
+  """{parameter: value} of the family flags given (None: not given) in ``values`` (parsed
+  flags as a mapping), for ``MechanismSpec.from_args``'s family keywords."""
+  return {f.name: values.get(f.name) for f in family_flags() if values.get(f.name) is not None}
 
 
 def _check_keywords(family_params: Mapping[str, Any]) -> None:

@@ -13,7 +13,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 from tff_mf import accounting
 from tff_mf.accounting import adaptive_clipping
@@ -150,6 +150,8 @@ class TrainingConfig:
   bands: Optional[int] = None
   rank: Optional[int] = None
   buffers: Optional[int] = None
+  # ((name, value), ...): parameters a family declares itself (``tff_mf.spec.family_flags``).
+  family_params: Tuple[Tuple[str, Any], ...] = ()
   participation: str = "single"
   epochs: Optional[int] = None
   min_sep: Optional[int] = None
@@ -208,7 +210,8 @@ class TrainingConfig:
           clients_per_round=self.clients_per_round, clip_norm=self.clip_norm,
           momentum=self.server_momentum, lr_schedule=self.lr_schedule,
           schedule_rounds=self.schedule_rounds, participation=self.schema(), adaptive=adaptive,
-          bands=self.bands, rank=self.rank, buffers=self.buffers, **privacy)
+          bands=self.bands, rank=self.rank, buffers=self.buffers, **dict(self.family_params),
+          **privacy)
     except TrainingError:
       raise
     except checks.CheckError as e:
@@ -443,6 +446,10 @@ class TrainingConfig:
       del out["lstm_kernel"]  # likewise
     if self.pydocs_stdlib:
       del out["pydocs_stdlib"]  # likewise
+    if self.family_params:
+      out["family_params"] = dict(self.family_params)
+    else:
+      del out["family_params"]  # likewise
     if self.noise_seed is not None:
       out["noise_seed"] = "pinned"
     elif out["mechanism"] == "none":

@@ -36,6 +36,8 @@ from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-pos
 
 from tff_mf import clitools  # pylint: disable=wrong-import-position
 from tff_mf import interrupt  # pylint: disable=wrong-import-position
+from tff_mf import participation  # pylint: disable=wrong-import-position
+from tff_mf import spec as spec_lib  # pylint: disable=wrong-import-position
 import stackoverflow  # pylint: disable=wrong-import-position
 from training import config as config_lib  # pylint: disable=wrong-import-position
 
@@ -66,38 +68,29 @@ flags.DEFINE_integer("clients_per_round", _DEFAULTS.clients_per_round,
                      "balls_in_bins or random_allocation the number varies from round to "
                      "round; this is then the "
                      "expected count the aggregator divides the noised sum by.")
-flags.DEFINE_enum("participation", _DEFAULTS.participation, config_lib.PARTICIPATIONS,
-                  "Participation schema the clients are sampled under: single (each client at "
-                  "most once), fixed_epoch (--epochs=k: the clients split into b = "
-                  "total_rounds/k cohorts of clients_per_round, taken in order, so each client "
-                  "joins every b-th round), min_sep or its other name cyclic_poisson "
-                  "(--min_sep=b: cyclic Poisson sampling, each client in one residue class mod "
-                  "b, joining each round of its class with probability --sampling_prob), "
-                  "balls_in_bins (--epochs=k: the field's fixed-bin balls-in-bins, each client in "
-                  "one secret uniformly random bin j of b = total_rounds/k and then in every "
-                  "round t with (t - 1) mod b = j; ε not amplified), random_allocation "
-                  "(--epochs=k: each client in exactly one uniformly random round of each of "
-                  "the k epochs, drawn anew each epoch; named balls_in_bins before this "
-                  "release; ε amplified by random allocation where smaller). ε is "
-                  "computed for the schema (summary.json names the analysis); a run whose "
-                  "sampled rounds break it reports no ε. Not given, it is the kind the schema "
-                  "flags imply, as in every tool: fixed_epoch with --epochs, min_sep with "
-                  "--min_sep, --sampling_prob or --max_participations, else single.")
-flags.DEFINE_integer("epochs", None,
-                     f"Epochs k {_NONE}required with --participation=fixed_epoch, "
-                     "balls_in_bins or random_allocation, and only there); k must divide "
-                     "--total_rounds.")
-flags.DEFINE_integer("min_sep", None,
-                     f"Separation b {_NONE}required with --participation=min_sep, and only "
-                     "there): a client's rounds are at least b apart (one residue class mod b).")
+# The schema flags of every tool (tff_mf.participation.flags), with what they mean in training.
+_SCHEMA_NOTES = {
+    "participation": (
+        ". In training, fixed_epoch splits the clients into b = total_rounds/k cohorts of "
+        "clients_per_round taken in order; min_sep joins each round of a client's class with "
+        "probability --sampling_prob; balls_in_bins' ε is not amplified; random_allocation's "
+        "is amplified by random allocation where smaller. ε is computed for the schema "
+        "(summary.json names the analysis); a run whose sampled rounds break it reports no ε. "
+        "Not given, it is the kind the schema flags imply, as in every tool: fixed_epoch with "
+        "--epochs, min_sep with --min_sep, --sampling_prob or --max_participations, else "
+        "single."),
+    "epochs": " (required with those kinds, and only there)",
+    "min_sep": " (required with --participation=min_sep, and only there)",
+    "max_participations": (". A smaller cap is not Poisson sampling: ε is then "
+                           "unamplified."),
+}
+for _flag in participation.flags():
+  clitools.define_absl_flag(_flag, __name__, default=getattr(_DEFAULTS, _flag.name),
+                            note=_SCHEMA_NOTES.get(_flag.name, ""))
 flags.DEFINE_float("sampling_prob", None,
                    f"Probability p {_NONE}required with --participation=min_sep): a client "
                    "joins each round of its residue class with probability p. p < 1 without a "
                    "cap enables amplification by sampling (MMCC, or amplified banded MF).")
-flags.DEFINE_integer("max_participations", None,
-                     f"Cap k {_NONE}as many as fit, ⌈total_rounds/b⌉): with "
-                     "--participation=min_sep a client joins at most k rounds. A smaller cap is "
-                     "not Poisson sampling: ε is then unamplified.")
 flags.DEFINE_float("client_lr", _DEFAULTS.client_lr, "Client SGD learning rate.")
 flags.DEFINE_float("server_lr", _DEFAULTS.server_lr, "Server learning rate.")
 flags.DEFINE_float("server_momentum", _DEFAULTS.server_momentum, "Server momentum β in [0, 1).")
@@ -144,14 +137,10 @@ flags.DEFINE_integer("noise_seed", None,
                      "kept only in the checkpoints, never in summary or config files).")
 flags.DEFINE_string("cache_dir", None,
                     f"Factorization cache directory {_NONE}$TFF_MF_CACHE or ~/.cache/tff_mf).")
-flags.DEFINE_integer("bands", None,
-                     f"structured: bands h of B̂ {_NONE}h + r = ⌈log₂ n⌉, h = ⌈(h+r)/2⌉); banded, "
-                     "banded_toeplitz: bands b of C (default: the schema's separation, at most "
-                     "64; 16 for single participation).")
-flags.DEFINE_integer("rank", None,
-                     f"structured only: rank r of B̂'s low-rank part {_NONE}see --bands).")
-flags.DEFINE_integer("buffers", None,
-                     f"blt only: buffers m of the BLT {_NONE}4).")
+# The family parameters of every tool (tff_mf.spec.family_flags): bands, rank, buffers and
+# each family's own.
+for _flag in spec_lib.family_flags():
+  clitools.define_absl_flag(_flag, __name__)
 flags.DEFINE_string("root_output_dir", _DEFAULTS.root_output_dir,
                     "Root of the run directories; per user, never a shared place such as /tmp "
                     "(the run directory holds the secret noise seed).")
@@ -255,6 +244,9 @@ def config_from_flags() -> config_lib.TrainingConfig:
   values = {f.name: FLAGS[f.name].value for f in config_lib.dataclasses.fields(
       config_lib.TrainingConfig) if f.name in FLAGS}
   values["workers"] = tuple(values.get("workers") or ())
+  values["family_params"] = tuple(sorted(  # a family's own parameters (no config field each)
+      (f.name, FLAGS[f.name].value) for f in spec_lib.family_flags()
+      if f.name not in values and FLAGS[f.name].value is not None))
   if not FLAGS["participation"].present:  # the schema flags imply it, as in every tool
     values["participation"] = clitools.implied_participation(
         None, values["epochs"], values["min_sep"], values["max_participations"],

@@ -148,27 +148,14 @@ def _add_run_arguments(parser) -> None:
 
 
 def _add_schema_arguments(schema) -> None:
-  from tff_mf import participation  # pylint: disable=g-import-not-at-top
-  schema.add_argument("--participation", choices=participation.SPELLINGS,
-                      type=participation.canonical_kind,
-                      default=None,
-                      help=f"how often and how far apart a user may contribute: "
-                           f"{participation.HELP} (default: the "
-                           "schema --matrix was built for; otherwise min_sep when --min_sep or "
-                           "--max_participations is given or the run is amplified, fixed_epoch "
-                           "when --epochs is given, else single). With amplification the schema "
-                           "names the rounds a user may be sampled in: min_sep b = one residue "
-                           "class mod b (b = 1: every round), fixed_epoch k = one round per "
-                           "epoch of n/k rounds")
-  schema.add_argument("--epochs", type=int, default=None, metavar="K",
-                      help="fixed_epoch, balls_in_bins, random_allocation: number of epochs "
-                           "k, dividing n (default: none)")
-  schema.add_argument("--min_sep", type=int, default=None, metavar="B",
-                      help="min_sep: rounds between two contributions of a user, b >= 1 "
-                           "(default: 1 when amplified)")
-  schema.add_argument("--max_participations", type=int, default=None, metavar="K",
-                      help="min_sep: most contributions of a user (default: ceil(n / b), all "
-                           "that b allows)")
+  clitools.add_schema_flags(schema, default_text={
+      "participation": "the schema --matrix was built for; otherwise min_sep when --min_sep "
+                       "or --max_participations is given or the run is amplified, fixed_epoch "
+                       "when --epochs is given, else single",
+      "min_sep": "1 when amplified", "epochs": "none"}, notes={
+      "participation": ". With amplification the schema names the rounds a user may be "
+                       "sampled in: min_sep b = one residue class mod b (b = 1: every round), "
+                       "fixed_epoch k = one round per epoch of n/k rounds"})
 
 
 def _add_encoder_arguments(matrix) -> None:
@@ -327,7 +314,10 @@ def _fail(message: str):
 
 
 _WORKLOAD_FLAGS = ("workload", "momentum", "schedule_rounds", "matrix_file", "cache_dir")
-_PARAMETER_FLAGS = ("bands", "rank", "buffers", "height")
+def _parameter_flags() -> tuple:
+  """The family flags (``tff_mf.spec.family_flags``) and MMCC's --height."""
+  from tff_mf import spec as spec_lib  # pylint: disable=g-import-not-at-top
+  return tuple(f.name for f in spec_lib.family_flags()) + ("height",)
 
 
 def _given(args: argparse.Namespace, flags) -> list:
@@ -345,7 +335,7 @@ def _encoder(args: argparse.Namespace, amplified: bool):
     _fail("give one of --matrix and --mechanism")
   if args.matrix is not None:
     from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
-    for flag in _given(args, _PARAMETER_FLAGS + _WORKLOAD_FLAGS):
+    for flag in _given(args, _parameter_flags() + _WORKLOAD_FLAGS):
       _fail(f"--{flag} describes a mechanism, not --matrix")
     f = cache.load(args.matrix)
     if args.noise_distribution == "discrete_gaussian":
@@ -355,7 +345,7 @@ def _encoder(args: argparse.Namespace, amplified: bool):
       _fail(f"--total_rounds {args.n} does not match the matrix in {args.matrix} ({n} rounds)")
     return f.c, args.matrix, (f.info or {}).get("participation"), {}
   if args.mechanism is None:
-    for flag in ["total_rounds"] + _given(args, _PARAMETER_FLAGS + _WORKLOAD_FLAGS):
+    for flag in ["total_rounds"] + _given(args, _parameter_flags() + _WORKLOAD_FLAGS):
       if flag == "total_rounds" and args.n is None:
         continue
       _fail(f"--{flag} needs --mechanism")
@@ -383,13 +373,14 @@ def _encoder(args: argparse.Namespace, amplified: bool):
   checks.dense_matrices_fit(n, 3, f"mechanism {mech.name} at n = {n}", m=2 * n)
   schema = _schema(args, n, None, amplified)
   from tff_mf import mechanisms, registry  # pylint: disable=g-import-not-at-top
+  from tff_mf import spec as spec_lib  # pylint: disable=g-import-not-at-top
   takes = registry.default_parameters(mech.strategy, n, schema)
-  for flag in _given(args, ("bands", "rank", "buffers")):
+  params = spec_lib.family_values(vars(args))
+  for flag in params:
     if flag not in takes:
       _fail(f"--{flag} does not apply to --mechanism {args.mechanism}")
   resolved = mechanisms.resolve(mech, workload, schema, cache_dir=args.cache_dir,
-                                bands=args.bands, rank=args.rank, buffers=args.buffers,
-                                progress=args.progress)
+                                params=params, progress=args.progress)
   info = resolved.info
   extra = {"mechanism": mech.name, "workload": workload.kind}
   for key in ("cache_npz", "cache_hit", "bands", "rank", "buffers", "optimized_for"):

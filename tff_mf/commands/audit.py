@@ -71,24 +71,16 @@ def _add_mechanism_arguments(g) -> None:
                  help="server momentum beta, as training's; a momentum mechanism's workload "
                       "is built from it (default: 0)")
   g.add_argument("--server_lr", type=float, default=1.0, help="server learning rate (default: 1)")
-  g.add_argument("--participation", choices=participation.SPELLINGS,
-                 type=participation.canonical_kind,
-                 default=None,
-                 help=f"the schema of the sampler: {participation.HELP} (default: min_sep "
-                      "when --min_sep, --max_participations or --sampling_prob is given, "
-                      "fixed_epoch when --epochs is given, else single)")
-  g.add_argument("--epochs", type=int, default=None,
-                 help="fixed_epoch, balls_in_bins (fixed bin), random_allocation: k")
-  g.add_argument("--min_sep", type=int, default=None, help="min_sep: b")
-  g.add_argument("--max_participations", type=int, default=None, help="min_sep: k")
+  clitools.add_schema_flags(g, default_text={
+      "participation": "min_sep when --min_sep, --max_participations or --sampling_prob is "
+                       "given, fixed_epoch when --epochs is given, else single"}, notes={
+      "participation": ". The schema of the sampler"})
   g.add_argument("--accounted_as", choices=participation.SPELLINGS,
                  type=participation.canonical_kind, default=None,
                  help="build and account the mechanism under this schema instead (with the "
                       "same --epochs/--min_sep), while the canary follows --participation: "
                       "audits a run accounted for the wrong schema (default: --participation)")
-  for name in ("bands", "buffers", "rank"):
-    g.add_argument(f"--{name}", type=int, default=None, help=f"{name} of the mechanism, where "
-                   "it applies (default: the registry's)")
+  clitools.add_family_flags(g)
 
 
 def _add_audit_arguments(g) -> None:
@@ -165,14 +157,14 @@ def run(args: argparse.Namespace) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.plot)), exist_ok=True)
   from tff_mf.tf import audit, runtime  # pylint: disable=g-import-not-at-top
   runtime.install_exit_hook()
-  from tff_mf.spec import MechanismSpec  # pylint: disable=g-import-not-at-top
-  spec = MechanismSpec.from_args(
+  from tff_mf import spec as spec_lib  # pylint: disable=g-import-not-at-top
+  spec = spec_lib.MechanismSpec.from_args(
       args.mechanism, total_rounds=args.n, noise_multiplier=args.noise_multiplier,
       target_epsilon=args.target_epsilon,
       delta=args.delta if args.target_epsilon is not None else None,
       clients_per_round=args.clients_per_round, clip_norm=args.clip_norm,
-      momentum=args.server_momentum, participation=accounted, bands=args.bands,
-      buffers=args.buffers, rank=args.rank)
+      momentum=args.server_momentum, participation=accounted,
+      **spec_lib.family_values(vars(args)))
   claimed, packed = audit.build_pair(spec, options.trials_per_run,
                                      server_learning_rate=args.server_lr)
   if args.plant_fault:

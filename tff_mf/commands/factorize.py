@@ -46,38 +46,17 @@ def add_workload_arguments(parser, n_required: bool = False) -> None:
 
 
 def add_participation_arguments(parser: argparse.ArgumentParser) -> None:
-  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  """The schema flags (``clitools.add_schema_flags``)."""
   group = parser.add_argument_group("participation schema")
-  group.add_argument("--participation", choices=participation.SPELLINGS,
-                     type=participation.canonical_kind,
-                     default=None,
-                     help=f"how often a user contributes: {participation.HELP} "
-                          "(default: min_sep when --min_sep or --max_participations is given, "
-                          "fixed_epoch when --epochs is given, else single)")
-  group.add_argument("--epochs", type=int, default=None, metavar="K",
-                     help="fixed_epoch, balls_in_bins, random_allocation: number of epochs "
-                          "K, dividing n (default: none)")
-  group.add_argument("--min_sep", type=int, default=None, metavar="B",
-                     help="min_sep: rounds between two participations of a user, at least B "
-                          "(default: none)")
-  group.add_argument("--max_participations", type=int, default=None, metavar="K",
-                     help="min_sep: participations per user, at most K (default: ⌈n/B⌉)")
-
-
-# The strategy parameters (registry.default_parameters): flag, metavar, help.
-PARAMETER_FLAGS = (
-    ("bands", "B", "structured: diagonals h kept exactly (default: ⌈log₂n/2⌉); banded, "
-                   "banded_toeplitz, bsr, bisr, banded_inverse: bands b of C (default: the "
-                   "schema's separation, at most 64; 16 under single participation)"),
-    ("rank", "R", "structured: rank r of the low-rank part (default: ⌊log₂n/2⌋)"),
-    ("buffers", "M", "blt: buffers m (default: 4)"),
-)
+  clitools.add_schema_flags(group, default_text={
+      "participation": "min_sep when --min_sep or --max_participations is given, fixed_epoch "
+                       "when --epochs is given, else single"})
 
 
 def add_parameter_arguments(group) -> None:
-  """--bands, --rank, --buffers (``PARAMETER_FLAGS``)."""
-  for flag, metavar, text in PARAMETER_FLAGS:
-    group.add_argument(f"--{flag}", type=int, default=None, metavar=metavar, help=text)
+  """The family parameters: --bands, --rank, --buffers and every family's own
+  (``clitools.add_family_flags``)."""
+  clitools.add_family_flags(group)
 
 
 def workload_from_args(args: argparse.Namespace):
@@ -161,14 +140,12 @@ def strategy_and_workload(name: str, args: argparse.Namespace):
 
 def spec_from_args(args: argparse.Namespace):
   from tff_mf import checks, registry  # pylint: disable=g-import-not-at-top
+  from tff_mf import spec as spec_lib  # pylint: disable=g-import-not-at-top
   from tff_mf.factorization import strategies  # pylint: disable=g-import-not-at-top
   strategy, workload = strategy_and_workload(args.mechanism, args)
   schema = participation_from_args(args, workload.n)
   params = registry.default_parameters(strategy, workload.n, schema)
-  for flag in ("bands", "rank", "buffers"):
-    value = getattr(args, flag)
-    if value is None:
-      continue
+  for flag, value in spec_lib.family_values(vars(args)).items():
     if flag not in params:
       raise checks.CheckError(f"--{flag} does not apply to --mechanism {args.mechanism}")
     params[flag] = value
@@ -187,8 +164,8 @@ def spec_from_args(args: argparse.Namespace):
                if "target_gap" in entry.declaration.parameters]
     raise checks.CheckError("--target_gap/--max_iterations/--allow_unconverged apply to "
                             f"--mechanism {' and '.join(solvers)} only")
-  spec = strategies.FactorizationSpec(workload=workload, strategy=strategy,
-                                      participation=schema, **params)
+  spec = strategies.FactorizationSpec.with_parameters(params, workload=workload,
+                                                      strategy=strategy, participation=schema)
   spec.validate()
   return spec
 

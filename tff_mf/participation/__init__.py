@@ -30,6 +30,7 @@ from tff_mf.participation.kinds import Single
 from tff_mf.participation.kinds import balls_in_bins
 from tff_mf.participation.kinds import canonical_kind
 from tff_mf.participation.kinds import fixed_epoch
+from tff_mf.participation.kinds import flags
 from tff_mf.participation.kinds import from_args
 from tff_mf.participation.kinds import from_dict
 from tff_mf.participation.kinds import min_sep

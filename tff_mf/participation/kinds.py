@@ -31,11 +31,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from tff_mf import checks
+from tff_mf import flagspec
 import tff_mf.participation.samplers as samplers_lib
 import tff_mf.participation.bounds as bounds_lib
 
@@ -75,6 +76,8 @@ class Participation(metaclass=_Dispatch):
   """
   kind: ClassVar[str] = ""
   takes: ClassVar[Tuple[str, ...]] = ()
+  # The flag of each parameter it takes, (metavar, meaning) (``flags``: every tool's flags).
+  parameter_flags: ClassVar[Mapping[str, Tuple[str, str]]] = {}
   # The sampler that realizes the schema, in words.
   sampler: ClassVar[str] = ""
   # At most one round per user (the only kind whose sensitivity needs no encoder).
@@ -273,6 +276,8 @@ class Single(Participation):
 class _Epochs(Participation):
   """n = k·b rounds in k epochs of b rounds (``epochs`` = k)."""
   takes: ClassVar[Tuple[str, ...]] = ("epochs",)
+  parameter_flags: ClassVar[Mapping[str, Tuple[str, str]]] = {
+      "epochs": ("K", "number of epochs K, dividing n")}
   epochs: Optional[int] = None
 
   def __post_init__(self):
@@ -464,6 +469,10 @@ class MinSep(Participation):
   """b-min-separation with at most k = ``max_participations`` rounds (None: as many as fit)."""
   kind: ClassVar[str] = "min_sep"
   takes: ClassVar[Tuple[str, ...]] = ("min_sep", "max_participations")
+  parameter_flags: ClassVar[Mapping[str, Tuple[str, str]]] = {
+      "min_sep": ("B", "rounds between two contributions of a user, at least B"),
+      "max_participations": ("K", "contributions of a user, at most K (unset: ⌈n/B⌉, all that "
+                                  "B allows)")}
   sampler: ClassVar[str] = "cyclic Poisson"
   poisson: ClassVar[bool] = True
   secret_sampling: ClassVar[bool] = True
@@ -625,6 +634,17 @@ HELP = ("single: at most one round per user; fixed_epoch --epochs K: rounds j, j
         "BallsInBinsSampling): one secret random bin j of b = n/K per user, every round "
         "i = j mod b; random_allocation --epochs K: one uniformly random round in each of "
         "the K epochs, drawn anew each epoch (named balls_in_bins before this release)")
+
+
+def flags() -> Tuple[flagspec.Flag, ...]:
+  """The schema's flags for every tool: ``--participation`` (any of ``SPELLINGS``), then each
+  parameter a kind takes (its class's ``parameter_flags``), naming the kinds that take it."""
+  kind_flag = flagspec.Flag("participation", str, "KIND",
+                            f"how often and how far apart a user may contribute: {HELP}",
+                            choices=SPELLINGS, convert=canonical_kind)
+  return (kind_flag,) + flagspec.merged(
+      flagspec.Flag(name, int, *CLASSES[kind].parameter_flags[name], owners=(kind,))
+      for kind in KINDS for name in CLASSES[kind].takes)
 
 
 def _build(kind: str = "single", epochs: Optional[int] = None,

@@ -56,6 +56,15 @@ SPEC_PARAMETERS = ("target_gap", "max_iterations", "allow_unconverged", "bands",
 PARAMETER_LABELS = {"bands": "b", "rank": "r", "buffers": "m"}
 # The check of each parameter a caller may set (``value, name -> checked value``); a family
 # declares the checks of its own parameters (``Declaration.own_parameters``).
+# The flag of each shared parameter a caller may set: (metavar, meaning); a family declares
+# the flags of its own (``Declaration.own_parameter_flags``); ``tff_mf.spec.family_flags``.
+PARAMETER_FLAGS: Mapping[str, Tuple[str, str]] = {
+    "bands": ("B", "structured: diagonals h kept exactly (default: ⌈log₂n/2⌉); banded, "
+                   "banded_toeplitz, bsr, bisr, banded_inverse: bands b of C (default: the "
+                   "schema's separation, at most 64; 16 under single participation)"),
+    "rank": ("R", "structured: rank r of the low-rank part (default: ⌊log₂n/2⌋)"),
+    "buffers": ("M", "blt: buffers m (default: 4)"),
+}
 PARAMETER_CHECKS: Mapping[str, Callable[[Any, str], Any]] = {
     "bands": checks.positive_int, "rank": checks.nonnegative_int,
     "buffers": checks.positive_int}
@@ -93,6 +102,8 @@ class Declaration:
       ``FactorizationSpec`` fields (``check(value, name)`` returns the checked value); a
       ``tff_mf.spec.MechanismSpec`` carries them in ``params`` and the family reads them as
       ``spec.<name>``, so a new parameter touches only its family.
+    own_parameter_flags: ``{name: (type, metavar, meaning)}``, the command-line flag of each
+      own parameter: every tool defines it (``tff_mf.spec.family_flags``).
   """
   parameters: Tuple[str, ...] = ()
   defaults: Callable[[int, Any], Dict[str, Any]] = no_defaults
@@ -106,6 +117,8 @@ class Declaration:
   parameter_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
   own_parameters: Mapping[str, Callable[[Any, str], Any]] = dataclasses.field(
       default_factory=dict)
+  own_parameter_flags: Mapping[str, Tuple[type, str, str]] = dataclasses.field(
+      default_factory=dict)
 
   def __post_init__(self):
     unknown = set(self.parameters) - set(SPEC_PARAMETERS) - set(self.own_parameters)
@@ -114,6 +127,9 @@ class Declaration:
     clash = set(self.own_parameters) & set(SPEC_PARAMETERS)
     if clash:
       raise checks.CheckError(f"family declaration redeclares parameters {sorted(clash)}")
+    if set(self.own_parameter_flags) != set(self.own_parameters):
+      raise checks.CheckError("family declaration: every own parameter declares its flag "
+                              "(own_parameter_flags), and only they do")
 
   def parameter_check(self, parameter: str) -> Callable[[Any, str], Any]:
     """The check of a parameter a caller may set (the family's own, else the shared one)."""
