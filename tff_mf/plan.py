@@ -80,9 +80,10 @@ class Plan:
                               "the mechanism's epsilon is for")
     return 0.0 if releases <= 0 else float(self.epsilons[releases - 1])
 
-  def would_exceed(self, max_epsilon: Optional[float], releases: int) -> bool:
-    """Whether release ``releases + 1`` would pass ``max_epsilon`` (None: no budget)."""
-    return max_epsilon is not None and self.epsilon_after(releases + 1) > max_epsilon
+  def would_exceed(self, max_epsilon: Optional[float], releases: int, count: int = 1) -> bool:
+    """Whether ``count`` more releases after ``releases`` would pass ``max_epsilon`` (None: no
+    budget)."""
+    return max_epsilon is not None and self.epsilon_after(releases + count) > max_epsilon
 
   def clip(self, update: Sequence[np.ndarray], clip_norm: float) -> clipping.ClippedUpdate:
     """The clipping rule on one client's update (``tff_mf.clipping.clip_update``)."""
@@ -287,12 +288,20 @@ class ServerRun:
           f"{self.state_path} is missing: a new run would release them again with new noise "
           f"under an epsilon that covers one run; {STATE_REMEDY}")
 
-  def next_round(self) -> Tuple[int, List[str]]:
-    """(the next round i, its clients by the schema's sampler); refuses a round past n."""
-    i = self.rounds_done + 1
+  def check_next(self, i: int) -> None:
+    """Refuses round ``i`` unless it is the next one (rounds run in order, each once) and
+    within the n rounds the mechanism was built for."""
+    if i != self.rounds_done + 1:
+      raise checks.CheckError(f"round {i} does not follow round {self.rounds_done}: rounds "
+                              "must run in order, each once")
     if i > self.plan.n:
       raise checks.CheckError(f"round {i} is past the n={self.plan.n} rounds this mechanism "
                               "was built for; build one for more rounds")
+
+  def next_round(self) -> Tuple[int, List[str]]:
+    """(the next round i, its clients by the schema's sampler); refuses a round past n."""
+    i = self.rounds_done + 1
+    self.check_next(i)
     chosen, _, _ = self.sampler.next_round(i, lambda cid: cid)
     return i, list(chosen)
 

@@ -45,7 +45,6 @@ from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, KEY_NORM_BIT
 
 from tff_mf import checks
 from tff_mf import clipping
-from tff_mf import mechanisms
 from tff_mf import plan as plan_lib
 from tff_mf import spec as spec_lib
 from tff_mf.participation import samplers
@@ -69,11 +68,12 @@ def _is_number(x) -> bool:
 
 
 class MatrixFactorizationAccountant:
-  """Flower's ``PrivacyAccountant`` protocol over a core ``PrivacyRecord``: ε after r releases
-  is ``epsilon_by_round()[r − 1]`` (an upper bound at the record's δ)."""
+  """Flower's ``PrivacyAccountant`` protocol over a core ``tff_mf.plan.Plan``: ε after r
+  releases is the plan's (``Plan.epsilon_after``, an upper bound at the record's δ), and so is
+  the budget check (``Plan.would_exceed``); this class only counts the releases."""
 
-  def __init__(self, record: mechanisms.PrivacyRecord, config: PrivacyConfig,
-               epsilons: Optional[List[float]] = None):
+  def __init__(self, plan: plan_lib.Plan, config: PrivacyConfig):
+    record = plan.record
     if record.epsilon is None:
       raise checks.CheckError("the mechanism has no epsilon: give delta to the spec")
     if config.target_delta != record.delta:
@@ -81,8 +81,8 @@ class MatrixFactorizationAccountant:
                               f"spec's delta={record.delta}")
     check_privacy_config(config, record.participation)
     self._config = config
+    self._plan = plan
     self._record = record
-    self._eps = list(epsilons) if epsilons is not None else record.epsilon_by_round()
     self._releases = 0
 
   @property
@@ -94,10 +94,7 @@ class MatrixFactorizationAccountant:
     return self._releases
 
   def epsilon_after(self, releases: int) -> float:
-    if releases > len(self._eps):
-      raise checks.CheckError(f"release {releases} is past the n={len(self._eps)} rounds "
-                              "the mechanism's epsilon is for")
-    return 0.0 if releases <= 0 else float(self._eps[releases - 1])
+    return self._plan.epsilon_after(releases)
 
   def compose(self, event: Any = None, count: int = 1) -> None:
     del event
@@ -129,7 +126,7 @@ class MatrixFactorizationAccountant:
                    count: int = 1) -> bool:
     del event
     limit = self._config.max_epsilon if max_epsilon is None else max_epsilon
-    return limit is not None and self.epsilon_after(self._releases + count) > limit
+    return self._plan.would_exceed(limit, self._releases, count)
 
   def state_dict(self) -> Dict[str, object]:
     return {"num_releases": self._releases}
@@ -253,8 +250,7 @@ class _MatrixFactorizationServerSide(Strategy):
       check_privacy_config(privacy_config, spec.participation,
                            spec.privacy.sampling_prob if spec.privacy.sampling_prob is not None
                            else 1.0)
-      self.accountant = MatrixFactorizationAccountant(self.record, privacy_config,
-                                                      self.plan.epsilons)
+      self.accountant = MatrixFactorizationAccountant(self.plan, privacy_config)
     self.run = plan_lib.ServerRun(
         self.plan, server_learning_rate=server_learning_rate, noise_seed=noise_seed,
         sampling_seed=sampling_seed, sampling_secret=sampling_secret, exact_noise=exact_noise,
@@ -407,12 +403,7 @@ class _MatrixFactorizationServerSide(Strategy):
       self._setup(arrays, grid)
     self.current_arrays = arrays  # the last released model, kept if the budget stops the run
     i = server_round + self._offset  # the mechanism's round (a restarted run goes on)
-    if i != self.rounds_done + 1:
-      raise checks.CheckError(f"round {i} does not follow round {self.rounds_done}: rounds "
-                              "must run in order, each once")
-    if i > self.spec.n:
-      raise checks.CheckError(f"round {i} is past the n={self.spec.n} rounds this mechanism "
-                              "was built for; build one for more rounds")
+    self.run.check_next(i)  # before the budget check, which must come before the sampler
     if self.accountant is not None and self.accountant.would_exceed():
       spent = self.accountant.get_privacy_spent()
       raise PrivacyBudgetExhausted(
