@@ -27,13 +27,7 @@ def built_copy(tmp_path_factory):
   """A copy of the tracked files with the site built by `make docs` (and its result)."""
   base = tmp_path_factory.mktemp("docs")
   copy = base / "clone"
-  files = subprocess.run(["git", "ls-files", "-z"], cwd=userenv.REPO, capture_output=True,
-                         check=True).stdout.decode().split("\0")
-  for name in filter(None, files):
-    source = os.path.join(userenv.REPO, name)
-    if os.path.isfile(source):
-      (copy / name).parent.mkdir(parents=True, exist_ok=True)
-      shutil.copy2(source, copy / name)
+  userenv.copy_tracked_files(copy)
   home = base / "home"
   home.mkdir(mode=0o700)
   return copy, home, _make("docs", copy, home)

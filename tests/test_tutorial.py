@@ -8,6 +8,7 @@ output that is not what its cell prints now fails the test; ``run_notebook.py --
 refreshes them.
 """
 
+import importlib.util
 import json
 import os
 import re
@@ -74,11 +75,10 @@ def test_tutorial_cells_run_in_order(tmp_path):
 def test_check_refuses_stale_outputs_and_ignores_only_tagged_cells_numbers():
   """--check's comparison: text with masked numbers, and numbers within 0.1% and one unit of
   the last printed digit, except in cells tagged outputs-vary."""
-  sys.path.insert(0, os.path.join(userenv.REPO, "examples"))
-  try:
-    import run_notebook  # pylint: disable=g-import-not-at-top
-  finally:
-    sys.path.pop(0)
+  spec = importlib.util.spec_from_file_location(
+      "run_notebook", os.path.join(userenv.REPO, "examples", "run_notebook.py"))
+  run_notebook = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(run_notebook)
   assert run_notebook.mismatch("sens 1.698\n", "sens 1.699\n", True) is None
   assert run_notebook.mismatch("sens 1.698\n", "sens 1.720\n", True)
   assert run_notebook.mismatch("MSE 0.0510\n", "MSE 0.9000\n", False) is None
