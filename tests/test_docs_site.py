@@ -54,7 +54,8 @@ def test_make_docs_builds_the_site_in_strict_mode(built_copy):
   assert broken.returncode != 0 and "no_such_page.md" in broken.stderr, broken.stderr[-2000:]
   # So does a docstring that does not render (an argument the signature does not have).
   module = copy / "tff_mf" / "clipping.py"
-  module.write_text(module.read_text(encoding="utf-8") + '''
+  source = module.read_text(encoding="utf-8")
+  module.write_text(source + '''
 
 def undocumented_argument(x):
   """A function.
@@ -65,6 +66,7 @@ def undocumented_argument(x):
   return x
 ''', encoding="utf-8")
   bad = subprocess.run(mkdocs, cwd=copy, env=env, capture_output=True, text=True, timeout=600)
+  module.write_text(source, encoding="utf-8")
   assert bad.returncode != 0 and "'y' does not appear in the function signature" in bad.stderr, (
       bad.stderr[-2000:])
 
