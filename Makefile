@@ -6,7 +6,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 3
 # Tests run with two workers (this project's machines have 2 cores).
 PYTEST_WORKERS ?= 2
 
-.PHONY: venv demo test test-slow bench clean-venv venv-flower test-flower
+.PHONY: venv demo test test-slow bench clean-venv venv-flower test-flower venv-docs docs docs-check
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -34,6 +34,19 @@ venv-flower:
 
 test-flower: venv-flower
 	"$$(cd .venv-flower && pwd -P)/bin/python" -m pytest --timeout=900 -q -rs tests/flower
+
+## The documentation site, built into site/ in strict mode (a broken link, a missing reference or a
+## docstring that does not render fails the build) with .venv-docs (requirements/docs-lock.txt).
+venv-docs:
+	@bash scripts/bootstrap_docs.sh
+
+docs: venv-docs
+	NO_MKDOCS_2_WARNING=1 .venv-docs/bin/mkdocs build --strict --clean
+
+## The built site in headless Chromium (Debian's chromium package): title, navigation, no console
+## errors on the home page and an API page, screenshots under out/docs-check/.
+docs-check: docs
+	.venv-docs/bin/python scripts/docs_check.py --site site --output_dir out/docs-check
 
 clean-venv:
 	rm -rf $(VENV)

@@ -7,10 +7,25 @@ as it is:
 
 Each cell's output is printed as the cell runs; a failing cell stops the run (exit 1, its
 traceback). Markdown cells are skipped.
+
+The notebook keeps the outputs of such a run, which the documentation site shows
+(mkdocs-jupyter renders them without executing anything). ``--write`` runs it and stores
+each cell's printed output in the notebook; ``--check`` runs it and compares: exit 1, naming
+the first cell that differs, when the stored outputs are not what the cells print now. The
+comparison is of the text with its numbers masked, and of the numbers within 0.1% (and one
+unit of their last printed digit), but for cells tagged ``outputs-vary`` (their numbers
+depend on noise drawn from OS entropy), whose numbers are not compared.
 """
 
+import contextlib
+import io
 import json
+import re
 import sys
+from typing import List, Optional
+
+VARY_TAG = "outputs-vary"
+NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
 def code_of(path: str) -> str:
@@ -21,16 +36,82 @@ def code_of(path: str) -> str:
                      if cell["cell_type"] == "code")
 
 
+class _Tee(io.StringIO):
+  """Keeps what a cell prints and passes it on to the real stdout as it comes."""
+
+  def write(self, text):
+    sys.__stdout__.write(text)
+    sys.__stdout__.flush()
+    return super().write(text)
+
+  def fileno(self):  # a subprocess started with stdout=sys.stdout writes to the real one
+    return sys.__stdout__.fileno()
+
+
+def execute(notebook: dict, path: str) -> List[str]:
+  """Runs the code cells in order in one namespace; the stdout text of each."""
+  namespace = {"__name__": "__main__"}
+  outputs = []
+  for index, cell in enumerate(c for c in notebook["cells"] if c["cell_type"] == "code"):
+    tee = _Tee()
+    with contextlib.redirect_stdout(tee):
+      exec(compile("".join(cell["source"]), f"{path} (code cell {index + 1})", "exec"),  # pylint: disable=exec-used
+           namespace)
+    outputs.append(tee.getvalue())
+  return outputs
+
+
+def stored(cell: dict) -> str:
+  """The stdout text a cell's stored outputs hold."""
+  return "".join("".join(o.get("text", "")) for o in cell.get("outputs", [])
+                 if o.get("output_type") == "stream" and o.get("name") == "stdout")
+
+
+def mismatch(old: str, new: str, compare_numbers: bool) -> Optional[str]:
+  """Why ``old`` (stored) does not match ``new`` (fresh), or None when it does."""
+  if NUMBER.sub("#", old) != NUMBER.sub("#", new):
+    return "its text differs"
+  if not compare_numbers:
+    return None
+  for a, b in zip(NUMBER.findall(old), NUMBER.findall(new)):
+    decimals = len(a.split(".")[1]) if "." in a and "e" not in a.lower() else 0
+    x, y = float(a), float(b)
+    if abs(x - y) > 1e-3 * max(abs(x), abs(y)) + 10.0 ** -decimals:
+      return f"it printed {b} where the notebook holds {a}"
+  return None
+
+
 def main(argv) -> int:
-  if len(argv) != 2:
-    print("usage: run_notebook.py NOTEBOOK.ipynb", file=sys.stderr)
+  args = [a for a in argv[1:] if a not in ("--write", "--check")]
+  mode = next((a for a in argv[1:] if a in ("--write", "--check")), None)
+  if len(args) != 1:
+    print("usage: run_notebook.py [--write | --check] NOTEBOOK.ipynb", file=sys.stderr)
     return 2
+  path = args[0]
   try:
-    program = code_of(argv[1])
+    with open(path, encoding="utf-8") as f:
+      notebook = json.load(f)
+    cells = [c for c in notebook["cells"] if c["cell_type"] == "code"]
   except (OSError, ValueError, KeyError, TypeError) as e:
-    print(f"run_notebook.py: error: {argv[1]} is not a readable notebook: {e}", file=sys.stderr)
+    print(f"run_notebook.py: error: {path} is not a readable notebook: {e}", file=sys.stderr)
     return 2
-  exec(compile(program, argv[1], "exec"), {"__name__": "__main__"})  # pylint: disable=exec-used
+  outputs = execute(notebook, path)
+  if mode == "--write":
+    for index, (cell, text) in enumerate(zip(cells, outputs)):
+      cell["execution_count"] = index + 1
+      cell["outputs"] = [{"output_type": "stream", "name": "stdout",
+                          "text": text.splitlines(keepends=True)}] if text else []
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(notebook, f, indent=1, ensure_ascii=False)
+      f.write("\n")
+  elif mode == "--check":
+    for index, (cell, text) in enumerate(zip(cells, outputs)):
+      why = mismatch(stored(cell), text, VARY_TAG not in cell.get("metadata", {}).get("tags", []))
+      if why:
+        print(f"run_notebook.py: error: {path}: code cell {index + 1}'s stored output is stale "
+              f"({why}); run: .venv/bin/python examples/run_notebook.py --write {path}",
+              file=sys.stderr)
+        return 1
   return 0
 
 

@@ -6,7 +6,6 @@ cache and wheel builds must go elsewhere, and the environment must still come up
 """
 
 import os
-import shutil
 import subprocess
 import sys
 
@@ -18,13 +17,7 @@ import userenv
 @pytest.mark.slow
 def test_bootstrap_builds_the_venv_with_a_home_that_cannot_be_written(tmp_path):
   copy = tmp_path / "fresh clone"  # a path with a space, as the README's users may have
-  files = subprocess.run(["git", "ls-files", "-z"], cwd=userenv.REPO, capture_output=True,
-                         check=True).stdout.decode().split("\0")
-  for name in filter(None, files):
-    source = os.path.join(userenv.REPO, name)
-    if os.path.isfile(source):
-      (copy / name).parent.mkdir(parents=True, exist_ok=True)
-      shutil.copy2(source, copy / name)
+  userenv.copy_tracked_files(copy)
   base_python = os.path.join(sys.base_prefix, "bin", "python3.11")
   env = dict(userenv.env(home=tmp_path), HOME="/proc/version/home",
              PYTHON=base_python if os.path.exists(base_python) else "python3.11")

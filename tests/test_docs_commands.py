@@ -49,7 +49,8 @@ import userenv
 
 REPO = userenv.REPO
 DOC_FILES = ["README.md"] + sorted(
-    os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "docs", "*.md")))
+    os.path.relpath(p, REPO)
+    for p in glob.glob(os.path.join(REPO, "docs", "**", "*.md"), recursive=True))
 SHELL_TAGS = ("bash", "sh", "shell", "console")
 # What the scratch directory links to: everything a documented command reads from the
 # repository root. (Nothing documented writes under these paths: a write would go through
@@ -83,6 +84,15 @@ COVERED_ELSEWHERE: Dict[str, Tuple[str, ...]] = {
     # The Flower layer's suite in its own environment (.venv-flower); CI runs it after make test.
     "make test-flower": (
         "tests/test_docs_commands.py::test_make_targets_run_the_documented_commands",),
+    "make venv-flower": (
+        "tests/test_docs_commands.py::test_make_targets_run_the_documented_commands",),
+    # The documentation site in its own environment (.venv-docs); CI builds it after
+    # make test-flower. docs-check needs Chromium: it is never part of the default suite.
+    "make docs": ("tests/test_docs_commands.py::test_make_targets_run_the_documented_commands",
+                  "tests/test_docs_site.py::test_make_docs_builds_the_site_in_strict_mode"),
+    "make docs-check": (
+        "tests/test_docs_commands.py::test_make_targets_run_the_documented_commands",
+        "tests/test_docs_site.py::test_docs_check_loads_the_site_in_headless_chromium"),
     ".venv-flower/bin/python examples/flower_mf.py": (
         "tests/flower/test_example.py::test_flower_example_runs_at_the_same_epsilon",),
     ".venv/bin/python examples/fed_avg_with_mf.py": (
@@ -107,6 +117,9 @@ SLOW_BLOCKS: Dict[str, str] = {  # (times measured at load 6-9 on 2 cores)
     "--canaries=32": (
         "a training run with its one-run audit (TensorFlow start-up, task and audit): "
         "0.5-1 minute; the flag is tested in tests/test_canaries.py"),
+    ".venv/bin/pip wheel --quiet --no-deps . -w out/wheels": (
+        "a fresh venv with the core's dependencies from the package index: about a minute; "
+        "tests/test_core_install.py installs the same wheel in the default suite"),
     "tff-mf audit --mechanism opt_prefix_sum": (
         "two audits, each building and running federated averaging: 1-2 minutes (the command "
         "itself is tested in tests/test_audit.py)"),
@@ -394,6 +407,11 @@ def test_make_targets_run_the_documented_commands():
                    r"-m pytest .*tests/flower$",
                    makefile, re.M)
   assert re.search(r"^venv-flower:\n\t@bash scripts/bootstrap_flower.sh$", makefile, re.M)
+  assert re.search(r"^venv-docs:\n\t@bash scripts/bootstrap_docs.sh$", makefile, re.M)
+  assert re.search(r"^docs: venv-docs\n\t.*\.venv-docs/bin/mkdocs build --strict --clean$",
+                   makefile, re.M)
+  assert re.search(r"^docs-check: docs\n\t\.venv-docs/bin/python scripts/docs_check\.py ",
+                   makefile, re.M)
 
 
 def test_code_blocks_are_tagged_and_text_blocks_sit_next_to_a_runnable_one():

@@ -166,8 +166,9 @@ def test_help_describes_every_flag_with_its_default(tmp_path):
     assert "(default: " in block, f"--{name} does not show its default"
   root_block = next(b for b in blocks if b.startswith("root_output_dir:"))
   assert "'~/tff_mf_runs'" in root_block
-  readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
-  assert "~/tff_mf_runs" in readme
+  for page in ("README.md", os.path.join("docs", "train_tff.md")):
+    with open(os.path.join(REPO, page), encoding="utf-8") as f:
+      assert "~/tff_mf_runs" in f.read(), page
 
 
 @pytest.mark.parametrize("flag, message", [

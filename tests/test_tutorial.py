@@ -2,9 +2,13 @@
 
 The cells are executed as one program by the venv's Python in a user's minimal
 environment (``userenv``), from the repository root as the notebook says; a failing
-cell (its own asserts included) fails the test. The notebook is kept without outputs.
+cell (its own asserts included) fails the test. The notebook keeps the outputs of such a run
+(the documentation site renders them, issue 51), and the run checks them (``--check``): a stored
+output that is not what its cell prints now fails the test; ``run_notebook.py --write``
+refreshes them.
 """
 
+import importlib.util
 import json
 import os
 import re
@@ -22,22 +26,28 @@ def _notebook():
     return json.load(f)
 
 
-def test_tutorial_is_a_valid_notebook_without_outputs():
+def test_tutorial_is_a_valid_notebook_with_stored_outputs():
   nb = _notebook()
   assert nb["nbformat"] == 4
   kinds = [c["cell_type"] for c in nb["cells"]]
   assert set(kinds) <= {"markdown", "code"} and kinds.count("code") >= 4
-  for cell in nb["cells"]:
-    if cell["cell_type"] == "code":
-      assert cell["outputs"] == [] and cell["execution_count"] is None
+  code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+  for number, cell in enumerate(code, start=1):
+    # The outputs of one run, in order: printed text only (what run_notebook.py stores).
+    assert cell["execution_count"] == number
+    assert cell["outputs"] and all(o["output_type"] == "stream" and o["name"] == "stdout"
+                                   for o in cell["outputs"])
   text = "".join("".join(c["source"]) for c in nb["cells"])
   for topic in ("strategies.factorize", "build_mechanism", "epsilon"):
     assert topic in text
+  # Relative links resolve from examples/ but not on the site: the notebook names pages instead.
+  assert "](../" not in text
 
 
 def test_tutorial_cells_run_in_order(tmp_path):
-  """As its first cell tells a reader to run it, from the venv as it is (no Jupyter)."""
-  result = subprocess.run([sys.executable, os.path.join("examples", "run_notebook.py"),
+  """As its first cell tells a reader to run it, from the venv as it is (no Jupyter), checking
+  the stored outputs against this run."""
+  result = subprocess.run([sys.executable, os.path.join("examples", "run_notebook.py"), "--check",
                            os.path.join("examples", "tutorial.ipynb")], cwd=userenv.REPO,
                           text=True, capture_output=True, env=userenv.env(home=str(tmp_path)),
                           timeout=600)
@@ -60,3 +70,21 @@ def test_tutorial_cells_run_in_order(tmp_path):
   first = "".join(_notebook()["cells"][0]["source"])
   assert ".venv/bin/python examples/run_notebook.py examples/tutorial.ipynb" in first
   assert "select `.venv/bin/python`" not in first  # the venv has no Jupyter kernel
+
+
+def test_check_refuses_stale_outputs_and_ignores_only_tagged_cells_numbers():
+  """--check's comparison: text with masked numbers, and numbers within 0.1% and one unit of
+  the last printed digit, except in cells tagged outputs-vary."""
+  spec = importlib.util.spec_from_file_location(
+      "run_notebook", os.path.join(userenv.REPO, "examples", "run_notebook.py"))
+  run_notebook = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(run_notebook)
+  assert run_notebook.mismatch("sens 1.698\n", "sens 1.699\n", True) is None
+  assert run_notebook.mismatch("sens 1.698\n", "sens 1.720\n", True)
+  assert run_notebook.mismatch("MSE 0.0510\n", "MSE 0.9000\n", False) is None
+  assert run_notebook.mismatch("MSE 0.0510\n", "loss 0.0510\n", False) == "its text differs"
+  assert run_notebook.mismatch("a\n", "a\nb\n", False) == "its text differs"
+  varying = [c for c in _notebook()["cells"]
+             if run_notebook.VARY_TAG in c.get("metadata", {}).get("tags", [])]
+  # Only the training cell draws noise from OS entropy.
+  assert len(varying) == 1 and "process.next" in "".join(varying[0]["source"])

@@ -22,6 +22,8 @@ passes its own, so a command that writes to ``~`` writes nowhere real.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from typing import Dict, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,3 +52,16 @@ def env(home: Optional[str] = None, pythonpath: bool = False,
     out["PYTHONPATH"] = REPO
   out.update({k: str(v) for k, v in extra.items()})
   return out
+
+
+def copy_tracked_files(destination) -> None:
+  """Copies the files git tracks in the repository (as they are in the working tree) to
+  ``destination``: a fresh clone's content, without what is ignored (venvs, site/, out/)."""
+  files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
+                         check=True).stdout.decode().split("\0")
+  for name in filter(None, files):
+    source = os.path.join(REPO, name)
+    if os.path.isfile(source):
+      target = os.path.join(str(destination), name)
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      shutil.copy2(source, target)

@@ -182,8 +182,10 @@ class ServerRun:
   Args:
     plan: the run's ``Plan``.
     server_learning_rate: η_server, times the schedule's η_i.
-    noise_seed, sampling_seed, sampling_secret: pin the seeds (tests, replays); None: OS
-      entropy (a noise key of two secret words, ``tff_mf.noise.keys``).
+    noise_seed: pins the noise seed (tests, replays); None: OS entropy (a noise key of two
+      secret words, ``tff_mf.noise.keys``).
+    sampling_seed: pins the sampling seed, as ``noise_seed``; None: OS entropy.
+    sampling_secret: pins the sampling secret, as ``noise_seed``; None: OS entropy.
     exact_noise: the TF aggregator's arithmetic as well as its draws (``NoiseRows``).
     state_path: the private file the state goes to after each round and is read from at
       the start (a restarted server continues the run); locked from here until ``close``.

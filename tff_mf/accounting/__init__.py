@@ -107,11 +107,13 @@ def check_noise_multiplier(noise_multiplier, name: str = "noise_multiplier") -> 
 
 
 def check_accountant(accountant: str) -> str:
+  """One of ``ACCOUNTANTS`` ("exact", "pld", "rdp"), returned as given (raises CheckError otherwise)."""
   analyses.accountant(accountant)
   return accountant
 
 
 def check_sensitivity(sensitivity, name: str = "sensitivity") -> float:
+  """A finite sensitivity > 0 (raises CheckError otherwise)."""
   return checks.positive_float(sensitivity, name)
 
 

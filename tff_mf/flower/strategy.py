@@ -193,7 +193,8 @@ class _MatrixFactorizationServerSide(Strategy):
       same machine (about 3 µs per model coordinate and round more); by default the rows
       are computed in float64 and equal TF's within float32 rounding. With adaptive
       clipping the row is drawn at z·ζ_i, TF's at z·ζ_0 rescaled: equal within rounding.
-    sampling_seed, sampling_secret: pin the sampler's permutation and secret; None: OS entropy.
+    sampling_seed: pins the sampler's permutation; None: OS entropy.
+    sampling_secret: pins the sampler's secret; None: OS entropy.
     state_path: the private file the run's state is written to after each round and read
       from at the start if it exists (a restarted server continues the run).
     privacy_config: Flower's ``PrivacyConfig``; its ``max_epsilon`` stops the run (the last
@@ -526,8 +527,12 @@ class MatrixFactorizationFixedClipping(_MatrixFactorizationServerSide):
 
 class MatrixFactorizationAdaptiveClipping(_MatrixFactorizationServerSide):
   """The wrapper with ``clip_norm='adaptive'``: round i clips to ζ_i, adds ζ_i·z·(N·Z)[i], and
-  ζ_{i+1} follows the noisy count of unclipped updates (the spec's ``AdaptiveClipping``);
-  ε composes the count queries with the mechanism (the core's record)."""
+  ζ_{i+1} follows the noisy count of unclipped updates (the spec's ``AdaptiveClipping``,
+  Andrew et al. 2021, arXiv:1905.03871); ε composes the count queries with the mechanism (the
+  core's record). The arguments are those of every wrapper (on the API reference's page)
+  and ``MechanismSpec.from_args``'s adaptive keywords: ``initial_clip_norm`` (Flower's
+  ``initial_clipping_norm``), ``target_quantile`` (``target_clipped_quantile``),
+  ``clip_learning_rate`` (``clip_norm_lr``) and ``clipped_count_stddev``."""
   clips_adaptively = True
 
 
