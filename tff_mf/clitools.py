@@ -291,13 +291,25 @@ def participation_source(participation: Optional[str], epochs=None, min_sep=None
 
 
 def add_flag(group, flag, default=None, default_text: Optional[str] = None,
-             note: str = "") -> None:
+             note: str = "", required: bool = False) -> None:
   """Defines a ``tff_mf.flagspec.Flag`` on an argparse group: its help, then ``note`` (what
-  the flag means in this tool), then its default (``default_text``, else ``default``)."""
+  the flag means in this tool), then its default (``default_text``, else ``default``) or
+  ``required``."""
   shown = f" (default: {default_text})" if default_text is not None else ""
   kwargs = dict(choices=flag.choices) if flag.choices else dict(metavar=flag.metavar)
+  if required:
+    kwargs["required"] = True
+  else:
+    kwargs["default"] = default
   group.add_argument(f"--{flag.name}", type=flag.convert or _argparse_type(flag.type),
-                     default=default, help=f"{flag.text}{note}{shown}", **kwargs)
+                     help=f"{flag.text}{note}{shown}", **kwargs)
+
+
+def schema_flag(name: str):
+  """The ``tff_mf.flagspec.Flag`` of schema flag ``--name`` (``tff_mf.participation.flags``)."""
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  [flag] = [f for f in participation.flags() if f.name == name]
+  return flag
 
 
 def _argparse_type(kind):

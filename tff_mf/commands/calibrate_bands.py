@@ -21,9 +21,9 @@ def register(subparsers) -> None:
                   "z*rmse/E (jax_privacy's BandMFConfig.rmse). Prints every candidate and the "
                   "best.")
   clitools.add_rounds_flag(parser, required=True)
-  parser.add_argument("--min_sep", type=int, required=True, metavar="B",
-                      help="cycle B of the cyclic Poisson sampling --sampling_prob is given for; "
-                           "the largest b tried (required)")
+  clitools.add_flag(parser, clitools.schema_flag("min_sep"), required=True,
+                    note="; here the cycle B of the cyclic Poisson sampling --sampling_prob is "
+                         "given for, and the largest b tried")
   parser.add_argument("--sampling_prob", type=float, required=True, metavar="P",
                       help="probability p that a user joins a round it is eligible for at "
                            "cycle B (required)")

@@ -1,0 +1,114 @@
+"""The run core's shape, counted (issue 47 item 7; the table is docs/architecture.md's
+"The run core, counted").
+
+Each test counts one thing the issue measured before the change and fails when it grows back:
+hand-written schema or family flags, a keyword path into the mechanism layer, a second numpy
+noise source, keyword translation sites, shims, and the adapters' sizes.
+"""
+
+import ast
+import inspect
+import os
+
+from tff_mf import participation
+from tff_mf import spec as spec_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIBRARY = ("tff_mf", "training", "stackoverflow")
+DEFINERS = {"add_argument", "DEFINE_integer", "DEFINE_float", "DEFINE_string", "DEFINE_enum",
+            "DEFINE_bool", "DEFINE_boolean"}
+
+
+def _sources(packages=LIBRARY):
+  for package in packages:
+    for root, _, files in os.walk(os.path.join(REPO, package)):
+      for name in sorted(files):
+        if name.endswith(".py"):
+          path = os.path.join(root, name)
+          yield os.path.relpath(path, REPO), ast.parse(open(path, encoding="utf-8").read())
+
+
+def _calls(tree):
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Call):
+      func = node.func
+      name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+      yield name, node
+
+
+def _lines(*paths):
+  return sum(len(open(os.path.join(REPO, p), encoding="utf-8").read().splitlines())
+             for p in paths)
+
+
+def test_no_tool_defines_a_schema_or_family_flag_by_hand():
+  """The participation flags were defined in 4 tools and bands/rank/buffers in 7 files; now
+  each is declared once, by its kind or family, and every tool defines it from there."""
+  tabled = {f.name for f in participation.flags()} | {f.name for f in spec_lib.family_flags()}
+  by_hand = []
+  for path, tree in _sources():
+    for name, call in _calls(tree):
+      if name in DEFINERS and call.args and isinstance(call.args[0], ast.Constant):
+        flag = str(call.args[0].value).lstrip("-")
+        if flag in tabled:
+          by_hand.append(f"{path}:{call.lineno} --{flag}")
+  assert not by_hand, by_hand
+
+
+def test_the_mechanism_layer_has_one_way_in():
+  """``build_mechanism`` took 29 spellings behind **spec_arguments; now a spec and the
+  wiring only, and the audit builds a spec too."""
+  from tff_mf.tf import aggregators, audit  # pylint: disable=g-import-not-at-top
+  for function in (aggregators.build_mechanism, aggregators.resolve_mechanism,
+                   audit.build_pair, audit.audit):
+    kinds = {p.kind for p in inspect.signature(function).parameters.values()}
+    assert inspect.Parameter.VAR_KEYWORD not in kinds, function.__qualname__
+
+
+def test_keywords_become_a_spec_in_one_constructor_called_from_three_edges():
+  """15 translation sites between a spec and keyword arguments in 9 files before. Now
+  ``MechanismSpec.from_args`` is the one constructor; outside the spec's own module it is
+  called where foreign names arrive: Flower's wrapper arguments, the audit's flags and the
+  training config. No library module unpacks a spec back into keywords."""
+  callers = set()
+  for path, tree in _sources():
+    if path == os.path.join("tff_mf", "spec.py"):
+      continue
+    for name, call in _calls(tree):
+      if name == "from_args" and isinstance(call.func, ast.Attribute) and \
+          "MechanismSpec" in ast.unparse(call.func.value):
+        callers.add(path)
+  assert callers == {os.path.join("tff_mf", "flower", "strategy.py"),
+                     os.path.join("tff_mf", "commands", "audit.py"),
+                     os.path.join("training", "config.py")}, callers
+
+
+def test_one_numpy_noise_source_and_one_tf_kernel():
+  """Noise rows were implemented 3 times (the stream's run, the TF noise, Flower's); now the
+  runtime source is ``tff_mf.noise.rows.NoiseRows`` (the TF kernel in ``tff_mf.tf.noise`` is
+  its bit-exact twin, tested against it), and no framework adapter draws noise itself."""
+  drawers = []
+  for path, tree in _sources(("tff_mf",)):
+    for name, call in _calls(tree):
+      if name in ("standard_normal", "normal", "Philox", "stateless_normal"):
+        drawers.append(path)
+  for path in drawers:
+    assert not path.startswith(os.path.join("tff_mf", "flower")), path
+  assert not os.path.exists(os.path.join(REPO, "tff_mf", "flower", "noise.py"))
+
+
+def test_no_shims_remain():
+  """A meta-path finder and 5 rename shims kept days-old paths alive; the rule now is that a
+  name never changes meaning and a new thing gets a new name (docs/architecture.md)."""
+  for path, tree in _sources(("tff_mf",)):
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Attribute) and node.attr == "meta_path":
+        raise AssertionError(f"{path}: a meta-path finder")
+
+
+def test_the_adapters_stay_thin():
+  """The Flower adapter was 842 lines before the issue; it now holds the issue-48 variants
+  too (Flower's names, client-side clipping, wrapped optimizers) at under 600. The pure-numpy
+  adapter is at most about 150 lines (the issue's bound)."""
+  assert _lines("tff_mf/flower/__init__.py", "tff_mf/flower/strategy.py") < 600
+  assert _lines("examples/numpy_federated.py") <= 150
