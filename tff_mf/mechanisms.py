@@ -205,21 +205,22 @@ def resolve(mechanism: registry.Mechanism, workload: workloads.WorkloadSpec,
   info: Dict[str, Any] = {}
   f = a_factorized = stream = encoder = report = sens = None
   n = workload.n
-  if mechanism.noise in ("dense_rows", "linear"):
+  kind = mechanism.noise_kind
+  if kind.factorized:
     f, a_factorized = _matrix_factorization(mechanism, workload, participation, cache_dir,
                                             params, progress, info)
-    if mechanism.noise == "linear":
+    if kind.streams:
       stream = strategies.stream(mechanism.strategy, f.extras, a_factorized)
     encoder = f.c
     report = f.sensitivity_report(participation)
     sens = float(report["value"])
-  elif mechanism.noise == "tff_tree":
+  elif kind.tff_tree:
     levels = tree.tree_levels(n)
     report = participation_lib.sensitivity_report(tree.tree_encoder(n), participation)
     sens = report["value"] / math.sqrt(levels)
     encoder = tree_encoder(n)
     info.update(tree_levels=levels, sensitivity_per_node=report["value"])
-  elif mechanism.noise == "tff_gaussian":
+  elif kind.identity:
     f = strategies.factorize(strategies.FactorizationSpec(workload=workload,
                                                           strategy="identity"))
     encoder = f.c

@@ -22,15 +22,56 @@ from tff_mf import participation
 
 PARTICIPATIONS = participation.KINDS  # every schema kind
 
-# Noise kinds: how the TF layer realizes a mechanism.
-#   dense_rows   row i of N·Z regenerated from the secret seed (tff_mf.tf.noise.DenseNoise)
-#   linear       a LinearStream recurrence with O(k·d) state (tff_mf.tf.noise.LinearNoise)
-#   tff_tree     TFF's DifferentiallyPrivateFactory.tree_aggregation
-#   tff_gaussian TFF's DifferentiallyPrivateFactory with gaussian_fixed's query, seeded
-#   none         no noise (non-private)
-#   clipped      no noise; each client's update clipped to the clip norm before the mean
-#                (non-private: the ceiling of a DP run with the same clipping)
-NOISE_KINDS = ("dense_rows", "linear", "tff_tree", "tff_gaussian", "none", "clipped")
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseKind:
+  """How a mechanism's noise is realized: one instance per kind (``NOISE_KIND_CLASSES``),
+  whose attributes every layer reads instead of comparing the kind's name.
+
+  Attributes:
+    name: the kind's name (JSON records and ``Mechanism.noise``).
+    meaning: in words.
+    factorized: the noise is C⁻¹·Z of a factorization A = B·C (the encoder is C).
+    streams: realized by a ``LinearStream`` recurrence with O(k·d) state.
+    stream_choices: the noise streams it may run (``tff_mf.spec.NOISE_STREAMS``), its own
+      first; () for a kind with no choice.
+    tff_tree: TFF's own ``DifferentiallyPrivateFactory.tree_aggregation`` (its matrix form is
+      ``honaker_online``; refused outside TFF and with adaptive clipping).
+    identity: C = I, independent noise (TFF's ``gaussian_fixed`` query, seeded).
+    noised: it adds noise (False for ``none`` and ``clipped``).
+    clips: each update is clipped (False only for ``none``).
+    auditable: the black-box audit can rerun it with fresh seeds (``tff_mf.audit``).
+  """
+  name: str
+  meaning: str
+  factorized: bool = False
+  streams: bool = False
+  stream_choices: Tuple[str, ...] = ()
+  tff_tree: bool = False
+  identity: bool = False
+  noised: bool = True
+  clips: bool = True
+  auditable: bool = False
+
+
+DENSE_ROWS = NoiseKind("dense_rows", "row i of N·Z regenerated from the secret seed "
+                       "(tff_mf.tf.noise.DenseNoise)", factorized=True,
+                       stream_choices=("stateless",), auditable=True)
+LINEAR = NoiseKind("linear", "a LinearStream recurrence with O(k·d) state "
+                   "(tff_mf.tf.noise.LinearNoise)", factorized=True, streams=True,
+                   stream_choices=("stateful", "stateless"), auditable=True)
+TFF_TREE = NoiseKind("tff_tree", "TFF's DifferentiallyPrivateFactory.tree_aggregation",
+                     tff_tree=True)
+TFF_GAUSSIAN = NoiseKind("tff_gaussian", "TFF's DifferentiallyPrivateFactory with "
+                         "gaussian_fixed's query, seeded", identity=True, auditable=True)
+NO_NOISE = NoiseKind("none", "no noise (non-private)", noised=False, clips=False)
+CLIPPED = NoiseKind("clipped", "no noise; each client's update clipped to the clip norm before "
+                    "the mean (non-private: the ceiling of a DP run with the same clipping)",
+                    noised=False)
+NOISE_KIND_CLASSES = {k.name: k for k in (DENSE_ROWS, LINEAR, TFF_TREE, TFF_GAUSSIAN, NO_NOISE,
+                                          CLIPPED)}
+NOISE_KINDS = tuple(NOISE_KIND_CLASSES)
 # Former spellings of noise kinds (one name, one meaning: "dense" is the optimal family):
 # refused in a Mechanism, naming the new spelling.
 RENAMED_NOISE_KINDS = {"dense": "dense_rows"}
@@ -134,6 +175,11 @@ class Mechanism:
     if self.noise not in NOISE_KINDS:
       raise RegistryError(f"mechanism {self.name!r}: noise must be one of "
                           f"{', '.join(NOISE_KINDS)}, got {self.noise!r}")
+
+  @property
+  def noise_kind(self) -> NoiseKind:
+    """The ``NoiseKind`` named by ``noise``."""
+    return NOISE_KIND_CLASSES[self.noise]
 
   @property
   def post_processes_prefix_decoder(self) -> bool:

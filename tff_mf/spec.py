@@ -262,7 +262,7 @@ class MechanismSpec:
       raise checks.CheckError("adaptive clipping with the discrete Gaussian is not supported "
                               "(its count queries are continuous Gaussians): give a clip_norm",
                               arguments=("clip_norm", "noise_distribution"))
-    if m.noise == "tff_tree":
+    if m.noise_kind.tff_tree:
       raise checks.CheckError(
           "adaptive clipping with TFF's tree: use mechanism 'honaker_online' (the same tree "
           "and estimator as a matrix mechanism, which takes clip_norm='adaptive')")
@@ -415,11 +415,10 @@ def resolve_noise_stream(mechanism: registry.Mechanism, value: str) -> str:
   if value not in NOISE_STREAMS:
     raise checks.CheckError(f"noise_stream must be one of {', '.join(NOISE_STREAMS)}, got "
                             f"{value!r}")
-  own = {"linear": "stateful", "dense_rows": "stateless"}.get(mechanism.noise, "auto")
+  allowed = mechanism.noise_kind.stream_choices
+  own = allowed[0] if allowed else "auto"
   if value in ("auto", own):
     return own
-  allowed = {"linear": ("stateful", "stateless"),
-             "dense_rows": ("stateless",)}.get(mechanism.noise, ())
   if value not in allowed:
     raise checks.CheckError(f"noise_stream={value!r} does not apply to mechanism "
                             f"{mechanism.name!r} (its noise is {mechanism.noise}"

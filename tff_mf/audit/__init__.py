@@ -60,6 +60,7 @@ import scipy.special
 import scipy.stats
 
 from tff_mf import checks
+from tff_mf import registry
 
 # Enumerated (pattern, sign vector) pairs at most, in ``worst_canary``.
 ENUMERATION_LIMIT = 2_000_000
@@ -91,7 +92,7 @@ POWER_GRID = 48
 
 # Noise kinds whose seed is drawn at every ``initialize`` (fresh seeds per run); TFF's tree
 # fixes its seed when it is built.
-AUDITABLE_NOISE = ("dense_rows", "linear", "tff_gaussian")
+AUDITABLE_NOISE = tuple(k.name for k in registry.NOISE_KIND_CLASSES.values() if k.auditable)
 
 # Faults ``tff_mf.tf.audit.plant_fault`` plants in a copy of a mechanism (the audit's own
 # check of its power); the last three sit away from the reported worst canary.
@@ -102,11 +103,10 @@ FAULTS = ("under_reported_sensitivity", "noise_divided", "repeated_noise_row",
 
 def check_auditable(mechanism: str) -> str:
   """The canonical name of a mechanism the audit can run, or a one-line CheckError."""
-  from tff_mf import registry  # pylint: disable=g-import-not-at-top
   m = registry.mechanism(mechanism)
   if not m.private:
     raise checks.CheckError(f"mechanism {m.name!r} adds no noise: nothing to audit")
-  if not m.trainable or m.noise not in AUDITABLE_NOISE:
+  if not m.trainable or not m.noise_kind.auditable:
     raise checks.CheckError(f"mechanism {m.name!r} cannot be audited: its noise seed is fixed "
                             f"when it is built or it cannot be trained (audit the "
                             f"{', '.join(AUDITABLE_NOISE)} noise kinds)")

@@ -32,6 +32,7 @@ import tensorflow_privacy as tfp
 from tff_mf import checks
 from tff_mf import factorization as fz
 from tff_mf import mechanisms
+from tff_mf import registry
 from tff_mf import spec as spec_lib
 from tff_mf.factorization import workloads
 from tff_mf.factorization.families import tree
@@ -195,7 +196,7 @@ def build_mechanism(spec: spec_lib.MechanismSpec, *, server_learning_rate: float
   info["server_learning_rate"] = server_learning_rate
   wiring = _Wiring(spec, record, noise_seed)
   builder = (_build_discrete if spec.privacy is not None and spec.privacy.discrete
-             else _BUILDERS[spec.mechanism.noise])
+             else _BUILDERS[spec.mechanism.noise_kind])
   factory, noise = builder(wiring, resolved, info)
   f = resolved.factorization
   if f is not None:
@@ -204,7 +205,8 @@ def build_mechanism(spec: spec_lib.MechanismSpec, *, server_learning_rate: float
   return MechanismSetup(
       aggregation_factory=DPAggregatorFactory(
           factory, spec.mechanism.name, plain_clip_norm=spec.clipping.clip_norm
-          if spec.mechanism.noise == "clipped" else None),
+          if not spec.mechanism.noise_kind.noised and spec.mechanism.noise_kind.clips
+          else None),
       server_optimizer=server_optimizer, factorization=f, noise=noise,
       single_participation_sqrt_loss=None if f is None else f.single_participation_sqrt_loss,
       info=info, mechanism=resolved, privacy=record)
@@ -409,6 +411,8 @@ def _build_clipped(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str, 
       cfg.clip_norm, tff.aggregators.UnweightedMeanFactory())), None
 
 
-_BUILDERS = {"dense_rows": _build_dense, "linear": _build_linear, "tff_tree": _build_tff_tree,
-             "tff_gaussian": _build_tff_gaussian, "none": _build_none,
-             "clipped": _build_clipped}
+# The TF objects of each noise kind (``tff_mf.registry.NoiseKind``).
+_BUILDERS = {registry.DENSE_ROWS: _build_dense, registry.LINEAR: _build_linear,
+             registry.TFF_TREE: _build_tff_tree, registry.TFF_GAUSSIAN: _build_tff_gaussian,
+             registry.NO_NOISE: _build_none, registry.CLIPPED: _build_clipped}
+assert set(_BUILDERS) == set(registry.NOISE_KIND_CLASSES.values()), "a builder per noise kind"

@@ -74,7 +74,8 @@ def released_model(packed: aggregators.MechanismSetup) -> Released:
   """Σ and the shift's scale from a packed setup's matrices and info (never accounting)."""
   info = packed.info
   f = packed.factorization
-  if info.get("noise_kind") not in AUDITABLE_NOISE or f is None:
+  kind = packed.mechanism.mechanism.noise_kind if packed.mechanism is not None else None
+  if kind is None or not kind.auditable or f is None:
     raise checks.CheckError(f"mechanism {info.get('mechanism')!r} cannot be audited: its noise "
                             f"seed is fixed when it is built (audit {', '.join(AUDITABLE_NOISE)} "
                             "noise kinds)")
