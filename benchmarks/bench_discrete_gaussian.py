@@ -102,6 +102,7 @@ def measure_tf(d, rounds):
   """Seconds per round of the TF queries, continuous and discrete; the TF sampler's variance."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tff_mf import spec as spec_lib  # pylint: disable=g-import-not-at-top
   from tff_mf.noise import discrete_gaussian as dg  # pylint: disable=g-import-not-at-top
   from tff_mf.tf import aggregators  # pylint: disable=g-import-not-at-top
   from tff_mf.tf import noise as noise_lib  # pylint: disable=g-import-not-at-top

@@ -67,9 +67,15 @@ def stored(cell: dict) -> str:
                  if o.get("output_type") == "stream" and o.get("name") == "stdout")
 
 
+def _shape(text: str) -> str:
+  """The text with its numbers masked and its white space dropped (numpy pads a printed
+  array's columns to the widest number, so the spacing moves with the values)."""
+  return "".join(NUMBER.sub("#", text).split())
+
+
 def mismatch(old: str, new: str, compare_numbers: bool) -> Optional[str]:
   """Why ``old`` (stored) does not match ``new`` (fresh), or None when it does."""
-  if NUMBER.sub("#", old) != NUMBER.sub("#", new):
+  if _shape(old) != _shape(new):
     return "its text differs"
   if not compare_numbers:
     return None

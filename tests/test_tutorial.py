@@ -84,6 +84,9 @@ def test_check_refuses_stale_outputs_and_ignores_only_tagged_cells_numbers():
   assert run_notebook.mismatch("MSE 0.0510\n", "MSE 0.9000\n", False) is None
   assert run_notebook.mismatch("MSE 0.0510\n", "loss 0.0510\n", False) == "its text differs"
   assert run_notebook.mismatch("a\n", "a\nb\n", False) == "its text differs"
+  # A printed array pads its columns to the widest number: spacing is not text.
+  assert run_notebook.mismatch("w [ 0.974 -1.921  0.539]\n", "w [-0.974 -1.921 10.539]\n",
+                               False) is None
   varying = [c for c in _notebook()["cells"]
              if run_notebook.VARY_TAG in c.get("metadata", {}).get("tags", [])]
   # Only the training cell draws noise from OS entropy.
