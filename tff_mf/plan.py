@@ -22,9 +22,10 @@ turns the same record and noise into a DPQuery.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -54,14 +55,20 @@ class Plan:
 
   Attributes:
     spec: the checked spec. resolved, record: ``tff_mf.mechanisms.build``'s.
-    epsilons: ε after rounds 1..n (upper bounds at δ), None without δ.
     learning_rates: η_1..η_n of the workload's schedule.
+    epsilons: ε after rounds 1..n (upper bounds at δ), None without δ or noise; computed on
+      first use.
   """
   spec: spec_lib.MechanismSpec
   resolved: mechanisms.Resolved
   record: mechanisms.PrivacyRecord
-  epsilons: Optional[Tuple[float, ...]]
   learning_rates: np.ndarray
+
+  @functools.cached_property
+  def epsilons(self) -> Optional[Tuple[float, ...]]:
+    if not self.record.private or self.record.epsilon is None:
+      return None
+    return tuple(self.record.epsilon_by_round())
 
   @property
   def n(self) -> int:
@@ -95,6 +102,9 @@ class Plan:
     release (the TF query's, or ``tff_mf.noise.discrete_gaussian.IntegerRelease``) and an
     unnoised count of unclipped updates unless ``allow_no_noise``."""
     name, privacy, adaptive = self.spec.mechanism.name, self.spec.privacy, self.spec.adaptive
+    if not self.spec.mechanism.private:
+      raise checks.CheckError(f"mechanism {name!r} adds no noise; a numpy server runs private "
+                              "mechanisms")
     if self.resolved.factorization is None:
       raise checks.CheckError(f"mechanism {name!r} is TFF's own tree aggregation; outside TFF "
                               "use 'honaker_online' (the same tree as a matrix mechanism)")
@@ -145,19 +155,20 @@ class Plan:
 
 
 def build(spec: spec_lib.MechanismSpec, *, cache_dir: Optional[str] = None,
-          noise_seed_pinned: bool = False) -> Plan:
-  """The plan of a private spec (one line naming what is wrong otherwise)."""
+          noise_seed_pinned: bool = False, progress: bool = False,
+          resolved: Optional[mechanisms.Resolved] = None,
+          mmcc_options: Optional[Dict[str, Any]] = None) -> Plan:
+  """The plan of a spec (one line naming what is wrong otherwise): ``mechanisms.build``'s
+  resolved mechanism and record (``resolved``: one already resolved for this spec), and the
+  workload's learning rates."""
   if not isinstance(spec, spec_lib.MechanismSpec):
     raise checks.CheckError(f"build takes a MechanismSpec, got {type(spec).__name__}")
-  if not spec.mechanism.private:
-    raise checks.CheckError(f"mechanism {spec.mechanism.name!r} adds no noise; a plan is for "
-                            "private mechanisms")
-  resolved, record = mechanisms.build(spec, cache_dir=cache_dir,
-                                      noise_seed_pinned=noise_seed_pinned)
-  epsilons = tuple(record.epsilon_by_round()) if record.epsilon is not None else None
+  resolved, record = mechanisms.build(spec, cache_dir=cache_dir, progress=progress,
+                                      resolved=resolved, noise_seed_pinned=noise_seed_pinned,
+                                      mmcc_options=mmcc_options)
   w = spec.workload
   etas = workloads.learning_rates(spec.n, w.lr_schedule, w.schedule_rounds)
-  return Plan(spec, resolved, record, epsilons, np.asarray(etas, np.float64))
+  return Plan(spec, resolved, record, np.asarray(etas, np.float64))
 
 
 def _load_state(path: str) -> Dict[str, np.ndarray]:

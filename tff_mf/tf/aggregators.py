@@ -32,9 +32,9 @@ import tensorflow_privacy as tfp
 from tff_mf import checks
 from tff_mf import factorization as fz
 from tff_mf import mechanisms
+from tff_mf import plan as plan_lib
 from tff_mf import registry
 from tff_mf import spec as spec_lib
-from tff_mf.factorization import workloads
 from tff_mf.factorization.families import tree
 from tff_mf.noise import keys
 from tff_mf.tf import clipping as tf_clipping
@@ -62,6 +62,8 @@ class MechanismSetup:
     mechanism: the numpy ``tff_mf.mechanisms.Resolved`` the TFF objects were built from
       (its encoder, sensitivity and stream).
     privacy: its ``tff_mf.mechanisms.PrivacyRecord`` (z, sens, z/sens, ε).
+    plan: the ``tff_mf.plan.Plan`` every framework consumes (record, ε after each round, the
+      workload's learning rates), which the TF objects were built from.
   """
   aggregation_factory: Any
   server_optimizer: Any
@@ -71,6 +73,7 @@ class MechanismSetup:
   info: Dict[str, Any]
   mechanism: Optional[mechanisms.Resolved] = None
   privacy: Optional[mechanisms.PrivacyRecord] = None
+  plan: Optional[plan_lib.Plan] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,35 +101,37 @@ class _Wiring:
 
 class DPAggregatorFactory(tff.aggregators.UnweightedAggregationFactory,
                           tff.aggregators.WeightedAggregationFactory):
-  """Builds the aggregation factory for the model's specs when TFF creates the aggregator.
+  """The TFF aggregation factory of a mechanism, built when TFF reveals the model's specs.
 
-  ``make_factory(record_specs)`` returns an unweighted factory (the query needs the
-  specs, which TFF only reveals in ``create``). Works as an unweighted factory and,
-  ignoring the client weights, as a weighted one.
+  ``make_query(record_specs)`` returns the mechanism's DPQuery (normalized by the clients per
+  round), which ``create`` wraps in ``tff.aggregators.DifferentiallyPrivateFactory``; None for
+  a mechanism without noise: the plain mean, each update first clipped to ``plain_clip_norm``
+  where it is set (``nonprivate_clipped``, TFF's ``clipping_factory``). Works as an
+  unweighted factory and, ignoring the client weights, as a weighted one.
   """
 
-  def __init__(self, make_factory: Callable[[Any], Any], name: str,
+  def __init__(self, make_query: Optional[Callable[[Any], Any]], name: str,
                plain_clip_norm: Optional[float] = None):
-    self._make_factory = make_factory
+    self._make_query = make_query
     self.name = name
-    # A non-private clipped mean (``nonprivate_clipped``): each update clipped to this norm
-    # (TFF's ``clipping_factory``), then the plain mean; None for every other mechanism.
     self.plain_clip_norm = plain_clip_norm
 
   def dp_query(self, record_specs):
-    """The DPQuery a process for values of ``record_specs`` aggregates with: the very query
-    ``create`` wires into ``tff.aggregators.DifferentiallyPrivateFactory`` (its clipping,
-    noise, adaptive clip and DpEvents), for running it outside TFF; None when the mechanism
-    is a plain mean (``none``)."""
-    factory = self._make_factory(record_specs)
-    if isinstance(factory, tff.aggregators.DifferentiallyPrivateFactory):
-      return factory._query  # pylint: disable=protected-access
-    if isinstance(factory, tff.aggregators.UnweightedMeanFactory) or self.plain_clip_norm:
-      return None
-    raise TypeError(f"{self.name}: no DPQuery in a {type(factory).__name__}")
+    """The public seam of the query: the very DPQuery ``create`` wires into TFF (its clipping,
+    noise, adaptive clip and DpEvents), for running it outside TFF (the compiled engine);
+    None when the mechanism adds no noise."""
+    return None if self._make_query is None else self._make_query(record_specs)
+
+  def _factory(self, record_specs):
+    if self._make_query is not None:
+      return tff.aggregators.DifferentiallyPrivateFactory(self._make_query(record_specs))
+    if self.plain_clip_norm:
+      return tff.aggregators.clipping_factory(self.plain_clip_norm,
+                                              tff.aggregators.UnweightedMeanFactory())
+    return tff.aggregators.UnweightedMeanFactory()
 
   def create(self, value_type, weight_type=None):
-    unweighted = self._make_factory(tff.types.type_to_tf_tensor_specs(value_type))
+    unweighted = self._factory(tff.types.type_to_tf_tensor_specs(value_type))
     if weight_type is None:
       return unweighted.create(value_type)
     return tff.aggregators.as_weighted_aggregator(unweighted).create(value_type, weight_type)
@@ -185,31 +190,30 @@ def build_mechanism(spec: spec_lib.MechanismSpec, *, server_learning_rate: float
   server_learning_rate = checks.positive_float(server_learning_rate, "server_learning_rate")
   noise_seed = None if noise_seed is None else keys.pinned(noise_seed, "noise_seed")
   pinned = noise_seed is not None
-  resolved, record = mechanisms.build(spec, cache_dir=cache_dir, progress=bool(progress),
-                                      resolved=resolved, noise_seed_pinned=pinned,
-                                      mmcc_options=MMCC_OPTIONS)
+  plan = plan_lib.build(spec, cache_dir=cache_dir, progress=bool(progress), resolved=resolved,
+                        noise_seed_pinned=pinned, mmcc_options=MMCC_OPTIONS)
+  resolved, record = plan.resolved, plan.record
   runtime.install_exit_hook()  # the aggregator runs on TFF's server, which TFF leaves running
-  w = spec.workload
-  etas = workloads.learning_rates(spec.n, w.lr_schedule, w.schedule_rounds)
-  server_optimizer = build_server_optimizer(server_learning_rate, w.momentum, etas)
+  server_optimizer = build_server_optimizer(server_learning_rate, plan.momentum,
+                                            plan.learning_rates)
   info = mechanisms.describe(spec, resolved, record, noise_seed_pinned=pinned)
   info["server_learning_rate"] = server_learning_rate
   wiring = _Wiring(spec, record, noise_seed)
   builder = (_build_discrete if spec.privacy is not None and spec.privacy.discrete
              else _BUILDERS[spec.mechanism.noise_kind])
-  factory, noise = builder(wiring, resolved, info)
+  make_query, noise = builder(wiring, resolved, info)
   f = resolved.factorization
   if f is not None:
     info.update(strategy=f.strategy,
                 single_participation_sqrt_loss=f.single_participation_sqrt_loss)
   return MechanismSetup(
       aggregation_factory=DPAggregatorFactory(
-          factory, spec.mechanism.name, plain_clip_norm=spec.clipping.clip_norm
+          make_query, spec.mechanism.name, plain_clip_norm=spec.clipping.clip_norm
           if not spec.mechanism.noise_kind.noised and spec.mechanism.noise_kind.clips
           else None),
       server_optimizer=server_optimizer, factorization=f, noise=noise,
       single_participation_sqrt_loss=None if f is None else f.single_participation_sqrt_loss,
-      info=info, mechanism=resolved, privacy=record)
+      info=info, mechanism=resolved, privacy=record, plan=plan)
 
 
 # MMCC in this process only: no forked workers inside a process that runs TensorFlow and
@@ -237,8 +241,8 @@ def _spec_only(spec, caller: str) -> spec_lib.MechanismSpec:
   return spec
 
 
-def _make_query_factory(cfg: _Wiring, noise: noise_lib.StreamingNoise):
-  def make_factory(specs):
+def _make_query(cfg: _Wiring, noise: noise_lib.StreamingNoise):
+  def make_query(specs):
     if cfg.adaptive is not None:
       q = query_lib.AdaptiveClipMatrixFactorizationQuery(
           noise, adaptive=cfg.adaptive, noise_multiplier=cfg.noise_multiplier,
@@ -249,9 +253,8 @@ def _make_query_factory(cfg: _Wiring, noise: noise_lib.StreamingNoise):
       q = query_lib.MatrixFactorizationQuery(
           noise, l2_norm_clip=cfg.clip_norm, noise_multiplier=cfg.noise_multiplier,
           record_specs=specs, noise_seed=cfg.noise_seed, allow_no_noise=cfg.allow_no_noise)
-    return tff.aggregators.DifferentiallyPrivateFactory(
-        tfp.NormalizedQuery(q, denominator=cfg.clients_per_round))
-  return make_factory
+    return tfp.NormalizedQuery(q, denominator=cfg.clients_per_round)
+  return make_query
 
 
 def _record_noise(info: Dict[str, Any], noise) -> None:
@@ -263,7 +266,7 @@ def _build_dense(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str, An
   noise = noise_lib.DenseNoise(f.c, f.noise_matrix() if f.m != f.n else None, cfg.participation,
                                sensitivity_report=resolved.sensitivity_report)
   _record_noise(info, noise)
-  return _make_query_factory(cfg, noise), noise
+  return _make_query(cfg, noise), noise
 
 
 def _build_linear(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str, Any]):
@@ -277,7 +280,7 @@ def _build_linear(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str, A
     noise = noise_lib.LinearNoise(resolved.stream, resolved.factorization.c, cfg.participation,
                                   sensitivity_report=resolved.sensitivity_report)
   _record_noise(info, noise)
-  return _make_query_factory(cfg, noise), noise
+  return _make_query(cfg, noise), noise
 
 
 def _build_discrete(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str, Any]):
@@ -306,14 +309,13 @@ def _build_discrete(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str,
       bands - 1), tff_dp_events="UnsupportedDpEvent: the run's epsilon is the record's (zCDP)",
               noise_seed_source="pinned" if cfg.noise_seed is not None else "os_entropy")
 
-  def make_factory(specs):
+  def make_query(specs):
     q = query_lib.DiscreteGaussianQuery(
         noise, plan_for=plan_for, l2_norm_clip=cfg.clip_norm,
         noise_multiplier=cfg.noise_multiplier, record_specs=specs, noise_seed=cfg.noise_seed)
-    return tff.aggregators.DifferentiallyPrivateFactory(
-        tfp.NormalizedQuery(q, denominator=cfg.clients_per_round))
+    return tfp.NormalizedQuery(q, denominator=cfg.clients_per_round)
 
-  return make_factory, noise
+  return make_query, noise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -346,17 +348,17 @@ def _build_tff_tree(cfg: _Wiring, resolved: mechanisms.Resolved,
               noise_seed_source="pinned" if cfg.noise_seed is not None else "os_entropy",
               noise_multiplier_per_node=params.noise_multiplier_per_node)
 
-  def make_factory(specs):
-    # TFF's ``DifferentiallyPrivateFactory.tree_aggregation``, its query's clipping the rule's
-    # (``tff_mf.tf.clipping``: TF's own ops where the float32 norm is finite, no NaN past it).
+  def make_query(specs):
+    # The query of TFF's ``DifferentiallyPrivateFactory.tree_aggregation``; its clipping is
+    # the rule's (``tff_mf.tf.clipping``: TF's own ops where the float32 norm is finite, no NaN
+    # past it).
     sum_query = tfp.TreeResidualSumQuery.build_l2_gaussian_query(
         cfg.clip_norm, params.noise_multiplier_per_node, specs, noise_seed=params.noise_seed,
         use_efficient=True)
     sum_query._clip_fn = lambda flat, clip: tf_clipping.clip_by_global_norm(flat, clip)[0]  # pylint: disable=protected-access
-    return tff.aggregators.DifferentiallyPrivateFactory(
-        tfp.NormalizedQuery(sum_query, denominator=float(cfg.clients_per_round)))
+    return tfp.NormalizedQuery(sum_query, denominator=float(cfg.clients_per_round))
 
-  return make_factory, None
+  return make_query, None
 
 
 def _build_tff_gaussian(cfg: _Wiring, resolved: mechanisms.Resolved,
@@ -368,14 +370,14 @@ def _build_tff_gaussian(cfg: _Wiring, resolved: mechanisms.Resolved,
   # pinned seed, else one from OS entropy at every initialize().
   seed = cfg.noise_seed
 
-  def make_factory(specs):
+  def make_query(specs):
     if cfg.adaptive is not None:
       return _seeded_gaussian_adaptive(cfg, resolved, specs, seed)
-    return tff.aggregators.DifferentiallyPrivateFactory(tfp.NormalizedQuery(
+    return tfp.NormalizedQuery(
         query_lib.SeededGaussianSumQuery(cfg.clip_norm, cfg.clip_norm * cfg.noise_multiplier,
-                                         seed), denominator=cfg.clients_per_round))
+                                         seed), denominator=cfg.clients_per_round)
 
-  return make_factory, None
+  return make_query, None
 
 
 def _seeded_gaussian_adaptive(cfg: _Wiring, resolved: mechanisms.Resolved, specs,
@@ -393,13 +395,12 @@ def _seeded_gaussian_adaptive(cfg: _Wiring, resolved: mechanisms.Resolved, specs
       clients_per_round=cfg.clients_per_round,
       participations=cfg.participation.max_participations_in(cfg.n), record_specs=specs,
       noise_seed=seed, allow_no_noise=cfg.allow_no_noise)
-  return tff.aggregators.DifferentiallyPrivateFactory(
-      tfp.NormalizedQuery(q, denominator=cfg.clients_per_round))
+  return tfp.NormalizedQuery(q, denominator=cfg.clients_per_round)
 
 
 def _build_none(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str, Any]):
   del cfg, resolved, info
-  return (lambda specs: tff.aggregators.UnweightedMeanFactory()), None
+  return None, None
 
 
 def _build_clipped(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str, Any]):
@@ -407,8 +408,7 @@ def _build_clipped(cfg: _Wiring, resolved: mechanisms.Resolved, info: Dict[str, 
   the plain mean: no noise, not private."""
   del resolved
   info["clip_norm"] = cfg.clip_norm
-  return (lambda specs: tff.aggregators.clipping_factory(
-      cfg.clip_norm, tff.aggregators.UnweightedMeanFactory())), None
+  return None, None
 
 
 # The TF objects of each noise kind (``tff_mf.registry.NoiseKind``).
