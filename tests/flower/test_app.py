@@ -1,0 +1,109 @@
+"""The Flower App (examples/flower_app) under `flwr run`, as its README runs it: built by
+`make flower-wheelhouse`, in a clean shell (PATH/HOME/LANG, an empty HOME) with no registry
+(uv offline, from dist/wheelhouse), on a local simulation federation of 16 SuperNodes.
+
+One run of 3 rounds writes its state; a second run resumes from it and continues the round
+count until ``max-epsilon`` stops it before the release that would pass it, keeping the last
+released model. ε is in the log after every round. The SuperLink that the first `flwr run`
+starts in the background is stopped at the end (found by its port, which is this test's own)."""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import userenv
+from tff_mf import plan as plan_lib
+
+APP = "examples/flower_app"
+EPSILON_LINE = re.compile(r"Privacy spent: epsilon=([\d.]+) at delta=1e-05 after (\d+) of 8 rounds")
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _superlinks(port: int):
+  """Ids of the flower-superlink processes serving ``port`` (this test's own port)."""
+  found = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        args = f.read().decode(errors="replace").split("\0")
+    except OSError:
+      continue
+    if any(a.endswith("flower-superlink") for a in args) and str(port) in args:
+      found.append(int(pid))
+  return found
+
+
+@pytest.fixture(scope="module")
+def flwr_env(tmp_path_factory):
+  """The clean-shell environment of `flwr run` (its SuperLink stopped afterwards)."""
+  build = subprocess.run(["make", "flower-wheelhouse"], cwd=userenv.REPO, env=userenv.env(),
+                         capture_output=True, text=True, timeout=600)
+  assert build.returncode == 0, build.stderr[-2000:]
+  home = tmp_path_factory.mktemp("home")
+  port = _free_port()
+  env = userenv.env(
+      home=home, PATH=f"{os.path.dirname(sys.executable)}:{userenv.PATH}",
+      UV_OFFLINE="1", UV_NO_INDEX="1",
+      UV_FIND_LINKS=os.path.join(userenv.REPO, "dist", "wheelhouse"),
+      FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(port),
+      FLWR_LOCAL_CONTROL_API_PORT=str(_free_port()))
+  yield env
+  for pid in _superlinks(port):
+    os.kill(pid, signal.SIGTERM)
+  deadline = time.monotonic() + 30
+  while _superlinks(port) and time.monotonic() < deadline:
+    time.sleep(0.5)
+
+
+def flwr_run(env, run_config: str) -> str:
+  res = subprocess.run(
+      ["flwr", "run", APP, "--stream", "--federation-config", "num-supernodes=16",
+       "--run-config", run_config],
+      cwd=userenv.REPO, env=env, capture_output=True, text=True, timeout=300)
+  out = res.stdout + res.stderr
+  assert res.returncode == 0, out[-3000:]
+  assert "Traceback" not in out, out[-3000:]
+  return out
+
+
+def test_app_logs_epsilon_stops_at_max_epsilon_and_resumes(flwr_env, tmp_path):
+  state, model = tmp_path / "state.npz", tmp_path / "model.npz"
+  first = flwr_run(flwr_env, f"num-server-rounds=3 state-path='{state}' model-path='{model}'")
+  # The run imports the tff-mf that uv installed from the wheel, not the checkout.
+  origin = re.search(r"tff-mf 0\.1\.0 from (\S+)", first)
+  assert origin and "/runtime-envs/" in origin.group(1), first[-3000:]
+  eps = [(int(r), float(e)) for e, r in EPSILON_LINE.findall(first)]
+  assert [r for r, _ in eps] == [1, 2, 3], first[-3000:]
+  assert all(b > a > 0 for (_, a), (_, b) in zip(eps, eps[1:]))
+  assert "Final model after 3 of 8 rounds" in first
+  saved = np.load(model)
+  assert int(saved["rounds_done"]) == 3
+  np.testing.assert_array_equal(saved["w"], plan_lib.saved_model(str(state))["0"])
+
+  # Resumed: rounds 4, 5, ... until the release that would pass max-epsilon.
+  second = flwr_run(flwr_env, f"num-server-rounds=5 state-path='{state}' model-path='{model}' "
+                              "max-epsilon=5.0")
+  more = [(int(r), float(e)) for e, r in EPSILON_LINE.findall(second)]
+  assert more and [r for r, _ in more] == list(range(4, 4 + len(more))), second[-3000:]
+  assert all(e <= 5.0 for _, e in more) and more[0][1] > eps[-1][1]
+  done = more[-1][0]
+  assert done < 8, "max-epsilon=5 should stop the run before round 8"
+  assert re.search(rf"Stopped by max_epsilon after {done} rounds: The next private release "
+                   r"would exceed max_epsilon", second), second[-3000:]
+  # The last released model is kept: the one the state file holds after round `done`.
+  saved = np.load(model)
+  assert int(saved["rounds_done"]) == done
+  np.testing.assert_array_equal(saved["w"], plan_lib.saved_model(str(state))["0"])
+  assert f"Final model after {done} of 8 rounds" in second
