@@ -1,5 +1,5 @@
 """The Flower App (examples/flower_app) under `flwr run`, as its README runs it: built by
-`make flower-wheelhouse`, in a clean shell (PATH/HOME/LANG, an empty HOME) with no registry
+`make flower-app` and `make flower-wheelhouse`, in a clean shell (PATH/HOME/LANG, an empty HOME) with no registry
 (uv offline, from dist/wheelhouse), on a local simulation federation of 16 SuperNodes.
 
 One run of 3 rounds writes its state; a second run resumes from it and continues the round
@@ -12,7 +12,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -48,13 +47,15 @@ def _superlinks(port: int):
 @pytest.fixture(scope="module")
 def flwr_env(tmp_path_factory):
   """The clean-shell environment of `flwr run` (its SuperLink stopped afterwards)."""
-  build = subprocess.run(["make", "flower-wheelhouse"], cwd=userenv.REPO, env=userenv.env(),
-                         capture_output=True, text=True, timeout=600)
-  assert build.returncode == 0, build.stderr[-2000:]
+  for target in ("flower-app", "flower-wheelhouse"):
+    build = subprocess.run(["make", target], cwd=userenv.REPO, env=userenv.env(),
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-2000:]
   home = tmp_path_factory.mktemp("home")
   port = _free_port()
-  env = userenv.env(
-      home=home, PATH=f"{os.path.dirname(sys.executable)}:{userenv.PATH}",
+  venv = os.path.join(userenv.REPO, ".venv-flower")
+  env = userenv.env(  # as after `source .venv-flower/bin/activate`
+      home=home, PATH=f"{venv}/bin:{userenv.PATH}", VIRTUAL_ENV=venv,
       UV_OFFLINE="1", UV_NO_INDEX="1",
       UV_FIND_LINKS=os.path.join(userenv.REPO, "dist", "wheelhouse"),
       FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(port),
