@@ -12,6 +12,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -47,8 +48,12 @@ def _superlinks(port: int):
 @pytest.fixture(scope="module")
 def flwr_env(tmp_path_factory):
   """The clean-shell environment of `flwr run` (its SuperLink stopped afterwards)."""
+  # FLOWER_PYTHON: the interpreter this .venv-flower was made with, so that `make` keeps it
+  # (in an empty HOME, bootstrap_flower.sh would not find a pyenv Python and start anew).
+  base = os.path.join(sys.base_prefix, "bin", "python%d.%d" % sys.version_info[:2])
   for target in ("flower-app", "flower-wheelhouse"):
-    build = subprocess.run(["make", target], cwd=userenv.REPO, env=userenv.env(),
+    build = subprocess.run(["make", target], cwd=userenv.REPO,
+                           env=userenv.env(FLOWER_PYTHON=base),
                            capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-2000:]
   home = tmp_path_factory.mktemp("home")
