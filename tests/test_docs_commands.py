@@ -84,7 +84,7 @@ COVERED_ELSEWHERE: Dict[str, Tuple[str, ...]] = {
     "make test-flower": (
         "tests/test_docs_commands.py::test_make_targets_run_the_documented_commands",),
     ".venv-flower/bin/python examples/flower_mf.py": (
-        "tests/flower/test_example.py::test_flower_example_runs_at_the_same_epsilon",),
+        "tests/flower/test_example.py::test_flower_example_compares_three_runs_over_seeds_and_concludes_from_them",),
     # The Flower App: built and run with `flwr run` by its test in .venv-flower (from a clean
     # shell, offline: uv takes the lock's wheels from dist/wheelhouse, as the App's README says).
     "make venv-flower": (
