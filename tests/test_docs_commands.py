@@ -90,15 +90,15 @@ COVERED_ELSEWHERE: Dict[str, Tuple[str, ...]] = {
     "make venv-flower": (
         "tests/test_docs_commands.py::test_make_targets_run_the_documented_commands",),
     "make flower-app": (
-        "tests/flower/test_app.py::test_app_logs_epsilon_stops_at_max_epsilon_and_resumes",
+        "tests/flower/test_app.py::test_app_logs_epsilon_stops_at_max_epsilon_resumes_and_refuses_cleanly",
         "tests/test_docs_commands.py::test_make_targets_run_the_documented_commands"),
     "make flower-wheelhouse": (
-        "tests/flower/test_app.py::test_app_logs_epsilon_stops_at_max_epsilon_and_resumes",
+        "tests/flower/test_app.py::test_app_logs_epsilon_stops_at_max_epsilon_resumes_and_refuses_cleanly",
         "tests/test_docs_commands.py::test_make_targets_run_the_documented_commands"),
     "source .venv-flower/bin/activate": (
-        "tests/flower/test_app.py::test_app_logs_epsilon_stops_at_max_epsilon_and_resumes",),
+        "tests/flower/test_app.py::test_app_logs_epsilon_stops_at_max_epsilon_resumes_and_refuses_cleanly",),
     'flwr run examples/flower_app --stream --federation-config "num-supernodes=16"': (
-        "tests/flower/test_app.py::test_app_logs_epsilon_stops_at_max_epsilon_and_resumes",),
+        "tests/flower/test_app.py::test_app_logs_epsilon_stops_at_max_epsilon_resumes_and_refuses_cleanly",),
     ".venv/bin/python examples/fed_avg_with_mf.py": (
         "tests/test_docs_commands.py::test_fed_avg_example_runs_and_meets_its_target_epsilon",),
     ".venv/bin/python examples/run_notebook.py examples/tutorial.ipynb": (

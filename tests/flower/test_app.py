@@ -4,9 +4,12 @@
 
 One run of 3 rounds writes its state; a second run resumes from it and continues the round
 count until ``max-epsilon`` stops it before the release that would pass it, keeping the last
-released model. ε is in the log after every round. The SuperLink that the first `flwr run`
+released model. ε is in the log after every round. Two more runs are refused before round 1
+(more rounds than are left; a state file others can read), each with one logged line
+(``tff_mf.flower.strategy.stops_cleanly``), not a traceback. The SuperLink that the first `flwr run`
 starts in the background is stopped at the end (found by its port, which is this test's own)."""
 
+import logging
 import os
 import re
 import signal
@@ -18,8 +21,12 @@ import time
 import numpy as np
 import pytest
 
+from flwr.serverapp.exception import PrivacyBudgetExhausted
+
 import userenv
+from tff_mf import checks
 from tff_mf import plan as plan_lib
+from tff_mf.flower import strategy as strategy_lib
 
 APP = "examples/flower_app"
 EPSILON_LINE = re.compile(r"Privacy spent: epsilon=([\d.]+) at delta=1e-05 after (\d+) of 8 rounds")
@@ -84,7 +91,7 @@ def flwr_run(env, run_config: str) -> str:
   return out
 
 
-def test_app_logs_epsilon_stops_at_max_epsilon_and_resumes(flwr_env, tmp_path):
+def test_app_logs_epsilon_stops_at_max_epsilon_resumes_and_refuses_cleanly(flwr_env, tmp_path):
   state, model = tmp_path / "state.npz", tmp_path / "model.npz"
   first = flwr_run(flwr_env, f"num-server-rounds=3 state-path='{state}' model-path='{model}'")
   # The run imports the tff-mf that uv installed from the wheel, not the checkout.
@@ -113,3 +120,44 @@ def test_app_logs_epsilon_stops_at_max_epsilon_and_resumes(flwr_env, tmp_path):
   assert int(saved["rounds_done"]) == done
   np.testing.assert_array_equal(saved["w"], plan_lib.saved_model(str(state))["0"])
   assert f"Final model after {done} of 8 rounds" in second
+
+  # Refusals end the run before its first round, with one logged line and no traceback:
+  # more rounds than the mechanism has left (8 − done), and a state file others can read.
+  left = 8 - done
+  refused = flwr_run(flwr_env, f"num-server-rounds={left + 1} state-path='{state}'")
+  assert re.search(rf"ServerApp stopped: num_rounds={left + 1} is more than the {left} rounds "
+                   "the mechanism has left", refused), refused[-3000:]
+  assert not EPSILON_LINE.search(refused) and "[ROUND 1" not in refused
+  os.chmod(state, 0o644)
+  refused = flwr_run(flwr_env, f"num-server-rounds=1 state-path='{state}'")
+  assert re.search(rf"ServerApp stopped: refusing to use {re.escape(str(state))}: it is "
+                   "readable by group or others", refused), refused[-3000:]
+  assert not EPSILON_LINE.search(refused) and "[ROUND 1" not in refused
+
+
+def test_stops_cleanly_logs_a_refusal_in_one_line_and_passes_other_errors():
+  records = []
+  handler = logging.Handler()
+  handler.emit = records.append
+  logger = logging.getLogger("flwr")
+  logger.addHandler(handler)
+  try:
+    @strategy_lib.stops_cleanly
+    def refused(grid, context):
+      del grid, context
+      raise checks.CheckError("num_rounds=9 is more than the 8 rounds the mechanism has left")
+
+    assert refused(None, None) is None
+    [record] = [r for r in records if r.levelno == logging.ERROR]
+    assert record.getMessage() == ("ServerApp stopped: num_rounds=9 is more than the 8 rounds "
+                                   "the mechanism has left") and record.exc_info is None
+
+    @strategy_lib.stops_cleanly
+    def exhausted(grid, context):
+      del grid, context
+      raise PrivacyBudgetExhausted("The next private release would exceed max_epsilon")
+
+    with pytest.raises(PrivacyBudgetExhausted):
+      exhausted(None, None)
+  finally:
+    logger.removeHandler(handler)

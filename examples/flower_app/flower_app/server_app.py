@@ -1,7 +1,8 @@
 """The ServerApp: FedAvg wrapped by tff-mf's MatrixFactorizationFixedClipping (BLT noise by
 default), with Flower's own PrivacyConfig: ε is logged after every round, ``max-epsilon``
 stops the run before the release that would pass it, and ``state-path`` resumes a stopped
-run from its last round."""
+run from its last round. A refusal of the wrapper (more rounds than ``total-rounds`` has left,
+a state file it cannot trust) ends the run with one logged line, before round 1."""
 
 import importlib.metadata
 import os
@@ -23,6 +24,7 @@ app = ServerApp()
 
 
 @app.main()
+@mf.stops_cleanly
 def main(grid: Grid, context: Context) -> None:
   """Runs ``num-server-rounds`` rounds; writes the last released model to ``model-path``."""
   cfg = context.run_config
