@@ -16,7 +16,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 
 import tff_mf
-from flower_app import task
+from . import task
 from tff_mf import participation
 from tff_mf.flower import strategy as mf
 
