@@ -42,6 +42,7 @@ import time
 import warnings
 
 import numpy as np
+import tqdm
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import (GaussianPrivacyEvent, Grid, NeighboringRelation, PrivacyConfig,
@@ -158,12 +159,14 @@ def strategies(rounds: int, population: int, node_ids, seed: int, z_flower: floa
   return {"BLT": tff_mf("blt"), "tff-mf independent": tff_mf("gaussian"), "Flower": flower}
 
 
-def run_all(rounds: int) -> dict:
-  """{method: [final held-out loss per seed]}, {method: (z, ε)}: every run in one simulation."""
+def run_all(rounds: int):
+  """({method: [final held-out loss per seed]}, {method: (z, ε)}): every run in one
+  simulation, with one progress bar over the runs on stderr."""
   population = PER_ROUND * rounds // EPOCHS
   z_flower = flower_noise_multiplier(rounds, population)
   losses, privacy = {}, {}
   server = ServerApp()
+  bar = tqdm.tqdm(total=3 * len(SEEDS), desc=f"runs of {rounds} rounds", unit="run")
 
   @server.main()
   def main(grid: Grid, context: Context) -> None:
@@ -181,11 +184,15 @@ def run_all(rounds: int) -> dict:
         z = (strategy.record.noise_multiplier if name != "Flower"
              else strategy.noise_multiplier)
         privacy[name] = (z, strategy.privacy_spent().epsilon)
-        print(f"seed {seed} {name:<18} loss {losses[name][-1]:.4f}", file=sys.stderr)
+        bar.update()
 
   run_simulation(server_app=server, client_app=client, num_supernodes=population,
                  backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                  "init_args": {"num_cpus": 1, "include_dashboard": False}})
+  bar.close()
+  if bar.n != bar.total:  # the engine logs a ServerApp's error and carries on
+    sys.exit(f"the simulation stopped after {bar.n} of {bar.total} runs (its log above says "
+             "why)")
   return losses, privacy
 
 
