@@ -84,21 +84,21 @@ COVERED_ELSEWHERE: Dict[str, Tuple[str, ...]] = {
     "make test-flower": (
         "tests/test_docs_commands.py::test_make_targets_run_the_documented_commands",),
     ".venv-flower/bin/python examples/flower_mf.py": (
-        "tests/flower/test_example.py::test_flower_example_compares_three_runs_over_seeds_and_concludes_from_them",),
+        "tests/flower/test_example.py::test_flower_example_concludes_from_its_seeds",),
     # The Flower App: built and run with `flwr run` by its test in .venv-flower (from a clean
     # shell, offline: uv takes the lock's wheels from dist/wheelhouse, as the App's README says).
     "make venv-flower": (
         "tests/test_docs_commands.py::test_make_targets_run_the_documented_commands",),
     "make flower-app": (
-        "tests/flower/test_app.py::test_app_logs_epsilon_stops_at_max_epsilon_resumes_and_refuses_cleanly",
+        "tests/flower/test_app.py::test_app_under_flwr_run",
         "tests/test_docs_commands.py::test_make_targets_run_the_documented_commands"),
     "make flower-wheelhouse": (
-        "tests/flower/test_app.py::test_app_logs_epsilon_stops_at_max_epsilon_resumes_and_refuses_cleanly",
+        "tests/flower/test_app.py::test_app_under_flwr_run",
         "tests/test_docs_commands.py::test_make_targets_run_the_documented_commands"),
     "source .venv-flower/bin/activate": (
-        "tests/flower/test_app.py::test_app_logs_epsilon_stops_at_max_epsilon_resumes_and_refuses_cleanly",),
+        "tests/flower/test_app.py::test_app_under_flwr_run",),
     'flwr run examples/flower_app --stream --federation-config "num-supernodes=16"': (
-        "tests/flower/test_app.py::test_app_logs_epsilon_stops_at_max_epsilon_resumes_and_refuses_cleanly",),
+        "tests/flower/test_app.py::test_app_under_flwr_run",),
     ".venv/bin/python examples/fed_avg_with_mf.py": (
         "tests/test_docs_commands.py::test_fed_avg_example_runs_and_meets_its_target_epsilon",),
     ".venv/bin/python examples/run_notebook.py examples/tutorial.ipynb": (
@@ -408,9 +408,10 @@ def test_make_targets_run_the_documented_commands():
                    r"-m pytest .*tests/flower$",
                    makefile, re.M)
   assert re.search(r"^venv-flower:\n\t@bash scripts/bootstrap_flower.sh$", makefile, re.M)
-  assert re.search(r"^flower-app: venv-flower\n\t@bash scripts/build_flower_app.sh$", makefile, re.M)
-  assert re.search(r"^flower-wheelhouse: venv-flower\n\t@bash scripts/build_flower_app.sh --wheelhouse$",
-                   makefile, re.M)
+  assert re.search(r"^flower-app: venv-flower\n\t@bash scripts/build_flower_app.sh$", makefile,
+                   re.M)
+  assert re.search(r"^flower-wheelhouse: venv-flower\n"
+                   r"\t@bash scripts/build_flower_app.sh --wheelhouse$", makefile, re.M)
 
 
 def test_code_blocks_are_tagged_and_text_blocks_sit_next_to_a_runnable_one():

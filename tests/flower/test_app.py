@@ -1,13 +1,15 @@
 """The Flower App (examples/flower_app) under `flwr run`, as its README runs it: built by
-`make flower-app` and `make flower-wheelhouse`, in a clean shell (PATH/HOME/LANG, an empty HOME) with no registry
-(uv offline, from dist/wheelhouse), on a local simulation federation of 16 SuperNodes.
+`make flower-app` and `make flower-wheelhouse` (which fills dist/wheelhouse from the registry
+once), then run in a clean shell (PATH/HOME/LANG, an empty HOME) with no registry (uv offline,
+from dist/wheelhouse), on a local simulation federation of 16 SuperNodes.
 
 One run of 3 rounds writes its state; a second run resumes from it and continues the round
 count until ``max-epsilon`` stops it before the release that would pass it, keeping the last
 released model. ε is in the log after every round. Two more runs are refused before round 1
 (more rounds than are left; a state file others can read), each with one logged line
-(``tff_mf.flower.strategy.stops_cleanly``), not a traceback. The SuperLink that the first `flwr run`
-starts in the background is stopped at the end (found by its port, which is this test's own)."""
+(``tff_mf.flower.strategy.stops_cleanly``), not a traceback. The SuperLink that the first
+`flwr run` starts in the background is stopped at the end (found by its port, this test's
+own)."""
 
 import logging
 import os
@@ -20,7 +22,6 @@ import time
 
 import numpy as np
 import pytest
-
 from flwr.serverapp.exception import PrivacyBudgetExhausted
 
 import userenv
@@ -91,7 +92,7 @@ def flwr_run(env, run_config: str) -> str:
   return out
 
 
-def test_app_logs_epsilon_stops_at_max_epsilon_resumes_and_refuses_cleanly(flwr_env, tmp_path):
+def test_app_under_flwr_run(flwr_env, tmp_path):
   state, model = tmp_path / "state.npz", tmp_path / "model.npz"
   first = flwr_run(flwr_env, f"num-server-rounds=3 state-path='{state}' model-path='{model}'")
   # The run imports the tff-mf that uv installed from the wheel, not the checkout.
