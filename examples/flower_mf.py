@@ -93,15 +93,21 @@ def train(msg: Message, context: Context) -> Message:
                              "metrics": MetricRecord({"num-examples": len(y)})}), reply_to=msg)
 
 
+def in_order(node_ids):
+  """Node ids in the order of their decimal strings, the order tff-mf's samplers keep client
+  ids in. Flower's simulation draws node ids at random: ranked so, a seed pins which data
+  partitions each strategy samples."""
+  return sorted(node_ids, key=str)
+
+
 class SortedGrid:
-  """The grid with its node ids in increasing order. Flower's simulation draws node ids at
-  random; in their order, a seed pins which clients each strategy samples."""
+  """The grid with its node ids ``in_order``."""
 
   def __init__(self, grid):
     self._grid = grid
 
   def get_node_ids(self):
-    return sorted(self._grid.get_node_ids())
+    return in_order(self._grid.get_node_ids())
 
   def __getattr__(self, name):
     return getattr(self._grid, name)
@@ -112,7 +118,7 @@ class PartitionedFedAvg(FedAvg):
 
   def __init__(self, node_ids, **kwargs):
     super().__init__(**kwargs)
-    self.rank = {node: i for i, node in enumerate(sorted(node_ids))}
+    self.rank = {node: i for i, node in enumerate(in_order(node_ids))}
 
   def configure_train(self, server_round, arrays, config, grid):
     messages = list(super().configure_train(server_round, arrays, config, grid))
