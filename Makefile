@@ -6,7 +6,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 3
 # Tests run with two workers (this project's machines have 2 cores).
 PYTEST_WORKERS ?= 2
 
-.PHONY: venv demo test test-slow bench clean-venv venv-flower test-flower venv-docs docs docs-check
+.PHONY: venv demo test test-slow bench clean-venv venv-flower test-flower flower-app flower-wheelhouse venv-docs docs docs-check
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -47,6 +47,15 @@ docs: venv-docs
 ## errors on the home page and an API page, screenshots under out/docs-check/.
 docs-check: docs
 	.venv-docs/bin/python scripts/docs_check.py --site site --output_dir out/docs-check
+
+## The Flower App (examples/flower_app): tff-mf's wheel in dist/, and the App's uv.toml pointing
+## uv (which `flwr run` installs the App's dependencies with) at it.
+flower-app: venv-flower
+	@bash scripts/build_flower_app.sh
+
+## The same, plus dist/wheelhouse/ (the Flower lock's wheels) for `flwr run` without a registry.
+flower-wheelhouse: venv-flower
+	@bash scripts/build_flower_app.sh --wheelhouse
 
 clean-venv:
 	rm -rf $(VENV)

@@ -94,7 +94,19 @@ COVERED_ELSEWHERE: Dict[str, Tuple[str, ...]] = {
         "tests/test_docs_commands.py::test_make_targets_run_the_documented_commands",
         "tests/test_docs_site.py::test_docs_check_loads_the_site_in_headless_chromium"),
     ".venv-flower/bin/python examples/flower_mf.py": (
-        "tests/flower/test_example.py::test_flower_example_runs_at_the_same_epsilon",),
+        "tests/flower/test_example.py::test_flower_example_concludes_from_its_seeds",),
+    # The Flower App: built and run with `flwr run` by its test in .venv-flower (from a clean
+    # shell, offline: uv takes the lock's wheels from dist/wheelhouse, as the App's README says).
+    "make flower-app": (
+        "tests/flower/test_app.py::test_app_under_flwr_run",
+        "tests/test_docs_commands.py::test_make_targets_run_the_documented_commands"),
+    "make flower-wheelhouse": (
+        "tests/flower/test_app.py::test_app_under_flwr_run",
+        "tests/test_docs_commands.py::test_make_targets_run_the_documented_commands"),
+    "source .venv-flower/bin/activate": (
+        "tests/flower/test_app.py::test_app_under_flwr_run",),
+    'flwr run examples/flower_app --stream --federation-config "num-supernodes=16"': (
+        "tests/flower/test_app.py::test_app_under_flwr_run",),
     ".venv/bin/python examples/fed_avg_with_mf.py": (
         "tests/test_docs_commands.py::test_fed_avg_example_runs_and_meets_its_target_epsilon",),
     ".venv/bin/python examples/run_notebook.py examples/tutorial.ipynb": (
@@ -412,6 +424,10 @@ def test_make_targets_run_the_documented_commands():
                    makefile, re.M)
   assert re.search(r"^docs-check: docs\n\t\.venv-docs/bin/python scripts/docs_check\.py ",
                    makefile, re.M)
+  assert re.search(r"^flower-app: venv-flower\n\t@bash scripts/build_flower_app.sh$", makefile,
+                   re.M)
+  assert re.search(r"^flower-wheelhouse: venv-flower\n"
+                   r"\t@bash scripts/build_flower_app.sh --wheelhouse$", makefile, re.M)
 
 
 def test_code_blocks_are_tagged_and_text_blocks_sit_next_to_a_runnable_one():

@@ -24,9 +24,10 @@ a file others could read or write, or an older copy is refused.
 
 from __future__ import annotations
 
+import functools
 import time
-from logging import INFO
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from logging import ERROR, INFO
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
@@ -588,3 +589,20 @@ def _refuse_client_side_clipping(replies: List[Message], adaptive: bool) -> None
 
 
 saved_model = plan_lib.saved_model
+
+
+def stops_cleanly(main: Callable[..., None]) -> Callable[..., None]:
+  """Decorates a ServerApp's main function (``@app.main()`` above ``@stops_cleanly``): a
+  refusal of the wrappers, ``checks.CheckError`` (more rounds than the mechanism has left, a
+  refused state file, too few nodes, a PrivacyConfig the record does not account), ends the
+  run with its one line logged as an error (``ServerApp stopped: ...``) instead of a
+  traceback; Flower then ends the run as it ends a finished one. Other exceptions, Flower's
+  ``PrivacyBudgetExhausted`` among them, propagate unchanged."""
+  @functools.wraps(main)
+  def wrapped(*args, **kwargs):
+    try:
+      return main(*args, **kwargs)
+    except checks.CheckError as e:
+      log(ERROR, "ServerApp stopped: %s", e)
+      return None
+  return wrapped

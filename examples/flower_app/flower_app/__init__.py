@@ -1,0 +1,1 @@
+"""A Flower App with tff-mf's matrix-factorization noise (see the App's README)."""
