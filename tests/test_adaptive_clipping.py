@@ -175,6 +175,48 @@ def test_epsilon_composes_the_mf_gaussian_and_the_count_queries(schema):
   assert info["epsilon"] >= independent - 1e-2
 
 
+def test_epsilon_after_each_round_charges_the_count_queries_released_by_then():
+  """Issue 48 item 6 (docs/mechanisms.md, "ε after each round"): after round r the run is
+  one Gaussian with μ_r² = (sens_r/z)² + k_r·(½/σ_b)², k_r the participations a user can have
+  had by round r; computed here from the released rows' sensitivity, independently of the
+  library's sequence, which must agree up to its monotone envelope and end at the record."""
+  from tff_mf import accounting, mechanisms  # pylint: disable=g-import-not-at-top
+  n, z, sigma_b, delta = 16, 1.2, 3.0, 1e-6
+  schema = participation.fixed_epoch(2)
+  setup = aggregators.build_mechanism(MechanismSpec.from_args(
+      "opt_prefix_sum", total_rounds=n, noise_multiplier=z, clients_per_round=10,
+      clip_norm="adaptive", clipped_count_stddev=sigma_b, delta=delta, participation=schema))
+  eps = setup.privacy.epsilon_by_round()
+  c = setup.privacy.encoder
+  direct = []
+  for r in range(1, n + 1):
+    rows, schema_r = mechanisms.prefix_encoder(c, schema, r)
+    sens_r = accounting.sensitivity_report(rows, schema_r)["value"]
+    k_r = 1 if r <= n // 2 else 2  # epochs of 8 rounds: the second participation from round 9
+    assert schema.participations_by(n, r) == k_r
+    mu = math.hypot(sens_r / z, math.sqrt(k_r) * 0.5 / sigma_b)
+    direct.append(accounting.epsilon(1.0 / mu, delta, "exact"))
+  assert eps[-1] == setup.privacy.epsilon
+  for r in range(n):
+    assert eps[r] <= min(direct[r:]) * (1 + 1e-12)  # never above a bound for a later release
+  # The first round no longer pays for both count queries of a user.
+  sens_1 = accounting.sensitivity_report(*mechanisms.prefix_encoder(c, schema, 1))["value"]
+  charged_all = accounting.epsilon(
+      1.0 / math.hypot(sens_1 / z, math.sqrt(2) * 0.5 / sigma_b), delta, "exact")
+  assert eps[0] < charged_all
+
+
+def test_participations_by_round_under_each_kind():
+  """The count queries a user can have joined by round r, per schema (16 rounds)."""
+  assert [participation.SINGLE.participations_by(16, r) for r in (1, 16)] == [1, 1]
+  assert [participation.fixed_epoch(4).participations_by(16, r) for r in (1, 4, 5, 16)] == \
+      [1, 1, 2, 4]
+  assert [participation.random_allocation(4).participations_by(16, r) for r in (4, 5)] == [1, 2]
+  assert [participation.min_sep(3).participations_by(16, r) for r in (1, 3, 4, 16)] == \
+      [1, 1, 2, 6]
+  assert participation.min_sep(3, 2).participations_by(16, 16) == 2
+
+
 def test_target_epsilon_is_split_and_met():
   n, delta, target = 16, 1e-6, 4.0
   setup = aggregators.build_mechanism(MechanismSpec.from_args(

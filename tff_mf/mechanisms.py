@@ -652,7 +652,8 @@ def epsilon_by_round(c: np.ndarray, schema: participation_lib.Participation, z: 
   Gaussian mechanism at z / sens_r, sens_r the sensitivity of those rows under the
   schema (its patterns restricted to rounds ≤ r, since the rows have zero columns
   beyond), by ``accountant`` (Denisov et al. 2022, arXiv:2202.08312, Thm 4.1); with
-  adaptive clipping composed with the count queries (all k of them: an upper bound). ε
+  adaptive clipping composed with the count queries released by round r (a user joins at
+  most ``schema.participations_by(n, r)`` of them). ε
   after r rounds is at most ε after any later round (the earlier release is a
   post-processing of the later one), so each value is the smallest of these bounds from r
   on, and the last is the record's ε (amplified where it is). Evaluated at
@@ -668,7 +669,8 @@ def epsilon_by_round(c: np.ndarray, schema: participation_lib.Participation, z: 
       bounds[r] = 0.0
       continue
     sens = accounting.sensitivity_report(rows, schema_r)["value"]
-    bounds[r] = _epsilon_at(z, sens, delta, accountant, details)
+    bounds[r] = _epsilon_at(z, sens, delta, accountant, details,
+                            count_participations=schema.participations_by(n, r))
   bounds[n] = final
   out, best = [0.0] * n, final
   for r in range(n, 0, -1):
@@ -678,8 +680,10 @@ def epsilon_by_round(c: np.ndarray, schema: participation_lib.Participation, z: 
 
 
 def _epsilon_at(z: float, sens: float, delta: float, accountant: str,
-                details: Mapping[str, Any]) -> float:
-  """ε of a released prefix with sensitivity ``sens`` (the record's analysis, unamplified)."""
+                details: Mapping[str, Any], count_participations: int) -> float:
+  """ε of a released prefix with sensitivity ``sens`` (the record's analysis, unamplified);
+  with adaptive clipping, composed with the ``count_participations`` count queries a user
+  can have joined in it (docs/mechanisms.md, "Adaptive clipping", ε after each round)."""
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   if details.get("noise_distribution") == "discrete_gaussian":
     # The prefix's rounding term is at most the whole run's (η times its sensitivity).
@@ -687,6 +691,7 @@ def _epsilon_at(z: float, sens: float, delta: float, accountant: str,
   if analyses.counts_clipping(details):
     from tff_mf.accounting import adaptive_clipping  # pylint: disable=g-import-not-at-top
     total = adaptive_clipping.combined_noise_multiplier(
-        z, sens, details["clipped_count_stddev"], details["count_participations"])
+        z, sens, details["clipped_count_stddev"],
+        min(count_participations, details["count_participations"]))
     return math.inf if total == 0.0 else accounting.epsilon(total, delta, accountant)
   return accounting.epsilon(z, delta, accountant, sensitivity=sens)

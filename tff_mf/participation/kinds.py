@@ -137,6 +137,11 @@ class Participation(metaclass=_Dispatch):
     self.check(n)
     return 1
 
+  def participations_by(self, n: int, rounds: int) -> int:
+    """The most rounds among the first ``rounds`` of an n-round run that one pattern holds
+    (the count queries of adaptive clipping a user has joined by then)."""
+    return min(self.max_participations_in(n), max(0, int(rounds)))
+
   def residue_period(self, n: int) -> Optional[int]:
     """b when every user's rounds lie in one residue class mod b (None: no such b)."""
     del n
@@ -302,6 +307,11 @@ class _Epochs(Participation):
   def max_participations_in(self, n: int) -> int:
     self.check(n)
     return self.epochs
+
+  def participations_by(self, n: int, rounds: int) -> int:
+    # At most one round in each epoch of b = n/k rounds: the epochs the first rounds touch.
+    b = n // self.max_participations_in(n)
+    return min(self.epochs, -(-max(0, int(rounds)) // b))
 
   @property
   def label(self) -> str:
@@ -510,6 +520,10 @@ class MinSep(Participation):
     self.check(n)
     fit = -(-n // self.min_sep)
     return fit if self.max_participations is None else min(fit, self.max_participations)
+
+  def participations_by(self, n: int, rounds: int) -> int:
+    # Rounds at least b apart: at most ⌈rounds/b⌉ among the first rounds, and the cap.
+    return min(self.max_participations_in(n), -(-max(0, int(rounds)) // self.min_sep))
 
   def residue_period(self, n: int) -> Optional[int]:
     return self.min_sep
