@@ -305,3 +305,46 @@ def test_the_former_noise_kind_dense_is_refused_naming_dense_rows():
   assert "dense" not in registry.NOISE_KINDS
   with pytest.raises(registry.RegistryError, match="noise must be one of .*got 'dens'"):
     registry.Mechanism("x", (), "x", "x", "optimal", "training", "dens")
+
+
+def _pld_epsilon(event, delta, interval):
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=interval)
+  return acc.compose(event).get_epsilon(delta)
+
+
+@pytest.mark.parametrize("case", ["unamplified", "amplified_banded", "adaptive", "mmcc"])
+def test_the_record_carries_the_runs_dp_event_where_dp_accounting_expresses_it(case, tmp_path):
+  """Issue 47 item 5: the record's DpEvent is the event its ε was computed for; dp_accounting's
+  PLD accountant on it gives the record's ε (pessimistic, within its discretization); MMCC's
+  dominating pair is no DpEvent, so it says Unsupported, and a run without noise NonPrivate."""
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  delta = 1e-6
+  kwargs = dict(total_rounds=16, noise_multiplier=2.0, delta=delta)
+  if case == "unamplified":
+    built = spec("opt_prefix_sum", participation=participation.fixed_epoch(2), **kwargs)
+  elif case == "amplified_banded":
+    built = spec("banded", participation=participation.min_sep(4), sampling_prob=0.25,
+                 bands=4, **kwargs)
+  elif case == "adaptive":
+    built = spec("opt_prefix_sum", participation=participation.fixed_epoch(2),
+                 clip_norm="adaptive", clipped_count_stddev=0.5, **kwargs)
+  else:
+    built = spec("opt_prefix_sum", participation=participation.min_sep(4), sampling_prob=0.25,
+                 **kwargs)
+  _, record = mechanisms.build(built, cache_dir=str(tmp_path))
+  event = record.dp_event
+  if case == "mmcc":
+    assert record.details["analysis"] == "mmcc" and record.details["bound"] == "amplified"
+    assert isinstance(event, dp_accounting.UnsupportedDpEvent)
+    return
+  assert record.bound == case if case != "unamplified" else record.bound == "none"
+  interval = record.details.get("pld_discretization", 1e-4)
+  pld = _pld_epsilon(event, delta, interval)
+  # The record's ε is the exact (or the same PLD) bound of this very event: PLD is never
+  # below it, and within its discretization error (interval per unit of privacy loss).
+  assert record.epsilon <= pld * (1 + 1e-9) + 1e-12
+  assert pld <= record.epsilon + 1e-2
+  _, none = mechanisms.build(spec_lib.MechanismSpec.from_args(
+      "none", total_rounds=16, clients_per_round=2, clip_norm=1.0))
+  assert isinstance(none.dp_event, dp_accounting.NonPrivateDpEvent)

@@ -31,6 +31,7 @@ import dataclasses
 import math
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+import dp_accounting
 import numpy as np
 
 from tff_mf.accounting import analyses
@@ -127,6 +128,19 @@ class PrivacyRecord:
   encoder: Optional[np.ndarray] = dataclasses.field(default=None, repr=False, compare=False)
   participation: Optional[participation_lib.Participation] = dataclasses.field(
       default=None, repr=False, compare=False)
+
+  @property
+  def dp_event(self) -> dp_accounting.DpEvent:
+    """The run's dp_accounting event, where dp_accounting can express the analysis that gave
+    ``epsilon``: the Gaussian at z/sens (unamplified), amplified banded MF's composition of
+    Poisson-subsampled Gaussians, adaptive clipping's two Gaussians;
+    ``NonPrivateDpEvent`` without noise; ``UnsupportedDpEvent`` where it cannot (MMCC, random
+    allocation, fixed bin, Monte Carlo, the discrete Gaussian) or without δ."""
+    if not self.private:
+      return dp_accounting.NonPrivateDpEvent()
+    analysis = analyses.described(self.details.get("analysis")) if self.details else None
+    event = analysis.dp_event(self.details) if analysis is not None else None
+    return event if event is not None else dp_accounting.UnsupportedDpEvent()
 
   def epsilon_by_round(self, rounds: Optional[int] = None) -> List[float]:
     """ε spent after rounds 1..``rounds`` (default n): upper bounds, non-decreasing, ε after

@@ -33,6 +33,7 @@ import dataclasses
 import math
 from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
 
+import dp_accounting
 import numpy as np
 
 from tff_mf import checks
@@ -283,6 +284,12 @@ class Analysis:
     """The analysis behind ``record['epsilon']``, in the statement's words."""
     raise NotImplementedError
 
+  def dp_event(self, record: Mapping[str, Any]) -> Optional[dp_accounting.DpEvent]:
+    """The dp_accounting event this analysis bounds ``record``'s run by, where dp_accounting
+    can express it (None: it cannot, e.g. MMCC's or random allocation's dominating pairs)."""
+    del record
+    return None
+
 
 @dataclasses.dataclass(frozen=True)
 class Unamplified(Analysis):
@@ -328,6 +335,9 @@ class Unamplified(Analysis):
     if schema.kind in self.NOT_AMPLIFIED:
       record["amplification"] = self.NOT_AMPLIFIED[schema.kind]
     return record
+
+  def dp_event(self, record):
+    return dp_accounting.GaussianDpEvent(record["noise_multiplier"] / record["sensitivity"])
 
   def words(self, record, ratio, accountant_words, sensitivity_words):
     words = (f"no amplification by sampling: the whole run is one Gaussian mechanism with "
@@ -398,6 +408,16 @@ class PoissonAmplified(Analysis):
   def amplified_words(self, record: Mapping[str, Any]) -> str:
     raise NotImplementedError
 
+  def dp_event(self, record):
+    if record.get("bound") == "unamplified":  # the Gaussian at z / sens gave the smaller ε
+      return dp_accounting.GaussianDpEvent(record["noise_multiplier"] / record["sensitivity"])
+    return self.amplified_dp_event(record)
+
+  def amplified_dp_event(self, record: Mapping[str, Any]) -> Optional[dp_accounting.DpEvent]:
+    """The amplified bound's event where dp_accounting expresses it (None: MMCC's is not)."""
+    del record
+    return None
+
 
 @dataclasses.dataclass(frozen=True)
 class AmplifiedBanded(PoissonAmplified):
@@ -434,6 +454,12 @@ class AmplifiedBanded(PoissonAmplified):
     record.update(accountant="pld", bands=bands, compositions=rounds, column_norm=gamma,
                   pld_discretization=interval)
     return amplified
+
+  def amplified_dp_event(self, record):
+    # Thm 4's dominating mechanism, as pld_gaussian_epsilon composes it.
+    return dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        record["sampling_prob"], dp_accounting.GaussianDpEvent(
+            record["noise_multiplier"] / record["column_norm"])), record["compositions"])
 
   def amplified_words(self, record):
     return (f"amplified banded MF (Choquette-Choo et al. 2023, arXiv:2306.08153, "
@@ -654,6 +680,12 @@ class AdaptiveClipping(Analysis):
   label: ClassVar[str] = ("unamplified Gaussian at z / sensitivity composed with the adaptive "
                           "clip norm's count queries (one Gaussian at 1/mu)")
   selectable: ClassVar[bool] = False
+
+  def dp_event(self, record):
+    k = record["count_participations"]
+    return dp_accounting.ComposedDpEvent([
+        dp_accounting.GaussianDpEvent(record["noise_multiplier"] / record["sensitivity"]),
+        dp_accounting.GaussianDpEvent(record["clipped_count_stddev"] / (0.5 * math.sqrt(k)))])
 
   def words(self, record, ratio, accountant_words, sensitivity_words):
     return (f"no amplification by sampling: the matrix mechanism's Gaussian at {ratio} "
