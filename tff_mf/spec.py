@@ -7,8 +7,9 @@ probability), the clipping (a fixed clip norm, or the adaptive quantile estimate
 et al. 2021, arXiv:1905.03871) and the family parameters. Each part checks itself when it
 is built, and the spec checks how they fit together (the family parameters against the
 family's ``tff_mf.factorization.families.Declaration``), once: every error is one line naming the
-argument. ``MechanismSpec.from_args`` builds one from the keyword arguments of
-``tff_mf.tf.aggregators.build_mechanism``; ``tff_mf.mechanisms.build`` resolves it.
+argument. ``MechanismSpec.from_args`` is the one keyword constructor; the spec is the only way
+into the mechanism layer (``tff_mf.mechanisms.build``, ``tff_mf.plan.build``,
+``tff_mf.tf.aggregators.build_mechanism``, the Flower wrappers).
 """
 
 from __future__ import annotations
