@@ -497,8 +497,7 @@ def _factory_with(noise, packed, noise_multiplier: float):
   def make(specs):
     q = query_lib.MatrixFactorizationQuery(noise, l2_norm_clip=info["clip_norm"],
                                            noise_multiplier=noise_multiplier, record_specs=specs)
-    return tff.aggregators.DifferentiallyPrivateFactory(
-        tfp.NormalizedQuery(q, denominator=info["clients_per_round"]))
+    return tfp.NormalizedQuery(q, denominator=info["clients_per_round"])
 
   return aggregators.DPAggregatorFactory(make, f"{info['mechanism']} (planted fault)")
 
