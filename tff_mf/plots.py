@@ -6,6 +6,8 @@
 - Heatmaps of B and C (Denisov et al. 2022, App G, Fig 5): each matrix on its own
   color scale with a colorbar, entries mapped to their rank, and a histogram of
   the non-zero magnitudes.
+- Expected error against ε of the planner's best candidates (``tff_mf.planner``), z
+  recalibrated at each ε.
 - √L per strategy as markers on a log axis (a log axis has no zero for bars to start
   from), each value labeled, with the lower bound for any factorization.
 """

@@ -40,9 +40,9 @@ def register(subparsers) -> None:
   parser.add_argument("--max_state_rows", type=int, default=None, metavar="ROWS",
                       help="a cap on the server's noise state in model-sized rows (default: "
                            "none)")
-  parser.add_argument("--momentum", type=float, default=0.0,
-                      help="beta of the momentum workload M(beta) (0 with a constant "
-                           "schedule: prefix sums)")
+  parser.add_argument("--momentum", type=float, default=None,
+                      help="beta of the momentum workload M(beta) (default: none, beta = 0: "
+                           "with a constant schedule, prefix sums)")
   parser.add_argument("--lr_schedule", choices=("constant", "decay", "cooldown"),
                       default="constant", help="the workload's learning-rate schedule")
   parser.add_argument("--schedule_rounds", type=int, default=None,
@@ -67,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
   dep = planner.Deployment(
       population=args.population, total_rounds=args.n, clients_per_round=args.clients_per_round,
       target_epsilon=args.target_epsilon, delta=args.delta, schemas=tuple(args.schemas),
-      max_state_rows=args.max_state_rows, momentum=args.momentum, lr_schedule=args.lr_schedule,
-      schedule_rounds=args.schedule_rounds,
+      max_state_rows=args.max_state_rows, momentum=args.momentum or 0.0,
+      lr_schedule=args.lr_schedule, schedule_rounds=args.schedule_rounds,
       mechanisms=tuple(args.mechanisms) if args.mechanisms else None,
       accountant=args.accountant, skip_mmcc=args.skip_mmcc)
   result = planner.plan(dep, cache_dir=args.cache_dir, progress=args.progress)
@@ -95,14 +95,15 @@ def print_table(result) -> None:
   print(f"   {'mechanism':<16} {'schema':<24} {'params':<10} {'p':>7} {'z':>8} "
         f"{'epsilon':>8} {'bound':<17} {'rmse':>9} {'max':>9} {'rmse/E':>9} {'state':>5}")
   for i, c in enumerate(result["candidates"]):
-    params = ",".join(f"{k[0]}{v}" for k, v in c["params"].items()) or "-"
+    params = ",".join(f"{k}={v}" for k, v in c["params"].items()) or "-"
     p = "-" if c["sampling_prob"] is None else f"{c['sampling_prob']:.3g}"
     bound = c["bound"] + ("*" if c["mmcc_skipped"] else "")
     print(f"{'->' if i == 0 else '  '} {c['mechanism']:<16} "
           f"{participation.from_dict(c['schema']).label:<24} {params:<10} {p:>7} "
           f"{c['noise_multiplier']:>8.4g} {c['epsilon']:>8.4g} {bound:<17} {c['rmse']:>9.4g} "
           f"{c['max_error']:>9.4g} {c['rmse_per_participation']:>9.4g} {c['state_rows']:>5d}")
-  print("-> recommended. params: b = bands, b = buffers (blt); * = accounted without MMCC")
+  print("-> recommended; * accounted without MMCC (--skip_mmcc); state: model-sized rows of noise "
+        "state")
   print(f"deployment must enforce: {result['demands']}")
   print(f"train: {result['training_flags']}")
   print(f"Flower: {result['flower_arguments']}")
