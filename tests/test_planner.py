@@ -192,3 +192,23 @@ def test_bad_input_is_one_line(argv, words, capsys, tmp_path):
   assert cli.main(base + argv) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and words in err[0] and err[0].startswith("tff-mf plan: error:"), err
+
+
+def test_at_the_main_jobs_size_it_recommends_the_main_jobs_choice(tmp_path):
+  """docs/plan.md's claim: under the main job's schema, rounds, clients, ε and workload (the
+  population its 2 fixed epochs use), the planner recommends the MF mechanism the main job
+  trains against the tree, and the tree's matrix form scores worse."""
+  from training import main_job  # pylint: disable=g-import-not-at-top
+  d = main_job.MAIN_JOB_DEFAULTS
+  n, k = d["total_rounds"], d["clients_per_round"]
+  dep = planner.Deployment(
+      population=n // d["epochs"] * k, total_rounds=n, clients_per_round=k,
+      target_epsilon=d["target_epsilon"], delta=d["delta"], schemas=(d["participation"],),
+      momentum=d["server_momentum"], lr_schedule=d["lr_schedule"],
+      schedule_rounds=round(main_job.COOLDOWN_FRACTION * n))
+  result = planner.plan(dep, cache_dir=str(tmp_path))
+  best = result["recommended"]
+  assert best["mechanism"] == main_job.MAIN_JOB_MECHANISMS[1] == "opt_momentum"
+  assert participation.from_dict(best["schema"]) == participation.fixed_epoch(d["epochs"])
+  tree = next(c for c in result["candidates"] if c["mechanism"] == "honaker_online")
+  assert tree["rmse"] > best["rmse"] and best["epsilon"] <= d["target_epsilon"]

@@ -141,11 +141,13 @@ class Deployment:
     self.workload()  # checks momentum, lr_schedule, schedule_rounds
 
   def workload(self):
+    """The training workload A (``tff_mf.spec.training_workload``)."""
     return spec_lib.training_workload(self.total_rounds, self.momentum, self.lr_schedule,
                                       self.schedule_rounds)
 
   @property
   def prefix_sum(self) -> bool:
+    """Whether the workload is the prefix sum S (β = 0, constant schedule)."""
     return self.workload().kind == "prefix_sum"
 
 
@@ -236,6 +238,7 @@ class Candidate:
   cache_hit: Optional[bool] = None
 
   def as_dict(self) -> Dict[str, Any]:
+    """The JSON-ready fields."""
     return dataclasses.asdict(self)
 
 
@@ -364,6 +367,7 @@ def plan(dep: Deployment, *, cache_dir: Optional[str] = None,
 
 
 def describe(name: str, option: SchemaOption, params: Dict[str, int]) -> str:
+  """A candidate in one line: mechanism, schema label, p and family parameters."""
   extra = "".join(f" {k}={v}" for k, v in params.items())
   p = "" if option.sampling_prob is None else f" p={option.sampling_prob:.4g}"
   return f"{name} {option.schema.label}{p}{extra}"
