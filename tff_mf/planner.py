@@ -87,11 +87,15 @@ class Deployment:
 
   Attributes:
     population: P, the clients that can join.
-    total_rounds: n. clients_per_round: K (the expected number for the sampled schemas).
-    target_epsilon, delta: the (ε, δ) every candidate is calibrated to.
+    total_rounds: n, the rounds.
+    clients_per_round: K (the expected number for the sampled schemas).
+    target_epsilon: the ε every candidate is calibrated to.
+    delta: δ of the (ε, δ) guarantee.
     schemas: the participation kinds the deployment can enforce (default: all).
     max_state_rows: a cap on the noise state, in model-sized rows (None: no cap).
-    momentum, lr_schedule, schedule_rounds: the workload (β = 0, constant: prefix sums).
+    momentum: β of the momentum workload (0 with a constant schedule: prefix sums).
+    lr_schedule: the workload's learning-rate schedule.
+    schedule_rounds: the rounds of a decay or cooldown schedule.
     mechanisms: the registry mechanisms tried (default: every trainable private one).
     accountant: the unamplified Gaussian's accountant.
     skip_mmcc: account a candidate whose amplified analysis would be MMCC without
@@ -156,9 +160,10 @@ class SchemaOption:
   """One way the deployment reaches K clients per round under a schema.
 
   Attributes:
-    schema: the participation schema. sampling_prob: p of cyclic Poisson sampling (min_sep),
-    else None. clients_used: the clients the schema draws from. participations: E, the
-    expected rounds a client joins.
+    schema: the participation schema.
+    sampling_prob: p of cyclic Poisson sampling (min_sep), else None.
+    clients_used: the clients the schema draws from.
+    participations: E, the expected rounds a client joins.
   """
   schema: participation_lib.Participation
   sampling_prob: Optional[float]
