@@ -99,13 +99,16 @@ def report(args, dep, runs):
                  f"{len(result['candidates'])} | "
                  f"{planner.describe(best['mechanism'], _option(best), best['params'])}: "
                  f"z = {best['noise_multiplier']:.4g}, rmse = {best['rmse']:.4g} |")
+  lines += ["", "A warm cache saves the factorizations only: every candidate is calibrated "
+            "again, and the amplified analyses' calibrations take most of the time."]
   done = [r for _, (r, *_) in runs if r is not None]
   if done:
     lines += ["", "Best five (of the last finished run):", "",
               "| mechanism | schema, params | ε (bound) | z | rmse | state rows |",
               "|---|---|---|---|---|---|"]
     for c in done[-1]["candidates"][:5]:
-      lines.append(f"| {c['mechanism']} | {planner.describe('', _option(c), c['params'])} | "
+      where = planner.describe("", _option(c), c["params"]).strip()
+      lines.append(f"| {c['mechanism']} | {where} | "
                    f"{c['epsilon']:.4g} ({c['bound']}) | {c['noise_multiplier']:.4g} | "
                    f"{c['rmse']:.4g} | {c['state_rows']} |")
   return "\n".join(lines) + "\n"
