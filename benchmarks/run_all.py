@@ -90,6 +90,15 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
     ("fixed_bin", "fixed_bin.md", (("benchmarks/peer_opake_fixed_bin.py",),)),
     ("flower", "flower.md", (("benchmarks/bench_flower.py",),)),
     ("discrete_gaussian", "discrete_gaussian.md", (("benchmarks/bench_discrete_gaussian.py",),)),
+    # Below the size (n = 2048, P = 1e5, K = 500), with its ratio of rounds to cohorts
+    # of K clients (about 10 participations a client); each run stops at its budget.
+    ("planner", "planner.md", (("benchmarks/bench_planner.py", "--total-rounds", "128",
+                                "--population", "400", "--clients-per-round", "32",
+                                "--skip-mmcc", "--budget", "600"),)),
+    ("planner_64", "planner_64.md", (("benchmarks/bench_planner.py", "--total-rounds", "64",
+                                      "--population", "256", "--clients-per-round", "32",
+                                      "--skip-mmcc", "--budget", "600", "--name",
+                                      "planner_64"),)),
 )
 
 # script -> arguments of a run in seconds that writes only under OUT (a temporary directory).
@@ -121,6 +130,7 @@ SMOKE: Dict[str, Tuple[str, ...]] = {
     "peer_opake_fixed_bin.py": ("--smoke", "--out-dir", "{out}"),  # our side only
     "bench_flower.py": ("--help",),  # measures in .venv-flower (make venv-flower)
     "bench_discrete_gaussian.py": ("--smoke", "--out-dir", "{out}"),
+    "bench_planner.py": ("--smoke", "--out-dir", "{out}"),
 }
 
 

@@ -27,7 +27,8 @@ import userenv
 REPO = userenv.REPO
 REFERENCE = os.path.join(REPO, "docs", "reference")
 # The public modules of issue 51's list (and the noise package's submodules that carry its API).
-MODULES = ("tff_mf.spec", "tff_mf.tf.aggregators", "tff_mf.plan", "tff_mf.mechanisms",
+MODULES = ("tff_mf.spec", "tff_mf.tf.aggregators", "tff_mf.plan", "tff_mf.planner",
+           "tff_mf.mechanisms",
            "tff_mf.accounting", "tff_mf.accounting.statement", "tff_mf.participation",
            "tff_mf.flower.strategy", "tff_mf.clipping", "tff_mf.runstate", "tff_mf.noise",
            "tff_mf.noise.streams", "tff_mf.noise.keys", "tff_mf.noise.rows",

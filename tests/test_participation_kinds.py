@@ -132,3 +132,17 @@ def test_a_new_kind_is_one_class():
     assert pa.sensitivity(np.eye(3), toy) == pytest.approx(1.0)
   finally:
     pa.CLASSES.pop("toy_kind", None)
+
+
+def test_min_sep_patterns_refuse_a_listing_whose_partial_patterns_explode():
+  """min_sep b = 1 has one maximal pattern, but listing it visited every subset of the rounds
+  (2^n): ``tff-mf plan`` and ``account`` hung on a tree C at n = 128. The listing is now
+  refused past limit·(n + 1) visits, and the sensitivity falls back to its valid bound."""
+  schema = pa.min_sep(1)
+  with pytest.raises(checks.CheckError, match="partial patterns"):
+    schema.patterns(128, limit=50)
+  assert schema.patterns(6, limit=50) == [tuple(range(6))]
+  from tff_mf.factorization.families import tree  # pylint: disable=g-import-not-at-top
+  c = np.asarray(tree.tree_encoder(128), np.float64)
+  report = pa.sensitivity_report(c, schema.for_rounds(128))
+  assert report["value"] >= report["lower"] > 0

@@ -65,11 +65,12 @@ def test_the_mechanism_layer_has_one_way_in():
     assert inspect.Parameter.VAR_KEYWORD not in kinds, function.__qualname__
 
 
-def test_keywords_become_a_spec_in_one_constructor_called_from_three_edges():
+def test_keywords_become_a_spec_in_one_constructor_called_from_the_edges():
   """15 translation sites between a spec and keyword arguments in 9 files before. Now
   ``MechanismSpec.from_args`` is the one constructor; outside the spec's own module it is
-  called where foreign names arrive: Flower's wrapper arguments, the audit's flags and the
-  training config. No library module unpacks a spec back into keywords."""
+  called where foreign names arrive (Flower's wrapper arguments, the audit's flags, the
+  training config) and where the planner enumerates its candidates. No library module
+  unpacks a spec back into keywords."""
   callers = set()
   for path, tree in _sources():
     if path == os.path.join("tff_mf", "spec.py"):
@@ -80,6 +81,7 @@ def test_keywords_become_a_spec_in_one_constructor_called_from_three_edges():
         callers.add(path)
   assert callers == {os.path.join("tff_mf", "flower", "strategy.py"),
                      os.path.join("tff_mf", "commands", "audit.py"),
+                     os.path.join("tff_mf", "planner.py"),
                      os.path.join("training", "config.py")}, callers
 
 

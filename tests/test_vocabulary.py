@@ -28,7 +28,7 @@ REPO = userenv.REPO
 TABLE = os.path.join(REPO, "docs", "vocabulary.md")
 BINARY = os.path.join(REPO, "training", "run_stackoverflow.py")
 # The table's tool names: (the command line of its --help, its parser builder and subcommand).
-TFF_MF = ("factorize", "account", "audit", "plot", "calibrate-bands", "cache list",
+TFF_MF = ("factorize", "account", "audit", "plot", "calibrate-bands", "plan", "cache list",
           "cache verify")
 MODULE_TOOLS = {"main_job": "training.main_job", "sweep": "training.sweep",
                 "summarize": "training.summarize", "distributed serve": "training.distributed",

@@ -27,6 +27,7 @@ COMMANDS = (
     ("account", "tff_mf.commands.account"),
     ("audit", "tff_mf.commands.audit"),
     ("calibrate-bands", "tff_mf.commands.calibrate_bands"),
+    ("plan", "tff_mf.commands.plan"),
 )
 
 

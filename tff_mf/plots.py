@@ -6,6 +6,8 @@
 - Heatmaps of B and C (Denisov et al. 2022, App G, Fig 5): each matrix on its own
   color scale with a colorbar, entries mapped to their rank, and a histogram of
   the non-zero magnitudes.
+- Expected error against ε of the planner's best candidates (``tff_mf.planner``), z
+  recalibrated at each ε.
 - √L per strategy as markers on a log axis (a log axis has no zero for bars to start
   from), each value labeled, with the lower bound for any factorization.
 """
@@ -13,7 +15,7 @@
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -129,6 +131,25 @@ def plot_sqrt_loss(table: Dict[str, Dict[str, Optional[float]]], path: str, titl
     ax.set_title(workload)
     ax.grid(True, axis="x", which="both", alpha=0.3)
   fig.suptitle(title)
+  return _save(plt, fig, path, dpi=120)
+
+
+def plot_error_against_epsilon(curves: Dict[str, Sequence[Tuple[float, float]]], path: str,
+                               title: str) -> str:
+  """One line per candidate: its expected error (rmse at the z calibrated to ε) against ε,
+  both axes logarithmic. The values are exact expectations (no sampling), so no error bars."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for label, points in curves.items():
+    eps, err = zip(*points)
+    ax.plot(eps, err, marker="o", linewidth=1.0, label=label)
+  ax.set_xscale("log")
+  ax.set_yscale("log")
+  ax.set_xlabel("target ε (δ fixed)")
+  ax.set_ylabel("expected error: rmse = z·‖B‖_F/√n")
+  ax.set_title(title)
+  ax.grid(alpha=0.3, which="both")
+  ax.legend(fontsize=8)
   return _save(plt, fig, path, dpi=120)
 
 

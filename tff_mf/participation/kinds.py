@@ -580,8 +580,15 @@ class MinSep(Participation):
   def patterns(self, n: int, limit: Optional[int] = None) -> List[Tuple[int, ...]]:
     k, b = self.max_participations_in(n), self.min_sep
     out: List[Tuple[int, ...]] = []
+    # Partial patterns may far outnumber the maximal ones (b = 1: every subset is visited on
+    # the way to the one maximal pattern): past this many visits the listing is refused too.
+    visits = [0, None if limit is None else PATTERN_VISITS_PER_LIMIT * limit * (n + 1)]
 
     def extend(prefix: Tuple[int, ...], start: int):
+      visits[0] += 1
+      if visits[1] is not None and visits[0] > visits[1]:
+        raise checks.CheckError(f"{self.describe()}: listing its maximal patterns at n={n} "
+                                f"visits more than {visits[1]} partial patterns")
       # A pattern is maximal when it is full, or no round fits before, between or after.
       if len(prefix) >= k or not _has_gap(prefix, n, b):
         out.append(prefix)
@@ -626,6 +633,10 @@ class MinSep(Participation):
           f"residue class); the dataset has {len(client_ids)}")
     return classes.CyclicPoissonSampler(client_ids, seed, self.min_sep, sampling_prob, secret,
                                         self.max_participations)
+
+
+# Partial patterns ``MinSep.patterns`` visits per maximal pattern allowed and round, at most.
+PATTERN_VISITS_PER_LIMIT = 1
 
 
 def _has_gap(pattern: Tuple[int, ...], n: int, b: int) -> bool:

@@ -1,0 +1,214 @@
+"""``tff-mf plan`` (``tff_mf.planner``, issue 50): its winner is an exhaustive search's, built
+candidate by candidate, its expected error is the released noise's, and bad input is one line.
+
+The deployment here is small (n = 16, P = 16, K = 8, three mechanisms) so that the planner and
+the exhaustive search each build every candidate in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from tff_mf import cli
+from tff_mf import mechanisms
+from tff_mf import participation
+from tff_mf import planner
+from tff_mf import spec as spec_lib
+
+N, POPULATION, K, EPS, DELTA = 16, 16, 8, 4.0, 1e-6
+MECHANISMS = ("banded_toeplitz", "opt_prefix_sum", "gaussian")
+SCHEMAS = ("single", "fixed_epoch", "min_sep", "balls_in_bins")
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("plan-cache"))
+
+
+@pytest.fixture(scope="module")
+def result(cache_dir):
+  dep = planner.Deployment(population=POPULATION, total_rounds=N, clients_per_round=K,
+                           target_epsilon=EPS, delta=DELTA, schemas=SCHEMAS,
+                           mechanisms=MECHANISMS, skip_mmcc=True)
+  return planner.plan(dep, cache_dir=cache_dir)
+
+
+def _exhaustive(cache_dir):
+  """Every candidate of the deployment, derived here by hand and built one by one.
+
+  P/K = 2 disjoint groups of K clients: single needs n·K = 128 clients (skipped); the epoch
+  kinds need b = n/k ≤ 2 cohorts, so k = 8 epochs; min_sep takes b = 1 (p = K·b/P = 0.5) and
+  b = 2 (p = 1). Bands go up to the separation (2). MMCC is skipped: a candidate whose
+  amplified analysis would be MMCC is accounted without its sampling probability.
+  """
+  options = [(participation.fixed_epoch(8), None), (participation.min_sep(1), 0.5),
+             (participation.min_sep(2), 1.0), (participation.balls_in_bins(8), None)]
+  out = {}
+  for name in MECHANISMS:
+    for schema, p in options:
+      bands = {participation.min_sep(1): [1]}.get(schema, [1, 2])
+      grid = [{"bands": b} for b in bands] if name == "banded_toeplitz" else [{}]
+      for params in grid:
+        def spec(prob):
+          return spec_lib.MechanismSpec.from_args(
+              name, total_rounds=N, clients_per_round=K, clip_norm=1.0, target_epsilon=EPS,
+              delta=DELTA, sampling_prob=prob, participation=schema.for_rounds(N), **params)
+        resolved = mechanisms.resolve_spec(spec(p), cache_dir=cache_dir)
+        amplified = mechanisms.amplification_applies(resolved.participation, N, p)
+        if amplified and schema.poisson and mechanisms.amplified_analysis(
+            resolved.encoder, resolved.participation) == "mmcc":
+          p = None
+        resolved, record = mechanisms.build(spec(p), cache_dir=cache_dir)
+        b = resolved.factorization.b
+        key = (name, schema.for_rounds(N).label, tuple(sorted(params.items())))
+        out[key] = (record.noise_multiplier, record.epsilon,
+                    record.noise_multiplier * np.linalg.norm(b) / math.sqrt(N))
+  return out
+
+
+def _key(c):
+  return (c["mechanism"], participation.from_dict(c["schema"]).label,
+          tuple(sorted(c["params"].items())))
+
+
+def test_the_winner_is_the_exhaustive_searchs(result, tmp_path):
+  """Same candidates, same z and ε (each ε ≤ target), and the planner's winner attains the
+  least rmse of the search (candidates whose rmse ties within 1e-9 are equally good)."""
+  found = _exhaustive(str(tmp_path / "independent-cache"))
+  ranked = result["candidates"]
+  assert {_key(c) for c in ranked} == set(found)
+  for c in ranked:
+    z, eps, rmse = found[_key(c)]
+    assert c["epsilon"] <= EPS and eps <= EPS
+    assert c["noise_multiplier"] == pytest.approx(z, rel=1e-9)
+    assert c["rmse"] == pytest.approx(rmse, rel=1e-9)
+  best = min(v[2] for v in found.values())
+  assert result["recommended"]["rmse"] == pytest.approx(best, rel=1e-9)
+  assert found[_key(result["recommended"])][2] <= best * (1 + 1e-9)
+  assert [c["rmse"] for c in ranked] == sorted(c["rmse"] for c in ranked)
+  assert any("schema single" == x["what"] for x in result["left_out"])
+
+
+def test_account_agrees_with_the_winner(result, cache_dir, capsys):
+  """`tff-mf account` with the winner's flags calibrates the same z and ε."""
+  c = result["recommended"]
+  schema = participation.from_dict(c["schema"])
+  argv = ["account", "--mechanism", c["mechanism"], "--total_rounds", str(N),
+          "--target_epsilon", str(EPS), "--delta", str(DELTA), "--participation", schema.kind,
+          "--cache_dir", cache_dir, "--json", "--no_progress"]
+  argv += [f"--{k}={getattr(schema, k)}" for k in schema.takes if k != "max_participations"]
+  argv += [f"--{k}={v}" for k, v in c["params"].items()]
+  if c["sampling_prob"] is not None and not c["mmcc_skipped"]:
+    argv += ["--sampling_prob", repr(c["sampling_prob"])]
+  assert cli.main(argv) == 0
+  record = json.loads(capsys.readouterr().out)
+  assert record["noise_multiplier"] == pytest.approx(c["noise_multiplier"], rel=1e-9)
+  assert record["epsilon"] == pytest.approx(c["epsilon"], rel=1e-9)
+
+
+@pytest.mark.parametrize("rank", [0, 1, -1])
+def test_the_expected_error_is_the_released_noises(result, cache_dir, rank):
+  """Simulate the released noise z·N·Z (N = C⁻¹ by the mechanism's own stream or noise
+  matrix), apply the workload A and compare the mean squared error per round with rmse².
+
+  Tolerance: one draw of a column Z gives Q = ‖z·B·Z‖²/n with E[Q] = z²‖B‖²_F/n = rmse² and
+  Var[Q] = 2z⁴‖BᵀB‖²_F/n² (a Gaussian quadratic form); the mean of T independent draws has
+  standard deviation √(Var[Q]/T), and the test allows 5 of them (a two-sided normal tail of
+  6e-7; T = 4000 makes the mean of the χ²-mixture close to normal).
+  """
+  c = result["candidates"][rank]
+  option = planner.SchemaOption(participation.from_dict(c["schema"]), c["sampling_prob"],
+                                c["clients_used"], c["participations"])
+  spec = planner.spec_of(planner.Deployment(POPULATION, N, K, EPS, DELTA), c["mechanism"],
+                         option, c["params"], amplified=not c["mmcc_skipped"])
+  resolved, record = mechanisms.build(spec, cache_dir=cache_dir)
+  f, z, draws = resolved.factorization, record.noise_multiplier, 4000
+  assert z == pytest.approx(c["noise_multiplier"], rel=1e-12)
+  noise = np.random.default_rng(20260).standard_normal((f.m, draws))
+  released = resolved.stream.run(noise) if resolved.stream is not None else \
+      f.noise_matrix() @ noise
+  error = resolved.workload.build() @ (z * released)
+  measured = np.mean(np.square(error))
+  gram = f.b.T @ f.b
+  sd = math.sqrt(2 * z ** 4 * np.sum(np.square(gram)) / N ** 2 / draws)
+  assert abs(measured - c["rmse"] ** 2) <= 5 * sd, (measured, c["rmse"] ** 2, sd)
+
+
+def test_schema_options_at_the_issues_size():
+  """n = 2048, P = 1e5, K = 500: single needs 1,024,000 clients; the epoch kinds take k = 16
+  (b = 128 cohorts of 500); min_sep tries b up to P/K = 200 at p = K·b/P, and every b gives a
+  client E = K·n/P = 10.24 expected participations (up to rounding of ⌈n/b⌉)."""
+  dep = planner.Deployment(population=100_000, total_rounds=2048, clients_per_round=500,
+                           target_epsilon=8.0)
+  options, skipped = planner.schema_options(dep)
+  assert "1024000" in skipped["single"]
+  epochs = {o.schema.kind: o for o in options if o.schema.kind != "min_sep"}
+  assert {k: (o.schema.epochs, o.clients_used) for k, o in epochs.items()} == {
+      "fixed_epoch": (16, 64_000), "balls_in_bins": (16, 64_000),
+      "random_allocation": (16, 64_000)}
+  seps = {o.schema.min_sep: o for o in options if o.schema.kind == "min_sep"}
+  assert sorted(seps) == [1, 2, 4, 8, 16, 32, 64, 128, 200]
+  for b, o in seps.items():
+    assert o.sampling_prob == pytest.approx(500 * b / 100_000)
+    assert o.participations == pytest.approx(o.sampling_prob * math.ceil(2048 / b))
+  assert seps[1].participations == pytest.approx(10.24)
+
+
+def test_cli_json_plot_and_state_cap(tmp_path, capsys):
+  """--json is one object with the table's fields; --plot writes the PNG; --max_state_rows 0
+  leaves out every mechanism that keeps noise state, saying why."""
+  png = tmp_path / "plan.png"
+  argv = ["plan", "--population", "32", "--total_rounds", "8", "--clients_per_round", "4",
+          "--target_epsilon", "2", "--schemas", "fixed_epoch", "--mechanisms", "gaussian",
+          "blt", "--max_state_rows", "0", "--cache_dir", str(tmp_path / "cache"), "--json",
+          "--no_progress", "--plot", str(png)]
+  assert cli.main(argv) == 0
+  out = json.loads(capsys.readouterr().out)
+  assert {c["mechanism"] for c in out["candidates"]} == {"gaussian"}
+  assert all(c["state_rows"] == 0 and c["epsilon"] <= 2 for c in out["candidates"])
+  assert any("exceeds the cap of 0" in x["why"] for x in out["left_out"])
+  assert "--mechanism=gaussian" in out["training_flags"]
+  assert "fixed_epoch(" in out["flower_arguments"] and out["demands"]
+  assert os.path.getsize(png) > 1000 and out["plot"] == str(png)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--population", "4", "--clients_per_round", "8"], "exceeds the population"),
+    (["--population", "64", "--clients_per_round", "8", "--target_epsilon", "-1"],
+     "target_epsilon"),
+    (["--population", "64", "--clients_per_round", "8", "--mechanisms", "nonprivate"],
+     "not a trainable private mechanism"),
+    (["--population", "32", "--clients_per_round", "8", "--mechanisms", "blt",
+      "--schemas", "single"], "no candidate can run"),
+])
+def test_bad_input_is_one_line(argv, words, capsys, tmp_path):
+  base = ["plan", "--total_rounds", "8", "--target_epsilon", "2", "--no_progress",
+          "--cache_dir", str(tmp_path)]
+  assert cli.main(base + argv) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and words in err[0] and err[0].startswith("tff-mf plan: error:"), err
+
+
+def test_at_the_main_jobs_size_it_recommends_the_main_jobs_choice(tmp_path):
+  """docs/plan.md's claim: under the main job's schema, rounds, clients, ε and workload (the
+  population its 2 fixed epochs use), the planner recommends the MF mechanism the main job
+  trains against the tree, and the tree's matrix form scores worse."""
+  from training import main_job  # pylint: disable=g-import-not-at-top
+  d = main_job.MAIN_JOB_DEFAULTS
+  n, k = d["total_rounds"], d["clients_per_round"]
+  dep = planner.Deployment(
+      population=n // d["epochs"] * k, total_rounds=n, clients_per_round=k,
+      target_epsilon=d["target_epsilon"], delta=d["delta"], schemas=(d["participation"],),
+      momentum=d["server_momentum"], lr_schedule=d["lr_schedule"],
+      schedule_rounds=round(main_job.COOLDOWN_FRACTION * n))
+  result = planner.plan(dep, cache_dir=str(tmp_path))
+  best = result["recommended"]
+  assert best["mechanism"] == main_job.MAIN_JOB_MECHANISMS[1] == "opt_momentum"
+  assert participation.from_dict(best["schema"]) == participation.fixed_epoch(d["epochs"])
+  tree = next(c for c in result["candidates"] if c["mechanism"] == "honaker_online")
+  assert tree["rmse"] > best["rmse"] and best["epsilon"] <= d["target_epsilon"]

@@ -1,0 +1,486 @@
+"""The planner: which mechanism, participation schema and family parameters give the least
+expected error at a deployment's size and target ε (numpy core; no TensorFlow).
+
+A deployment says: its population P, the n rounds, the K clients per round, the target
+(ε, δ), the schemas it can enforce, optionally a cap on the server's noise state (in
+model-sized rows) and the workload (prefix sums, or momentum β with a learning-rate
+schedule). ``plan`` enumerates mechanism × schema × family parameters, builds each candidate
+with ``tff_mf.mechanisms.build`` (z calibrated to the target as a training run calibrates
+it: the smallest of the valid bounds, amplified where the schema's sampling amplifies, so
+every reported ε is an upper bound ≤ the target) and scores it at its z:
+
+- ``rmse``: z·‖B‖_F/√n, the root-mean-square error of the workload's released estimates
+  (B·Z·z, in units of ζ/K per coordinate; the figure minimized; Denisov et al. 2022,
+  arXiv:2202.08312, Eq. 2 at the calibrated z);
+- ``max_error``: z·max_i ‖B[i, :]‖, the worst round's (Choquette-Choo et al. 2023,
+  arXiv:2306.08153, Sec 2);
+- ``rmse_per_participation``: rmse / E, E the expected participations of a client, the
+  figure of jax_privacy's ``BandMFConfig.rmse`` (McKenna 2024, arXiv:2405.15913) that
+  ``tff-mf calibrate-bands`` ranks bands by.
+
+How each schema reaches K clients per round from P clients (``schema_options``):
+
+- single: every client joins at most one round: needs P ≥ n·K;
+- fixed_epoch (k epochs): b = n/k cohorts of K fixed clients, cohort j in rounds j, j + b, …;
+  uses b·K ≤ P clients; k is the fewest epochs (a divisor of n) with b·K ≤ P;
+- min_sep (separation b, cyclic Poisson): each client in one secret residue class mod b of
+  the P clients, joining each round of its class with probability p = K·b/P (expected K per
+  round); b from the powers of 2 up to min(n, ⌊P/K⌋), and ⌊P/K⌋ (p = 1 there: no
+  amplification). p < 1 is accounted with amplification (amplified banded MF when C has at
+  most b bands, arXiv:2306.08153 Thm 4; else MMCC, arXiv:2310.15526);
+- balls_in_bins (k epochs): b·K clients, each in one secret uniformly random bin of b = n/k,
+  joining every round of its bin (expected K per round), k as for fixed_epoch;
+- random_allocation (k epochs): b·K clients, each in one uniformly random round of each of
+  the k epochs of b = n/k rounds (expected K per round), k as for fixed_epoch.
+
+Using fewer clients than P (b·K of them) is a choice made before training, independent of
+the data: it changes no privacy analysis. No candidate is pruned: every candidate is built
+and calibrated (a lower bound tight enough to prune with is not available for the amplified
+analyses). Factorizations come from ``tff_mf.factorization.cache`` and are shared by the
+candidates (and by later runs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tff_mf import checks
+from tff_mf import mechanisms
+from tff_mf import participation as participation_lib
+from tff_mf import registry
+from tff_mf import spec as spec_lib
+from tff_mf.accounting import band_calibration
+
+TOLERANCE = 1e-3  # relative tolerance of each calibrated z (tff_mf.accounting.calibrate's)
+BUFFERS = (1, 2, 3, 4)  # BLT buffers tried
+PLOT_EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)  # the ε axis of the plot, with the target
+
+# What the deployment must enforce for each schema's privacy claim to hold.
+DEMANDS = {
+    "single": "every client joins at most one round, ever (n*K distinct clients)",
+    "fixed_epoch": "b = n/k fixed cohorts of K clients chosen before training; cohort j joins "
+                   "rounds j, j+b, j+2b, ... and no client ever joins another round",
+    "min_sep": "each client gets a secret, uniformly random residue class mod b, checks in "
+               "only in rounds of its class, each with an independent secret coin of "
+               "probability p; who checked in stays secret (the server divides by the "
+               "expected K, never the count); no client joins rounds less than b apart",
+    "balls_in_bins": "each of the b*K clients gets one secret, uniformly random bin of b = n/k "
+                     "and joins every round of that bin, no other; the bins stay secret",
+    "random_allocation": "each of the b*K clients joins exactly one secret, uniformly random "
+                         "round of each of the k epochs of b = n/k rounds, no other",
+}
+# Mechanisms the planner does not score, and why.
+NOT_SCORED = {
+    "tree": "TFF's own tree runs only inside TFF; its matrix form, honaker_online, is scored",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Deployment:
+  """The facts of a deployment (checked; errors name the argument).
+
+  Attributes:
+    population: P, the clients that can join.
+    total_rounds: n, the rounds.
+    clients_per_round: K (the expected number for the sampled schemas).
+    target_epsilon: the ε every candidate is calibrated to.
+    delta: δ of the (ε, δ) guarantee.
+    schemas: the participation kinds the deployment can enforce (default: all).
+    max_state_rows: a cap on the noise state, in model-sized rows (None: no cap).
+    momentum: β of the momentum workload (0 with a constant schedule: prefix sums).
+    lr_schedule: the workload's learning-rate schedule.
+    schedule_rounds: the rounds of a decay or cooldown schedule.
+    mechanisms: the registry mechanisms tried (default: every trainable private one).
+    accountant: the unamplified Gaussian's accountant.
+    skip_mmcc: account a candidate whose amplified analysis would be MMCC without
+      amplification instead (a valid, larger ε bound; MMCC takes minutes per calibration).
+  """
+  population: int
+  total_rounds: int
+  clients_per_round: int
+  target_epsilon: float
+  delta: float = checks.DEFAULT_DELTA
+  schemas: Tuple[str, ...] = participation_lib.KINDS
+  max_state_rows: Optional[int] = None
+  momentum: float = 0.0
+  lr_schedule: str = "constant"
+  schedule_rounds: Optional[int] = None
+  mechanisms: Optional[Tuple[str, ...]] = None
+  accountant: str = "exact"
+  skip_mmcc: bool = False
+
+  def __post_init__(self):
+    put = lambda **kw: [object.__setattr__(self, k, v) for k, v in kw.items()]
+    put(population=checks.positive_int(self.population, "population"),
+        total_rounds=checks.positive_int(self.total_rounds, "total_rounds"),
+        clients_per_round=checks.positive_int(self.clients_per_round, "clients_per_round"),
+        target_epsilon=checks.positive_float(self.target_epsilon, "target_epsilon"),
+        delta=checks.delta(self.delta))
+    if self.clients_per_round > self.population:
+      raise checks.CheckError(f"clients_per_round={self.clients_per_round} exceeds the "
+                              f"population={self.population}")
+    kinds = tuple(participation_lib.canonical_kind(k) for k in self.schemas)
+    for kind in kinds:
+      if kind not in participation_lib.KINDS:
+        raise checks.CheckError(f"unknown schema {kind!r}; expected some of "
+                                f"{', '.join(participation_lib.KINDS)}")
+    if not kinds:
+      raise checks.CheckError("give at least one schema the deployment can enforce")
+    put(schemas=kinds)
+    if self.max_state_rows is not None:
+      put(max_state_rows=checks.nonnegative_int(self.max_state_rows, "max_state_rows"))
+    names = self.mechanisms or registry.mechanism_names(trainable=True, private=True)
+    picked = tuple(registry.mechanism(name) for name in names)
+    for m in picked:
+      if not (m.trainable and m.private):
+        raise checks.CheckError(f"mechanism {m.name!r} is not a trainable private mechanism")
+    put(mechanisms=tuple(m.name for m in picked),
+        skip_mmcc=bool(self.skip_mmcc))
+    self.workload()  # checks momentum, lr_schedule, schedule_rounds
+
+  def workload(self):
+    """The training workload A (``tff_mf.spec.training_workload``)."""
+    return spec_lib.training_workload(self.total_rounds, self.momentum, self.lr_schedule,
+                                      self.schedule_rounds)
+
+  @property
+  def prefix_sum(self) -> bool:
+    """Whether the workload is the prefix sum S (β = 0, constant schedule)."""
+    return self.workload().kind == "prefix_sum"
+
+
+@dataclasses.dataclass(frozen=True)
+class SchemaOption:
+  """One way the deployment reaches K clients per round under a schema.
+
+  Attributes:
+    schema: the participation schema.
+    sampling_prob: p of cyclic Poisson sampling (min_sep), else None.
+    clients_used: the clients the schema draws from.
+    participations: E, the expected rounds a client joins.
+  """
+  schema: participation_lib.Participation
+  sampling_prob: Optional[float]
+  clients_used: int
+  participations: float
+
+
+def _fewest_epochs(n: int, max_cohorts: int) -> Optional[int]:
+  """The fewest epochs k dividing n with n/k ≤ ``max_cohorts`` (None: none)."""
+  return next((k for k in range(1, n + 1) if n % k == 0 and n // k <= max_cohorts), None)
+
+
+def schema_options(dep: Deployment) -> Tuple[List[SchemaOption], Dict[str, str]]:
+  """(the options of the schemas the deployment enforces, {kind: why skipped})."""
+  n, pop, k_round = dep.total_rounds, dep.population, dep.clients_per_round
+  cohorts = pop // k_round  # the most disjoint groups of K the population holds
+  out: List[SchemaOption] = []
+  skipped: Dict[str, str] = {}
+  for kind in dep.schemas:
+    kind_class = participation_lib.CLASSES[kind]
+    if kind_class.at_most_once:
+      if n * k_round > pop:
+        skipped[kind] = (f"needs n*K = {n * k_round} distinct clients, the population has "
+                         f"{pop}")
+      else:
+        out.append(SchemaOption(participation_lib.SINGLE, None, n * k_round, 1.0))
+    elif kind_class.poisson:
+      for b in band_calibration.candidate_bands(n, min(n, cohorts)):
+        schema = participation_lib.from_args("min_sep", n, min_sep=b)
+        p = k_round * b / pop
+        out.append(SchemaOption(schema, p, pop, p * schema.max_participations_in(n)))
+    else:
+      epochs = _fewest_epochs(n, cohorts)
+      schema = participation_lib.from_args(kind, n, epochs=epochs)
+      out.append(SchemaOption(schema, None, (n // epochs) * k_round, float(epochs)))
+  return out, skipped
+
+
+def family_grid(mechanism: registry.Mechanism, option: SchemaOption,
+                n: int) -> List[Dict[str, int]]:
+  """The family parameters tried: bands in powers of 2 up to the schema's separation (the
+  epoch length for the epoch kinds), buffers 1..4, else the family's defaults ({})."""
+  if mechanism.strategy is None:
+    return [{}]
+  defaults = registry.default_parameters(mechanism.strategy, n, option.schema)
+  schema = option.schema
+  if "buffers" in defaults:
+    return [{"buffers": m} for m in BUFFERS]
+  if "bands" in defaults and "rank" not in defaults:  # structured keeps its defaults
+    epochs = getattr(schema, "epochs", None)
+    limit = schema.separation(n) if epochs is None else n // epochs
+    grid = band_calibration.candidate_bands(n, limit)
+    return [{"bands": b} for b in sorted(set(grid) | {min(defaults["bands"], limit)})]
+  return [{}]
+
+
+@dataclasses.dataclass
+class Candidate:
+  """A scored candidate (see the module docstring for the figures)."""
+  mechanism: str
+  schema: Dict[str, Any]
+  params: Dict[str, int]
+  sampling_prob: Optional[float]
+  clients_used: int
+  participations: float
+  noise_multiplier: float
+  epsilon: float
+  bound: str
+  rmse: float
+  max_error: float
+  rmse_per_participation: float
+  state_rows: int
+  sensitivity: float
+  sensitivity_exact: bool
+  mmcc_skipped: bool
+  seconds: float
+  cache_hit: Optional[bool] = None
+
+  def as_dict(self) -> Dict[str, Any]:
+    """The JSON-ready fields."""
+    return dataclasses.asdict(self)
+
+
+def spec_of(dep: Deployment, mechanism: str, option: SchemaOption, params: Dict[str, int],
+            target_epsilon: Optional[float] = None, amplified: bool = True):
+  """The ``MechanismSpec`` a candidate trains with (``amplified=False``: without its
+  sampling probability, so that its ε is the unamplified bound)."""
+  return spec_lib.MechanismSpec.from_args(
+      mechanism, total_rounds=dep.total_rounds, clients_per_round=dep.clients_per_round,
+      clip_norm=1.0, target_epsilon=target_epsilon or dep.target_epsilon, delta=dep.delta,
+      accountant=dep.accountant, sampling_prob=option.sampling_prob if amplified else None,
+      momentum=dep.momentum, lr_schedule=dep.lr_schedule,
+      schedule_rounds=dep.schedule_rounds, participation=option.schema, params=params)
+
+
+def state_rows(resolved: mechanisms.Resolved) -> int:
+  """Model-sized rows of noise state the server keeps between rounds: the ``LinearStream``'s
+  k (``tff_mf.noise.rows.NoiseRows``' stream state); 0 for noise regenerated from the seed
+  each round (dense rows, independent noise)."""
+  return 0 if resolved.stream is None else int(resolved.stream.k)
+
+
+def mmcc_would_run(resolved: mechanisms.Resolved, option: SchemaOption) -> bool:
+  """Whether the record's amplified analysis for this candidate would be MMCC."""
+  schema, n = option.schema, resolved.n
+  return (mechanisms.amplification_applies(schema, n, option.sampling_prob)
+          and schema.poisson and mechanisms.amplified_analysis(resolved.encoder, schema) == "mmcc")
+
+
+def score(dep: Deployment, mechanism: str, option: SchemaOption, params: Dict[str, int], *,
+          cache_dir: Optional[str] = None) -> Any:
+  """The ``Candidate``, or a string saying why it cannot run (state cap, a check)."""
+  start = time.time()
+  try:
+    spec = spec_of(dep, mechanism, option, params)
+    resolved = mechanisms.resolve_spec(spec, cache_dir=cache_dir)
+    rows = state_rows(resolved)
+    if dep.max_state_rows is not None and rows > dep.max_state_rows:
+      return f"noise state of {rows} rows exceeds the cap of {dep.max_state_rows}"
+    skipped = dep.skip_mmcc and mmcc_would_run(resolved, option)
+    if skipped:
+      spec = spec_of(dep, mechanism, option, params, amplified=False)
+    _, record = mechanisms.build(spec, resolved=resolved)
+  except ValueError as e:  # CheckError, AccountingError: this candidate does not apply
+    return " ".join(str(e).split())
+  return candidate_of(resolved, record, option, params, skipped, time.time() - start)
+
+
+def candidate_of(resolved: mechanisms.Resolved, record: mechanisms.PrivacyRecord,
+                 option: SchemaOption, params: Dict[str, int], mmcc_skipped: bool,
+                 seconds: float) -> Candidate:
+  """The figures of a built candidate at its calibrated z."""
+  b = resolved.factorization.b
+  z = float(record.noise_multiplier)
+  rmse = z * float(np.linalg.norm(b)) / math.sqrt(b.shape[0])
+  return Candidate(
+      mechanism=resolved.mechanism.name, schema=option.schema.as_dict(), params=dict(params),
+      sampling_prob=option.sampling_prob, clients_used=option.clients_used,
+      participations=option.participations, noise_multiplier=z,
+      epsilon=float(record.epsilon), bound=record.bound, rmse=rmse,
+      max_error=z * float(np.sqrt(np.max(np.sum(np.square(b), axis=1)))),
+      rmse_per_participation=rmse / option.participations, state_rows=state_rows(resolved),
+      sensitivity=float(resolved.sensitivity),
+      sensitivity_exact=bool(resolved.sensitivity_report["exact"]),
+      mmcc_skipped=mmcc_skipped, seconds=seconds, cache_hit=resolved.info.get("cache_hit"))
+
+
+def enumerate_candidates(dep: Deployment) -> Tuple[List[Tuple[str, SchemaOption, Dict]],
+                                                   List[Dict[str, str]]]:
+  """(every (mechanism, schema option, params) to score, [{what, why}] left out)."""
+  options, skipped_kinds = schema_options(dep)
+  left_out = [{"what": f"schema {kind}", "why": why} for kind, why in skipped_kinds.items()]
+  todo = []
+  for name in dep.mechanisms:
+    m = registry.mechanism(name)
+    why = NOT_SCORED.get(name)
+    if why is None and m.momentum_workload and dep.prefix_sum:
+      why = "for a prefix-sum workload its C is opt_prefix_sum's, which is scored"
+    if why is not None:
+      left_out.append({"what": f"mechanism {name}", "why": why})
+      continue
+    for option in options:
+      if option.schema.kind in m.participations:
+        todo.extend((name, option, params) for params in family_grid(m, option,
+                                                                     dep.total_rounds))
+  return todo, left_out
+
+
+def plan(dep: Deployment, *, cache_dir: Optional[str] = None,
+         progress: bool = False) -> Dict[str, Any]:
+  """Every candidate scored and ranked by expected error (rmse), the recommendation, where
+  the answer is fragile, what the winner's schema demands and the flags that run it.
+
+  Returns a JSON-ready dict: ``candidates`` (ranked, ``Candidate`` dicts), ``recommended``
+  (the first), ``fragile`` (sentences), ``demands``, ``training_flags``,
+  ``flower_arguments``, ``left_out`` ([{what, why}]), ``deployment`` and ``seconds``.
+  """
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  start = time.time()
+  todo, left_out = enumerate_candidates(dep)
+  scored: List[Candidate] = []
+  bar = tqdm(todo, desc="plan: candidates", unit="candidate", file=sys.stderr,
+             disable=not progress, dynamic_ncols=True)
+  for name, option, params in bar:
+    bar.set_postfix_str(f"{name} {option.schema.label} {params or ''}".strip(), refresh=False)
+    result = score(dep, name, option, params, cache_dir=cache_dir)
+    if isinstance(result, Candidate):
+      scored.append(result)
+    else:
+      left_out.append({"what": describe(name, option, params), "why": result})
+  bar.close()
+  if not scored:
+    reasons = "; ".join(f"{x['what']}: {x['why']}" for x in left_out[:3])
+    raise checks.CheckError(f"no candidate can run this deployment ({reasons})")
+  scored.sort(key=lambda c: (c.rmse, c.state_rows, c.mechanism))
+  best = scored[0]
+  return {
+      "deployment": dataclasses.asdict(dep), "candidates": [c.as_dict() for c in scored],
+      "recommended": best.as_dict(), "fragile": fragile(scored),
+      "demands": demands(best), "training_flags": training_flags(dep, best),
+      "flower_arguments": flower_arguments(dep, best), "left_out": left_out,
+      "pruned": "none: every candidate is built and calibrated", "tolerance": TOLERANCE,
+      "error": "rmse = z * ||B||_F / sqrt(n) of the workload's estimates, in units of "
+               "clip_norm / clients_per_round per coordinate",
+      "seconds": time.time() - start}
+
+
+def describe(name: str, option: SchemaOption, params: Dict[str, int]) -> str:
+  """A candidate in one line: mechanism, schema label, p and family parameters."""
+  extra = "".join(f" {k}={v}" for k, v in params.items())
+  p = "" if option.sampling_prob is None else f" p={option.sampling_prob:.4g}"
+  return f"{name} {option.schema.label}{p}{extra}"
+
+
+def fragile(ranked: Sequence[Candidate]) -> List[str]:
+  """Where the recommendation could change: runners-up within the calibration tolerance of
+  the winner's error, a winner whose sensitivity is an upper bound, candidates accounted
+  without their MMCC amplification."""
+  best, out = ranked[0], []
+  close = [c for c in ranked[1:] if c.rmse <= best.rmse * (1 + 2 * TOLERANCE)]
+  for c in close:
+    out.append(f"{c.mechanism} under {participation_lib.from_dict(c.schema).label}"
+               f"{_params_text(c.params)} is within the calibration tolerance "
+               f"({2 * TOLERANCE:g} relative; rmse {c.rmse:.5g} vs {best.rmse:.5g}): either "
+               "may be the better one")
+  if not best.sensitivity_exact:
+    out.append("the winner's sensitivity is an upper bound (not attained): its true error "
+               "at the target could be lower, and so could others'")
+  skipped = [c for c in ranked if c.mmcc_skipped]
+  if skipped:
+    out.append(f"{len(skipped)} candidates were accounted without MMCC (skip_mmcc): their ε "
+               "bound and error are pessimistic; with MMCC they could rank higher")
+  return out
+
+
+def _params_text(params: Dict[str, int]) -> str:
+  return "".join(f" {k}={v}" for k, v in params.items())
+
+
+def demands(c: Candidate) -> str:
+  """What the deployment must enforce for the candidate's privacy claim."""
+  schema = participation_lib.from_dict(c.schema)
+  n_b = {"min_sep": f"b = {getattr(schema, 'min_sep', None)}, p = {c.sampling_prob}"}
+  detail = n_b.get(schema.kind, f"k = {getattr(schema, 'epochs', 1)}")
+  return f"{schema.describe()} ({detail}, {c.clients_used} clients): {DEMANDS[schema.kind]}"
+
+
+def _schema_arguments(c: Candidate) -> Dict[str, Any]:
+  schema = participation_lib.from_dict(c.schema)
+  out: Dict[str, Any] = {"participation": schema.kind}
+  for name in schema.takes:
+    if name != "max_participations":  # all that fit: the CLI's own default
+      out[name] = getattr(schema, name)
+  if c.sampling_prob is not None:
+    out["sampling_prob"] = c.sampling_prob
+  return out
+
+
+def _workload_arguments(dep: Deployment) -> Dict[str, Any]:
+  if dep.prefix_sum:
+    return {}
+  out: Dict[str, Any] = {"lr_schedule": dep.lr_schedule}
+  if dep.schedule_rounds is not None:
+    out["schedule_rounds"] = dep.schedule_rounds
+  return out
+
+
+def training_flags(dep: Deployment, c: Candidate) -> str:
+  """The ``training/run_stackoverflow.py`` command line that trains the candidate."""
+  args: Dict[str, Any] = {"mechanism": c.mechanism, "total_rounds": dep.total_rounds,
+                          "clients_per_round": dep.clients_per_round,
+                          "target_epsilon": dep.target_epsilon, "delta": dep.delta,
+                          "accountant": dep.accountant}
+  args.update(_schema_arguments(c), **c.params)
+  if not dep.prefix_sum:
+    args["server_momentum"] = dep.momentum
+  args.update(_workload_arguments(dep))
+  return "python training/run_stackoverflow.py " + " ".join(f"--{k}={v:g}" if isinstance(
+      v, float) else f"--{k}={v}" for k, v in args.items())
+
+
+def flower_arguments(dep: Deployment, c: Candidate) -> str:
+  """The Flower wrapper's call (``tff_mf.flower.strategy.MatrixFactorizationFixedClipping``)
+  that runs the candidate; ``strategy`` and ``clip_norm`` are the deployment's own."""
+  schema = participation_lib.from_dict(c.schema)
+  params = [f"{name}={getattr(schema, name)}" for name in schema.takes
+            if name != "max_participations"]
+  args = [f"total_rounds={dep.total_rounds}", f"clients_per_round={dep.clients_per_round}",
+          "clip_norm=CLIP_NORM", f"target_epsilon={dep.target_epsilon:g}",
+          f"delta={dep.delta:g}", f"accountant={dep.accountant!r}",
+          f"participation=tff_mf.participation.{schema.kind}({', '.join(params)})"]
+  if c.sampling_prob is not None:
+    args.append(f"sampling_prob={c.sampling_prob:g}")
+  args += [f"{k}={v}" for k, v in c.params.items()]
+  if not dep.prefix_sum:
+    args.append(f"momentum={dep.momentum:g}")
+  args += [f"{k}={v!r}" for k, v in _workload_arguments(dep).items()]
+  args.append(f"population={c.clients_used}")
+  return (f"MatrixFactorizationFixedClipping(strategy, {c.mechanism!r}, " + ", ".join(args)
+          + ")")
+
+
+def error_against_epsilon(dep: Deployment, result: Dict[str, Any], *, best: int = 3,
+                          epsilons: Sequence[float] = PLOT_EPSILONS,
+                          cache_dir: Optional[str] = None) -> Dict[str, List[Tuple[float, float]]]:
+  """{label: [(ε, rmse)]} of the ``best`` first candidates recalibrated at each ε (and the
+  target), as the plan built them (their factorizations from the cache)."""
+  out = {}
+  for c in result["candidates"][:best]:
+    option = SchemaOption(participation_lib.from_dict(c["schema"]), c["sampling_prob"],
+                          c["clients_used"], c["participations"])
+    points = []
+    for eps in sorted(set(epsilons) | {dep.target_epsilon}):
+      spec = spec_of(dep, c["mechanism"], option, c["params"], target_epsilon=eps,
+                     amplified=not c["mmcc_skipped"])
+      resolved, record = mechanisms.build(spec, cache_dir=cache_dir)
+      points.append((eps, candidate_of(resolved, record, option, c["params"],
+                                       c["mmcc_skipped"], 0.0).rmse))
+    out[describe(c["mechanism"], option, c["params"])] = points
+  return out
