@@ -219,7 +219,10 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path, tiny_stackoverflow):
   proc = _start(_binary(data_dir, root), tmp_path, "twice")
   _wait_for(proc, lambda: (root / "run" / outputs.CONFIG_FILE).exists(), "the run directory")
   _ctrl_c(proc)
-  time.sleep(0.3)
+  # The second Ctrl-C as soon as the first is acknowledged, while the run is still on its way
+  # to the safe point (a fixed pause let a fast run reach it and exit first).
+  _wait_for(proc, lambda: "Ctrl-C: stopping" in proc.err_path.read_text(),
+            "the first Ctrl-C's acknowledgment", timeout=60)
   _ctrl_c(proc)
   sent = time.time()
   code, lines = _finish(proc, timeout=60)
