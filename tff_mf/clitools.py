@@ -262,6 +262,12 @@ def add_delta_flag(parser, required: bool = False, what: str = ""):
                              f"(default: {DEFAULT_DELTA:g})")
 
 
+def add_target_epsilon_flag(parser):
+  """``--target_epsilon`` (required) of the tools that calibrate each candidate to it."""
+  parser.add_argument("--target_epsilon", type=float, required=True, metavar="EPS",
+                      help="the epsilon each candidate is calibrated to (required)")
+
+
 def implied_participation(participation: Optional[str], epochs=None, min_sep=None,
                           max_participations=None, sampling_prob=None,
                           default: Optional[str] = "single") -> Optional[str]:

@@ -27,8 +27,7 @@ def register(subparsers) -> None:
   parser.add_argument("--sampling_prob", type=float, required=True, metavar="P",
                       help="probability p that a user joins a round it is eligible for at "
                            "cycle B (required)")
-  parser.add_argument("--target_epsilon", type=float, required=True, metavar="EPS",
-                      help="the epsilon each candidate is calibrated to (required)")
+  clitools.add_target_epsilon_flag(parser)
   clitools.add_delta_flag(parser)
   parser.add_argument("--max_bands", type=int, default=None,
                       help="a further cap on b (default: none)")

@@ -28,8 +28,7 @@ def register(subparsers) -> None:
   parser.add_argument("--clients_per_round", type=int, required=True, metavar="K",
                       help="clients per round (the expected number under sampling) "
                            "(required)")
-  parser.add_argument("--target_epsilon", type=float, required=True, metavar="EPS",
-                      help="the epsilon each candidate is calibrated to (required)")
+  clitools.add_target_epsilon_flag(parser)
   clitools.add_delta_flag(parser)
   parser.add_argument("--schemas", nargs="+", choices=participation.KINDS,
                       default=list(participation.KINDS), metavar="KIND",
