@@ -99,7 +99,7 @@ def fixed_bin_rows(sizes, cache_dir):
     for delta in DELTAS:
       start = time.perf_counter()
       record = accounting.epsilon_for(c, participation.balls_in_bins(EPOCHS), Z, delta,
-                                      "balls_in_bins")
+                                      "amplified_fixed_bin")
       seconds = time.perf_counter() - start
       start = time.perf_counter()
       lower = fixed_bin.lower_bound(c, EPOCHS, Z, delta)

@@ -512,7 +512,7 @@ def test_lower_bound_of_random_allocation(capsys):
   from tff_mf.accounting import random_allocation  # pylint: disable=g-import-not-at-top
   argv = ["--mechanism", "banded_toeplitz", "--total_rounds", "16", "--participation",
           "random_allocation",
-          "--epochs", "2", "--amplification", "random_allocation", "--noise_multiplier", "2",
+          "--epochs", "2", "--amplification", "amplified_allocation", "--noise_multiplier", "2",
           "--delta", DELTA]
   out = _json(argv + ["--lower_bound"], capsys)
   assert 0 < out["lower_bound_epsilon"] <= out["epsilon"] <= out["unamplified_epsilon"]
@@ -527,7 +527,7 @@ def test_lower_bound_of_random_allocation(capsys):
 @pytest.mark.parametrize("argv, match", [
     (["--mechanism", "gaussian", "--total_rounds", "4", "--noise_multiplier", "1", "--delta", DELTA,
       "--lower_bound"],
-     r"--lower_bound needs --amplification mmcc, amplified_banded, random_allocation or balls_in_bins"),
+     r"--lower_bound needs --amplification mmcc, amplified_banded, amplified_allocation or amplified_fixed_bin"),
     (["--mechanism", "gaussian", "--total_rounds", "4", "--noise_multiplier", "1", "--delta", DELTA,
       "--monte_carlo_samples", "5000"], r"--monte_carlo_samples needs --amplification"),
     (_SLACK + ["--noise_multiplier", "2", "--monte_carlo_samples", "10"],
@@ -730,3 +730,22 @@ def test_monte_carlo_epsilon_carries_beta_and_the_seed_condition(capsys):
   assert SEED_CONDITION in record["epsilon_label"]
   statement_text = record["privacy_statement"]["text"]
   assert beta in statement_text and SEED_CONDITION in statement_text
+
+
+@pytest.mark.parametrize("former,new,kind", [("random_allocation", "amplified_allocation",
+                                              "random_allocation"),
+                                             ("balls_in_bins", "amplified_fixed_bin",
+                                              "balls_in_bins")])
+def test_the_former_amplification_names_of_a_kind_are_refused_naming_the_new(
+    former, new, kind, capsys):
+  """Kinds and analyses no longer share names: --amplification random_allocation and
+  balls_in_bins name participation kinds only, and are refused in one line naming the new."""
+  argv = ["--mechanism", "gaussian", "--total_rounds", "16", "--participation", kind,
+          "--epochs", "4", "--noise_multiplier", "2", "--delta", DELTA, "--json"]
+  rc, out, err = _run(argv + ["--amplification", former], capsys)
+  assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+  assert f"--amplification {former} was renamed --amplification {new}" in err
+  assert "participation kind" in err
+  rc, out, err = _run(argv + ["--amplification", new], capsys)
+  assert rc == 0, err
+  assert json.loads(out)["analysis"] == new

@@ -136,7 +136,7 @@ def test_a_run_record_under_random_allocation_with_c_identity_uses_the_pld():
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
   record = mechanisms.run_privacy(np.eye(32), participation.random_allocation(4), 2.0, None,
                                   1e-6, "exact")
-  assert record.bound == "random_allocation"
+  assert record.bound == "amplified_allocation"
   direct = allocation_pld.epsilon(8, 4, 2.0, 1e-6)["epsilon"]
   assert record.epsilon == pytest.approx(direct, rel=1e-9)  # X rounded up by 1e-12
   assert "arXiv:2602.17284" in str(record)

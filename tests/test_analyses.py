@@ -174,3 +174,31 @@ def test_the_former_name_banded_is_refused_and_a_stored_record_still_reads():
   assert [e["epsilon_text"] for e in then["epsilons"]] == \
       [e["epsilon_text"] for e in now["epsilons"]]
   assert "banded" not in analyses.SELECTABLE and "banded" not in analyses.REGISTRY
+
+
+def test_no_analysis_shares_a_name_with_a_participation_kind_or_a_strategy():
+  """One name, one meaning (dp_accounting's rule): "random_allocation" and "balls_in_bins"
+  named both a participation kind and its amplified analysis; the analyses are now
+  "amplified_allocation" and "amplified_fixed_bin". The former names are refused in one line
+  naming the new one, and a stored record naming one still reads as the analysis it named.
+  ("none", no amplification, is also the mechanism without noise: both name an absence.)"""
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
+  names = set(analyses.REGISTRY)
+  assert not names & set(participation.CLASSES), names & set(participation.CLASSES)
+  assert names & set(registry.STRATEGIES) <= {"none"}
+  c, k = np.eye(16), 4
+  for former, schema in (("random_allocation", participation.random_allocation(k)),
+                         ("balls_in_bins", participation.balls_in_bins(k))):
+    new = analyses.RENAMED[former]
+    with pytest.raises(checks.CheckError) as e:
+      accounting.epsilon_for(c, schema, 2.0, DELTA, former)
+    assert f"'{former}' was renamed '{new}'" in str(e.value) and "\n" not in str(e.value)
+    assert "participation kind" in str(e.value)
+    record = accounting.epsilon_for(c, schema, 2.0, DELTA, new)
+    assert record["analysis"] == new and record["epsilon"] < record["unamplified_epsilon"]
+    assert analyses.of_record(former) is analyses.REGISTRY[new]
+    then, now = (statement.privacy_statement(r, run=False)
+                 for r in (dict(record, analysis=former), record))
+    assert then["analysis"] == now["analysis"]
+    assert [e["epsilon_text"] for e in then["epsilons"]] == \
+        [e["epsilon_text"] for e in now["epsilons"]]

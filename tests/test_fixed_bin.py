@@ -134,33 +134,33 @@ def test_fixed_bin_epsilon_is_amplified_and_the_plain_record_names_the_analysis(
   assert record["sensitivity"] == pytest.approx(2.0, rel=1e-9)
   assert record["epsilon"] == pytest.approx(
       accounting.epsilon(2.0, DELTA, sensitivity=record["sensitivity"]), rel=1e-12)
-  assert "'balls_in_bins'" in record["amplification"]
+  assert "'amplified_fixed_bin'" in record["amplification"]
   assert "fixed-bin" in record["theorem"]
   # The random-allocation bound is never used for the fixed-bin scheme, nor the reverse.
   with pytest.raises(checks.CheckError) as e:
-    accounting.epsilon_for(c, pa.balls_in_bins(4), 2.0, DELTA, "random_allocation")
+    accounting.epsilon_for(c, pa.balls_in_bins(4), 2.0, DELTA, "amplified_allocation")
   assert "not balls_in_bins(epochs=4, fixed bin)" in str(e.value)
   with pytest.raises(checks.CheckError) as e:
-    accounting.epsilon_for(c, pa.random_allocation(4), 2.0, DELTA, "balls_in_bins")
+    accounting.epsilon_for(c, pa.random_allocation(4), 2.0, DELTA, "amplified_fixed_bin")
   assert "not random_allocation" in str(e.value) and "\n" not in str(e.value)
   # C = I: the bins' means are orthogonal, so the pair is one epoch of random allocation
   # of b = 4 bins at z / sqrt(k) (the comparison pair is the pair itself; G is rounded up
   # by participation.ROUNDING_MARGIN).
-  amplified = accounting.epsilon_for(c, pa.balls_in_bins(4), 2.0, DELTA, "balls_in_bins")
+  amplified = accounting.epsilon_for(c, pa.balls_in_bins(4), 2.0, DELTA, "amplified_fixed_bin")
   same = allocation_pld.epsilon(4, 1, 1.0, DELTA)["epsilon"]
   assert amplified["fixed_bin"]["method"] == "pld" and amplified["bound"] == "amplified"
   assert amplified["epsilon"] == pytest.approx(same, rel=1e-9)
   assert amplified["epsilon"] < record["epsilon"] == amplified["unamplified_epsilon"]
   run = mechanisms.run_privacy(c, pa.balls_in_bins(4), 2.0, None, DELTA, "exact")
-  assert run.bound == "balls_in_bins" and run.epsilon == amplified["epsilon"]
+  assert run.bound == "amplified_fixed_bin" and run.epsilon == amplified["epsilon"]
   text = str(run)
   assert "secret bin of fixed-bin balls-in-bins" in text and "Kahane" in text
 
 
 def test_an_account_call_with_an_old_record_gets_the_random_allocation_bound():
   c = np.eye(64)
-  old = accounting.epsilon_for(c, _legacy(4), 2.0, DELTA, "random_allocation")
-  new = accounting.epsilon_for(c, pa.random_allocation(4), 2.0, DELTA, "random_allocation")
+  old = accounting.epsilon_for(c, _legacy(4), 2.0, DELTA, "amplified_allocation")
+  new = accounting.epsilon_for(c, pa.random_allocation(4), 2.0, DELTA, "amplified_allocation")
   assert old["schema"]["kind"] == "random_allocation"
   assert old["epsilon"] == new["epsilon"] < new["unamplified_epsilon"]
 
@@ -177,21 +177,21 @@ def test_cli_balls_in_bins_is_fixed_bin_and_random_allocation_is_amplified(tmp_p
   assert fixed.returncode == 0, fixed.stderr
   record = json.loads(fixed.stdout)
   assert record["schema"]["kind"] == "balls_in_bins" and record["schema"]["fixed_bin"]
-  assert record["analysis"] == "none" and "'balls_in_bins'" in record["amplification"]
+  assert record["analysis"] == "none" and "'amplified_fixed_bin'" in record["amplification"]
   assert "fixed bin" in json.dumps(record["privacy_statement"])
   allocation = _account("--participation", "random_allocation", "--amplification",
-                        "random_allocation", *base)
+                        "amplified_allocation", *base)
   assert allocation.returncode == 0, allocation.stderr
   assert json.loads(allocation.stdout)["epsilon"] < record["epsilon"]
-  amplified = _account("--participation", "balls_in_bins", "--amplification", "balls_in_bins",
+  amplified = _account("--participation", "balls_in_bins", "--amplification", "amplified_fixed_bin",
                        "--lower_bound", *base)
   assert amplified.returncode == 0, amplified.stderr
   bound = json.loads(amplified.stdout)
-  assert bound["analysis"] == "balls_in_bins" and bound["schema"]["fixed_bin"]
+  assert bound["analysis"] == "amplified_fixed_bin" and bound["schema"]["fixed_bin"]
   assert bound["lower_bound_epsilon"] <= bound["epsilon"] < record["epsilon"]
   assert "secret bin" in json.dumps(bound["privacy_statement"])
-  for schema, analysis, what in (("balls_in_bins", "random_allocation", "fixed-bin"),
-                                 ("random_allocation", "balls_in_bins", "new round")):
+  for schema, analysis, what in (("balls_in_bins", "amplified_allocation", "fixed-bin"),
+                                 ("random_allocation", "amplified_fixed_bin", "new round")):
     refused = _account("--participation", schema, "--amplification", analysis, *base)
     lines = refused.stderr.strip().splitlines()
     assert refused.returncode != 0 and len(lines) == 1 and what in lines[0], refused.stderr
@@ -286,7 +286,7 @@ def test_fixed_bin_bound_sits_between_the_lower_bound_and_the_unamplified_one():
   n, k, z = 64, 4, 2.0
   coef = 1.0 / np.sqrt(1.0 + np.arange(n))  # a slowly decaying Toeplitz C, as BLT
   c = sum(v * np.eye(n, k=-d) for d, v in enumerate(coef))
-  record = accounting.epsilon_for(c, pa.balls_in_bins(k), z, 1e-6, "balls_in_bins")
+  record = accounting.epsilon_for(c, pa.balls_in_bins(k), z, 1e-6, "amplified_fixed_bin")
   lower = fb.lower_bound(c, k, z, 1e-6)
   assert 0 < lower <= record["epsilon"] <= record["unamplified_epsilon"]
   assert record["bound"] == "amplified" and record["fixed_bin"]["method"] == "renyi"

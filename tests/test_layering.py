@@ -265,9 +265,6 @@ def _python(code):
 MAX_KIND_NAME_COMPARISONS = 5
 KIND_NAMES = ("single", "fixed_epoch", "min_sep", "balls_in_bins", "random_allocation",
               "cyclic_poisson")
-# Names of an accountant's analysis, some spelled like a kind ("random_allocation"): a
-# comparison with one of these compares analyses, not kinds.
-ANALYSIS_OPERANDS = ("analysis", "amplification")
 
 
 def _names_in(node):
@@ -311,8 +308,6 @@ def kind_name_comparisons():
       if not isinstance(node, ast.Compare):
         continue
       operands = [node.left] + node.comparators
-      if any(_operand_name(o) in ANALYSIS_OPERANDS for o in operands):
-        continue
       if any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops) and \
           any(_names_in(o) for o in operands):
         found.append(f"{rel}:{node.lineno}")
@@ -330,10 +325,9 @@ def test_participation_kinds_are_compared_by_name_in_few_places():
 # Analyses own their words and rules (tff_mf.accounting.analyses): at most this many comparisons against
 # an analysis's or a Gaussian accountant's name remain outside that module.
 MAX_ANALYSIS_NAME_COMPARISONS = 2
-ANALYSIS_NAMES = ("none", "mmcc", "amplified_banded", "banded", "random_allocation", "adaptive",
-                  "monte_carlo",
-                  "monte_carlo_bound",
-                  "exact", "pld", "rdp", "auto")
+ANALYSIS_NAMES = ("none", "mmcc", "amplified_banded", "amplified_allocation",
+                  "amplified_fixed_bin", "adaptive", "monte_carlo", "monte_carlo_bound",
+                  "discrete_gaussian", "exact", "pld", "rdp", "auto")
 # Operands that hold an analysis's or an accountant's name.
 ANALYSIS_HOLDERS = ("analysis", "amplification", "accountant", "unamplified_accountant")
 

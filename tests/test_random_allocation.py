@@ -150,7 +150,7 @@ def test_toeplitz_between_lower_bound_and_unamplified(coef, n, k):
   for z in (1.0, 4.0):
     sens, plain = unamplified(c, k, z)
     record = accounting.epsilon_for(c, participation.random_allocation(k), z, DELTA,
-                                    "random_allocation")
+                                    "amplified_allocation")
     low = ra.lower_bound(c, k, z, DELTA)
     assert record["epsilon"] == min(record["amplified_epsilon"], plain)
     assert record["unamplified_epsilon"] == plain
@@ -166,23 +166,23 @@ def test_bad_inputs_are_one_line_errors():
       ra.epsilon(matrix, k, 1.0, DELTA)
     assert words in str(e.value) and "\n" not in str(e.value)
   with pytest.raises(checks.CheckError, match="random_allocation participation .*, not min_sep"):
-    accounting.epsilon_for(c, participation.min_sep(2), 1.0, DELTA, "random_allocation")
+    accounting.epsilon_for(c, participation.min_sep(2), 1.0, DELTA, "amplified_allocation")
   with pytest.raises(checks.CheckError, match="sampling_prob does not apply"):
     accounting.epsilon_for(c, participation.random_allocation(2), 1.0, DELTA,
-                           "random_allocation", sampling_prob=0.5)
+                           "amplified_allocation", sampling_prob=0.5)
 
 
 @pytest.mark.slow  # C = I: about 20 evaluations of the PLD bound (tests/test_allocation_pld.py)
 def test_run_record_names_the_random_allocation_bound_and_calibrates_with_it():
   c, schema = np.eye(64), participation.random_allocation(4)
   record = mechanisms.run_privacy(c, schema, 2.0, None, DELTA, "exact")
-  assert record.bound == "random_allocation"
+  assert record.bound == "amplified_allocation"
   assert "arXiv:2601.21636" in record.analysis
   by_analysis = {r["analysis"]: r["epsilon"] for r in record.details["candidates"]}
-  assert set(by_analysis) == {"none", "random_allocation"}
-  assert record.epsilon == by_analysis["random_allocation"] < by_analysis["none"]
+  assert set(by_analysis) == {"none", "amplified_allocation"}
+  assert record.epsilon == by_analysis["amplified_allocation"] < by_analysis["none"]
   calibrated = mechanisms.run_privacy(c, schema, None, 2.0, DELTA, "exact")
-  assert calibrated.bound == "random_allocation"
+  assert calibrated.bound == "amplified_allocation"
   assert 0.99 * 2.0 <= calibrated.epsilon <= 2.0
   plain_z = accounting.calibrate_noise_multiplier(2.0, DELTA, sensitivity=2.0)
   assert calibrated.noise_multiplier < 0.8 * plain_z
@@ -193,12 +193,12 @@ def test_account_cli_random_allocation(tmp_path):
           "--total_rounds", "32",
           "--delta", "1e-6", "--noise_multiplier", "2", "--cache_dir", str(tmp_path)]
   ok = subprocess.run(base + ["--participation", "random_allocation", "--epochs", "4",
-                              "--amplification", "random_allocation", "--json"],
+                              "--amplification", "amplified_allocation", "--json"],
                       capture_output=True, text=True, env=userenv.env(), check=False)
   assert ok.returncode == 0, ok.stderr
   import json  # pylint: disable=g-import-not-at-top
   record = json.loads(ok.stdout)
-  assert record["analysis"] == "random_allocation" and record["bound"] == "amplified"
+  assert record["analysis"] == "amplified_allocation" and record["bound"] == "amplified"
   assert record["epsilon"] < record["unamplified_epsilon"]
   # C = I: the random-allocation PLD (arXiv:2602.17284), below the Renyi bound.
   assert record["random_allocation"]["method"] == "pld" and record["accountant"] == "pld"
@@ -208,7 +208,7 @@ def test_account_cli_random_allocation(tmp_path):
                        (["--participation", "min_sep", "--min_sep", "2", "--epochs", "4"],
                         "needs --participation random_allocation"),
                        ([], "needs --epochs")):
-    bad = subprocess.run(base + ["--amplification", "random_allocation"] + extra,
+    bad = subprocess.run(base + ["--amplification", "amplified_allocation"] + extra,
                          capture_output=True, text=True, env=userenv.env(), check=False)
     lines = bad.stderr.strip().splitlines()
     assert bad.returncode != 0 and len(lines) == 1 and words in lines[0], bad.stderr

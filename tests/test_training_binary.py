@@ -225,7 +225,7 @@ def test_binary_trains_under_random_allocation_and_reports_the_smallest_bound(
   assert seen["observed"]["repeats_within_an_epoch"] == 0
   privacy = summary["privacy"]
   by_analysis = {r["analysis"]: r["epsilon"] for r in privacy["candidates"]}
-  assert set(by_analysis) == {"none", "random_allocation"}
+  assert set(by_analysis) == {"none", "amplified_allocation"}
   assert summary["epsilon"] == min(by_analysis.values())
   c = cache.load(summary["mechanism_info"]["cache_npz"]).c
   sens = participation.sensitivity(c, participation.random_allocation(2))
@@ -233,8 +233,8 @@ def test_binary_trains_under_random_allocation_and_reports_the_smallest_bound(
   assert by_analysis["none"] == pytest.approx(accounting.epsilon(1.0, 1e-6, sensitivity=sens),
                                               rel=1e-9)
   amplified = accounting.epsilon_for(c, participation.random_allocation(2), 1.0, 1e-6,
-                                     "random_allocation")
-  assert by_analysis["random_allocation"] == pytest.approx(amplified["epsilon"], rel=1e-9)
+                                     "amplified_allocation")
+  assert by_analysis["amplified_allocation"] == pytest.approx(amplified["epsilon"], rel=1e-9)
 
 
 # Slow: the fixed-bin sampler and its record are tested in-process in tests/test_fixed_bin.py;
@@ -259,13 +259,13 @@ def test_binary_trains_under_fixed_bin_balls_in_bins_and_labels_its_bound(
   sens = participation.sensitivity(c, participation.balls_in_bins(2))
   assert summary["privacy"]["sensitivity"] == pytest.approx(sens, rel=1e-12)
   by_analysis = {r["analysis"]: r["epsilon"] for r in summary["privacy"]["candidates"]}
-  assert set(by_analysis) == {"none", "balls_in_bins"}
+  assert set(by_analysis) == {"none", "amplified_fixed_bin"}
   assert summary["epsilon"] == min(by_analysis.values())
   assert by_analysis["none"] == pytest.approx(accounting.epsilon(1.0, 1e-6, sensitivity=sens),
                                               rel=1e-9)
   amplified = accounting.epsilon_for(c, participation.balls_in_bins(2), 1.0, 1e-6,
-                                     "balls_in_bins")
-  assert by_analysis["balls_in_bins"] == pytest.approx(amplified["epsilon"], rel=1e-9)
+                                     "amplified_fixed_bin")
+  assert by_analysis["amplified_fixed_bin"] == pytest.approx(amplified["epsilon"], rel=1e-9)
   assert "fixed bin" in summary["privacy_statement"]["text"]
 
 

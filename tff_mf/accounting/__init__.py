@@ -16,19 +16,21 @@ it and keeps the functional API). The analyses (``epsilon_for``):
   balls-in-bins (one secret bin j per user, every round ≡ j mod b; Choquette-Choo et al.
   2024, arXiv:2410.06266; Chua et al. 2024, arXiv:2412.16802) the sensitivity over the
   b-cyclic patterns: given the bin the pattern is deterministic, so this bound holds and
-  the bin's secrecy only lowers the true ε (its amplified bound is ``"balls_in_bins"``, below); for
+  the bin's secrecy only lowers the true ε (its amplified bound is ``"amplified_fixed_bin"``, below); for
   random allocation (one uniformly random round per epoch, drawn anew each epoch) the
   sensitivity over every one-round-per-epoch pattern (its amplified bound is
-  ``"random_allocation"``, below). The two are different mechanisms: neither's bound
+  ``"amplified_allocation"``, below). The two are different mechanisms: neither's bound
   is used for the other.
 - ``"mmcc"``: amplification by Poisson sampling for any lower-triangular non-negative
   C (Choquette-Choo et al. 2024, MMCC, arXiv:2310.15526, Fig 1; b-min-sep sampling:
   App D, Fig 6); ``tff_mf.accounting.mmcc``.
-- ``"random_allocation"``: amplification by random allocation (one uniformly random
+- ``"amplified_allocation"`` (formerly ``"random_allocation"``, now only the kind's name):
+  amplification by random allocation (one uniformly random
   round per epoch, the ``random_allocation`` schema) for any lower-triangular non-negative square C: Rényi-divergence
   bounds of the dominating pair at integer orders, after Schuchardt & Kalinin 2026
   (arXiv:2601.21636, Sec 3), converted to (ε, δ); ``tff_mf.accounting.random_allocation``.
-- ``"balls_in_bins"``: amplification by the secret bin of fixed-bin balls-in-bins for any
+- ``"amplified_fixed_bin"`` (formerly ``"balls_in_bins"``, now only the kind's name):
+  amplification by the secret bin of fixed-bin balls-in-bins for any
   lower-triangular non-negative square C: Rényi bounds of the mixture over bins and a
   dominating comparison pair's PLD; ``tff_mf.accounting.fixed_bin``.
 - ``"amplified_banded"`` (formerly ``"banded"``): amplified banded MF (Choquette-Choo et al.

@@ -12,7 +12,10 @@ bound, and ``epsilon``):
   arXiv:2202.08312, Thm 4.1; Choquette-Choo et al. 2023, arXiv:2211.06530), ``"mmcc"``
   (Choquette-Choo et al. 2024, arXiv:2310.15526), ``"amplified_banded"`` (Choquette-Choo et
   al. 2023, arXiv:2306.08153, Thm 4; formerly ``"banded"``, a strategy's name),
-  ``"random_allocation"`` (after Schuchardt & Kalinin 2026, arXiv:2601.21636), ``"balls_in_bins"`` (fixed bin, after arXiv:2601.21636) and
+  ``"amplified_allocation"`` (random allocation, after Schuchardt & Kalinin 2026,
+  arXiv:2601.21636; formerly ``"random_allocation"``, a participation kind's name),
+  ``"amplified_fixed_bin"`` (fixed-bin balls-in-bins, after arXiv:2601.21636; formerly
+  ``"balls_in_bins"``, a kind's name) and
   ``"monte_carlo_bound"`` (Monte-Carlo accounting of the dominating pair of C ≥ 0,
   arXiv:2410.06266, δ bounded by Chernoff-Hoeffding: its ε holds with probability ≥ 1 − β
   and carries β wherever it appears); two more describe records built elsewhere:
@@ -313,9 +316,9 @@ class Unamplified(Analysis):
   # What an unamplified record of these schemas leaves out (said with every such ε).
   NOT_AMPLIFIED: ClassVar[Dict[str, str]] = {
       "balls_in_bins": "unamplified bound of fixed-bin balls-in-bins (the user's rounds "
-                       "given its bin, b apart); amplification 'balls_in_bins' "
+                       "given its bin, b apart); amplification 'amplified_fixed_bin' "
                        "(tff_mf.accounting.fixed_bin) bounds the secrecy of the bin",
-      "random_allocation": "unamplified bound; amplification 'random_allocation' "
+      "random_allocation": "unamplified bound; amplification 'amplified_allocation' "
                            "(tff_mf.accounting.random_allocation, after arXiv:2601.21636) bounds random "
                            "allocation with amplification",
   }
@@ -524,7 +527,8 @@ class RandomAllocation(Analysis):
   Kalinin 2026 (arXiv:2601.21636, Sec 3); for near-diagonal C the PLD of a dominating
   comparison pair (Kahane 1985; Feldman & Shenfeld 2026, arXiv:2602.17284; for C = a·I the
   pair itself). ``tff_mf.accounting.random_allocation``."""
-  name: ClassVar[str] = "random_allocation"
+  name: ClassVar[str] = "amplified_allocation"
+  kind: ClassVar[str] = "random_allocation"  # the participation kind it analyzes
   label: ClassVar[str] = ("random-allocation amplification (Renyi bounds after "
                           "arXiv:2601.21636; for near-diagonal C a comparison pair's PLD, "
                           "arXiv:2602.17284)")
@@ -549,7 +553,7 @@ class RandomAllocation(Analysis):
     schema = check_schema(schema)
     if c is None:
       return (f"amplification {self.name!r} needs the encoder C (a matrix or a mechanism)")
-    if schema.kind != self.name:
+    if schema.kind != self.kind:
       return f"amplification {self.name!r} analyzes {self.analyzes}, not {schema.describe()}"
     return None
 
@@ -627,7 +631,8 @@ class FixedBin(RandomAllocation):
   """Amplification by the secret bin of fixed-bin balls-in-bins (arXiv:2410.06266,
   arXiv:2412.16802) for lower-triangular non-negative square C: Rényi bounds of the mixture
   over bins and a comparison pair's PLD (``tff_mf.accounting.fixed_bin``)."""
-  name: ClassVar[str] = "balls_in_bins"
+  name: ClassVar[str] = "amplified_fixed_bin"
+  kind: ClassVar[str] = "balls_in_bins"
   field: ClassVar[str] = "fixed_bin"
   bound_name: ClassVar[str] = "fixed-bin balls-in-bins bound of tff_mf.accounting.fixed_bin"
   analyzes: ClassVar[str] = "balls_in_bins participation (one secret bin for the whole run)"
@@ -905,10 +910,14 @@ def high_probability_words(beta) -> str:
 
 
 REGISTRY: Dict[str, type] = {}
-# Former names of analyses (one name, one meaning: "banded" is also a strategy). A stored
-# record that names one reads as the analysis it named (``of_record``); a caller who passes
-# one is refused in one line naming the new name (``analysis_class``).
-RENAMED: Dict[str, str] = {"banded": "amplified_banded"}
+# Former names of analyses (one name, one meaning: "banded" is also a strategy,
+# "random_allocation" and "balls_in_bins" are participation kinds). A stored record that names
+# one reads as the analysis it named (``of_record``); a caller who passes one is refused in
+# one line naming the new name (``analysis_class``). A name never changes meaning, and a new
+# thing gets a new name (docs/architecture.md, "Names").
+RENAMED: Dict[str, str] = {"banded": "amplified_banded",
+                           "random_allocation": "amplified_allocation",
+                           "balls_in_bins": "amplified_fixed_bin"}
 
 
 def register(cls: type) -> type:
@@ -929,6 +938,12 @@ SELECTABLE = tuple(name for name, cls in REGISTRY.items() if cls.selectable and 
 AUTOMATIC = (RandomAllocation, FixedBin, AmplifiedBanded, MMCC)
 
 
+def named_now(former: str) -> str:
+  """What a former analysis name names now, in words."""
+  from tff_mf import participation  # pylint: disable=g-import-not-at-top
+  return "a participation kind" if former in participation.CLASSES else "a strategy"
+
+
 def analysis_class(name) -> type:
   """The selectable analysis called ``name`` (None: "none"; an ``Analysis``: its class);
   CheckError otherwise."""
@@ -937,7 +952,8 @@ def analysis_class(name) -> type:
   name = "none" if name is None else name
   if name in RENAMED:
     raise checks.CheckError(f"amplification {name!r} was renamed {RENAMED[name]!r} (one name, "
-                            f"one meaning: {name!r} is a strategy); use {RENAMED[name]!r}")
+                            f"one meaning: {name!r} is {named_now(name)}); use "
+                            f"{RENAMED[name]!r}")
   if name not in SELECTABLE:
     raise checks.CheckError(f"amplification must be one of {', '.join(SELECTABLE)} (or None), "
                             f"got {name!r}")

@@ -13,9 +13,9 @@ built, or factorized once into the cache and reused, exactly as training resolve
 unamplified (one Gaussian at z / sensitivity) or amplified by Poisson sampling (MMCC,
 Choquette-Choo et al. 2024, arXiv:2310.15526; amplified banded, Choquette-Choo et al.
 2023, arXiv:2306.08153), or by random allocation (``--participation random_allocation
---amplification random_allocation``, ``tff_mf.accounting.random_allocation``, after Schuchardt &
+--amplification amplified_allocation``, ``tff_mf.accounting.random_allocation``, after Schuchardt &
 Kalinin 2026, arXiv:2601.21636). ``--participation balls_in_bins`` is the field's
-fixed-bin scheme (arXiv:2410.06266), amplified by ``--amplification balls_in_bins``
+fixed-bin scheme (arXiv:2410.06266), amplified by ``--amplification amplified_fixed_bin``
 (``tff_mf.accounting.fixed_bin``)::
 
   tff-mf account --mechanism blt --total_rounds 256 --min_sep 32 --amplification mmcc \\
@@ -70,7 +70,7 @@ _EXAMPLES = """examples:
   tff-mf account --matrix ~/.cache/tff_mf/<entry>/<file>.npz --amplification mmcc \\
       --sampling_prob 0.01 --noise_multiplier 8 --delta 1e-6
   tff-mf account --mechanism blt --total_rounds 256 --participation random_allocation --epochs 8 \\
-      --amplification random_allocation --noise_multiplier 2 --delta 1e-6
+      --amplification amplified_allocation --noise_multiplier 2 --delta 1e-6
   tff-mf account --mechanism blt --total_rounds 256 --participation balls_in_bins --epochs 8 \\
       --noise_multiplier 2 --delta 1e-6
 
@@ -94,9 +94,9 @@ def register(subparsers) -> None:
           "with at most b non-zero bands under b-min-sep sampling. Amplified by random "
           "allocation (--participation random_allocation, a new random round each epoch): "
           "Renyi bounds of the random-allocation pair after Schuchardt & Kalinin 2026, "
-          "arXiv:2601.21636 (--amplification random_allocation). --participation "
+          "arXiv:2601.21636 (--amplification amplified_allocation). --participation "
           "balls_in_bins is the field's fixed-bin scheme (one secret bin per user, every "
-          "b-th round; arXiv:2410.06266), amplified by --amplification balls_in_bins "
+          "b-th round; arXiv:2410.06266), amplified by --amplification amplified_fixed_bin "
           "(tff_mf.accounting.fixed_bin)."),
       epilog=_EXAMPLES, removed=REMOVED_FLAGS)
   _add_run_arguments(parser)
@@ -178,10 +178,10 @@ def _add_encoder_arguments(matrix) -> None:
 
 
 def _add_amplification_arguments(amp) -> None:
+  from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
   amp.add_argument("--amplification",
-                   choices=("none", "mmcc", "amplified_banded", "random_allocation",
-                            "balls_in_bins", "monte_carlo_bound",
-                            "banded"),  # a former name (analyses.RENAMED): refused, naming the new
+                   # former names (analyses.RENAMED) are refused, naming the new
+                   choices=analyses.SELECTABLE + tuple(analyses.RENAMED),
                    default=None,
                    help="none: one Gaussian at z / sensitivity; mmcc: MMCC for any "
                         "lower-triangular non-negative C; amplified_banded (formerly banded, "
@@ -191,12 +191,15 @@ def _add_amplification_arguments(amp) -> None:
                         "lower-triangular C >= 0 under min_sep / fixed_epoch Poisson sampling "
                         "(with --sampling_prob) or fixed-bin balls_in_bins, its epsilon labelled "
                         "with --failure_probability; "
-                        "random_allocation: random allocation (--participation "
+                        "amplified_allocation (formerly random_allocation, now only the "
+                        "kind's name): random allocation (--participation "
                         "random_allocation --epochs K, no --sampling_prob; never fixed-bin "
                         "balls_in_bins) for any square lower-triangular "
-                        "non-negative C, Renyi bounds after arXiv:2601.21636; balls_in_bins: "
+                        "non-negative C, Renyi bounds after arXiv:2601.21636; "
+                        "amplified_fixed_bin (formerly balls_in_bins): "
                         "fixed-bin balls-in-bins (--participation balls_in_bins --epochs K), "
-                        "tff_mf.accounting.fixed_bin, for the same C as random_allocation (default: none; "
+                        "tff_mf.accounting.fixed_bin, for the same C as amplified_allocation "
+                        "(default: none; "
                         "with --sampling_prob, the analysis training uses: amplified_banded when C has at "
                         "most b bands, else mmcc, under min_sep with p < 1 and no binding "
                         "--max_participations, else none; the output names it)")
@@ -233,7 +236,7 @@ def _add_amplification_arguments(amp) -> None:
 
 def _add_slack_arguments(slack) -> None:
   slack.add_argument("--lower_bound", action="store_true",
-                     help="mmcc, amplified_banded, random_allocation, balls_in_bins: also "
+                     help="mmcc, amplified_banded, amplified_allocation, amplified_fixed_bin: also "
                           "print a "
                           "proven LOWER bound on the true epsilon (lower_bound_epsilon; "
                           "b-min-sep: one residue class's first rounds, each joined with "
@@ -253,8 +256,8 @@ def _check_slack_flags(args: argparse.Namespace, analysis: Optional[type]) -> No
   flags = [f for f, on in (("--lower_bound", args.lower_bound),
                            ("--monte_carlo_samples", args.monte_carlo_samples is not None)) if on]
   if flags and analysis is not None and not analysis.amplified:
-    _fail(f"{flags[0]} needs --amplification mmcc, amplified_banded, random_allocation or "
-          "balls_in_bins "
+    _fail(f"{flags[0]} needs --amplification mmcc, amplified_banded, "
+          "amplified_allocation or amplified_fixed_bin "
           "(it bounds the sampled run's epsilon from below)")
   if args.monte_carlo_samples is not None and args.monte_carlo_samples < 1000:
     _fail(f"--monte_carlo_samples must be an integer >= 1000, got {args.monte_carlo_samples}")
@@ -533,18 +536,19 @@ def _print(record: dict, as_json: bool) -> None:
 # ----------------------------------------------------------------------------- run
 
 
-def _check_allocation_schema(spelling: Optional[str], name: str) -> None:
-  """--amplification random_allocation / balls_in_bins analyzes its own schema only (or no
-  --participation)."""
+def _check_allocation_schema(spelling: Optional[str], analysis) -> None:
+  """--amplification amplified_allocation / amplified_fixed_bin analyzes its own schema only
+  (``analysis.kind``; or no --participation)."""
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
   kind = None if spelling is None else participation.CLASSES[participation.canonical_kind(spelling)]
-  if kind is None or kind.kind == name:
+  if kind is None or kind.kind == analysis.kind:
     return
+  name = analysis.name
   if kind.allocation_amplified:
     what = "the field's fixed-bin scheme" if kind.marks_fixed_bin else "a new round each epoch"
-    _fail(f"--amplification {name} analyzes --participation {name}, not {kind.kind} ({what}: "
-          f"a different mechanism, which it does not bound)")
-  _fail(f"--amplification {name} needs --participation {name}")
+    _fail(f"--amplification {name} analyzes --participation {analysis.kind}, not {kind.kind} "
+          f"({what}: a different mechanism, which it does not bound)")
+  _fail(f"--amplification {name} needs --participation {analysis.kind}")
 
 
 def _analysis_options(args: argparse.Namespace) -> dict:
@@ -570,11 +574,13 @@ def _check_bound_flags(args: argparse.Namespace, sampled: bool) -> None:
         _fail(f"{flag} applies to --amplification monte_carlo_bound")
 
 
-def _refuse_renamed_amplification(args: argparse.Namespace, renamed) -> None:
-  """A former analysis name (``renamed``: old -> new) is refused in one line naming the new."""
-  if args.amplification in renamed:
+def _refuse_renamed_amplification(args: argparse.Namespace) -> None:
+  """A former analysis name (``analyses.RENAMED``) is refused in one line naming the new."""
+  from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
+  if args.amplification in analyses.RENAMED:
     _fail(f"--amplification {args.amplification} was renamed --amplification "
-          f"{renamed[args.amplification]} ({args.amplification} is a strategy); use that")
+          f"{analyses.RENAMED[args.amplification]} ({args.amplification} is "
+          f"{analyses.named_now(args.amplification)}); use that")
 
 
 def _discrete_strategies():
@@ -663,7 +669,7 @@ def run(args: argparse.Namespace) -> int:
           f"range; give a z of at most {MAX_NOISE_MULTIPLIER:g}")
   accountant_given = not isinstance(args.accountant, _Default)
   args.accountant = str(args.accountant)
-  _refuse_renamed_amplification(args, analyses.RENAMED)
+  _refuse_renamed_amplification(args)
   # None: --sampling_prob alone, the analysis is chosen below as training chooses it.
   analysis = (None if args.amplification is None and args.sampling_prob is not None
               else analyses.analysis_class(args.amplification))
@@ -677,10 +683,10 @@ def run(args: argparse.Namespace) -> int:
     if args.sampling_prob is not None:
       _fail(f"--sampling_prob does not apply to --amplification {analysis.name} (a user's "
             f"rounds are allocated, not sampled)")
-    _check_allocation_schema(args.participation, analysis.name)
+    _check_allocation_schema(args.participation, analysis)
     if args.epochs is None:
-      _fail(f"--amplification {analysis.name} needs --epochs K ({analysis.name})")
-    args.participation = analysis.name
+      _fail(f"--amplification {analysis.name} needs --epochs K ({analysis.kind})")
+    args.participation = analysis.kind
   if not amplified and not allocation and not sampled and args.sampling_prob is not None:
     _fail("--sampling_prob needs --amplification mmcc or amplified_banded")
   if amplified and args.sampling_prob is None:

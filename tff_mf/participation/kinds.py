@@ -390,7 +390,7 @@ class BallsInBins(_Cyclic):
   marks_fixed_bin: ClassVar[bool] = True
   allocation_amplified: ClassVar[bool] = True
   not_poisson: ClassVar[Optional[str]] = (
-      "balls_in_bins (fixed bin) is not Poisson sampling: use amplification 'balls_in_bins' "
+      "balls_in_bins (fixed bin) is not Poisson sampling: use amplification 'amplified_fixed_bin' "
       "(or none)")
 
   @property
@@ -435,7 +435,7 @@ class RandomAllocation(_Epochs):
   secret_sampling: ClassVar[bool] = True
   allocation_amplified: ClassVar[bool] = True
   not_poisson: ClassVar[Optional[str]] = (
-      "random_allocation is not Poisson sampling: use amplification 'random_allocation' "
+      "random_allocation is not Poisson sampling: use amplification 'amplified_allocation' "
       "(or none)")
 
   def separation(self, n: int) -> int:
