@@ -93,6 +93,6 @@ def test_a_family_parameter_reaches_every_tool_from_its_declaration(toy_ratio, t
   # The training config carries it into the run's spec, and only then into its fingerprint.
   config = config_lib.TrainingConfig(mechanism="toy_ratio", total_rounds=6, clients_per_round=2,
                                      noise_multiplier=1.0, family_params=(("ratio", 0.25),))
-  assert config.mechanism_spec().params["ratio"] == 0.25
+  assert config.spec.params["ratio"] == 0.25
   assert config.public_dict()["family_params"] == {"ratio": 0.25}
   assert "family_params" not in config_lib.TrainingConfig().public_dict()

@@ -146,7 +146,7 @@ def test_amplified_analysis_follows_the_bands(banded):
   assert mechanisms.amplified_analysis(banded.encoder, participation.min_sep(3)) == "amplified_banded"
   assert mechanisms.amplified_analysis(banded.encoder, participation.min_sep(2)) == "mmcc"
   assert mechanisms.amplified_analysis(
-      banded.encoder, participation.random_allocation(2)) == "random_allocation"
+      banded.encoder, participation.random_allocation(2)) == "amplified_allocation"
 
 
 def test_amplified_record_reports_the_smaller_valid_bound(banded):

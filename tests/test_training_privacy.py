@@ -36,7 +36,7 @@ def config(**kw):
 def privacy_record(cfg, c):
   """The library's ``PrivacyRecord`` for the run's flags and encoder C, the one the harness
   writes (``training.run_setup.resolve_privacy`` reads it from build_mechanism)."""
-  spec = cfg.mechanism_spec()
+  spec = cfg.spec
   return mechanisms.privacy_record(c, spec.participation, spec.privacy, adaptive=spec.adaptive)
 
 
@@ -298,7 +298,7 @@ def test_the_config_derives_the_library_spec_and_validate_checks_it():
   cfg = config(participation="min_sep", min_sep=4, sampling_prob=0.2, max_participations=2,
                mechanism="band_mf", bands=4, server_momentum=0.9, clip_norm="adaptive")
   cfg.validate()
-  spec = cfg.mechanism_spec()
+  spec = cfg.spec
   assert spec == spec_lib.MechanismSpec.from_args(
       "banded", total_rounds=N, clients_per_round=2, clip_norm="adaptive",
       target_epsilon=4.0, delta=cfg.delta, accountant=cfg.accountant, sampling_prob=0.2,
@@ -307,6 +307,5 @@ def test_the_config_derives_the_library_spec_and_validate_checks_it():
   assert spec.privacy.sampling_prob == 0.2 and spec.workload.momentum == 0.9
   # A library rule fails validate(), before anything is built or written.
   with pytest.raises(config_lib.TrainingError,
-                     match="^--mechanism=gaussian: buffers does not apply to mechanism "
-                           "'gaussian'$"):
+                     match="^--buffers does not apply to --mechanism=gaussian$"):
     config(mechanism="gaussian", buffers=2).validate()

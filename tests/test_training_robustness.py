@@ -143,7 +143,8 @@ def test_single_pass_sampler_is_a_seeded_permutation_and_resumable():
     (dict(mechanism="tree"), "exactly one"),
     (dict(mechanism="tree", noise_multiplier=-1.0), "noise_multiplier"),
     (dict(mechanism="tree", noise_multiplier=1.0, lr_schedule="cooldown"), "schedule_rounds"),
-    (dict(mechanism="tree", noise_multiplier=1.0, schedule_rounds=5), "only meaningful"),
+    (dict(mechanism="tree", noise_multiplier=1.0, schedule_rounds=5),
+     "--schedule_rounds goes with --lr_schedule"),
     (dict(mechanism="tree", noise_multiplier=1.0, server_momentum=1.0), "server_momentum"),
     (dict(mechanism="dp_sgd", noise_multiplier=1.0), "mechanism"),
     (dict(mechanism="tree", noise_multiplier=1.0, clients_per_round=0), "clients_per_round"),
@@ -160,8 +161,9 @@ def test_conflicting_or_bad_flags_are_errors(kwargs, message):
 
 
 @pytest.mark.parametrize("kwargs, seed, message", [
-    (dict(mechanism="opt_prefix_sum", bands=2, rank=1), 0, "--mechanism=opt_prefix_sum.*bands"),
-    (dict(mechanism="gaussian", buffers=2), 5, "--mechanism=gaussian.*buffers"),
+    (dict(mechanism="opt_prefix_sum", bands=2, rank=1), 0,
+     "--bands does not apply to --mechanism=opt_prefix_sum"),
+    (dict(mechanism="gaussian", buffers=2), 5, "--buffers does not apply to --mechanism=gaussian"),
 ])
 def test_mechanism_conflicts_from_build_mechanism_become_errors(kwargs, seed, message):
   config = config_lib.TrainingConfig(noise_multiplier=1.0, total_rounds=8, **kwargs)
@@ -207,8 +209,8 @@ def test_binary_exits_nonzero_on_conflicting_flags(tmp_path):
       capture_output=True, text=True, timeout=120, cwd=REPO, env=userenv.env())
   assert result.returncode == 2  # a usage error
   assert result.stderr.strip().splitlines() == [
-      "error: --mechanism=none trains without privacy; it takes neither --noise_multiplier "
-      "(got 1.0) nor --target_epsilon (got None)"]
+      "error: --mechanism=none adds no noise (it trains without privacy); it takes neither "
+      "--noise_multiplier (got 1.0) nor --target_epsilon (got None)"]
   assert not (tmp_path / "runs").exists()
 
 

@@ -79,11 +79,14 @@ class Privacy:
     if self.sampling_prob is not None:
       _set(self, sampling_prob=checks.probability(self.sampling_prob, "sampling_prob"))
     if (self.noise_multiplier is None) == (self.target_epsilon is None):
-      raise checks.CheckError("give exactly one of noise_multiplier and target_epsilon")
+      raise checks.CheckError(
+          f"give exactly one of noise_multiplier and target_epsilon (got "
+          f"{self.noise_multiplier} and {self.target_epsilon})",
+          arguments=("noise_multiplier", "target_epsilon"))
     if self.target_epsilon is not None:
       _set(self, target_epsilon=checks.positive_float(self.target_epsilon, "target_epsilon"))
       if self.delta is None:
-        raise checks.CheckError("target_epsilon needs delta")
+        raise checks.CheckError("target_epsilon needs delta", arguments=("delta",))
     else:
       _set(self, noise_multiplier=checks.noise_multiplier(
           self.noise_multiplier, allow_zero=self.allow_no_noise,
@@ -157,7 +160,10 @@ class Clipping:
       return cls(checked.initial_clip_norm, checked)
     if adaptive != adaptive_clipping.AdaptiveClipping():
       raise checks.CheckError("target_quantile, initial_clip_norm, clip_learning_rate and "
-                              "clipped_count_stddev go with clip_norm='adaptive' only")
+                              "clipped_count_stddev go with clip_norm='adaptive' only",
+                              arguments=("target_quantile", "initial_clip_norm",
+                                         "clip_learning_rate", "clipped_count_stddev",
+                                         "clip_norm"))
     return cls(clip_norm)
 
   @property
@@ -175,11 +181,15 @@ def training_workload(n: int, momentum: float = 0.0, lr_schedule: str = "constan
     raise checks.CheckError(f"unknown lr_schedule {lr_schedule!r}; expected one of "
                             f"{LR_SCHEDULES}")
   if (lr_schedule == "constant") != (schedule_rounds is None):
-    raise checks.CheckError("schedule_rounds goes with lr_schedule 'decay' or 'cooldown', and "
-                            "only with them")
+    raise checks.CheckError(f"schedule_rounds goes with lr_schedule 'decay' or 'cooldown', and "
+                            f"only with them (got lr_schedule {lr_schedule!r}, schedule_rounds "
+                            f"{schedule_rounds})", arguments=("schedule_rounds", "lr_schedule"))
   momentum = checks.in_range(momentum, "momentum", 0.0, 1.0)
   if schedule_rounds is not None:
     schedule_rounds = checks.positive_int(schedule_rounds, "schedule_rounds")
+    if schedule_rounds > n:
+      raise checks.CheckError(f"schedule_rounds must be in [1, total_rounds={n}], got "
+                              f"{schedule_rounds}", arguments=("schedule_rounds",))
   if momentum == 0.0 and lr_schedule == "constant":
     return workloads.WorkloadSpec(kind="prefix_sum", n=n)
   return workloads.WorkloadSpec(kind="momentum", n=n, momentum=momentum,
@@ -230,10 +240,13 @@ class MechanismSpec:
   def _check_privacy(self) -> None:
     m = self.mechanism
     if m.private and self.privacy is None:
-      raise checks.CheckError("give exactly one of noise_multiplier and target_epsilon")
+      raise checks.CheckError("give exactly one of noise_multiplier and target_epsilon",
+                              arguments=("noise_multiplier", "target_epsilon"))
     if not m.private and self.privacy is not None:
-      raise checks.CheckError(f"mechanism {m.name!r} adds no noise; it takes neither "
-                              "noise_multiplier nor target_epsilon")
+      raise checks.CheckError(
+          f"mechanism {m.name!r} adds no noise (it trains without privacy); it takes neither "
+          f"noise_multiplier (got {self.privacy.noise_multiplier}) nor target_epsilon (got "
+          f"{self.privacy.target_epsilon})", arguments=("noise_multiplier", "target_epsilon"))
     if self.privacy is not None:
       self.privacy.check_schema(self.participation)
       if self.privacy.discrete:

@@ -10,9 +10,11 @@ run. Nothing here imports TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
+import re
 from typing import Any, Dict, Optional, Tuple, Union
 
 from tff_mf import accounting
@@ -115,9 +117,6 @@ def is_private(mechanism: str) -> bool:
 # The one-run audit's flags besides --canaries, and their defaults (training.canaries).
 CANARY_FLAGS = {"canary_alpha": 0.05, "canary_plan_mu": None, "canary_seed": None}
 CANARY_PARTICIPATIONS = ("single", "fixed_epoch", "balls_in_bins")
-# The quantile estimator's flags (--clip_norm=adaptive; tff_mf.accounting.adaptive_clipping).
-ADAPTIVE_FLAGS = ("target_quantile", "initial_clip_norm", "clip_learning_rate",
-                  "clipped_count_stddev")
 
 
 @dataclasses.dataclass
@@ -190,34 +189,32 @@ class TrainingConfig:
     """--clip_norm=adaptive: the clip norm follows a private quantile estimate."""
     return self.clip_norm == "adaptive"
 
-  def mechanism_spec(self):
-    """The run's ``tff_mf.spec.MechanismSpec``, derived from its flags: the library checks it
-    once, where it is built (an error is a TrainingError naming --mechanism)."""
+  @functools.cached_property
+  def spec(self):
+    """The run's ``tff_mf.spec.MechanismSpec``, built once from its flags. The library checks
+    every rule of the mechanism there (its privacy, clipping, workload, schema and family
+    parameters); the config re-checks none of them and only spells an error's arguments as
+    this binary's flags (a TrainingError). Read it after ``validate``: the flags it is built
+    from do not change afterwards."""
     from tff_mf import spec as spec_lib  # pylint: disable=g-import-not-at-top
-    privacy: Dict[str, object] = {"accountant": self.accountant,
-                                  "noise_distribution": self.noise_distribution,
-                                  "granularity": self.granularity}
-    if is_private(self.canonical_mechanism):
-      privacy.update(noise_multiplier=self.noise_multiplier, target_epsilon=self.target_epsilon,
-                     delta=self.delta, sampling_prob=self.sampling_prob
-                     if self.participation_kind.poisson else None)
-    adaptive = adaptive_clipping.AdaptiveClipping(
-        self.target_quantile, self.initial_clip_norm, self.clip_learning_rate,
-        self.clipped_count_stddev) if self.adaptive_clipping else None
     try:
       return spec_lib.MechanismSpec.from_args(
           self.canonical_mechanism, total_rounds=self.total_rounds,
           clients_per_round=self.clients_per_round, clip_norm=self.clip_norm,
           momentum=self.server_momentum, lr_schedule=self.lr_schedule,
-          schedule_rounds=self.schedule_rounds, participation=self.schema(), adaptive=adaptive,
+          schedule_rounds=self.schedule_rounds, participation=self.schema(),
+          target_quantile=self.target_quantile, initial_clip_norm=self.initial_clip_norm,
+          clip_learning_rate=self.clip_learning_rate,
+          clipped_count_stddev=self.clipped_count_stddev,
           bands=self.bands, rank=self.rank, buffers=self.buffers, **dict(self.family_params),
-          **privacy)
+          noise_multiplier=self.noise_multiplier, target_epsilon=self.target_epsilon,
+          delta=self.delta, accountant=self.accountant,
+          noise_distribution=self.noise_distribution, granularity=self.granularity,
+          sampling_prob=self.sampling_prob if self.participation_kind.poisson else None)
     except TrainingError:
       raise
     except checks.CheckError as e:
-      if {"noise_distribution", "granularity"} & set(e.arguments):  # the discrete Gaussian's
-        raise TrainingError(clitools.flag_message(e)) from None
-      raise TrainingError(f"--mechanism={self.mechanism}: {e}") from None
+      raise TrainingError(flag_message(e, self.mechanism)) from None
 
   @property
   def canonical_mechanism(self) -> str:
@@ -233,11 +230,10 @@ class TrainingConfig:
     try:
       self._check_names()
       self._check_numbers()
-      self._check_schedule()
       self._check_participation()
-      self._check_privacy()
+      self._check_harness_privacy()
       self._check_canaries()
-      self.mechanism_spec()  # what the library checks: the family parameters, the schema
+      self.spec  # pylint: disable=pointless-statement  (the library checks the mechanism)
     except TrainingError:
       raise
     except checks.CheckError as e:
@@ -272,40 +268,7 @@ class TrainingConfig:
       checks.positive_int(self.max_test_elements, "--max_test_elements")
     for name in ("client_lr", "server_lr"):
       checks.positive_float(getattr(self, name), f"--{name}")
-    if self.adaptive_clipping:
-      if not is_private(self.canonical_mechanism):
-        raise TrainingError(f"--clip_norm=adaptive needs a private --mechanism, not "
-                            f"{self.mechanism!r}")
-      checked = adaptive_clipping.AdaptiveClipping(
-          target_quantile=self.target_quantile, initial_clip_norm=self.initial_clip_norm,
-          learning_rate=self.clip_learning_rate,
-          clipped_count_stddev=self.clipped_count_stddev).checked(self.clients_per_round,
-                                                                  prefix="--")
-      if checked.clipped_count_stddev == 0.0:  # the library's allow_no_noise: no flag here
-        raise TrainingError(
-            "--clipped_count_stddev=0 releases the count of unclipped updates without noise; "
-            "give a positive value (default: "
-            f"{adaptive_clipping.DEFAULT_COUNT_STDDEV_PER_CLIENT:g} x --clients_per_round)")
-    else:
-      checks.positive_float(self.clip_norm, "--clip_norm")
-      defaults = TrainingConfig()
-      for name in ADAPTIVE_FLAGS:
-        if getattr(self, name) != getattr(defaults, name):
-          raise TrainingError(f"--{name} goes with --clip_norm=adaptive only")
-    checks.in_range(self.server_momentum, "--server_momentum", 0.0, 1.0)
-    checks.delta(self.delta, "--delta")
     checks.nonnegative_int(self.seed, "--seed")
-
-  def _check_schedule(self) -> None:
-    if self.lr_schedule != "constant":
-      if self.schedule_rounds is None or not 1 <= self.schedule_rounds <= self.total_rounds:
-        raise TrainingError(
-            f"--lr_schedule={self.lr_schedule} needs --schedule_rounds in [1, total_rounds="
-            f"{self.total_rounds}], got {self.schedule_rounds}")
-    elif self.schedule_rounds is not None:
-      raise TrainingError("--schedule_rounds is only meaningful with --lr_schedule=decay or "
-                          f"cooldown (got --lr_schedule=constant, --schedule_rounds="
-                          f"{self.schedule_rounds})")
 
   def _check_participation(self) -> None:
     """The schema's flags go with their --participation, and only with it."""
@@ -316,15 +279,10 @@ class TrainingConfig:
       if value is not None and name not in takes:
         raise TrainingError(f"--{name}={value} does not apply to --participation="
                             f"{self.participation}")
-    if "epochs" in takes:
-      if self.epochs is None:
-        raise TrainingError(f"--participation={self.participation} needs --epochs=k")
-      checks.positive_int(self.epochs, "--epochs")
-      if self.total_rounds % self.epochs:
-        raise TrainingError(f"--epochs={self.epochs} must divide --total_rounds="
-                            f"{self.total_rounds} (n = k·b rounds, b cohorts)")
-    if kind.poisson:
-      if self.noise_distribution == "discrete_gaussian":  # else: needs p, then p is refused
+    if "epochs" in takes and self.epochs is None:
+      raise TrainingError(f"--participation={self.participation} needs --epochs=k")
+    if kind.poisson:  # the harness samples each client's rounds with probability p
+      if self.noise_distribution == "discrete_gaussian":  # so p is always given
         raise TrainingError(f"--participation={self.participation} samples clients (cyclic "
                             "Poisson), and --noise_distribution=discrete_gaussian is accounted "
                             "without amplification by sampling: use --participation single, "
@@ -332,15 +290,7 @@ class TrainingConfig:
       if self.min_sep is None or self.sampling_prob is None:
         raise TrainingError("--participation=min_sep needs --min_sep=b and --sampling_prob=p "
                             f"(got {self.min_sep} and {self.sampling_prob})")
-      checks.positive_int(self.min_sep, "--min_sep")
-      if self.min_sep > self.total_rounds:
-        raise TrainingError(f"--min_sep={self.min_sep} exceeds --total_rounds="
-                            f"{self.total_rounds}")
-      checks.probability(self.sampling_prob, "--sampling_prob")
-      if self.max_participations is not None:
-        checks.positive_int(self.max_participations, "--max_participations")
-    if self.buffers is not None:
-      checks.positive_int(self.buffers, "--buffers")
+      checks.probability(self.sampling_prob, "--sampling_prob")  # the sampler's p
 
   @property
   def participation_kind(self) -> type:
@@ -353,26 +303,23 @@ class TrainingConfig:
       return participation.from_args(self.participation, self.total_rounds, epochs=self.epochs,
                                      min_sep=self.min_sep,
                                      max_participations=self.max_participations)
-    except checks.CheckError as e:
-      raise TrainingError(f"--participation={self.participation}: {e}") from None
+    except checks.CheckError as e:  # the kind's parameters are this binary's flags
+      text = str(e).removeprefix(f"{self.participation}: ")
+      named = checks.CheckError(text, arguments=self.participation_kind.takes + ("n",))
+      raise TrainingError(f"--participation={self.participation}: "
+                          f"{flag_message(named, self.mechanism)}") from None
 
-  def _check_privacy(self) -> None:
-    mechanism = canonical_mechanism(self.mechanism)
-    if not is_private(mechanism):
-      if self.noise_multiplier not in (None, 0.0) or self.target_epsilon is not None:
-        raise TrainingError(
-            f"--mechanism={self.mechanism} trains without privacy; it takes neither "
-            f"--noise_multiplier (got {self.noise_multiplier}) nor --target_epsilon (got "
-            f"{self.target_epsilon})")
-    elif (self.noise_multiplier is None) == (self.target_epsilon is None):
+  def _check_harness_privacy(self) -> None:
+    """What the binary adds to the library's rules: no flag turns noise off (the library's
+    ``allow_no_noise``), and a pinned noise seed is a valid seed."""
+    if is_private(self.canonical_mechanism) and self.noise_multiplier == 0.0:
+      raise TrainingError("--noise_multiplier=0 adds no noise: --mechanism=none trains without "
+                          "noise")
+    if self.adaptive_clipping and self.clipped_count_stddev == 0.0:
       raise TrainingError(
-          f"--mechanism={self.mechanism} needs exactly one of --noise_multiplier and "
-          f"--target_epsilon (got {self.noise_multiplier} and {self.target_epsilon})")
-    elif self.noise_multiplier is not None:
-      checks.noise_multiplier(self.noise_multiplier, "--noise_multiplier",
-                              no_noise_hint="--mechanism=none trains without noise")
-    else:
-      checks.positive_float(self.target_epsilon, "--target_epsilon")
+          "--clipped_count_stddev=0 releases the count of unclipped updates without noise; "
+          "give a positive value (default: "
+          f"{adaptive_clipping.DEFAULT_COUNT_STDDEV_PER_CLIENT:g} x --clients_per_round)")
     if self.noise_seed is not None:
       checks.seed(self.noise_seed, "--noise_seed")
 
@@ -476,6 +423,22 @@ class TrainingConfig:
     """The resume-relevant fields whose value differs from ``recorded`` (a public_dict)."""
     return tuple(sorted(k for k, v in self.public_dict().items()
                         if k not in RESUME_FREE_FIELDS and recorded.get(k) != v))
+
+
+# The library's argument names that this binary spells as another flag.
+FLAG_OF_SPEC_ARGUMENT = {"momentum": "server_momentum", "learning_rate": "clip_learning_rate"}
+
+
+def flag_message(error: checks.CheckError, mechanism: str) -> str:
+  """The library's ``error`` in this binary's words: each argument it names
+  (``error.arguments``, or its first word) spelled as the flag, and "mechanism 'x'" as
+  ``--mechanism=x``."""
+  flags = tuple(f.name for f in dataclasses.fields(TrainingConfig)) + tuple(FLAG_OF_SPEC_ARGUMENT)
+  text = clitools.flag_message(error, flags=flags)
+  for name, flag in FLAG_OF_SPEC_ARGUMENT.items():
+    text = re.sub(rf"--{name}\b", f"--{flag}", text)
+  canonical = canonical_mechanism(mechanism)
+  return re.sub(rf"(--)?mechanism '{re.escape(canonical)}'", f"--mechanism={mechanism}", text)
 
 
 def _fingerprint(public: Dict[str, object]) -> str:

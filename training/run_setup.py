@@ -66,7 +66,7 @@ def build_library_mechanism(name: str, config: TrainingConfig, noise_seed: Optio
   from tff_mf.tf import aggregators  # pylint: disable=g-import-not-at-top
   if name != config.canonical_mechanism:
     config = dataclasses.replace(config, mechanism=name)
-  spec = config.mechanism_spec()
+  spec = config.spec
   wiring = dict(server_learning_rate=config.server_lr, noise_seed=noise_seed,
                 cache_dir=config.cache_dir, progress=config.progress)
   wiring.update(kwargs)
