@@ -8,10 +8,16 @@ noise source, keyword translation sites, shims, and the adapters' sizes.
 
 import ast
 import inspect
+import json
 import os
+import subprocess
+import sys
+
+import pytest
 
 from tff_mf import participation
 from tff_mf import spec as spec_lib
+import userenv
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIBRARY = ("tff_mf", "training", "stackoverflow")
@@ -114,3 +120,18 @@ def test_the_adapters_stay_thin():
   pure-numpy adapter is at most about 150 lines (the issue's bound)."""
   assert _lines("tff_mf/flower/__init__.py", "tff_mf/flower/strategy.py") <= 620
   assert _lines("examples/numpy_federated.py") <= 150
+
+
+@pytest.mark.slow  # a 2-round run of the training binary (about 45 s)
+def test_from_the_flag_to_round_i_noise_crosses_at_most_12_files():
+  """A reader followed z through 21 files before the issue. ``scripts/noise_path.py`` runs
+  the binary for 2 rounds and keeps the call stacks where z is handed on (flags to config,
+  spec, plan and record, the query's stddev, round i's noise row): the issue's bound is 12."""
+  out = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "noise_path.py"),
+                        "--json"], capture_output=True, text=True, cwd=REPO, env=userenv.env(),
+                       timeout=600, check=False)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "never called" not in out.stderr, out.stderr[-2000:]
+  files = json.loads(out.stdout)
+  assert "training/run_stackoverflow.py" in files and "tff_mf/tf/noise.py" in files
+  assert len(files) <= 12, sorted(files)
