@@ -1,5 +1,5 @@
 """Counts the repository's files a reader crosses from the --noise_multiplier flag to the noise
-added in round i (issue 47, item 7; the table "The run core, counted" in docs/architecture.md).
+added in round i (issue 47, item 7: 21 files before it).
 
 It runs the training binary in this process for 2 rounds on the synthetic dataset, with hooks
 that keep the Python call stack wherever the noise multiplier z or the round's noise passes:

@@ -7,7 +7,6 @@ import json
 import math
 import os
 import re
-import resource
 import subprocess
 import sys
 import time
@@ -355,17 +354,21 @@ def test_no_tensorflow_imported():
 # ----------------------------------------------------------------------------- edge inputs
 
 
-def _limit_memory():
-  limit = 4 << 30
-  resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+# The child limits its own address space before it runs the tool: a preexec_fn would run
+# Python between fork and exec, where the gRPC threads of a test process that imported
+# TensorFlow may write to the child's stderr ("Kick failed: eventfd_write").
+_LIMITED = ("import resource, runpy, sys; limit = 4 << 30; "
+            "resource.setrlimit(resource.RLIMIT_AS, (limit, limit)); "
+            "sys.argv = ['tff-mf'] + sys.argv[1:]; "
+            "runpy.run_module('tff_mf.cli', run_name='__main__', alter_sys=True)")
 
 
 def _account(argv, timeout=60):
   """Runs `tff-mf account ARGV` in a subprocess limited to 4 GiB of address space."""
   start = time.perf_counter()
-  proc = subprocess.run([sys.executable, "-m", "tff_mf.cli", "account"] + argv,
+  proc = subprocess.run([sys.executable, "-c", _LIMITED, "account"] + argv,
                         cwd=REPO, env=userenv.env(), capture_output=True, text=True,
-                        timeout=timeout, preexec_fn=_limit_memory)
+                        timeout=timeout)
   return proc, time.perf_counter() - start
 
 
@@ -527,7 +530,8 @@ def test_lower_bound_of_random_allocation(capsys):
 @pytest.mark.parametrize("argv, match", [
     (["--mechanism", "gaussian", "--total_rounds", "4", "--noise_multiplier", "1", "--delta", DELTA,
       "--lower_bound"],
-     r"--lower_bound needs --amplification mmcc, amplified_banded, amplified_allocation or amplified_fixed_bin"),
+     r"--lower_bound needs --amplification mmcc, amplified_banded, amplified_allocation or "
+     r"amplified_fixed_bin"),
     (["--mechanism", "gaussian", "--total_rounds", "4", "--noise_multiplier", "1", "--delta", DELTA,
       "--monte_carlo_samples", "5000"], r"--monte_carlo_samples needs --amplification"),
     (_SLACK + ["--noise_multiplier", "2", "--monte_carlo_samples", "10"],

@@ -189,7 +189,7 @@ def test_no_analysis_shares_a_name_with_a_participation_kind_or_a_strategy():
   c, k = np.eye(16), 4
   for former, schema in (("random_allocation", participation.random_allocation(k)),
                          ("balls_in_bins", participation.balls_in_bins(k))):
-    new = analyses.RENAMED[former]
+    new = analyses.RENAMED[former][0]
     with pytest.raises(checks.CheckError) as e:
       accounting.epsilon_for(c, schema, 2.0, DELTA, former)
     assert f"'{former}' was renamed '{new}'" in str(e.value) and "\n" not in str(e.value)

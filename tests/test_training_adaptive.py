@@ -49,7 +49,8 @@ def test_adaptive_run_records_the_clip_and_an_epsilon_for_both_parts(configs, tm
 
 
 def test_quantile_flags_need_adaptive_clipping(configs, tmp_path):
-  with pytest.raises(TrainingError, match="--target_quantile, .* go with --clip_norm='adaptive' only"):
+  with pytest.raises(TrainingError,
+                     match="--target_quantile, .* go with --clip_norm='adaptive' only"):
     configs(tmp_path, clip_norm=1.0, target_quantile=0.9).validate()
   with pytest.raises(TrainingError, match="--mechanism=none adds no noise and clips nothing"):
     configs(tmp_path, mechanism="none", target_epsilon=None).validate()

@@ -390,7 +390,8 @@ def amplification_applies(schema: participation_lib.Participation, n: int,
 
 def amplified_analysis(encoder: np.ndarray, schema: participation_lib.Participation) -> str:
   """The amplified analysis of a run whose sampling amplifies (``amplification_applies``):
-  random_allocation under random allocation; under cyclic Poisson sampling the amplified
+  amplified_allocation under random allocation, amplified_fixed_bin under fixed-bin
+  balls-in-bins; under cyclic Poisson sampling the amplified
   banded analysis when C has at most b bands (Choquette-Choo et al. 2023, arXiv:2306.08153,
   Thm 4), else MMCC (Choquette-Choo et al. 2024, arXiv:2310.15526)."""
   return analyses.automatic(encoder, schema)

@@ -243,10 +243,7 @@ class MechanismSpec:
       raise checks.CheckError("give exactly one of noise_multiplier and target_epsilon",
                               arguments=("noise_multiplier", "target_epsilon"))
     if not m.private and self.privacy is not None:
-      raise checks.CheckError(
-          f"mechanism {m.name!r} adds no noise (it trains without privacy); it takes neither "
-          f"noise_multiplier (got {self.privacy.noise_multiplier}) nor target_epsilon (got "
-          f"{self.privacy.target_epsilon})", arguments=("noise_multiplier", "target_epsilon"))
+      raise _no_noise_error(m, self.privacy.noise_multiplier, self.privacy.target_epsilon)
     if self.privacy is not None:
       self.privacy.check_schema(self.participation)
       if self.privacy.discrete:
@@ -271,15 +268,17 @@ class MechanismSpec:
       return
     if not m.private:
       raise checks.CheckError(f"mechanism {m.name!r} adds no noise and clips nothing; "
-                              "adaptive clipping does not apply")
+                              "adaptive clipping (clip_norm 'adaptive') does not apply",
+                              arguments=("clip_norm",))
     if self.privacy is not None and self.privacy.discrete:
       raise checks.CheckError("adaptive clipping with the discrete Gaussian is not supported "
                               "(its count queries are continuous Gaussians): give a clip_norm",
                               arguments=("clip_norm", "noise_distribution"))
     if m.noise_kind.tff_tree:
       raise checks.CheckError(
-          "adaptive clipping with TFF's tree: use mechanism 'honaker_online' (the same tree "
-          "and estimator as a matrix mechanism, which takes clip_norm='adaptive')")
+          f"adaptive clipping (clip_norm 'adaptive') with TFF's tree (mechanism {m.name!r}): use "
+          "mechanism 'honaker_online' (the same tree and estimator as a matrix mechanism, "
+          "which takes clip_norm='adaptive')", arguments=("clip_norm",))
 
   @property
   def n(self) -> int:
@@ -333,8 +332,9 @@ class MechanismSpec:
     m = mechanism if isinstance(mechanism, registry.Mechanism) else registry.mechanism(mechanism)
     workload = training_workload(total_rounds, momentum, lr_schedule, schedule_rounds)
     privacy = None
-    if m.private or noise_multiplier not in (None, 0.0) or target_epsilon is not None:
-      # (a mechanism without noise refuses one: ``_check_privacy``)
+    if not m.private and (noise_multiplier not in (None, 0.0) or target_epsilon is not None):
+      raise _no_noise_error(m, noise_multiplier, target_epsilon)
+    if m.private:
       privacy = Privacy(noise_multiplier, target_epsilon, delta, accountant, sampling_prob,
                         allow_no_noise, noise_distribution=noise_distribution,
                         granularity=granularity)
@@ -344,6 +344,8 @@ class MechanismSpec:
                                 "granularity do not apply",
                                 arguments=("noise_distribution", "granularity"))
       analyses.accountant(accountant)
+      if delta is not None:  # no ε is computed without noise; a δ given is still a δ
+        checks.delta(delta)
     clipping = Clipping.from_args(clip_norm, adaptive or adaptive_clipping.AdaptiveClipping(),
                                   clients_per_round)
     return cls(mechanism=m, workload=workload, participation=participation or
@@ -380,6 +382,14 @@ class MechanismSpec:
     if self.adaptive is not None:
       info["adaptive_clipping"] = self.adaptive.as_dict()
     return info
+
+
+def _no_noise_error(m: registry.Mechanism, noise_multiplier, target_epsilon) -> checks.CheckError:
+  """The refusal of a noise multiplier or target ε for a mechanism that adds no noise."""
+  return checks.CheckError(
+      f"mechanism {m.name!r} adds no noise (it trains without privacy); it takes neither "
+      f"noise_multiplier (got {noise_multiplier}) nor target_epsilon (got {target_epsilon})",
+      arguments=("noise_multiplier", "target_epsilon"))
 
 
 def keyword_names() -> Tuple[str, ...]:

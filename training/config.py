@@ -194,8 +194,8 @@ class TrainingConfig:
     """The run's ``tff_mf.spec.MechanismSpec``, built once from its flags. The library checks
     every rule of the mechanism there (its privacy, clipping, workload, schema and family
     parameters); the config re-checks none of them and only spells an error's arguments as
-    this binary's flags (a TrainingError). Read it after ``validate``: the flags it is built
-    from do not change afterwards."""
+    this binary's flags (a TrainingError). No code assigns a config's fields after reading
+    it (a changed config is a new one, ``dataclasses.replace``)."""
     from tff_mf import spec as spec_lib  # pylint: disable=g-import-not-at-top
     try:
       return spec_lib.MechanismSpec.from_args(
@@ -438,7 +438,8 @@ def flag_message(error: checks.CheckError, mechanism: str) -> str:
   for name, flag in FLAG_OF_SPEC_ARGUMENT.items():
     text = re.sub(rf"--{name}\b", f"--{flag}", text)
   canonical = canonical_mechanism(mechanism)
-  return re.sub(rf"(--)?mechanism '{re.escape(canonical)}'", f"--mechanism={mechanism}", text)
+  text = re.sub(rf"(--)?mechanism '{re.escape(canonical)}'", f"--mechanism={mechanism}", text)
+  return re.sub(r"(--)?mechanism '(\w+)'", r"--mechanism=\2", text)
 
 
 def _fingerprint(public: Dict[str, object]) -> str:

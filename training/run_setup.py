@@ -2,7 +2,7 @@
 
 Every DP mechanism is built once by ``tff_mf.tf.aggregators.build_mechanism``, through one
 function, :func:`build_library_mechanism`, from the run's ``tff_mf.spec.MechanismSpec``
-(``TrainingConfig.mechanism_spec``: the schema, sampling probability, privacy and
+(``TrainingConfig.spec``: the schema, sampling probability, privacy and
 clipping); ``none`` is plain FedAvg with the same server momentum and learning-rate
 schedule. The library resolves the mechanism in numpy (``tff_mf.mechanisms.build``), fixes
 the noise multiplier z (the flag's, or calibrated to ``--target_epsilon``) and decides the
@@ -60,7 +60,7 @@ def resolve_privacy(config: TrainingConfig, noise_seed: Optional[int]
 def build_library_mechanism(name: str, config: TrainingConfig, noise_seed: Optional[int],
                             **kwargs):
   """``tff_mf.tf.aggregators.build_mechanism`` for the run's spec
-  (``TrainingConfig.mechanism_spec``) with registry mechanism ``name`` (canonical);
+  (``TrainingConfig.spec``) with registry mechanism ``name`` (canonical);
   ``kwargs`` override its wiring keywords; a library error is a TrainingError naming the
   flag."""
   from tff_mf.tf import aggregators  # pylint: disable=g-import-not-at-top

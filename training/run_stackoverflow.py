@@ -73,8 +73,8 @@ _SCHEMA_NOTES = {
     "participation": (
         ". In training, fixed_epoch splits the clients into b = total_rounds/k cohorts of "
         "clients_per_round taken in order; min_sep joins each round of a client's class with "
-        "probability --sampling_prob; balls_in_bins' ε is not amplified; random_allocation's "
-        "is amplified by random allocation where smaller. ε is computed for the schema "
+        "probability --sampling_prob; balls_in_bins' ε is amplified by the secret bin and "
+        "random_allocation's by random allocation, where smaller. ε is computed for the schema "
         "(summary.json names the analysis); a run whose sampled rounds break it reports no ε. "
         "Not given, it is the kind the schema flags imply, as in every tool: fixed_epoch with "
         "--epochs, min_sep with --min_sep, --sampling_prob or --max_participations, else "

@@ -16,7 +16,8 @@ it and keeps the functional API). The analyses (``epsilon_for``):
   balls-in-bins (one secret bin j per user, every round ≡ j mod b; Choquette-Choo et al.
   2024, arXiv:2410.06266; Chua et al. 2024, arXiv:2412.16802) the sensitivity over the
   b-cyclic patterns: given the bin the pattern is deterministic, so this bound holds and
-  the bin's secrecy only lowers the true ε (its amplified bound is ``"amplified_fixed_bin"``, below); for
+  the bin's secrecy only lowers the true ε (its amplified bound is ``"amplified_fixed_bin"``,
+  below); for
   random allocation (one uniformly random round per epoch, drawn anew each epoch) the
   sensitivity over every one-round-per-epoch pattern (its amplified bound is
   ``"amplified_allocation"``, below). The two are different mechanisms: neither's bound
@@ -273,7 +274,8 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
     mmcc_options: further keyword arguments of ``tff_mf.accounting.mmcc.mmcc`` (workers,
       grid_resolution, progress, ...).
     known_sensitivity: C's ``sensitivity_report`` under ``schema`` when the caller holds it
-      (``tff_mf.mechanisms``; unamplified or random_allocation), so it is not recomputed.
+      (``tff_mf.mechanisms``; unamplified, amplified_allocation or amplified_fixed_bin), so it
+      is not recomputed.
 
   Returns a JSON-ready dict: ``epsilon`` (an upper bound), ``analysis``,
   ``accountant``, ``sensitivity`` (of the unamplified Gaussian), ``sensitivity_exact``,

@@ -914,10 +914,11 @@ REGISTRY: Dict[str, type] = {}
 # "random_allocation" and "balls_in_bins" are participation kinds). A stored record that names
 # one reads as the analysis it named (``of_record``); a caller who passes one is refused in
 # one line naming the new name (``analysis_class``). A name never changes meaning, and a new
-# thing gets a new name (docs/architecture.md, "Names").
-RENAMED: Dict[str, str] = {"banded": "amplified_banded",
-                           "random_allocation": "amplified_allocation",
-                           "balls_in_bins": "amplified_fixed_bin"}
+# thing gets a new name (dp_accounting's rule). Former name: (new name, what it names now).
+RENAMED: Dict[str, Tuple[str, str]] = {
+    "banded": ("amplified_banded", "a strategy"),
+    "random_allocation": ("amplified_allocation", "a participation kind"),
+    "balls_in_bins": ("amplified_fixed_bin", "a participation kind")}
 
 
 def register(cls: type) -> type:
@@ -938,10 +939,12 @@ SELECTABLE = tuple(name for name, cls in REGISTRY.items() if cls.selectable and 
 AUTOMATIC = (RandomAllocation, FixedBin, AmplifiedBanded, MMCC)
 
 
-def named_now(former: str) -> str:
-  """What a former analysis name names now, in words."""
-  from tff_mf import participation  # pylint: disable=g-import-not-at-top
-  return "a participation kind" if former in participation.CLASSES else "a strategy"
+def renamed_refusal(former: str, spell=repr) -> str:
+  """The one-line refusal of a former analysis name (``RENAMED``), each name ``spell``-ed (a
+  command line spells them as ``--amplification x``)."""
+  new, now = RENAMED[former]
+  return (f"{spell(former)} was renamed {spell(new)} (one name, one meaning: {former!r} is "
+          f"{now}); use {spell(new)}")
 
 
 def analysis_class(name) -> type:
@@ -951,9 +954,7 @@ def analysis_class(name) -> type:
     name = name.name
   name = "none" if name is None else name
   if name in RENAMED:
-    raise checks.CheckError(f"amplification {name!r} was renamed {RENAMED[name]!r} (one name, "
-                            f"one meaning: {name!r} is {named_now(name)}); use "
-                            f"{RENAMED[name]!r}")
+    raise checks.CheckError(f"amplification {renamed_refusal(name)}")
   if name not in SELECTABLE:
     raise checks.CheckError(f"amplification must be one of {', '.join(SELECTABLE)} (or None), "
                             f"got {name!r}")
@@ -977,7 +978,9 @@ def make(name, **options) -> Analysis:
 def of_record(name: Optional[str]) -> Optional[type]:
   """The registered analysis class a record's ``analysis`` names, under its current or a
   former name (``RENAMED``); None when it names none."""
-  return REGISTRY.get(RENAMED.get(name, name)) if isinstance(name, str) else None
+  if not isinstance(name, str):
+    return None
+  return REGISTRY.get(RENAMED[name][0] if name in RENAMED else name)
 
 
 def described(name: Optional[str]) -> Optional[Analysis]:

@@ -180,8 +180,10 @@ def _add_encoder_arguments(matrix) -> None:
 def _add_amplification_arguments(amp) -> None:
   from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
   amp.add_argument("--amplification",
-                   # former names (analyses.RENAMED) are refused, naming the new
+                   # former names (analyses.RENAMED) are refused, naming the new; the
+                   # usage line shows the current ones only
                    choices=analyses.SELECTABLE + tuple(analyses.RENAMED),
+                   metavar="{" + ",".join(analyses.SELECTABLE) + "}",
                    default=None,
                    help="none: one Gaussian at z / sensitivity; mmcc: MMCC for any "
                         "lower-triangular non-negative C; amplified_banded (formerly banded, "
@@ -196,7 +198,8 @@ def _add_amplification_arguments(amp) -> None:
                         "random_allocation --epochs K, no --sampling_prob; never fixed-bin "
                         "balls_in_bins) for any square lower-triangular "
                         "non-negative C, Renyi bounds after arXiv:2601.21636; "
-                        "amplified_fixed_bin (formerly balls_in_bins): "
+                        "amplified_fixed_bin (formerly balls_in_bins, now only the kind's "
+                        "name): "
                         "fixed-bin balls-in-bins (--participation balls_in_bins --epochs K), "
                         "tff_mf.accounting.fixed_bin, for the same C as amplified_allocation "
                         "(default: none; "
@@ -578,9 +581,7 @@ def _refuse_renamed_amplification(args: argparse.Namespace) -> None:
   """A former analysis name (``analyses.RENAMED``) is refused in one line naming the new."""
   from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
   if args.amplification in analyses.RENAMED:
-    _fail(f"--amplification {args.amplification} was renamed --amplification "
-          f"{analyses.RENAMED[args.amplification]} ({args.amplification} is "
-          f"{analyses.named_now(args.amplification)}); use that")
+    _fail(analyses.renamed_refusal(args.amplification, spell=lambda n: f"--amplification {n}"))
 
 
 def _discrete_strategies():
