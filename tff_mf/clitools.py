@@ -264,8 +264,9 @@ def add_delta_flag(parser, required: bool = False, what: str = ""):
 
 def add_target_epsilon_flag(parser):
   """``--target_epsilon`` (required) of the tools that calibrate each candidate to it."""
-  parser.add_argument("--target_epsilon", type=float, required=True, metavar="EPS",
-                      help="the epsilon each candidate is calibrated to (required)")
+  from tff_mf import spec  # pylint: disable=g-import-not-at-top
+  add_flag(parser, spec.privacy_flag("target_epsilon"), required=True,
+           note="; here each candidate's (required)")
 
 
 def implied_participation(participation: Optional[str], epochs=None, min_sep=None,

@@ -403,6 +403,39 @@ def keyword_names() -> Tuple[str, ...]:
   return tuple(own) + tuple(sorted(family))
 
 
+# The flags of ``Privacy``'s own parameters, declared once for every tool that builds or
+# accounts a spec (each tool adds what the flag means there as a note).
+PRIVACY_FLAGS = (
+    flagspec.Flag("noise_multiplier", float, "Z",
+                  "noise multiplier z: the noise std of a round's sum in units of the clip norm "
+                  "(give it or --target_epsilon)"),
+    flagspec.Flag("target_epsilon", float, "EPS",
+                  "calibrate z: the smallest z whose epsilon at --delta is at most EPS (give it "
+                  "or --noise_multiplier)"),
+    flagspec.Flag("sampling_prob", float, "P",
+                  "probability p in (0, 1] that a client joins each round it may be sampled in "
+                  "(every round for b = 1, the rounds of its residue class under b-min-sep); "
+                  "p < 1 without a binding --max_participations amplifies epsilon by sampling "
+                  "(MMCC, or amplified banded MF)"),
+    flagspec.Flag("noise_distribution", str, "DIST",
+                  "gaussian: continuous noise C^-1 Z; discrete_gaussian: integer noise on the "
+                  "integer release round(gamma C x), accounted by zCDP (Canonne, Kamath, "
+                  "Steinke 2020, arXiv:2004.00010, Thm 14) without amplification, for "
+                  f"--mechanism {', '.join(discrete_gaussian.MECHANISMS)}",
+                  choices=discrete_gaussian.DISTRIBUTIONS),
+    flagspec.Flag("granularity", float, "GAMMA",
+                  "gamma of --noise_distribution discrete_gaussian: integer units per unit of "
+                  "the summed update (default: the smallest power of two that keeps the "
+                  "rounding below 0.1% of the sensitivity for the model's size)"),
+)
+
+
+def privacy_flag(name: str) -> flagspec.Flag:
+  """The ``flagspec.Flag`` of ``Privacy``'s parameter ``name`` (``PRIVACY_FLAGS``)."""
+  [flag] = [f for f in PRIVACY_FLAGS if f.name == name]
+  return flag
+
+
 def family_flags() -> Tuple[flagspec.Flag, ...]:
   """The flags of the family parameters for every tool: the shared ones (bands, rank, buffers;
   ``families.PARAMETER_FLAGS``), then each registered strategy's own

@@ -426,6 +426,7 @@ def run_main_job(output_dir: str, cache_dir: Optional[str] = None, *,
 
 def build_parser() -> argparse.ArgumentParser:
   from tff_mf import clitools  # pylint: disable=g-import-not-at-top
+  from tff_mf import spec as spec_lib  # pylint: disable=g-import-not-at-top
   parser = clitools.ArgumentParser(
       prog="python -m training.main_job",
       description="The main job: the √L table and plots of every strategy for n rounds, then "
@@ -446,8 +447,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="training rounds per mechanism")
   parser.add_argument("--clients_per_round", type=int,
                       default=MAIN_JOB_DEFAULTS["clients_per_round"], help="clients per round")
-  parser.add_argument("--target_epsilon", type=float,
-                      default=MAIN_JOB_DEFAULTS["target_epsilon"], help="ε of every run")
+  clitools.add_flag(parser, spec_lib.privacy_flag("target_epsilon"),
+                    default=MAIN_JOB_DEFAULTS["target_epsilon"],
+                    default_text=f"{MAIN_JOB_DEFAULTS['target_epsilon']:g}",
+                    note="; here every run's")
   parser.add_argument("--seeds", type=int, nargs="+", default=list(NOISE_SEEDS),
                       help="replicates: seed r pins the noise, client order and model init")
   config_lib.add_engine_flag(parser)

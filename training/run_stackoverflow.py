@@ -87,10 +87,8 @@ _SCHEMA_NOTES = {
 for _flag in participation.flags():
   clitools.define_absl_flag(_flag, __name__, default=getattr(_DEFAULTS, _flag.name),
                             note=_SCHEMA_NOTES.get(_flag.name, ""))
-flags.DEFINE_float("sampling_prob", None,
-                   f"Probability p {_NONE}required with --participation=min_sep): a client "
-                   "joins each round of its residue class with probability p. p < 1 without a "
-                   "cap enables amplification by sampling (MMCC, or amplified banded MF).")
+clitools.define_absl_flag(spec_lib.privacy_flag("sampling_prob"), __name__,
+                          note=" (required with --participation=min_sep)")
 flags.DEFINE_float("client_lr", _DEFAULTS.client_lr, "Client SGD learning rate.")
 flags.DEFINE_float("server_lr", _DEFAULTS.server_lr, "Server learning rate.")
 flags.DEFINE_float("server_momentum", _DEFAULTS.server_momentum, "Server momentum β in [0, 1).")
@@ -99,26 +97,17 @@ flags.DEFINE_enum("lr_schedule", _DEFAULTS.lr_schedule, config_lib.LR_SCHEDULES,
 flags.DEFINE_integer("schedule_rounds", None,
                      f"Rounds of the decay/cooldown at the end {_NONE}only with --lr_schedule="
                      "decay or cooldown, where it is required).")
-flags.DEFINE_float("noise_multiplier", None,
-                   f"Noise multiplier z (σ = z·clip_norm) {_NONE}give it or --target_epsilon).")
-flags.DEFINE_float("target_epsilon", None,
-                   f"Calibrate z to this ε {_NONE}give it or --noise_multiplier).")
+for _name in ("noise_multiplier", "target_epsilon"):
+  clitools.define_absl_flag(spec_lib.privacy_flag(_name), __name__)
 flags.DEFINE_float("delta", _DEFAULTS.delta, "δ of the (ε, δ) guarantee.")
 flags.DEFINE_enum("accountant", _DEFAULTS.accountant, config_lib.ACCOUNTANTS,
                   "Accountant of the unamplified Gaussian ε (tff_mf.accounting): "
                   f"{clitools.ACCOUNTANT_HELP}. It is what summary.json records as epsilon "
                   "for an unamplified run; amplified analyses use PLD (amplified banded) or "
                   "MMCC and summary.json names it (analysis); every reported ε is an upper bound.")
-flags.DEFINE_enum("noise_distribution", _DEFAULTS.noise_distribution,
-                  ["gaussian", "discrete_gaussian"],
-                  "gaussian: continuous noise C⁻¹·Z; discrete_gaussian: integer noise on the "
-                  "integer release round(γ·C·x) (Canonne, Kamath, Steinke 2020, "
-                  "arXiv:2004.00010), accounted by zCDP without amplification, for --mechanism "
-                  "gaussian, banded or banded_toeplitz.")
-flags.DEFINE_float("granularity", None,
-                   f"γ of --noise_distribution=discrete_gaussian, integer units per unit of the "
-                   f"summed update {_NONE}the smallest power of two that keeps the rounding "
-                   "below 0.1% of the sensitivity for the model's size).")
+clitools.define_absl_flag(spec_lib.privacy_flag("noise_distribution"), __name__,
+                          default=_DEFAULTS.noise_distribution)
+clitools.define_absl_flag(spec_lib.privacy_flag("granularity"), __name__)
 flags.DEFINE_string("clip_norm", str(_DEFAULTS.clip_norm),
                     "Per-client L2 clip norm ζ, or 'adaptive': ζ follows a private estimate of "
                     "--target_quantile of the update norms (Andrew et al. 2021, "

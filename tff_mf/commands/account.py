@@ -121,23 +121,17 @@ MAX_NOISE_MULTIPLIER = 1e100
 
 def _add_run_arguments(parser) -> None:
   """The noise (or target ε), δ, the accountant and the output format."""
-  parser.add_argument("--noise_multiplier", type=float, default=None, metavar="Z",
-                      help="noise multiplier z: noise std / clip norm (default: none; give this "
-                           "or --target_epsilon)")
-  parser.add_argument("--target_epsilon", type=float, default=None, metavar="EPS",
-                      help="calibrate: the smallest z (within --tolerance) whose epsilon is at "
-                           "most EPS (default: none; give this or --noise_multiplier)")
+  from tff_mf import spec  # pylint: disable=g-import-not-at-top
+  clitools.add_flag(parser, spec.privacy_flag("noise_multiplier"), default_text="none")
+  clitools.add_flag(parser, spec.privacy_flag("target_epsilon"), default_text="none",
+                    note="; here within --tolerance, by the analysis --amplification names")
   clitools.add_delta_flag(parser)
   clitools.add_accountant_flag(parser)
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   parser.set_defaults(accountant=_Default(accounting.DEFAULT_ACCOUNTANT))
-  parser.add_argument("--noise_distribution", choices=("gaussian", "discrete_gaussian"),
-                      default="gaussian",
-                      help="discrete_gaussian: integer noise on the integer release "
-                           "round(gamma C x), accounted by zCDP (Canonne, Kamath, Steinke 2020, "
-                           "arXiv:2004.00010, Thm 14, Cor 13), never amplified and without "
-                           "--accountant; for --mechanism gaussian, banded or banded_toeplitz, or "
-                           "a --matrix of theirs (default: gaussian)")
+  clitools.add_flag(parser, spec.privacy_flag("noise_distribution"), default="gaussian",
+                    default_text="gaussian",
+                    note=", or a --matrix of theirs; discrete_gaussian takes no --accountant")
   parser.add_argument("--tolerance", type=float, default=1e-3,
                       help="relative tolerance of --target_epsilon calibration: the z printed "
                            "exceeds the smallest valid z by less than this fraction "
@@ -206,11 +200,10 @@ def _add_amplification_arguments(amp) -> None:
                         "with --sampling_prob, the analysis training uses: amplified_banded when C has at "
                         "most b bands, else mmcc, under min_sep with p < 1 and no binding "
                         "--max_participations, else none; the output names it)")
-  amp.add_argument("--sampling_prob", type=float, default=None, metavar="P",
-                   help="probability p in (0, 1] that a user joins a round it may be sampled in "
-                        "(every round for b = 1, the rounds of its residue class for b-min-sep); "
-                        "needed with --amplification mmcc or amplified_banded; alone, it picks the "
-                        "analysis as training does (default: none)")
+  from tff_mf import spec  # pylint: disable=g-import-not-at-top
+  clitools.add_flag(amp, spec.privacy_flag("sampling_prob"), default_text="none",
+                    note="; needed with --amplification mmcc or amplified_banded; alone, it "
+                         "picks the analysis as training does")
   amp.add_argument("--non_adaptive", action="store_true",
                    help="mmcc: assert the data are fixed in advance (allows non-triangular or "
                         "signed C; |C| is used) (default: off)")

@@ -61,10 +61,10 @@ def _add_mechanism_arguments(g) -> None:
   g.add_argument("--mechanism", required=True, help="registry name or alias (required)")
   clitools.add_rounds_flag(g, default=8, what=" (default: 8; the canary search is brute "
                                               "force, keep n small)")
-  g.add_argument("--noise_multiplier", type=float, default=None, metavar="Z",
-                 help="noise multiplier z (give this or --target_epsilon)")
-  g.add_argument("--target_epsilon", type=float, default=None, metavar="EPS",
-                 help="calibrate z to this epsilon at --delta (unamplified)")
+  from tff_mf import spec  # pylint: disable=g-import-not-at-top
+  clitools.add_flag(g, spec.privacy_flag("noise_multiplier"), default_text="none")
+  clitools.add_flag(g, spec.privacy_flag("target_epsilon"), default_text="none",
+                    note="; here unamplified")
   g.add_argument("--clients_per_round", type=float, default=2.0, help="K (default: 2)")
   g.add_argument("--clip_norm", type=float, default=1.0, help="clip norm (default: 1)")
   g.add_argument("--server_momentum", type=float, default=0.0,
@@ -84,10 +84,11 @@ def _add_mechanism_arguments(g) -> None:
 
 
 def _add_audit_arguments(g) -> None:
-  g.add_argument("--sampling_prob", type=float, default=None, metavar="P",
-                 help="min_sep: the canary joins each round of its residue class with "
-                      "probability P (Poisson); the claim is then MMCC's amplified epsilon "
-                      "(default: none, every round of its worst pattern)")
+  from tff_mf import spec  # pylint: disable=g-import-not-at-top
+  clitools.add_flag(g, spec.privacy_flag("sampling_prob"),
+                    default_text="none, every round of its worst pattern",
+                    note="; here the canary's, under min_sep: the claim is then MMCC's "
+                         "amplified epsilon")
   clitools.add_delta_flag(g, what=" the bounds are stated at")
   g.add_argument("--alpha", type=float, default=0.01,
                  help="the bounds hold with probability >= 1 - alpha (default: 0.01)")

@@ -24,9 +24,9 @@ def register(subparsers) -> None:
   clitools.add_flag(parser, clitools.schema_flag("min_sep"), required=True,
                     note="; here the cycle B of the cyclic Poisson sampling --sampling_prob is "
                          "given for, and the largest b tried")
-  parser.add_argument("--sampling_prob", type=float, required=True, metavar="P",
-                      help="probability p that a user joins a round it is eligible for at "
-                           "cycle B (required)")
+  from tff_mf import spec  # pylint: disable=g-import-not-at-top
+  clitools.add_flag(parser, spec.privacy_flag("sampling_prob"), required=True,
+                    note="; here at cycle B (required)")
   clitools.add_target_epsilon_flag(parser)
   clitools.add_delta_flag(parser)
   parser.add_argument("--max_bands", type=int, default=None,
