@@ -260,7 +260,7 @@ def test_every_float_flag_refuses_nan_and_inf_naming_the_flag(tmp_path, capsys):
   checked = 0
   for tool, parser in _argparse_parsers():
     for action in _flag_actions(parser):
-      if action.type is not float or not action.option_strings:
+      if action.type not in (float, clitools.finite_float) or not action.option_strings:
         continue
       flag = action.option_strings[0]
       for value in ("nan", "inf", "-inf"):

@@ -251,15 +251,15 @@ def add_rounds_flag(parser, default: Optional[int] = None, required: bool = Fals
 
 
 def add_delta_flag(parser, required: bool = False, what: str = ""):
-  """``--delta``: δ of the (ε, δ) guarantee, ``tff_mf.checks.DEFAULT_DELTA`` unless required."""
+  """``--delta``: δ of the (ε, δ) guarantee (``tff_mf.spec.PRIVACY_FLAGS``),
+  ``tff_mf.checks.DEFAULT_DELTA`` unless required."""
   from tff_mf.checks import DEFAULT_DELTA  # pylint: disable=g-import-not-at-top
+  from tff_mf import spec  # pylint: disable=g-import-not-at-top
   if required:
-    parser.add_argument("--delta", type=float, required=True,
-                        help=f"delta in (0, 1) of the (epsilon, delta) guarantee{what} (required)")
+    add_flag(parser, spec.privacy_flag("delta"), required=True, note=f"{what} (required)")
   else:
-    parser.add_argument("--delta", type=float, default=DEFAULT_DELTA,
-                        help=f"delta in (0, 1) of the (epsilon, delta) guarantee{what} "
-                             f"(default: {DEFAULT_DELTA:g})")
+    add_flag(parser, spec.privacy_flag("delta"), default=DEFAULT_DELTA,
+             default_text=f"{DEFAULT_DELTA:g}", note=what)
 
 
 def add_target_epsilon_flag(parser):
@@ -369,18 +369,14 @@ def add_cache_dir_flag(parser):
                            "~/.cache/tff_mf)")
 
 
-def add_accountant_flag(parser, what: str = "the unamplified Gaussian mechanism"):
-  """``--accountant``: every accountant of ``tff_mf.accounting``, its default."""
+def add_accountant_flag(parser, what: str = ""):
+  """``--accountant`` (``tff_mf.spec.PRIVACY_FLAGS``): every accountant of
+  ``tff_mf.accounting``, its default; ``what``: what it accounts in this tool."""
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  parser.add_argument("--accountant", choices=accounting.ACCOUNTANTS,
-                      default=accounting.DEFAULT_ACCOUNTANT,
-                      help=f"accountant of {what}: " + ACCOUNTANT_HELP +
-                           f" (default: {accounting.DEFAULT_ACCOUNTANT})")
-
-
-ACCOUNTANT_HELP = ("exact (analytic Gaussian, Balle & Wang 2018, arXiv:1805.06530, Thm 8; the "
-                   "tightest), pld (dp_accounting privacy-loss distributions), rdp (Renyi DP, "
-                   "the loosest)")
+  from tff_mf import spec  # pylint: disable=g-import-not-at-top
+  add_flag(parser, spec.privacy_flag("accountant"), default=accounting.DEFAULT_ACCOUNTANT,
+           default_text=accounting.DEFAULT_ACCOUNTANT,
+           note=f"; here {what}" if what else "")
 
 
 # ----------------------------------------------------------------------------- names

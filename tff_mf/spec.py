@@ -412,6 +412,12 @@ PRIVACY_FLAGS = (
     flagspec.Flag("target_epsilon", float, "EPS",
                   "calibrate z: the smallest z whose epsilon at --delta is at most EPS (give it "
                   "or --noise_multiplier)"),
+    flagspec.Flag("delta", float, "DELTA", "delta in (0, 1) of the (epsilon, delta) guarantee"),
+    flagspec.Flag("accountant", str, "NAME",
+                  "accountant of the unamplified Gaussian mechanism: exact (analytic Gaussian, "
+                  "Balle & Wang 2018, arXiv:1805.06530, Thm 8; the tightest), pld (dp_accounting "
+                  "privacy-loss distributions), rdp (Renyi DP, the loosest)",
+                  choices=tuple(analyses.ACCOUNTANTS)),
     flagspec.Flag("sampling_prob", float, "P",
                   "probability p in (0, 1] that a client joins each round it may be sampled in "
                   "(every round for b = 1, the rounds of its residue class under b-min-sep); "

@@ -99,12 +99,13 @@ flags.DEFINE_integer("schedule_rounds", None,
                      "decay or cooldown, where it is required).")
 for _name in ("noise_multiplier", "target_epsilon"):
   clitools.define_absl_flag(spec_lib.privacy_flag(_name), __name__)
-flags.DEFINE_float("delta", _DEFAULTS.delta, "δ of the (ε, δ) guarantee.")
-flags.DEFINE_enum("accountant", _DEFAULTS.accountant, config_lib.ACCOUNTANTS,
-                  "Accountant of the unamplified Gaussian ε (tff_mf.accounting): "
-                  f"{clitools.ACCOUNTANT_HELP}. It is what summary.json records as epsilon "
-                  "for an unamplified run; amplified analyses use PLD (amplified banded) or "
-                  "MMCC and summary.json names it (analysis); every reported ε is an upper bound.")
+clitools.define_absl_flag(spec_lib.privacy_flag("delta"), __name__, default=_DEFAULTS.delta)
+clitools.define_absl_flag(spec_lib.privacy_flag("accountant"), __name__,
+                          default=_DEFAULTS.accountant,
+                          note=". It is what summary.json records as epsilon for an unamplified "
+                               "run; amplified analyses use PLD (amplified banded) or MMCC and "
+                               "summary.json names it (analysis); every reported ε is an upper "
+                               "bound.")
 clitools.define_absl_flag(spec_lib.privacy_flag("noise_distribution"), __name__,
                           default=_DEFAULTS.noise_distribution)
 clitools.define_absl_flag(spec_lib.privacy_flag("granularity"), __name__)
