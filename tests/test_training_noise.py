@@ -42,10 +42,10 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tff_mf.accounting import analyses
 from tff_mf.factorization.families import tree as tree_family
@@ -89,10 +89,17 @@ def _flat(arrays) -> np.ndarray:
 
 
 def _checkpointed_model(run_dir, round_num) -> np.ndarray:
-  """The trainable weights in ``checkpoints/program_state_<round>`` (a TF SavedModel)."""
-  path = os.path.join(run_dir, "checkpoints", f"program_state_{round_num}")
-  state = tf.saved_model.load(path)()
-  return _flat(state.global_model_weights.trainable)
+  """The trainable weights in ``checkpoints/program_state_<round>`` (training.checkpoints:
+  the state's leaves with their paths), once its meta is written (in the background)."""
+  directory = os.path.join(run_dir, "checkpoints")
+  deadline = time.time() + 60
+  while not os.path.exists(os.path.join(directory, f"meta_{round_num}")):
+    assert time.time() < deadline, f"no checkpoint of round {round_num}"
+    time.sleep(0.01)
+  with np.load(os.path.join(directory, f"program_state_{round_num}")) as f:
+    paths = list(f["__paths__"])
+    prefix = "global_model_weights/trainable/"
+    return _flat(f[str(i)] for i, p in enumerate(paths) if p.startswith(prefix))
 
 
 def _initial_model(task, seed) -> np.ndarray:

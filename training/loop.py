@@ -415,14 +415,18 @@ class _Trainer:
         if diverged:
           bar.write(f"round {round_num}: model weights are no longer finite; stopping (diverged)")
           break
-        # A first Ctrl-C (tff_mf.interrupt) stops here, with this round checkpointed.
+        # A first Ctrl-C (tff_mf.interrupt) stops here, with this round checkpointed. The
+        # checkpoint is written while the next round runs (training.checkpoints): it is
+        # requested after this round's release is logged, so a kill before it is written
+        # leaves an older checkpoint, whose rerun replays the rounds logged since.
         if (round_num % config.rounds_per_checkpoint == 0 or round_num == config.total_rounds
             or interrupt.requested()):
           run.progress.wall_seconds = run.wall_seconds()
-          run.checkpointer.save(state, run.progress, self.sampling_state())
+          run.checkpointer.save(state, run.progress, self.sampling_state(), background=True)
         interrupt.check(interrupted_message(round_num))
     finally:
       bar.close()
+      run.checkpointer.close()
     return state, diverged
 
 
