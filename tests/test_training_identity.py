@@ -68,7 +68,7 @@ def legacy_save(checkpointer, state, progress, sampling=None, background=False):
   meta = checkpoints._meta_structure()  # pylint: disable=protected-access
   meta.update({k: type(meta[k])(v) for k, v in dataclasses.asdict(progress).items()})
   with rundir.private_umask():
-    for part, value in zip(checkpoints.PARTS, (state, sampling, meta)):
+    for part, value in zip(checkpoints.LEGACY_PARTS, (state, sampling, meta)):
       manager = tff.program.FileProgramStateManager(checkpointer.directory, prefix=part)
       asyncio.run(manager.save(value, int(progress.round)))
   rundir.restrict_tree(checkpointer.directory)
@@ -451,7 +451,7 @@ def _released(run_dir):
 def test_a_kill_before_the_background_checkpoint_is_written_replays_to_the_same_model(
     configs, tmp_path, monkeypatch):
   """The checkpoint of round 2 is written in the background while round 3 runs; the process
-  dies inside that write (its program state on disk, no meta) and after round 3 is released.
+  dies inside that write (a cut temporary file on disk) and after round 3 is released.
   The rerun has no checkpoint: it restarts from round 0 with the recorded seeds, refuses a
   replay that differs from a logged release, and otherwise replays rounds 1-3 bit for bit
   and ends with the model of an uninterrupted run."""
@@ -461,18 +461,18 @@ def test_a_kill_before_the_background_checkpoint_is_written_replays_to_the_same_
   directory = os.path.join(run_dir, checkpoints.CHECKPOINT_DIR)
   real_write = checkpoints._write_npz  # pylint: disable=protected-access
 
-  def dies_after_the_state(path, arrays):
-    real_write(path, arrays)
-    if os.path.basename(path) == "program_state_2":
-      with open(os.path.join(directory, "sampling_2.tmp"), "wb") as f:
-        f.write(b"cut")  # the next part, cut by the kill
-      raise Killed()
+  def dies_inside_the_write(path, arrays):
+    if os.path.basename(path) != "checkpoint_2":
+      return real_write(path, arrays)
+    with open(path + ".tmp", "wb") as f:
+      f.write(b"cut")  # the write, cut by the kill
+    raise Killed()
 
-  monkeypatch.setattr(checkpoints, "_write_npz", dies_after_the_state)
+  monkeypatch.setattr(checkpoints, "_write_npz", dies_inside_the_write)
   run_until(config, kill_after=3)
   monkeypatch.undo()
   assert checkpoints.Checkpointer(directory).latest() is None
-  assert sorted(os.listdir(directory)) == ["program_state_2", "sampling_2.tmp"]
+  assert sorted(os.listdir(directory)) == ["checkpoint_2.tmp"]
   logged = _released(run_dir)
   assert sorted(logged) == [1, 2, 3]
   before = metric_rows(run_dir)
@@ -496,8 +496,7 @@ def test_a_kill_before_the_background_checkpoint_is_written_replays_to_the_same_
        np.load(os.path.join(reference.run_dir, outputs.FINAL_MODEL_FILE)) as b:
     assert all(np.array_equal(a[k], b[k]) for k in a.files)
   files = sorted(os.listdir(directory))
-  assert files == ["meta_2", "meta_4", "program_state_2", "program_state_4", "sampling_2",
-                   "sampling_4"]  # the leftover part and the cut temporary file replaced
+  assert files == ["checkpoint_2", "checkpoint_4"]  # the cut temporary file replaced
   assert all(os.stat(os.path.join(directory, f)).st_mode & 0o777 == 0o600 for f in files)
 
 

@@ -68,7 +68,7 @@ def test_checkpoint_files_are_private_under_umask_000(tmp_path):
     modes.append((dirpath, stat.S_IMODE(os.stat(dirpath).st_mode), 0o700))
     modes += [(name, stat.S_IMODE(os.stat(os.path.join(dirpath, name)).st_mode), 0o600)
               for name in filenames]
-  assert len(modes) == 4  # the directory, program_state_1, sampling_1 and meta_1
+  assert len(modes) == 2  # the directory and checkpoint_1
   assert all(mode == want for _, mode, want in modes), [(p, oct(m)) for p, m, _ in modes]
 
 

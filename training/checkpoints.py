@@ -1,14 +1,14 @@
 """Checkpoints of a training run: private numpy files, written off the round's critical path.
 
-A checkpoint of round ``r`` is three files in ``<run dir>/checkpoints``, written in this
-order, each whole (a 0600 temporary file, fsynced, then renamed:
-``tff_mf.runstate.write_private``): ``program_state_<r>`` (the LearningAlgorithmState, its
-leaves in ``tf.nest`` order with their paths), ``sampling_<r>`` (the sampler's state and
-the participation record, ``training.sampling``: fixed-shape int64 arrays) and ``meta_<r>``
-(a :class:`RunProgress`: round, sampler cursor, counters, the secret noise seed and the
-secret sampling seed, and the digest of the run identity it was written under,
-``training.identity``). Meta is written last, so its latest version always has a complete
-process state and sampling state beside it; the latest ``keep`` checkpoints are kept.
+A checkpoint of round ``r`` is one numpy file, ``<run dir>/checkpoints/checkpoint_<r>``,
+written whole (a 0600 temporary file, fsynced, then renamed:
+``tff_mf.runstate.write_private``), so there is no half-written checkpoint: its
+``program_state/`` arrays (the LearningAlgorithmState, its leaves in ``tf.nest`` order with
+their paths), ``sampling/`` (the sampler's state and the participation record,
+``training.sampling``: fixed-shape int64 arrays) and ``meta/`` (a :class:`RunProgress`:
+round, sampler cursor, counters, the secret noise seed and the secret sampling seed, and the
+digest of the run identity it was written under, ``training.identity``). The latest
+``keep`` checkpoints are kept.
 
 Writing is off the critical path (:meth:`Checkpointer.save` with ``background=True``): the
 caller's thread copies the arrays and one writer thread writes them, while the next round
@@ -18,8 +18,9 @@ release is logged (``training.identity``), so a kill before its write finishes l
 older checkpoint, and the rerun replays the rounds after it against their logged releases
 with the same seeds: the same model, or a refusal. (Writing through
 ``tff.program.FileProgramStateManager``'s SavedModels cost about 0.3 s of CPU a checkpoint,
-ten main-job rounds.) Checkpoints written that way by an earlier tff-mf (directories of
-the same names) are still read, and a meta written before the noise key's second word was
+ten main-job rounds.) Checkpoints written that way by an earlier tff-mf (the directories
+``program_state_<r>``, ``sampling_<r>`` and ``meta_<r>``, meta last) are still read, and a
+meta written before the noise key's second word was
 recorded (``noise_seed_key``) loads with -1 there: the public tag, the key that run drew
 its noise with, so it continues its identical noise.
 
@@ -48,13 +49,16 @@ from training import rundir
 from training.config import TrainingError
 
 CHECKPOINT_DIR = "checkpoints"
-# The files of one checkpoint, in the order they are written (meta last).
-STATE, SAMPLING, META = "program_state_", "sampling_", "meta_"
+CHECKPOINT = "checkpoint_"  # checkpoint_<round>: one file
+# Its parts (key prefixes), and an earlier tff-mf's SavedModel directories <part>_<round>.
+STATE, SAMPLING, META = "program_state", "sampling", "meta"
 PARTS = (STATE, SAMPLING, META)
+LEGACY_PARTS = tuple(f"{part}_" for part in PARTS)  # written in this order, meta last
+_NAME = re.compile(r"(checkpoint|program_state|sampling|meta)_(\d+)$")
 # State entries whose leading dimension grows during a run: TFF's tree_aggregation keeps one
 # buffered node per level completed so far (tensorflow_privacy tree_aggregation.TreeState).
 GROWING_ENTRIES = ("tree_state/level_buffer",)
-_PATHS_KEY = "__paths__"  # program_state_<r>: the state's leaf paths, in order
+_PATHS_KEY = "__paths__"  # program_state/: the state's leaf paths, in order
 
 
 @dataclasses.dataclass
@@ -141,9 +145,11 @@ def _write_npz(path: str, arrays: Dict[str, np.ndarray]) -> None:
   runstate.write_private(path, lambda f: np.savez(f, **arrays))
 
 
-def _read_npz(path: str) -> Dict[str, np.ndarray]:
+def _read_part(path: str, part: str) -> Dict[str, np.ndarray]:
+  """The arrays of ``part`` in checkpoint file ``path``, keyed without the part's prefix."""
   with np.load(path, allow_pickle=False) as data:
-    return {key: data[key] for key in data.files}
+    return {key[len(part) + 1:]: data[key] for key in data.files
+            if key.startswith(part + "/")}
 
 
 def _meta_arrays(progress: RunProgress) -> Dict[str, np.ndarray]:
@@ -165,24 +171,34 @@ class Checkpointer:
     self._writer: Optional[concurrent.futures.ThreadPoolExecutor] = None
     self._pending: Optional[concurrent.futures.Future] = None
 
-  def _path(self, part: str, version: int) -> str:
-    return os.path.join(self.directory, f"{part}{version}")
+  def _file(self, version: int) -> str:
+    return os.path.join(self.directory, f"{CHECKPOINT}{version}")
 
-  def _versions(self, part: str) -> List[int]:
-    pattern = re.compile(re.escape(part) + r"(\d+)$")
-    matches = (pattern.match(name) for name in os.listdir(self.directory))
-    return sorted(int(m.group(1)) for m in matches if m)
+  def _legacy_path(self, part: str, version: int) -> Optional[str]:
+    """An earlier tff-mf's directory of ``part`` at ``version`` (None: this round has a
+    checkpoint file, or no such directory)."""
+    path = os.path.join(self.directory, f"{part}_{version}")
+    return path if os.path.isdir(path) and not os.path.exists(self._file(version)) else None
+
+  def _versions(self) -> List[int]:
+    """Rounds with a checkpoint: a file, or an earlier tff-mf's meta directory."""
+    versions = set()
+    for name in os.listdir(self.directory):
+      match = _NAME.match(name)
+      if match and match.group(1) in ("checkpoint", META):
+        versions.add(int(match.group(2)))
+    return sorted(versions)
 
   def _legacy(self, part: str):
     """A FileProgramStateManager over an earlier tff-mf's SavedModel checkpoints."""
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-    return tff.program.FileProgramStateManager(self.directory, prefix=part, keep_total=0)
+    return tff.program.FileProgramStateManager(self.directory, prefix=f"{part}_",
+                                               keep_total=0)
 
   def _read_meta(self, version: int) -> Dict[str, object]:
-    path = self._path(META, version)
-    if os.path.isdir(path):
+    if self._legacy_path(META, version):
       return _load_meta(self._legacy(META), version)
-    meta = _read_npz(path)
+    meta = _read_part(self._file(version), META)
     if set(meta) - set(_meta_structure()):
       raise ValueError(f"unknown fields {sorted(set(meta) - set(_meta_structure()))}")
     return meta
@@ -191,31 +207,31 @@ class Checkpointer:
     """The RunProgress of the newest checkpoint, or None when there is none."""
     self.wait()
     rundir.check_private_tree(self.directory)
-    versions = self._versions(META)
+    versions = self._versions()
     if not versions:
       return None
+    name = os.path.basename(self._legacy_path(META, versions[-1]) or self._file(versions[-1]))
     try:
       meta = self._read_meta(versions[-1])
       if "identity_digest" not in meta:
         raise ValueError("no identity digest")
     except (OSError, ValueError, TypeError):
       raise TrainingError(
-          f"checkpoint meta_{versions[-1]} in {self.directory} does not have this tff-mf's "
+          f"checkpoint {name} in {self.directory} does not have this tff-mf's "
           "fields (an older version wrote it, without the digest that binds the run's "
           "identity); resume with that version, or use a new --experiment_name") from None
     progress = RunProgress(**{f.name: (float(meta[f.name]) if f.type == "float"
                                        else int(meta[f.name]))
                               for f in dataclasses.fields(RunProgress) if f.name in meta})
     if progress.round != versions[-1]:
-      raise TrainingError(f"checkpoint meta_{versions[-1]} in {self.directory} records round "
+      raise TrainingError(f"checkpoint {name} in {self.directory} records round "
                           f"{progress.round}; the checkpoint directory is corrupt")
     return progress
 
   def _read_state(self, round_num: int, structure, name: str, hint: str):
     """The state's leaves as stored, with their paths (a legacy SavedModel: ``structure``'s)."""
     from tensorflow.python.util import nest  # pylint: disable=g-import-not-at-top
-    path = self._path(STATE, round_num)
-    if os.path.isdir(path):
+    if self._legacy_path(STATE, round_num):
       try:
         state = _run(self._legacy(STATE).load(round_num, structure))
       except (ValueError, TypeError) as e:
@@ -224,7 +240,7 @@ class Checkpointer:
       return [p for p, _ in nest.flatten_with_joined_string_paths(structure)], nest.flatten(
           state)
     try:
-      stored = _read_npz(path)
+      stored = _read_part(self._file(round_num), STATE)
       paths = [str(p) for p in stored.pop(_PATHS_KEY)]
       return paths, [_leaf(stored[str(i)]) for i in range(len(paths))]
     except (OSError, ValueError, KeyError) as e:
@@ -241,7 +257,8 @@ class Checkpointer:
     from tensorflow.python.util import nest  # pylint: disable=g-import-not-at-top
     self.wait()
     rundir.check_private_tree(self.directory)
-    name = f"checkpoint program_state_{round_num} in {self.directory}"
+    where = self._legacy_path(STATE, round_num) or self._file(round_num)
+    name = f"checkpoint {os.path.basename(where)} in {self.directory}"
     hint = ("it was written by a different tff-mf version, model or mechanism; resume with "
             "the code and flags that wrote it, or start a new experiment directory")
     paths, loaded = self._read_state(round_num, structure, name, hint)
@@ -264,13 +281,14 @@ class Checkpointer:
     """``sampling_<round_num>``: arrays of ``structure``'s shapes (TrainingError otherwise)."""
     self.wait()
     rundir.check_private_tree(self.directory)
-    name = f"checkpoint sampling_{round_num} in {self.directory}"
-    path = self._path(SAMPLING, round_num)
+    legacy = self._legacy_path(SAMPLING, round_num)
+    name = (f"checkpoint {os.path.basename(legacy or self._file(round_num))} (sampling) in "
+            f"{self.directory}")
     try:
-      if os.path.isdir(path):
+      if legacy:
         loaded = _run(self._legacy(SAMPLING).load(round_num, structure))
       else:
-        loaded = _read_npz(path)
+        loaded = _read_part(self._file(round_num), SAMPLING)
         missing = set(structure) - set(loaded)
         if missing:
           raise ValueError(f"it has no {sorted(missing)[0]}")
@@ -287,51 +305,46 @@ class Checkpointer:
     return out
 
   def save(self, state, progress: RunProgress, sampling=None, background: bool = False) -> None:
-    """Writes program_state_<round>, sampling_<round>, then meta_<round>, all private.
+    """Writes checkpoint_<round> (private), with the program state, sampling state and meta.
 
     The arrays are copied here; ``background``: the writer thread writes them, after any
     earlier save, and this returns at once (:meth:`wait` for it)."""
     from tensorflow.python.util import nest  # pylint: disable=g-import-not-at-top
     flat = nest.flatten_with_joined_string_paths(state)
-    parts = {STATE: {_PATHS_KEY: np.array([p for p, _ in flat], dtype=str),
-                     **{str(i): _array(leaf) for i, (_, leaf) in enumerate(flat)}},
-             SAMPLING: {k: _array(v) for k, v in (sampling or {}).items()},
-             META: _meta_arrays(progress)}
-    if sampling is None:
-      del parts[SAMPLING]
+    arrays = {f"{STATE}/{_PATHS_KEY}": np.array([p for p, _ in flat], dtype=str)}
+    arrays.update((f"{STATE}/{i}", _array(leaf)) for i, (_, leaf) in enumerate(flat))
+    arrays.update((f"{SAMPLING}/{k}", _array(v)) for k, v in (sampling or {}).items())
+    arrays.update((f"{META}/{k}", v) for k, v in _meta_arrays(progress).items())
     self.wait()
     if not background:
-      self._write(int(progress.round), parts)
+      self._write(int(progress.round), arrays)
       return
     if self._writer is None:
       self._writer = concurrent.futures.ThreadPoolExecutor(1, "tff-mf-checkpoint")
-    self._pending = self._writer.submit(self._write, int(progress.round), parts)
+    self._pending = self._writer.submit(self._write, int(progress.round), arrays)
 
-  def _write(self, version: int, parts: Dict[str, Dict[str, np.ndarray]]) -> None:
+  def _write(self, version: int, arrays: Dict[str, np.ndarray]) -> None:
     rundir.check_private_tree(self.directory)
-    for part in (META, *PARTS):  # a meta of this round first: nothing may point at a half
-      path = self._path(part, version)
+    for part in (META, STATE, SAMPLING):  # an earlier tff-mf's of this round, meta first
+      path = os.path.join(self.directory, f"{part}_{version}")
       if os.path.isdir(path):
         shutil.rmtree(path)
-      elif os.path.lexists(path):
-        os.unlink(path)
-    for part, arrays in parts.items():
-      _write_npz(self._path(part, version), arrays)
+    _write_npz(self._file(version), arrays)
     self._prune()
 
   def _prune(self) -> None:
     """Keeps the latest ``keep`` checkpoints (and no leftover temporary file)."""
-    kept = self._versions(META)[-self.keep:]
-    for part in PARTS:
-      for version in (v for v in self._versions(part) if kept and v < kept[0]):
-        path = self._path(part, version)
+    kept = self._versions()[-self.keep:]
+    for name in os.listdir(self.directory):
+      match = _NAME.match(name)
+      path = os.path.join(self.directory, name)
+      if match and kept and int(match.group(2)) < kept[0]:
         if os.path.isdir(path):
           shutil.rmtree(path)
         else:
           os.unlink(path)
-    for name in os.listdir(self.directory):
-      if name.endswith(".tmp") and name.startswith(PARTS):
-        os.unlink(os.path.join(self.directory, name))
+      elif name.startswith(CHECKPOINT) and name.endswith(".tmp"):
+        os.unlink(path)
 
   def wait(self) -> None:
     """Waits for the background save, if any (raising its error)."""
