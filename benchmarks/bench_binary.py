@@ -42,7 +42,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench_harness import common_arguments, write_section  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bench_harness import _RecordingClients, common_arguments, write_section  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 COMMAND = ".venv/bin/python benchmarks/bench_binary.py"
 TARGET = 1.2  # the binary / the engine alone, CPU per client update, at most
@@ -129,21 +129,6 @@ def _config(args, mechanism, every, root):
   return config_lib.TrainingConfig(**values)
 
 
-class _Recording:
-  """``task.client_datasets`` that records the clients each round's batches came from."""
-
-  def __init__(self, clients):
-    self._clients = clients
-    self.loaded = []
-
-  def batches(self, client_id):
-    self.loaded.append(client_id)
-    return self._clients.batches(client_id)
-
-  def __getattr__(self, name):  # load, token_ids, prefetch: the real ones
-    return getattr(self._clients, name)
-
-
 def measure(args, items, mechanism, every, root):
   """One run of the binary, each round followed by the engine alone on its clients."""
   import dataclasses  # pylint: disable=g-import-not-at-top
@@ -153,7 +138,7 @@ def measure(args, items, mechanism, every, root):
   from training import task as task_lib  # pylint: disable=g-import-not-at-top
   config = _config(args, mechanism, every, root)
   task = task_lib.build_task(config)  # no client read yet, as in the binary
-  recording = _Recording(task.client_datasets)
+  recording = _RecordingClients(task.client_datasets)
   task = dataclasses.replace(task, client_datasets=recording)
   setup, _, _ = run_setup.resolve_privacy(config, 1 if mechanism != "none" else None)
   alone = engine.build_process("compiled", task.model_fn, setup, config.client_lr)
@@ -164,8 +149,7 @@ def measure(args, items, mechanism, every, root):
   def after_round(round_num):
     items.settle()
     binary[round_num] = time.process_time() - start[0]
-    batches = [task.client_datasets._clients.batches(c) for c in recording.loaded]  # pylint: disable=protected-access
-    recording.loaded = []
+    batches = [recording._clients.batches(c) for c in recording.take()]  # pylint: disable=protected-access
     items.round = None
     before = time.process_time()
     alone_state[0] = alone.next(alone_state[0], batches).state
@@ -196,7 +180,8 @@ def section(args, results, load_start, load_end, minutes, code) -> str:
                            f" --code {args.code} --name {args.name}" if args.code else "")
   k = args.clients
   lines = [
-      f"## The binary against the compiled engine alone ({code})", "",
+      "## The binary against the compiled engine alone" if not args.code else
+      f"### The same, before the change ({code})", "",
       f"Command: `{command}` — machine: 2-core x86_64 CPU, no GPU (Python "
       f"{platform.python_version()}); 1-minute load average {load_start:.1f} at the start, "
       f"{load_end:.1f} at the end (shared: CPU seconds are this process's, all threads). "
@@ -252,8 +237,7 @@ def main(argv=None):
   if args.code:
     sys.path.insert(0, os.path.abspath(args.code))
   import training  # pylint: disable=g-import-not-at-top
-  code = ("this checkout" if not args.code else
-          f"the checkout at {args.code}") + f": {os.path.dirname(training.__file__)}"
+  code = f"training/ and tff_mf/ of {os.path.dirname(os.path.dirname(training.__file__))}"
   from tff_mf.tf import runtime  # pylint: disable=g-import-not-at-top
   from training import engine  # pylint: disable=g-import-not-at-top
   runtime.install_exit_hook()
@@ -271,7 +255,7 @@ def main(argv=None):
               f"{statistics.median(r['engine']) / args.clients * 1e3:.2f} ms a client update",
               file=sys.stderr, flush=True)
   text = section(args, results, load_start, os.getloadavg()[0],
-                 (time.perf_counter() - start) / 60, "before" if args.code else "after")
+                 (time.perf_counter() - start) / 60, code)
   write_section(args.out_dir, args.name, text, results)
   return 0
 
