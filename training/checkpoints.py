@@ -17,12 +17,12 @@ runs; the next save, :meth:`Checkpointer.wait` and :meth:`Checkpointer.close` wa
 release is logged (``training.identity``), so a kill before its write finishes leaves an
 older checkpoint, and the rerun replays the rounds after it against their logged releases
 with the same seeds: the same model, or a refusal. (Writing through
-``tff.program.FileProgramStateManager``'s SavedModels cost about 0.3 s of CPU a checkpoint,
-ten main-job rounds.) Checkpoints written that way by an earlier tff-mf (the directories
-``program_state_<r>``, ``sampling_<r>`` and ``meta_<r>``, meta last) are still read, and a
-meta written before the noise key's second word was
-recorded (``noise_seed_key``) loads with -1 there: the public tag, the key that run drew
-its noise with, so it continues its identical noise.
+``tff.program.FileProgramStateManager``'s SavedModels cost 0.2-0.3 s of CPU a checkpoint,
+eight to fifteen rounds of 8 clients of the main job's model.) Checkpoints written that
+way by an earlier tff-mf (the directories ``program_state_<r>``, ``sampling_<r>`` and
+``meta_<r>``, meta last) are still read, and a meta written before the noise key's second
+word was recorded (``noise_seed_key``) loads with -1 there: the public tag, the key that run
+drew its noise with, so it continues its identical noise.
 
 The checkpoints hold the secret noise and sampling seeds and who joined which round
 (amplification by sampling assumes that is secret): they are written 0600 in 0700
