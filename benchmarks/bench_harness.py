@@ -121,7 +121,8 @@ class _Clock:
 
 
 class _RecordingClients:
-  """``task.client_datasets`` that also records which clients each round loaded."""
+  """``task.client_datasets`` that also records which clients each round loaded (as a
+  dataset, TFF's process, or as arrays, the compiled engine); the rest is the real one's."""
 
   def __init__(self, clients):
     self._clients = clients
@@ -131,8 +132,12 @@ class _RecordingClients:
     self.loaded.append(client_id)
     return self._clients.load(client_id)
 
-  def token_ids(self, client_id):
-    return self._clients.token_ids(client_id)
+  def batches(self, client_id):
+    self.loaded.append(client_id)
+    return self._clients.batches(client_id)
+
+  def __getattr__(self, name):  # token_ids, prefetch
+    return getattr(self._clients, name)
 
   def take(self):
     out, self.loaded = self.loaded, []

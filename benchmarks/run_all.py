@@ -59,6 +59,10 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
         ("benchmarks/bench_harness.py", "--only", "main_job/none:32x16",
          "main_job/opt_momentum:32x16", "--rounds", "5", "--name", "harness_main_job"),)),
     ("engine", "engine.md", (("benchmarks/bench_engine.py",),)),
+    # The binary against the engine alone (issue 49); before: the same script on a checkout of
+    # the commit before the change (written by hand from that run: it needs the checkout).
+    ("binary", "binary.md", (("benchmarks/bench_binary.py",),)),
+    ("binary_before", "binary_before.md", ()),
     ("paper_config", "paper_config.md", (("benchmarks/bench_paper_config.py",),)),
     ("main_job", "main_job.md", (("benchmarks/bench_main_job.py",),)),
     # Written by hand: the pilots that chose the main job's regime (issues 21 and 36).
@@ -115,6 +119,7 @@ SMOKE: Dict[str, Tuple[str, ...]] = {
     "stackoverflow_data.py": ("--smoke", "--out-dir", "{out}"),
     "bench_harness.py": ("--smoke", "--out-dir", "{out}"),
     "bench_engine.py": ("--smoke", "--out-dir", "{out}"),
+    "bench_binary.py": ("--smoke", "--out-dir", "{out}"),
     "bench_paper_config.py": ("--smoke", "--out-dir", "{out}", "--cache_dir", "{out}/cache"),
     "bench_main_job.py": ("--smoke", "--out-dir", "{out}"),
     "training_pydocs.py": ("--smoke", "--out", "{out}/runs", "--results_md", "{out}/training.md"),

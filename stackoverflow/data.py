@@ -34,7 +34,7 @@ import lzma
 import os
 import pathlib
 import sqlite3
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -204,16 +204,31 @@ def sqlite_train_tokens(sqlite_path: str, split: str = "train"
            "and split_name = ?")
   connection = []
 
-  def train_tokens(client_id: str, limit: Optional[int] = None) -> np.ndarray:
+  def rows_of(client_id: str, limit: Optional[int]) -> list:
     if not connection:
       connection.append(sqlite3.connect(uri, uri=True, check_same_thread=False))
     cursor = connection[0].execute(query, (client_id, split))
     rows = cursor.fetchmany(limit) if limit is not None else cursor.fetchall()
     cursor.close()
+    return [row[0] for row in rows]
+
+  def train_tokens(client_id: str, limit: Optional[int] = None) -> np.ndarray:
+    rows = rows_of(client_id, limit)
     if not rows:
       return np.zeros([0], dtype=object)
-    return _parse_tokens(tf.constant([row[0] for row in rows])).numpy()
+    return _parse_tokens(tf.constant(rows)).numpy()
 
+  def many(client_ids: Sequence[str], limit: Optional[int] = None) -> List[np.ndarray]:
+    """``train_tokens`` of each client, the examples of all parsed in one call (the same
+    rows: parsing is example by example)."""
+    if not client_ids:
+      return []
+    rows = [rows_of(c, limit) for c in client_ids]
+    flat = [r for client in rows for r in client]
+    tokens = _parse_tokens(tf.constant(flat)).numpy() if flat else np.zeros([0], object)
+    return np.split(tokens, np.cumsum([len(client) for client in rows])[:-1])
+
+  train_tokens.many = many  # type: ignore[attr-defined]
   return train_tokens
 
 

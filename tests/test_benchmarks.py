@@ -32,6 +32,7 @@ RUN_ALL = _run_all()
 # runs in the default suite.
 # Smoke runs of more than ~10 s of CPU: the slow suite runs them (their --help runs here).
 SLOW = {"training_pydocs.py", "training_adaptive.py", "bench_harness.py", "bench_engine.py",
+        "bench_binary.py",
         "bench_paper_config.py",
         "peer_jax_privacy_bands.py",
         "stackoverflow_data.py", "bench_distributed.py", "bench_aggregation.py",

@@ -273,7 +273,7 @@ def test_binary_kill_worker_mid_run_then_resume_with_healthy_workers(tmp_path):
     proc = subprocess.Popen(_binary_command(str(tmp_path / "dist"), data_dir, cache, [a, b]),
                             cwd=REPO, env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    meta_2 = tmp_path / "dist" / "run" / "checkpoints" / "meta_2"
+    meta_2 = tmp_path / "dist" / "run" / "checkpoints" / "checkpoint_2"
     try:
       deadline = time.time() + 600
       while not meta_2.exists() and proc.poll() is None and time.time() < deadline:

@@ -88,7 +88,7 @@ def _metrics_rounds(run_dir):
 
 def _checkpoints(run_dir):
   return sorted(int(p.rsplit("_", 1)[1]) for p in glob.glob(
-      os.path.join(run_dir, "checkpoints", "meta_*")))
+      os.path.join(run_dir, "checkpoints", "checkpoint_*")) if not p.endswith(".tmp"))
 
 
 def _until(condition, timeout=10.0):

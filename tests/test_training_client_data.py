@@ -123,3 +123,38 @@ def test_client_ids_are_cached_and_evicted_least_recently_used_first(tiny_dir):
   assert reads == [a, b, c, a]
   clients.token_ids(b)  # b went when a came back
   assert reads == [a, b, c, a, b]
+
+
+@pytest.mark.parametrize("dataset", ["stackoverflow", "synthetic"])
+def test_a_prefetched_batch_of_clients_equals_the_clients_read_one_by_one(dataset, tiny_dir):
+  """ClientDatasets.prefetch (the training loop's, before a round) reads the clients in one
+  batch (one parse and one ids call on the database; the synthetic corpus has no batch
+  reader): every client's ids, empty clients and clients cut at the limit included, are
+  those read alone, and are then served without another read."""
+  federated = data.load_federated_data(dataset, data_dir=tiny_dir, vocab_size=30,
+                                       progress=False)
+  ids_fn = preprocessing.build_client_ids_fn(federated.vocab, sequence_length=6)
+  many = getattr(federated.train_tokens, "many", None)
+  assert (many is not None) == (dataset == "stackoverflow")
+  reads = []
+
+  def read(client_id):
+    reads.append(client_id)
+    return federated.train_tokens(client_id, 7)
+
+  alone = task_lib.ClientDatasets(read, ids_fn, batch_size=4)
+  batched = task_lib.ClientDatasets(read, ids_fn, batch_size=4,
+                                    read_many=many and (lambda ids: many(ids, 7)))
+  ids = federated.train_client_ids
+  chosen = list(dict.fromkeys(ids[:10] + [c for c in ids if "empty" in c][:2]))
+  expected = {c: alone.token_ids(c) for c in chosen}
+  assert any(not len(v) for v in expected.values()) == (dataset == "stackoverflow")
+  assert any(len(federated.train_tokens(c)) > 7 for c in chosen)
+  reads.clear()
+  batched.prefetch(chosen[:3] + chosen + chosen[:1])
+  assert reads == ([] if many else chosen)
+  for c in chosen:
+    np.testing.assert_array_equal(batched.token_ids(c), expected[c])
+    assert batched.token_ids(c).dtype == np.int64 and not batched.token_ids(c).flags.writeable
+  assert reads == ([] if many else chosen)  # served from the batch
+  batched.prefetch([])

@@ -56,6 +56,24 @@ def run_until(config, kill_after=None):
   return None
 
 
+def legacy_save(checkpointer, state, progress, sampling=None, background=False):
+  """``Checkpointer.save`` as an earlier tff-mf wrote checkpoints: three
+  ``tff.program.FileProgramStateManager`` SavedModels (program state, sampling, meta last)."""
+  import asyncio  # pylint: disable=g-import-not-at-top
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from training import checkpoints  # pylint: disable=g-import-not-at-top
+  from training import rundir  # pylint: disable=g-import-not-at-top
+  del background
+  meta = checkpoints._meta_structure()  # pylint: disable=protected-access
+  meta.update({k: type(meta[k])(v) for k, v in dataclasses.asdict(progress).items()})
+  with rundir.private_umask():
+    for part, value in zip(checkpoints.LEGACY_PARTS, (state, sampling, meta)):
+      manager = tff.program.FileProgramStateManager(checkpointer.directory, prefix=part)
+      asyncio.run(manager.save(value, int(progress.round)))
+  rundir.restrict_tree(checkpointer.directory)
+
+
 def metric_rows(run_dir):
   """{round: row without its timing} of metrics.csv."""
   with open(os.path.join(run_dir, outputs.METRICS_FILE), newline="") as f:
@@ -378,9 +396,9 @@ def test_an_identity_without_the_key_keeps_its_digest_and_refuses_a_bad_key(tmp_
 def test_a_run_from_before_the_key_word_resumes_with_its_identical_noise(configs, tmp_path,
                                                                           monkeypatch):
   """A run started by an earlier tff-mf (key (seed, tag), identity.json and the checkpoints'
-  meta without the second word) resumes on the tag: round 3, released before the
-  checkpoint of round 2 was resumed, replays bit for bit (releases.jsonl refuses any other
-  model), and the run finishes with its old identity."""
+  meta without the second word; its checkpoints SavedModels) resumes on the tag: round 3,
+  released before the checkpoint of round 2 was resumed, replays bit for bit
+  (releases.jsonl refuses any other model), and the run finishes with its old identity."""
   import asyncio  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from training import checkpoints  # pylint: disable=g-import-not-at-top
@@ -395,6 +413,7 @@ def test_a_run_from_before_the_key_word_resumes_with_its_identical_noise(configs
     return progress, source
 
   monkeypatch.setattr(loop, "_new_progress", old_progress)
+  monkeypatch.setattr(checkpoints.Checkpointer, "save", legacy_save)  # its SavedModels
   run_until(config, kill_after=3)  # checkpoint of round 2, rounds 1-3 released
   monkeypatch.undo()
   with open(os.path.join(run_dir, identity.IDENTITY_FILE)) as f:
@@ -421,3 +440,101 @@ def test_a_run_from_before_the_key_word_resumes_with_its_identical_noise(configs
   with open(os.path.join(run_dir, identity.RELEASES_FILE)) as f:
     digests = {json.loads(line)["identity"] for line in f}
   assert digests == {hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()}
+
+
+def _released(run_dir):
+  """{round: sha256} of releases.jsonl."""
+  with open(os.path.join(run_dir, identity.RELEASES_FILE)) as f:
+    return {r["round"]: r["sha256"] for r in map(json.loads, f)}
+
+
+def test_a_kill_before_the_background_checkpoint_is_written_replays_to_the_same_model(
+    configs, tmp_path, monkeypatch):
+  """The checkpoint of round 2 is written in the background while round 3 runs; the process
+  dies inside that write (a cut temporary file on disk) and after round 3 is released.
+  The rerun has no checkpoint: it restarts from round 0 with the recorded seeds, refuses a
+  replay that differs from a logged release, and otherwise replays rounds 1-3 bit for bit
+  and ends with the model of an uninterrupted run."""
+  from training import checkpoints  # pylint: disable=g-import-not-at-top
+  config = configs(tmp_path, mechanism="opt_prefix_sum", noise_seed=11, rounds_per_eval=10)
+  run_dir = config.run_dir
+  directory = os.path.join(run_dir, checkpoints.CHECKPOINT_DIR)
+  real_write = checkpoints._write_npz  # pylint: disable=protected-access
+
+  def dies_inside_the_write(path, arrays):
+    if os.path.basename(path) != "checkpoint_2":
+      return real_write(path, arrays)
+    with open(path + ".tmp", "wb") as f:
+      f.write(b"cut")  # the write, cut by the kill
+    raise Killed()
+
+  monkeypatch.setattr(checkpoints, "_write_npz", dies_inside_the_write)
+  run_until(config, kill_after=3)
+  monkeypatch.undo()
+  assert checkpoints.Checkpointer(directory).latest() is None
+  assert sorted(os.listdir(directory)) == ["checkpoint_2.tmp"]
+  logged = _released(run_dir)
+  assert sorted(logged) == [1, 2, 3]
+  before = metric_rows(run_dir)
+  path = os.path.join(run_dir, identity.RELEASES_FILE)
+  with open(path) as f:
+    records = [json.loads(line) for line in f]
+  tampered = [dict(r, sha256="0" * 64) if r["round"] == 2 else r for r in records]
+  with open(path, "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in tampered)
+  with pytest.raises(TrainingError, match="round 2 was already released"):
+    run_until(config)
+  assert metric_rows(run_dir) == before
+  with open(path, "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+  assert run_until(config)["finished"]
+  reference = configs(tmp_path, mechanism="opt_prefix_sum", noise_seed=11, rounds_per_eval=10,
+                      experiment_name="reference")
+  assert run_until(reference)["finished"]
+  assert _released(run_dir) == _released(reference.run_dir)  # every round's model, bit for bit
+  with np.load(os.path.join(run_dir, outputs.FINAL_MODEL_FILE)) as a, \
+       np.load(os.path.join(reference.run_dir, outputs.FINAL_MODEL_FILE)) as b:
+    assert all(np.array_equal(a[k], b[k]) for k in a.files)
+  files = sorted(os.listdir(directory))
+  assert files == ["checkpoint_2", "checkpoint_4"]  # the cut temporary file replaced
+  assert all(os.stat(os.path.join(directory, f)).st_mode & 0o777 == 0o600 for f in files)
+
+
+def test_a_background_checkpoint_is_the_state_at_its_round_and_its_failure_is_raised(tmp_path):
+  """save(background=True) copies the arrays it is given (the next round may change them)
+  and returns; a failed write is raised by the next wait, and the checkpoint before it stays
+  the latest."""
+  import collections  # pylint: disable=g-import-not-at-top
+  from training import checkpoints  # pylint: disable=g-import-not-at-top
+  ckpt = checkpoints.Checkpointer(str(tmp_path / "checkpoints"))
+  state = collections.OrderedDict(model=np.arange(6, dtype=np.float32), event=b"Gaussian",
+                                  step=np.int64(3))
+  sampling = collections.OrderedDict(sampler_order=np.arange(4))
+  ckpt.save(state, checkpoints.RunProgress(round=1, noise_seed=7), sampling, background=True)
+  state["model"][:] = -1.0  # the next round, in place
+  sampling["sampler_order"][:] = 0
+  ckpt.wait()
+  template = collections.OrderedDict(model=np.zeros(6, np.float32), event=b"Gaussian",
+                                     step=np.int64(0))
+  loaded = ckpt.load_state(1, template)
+  np.testing.assert_array_equal(loaded["model"], np.arange(6, dtype=np.float32))
+  assert loaded["event"] == b"Gaussian" and type(loaded["event"]) is bytes
+  assert loaded["step"] == 3 and loaded["step"].dtype == np.int64
+  np.testing.assert_array_equal(ckpt.load_sampling(1, sampling)["sampler_order"], np.arange(4))
+  assert ckpt.latest().noise_seed == 7
+
+  class DiskFull(OSError):
+    pass
+
+  def full(path, arrays):
+    raise DiskFull(28, "No space left on device")
+
+  real = checkpoints._write_npz  # pylint: disable=protected-access
+  checkpoints._write_npz = full  # pylint: disable=protected-access
+  try:
+    ckpt.save(state, checkpoints.RunProgress(round=2, noise_seed=7), sampling, background=True)
+    with pytest.raises(DiskFull):
+      ckpt.close()
+  finally:
+    checkpoints._write_npz = real  # pylint: disable=protected-access
+  assert ckpt.latest().round == 1

@@ -42,10 +42,10 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tff_mf.accounting import analyses
 from tff_mf.factorization.families import tree as tree_family
@@ -89,10 +89,18 @@ def _flat(arrays) -> np.ndarray:
 
 
 def _checkpointed_model(run_dir, round_num) -> np.ndarray:
-  """The trainable weights in ``checkpoints/program_state_<round>`` (a TF SavedModel)."""
-  path = os.path.join(run_dir, "checkpoints", f"program_state_{round_num}")
-  state = tf.saved_model.load(path)()
-  return _flat(state.global_model_weights.trainable)
+  """The trainable weights in ``checkpoints/checkpoint_<round>`` (training.checkpoints:
+  the state's leaves with their paths), once it is written (in the background)."""
+  directory = os.path.join(run_dir, "checkpoints")
+  deadline = time.time() + 60
+  path = os.path.join(directory, f"checkpoint_{round_num}")
+  while not os.path.exists(path):
+    assert time.time() < deadline, f"no checkpoint of round {round_num}"
+    time.sleep(0.01)
+  with np.load(path) as f:
+    paths = list(f["program_state/__paths__"])
+    prefix = "global_model_weights/trainable/"
+    return _flat(f[f"program_state/{i}"] for i, p in enumerate(paths) if p.startswith(prefix))
 
 
 def _initial_model(task, seed) -> np.ndarray:
@@ -312,7 +320,7 @@ def test_binary_adds_the_reported_noise_in_a_clean_shell(tiny_task, tmp_path):
   summary = json.loads((run_dir / "summary.json").read_text())
   assert summary["finished"]
   rounds = sorted(int(name.rsplit("_", 1)[1]) for name in os.listdir(run_dir / "checkpoints")
-                  if name.startswith("program_state_"))
+                  if name.startswith("checkpoint_"))
   assert rounds == [n - 2, n - 1, n]
   config = config_lib.TrainingConfig(**{k: v for k, v in flags.items()
                                         if k not in ("root_output_dir", "cache_dir")})

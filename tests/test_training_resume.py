@@ -73,7 +73,7 @@ def test_sigkill_then_rerun_ends_with_the_uninterrupted_model(tmp_path, tiny_sta
   proc = subprocess.Popen(command(data_dir, root), cwd=REPO, env=env, start_new_session=True,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   deadline = time.time() + 400
-  while not (checkpoint_dir / "meta_2").exists():
+  while not (checkpoint_dir / "checkpoint_2").exists():
     assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
     assert time.time() < deadline, "run did not reach round 2"
     time.sleep(0.05)

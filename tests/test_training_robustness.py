@@ -187,7 +187,7 @@ def test_checkpoint_of_another_state_layout_is_a_clear_error_and_kept(tmp_path):
       model=np.zeros([3, 2], np.float32),
       buffers=(np.ones([4], np.float32), np.ones([6], np.float32)))
   with pytest.raises(TrainingError,
-                     match=r"program_state_5 .*state entry buffers/1 is float32\[4\] in the "
+                     match=r"checkpoint_5 .*state entry buffers/1 is float32\[4\] in the "
                      r"checkpoint but float32\[6\] in this run"):
     ckpt.load_state(5, other_shape)
   other_dtype = collections.OrderedDict(

@@ -345,6 +345,22 @@ class _Trainer:
     for prefix, part in (("sampler_", self.sampler), ("log_", self.log)):
       part.restore({k[len(prefix):]: v for k, v in loaded.items() if k.startswith(prefix)})
 
+  def prefetch(self, round_num: int) -> None:
+    """Loads the clients the round draws in one batch (``task.ClientDatasets.prefetch``)
+    where the sampler's next clients are known before it draws them: the next of its
+    permutation for a single pass or a new fixed-epoch cohort. Clients it then finds empty
+    are replaced one by one, as before; other samplers load one by one."""
+    sampler = self.sampler
+    if isinstance(sampler, sampling.FixedEpochSampler):
+      if sampler.cohorts[(round_num - 1) % sampler.cohort_count, 0] >= 0:
+        return  # a cohort formed before: its loaded clients are kept
+    elif not isinstance(sampler, sampling.SinglePassSampler):
+      return
+    prefetch = getattr(self.task.client_datasets, "prefetch", None)
+    if prefetch is not None:
+      upcoming = sampler.order[sampler.cursor:sampler.cursor + sampler.clients_per_round]
+      prefetch([sampler.client_ids[int(i)] for i in upcoming])
+
   def round(self, state, round_num: int, load_client) -> Tuple[object, Dict[str, object], bool]:
     """One round: (new state, its metrics row, whether the model diverged).
 
@@ -353,6 +369,7 @@ class _Trainer:
     from tff_mf.tf import clipping as tf_clipping  # pylint: disable=g-import-not-at-top
     config, progress = self.run.config, self.run.progress
     start = time.perf_counter()
+    self.prefetch(round_num)
     client_ids, datasets, skipped = self.sampler.next_round(round_num, load_client)
     planted = () if self.canaries is None else self.canaries.updates(
         round_num, [np.shape(w) for w in _model_weights(self.process, state).trainable])
@@ -415,14 +432,18 @@ class _Trainer:
         if diverged:
           bar.write(f"round {round_num}: model weights are no longer finite; stopping (diverged)")
           break
-        # A first Ctrl-C (tff_mf.interrupt) stops here, with this round checkpointed.
+        # A first Ctrl-C (tff_mf.interrupt) stops here, with this round checkpointed. The
+        # checkpoint is written while the next round runs (training.checkpoints): it is
+        # requested after this round's release is logged, so a kill before it is written
+        # leaves an older checkpoint, whose rerun replays the rounds logged since.
         if (round_num % config.rounds_per_checkpoint == 0 or round_num == config.total_rounds
             or interrupt.requested()):
           run.progress.wall_seconds = run.wall_seconds()
-          run.checkpointer.save(state, run.progress, self.sampling_state())
+          run.checkpointer.save(state, run.progress, self.sampling_state(), background=True)
         interrupt.check(interrupted_message(round_num))
     finally:
       bar.close()
+      run.checkpointer.close()
     return state, diverged
 
 

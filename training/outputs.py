@@ -137,13 +137,21 @@ class MetricsWriter:
     self.rows.append(row)
 
   def scalars(self, values: Dict[str, object], step: int, prefix: str = "") -> None:
-    """Finite numbers of ``values`` as TensorBoard scalars ``prefix + tag``."""
+    """Finite numbers of ``values`` as TensorBoard scalars ``prefix + tag``: the events
+    ``tf.summary.scalar`` writes, built here and written in one op (one eager op a scalar
+    cost 0.2 ms of CPU, more than the rest of a round's bookkeeping)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    with self._tb.as_default():
-      for key, value in values.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(
-            value):
-          tf.summary.scalar(prefix + key if prefix else _tensorboard_tag(key), value, step=step)
+    from tensorboard.compat.proto import summary_pb2  # pylint: disable=g-import-not-at-top
+    from tensorboard.plugins.scalar import summary_v2  # pylint: disable=g-import-not-at-top
+    summary = summary_pb2.Summary()
+    for key, value in values.items():
+      if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(
+          value):
+        tag = prefix + key if prefix else _tensorboard_tag(key)
+        summary.value.extend(summary_v2.scalar_pb(tag, value).value)
+    if summary.value:
+      with self._tb.as_default():
+        tf.summary.experimental.write_raw_pb(summary.SerializeToString(), step=step)
     self._tb.flush()
 
   def write(self, row: Dict[str, object], replayed: bool = False) -> None:

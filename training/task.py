@@ -31,8 +31,9 @@ class ClientDatasets:
   """
 
   def __init__(self, read_sentences: Callable, client_ids_fn: Callable, batch_size: int,
-               cache_bytes: int = CLIENT_CACHE_BYTES):
+               cache_bytes: int = CLIENT_CACHE_BYTES, read_many: Optional[Callable] = None):
     self._read_sentences = read_sentences
+    self._read_many = read_many
     self._client_ids_fn = client_ids_fn
     self._batch_size = batch_size
     self._cache_bytes = cache_bytes
@@ -45,7 +46,9 @@ class ClientDatasets:
     if ids is not None:
       self._cache.move_to_end(client_id)
       return ids
-    ids = self._client_ids_fn(self._read_sentences(client_id))
+    return self._keep(client_id, self._client_ids_fn(self._read_sentences(client_id)))
+
+  def _keep(self, client_id: str, ids):
     ids.setflags(write=False)
     self._cache[client_id] = ids
     self._cached_bytes += ids.nbytes
@@ -53,6 +56,25 @@ class ClientDatasets:
       _, dropped = self._cache.popitem(last=False)
       self._cached_bytes -= dropped.nbytes
     return ids
+
+  def prefetch(self, client_ids) -> None:
+    """Reads and preprocesses the clients not kept yet in one batch (``read_many``, one
+    ``client_ids_fn`` call): the ids of each are those ``token_ids`` makes (sentence by
+    sentence), at a fraction of the per-client calls' cost (about 1.4 ms a client on
+    the main job's model, beside a client update of 2.5-3.5 ms)."""
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    todo = list(dict.fromkeys(c for c in client_ids if c not in self._cache))
+    if not todo:
+      return
+    sentences = (self._read_many(todo) if self._read_many is not None
+                 else [self._read_sentences(c) for c in todo])
+    counts = [len(s) for s in sentences]
+    if sum(counts):
+      ids = self._client_ids_fn(np.concatenate([np.asarray(s, object) for s in sentences]))
+    else:
+      ids = self._client_ids_fn([])
+    for client_id, part in zip(todo, np.split(ids, np.cumsum(counts)[:-1])):
+      self._keep(client_id, np.array(part))
 
   def load(self, client_id: str) -> Optional[object]:
     """The client's (x, y) batches as a tf.data.Dataset, None when it has no examples."""
@@ -124,6 +146,8 @@ def build_task(config: TrainingConfig) -> Task:
 
   def read_sentences(client_id):
     return federated.train_tokens(client_id, config.max_elements_per_client)
+
+  read_many = getattr(federated.train_tokens, "many", None)
   central = preprocessing.build_preprocess_fn(
       vocab, sequence_length=config.sequence_length, max_elements_per_client=None,
       batch_size=256, num_oov_buckets=config.num_oov_buckets)
@@ -138,8 +162,10 @@ def build_task(config: TrainingConfig) -> Task:
   return Task(train=federated.train, train_client_ids=list(federated.train_client_ids),
               validation=central(federated.validation), test=central(federated.test),
               preprocess_fn=preprocess_fn,
-              client_datasets=ClientDatasets(read_sentences, client_ids_fn,
-                                             config.client_batch_size),
+              client_datasets=ClientDatasets(
+                  read_sentences, client_ids_fn, config.client_batch_size,
+                  read_many=read_many and (lambda ids: read_many(
+                      ids, config.max_elements_per_client))),
               vocab=vocab, model_fn=model_fn,
               keras_model_fn=keras_model_fn, dataset=_dataset_record(federated))
 
