@@ -114,9 +114,14 @@ class FactorizationSpec:
 def toeplitz_workload(spec: FactorizationSpec):
   """A's first column when ``spec``'s family computes Toeplitz first columns
   (``factorize_toeplitz``) and its workload is Toeplitz; else None (the dense path)."""
-  if not hasattr(family_module(spec.strategy), "factorize_toeplitz"):
+  return toeplitz_column(spec.strategy, spec.workload)
+
+
+def toeplitz_column(strategy: str, workload: workloads.WorkloadSpec):
+  """``toeplitz_workload`` of a strategy and a workload (no spec needed)."""
+  if not hasattr(family_module(strategy), "factorize_toeplitz"):
     return None
-  return spec.workload.toeplitz_column()
+  return workload.toeplitz_column()
 
 
 def check_size(spec: FactorizationSpec) -> float:

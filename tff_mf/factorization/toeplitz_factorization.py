@@ -27,6 +27,7 @@ import scipy.signal
 from tff_mf import checks
 from tff_mf import factorization as fz
 from tff_mf import participation as participation_lib
+from tff_mf import toeplitz_view
 from tff_mf.factorization import toeplitz_ops
 
 # Constant of the FFT convolution error bound (generous: the proven constant is about 5).
@@ -38,8 +39,8 @@ COLUMNS = ("A_column", "B_column", "C_column")
 class ToeplitzFactorization(fz.Factorization):
   """A ``Factorization`` whose A, B, C are lower-triangular Toeplitz, kept as first columns.
 
-  ``a``, ``b``, ``c`` build the dense n x n matrices on first use (memory checked); the
-  figures, the sensitivity and the checks never do.
+  ``a``, ``b``, ``c`` are read-only n x n views of the columns (``tff_mf.toeplitz_view``,
+  O(n) memory); the figures, the sensitivity and the checks use the columns.
   """
 
   def __init__(self, a_column, b_column, c_column, strategy: str,
@@ -57,9 +58,10 @@ class ToeplitzFactorization(fz.Factorization):
     return f"ToeplitzFactorization(strategy={self.strategy!r}, n={self.n})"
 
   def _matrix(self, name: str) -> np.ndarray:
+    """The matrix as a read-only Toeplitz view of its column (``toeplitz_view``: O(n) memory,
+    every entry readable; code that knows the structure finds the column again)."""
     if name not in self._dense:
-      checks.dense_matrices_fit(self.n, 1, f"the dense {name[0]} of {self.strategy} (n={self.n})")
-      self._dense[name] = toeplitz_ops.lower_toeplitz(self.columns[name])
+      self._dense[name] = toeplitz_view.view(self.columns[name])
     return self._dense[name]
 
   a = property(lambda self: self._matrix("A_column"))

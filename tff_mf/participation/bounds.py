@@ -28,6 +28,7 @@ largest upper value is attained by an explicit contribution (within 1e-12 relati
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Callable, List, Optional, Tuple
 
 import numpy as np
@@ -136,9 +137,15 @@ def _earliest_pattern_toeplitz(coef: np.ndarray, b: int, k: int) -> Optional[flo
   (X ≥ 0): the value is the exact squared sensitivity (cf. Kalinin, Lampert 2024,
   arXiv:2405.13763, for the same domination argument under b-min-separation).
   """
-  n = coef.shape[0]
   if np.any(coef < 0) or np.any(np.diff(coef) > 0):
     return None
+  return toeplitz_pattern_sum(coef, b, k)
+
+
+def toeplitz_pattern_sum(coef: np.ndarray, b: int, k: int) -> float:
+  """Σ_{i,j<k} X_{ib, jb}, X = CᵀC for C = Toeplitz(coef), in O(n·k) (no C)."""
+  n = coef.shape[0]
+  k = min(k, -(-n // b))
   total = 0.0
   for gap in range(k):  # pairs (i, j) with |i − j| = gap, max(i, j) = i
     d = gap * b
@@ -149,6 +156,16 @@ def _earliest_pattern_toeplitz(coef: np.ndarray, b: int, k: int) -> Optional[flo
     terms = cum[n - rows]
     total += (1.0 if gap == 0 else 2.0) * float(np.sum(terms))
   return total
+
+
+def residue_class_sensitivity_toeplitz(coef: np.ndarray, b: int) -> float:
+  """sqrt(max_r Σ_{j,j' ≡ r mod b} |X_jj'|) for the lower-triangular Toeplitz C ≥ 0 with first
+  column ``coef`` (every round of a residue class joined), exactly and without C: X ≥ 0, and
+  class r's pair (r + ib, r + jb) has class 0's pair (ib, jb)'s lag and a later last round,
+  so X sums fewer non-negative terms over it; class 0 is the largest (``toeplitz_pattern_sum``)."""
+  if np.any(coef < 0):
+    raise checks.CheckError("the residue-class sum of |X| over a Toeplitz C needs C ≥ 0")
+  return math.sqrt(toeplitz_pattern_sum(coef, b, coef.shape[0]))
 
 
 def toeplitz_column_norms_sq(coef: np.ndarray) -> np.ndarray:

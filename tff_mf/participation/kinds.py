@@ -37,6 +37,7 @@ import numpy as np
 
 from tff_mf import checks
 from tff_mf import flagspec
+from tff_mf import toeplitz_view
 import tff_mf.participation.samplers as samplers_lib
 import tff_mf.participation.bounds as bounds_lib
 
@@ -718,6 +719,12 @@ def sensitivity_report(c, schema: Participation, n: Optional[int] = None) -> Dic
   if n is not None and checks.positive_int(n, "rounds n") != rounds:
     raise checks.CheckError(f"C has {rounds} columns (rounds), expected n={n}")
   schema.check(rounds)
+  column = toeplitz_view.column_of(c)  # a lower-triangular Toeplitz view: O(n·k) where exact
+  report = None if column is None else toeplitz_sensitivity_report(column, schema)
+  if report is not None:
+    return report
+  if column is not None:  # the dense analysis, on a contiguous copy (BLAS-friendly)
+    c = np.array(c)
   return report_from_bounds(schema, *schema.sensitivity_bounds(c, np.sum(np.square(c), axis=0)))
 
 
