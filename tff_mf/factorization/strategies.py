@@ -236,9 +236,8 @@ def error_figures(f: fz.Factorization,
   report = f.sensitivity_report(schema)
   sens = report["value"]
   if isinstance(f, toeplitz_factorization.ToeplitzFactorization):
-    rows = f.decoder_row_norms_sq()
-    errors = {"rmse": float(sens * np.sqrt(np.sum(rows) / f.n)),
-              "max_error": float(sens * np.sqrt(np.max(rows)))}
+    errors = {"rmse": float(sens * np.sqrt(f.decoder_frobenius_sq() / f.n)),
+              "max_error": float(sens * np.sqrt(np.max(f.decoder_row_norms_sq())))}
   else:
     errors = {"rmse": fz.rmse(f.b, sens), "max_error": fz.max_error(f.b, sens)}
   return {"participation": schema.as_dict(), "sensitivity": sens,

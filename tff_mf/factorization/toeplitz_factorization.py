@@ -88,11 +88,14 @@ class ToeplitzFactorization(fz.Factorization):
     """‖B[i, :]‖² = Σ_{l ≤ i} β_l²."""
     return np.cumsum(np.square(self.columns["B_column"]))
 
+  def decoder_frobenius_sq(self) -> float:
+    """‖B‖_F² = Σ_l (n − l)·β_l² (β_l sits in n − l rows of B)."""
+    weights = np.arange(self.n, 0, -1, dtype=np.float64)
+    return float(np.sum(weights * np.square(self.columns["B_column"])))
+
   @property
   def single_participation_loss(self) -> float:
-    beta = self.columns["B_column"]
-    weights = np.arange(self.n, 0, -1, dtype=np.float64)  # β_l sits in n − l rows of B
-    return self.gamma ** 2 * float(np.dot(weights, np.square(beta)))
+    return self.gamma ** 2 * self.decoder_frobenius_sq()
 
   @property
   def single_participation_sqrt_loss(self) -> float:
