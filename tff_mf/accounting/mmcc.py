@@ -281,49 +281,34 @@ def release_rounds(c: np.ndarray, non_adaptive: bool = False) -> np.ndarray:
 
 
 def check_encoder(c, non_adaptive: bool = False) -> np.ndarray:
-  """Validates C (2-D, finite, m ≥ n, non-negative unless non-adaptive); returns float64 |C|."""
+  """Validates C (2-D, finite, m ≥ n, non-negative unless non-adaptive); returns float64 |C|
+  (for a lower-triangular Toeplitz view, ``toeplitz_view``, checked on its first column and
+  returned as the view of |column|)."""
   c = np.asarray(c, dtype=np.float64) if not isinstance(c, np.ndarray) else c
-  if toeplitz_view.column_of(c) is not None:
-    return _check_toeplitz_encoder(toeplitz_view.column_of(c), non_adaptive)
-  if c.ndim != 2:
-    raise MMCCError(f"C must be a 2-D matrix, got shape {np.shape(c)}")
-  m, n = c.shape
-  if n < 1 or m < n:
-    raise MMCCError(
-        f"C must be m x n with m >= n >= 1 (one column per round, at least one row per round), "
-        f"got shape {c.shape}")
-  c = c.astype(np.float64, copy=False)
-  if not np.all(np.isfinite(c)):
+  column = toeplitz_view.column_of(c)
+  if column is None:
+    if c.ndim != 2:
+      raise MMCCError(f"C must be a 2-D matrix, got shape {np.shape(c)}")
+    m, n = c.shape
+    if n < 1 or m < n:
+      raise MMCCError(
+          f"C must be m x n with m >= n >= 1 (one column per round, at least one row per "
+          f"round), got shape {c.shape}")
+    c = c.astype(np.float64, copy=False)
+  values = c if column is None else column  # T(column) holds column's numbers and zeros
+  if not np.all(np.isfinite(values)):
     raise MMCCError("C has non-finite (NaN or inf) entries")
-  if np.any(c < 0):
+  if np.any(values < 0):
     if not non_adaptive:
-      i, j = np.argwhere(c < 0)[0]
+      i, j = np.argwhere(c < 0)[0] if column is None else (int(np.argmax(column < 0)), 0)
       raise MMCCError(
           f"C has negative entries (C[{i}, {j}] = {c[i, j]:g}); MMCC's adaptive analysis "
           "(Lemma C.3) needs non-negative C. Pass non_adaptive=True (--non-adaptive) if the "
           "data are fixed in advance; |C| is then used")
-    c = np.abs(c)
-  if not np.any(c > 0):
+    values = np.abs(values)
+  if not np.any(values > 0):
     raise MMCCError("C is all zeros")
-  return c
-
-
-def _check_toeplitz_encoder(column: np.ndarray, non_adaptive: bool) -> np.ndarray:
-  """``check_encoder`` for the lower-triangular Toeplitz view T(column), on its column (the
-  same checks and messages: its first negative entry in row order is C[d, 0])."""
-  if not np.all(np.isfinite(column)):
-    raise MMCCError("C has non-finite (NaN or inf) entries")
-  if np.any(column < 0):
-    if not non_adaptive:
-      d = int(np.argmax(column < 0))
-      raise MMCCError(
-          f"C has negative entries (C[{d}, 0] = {column[d]:g}); MMCC's adaptive analysis "
-          "(Lemma C.3) needs non-negative C. Pass non_adaptive=True (--non-adaptive) if the "
-          "data are fixed in advance; |C| is then used")
-    column = np.abs(column)
-  if not np.any(column > 0):
-    raise MMCCError("C is all zeros")
-  return toeplitz_view.view(column)
+  return values if column is None else toeplitz_view.view(values)
 
 
 class _TooWide(Exception):

@@ -8,7 +8,11 @@ contents), the strategy's parameters and the participation schema. It holds
 
 - ``factorization-<sha16>.npz``: float64 ``A``, ``B``, ``C`` (normalized so that
   γ(C) = 1, Denisov et al. 2022, arXiv:2202.08312, App I) and the family's
-  parameters (structured pieces, Toeplitz coefficients, BLT buffers, ...);
+  parameters (structured pieces, Toeplitz coefficients, BLT buffers, ...); for a
+  Toeplitz family on a Toeplitz workload, their first columns ``A_column``,
+  ``B_column``, ``C_column`` instead (``toeplitz_factorization``: B·C = A is checked on
+  every entry by the Toeplitz identity within its FFT bound, and the family's stream
+  against C⁻¹);
 - ``metadata.json``: the parameters, √L, sensitivity, rmse and max_error under
   the schema, solver figures, package versions and the sha256 of the ``.npz``.
 

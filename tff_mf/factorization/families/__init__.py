@@ -64,9 +64,17 @@ class ToeplitzFamilyResult:
   extras: Dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
-def toeplitz_family_result(result) -> ToeplitzFamilyResult:
-  """The ``ToeplitzFamilyResult`` of a ``tff_mf.factorization.toeplitz_ops.Result`` computed
-  for a Toeplitz workload (its ``columns``)."""
+def toeplitz_family_result(optimize, size: int, a_column: np.ndarray,
+                           spec) -> ToeplitzFamilyResult:
+  """A Toeplitz family's ``factorize_toeplitz``: its ``optimize(n, size, min_sep=,
+  max_participations=, error=, workload=, dense=False)`` (a
+  ``tff_mf.factorization.toeplitz_ops.Result``) for the Toeplitz workload with first column
+  ``a_column`` under the spec's schema and error, returned as first columns."""
+  from tff_mf.participation import toeplitz_bounds  # pylint: disable=g-import-not-at-top
+  n = a_column.shape[0]
+  min_sep, k = toeplitz_bounds.schema_arguments(spec.participation, n)
+  result = optimize(n, size, min_sep=min_sep, max_participations=k, error=spec.error,
+                    workload=a_column, dense=False)
   if result.columns is None:
     raise checks.CheckError("a Toeplitz family's result for a non-Toeplitz workload has no "
                             "first columns")

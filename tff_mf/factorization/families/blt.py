@@ -523,11 +523,7 @@ def factorize_toeplitz(a_column: np.ndarray, spec, context):
   """``factorize`` for the Toeplitz workload with first column ``a_column``: the same
   optimization, returning first columns only (O(n·m) memory)."""
   del context
-  n = a_column.shape[0]
-  min_sep, k = toeplitz_bounds.schema_arguments(spec.participation, n)
-  return families.toeplitz_family_result(optimize(
-      n, spec.buffers, min_sep=min_sep, max_participations=k, error=spec.error,
-      workload=a_column, dense=False))
+  return families.toeplitz_family_result(optimize, spec.buffers, a_column, spec)
 
 
 def check_extras(f) -> None:

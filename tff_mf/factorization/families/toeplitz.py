@@ -221,11 +221,7 @@ def factorize_toeplitz(a_column: np.ndarray, spec, context):
   """``factorize`` for the Toeplitz workload with first column ``a_column``: the same
   optimization, returning first columns only (O(n·b) memory)."""
   del context
-  n = a_column.shape[0]
-  min_sep, k = toeplitz_bounds.schema_arguments(spec.participation, n)
-  return families.toeplitz_family_result(optimize(
-      n, spec.bands, workload=a_column, error=spec.error, min_sep=min_sep,
-      max_participations=k, dense=False))
+  return families.toeplitz_family_result(optimize, spec.bands, a_column, spec)
 
 
 def check_extras(f) -> None:
