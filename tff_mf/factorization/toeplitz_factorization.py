@@ -32,6 +32,9 @@ from tff_mf.factorization import toeplitz_ops
 
 # Constant of the FFT convolution error bound (generous: the proven constant is about 5).
 FFT_ERROR_FACTOR = 16.0
+# From this n on, the matrices of a ToeplitzFactorization are views of their columns (below
+# it the dense n x n float64 matrices take under 128 MB, and dense code keeps BLAS speed).
+VIEW_MIN_N = 4096
 # The names of the three first columns in a cache entry (instead of A, B, C).
 COLUMNS = ("A_column", "B_column", "C_column")
 
@@ -39,8 +42,9 @@ COLUMNS = ("A_column", "B_column", "C_column")
 class ToeplitzFactorization(fz.Factorization):
   """A ``Factorization`` whose A, B, C are lower-triangular Toeplitz, kept as first columns.
 
-  ``a``, ``b``, ``c`` are read-only n x n views of the columns (``tff_mf.toeplitz_view``,
-  O(n) memory); the figures, the sensitivity and the checks use the columns.
+  ``a``, ``b``, ``c`` are read-only n x n views of the columns from ``VIEW_MIN_N`` rounds
+  (``tff_mf.toeplitz_view``, O(n) memory), dense below; the figures, the sensitivity and the
+  checks use the columns.
   """
 
   def __init__(self, a_column, b_column, c_column, strategy: str,
@@ -58,10 +62,13 @@ class ToeplitzFactorization(fz.Factorization):
     return f"ToeplitzFactorization(strategy={self.strategy!r}, n={self.n})"
 
   def _matrix(self, name: str) -> np.ndarray:
-    """The matrix as a read-only Toeplitz view of its column (``toeplitz_view``: O(n) memory,
-    every entry readable; code that knows the structure finds the column again)."""
+    """The matrix: from ``VIEW_MIN_N`` rounds a read-only Toeplitz view of its column
+    (``toeplitz_view``: O(n) memory; code that knows the structure finds the column again,
+    other code reads every entry, though BLAS cannot multiply a view), below it dense."""
     if name not in self._dense:
-      self._dense[name] = toeplitz_view.view(self.columns[name])
+      column = self.columns[name]
+      self._dense[name] = (toeplitz_view.view(column) if self.n >= VIEW_MIN_N
+                           else toeplitz_ops.lower_toeplitz(column))
     return self._dense[name]
 
   a = property(lambda self: self._matrix("A_column"))
