@@ -48,6 +48,7 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
                          ("benchmarks/bench_mmcc.py", "speed"),
                          ("benchmarks/bench_mmcc.py", "edges"),
                          ("benchmarks/bench_mmcc.py", "report"))),
+    ("toeplitz_on", "toeplitz_on.md", ()),  # a record: tff-mf factorize/account, n ≤ 65,536
     ("multi_participation", "multi_participation.md",
      (("benchmarks/bench_multi_participation.py",),)),  # needs /tmp/peer (jax-privacy)
     ("square_root", "square_root.md", (  # peer: /tmp/peer24 (jax_privacy's newest source)

@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from tff_mf import entropy
+from tff_mf import toeplitz_view
 
 
 class CheckError(ValueError):
@@ -210,7 +211,8 @@ def real_array(x, name: str) -> np.ndarray:
                                    or np.issubdtype(arr.dtype, np.floating)):
     raise CheckError(f"{name} must be real numbers, got dtype {arr.dtype}")
   arr = arr.astype(np.float64, copy=False)
-  if not np.all(np.isfinite(arr)):
+  column = toeplitz_view.column_of(arr)  # a Toeplitz view holds its column's numbers only
+  if not np.all(np.isfinite(arr if column is None else column)):
     raise CheckError(f"{name} has non-finite entries")
   return arr
 
@@ -259,7 +261,11 @@ def workload(a, name: str = "A") -> np.ndarray:
 
 
 def gamma(c: np.ndarray) -> float:
-  """γ(C) = max_j ‖C[:, j]‖₂, the single-participation sensitivity (Denisov et al. Eq. 2)."""
+  """γ(C) = max_j ‖C[:, j]‖₂, the single-participation sensitivity (Denisov et al. Eq. 2);
+  O(n) for a lower-triangular Toeplitz view (its first column is its largest)."""
+  column = toeplitz_view.column_of(c)
+  if column is not None:
+    return float(np.sqrt(np.cumsum(np.square(column))[-1]))
   return float(np.sqrt(np.max(np.sum(np.square(c), axis=0))))
 
 

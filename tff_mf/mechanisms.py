@@ -44,6 +44,7 @@ from tff_mf import spec as spec_lib
 from tff_mf.accounting import statement
 from tff_mf.noise import streams
 from tff_mf.factorization import strategies
+from tff_mf.factorization import toeplitz_factorization
 from tff_mf.factorization import workloads
 from tff_mf.factorization.families import tree
 
@@ -61,7 +62,8 @@ class Resolved:
     factorization: the normalized A = B·C for the training workload (None for TFF's tree
       and for ``none``; C = I for TFF's gaussian).
     a_factorized: the A the strategy factorized (S when the mechanism post-processes a
-      prefix-sum decoder), which linear streams are rebuilt for.
+      prefix-sum decoder), which linear streams are rebuilt for; its number of rounds n
+      when A is Toeplitz and held as its first column (``ToeplitzFactorization``).
     stream: C⁻¹·Z as a ``LinearStream`` (linear-noise mechanisms), else None.
     encoder: the C the noise is calibrated for (see the module docstring); None for
       ``none``.
@@ -75,7 +77,7 @@ class Resolved:
   workload: workloads.WorkloadSpec
   participation: participation_lib.Participation
   factorization: Optional[fz.Factorization]
-  a_factorized: Optional[np.ndarray]
+  a_factorized: Any  # np.ndarray, or n for a Toeplitz A held as its first column
   stream: Optional[streams.LinearStream]
   encoder: Optional[np.ndarray]
   sensitivity_report: Optional[Dict[str, Any]]
@@ -271,7 +273,8 @@ def _matrix_factorization(m: registry.Mechanism, w_spec: workloads.WorkloadSpec,
   else:
     f = strategies.factorize(spec, progress=progress)
   info.update(params, optimized_for=optimized_for.as_dict())
-  a_factorized = f.a
+  # A Toeplitz A held as its first column stays so: its stream needs only n.
+  a_factorized = f.n if isinstance(f, toeplitz_factorization.ToeplitzFactorization) else f.a
   if factorized != w_spec:
     f = strategies.post_processed(f, w_spec.build(), m.name)
   # Every path above ran every check of ``checks.factors`` once (B·C = A on every entry,

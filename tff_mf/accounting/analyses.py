@@ -40,6 +40,7 @@ import dp_accounting
 import numpy as np
 
 from tff_mf import checks
+from tff_mf import toeplitz_view
 from tff_mf.accounting.gaussian import PLD_DISCRETIZATION
 from tff_mf.accounting.gaussian import AccountingError
 from tff_mf.accounting.gaussian import gaussian_epsilon_exact
@@ -198,6 +199,10 @@ def poisson_sensitivity(c: np.ndarray, min_sep: int) -> Tuple[float, bool]:
   unamplified bound for the same sampling (every eligible round joined).
   """
   n = c.shape[1]
+  column = toeplitz_view.column_of(c)
+  if column is not None and np.all(column >= 0):  # Toeplitz C ≥ 0: O(n²/b), no C
+    from tff_mf.participation import bounds  # pylint: disable=g-import-not-at-top
+    return bounds.residue_class_sensitivity_toeplitz(column, min_sep), True
   best = 0.0
   exact = True
   for r in range(min(min_sep, n)):

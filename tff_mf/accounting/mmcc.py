@@ -102,6 +102,7 @@ from scipy import stats
 
 from tff_mf.accounting import gaussian
 from tff_mf import checks
+from tff_mf import toeplitz_view
 from tff_mf.factorization import workloads
 from tff_mf.factorization.families import tree
 
@@ -251,6 +252,8 @@ def release_rounds(c: np.ndarray, non_adaptive: bool = False) -> np.ndarray:
   naming the offending entry/row, unless ``non_adaptive``.
   """
   m, n = c.shape
+  if toeplitz_view.column_of(c) is not None:  # square, lower triangular by construction
+    return np.arange(n)
   nonzero = c != 0
   any_nz = nonzero.any(axis=1)
   last = np.where(any_nz, n - 1 - np.argmax(nonzero[:, ::-1], axis=1), -1)
@@ -278,29 +281,34 @@ def release_rounds(c: np.ndarray, non_adaptive: bool = False) -> np.ndarray:
 
 
 def check_encoder(c, non_adaptive: bool = False) -> np.ndarray:
-  """Validates C (2-D, finite, m ≥ n, non-negative unless non-adaptive); returns float64 |C|."""
+  """Validates C (2-D, finite, m ≥ n, non-negative unless non-adaptive); returns float64 |C|
+  (for a lower-triangular Toeplitz view, ``toeplitz_view``, checked on its first column and
+  returned as the view of |column|)."""
   c = np.asarray(c, dtype=np.float64) if not isinstance(c, np.ndarray) else c
-  if c.ndim != 2:
-    raise MMCCError(f"C must be a 2-D matrix, got shape {np.shape(c)}")
-  m, n = c.shape
-  if n < 1 or m < n:
-    raise MMCCError(
-        f"C must be m x n with m >= n >= 1 (one column per round, at least one row per round), "
-        f"got shape {c.shape}")
-  c = c.astype(np.float64, copy=False)
-  if not np.all(np.isfinite(c)):
+  column = toeplitz_view.column_of(c)
+  if column is None:
+    if c.ndim != 2:
+      raise MMCCError(f"C must be a 2-D matrix, got shape {np.shape(c)}")
+    m, n = c.shape
+    if n < 1 or m < n:
+      raise MMCCError(
+          f"C must be m x n with m >= n >= 1 (one column per round, at least one row per "
+          f"round), got shape {c.shape}")
+    c = c.astype(np.float64, copy=False)
+  values = c if column is None else column  # T(column) holds column's numbers and zeros
+  if not np.all(np.isfinite(values)):
     raise MMCCError("C has non-finite (NaN or inf) entries")
-  if np.any(c < 0):
+  if np.any(values < 0):
     if not non_adaptive:
-      i, j = np.argwhere(c < 0)[0]
+      i, j = np.argwhere(c < 0)[0] if column is None else (int(np.argmax(column < 0)), 0)
       raise MMCCError(
           f"C has negative entries (C[{i}, {j}] = {c[i, j]:g}); MMCC's adaptive analysis "
           "(Lemma C.3) needs non-negative C. Pass non_adaptive=True (--non-adaptive) if the "
           "data are fixed in advance; |C| is then used")
-    c = np.abs(c)
-  if not np.any(c > 0):
+    values = np.abs(values)
+  if not np.any(values > 0):
     raise MMCCError("C is all zeros")
-  return c
+  return values if column is None else toeplitz_view.view(values)
 
 
 class _TooWide(Exception):
@@ -1116,7 +1124,10 @@ def _grid_step(c: np.ndarray, grid_step: Optional[float], grid_resolution: int) 
   if grid_step is None:
     if int(grid_resolution) != grid_resolution or grid_resolution < 1:
       raise MMCCError(f"grid_resolution must be a positive integer, got {grid_resolution}")
-    grid_step = float(np.max(c)) / grid_resolution
+    column = toeplitz_view.column_of(c)  # T(column) also holds zeros above the diagonal
+    largest = float(np.max(c)) if column is None else float(
+        max(np.max(column), 0.0) if column.size > 1 else column[0])
+    grid_step = largest / grid_resolution
   if not (grid_step > 0) or not math.isfinite(grid_step):
     raise MMCCError(f"grid_step must be positive, got {grid_step}")
   return grid_step
@@ -1131,6 +1142,9 @@ def _offset_mixtures(c, rounds, p, sigma, delta_tail, min_sep, offsets, grid_ste
   composed; for a Toeplitz C every class o > 0 is class 0 truncated at the end and is
   dropped, which removes the factor b from the cost of the PLDs.
   """
+  if prune and len(offsets) > 1 and offsets[0] == 0 and toeplitz_view.column_of(c) is not None:
+    return _toeplitz_class_zero(c, rounds, p, sigma, delta_tail, min_sep, offsets, grid_step,
+                                progress, toeplitz)
   kept = []
   max_ratio = 1.0
   blocks_total = 0
@@ -1148,6 +1162,28 @@ def _offset_mixtures(c, rounds, p, sigma, delta_tail, min_sep, offsets, grid_ste
     if not (prune and any(dominates(other, mixtures) for other, _ in kept)):
       kept.append((mixtures, info))
   return kept, max_ratio, blocks_total, needs_tail
+
+
+def _toeplitz_class_zero(c, rounds, p, sigma, delta_tail, min_sep, offsets, grid_step,
+                         progress, toeplitz):
+  """``_offset_mixtures`` for a lower-triangular Toeplitz view C (``toeplitz_view``): class 0
+  alone, without computing the others, which it dominates (``dominates``).
+
+  Class o keeps columns o, o + b, …; for a Toeplitz C its non-zero rows o + r hold the entries
+  class 0's rows r hold, and its blocks ((row − o) // b) are class 0's shifted by o, so each
+  block sensitivity is class 0's or, in the last block that the end of C truncates, at most
+  it; its Gram sums over earlier blocks, and so its tail counts, are class 0's shifted; it has
+  at most class 0's non-trivial pairs, so its δ' is at least class 0's and every p̃ at most
+  class 0's (the tail bound falls as δ' grows). So class 0 dominates column by column, as
+  ``dominates`` finds it for the dense C (the tests compare both). Its figures: blocks summed
+  over every class (class o has ⌊(n − 1 − o)/b⌋ + 1), the largest p̃/p (class 0's).
+  """
+  mixtures, info = row_mixtures(c, rounds, p, sigma, delta_tail, min_sep, 0, grid_step,
+                                progress, toeplitz)
+  n = c.shape[1]
+  blocks_total = int(sum((n - 1 - o) // min_sep + 1 for o in offsets if o < n))
+  return ([(mixtures, info)], info["max_prob_ratio"], blocks_total,
+          bool(info["nontrivial_pairs"]))
 
 
 def _distinct_rows(per_offset, dedupe: bool, merge_step: Optional[float] = None):

@@ -369,9 +369,12 @@ def _encoder(args: argparse.Namespace, amplified: bool):
           f"or --workload prefix_sum for a run without momentum")
   workload = factorize_cmd.workload_from_args(args)
   n = workload.n
-  checks.dense_matrices_fit(n, 3, f"mechanism {mech.name} at n = {n}", m=2 * n)
-  schema = _schema(args, n, None, amplified)
   from tff_mf import mechanisms, registry  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import strategies  # pylint: disable=g-import-not-at-top
+  if mech.post_processes_prefix_decoder or strategies.toeplitz_column(mech.strategy,
+                                                                      workload) is None:
+    checks.dense_matrices_fit(n, 3, f"mechanism {mech.name} at n = {n}", m=2 * n)
+  schema = _schema(args, n, None, amplified)
   from tff_mf import spec as spec_lib  # pylint: disable=g-import-not-at-top
   takes = registry.default_parameters(mech.strategy, n, schema)
   params = spec_lib.family_values(vars(args))

@@ -8,7 +8,11 @@ contents), the strategy's parameters and the participation schema. It holds
 
 - ``factorization-<sha16>.npz``: float64 ``A``, ``B``, ``C`` (normalized so that
   γ(C) = 1, Denisov et al. 2022, arXiv:2202.08312, App I) and the family's
-  parameters (structured pieces, Toeplitz coefficients, BLT buffers, ...);
+  parameters (structured pieces, Toeplitz coefficients, BLT buffers, ...); for a
+  Toeplitz family on a Toeplitz workload, their first columns ``A_column``,
+  ``B_column``, ``C_column`` instead (``toeplitz_factorization``: B·C = A is checked on
+  every entry by the Toeplitz identity within its FFT bound, and the family's stream
+  against C⁻¹);
 - ``metadata.json``: the parameters, √L, sensitivity, rmse and max_error under
   the schema, solver figures, package versions and the sha256 of the ``.npz``.
 
@@ -49,6 +53,8 @@ from tff_mf import jsonio
 from tff_mf import participation as participation_lib
 from tff_mf import registry
 from tff_mf.factorization import strategies
+from tff_mf.factorization import toeplitz_factorization
+from tff_mf.factorization import toeplitz_ops
 from tff_mf.factorization import workloads
 
 CACHE_ENV = "TFF_MF_CACHE"
@@ -231,7 +237,10 @@ def _load_arrays(npz_path: str, expected_sha256: str) -> Dict[str, np.ndarray]:
     except Exception as e:  # zipfile.BadZipFile, ValueError, EOFError, OSError, ...
       raise CacheError(f"cache file {npz_path} cannot be read as .npz: "
                        f"{type(e).__name__}: {e}") from e
-  for key in ("A", "B", "C"):
+  # Dense A, B, C, or (Toeplitz families on Toeplitz workloads) their first columns.
+  needed = toeplitz_factorization.COLUMNS if toeplitz_factorization.COLUMNS[2] in arrays \
+      else ("A", "B", "C")
+  for key in needed:
     if key not in arrays:
       raise CacheError(f"cache file {npz_path} lacks array {key!r} (has {sorted(arrays)})")
   for key, x in arrays.items():
@@ -256,13 +265,13 @@ def _factorization(arrays: Dict[str, np.ndarray], metadata: Dict[str, Any], npz_
                    full_check: Optional[bool]) -> fz.Factorization:
   """Checks the arrays and returns them as a Factorization (any problem names the file)."""
   name = f"cache file {npz_path}"
+  if toeplitz_factorization.COLUMNS[2] in arrays:
+    return _toeplitz_factorization(arrays, metadata, name)
   a, b, c = arrays["A"], arrays["B"], arrays["C"]
   n = a.shape[0] if a.ndim == 2 else -1
   if metadata.get("n") != n:
     raise CacheError(f"{name}: A is {a.shape}, but its sidecar says n = {metadata.get('n')}")
-  strategy = metadata.get("params", {}).get("strategy")
-  if strategy not in registry.STRATEGIES:
-    raise CacheError(f"{name}: its sidecar names no known strategy ({strategy!r})")
+  strategy = _stored_strategy(metadata, name)
   try:
     checks.factors(a, b, c, name=name, check_product=False)
     _check_product(a, b, c, full_check if full_check is not None else n <= FULL_CHECK_MAX_N,
@@ -272,6 +281,46 @@ def _factorization(arrays: Dict[str, np.ndarray], metadata: Dict[str, Any], npz_
   extras = {k: v for k, v in arrays.items() if k not in ("A", "B", "C")}
   return fz.Factorization(a=a, b=b, c=c, strategy=strategy, info=dict(metadata.get("info", {})),
                           extras=extras)
+
+
+def _stored_strategy(metadata: Dict[str, Any], name: str) -> str:
+  strategy = metadata.get("params", {}).get("strategy")
+  if strategy not in registry.STRATEGIES:
+    raise CacheError(f"{name}: its sidecar names no known strategy ({strategy!r})")
+  return strategy
+
+
+def _toeplitz_factorization(arrays: Dict[str, np.ndarray], metadata: Dict[str, Any],
+                            name: str) -> toeplitz_factorization.ToeplitzFactorization:
+  """The first columns of a Toeplitz entry, checked: shapes, γ(C) = 1 and B·C = A on every
+  entry (the exact Toeplitz identity, within the FFT bound of
+  ``toeplitz_factorization.check_product``), whatever ``full_check`` says."""
+  columns = {k: arrays[k] for k in toeplitz_factorization.COLUMNS}
+  strategy = _stored_strategy(metadata, name)
+  try:
+    n = toeplitz_factorization.check_columns(columns, name)
+    if metadata.get("n") != n:
+      raise CacheError(f"{name}: its columns have {n} rounds, but its sidecar says n = "
+                       f"{metadata.get('n')}")
+    extras = {k: v for k, v in arrays.items() if k not in columns}
+    f = toeplitz_factorization.ToeplitzFactorization(
+        *(columns[k] for k in toeplitz_factorization.COLUMNS), strategy,
+        info=dict(metadata.get("info", {})), extras=extras)
+    return f.validate(name=name)
+  except checks.CheckError as e:
+    raise CacheError(str(e)) from None
+
+
+def _same_workload(f: fz.Factorization, expected: np.ndarray) -> bool:
+  """A of ``f`` is ``expected`` (a dense A, or the first column of a Toeplitz A)."""
+  if isinstance(f, toeplitz_factorization.ToeplitzFactorization) and expected.ndim == 1:
+    actual = f.columns[toeplitz_factorization.COLUMNS[0]]
+  elif expected.ndim == 1:
+    actual, expected = f.a, toeplitz_ops.lower_toeplitz(expected)
+  else:
+    actual = f.a
+  return expected.shape == actual.shape and bool(np.allclose(actual, expected, rtol=1e-12,
+                                                             atol=1e-12))
 
 
 def key_schema(params: Any) -> participation_lib.Participation:
@@ -320,14 +369,18 @@ def _check_consistency(f: fz.Factorization, metadata: Dict[str, Any], npz_path: 
   both at the sidecar's top level and in its ``info``.
   """
   name = f"cache file {npz_path}"
-  if expected_workload is not None and (expected_workload.shape != f.a.shape or not np.allclose(
-      f.a, expected_workload, rtol=1e-12, atol=1e-12)):
+  if expected_workload is not None and not _same_workload(f, expected_workload):
     raise CacheError(f"{name}: its A is not the requested workload")
-  check_extras = getattr(strategies.family_module(f.strategy), "check_extras", None)
+  module = strategies.family_module(f.strategy)
+  check_extras = getattr(module, "check_extras", None)
   try:
     if check_extras is not None:
       check_extras(f)
-    elif registry.strategy(f.strategy).streams:
+    if isinstance(f, toeplitz_factorization.ToeplitzFactorization):
+      # The noise the family streams is C⁻¹ (first columns, its stream's own tables).
+      toeplitz_factorization.check_noise(f, *module.noise_column(f),
+                                         strategies.stream(f.strategy, f.extras, f.n))
+    elif check_extras is None and registry.strategy(f.strategy).streams:
       strategies.stream(f.strategy, f.extras, f.a)
     figures = dict(strategies.error_figures(f, schema),
                    single_participation_sqrt_loss=f.single_participation_sqrt_loss)
@@ -379,7 +432,9 @@ def _load_entry_once(directory: str, full_check: Optional[bool],
     schema = _check_key(directory, metadata, json_path)
     f = _factorization(arrays, metadata, npz_path, full_check)
     if expected_workload is None:
-      expected_workload = _workload_from_params(metadata.get("params"), json_path)
+      expected_workload = _workload_from_params(
+          metadata.get("params"), json_path,
+          column=isinstance(f, toeplitz_factorization.ToeplitzFactorization))
     _check_consistency(f, metadata, npz_path, expected_workload, schema)
     return f, CacheEntry(npz_path=npz_path, json_path=json_path, metadata=metadata,
                          cache_hit=True)
@@ -404,10 +459,19 @@ def load(npz_path: str, full_check: Optional[bool] = None,
   return f
 
 
-def _workload_from_params(params: Any, json_path: str) -> Optional[np.ndarray]:
-  """A rebuilt from an entry's key parameters (None for a user matrix file)."""
+def _workload_from_params(params: Any, json_path: str,
+                          column: bool = False) -> Optional[np.ndarray]:
+  """A rebuilt from an entry's key parameters (None for a user matrix file); with
+  ``column``, the first column of a Toeplitz A instead (``WorkloadSpec.toeplitz_column``)."""
   try:
     w = params["workload"]
+    if column and w["kind"] in ("prefix_sum", "momentum"):
+      found = workloads.WorkloadSpec(
+          kind=w["kind"], n=int(w["n"]), momentum=float(w.get("momentum", 0.0)),
+          lr_schedule=w.get("lr_schedule", "constant"),
+          schedule_rounds=w.get("schedule_rounds")).toeplitz_column()
+      if found is not None:
+        return found
     if w["kind"] == "prefix_sum":
       return workloads.prefix_sum(int(w["n"]))
     if w["kind"] == "momentum":
@@ -480,7 +544,10 @@ def _write_entry(directory: str, params: Dict[str, Any], spec: strategies.Factor
                  f: fz.Factorization) -> CacheEntry:
   os.makedirs(directory, exist_ok=True)
   json_path = os.path.join(directory, METADATA_FILE)
-  arrays = {"A": f.a, "B": f.b, "C": f.c, **f.extras}
+  if isinstance(f, toeplitz_factorization.ToeplitzFactorization):
+    arrays = {**f.columns, **f.extras}  # first columns: O(n) bytes
+  else:
+    arrays = {"A": f.a, "B": f.b, "C": f.c, **f.extras}
   tmp_npz = _write_atomically(directory, ".npz", lambda out: np.savez(
       out, **{k: np.ascontiguousarray(v, dtype=np.float64) for k, v in arrays.items()}))
   tmp_json = None
@@ -513,8 +580,9 @@ def _write_entry(directory: str, params: Dict[str, Any], spec: strategies.Factor
 def _check_disk(directory: str, spec: strategies.FactorizationSpec, memory: float,
                 progress: bool) -> None:
   """Refuses a computation whose result could not be stored; announces a large one."""
-  # A, B and C: n² + 2·n·(n·encoder_rows) float64 entries.
-  stored = 8.0 * spec.n * spec.n * (2 + registry.strategy(spec.strategy).declaration.encoder_rows)
+  # A, B and C: n² + 2·n·(n·encoder_rows) float64 entries (three first columns when Toeplitz).
+  stored = 8.0 * spec.n * (3 if strategies.toeplitz_workload(spec) is not None else spec.n * (
+      2 + registry.strategy(spec.strategy).declaration.encoder_rows))
   parent = directory
   while not os.path.isdir(parent) and os.path.dirname(parent) != parent:
     parent = os.path.dirname(parent)
@@ -598,7 +666,8 @@ def _load_or_factorize(spec: strategies.FactorizationSpec, cache_dir: Optional[s
   spec = dataclasses.replace(spec, participation=spec.participation.for_rounds(spec.n))
   memory = strategies.check_size(spec)
   directory, params = entry_paths(spec, cache_dir)
-  expected = spec.workload.build()
+  expected = strategies.toeplitz_workload(spec)  # a Toeplitz A's first column, or dense A
+  expected = spec.workload.build() if expected is None else expected
   read_dir, read_params = _existing_entry(directory, params, cache_dir)
   if not force and os.path.exists(os.path.join(read_dir, METADATA_FILE)):
     f, entry = _load_entry(read_dir, None, expected, read_params)
@@ -618,7 +687,7 @@ def _load_or_factorize(spec: strategies.FactorizationSpec, cache_dir: Optional[s
 
   context = families.Context(optimal=optimal, progress=progress)
   f = strategies.factorize(spec, progress=progress, context=context)
-  if not np.allclose(f.a, expected, rtol=1e-12, atol=1e-12):
+  if not _same_workload(f, expected):
     raise CacheError("computed factorization does not match the requested workload")
   return f, _write_entry(directory, params, spec, f)
 

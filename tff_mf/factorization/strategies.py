@@ -13,11 +13,14 @@ import dataclasses
 import time
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+import numpy as np
+
 from tff_mf import checks
 from tff_mf.factorization import dense_run
 from tff_mf import factorization as fz
 from tff_mf.factorization import families
 from tff_mf.factorization import lbfgs
+from tff_mf.factorization import toeplitz_factorization
 from tff_mf import participation as participation_lib
 from tff_mf import registry
 from tff_mf.noise import streams
@@ -108,11 +111,27 @@ class FactorizationSpec:
     return params
 
 
+def toeplitz_workload(spec: FactorizationSpec):
+  """A's first column when ``spec``'s family computes Toeplitz first columns
+  (``factorize_toeplitz``) and its workload is Toeplitz; else None (the dense path)."""
+  return toeplitz_column(spec.strategy, spec.workload)
+
+
+def toeplitz_column(strategy: str, workload: workloads.WorkloadSpec):
+  """``toeplitz_workload`` of a strategy and a workload (no spec needed)."""
+  if not hasattr(family_module(strategy), "factorize_toeplitz"):
+    return None
+  return workload.toeplitz_column()
+
+
 def check_size(spec: FactorizationSpec) -> float:
   """Refuses, before A is built, a size whose dense matrices would not fit in memory.
 
-  Returns the bytes of memory the computation plans for.
+  Returns the bytes of memory the computation plans for (O(n) first columns on the
+  Toeplitz path, ``toeplitz_workload``).
   """
+  if toeplitz_workload(spec) is not None:
+    return 8.0 * spec.n * 16
   declared = registry.strategy(spec.strategy).declaration
   copies = declared.peak_matrices
   m = declared.encoder_rows * spec.n
@@ -125,14 +144,23 @@ def factorize(spec: FactorizationSpec, progress: bool = False,
   """Computes the factorization described by ``spec`` (normalized, validated, measured)."""
   spec.validate()
   check_size(spec)
-  a = spec.workload.build()
   start = time.perf_counter()
   context = context or families.Context(progress=progress)
-  result = family_module(spec.strategy).factorize(a, spec, context).normalized()
-  info = dict(result.info)
-  info.setdefault("seconds", time.perf_counter() - start)
-  f = fz.Factorization(a=a, b=result.b, c=result.c, strategy=spec.strategy, info=info,
-                       extras=result.extras).validate()
+  a_column = toeplitz_workload(spec)
+  if a_column is not None:  # Toeplitz A and C: first columns only, O(n) memory
+    column_result = family_module(spec.strategy).factorize_toeplitz(a_column, spec, context)
+    info = dict(column_result.info)
+    info.setdefault("seconds", time.perf_counter() - start)
+    f = toeplitz_factorization.from_columns(
+        a_column, column_result.b_column, column_result.c_column, spec.strategy, info,
+        column_result.extras).validate()
+  else:
+    a = spec.workload.build()
+    result = family_module(spec.strategy).factorize(a, spec, context).normalized()
+    info = dict(result.info)
+    info.setdefault("seconds", time.perf_counter() - start)
+    f = fz.Factorization(a=a, b=result.b, c=result.c, strategy=spec.strategy, info=info,
+                         extras=result.extras).validate()
   f.info.update(error_figures(f, spec.participation))
   f.info[OUTCOME] = solver_outcome(spec, f.info)
   if f.info[OUTCOME] is None:
@@ -207,9 +235,14 @@ def error_figures(f: fz.Factorization,
   """sensitivity (under ``schema``), rmse, max_error and the analysis that gave them."""
   report = f.sensitivity_report(schema)
   sens = report["value"]
+  if isinstance(f, toeplitz_factorization.ToeplitzFactorization):
+    errors = {"rmse": float(sens * np.sqrt(f.decoder_frobenius_sq() / f.n)),
+              "max_error": float(sens * np.sqrt(np.max(f.decoder_row_norms_sq())))}
+  else:
+    errors = {"rmse": fz.rmse(f.b, sens), "max_error": fz.max_error(f.b, sens)}
   return {"participation": schema.as_dict(), "sensitivity": sens,
           "sensitivity_exact": report["exact"], "sensitivity_method": report["method"],
-          "rmse": fz.rmse(f.b, sens), "max_error": fz.max_error(f.b, sens)}
+          **errors}
 
 
 def post_processed(f_prefix: fz.Factorization, a, name: str) -> fz.Factorization:

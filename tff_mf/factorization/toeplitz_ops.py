@@ -37,12 +37,15 @@ class Result:
 
   b, c: n x n float64 (None when the caller asked for no dense matrices);
   info: JSON-able figures (rmse, max_error, objective, iterations, seconds, converged, …);
-  extras: float64 family parameters stored beside the factorization.
+  extras: float64 family parameters stored beside the factorization;
+  columns: the first columns (C[:, 0], B[:, 0]) when the workload is Toeplitz.
   """
   b: Optional[np.ndarray]
   c: Optional[np.ndarray]
   info: Dict[str, Any]
   extras: Dict[str, np.ndarray]
+  # (C[:, 0], B[:, 0]) when A is Toeplitz (then B and C are Toeplitz too), else None.
+  columns: Optional[Tuple[np.ndarray, np.ndarray]] = None
 
 
 # ----------------------------------------------------------------------------- workloads
@@ -293,8 +296,9 @@ def result_from_coefficients(coeffs: np.ndarray, h: np.ndarray, work: Workload, 
     checks.dense_matrices_fit(n, 3 if work.toeplitz else 5, f"{what} B and C (n={n})")
     c_mat = lower_toeplitz(toeplitz_bounds.padded(coeffs, n))
     b_mat = work.b_matrix(h)
+  columns = (toeplitz_bounds.padded(coeffs, n), work.apply(h)) if work.toeplitz else None
   info["seconds"] = time.perf_counter() - start
-  return Result(b=b_mat, c=c_mat, info=info, extras=extras)
+  return Result(b=b_mat, c=c_mat, info=info, extras=extras, columns=columns)
 
 
 def rounds_of(n) -> int:

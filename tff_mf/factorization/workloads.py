@@ -135,6 +135,19 @@ class WorkloadSpec:
   schedule_rounds: Optional[int] = None
   matrix_file: Optional[str] = None
 
+  def toeplitz_column(self) -> Optional[np.ndarray]:
+    """A's first column when A is lower-triangular Toeplitz (prefix sum; momentum at a
+    constant learning rate: Σ_{t ≤ i} β^t), equal to ``build()[:, 0]``; else None."""
+    if self.kind == "prefix_sum":
+      _check_n(self.n)
+      return np.ones(self.n, dtype=np.float64)
+    if self.kind == "momentum" and self.lr_schedule == "constant":
+      _check_n(self.n)
+      if not 0.0 <= self.momentum < 1.0:
+        raise WorkloadError(f"momentum β must be in [0, 1), got {self.momentum}")
+      return np.cumsum(float(self.momentum) ** np.arange(self.n))
+    return None
+
   def build(self) -> np.ndarray:
     if self.kind == "prefix_sum":
       return prefix_sum(self.n)

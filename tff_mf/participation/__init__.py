@@ -35,9 +35,12 @@ from tff_mf.participation.kinds import from_args
 from tff_mf.participation.kinds import from_dict
 from tff_mf.participation.kinds import min_sep
 from tff_mf.participation.kinds import random_allocation
+from tff_mf.participation.kinds import report_from_bounds
 from tff_mf.participation.kinds import sensitivity
 from tff_mf.participation.kinds import sensitivity_report
 from tff_mf.participation.kinds import single
+from tff_mf.participation.kinds import toeplitz_sensitivity_report
+from tff_mf.participation.kinds import toeplitz_upper_bound_report
 from tff_mf.participation.samplers import SamplingError
 from tff_mf.participation.bounds import ENUMERATION_LIMIT
 from tff_mf.participation.bounds import EXACT_RTOL

@@ -28,6 +28,7 @@ largest upper value is attained by an explicit contribution (within 1e-12 relati
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Callable, List, Optional, Tuple
 
 import numpy as np
@@ -136,9 +137,15 @@ def _earliest_pattern_toeplitz(coef: np.ndarray, b: int, k: int) -> Optional[flo
   (X ≥ 0): the value is the exact squared sensitivity (cf. Kalinin, Lampert 2024,
   arXiv:2405.13763, for the same domination argument under b-min-separation).
   """
-  n = coef.shape[0]
   if np.any(coef < 0) or np.any(np.diff(coef) > 0):
     return None
+  return toeplitz_pattern_sum(coef, b, k)
+
+
+def toeplitz_pattern_sum(coef: np.ndarray, b: int, k: int) -> float:
+  """Σ_{i,j<k} X_{ib, jb}, X = CᵀC for C = Toeplitz(coef), in O(n·k) (no C)."""
+  n = coef.shape[0]
+  k = min(k, -(-n // b))
   total = 0.0
   for gap in range(k):  # pairs (i, j) with |i − j| = gap, max(i, j) = i
     d = gap * b
@@ -149,6 +156,60 @@ def _earliest_pattern_toeplitz(coef: np.ndarray, b: int, k: int) -> Optional[flo
     terms = cum[n - rows]
     total += (1.0 if gap == 0 else 2.0) * float(np.sum(terms))
   return total
+
+
+def residue_class_sensitivity_toeplitz(coef: np.ndarray, b: int) -> float:
+  """sqrt(max_r Σ_{j,j' ≡ r mod b} |X_jj'|) for the lower-triangular Toeplitz C ≥ 0 with first
+  column ``coef`` (every round of a residue class joined), exactly and without C: X ≥ 0, and
+  class r's pair (r + ib, r + jb) has class 0's pair (ib, jb)'s lag and a later last round,
+  so X sums fewer non-negative terms over it; class 0 is the largest (``toeplitz_pattern_sum``)."""
+  if np.any(coef < 0):
+    raise checks.CheckError("the residue-class sum of |X| over a Toeplitz C needs C ≥ 0")
+  return math.sqrt(toeplitz_pattern_sum(coef, b, coef.shape[0]))
+
+
+def toeplitz_column_norms_sq(coef: np.ndarray) -> np.ndarray:
+  """‖C[:, j]‖² of the lower-triangular Toeplitz C with first column ``coef``: Σ_{l ≤ n−1−j}
+  c_l², summed in row order as ``np.sum(C**2, axis=0)`` sums a dense C (O(n))."""
+  return np.cumsum(np.square(coef))[::-1].copy()
+
+
+def _toeplitz_disjoint_supports(coef: np.ndarray, sep: int) -> bool:
+  """``_disjoint_supports`` of the lower-triangular Toeplitz C with first column ``coef``:
+  column j holds rows j + l for the non-zero lags l ≤ n − 1 − j (O(n log n))."""
+  n = coef.shape[0]
+  lags = np.nonzero(coef)[0]
+  if n <= sep or lags.size == 0:
+    return True
+  j = np.arange(n)
+  first = np.where(j + lags[0] <= n - 1, j + lags[0], n)
+  deepest = np.searchsorted(lags, n - 1 - j, side="right") - 1
+  last = np.where(deepest >= 0, j + lags[np.maximum(deepest, 0)], -1)
+  suffix_first = np.minimum.accumulate(first[::-1])[::-1]
+  s = np.arange(n - sep)
+  return bool(np.all(last[s] < suffix_first[s + sep]))
+
+
+def toeplitz_bounds(coef: np.ndarray, kind: str, b: int, k: int
+                    ) -> Optional[Tuple[float, float, str]]:
+  """(upper, lower, method) of sens² for the lower-triangular Toeplitz C with first column
+  ``coef`` (length n) in O(n·k), without C: the same values ``min_sep_bounds`` (kind
+  "min_sep", b-min-sep with ≤ k rounds) or single participation gives the dense C where
+  its answer is exact (one round, disjoint supports, the earliest pattern of a non-negative
+  non-increasing C); None otherwise (the caller uses the dense C, or an upper bound)."""
+  col_sq = toeplitz_column_norms_sq(coef)
+  if kind == "single" or (kind == "min_sep" and k == 1):
+    value = float(np.max(col_sq))
+    return value, value, "max_column_norm"
+  if kind != "min_sep":
+    return None
+  if _toeplitz_disjoint_supports(coef, b):
+    lower, _ = separation.separated_argmax(col_sq, b, k)
+    return lower, lower, "disjoint_supports"
+  earliest = _earliest_pattern_toeplitz(coef, b, k)
+  if earliest is not None:
+    return earliest, earliest, "toeplitz_earliest_pattern"
+  return None
 
 
 def min_sep_bounds(c: np.ndarray, b: int, k: int, col_sq: np.ndarray,

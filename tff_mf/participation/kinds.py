@@ -37,6 +37,7 @@ import numpy as np
 
 from tff_mf import checks
 from tff_mf import flagspec
+from tff_mf import toeplitz_view
 import tff_mf.participation.samplers as samplers_lib
 import tff_mf.participation.bounds as bounds_lib
 
@@ -718,7 +719,45 @@ def sensitivity_report(c, schema: Participation, n: Optional[int] = None) -> Dic
   if n is not None and checks.positive_int(n, "rounds n") != rounds:
     raise checks.CheckError(f"C has {rounds} columns (rounds), expected n={n}")
   schema.check(rounds)
-  upper, lower, method = schema.sensitivity_bounds(c, np.sum(np.square(c), axis=0))
+  column = toeplitz_view.column_of(c)  # a lower-triangular Toeplitz view: O(n·k) where exact
+  report = None if column is None else toeplitz_sensitivity_report(column, schema)
+  if report is not None:
+    return report
+  if column is not None:  # the dense analysis, on a contiguous copy (BLAS-friendly)
+    c = np.array(c)
+  return report_from_bounds(schema, *schema.sensitivity_bounds(c, np.sum(np.square(c), axis=0)))
+
+
+def toeplitz_sensitivity_report(coef, schema: Participation) -> Optional[Dict[str, Any]]:
+  """``sensitivity_report`` of the n x n lower-triangular Toeplitz C with first column
+  ``coef`` in O(n·k), without C (``bounds.toeplitz_bounds``), where it is exact; None
+  otherwise (then the caller uses the dense C or a structured upper bound)."""
+  coef = checks.real_array(coef, "Toeplitz coefficients")
+  n = coef.shape[0]
+  schema.check(n)
+  b = schema.min_sep if schema.kind == "min_sep" else n
+  found = bounds_lib.toeplitz_bounds(coef, schema.kind, b, schema.max_participations_in(n))
+  return None if found is None else report_from_bounds(schema, *found)
+
+
+def toeplitz_upper_bound_report(coef, schema: Participation) -> Optional[Dict[str, Any]]:
+  """For min_sep, the report of the structured upper bound of ``toeplitz_bounds`` on the
+  n x n lower-triangular Toeplitz C with first column ``coef`` (O(n·b), no C; exact False);
+  None for other kinds."""
+  # scipy.signal (toeplitz_bounds) is loaded on use: the commands' modules stay light.
+  from tff_mf.participation import toeplitz_bounds  # pylint: disable=g-import-not-at-top
+  if not isinstance(schema, MinSep):
+    return None
+  coef = checks.real_array(coef, "Toeplitz coefficients")
+  n = coef.shape[0]
+  found = toeplitz_bounds.min_sep_sensitivity_report(
+      np.trim_zeros(coef, "b"), n, schema.min_sep, schema.max_participations_in(n))
+  return report_from_bounds(schema, found["value"] ** 2, 0.0, "toeplitz_" + found["method"])
+
+
+def report_from_bounds(schema: Participation, upper: float, lower: float,
+                       method: str) -> Dict[str, Any]:
+  """The ``sensitivity_report`` of squared bounds (upper, lower) found by ``method``."""
   exact = bool(upper <= lower * (1 + bounds_lib.EXACT_RTOL) or upper == 0.0)
   if exact and method.endswith("_bound"):  # the bound meets an explicit contribution
     method += "_attained"

@@ -10,7 +10,12 @@ The family protocol. A family module exposes
 - ``factorize(a, spec, context) -> FamilyResult``: an unnormalized B, C with B·C = A,
   JSON-ready info and the float64 parameters the cache stores beside A, B and C;
 - optionally ``check_extras(factorization)`` (its stored parameters rebuild its
-  matrices) and, when it streams, ``stream(extras, a) -> tff_mf.noise.streams.LinearStream``.
+  matrices) and, when it streams, ``stream(extras, a) -> tff_mf.noise.streams.LinearStream``;
+- optionally, for a lower-triangular Toeplitz C, ``factorize_toeplitz(a_column, spec,
+  context) -> ToeplitzFamilyResult``: the first columns of B and C for the Toeplitz workload
+  with first column ``a_column``, never an n x n matrix (then the factorization is a
+  ``tff_mf.factorization.toeplitz_factorization.ToeplitzFactorization`` and the cache stores
+  the first columns).
 
 ``tff_mf.registry`` names each strategy's family module (``Strategy.family``: a module of
 this package, or any importable module path); ``tff_mf.factorization.strategies``,
@@ -47,6 +52,35 @@ class FamilyResult:
     info = dict(self.info, gamma_before_normalization=gamma)
     extras = dict(self.extras, normalization=np.array([gamma]))
     return FamilyResult(b=self.b * gamma, c=self.c / gamma, info=info, extras=extras)
+
+
+@dataclasses.dataclass
+class ToeplitzFamilyResult:
+  """What a Toeplitz family computes for a Toeplitz workload: first columns of the
+  unnormalized B and C (A = B·C), JSON-ready info and float64 parameters."""
+  b_column: np.ndarray
+  c_column: np.ndarray
+  info: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  extras: Dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+
+def toeplitz_family_result(optimize, size: int, a_column: np.ndarray,
+                           spec) -> ToeplitzFamilyResult:
+  """A Toeplitz family's ``factorize_toeplitz``: its ``optimize(n, size, min_sep=,
+  max_participations=, error=, workload=, dense=False)`` (a
+  ``tff_mf.factorization.toeplitz_ops.Result``) for the Toeplitz workload with first column
+  ``a_column`` under the spec's schema and error, returned as first columns."""
+  from tff_mf.participation import toeplitz_bounds  # pylint: disable=g-import-not-at-top
+  n = a_column.shape[0]
+  min_sep, k = toeplitz_bounds.schema_arguments(spec.participation, n)
+  result = optimize(n, size, min_sep=min_sep, max_participations=k, error=spec.error,
+                    workload=a_column, dense=False)
+  if result.columns is None:
+    raise checks.CheckError("a Toeplitz family's result for a non-Toeplitz workload has no "
+                            "first columns")
+  c_column, b_column = result.columns
+  return ToeplitzFamilyResult(b_column=b_column, c_column=c_column, info=dict(result.info),
+                              extras=dict(result.extras))
 
 
 # The FactorizationSpec fields a strategy may read (tff_mf.factorization.strategies.FactorizationSpec).

@@ -38,6 +38,7 @@ from tff_mf.factorization import families
 from tff_mf.factorization import lbfgs
 from tff_mf import participation
 from tff_mf.noise import streams
+from tff_mf.factorization import toeplitz_factorization
 from tff_mf.factorization import toeplitz_ops
 from tff_mf.participation import toeplitz_bounds
 
@@ -518,10 +519,24 @@ def factorize(a: np.ndarray, spec, context):
   return FamilyResult(b=result.b, c=result.c, info=dict(result.info), extras=dict(result.extras))
 
 
+def factorize_toeplitz(a_column: np.ndarray, spec, context):
+  """``factorize`` for the Toeplitz workload with first column ``a_column``: the same
+  optimization, returning first columns only (O(n·m) memory)."""
+  del context
+  return families.toeplitz_family_result(optimize, spec.buffers, a_column, spec)
+
+
 def check_extras(f) -> None:
   """(θ, ω), divided by the stored γ, rebuild the normalized C, and (θ̂, ω̂) is its inverse."""
   gamma = float(np.asarray(f.extras["normalization"])[0])
   blt = BLT(f.extras["blt_theta"], f.extras["blt_omega"])
+  if isinstance(f, toeplitz_factorization.ToeplitzFactorization):
+    # First columns: C's here; C⁻¹'s by ``noise_column`` and ``check_noise`` (the cache).
+    c = f.columns["C_column"]
+    err = float(np.max(np.abs(blt.coefficients(f.n) / gamma - c)))
+    if err > 1e-10 * max(1.0, float(np.max(np.abs(c)))):
+      raise checks.CheckError(f"BLT parameters do not rebuild C (error {err:.3g})")
+    return
   scale = max(1.0, float(np.max(np.abs(f.c))))
   err = float(np.max(np.abs(blt.matrix(f.n) / gamma - f.c)))
   if err > 1e-10 * scale:
@@ -530,3 +545,11 @@ def check_extras(f) -> None:
   err = float(np.max(np.abs(inv.matrix(f.n) @ blt.matrix(f.n) - np.eye(f.n))))
   if err > 1e-8:
     raise checks.CheckError(f"stored BLT inverse is not C⁻¹ (error {err:.3g})")
+
+
+def noise_column(f) -> Tuple[np.ndarray, int]:
+  """(C⁻¹·e_0 of the normalized C from the stored (θ̂, ω̂), the order m of the recurrence it
+  obeys): ``toeplitz_factorization.check_noise``."""
+  gamma = float(np.asarray(f.extras["normalization"])[0])
+  inv = BLT(f.extras["blt_inverse_theta"], f.extras["blt_inverse_omega"])
+  return gamma * inv.coefficients(f.n), inv.buffers

@@ -24,6 +24,7 @@ from tff_mf.factorization import families
 from tff_mf.factorization import lbfgs
 from tff_mf import participation
 from tff_mf.noise import streams
+from tff_mf.factorization import toeplitz_factorization
 from tff_mf.factorization import toeplitz_ops
 from tff_mf.participation import toeplitz_bounds
 from tff_mf.factorization import workloads
@@ -216,12 +217,33 @@ def factorize(a: np.ndarray, spec, context):
   return FamilyResult(b=result.b, c=result.c, info=dict(result.info), extras=dict(result.extras))
 
 
+def factorize_toeplitz(a_column: np.ndarray, spec, context):
+  """``factorize`` for the Toeplitz workload with first column ``a_column``: the same
+  optimization, returning first columns only (O(n·b) memory)."""
+  del context
+  return families.toeplitz_family_result(optimize, spec.bands, a_column, spec)
+
+
 def check_extras(f) -> None:
-  """The stored coefficients, divided by the stored γ, rebuild the normalized C."""
+  """The stored coefficients, divided by the stored γ, rebuild the normalized C (its first
+  column for a ``ToeplitzFactorization``)."""
   gamma = float(np.asarray(f.extras["normalization"])[0])
   coeffs = checks.real_array(f.extras["toeplitz_coefficients"], "Toeplitz coefficients")
   column = np.zeros(f.n)
   column[:min(coeffs.size, f.n)] = coeffs[:f.n]
-  err = float(np.max(np.abs(toeplitz_ops.lower_toeplitz(column) / gamma - f.c)))
-  if err > 1e-12 * max(1.0, float(np.max(np.abs(f.c)))):
+  if isinstance(f, toeplitz_factorization.ToeplitzFactorization):
+    c = f.columns["C_column"]
+    err = float(np.max(np.abs(column / gamma - c)))
+  else:
+    c = f.c
+    err = float(np.max(np.abs(toeplitz_ops.lower_toeplitz(column) / gamma - c)))
+  if err > 1e-12 * max(1.0, float(np.max(np.abs(c)))):
     raise checks.CheckError(f"Toeplitz coefficients do not rebuild C (error {err:.3g})")
+
+
+def noise_column(f) -> Tuple[np.ndarray, int]:
+  """(C⁻¹·e_0 of the normalized C from the stored coefficients, the order b − 1 of the
+  recurrence it obeys): ``toeplitz_factorization.check_noise``."""
+  gamma = float(np.asarray(f.extras["normalization"])[0])
+  coeffs = _coefficients_from(f.extras)
+  return gamma * toeplitz_ops.inverse_column(coeffs, f.n), max(0, min(coeffs.size, f.n) - 1)
