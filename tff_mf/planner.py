@@ -43,8 +43,14 @@ candidates (and by later runs).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import glob
+import hashlib
+import json
 import math
+import os
 import sys
+import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -241,6 +247,7 @@ class Candidate:
   mmcc_skipped: bool
   seconds: float
   cache_hit: Optional[bool] = None
+  calibration_cached: Optional[bool] = None
 
   def as_dict(self) -> Dict[str, Any]:
     """The JSON-ready fields."""
@@ -273,9 +280,46 @@ def mmcc_would_run(resolved: mechanisms.Resolved, option: SchemaOption) -> bool:
           and schema.poisson and mechanisms.amplified_analysis(resolved.encoder, schema) == "mmcc")
 
 
-def score(dep: Deployment, mechanism: str, option: SchemaOption, params: Dict[str, int], *,
-          cache_dir: Optional[str] = None) -> Any:
-  """The ``Candidate``, or a string saying why it cannot run (state cap, a check)."""
+@dataclasses.dataclass
+class Prepared:
+  """A candidate resolved (its factorization from the cache) and ready to calibrate.
+
+  Attributes:
+    name, option, params: what ``enumerate_candidates`` gave.
+    spec: the ``MechanismSpec`` it trains with (without its sampling probability where MMCC
+      is skipped).
+    resolved: its ``mechanisms.Resolved``.
+    mmcc_skipped: accounted without MMCC (``Deployment.skip_mmcc``).
+    analysis: the amplified analysis that calibrates z, or "none" (the Gaussian at z/sens).
+    error_norm: ‖B‖_F/√n, so that rmse = z·error_norm.
+    z_upper: the unamplified calibration, an upper bound on the calibrated z (the search
+      starts there: ``tff_mf.accounting.calibrate``).
+    seconds: the time resolving took.
+  """
+  name: str
+  option: SchemaOption
+  params: Dict[str, int]
+  spec: Any
+  resolved: mechanisms.Resolved
+  mmcc_skipped: bool
+  analysis: str
+  error_norm: float
+  z_upper: float
+  seconds: float
+
+  @property
+  def group(self) -> Tuple[str, Optional[float], str]:
+    """Candidates whose z/z_upper is alike: one schema option, one analysis."""
+    return (self.option.schema.label, self.option.sampling_prob, self.analysis)
+
+  def describe(self) -> str:
+    return describe(self.name, self.option, self.params)
+
+
+def prepare(dep: Deployment, mechanism: str, option: SchemaOption, params: Dict[str, int], *,
+            cache_dir: Optional[str] = None) -> Any:
+  """The ``Prepared`` candidate, or a string saying why it cannot run (state cap, a check)."""
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   start = time.time()
   try:
     spec = spec_of(dep, mechanism, option, params)
@@ -286,24 +330,246 @@ def score(dep: Deployment, mechanism: str, option: SchemaOption, params: Dict[st
     skipped = dep.skip_mmcc and mmcc_would_run(resolved, option)
     if skipped:
       spec = spec_of(dep, mechanism, option, params, amplified=False)
-    _, record = mechanisms.build(spec, resolved=resolved)
+    amplified = mechanisms.amplification_applies(option.schema, dep.total_rounds,
+                                                 spec.privacy.sampling_prob)
+    analysis = (mechanisms.amplified_analysis(resolved.encoder, resolved.participation)
+                if amplified else "none")
+    z_upper = accounting.calibrate_noise_multiplier(
+        dep.target_epsilon, dep.delta, dep.accountant, TOLERANCE,
+        sensitivity=resolved.sensitivity)
   except ValueError as e:  # CheckError, AccountingError: this candidate does not apply
     return " ".join(str(e).split())
-  return candidate_of(resolved, record, option, params, skipped, time.time() - start)
-
-
-def candidate_of(resolved: mechanisms.Resolved, record: mechanisms.PrivacyRecord,
-                 option: SchemaOption, params: Dict[str, int], mmcc_skipped: bool,
-                 seconds: float) -> Candidate:
-  """The figures of a built candidate at its calibrated z."""
   b = resolved.factorization.b
-  z = float(record.noise_multiplier)
+  return Prepared(mechanism, option, dict(params), spec, resolved, skipped, analysis,
+                  float(np.linalg.norm(b)) / math.sqrt(b.shape[0]), float(z_upper),
+                  time.time() - start)
+
+
+class Records:
+  """Calibrated records and ε evaluations kept across candidates and runs.
+
+  An entry is ``<cache_dir>/.planner/<sha256>.json`` holding the key's material and the
+  value: the material is everything the computation reads (the sha256 of the encoder C's
+  bytes, the schema, C's sensitivity report, the privacy spec: target or z, δ, accountant,
+  p) and a fingerprint of the code that computes it (the sources of the accounting, the
+  mechanisms, the spec and the schemas, the versions of numpy, scipy and dp_accounting).
+  A read checks the entry's sha256 (of its material and value), that the stored material
+  is the one asked for and that the value is well-formed (finite z > 0; a calibrated ε at
+  most its target); anything else (a corrupt, truncated or foreign file) is a miss,
+  computed again and rewritten atomically. ``plan`` calibrates the winner again whenever
+  its record was read back (``confirmed``), so the recommended line is always computed in
+  the run that prints it; were it to differ, no stored record is trusted and the search
+  runs again without them.
+  """
+
+  def __init__(self, cache_dir: Optional[str], read: bool = True):
+    from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
+    self.cache_dir, self.read = cache_dir, read
+    self.root = os.path.join(cache.resolve_dir(cache_dir), ".planner")
+    self.memory: Dict[str, Dict[str, Any]] = {}
+    self.hits = self.misses = 0
+
+  def material(self, prep: Prepared, **privacy) -> Dict[str, Any]:
+    """The key's material: what the record of ``prep`` at ``privacy`` depends on."""
+    c = np.ascontiguousarray(prep.resolved.encoder, dtype=np.float64)
+    report = prep.resolved.sensitivity_report
+    return {"code": code_fingerprint(), "encoder": [list(c.shape), _sha256(c)],
+            "schema": prep.resolved.participation.as_dict(),
+            "sensitivity": {k: report[k] for k in ("value", "exact", "method")},
+            "privacy": dict(dataclasses.asdict(prep.spec.privacy), **privacy)}
+
+  def get(self, material: Dict[str, Any], compute) -> Tuple[Dict[str, Any], bool]:
+    """(the value for ``material``, whether it was stored); ``compute()`` on a miss."""
+    text = json.dumps(material, sort_keys=True)
+    key = hashlib.sha256(text.encode()).hexdigest()
+    if key in self.memory:
+      self.hits += 1
+      return self.memory[key], True
+    value = self._read(key, material) if self.read else None
+    stored = value is not None
+    if stored:
+      self.hits += 1
+    else:
+      self.misses += 1
+      value = compute()
+      self._write(key, {"material": material, "value": value,
+                        "sha256": _entry_sha256(material, value)})
+    self.memory[key] = value
+    return value, stored
+
+  def _read(self, key: str, material: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    try:
+      with open(os.path.join(self.root, key + ".json"), encoding="utf-8") as f:
+        entry = json.load(f)
+      value = entry["value"]
+      if entry["sha256"] != _entry_sha256(entry["material"], value):
+        return None
+      target = material["privacy"].get("target_epsilon")
+      z, eps = float(value["noise_multiplier"]), float(value["epsilon"])
+      well_formed = (entry["material"] == material and math.isfinite(z) and z > 0
+                     and not math.isnan(eps) and isinstance(value["bound"], str)
+                     and (target is None or eps <= target))
+      return value if well_formed else None
+    except (OSError, ValueError, KeyError, TypeError):
+      return None
+
+  def _write(self, key: str, entry: Dict[str, Any]) -> None:
+    try:
+      os.makedirs(self.root, exist_ok=True)
+      fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.root)
+      with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(entry, f, sort_keys=True)
+      os.replace(tmp, os.path.join(self.root, key + ".json"))
+    except OSError:  # a read-only cache: the run goes on without storing
+      pass
+
+
+def _entry_sha256(material: Dict[str, Any], value: Dict[str, Any]) -> str:
+  text = json.dumps({"material": material, "value": value}, sort_keys=True)
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _sha256(a: np.ndarray) -> str:
+  return hashlib.sha256(a.tobytes()).hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def code_fingerprint() -> str:
+  """sha256 of the sources that compute a record and of the numeric packages' versions."""
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  import scipy  # pylint: disable=g-import-not-at-top
+  here = os.path.dirname(os.path.abspath(__file__))
+  paths = sorted(glob.glob(os.path.join(here, "accounting", "*.py"))
+                 + glob.glob(os.path.join(here, "participation", "*.py"))
+                 + [os.path.join(here, name) for name in ("mechanisms.py", "spec.py",
+                                                          "checks.py", "planner.py")])
+  digest = hashlib.sha256(f"{np.__version__} {scipy.__version__} "
+                          f"{getattr(dp_accounting, '__version__', '')}".encode())
+  for path in paths:
+    with open(path, "rb") as f:
+      digest.update(os.path.basename(path).encode() + f.read())
+  return digest.hexdigest()
+
+
+def calibrate(prep: Prepared, records: Records) -> Candidate:
+  """The candidate calibrated as training calibrates it (``mechanisms.build``), its record
+  from ``records`` when an identical one was calibrated before."""
+  start = time.time()
+
+  def compute():
+    _, record = mechanisms.build(prep.spec, resolved=prep.resolved)
+    return {"noise_multiplier": float(record.noise_multiplier),
+            "epsilon": float(record.epsilon), "bound": record.bound}
+  value, stored = records.get(records.material(prep), compute)
+  c = candidate_of(prep.resolved, value, prep.option, prep.params, prep.mmcc_skipped,
+                   prep.seconds + time.time() - start)
+  c.calibration_cached = stored
+  return c
+
+
+def epsilon_at(prep: Prepared, z: float, records: Records) -> float:
+  """The ε training reports for the candidate at noise multiplier z (``mechanisms.privacy``:
+  the same analyses, the smallest valid bound)."""
+  def compute():
+    record = mechanisms.privacy(prep.resolved, z, None, prep.spec.privacy.delta,
+                                prep.spec.privacy.accountant,
+                                sampling_prob=prep.spec.privacy.sampling_prob)
+    return {"noise_multiplier": z, "epsilon": float(record.epsilon), "bound": record.bound}
+  material = records.material(prep, noise_multiplier=z, target_epsilon=None)
+  return float(records.get(material, compute)[0]["epsilon"])
+
+
+def prune_check(dep: Deployment, prep: Prepared, best_rmse: float,
+                records: Records) -> Optional[Dict[str, Any]]:
+  """Why the candidate cannot beat the best found (rmse ``best_rmse``), or None.
+
+  The bound: rmse = z·‖B‖_F/√n grows with z, so the candidate's rmse exceeds
+  r = (1 + 2·TOLERANCE)·best_rmse exactly when its calibrated z exceeds z_r = r/(‖B‖_F/√n).
+  The calibrated z is a z whose reported ε is at most the target (the search returns only
+  z it evaluated to pass: ``tff_mf.accounting.calibrate``); the reported ε is
+  non-increasing in z (the assumption the calibration's search itself rests on: each
+  analysis is the ε of a Gaussian mechanism, subsampled or not, whose noise grows with z).
+  So one evaluation ε(z_r) > target proves calibrated z > z_r, hence rmse > r: the
+  candidate is worse than the best by more than the calibration tolerance, and cannot be
+  the winner nor a runner-up within the tolerance (``fragile``). ε(z_r) ≤ target proves
+  nothing, and the candidate is calibrated in full.
+  """
+  cut = (1.0 + 2.0 * TOLERANCE) * best_rmse
+  z_cut = cut / prep.error_norm
+  if z_cut >= prep.z_upper or prep.analysis == "none":  # cheap, or cannot be shown worse
+    return None
+  try:
+    eps = epsilon_at(prep, z_cut, records)
+  except ValueError:  # the analysis refused this z: no proof, calibrate in full
+    return None
+  if not eps > dep.target_epsilon:
+    return None
+  return {"what": prep.describe(), "z_above": z_cut, "rmse_above": cut,
+          "epsilon_at_z": eps,
+          "why": f"at z = {z_cut:.6g} its epsilon is {eps:.6g} > {dep.target_epsilon:g}, so "
+                 f"its calibrated z is larger and its rmse above {cut:.6g} (the best's "
+                 f"{best_rmse:.6g} times 1 + {2 * TOLERANCE:g})"}
+
+
+def search(dep: Deployment, prepared: Sequence[Prepared], records: Records, *,
+           prune: bool = True, progress: bool = False):
+  """(scored ``Candidate``s, pruned [{what, why, ...}], failed [{what, why}]).
+
+  Order: the unamplified candidates first (their calibration is one Gaussian's), then
+  each group's (schema option and analysis) candidate of least upper-bound error, then the
+  rest by upper-bound error times the least z/z_upper seen in their group: likely winners
+  first, so that the best rmse, and with it the pruning, is tight early. The order decides
+  only how much is pruned, never the result (``prune_check``).
+  """
+  pending = list(prepared)
+  ratio: Dict[Tuple, float] = {}
+  scored: List[Candidate] = []
+  pruned: List[Dict[str, Any]] = []
+  failed: List[Dict[str, str]] = []
+  bar = _bar(None, "plan: calibrations", progress, total=len(pending))
+  while pending:
+    def estimate(p):  # (unamplified, a group's first, the rest; the estimated error)
+      upper = p.z_upper * p.error_norm
+      if p.analysis == "none":
+        return 0, upper
+      return (1, upper) if p.group not in ratio else (2, ratio[p.group] * upper)
+    prep = min(pending, key=estimate)
+    pending.remove(prep)
+    bar.set_postfix_str(f"{prep.describe()}; {len(pruned)} pruned", refresh=False)
+    best = min((c.rmse for c in scored), default=None)
+    why = prune_check(dep, prep, best, records) if prune and best is not None else None
+    if why is not None:
+      pruned.append(why)
+      ratio.setdefault(prep.group, why["z_above"] / prep.z_upper)
+    else:
+      try:
+        c = calibrate(prep, records)
+      except ValueError as e:  # CheckError, AccountingError: this candidate does not apply
+        failed.append({"what": prep.describe(), "why": " ".join(str(e).split())})
+      else:
+        scored.append(c)
+        ratio[prep.group] = min(ratio.get(prep.group, math.inf),
+                                c.noise_multiplier / prep.z_upper)
+    bar.update(1)
+  bar.close()
+  return scored, pruned, failed
+
+
+def candidate_of(resolved: mechanisms.Resolved, record: Any, option: SchemaOption,
+                 params: Dict[str, int], mmcc_skipped: bool, seconds: float) -> Candidate:
+  """The figures of a built candidate at its calibrated z (``record``: its
+  ``mechanisms.PrivacyRecord``, or a dict of its noise_multiplier, epsilon and bound)."""
+  if not isinstance(record, dict):
+    record = {"noise_multiplier": record.noise_multiplier, "epsilon": record.epsilon,
+              "bound": record.bound}
+  b = resolved.factorization.b
+  z = float(record["noise_multiplier"])
   rmse = z * float(np.linalg.norm(b)) / math.sqrt(b.shape[0])
   return Candidate(
       mechanism=resolved.mechanism.name, schema=option.schema.as_dict(), params=dict(params),
       sampling_prob=option.sampling_prob, clients_used=option.clients_used,
       participations=option.participations, noise_multiplier=z,
-      epsilon=float(record.epsilon), bound=record.bound, rmse=rmse,
+      epsilon=float(record["epsilon"]), bound=record["bound"], rmse=rmse,
       max_error=z * float(np.sqrt(np.max(np.sum(np.square(b), axis=1)))),
       rmse_per_participation=rmse / option.participations, state_rows=state_rows(resolved),
       sensitivity=float(resolved.sensitivity),
@@ -332,43 +598,72 @@ def enumerate_candidates(dep: Deployment) -> Tuple[List[Tuple[str, SchemaOption,
   return todo, left_out
 
 
-def plan(dep: Deployment, *, cache_dir: Optional[str] = None,
-         progress: bool = False) -> Dict[str, Any]:
+def plan(dep: Deployment, *, cache_dir: Optional[str] = None, progress: bool = False,
+         prune: bool = True) -> Dict[str, Any]:
   """Every candidate scored and ranked by expected error (rmse), the recommendation, where
   the answer is fragile, what the winner's schema demands and the flags that run it.
 
+  ``prune``: skip, with the proof in ``pruned``, each candidate whose calibrated rmse is
+  shown to exceed (1 + 2·TOLERANCE)× the best found so far (``prune_check``); False builds
+  and calibrates every candidate. Calibrated records are kept in the cache directory's
+  ``.planner`` folder (``Records``) and reused by later runs.
+
   Returns a JSON-ready dict: ``candidates`` (ranked, ``Candidate`` dicts), ``recommended``
   (the first), ``fragile`` (sentences), ``demands``, ``training_flags``,
-  ``flower_arguments``, ``left_out`` ([{what, why}]), ``deployment`` and ``seconds``.
+  ``flower_arguments``, ``left_out`` ([{what, why}]), ``pruned`` ([{what, why, ...}]),
+  ``deployment`` and ``seconds``.
   """
-  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   start = time.time()
   todo, left_out = enumerate_candidates(dep)
-  scored: List[Candidate] = []
-  bar = tqdm(todo, desc="plan: candidates", unit="candidate", file=sys.stderr,
-             disable=not progress, dynamic_ncols=True)
-  for name, option, params in bar:
-    bar.set_postfix_str(f"{name} {option.schema.label} {params or ''}".strip(), refresh=False)
-    result = score(dep, name, option, params, cache_dir=cache_dir)
-    if isinstance(result, Candidate):
-      scored.append(result)
+  records = Records(cache_dir)
+  prepared: List[Prepared] = []
+  for name, option, params in _bar(todo, "plan: factorizations", progress):
+    result = prepare(dep, name, option, params, cache_dir=cache_dir)
+    if isinstance(result, Prepared):
+      prepared.append(result)
     else:
       left_out.append({"what": describe(name, option, params), "why": result})
-  bar.close()
+  scored, pruned, failed = search(dep, prepared, records, prune=prune, progress=progress)
+  if scored and not confirmed(_ranked(scored)[0], prepared, records):
+    records = Records(cache_dir, read=False)  # a stored record was wrong: trust none
+    scored, pruned, failed = search(dep, prepared, records, prune=prune, progress=progress)
+  left_out.extend(failed)
   if not scored:
     reasons = "; ".join(f"{x['what']}: {x['why']}" for x in left_out[:3])
     raise checks.CheckError(f"no candidate can run this deployment ({reasons})")
-  scored.sort(key=lambda c: (c.rmse, c.state_rows, c.mechanism))
+  scored = _ranked(scored)
   best = scored[0]
   return {
       "deployment": dataclasses.asdict(dep), "candidates": [c.as_dict() for c in scored],
       "recommended": best.as_dict(), "fragile": fragile(scored),
       "demands": demands(best), "training_flags": training_flags(dep, best),
       "flower_arguments": flower_arguments(dep, best), "left_out": left_out,
-      "pruned": "none: every candidate is built and calibrated", "tolerance": TOLERANCE,
+      "pruned": pruned, "tolerance": TOLERANCE,
       "error": "rmse = z * ||B||_F / sqrt(n) of the workload's estimates, in units of "
                "clip_norm / clients_per_round per coordinate",
       "seconds": time.time() - start}
+
+
+def _ranked(scored: Sequence[Candidate]) -> List[Candidate]:
+  return sorted(scored, key=lambda c: (c.rmse, c.state_rows, c.mechanism))
+
+
+def confirmed(best: Candidate, prepared: Sequence[Prepared], records: Records) -> bool:
+  """Whether the winner's record is training's: one read from ``records`` is calibrated
+  again here (``mechanisms.build``) and must give the same z and ε (stored again if not)."""
+  if not best.calibration_cached:
+    return True  # calibrated in this run
+  prep = next(p for p in prepared
+              if p.describe() == describe(best.mechanism, p.option, best.params)
+              and p.option.schema.as_dict() == best.schema)
+  fresh = calibrate(prep, Records(records.cache_dir, read=False))
+  return (fresh.noise_multiplier, fresh.epsilon) == (best.noise_multiplier, best.epsilon)
+
+
+def _bar(items, desc: str, progress: bool, total: Optional[int] = None):
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  return tqdm(items, desc=desc, total=total, unit="candidate", file=sys.stderr,
+              disable=not progress, dynamic_ncols=True)
 
 
 def describe(name: str, option: SchemaOption, params: Dict[str, int]) -> str:

@@ -110,7 +110,9 @@ def print_table(result) -> None:
     print(f"fragile: {line}")
   for x in result["left_out"]:
     print(f"left out: {x['what']}: {x['why']}")
+  for x in result["pruned"]:
+    print(f"pruned: {x['what']}: {x['why']}")
   if "plot" in result:
     print(f"plot: {result['plot']}")
-  print(f"{len(result['candidates'])} candidates in {result['seconds']:.1f} s; pruned: "
-        f"{result['pruned']}")
+  print(f"{len(result['candidates'])} candidates calibrated, {len(result['pruned'])} pruned "
+        f"(shown worse by one evaluation of epsilon) in {result['seconds']:.1f} s")
