@@ -34,10 +34,16 @@ How each schema reaches K clients per round from P clients (``schema_options``):
   the k epochs of b = n/k rounds (expected K per round), k as for fixed_epoch.
 
 Using fewer clients than P (b·K of them) is a choice made before training, independent of
-the data: it changes no privacy analysis. No candidate is pruned: every candidate is built
-and calibrated (a lower bound tight enough to prune with is not available for the amplified
-analyses). Factorizations come from ``tff_mf.factorization.cache`` and are shared by the
-candidates (and by later runs).
+the data: it changes no privacy analysis.
+
+Speed. Factorizations come from ``tff_mf.factorization.cache`` and are shared by the
+candidates (and by later runs). Calibrated records, and the ε evaluations of the pruning,
+are kept in the cache directory's ``.planner`` folder keyed by everything they depend on
+(``Records``): candidates with the same encoder, schema and privacy share one calibration,
+and a later run reads them back. Candidates are calibrated likely winners first
+(``search``), and a candidate is pruned, never guessed away, when one evaluation of its ε
+proves its error above the best's by more than the calibration tolerance
+(``prune_check``: rmse grows with z, and ε does not grow with z).
 """
 
 from __future__ import annotations
