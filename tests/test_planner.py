@@ -151,8 +151,10 @@ def test_records_are_reused_and_a_corrupt_one_is_recomputed(tmp_path):
     entry = json.loads(path.read_text())
     if i % 2:
       path.write_text(path.read_text()[:20])
-    else:
-      entry["value"]["noise_multiplier"] *= 0.5
+    else:  # a record's z, or a candidate's error norm (its figures)
+      field = "error_norm" if entry["material"].get("kind") == "figures" else \
+          "noise_multiplier"
+      entry["value"][field] *= 0.5
       path.write_text(json.dumps(entry))
   third = planner.plan(dep, cache_dir=str(tmp_path))
   assert not all(c["calibration_cached"] for c in third["candidates"])
@@ -161,8 +163,8 @@ def test_records_are_reused_and_a_corrupt_one_is_recomputed(tmp_path):
 
 def test_an_edited_record_with_its_checksum_is_caught_at_the_winner(tmp_path):
   """A stored record edited together with its checksum (a consistent lie) is caught where
-  it matters: the winner is calibrated again in every run, and a mismatch makes the run
-  trust no stored record."""
+  it matters: the winner is resolved and calibrated again in every run that read it, and
+  a mismatch makes the run trust no stored record."""
   dep = planner.Deployment(population=32, total_rounds=8, clients_per_round=4,
                            target_epsilon=2.0, delta=DELTA, schemas=("fixed_epoch",),
                            mechanisms=("gaussian", "opt_prefix_sum"))
@@ -170,7 +172,7 @@ def test_an_edited_record_with_its_checksum_is_caught_at_the_winner(tmp_path):
   loser = first["candidates"][-1]
   for path in (tmp_path / ".planner").glob("*.json"):  # make the loser look best
     entry = json.loads(path.read_text())
-    if entry["value"]["noise_multiplier"] == loser["noise_multiplier"]:
+    if entry["value"].get("noise_multiplier") == loser["noise_multiplier"]:
       entry["value"]["noise_multiplier"] *= 1e-3
       entry["sha256"] = planner._entry_sha256(  # pylint: disable=protected-access
           entry["material"], entry["value"])

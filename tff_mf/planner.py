@@ -288,67 +288,123 @@ def mmcc_would_run(resolved: mechanisms.Resolved, option: SchemaOption) -> bool:
 
 @dataclasses.dataclass
 class Prepared:
-  """A candidate resolved (its factorization from the cache) and ready to calibrate.
+  """A candidate whose factorization is known and whose z is next to calibrate.
 
   Attributes:
     name, option, params: what ``enumerate_candidates`` gave.
     spec: the ``MechanismSpec`` it trains with (without its sampling probability where MMCC
       is skipped).
-    resolved: its ``mechanisms.Resolved``.
     mmcc_skipped: accounted without MMCC (``Deployment.skip_mmcc``).
-    analysis: the amplified analysis that calibrates z, or "none" (the Gaussian at z/sens).
-    error_norm: ‖B‖_F/√n, so that rmse = z·error_norm.
-    z_upper: the unamplified calibration, an upper bound on the calibrated z (the search
-      starts there: ``tff_mf.accounting.calibrate``).
-    seconds: the time resolving took.
+    figures: ``figures`` of its resolved mechanism, with ``analysis`` (the amplified
+      analysis that calibrates z, or "none": the Gaussian at z/sens) and ``z_upper`` (the
+      unamplified calibration at C's sensitivity, where the amplified search starts: it
+      orders the candidates and spares prune tests that cannot succeed).
+    seconds: the time preparing took.
+    cache_dir: the factorization cache.
+    resolved: its ``mechanisms.Resolved`` (None until a calibration needs it: a warm run
+      reads ``figures`` from ``Records`` and loads no factorization it does not calibrate).
   """
   name: str
   option: SchemaOption
   params: Dict[str, int]
   spec: Any
-  resolved: mechanisms.Resolved
   mmcc_skipped: bool
-  analysis: str
-  error_norm: float
-  z_upper: float
+  figures: Dict[str, Any]
   seconds: float
+  cache_dir: Optional[str] = None
+  resolved: Optional[mechanisms.Resolved] = None
 
   @property
   def group(self) -> Tuple[str, Optional[float], str]:
     """Candidates whose z/z_upper is alike: one schema option, one analysis."""
-    return (self.option.schema.label, self.option.sampling_prob, self.analysis)
+    return (self.option.schema.label, self.option.sampling_prob, self.figures["analysis"])
+
+  @property
+  def amplified(self) -> bool:
+    return self.figures["analysis"] != "none"
+
+  @property
+  def error_norm(self) -> float:
+    return self.figures["error_norm"]
+
+  @property
+  def z_upper(self) -> float:
+    return self.figures["z_upper"]
 
   def describe(self) -> str:
     return describe(self.name, self.option, self.params)
 
+  def resolve(self) -> mechanisms.Resolved:
+    if self.resolved is None:
+      self.resolved = mechanisms.resolve_spec(self.spec, cache_dir=self.cache_dir)
+    return self.resolved
+
+
+def figures(resolved: mechanisms.Resolved) -> Dict[str, Any]:
+  """What the planner needs of a resolved mechanism besides its z: the error norms
+  (‖B‖_F/√n and max_i ‖B[i, :]‖, so that rmse and max are z times them), the noise state,
+  C's sensitivity report and C's sha256 (``Records``' key), and where C was read from."""
+  b = resolved.factorization.b
+  c = np.ascontiguousarray(resolved.encoder, dtype=np.float64)
+  report = resolved.sensitivity_report
+  return {"error_norm": float(np.linalg.norm(b)) / math.sqrt(b.shape[0]),
+          "max_row_norm": float(np.sqrt(np.max(np.sum(np.square(b), axis=1)))),
+          "state_rows": state_rows(resolved), "mechanism": resolved.mechanism.name,
+          "encoder": [list(c.shape), _sha256(c)],
+          "schema": resolved.participation.as_dict(),
+          "sensitivity": {k: report[k] for k in ("value", "exact", "method")},
+          "cache_hit": resolved.info.get("cache_hit"), "npz": resolved.info.get("cache_npz")}
+
 
 def prepare(dep: Deployment, mechanism: str, option: SchemaOption, params: Dict[str, int], *,
-            cache_dir: Optional[str] = None) -> Any:
-  """The ``Prepared`` candidate, or a string saying why it cannot run (state cap, a check)."""
-  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+            cache_dir: Optional[str] = None, records: Optional["Records"] = None) -> Any:
+  """The ``Prepared`` candidate, or a string saying why it cannot run (state cap, a check);
+  its figures from ``records`` when they were stored for the same candidate and the same
+  factorization (``Records.summary``)."""
   start = time.time()
+  records = records or Records(cache_dir, read=False)
   try:
     spec = spec_of(dep, mechanism, option, params)
-    resolved = mechanisms.resolve_spec(spec, cache_dir=cache_dir)
-    rows = state_rows(resolved)
-    if dep.max_state_rows is not None and rows > dep.max_state_rows:
-      return f"noise state of {rows} rows exceeds the cap of {dep.max_state_rows}"
-    skipped = dep.skip_mmcc and mmcc_would_run(resolved, option)
-    if skipped:
-      spec = spec_of(dep, mechanism, option, params, amplified=False)
-    amplified = mechanisms.amplification_applies(option.schema, dep.total_rounds,
-                                                 spec.privacy.sampling_prob)
-    analysis = (mechanisms.amplified_analysis(resolved.encoder, resolved.participation)
-                if amplified else "none")
-    z_upper = accounting.calibrate_noise_multiplier(
-        dep.target_epsilon, dep.delta, dep.accountant, TOLERANCE,
-        sensitivity=resolved.sensitivity)
+    holder: Dict[str, Any] = {}
+
+    def compute():
+      holder["resolved"] = resolved = mechanisms.resolve_spec(spec, cache_dir=cache_dir)
+      return _prepared_figures(dep, resolved, option)
+    value, _ = records.summary(_candidate_material(dep, mechanism, option, params), compute)
   except ValueError as e:  # CheckError, AccountingError: this candidate does not apply
     return " ".join(str(e).split())
-  b = resolved.factorization.b
-  return Prepared(mechanism, option, dict(params), spec, resolved, skipped, analysis,
-                  float(np.linalg.norm(b)) / math.sqrt(b.shape[0]), float(z_upper),
-                  time.time() - start)
+  if dep.max_state_rows is not None and value["state_rows"] > dep.max_state_rows:
+    return f"noise state of {value['state_rows']} rows exceeds the cap of {dep.max_state_rows}"
+  if value["mmcc_skipped"]:
+    spec = spec_of(dep, mechanism, option, params, amplified=False)
+  return Prepared(mechanism, option, dict(params), spec, value["mmcc_skipped"], value,
+                  time.time() - start, cache_dir, holder.get("resolved"))
+
+
+def _prepared_figures(dep: Deployment, resolved: mechanisms.Resolved,
+                      option: SchemaOption) -> Dict[str, Any]:
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  skipped = dep.skip_mmcc and mmcc_would_run(resolved, option)
+  p = None if skipped else option.sampling_prob
+  amplified = mechanisms.amplification_applies(option.schema, dep.total_rounds, p)
+  out = figures(resolved)
+  out.update(mmcc_skipped=bool(skipped), analysis=(
+      mechanisms.amplified_analysis(resolved.encoder, resolved.participation)
+      if amplified else "none"), z_upper=float(accounting.calibrate_noise_multiplier(
+          dep.target_epsilon, dep.delta, dep.accountant, TOLERANCE,
+          sensitivity=resolved.sensitivity)))
+  return out
+
+
+def _candidate_material(dep: Deployment, mechanism: str, option: SchemaOption,
+                        params: Dict[str, int]) -> Dict[str, Any]:
+  """Everything a candidate's figures depend on besides the factorization's arrays."""
+  fields = ("total_rounds", "clients_per_round", "target_epsilon", "delta", "momentum",
+            "lr_schedule", "schedule_rounds", "accountant", "skip_mmcc")
+  return {"code": code_fingerprint(whole=True), "mechanism": mechanism,
+          "params": dict(params), "schema": option.schema.as_dict(),
+          "sampling_prob": option.sampling_prob,
+          "deployment": {k: getattr(dep, k) for k in fields}}
 
 
 class Records:
@@ -377,21 +433,21 @@ class Records:
 
   def material(self, prep: Prepared, **privacy) -> Dict[str, Any]:
     """The key's material: what the record of ``prep`` at ``privacy`` depends on."""
-    c = np.ascontiguousarray(prep.resolved.encoder, dtype=np.float64)
-    report = prep.resolved.sensitivity_report
-    return {"code": code_fingerprint(), "encoder": [list(c.shape), _sha256(c)],
-            "schema": prep.resolved.participation.as_dict(),
-            "sensitivity": {k: report[k] for k in ("value", "exact", "method")},
+    f = prep.figures
+    return {"code": code_fingerprint(), "encoder": f["encoder"], "schema": f["schema"],
+            "sensitivity": f["sensitivity"],
             "privacy": dict(dataclasses.asdict(prep.spec.privacy), **privacy)}
 
-  def get(self, material: Dict[str, Any], compute) -> Tuple[Dict[str, Any], bool]:
-    """(the value for ``material``, whether it was stored); ``compute()`` on a miss."""
+  def get(self, material: Dict[str, Any], compute,
+          valid=None) -> Tuple[Dict[str, Any], bool]:
+    """(the value for ``material``, whether it was stored); ``compute()`` on a miss;
+    ``valid(material, value)``: whether a stored value may be used (default: a record's)."""
     text = json.dumps(material, sort_keys=True)
     key = hashlib.sha256(text.encode()).hexdigest()
     if key in self.memory:
       self.hits += 1
       return self.memory[key], True
-    value = self._read(key, material) if self.read else None
+    value = self._read(key, material, valid or _record_valid) if self.read else None
     stored = value is not None
     if stored:
       self.hits += 1
@@ -403,19 +459,34 @@ class Records:
     self.memory[key] = value
     return value, stored
 
-  def _read(self, key: str, material: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+  def summary(self, material: Dict[str, Any], compute) -> Tuple[Dict[str, Any], bool]:
+    """A candidate's ``figures`` (``prepare``): stored ones are used only while the
+    factorization cache entry they were computed from still holds the same arrays (its
+    sidecar names the same ``.npz``, whose name is its sha256's first 16 digits)."""
+    return self.get(dict(material, kind="figures"), compute, self._summary_valid)
+
+  def _summary_valid(self, material: Dict[str, Any], value: Dict[str, Any]) -> bool:
+    from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
+    numbers = [value[k] for k in ("error_norm", "max_row_norm", "z_upper")]
+    if not all(isinstance(x, float) and math.isfinite(x) and x > 0 for x in numbers):
+      return False
+    if value["npz"] is None:  # not a cached strategy: its figures are the code's
+      return True
+    sidecar = os.path.join(os.path.dirname(value["npz"]), cache.METADATA_FILE)
+    with open(sidecar, encoding="utf-8") as f:
+      metadata = json.load(f)
+    return (os.path.dirname(value["npz"]).startswith(cache.resolve_dir(self.cache_dir))
+            and metadata["npz_file"] == os.path.basename(value["npz"])
+            and os.path.exists(value["npz"]))
+
+  def _read(self, key: str, material: Dict[str, Any], valid) -> Optional[Dict[str, Any]]:
     try:
       with open(os.path.join(self.root, key + ".json"), encoding="utf-8") as f:
         entry = json.load(f)
       value = entry["value"]
       if entry["sha256"] != _entry_sha256(entry["material"], value):
         return None
-      target = material["privacy"].get("target_epsilon")
-      z, eps = float(value["noise_multiplier"]), float(value["epsilon"])
-      well_formed = (entry["material"] == material and math.isfinite(z) and z > 0
-                     and not math.isnan(eps) and isinstance(value["bound"], str)
-                     and (target is None or eps <= target))
-      return value if well_formed else None
+      return value if entry["material"] == material and valid(material, value) else None
     except (OSError, ValueError, KeyError, TypeError):
       return None
 
@@ -430,6 +501,15 @@ class Records:
       pass
 
 
+def _record_valid(material: Dict[str, Any], value: Dict[str, Any]) -> bool:
+  """A record's z is finite and positive, its ε a number, at most the target it was
+  calibrated to."""
+  target = material["privacy"].get("target_epsilon")
+  z, eps = float(value["noise_multiplier"]), float(value["epsilon"])
+  return (math.isfinite(z) and z > 0 and not math.isnan(eps)
+          and isinstance(value["bound"], str) and (target is None or eps <= target))
+
+
 def _entry_sha256(material: Dict[str, Any], value: Dict[str, Any]) -> str:
   text = json.dumps({"material": material, "value": value}, sort_keys=True)
   return hashlib.sha256(text.encode()).hexdigest()
@@ -440,20 +520,25 @@ def _sha256(a: np.ndarray) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def code_fingerprint() -> str:
-  """sha256 of the sources that compute a record and of the numeric packages' versions."""
+def code_fingerprint(whole: bool = False) -> str:
+  """sha256 of the sources that compute a record (``whole``: of the numpy core, which
+  resolves a candidate's factorization too) and of the numeric packages' versions."""
   import dp_accounting  # pylint: disable=g-import-not-at-top
   import scipy  # pylint: disable=g-import-not-at-top
   here = os.path.dirname(os.path.abspath(__file__))
-  paths = sorted(glob.glob(os.path.join(here, "accounting", "*.py"))
-                 + glob.glob(os.path.join(here, "participation", "*.py"))
-                 + [os.path.join(here, name) for name in ("mechanisms.py", "spec.py",
-                                                          "checks.py", "planner.py")])
+  if whole:
+    paths = [p for p in glob.glob(os.path.join(here, "**", "*.py"), recursive=True)
+             if os.path.relpath(p, here).split(os.sep)[0] not in ("tf", "flower", "commands")]
+  else:
+    paths = (glob.glob(os.path.join(here, "accounting", "*.py"))
+             + glob.glob(os.path.join(here, "participation", "*.py"))
+             + [os.path.join(here, name) for name in ("mechanisms.py", "spec.py",
+                                                      "checks.py", "planner.py")])
   digest = hashlib.sha256(f"{np.__version__} {scipy.__version__} "
                           f"{getattr(dp_accounting, '__version__', '')}".encode())
-  for path in paths:
+  for path in sorted(paths):
     with open(path, "rb") as f:
-      digest.update(os.path.basename(path).encode() + f.read())
+      digest.update(os.path.relpath(path, here).encode() + f.read())
   return digest.hexdigest()
 
 
@@ -463,11 +548,11 @@ def calibrate(prep: Prepared, records: Records) -> Candidate:
   start = time.time()
 
   def compute():
-    _, record = mechanisms.build(prep.spec, resolved=prep.resolved)
+    _, record = mechanisms.build(prep.spec, resolved=prep.resolve())
     return {"noise_multiplier": float(record.noise_multiplier),
             "epsilon": float(record.epsilon), "bound": record.bound}
   value, stored = records.get(records.material(prep), compute)
-  c = candidate_of(prep.resolved, value, prep.option, prep.params, prep.mmcc_skipped,
+  c = candidate_of(prep.figures, value, prep.option, prep.params, prep.mmcc_skipped,
                    prep.seconds + time.time() - start)
   c.calibration_cached = stored
   return c
@@ -477,7 +562,7 @@ def epsilon_at(prep: Prepared, z: float, records: Records) -> float:
   """The ε training reports for the candidate at noise multiplier z (``mechanisms.privacy``:
   the same analyses, the smallest valid bound)."""
   def compute():
-    record = mechanisms.privacy(prep.resolved, z, None, prep.spec.privacy.delta,
+    record = mechanisms.privacy(prep.resolve(), z, None, prep.spec.privacy.delta,
                                 prep.spec.privacy.accountant,
                                 sampling_prob=prep.spec.privacy.sampling_prob)
     return {"noise_multiplier": z, "epsilon": float(record.epsilon), "bound": record.bound}
@@ -502,7 +587,7 @@ def prune_check(dep: Deployment, prep: Prepared, best_rmse: float,
   """
   cut = (1.0 + 2.0 * TOLERANCE) * best_rmse
   z_cut = cut / prep.error_norm
-  if z_cut >= prep.z_upper or prep.analysis == "none":  # cheap, or cannot be shown worse
+  if z_cut >= prep.z_upper or not prep.amplified:  # cheap, or cannot be shown worse
     return None
   try:
     eps = epsilon_at(prep, z_cut, records)
@@ -536,7 +621,7 @@ def search(dep: Deployment, prepared: Sequence[Prepared], records: Records, *,
   while pending:
     def estimate(p):  # (unamplified, a group's first, the rest; the estimated error)
       upper = p.z_upper * p.error_norm
-      if p.analysis == "none":
+      if not p.amplified:
         return 0, upper
       return (1, upper) if p.group not in ratio else (2, ratio[p.group] * upper)
     prep = min(pending, key=estimate)
@@ -561,26 +646,26 @@ def search(dep: Deployment, prepared: Sequence[Prepared], records: Records, *,
   return scored, pruned, failed
 
 
-def candidate_of(resolved: mechanisms.Resolved, record: Any, option: SchemaOption,
+def candidate_of(figs: Dict[str, Any], record: Any, option: SchemaOption,
                  params: Dict[str, int], mmcc_skipped: bool, seconds: float) -> Candidate:
-  """The figures of a built candidate at its calibrated z (``record``: its
-  ``mechanisms.PrivacyRecord``, or a dict of its noise_multiplier, epsilon and bound)."""
+  """The figures of a built candidate at its calibrated z (``figs``: ``figures`` of its
+  resolved mechanism; ``record``: its ``mechanisms.PrivacyRecord``, or a dict of its
+  noise_multiplier, epsilon and bound)."""
   if not isinstance(record, dict):
     record = {"noise_multiplier": record.noise_multiplier, "epsilon": record.epsilon,
               "bound": record.bound}
-  b = resolved.factorization.b
   z = float(record["noise_multiplier"])
-  rmse = z * float(np.linalg.norm(b)) / math.sqrt(b.shape[0])
+  rmse = z * figs["error_norm"]
   return Candidate(
-      mechanism=resolved.mechanism.name, schema=option.schema.as_dict(), params=dict(params),
+      mechanism=figs["mechanism"], schema=option.schema.as_dict(), params=dict(params),
       sampling_prob=option.sampling_prob, clients_used=option.clients_used,
       participations=option.participations, noise_multiplier=z,
       epsilon=float(record["epsilon"]), bound=record["bound"], rmse=rmse,
-      max_error=z * float(np.sqrt(np.max(np.sum(np.square(b), axis=1)))),
-      rmse_per_participation=rmse / option.participations, state_rows=state_rows(resolved),
-      sensitivity=float(resolved.sensitivity),
-      sensitivity_exact=bool(resolved.sensitivity_report["exact"]),
-      mmcc_skipped=mmcc_skipped, seconds=seconds, cache_hit=resolved.info.get("cache_hit"))
+      max_error=z * figs["max_row_norm"],
+      rmse_per_participation=rmse / option.participations, state_rows=figs["state_rows"],
+      sensitivity=float(figs["sensitivity"]["value"]),
+      sensitivity_exact=bool(figs["sensitivity"]["exact"]),
+      mmcc_skipped=mmcc_skipped, seconds=seconds, cache_hit=figs["cache_hit"])
 
 
 def enumerate_candidates(dep: Deployment) -> Tuple[List[Tuple[str, SchemaOption, Dict]],
@@ -621,19 +706,20 @@ def plan(dep: Deployment, *, cache_dir: Optional[str] = None, progress: bool = F
   """
   start = time.time()
   todo, left_out = enumerate_candidates(dep)
-  records = Records(cache_dir)
-  prepared: List[Prepared] = []
-  for name, option, params in _bar(todo, "plan: factorizations", progress):
-    result = prepare(dep, name, option, params, cache_dir=cache_dir)
-    if isinstance(result, Prepared):
-      prepared.append(result)
-    else:
-      left_out.append({"what": describe(name, option, params), "why": result})
-  scored, pruned, failed = search(dep, prepared, records, prune=prune, progress=progress)
-  if scored and not confirmed(_ranked(scored)[0], prepared, records):
-    records = Records(cache_dir, read=False)  # a stored record was wrong: trust none
+  for read in (True, False):  # the second time only if a stored record was wrong
+    records = Records(cache_dir, read=read)
+    prepared: List[Prepared] = []
+    unfit: List[Dict[str, str]] = []
+    for name, option, params in _bar(todo, "plan: factorizations", progress):
+      result = prepare(dep, name, option, params, cache_dir=cache_dir, records=records)
+      if isinstance(result, Prepared):
+        prepared.append(result)
+      else:
+        unfit.append({"what": describe(name, option, params), "why": result})
     scored, pruned, failed = search(dep, prepared, records, prune=prune, progress=progress)
-  left_out.extend(failed)
+    if not scored or confirmed(_ranked(scored)[0], prepared, records):
+      break
+  left_out.extend(unfit + failed)
   if not scored:
     reasons = "; ".join(f"{x['what']}: {x['why']}" for x in left_out[:3])
     raise checks.CheckError(f"no candidate can run this deployment ({reasons})")
@@ -655,15 +741,20 @@ def _ranked(scored: Sequence[Candidate]) -> List[Candidate]:
 
 
 def confirmed(best: Candidate, prepared: Sequence[Prepared], records: Records) -> bool:
-  """Whether the winner's record is training's: one read from ``records`` is calibrated
-  again here (``mechanisms.build``) and must give the same z and ε (stored again if not)."""
-  if not best.calibration_cached:
-    return True  # calibrated in this run
+  """Whether the winner is training's: where its figures or its record were read from
+  ``records``, its factorization is resolved and it is calibrated again here
+  (``mechanisms.build``), and both must be the same."""
   prep = next(p for p in prepared
               if p.describe() == describe(best.mechanism, p.option, best.params)
               and p.option.schema.as_dict() == best.schema)
+  if prep.resolved is not None and not best.calibration_cached:
+    return True  # resolved and calibrated in this run
+  now = figures(prep.resolve())
+  same_figures = all(prep.figures[k] == v for k, v in now.items() if k != "cache_hit")
+  prep.figures.update(now)
   fresh = calibrate(prep, Records(records.cache_dir, read=False))
-  return (fresh.noise_multiplier, fresh.epsilon) == (best.noise_multiplier, best.epsilon)
+  return same_figures and (fresh.noise_multiplier, fresh.epsilon) == (
+      best.noise_multiplier, best.epsilon)
 
 
 def _bar(items, desc: str, progress: bool, total: Optional[int] = None):
@@ -781,7 +872,7 @@ def error_against_epsilon(dep: Deployment, result: Dict[str, Any], *, best: int 
       spec = spec_of(dep, c["mechanism"], option, c["params"], target_epsilon=eps,
                      amplified=not c["mmcc_skipped"])
       resolved, record = mechanisms.build(spec, cache_dir=cache_dir)
-      points.append((eps, candidate_of(resolved, record, option, c["params"],
+      points.append((eps, candidate_of(figures(resolved), record, option, c["params"],
                                        c["mmcc_skipped"], 0.0).rmse))
     out[describe(c["mechanism"], option, c["params"])] = points
   return out
