@@ -306,3 +306,31 @@ def test_at_the_main_jobs_size_it_recommends_the_main_jobs_choice(tmp_path):
   assert participation.from_dict(best["schema"]) == participation.fixed_epoch(d["epochs"])
   tree = next(c for c in result["candidates"] if c["mechanism"] == "honaker_online")
   assert tree["rmse"] > best["rmse"] and best["epsilon"] <= d["target_epsilon"]
+
+
+def test_the_shared_banded_bound_is_a_lower_bound(tmp_path):
+  """Under min_sep sampling (p < 1) the amplified banded ε of one candidate bounds, from
+  below, every candidate's reported ε of the group at a z with z/γ no larger: the shared
+  bound never exceeds the ε training reports there (each computed in full)."""
+  dep = planner.Deployment(population=64, total_rounds=16, clients_per_round=8,
+                           target_epsilon=EPS, delta=DELTA, schemas=("min_sep",),
+                           mechanisms=("banded_toeplitz", "banded"))
+  records = planner.Records(str(tmp_path))
+  preps = [p for p in (planner.prepare(dep, name, option, params, cache_dir=str(tmp_path))
+                       for name, option, params in planner.enumerate_candidates(dep)[0])
+           if isinstance(p, planner.Prepared) and p.figures["analysis"] == "amplified_banded"
+           and p.option.schema.min_sep == 4]
+  assert len(preps) >= 3
+  first = preps[0]
+  z0 = 0.5 * first.z_upper
+  assert planner.epsilon_at(first, z0, records) > EPS  # registers f(z0/γ) for the group
+  checked = 0
+  for prep in preps[1:]:
+    for scale in (1.0, 0.7, 0.4):
+      z = scale * z0 * prep.figures["gamma"] / first.figures["gamma"]
+      bound = planner.shared_banded_bound(dep, prep, z, records)
+      assert bound is not None
+      exact = planner.epsilon_at(prep, z, planner.Records(str(tmp_path), read=False))
+      assert bound <= exact * (1 + 1e-12), (prep.describe(), z, bound, exact)
+      checked += 1
+  assert checked >= 6

@@ -388,6 +388,11 @@ def _prepared_figures(dep: Deployment, resolved: mechanisms.Resolved,
   p = None if skipped else option.sampling_prob
   amplified = mechanisms.amplification_applies(option.schema, dep.total_rounds, p)
   out = figures(resolved)
+  if amplified and resolved.participation.poisson:  # shared_banded_bound's
+    from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
+    b = analyses.sampling_min_sep(resolved.participation, dep.total_rounds)
+    out.update(gamma=checks.gamma(resolved.encoder),
+               poisson_sensitivity=analyses.poisson_sensitivity(resolved.encoder, b)[0])
   out.update(mmcc_skipped=bool(skipped), analysis=(
       mechanisms.amplified_analysis(resolved.encoder, resolved.participation)
       if amplified else "none"), z_upper=float(accounting.calibrate_noise_multiplier(
@@ -430,6 +435,8 @@ class Records:
     self.root = os.path.join(cache.resolve_dir(cache_dir), ".planner")
     self.memory: Dict[str, Dict[str, Any]] = {}
     self.hits = self.misses = 0
+    # {(p, schema label, δ): [(z/γ, amplified banded ε there)]}: shared_banded_bound's
+    self.banded_fails: Dict[Tuple, List[Tuple[float, float]]] = {}
 
   def material(self, prep: Prepared, **privacy) -> Dict[str, Any]:
     """The key's material: what the record of ``prep`` at ``privacy`` depends on."""
@@ -565,9 +572,18 @@ def epsilon_at(prep: Prepared, z: float, records: Records) -> float:
     record = mechanisms.privacy(prep.resolve(), z, None, prep.spec.privacy.delta,
                                 prep.spec.privacy.accountant,
                                 sampling_prob=prep.spec.privacy.sampling_prob)
-    return {"noise_multiplier": z, "epsilon": float(record.epsilon), "bound": record.bound}
+    amplified = [c.get("amplified_epsilon") for c in record.details.get("candidates", ())
+                 if c.get("analysis") == "amplified_banded"]
+    return {"noise_multiplier": z, "epsilon": float(record.epsilon), "bound": record.bound,
+            "amplified_banded_epsilon": next((float(x) for x in amplified if x is not None),
+                                             None)}
   material = records.material(prep, noise_multiplier=z, target_epsilon=None)
-  return float(records.get(material, compute)[0]["epsilon"])
+  value = records.get(material, compute)[0]
+  f = value.get("amplified_banded_epsilon")
+  if f is not None and prep.figures["analysis"] == "amplified_banded":  # shared_banded_bound's
+    group = (prep.option.sampling_prob, prep.option.schema.label, prep.spec.privacy.delta)
+    records.banded_fails.setdefault(group, []).append((z / prep.figures["gamma"], f))
+  return float(value["epsilon"])
 
 
 def prune_check(dep: Deployment, prep: Prepared, best_rmse: float,
@@ -580,26 +596,58 @@ def prune_check(dep: Deployment, prep: Prepared, best_rmse: float,
   z it evaluated to pass: ``tff_mf.accounting.calibrate``); the reported ε is
   non-increasing in z (the assumption the calibration's search itself rests on: each
   analysis is the ε of a Gaussian mechanism, subsampled or not, whose noise grows with z).
-  So one evaluation ε(z_r) > target proves calibrated z > z_r, hence rmse > r: the
-  candidate is worse than the best by more than the calibration tolerance, and cannot be
-  the winner nor a runner-up within the tolerance (``fragile``). ε(z_r) ≤ target proves
-  nothing, and the candidate is calibrated in full.
+  So ε(z_r) > target proves calibrated z > z_r, hence rmse > r: the candidate is worse
+  than the best by more than the calibration tolerance, and cannot be the winner nor a
+  runner-up within the tolerance (``fragile``). ε(z_r) ≤ target proves nothing, and the
+  candidate is calibrated in full. ε(z_r) is one evaluation as training computes it, or,
+  for the amplified banded analysis, ``shared_banded_bound``'s lower bound.
   """
   cut = (1.0 + 2.0 * TOLERANCE) * best_rmse
   z_cut = cut / prep.error_norm
   if z_cut >= prep.z_upper or not prep.amplified:  # cheap, or cannot be shown worse
     return None
-  try:
-    eps = epsilon_at(prep, z_cut, records)
-  except ValueError:  # the analysis refused this z: no proof, calibrate in full
-    return None
+  how = "its epsilon is"
+  eps = shared_banded_bound(dep, prep, z_cut, records)
+  if eps is not None:
+    how = "its epsilon is at least"
+  else:
+    try:
+      eps = epsilon_at(prep, z_cut, records)
+    except ValueError:  # the analysis refused this z: no proof, calibrate in full
+      return None
   if not eps > dep.target_epsilon:
     return None
   return {"what": prep.describe(), "z_above": z_cut, "rmse_above": cut,
           "epsilon_at_z": eps,
-          "why": f"at z = {z_cut:.6g} its epsilon is {eps:.6g} > {dep.target_epsilon:g}, so "
+          "why": f"at z = {z_cut:.6g} {how} {eps:.6g} > {dep.target_epsilon:g}, so "
                  f"its calibrated z is larger and its rmse above {cut:.6g} (the best's "
                  f"{best_rmse:.6g} times 1 + {2 * TOLERANCE:g})"}
+
+
+def shared_banded_bound(dep: Deployment, prep: Prepared, z: float,
+                        records: Records) -> Optional[float]:
+  """A lower bound on the candidate's reported ε at z without a PLD, or None.
+
+  Under the amplified banded analysis (Choquette-Choo et al. 2023, arXiv:2306.08153,
+  Thm 4) the amplified ε is f(z/γ(C)), f the ⌈n/b⌉-fold composition of the
+  Poisson-subsampled Gaussian at rate p, the same function for every C of the group (p, b,
+  δ); f does not grow with its argument. The reported ε is the least of f(z/γ) and two
+  Gaussians at z/sens (sens under the schema, and with every eligible round joined). Once
+  f(u_f) > target was evaluated for some candidate of the group (``epsilon_at``), every
+  z/γ ≤ u_f has f(z/γ) ≥ f(u_f) > target, and the reported ε at z is at least the least of
+  f(u_f) and the two Gaussians (milliseconds).
+  """
+  from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
+  figs = prep.figures
+  if figs["analysis"] != "amplified_banded":
+    return None
+  group = (prep.option.sampling_prob, prep.option.schema.label, dep.delta)
+  known = [(u, f) for u, f in records.banded_fails.get(group, ()) if u >= z / figs["gamma"]]
+  if not known:
+    return None
+  gaussians = [analyses.gaussian_epsilon(z, dep.delta, dep.accountant, s)
+               for s in (figs["sensitivity"]["value"], figs["poisson_sensitivity"])]
+  return min([min(f for _, f in known)] + gaussians)
 
 
 def search(dep: Deployment, prepared: Sequence[Prepared], records: Records, *,
