@@ -665,7 +665,12 @@ def search(dep: Deployment, prepared: Sequence[Prepared], records: Records, *,
   scored: List[Candidate] = []
   pruned: List[Dict[str, Any]] = []
   failed: List[Dict[str, str]] = []
-  bar = _bar(None, "plan: calibrations", progress, total=len(pending))
+  # The bar counts the amplified candidates (the unamplified take milliseconds and come
+  # first): its rate is the seconds per amplified candidate, calibrated or pruned, so its
+  # ETA is a mean over them (the first of each group are calibrated in full, and more of
+  # the later ones are pruned, so it errs long).
+  bar = _bar(None, "plan: calibrations", progress,
+             total=sum(p.amplified for p in pending))
   while pending:
     def estimate(p):  # (unamplified, a group's first, the rest; the estimated error)
       upper = p.z_upper * p.error_norm
@@ -689,7 +694,7 @@ def search(dep: Deployment, prepared: Sequence[Prepared], records: Records, *,
         scored.append(c)
         ratio[prep.group] = min(ratio.get(prep.group, math.inf),
                                 c.noise_multiplier / prep.z_upper)
-    bar.update(1)
+    bar.update(int(prep.amplified))
   bar.close()
   return scored, pruned, failed
 
