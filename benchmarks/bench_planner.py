@@ -49,13 +49,18 @@ def timed_plan(dep, cache_dir, budget, progress):
   """(result or None when over ``budget`` seconds, wall s, CPU s, {phase: count}): the
   candidates resolved (factorizations), calibrated and tested for pruning."""
   counts = {"resolved": 0, "calibrated": 0, "prune evaluations": 0}
+  seconds = {key: 0.0 for key in counts}
   originals = {name: getattr(planner, name) for name in ("prepare", "calibrate",
                                                          "epsilon_at")}
 
   def counted(name, key):
     def call(*args, **kwargs):
       counts[key] += 1
-      return originals[name](*args, **kwargs)
+      start = time.time()
+      try:
+        return originals[name](*args, **kwargs)
+      finally:
+        seconds[key] += time.time() - start
     return call
 
   def stop(signum, frame):
@@ -75,6 +80,7 @@ def timed_plan(dep, cache_dir, budget, progress):
     signal.signal(signal.SIGALRM, previous)
     for name, f in originals.items():
       setattr(planner, name, f)
+  counts.update({f"{key} s": s for key, s in seconds.items()})
   return result, time.time() - wall, time.process_time() - cpu, counts
 
 
@@ -93,13 +99,16 @@ def report(args, dep, runs):
                                   "This run is smaller: the issue's size was not measured here."),
            "",
            "| run | finished | wall s | CPU s | within the target's time | candidates: "
-           "resolved / calibrated / pruned (ε evaluations of the prune tests) | recommended |",
-           "|---|---|---|---|---|---|---|"]
+           "resolved / calibrated / pruned (ε evaluations of the prune tests) | wall s in: "
+           "resolving / calibrating / prune evaluations | recommended |",
+           "|---|---|---|---|---|---|---|---|"]
   total = len(planner.enumerate_candidates(dep)[0])
   for (label, (result, wall, cpu, counts)), target in zip(runs, TARGETS):
     within = "yes" if result is not None and wall <= target else "no"
     done = (f"{counts['resolved']} of {total} / {counts['calibrated']} / "
-            f"{'–' if result is None else len(result['pruned'])} ({counts['prune evaluations']})")
+            f"{'–' if result is None else len(result['pruned'])} ({counts['prune evaluations']})"
+            f" | {counts['resolved s']:.1f} / {counts['calibrated s']:.1f} / "
+            f"{counts['prune evaluations s']:.1f}")
     if result is None:
       lines.append(f"| {label} | no (over the {args.budget:g} s budget) | {wall:.1f} | "
                    f"{cpu:.1f} | {within} | {done} | – |")
