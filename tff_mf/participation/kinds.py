@@ -29,6 +29,7 @@ schema is one more subclass here, registered by its ``kind``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -578,6 +579,11 @@ class MinSep(Participation):
     return f"min_sep(min_sep={self.min_sep}, max_participations={k})"
 
   def patterns(self, n: int, limit: Optional[int] = None) -> List[Tuple[int, ...]]:
+    """Every maximal set of rounds a client may join (the same list for the same schema, n
+    and limit: kept for the last few, since each C's sensitivity under the schema asks)."""
+    return list(_min_sep_patterns(self, n, limit))
+
+  def listed_patterns(self, n: int, limit: Optional[int] = None) -> List[Tuple[int, ...]]:
     k, b = self.max_participations_in(n), self.min_sep
     out: List[Tuple[int, ...]] = []
     # Partial patterns may far outnumber the maximal ones (b = 1: every subset is visited on
@@ -795,3 +801,9 @@ def from_dict(d: Dict[str, Any]) -> Participation:
   else:
     kind = LEGACY_KINDS.get(kind, kind)
   return Participation(kind, **{name: d.get(name) for name in PARAMETERS})
+
+
+@functools.lru_cache(maxsize=8)
+def _min_sep_patterns(schema: MinSep, n: int,
+                      limit: Optional[int]) -> Tuple[Tuple[int, ...], ...]:
+  return tuple(schema.listed_patterns(n, limit))
