@@ -118,8 +118,8 @@ def report(args, dep, runs):
                  f"{planner.describe(best['mechanism'], _option(best), best['params'])}: "
                  f"z = {best['noise_multiplier']:.4g}, rmse = {best['rmse']:.4g} |")
   lines += ["", "A warm run reads the factorizations and the calibrated records (and the "
-            "pruning tests' evaluations) back from the cache; it calibrates the winner "
-            "again so that the recommended line is computed in the run that prints it."]
+            "pruning tests' evaluations) back from the cache; it checks the winner "
+            "(its figures, and its ε evaluated again at its z and just below)."]
   done = [r for _, (r, *_) in runs if r is not None]
   if done:
     lines += ["", "Best five (of the last finished run):", "",

@@ -163,8 +163,8 @@ def test_records_are_reused_and_a_corrupt_one_is_recomputed(tmp_path):
 
 def test_an_edited_record_with_its_checksum_is_caught_at_the_winner(tmp_path):
   """A stored record edited together with its checksum (a consistent lie) is caught where
-  it matters: the winner is resolved and calibrated again in every run that read it, and
-  a mismatch makes the run trust no stored record."""
+  it matters: the winner read back is resolved and its ε evaluated again at the stored z
+  and just below it, and a mismatch makes the run trust no stored record."""
   dep = planner.Deployment(population=32, total_rounds=8, clients_per_round=4,
                            target_epsilon=2.0, delta=DELTA, schemas=("fixed_epoch",),
                            mechanisms=("gaussian", "opt_prefix_sum"))

@@ -423,9 +423,9 @@ class Records:
   A read checks the entry's sha256 (of its material and value), that the stored material
   is the one asked for and that the value is well-formed (finite z > 0; a calibrated ε at
   most its target); anything else (a corrupt, truncated or foreign file) is a miss,
-  computed again and rewritten atomically. ``plan`` calibrates the winner again whenever
-  its record was read back (``confirmed``), so the recommended line is always computed in
-  the run that prints it; were it to differ, no stored record is trusted and the search
+  computed again and rewritten atomically. ``plan`` checks the winner whenever its figures
+  or record were read back (``confirmed``: its arrays' figures, and its ε evaluated again at
+  the stored z and just below); were it to fail, no stored record is trusted and the search
   runs again without them.
   """
 
@@ -794,9 +794,14 @@ def _ranked(scored: Sequence[Candidate]) -> List[Candidate]:
 
 
 def confirmed(best: Candidate, prepared: Sequence[Prepared], records: Records) -> bool:
-  """Whether the winner is training's: where its figures or its record were read from
-  ``records``, its factorization is resolved and it is calibrated again here
-  (``mechanisms.build``), and both must be the same."""
+  """Whether the winner read back from ``records`` holds what its calibration guarantees.
+
+  Where its figures or its record were read back, its factorization is resolved (the
+  figures must be the arrays' own) and its ε is evaluated again, as training evaluates it,
+  at the stored z (it must be the stored ε, at most the target) and at z·(1 − TOLERANCE)
+  (it must exceed the target): the stored z is then the calibration's answer to within its
+  tolerance, with the ε training reports at it. Two evaluations, not a search.
+  """
   prep = next(p for p in prepared
               if p.describe() == describe(best.mechanism, p.option, best.params)
               and p.option.schema.as_dict() == best.schema)
@@ -805,9 +810,17 @@ def confirmed(best: Candidate, prepared: Sequence[Prepared], records: Records) -
   now = figures(prep.resolve())
   same_figures = all(prep.figures[k] == v for k, v in now.items() if k != "cache_hit")
   prep.figures.update(now)
-  fresh = calibrate(prep, Records(records.cache_dir, read=False))
-  return same_figures and (fresh.noise_multiplier, fresh.epsilon) == (
-      best.noise_multiplier, best.epsilon)
+  fresh = Records(records.cache_dir, read=False)
+  z, target = best.noise_multiplier, prep.spec.privacy.target_epsilon
+  try:
+    at_z = epsilon_at(prep, z, fresh)
+  except ValueError:
+    return False
+  try:
+    below = epsilon_at(prep, z * (1.0 - TOLERANCE), fresh)
+  except ValueError:  # the analysis gave up below a z that passed: failing, as in the search
+    below = math.inf
+  return same_figures and at_z == best.epsilon and at_z <= target < below
 
 
 def _bar(items, desc: str, progress: bool, total: Optional[int] = None):
