@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import sys
 from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -585,6 +586,9 @@ class MinSep(Participation):
 
   def listed_patterns(self, n: int, limit: Optional[int] = None) -> List[Tuple[int, ...]]:
     k, b = self.max_participations_in(n), self.min_sep
+    if k > sys.getrecursionlimit() // 2:  # one frame per round of a pattern
+      raise checks.CheckError(f"{self.describe()}: listing its maximal patterns at n={n} "
+                              f"would nest {k} rounds deep")
     out: List[Tuple[int, ...]] = []
     # Partial patterns may far outnumber the maximal ones (b = 1: every subset is visited on
     # the way to the one maximal pattern): past this many visits the listing is refused too.
