@@ -321,7 +321,7 @@ class Prepared:
 
   @property
   def amplified(self) -> bool:
-    return self.figures["analysis"] != "none"
+    return self.figures["amplified"]
 
   @property
   def error_norm(self) -> float:
@@ -393,7 +393,7 @@ def _prepared_figures(dep: Deployment, resolved: mechanisms.Resolved,
     b = analyses.sampling_min_sep(resolved.participation, dep.total_rounds)
     out.update(gamma=checks.gamma(resolved.encoder),
                poisson_sensitivity=analyses.poisson_sensitivity(resolved.encoder, b)[0])
-  out.update(mmcc_skipped=bool(skipped), analysis=(
+  out.update(mmcc_skipped=bool(skipped), amplified=bool(amplified), analysis=(
       mechanisms.amplified_analysis(resolved.encoder, resolved.participation)
       if amplified else "none"), z_upper=float(accounting.calibrate_noise_multiplier(
           dep.target_epsilon, dep.delta, dep.accountant, TOLERANCE,
@@ -573,14 +573,14 @@ def epsilon_at(prep: Prepared, z: float, records: Records) -> float:
                                 prep.spec.privacy.accountant,
                                 sampling_prob=prep.spec.privacy.sampling_prob)
     amplified = [c.get("amplified_epsilon") for c in record.details.get("candidates", ())
-                 if c.get("analysis") == "amplified_banded"]
+                 if _is_banded(c.get("analysis"))]
     return {"noise_multiplier": z, "epsilon": float(record.epsilon), "bound": record.bound,
             "amplified_banded_epsilon": next((float(x) for x in amplified if x is not None),
                                              None)}
   material = records.material(prep, noise_multiplier=z, target_epsilon=None)
   value = records.get(material, compute)[0]
   f = value.get("amplified_banded_epsilon")
-  if f is not None and prep.figures["analysis"] == "amplified_banded":  # shared_banded_bound's
+  if f is not None and _is_banded(prep.figures["analysis"]):  # shared_banded_bound's
     group = (prep.option.sampling_prob, prep.option.schema.label, prep.spec.privacy.delta)
     records.banded_fails.setdefault(group, []).append((z / prep.figures["gamma"], f))
   return float(value["epsilon"])
@@ -624,6 +624,12 @@ def prune_check(dep: Deployment, prep: Prepared, best_rmse: float,
                  f"{best_rmse:.6g} times 1 + {2 * TOLERANCE:g})"}
 
 
+def _is_banded(analysis: Optional[str]) -> bool:
+  """Whether ``analysis`` names the amplified banded analysis (``shared_banded_bound``)."""
+  from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
+  return analyses.of_record(analysis) is analyses.AmplifiedBanded
+
+
 def shared_banded_bound(dep: Deployment, prep: Prepared, z: float,
                         records: Records) -> Optional[float]:
   """A lower bound on the candidate's reported ε at z without a PLD, or None.
@@ -639,7 +645,7 @@ def shared_banded_bound(dep: Deployment, prep: Prepared, z: float,
   """
   from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
   figs = prep.figures
-  if figs["analysis"] != "amplified_banded":
+  if not _is_banded(figs["analysis"]):
     return None
   group = (prep.option.sampling_prob, prep.option.schema.label, dep.delta)
   known = [(u, f) for u, f in records.banded_fails.get(group, ()) if u >= z / figs["gamma"]]
