@@ -146,3 +146,14 @@ def test_min_sep_patterns_refuse_a_listing_whose_partial_patterns_explode():
   c = np.asarray(tree.tree_encoder(128), np.float64)
   report = pa.sensitivity_report(c, schema.for_rounds(128))
   assert report["value"] >= report["lower"] > 0
+
+
+def test_min_sep_patterns_too_deep_to_list_are_refused_not_a_recursion_error():
+  """At n = 2048 and b = 1 a pattern has 2048 rounds, deeper than Python's recursion: the
+  listing is refused with a CheckError, which ``bounds.min_sep_bounds`` catches (the
+  sensitivity then keeps its Alg. 4 bound), never a RecursionError."""
+  import sys  # pylint: disable=g-import-not-at-top
+  n = 2 * sys.getrecursionlimit() + 2
+  schema = pa.min_sep(1).for_rounds(n)
+  with pytest.raises(checks.CheckError, match="deep"):
+    schema.patterns(n, limit=2000)

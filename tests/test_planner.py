@@ -30,12 +30,22 @@ def cache_dir(tmp_path_factory):
   return str(tmp_path_factory.mktemp("plan-cache"))
 
 
+def _deployment():
+  return planner.Deployment(population=POPULATION, total_rounds=N, clients_per_round=K,
+                            target_epsilon=EPS, delta=DELTA, schemas=SCHEMAS,
+                            mechanisms=MECHANISMS, skip_mmcc=True)
+
+
 @pytest.fixture(scope="module")
 def result(cache_dir):
-  dep = planner.Deployment(population=POPULATION, total_rounds=N, clients_per_round=K,
-                           target_epsilon=EPS, delta=DELTA, schemas=SCHEMAS,
-                           mechanisms=MECHANISMS, skip_mmcc=True)
-  return planner.plan(dep, cache_dir=cache_dir)
+  """Every candidate calibrated (no pruning)."""
+  return planner.plan(_deployment(), cache_dir=cache_dir, prune=False)
+
+
+@pytest.fixture(scope="module")
+def pruned_result(tmp_path_factory):
+  """The default: pruning, from an empty cache of its own."""
+  return planner.plan(_deployment(), cache_dir=str(tmp_path_factory.mktemp("pruned")))
 
 
 def _exhaustive(cache_dir):
@@ -92,6 +102,90 @@ def test_the_winner_is_the_exhaustive_searchs(result, tmp_path):
   assert found[_key(result["recommended"])][2] <= best * (1 + 1e-9)
   assert [c["rmse"] for c in ranked] == sorted(c["rmse"] for c in ranked)
   assert any("schema single" == x["what"] for x in result["left_out"])
+
+
+def test_pruning_never_changes_the_winner(result, pruned_result):
+  """Pruned or not, the same winner at the same z and ε; the candidates calibrated in both
+  agree; every pruned candidate is one the unpruned run calibrated above the cut its proof
+  names (its ε at the cut's z above the target), so none was within the tolerance of the
+  winner; and the grid prunes some (else the test would check nothing)."""
+  full = {_key(c): c for c in result["candidates"]}
+  assert _key(pruned_result["recommended"]) == _key(result["recommended"])
+  for field in ("noise_multiplier", "epsilon", "rmse"):
+    assert pruned_result["recommended"][field] == result["recommended"][field]
+  for c in pruned_result["candidates"]:
+    assert c["noise_multiplier"] == full[_key(c)]["noise_multiplier"]
+  calibrated = {_key(c) for c in pruned_result["candidates"]}
+  assert pruned_result["pruned"], "nothing pruned on the test grid"
+  pruned = {}
+  for x in pruned_result["pruned"]:
+    match = [k for k, c in full.items() if planner.describe(
+        c["mechanism"], _option(c), c["params"]) == x["what"]]
+    assert len(match) == 1, x
+    pruned[match[0]] = x
+  assert set(pruned) | calibrated == set(full) and not set(pruned) & calibrated
+  for key, x in pruned.items():
+    assert x["epsilon_at_z"] > EPS and "epsilon" in x["why"]
+    assert full[key]["noise_multiplier"] > x["z_above"]
+    assert full[key]["rmse"] > x["rmse_above"] >= result["recommended"]["rmse"] * (
+        1 + 2 * planner.TOLERANCE) * (1 - 1e-12)
+
+
+def test_records_are_reused_and_a_corrupt_one_is_recomputed(tmp_path):
+  """A second run reads every calibrated record back (same table); a corrupt or edited
+  record is a miss, computed again, never trusted."""
+  dep = planner.Deployment(population=32, total_rounds=8, clients_per_round=4,
+                           target_epsilon=2.0, delta=DELTA, schemas=("fixed_epoch", "min_sep"),
+                           mechanisms=("gaussian", "banded"))
+  first = planner.plan(dep, cache_dir=str(tmp_path))
+  second = planner.plan(dep, cache_dir=str(tmp_path))
+  assert all(c["calibration_cached"] for c in second["candidates"])
+  assert not all(c["calibration_cached"] for c in first["candidates"])  # C = I is shared
+  strip = lambda r: [{k: v for k, v in c.items() if k not in ("seconds", "calibration_cached",
+                                                              "cache_hit")}
+                     for c in r["candidates"]]
+  assert strip(second) == strip(first) and second["pruned"] == first["pruned"]
+  files = sorted((tmp_path / ".planner").glob("*.json"))
+  assert files
+  for i, path in enumerate(files):  # truncated, or a value edited (below the truth)
+    entry = json.loads(path.read_text())
+    if i % 2:
+      path.write_text(path.read_text()[:20])
+    else:  # a record's z, or a candidate's error norm (its figures)
+      field = "error_norm" if entry["material"].get("kind") == "figures" else \
+          "noise_multiplier"
+      entry["value"][field] *= 0.5
+      path.write_text(json.dumps(entry))
+  third = planner.plan(dep, cache_dir=str(tmp_path))
+  assert not all(c["calibration_cached"] for c in third["candidates"])
+  assert strip(third) == strip(first)
+
+
+def test_an_edited_record_with_its_checksum_is_caught_at_the_winner(tmp_path):
+  """A stored record edited together with its checksum (a consistent lie) is caught where
+  it matters: the winner read back is resolved and its ε evaluated again at the stored z
+  and just below it, and a mismatch makes the run trust no stored record."""
+  dep = planner.Deployment(population=32, total_rounds=8, clients_per_round=4,
+                           target_epsilon=2.0, delta=DELTA, schemas=("fixed_epoch",),
+                           mechanisms=("gaussian", "opt_prefix_sum"))
+  first = planner.plan(dep, cache_dir=str(tmp_path))
+  loser = first["candidates"][-1]
+  for path in (tmp_path / ".planner").glob("*.json"):  # make the loser look best
+    entry = json.loads(path.read_text())
+    if entry["value"].get("noise_multiplier") == loser["noise_multiplier"]:
+      entry["value"]["noise_multiplier"] *= 1e-3
+      entry["sha256"] = planner._entry_sha256(  # pylint: disable=protected-access
+          entry["material"], entry["value"])
+      path.write_text(json.dumps(entry))
+  again = planner.plan(dep, cache_dir=str(tmp_path))
+  assert again["recommended"]["mechanism"] == first["recommended"]["mechanism"]
+  assert [c["noise_multiplier"] for c in again["candidates"]] == [
+      c["noise_multiplier"] for c in first["candidates"]]
+
+
+def _option(c):
+  return planner.SchemaOption(participation.from_dict(c["schema"]), c["sampling_prob"],
+                              c["clients_used"], c["participations"])
 
 
 def test_account_agrees_with_the_winner(result, cache_dir, capsys):
@@ -212,3 +306,31 @@ def test_at_the_main_jobs_size_it_recommends_the_main_jobs_choice(tmp_path):
   assert participation.from_dict(best["schema"]) == participation.fixed_epoch(d["epochs"])
   tree = next(c for c in result["candidates"] if c["mechanism"] == "honaker_online")
   assert tree["rmse"] > best["rmse"] and best["epsilon"] <= d["target_epsilon"]
+
+
+def test_the_shared_banded_bound_is_a_lower_bound(tmp_path):
+  """Under min_sep sampling (p < 1) the amplified banded ε of one candidate bounds, from
+  below, every candidate's reported ε of the group at a z with z/γ no larger: the shared
+  bound never exceeds the ε training reports there (each computed in full)."""
+  dep = planner.Deployment(population=64, total_rounds=16, clients_per_round=8,
+                           target_epsilon=EPS, delta=DELTA, schemas=("min_sep",),
+                           mechanisms=("banded_toeplitz", "banded"))
+  records = planner.Records(str(tmp_path))
+  preps = [p for p in (planner.prepare(dep, name, option, params, cache_dir=str(tmp_path))
+                       for name, option, params in planner.enumerate_candidates(dep)[0])
+           if isinstance(p, planner.Prepared) and p.figures["analysis"] == "amplified_banded"
+           and p.option.schema.min_sep == 4]
+  assert len(preps) >= 3
+  first = preps[0]
+  z0 = 0.5 * first.z_upper
+  assert planner.epsilon_at(first, z0, records) > EPS  # registers f(z0/γ) for the group
+  checked = 0
+  for prep in preps[1:]:
+    for scale in (1.0, 0.7, 0.4):
+      z = scale * z0 * prep.figures["gamma"] / first.figures["gamma"]
+      bound = planner.shared_banded_bound(dep, prep, z, records)
+      assert bound is not None
+      exact = planner.epsilon_at(prep, z, planner.Records(str(tmp_path), read=False))
+      assert bound <= exact * (1 + 1e-12), (prep.describe(), z, bound, exact)
+      checked += 1
+  assert checked >= 6

@@ -34,17 +34,29 @@ How each schema reaches K clients per round from P clients (``schema_options``):
   the k epochs of b = n/k rounds (expected K per round), k as for fixed_epoch.
 
 Using fewer clients than P (b·K of them) is a choice made before training, independent of
-the data: it changes no privacy analysis. No candidate is pruned: every candidate is built
-and calibrated (a lower bound tight enough to prune with is not available for the amplified
-analyses). Factorizations come from ``tff_mf.factorization.cache`` and are shared by the
-candidates (and by later runs).
+the data: it changes no privacy analysis.
+
+Speed. Factorizations come from ``tff_mf.factorization.cache`` and are shared by the
+candidates (and by later runs). Calibrated records, and the ε evaluations of the pruning,
+are kept in the cache directory's ``.planner`` folder keyed by everything they depend on
+(``Records``): candidates with the same encoder, schema and privacy share one calibration,
+and a later run reads them back. Candidates are calibrated likely winners first
+(``search``), and a candidate is pruned, never guessed away, when one evaluation of its ε
+proves its error above the best's by more than the calibration tolerance
+(``prune_check``: rmse grows with z, and ε does not grow with z).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import glob
+import hashlib
+import json
 import math
+import os
 import sys
+import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -241,6 +253,7 @@ class Candidate:
   mmcc_skipped: bool
   seconds: float
   cache_hit: Optional[bool] = None
+  calibration_cached: Optional[bool] = None
 
   def as_dict(self) -> Dict[str, Any]:
     """The JSON-ready fields."""
@@ -273,42 +286,445 @@ def mmcc_would_run(resolved: mechanisms.Resolved, option: SchemaOption) -> bool:
           and schema.poisson and mechanisms.amplified_analysis(resolved.encoder, schema) == "mmcc")
 
 
-def score(dep: Deployment, mechanism: str, option: SchemaOption, params: Dict[str, int], *,
-          cache_dir: Optional[str] = None) -> Any:
-  """The ``Candidate``, or a string saying why it cannot run (state cap, a check)."""
+@dataclasses.dataclass
+class Prepared:
+  """A candidate whose factorization is known and whose z is next to calibrate.
+
+  Attributes:
+    name, option, params: what ``enumerate_candidates`` gave.
+    spec: the ``MechanismSpec`` it trains with (without its sampling probability where MMCC
+      is skipped).
+    mmcc_skipped: accounted without MMCC (``Deployment.skip_mmcc``).
+    figures: ``figures`` of its resolved mechanism, with ``analysis`` (the amplified
+      analysis that calibrates z, or "none": the Gaussian at z/sens) and ``z_upper`` (the
+      unamplified calibration at C's sensitivity, where the amplified search starts: it
+      orders the candidates and spares prune tests that cannot succeed).
+    seconds: the time preparing took.
+    cache_dir: the factorization cache.
+    resolved: its ``mechanisms.Resolved`` (None until a calibration needs it: a warm run
+      reads ``figures`` from ``Records`` and loads no factorization it does not calibrate).
+  """
+  name: str
+  option: SchemaOption
+  params: Dict[str, int]
+  spec: Any
+  mmcc_skipped: bool
+  figures: Dict[str, Any]
+  seconds: float
+  cache_dir: Optional[str] = None
+  resolved: Optional[mechanisms.Resolved] = None
+
+  @property
+  def group(self) -> Tuple[str, Optional[float], str]:
+    """Candidates whose z/z_upper is alike: one schema option, one analysis."""
+    return (self.option.schema.label, self.option.sampling_prob, self.figures["analysis"])
+
+  @property
+  def amplified(self) -> bool:
+    return self.figures["amplified"]
+
+  @property
+  def error_norm(self) -> float:
+    return self.figures["error_norm"]
+
+  @property
+  def z_upper(self) -> float:
+    return self.figures["z_upper"]
+
+  def describe(self) -> str:
+    return describe(self.name, self.option, self.params)
+
+  def resolve(self) -> mechanisms.Resolved:
+    if self.resolved is None:
+      self.resolved = mechanisms.resolve_spec(self.spec, cache_dir=self.cache_dir)
+    return self.resolved
+
+
+def figures(resolved: mechanisms.Resolved) -> Dict[str, Any]:
+  """What the planner needs of a resolved mechanism besides its z: the error norms
+  (‖B‖_F/√n and max_i ‖B[i, :]‖, so that rmse and max are z times them), the noise state,
+  C's sensitivity report and C's sha256 (``Records``' key), and where C was read from."""
+  b = resolved.factorization.b
+  c = np.ascontiguousarray(resolved.encoder, dtype=np.float64)
+  report = resolved.sensitivity_report
+  return {"error_norm": float(np.linalg.norm(b)) / math.sqrt(b.shape[0]),
+          "max_row_norm": float(np.sqrt(np.max(np.sum(np.square(b), axis=1)))),
+          "state_rows": state_rows(resolved), "mechanism": resolved.mechanism.name,
+          "encoder": [list(c.shape), _sha256(c)],
+          "schema": resolved.participation.as_dict(),
+          "sensitivity": {k: report[k] for k in ("value", "exact", "method")},
+          "cache_hit": resolved.info.get("cache_hit"), "npz": resolved.info.get("cache_npz")}
+
+
+def prepare(dep: Deployment, mechanism: str, option: SchemaOption, params: Dict[str, int], *,
+            cache_dir: Optional[str] = None, records: Optional["Records"] = None) -> Any:
+  """The ``Prepared`` candidate, or a string saying why it cannot run (state cap, a check);
+  its figures from ``records`` when they were stored for the same candidate and the same
+  factorization (``Records.summary``)."""
   start = time.time()
+  records = records or Records(cache_dir, read=False)
   try:
     spec = spec_of(dep, mechanism, option, params)
-    resolved = mechanisms.resolve_spec(spec, cache_dir=cache_dir)
-    rows = state_rows(resolved)
-    if dep.max_state_rows is not None and rows > dep.max_state_rows:
-      return f"noise state of {rows} rows exceeds the cap of {dep.max_state_rows}"
-    skipped = dep.skip_mmcc and mmcc_would_run(resolved, option)
-    if skipped:
-      spec = spec_of(dep, mechanism, option, params, amplified=False)
-    _, record = mechanisms.build(spec, resolved=resolved)
+    holder: Dict[str, Any] = {}
+
+    def compute():
+      holder["resolved"] = resolved = mechanisms.resolve_spec(spec, cache_dir=cache_dir)
+      return _prepared_figures(dep, resolved, option)
+    value, _ = records.summary(_candidate_material(dep, mechanism, option, params), compute)
   except ValueError as e:  # CheckError, AccountingError: this candidate does not apply
     return " ".join(str(e).split())
-  return candidate_of(resolved, record, option, params, skipped, time.time() - start)
+  if dep.max_state_rows is not None and value["state_rows"] > dep.max_state_rows:
+    return f"noise state of {value['state_rows']} rows exceeds the cap of {dep.max_state_rows}"
+  if value["mmcc_skipped"]:
+    spec = spec_of(dep, mechanism, option, params, amplified=False)
+  return Prepared(mechanism, option, dict(params), spec, value["mmcc_skipped"], value,
+                  time.time() - start, cache_dir, holder.get("resolved"))
 
 
-def candidate_of(resolved: mechanisms.Resolved, record: mechanisms.PrivacyRecord,
-                 option: SchemaOption, params: Dict[str, int], mmcc_skipped: bool,
-                 seconds: float) -> Candidate:
-  """The figures of a built candidate at its calibrated z."""
-  b = resolved.factorization.b
-  z = float(record.noise_multiplier)
-  rmse = z * float(np.linalg.norm(b)) / math.sqrt(b.shape[0])
+def _prepared_figures(dep: Deployment, resolved: mechanisms.Resolved,
+                      option: SchemaOption) -> Dict[str, Any]:
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
+  skipped = dep.skip_mmcc and mmcc_would_run(resolved, option)
+  p = None if skipped else option.sampling_prob
+  amplified = mechanisms.amplification_applies(option.schema, dep.total_rounds, p)
+  out = figures(resolved)
+  if amplified and resolved.participation.poisson:  # shared_banded_bound's
+    from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
+    b = analyses.sampling_min_sep(resolved.participation, dep.total_rounds)
+    out.update(gamma=checks.gamma(resolved.encoder),
+               poisson_sensitivity=analyses.poisson_sensitivity(resolved.encoder, b)[0])
+  out.update(mmcc_skipped=bool(skipped), amplified=bool(amplified), analysis=(
+      mechanisms.amplified_analysis(resolved.encoder, resolved.participation)
+      if amplified else "none"), z_upper=float(accounting.calibrate_noise_multiplier(
+          dep.target_epsilon, dep.delta, dep.accountant, TOLERANCE,
+          sensitivity=resolved.sensitivity)))
+  return out
+
+
+def _candidate_material(dep: Deployment, mechanism: str, option: SchemaOption,
+                        params: Dict[str, int]) -> Dict[str, Any]:
+  """Everything a candidate's figures depend on besides the factorization's arrays."""
+  fields = ("total_rounds", "clients_per_round", "target_epsilon", "delta", "momentum",
+            "lr_schedule", "schedule_rounds", "accountant", "skip_mmcc")
+  return {"code": code_fingerprint(whole=True), "mechanism": mechanism,
+          "params": dict(params), "schema": option.schema.as_dict(),
+          "sampling_prob": option.sampling_prob,
+          "deployment": {k: getattr(dep, k) for k in fields}}
+
+
+class Records:
+  """Calibrated records and ε evaluations kept across candidates and runs.
+
+  An entry is ``<cache_dir>/.planner/<sha256>.json`` holding the key's material and the
+  value: the material is everything the computation reads (the sha256 of the encoder C's
+  bytes, the schema, C's sensitivity report, the privacy spec: target or z, δ, accountant,
+  p) and a fingerprint of the code that computes it (the sources of the accounting, the
+  mechanisms, the spec and the schemas, the versions of numpy, scipy and dp_accounting).
+  A read checks the entry's sha256 (of its material and value), that the stored material
+  is the one asked for and that the value is well-formed (finite z > 0; a calibrated ε at
+  most its target); anything else (a corrupt, truncated or foreign file) is a miss,
+  computed again and rewritten atomically. ``plan`` checks the winner whenever its figures
+  or record were read back (``confirmed``: its arrays' figures, and its ε evaluated again at
+  the stored z and just below); were it to fail, no stored record is trusted and the search
+  runs again without them.
+  """
+
+  def __init__(self, cache_dir: Optional[str], read: bool = True):
+    from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
+    self.cache_dir, self.read = cache_dir, read
+    self.root = os.path.join(cache.resolve_dir(cache_dir), ".planner")
+    self.memory: Dict[str, Dict[str, Any]] = {}
+    self.hits = self.misses = 0
+    # {(p, schema label, δ): [(z/γ, amplified banded ε there)]}: shared_banded_bound's
+    self.banded_fails: Dict[Tuple, List[Tuple[float, float]]] = {}
+
+  def material(self, prep: Prepared, **privacy) -> Dict[str, Any]:
+    """The key's material: what the record of ``prep`` at ``privacy`` depends on."""
+    f = prep.figures
+    return {"code": code_fingerprint(), "encoder": f["encoder"], "schema": f["schema"],
+            "sensitivity": f["sensitivity"],
+            "privacy": dict(dataclasses.asdict(prep.spec.privacy), **privacy)}
+
+  def get(self, material: Dict[str, Any], compute,
+          valid=None) -> Tuple[Dict[str, Any], bool]:
+    """(the value for ``material``, whether it was stored); ``compute()`` on a miss;
+    ``valid(material, value)``: whether a stored value may be used (default: a record's)."""
+    text = json.dumps(material, sort_keys=True)
+    key = hashlib.sha256(text.encode()).hexdigest()
+    if key in self.memory:
+      self.hits += 1
+      return self.memory[key], True
+    value = self._read(key, material, valid or _record_valid) if self.read else None
+    stored = value is not None
+    if stored:
+      self.hits += 1
+    else:
+      self.misses += 1
+      value = compute()
+      self._write(key, {"material": material, "value": value,
+                        "sha256": _entry_sha256(material, value)})
+    self.memory[key] = value
+    return value, stored
+
+  def summary(self, material: Dict[str, Any], compute) -> Tuple[Dict[str, Any], bool]:
+    """A candidate's ``figures`` (``prepare``): stored ones are used only while the
+    factorization cache entry they were computed from still holds the same arrays (its
+    sidecar names the same ``.npz``, whose name is its sha256's first 16 digits)."""
+    return self.get(dict(material, kind="figures"), compute, self._summary_valid)
+
+  def _summary_valid(self, material: Dict[str, Any], value: Dict[str, Any]) -> bool:
+    from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
+    numbers = [value[k] for k in ("error_norm", "max_row_norm", "z_upper")]
+    if not all(isinstance(x, float) and math.isfinite(x) and x > 0 for x in numbers):
+      return False
+    if value["npz"] is None:  # not a cached strategy: its figures are the code's
+      return True
+    sidecar = os.path.join(os.path.dirname(value["npz"]), cache.METADATA_FILE)
+    with open(sidecar, encoding="utf-8") as f:
+      metadata = json.load(f)
+    return (os.path.dirname(value["npz"]).startswith(cache.resolve_dir(self.cache_dir))
+            and metadata["npz_file"] == os.path.basename(value["npz"])
+            and os.path.exists(value["npz"]))
+
+  def _read(self, key: str, material: Dict[str, Any], valid) -> Optional[Dict[str, Any]]:
+    try:
+      with open(os.path.join(self.root, key + ".json"), encoding="utf-8") as f:
+        entry = json.load(f)
+      value = entry["value"]
+      if entry["sha256"] != _entry_sha256(entry["material"], value):
+        return None
+      return value if entry["material"] == material and valid(material, value) else None
+    except (OSError, ValueError, KeyError, TypeError):
+      return None
+
+  def _write(self, key: str, entry: Dict[str, Any]) -> None:
+    try:
+      os.makedirs(self.root, exist_ok=True)
+      fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.root)
+      with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(entry, f, sort_keys=True)
+      os.replace(tmp, os.path.join(self.root, key + ".json"))
+    except OSError:  # a read-only cache: the run goes on without storing
+      pass
+
+
+def _record_valid(material: Dict[str, Any], value: Dict[str, Any]) -> bool:
+  """A record's z is finite and positive, its ε a number, at most the target it was
+  calibrated to."""
+  target = material["privacy"].get("target_epsilon")
+  z, eps = float(value["noise_multiplier"]), float(value["epsilon"])
+  return (math.isfinite(z) and z > 0 and not math.isnan(eps)
+          and isinstance(value["bound"], str) and (target is None or eps <= target))
+
+
+def _entry_sha256(material: Dict[str, Any], value: Dict[str, Any]) -> str:
+  text = json.dumps({"material": material, "value": value}, sort_keys=True)
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _sha256(a: np.ndarray) -> str:
+  return hashlib.sha256(a.tobytes()).hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def code_fingerprint(whole: bool = False) -> str:
+  """sha256 of the sources that compute a record (``whole``: of the numpy core, which
+  resolves a candidate's factorization too) and of the numeric packages' versions."""
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  import scipy  # pylint: disable=g-import-not-at-top
+  here = os.path.dirname(os.path.abspath(__file__))
+  if whole:
+    paths = [p for p in glob.glob(os.path.join(here, "**", "*.py"), recursive=True)
+             if os.path.relpath(p, here).split(os.sep)[0] not in ("tf", "flower", "commands")]
+  else:
+    paths = (glob.glob(os.path.join(here, "accounting", "*.py"))
+             + glob.glob(os.path.join(here, "participation", "*.py"))
+             + [os.path.join(here, name) for name in ("mechanisms.py", "spec.py",
+                                                      "checks.py", "planner.py")])
+  digest = hashlib.sha256(f"{np.__version__} {scipy.__version__} "
+                          f"{getattr(dp_accounting, '__version__', '')}".encode())
+  for path in sorted(paths):
+    with open(path, "rb") as f:
+      digest.update(os.path.relpath(path, here).encode() + f.read())
+  return digest.hexdigest()
+
+
+def calibrate(prep: Prepared, records: Records) -> Candidate:
+  """The candidate calibrated as training calibrates it (``mechanisms.build``), its record
+  from ``records`` when an identical one was calibrated before."""
+  start = time.time()
+
+  def compute():
+    _, record = mechanisms.build(prep.spec, resolved=prep.resolve())
+    return {"noise_multiplier": float(record.noise_multiplier),
+            "epsilon": float(record.epsilon), "bound": record.bound}
+  value, stored = records.get(records.material(prep), compute)
+  c = candidate_of(prep.figures, value, prep.option, prep.params, prep.mmcc_skipped,
+                   prep.seconds + time.time() - start)
+  c.calibration_cached = stored
+  return c
+
+
+def epsilon_at(prep: Prepared, z: float, records: Records) -> float:
+  """The ε training reports for the candidate at noise multiplier z (``mechanisms.privacy``:
+  the same analyses, the smallest valid bound)."""
+  def compute():
+    record = mechanisms.privacy(prep.resolve(), z, None, prep.spec.privacy.delta,
+                                prep.spec.privacy.accountant,
+                                sampling_prob=prep.spec.privacy.sampling_prob)
+    amplified = [c.get("amplified_epsilon") for c in record.details.get("candidates", ())
+                 if _is_banded(c.get("analysis"))]
+    return {"noise_multiplier": z, "epsilon": float(record.epsilon), "bound": record.bound,
+            "amplified_banded_epsilon": next((float(x) for x in amplified if x is not None),
+                                             None)}
+  material = records.material(prep, noise_multiplier=z, target_epsilon=None)
+  value = records.get(material, compute)[0]
+  f = value.get("amplified_banded_epsilon")
+  if f is not None and _is_banded(prep.figures["analysis"]):  # shared_banded_bound's
+    group = (prep.option.sampling_prob, prep.option.schema.label, prep.spec.privacy.delta)
+    records.banded_fails.setdefault(group, []).append((z / prep.figures["gamma"], f))
+  return float(value["epsilon"])
+
+
+def prune_check(dep: Deployment, prep: Prepared, best_rmse: float,
+                records: Records) -> Optional[Dict[str, Any]]:
+  """Why the candidate cannot beat the best found (rmse ``best_rmse``), or None.
+
+  The bound: rmse = z·‖B‖_F/√n grows with z, so the candidate's rmse exceeds
+  r = (1 + 2·TOLERANCE)·best_rmse exactly when its calibrated z exceeds z_r = r/(‖B‖_F/√n).
+  The calibrated z is a z whose reported ε is at most the target (the search returns only
+  z it evaluated to pass: ``tff_mf.accounting.calibrate``); the reported ε is
+  non-increasing in z (the assumption the calibration's search itself rests on: each
+  analysis is the ε of a Gaussian mechanism, subsampled or not, whose noise grows with z).
+  So ε(z_r) > target proves calibrated z > z_r, hence rmse > r: the candidate is worse
+  than the best by more than the calibration tolerance, and cannot be the winner nor a
+  runner-up within the tolerance (``fragile``). ε(z_r) ≤ target proves nothing, and the
+  candidate is calibrated in full. ε(z_r) is one evaluation as training computes it, or,
+  for the amplified banded analysis, ``shared_banded_bound``'s lower bound.
+  """
+  cut = (1.0 + 2.0 * TOLERANCE) * best_rmse
+  z_cut = cut / prep.error_norm
+  if z_cut >= prep.z_upper or not prep.amplified:  # cheap, or cannot be shown worse
+    return None
+  how = "its epsilon is"
+  eps = shared_banded_bound(dep, prep, z_cut, records)
+  if eps is not None:
+    how = "its epsilon is at least"
+  else:
+    try:
+      eps = epsilon_at(prep, z_cut, records)
+    except ValueError:  # the analysis refused this z: no proof, calibrate in full
+      return None
+  if not eps > dep.target_epsilon:
+    return None
+  return {"what": prep.describe(), "z_above": z_cut, "rmse_above": cut,
+          "epsilon_at_z": eps,
+          "why": f"at z = {z_cut:.6g} {how} {eps:.6g} > {dep.target_epsilon:g}, so "
+                 f"its calibrated z is larger and its rmse above {cut:.6g} (the best's "
+                 f"{best_rmse:.6g} times 1 + {2 * TOLERANCE:g})"}
+
+
+def _is_banded(analysis: Optional[str]) -> bool:
+  """Whether ``analysis`` names the amplified banded analysis (``shared_banded_bound``)."""
+  from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
+  return analyses.of_record(analysis) is analyses.AmplifiedBanded
+
+
+def shared_banded_bound(dep: Deployment, prep: Prepared, z: float,
+                        records: Records) -> Optional[float]:
+  """A lower bound on the candidate's reported ε at z without a PLD, or None.
+
+  Under the amplified banded analysis (Choquette-Choo et al. 2023, arXiv:2306.08153,
+  Thm 4) the amplified ε is f(z/γ(C)), f the ⌈n/b⌉-fold composition of the
+  Poisson-subsampled Gaussian at rate p, the same function for every C of the group (p, b,
+  δ); f does not grow with its argument. The reported ε is the least of f(z/γ) and two
+  Gaussians at z/sens (sens under the schema, and with every eligible round joined). Once
+  f(u_f) > target was evaluated for some candidate of the group (``epsilon_at``), every
+  z/γ ≤ u_f has f(z/γ) ≥ f(u_f) > target, and the reported ε at z is at least the least of
+  f(u_f) and the two Gaussians (milliseconds).
+  """
+  from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
+  figs = prep.figures
+  if not _is_banded(figs["analysis"]):
+    return None
+  group = (prep.option.sampling_prob, prep.option.schema.label, dep.delta)
+  known = [(u, f) for u, f in records.banded_fails.get(group, ()) if u >= z / figs["gamma"]]
+  if not known:
+    return None
+  gaussians = [analyses.gaussian_epsilon(z, dep.delta, dep.accountant, s)
+               for s in (figs["sensitivity"]["value"], figs["poisson_sensitivity"])]
+  return min([min(f for _, f in known)] + gaussians)
+
+
+def search(dep: Deployment, prepared: Sequence[Prepared], records: Records, *,
+           prune: bool = True, progress: bool = False):
+  """(scored ``Candidate``s, pruned [{what, why, ...}], failed [{what, why}]).
+
+  Order: the unamplified candidates first (their calibration is one Gaussian's), then
+  each group's (schema option and analysis) candidate of least upper-bound error, then the
+  rest by upper-bound error times the least z/z_upper seen in their group: likely winners
+  first, so that the best rmse, and with it the pruning, is tight early. The order decides
+  only how much is pruned, never the result (``prune_check``).
+  """
+  pending = list(prepared)
+  ratio: Dict[Tuple, float] = {}
+  scored: List[Candidate] = []
+  pruned: List[Dict[str, Any]] = []
+  failed: List[Dict[str, str]] = []
+  # The bar counts the amplified candidates (the unamplified take milliseconds and come
+  # first): its rate is the seconds per amplified candidate, calibrated or pruned, so its
+  # ETA is a mean over them (the first of each group are calibrated in full, and more of
+  # the later ones are pruned, so it errs long).
+  bar = _bar(None, "plan: calibrations", progress,
+             total=sum(p.amplified for p in pending))
+  while pending:
+    def estimate(p):  # (unamplified, a group's first, the rest; the estimated error)
+      upper = p.z_upper * p.error_norm
+      if not p.amplified:
+        return 0, upper
+      return (1, upper) if p.group not in ratio else (2, ratio[p.group] * upper)
+    prep = min(pending, key=estimate)
+    pending.remove(prep)
+    bar.set_postfix_str(f"{prep.describe()}; {len(pruned)} pruned", refresh=False)
+    best = min((c.rmse for c in scored), default=None)
+    why = prune_check(dep, prep, best, records) if prune and best is not None else None
+    if why is not None:
+      pruned.append(why)
+      ratio.setdefault(prep.group, why["z_above"] / prep.z_upper)
+    else:
+      try:
+        c = calibrate(prep, records)
+      except ValueError as e:  # CheckError, AccountingError: this candidate does not apply
+        failed.append({"what": prep.describe(), "why": " ".join(str(e).split())})
+      else:
+        scored.append(c)
+        ratio[prep.group] = min(ratio.get(prep.group, math.inf),
+                                c.noise_multiplier / prep.z_upper)
+    bar.update(int(prep.amplified))
+  bar.close()
+  return scored, pruned, failed
+
+
+def candidate_of(figs: Dict[str, Any], record: Any, option: SchemaOption,
+                 params: Dict[str, int], mmcc_skipped: bool, seconds: float) -> Candidate:
+  """The figures of a built candidate at its calibrated z (``figs``: ``figures`` of its
+  resolved mechanism; ``record``: its ``mechanisms.PrivacyRecord``, or a dict of its
+  noise_multiplier, epsilon and bound)."""
+  if not isinstance(record, dict):
+    record = {"noise_multiplier": record.noise_multiplier, "epsilon": record.epsilon,
+              "bound": record.bound}
+  z = float(record["noise_multiplier"])
+  rmse = z * figs["error_norm"]
   return Candidate(
-      mechanism=resolved.mechanism.name, schema=option.schema.as_dict(), params=dict(params),
+      mechanism=figs["mechanism"], schema=option.schema.as_dict(), params=dict(params),
       sampling_prob=option.sampling_prob, clients_used=option.clients_used,
       participations=option.participations, noise_multiplier=z,
-      epsilon=float(record.epsilon), bound=record.bound, rmse=rmse,
-      max_error=z * float(np.sqrt(np.max(np.sum(np.square(b), axis=1)))),
-      rmse_per_participation=rmse / option.participations, state_rows=state_rows(resolved),
-      sensitivity=float(resolved.sensitivity),
-      sensitivity_exact=bool(resolved.sensitivity_report["exact"]),
-      mmcc_skipped=mmcc_skipped, seconds=seconds, cache_hit=resolved.info.get("cache_hit"))
+      epsilon=float(record["epsilon"]), bound=record["bound"], rmse=rmse,
+      max_error=z * figs["max_row_norm"],
+      rmse_per_participation=rmse / option.participations, state_rows=figs["state_rows"],
+      sensitivity=float(figs["sensitivity"]["value"]),
+      sensitivity_exact=bool(figs["sensitivity"]["exact"]),
+      mmcc_skipped=mmcc_skipped, seconds=seconds, cache_hit=figs["cache_hit"])
 
 
 def enumerate_candidates(dep: Deployment) -> Tuple[List[Tuple[str, SchemaOption, Dict]],
@@ -332,43 +748,91 @@ def enumerate_candidates(dep: Deployment) -> Tuple[List[Tuple[str, SchemaOption,
   return todo, left_out
 
 
-def plan(dep: Deployment, *, cache_dir: Optional[str] = None,
-         progress: bool = False) -> Dict[str, Any]:
+def plan(dep: Deployment, *, cache_dir: Optional[str] = None, progress: bool = False,
+         prune: bool = True) -> Dict[str, Any]:
   """Every candidate scored and ranked by expected error (rmse), the recommendation, where
   the answer is fragile, what the winner's schema demands and the flags that run it.
 
+  ``prune``: skip, with the proof in ``pruned``, each candidate whose calibrated rmse is
+  shown to exceed (1 + 2·TOLERANCE)× the best found so far (``prune_check``); False builds
+  and calibrates every candidate. Calibrated records are kept in the cache directory's
+  ``.planner`` folder (``Records``) and reused by later runs.
+
   Returns a JSON-ready dict: ``candidates`` (ranked, ``Candidate`` dicts), ``recommended``
   (the first), ``fragile`` (sentences), ``demands``, ``training_flags``,
-  ``flower_arguments``, ``left_out`` ([{what, why}]), ``deployment`` and ``seconds``.
+  ``flower_arguments``, ``left_out`` ([{what, why}]), ``pruned`` ([{what, why, ...}]),
+  ``deployment`` and ``seconds``.
   """
-  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   start = time.time()
   todo, left_out = enumerate_candidates(dep)
-  scored: List[Candidate] = []
-  bar = tqdm(todo, desc="plan: candidates", unit="candidate", file=sys.stderr,
-             disable=not progress, dynamic_ncols=True)
-  for name, option, params in bar:
-    bar.set_postfix_str(f"{name} {option.schema.label} {params or ''}".strip(), refresh=False)
-    result = score(dep, name, option, params, cache_dir=cache_dir)
-    if isinstance(result, Candidate):
-      scored.append(result)
-    else:
-      left_out.append({"what": describe(name, option, params), "why": result})
-  bar.close()
+  for read in (True, False):  # the second time only if a stored record was wrong
+    records = Records(cache_dir, read=read)
+    prepared: List[Prepared] = []
+    unfit: List[Dict[str, str]] = []
+    for name, option, params in _bar(todo, "plan: factorizations", progress):
+      result = prepare(dep, name, option, params, cache_dir=cache_dir, records=records)
+      if isinstance(result, Prepared):
+        prepared.append(result)
+      else:
+        unfit.append({"what": describe(name, option, params), "why": result})
+    scored, pruned, failed = search(dep, prepared, records, prune=prune, progress=progress)
+    if not scored or confirmed(_ranked(scored)[0], prepared, records):
+      break
+  left_out.extend(unfit + failed)
   if not scored:
     reasons = "; ".join(f"{x['what']}: {x['why']}" for x in left_out[:3])
     raise checks.CheckError(f"no candidate can run this deployment ({reasons})")
-  scored.sort(key=lambda c: (c.rmse, c.state_rows, c.mechanism))
+  scored = _ranked(scored)
   best = scored[0]
   return {
       "deployment": dataclasses.asdict(dep), "candidates": [c.as_dict() for c in scored],
       "recommended": best.as_dict(), "fragile": fragile(scored),
       "demands": demands(best), "training_flags": training_flags(dep, best),
       "flower_arguments": flower_arguments(dep, best), "left_out": left_out,
-      "pruned": "none: every candidate is built and calibrated", "tolerance": TOLERANCE,
+      "pruned": pruned, "tolerance": TOLERANCE,
       "error": "rmse = z * ||B||_F / sqrt(n) of the workload's estimates, in units of "
                "clip_norm / clients_per_round per coordinate",
       "seconds": time.time() - start}
+
+
+def _ranked(scored: Sequence[Candidate]) -> List[Candidate]:
+  return sorted(scored, key=lambda c: (c.rmse, c.state_rows, c.mechanism))
+
+
+def confirmed(best: Candidate, prepared: Sequence[Prepared], records: Records) -> bool:
+  """Whether the winner read back from ``records`` holds what its calibration guarantees.
+
+  Where its figures or its record were read back, its factorization is resolved (the
+  figures must be the arrays' own) and its ε is evaluated again, as training evaluates it,
+  at the stored z (it must be the stored ε, at most the target) and at z·(1 − TOLERANCE)
+  (it must exceed the target): the stored z is then the calibration's answer to within its
+  tolerance, with the ε training reports at it. Two evaluations, not a search.
+  """
+  prep = next(p for p in prepared
+              if p.describe() == describe(best.mechanism, p.option, best.params)
+              and p.option.schema.as_dict() == best.schema)
+  if prep.resolved is not None and not best.calibration_cached:
+    return True  # resolved and calibrated in this run
+  now = figures(prep.resolve())
+  same_figures = all(prep.figures[k] == v for k, v in now.items() if k != "cache_hit")
+  prep.figures.update(now)
+  fresh = Records(records.cache_dir, read=False)
+  z, target = best.noise_multiplier, prep.spec.privacy.target_epsilon
+  try:
+    at_z = epsilon_at(prep, z, fresh)
+  except ValueError:
+    return False
+  try:
+    below = epsilon_at(prep, z * (1.0 - TOLERANCE), fresh)
+  except ValueError:  # the analysis gave up below a z that passed: failing, as in the search
+    below = math.inf
+  return same_figures and at_z == best.epsilon and at_z <= target < below
+
+
+def _bar(items, desc: str, progress: bool, total: Optional[int] = None):
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  return tqdm(items, desc=desc, total=total, unit="candidate", file=sys.stderr,
+              disable=not progress, dynamic_ncols=True)
 
 
 def describe(name: str, option: SchemaOption, params: Dict[str, int]) -> str:
@@ -480,7 +944,7 @@ def error_against_epsilon(dep: Deployment, result: Dict[str, Any], *, best: int 
       spec = spec_of(dep, c["mechanism"], option, c["params"], target_epsilon=eps,
                      amplified=not c["mmcc_skipped"])
       resolved, record = mechanisms.build(spec, cache_dir=cache_dir)
-      points.append((eps, candidate_of(resolved, record, option, c["params"],
+      points.append((eps, candidate_of(figures(resolved), record, option, c["params"],
                                        c["mmcc_skipped"], 0.0).rmse))
     out[describe(c["mechanism"], option, c["params"])] = points
   return out

@@ -51,6 +51,9 @@ def register(subparsers) -> None:
                       help="account candidates whose amplified analysis would be MMCC without "
                            "amplification (a valid, larger epsilon bound; MMCC takes minutes "
                            "per calibration)")
+  parser.add_argument("--no_prune", action="store_true",
+                      help="calibrate every candidate (default: prune those that one "
+                           "evaluation of epsilon shows worse than the best found)")
   clitools.add_cache_dir_flag(parser)
   parser.add_argument("--json", action="store_true", help="print JSON (default: off)")
   parser.add_argument("--plot", default=None, metavar="PATH",
@@ -70,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
       lr_schedule=args.lr_schedule, schedule_rounds=args.schedule_rounds,
       mechanisms=tuple(args.mechanisms) if args.mechanisms else None,
       accountant=args.accountant, skip_mmcc=args.skip_mmcc)
-  result = planner.plan(dep, cache_dir=args.cache_dir, progress=args.progress)
+  result = planner.plan(dep, cache_dir=args.cache_dir, progress=args.progress,
+                        prune=not args.no_prune)
   if args.plot:
     from tff_mf import plots  # pylint: disable=g-import-not-at-top
     curves = planner.error_against_epsilon(dep, result, cache_dir=args.cache_dir)
@@ -110,7 +114,9 @@ def print_table(result) -> None:
     print(f"fragile: {line}")
   for x in result["left_out"]:
     print(f"left out: {x['what']}: {x['why']}")
+  for x in result["pruned"]:
+    print(f"pruned: {x['what']}: {x['why']}")
   if "plot" in result:
     print(f"plot: {result['plot']}")
-  print(f"{len(result['candidates'])} candidates in {result['seconds']:.1f} s; pruned: "
-        f"{result['pruned']}")
+  print(f"{len(result['candidates'])} candidates calibrated, {len(result['pruned'])} pruned "
+        f"(shown worse by one evaluation of epsilon) in {result['seconds']:.1f} s")

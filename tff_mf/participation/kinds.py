@@ -29,8 +29,10 @@ schema is one more subclass here, registered by its ``kind``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
+import sys
 from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -579,7 +581,15 @@ class MinSep(Participation):
     return f"min_sep(min_sep={self.min_sep}, max_participations={k})"
 
   def patterns(self, n: int, limit: Optional[int] = None) -> List[Tuple[int, ...]]:
+    """Every maximal set of rounds a client may join (the same list for the same schema, n
+    and limit: kept for the last few, since each C's sensitivity under the schema asks)."""
+    return list(_min_sep_patterns(self, n, limit))
+
+  def listed_patterns(self, n: int, limit: Optional[int] = None) -> List[Tuple[int, ...]]:
     k, b = self.max_participations_in(n), self.min_sep
+    if k > sys.getrecursionlimit() // 2:  # one frame per round of a pattern
+      raise checks.CheckError(f"{self.describe()}: listing its maximal patterns at n={n} "
+                              f"would nest {k} rounds deep")
     out: List[Tuple[int, ...]] = []
     # Partial patterns may far outnumber the maximal ones (b = 1: every subset is visited on
     # the way to the one maximal pattern): past this many visits the listing is refused too.
@@ -834,3 +844,9 @@ def from_dict(d: Dict[str, Any]) -> Participation:
   else:
     kind = LEGACY_KINDS.get(kind, kind)
   return Participation(kind, **{name: d.get(name) for name in PARAMETERS})
+
+
+@functools.lru_cache(maxsize=8)
+def _min_sep_patterns(schema: MinSep, n: int,
+                      limit: Optional[int]) -> Tuple[Tuple[int, ...], ...]:
+  return tuple(schema.listed_patterns(n, limit))
