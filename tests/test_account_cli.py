@@ -488,7 +488,7 @@ def test_lower_bound_and_estimate_are_labeled_and_below_the_bound(capsys):
   assert "proven lower bound" in out["lower_bound_method"]
   c = mmcc.truncated_sqrt_prefix_matrix(32, 4)
   direct = mixture_pair.lower_bound(c, 0.25, out["noise_multiplier"], 1e-6, min_sep=4)
-  assert out["lower_bound_epsilon"] == pytest.approx(direct["epsilon"], rel=1e-9)
+  assert out["lower_bound_epsilon"] == pytest.approx(direct.epsilon, rel=1e-9)
   estimate = out["monte_carlo_estimate"]
   assert "ESTIMATE" in estimate["label"] and "not a bound" in estimate["label"]
   assert estimate["samples"] == 5000 and estimate["epsilon_estimate"] > 0

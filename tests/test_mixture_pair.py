@@ -23,15 +23,15 @@ def _dpsgd(steps, q, sigma, pessimistic):
 def test_single_participation_lower_bound_is_dpsgd(q, sigma):
   """k = 1, C = I: the pair is one Poisson-subsampled Gaussian and the threshold test is
   optimal, so the bound sits between dp_accounting's optimistic and pessimistic PLDs."""
-  lb = mixture_pair.lower_bound(np.eye(1), q, sigma, DELTA)["epsilon"]
+  lb = mixture_pair.lower_bound(np.eye(1), q, sigma, DELTA).epsilon
   assert _dpsgd(1, q, sigma, False) * (1 - 1e-6) <= lb <= _dpsgd(1, q, sigma, True)
 
 
 def test_lower_bound_below_dpsgd_for_k_rounds():
   """C = I, b = 8, n = 64: k = 8 DP-SGD steps; the projection is a lower bound on them."""
   lb = mixture_pair.lower_bound(np.eye(64), 0.25, 2.0, DELTA, min_sep=8)
-  assert lb["columns"] == 8
-  assert 0.8 * _dpsgd(8, 0.25, 2.0, False) <= lb["epsilon"] <= _dpsgd(8, 0.25, 2.0, True)
+  assert lb.columns == 8
+  assert 0.8 * _dpsgd(8, 0.25, 2.0, False) <= lb.epsilon <= _dpsgd(8, 0.25, 2.0, True)
 
 
 def test_lower_bound_below_mmcc_for_blt():
@@ -40,7 +40,7 @@ def test_lower_bound_below_mmcc_for_blt():
   c = c / np.sqrt(np.max(np.sum(c * c, axis=0)))
   upper = mmcc.mmcc_epsilon(c, 0.3 / 4, 1.5, DELTA, min_sep=4, workers=1, grid_resolution=8,
                             pld_discretization=1e-3)
-  lb = mixture_pair.lower_bound(c, 0.3, 1.5, DELTA, min_sep=4)["epsilon"]
+  lb = mixture_pair.lower_bound(c, 0.3, 1.5, DELTA, min_sep=4).epsilon
   assert 0 < lb <= upper
 
 

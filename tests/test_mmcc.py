@@ -475,7 +475,7 @@ def test_merging_small_entries_never_raises_epsilon(name):
   kwargs = dict(workers=1, grid_resolution=8, pld_discretization=1e-3)
   merged = mmcc.mmcc(c, 0.1, sigma, DELTA, **kwargs)
   unmerged = mmcc.mmcc(c, 0.1, sigma, DELTA, merge_small_entries=False, **kwargs)
-  lower = mixture_pair.lower_bound(c, 0.1, sigma, DELTA)["epsilon"]
+  lower = mixture_pair.lower_bound(c, 0.1, sigma, DELTA).epsilon
   assert lower <= merged.epsilon <= unmerged.epsilon
   if name == "blt_tail":
     assert merged.epsilon < 0.8 * unmerged.epsilon

@@ -130,7 +130,10 @@ def usage_error(prog: str, message: str) -> None:
 
 def finite_float(text: str) -> float:
   """``type=float`` of every argparse flag here: a number, refused when NaN or ±inf."""
-  value = float(text)  # a ValueError is argparse's "invalid float value"
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
   if not math.isfinite(value):
     raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
   return value
@@ -320,7 +323,9 @@ def schema_flag(name: str):
 
 
 def _argparse_type(kind):
-  return finite_float if kind is float else kind
+  # No type for text: argparse passes a string default through its type, which would turn a
+  # default that knows it is one (a str subclass) into a plain str.
+  return finite_float if kind is float else None if kind is str else kind
 
 
 def add_schema_flags(group, default_text: Optional[Dict[str, str]] = None,

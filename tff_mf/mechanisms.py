@@ -35,6 +35,7 @@ import dp_accounting
 import numpy as np
 
 from tff_mf.accounting import analyses
+from tff_mf.accounting.bound import Bound
 from tff_mf import checks
 from tff_mf.noise import discrete_gaussian as dg
 from tff_mf import factorization as fz
@@ -105,8 +106,9 @@ class PrivacyRecord:
     analysis: in words, the analysis that gave ``epsilon``.
     bound: its analysis's name in ``tff_mf.accounting.analyses.REGISTRY`` (none,
       amplified_banded, mmcc, adaptive).
-    details: the JSON-ready record a run writes (summary.json ``privacy``): the reported
-      bound's fields, every candidate bound, notes; empty without δ.
+    details: the run's ``tff_mf.accounting.Bound`` (its ``json()`` is summary.json's
+      ``privacy``): the reported bound's fields, every candidate bound, notes; empty without
+      δ.
     setup: what the privacy statement names beside ε (``tff_mf.accounting.statement.setup_words``):
       mechanism, rounds, clients per round, clip norm, schema; set by ``build``.
     encoder, participation: the C the noise is calibrated for and the schema (what
@@ -125,7 +127,7 @@ class PrivacyRecord:
   bound: str = "none"
   # Left out of repr(): ``details`` alone runs to thousands of characters (str() is the
   # statement, the JSON record is ``details``).
-  details: Dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+  details: Bound = dataclasses.field(default_factory=Bound, repr=False)
   setup: Dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
   encoder: Optional[np.ndarray] = dataclasses.field(default=None, repr=False, compare=False)
   participation: Optional[participation_lib.Participation] = dataclasses.field(
@@ -140,7 +142,7 @@ class PrivacyRecord:
     allocation, fixed bin, Monte Carlo, the discrete Gaussian) or without δ."""
     if not self.private:
       return dp_accounting.NonPrivateDpEvent()
-    analysis = analyses.described(self.details.get("analysis")) if self.details else None
+    analysis = analyses.described(self.details.analysis) if self.details else None
     event = analysis.dp_event(self.details) if analysis is not None else None
     return event if event is not None else dp_accounting.UnsupportedDpEvent()
 
@@ -165,7 +167,7 @@ class PrivacyRecord:
     defaults: Dict[str, Any] = {"setup": setup, "run": False}
     if setup.get("noise_seed_pinned"):
       defaults["noise_seed_source"] = "pinned"
-    if not self.details.get("schema"):
+    if not self.details.rest.get("schema"):
       defaults["schema"] = setup.get("participation")
     if self.details:
       return dict(self.details), defaults
@@ -191,9 +193,9 @@ class PrivacyRecord:
     if self.delta is not None:
       out.update(delta=self.delta, accountant=self.accountant, epsilon=self.epsilon,
                  epsilon_analysis=self.analysis, epsilon_bound=self.bound)
-      for key in ("failure_probability", "epsilon_label"):  # β beside an ε that needs it
-        if key in self.details:
-          out[key] = self.details[key]
+      if self.details.failure_probability is not None:  # β beside an ε that needs it
+        out.update(failure_probability=self.details.failure_probability,
+                   epsilon_label=self.details.epsilon_label)
     return out
 
 
@@ -458,14 +460,14 @@ def privacy_record(encoder: np.ndarray, schema: participation_lib.Participation,
   z = privacy_spec.noise_multiplier
   details = run.adaptive(z, target, adaptive) if adaptive is not None else run.record(z, target)
   if target is not None:
-    details["target_epsilon"] = target
-    if not details["epsilon"] <= target:
-      raise checks.CheckError(f"calibration gave epsilon {details['epsilon']} above the target "
+    details = details.replace(target_epsilon=target)
+    if not details.epsilon <= target:
+      raise checks.CheckError(f"calibration gave epsilon {details.epsilon} above the target "
                               f"{target}")
-  return PrivacyRecord(private=True, noise_multiplier=float(details["noise_multiplier"]),
+  return PrivacyRecord(private=True, noise_multiplier=float(details.noise_multiplier),
                        sensitivity=sens, delta=delta, accountant=privacy_spec.accountant,
-                       epsilon=float(details["epsilon"]), target_epsilon=target,
-                       analysis=details["analysis_label"], bound=details["analysis"],
+                       epsilon=float(details.epsilon), target_epsilon=target,
+                       analysis=details.analysis_label, bound=details.analysis,
                        details=details, encoder=encoder, participation=schema)
 
 
@@ -488,7 +490,7 @@ def discrete_record(encoder: np.ndarray, schema: participation_lib.Participation
   analysis = analyses.DiscreteGaussian
   rho = dg.rho(z, sens) if z > 0 else math.inf
   eps, order = dg.zcdp_epsilon(rho, delta) if z > 0 else (math.inf, math.inf)
-  details: Dict[str, Any] = {
+  details = Bound.of_json({
       "analysis": analysis.name, "analysis_label": analysis.label, "epsilon": eps,
       "noise_multiplier": z, "delta": delta, "accountant": "zcdp",
       "noise_distribution": "discrete_gaussian", "sensitivity": accounted,
@@ -497,10 +499,10 @@ def discrete_record(encoder: np.ndarray, schema: participation_lib.Participation
                             "the rounding of gamma C x and the float64 clipping and sum of x",
       "rounding_inflation": dg.ROUNDING_INFLATION,
       "granularity": privacy_spec.granularity or "automatic (per model size)",
-      "rho": rho, "order": order, "exact": False, "theorem": analysis.theorem, "notes": []}
-  details["candidates"] = [_candidate(details)]
+      "rho": rho, "order": order, "exact": False, "theorem": analysis.theorem, "notes": []})
+  details = details.replace(candidates=[_candidate(details)])
   if target is not None:
-    details["target_epsilon"] = target
+    details = details.replace(target_epsilon=target)
     if not eps <= target:
       raise checks.CheckError(f"calibration gave epsilon {eps} above the target {target}")
   return PrivacyRecord(**common, delta=delta, accountant="zcdp", epsilon=eps,
@@ -526,7 +528,7 @@ class _Run:
       return True  # it says itself, in the record's notes, when it does not apply
     return amplification_applies(self.schema, self.encoder.shape[1], self.sampling_prob)
 
-  def unamplified(self, z: float) -> Dict[str, Any]:
+  def unamplified(self, z: float) -> Bound:
     from tff_mf import accounting  # pylint: disable=g-import-not-at-top
     return accounting.epsilon_for(self.encoder, self.schema, z, self.delta, None,
                                   accountant=self.accountant, known_sensitivity=self.report)
@@ -558,7 +560,7 @@ class _Run:
       name = getattr(analysis, "name", analysis)
       return None, f"{name} analysis not applicable: {' '.join(str(e).split())}"
 
-  def record(self, z: Optional[float], target: Optional[float]) -> Dict[str, Any]:
+  def record(self, z: Optional[float], target: Optional[float]) -> Bound:
     notes: List[str] = []
     amplified = None
     if self.amplified:
@@ -566,27 +568,28 @@ class _Run:
       if amplified is None:
         notes.append(note)
       else:
-        z = amplified["noise_multiplier"]
+        z = amplified.noise_multiplier
     if z is None:
       z = self.calibrated(target)
     plain = self.unamplified(float(z))
     candidates = [plain] + ([amplified] if amplified is not None else [])
-    best = dict(min(candidates, key=lambda r: r["epsilon"]))
-    best.update(candidates=[_candidate(r) for r in candidates], notes=notes,
-                analysis_label=analyses.REGISTRY[best["analysis"]].label + (
-                    f" ({best['epsilon_label']})" if best.get("epsilon_label") else ""))
-    if self.sampling_prob is not None:  # the sampling, whichever bound is reported
-      best.setdefault("sampling_prob", self.sampling_prob)
-    if analyses.REGISTRY[best["analysis"]].poisson:
+    best = min(candidates, key=lambda r: r.epsilon)
+    fields: Dict[str, Any] = dict(
+        candidates=[_candidate(r) for r in candidates], notes=notes,
+        analysis_label=analyses.REGISTRY[best.analysis].label + (
+            f" ({best.epsilon_label})" if best.epsilon_label else ""))
+    if self.sampling_prob is not None and best.sampling_prob is None:
+      fields["sampling_prob"] = self.sampling_prob  # the sampling, whichever bound is reported
+    if analyses.REGISTRY[best.analysis].poisson:
       # ``sensitivity`` then means every eligible round joined; the noise is calibrated for
       # the unamplified one (one field a meaning).
-      best.update(unamplified_sensitivity=plain["sensitivity"],
-                  unamplified_sensitivity_exact=plain["sensitivity_exact"],
-                  unamplified_sensitivity_method=plain["sensitivity_method"])
-    best.pop("mmcc", None)  # MMCC's per-row details: too large for a run record
-    return best
+      fields.update(unamplified_sensitivity=plain.sensitivity,
+                    unamplified_sensitivity_exact=plain.sensitivity_exact,
+                    unamplified_sensitivity_method=plain.sensitivity_method)
+    # MMCC's per-row details: too large for a run record.
+    return best.without("mmcc").replace(**fields)
 
-  def adaptive(self, z: Optional[float], target: Optional[float], adaptive) -> Dict[str, Any]:
+  def adaptive(self, z: Optional[float], target: Optional[float], adaptive) -> Bound:
     """μ² = (sens/z)² + k·(½/σ_b)² (``tff_mf.accounting.adaptive_clipping``), one Gaussian at 1/μ."""
     from tff_mf import accounting  # pylint: disable=g-import-not-at-top
     from tff_mf.accounting import adaptive_clipping  # pylint: disable=g-import-not-at-top
@@ -598,26 +601,27 @@ class _Run:
     plain = self.unamplified(float(z))
     total = adaptive_clipping.combined_noise_multiplier(z, sens, sigma_b, k)
     eps = math.inf if total == 0.0 else accounting.epsilon(total, self.delta, self.accountant)
-    record = dict(plain, epsilon=eps, analysis=analyses.AdaptiveClipping.name,
-                  noise_multiplier=float(z),
-                  effective_noise_multiplier=total, count_participations=k,
-                  clipped_count_stddev=sigma_b)
-    record.update(candidates=[_candidate(record)],
-                  analysis_label=analyses.AdaptiveClipping.label,
-                  notes=["adaptive clipping: the count queries are accounted without "
-                         "amplification"] if self.amplified else [])
-    return record
+    record = plain.replace(epsilon=eps, analysis=analyses.AdaptiveClipping.name,
+                           noise_multiplier=float(z),
+                           effective_noise_multiplier=total, count_participations=k,
+                           clipped_count_stddev=sigma_b)
+    return record.replace(candidates=[_candidate(record)],
+                          analysis_label=analyses.AdaptiveClipping.label,
+                          notes=["adaptive clipping: the count queries are accounted without "
+                                 "amplification"] if self.amplified else [])
 
 
-def _candidate(record: Dict[str, Any]) -> Dict[str, Any]:
-  """A candidate bound; an amplified one keeps both of its bounds (the statement shows each)."""
-  out = {"analysis": record["analysis"], "epsilon": record["epsilon"],
-         "sensitivity": record.get("sensitivity"), "accountant": record.get("accountant")}
-  for key in ("amplified_epsilon", "unamplified_epsilon", "bound", "min_sep",
-              "failure_probability", "epsilon_label"):  # an ε's β never left behind
-    if key in record:
-      out[key] = record[key]
-  return out
+# What a candidate bound keeps: an amplified one both of its bounds (the statement shows each),
+# an ε's β never left behind.
+_CANDIDATE_FIELDS = ("analysis", "epsilon", "sensitivity", "accountant", "amplified_epsilon",
+                     "unamplified_epsilon", "bound", "min_sep", "failure_probability",
+                     "epsilon_label")
+
+
+def _candidate(record: Bound) -> Bound:
+  """A candidate bound of a run record: ``record``'s ``_CANDIDATE_FIELDS``."""
+  form = record.json()
+  return Bound.of_json({key: form[key] for key in _CANDIDATE_FIELDS if key in form})
 
 
 # ----------------------------------------------------------------------------- ε by round
@@ -679,7 +683,8 @@ def epsilon_by_round(c: np.ndarray, schema: participation_lib.Participation, z: 
   """
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   n = c.shape[1]
-  final = float(details["epsilon"])
+  details = Bound.of_json(details)
+  final = float(details.epsilon)
   bounds = {}
   for r in _evaluated_rounds(n)[:-1]:
     rows, schema_r = prefix_encoder(c, schema, r)
@@ -698,18 +703,19 @@ def epsilon_by_round(c: np.ndarray, schema: participation_lib.Participation, z: 
 
 
 def _epsilon_at(z: float, sens: float, delta: float, accountant: str,
-                details: Mapping[str, Any], count_participations: int) -> float:
+                details: Bound, count_participations: int) -> float:
   """ε of a released prefix with sensitivity ``sens`` (the record's analysis, unamplified);
   with adaptive clipping, composed with the ``count_participations`` count queries a user
   can have joined in it (docs/mechanisms.md, "Adaptive clipping", ε after each round)."""
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
-  if details.get("noise_distribution") == "discrete_gaussian":
+  own = details.rest  # the analysis's own fields
+  if own.get("noise_distribution") == "discrete_gaussian":
     # The prefix's rounding term is at most the whole run's (η times its sensitivity).
-    return dg.epsilon(z, delta, sens, details["encoder_sensitivity"])
+    return dg.epsilon(z, delta, sens, own["encoder_sensitivity"])
   if analyses.counts_clipping(details):
     from tff_mf.accounting import adaptive_clipping  # pylint: disable=g-import-not-at-top
     total = adaptive_clipping.combined_noise_multiplier(
-        z, sens, details["clipped_count_stddev"],
-        min(count_participations, details["count_participations"]))
+        z, sens, own["clipped_count_stddev"],
+        min(count_participations, own["count_participations"]))
     return math.inf if total == 0.0 else accounting.epsilon(total, delta, accountant)
   return accounting.epsilon(z, delta, accountant, sensitivity=sens)

@@ -80,6 +80,7 @@ from tff_mf import checks
 from tff_mf.accounting.analyses import RDP_ORDERS  # pylint: disable=unused-import
 from tff_mf.accounting.analyses import band_count  # pylint: disable=unused-import
 from tff_mf.accounting.analyses import check_encoder
+from tff_mf.accounting.bound import Bound
 from tff_mf.accounting.analyses import mmcc_details  # pylint: disable=unused-import
 from tff_mf.accounting.analyses import poisson_sensitivity  # pylint: disable=unused-import
 from tff_mf.accounting.analyses import sampling_min_sep  # pylint: disable=unused-import
@@ -246,7 +247,7 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
                 accountant: str = DEFAULT_ACCOUNTANT, *,
                 pld_discretization: float = PLD_DISCRETIZATION, non_adaptive: bool = False,
                 mmcc_options: Optional[Dict[str, Any]] = None,
-                known_sensitivity: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+                known_sensitivity: Optional[Dict[str, Any]] = None) -> Bound:
   """ε at δ of a run with encoder C, participation ``schema`` and noise multiplier z.
 
   Args:
@@ -277,11 +278,12 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
       (``tff_mf.mechanisms``; unamplified, amplified_allocation or amplified_fixed_bin), so it
       is not recomputed.
 
-  Returns a JSON-ready dict: ``epsilon`` (an upper bound), ``analysis``,
-  ``accountant``, ``sensitivity`` (of the unamplified Gaussian), ``sensitivity_exact``,
-  ``exact`` (ε is the run's exact ε: unamplified, exact accountant, exact
-  sensitivity), the schema, and for amplified analyses ``amplified_epsilon``,
-  ``unamplified_epsilon`` and ``bound`` (which of the two valid bounds is reported).
+  Returns a ``Bound`` (``tff_mf.accounting.bound``; ``.json()`` its JSON form): ``epsilon``
+  (an upper bound), ``analysis``, ``accountant``, ``sensitivity`` (of the unamplified
+  Gaussian), ``sensitivity_exact``, ``exact`` (ε is the run's exact ε: unamplified, exact
+  accountant, exact sensitivity), the schema, and for amplified analyses
+  ``amplified_epsilon``, ``unamplified_epsilon`` and ``bound`` (which of the two valid bounds
+  is reported).
   """
   analysis = analyses.make(amplification, pld_discretization=pld_discretization,
                            non_adaptive=non_adaptive, mmcc_options=mmcc_options)
@@ -292,8 +294,8 @@ def epsilon_for(c: Optional[np.ndarray], schema, noise_multiplier: float, delta:
   if c is not None:
     c = check_encoder(c)
   record = _base_record(c, schema, z, delta, analysis)
-  return analysis.record(record, c, schema, z, delta, accountant, sampling_prob,
-                         known_sensitivity)
+  return Bound.of_json(analysis.record(record, c, schema, z, delta, accountant, sampling_prob,
+                                       known_sensitivity))
 
 
 def _base_record(c: Optional[np.ndarray], schema, z: float, delta: float,
@@ -311,7 +313,7 @@ def _base_record(c: Optional[np.ndarray], schema, z: float, delta: float,
 def calibrate(c: Optional[np.ndarray], schema, target_epsilon: float, delta: float,
               amplification: Optional[str] = None, sampling_prob: Optional[float] = None,
               accountant: str = DEFAULT_ACCOUNTANT, tolerance: float = 1e-3,
-              **options) -> Dict[str, Any]:
+              **options) -> Bound:
   """The smallest z (within relative ``tolerance``) whose ``epsilon_for`` ε ≤ target.
 
   Returns ``epsilon_for``'s record at that z plus ``target_epsilon``, ``tolerance``
@@ -339,15 +341,13 @@ def calibrate(c: Optional[np.ndarray], schema, target_epsilon: float, delta: flo
     record = _base_record(c, schema, hi, delta, analyses.make(amplification))
     record = analyses.make(amplification).calibrate(c, schema, target, delta, hi, accountant,
                                                     sampling_prob, record)
-    record.update(target_epsilon=target, tolerance=tolerance)
-    return record
+    return Bound.of_json(record).replace(target_epsilon=target, tolerance=tolerance)
   if not analysis.amplified:  # the Gaussian's calibration is the answer when its ε passes
-    record = epsilon_for(c, schema, hi, delta, amplification, sampling_prob, accountant,
-                         **options)
-    if record["epsilon"] <= target:
-      record.update(target_epsilon=target, tolerance=tolerance)
-      return record
-  records: Dict[float, Dict[str, Any]] = {}
+    bound = epsilon_for(c, schema, hi, delta, amplification, sampling_prob, accountant,
+                        **options)
+    if bound.epsilon <= target:
+      return bound.replace(target_epsilon=target, tolerance=tolerance)
+  records: Dict[float, Bound] = {}
   mmcc_options = options.get("mmcc_options") or {}
   bar = _SearchBar(bool(mmcc_options.get("progress")), target, tolerance)
   if mmcc_options.get("progress"):  # one bar for the whole search, none per evaluation
@@ -356,16 +356,15 @@ def calibrate(c: Optional[np.ndarray], schema, target_epsilon: float, delta: flo
   def eps_of(z):
     records[z] = epsilon_for(c, schema, z, delta, amplification, sampling_prob, accountant,
                              **options)
-    bar.probed(z, records[z]["epsilon"])
-    return records[z]["epsilon"]
+    bar.probed(z, records[z].epsilon)
+    return records[z].epsilon
 
   try:
     z, evaluations = _search(eps_of, target, hi, tolerance)
   finally:
     bar.close()
-  record = records[z]
-  record.update(target_epsilon=target, tolerance=tolerance, evaluations=evaluations)
-  return record
+  return records[z].replace(target_epsilon=target, tolerance=tolerance,
+                            evaluations=evaluations)
 
 
 class _SearchBar:

@@ -27,6 +27,7 @@ k-dimensional Gaussian with covariance σ² X, X = C_Jᵀ C_J (mean X u under Q)
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from typing import Dict, Optional
@@ -121,13 +122,21 @@ def threshold_epsilon(means, weights, sigma: float, delta: float) -> float:
                             sigma, delta)
 
 
+@dataclasses.dataclass(frozen=True)
+class LowerBound:
+  """A proven lower bound on a run's ε at δ (never a run's ε): ``epsilon``, from the first
+  ``columns`` rounds of residue class 0."""
+  epsilon: float
+  columns: int
+
+
 def lower_bound(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
-                min_sep: int = 1, offset: int = 0) -> Dict[str, float]:
+                min_sep: int = 1, offset: int = 0) -> LowerBound:
   """A proven lower bound on the (ε, δ) of b-min-sep Poisson sampling with encoder C.
 
   ``sampling_prob`` is q, the probability of joining each eligible round. Projects the
   pair of the module docstring onto directions v = C_J w (w = 1 and each e_i) and
-  returns {"epsilon": the largest ε proven, "columns": |J| used}. Uses the first
+  returns ``LowerBound(epsilon=the largest ε proven, columns=|J| used)``. Uses the first
   ``MAX_PATTERN_COLUMNS`` rounds of the class at most (fewer rounds: still a valid
   adversary). Float round-off aside, the true ε is at least this.
   """
@@ -146,7 +155,7 @@ def lower_bound(c, sampling_prob: float, noise_multiplier: float, delta: float, 
     means = u @ a
     keep = weights > 0
     best = max(best, _threshold_epsilon(means[keep], weights[keep], sigma, delta))
-  return {"epsilon": best, "columns": k}
+  return LowerBound(epsilon=best, columns=k)
 
 
 def monte_carlo_epsilon(c, sampling_prob: float, noise_multiplier: float, delta: float, *,

@@ -19,9 +19,10 @@ from __future__ import annotations
 import dataclasses
 import decimal
 import math
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tff_mf.accounting import analyses
+from tff_mf.accounting.bound import Bound
 
 DIGITS = 3
 UNIT = ("client-level: one client's whole data, in every round it joins. Adjacency is "
@@ -116,37 +117,38 @@ def epsilon_text(value: Optional[float], digits: int = DIGITS) -> str:
 _fmt = analyses.fmt
 
 
-def _sensitivity_words(record: Mapping[str, Any], schema_text: str) -> str:
-  exact = record.get("sensitivity_exact")
+def _sensitivity_words(record: Bound, schema_text: str) -> str:
+  exact = record.sensitivity_exact
   kind = "exact" if exact else "an upper bound" if exact is not None else "as recorded"
-  method = record.get("sensitivity_method")
+  method = record.sensitivity_method
   return (f"sens = the sensitivity of the encoder C under {schema_text} ({kind}"
           f"{'; ' + str(method) if method else ''})")
 
 
 def analysis_words(record: Mapping[str, Any], schema_text: str) -> str:
-  """The analysis behind ``record['epsilon']``, in its own words (``tff_mf.accounting.analyses``)."""
-  z, sens = record.get("noise_multiplier"), record.get("sensitivity")
-  named = record.get("unamplified_accountant") or record.get("accountant")
+  """The analysis behind the record's ε, in its own words (``tff_mf.accounting.analyses``)."""
+  record = Bound.of_json(record)
+  z, sens = record.noise_multiplier, record.sensitivity
+  named = record.rest.get("unamplified_accountant") or record.accountant
   accountant = (analyses.ACCOUNTANTS[named].words if named in analyses.ACCOUNTANTS
-                else str(record.get("accountant")))
+                else str(record.accountant))
   ratio = (f"z/sens = {_fmt(z)}/{_fmt(sens)} = {_fmt(z / sens)}" if z is not None and sens
            else f"z = {_fmt(z)}")
-  analysis = analyses.described(record.get("analysis", "none"))
+  analysis = analyses.described(record.analysis or "none")
   return analysis.words(record, ratio, accountant, _sensitivity_words(record, schema_text))
 
 
 # ----------------------------------------------------------------------------- participation
 
 
-def _schema_text(record: Mapping[str, Any], schema: Optional[Mapping[str, Any]]) -> str:
+def _schema_text(record: Bound, schema: Optional[Mapping[str, Any]]) -> str:
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
-  schema = schema if schema is not None else record.get("schema")
+  schema = schema if schema is not None else record.rest.get("schema")
   if isinstance(schema, Mapping):
     return participation.from_dict(dict(schema)).describe()
   if isinstance(schema, participation.Participation):
     return schema.describe()
-  return str(record.get("participation") or "single")
+  return str(record.rest.get("participation") or "single")
 
 
 def participation_words(schema_text: str, observed: Optional[Mapping[str, Any]],
@@ -186,10 +188,11 @@ def setup_words(record: Mapping[str, Any], setup: Mapping[str, Any], run: bool) 
     parts.append(f"encoder C from {matrix}")
   else:
     parts.append("any encoder C normalized to max column norm 1")
+  record = Bound.of_json(record)
   n = _rounds(record, setup)
   parts.append(f"n = {n} rounds" if n is not None else
                "any number of rounds n (single participation)")
-  z = record.get("noise_multiplier")
+  z = record.noise_multiplier
   parts.append(f"noise multiplier z = {_fmt(z)} (noise std / clip norm)")
   clients, clip = setup.get("clients_per_round"), setup.get("clip_norm")
   if clients is not None:
@@ -197,7 +200,7 @@ def setup_words(record: Mapping[str, Any], setup: Mapping[str, Any], run: bool) 
   if clip == "adaptive":
     a = setup.get("adaptive_clipping") or {}
     rate = a.get("learning_rate", a.get("clip_learning_rate"))
-    sigma_b = a.get("clipped_count_stddev") or record.get("clipped_count_stddev")
+    sigma_b = a.get("clipped_count_stddev") or record.rest.get("clipped_count_stddev")
     parts.append(f"adaptive clip norm (starting at {_fmt(a.get('initial_clip_norm'))}, "
                  f"tracking the {_fmt(a.get('target_quantile'))} quantile of the update norms "
                  f"at learning rate {_fmt(rate)}, clipped-count noise std {_fmt(sigma_b)})")
@@ -208,8 +211,8 @@ def setup_words(record: Mapping[str, Any], setup: Mapping[str, Any], run: bool) 
   return ", ".join(parts)
 
 
-def _rounds(record: Mapping[str, Any], setup: Mapping[str, Any]) -> Optional[int]:
-  n = setup.get("rounds", record.get("n"))
+def _rounds(record: Bound, setup: Mapping[str, Any]) -> Optional[int]:
+  n = setup.get("rounds", record.rest.get("n"))
   return None if n is None else int(n)
 
 
@@ -222,49 +225,45 @@ def epsilon_table(record: Mapping[str, Any]) -> List[Dict[str, Any]]:
   From ``candidates`` (``tff_mf.mechanisms.run_privacy``) or the record itself
   (``tff_mf.accounting.epsilon_for``); an amplified record also holds the unamplified
   Gaussian for the same sampling (one row per analysis: the smaller of its bounds). Rows:
-  {analysis, label, epsilon, epsilon_text, reported};
-  ``reported`` marks the smallest, the ε the statement reports. Empty without an ε.
+  {analysis, label, epsilon, epsilon_text, reported} (and ``failure_probability`` beside an ε
+  that needs it); ``reported`` marks the smallest, the ε the statement reports. Empty without
+  an ε.
   """
-  if record.get("epsilon") is None:
+  record = Bound.of_json(record)
+  if record.epsilon is None:
     return []
-  rows: List[Dict[str, Any]] = []
-  for c in record.get("candidates") or [record]:
-    if c.get("amplified_epsilon") is not None and c.get("unamplified_epsilon") is not None:
-      b = c.get("min_sep", record.get("min_sep"))
-      rows.append(_row("none", "unamplified Gaussian at z / sensitivity" + (
+  rows: List[Tuple[str, str, float, Optional[float]]] = []  # analysis, label, ε, β
+  for c in record.candidates or (record,):
+    beta = high_probability(c)  # its ε never appears without β
+    label = _label(c.analysis) + (
+        f" ({analyses.high_probability_words(beta)})" if beta is not None else "")
+    if c.amplified_epsilon is not None and c.unamplified_epsilon is not None:
+      b = c.min_sep if c.min_sep is not None else record.min_sep
+      rows.append(("none", "unamplified Gaussian at z / sensitivity" + (
           f", every round of a residue class mod {b} joined" if b is not None else ""),
-                       c["unamplified_epsilon"]))
-      rows.append(_row(c["analysis"], _label(c["analysis"]), c["amplified_epsilon"]))
-    elif c.get("epsilon") is not None:
-      rows.append(_row(c["analysis"], _label(c["analysis"]), c["epsilon"]))
-    if rows and high_probability(c) is not None:  # its ε never appears without β
-      rows[-1]["label"] += f" ({analyses.high_probability_words(high_probability(c))})"
-      rows[-1]["failure_probability"] = high_probability(c)
-  unique: List[Dict[str, Any]] = []  # one row per analysis: its smallest bound
+                   float(c.unamplified_epsilon), None))
+      rows.append((c.analysis, label, float(c.amplified_epsilon), beta))
+    elif c.epsilon is not None:
+      rows.append((c.analysis, label, float(c.epsilon), beta))
+  smallest: Dict[str, Tuple[str, str, float, Optional[float]]] = {}  # one row per analysis
   for row in rows:
-    same = [u for u in unique if u["analysis"] == row["analysis"]]
-    if not same:
-      unique.append(row)
-    elif row["epsilon"] < same[0]["epsilon"]:
-      unique[unique.index(same[0])] = row
-  best = min(r["epsilon"] for r in unique)
-  for row in unique:
-    row["reported"] = row["epsilon"] == best
-  return unique
-
-
-def _row(analysis: str, label: str, eps: float) -> Dict[str, Any]:
-  return {"analysis": analysis, "label": label, "epsilon": float(eps),
-          "epsilon_text": epsilon_text(eps)}
+    if row[0] not in smallest or row[2] < smallest[row[0]][2]:
+      smallest[row[0]] = row
+  best = min(row[2] for row in smallest.values())
+  return [dict({"analysis": analysis, "label": label, "epsilon": eps,
+                "epsilon_text": epsilon_text(eps), "reported": eps == best},
+               **({"failure_probability": beta} if beta is not None else {}))
+          for analysis, label, eps, beta in smallest.values()]
 
 
 def high_probability(record: Mapping[str, Any]) -> Optional[float]:
   """β when the record's analysis gives an ε that holds with probability ≥ 1 − β over the
   accountant's own sampling (``tff_mf.accounting.monte_carlo``), else None."""
-  cls = analyses.of_record(record.get("analysis"))
+  record = Bound.of_json(record)
+  cls = analyses.of_record(record.analysis)
   if cls is None or not cls.high_probability:
     return None
-  return record.get("failure_probability")
+  return record.failure_probability
 
 
 def _label(analysis: str) -> str:
@@ -287,40 +286,38 @@ def _not_a_record(record: Any) -> Exception:
   return checks.CheckError(f"privacy_statement takes a privacy record, not a {what}")
 
 
-def _checked_record(record: Any) -> Dict[str, Any]:
-  """``record`` as a dict the statement can describe truthfully; CheckError otherwise."""
+def _checked_record(record: Any) -> Bound:
+  """``record`` as a ``Bound`` the statement can describe truthfully; CheckError otherwise."""
   from tff_mf import checks  # pylint: disable=g-import-not-at-top
   if not isinstance(record, Mapping):
     raise checks.CheckError(f"privacy_statement takes a privacy record (a dict from "
                             f"tff_mf.accounting.epsilon_for, or a PrivacyRecord), got "
                             f"{type(record).__name__}")
-  analysis = record.get("analysis")
-  cls = analyses.of_record(analysis)
+  record = Bound.of_json(record)
+  cls = analyses.of_record(record.analysis)
   if cls is None or not cls.bound:
     raise checks.CheckError(f"privacy_statement: the record names no analysis it can describe "
-                            f"(analysis = {analysis!r}; expected one of {', '.join(ANALYSES)}): "
-                            f"pass the record tff_mf.accounting.epsilon_for returns, or a "
-                            f"PrivacyRecord (setup.privacy)")
-  if cls.amplified and record.get("bound") not in (
-      "amplified", "unamplified"):
-    raise checks.CheckError(f"privacy_statement: the {analysis} record does not say which bound "
-                            f"its epsilon is (bound = {record.get('bound')!r})")
-  for c in [record] + list(record.get("candidates") or []):
-    cls = analyses.of_record(c.get("analysis"))
-    beta = c.get("failure_probability")
+                            f"(analysis = {record.analysis!r}; expected one of "
+                            f"{', '.join(ANALYSES)}): pass the record "
+                            f"tff_mf.accounting.epsilon_for returns, or a PrivacyRecord "
+                            f"(setup.privacy)")
+  if cls.amplified and record.bound not in ("amplified", "unamplified"):
+    raise checks.CheckError(f"privacy_statement: the {record.analysis} record does not say "
+                            f"which bound its epsilon is (bound = {record.bound!r})")
+  for c in (record,) + record.candidates:
+    cls = analyses.of_record(c.analysis)
+    beta = c.failure_probability
     if cls is not None and cls.high_probability and not (
         isinstance(beta, float) and 0.0 < beta < 1.0):
       raise checks.CheckError(
-          f"privacy_statement: the {c.get('analysis')} epsilon holds only with probability "
+          f"privacy_statement: the {c.analysis} epsilon holds only with probability "
           f">= 1 - beta over the accountant's own sampling, and the record carries no "
           f"failure_probability (got {beta!r}): it is never reported without that label")
-  computed = [c["epsilon"] for c in record.get("candidates") or [] if c.get("epsilon") is not None]
-  if record.get("epsilon") is not None and computed:
-    smallest = min(computed)
-    if float(record["epsilon"]) < smallest:
-      raise checks.CheckError(f"privacy_statement: epsilon {record['epsilon']} is below every "
-                              f"bound its record computed (smallest {smallest})")
-  return dict(record)
+  computed = [c.epsilon for c in record.candidates if c.epsilon is not None]
+  if record.epsilon is not None and computed and float(record.epsilon) < min(computed):
+    raise checks.CheckError(f"privacy_statement: epsilon {record.epsilon} is below every "
+                            f"bound its record computed (smallest {min(computed)})")
+  return record
 
 
 def privacy_statement(record: Any, *, schema=None,
@@ -367,20 +364,19 @@ def privacy_statement(record: Any, *, schema=None,
     noise_seed_source = noise_seed_source or defaults.get("noise_seed_source")
     epsilon_reason = epsilon_reason or defaults.get("epsilon_reason")
     run = defaults.get("run") if run is None else run
-  elif dataclasses.is_dataclass(record):
+  elif dataclasses.is_dataclass(record) and not isinstance(record, Bound):
     raise _not_a_record(record)
   record = _checked_record(record)
   run = True if run is None else run
   setup = dict(setup or {})
-  eps = record.get("epsilon")
-  eps = None if eps is None else float(eps)
+  eps = None if record.epsilon is None else float(record.epsilon)
   if eps is not None and math.isnan(eps):
     raise ValueError("internal error: a NaN epsilon reached the privacy statement")
   schema_text = _schema_text(record, schema)
   if sampling_prob is None:
-    sampling_prob = record.get("sampling_prob")
+    sampling_prob = record.sampling_prob
   not_covered, void = _not_covered(run, noise_seed_source, nonprivate_metrics)
-  if run and record.get("noise_distribution") == "discrete_gaussian":
+  if run and record.rest.get("noise_distribution") == "discrete_gaussian":
     not_covered.append(SECRET_SUMS)
   n = _rounds(record, setup)
   covers = COVERS_RUN if run else (COVERS_ACCOUNT.format(n=n) if n is not None
@@ -391,7 +387,7 @@ def privacy_statement(record: Any, *, schema=None,
          "unit": UNIT_ADAPTIVE if adaptive else UNIT,
          "epsilon": None if eps is None else round_up(eps),
          "epsilon_text": None if eps is None else epsilon_text(eps), "epsilon_unrounded": eps,
-         "delta": record.get("delta"),
+         "delta": record.delta,
          "epsilons": table,
          "reported_why": REPORTED_WHY if len(table) > 1 else None,
          "analysis": analysis_words(record, schema_text),

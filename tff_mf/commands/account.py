@@ -261,8 +261,9 @@ def _check_slack_flags(args: argparse.Namespace, analysis: Optional[type]) -> No
     _fail(f"{flags[0]} needs a non-negative lower-triangular C (not --non_adaptive)")
 
 
-def _add_slack(record: dict, c, args: argparse.Namespace) -> None:
-  """The proven lower bound, the slack and the Monte-Carlo estimate, as separate fields.
+def _add_slack(record: dict, bound, c, args: argparse.Namespace) -> None:
+  """The proven lower bound, the slack and the Monte-Carlo estimate, as separate fields of
+  the printed ``record``, for the ``bound`` it prints (``tff_mf.accounting.Bound``).
 
   Residue class 0 of b-min-sep Poisson sampling (fixed_epoch k: b = n/k), each of its
   rounds joined with probability p, at the z of the record (``tff_mf.accounting.mixture_pair``).
@@ -274,30 +275,29 @@ def _add_slack(record: dict, c, args: argparse.Namespace) -> None:
     from tff_mf.accounting import fixed_bin  # pylint: disable=g-import-not-at-top
     from tff_mf.accounting import random_allocation  # pylint: disable=g-import-not-at-top
     module = fixed_bin if schema.marks_fixed_bin else random_allocation
-    lower = module.lower_bound(c, record["schema"]["epochs"], record["noise_multiplier"],
-                               record["delta"])
+    lower = module.lower_bound(c, record["schema"]["epochs"], bound.noise_multiplier,
+                               bound.delta)
     record["lower_bound_epsilon"] = lower
     record["lower_bound_method"] = (
         f"proven lower bound on the true epsilon: the all-ones adversary of {schema.kind}, "
         f"threshold tests on projections ({module.__name__}.lower_bound)")
-    record["slack"] = record["epsilon"] / lower if lower > 0 else float("inf")
+    record["slack"] = bound.epsilon / lower if lower > 0 else float("inf")
     return
   if schema.not_poisson is not None:
     _fail(f"--lower_bound covers b-min-sep Poisson sampling (--participation min_sep or "
           f"fixed_epoch), random_allocation and balls_in_bins, --monte_carlo_samples only the "
           f"first; not "
           f"{record['schema']['kind']}")
-  pair = (c, record["sampling_prob"], record["noise_multiplier"], record["delta"])
-  options = {"min_sep": record["min_sep"]}
+  pair = (c, bound.sampling_prob, bound.noise_multiplier, bound.delta)
+  options = {"min_sep": bound.min_sep}
   if args.lower_bound:
     lower = mixture_pair.lower_bound(*pair, **options)
-    record["lower_bound_epsilon"] = lower["epsilon"]
+    record["lower_bound_epsilon"] = lower.epsilon
     record["lower_bound_method"] = (
         f"proven lower bound on the true epsilon: residue class 0, its first "
-        f"{lower['columns']} rounds joined with probability p, threshold tests on projections "
+        f"{lower.columns} rounds joined with probability p, threshold tests on projections "
         "(tff_mf.accounting.mixture_pair.lower_bound)")
-    record["slack"] = (record["epsilon"] / lower["epsilon"] if lower["epsilon"] > 0
-                       else float("inf"))
+    record["slack"] = bound.epsilon / lower.epsilon if lower.epsilon > 0 else float("inf")
   if args.monte_carlo_samples is not None:
     from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
     estimator = analyses.MonteCarlo(samples=args.monte_carlo_samples)
@@ -720,17 +720,18 @@ def run(args: argparse.Namespace) -> int:
   chosen = analysis(**options) if sampled else analysis.name
   options = {} if sampled else options
   if args.target_epsilon is not None:
-    record = accounting.calibrate(c, schema, args.target_epsilon, args.delta, chosen,
-                                  sampling_prob, args.accountant, args.tolerance, **options)
+    bound = accounting.calibrate(c, schema, args.target_epsilon, args.delta, chosen,
+                                 sampling_prob, args.accountant, args.tolerance, **options)
   else:
-    record = accounting.epsilon_for(c, schema, args.noise_multiplier, args.delta,
-                                    chosen, sampling_prob, args.accountant, **options)
+    bound = accounting.epsilon_for(c, schema, args.noise_multiplier, args.delta,
+                                   chosen, sampling_prob, args.accountant, **options)
+  record = bound.json()  # what the command prints: the bound, and what it adds below
   if args.sampling_prob is not None:
     record.setdefault("sampling_prob", args.sampling_prob)
   record["amplification_source"] = source
   record["matrix"] = label
   record["schema"] = schema.as_dict()
   if args.lower_bound or args.monte_carlo_samples is not None:
-    _add_slack(record, c, args)
+    _add_slack(record, bound, c, args)
   record["schema_source"] = _schema_source(args, cached, amplified)
   return _finish(record, args, extra)
