@@ -215,8 +215,7 @@ def test_record_and_statement_carry_the_label():
 
 
 def test_statement_refuses_the_epsilon_without_its_label():
-  record = _record(seed=8)
-  del record["failure_probability"]
+  record = _record(seed=8).without("failure_probability")
   with pytest.raises(checks.CheckError, match="never reported without that label"):
     statement.privacy_statement(record, run=False)
 

@@ -18,7 +18,10 @@ INFINITIES = {"inf": math.inf, "-inf": -math.inf}
 
 
 def jsonable(x: Any) -> Any:
-  """``x`` as strict-JSON-ready Python values (see the module docstring); NaN raises."""
+  """``x`` as strict-JSON-ready Python values (see the module docstring); NaN raises. A typed
+  record with a ``json()`` method (``tff_mf.accounting.Bound``) becomes its JSON form."""
+  if callable(getattr(x, "json", None)) and not isinstance(x, (dict, np.ndarray)):
+    return jsonable(x.json())
   if isinstance(x, dict):
     return {str(k): jsonable(v) for k, v in x.items()}
   if isinstance(x, (list, tuple)):

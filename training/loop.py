@@ -479,12 +479,12 @@ def _privacy_summary(trainer: _Trainer, noise_multiplier, record, participation
   config = trainer.run.config
   if record is None:
     return None, "non-private run", None
-  block = jsonio.jsonable(record)
+  block = jsonio.jsonable(record.json())
   block["noise_multiplier"] = noise_multiplier
   if trainer.ledger is not None:
     block["dp_event_cross_check"] = privacy.dp_event_epsilon(
         trainer.ledger.events(), config.delta, trainer.run.progress.round)
-  eps, reason = record["epsilon"], None
+  eps, reason = record.epsilon, None
   if not participation["follows_schema"]:
     eps, reason = None, ("the sampled rounds broke the participation schema (" +
                          "; ".join(participation["violations"]) + "); no epsilon is reported")

@@ -44,17 +44,18 @@ class RunSetup:
 
 
 def resolve_privacy(config: TrainingConfig, noise_seed: Optional[int]
-                    ) -> Tuple["RunSetup", Optional[float], Optional[Dict[str, Any]]]:
+                    ) -> Tuple["RunSetup", Optional[float], Any]:
   """(setup, z, ε record): the mechanism built once, and the library's privacy record of it.
 
   z is the flag's or calibrated by the library (``--target_epsilon``, with amplification
   under cyclic Poisson sampling); the record is ``setup.privacy.details``, the one the
-  library computed for the encoder it built. Both are None for a non-private run.
+  library computed for the encoder it built (a ``tff_mf.accounting.Bound``). Both are None
+  for a non-private run.
   """
   setup = build_run_setup(config, noise_seed)
   if setup.privacy is None:
     return setup, None, None
-  return setup, setup.privacy.noise_multiplier, dict(setup.privacy.details)
+  return setup, setup.privacy.noise_multiplier, setup.privacy.details
 
 
 def build_library_mechanism(name: str, config: TrainingConfig, noise_seed: Optional[int],

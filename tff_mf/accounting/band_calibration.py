@@ -116,10 +116,10 @@ def calibrate_bands(n: int, target_epsilon: float, delta: float, *, min_sep: int
     f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=progress)
     record = accounting.calibrate(f.c, schema, target, delta, analyses.AmplifiedBanded.name, p_b,
                                   tolerance=tolerance)
-    z = float(record["noise_multiplier"])
+    z = float(record.noise_multiplier)
     rmse = fz.rmse(f.b, checks.gamma(f.c))
     out.append(BandCandidate(bands=b, sampling_prob=p_b, noise_multiplier=z,
-                             epsilon=float(record["epsilon"]), bound=record["bound"], rmse=rmse,
+                             epsilon=float(record.epsilon), bound=record.bound, rmse=rmse,
                              expected_error=z * rmse / expected, cache_npz=entry.npz_path))
   best = min(out, key=lambda c: (c.expected_error, c.bands))
   return {"best": best.as_dict(), "candidates": [c.as_dict() for c in out],

@@ -262,8 +262,8 @@ def _claim(claimed: aggregators.MechanismSetup, schema, opts: AuditOptions) -> D
     record = accounting.epsilon_for(claimed.factorization.c, schema, out["noise_multiplier"],
                                     opts.delta, amplification="mmcc",
                                     sampling_prob=opts.sampling_prob)
-    out.update(claimed_epsilon=float(record["epsilon"]), claimed_analysis=record["analysis"],
-               claimed_bound=record.get("bound"), claimed_mu=None)
+    out.update(claimed_epsilon=float(record.epsilon), claimed_analysis=record.analysis,
+               claimed_bound=record.bound, claimed_mu=None)
   return out
 
 
