@@ -61,9 +61,9 @@ def run(args: argparse.Namespace) -> int:
         f"{result['expected_participations']:.4g}; {result['strategy']}, amplified banded")
   print(f"{'bands':>6} {'p_b':>9} {'z':>9} {'epsilon':>9} {'bound':>11} {'rmse':>9} "
         f"{'z*rmse/E':>10}")
-  for c in result["candidates"]:
-    mark = "  <- best" if c["bands"] == result["best"]["bands"] else ""
-    print(f"{c['bands']:>6d} {c['sampling_prob']:>9.4g} {c['noise_multiplier']:>9.5g} "
-          f"{c['epsilon']:>9.4g} {c['bound']:>11} {c['rmse']:>9.5g} "
-          f"{c['expected_error']:>10.5g}{mark}")
+  best = band_calibration.BandCandidate(**result["best"])
+  for c in (band_calibration.BandCandidate(**row) for row in result["candidates"]):
+    mark = "  <- best" if c.bands == best.bands else ""
+    print(f"{c.bands:>6d} {c.sampling_prob:>9.4g} {c.noise_multiplier:>9.5g} "
+          f"{c.epsilon:>9.4g} {c.bound:>11} {c.rmse:>9.5g} {c.expected_error:>10.5g}{mark}")
   return 0
