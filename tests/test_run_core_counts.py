@@ -159,6 +159,8 @@ def test_a_bound_is_frozen_and_its_json_form_round_trips():
   form = json.loads(json.dumps(bound.json()))
   assert Bound.of_json(form) == bound and list(form) == list(bound.json())
   assert bound["epsilon"] == bound.epsilon  # code written against the dict still reads it
+  import pickle  # pylint: disable=g-import-not-at-top
+  assert pickle.loads(pickle.dumps(bound)) == bound  # across processes (MMCC's workers)
 
 
 def test_no_shims_remain():

@@ -13,7 +13,6 @@ returned before; nothing in tff-mf reads a bound that way (``tests/test_run_core
 from __future__ import annotations
 
 import dataclasses
-import types
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
 # The typed fields, in the order a record has always been written.
@@ -86,7 +85,7 @@ class Bound(Mapping[str, Any]):
       typed["candidates"] = tuple(cls.of_json(c) for c in typed["candidates"] or ())
     if "notes" in typed:
       typed["notes"] = tuple(typed["notes"] or ())
-    rest = types.MappingProxyType({k: v for k, v in record.items() if k not in typed})
+    rest = {k: v for k, v in record.items() if k not in typed}  # a dict: a Bound pickles
     return cls(**typed, rest=rest, order=tuple(record))
 
   def replace(self, **fields: Any) -> "Bound":
