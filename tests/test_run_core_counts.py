@@ -50,10 +50,12 @@ def _lines(*paths):
 def test_no_tool_defines_a_schema_or_family_flag_by_hand():
   """The participation flags were defined in 4 tools and bands/rank/buffers in 7 files; now
   each is declared once, by its kind or family, and the privacy flags (z, the target ε, the
-  sampling probability, the noise distribution) by the spec's ``Privacy``; every tool defines
+  sampling probability, the noise distribution) by the spec's ``Privacy``, the workload's
+  (rounds, momentum, learning-rate schedule) by ``spec.WORKLOAD_FLAGS``; every tool defines
   them from there."""
   tabled = ({f.name for f in participation.flags()} | {f.name for f in spec_lib.family_flags()}
-            | {f.name for f in spec_lib.PRIVACY_FLAGS})
+            | {f.name for f in spec_lib.PRIVACY_FLAGS} | {f.name for f in spec_lib.WORKLOAD_FLAGS}
+            | {spec_lib.MOMENTUM_SPELLING})
   by_hand = []
   for path, tree in _sources():
     for name, call in _calls(tree):

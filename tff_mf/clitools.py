@@ -246,11 +246,12 @@ def add_progress_flags(parser, default: bool = True, what: str = "progress bars 
 
 def add_rounds_flag(parser, default: Optional[int] = None, required: bool = False,
                     what: str = "", dest: str = "n"):
-  """``--total_rounds`` (dest ``n``): the number of rounds n, the size of A, B and C, as
-  training's ``--total_rounds``; its old spelling ``--n`` is refused, naming it."""
-  parser.add_argument("--total_rounds", dest=dest, type=int, default=default,
-                      required=required, metavar="N",
-                      help="number of rounds n, the size of the matrices A, B and C" + what)
+  """``--total_rounds`` (dest ``n``; ``tff_mf.spec.WORKLOAD_FLAGS``): the number of rounds n,
+  the size of A, B and C, as training's ``--total_rounds``; its old spelling ``--n`` is refused,
+  naming it."""
+  from tff_mf import spec  # pylint: disable=g-import-not-at-top
+  add_flag(parser, spec.workload_flag("total_rounds"), default=default, required=required,
+           note=what, dest=dest)
 
 
 def add_delta_flag(parser, required: bool = False, what: str = ""):
@@ -301,17 +302,21 @@ def participation_source(participation: Optional[str], epochs=None, min_sep=None
 
 
 def add_flag(group, flag, default=None, default_text: Optional[str] = None,
-             note: str = "", required: bool = False) -> None:
+             note: str = "", required: bool = False, spelling: Optional[str] = None,
+             dest: Optional[str] = None) -> None:
   """Defines a ``tff_mf.flagspec.Flag`` on an argparse group: its help, then ``note`` (what
   the flag means in this tool), then its default (``default_text``, else ``default``) or
-  ``required``."""
+  ``required``; ``spelling``: the tool's name for it (``spec.MOMENTUM_SPELLING``), ``dest``
+  the attribute it sets."""
   shown = f" (default: {default_text})" if default_text is not None else ""
   kwargs = dict(choices=flag.choices) if flag.choices else dict(metavar=flag.metavar)
   if required:
     kwargs["required"] = True
   else:
     kwargs["default"] = default
-  group.add_argument(f"--{flag.name}", type=flag.convert or _argparse_type(flag.type),
+  if dest is not None:
+    kwargs["dest"] = dest
+  group.add_argument(f"--{spelling or flag.name}", type=flag.convert or _argparse_type(flag.type),
                      help=f"{flag.text}{note}{shown}", **kwargs)
 
 

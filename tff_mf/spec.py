@@ -442,6 +442,34 @@ def privacy_flag(name: str) -> flagspec.Flag:
   return flag
 
 
+# The flags of the training workload A (``training_workload``), declared once for every tool
+# that builds, factorizes or plans one. The offline tools (factorize, plan, plot) spell the
+# momentum β ``--momentum``; a run's tools (the binary, audit) ``--server_momentum``: the same
+# β, which the server optimizer applies and the momentum workload M(β) factorizes.
+WORKLOAD_FLAGS = (
+    flagspec.Flag("total_rounds", int, "N",
+                  "number of rounds n, the size of the matrices A, B and C"),
+    flagspec.Flag("server_momentum", float, "BETA",
+                  "momentum beta in [0, 1) of the server optimizer, and of the momentum "
+                  "workload M(beta) a momentum mechanism factorizes (Denisov et al. 2022, "
+                  "arXiv:2202.08312, Prop 4.2)"),
+    flagspec.Flag("lr_schedule", str, "NAME",
+                  "learning-rate schedule of the last --schedule_rounds rounds (the server "
+                  "optimizer's, and the momentum workload's eta)", choices=LR_SCHEDULES),
+    flagspec.Flag("schedule_rounds", int, "K",
+                  "rounds k of the decay or cooldown at the end (with --lr_schedule decay or "
+                  "cooldown only)"),
+)
+# The offline tools' spelling of --server_momentum.
+MOMENTUM_SPELLING = "momentum"
+
+
+def workload_flag(name: str) -> flagspec.Flag:
+  """The ``flagspec.Flag`` of the workload's parameter ``name`` (``WORKLOAD_FLAGS``)."""
+  [flag] = [f for f in WORKLOAD_FLAGS if f.name == name]
+  return flag
+
+
 def family_flags() -> Tuple[flagspec.Flag, ...]:
   """The flags of the family parameters for every tool: the shared ones (bands, rank, buffers;
   ``families.PARAMETER_FLAGS``), then each registered strategy's own

@@ -443,8 +443,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "--total_rounds)")
   parser.add_argument("--skip_training", action="store_true",
                       help="only the factorization table and plots (no training run)")
-  parser.add_argument("--total_rounds", type=int, default=MAIN_JOB_DEFAULTS["total_rounds"],
-                      help="training rounds per mechanism")
+  clitools.add_flag(parser, spec_lib.workload_flag("total_rounds"),
+                    default=MAIN_JOB_DEFAULTS["total_rounds"],
+                    default_text=str(MAIN_JOB_DEFAULTS["total_rounds"]),
+                    note="; here the training rounds of each mechanism")
   parser.add_argument("--clients_per_round", type=int,
                       default=MAIN_JOB_DEFAULTS["clients_per_round"], help="clients per round")
   clitools.add_flag(parser, spec_lib.privacy_flag("target_epsilon"),

@@ -62,7 +62,8 @@ flags.DEFINE_boolean("pydocs_stdlib", _DEFAULTS.pydocs_stdlib,
                      "change with Python's patch version (--nopydocs_stdlib: the pinned "
                      "packages' alone, the same dataset from the same lock file under any "
                      "Python 3.11).")
-flags.DEFINE_integer("total_rounds", _DEFAULTS.total_rounds, "Rounds n (the matrix size).")
+clitools.define_absl_flag(spec_lib.workload_flag("total_rounds"), __name__,
+                          default=_DEFAULTS.total_rounds, note=".")
 flags.DEFINE_integer("clients_per_round", _DEFAULTS.clients_per_round,
                      "Clients per round (single, fixed_epoch). With --participation=min_sep, "
                      "balls_in_bins or random_allocation the number varies from round to "
@@ -91,12 +92,12 @@ clitools.define_absl_flag(spec_lib.privacy_flag("sampling_prob"), __name__,
                           note=" (required with --participation=min_sep)")
 flags.DEFINE_float("client_lr", _DEFAULTS.client_lr, "Client SGD learning rate.")
 flags.DEFINE_float("server_lr", _DEFAULTS.server_lr, "Server learning rate.")
-flags.DEFINE_float("server_momentum", _DEFAULTS.server_momentum, "Server momentum β in [0, 1).")
-flags.DEFINE_enum("lr_schedule", _DEFAULTS.lr_schedule, config_lib.LR_SCHEDULES,
-                  "Server learning-rate schedule over the last --schedule_rounds rounds.")
-flags.DEFINE_integer("schedule_rounds", None,
-                     f"Rounds of the decay/cooldown at the end {_NONE}only with --lr_schedule="
-                     "decay or cooldown, where it is required).")
+clitools.define_absl_flag(spec_lib.workload_flag("server_momentum"), __name__,
+                          default=_DEFAULTS.server_momentum, note=".")
+clitools.define_absl_flag(spec_lib.workload_flag("lr_schedule"), __name__,
+                          default=_DEFAULTS.lr_schedule, note=".")
+clitools.define_absl_flag(spec_lib.workload_flag("schedule_rounds"), __name__,
+                          note="; required with decay or cooldown")
 for _name in ("noise_multiplier", "target_epsilon"):
   clitools.define_absl_flag(spec_lib.privacy_flag(_name), __name__)
 clitools.define_absl_flag(spec_lib.privacy_flag("delta"), __name__, default=_DEFAULTS.delta)

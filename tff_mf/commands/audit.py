@@ -67,9 +67,8 @@ def _add_mechanism_arguments(g) -> None:
                     note="; here unamplified")
   g.add_argument("--clients_per_round", type=float, default=2.0, help="K (default: 2)")
   g.add_argument("--clip_norm", type=float, default=1.0, help="clip norm (default: 1)")
-  g.add_argument("--server_momentum", type=float, default=0.0,
-                 help="server momentum beta, as training's; a momentum mechanism's workload "
-                      "is built from it (default: 0)")
+  clitools.add_flag(g, spec.workload_flag("server_momentum"), default=0.0, default_text="0",
+                    note="; as training's")
   g.add_argument("--server_lr", type=float, default=1.0, help="server learning rate (default: 1)")
   clitools.add_schema_flags(g, default_text={
       "participation": "min_sep when --min_sep, --max_participations or --sampling_prob is "

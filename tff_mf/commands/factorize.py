@@ -31,14 +31,14 @@ def add_workload_arguments(parser, n_required: bool = False) -> None:
                           "--momentum is above 0 or --lr_schedule is not constant, as training "
                           "builds its workload from --server_momentum and --lr_schedule; else "
                           "prefix_sum)")
-  group.add_argument("--momentum", type=float, default=None,
-                     help=f"momentum β of the momentum workload, training's --server_momentum "
-                          f"(default: {DEFAULT_MOMENTUM} with --workload momentum, else 0)")
-  group.add_argument("--lr_schedule", choices=("constant", "decay", "cooldown"), default="constant",
-                     help="learning-rate schedule η of the momentum workload (default: constant)")
-  group.add_argument("--schedule_rounds", type=int, default=None, metavar="K",
-                     help="rounds k of the decay/cooldown at the end (default: n/4, as 512 of "
-                          "2048 in Denisov et al. 2022)")
+  from tff_mf import spec  # pylint: disable=g-import-not-at-top
+  clitools.add_flag(group, spec.workload_flag("server_momentum"),
+                    spelling=spec.MOMENTUM_SPELLING, note="; training's --server_momentum",
+                    default_text=f"{DEFAULT_MOMENTUM} with --workload momentum, else 0")
+  clitools.add_flag(group, spec.workload_flag("lr_schedule"), default="constant",
+                    default_text="constant")
+  clitools.add_flag(group, spec.workload_flag("schedule_rounds"),
+                    default_text="n/4, as 512 of 2048 in Denisov et al. 2022")
   group.add_argument("--matrix_file", default=None, metavar="A.npy",
                      help="a lower-triangular, full-rank A of your own (.npy) (default: none)")
   clitools.add_rounds_flag(group, required=n_required,

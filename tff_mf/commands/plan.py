@@ -39,13 +39,13 @@ def register(subparsers) -> None:
   parser.add_argument("--max_state_rows", type=int, default=None, metavar="ROWS",
                       help="a cap on the server's noise state in model-sized rows (default: "
                            "none)")
-  parser.add_argument("--momentum", type=float, default=None,
-                      help="beta of the momentum workload M(beta) (default: none, beta = 0: "
-                           "with a constant schedule, prefix sums)")
-  parser.add_argument("--lr_schedule", choices=("constant", "decay", "cooldown"),
-                      default="constant", help="the workload's learning-rate schedule")
-  parser.add_argument("--schedule_rounds", type=int, default=None,
-                      help="rounds of the decay or cooldown schedule (default: none)")
+  from tff_mf import spec  # pylint: disable=g-import-not-at-top
+  clitools.add_flag(parser, spec.workload_flag("server_momentum"),
+                    spelling=spec.MOMENTUM_SPELLING, note="; training's --server_momentum",
+                    default_text="none, beta = 0: with a constant schedule, prefix sums")
+  clitools.add_flag(parser, spec.workload_flag("lr_schedule"), default="constant",
+                    default_text="constant")
+  clitools.add_flag(parser, spec.workload_flag("schedule_rounds"), default_text="none")
   clitools.add_accountant_flag(parser)
   parser.add_argument("--skip_mmcc", action="store_true",
                       help="account candidates whose amplified analysis would be MMCC without "

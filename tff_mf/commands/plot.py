@@ -75,9 +75,11 @@ def register(subparsers) -> None:
       description="Per-round variance of Honaker online/full vs the optimal factorization "
                   "(Denisov Fig 1, McMahan Fig 1) and heatmaps of B and C (Denisov App G).")
   clitools.add_rounds_flag(parser, required=True)
-  parser.add_argument("--momentum", type=float, default=None,
-                      help="also plot the momentum workload with this β (Denisov et al. Fig 1 "
-                           "right) (default: prefix sums only)")
+  from tff_mf import spec  # pylint: disable=g-import-not-at-top
+  clitools.add_flag(parser, spec.workload_flag("server_momentum"),
+                    spelling=spec.MOMENTUM_SPELLING,
+                    note="; here also plot the momentum workload with this beta (Denisov et al. "
+                         "Fig 1 right)", default_text="prefix sums only")
   parser.add_argument("--output_dir", required=True, help="directory for the PNGs (required)")
   clitools.add_cache_dir_flag(parser)
   clitools.add_progress_flags(parser, what="the solvers' progress bars on stderr")
