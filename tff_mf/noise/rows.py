@@ -133,16 +133,28 @@ class NoiseRows:
 
 
 def _add_n(terms: List[Tuple[int, np.ndarray]], like: np.ndarray) -> np.ndarray:
-  """A ``tf.add_n`` of products as the TF kernel's graph runs it: summed left to right
-  (the CPU kernel's order) after Grappler's arithmetic optimizer sorts the inputs of the
-  commutative AddN by node name, the products being named ``mul``, ``mul_1``, … in the
-  order the kernel creates them (so ``mul_10`` comes before ``mul_2``). ``terms``: (creation
-  index, product)."""
+  """A ``tf.add_n`` of products as the TF kernel's graph runs it. Grappler's arithmetic
+  optimizer sorts the inputs of the commutative AddN by node name, the products being named
+  ``mul``, ``mul_1``, … in the order the kernel creates them (so ``mul_10`` comes before
+  ``mul_2``); the CPU kernel then sums the first r inputs left to right (r = num mod 8, or 8
+  when that is 0, 9 when it is 1) and adds each further block of 8, itself summed left to
+  right, to that total (TensorFlow's ``AddNOp``: ``Add<r>Functor``, then ``Add8pFunctor``).
+  ``terms``: (creation index, product)."""
   if not terms:
     return np.zeros_like(like)
   ordered = [t for _, t in sorted(terms, key=lambda e: "mul" if e[0] == 0 else f"mul_{e[0]}")]
-  out = ordered[0]
-  for t in ordered[1:]:
+  first = len(ordered) % 8 or 8
+  if first == 1 and len(ordered) > 1:
+    first = 9
+  out = _left_to_right(ordered[:first])
+  for start in range(first, len(ordered), 8):
+    out = out + _left_to_right(ordered[start:start + 8])
+  return out
+
+
+def _left_to_right(terms: List[np.ndarray]) -> np.ndarray:
+  out = terms[0]
+  for t in terms[1:]:
     out = out + t
   return out
 
