@@ -38,6 +38,7 @@ import scipy.linalg.blas
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import tensorflow as tf  # pylint: disable=wrong-import-position
@@ -82,15 +83,17 @@ def build(names, n, bands, specs, cache_dir):
 
 
 def state_at(name, query, round_index, specs):
-  """The query state before round ``round_index`` (0-based)."""
+  """The query state before round ``round_index`` (0-based): the tree's buffer layout from
+  its bookkeeping on a 1-float model, with full-size buffers (``bench_aggregation``)."""
   state = query.initial_global_state()
   if hasattr(state, "round_index"):
     return state._replace(round_index=tf.constant(round_index, tf.int32))
-  if name == "tree":  # run the tree's bookkeeping to that round (its buffers' layout)
-    step = tf.function(query.get_noised_result)
-    zero = [tf.zeros(s.shape, s.dtype) for s in specs]
-    for _ in tqdm(range(round_index), desc="tree state", file=sys.stderr):
-      _, state, _ = step(zero, state)
+  if name == "tree":
+    from bench_aggregation import tree_state_at  # pylint: disable=g-import-not-at-top
+    import tensorflow_privacy as tfp  # pylint: disable=g-import-not-at-top
+    small = tfp.TreeResidualSumQuery.build_l2_gaussian_query(
+        CLIP, Z, [tf.TensorSpec([1], tf.float32)], noise_seed=1, use_efficient=True)
+    return tree_state_at(query, small, round_index, specs)
   return state
 
 
