@@ -199,6 +199,7 @@ def write(args, d, cpu, wall, results, load_after):
   command = " ".join(["benchmarks/bench_noise_limit.py"] + (
       sys.argv[1:] if __name__ == "__main__" else []))
   lines = [
+      "## Noise at its limit (tff_mf.tf.noise, training.checkpoints)", "",
       f"Command: `.venv/bin/python {command}`  ",
       f"Machine: {MACHINE}, shared (2 cores); 1-minute load average {LOAD_AT_START:.2f} at the "
       f"start, {load_after:.2f} after the timings. d = {d:,} float32 parameters, n = {args.n}, "
