@@ -44,6 +44,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf  # pylint: disable=wrong-import-position
 from tqdm import tqdm  # pylint: disable=wrong-import-position
 
+from bench_aggregation import model_specs, tree_state_at  # pylint: disable=wrong-import-position
+
 from tff_mf.spec import MechanismSpec  # pylint: disable=wrong-import-position
 from tff_mf.tf import aggregators  # pylint: disable=wrong-import-position
 from tff_mf.tf import noise as noise_lib  # pylint: disable=wrong-import-position
@@ -56,14 +58,6 @@ MECHANISMS = {"gaussian": ("gaussian", {}), "blt": ("blt", {}), "banded": ("band
               "structured": ("structured", {}),
               "bisr": ("bisr", {"noise_stream": "stateful"}), "tree": ("tree", {})}
 LOAD_AT_START = os.getloadavg()[0]
-
-
-def model_specs(dim):
-  if dim:
-    return [tf.TensorSpec([dim], tf.float32)]
-  from stackoverflow import model as so_model  # pylint: disable=g-import-not-at-top
-  keras_model = so_model.create_keras_model(seed=0)
-  return [tf.TensorSpec(v.shape, v.dtype) for v in keras_model.trainable_variables]
 
 
 def build(names, n, bands, specs, cache_dir):
@@ -89,7 +83,6 @@ def state_at(name, query, round_index, specs):
   if hasattr(state, "round_index"):
     return state._replace(round_index=tf.constant(round_index, tf.int32))
   if name == "tree":
-    from bench_aggregation import tree_state_at  # pylint: disable=g-import-not-at-top
     import tensorflow_privacy as tfp  # pylint: disable=g-import-not-at-top
     small = tfp.TreeResidualSumQuery.build_l2_gaussian_query(
         CLIP, Z, [tf.TensorSpec([1], tf.float32)], noise_seed=1, use_efficient=True)
