@@ -8,7 +8,8 @@ model's variables (a fresh output each call) is reported beside it. Measured in 
 
 - the floor and the pass, interleaved with the mechanisms, repetition by repetition;
 - each mechanism's round: the DPQuery's ``get_noised_result`` (noise row, added to a zero
-  sum) of the query ``build_mechanism`` wires, state set to round ``--round``: gaussian
+  sum) of the query ``build_mechanism`` wires, traced as the compiled engine (the training
+  binary's default on one machine) traces it, state set to round ``--round``: gaussian
   (independent noise), BLT (Dvijotham et al. 2024, arXiv:2404.16706), banded C with
   ``--bands`` bands (Choquette-Choo et al. 2023, arXiv:2306.08153), structured B̂ (Denisov et
   al. 2022, arXiv:2202.08312, App H), BISR's FIR stream (Kalinin et al. 2025,
@@ -90,6 +91,14 @@ def state_at(name, query, round_index, specs):
   return state
 
 
+def _fused(fn):
+  """``fn`` traced as the compiled engine traces the query (``noise.fused_kernels``)."""
+  def traced(*args):
+    with noise_lib.fused_kernels():
+      return fn(*args)
+  return traced
+
+
 def rows_combined(name, noise, state):
   """Distinct model-sized state rows one round reads."""
   if noise is not None:
@@ -162,7 +171,7 @@ def main(argv=None):
   states = {}
   for name, (query, noise) in built.items():
     states[name] = state_at(name, query, args.round, specs)
-    fns[name] = (tf.function(query.get_noised_result), (zero, states[name]))
+    fns[name] = (tf.function(_fused(query.get_noised_result)), (zero, states[name]))
   for fn, fargs in fns.values():
     timed(fn, *fargs)  # trace and warm
   times = {name: [] for name in fns}

@@ -31,6 +31,8 @@ checkpoint them; restoring continues the identical stream.
 from __future__ import annotations
 
 import abc
+import contextlib
+import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -318,19 +320,22 @@ class LinearNoise(StreamingNoise):
   coefficients that are zero in every round are left out at trace time.
 
   Each sum is a ``tf.add_n`` of products rounded to the variables' dtype, in the order
-  TensorFlow's graph takes it (``tff_mf.noise.rows.add_n_blocks``). ``jit_compile=True`` (the
-  default) compiles the computed rows and the output of each variable into one XLA loop that
-  reads each state row once, with the same arithmetic: the sums in that order, and every
-  product's bits passed through an integer xor with a zero XLA cannot see
-  (``_exact_product``), so that no product is contracted with its add into a fused
-  multiply-add (one rounding: other last bits). Its rows and state equal the unfused graph
-  kernel's (``jit_compile=False``) bit for bit, so the TFF process, the compiled engine and
-  the numpy rows (``tff_mf.noise.rows``, ``exact=True``) add the same noise.
+  TensorFlow's graph takes it (``tff_mf.noise.rows.add_n_blocks``). The fused kernel compiles
+  the computed rows and the output of each variable into one XLA loop that reads each state
+  row once, with the same arithmetic: the sums in that order, and every product's bits passed
+  through an integer xor with a zero XLA cannot see (``_exact_product``), so that no product
+  is contracted with its add into a fused multiply-add (one rounding: other last bits). Its
+  rows and state equal the graph kernel's bit for bit, so the TFF process, the compiled
+  engine and the numpy rows (``tff_mf.noise.rows``, ``exact=True``) add the same noise.
+  ``jit_compile``: True, the fused kernel; False, the graph kernel; None (the default), the
+  fused one where the query is traced within ``fused_kernels()`` (the compiled engine runs
+  its query in its own ``tf.function``), else the graph one: TFF's runtime runs a
+  computation's functions without XLA, and Grappler would then reorder the fused kernel's sums.
   """
 
   def __init__(self, stream: streams.LinearStream, c: np.ndarray,
                participation: participation_lib.Participation = participation_lib.SINGLE,
-               jit_compile: bool = True, sensitivity_report: Optional[Dict[str, Any]] = None):
+               jit_compile: Optional[bool] = None, sensitivity_report: Optional[Dict[str, Any]] = None):
     if not isinstance(stream, streams.LinearStream):
       raise NoiseError(f"stream must be a tff_mf.noise.streams.LinearStream, got "
                        f"{type(stream).__name__}")
@@ -339,10 +344,10 @@ class LinearNoise(StreamingNoise):
       raise NoiseError(f"{stream.name} has {stream.n} rounds, encoder C is {self._c.shape}")
     _check_inverse(stream.run, self._c, stream.name, probe=self.n > FULL_CHECK_MAX_N)
     self.stream = stream
-    self.jit_compile = bool(jit_compile)
+    self.jit_compile = None if jit_compile is None else bool(jit_compile)
     self._support = stream.support()
     self._computed = [int(l) for l in stream.computed_rows]
-    self._kernel = None
+    self._kernels = {}
 
   def noise_matrix(self) -> np.ndarray:
     return self.stream.noise_matrix()
@@ -380,9 +385,10 @@ class LinearNoise(StreamingNoise):
     return out, tuple(tuple(row) for row in new_rows)
 
   def _kernel_fn(self):
-    if self._kernel is None:
+    fused = _FUSED.on if self.jit_compile is None else self.jit_compile
+    if fused not in self._kernels:
       sup, rows, copies = self._support, self._computed, self.stream.copies
-      k, fused = self.stream.k, self.jit_compile
+      k = self.stream.k
 
       def kernel(z, old, f, g, w_old, w_new, c, zero):
         made = [0]  # products so far: the graph names them mul, mul_1, … in this order
@@ -411,11 +417,30 @@ class LinearNoise(StreamingNoise):
           terms.append((c, z))
         return combine(terms), computed
 
-      self._kernel = tf.function(kernel, jit_compile=fused, autograph=False)
-    return self._kernel
+      self._kernels[fused] = tf.function(kernel, jit_compile=fused, autograph=False)
+    return self._kernels[fused]
 
   def describe(self):
     return f"LinearNoise({self.stream.name}, n={self.n}, state rows={self.stream.k})"
+
+
+class _Fused(threading.local):
+  on = False
+
+
+_FUSED = _Fused()
+
+
+@contextlib.contextmanager
+def fused_kernels():
+  """Within: ``LinearNoise`` (``jit_compile=None``) traces its fused XLA kernel. For a caller
+  that runs the query in a ``tf.function`` of its own (the compiled engine); not inside a TFF
+  computation, whose runtime runs it without XLA."""
+  before, _FUSED.on = _FUSED.on, True
+  try:
+    yield
+  finally:
+    _FUSED.on = before
 
 
 # Integer types of a float's width: the bits ``_exact_product`` passes through.
