@@ -8,8 +8,9 @@ model's variables (a fresh output each call) is reported beside it. Measured in 
 
 - the floor and the pass, interleaved with the mechanisms, repetition by repetition;
 - each mechanism's round: the DPQuery's ``get_noised_result`` (noise row, added to a zero
-  sum) of the query ``build_mechanism`` wires, traced as the compiled engine (the training
-  binary's default on one machine) traces it, state set to round ``--round``: gaussian
+  sum) of the query ``build_mechanism`` wires, its streams' fused kernel on
+  (``noise.fused_kernels``; ``--graph-kernel``: off, training's default), state set to round
+  ``--round``: gaussian
   (independent noise), BLT (Dvijotham et al. 2024, arXiv:2404.16706), banded C with
   ``--bands`` bands (Choquette-Choo et al. 2023, arXiv:2306.08153), structured B̂ (Denisov et
   al. 2022, arXiv:2202.08312, App H), BISR's FIR stream (Kalinin et al. 2025,
@@ -92,7 +93,7 @@ def state_at(name, query, round_index, specs):
 
 
 def _fused(fn):
-  """``fn`` traced as the compiled engine traces the query (``noise.fused_kernels``)."""
+  """``fn`` traced with the streams' fused kernels (``noise.fused_kernels``)."""
   def traced(*args):
     with noise_lib.fused_kernels():
       return fn(*args)
@@ -148,6 +149,8 @@ def main(argv=None):
   parser.add_argument("--dim", type=int, default=0, help="flat model size (0: the LSTM)")
   parser.add_argument("--mechanisms", nargs="+", choices=list(MECHANISMS),
                       default=list(MECHANISMS))
+  parser.add_argument("--graph-kernel", action="store_true",
+                      help="the streams' graph kernel (training's default), not the fused one")
   parser.add_argument("--cache-dir", default=None)
   parser.add_argument("--smoke", action="store_true", help="n = 16, d = 1000: seconds")
   parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
@@ -171,7 +174,8 @@ def main(argv=None):
   states = {}
   for name, (query, noise) in built.items():
     states[name] = state_at(name, query, args.round, specs)
-    fns[name] = (tf.function(_fused(query.get_noised_result)), (zero, states[name]))
+    step = query.get_noised_result if args.graph_kernel else _fused(query.get_noised_result)
+    fns[name] = (tf.function(step), (zero, states[name]))
   for fn, fargs in fns.values():
     timed(fn, *fargs)  # trace and warm
   times = {name: [] for name in fns}
@@ -205,7 +209,8 @@ def write(args, d, cpu, wall, results, load_after):
       f"Command: `.venv/bin/python {command}`  ",
       f"Machine: {MACHINE}, shared (2 cores); 1-minute load average {LOAD_AT_START:.2f} at the "
       f"start, {load_after:.2f} after the timings. d = {d:,} float32 parameters, n = {args.n}, "
-      f"round {args.round}, banded and BISR with b = {args.bands}; medians of {args.reps} "
+      f"round {args.round}, banded and BISR with b = {args.bands}; the streams' "
+      f"{'graph' if args.graph_kernel else 'fused (XLA)'} kernel; medians of {args.reps} "
       "interleaved repetitions, CPU ms of this process (wall ms in brackets).", "",
       f"Floor (Philox Z row): {cpu['floor'] * 1e3:.1f} ({wall['floor'] * 1e3:.1f}); one pass "
       f"(in-place saxpy over d): {cpu['pass'] * 1e3:.2f} ({wall['pass'] * 1e3:.2f}); "

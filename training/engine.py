@@ -309,22 +309,17 @@ class CompiledProcess:
     self._sample_params = tf.function(query.derive_sample_params, reduce_retracing=True)
     self._derive_metrics = tf.function(query.derive_metrics, reduce_retracing=True)
 
-    from tff_mf.tf import noise as noise_lib  # pylint: disable=g-import-not-at-top
-
     @tf.function(reduce_retracing=True)
     def noised(global_state):
       sample_state = tf.nest.map_structure(tf.identity, accumulator)
-      with noise_lib.fused_kernels():  # XLA runs here: the noise of TFF's graph kernel
-        result = query.get_noised_result(sample_state, global_state)
-      return result
+      return query.get_noised_result(sample_state, global_state)
 
     self._noised = noised
 
     @tf.function
     def initial_aggregator_state():
       global_state = query.initial_global_state()
-      with noise_lib.fused_kernels():
-        _, _, event = query.get_noised_result(query.initial_sample_state(specs), global_state)
+      _, _, event = query.get_noised_result(query.initial_sample_state(specs), global_state)
       return global_state, event
 
     self._initial_aggregator_state = initial_aggregator_state

@@ -328,9 +328,11 @@ class LinearNoise(StreamingNoise):
   rows and state equal the graph kernel's bit for bit, so the TFF process, the compiled
   engine and the numpy rows (``tff_mf.noise.rows``, ``exact=True``) add the same noise.
   ``jit_compile``: True, the fused kernel; False, the graph kernel; None (the default), the
-  fused one where the query is traced within ``fused_kernels()`` (the compiled engine runs
-  its query in its own ``tf.function``), else the graph one: TFF's runtime runs a
-  computation's functions without XLA, and Grappler would then reorder the fused kernel's sums.
+  fused one where the query is traced within ``fused_kernels()``, else the graph one. Nothing
+  in training opts in yet: TFF's runtime runs a computation's functions without XLA (Grappler
+  then reorders the fused kernel's chained sums), and in a query that scales the row before
+  adding it (adaptive clipping) Grappler rewrites across the inlined graph kernel, so the
+  compiled engine with the fused kernel and TFF with the graph kernel differ in the last bits.
   """
 
   def __init__(self, stream: streams.LinearStream, c: np.ndarray,
@@ -433,9 +435,9 @@ _FUSED = _Fused()
 
 @contextlib.contextmanager
 def fused_kernels():
-  """Within: ``LinearNoise`` (``jit_compile=None``) traces its fused XLA kernel. For a caller
-  that runs the query in a ``tf.function`` of its own (the compiled engine); not inside a TFF
-  computation, whose runtime runs it without XLA."""
+  """Within: ``LinearNoise`` (``jit_compile=None``) traces its fused XLA kernel (a caller that
+  runs the query in a ``tf.function`` of its own; not inside a TFF computation, whose runtime
+  runs it without XLA)."""
   before, _FUSED.on = _FUSED.on, True
   try:
     yield
