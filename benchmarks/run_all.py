@@ -41,6 +41,9 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
     ("aggregation_streams", "aggregation_streams.md", (
         ("benchmarks/bench_aggregation.py", "--mechanisms", "blt", "bisr", "bisr_stateless",
          "--reps", "7", "--window", "16", "--name", "aggregation_streams"),)),
+    # Each streaming mechanism's noise against its own limit (Philox floor + one pass a state
+    # row), and its state's checkpoint save and restore (issue 49, item 5).
+    ("noise_limit", "noise_limit.md", (("benchmarks/bench_noise_limit.py",),)),
     ("mmcc", "mmcc.md", (("benchmarks/bench_mmcc.py", "fig2"),
                          ("benchmarks/bench_mmcc.py", "fig2", "--c", "4", "8", "--max-log2", "8",
                           "--out", "fig2_small_c"),
@@ -111,6 +114,7 @@ SMOKE: Dict[str, Tuple[str, ...]] = {
     "bench_factorization.py": ("--smoke", "--out-dir", "{out}"),
     "structured_cache.py": ("--smoke", "--out-dir", "{out}"),
     "bench_aggregation.py": ("--smoke", "--out", "{out}", "--cache-dir", "{out}/cache"),
+    "bench_noise_limit.py": ("--smoke", "--out", "{out}", "--cache-dir", "{out}/cache"),
     "bench_mmcc.py": ("--results-dir", "{out}", "smoke"),
     # Writes benchmarks/results/ only; each part runs minutes (n = 2048 MMCC): --help here.
     "bench_mmcc_toeplitz.py": ("--help",),

@@ -40,6 +40,8 @@ import dataclasses
 import os
 import re
 import shutil
+import zipfile
+import zlib
 from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
@@ -142,14 +144,56 @@ def _leaf(array: np.ndarray):
 
 
 def _write_npz(path: str, arrays: Dict[str, np.ndarray]) -> None:
-  runstate.write_private(path, lambda f: np.savez(f, **arrays))
+  """``np.savez``'s file (a zip of stored ``.npy`` members, read by ``np.load``), each array's
+  bytes written from its own buffer: ``np.savez`` copies them through ``tobytes`` chunks."""
+  def write(f):
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+      for key, value in arrays.items():
+        array = value if value.flags.c_contiguous else np.array(value, order="C")
+        with zf.open(f"{key}.npy", "w", force_zip64=True) as member:
+          np.lib.format.write_array_header_1_0(
+              member, np.lib.format.header_data_from_array_1_0(array))
+          member.write(array.reshape(-1).view(np.uint8))
+  runstate.write_private(path, write)
 
 
 def _read_part(path: str, part: str) -> Dict[str, np.ndarray]:
   """The arrays of ``part`` in checkpoint file ``path``, keyed without the part's prefix."""
-  with np.load(path, allow_pickle=False) as data:
-    return {key[len(part) + 1:]: data[key] for key in data.files
-            if key.startswith(part + "/")}
+  out = {}
+  with open(path, "rb") as raw, zipfile.ZipFile(raw) as zf:
+    for info in zf.infolist():
+      key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+      if key.startswith(part + "/"):
+        out[key[len(part) + 1:]] = _read_member(zf, raw, info)
+  return out
+
+
+def _read_member(zf: zipfile.ZipFile, raw, info: zipfile.ZipInfo) -> np.ndarray:
+  """One ``.npy`` member: a stored C-order one read straight from the file into its array
+  (``np.load`` reads it in chunks and copies them), its CRC-32 checked as ``zipfile`` does."""
+  with zf.open(info) as member:
+    version = np.lib.format.read_magic(member)
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, fortran_order, dtype = read_header(member)
+    header_size = member.tell()
+    if info.compress_type != zipfile.ZIP_STORED or fortran_order or dtype.hasobject:
+      member.seek(0)
+      return np.lib.format.read_array(member, allow_pickle=False)
+  raw.seek(info.header_offset)
+  local = raw.read(30)  # the local file header: its name and extra field lengths at 26, 28
+  start = info.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(
+      local[28:30], "little")
+  array = np.empty(shape, dtype)
+  data = array.reshape(-1).view(np.uint8)
+  raw.seek(start)
+  header = raw.read(header_size)
+  if local[:4] != b"PK\x03\x04" or raw.readinto(data) != data.size or (
+      header_size + data.size != info.file_size):
+    raise zipfile.BadZipFile(f"member {info.filename} is truncated or malformed")
+  if zlib.crc32(data, zlib.crc32(header)) != info.CRC:
+    raise zipfile.BadZipFile(f"Bad CRC-32 for file {info.filename!r}")
+  return array
 
 
 def _meta_arrays(progress: RunProgress) -> Dict[str, np.ndarray]:

@@ -132,18 +132,33 @@ class NoiseRows:
       self.stream_state = s.copy()
 
 
-def _add_n(terms: List[Tuple[int, np.ndarray]], like: np.ndarray) -> np.ndarray:
-  """A ``tf.add_n`` of products as the TF kernel's graph runs it: summed left to right
-  (the CPU kernel's order) after Grappler's arithmetic optimizer sorts the inputs of the
-  commutative AddN by node name, the products being named ``mul``, ``mul_1``, … in the
-  order the kernel creates them (so ``mul_10`` comes before ``mul_2``). ``terms``: (creation
-  index, product)."""
+def add_n_blocks(first: int, count: int) -> List[List[int]]:
+  """How TensorFlow's graph runs a ``tf.add_n`` of ``count`` products, the kernel's products
+  number ``first`` to ``first + count − 1`` in creation order: their positions (0 to
+  count − 1) in the blocks summed. Grappler's arithmetic optimizer sorts the inputs of the
+  commutative AddN by node name, the products being named ``mul``, ``mul_1``, … in the order
+  the kernel creates them (so ``mul_10`` comes before ``mul_2``); the CPU kernel then sums the
+  first block (r inputs, r = count mod 8, or 8 when that is 0, 9 when it is 1) left to right
+  and adds each further block of 8, itself summed left to right, to that total (``AddNOp``:
+  ``Add<r>Functor``, then ``Add8pFunctor``)."""
+  ordered = sorted(range(count), key=lambda e: "mul" if first + e == 0 else f"mul_{first + e}")
+  head = count % 8 or 8
+  if head == 1 and count > 1:
+    head = 9
+  return [ordered[:head]] + [ordered[s:s + 8] for s in range(head, count, 8)]
+
+
+def _add_n(first: int, terms: List[np.ndarray], like: np.ndarray) -> np.ndarray:
+  """A ``tf.add_n`` of ``terms``, the kernel's products ``first``, ``first + 1``, … (creation
+  order), as TensorFlow sums them (``add_n_blocks``)."""
   if not terms:
     return np.zeros_like(like)
-  ordered = [t for _, t in sorted(terms, key=lambda e: "mul" if e[0] == 0 else f"mul_{e[0]}")]
-  out = ordered[0]
-  for t in ordered[1:]:
-    out = out + t
+  out = None
+  for block in add_n_blocks(first, len(terms)):
+    part = terms[block[0]]
+    for j in block[1:]:
+      part = part + terms[j]
+    out = part if out is None else out + part
   return out
 
 
@@ -156,22 +171,23 @@ def _tf_stream_step(stream, sup, state: np.ndarray, z: np.ndarray, i: int, stdde
   f32, g32 = f.astype(np.float32), g.astype(np.float32)
   w_old32, w_new32 = (w_old * stddev).astype(np.float32), (w_new * stddev).astype(np.float32)
   c32 = np.float32(c * stddev)
-  made = iter(range(1 << 30))  # the kernel's products, numbered as it creates them
+  made = 0  # the kernel's products so far (their names' numbers)
   new = [None] * stream.k
   for l in range(stream.k):
     m = stream.copies[l]
     if m >= 0:
       new[l] = state[m]
       continue
-    terms = [(next(made), f32[l, m] * state[m]) for m in range(stream.k) if sup["f"][l, m]]
+    terms = [f32[l, m] * state[m] for m in range(stream.k) if sup["f"][l, m]]
     if sup["g"][l]:
-      terms.append((next(made), g32[l] * z))
-    new[l] = _add_n(terms, z)
-  terms = [(next(made), w_old32[m] * state[m]) for m in range(stream.k) if sup["w_old"][m]]
-  terms += [(next(made), w_new32[m] * new[m]) for m in range(stream.k) if sup["w_new"][m]]
+      terms.append(g32[l] * z)
+    new[l] = _add_n(made, terms, z)
+    made += len(terms)
+  terms = [w_old32[m] * state[m] for m in range(stream.k) if sup["w_old"][m]]
+  terms += [w_new32[m] * new[m] for m in range(stream.k) if sup["w_new"][m]]
   if sup["c"]:
-    terms.append((next(made), c32 * z))
-  return _add_n(terms, z), np.stack(new) if stream.k else state
+    terms.append(c32 * z)
+  return _add_n(made, terms, z), np.stack(new) if stream.k else state
 
 
 # The TF query's tag of the count noise stream (adaptive clipping): fold_in(seed, tag), then i.

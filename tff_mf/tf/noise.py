@@ -31,6 +31,8 @@ checkpoint them; restoring continues the identical stream.
 from __future__ import annotations
 
 import abc
+import contextlib
+import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -40,6 +42,7 @@ import tensorflow as tf
 from tff_mf import checks
 from tff_mf import participation as participation_lib
 from tff_mf.noise import keys
+from tff_mf.noise import rows as rows_lib
 from tff_mf.noise import streams
 
 PHILOX = tf.random.Algorithm.PHILOX
@@ -315,15 +318,26 @@ class LinearNoise(StreamingNoise):
   exactly as ``LinearStream.step`` does in float64 — the same tables, cast to the
   variables' dtype. Copied state rows are passed by reference (no copy), and
   coefficients that are zero in every round are left out at trace time.
-  ``jit_compile=True`` fuses the computed rows and the output per variable with XLA.
-  It is off by default: TFF's runtime runs the kernel without XLA, and the rows a
-  fused kernel gives differ in the last bits, so the TFF process and the compiled
-  engine (``--engine=compiled``) add bit-identical noise only without it.
+
+  Each sum is a ``tf.add_n`` of products rounded to the variables' dtype, in the order
+  TensorFlow's graph takes it (``tff_mf.noise.rows.add_n_blocks``). The fused kernel compiles
+  the computed rows and the output of each variable into one XLA loop that reads each state
+  row once, with the same arithmetic: the sums in that order, and every product's bits passed
+  through an integer xor with a zero XLA cannot see (``_exact_product``), so that no product
+  is contracted with its add into a fused multiply-add (one rounding: other last bits). Its
+  rows and state equal the graph kernel's bit for bit, so the TFF process, the compiled
+  engine and the numpy rows (``tff_mf.noise.rows``, ``exact=True``) add the same noise.
+  ``jit_compile``: True, the fused kernel; False, the graph kernel; None (the default), the
+  fused one where the query is traced within ``fused_kernels()``, else the graph one. Nothing
+  in training opts in yet: TFF's runtime runs a computation's functions without XLA (Grappler
+  then reorders the fused kernel's chained sums), and in a query that scales the row before
+  adding it (adaptive clipping) Grappler rewrites across the inlined graph kernel, so the
+  compiled engine with the fused kernel and TFF with the graph kernel differ in the last bits.
   """
 
   def __init__(self, stream: streams.LinearStream, c: np.ndarray,
                participation: participation_lib.Participation = participation_lib.SINGLE,
-               jit_compile: bool = False, sensitivity_report: Optional[Dict[str, Any]] = None):
+               jit_compile: Optional[bool] = None, sensitivity_report: Optional[Dict[str, Any]] = None):
     if not isinstance(stream, streams.LinearStream):
       raise NoiseError(f"stream must be a tff_mf.noise.streams.LinearStream, got "
                        f"{type(stream).__name__}")
@@ -332,10 +346,10 @@ class LinearNoise(StreamingNoise):
       raise NoiseError(f"{stream.name} has {stream.n} rounds, encoder C is {self._c.shape}")
     _check_inverse(stream.run, self._c, stream.name, probe=self.n > FULL_CHECK_MAX_N)
     self.stream = stream
-    self.jit_compile = bool(jit_compile)
+    self.jit_compile = None if jit_compile is None else bool(jit_compile)
     self._support = stream.support()
     self._computed = [int(l) for l in stream.computed_rows]
-    self._kernel = None
+    self._kernels = {}
 
   def noise_matrix(self) -> np.ndarray:
     return self.stream.noise_matrix()
@@ -362,40 +376,99 @@ class LinearNoise(StreamingNoise):
     tables = self._tables(i, stddev)
     kernel = self._kernel_fn()
     copies = self.stream.copies
+    zero = tf.bitwise.right_shift(tf.abs(i), 62)  # 0 for any round (i < n < 2⁶²), at run time
     out, new_rows = [], [[None] * len(specs) for _ in range(self.stream.k)]
     for t, spec in enumerate(specs):
       old = [row[t] for row in stream_state]
-      y, computed = kernel(z[t], old, *[tf.cast(x, spec.dtype) for x in tables])
+      y, computed = kernel(z[t], old, *[tf.cast(x, spec.dtype) for x in tables], zero)
       out.append(y)
       for l in range(self.stream.k):
         new_rows[l][t] = old[copies[l]] if copies[l] >= 0 else computed[self._computed.index(l)]
     return out, tuple(tuple(row) for row in new_rows)
 
   def _kernel_fn(self):
-    if self._kernel is None:
+    fused = _FUSED.on if self.jit_compile is None else self.jit_compile
+    if fused not in self._kernels:
       sup, rows, copies = self._support, self._computed, self.stream.copies
       k = self.stream.k
 
-      def kernel(z, old, f, g, w_old, w_new, c):
+      def kernel(z, old, f, g, w_old, w_new, c, zero):
+        made = [0]  # products so far: the graph names them mul, mul_1, … in this order
+
+        def combine(terms):
+          if not terms:
+            return tf.zeros_like(z)
+          if fused:
+            out = _graph_sum(made[0], [_exact_product(a, x, zero) for a, x in terms])
+          else:
+            out = tf.add_n([a * x for a, x in terms])
+          made[0] += len(terms)
+          return out
+
         new = [old[copies[l]] if copies[l] >= 0 else None for l in range(k)]
         computed = []
         for j, l in enumerate(rows):
-          terms = [f[j, m] * old[m] for m in range(k) if sup["f"][l, m]]
+          terms = [(f[j, m], old[m]) for m in range(k) if sup["f"][l, m]]
           if sup["g"][l]:
-            terms.append(g[j] * z)
-          new[l] = tf.add_n(terms) if terms else tf.zeros_like(z)
+            terms.append((g[j], z))
+          new[l] = combine(terms)
           computed.append(new[l])
-        terms = [w_old[m] * old[m] for m in range(k) if sup["w_old"][m]]
-        terms += [w_new[m] * new[m] for m in range(k) if sup["w_new"][m]]
+        terms = [(w_old[m], old[m]) for m in range(k) if sup["w_old"][m]]
+        terms += [(w_new[m], new[m]) for m in range(k) if sup["w_new"][m]]
         if sup["c"]:
-          terms.append(c * z)
-        return (tf.add_n(terms) if terms else tf.zeros_like(z)), computed
+          terms.append((c, z))
+        return combine(terms), computed
 
-      self._kernel = tf.function(kernel, jit_compile=self.jit_compile, autograph=False)
-    return self._kernel
+      self._kernels[fused] = tf.function(kernel, jit_compile=fused, autograph=False)
+    return self._kernels[fused]
 
   def describe(self):
     return f"LinearNoise({self.stream.name}, n={self.n}, state rows={self.stream.k})"
+
+
+class _Fused(threading.local):
+  on = False
+
+
+_FUSED = _Fused()
+
+
+@contextlib.contextmanager
+def fused_kernels():
+  """Within: ``LinearNoise`` (``jit_compile=None``) traces its fused XLA kernel (a caller that
+  runs the query in a ``tf.function`` of its own; not inside a TFF computation, whose runtime
+  runs it without XLA)."""
+  before, _FUSED.on = _FUSED.on, True
+  try:
+    yield
+  finally:
+    _FUSED.on = before
+
+
+# Integer types of a float's width: the bits ``_exact_product`` passes through.
+_BITS = {tf.float16: tf.int16, tf.bfloat16: tf.int16, tf.float32: tf.int32,
+         tf.float64: tf.int64}
+
+
+def _exact_product(a, x, zero):
+  """a·x rounded to x's dtype, its bits xored with ``zero`` (0, a run-time value): an
+  integer step XLA cannot fold, between the product and the add that takes it, so LLVM does
+  not contract the two into a fused multiply-add (which would round once)."""
+  bits = _BITS[x.dtype]
+  return tf.bitcast(tf.bitwise.bitwise_xor(tf.bitcast(a * x, bits), tf.cast(zero, bits)),
+                    x.dtype)
+
+
+def _graph_sum(first: int, terms):
+  """Σ terms in the order TensorFlow's graph runs ``tf.add_n`` of the kernel's products
+  ``first``, ``first + 1``, … (``tff_mf.noise.rows.add_n_blocks``)."""
+  out = None
+  for block in rows_lib.add_n_blocks(first, len(terms)):
+    part = terms[block[0]]
+    for j in block[1:]:
+      part = part + terms[j]
+    out = part if out is None else out + part
+  return out
 
 
 class PrecomputedNoise(StreamingNoise):
