@@ -53,7 +53,7 @@ from tff_mf.factorization import dense_run
 from tff_mf import factorization as fz
 from tff_mf.factorization import workloads
 
-ACCELERATIONS = ("auto", "newton", "anderson", "none")
+ACCELERATIONS = ("newton", "anderson", "none")  # and "auto", which picks one of them
 EIGENSOLVERS = ("auto", "dense", "tridiagonal")
 DEFAULT_ANDERSON_MEMORY = 10
 # Smallest fraction of a Newton step tried before falling back to a plain φ step.
@@ -267,8 +267,9 @@ def _check_solve_arguments(target_gap, max_iterations, acceleration, anderson_me
     raise checks.CheckError(f"target_gap must be in (0, 1), got {target_gap}")
   if int(max_iterations) < 1:
     raise checks.CheckError(f"max_iterations must be at least 1, got {max_iterations}")
-  if acceleration not in ACCELERATIONS:
-    raise checks.CheckError(f"unknown acceleration {acceleration!r}; expected one of {ACCELERATIONS}")
+  if acceleration not in ACCELERATIONS + ("auto",):
+    raise checks.CheckError(
+        f"unknown acceleration {acceleration!r}; expected one of {ACCELERATIONS + ('auto',)}")
   if anderson_memory < 1:
     raise checks.CheckError(f"anderson_memory must be at least 1, got {anderson_memory}")
 
