@@ -31,6 +31,13 @@ threads follow the usual OPENBLAS_NUM_THREADS / OMP_NUM_THREADS settings):
    ``anderson`` (Anderson mixing of log v) is the lighter alternative; it is
    safeguarded by discarding steps that lower the bound by more than the gap.
 
+3. Cheaper evaluations where A⁻¹ is lower bidiagonal (the prefix sum; S·diag(η)).
+   M(v)⁻¹ = V^-½ A⁻¹A⁻ᵀ V^-½ is then tridiagonal and ``TridiagonalDualProblem`` takes
+   its eigenpairs from LAPACK ``stemr`` (Dhillon & Parlett 2004) in O(n²) memory-bound
+   work, the primal from a bidiagonal solve: an evaluation costs less than one Hessian
+   product, so Anderson steps (more, cheaper evaluations) replace Newton there; ψ
+   (one Cholesky factorization and one triangular solve) is the only O(n³) work left.
+
 The certificate stays a true lower bound whatever the iterates do: d(v) is
 evaluated from the eigenvalues of M, floored at the a-priori bound
 λ_min(M) ≥ min(v)·λ_min(G) ≥ min(v)/‖A⁻¹‖²_F (a valid bound, so the floor
