@@ -91,3 +91,19 @@ def test_auto_keeps_the_dense_path_for_momentum_and_refuses_bad_choices():
     dense_single.solve(a, eigensolver="qr")
   with pytest.raises(checks.CheckError, match="acceleration"):
     dense_single.solve(a, acceleration="fast")
+
+
+def test_decoder_from_the_exact_inverse_matches_the_triangular_solve():
+  """For S (A·L = I exactly) ψ's B = L⁻¹C⁻¹; the same B, C as B = A C⁻¹ by a solve."""
+  n = 128
+  a = workloads.prefix_sum(n)
+  problem = dense_single.TridiagonalDualProblem(a)
+  assert problem.exact_inverse
+  assert not dense_single.TridiagonalDualProblem(_random_bidiagonal_inverse_workload(n)[0]).exact_inverse
+  ev = problem.evaluate(np.exp(np.random.default_rng(3).normal(size=n)))
+  b, c = problem.factors(ev)
+  b_solve, c_solve = dense_single.DualProblem.factors(problem, ev)
+  np.testing.assert_array_equal(c, c_solve)
+  np.testing.assert_allclose(b, b_solve, atol=1e-12 * np.abs(b_solve).max())
+  np.testing.assert_allclose(b @ c, a, atol=1e-12)
+  assert np.array_equal(b, np.tril(b))

@@ -120,11 +120,17 @@ class DualProblem:
     C is the lower-triangular factor with CᵀC = X̃: with J the reversal
     permutation, J X̃ J = L Lᵀ gives C = J Lᵀ J. B = A C⁻¹ by a triangular solve.
     """
-    z = ev.q * np.sqrt(ev.sqrt_lam)[None, :]
-    z /= np.sqrt(ev.phi)[:, None]
-    x = scipy_blas.dsyrk(1.0, z, lower=0)  # upper triangle of Z Zᵀ: all ψ reads
-    return dense_run.factors_from_gram(
-        x, self.a, "X = CᵀC lost positive definiteness in the Cholesky factorization (ψ)")
+    return dense_run.factors_from_gram(_feasible_gram(ev), self.a, _PSI_ERROR)
+
+
+_PSI_ERROR = "X = CᵀC lost positive definiteness in the Cholesky factorization (ψ)"
+
+
+def _feasible_gram(ev: _Evaluation) -> np.ndarray:
+  """The upper triangle of X̃ = Z Zᵀ, Z = W⁻¹ Q Λ^¼ (all ψ reads; one ``syrk``)."""
+  z = ev.q * np.sqrt(ev.sqrt_lam)[None, :]
+  z /= np.sqrt(ev.phi)[:, None]
+  return scipy_blas.dsyrk(1.0, z, lower=0)
 
 
 class TridiagonalDualProblem(DualProblem):
@@ -150,6 +156,7 @@ class TridiagonalDualProblem(DualProblem):
     self.inverse_diagonal[1:] += np.square(s)
     self.inverse_offdiagonal = d[:-1] * s  # subdiagonal of L Lᵀ
     self.bound_factor = (1.0 - residual) ** 2
+    self.exact_inverse = residual == 0.0
     self.gram_eigenvalue_floor = 1.0 / float(np.sum(np.square(d)) + np.sum(np.square(s)))
 
   def evaluate(self, v: np.ndarray, with_primal: bool = True) -> _Evaluation:
@@ -177,12 +184,28 @@ class TridiagonalDualProblem(DualProblem):
                        negative_eigenvalues=negative)
 
   def _rescaled_primal(self, q, sqrt_lam, phi) -> float:
-    """Σ_k ‖A W q_k‖² / √λ_k with A W Q = L⁻¹ W Q (a bidiagonal solve, LAPACK ``tbtrs``)."""
-    wq = q * np.sqrt(phi)[:, None]
-    awq, info = scipy.linalg.lapack.dtbtrs(self.band, wq, uplo="L", overwrite_b=1)
+    """Σ_k ‖A W q_k‖² / √λ_k with A W Q = L⁻¹ W Q (a bidiagonal solve)."""
+    awq = self._solve_inverse(q * np.sqrt(phi)[:, None])
+    return float(np.sum(np.sum(np.square(awq), axis=0) / sqrt_lam))
+
+  def _solve_inverse(self, y: np.ndarray) -> np.ndarray:
+    """L⁻¹ y (LAPACK ``tbtrs``, O(n) a column), overwriting y."""
+    x, info = scipy.linalg.lapack.dtbtrs(self.band, y, uplo="L", overwrite_b=1)
     if info != 0:
       raise dense_run.LossOfPositiveDefinitenessError(f"bidiagonal solve failed (info {info})")
-    return float(np.sum(np.sum(np.square(awq), axis=0) / sqrt_lam))
+    return x
+
+  def factors(self, ev: _Evaluation):
+    """ψ as in ``DualProblem.factors``; when A·L = I holds exactly in float64 (the prefix
+    sum), B = A C⁻¹ = L⁻¹ C⁻¹ from a triangular inverse (n³/3) and a bidiagonal solve,
+    instead of a triangular solve with n right-hand sides (n³)."""
+    if not self.exact_inverse:
+      return super().factors(ev)
+    c = dense_run.encoder_from_gram(_feasible_gram(ev), _PSI_ERROR)
+    c_inv, info = scipy.linalg.lapack.dtrtri(c, lower=1)
+    if info != 0:
+      raise dense_run.LossOfPositiveDefinitenessError(_PSI_ERROR)
+    return np.tril(self._solve_inverse(np.tril(c_inv))), c
 
 
 def make_problem(a: np.ndarray, eigensolver: str = "auto") -> DualProblem:
