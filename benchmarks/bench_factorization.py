@@ -1,8 +1,8 @@
 """Factorization solvers: loss against wall time (Denisov et al. 2022, arXiv:2202.08312, App E.4, Fig 4).
 
 Compares, on the prefix-sum workload S, in one run:
-- ``newton``: the default solver of ``tff_mf.factorization.families.dense`` (fixed point φ, Denisov
-  Eq. 5, driven by safeguarded Newton-CG steps on the Eq. 8 dual);
+- ``newton``: fixed point φ (Denisov Eq. 5) driven by safeguarded Newton-CG steps on the
+  Eq. 8 dual — the default of ``dense_single.solve`` where A⁻¹ is not bidiagonal;
 - ``anderson``: φ with Anderson acceleration;
 - ``plain``: the plain fixed point, one ``eigh`` per iteration (the baseline
   for the speed-up ratio), with the same certificate;
@@ -21,6 +21,10 @@ the targets: n = 2048 in ≤ 60 s, and n = 4096 against McMahan, Rush, Thakurta
 Usage:
   nice .venv/bin/python benchmarks/bench_factorization.py            # 512 and 2048, plus 4096
   .venv/bin/python benchmarks/bench_factorization.py --smoke --out-dir /tmp/x   # seconds
+
+The fixed-point methods all use the dense eigensolver (``eigensolver="dense"``, one ``eigh``
+of M(v) per evaluation), so this compares step rules; the prefix sum's default path (the
+tridiagonal eigensolver) is measured by ``benchmarks/bench_dense_optimum.py``.
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ STYLE = {"newton": ("C0", "-"), "anderson": ("C2", "-"), "plain": ("C1", "--"),
 def _fixed_point(method, a, target_gap, time_limit):
   acceleration = {"newton": "newton", "anderson": "anderson", "plain": "none"}[method]
   r = dense_single.solve(a, target_gap=target_gap, acceleration=acceleration,
-                    allow_unconverged=True, time_limit=time_limit, progress=True)
+                    allow_unconverged=True, time_limit=time_limit, progress=True,
+                    eigensolver="dense")
   return {"history": r.history, "info": r.info}
 
 
@@ -94,7 +99,8 @@ def run_momentum(n, target_gap, max_iterations):
       print(f"momentum n={n} {schedule}: {method} ...", file=sys.stderr, flush=True)
       acceleration = {"newton": "newton", "anderson": "anderson", "plain": "none"}[method]
       r = dense_single.solve(a, target_gap=target_gap, acceleration=acceleration,
-                      allow_unconverged=True, max_iterations=max_iterations)
+                      allow_unconverged=True, max_iterations=max_iterations,
+                      eigensolver="dense")
       rows.append({"n": n, "schedule": schedule, "method": method, **{
           key: r.info.get(key) for key in ("iterations", "cg_iterations", "relative_gap",
                                            "converged", "seconds", "cpu_seconds")}})
@@ -149,7 +155,8 @@ def write_markdown(results, momentum, path, png_name, command, load_before, load
             f"Total run: {total_seconds / 60:.1f} min.", ""]
   lines += ["Workload: prefix sum S. Target: relative duality gap (L − d)/L ≤ 1e-6, with L the "
             "loss of the returned factors and d the Eq. 8 lower bound (Denisov et al. Thm 3.2). "
-            "`newton` = default `tff_mf.factorization.dense_single.solve`; `plain` = one `eigh` per "
+            "`newton` = `tff_mf.factorization.dense_single.solve(eigensolver=\"dense\")` (the former "
+            "default for S; the tridiagonal default is in the next section); `plain` = one `eigh` per "
             "iteration of φ "
             "(Denisov Eq. 5) with the same certificate; `gradient_descent`/`lbfgs` = Eq. 4 "
             "baselines (`benchmarks/baselines.py`) run for a fixed wall-time budget.", ""]

@@ -31,6 +31,8 @@ RESULTS = os.path.join(REPO, "benchmarks", "results")
 # (name, result section file, commands). Order = order in BENCHMARKS.md.
 BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
     ("factorization", "factorization.md", (("benchmarks/bench_factorization.py",),)),
+    ("dense_optimum", "dense_optimum.md", (("benchmarks/bench_dense_optimum.py",
+                                            "--baseline-sizes", "1024", "2048", "4096"),)),
     ("structured", "structured_cache.md", (("benchmarks/structured_cache.py", "--full"),)),
     ("aggregation", "aggregation.md", (
         ("benchmarks/bench_aggregation.py", "--rounds", "1", "256", "1024", "2047", "2048",
@@ -112,6 +114,7 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
 # script -> arguments of a run in seconds that writes only under OUT (a temporary directory).
 SMOKE: Dict[str, Tuple[str, ...]] = {
     "bench_factorization.py": ("--smoke", "--out-dir", "{out}"),
+    "bench_dense_optimum.py": ("--smoke", "--out-dir", "{out}"),
     "structured_cache.py": ("--smoke", "--out-dir", "{out}"),
     "bench_aggregation.py": ("--smoke", "--out", "{out}", "--cache-dir", "{out}/cache"),
     "bench_noise_limit.py": ("--smoke", "--out", "{out}", "--cache-dir", "{out}/cache"),

@@ -110,18 +110,21 @@ def floored_eigh(m: np.ndarray, floor: float, what: str):
   return q, np.sqrt(np.maximum(lam, floor)), negative
 
 
-def factors_from_gram(x: np.ndarray, a: np.ndarray, message: str):
-  """(B, C): C lower triangular with CᵀC = X (Denisov et al. Prop 2.2), B = A C⁻¹.
-
-  With J the reversal permutation, J X J = L Lᵀ gives C = J Lᵀ J; B C = A is solved as
-  Cᵀ Bᵀ = Aᵀ (one triangular solve). ``message`` is the error when the Cholesky
-  factorization finds X not positive definite.
-  """
+def encoder_from_gram(x: np.ndarray, message: str) -> np.ndarray:
+  """C lower triangular with CᵀC = X (Denisov et al. Prop 2.2; only X's upper triangle is
+  read): with J the reversal permutation, J X J = L Lᵀ gives C = J Lᵀ J. ``message`` is the
+  error when the Cholesky factorization finds X not positive definite."""
   try:
     chol = scipy.linalg.cholesky(x[::-1, ::-1], lower=True, check_finite=False)
   except np.linalg.LinAlgError as e:
     raise LossOfPositiveDefinitenessError(message) from e
-  c = np.tril(np.ascontiguousarray(chol.T[::-1, ::-1]))
+  return np.tril(np.ascontiguousarray(chol.T[::-1, ::-1]))
+
+
+def factors_from_gram(x: np.ndarray, a: np.ndarray, message: str):
+  """(B, C): C = ``encoder_from_gram(x)``, B = A C⁻¹ solved as Cᵀ Bᵀ = Aᵀ (one triangular
+  solve)."""
+  c = encoder_from_gram(x, message)
   b_t = scipy.linalg.solve_triangular(c, a.T, trans="T", lower=True, check_finite=False)
   return np.tril(b_t.T), c
 

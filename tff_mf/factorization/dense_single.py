@@ -31,6 +31,13 @@ threads follow the usual OPENBLAS_NUM_THREADS / OMP_NUM_THREADS settings):
    ``anderson`` (Anderson mixing of log v) is the lighter alternative; it is
    safeguarded by discarding steps that lower the bound by more than the gap.
 
+3. Cheaper evaluations where A⁻¹ is lower bidiagonal (the prefix sum; S·diag(η)).
+   M(v)⁻¹ = V^-½ A⁻¹A⁻ᵀ V^-½ is then tridiagonal and ``TridiagonalDualProblem`` takes
+   its eigenpairs from LAPACK ``stemr`` (Dhillon & Parlett 2004) in O(n²) memory-bound
+   work, the primal from a bidiagonal solve: an evaluation costs less than one Hessian
+   product, so Anderson steps (more, cheaper evaluations) replace Newton there; ψ
+   (one Cholesky factorization and one triangular solve) is the only O(n³) work left.
+
 The certificate stays a true lower bound whatever the iterates do: d(v) is
 evaluated from the eigenvalues of M, floored at the a-priori bound
 λ_min(M) ≥ min(v)·λ_min(G) ≥ min(v)/‖A⁻¹‖²_F (a valid bound, so the floor
@@ -53,7 +60,8 @@ from tff_mf.factorization import dense_run
 from tff_mf import factorization as fz
 from tff_mf.factorization import workloads
 
-ACCELERATIONS = ("newton", "anderson", "none")
+ACCELERATIONS = ("newton", "anderson", "none")  # and "auto", which picks one of them
+EIGENSOLVERS = ("auto", "dense", "tridiagonal")
 DEFAULT_ANDERSON_MEMORY = 10
 # Smallest fraction of a Newton step tried before falling back to a plain φ step.
 _MIN_NEWTON_SCALE = 1.0 / 16
@@ -112,12 +120,106 @@ class DualProblem:
     C is the lower-triangular factor with CᵀC = X̃: with J the reversal
     permutation, J X̃ J = L Lᵀ gives C = J Lᵀ J. B = A C⁻¹ by a triangular solve.
     """
-    z = ev.q * np.sqrt(ev.sqrt_lam)[None, :]
-    z /= np.sqrt(ev.phi)[:, None]
-    x = z @ z.T
-    x = 0.5 * (x + x.T)
-    return dense_run.factors_from_gram(
-        x, self.a, "X = CᵀC lost positive definiteness in the Cholesky factorization (ψ)")
+    return dense_run.factors_from_gram(_feasible_gram(ev), self.a, _PSI_ERROR)
+
+
+_PSI_ERROR = "X = CᵀC lost positive definiteness in the Cholesky factorization (ψ)"
+
+
+def _feasible_gram(ev: _Evaluation) -> np.ndarray:
+  """The upper triangle of X̃ = Z Zᵀ, Z = W⁻¹ Q Λ^¼ (all ψ reads; one ``syrk``)."""
+  z = ev.q * np.sqrt(ev.sqrt_lam)[None, :]
+  z /= np.sqrt(ev.phi)[:, None]
+  return scipy_blas.dsyrk(1.0, z, lower=0)
+
+
+class TridiagonalDualProblem(DualProblem):
+  """``DualProblem`` for an A whose inverse L is lower bidiagonal (the prefix sum S).
+
+  Then M(v)⁻¹ = V^-½ L Lᵀ V^-½ is tridiagonal: its eigenpairs (μ_k, q_k) — those of M with
+  λ_k = 1/μ_k — come from LAPACK ``stemr`` (multiple relatively robust representations,
+  Dhillon & Parlett 2004) in O(n²) instead of a dense ``eigh`` of M, and A·W·Q of the
+  primal is a bidiagonal solve. The Eq. 8 bound is scaled by (1 − ‖A·L − I‖_F)², so it
+  is a bound for A itself (AᵀA ⪰ (1 − ‖A L − I‖₂)²·L⁻ᵀL⁻¹); ψ and the loss use A.
+  """
+
+  def __init__(self, a: np.ndarray, inverse=None):  # pylint: disable=super-init-not-called
+    self.a = workloads.validate_workload(a)
+    self.n = self.a.shape[0]
+    inverse = workloads.bidiagonal_inverse(self.a) if inverse is None else inverse
+    if inverse is None:
+      raise checks.CheckError("eigensolver 'tridiagonal' needs a workload whose inverse is "
+                              "lower bidiagonal (such as the prefix sum)")
+    d, s, residual = inverse
+    self.band = np.vstack([d, np.append(s, 0.0)])  # LAPACK lower band storage of L
+    self.inverse_diagonal = np.square(d)  # diag(L Lᵀ)
+    self.inverse_diagonal[1:] += np.square(s)
+    self.inverse_offdiagonal = d[:-1] * s  # subdiagonal of L Lᵀ
+    self.bound_factor = (1.0 - residual) ** 2
+    self.exact_inverse = residual == 0.0
+    self.gram_eigenvalue_floor = 1.0 / float(np.sum(np.square(d)) + np.sum(np.square(s)))
+
+  def evaluate(self, v: np.ndarray, with_primal: bool = True) -> _Evaluation:
+    """φ(v), the Eq. 8 bound and the rescaled primal from ``stemr`` of M(v)⁻¹."""
+    r = 1.0 / np.sqrt(v)
+    try:
+      mu, q = scipy.linalg.eigh_tridiagonal(
+          self.inverse_diagonal * np.square(r), self.inverse_offdiagonal * r[:-1] * r[1:],
+          lapack_driver="stemr", check_finite=False)
+    except (np.linalg.LinAlgError, ValueError) as e:
+      raise dense_run.LossOfPositiveDefinitenessError(
+          f"tridiagonal eigendecomposition of diag(v)^-½ (AᵀA)⁻¹ diag(v)^-½ failed: {e}") from e
+    if not (np.all(np.isfinite(mu)) and np.all(np.isfinite(q))):
+      raise dense_run.LossOfPositiveDefinitenessError(
+          "tridiagonal eigendecomposition of diag(v)^-½ (AᵀA)⁻¹ diag(v)^-½ produced non-finite values")
+    negative = int(np.sum(mu <= 0))
+    floor = float(np.min(v)) * self.gram_eigenvalue_floor
+    lam = np.divide(1.0, mu, out=np.full_like(mu, floor), where=mu > 0)
+    sqrt_lam = np.sqrt(np.maximum(lam, floor))
+    phi = np.square(q) @ sqrt_lam
+    trace = float(np.sum(sqrt_lam))
+    dual = self.bound_factor * trace * trace / float(np.sum(v))  # see DualProblem.evaluate
+    primal = self._rescaled_primal(q, sqrt_lam, phi) if with_primal else float("inf")
+    return _Evaluation(v=v, q=q, sqrt_lam=sqrt_lam, phi=phi, dual=dual, primal=primal,
+                       negative_eigenvalues=negative)
+
+  def _rescaled_primal(self, q, sqrt_lam, phi) -> float:
+    """Σ_k ‖A W q_k‖² / √λ_k with A W Q = L⁻¹ W Q (a bidiagonal solve)."""
+    awq = self._solve_inverse(q * np.sqrt(phi)[:, None])
+    return float(np.sum(np.sum(np.square(awq), axis=0) / sqrt_lam))
+
+  def _solve_inverse(self, y: np.ndarray) -> np.ndarray:
+    """L⁻¹ y (LAPACK ``tbtrs``, O(n) a column), overwriting y."""
+    x, info = scipy.linalg.lapack.dtbtrs(self.band, y, uplo="L", overwrite_b=1)
+    if info != 0:
+      raise dense_run.LossOfPositiveDefinitenessError(f"bidiagonal solve failed (info {info})")
+    return x
+
+  def factors(self, ev: _Evaluation):
+    """ψ as in ``DualProblem.factors``; when A·L = I holds exactly in float64 (the prefix
+    sum), B = A C⁻¹ = L⁻¹ C⁻¹ from a triangular inverse (n³/3) and a bidiagonal solve,
+    instead of a triangular solve with n right-hand sides (n³)."""
+    if not self.exact_inverse:
+      return super().factors(ev)
+    c = dense_run.encoder_from_gram(_feasible_gram(ev), _PSI_ERROR)
+    c_inv, info = scipy.linalg.lapack.dtrtri(c, lower=1)
+    if info != 0:
+      raise dense_run.LossOfPositiveDefinitenessError(_PSI_ERROR)
+    return np.tril(self._solve_inverse(np.tril(c_inv))), c
+
+
+def make_problem(a: np.ndarray, eigensolver: str = "auto") -> DualProblem:
+  """The Eq. 4 problem for A: ``TridiagonalDualProblem`` when A⁻¹ is lower bidiagonal
+  (``auto`` or ``tridiagonal``), else the dense ``DualProblem`` (``auto`` or ``dense``)."""
+  if eigensolver not in EIGENSOLVERS:
+    raise checks.CheckError(f"unknown eigensolver {eigensolver!r}; expected one of {EIGENSOLVERS}")
+  if eigensolver == "dense":
+    return DualProblem(a)
+  a = workloads.validate_workload(a)
+  inverse = workloads.bidiagonal_inverse(a)
+  if inverse is None and eigensolver == "auto":
+    return DualProblem(a)
+  return TridiagonalDualProblem(a, inverse)
 
 
 def solve(a: np.ndarray,
@@ -125,13 +227,14 @@ def solve(a: np.ndarray,
           max_iterations: int = 10_000,
           allow_unconverged: bool = False,
           progress: bool = False,
-          acceleration: str = "newton",
+          acceleration: str = "auto",
           anderson_memory: int = DEFAULT_ANDERSON_MEMORY,
           initial_v: Optional[np.ndarray] = None,
           max_cg_iterations: int = 200,
           stall_iterations: int = 30,
           time_limit: Optional[float] = None,
-          callback: Optional[Callable[[Dict[str, float]], None]] = None
+          callback: Optional[Callable[[Dict[str, float]], None]] = None,
+          eigensolver: str = "auto"
           ) -> dense_run.OptimalResult:
   """Optimal A = B·C (Denisov Eq. 3-4) to a certified relative duality gap.
 
@@ -142,9 +245,11 @@ def solve(a: np.ndarray,
     allow_unconverged: return a result whose ``info['converged']`` is False
       instead of raising NotConvergedError when the gap is not reached.
     progress: tqdm progress bar on stderr showing the gap.
-    acceleration: ``newton`` (default: truncated Newton-CG steps on the Eq. 8
-      dual, safeguarded), ``anderson`` (Anderson mixing of φ in log v), or
-      ``none`` (plain iteration of φ, Denisov Eq. 5 — the benchmark's baseline).
+    acceleration: ``newton`` (truncated Newton-CG steps on the Eq. 8 dual,
+      safeguarded), ``anderson`` (Anderson mixing of φ in log v), ``none`` (plain
+      iteration of φ, Denisov Eq. 5 — the benchmark's baseline), or ``auto``
+      (default: ``anderson`` with the tridiagonal eigensolver, whose evaluations cost
+      O(n²) against O(n³) per Hessian product, else ``newton``).
     anderson_memory: number of past iterates Anderson mixing uses.
     max_cg_iterations: limit on conjugate-gradient steps per Newton step.
     stall_iterations: stop (as not converged) after this many iterations
@@ -154,6 +259,9 @@ def solve(a: np.ndarray,
     time_limit: optional wall-clock limit in seconds, checked between
       iterations (treated like running out of iterations).
     callback: called with each history record.
+    eigensolver: ``auto`` (default: ``tridiagonal`` when A⁻¹ is lower bidiagonal,
+      else ``dense``), ``dense`` (``eigh`` of M(v)) or ``tridiagonal``
+      (``TridiagonalDualProblem``; an error for other A).
 
   Returns:
     OptimalResult with lower-triangular B, C (B·C = A).
@@ -165,7 +273,9 @@ def solve(a: np.ndarray,
   """
   _check_solve_arguments(target_gap, max_iterations, acceleration, anderson_memory)
   run = dense_run.Run(target_gap=target_gap, callback=callback)
-  problem = DualProblem(a)
+  problem = make_problem(a, eigensolver)
+  if acceleration == "auto":
+    acceleration = "anderson" if isinstance(problem, TridiagonalDualProblem) else "newton"
   v = _initial_v(initial_v, problem.n)
   steps = _SingleSteps(acceleration, anderson_memory, max_cg_iterations)
   run.open_bar(progress, f"optimal n={problem.n}")
@@ -187,8 +297,9 @@ def _check_solve_arguments(target_gap, max_iterations, acceleration, anderson_me
     raise checks.CheckError(f"target_gap must be in (0, 1), got {target_gap}")
   if int(max_iterations) < 1:
     raise checks.CheckError(f"max_iterations must be at least 1, got {max_iterations}")
-  if acceleration not in ACCELERATIONS:
-    raise checks.CheckError(f"unknown acceleration {acceleration!r}; expected one of {ACCELERATIONS}")
+  if acceleration not in ACCELERATIONS + ("auto",):
+    raise checks.CheckError(
+        f"unknown acceleration {acceleration!r}; expected one of {ACCELERATIONS + ('auto',)}")
   if anderson_memory < 1:
     raise checks.CheckError(f"anderson_memory must be at least 1, got {anderson_memory}")
 
@@ -255,6 +366,7 @@ def _single_result(run: dense_run.Run, problem: DualProblem, steps: _SingleSteps
       "cg_iterations": steps.cg_total,
       "newton_backtracks": steps.backtracks,
       "negative_eigenvalues_floored": run.negative_total,
+      "eigensolver": "tridiagonal" if isinstance(problem, TridiagonalDualProblem) else "dense",
   }
   if run.negative_total:
     warnings.warn(

@@ -97,6 +97,31 @@ def sqrt_prefix_coefficients(n: int) -> np.ndarray:
   return np.concatenate([[1.0], np.cumprod(1.0 - 0.5 / k)])
 
 
+# Largest ‖A·L − I‖_F for which L is taken as A⁻¹ (rounding level; the solver's bound
+# is scaled by (1 − ‖A·L − I‖_F)², so it stays a bound for A itself).
+BIDIAGONAL_INVERSE_TOLERANCE = 1e-8
+
+
+def bidiagonal_inverse(a: np.ndarray):
+  """(d, s, r) when A⁻¹ = L is lower bidiagonal (L[j, j] = d[j], L[j + 1, j] = s[j]), else None.
+
+  The band of A⁻¹ depends only on A's band: d = 1/diag(A), s[j] = −A[j+1, j]·d[j]·d[j+1];
+  L is accepted when r = ‖A·L − I‖_F ≤ BIDIAGONAL_INVERSE_TOLERANCE (O(n²), no inverse is
+  formed). The prefix sum S has S⁻¹ = I − Z (r = 0); momentum with β > 0 has a
+  bandwidth-2 inverse and is not bidiagonal.
+  """
+  n = a.shape[0]
+  d = 1.0 / np.diagonal(a)
+  s = -np.diagonal(a, -1) * d[:-1] * d[1:]
+  residual = a * d[None, :]
+  residual[:, :-1] += a[:, 1:] * s[None, :]
+  residual[np.diag_indices(n)] -= 1.0
+  r = float(np.linalg.norm(residual))
+  if not r <= BIDIAGONAL_INVERSE_TOLERANCE:
+    return None
+  return d, s, r
+
+
 def validate_workload(a, name: str = "A") -> np.ndarray:
   """A finite, real, square, lower-triangular, full-rank float64 matrix (``checks.workload``)."""
   try:
