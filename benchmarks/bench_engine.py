@@ -301,6 +301,8 @@ def _measure_apart(name, argv, args):
 def _command(args) -> str:
   extra = "" if (args.rounds, args.clients) == (10, 8) else (
       f" --rounds {args.rounds} --clients {args.clients}")
+  if args.models != list(MODELS):
+    extra += " --models " + " ".join(f'"{m}"' if " " in m else m for m in args.models)
   if args.baseline_engine:
     extra += f" --baseline-engine {args.baseline_engine}"
   if args.pfl_python:

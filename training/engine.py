@@ -241,6 +241,8 @@ class _PackedLayout:
                         for dtype in self.dtypes)
     self.sizes = tuple(tuple(int(np.prod(self.specs[k][1])) for k in group)
                        for group in self.groups)
+    ends = [np.cumsum(sizes).tolist() for sizes in self.sizes]
+    self.bounds = [list(zip([0] + e[:-1], e)) for e in ends]  # each leaf's [start, end)
     self.rebuild = _rebuilder(self.structure)
     self.steps: Optional[Tuple[Any, Any, Dict[str, Any]]] = None  # _query_steps_for's
 
@@ -276,9 +278,10 @@ class _PackedLayout:
     return [tf.concat([tf.reshape(flat[k], [-1]) for k in group], 0) for group in self.groups]
 
   def _leaves(self, vectors, split, reshape):
+    """The leaves from the vectors: ``split(vector, group index)``, ``reshape(part, shape)``."""
     flat: List[Any] = [None] * len(self.specs)
-    for group, sizes, vector in zip(self.groups, self.sizes, vectors):
-      parts = split(vector, sizes) if len(group) > 1 else [vector]
+    for g, (group, vector) in enumerate(zip(self.groups, vectors)):
+      parts = split(vector, g) if len(group) > 1 else [vector]
       for k, part in zip(group, parts):
         flat[k] = reshape(part, self.specs[k][1])
     return flat
@@ -286,8 +289,8 @@ class _PackedLayout:
   def unpack_tensors(self, vectors):
     """The state of this layout from its vectors (in the graph)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    return tf.nest.pack_sequence_as(self.structure,
-                                    self._leaves(vectors, tf.split, tf.reshape))
+    split = lambda v, g: tf.split(v, self.sizes[g])
+    return tf.nest.pack_sequence_as(self.structure, self._leaves(vectors, split, tf.reshape))
 
   def unpack_arrays(self, vectors):
     """The state of this layout as read-only numpy arrays (views of one copy of each
@@ -296,7 +299,7 @@ class _PackedLayout:
       array = vector.numpy()
       array.flags.writeable = False
       return array
-    split = lambda v, sizes: np.split(v, np.cumsum(sizes)[:-1])
+    split = lambda v, g: [v[a:b] for a, b in self.bounds[g]]
     # a scalar as TFF's runtime returns it: a numpy scalar, not a 0-d array
     reshape = lambda v, shape: v.reshape(shape) if shape else v.reshape(())[()]
     return self.rebuild(self._leaves([numpy(v) for v in vectors], split, reshape))
@@ -453,6 +456,7 @@ class CompiledProcess:
     self._query_layouts: Dict[Any, _PackedLayout] = {}
     # (the query state the last round returned, its layout, vectors, sample parameters)
     self._last_query: Optional[Tuple[Any, _PackedLayout, Any, Any]] = None
+    self._events: Dict[str, Any] = {}  # _event_arrays
     # the round's noised mean, written by the query's step and read by the server step
     self._update = update = [tf.Variable(tf.zeros(s.shape, s.dtype), trainable=False)
                              for s in specs]
@@ -502,9 +506,22 @@ class CompiledProcess:
       out = traced["registered"]
       query_state = out.unpack_arrays(packed)
       self._last_query = (query_state, out, packed, params)
-    aggregator = self._aggregator_state(query_state, _event_numpy(event), False)
+    aggregator = self._aggregator_state(query_state, self._event_arrays(event), False)
     inner = collections.OrderedDict(dp_query_metrics=_numpy(query_metrics), dp=())
     return (aggregator, inner, *self._private_server_step(finalizer, trainable))
+
+  def _event_arrays(self, event):
+    """``_event_numpy(event)``, kept by the event's text when all its values are scalars
+    (then immutable numpy scalars): a query reports a few distinct events (the matrix
+    mechanisms: their guarantee in round 0, nothing after), and converting one through
+    ``to_named_tuple`` costs about 0.5 ms."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    if not all(np.ndim(x) == 0 for x in tf.nest.flatten(event)):
+      return _event_numpy(event)
+    key = repr(event)
+    if key not in self._events:
+      self._events[key] = _event_numpy(event)
+    return self._events[key]
 
   def _aggregator_state(self, query_state, event, is_init_state: bool):
     from tensorflow_federated.python.aggregators import differential_privacy  # pylint: disable=g-import-not-at-top
