@@ -34,7 +34,8 @@ after one. Writes benchmarks/results/engine.md (and engine.json).
 ``--baseline-engine FILE``: another version of ``training/engine.py`` (e.g. ``git show
 COMMIT:training/engine.py > /tmp/engine_before.py``), loaded beside this one; its
 compiled paths run in the same alternation, for before/after ratios of one run.
-``--pfl-python PYTHON``: an interpreter with pfl and torch (a benchmark-only venv); runs
+``--pfl-python PYTHON``: an interpreter with pfl and torch (a benchmark-only venv, by
+default .venv-bench-pfl's when it exists: ``make venv-bench-pfl``); runs
 ``benchmarks/peer_pfl.py`` for the main job's model after this script's rounds (pfl's
 FedAvg with no DP and with its banded MF mechanism, same clients and sizes).
 """
@@ -54,6 +55,7 @@ sys.path.insert(0, REPO)
 from bench_harness import _cpu_seconds, common_arguments, write_section  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 COMMAND = ".venv/bin/python benchmarks/bench_engine.py"
+PFL_PYTHON = os.path.join(REPO, ".venv-bench-pfl", "bin", "python")
 TARGET_PLAIN = 1.5  # compiled engine / plain TF, at most
 TARGET_TFF = 20.0  # TFF / compiled engine, at least (the main job's model)
 TARGET_DP = 1.3  # compiled engine with DP / without, at most (the main job's model)
@@ -258,7 +260,7 @@ def measure(name, model, args):
     for path in paths:
       path.round(clients, timed=r > 0)
   per_client = {p.name: statistics.median(p.cpu) / args.clients for p in paths}
-  pfl = _pfl(args) if args.pfl_python and name == "main job" else None
+  pfl = _pfl(args) if args.pfl_python and name == "main job" and not args.smoke else None
   noise = noise_cost(model, args.cache_dir, args.noise_mechanisms, args.noise_repeats)
   from stackoverflow import model as so_model  # pylint: disable=g-import-not-at-top
   result = {"model": name, "parameters": so_model.parameter_count(**_sizes(model)),
@@ -305,7 +307,7 @@ def _command(args) -> str:
     extra += " --models " + " ".join(f'"{m}"' if " " in m else m for m in args.models)
   if args.baseline_engine:
     extra += f" --baseline-engine {args.baseline_engine}"
-  if args.pfl_python:
+  if args.pfl_python and args.pfl_python != PFL_PYTHON:
     extra += f" --pfl-python {args.pfl_python}"
   return COMMAND + extra
 
@@ -404,8 +406,9 @@ def main(argv=None):
   parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
   parser.add_argument("--baseline-engine", default=None,
                       help="another training/engine.py, measured in the same rounds")
-  parser.add_argument("--pfl-python", default=None,
-                      help="an interpreter with pfl and torch: runs benchmarks/peer_pfl.py")
+  parser.add_argument("--pfl-python", default=PFL_PYTHON if os.path.exists(PFL_PYTHON) else None,
+                      help="an interpreter with pfl and torch: runs benchmarks/peer_pfl.py "
+                      "(default: .venv-bench-pfl's, from make venv-bench-pfl, when it exists)")
   parser.add_argument("--one-model-json", default=None, help=argparse.SUPPRESS)
   common_arguments(parser, "a tiny model, 2 clients, one timed round, two mechanisms' noise")
   args = parser.parse_args(argv)

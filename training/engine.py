@@ -275,7 +275,8 @@ class _PackedLayout:
     """The vectors of a traced state of this layout (in the graph)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     flat = tf.nest.flatten(structure)
-    return [tf.concat([tf.reshape(flat[k], [-1]) for k in group], 0) for group in self.groups]
+    line = lambda k: flat[k] if len(self.specs[k][1]) == 1 else tf.reshape(flat[k], [-1])
+    return [tf.concat([line(k) for k in group], 0) for group in self.groups]
 
   def _leaves(self, vectors, split, reshape):
     """The leaves from the vectors: ``split(vector, group index)``, ``reshape(part, shape)``."""
@@ -290,7 +291,8 @@ class _PackedLayout:
     """The state of this layout from its vectors (in the graph)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     split = lambda v, g: tf.split(v, self.sizes[g])
-    return tf.nest.pack_sequence_as(self.structure, self._leaves(vectors, split, tf.reshape))
+    reshape = lambda part, shape: part if len(shape) == 1 else tf.reshape(part, shape)
+    return tf.nest.pack_sequence_as(self.structure, self._leaves(vectors, split, reshape))
 
   def unpack_arrays(self, vectors):
     """The state of this layout as read-only numpy arrays (views of one copy of each

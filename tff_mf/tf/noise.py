@@ -380,8 +380,10 @@ class LinearNoise(StreamingNoise):
     kernel computes on its variable alone, in 1/len(specs) of the ops (a model's many small
     ops cost more than their arithmetic). Copied state rows stay the tensors they were."""
     sizes = [int(np.prod(s.shape)) for s in specs]
-    flat = lambda parts: tf.concat([tf.reshape(p, [-1]) for p in parts], 0)
-    unflat = lambda v: [tf.reshape(p, s.shape) for p, s in zip(tf.split(v, sizes), specs)]
+    line = lambda p: p if p.shape.rank == 1 else tf.reshape(p, [-1])
+    flat = lambda parts: tf.concat([line(p) for p in parts], 0)
+    unflat = lambda v: [p if s.shape.rank == 1 else tf.reshape(p, s.shape)
+                        for p, s in zip(tf.split(v, sizes), specs)]
     y, computed = self._kernel_fn()(flat(z), [flat(row) for row in stream_state],
                                     *[tf.cast(x, specs[0].dtype) for x in tables])
     computed = [unflat(v) for v in computed]
