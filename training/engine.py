@@ -27,7 +27,10 @@ process is built from, not from copies of them:
 - the query is the one ``tff_mf.tf.aggregators.build_mechanism`` wires into TFF
   (``DPAggregatorFactory.dp_query``): its ``initial_global_state``,
   ``derive_sample_params``, ``get_noised_result`` (the noise, once per round) and
-  ``derive_metrics`` run here as ``tf.function`` s;
+  ``derive_metrics`` run here as ``tf.function`` s, the query's state passed in and out as
+  one vector per dtype (``_PackedLayout``: the banded stream's state is 123 tensors on the
+  main job's model, and each argument tensor costs a call more than the noise does) and
+  the state a round returned taken back as it is;
 - the server optimizer is the run's ``tff.learning.optimizers`` optimizer, applied as
   TFF's finalizer applies it (a non-finite update is rejected).
 
