@@ -6,7 +6,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 3
 # Tests run with two workers (this project's machines have 2 cores).
 PYTEST_WORKERS ?= 2
 
-.PHONY: venv demo test test-slow bench clean-venv venv-flower test-flower flower-app flower-wheelhouse venv-docs docs docs-check
+.PHONY: venv demo test test-slow bench clean-venv venv-bench-pfl venv-flower test-flower flower-app flower-wheelhouse venv-docs docs docs-check
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -26,6 +26,14 @@ test-slow: venv
 ## Benchmarks (write their tables into BENCHMARKS.md and PNGs under benchmarks/results/).
 bench: venv
 	$(PY) benchmarks/run_all.py
+
+## pfl (the peer of benchmarks/peer_pfl.py) in a benchmark-only venv, never a dependency:
+## torch's CPU wheel first (TORCH=... names another), then pfl.
+TORCH ?= torch==2.13.0+cpu
+venv-bench-pfl:
+	python3.11 -m venv .venv-bench-pfl
+	.venv-bench-pfl/bin/pip install "$(TORCH)"
+	.venv-bench-pfl/bin/pip install pfl==0.6.0
 
 ## The Flower layer's tests in Flower's simulation engine, in .venv-flower (its own lock:
 ## flwr needs protobuf >= 5.28, which TensorFlow 2.14 cannot share).

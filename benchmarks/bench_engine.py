@@ -1,6 +1,7 @@
 """CPU per client update: plain TensorFlow, the compiled engine and TFF's process, side by side.
 
 Usage: .venv/bin/python benchmarks/bench_engine.py [--rounds 10] [--clients 8]
+[--baseline-engine FILE] [--pfl-python PYTHON]
 (``--smoke``: a tiny model, 2 clients, one timed round; seconds)
 
 Three ways to run the same FedAvg round (K clients, each one SGD pass over its batches,
@@ -10,8 +11,8 @@ learning rate 0.5), on the LSTM of ``stackoverflow/model.py``:
   one after another, the weights reset before each client and the deltas summed (no DP,
   no server optimizer);
 - the compiled engine (``training.engine.CompiledProcess``, ``--engine=compiled``) with
-  ``none`` (its client work and mean) and with a DP mechanism (the run's query: clipping,
-  noise, DpEvent);
+  ``none`` (its client work and mean) and with the DP mechanisms ``banded`` and ``blt`` (the
+  run's query: clipping, noise, DpEvent); goal: each within 1.3x of ``none``;
 - TFF's process: ``tff.learning.algorithms.build_unweighted_fed_avg`` with its default
   aggregator, what ``--engine=tff`` runs for ``none``.
 
@@ -29,6 +30,14 @@ rounds after one warm-up round (tracing). Rounds of the three paths alternate, s
 hits them alike. The noise: CPU seconds of one call of the query's ``get_noised_result``
 (what the engine runs once per round) per mechanism, at n = 48 rounds, median of 5 calls
 after one. Writes benchmarks/results/engine.md (and engine.json).
+
+``--baseline-engine FILE``: another version of ``training/engine.py`` (e.g. ``git show
+COMMIT:training/engine.py > /tmp/engine_before.py``), loaded beside this one; its
+compiled paths run in the same alternation, for before/after ratios of one run.
+``--pfl-python PYTHON``: an interpreter with pfl and torch (a benchmark-only venv, by
+default .venv-bench-pfl's when it exists: ``make venv-bench-pfl``); runs
+``benchmarks/peer_pfl.py`` for the main job's model after this script's rounds (pfl's
+FedAvg with no DP and with its banded MF mechanism, same clients and sizes).
 """
 
 import argparse
@@ -46,13 +55,15 @@ sys.path.insert(0, REPO)
 from bench_harness import _cpu_seconds, common_arguments, write_section  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 COMMAND = ".venv/bin/python benchmarks/bench_engine.py"
+PFL_PYTHON = os.path.join(REPO, ".venv-bench-pfl", "bin", "python")
 TARGET_PLAIN = 1.5  # compiled engine / plain TF, at most
 TARGET_TFF = 20.0  # TFF / compiled engine, at least (the main job's model)
+TARGET_DP = 1.3  # compiled engine with DP / without, at most (the main job's model)
 CLIENT_LR = 0.5
 BATCH = 16
 NOISE_ROUNDS = 48
 NOISE_MECHANISMS = ("gaussian", "tree", "opt_momentum", "banded", "blt", "bisr")
-DP_MECHANISM = "banded"
+DP_MECHANISMS = ("banded", "blt")
 MODELS = {
     "main job": dict(vocab_size=1000, embedding_size=16, lstm_size=32, projection_size=16,
                      lstm_kernel="block", sentences=5),
@@ -153,10 +164,34 @@ class Timed:
       self.cpu.append(_cpu_seconds() - start)
 
 
-def _paths(model, cache_dir):
+def _load_engine(path):
+  """``training/engine.py`` of another version, as a module of its own (the baseline)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location("engine_baseline", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _engine_paths(engines, model, cache_dir, tff_model_fn):
+  """The compiled paths: each engine (label -> module) with none and the DP mechanisms."""
+  from training import run_setup  # pylint: disable=g-import-not-at-top
+  paths = []
+  for label, module in engines.items():
+    for mechanism in ("none", *DP_MECHANISMS):
+      setup, _, _ = run_setup.resolve_privacy(_config(model, mechanism, cache_dir), 1)
+      process = module.build_process("compiled", tff_model_fn, setup, CLIENT_LR)
+      state = [process.initialize()]
+
+      def run(datasets, process=process, state=state):
+        state[0] = process.next(state[0], datasets).state
+      paths.append(Timed(f"{label} ({mechanism})", run))
+  return paths
+
+
+def _paths(model, cache_dir, baseline=None):
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from training import engine  # pylint: disable=g-import-not-at-top
-  from training import run_setup  # pylint: disable=g-import-not-at-top
   tff_model_fn, keras_model_fn = _model_fns(model)
   # TFF's process first: it builds its models in graphs of its own, after which a Keras model
   # built before would no longer trace (Keras 2.14).
@@ -167,15 +202,10 @@ def _paths(model, cache_dir):
 
   def run_tff(datasets):
     bare_state[0] = bare.next(bare_state[0], datasets).state
-  paths = []
-  for mechanism in ("none", DP_MECHANISM):
-    setup, _, _ = run_setup.resolve_privacy(_config(model, mechanism, cache_dir), 1)
-    process = engine.build_process("compiled", tff_model_fn, setup, CLIENT_LR)
-    state = [process.initialize()]
-
-    def run(datasets, process=process, state=state):
-      state[0] = process.next(state[0], datasets).state
-    paths.append(Timed(f"compiled engine ({mechanism})", run))
+  engines = {"compiled engine": engine}
+  if baseline:
+    engines["baseline engine"] = _load_engine(baseline)
+  paths = _engine_paths(engines, model, cache_dir, tff_model_fn)
   plain = PlainTF(keras_model_fn)
   return [Timed("plain TF", plain.round), *paths,
           Timed("TFF (build_unweighted_fed_avg)", run_tff, form="dataset")]
@@ -205,25 +235,40 @@ def noise_cost(model, cache_dir, mechanisms_to_time, repeats):
   return out
 
 
+def _pfl(args):
+  """``benchmarks/peer_pfl.py`` under ``args.pfl_python`` (the main job's sizes): its JSON."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "pfl.json")
+    subprocess.run([args.pfl_python, os.path.join(REPO, "benchmarks", "peer_pfl.py"),
+                    "--rounds", str(args.rounds), "--clients", str(args.clients),
+                    "--json", out], check=True)
+    with open(out, encoding="utf-8") as f:
+      return json.load(f)
+
+
 def measure(name, model, args):
   """One model's figures, in this process (``_measure_apart`` runs it in a fresh one)."""
   from training import engine  # pylint: disable=g-import-not-at-top
   threads = engine.configure_threads(_config(model, "none", args.cache_dir))
   print(f"[engine] {name}: building (TensorFlow threads: {threads})", file=sys.stderr,
         flush=True)
-  paths = _paths(model, args.cache_dir)
+  paths = _paths(model, args.cache_dir, args.baseline_engine)
   for r in range(args.rounds + 1):  # round 0 traces (not timed)
     clients = _clients(model, args.clients, seed=r)
     for path in paths:
       path.round(clients, timed=r > 0)
   per_client = {p.name: statistics.median(p.cpu) / args.clients for p in paths}
+  pfl = _pfl(args) if args.pfl_python and name == "main job" and not args.smoke else None
   noise = noise_cost(model, args.cache_dir, args.noise_mechanisms, args.noise_repeats)
   from stackoverflow import model as so_model  # pylint: disable=g-import-not-at-top
   result = {"model": name, "parameters": so_model.parameter_count(**_sizes(model)),
             "lstm_kernel": model["lstm_kernel"], "threads": threads,
             "sentences": model["sentences"], "clients": args.clients,
             "per_client_cpu_s": per_client,
-            "rounds_cpu_s": {p.name: p.cpu for p in paths}, "noise_cpu_s": noise}
+            "rounds_cpu_s": {p.name: p.cpu for p in paths}, "noise_cpu_s": noise,
+            "pfl": pfl}
   print(f"[engine] {name}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in
                                           per_client.items()), file=sys.stderr, flush=True)
   return result
@@ -255,34 +300,92 @@ def _measure_apart(name, argv, args):
       return json.load(f)
 
 
+def _command(args) -> str:
+  extra = "" if (args.rounds, args.clients) == (10, 8) else (
+      f" --rounds {args.rounds} --clients {args.clients}")
+  if args.models != list(MODELS):
+    extra += " --models " + " ".join(f'"{m}"' if " " in m else m for m in args.models)
+  if args.baseline_engine:
+    extra += f" --baseline-engine {args.baseline_engine}"
+  if args.pfl_python and args.pfl_python != PFL_PYTHON:
+    extra += f" --pfl-python {args.pfl_python}"
+  return COMMAND + extra
+
+
+def _main_table(results):
+  dp = " | ".join(f"compiled ({m}) ms" for m in DP_MECHANISMS)
+  ratios = " | ".join(f"{m} / none" for m in DP_MECHANISMS)
+  lines = [f"| model | parameters | LSTM kernel | engine's TF threads | sentences per client | "
+           f"plain TF ms | compiled (none) ms | {dp} | TFF ms | compiled / plain | "
+           f"TFF / compiled | {ratios} |",
+           "|---|---|---|---|---|---|---|" + "---|" * (2 * len(DP_MECHANISMS) + 3)]
+  for r in results:
+    t = r["per_client_cpu_s"]
+    plain, none = t["plain TF"], t["compiled engine (none)"]
+    bare = t["TFF (build_unweighted_fed_avg)"]
+    private = [t[f"compiled engine ({m})"] for m in DP_MECHANISMS]
+    lines.append(f"| {r['model']} | {r['parameters']:,} | {r['lstm_kernel']} | "
+                 f"{r['threads']} | {r['sentences']} | {plain * 1e3:.2f} | {none * 1e3:.2f} | "
+                 + " | ".join(f"{x * 1e3:.2f}" for x in private) +
+                 f" | {bare * 1e3:.1f} | **{none / plain:.2f}** | **{bare / none:.1f}** | "
+                 + " | ".join(f"**{x / none:.2f}**" for x in private) + " |")
+  return lines
+
+
+def _baseline_table(results):
+  """The baseline engine's figures of the same rounds, and after / before."""
+  mechanisms = ("none", *DP_MECHANISMS)
+  lines = ["| model | " + " | ".join(f"before ({m}) ms" for m in mechanisms) + " | " +
+           " | ".join(f"before: {m} / none" for m in DP_MECHANISMS) + " | " +
+           " | ".join(f"after / before ({m})" for m in mechanisms) + " |",
+           "|---|" + "---|" * (2 * len(mechanisms) + len(DP_MECHANISMS))]
+  for r in results:
+    t = r["per_client_cpu_s"]
+    before = [t[f"baseline engine ({m})"] for m in mechanisms]
+    after = [t[f"compiled engine ({m})"] for m in mechanisms]
+    lines.append(f"| {r['model']} | " + " | ".join(f"{x * 1e3:.2f}" for x in before) + " | "
+                 + " | ".join(f"**{x / before[0]:.2f}**" for x in before[1:]) + " | "
+                 + " | ".join(f"{y / x:.2f}" for x, y in zip(before, after)) + " |")
+  return lines
+
+
+def _pfl_table(results):
+  lines = ["| model | pfl (none) ms | pfl (banded MF) ms | compiled (none) / pfl (none) | "
+           "compiled (banded) / pfl (banded MF) | compiled (blt) / pfl (banded MF) |",
+           "|---|---|---|---|---|---|"]
+  for r in results:
+    if not r.get("pfl"):
+      continue
+    t, p = r["per_client_cpu_s"], r["pfl"]["per_client_cpu_s"]
+    lines.append(f"| {r['model']} | {p['none'] * 1e3:.2f} | {p['banded'] * 1e3:.2f} | "
+                 f"{t['compiled engine (none)'] / p['none']:.2f} | "
+                 f"**{t['compiled engine (banded)'] / p['banded']:.2f}** | "
+                 f"**{t['compiled engine (blt)'] / p['banded']:.2f}** |")
+  return lines
+
+
 def section(args, results, load_start, load_end, minutes) -> str:
-  command = COMMAND + ("" if (args.rounds, args.clients) == (10, 8)
-                       else f" --rounds {args.rounds} --clients {args.clients}")
+  dp = " and ".join(DP_MECHANISMS)
   lines = [
       "## Compiled engine speed", "",
-      f"Command: `{command}` — machine: 2-core x86_64 CPU, no GPU (Python "
+      f"Command: `{_command(args)}` — machine: 2-core x86_64 CPU, no GPU (Python "
       f"{platform.python_version()}); 1-minute load average {load_start:.1f} at the start, "
       f"{load_end:.1f} at the end (shared: CPU seconds are this process and its children). "
       f"Total run: {minutes:.1f} min.", "",
       f"CPU per client update, {args.clients} clients per round, median of {args.rounds} "
-      "rounds after one warm-up round; the three paths alternate rounds on the same clients. "
+      "rounds after one warm-up round; the paths alternate rounds on the same clients. "
       "Plain TF is the limit (one compiled step per batch on one model, no DP). The compiled "
-      f"engine runs TFF's client update and the run's DP query ({DP_MECHANISM}: clipping and "
+      f"engine runs TFF's client update and the run's DP query ({dp}: clipping and "
       "noise included) on one model; TFF is a bare `build_unweighted_fed_avg`. Goals: compiled "
-      f"≤ {TARGET_PLAIN}× plain TF, and ≥ {TARGET_TFF:g}× faster than TFF on the main job's "
-      "model.", "",
-      "| model | parameters | LSTM kernel | engine's TF threads | sentences per client | "
-      f"plain TF ms | compiled (none) ms | compiled ({DP_MECHANISM}) ms | TFF ms | "
-      "compiled / plain | TFF / compiled |",
-      "|---|---|---|---|---|---|---|---|---|---|---|"]
-  for r in results:
-    t = r["per_client_cpu_s"]
-    plain, none = t["plain TF"], t["compiled engine (none)"]
-    dp, bare = t[f"compiled engine ({DP_MECHANISM})"], t["TFF (build_unweighted_fed_avg)"]
-    lines.append(f"| {r['model']} | {r['parameters']:,} | {r['lstm_kernel']} | "
-                 f"{r['threads']} | {r['sentences']} | "
-                 f"{plain * 1e3:.1f} | {none * 1e3:.1f} | {dp * 1e3:.1f} | {bare * 1e3:.1f} | "
-                 f"**{none / plain:.2f}** | **{bare / none:.1f}** |")
+      f"≤ {TARGET_PLAIN}× plain TF, ≥ {TARGET_TFF:g}× faster than TFF, and with DP ≤ "
+      f"{TARGET_DP}× without, on the main job's model.", ""] + _main_table(results)
+  if args.baseline_engine:
+    lines += ["", f"The baseline engine (`{args.baseline_engine}`) in the same rounds:", ""]
+    lines += _baseline_table(results)
+  if any(r.get("pfl") for r in results):
+    version = next(r["pfl"]["versions"] for r in results if r.get("pfl"))
+    lines += ["", f"pfl ({version}; `benchmarks/peer_pfl.py`, run by this script right after "
+              "the rounds above, same sizes and clients):", ""] + _pfl_table(results)
   lines += ["", f"The mechanisms' noise, once per round (CPU ms of the query's "
             f"`get_noised_result` at n = {NOISE_ROUNDS}, median of {args.noise_repeats}), "
             f"beside the clients' work of a round ({args.clients} clients on the compiled "
@@ -301,6 +404,11 @@ def main(argv=None):
   parser.add_argument("--rounds", type=int, default=10, help="timed rounds per path")
   parser.add_argument("--clients", type=int, default=8, help="clients per round")
   parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+  parser.add_argument("--baseline-engine", default=None,
+                      help="another training/engine.py, measured in the same rounds")
+  parser.add_argument("--pfl-python", default=PFL_PYTHON if os.path.exists(PFL_PYTHON) else None,
+                      help="an interpreter with pfl and torch: runs benchmarks/peer_pfl.py "
+                      "(default: .venv-bench-pfl's, from make venv-bench-pfl, when it exists)")
   parser.add_argument("--one-model-json", default=None, help=argparse.SUPPRESS)
   common_arguments(parser, "a tiny model, 2 clients, one timed round, two mechanisms' noise")
   args = parser.parse_args(argv)
@@ -310,7 +418,7 @@ def main(argv=None):
   args.noise_mechanisms, args.noise_repeats = NOISE_MECHANISMS, 5
   if args.smoke:
     args.rounds, args.clients, models = 1, 2, {"tiny (smoke)": SMOKE_MODEL}
-    args.noise_mechanisms, args.noise_repeats = ("gaussian", DP_MECHANISM), 1
+    args.noise_mechanisms, args.noise_repeats = ("gaussian", *DP_MECHANISMS), 1
     if args.cache_dir is None:
       args.cache_dir = os.path.join(args.out_dir, "cache")
   load_start, start = os.getloadavg()[0], time.perf_counter()

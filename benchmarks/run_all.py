@@ -127,6 +127,7 @@ SMOKE: Dict[str, Tuple[str, ...]] = {
     "stackoverflow_data.py": ("--smoke", "--out-dir", "{out}"),
     "bench_harness.py": ("--smoke", "--out-dir", "{out}"),
     "bench_engine.py": ("--smoke", "--out-dir", "{out}"),
+    "peer_pfl.py": ("--help",),  # runs in .venv-bench-pfl (make venv-bench-pfl); --help anywhere
     "bench_binary.py": ("--smoke", "--out-dir", "{out}"),
     "bench_paper_config.py": ("--smoke", "--out-dir", "{out}", "--cache_dir", "{out}/cache"),
     "bench_main_job.py": ("--smoke", "--out-dir", "{out}"),

@@ -36,7 +36,7 @@ THIRD_PARTY = {
 # Distributions only in the Flower environment's hub (requirements/flower-lock.txt).
 FLOWER_ONLY = {"flwr"}
 # Imported only inside a separate benchmark-only environment (never a dependency).
-PEER_ONLY = {"jax", "jax_privacy", "jaxlib", "optax"}
+PEER_ONLY = {"jax", "jax_privacy", "jaxlib", "optax", "pfl", "torch"}
 HEADER = """\
 # Bazel targets for every module of tff-mf (rules_python; third-party deps from the pip hub
 # @pypi built from requirements/lock.txt; @pypi_flower from requirements/flower-lock.txt for

@@ -27,7 +27,10 @@ process is built from, not from copies of them:
 - the query is the one ``tff_mf.tf.aggregators.build_mechanism`` wires into TFF
   (``DPAggregatorFactory.dp_query``): its ``initial_global_state``,
   ``derive_sample_params``, ``get_noised_result`` (the noise, once per round) and
-  ``derive_metrics`` run here as ``tf.function`` s;
+  ``derive_metrics`` run here as ``tf.function`` s, the query's state passed in and out as
+  one vector per dtype (``_PackedLayout``: the banded stream's state is 123 tensors on the
+  main job's model, and each argument tensor costs a call more than the noise does) and
+  the state a round returned taken back as it is;
 - the server optimizer is the run's ``tff.learning.optimizers`` optimizer, applied as
   TFF's finalizer applies it (a non-finite update is rejected).
 
@@ -188,6 +191,154 @@ def _round_step_builder(model, array_update, add_update, round_model, report: bo
   return round_step_for
 
 
+def _rebuilder(structure) -> Callable[[List[Any]], Any]:
+  """``flat -> structure`` around the leaves ``flat``: ``tf.nest.pack_sequence_as`` without
+  its checks on every call (about 1.5 ms a round on the banded stream's 123 leaves), for
+  tuples, lists and namedtuples, checked once here; other structures pack through tf.nest."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def build(node):
+    if isinstance(node, tuple) and hasattr(node, "_fields"):
+      parts, kind = [build(x) for x in node], type(node)
+      return lambda it: kind(*[part(it) for part in parts])
+    if type(node) in (tuple, list):  # pylint: disable=unidiomatic-typecheck
+      parts, kind = [build(x) for x in node], type(node)
+      return lambda it: kind([part(it) for part in parts])
+    if tf.nest.is_nested(node):
+      raise TypeError(type(node).__name__)
+    return next
+  fallback = lambda flat: tf.nest.pack_sequence_as(structure, flat)
+  try:
+    fn = build(structure)
+  except TypeError:
+    return fallback
+  count = len(tf.nest.flatten(structure))
+  probe = fn(iter(range(count)))
+  try:
+    tf.nest.assert_same_structure(probe, structure, check_types=True)
+  except (ValueError, TypeError):
+    return fallback
+  if tf.nest.flatten(probe) != list(range(count)):
+    return fallback
+  return lambda flat: fn(iter(flat))
+
+
+class _PackedLayout:
+  """Where each leaf of a nested state lies in one flat vector per dtype.
+
+  The DP query's state crosses the engine's ``tf.function`` boundaries as these few vectors
+  instead of one tensor a leaf: a call canonicalizes every argument leaf in Python, and the
+  banded stream's 123 leaves on the main job's model cost more than its noise. Packing is
+  concatenation and splitting, so every value (the stream's rows, the seed) is bit for bit
+  the one a leaf would carry.
+  """
+
+  def __init__(self, structure, specs: Sequence[Tuple[Any, Tuple[int, ...]]]):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    self.structure = tf.nest.map_structure(lambda _: None, structure)
+    self.key = (tuple((np.dtype(d), tuple(int(x) for x in shape)) for d, shape in specs),
+                str(self.structure))
+    self.specs = self.key[0]
+    self.dtypes = tuple(sorted({d for d, _ in self.specs}, key=str))
+    self.groups = tuple(tuple(k for k, (d, _) in enumerate(self.specs) if d == dtype)
+                        for dtype in self.dtypes)
+    self.sizes = tuple(tuple(int(np.prod(self.specs[k][1])) for k in group)
+                       for group in self.groups)
+    ends = [np.cumsum(sizes).tolist() for sizes in self.sizes]
+    self.bounds = [list(zip([0] + e[:-1], e)) for e in ends]  # each leaf's [start, end)
+    self.rebuild = _rebuilder(self.structure)
+    self.steps: Optional[Tuple[Any, Any, Dict[str, Any]]] = None  # _query_steps_for's
+
+  @classmethod
+  def of_arrays(cls, structure, flat) -> "_PackedLayout":
+    """The layout of a state of numpy arrays (or scalars), ``flat`` its leaves."""
+    return cls(structure, [(np.asarray(a).dtype, np.shape(a)) for a in flat])
+
+  @classmethod
+  def of_tensors(cls, structure) -> Optional["_PackedLayout"]:
+    """The layout of a traced state, or None when a shape is known only at run time."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    flat = tf.nest.flatten(structure)
+    if not all(t.shape.is_fully_defined() for t in flat):
+      return None
+    return cls(structure, [(t.dtype.as_numpy_dtype, tuple(t.shape)) for t in flat])
+
+  def signature(self):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    return [tf.TensorSpec([sum(sizes)], tf.as_dtype(d)) for d, sizes in zip(self.dtypes,
+                                                                             self.sizes)]
+
+  def pack_arrays(self, flat):
+    """The vectors of numpy leaves ``flat``, as tensors."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    return [tf.constant(np.concatenate([np.ravel(np.asarray(flat[k])) for k in group]))
+            for group in self.groups]
+
+  def pack_tensors(self, structure):
+    """The vectors of a traced state of this layout (in the graph)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    flat = tf.nest.flatten(structure)
+    line = lambda k: flat[k] if len(self.specs[k][1]) == 1 else tf.reshape(flat[k], [-1])
+    return [tf.concat([line(k) for k in group], 0) for group in self.groups]
+
+  def _leaves(self, vectors, split, reshape):
+    """The leaves from the vectors: ``split(vector, group index)``, ``reshape(part, shape)``."""
+    flat: List[Any] = [None] * len(self.specs)
+    for g, (group, vector) in enumerate(zip(self.groups, vectors)):
+      parts = split(vector, g) if len(group) > 1 else [vector]
+      for k, part in zip(group, parts):
+        flat[k] = reshape(part, self.specs[k][1])
+    return flat
+
+  def unpack_tensors(self, vectors):
+    """The state of this layout from its vectors (in the graph)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    split = lambda v, g: tf.split(v, self.sizes[g])
+    reshape = lambda part, shape: part if len(shape) == 1 else tf.reshape(part, shape)
+    return tf.nest.pack_sequence_as(self.structure, self._leaves(vectors, split, reshape))
+
+  def unpack_arrays(self, vectors):
+    """The state of this layout as read-only numpy arrays (views of one copy of each
+    vector, so the engine may take a state it returned back by identity)."""
+    def numpy(vector):
+      array = vector.numpy()
+      array.flags.writeable = False
+      return array
+    split = lambda v, g: [v[a:b] for a, b in self.bounds[g]]
+    # a scalar as TFF's runtime returns it: a numpy scalar, not a 0-d array
+    reshape = lambda v, shape: v.reshape(shape) if shape else v.reshape(())[()]
+    return self.rebuild(self._leaves([numpy(v) for v in vectors], split, reshape))
+
+
+def _query_steps_for(query, layout: _PackedLayout, accumulator, update):
+  """``(sample_params, noised, traced)``: the query's once-a-round steps for states of
+  ``layout``, each one ``tf.function`` on the state's packed vectors. ``noised`` puts the
+  noised sum of ``accumulator`` (the query's ``get_noised_result``) in the variables
+  ``update`` and returns the new state packed, its DpEvent, the query's metrics of it
+  (``derive_metrics``) and its sample parameters for the next round; tracing it puts the
+  new state's layout in ``traced["layout"]`` (None, and the new state's leaves returned
+  unpacked, when a shape is known only at run time)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  traced: Dict[str, Any] = {}
+
+  @tf.function(input_signature=[layout.signature()])
+  def sample_params(vectors):
+    return query.derive_sample_params(layout.unpack_tensors(vectors))
+
+  @tf.function(input_signature=[layout.signature()])
+  def noised(vectors):
+    sample_state = tf.nest.map_structure(tf.identity, accumulator)
+    result, new_state, event = query.get_noised_result(sample_state,
+                                                       layout.unpack_tensors(vectors))
+    for variable, value in zip(update, tf.nest.flatten(result)):
+      variable.assign(value)
+    traced["layout"] = new_layout = _PackedLayout.of_tensors(new_state)
+    packed = new_state if new_layout is None else new_layout.pack_tensors(new_state)
+    return (packed, event, query.derive_metrics(new_state),
+            query.derive_sample_params(new_state))
+  return sample_params, noised, traced
+
+
 def _arrays_of_one_length(clients) -> bool:
   """Whether there are clients, all given as ``ClientBatches`` of one sequence length."""
   ids = [getattr(c, "ids", None) for c in clients]
@@ -262,8 +413,6 @@ class CompiledProcess:
     self._round_steps: Dict[Any, Any] = {}
     # A canary client (training.canaries): its fixed update goes the way of every client's.
     self._canary_step = tf.function(add_update)
-    if query is not None:
-      self._compile_query(query, specs, accumulator)
 
     @tf.function
     def server_step(optimizer_state, trainable, update):
@@ -275,6 +424,8 @@ class CompiledProcess:
 
     self._server_step = server_step
     self._compile_round_ends()
+    if query is not None:
+      self._compile_query(query, specs, accumulator)
     self._finalizers = model.metric_finalizers()
     self._finalize = None
 
@@ -301,20 +452,20 @@ class CompiledProcess:
     self._start_round, self._mean_server_step = start_round, mean_server_step
 
   def _compile_query(self, query, specs, accumulator) -> None:
-    """The query's once-a-round steps as ``tf.function`` s (its sample parameters, metrics, the
-    noised sum of ``accumulator``, and the initial state with its DpEvent)."""
+    """The query's initial state with its DpEvent, and a private round's server step, as
+    ``tf.function`` s; the query's once-a-round steps are compiled for each layout of its
+    state (``_query_inputs``)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    # TFF's tree keeps one buffered node per completed level: its state grows, and
-    # reduce_retracing keeps that to a few traces.
-    self._sample_params = tf.function(query.derive_sample_params, reduce_retracing=True)
-    self._derive_metrics = tf.function(query.derive_metrics, reduce_retracing=True)
-
-    @tf.function(reduce_retracing=True)
-    def noised(global_state):
-      sample_state = tf.nest.map_structure(tf.identity, accumulator)
-      return query.get_noised_result(sample_state, global_state)
-
-    self._noised = noised
+    # layout key -> layout with its steps; TFF's tree keeps one buffered node per completed
+    # level, so its state takes a few layouts in a run
+    self._query_layouts: Dict[Any, _PackedLayout] = {}
+    # (the query state the last round returned, its layout, vectors, sample parameters)
+    self._last_query: Optional[Tuple[Any, _PackedLayout, Any, Any]] = None
+    self._events: Dict[str, Any] = {}  # _event_arrays
+    # the round's noised mean, written by the query's step and read by the server step
+    self._update = update = [tf.Variable(tf.zeros(s.shape, s.dtype), trainable=False)
+                             for s in specs]
+    server_step = self._server_step
 
     @tf.function
     def initial_aggregator_state():
@@ -322,7 +473,60 @@ class CompiledProcess:
       _, _, event = query.get_noised_result(query.initial_sample_state(specs), global_state)
       return global_state, event
 
+    @tf.function
+    def private_server_step(optimizer_state, trainable):
+      return server_step(optimizer_state, trainable, [v.read_value() for v in update])
+
     self._initial_aggregator_state = initial_aggregator_state
+    self._private_server_step = private_server_step
+
+  def _layout(self, layout: _PackedLayout) -> _PackedLayout:
+    """The registered layout equal to ``layout`` (registered now if new), with its steps."""
+    layout = self._query_layouts.setdefault(layout.key, layout)
+    if layout.steps is None:
+      layout.steps = _query_steps_for(self._query, layout, self._sum, self._update)
+    return layout
+
+  def _query_inputs(self, query_state):
+    """(layout, packed vectors, sample parameters) of the round's query state: those the
+    last round computed when ``query_state`` is the (read-only) state it returned."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    if self._last_query is not None and query_state is self._last_query[0]:
+      return self._last_query[1:]
+    flat = tf.nest.flatten(query_state)
+    layout = self._layout(_PackedLayout.of_arrays(query_state, flat))
+    vectors = layout.pack_arrays(flat)
+    return layout, vectors, layout.steps[0](vectors)
+
+  def _private_round_end(self, layout: _PackedLayout, vectors, finalizer, trainable):
+    """A private round's end: the noised sum and the query's next state (one call), then the
+    server step; (aggregator state, its measurements, the server step's three results)."""
+    _, noised, traced = layout.steps
+    packed, event, query_metrics, params = noised(vectors)
+    if traced["layout"] is None:  # a shape known only at run time: the leaves themselves
+      query_state, self._last_query = _numpy(packed), None
+    else:
+      if "registered" not in traced:
+        traced["registered"] = self._layout(traced["layout"])
+      out = traced["registered"]
+      query_state = out.unpack_arrays(packed)
+      self._last_query = (query_state, out, packed, params)
+    aggregator = self._aggregator_state(query_state, self._event_arrays(event), False)
+    inner = collections.OrderedDict(dp_query_metrics=_numpy(query_metrics), dp=())
+    return (aggregator, inner, *self._private_server_step(finalizer, trainable))
+
+  def _event_arrays(self, event):
+    """``_event_numpy(event)``, kept by the event's text when all its values are scalars
+    (then immutable numpy scalars): a query reports a few distinct events (the matrix
+    mechanisms: their guarantee in round 0, nothing after), and converting one through
+    ``to_named_tuple`` costs about 0.5 ms."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    if not all(np.ndim(x) == 0 for x in tf.nest.flatten(event)):
+      return _event_numpy(event)
+    key = repr(event)
+    if key not in self._events:
+      self._events[key] = _event_numpy(event)
+    return self._events[key]
 
   def _aggregator_state(self, query_state, event, is_init_state: bool):
     from tensorflow_federated.python.aggregators import differential_privacy  # pylint: disable=g-import-not-at-top
@@ -432,8 +636,7 @@ class CompiledProcess:
     hparams = tf.nest.map_structure(tf.constant, state.client_work)
     self._start_round(initial)
     if query is not None:
-      global_state = tf.nest.map_structure(tf.constant, state.aggregator.query_state)
-      params = self._sample_params(global_state)
+      layout, vectors, params = self._query_inputs(state.aggregator.query_state)
     else:
       params = ()
     zeroed, summed = 0, None
@@ -465,12 +668,8 @@ class CompiledProcess:
             clipping=inner, clipping_norm=np.float32(self._plain_clip),
             clipped_count=self._clipped.numpy())
     else:
-      update, query_state, event = self._noised(global_state)
-      aggregator = self._aggregator_state(_numpy(query_state), _event_numpy(event), False)
-      inner = collections.OrderedDict(
-          dp_query_metrics=_numpy(self._derive_metrics(query_state)), dp=())
-      optimizer_state, new_trainable, finalizer_metrics = self._server_step(
-          finalizer, trainable, list(update))
+      aggregator, inner, optimizer_state, new_trainable, finalizer_metrics = (
+          self._private_round_end(layout, vectors, finalizer, trainable))
     weights = tff.learning.models.ModelWeights(
         trainable=[w.numpy() for w in new_trainable],
         non_trainable=list(state.global_model_weights.non_trainable))

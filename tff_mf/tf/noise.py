@@ -374,6 +374,8 @@ class LinearNoise(StreamingNoise):
   def _noise_row(self, seed, i, stream_state, specs, stddev):
     z = standard_normal_row(seed, i, specs)
     tables = self._tables(i, stddev)
+    if len(specs) > 1 and len({s.dtype for s in specs}) == 1:
+      return self._flat_row(z, tables, stream_state, specs)
     kernel = self._kernel_fn()
     copies = self.stream.copies
     zero = tf.bitwise.right_shift(tf.abs(i), 62)  # 0 for any round (i < n < 2⁶²), at run time
@@ -385,6 +387,26 @@ class LinearNoise(StreamingNoise):
       for l in range(self.stream.k):
         new_rows[l][t] = old[copies[l]] if copies[l] >= 0 else computed[self._computed.index(l)]
     return out, tuple(tuple(row) for row in new_rows)
+
+  def _flat_row(self, z, tables, stream_state, specs):
+    """``_noise_row`` with the kernel run once on the variables concatenated (one dtype).
+
+    The kernel's ops are elementwise, with scalar coefficients: every entry is the one the
+    kernel computes on its variable alone, in 1/len(specs) of the ops (a model's many small
+    ops cost more than their arithmetic). Copied state rows stay the tensors they were."""
+    sizes = [int(np.prod(s.shape)) for s in specs]
+    line = lambda p: p if p.shape.rank == 1 else tf.reshape(p, [-1])
+    flat = lambda parts: tf.concat([line(p) for p in parts], 0)
+    unflat = lambda v: [p if s.shape.rank == 1 else tf.reshape(p, s.shape)
+                        for p, s in zip(tf.split(v, sizes), specs)]
+    y, computed = self._kernel_fn()(flat(z), [flat(row) for row in stream_state],
+                                    *[tf.cast(x, specs[0].dtype) for x in tables])
+    computed = [unflat(v) for v in computed]
+    copies = self.stream.copies
+    new_rows = tuple(tuple(stream_state[copies[l]]) if copies[l] >= 0
+                     else tuple(computed[self._computed.index(l)])
+                     for l in range(self.stream.k))
+    return unflat(y), new_rows
 
   def _kernel_fn(self):
     fused = _FUSED.on if self.jit_compile is None else self.jit_compile
