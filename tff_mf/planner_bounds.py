@@ -54,6 +54,20 @@ def nuclear_norm(workload) -> float:
   return float(np.sum(np.linalg.svd(workload.build(), compute_uv=False)))
 
 
+def class_norm(c, min_sep: int) -> float:
+  """max_r √(Σ_{j ≡ r mod b} ‖C[:, j]‖²): at most the sensitivity of C when a user joins
+  every round of its residue class (``tff_mf.accounting.analyses.poisson_sensitivity``,
+  whose sum over the class's Gram entries includes these diagonal ones); O(n²), or O(n) for
+  a lower-triangular Toeplitz view (column j's norm is a prefix of its first column's)."""
+  from tff_mf import toeplitz_view  # pylint: disable=g-import-not-at-top
+  column = toeplitz_view.column_of(c)
+  if column is not None:
+    squares = np.cumsum(np.square(np.asarray(column, dtype=np.float64)))[::-1]
+  else:
+    squares = np.sum(np.square(np.asarray(c, dtype=np.float64)), axis=0)
+  return math.sqrt(max(float(np.sum(squares[r::min_sep])) for r in range(min_sep)))
+
+
 def partition_size(schema, n: int) -> int:
   """q: the schema allows the q disjoint patterns {j, j + q, …} (j < q) covering the n
   rounds (``tff_mf.participation`` kinds); n (single rounds) where nothing larger is known."""
