@@ -692,7 +692,8 @@ def search(dep: Deployment, prepared: Sequence[Prepared], records: Records, *,
     prep = min(pending, key=estimate)
     pending.remove(prep)
     bar.set_postfix_str(f"{prep.describe()}; {len(pruned)} pruned", refresh=False)
-    best = min([c.rmse for c in scored] + ([incumbent] if incumbent else []), default=None)
+    best = min([c.rmse for c in scored] + ([] if incumbent is None else [incumbent]),
+               default=None)
     why = prune_check(dep, prep, best, records) if prune and best is not None else None
     if why is not None:
       pruned.append(why)
