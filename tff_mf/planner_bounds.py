@@ -39,19 +39,31 @@ import numpy as np
 # A bound is multiplied by this before it is compared, so that rounding in its own product
 # and in ‖A‖_* (relative 1e-13 here) can only weaken it.
 SAFETY = 1.0 - 1e-9
+# The loosest tolerance on B·C = A (entrywise, relative to max(1, max|A|)) that the
+# library's factorization checks accept (1e-8 by default, 1e-6 for a post-processed one).
+PRODUCT_ATOL = 1e-6
 # The optimistic PLD's grid (a coarser grid gives a lower, still valid, estimate).
 OPTIMISTIC_INTERVAL = 1e-2
 
 
 def nuclear_norm(workload) -> float:
-  """‖A‖_* of a ``tff_mf.factorization.workloads.WorkloadSpec``: for the prefix sum S the
-  closed form Σ_k 1/(2 sin((2k − 1)π/(4n + 2))) (the singular values of the all-ones lower
-  triangle), else the sum of the singular values of the dense A."""
+  """A lower bound on ‖B‖_F·‖C‖_F for every factorization B·C of a
+  ``tff_mf.factorization.workloads.WorkloadSpec``'s A that passes the library's check
+  (``tff_mf.checks.product``: every entry of B·C − A within PRODUCT_ATOL·max(1, max|A|)): ‖A‖_*
+  less n^1.5·PRODUCT_ATOL·max|A|, the most such an E can have (‖E‖_* ≤ √n·‖E‖_F ≤
+  n^1.5·max|E|). ‖A‖_* in closed form for the prefix sum S,
+  Σ_k 1/(2 sin((2k − 1)π/(4n + 2))) (the singular values of the all-ones lower triangle),
+  else the sum of the dense A's singular values."""
   n = workload.n
   if workload.kind == "prefix_sum":
     k = np.arange(1, n + 1, dtype=np.float64)
-    return float(np.sum(1.0 / (2.0 * np.sin((2.0 * k - 1.0) * math.pi / (4.0 * n + 2.0)))))
-  return float(np.sum(np.linalg.svd(workload.build(), compute_uv=False)))
+    exact = float(np.sum(1.0 / (2.0 * np.sin((2.0 * k - 1.0) * math.pi / (4.0 * n + 2.0)))))
+    largest = 1.0
+  else:
+    a = workload.build()
+    exact = float(np.sum(np.linalg.svd(a, compute_uv=False)))
+    largest = float(np.max(np.abs(a)))
+  return max(0.0, exact - n ** 1.5 * PRODUCT_ATOL * max(1.0, largest))
 
 
 def class_norm(c, min_sep: int) -> float:
