@@ -83,10 +83,10 @@ def class_norm(c, min_sep: int) -> float:
 def partition_size(schema, n: int) -> int:
   """q: the schema allows the q disjoint patterns {j, j + q, …} (j < q) covering the n
   rounds (``tff_mf.participation`` kinds); n (single rounds) where nothing larger is known."""
-  kind = schema.kind
-  if kind in ("fixed_epoch", "balls_in_bins", "random_allocation"):
-    return n // schema.epochs
-  if kind == "min_sep":
+  epochs = getattr(schema, "epochs", None)  # cohorts, bins, or one round per epoch
+  if epochs:
+    return n // epochs
+  if schema.poisson:  # min_sep: the residue classes mod b
     cap = schema.max_participations
     if cap is None or cap >= -(-n // schema.min_sep):
       return schema.min_sep
