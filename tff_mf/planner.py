@@ -761,7 +761,7 @@ def cheap_first(dep: Deployment, name: str) -> bool:
   prepared and calibrated first, so that the best rmse is known before the dense families."""
   from tff_mf.factorization import strategies  # pylint: disable=g-import-not-at-top
   m = registry.mechanism(name)
-  if m.strategy is None or m.strategy == "identity":
+  if m.strategy is None or not m.noise_kind.factorized:  # C = I
     return True
   return strategies.toeplitz_column(m.strategy, dep.workload()) is not None
 
