@@ -106,7 +106,7 @@ def report(args, dep, runs):
   for (label, (result, wall, cpu, counts)), target in zip(runs, TARGETS):
     within = "yes" if result is not None and wall <= target else "no"
     done = (f"{counts['resolved']} of {total} / {counts['calibrated']} / "
-            f"{'–' if result is None else len(result['pruned'])} ({counts['prune evaluations']})"
+            f"{'–' if result is None else _pruned_text(result)} ({counts['prune evaluations']})"
             f" | {counts['resolved s']:.1f} / {counts['calibrated s']:.1f} / "
             f"{counts['prune evaluations s']:.1f}")
     if result is None:
@@ -131,6 +131,11 @@ def report(args, dep, runs):
                    f"{c['epsilon']:.4g} ({c['bound']}) | {c['noise_multiplier']:.4g} | "
                    f"{c['rmse']:.4g} | {c['state_rows']} |")
   return "\n".join(lines) + "\n"
+
+
+def _pruned_text(result):
+  before = sum(1 for x in result["pruned"] if x.get("before_factorizing"))
+  return f"{len(result['pruned'])}, {before} of them before factorizing"
 
 
 def _option(c):

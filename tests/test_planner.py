@@ -18,6 +18,7 @@ from tff_mf import cli
 from tff_mf import mechanisms
 from tff_mf import participation
 from tff_mf import planner
+from tff_mf import planner_bounds
 from tff_mf import spec as spec_lib
 
 N, POPULATION, K, EPS, DELTA = 16, 16, 8, 4.0, 1e-6
@@ -125,10 +126,21 @@ def test_pruning_never_changes_the_winner(result, pruned_result):
     pruned[match[0]] = x
   assert set(pruned) | calibrated == set(full) and not set(pruned) & calibrated
   for key, x in pruned.items():
-    assert x["epsilon_at_z"] > EPS and "epsilon" in x["why"]
-    assert full[key]["noise_multiplier"] > x["z_above"]
-    assert full[key]["rmse"] > x["rmse_above"] >= result["recommended"]["rmse"] * (
-        1 + 2 * planner.TOLERANCE) * (1 - 1e-12)
+    _check_proof(x, full[key], result["recommended"]["rmse"], EPS)
+
+
+def _check_proof(x, unpruned, best_rmse, target):
+  """A pruned candidate's proof holds against its calibration in the unpruned run: before
+  factorizing, its rmse is at least the bound; else its ε at the cut's z is above the
+  target and its z above that z; either way its rmse is above the cut, itself above the
+  winner's by the tolerance."""
+  if x.get("before_factorizing"):
+    assert unpruned["rmse"] >= x["rmse_at_least"] > x["rmse_above"]
+  else:
+    assert x["epsilon_at_z"] > target and "epsilon" in x["why"]
+    assert unpruned["noise_multiplier"] > x["z_above"]
+  assert unpruned["rmse"] > x["rmse_above"] >= best_rmse * (
+      1 + 2 * planner.TOLERANCE) * (1 - 1e-12)
 
 
 def test_records_are_reused_and_a_corrupt_one_is_recomputed(tmp_path):
@@ -151,6 +163,9 @@ def test_records_are_reused_and_a_corrupt_one_is_recomputed(tmp_path):
     entry = json.loads(path.read_text())
     if i % 2:
       path.write_text(path.read_text()[:20])
+    elif entry["material"].get("kind") == "thresholds":  # a bound's multipliers
+      entry["value"] = {k: 2.0 * v for k, v in entry["value"].items()}
+      path.write_text(json.dumps(entry))
     else:  # a record's z, or a candidate's error norm (its figures)
       field = "error_norm" if entry["material"].get("kind") == "figures" else \
           "noise_multiplier"
@@ -334,3 +349,69 @@ def test_the_shared_banded_bound_is_a_lower_bound(tmp_path):
       assert bound <= exact * (1 + 1e-12), (prep.describe(), z, bound, exact)
       checked += 1
   assert checked >= 6
+
+
+@pytest.mark.parametrize("n", [1, 7, 64])
+def test_the_prefix_sums_nuclear_norm_is_its_singular_values_sum(n):
+  from tff_mf.factorization import workloads  # pylint: disable=g-import-not-at-top
+  spec = workloads.WorkloadSpec("prefix_sum", n)
+  exact = float(np.sum(np.linalg.svd(spec.build(), compute_uv=False)))
+  bound = planner_bounds.nuclear_norm(spec)  # less what B·C may differ from A by
+  assert bound <= exact and bound == pytest.approx(
+      exact - n ** 1.5 * planner_bounds.PRODUCT_ATOL, rel=1e-12)
+
+
+def test_the_error_bound_is_below_every_calibrated_rmse(result, tmp_path):
+  """The bound before factorizing (``planner.error_lower_bounds``) is below the calibrated
+  rmse of every candidate of its schema option, and not vacuous where it applies."""
+  dep = _deployment()
+  todo = planner.enumerate_candidates(dep)[0]
+  bounds = planner.error_lower_bounds(dep, todo, planner.Records(str(tmp_path)))
+  found = {planner.describe(c["mechanism"], _option(c), c["params"]): c["rmse"]
+           for c in result["candidates"]}
+  checked = 0
+  for i, (name, option, params) in enumerate(todo):
+    rmse = found.get(planner.describe(name, option, params))
+    if rmse is not None:
+      assert bounds[i]["rmse"] <= rmse, (name, option.schema.label, bounds[i], rmse)
+      checked += bounds[i]["rmse"] > 0
+  assert checked >= 3
+
+
+def test_pruning_before_factorizing_keeps_the_winner(tmp_path):
+  """With a population large enough for strongly amplified min_sep sampling (p = b/64),
+  a single-participation candidate cannot beat the best amplified one: the dense family's
+  candidates there are pruned before their factorization, with the same winner as the
+  unpruned planner's, and every proof holds against the unpruned calibration."""
+  dep = planner.Deployment(population=256, total_rounds=8, clients_per_round=4,
+                           target_epsilon=EPS, delta=DELTA,
+                           schemas=("single", "fixed_epoch", "min_sep"),
+                           mechanisms=("banded_toeplitz", "gaussian", "opt_prefix_sum"),
+                           skip_mmcc=True)
+  pruned = planner.plan(dep, cache_dir=str(tmp_path / "pruned"))
+  full = planner.plan(dep, cache_dir=str(tmp_path / "full"), prune=False)
+  assert _key(pruned["recommended"]) == _key(full["recommended"])
+  assert pruned["recommended"]["rmse"] == full["recommended"]["rmse"]
+  by_what = {planner.describe(c["mechanism"], _option(c), c["params"]): c
+             for c in full["candidates"]}
+  before = [x for x in pruned["pruned"] if x.get("before_factorizing")]
+  assert before, "nothing pruned before factorizing"
+  for x in pruned["pruned"]:
+    _check_proof(x, by_what[x["what"]], full["recommended"]["rmse"], EPS)
+
+
+def test_a_stored_bound_is_evaluated_again(tmp_path):
+  """A threshold edited upward with its checksum (a bound that would prune more) fails its
+  evaluation when read back and is computed again."""
+  dep = _deployment()
+  todo = planner.enumerate_candidates(dep)[0]
+  first = planner.error_lower_bounds(dep, todo, planner.Records(str(tmp_path)))
+  for path in (tmp_path / ".planner").glob("*.json"):
+    entry = json.loads(path.read_text())
+    if entry["material"].get("kind") == "thresholds" and "gaussian" in entry["value"]:
+      entry["value"] = {k: 10.0 * v for k, v in entry["value"].items()}
+      entry["sha256"] = planner._entry_sha256(  # pylint: disable=protected-access
+          entry["material"], entry["value"])
+      path.write_text(json.dumps(entry))
+  again = planner.error_lower_bounds(dep, todo, planner.Records(str(tmp_path)))
+  assert again == first

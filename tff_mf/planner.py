@@ -65,6 +65,7 @@ import numpy as np
 from tff_mf import checks
 from tff_mf import mechanisms
 from tff_mf import participation as participation_lib
+from tff_mf import planner_bounds
 from tff_mf import registry
 from tff_mf import spec as spec_lib
 from tff_mf.accounting import band_calibration
@@ -392,7 +393,7 @@ def _prepared_figures(dep: Deployment, resolved: mechanisms.Resolved,
     from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
     b = analyses.sampling_min_sep(resolved.participation, dep.total_rounds)
     out.update(gamma=checks.gamma(resolved.encoder),
-               poisson_sensitivity=analyses.poisson_sensitivity(resolved.encoder, b)[0])
+               class_norm=planner_bounds.class_norm(resolved.encoder, b))
   out.update(mmcc_skipped=bool(skipped), amplified=bool(amplified), analysis=(
       mechanisms.amplified_analysis(resolved.encoder, resolved.participation)
       if amplified else "none"), z_upper=float(accounting.calibrate_noise_multiplier(
@@ -539,8 +540,8 @@ def code_fingerprint(whole: bool = False) -> str:
   else:
     paths = (glob.glob(os.path.join(here, "accounting", "*.py"))
              + glob.glob(os.path.join(here, "participation", "*.py"))
-             + [os.path.join(here, name) for name in ("mechanisms.py", "spec.py",
-                                                      "checks.py", "planner.py")])
+             + [os.path.join(here, name) for name in ("mechanisms.py", "spec.py", "checks.py",
+                                                      "planner.py", "planner_bounds.py")])
   digest = hashlib.sha256(f"{np.__version__} {scipy.__version__} "
                           f"{getattr(dp_accounting, '__version__', '')}".encode())
   for path in sorted(paths):
@@ -641,7 +642,11 @@ def shared_banded_bound(dep: Deployment, prep: Prepared, z: float,
   Gaussians at z/sens (sens under the schema, and with every eligible round joined). Once
   f(u_f) > target was evaluated for some candidate of the group (``epsilon_at``), every
   z/γ ≤ u_f has f(z/γ) ≥ f(u_f) > target, and the reported ε at z is at least the least of
-  f(u_f) and the two Gaussians (milliseconds).
+  f(u_f) and the two Gaussians (milliseconds). The second Gaussian's sensitivity (every
+  eligible round joined, ``analyses.poisson_sensitivity``) is replaced by a lower bound on
+  it, the largest residue class's √(Σ_j ‖C[:, j]‖²) (``planner_bounds.class_norm``), which
+  can only lower the Gaussian's ε: the bound stays a lower bound, at O(n²) instead of the
+  class Gram matrices' cost.
   """
   from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
   figs = prep.figures
@@ -652,13 +657,14 @@ def shared_banded_bound(dep: Deployment, prep: Prepared, z: float,
   if not known:
     return None
   gaussians = [analyses.gaussian_epsilon(z, dep.delta, dep.accountant, s)
-               for s in (figs["sensitivity"]["value"], figs["poisson_sensitivity"])]
+               for s in (figs["sensitivity"]["value"], figs["class_norm"])]
   return min([min(f for _, f in known)] + gaussians)
 
 
 def search(dep: Deployment, prepared: Sequence[Prepared], records: Records, *,
-           prune: bool = True, progress: bool = False):
-  """(scored ``Candidate``s, pruned [{what, why, ...}], failed [{what, why}]).
+           prune: bool = True, progress: bool = False, incumbent: Optional[float] = None):
+  """(scored ``Candidate``s, pruned [{what, why, ...}], failed [{what, why}]);
+  ``incumbent``: the least rmse calibrated before (pruning bounds against it too).
 
   Order: the unamplified candidates first (their calibration is one Gaussian's), then
   each group's (schema option and analysis) candidate of least upper-bound error, then the
@@ -686,7 +692,8 @@ def search(dep: Deployment, prepared: Sequence[Prepared], records: Records, *,
     prep = min(pending, key=estimate)
     pending.remove(prep)
     bar.set_postfix_str(f"{prep.describe()}; {len(pruned)} pruned", refresh=False)
-    best = min((c.rmse for c in scored), default=None)
+    best = min([c.rmse for c in scored] + ([] if incumbent is None else [incumbent]),
+               default=None)
     why = prune_check(dep, prep, best, records) if prune and best is not None else None
     if why is not None:
       pruned.append(why)
@@ -748,6 +755,104 @@ def enumerate_candidates(dep: Deployment) -> Tuple[List[Tuple[str, SchemaOption,
   return todo, left_out
 
 
+def cheap_first(dep: Deployment, name: str) -> bool:
+  """Whether a mechanism's C is computed in seconds at any n: C = I, or a Toeplitz family
+  computing first columns (``tff_mf.factorization.strategies.toeplitz_column``). These are
+  prepared and calibrated first, so that the best rmse is known before the dense families."""
+  from tff_mf.factorization import strategies  # pylint: disable=g-import-not-at-top
+  m = registry.mechanism(name)
+  if m.strategy is None or not m.noise_kind.factorized:  # C = I
+    return True
+  return strategies.toeplitz_column(m.strategy, dep.workload()) is not None
+
+
+def error_lower_bounds(dep: Deployment, todo: Sequence[Tuple[str, SchemaOption, Dict]],
+                       records: "Records") -> Dict[int, Dict[str, Any]]:
+  """{index in ``todo``: {"rmse": a lower bound on its calibrated rmse, "why": ...}}, from
+  ``tff_mf.planner_bounds``: ‖A‖_* (computed in every run) and each schema option's
+  thresholds (kept in ``records``, evaluated again when read back), no factorization."""
+  n = dep.total_rounds
+  nuclear = planner_bounds.nuclear_norm(dep.workload())
+  units: Dict[str, Tuple[float, str]] = {}
+  out = {}
+  for i, (_, option, _) in enumerate(todo):
+    label = f"{option.schema.label} {option.sampling_prob}"
+    if label not in units:
+      amplified = mechanisms.amplification_applies(option.schema, n, option.sampling_prob)
+      privacy = dict(target=dep.target_epsilon, delta=dep.delta, accountant=dep.accountant)
+      args = (option.schema, n, option.sampling_prob)
+      material = dict(privacy, kind="thresholds", code=code_fingerprint(), n=n,
+                      amplified=amplified, skip_mmcc=dep.skip_mmcc,
+                      schema=option.schema.as_dict(), sampling_prob=option.sampling_prob)
+      found = records.get(material, lambda: planner_bounds.thresholds(
+          *args, amplified=amplified, mmcc_possible=bool(
+              amplified and option.schema.poisson and not dep.skip_mmcc), **privacy),
+                          lambda m, v: planner_bounds.verified(v, *args, **privacy))[0]
+      units[label] = planner_bounds.unit(found, option.schema, n)
+    unit, why = units[label]
+    out[i] = {"rmse": planner_bounds.error_lower_bound(unit, nuclear, n),
+              "why": f"{why}; ||A||_*/n = {nuclear / n:.6g}"}
+  return out
+
+
+def staged_search(dep: Deployment, todo: Sequence[Tuple[str, SchemaOption, Dict]],
+                  records: "Records", *, cache_dir: Optional[str], prune: bool,
+                  progress: bool):
+  """(prepared, unfit, scored, pruned, failed): the cheap families (``cheap_first``)
+  prepared and searched first (``search``); then the others by their lower bound on rmse
+  (``error_lower_bounds``), least first, each pruned before its factorization when the
+  bound exceeds the best rmse by more than the calibration tolerance, else prepared and
+  searched against the best so far."""
+  first = [t for t in todo if cheap_first(dep, t[0])]
+  rest = [t for t in todo if not cheap_first(dep, t[0])]
+  prepared, unfit = _prepare_all(dep, first, records, cache_dir, progress,
+                                 "plan: cheap families")
+  scored, pruned, failed = search(dep, prepared, records, prune=prune, progress=progress)
+  bounds = error_lower_bounds(dep, rest, records) if prune else {}
+  order = sorted(range(len(rest)), key=lambda i: bounds.get(i, {"rmse": 0.0})["rmse"])
+  # One candidate per step; a pruned one takes milliseconds, a factorized one of a dense
+  # family minutes at n = 2048, so the ETA (the mean so far) errs long once pruning starts.
+  bar = _bar(None, "plan: dense families", progress, total=len(order))
+  for i in order:
+    name, option, params = rest[i]
+    bar.set_postfix_str(describe(name, option, params), refresh=False)
+    best = min((c.rmse for c in scored), default=None)
+    cut = None if best is None else (1.0 + 2.0 * TOLERANCE) * best
+    if prune and cut is not None and bounds[i]["rmse"] > cut:
+      pruned.append(_pruned_by_bound(name, option, params, bounds[i], cut, best))
+    else:
+      more, why = _prepare_all(dep, [rest[i]], records, cache_dir, False, "")
+      prepared += more
+      unfit += why
+      s, p, f = search(dep, more, records, prune=prune, incumbent=best)
+      scored, pruned, failed = scored + s, pruned + p, failed + f
+    bar.update(1)
+  bar.close()
+  return prepared, unfit, scored, pruned, failed
+
+
+def _pruned_by_bound(name: str, option: SchemaOption, params: Dict[str, int],
+                     bound: Dict[str, Any], cut: float, best: float) -> Dict[str, Any]:
+  return {"what": describe(name, option, params), "rmse_at_least": bound["rmse"],
+          "rmse_above": cut, "before_factorizing": True,
+          "why": f"before factorizing: its rmse is at least {bound['rmse']:.6g} > "
+                 f"{cut:.6g} (the best's {best:.6g} times 1 + {2 * TOLERANCE:g}) for every "
+                 f"factorization, since ||B||_F*||C||_F >= ||A||_* and {bound['why']}"}
+
+
+def _prepare_all(dep: Deployment, items, records: "Records", cache_dir: Optional[str],
+                 progress: bool, desc: str):
+  """(the ``Prepared`` candidates, [{what, why}] of those that cannot run)."""
+  prepared, unfit = [], []
+  for name, option, params in _bar(items, desc, progress):
+    result = prepare(dep, name, option, params, cache_dir=cache_dir, records=records)
+    if isinstance(result, Prepared):
+      prepared.append(result)
+    else:
+      unfit.append({"what": describe(name, option, params), "why": result})
+  return prepared, unfit
+
+
 def plan(dep: Deployment, *, cache_dir: Optional[str] = None, progress: bool = False,
          prune: bool = True) -> Dict[str, Any]:
   """Every candidate scored and ranked by expected error (rmse), the recommendation, where
@@ -767,15 +872,8 @@ def plan(dep: Deployment, *, cache_dir: Optional[str] = None, progress: bool = F
   todo, left_out = enumerate_candidates(dep)
   for read in (True, False):  # the second time only if a stored record was wrong
     records = Records(cache_dir, read=read)
-    prepared: List[Prepared] = []
-    unfit: List[Dict[str, str]] = []
-    for name, option, params in _bar(todo, "plan: factorizations", progress):
-      result = prepare(dep, name, option, params, cache_dir=cache_dir, records=records)
-      if isinstance(result, Prepared):
-        prepared.append(result)
-      else:
-        unfit.append({"what": describe(name, option, params), "why": result})
-    scored, pruned, failed = search(dep, prepared, records, prune=prune, progress=progress)
+    prepared, unfit, scored, pruned, failed = staged_search(
+        dep, todo, records, cache_dir=cache_dir, prune=prune, progress=progress)
     if not scored or confirmed(_ranked(scored)[0], prepared, records):
       break
   left_out.extend(unfit + failed)

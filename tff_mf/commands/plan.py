@@ -53,7 +53,8 @@ def register(subparsers) -> None:
                            "per calibration)")
   parser.add_argument("--no_prune", action="store_true",
                       help="calibrate every candidate (default: prune those that one "
-                           "evaluation of epsilon shows worse than the best found)")
+                           "evaluation of epsilon, or before factorizing a bound on every "
+                           "factorization's error, shows worse than the best found)")
   clitools.add_cache_dir_flag(parser)
   parser.add_argument("--json", action="store_true", help="print JSON (default: off)")
   parser.add_argument("--plot", default=None, metavar="PATH",
@@ -118,5 +119,7 @@ def print_table(result) -> None:
     print(f"pruned: {x['what']}: {x['why']}")
   if "plot" in result:
     print(f"plot: {result['plot']}")
+  before = sum(1 for x in result["pruned"] if x.get("before_factorizing"))
   print(f"{len(result['candidates'])} candidates calibrated, {len(result['pruned'])} pruned "
-        f"(shown worse by one evaluation of epsilon) in {result['seconds']:.1f} s")
+        f"(shown worse by one evaluation of epsilon, or {before} of them before factorizing "
+        f"by a bound on every factorization's error) in {result['seconds']:.1f} s")

@@ -1,0 +1,193 @@
+"""Lower bounds on a planner candidate's expected error before its factorization exists
+(numpy core; no TensorFlow).
+
+A candidate's error at the target is rmse = z·‖B‖_F/√n, B·C = A its factorization of the
+training workload A and z its calibrated noise multiplier. For every factorization:
+
+1. ‖A‖_* ≤ ‖B‖_F·‖C‖_F (Hölder's inequality for Schatten norms), ‖A‖_* the nuclear norm
+   (the sum of A's singular values; the SVD bound of Li & Miklau 2012, arXiv:1212.2309).
+2. The reported ε is the least of the valid analyses' bounds (``tff_mf.mechanisms.privacy``),
+   each the ε of a Gaussian mechanism (subsampled or not) at z divided by a scale s(C), and
+   non-increasing in that multiplier (the assumption the calibration's search rests on). If
+   an analysis's ε at multiplier u was evaluated above the target (or bounded below above
+   it), its bound at the calibrated z is within the target only if z > u·s(C).
+   - The Gaussian at z/sens (and, under cyclic Poisson sampling, at z/sens with every
+     eligible round joined): the schema allows the q disjoint patterns {j, j + q, …} that
+     cover the n rounds (q = n/k cohorts or bins for the epoch kinds, q = b classes for
+     min_sep, q = n for single). With orthogonal contributions in the rounds of one pattern,
+     C's output moves by √(Σ_j ‖C[:, j]‖²) over the pattern, so any valid sensitivity is at
+     least the largest of these over the q patterns, at least ‖C‖_F/√q.
+   - The amplified banded analysis (Choquette-Choo et al. 2023, arXiv:2306.08153, Thm 4):
+     ε = f(z/γ(C)), γ(C) the largest column norm, at least ‖C‖_F/√n; f is bounded below by
+     dp_accounting's optimistic PLD of the same composition (Doroshenko et al. 2022,
+     arXiv:2207.04380), which lies below the exact ε, itself below the pessimistic PLD the
+     analysis reports.
+   - MMCC (arXiv:2310.15526), fixed-bin balls-in-bins and random allocation have no such
+     bound here: a schema option where one of them may account a candidate gets none.
+3. So z ≥ min over the analyses of u_a·‖C‖_F/√q_a, and rmse ≥ min_a u_a·√(n/q_a) · ‖A‖_*/n:
+   ``unit(option)·‖A‖_*/n``, the same for every family, before anything is factorized.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Callable, Dict, Optional, Tuple
+
+import numpy as np
+
+# A bound is multiplied by this before it is compared, so that rounding in its own product
+# and in ‖A‖_* (relative 1e-13 here) can only weaken it.
+SAFETY = 1.0 - 1e-9
+# The loosest tolerance on B·C = A (entrywise, relative to max(1, max|A|)) that the
+# library's factorization checks accept (1e-8 by default, 1e-6 for a post-processed one).
+PRODUCT_ATOL = 1e-6
+# The optimistic PLD's grid (a coarser grid gives a lower, still valid, estimate).
+OPTIMISTIC_INTERVAL = 1e-2
+
+
+def nuclear_norm(workload) -> float:
+  """A lower bound on ‖B‖_F·‖C‖_F for every factorization B·C of a
+  ``tff_mf.factorization.workloads.WorkloadSpec``'s A that passes the library's check
+  (``tff_mf.checks.product``: every entry of B·C − A within PRODUCT_ATOL·max(1, max|A|)): ‖A‖_*
+  less n^1.5·PRODUCT_ATOL·max|A|, the most such an E can have (‖E‖_* ≤ √n·‖E‖_F ≤
+  n^1.5·max|E|). ‖A‖_* in closed form for the prefix sum S,
+  Σ_k 1/(2 sin((2k − 1)π/(4n + 2))) (the singular values of the all-ones lower triangle),
+  else the sum of the dense A's singular values."""
+  n = workload.n
+  if workload.kind == "prefix_sum":
+    k = np.arange(1, n + 1, dtype=np.float64)
+    exact = float(np.sum(1.0 / (2.0 * np.sin((2.0 * k - 1.0) * math.pi / (4.0 * n + 2.0)))))
+    largest = 1.0
+  else:
+    a = workload.build()
+    exact = float(np.sum(np.linalg.svd(a, compute_uv=False)))
+    largest = float(np.max(np.abs(a)))
+  return max(0.0, exact - n ** 1.5 * PRODUCT_ATOL * max(1.0, largest))
+
+
+def class_norm(c, min_sep: int) -> float:
+  """max_r √(Σ_{j ≡ r mod b} ‖C[:, j]‖²): at most the sensitivity of C when a user joins
+  every round of its residue class (``tff_mf.accounting.analyses.poisson_sensitivity``,
+  whose sum over the class's Gram entries includes these diagonal ones); O(n²), or O(n) for
+  a lower-triangular Toeplitz view (column j's norm is a prefix of its first column's)."""
+  from tff_mf import toeplitz_view  # pylint: disable=g-import-not-at-top
+  column = toeplitz_view.column_of(c)
+  if column is not None:
+    squares = np.cumsum(np.square(np.asarray(column, dtype=np.float64)))[::-1]
+  else:
+    squares = np.sum(np.square(np.asarray(c, dtype=np.float64)), axis=0)
+  return math.sqrt(max(float(np.sum(squares[r::min_sep])) for r in range(min_sep)))
+
+
+def partition_size(schema, n: int) -> int:
+  """q: the schema allows the q disjoint patterns {j, j + q, …} (j < q) covering the n
+  rounds (``tff_mf.participation`` kinds); n (single rounds) where nothing larger is known."""
+  epochs = getattr(schema, "epochs", None)  # cohorts, bins, or one round per epoch
+  if epochs:
+    return n // epochs
+  if schema.poisson:  # min_sep: the residue classes mod b
+    cap = schema.max_participations
+    if cap is None or cap >= -(-n // schema.min_sep):
+      return schema.min_sep
+  return n
+
+
+def threshold(epsilon: Callable[[float], float], target: float, low: float = 1e-4,
+              high: float = 1e4, steps: int = 40) -> float:
+  """The largest multiplier u found (bisection in log u) whose ``epsilon(u)`` was evaluated
+  above ``target``; 0.0 where none was (no bound). An evaluation that fails counts as not
+  above (it proves nothing)."""
+  def above(u):
+    try:
+      return bool(epsilon(u) > target)
+    except (ValueError, ArithmeticError):
+      return False
+  if not above(low):
+    return 0.0
+  if above(high):
+    return high
+  for _ in range(steps):
+    mid = math.sqrt(low * high)
+    if above(mid):
+      low = mid
+    else:
+      high = mid
+  return low
+
+
+def optimistic_composed_epsilon(multiplier: float, delta: float, sampling_prob: float,
+                                compositions: int) -> float:
+  """A lower bound on the exact ε(δ) of the ``compositions``-fold Poisson-subsampled Gaussian
+  (dp_accounting's PLD with optimistic rounding, ``pessimistic_estimate=False``)."""
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  pld = dp_accounting.pld.privacy_loss_distribution.from_gaussian_mechanism(
+      standard_deviation=multiplier, sampling_prob=sampling_prob,
+      pessimistic_estimate=False, value_discretization_interval=OPTIMISTIC_INTERVAL,
+      use_connect_dots=False)
+  with warnings.catch_warnings(), np.errstate(all="ignore"):
+    warnings.simplefilter("ignore", RuntimeWarning)
+    eps = float(pld.self_compose(int(compositions)).get_epsilon_for_delta(delta))
+  return 0.0 if math.isnan(eps) else eps
+
+
+def thresholds(schema, n: int, sampling_prob: Optional[float], *, amplified: bool,
+               mmcc_possible: bool, target: float, delta: float,
+               accountant: str) -> Dict[str, float]:
+  """{analysis: u}: a multiplier at which each analysis that may account a candidate under
+  the schema option has ε above ``target`` (evaluated; ``verified`` checks it again), or
+  {"unbounded": 0.0} where one without a lower bound may (fixed-bin, random allocation,
+  MMCC). ``amplified``: an amplified analysis applies
+  (``tff_mf.mechanisms.amplification_applies``); ``mmcc_possible``: MMCC may account a
+  candidate (cyclic Poisson sampling, MMCC not skipped)."""
+  if amplified and (not schema.poisson or mmcc_possible):
+    return {"unbounded": 0.0}
+  out = {"gaussian": threshold(lambda u: _gaussian(u, delta, accountant), target)}
+  if amplified:
+    rounds = -(-n // schema.min_sep)
+    out["amplified_banded"] = threshold(
+        lambda u: optimistic_composed_epsilon(u, delta, sampling_prob, rounds), target,
+        low=0.1, high=20.0, steps=12)
+  return out
+
+
+def verified(found: Dict[str, float], schema, n: int, sampling_prob: Optional[float], *,
+             target: float, delta: float, accountant: str) -> bool:
+  """Whether each stored threshold still has its analysis's ε (or lower bound) above
+  ``target``: one evaluation each, so that a stored bound proves what it says."""
+  try:
+    checks_ = {"gaussian": lambda u: _gaussian(u, delta, accountant),
+               "amplified_banded": lambda u: optimistic_composed_epsilon(
+                   u, delta, sampling_prob, -(-n // getattr(schema, "min_sep", 1)))}
+    return (set(found) <= set(checks_) | {"unbounded"}
+            and all(k == "unbounded" or (u > 0 and checks_[k](u) > target)
+                    for k, u in found.items()))
+  except (ValueError, ArithmeticError, TypeError):
+    return False
+
+
+def unit(found: Dict[str, float], schema, n: int) -> Tuple[float, str]:
+  """(L, why): every candidate under the option has rmse ≥ L·‖A‖_*/n at the target (the
+  module docstring's 3), from its ``thresholds``."""
+  if "unbounded" in found:
+    return 0.0, ("an amplified analysis without a lower bound here (fixed-bin, random "
+                 "allocation or MMCC) may account it")
+  q = partition_size(schema, n)
+  parts = {"gaussian": found["gaussian"] * math.sqrt(n / q)}
+  why = (f"a Gaussian at z/sens has epsilon above the target below z = "
+         f"{found['gaussian']:.6g}*sens, sens >= ||C||_F/sqrt({q})")
+  if "amplified_banded" in found:
+    parts["amplified_banded"] = found["amplified_banded"]
+    why += (f"; the amplified banded analysis (Thm 4) above it below z = "
+            f"{found['amplified_banded']:.6g}*gamma(C), gamma(C) >= ||C||_F/sqrt(n)")
+  return min(parts.values()), why
+
+
+def _gaussian(u: float, delta: float, accountant: str) -> float:
+  from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
+  return analyses.gaussian_epsilon(u, delta, accountant, 1.0)
+
+
+def error_lower_bound(unit_: float, nuclear: float, n: int) -> float:
+  """rmse ≥ this for every factorization under the option (``unit``'s L)."""
+  return SAFETY * unit_ * nuclear / n
