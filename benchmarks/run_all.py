@@ -100,11 +100,19 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
     ("fixed_bin", "fixed_bin.md", (("benchmarks/peer_opake_fixed_bin.py",),)),
     ("flower", "flower.md", (("benchmarks/bench_flower.py",),)),
     ("discrete_gaussian", "discrete_gaussian.md", (("benchmarks/bench_discrete_gaussian.py",),)),
-    # Below the issue's size (n = 2048, P = 1e5, K = 500), with its ratio of rounds to cohorts
-    # of K clients (about 10 participations a client); each run stops at its budget.
-    ("planner", "planner.md", (("benchmarks/bench_planner.py", "--total-rounds", "128",
-                                "--population", "400", "--clients-per-round", "32",
-                                "--skip-mmcc", "--budget", "600"),)),
+    # Issue 50's planner: where its time goes (a reading of the runs below), then the issue's
+    # size (n = 2048, P = 1e5, K = 500) before and after the bound that prunes before
+    # factorizing, then smaller sizes with its ratio of rounds to cohorts of K clients (about
+    # 10 participations a client); each run stops at its budget.
+    ("planner_speed", "planner_speed.md", ()),
+    ("planner", "planner.md", (("benchmarks/bench_planner.py", "--skip-mmcc", "--budget", "600",
+                                "--name", "planner"),)),
+    ("planner_2048", "planner_2048.md", (("benchmarks/bench_planner.py", "--skip-mmcc",
+                                          "--budget", "600", "--name", "planner_2048"),)),
+    ("planner_128", "planner_128.md", (("benchmarks/bench_planner.py", "--total-rounds", "128",
+                                        "--population", "400", "--clients-per-round", "32",
+                                        "--skip-mmcc", "--budget", "600", "--name",
+                                        "planner_128"),)),
     ("planner_64", "planner_64.md", (("benchmarks/bench_planner.py", "--total-rounds", "64",
                                       "--population", "256", "--clients-per-round", "32",
                                       "--skip-mmcc", "--budget", "600", "--name",
