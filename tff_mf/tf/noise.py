@@ -374,11 +374,11 @@ class LinearNoise(StreamingNoise):
   def _noise_row(self, seed, i, stream_state, specs, stddev):
     z = standard_normal_row(seed, i, specs)
     tables = self._tables(i, stddev)
+    zero = tf.bitwise.right_shift(tf.abs(i), 62)  # 0 for any round (i < n < 2⁶²), at run time
     if len(specs) > 1 and len({s.dtype for s in specs}) == 1:
-      return self._flat_row(z, tables, stream_state, specs)
+      return self._flat_row(z, tables, stream_state, specs, zero)
     kernel = self._kernel_fn()
     copies = self.stream.copies
-    zero = tf.bitwise.right_shift(tf.abs(i), 62)  # 0 for any round (i < n < 2⁶²), at run time
     out, new_rows = [], [[None] * len(specs) for _ in range(self.stream.k)]
     for t, spec in enumerate(specs):
       old = [row[t] for row in stream_state]
@@ -388,7 +388,7 @@ class LinearNoise(StreamingNoise):
         new_rows[l][t] = old[copies[l]] if copies[l] >= 0 else computed[self._computed.index(l)]
     return out, tuple(tuple(row) for row in new_rows)
 
-  def _flat_row(self, z, tables, stream_state, specs):
+  def _flat_row(self, z, tables, stream_state, specs, zero):
     """``_noise_row`` with the kernel run once on the variables concatenated (one dtype).
 
     The kernel's ops are elementwise, with scalar coefficients: every entry is the one the
@@ -400,7 +400,7 @@ class LinearNoise(StreamingNoise):
     unflat = lambda v: [p if s.shape.rank == 1 else tf.reshape(p, s.shape)
                         for p, s in zip(tf.split(v, sizes), specs)]
     y, computed = self._kernel_fn()(flat(z), [flat(row) for row in stream_state],
-                                    *[tf.cast(x, specs[0].dtype) for x in tables])
+                                    *[tf.cast(x, specs[0].dtype) for x in tables], zero)
     computed = [unflat(v) for v in computed]
     copies = self.stream.copies
     new_rows = tuple(tuple(stream_state[copies[l]]) if copies[l] >= 0
