@@ -143,14 +143,21 @@ def test_a_tampered_column_entry_is_refused(tmp_path):
   del f
 
 
+# The command's own peak resident set: VmHWM of /proc/self/status belongs to the process's
+# address space, which execve replaces (getrusage's ru_maxrss survives execve on Linux and
+# starts at the forking parent's resident set: a test process that imported TensorFlow).
+_PEAK_CODE = ("import sys; from tff_mf import cli\n"
+              "code = cli.main(sys.argv[1:])\n"
+              "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
+              "print('PEAK_KB', int(hwm.split()[1]))\n"
+              "sys.exit(code)")
+
+
 @pytest.mark.parametrize("mechanism,flags", [("blt", []), ("banded_toeplitz", ["--bands", "64"])])
 def test_factorize_at_n_16384_stays_small(mechanism, flags, tmp_path):
   """n = 16,384 under min-sep n/8: the dense path held about 19 GB; first columns stay far
   under 1 GB (peak resident set of the whole command)."""
-  code = ("import resource, sys; from tff_mf import cli\n"
-          "code = cli.main(sys.argv[1:])\n"
-          "print('PEAK_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
-          "sys.exit(code)")
+  code = _PEAK_CODE
   out = subprocess.run(
       [sys.executable, "-c", code, "factorize", "--mechanism", mechanism, "--total_rounds",
        "16384", "--participation", "min_sep", "--min_sep", "2048", *flags, "--cache_dir",
@@ -240,10 +247,7 @@ def test_mmcc_refuses_a_signed_view_as_it_refuses_the_matrix():
 def test_account_with_mmcc_at_n_16384_stays_small(tmp_path):
   """The amplified account of banded Toeplitz at n = 16,384 (the dense path: 225 s and 15 GB
   for BLT): no n x n matrix."""
-  code = ("import resource, sys; from tff_mf import cli\n"
-          "code = cli.main(sys.argv[1:])\n"
-          "print('PEAK_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
-          "sys.exit(code)")
+  code = _PEAK_CODE
   out = subprocess.run(
       [sys.executable, "-c", code, "account", "--mechanism", "banded_toeplitz", "--bands", "64",
        "--total_rounds", "16384", "--min_sep", "2048", "--amplification", "mmcc",
