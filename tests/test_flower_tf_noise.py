@@ -134,19 +134,23 @@ def test_exact_noise_rows_are_the_tf_aggregators_bit_for_bit(name, schema):
   spec = spec_lib.MechanismSpec.from_args(
       name, total_rounds=n, clients_per_round=2, clip_norm=clip, noise_multiplier=z,
       participation=schema)
+  _assert_exact_rows_are_the_tf_kernels(spec, [(20000,), (4, 5)], 99, z * clip)
+
+
+def _assert_exact_rows_are_the_tf_kernels(spec, shapes, seed, stddev):
+  """Every round of ``spec``'s run: the exact numpy rows equal the TF kernel's, every bit."""
   resolved, _ = mechanisms.build(spec)
-  pair = tf_noise.seed_pair(99)
-  shapes = [(20000,), (4, 5)]
+  pair = tf_noise.seed_pair(seed)
   specs = [tf.TensorSpec(s, tf.float32) for s in shapes]
   tf_stream = _tf_noise_for(resolved, spec.participation)
   flower = flower_noise.NoiseRows(resolved, shapes, pair, exact=True)
   state = tf_stream.initial_state(specs)
-  for i in range(n):
-    rows, state = tf_stream.noise_row(tf.constant(pair), tf.constant(i), state, specs, z * clip)
-    got = flower.next(z * clip)
-    for w, g in zip(rows, got):
+  for i in range(spec.n):
+    rows, state = tf_stream.noise_row(tf.constant(pair), tf.constant(i), state, specs, stddev)
+    for w, g in zip(rows, flower.next(stddev)):
       assert g.dtype == np.float32 and g.shape == tuple(w.shape)
-      assert np.array_equal(w.numpy(), g), (name, i, int(np.sum(w.numpy() != g)))
+      assert np.array_equal(w.numpy(), g), (spec.mechanism.name, i,
+                                            int(np.sum(w.numpy() != g)))
 
 
 @pytest.mark.parametrize("bands", [10, 16])
@@ -157,17 +161,7 @@ def test_exact_rows_are_the_tf_aggregators_past_eight_terms(bands):
   spec = spec_lib.MechanismSpec.from_args(
       "banded", total_rounds=n, clients_per_round=2, clip_norm=0.5, noise_multiplier=1.5,
       params={"bands": bands})
-  resolved, _ = mechanisms.build(spec)
-  pair = tf_noise.seed_pair(7)
-  shapes = [(3000,), (4, 5)]
-  specs = [tf.TensorSpec(s, tf.float32) for s in shapes]
-  tf_stream = _tf_noise_for(resolved, spec.participation)
-  flower = flower_noise.NoiseRows(resolved, shapes, pair, exact=True)
-  state = tf_stream.initial_state(specs)
-  for i in range(n):
-    rows, state = tf_stream.noise_row(tf.constant(pair), tf.constant(i), state, specs, 0.75)
-    for w, g in zip(rows, flower.next(0.75)):
-      assert np.array_equal(w.numpy(), g), (bands, i, int(np.sum(w.numpy() != g)))
+  _assert_exact_rows_are_the_tf_kernels(spec, [(3000,), (4, 5)], 7, 0.75)
 
 
 def test_exact_mode_survives_a_restart_and_refuses_a_mixed_one():
