@@ -242,6 +242,51 @@ def test_the_spec_refuses_bad_input_in_one_line(kwargs, message):
   assert "\n" not in str(e.value)
 
 
+def test_an_accounting_spec_resolves_and_accounts_but_builds_no_run():
+  """Without clip_norm and clients_per_round a spec is an accounting spec (``tff-mf account``
+  builds one): the same mechanism, factorization and sensitivity as the run's spec, but
+  ``mechanisms.build`` and ``plan.build`` refuse it in one line naming the two flags."""
+  from tff_mf import plan  # pylint: disable=g-import-not-at-top
+  run_spec = spec(participation=participation.fixed_epoch(2), bands=3)
+  accounting_spec = spec(participation=participation.fixed_epoch(2), bands=3, clip_norm=None,
+                         clients_per_round=None)
+  assert run_spec.runnable and not accounting_spec.runnable
+  assert accounting_spec.clipping is None and accounting_spec.adaptive is None
+  assert accounting_spec.privacy == run_spec.privacy
+  ours = mechanisms.resolve_spec(accounting_spec)
+  theirs = mechanisms.resolve_spec(run_spec)
+  np.testing.assert_array_equal(ours.encoder, theirs.encoder)
+  assert ours.sensitivity == theirs.sensitivity
+  for build in (mechanisms.build, plan.build):
+    with pytest.raises(checks.CheckError, match="no clip_norm and no clients_per_round") as e:
+      build(accounting_spec)
+    assert set(e.value.arguments) == {"clip_norm", "clients_per_round"}
+
+
+def test_the_plans_sampler_is_the_schemas_for_private_and_non_private_runs():
+  """``Plan.make_sampler`` draws as the schema's own sampler does, also for a mechanism that
+  adds no noise (no ``Privacy``, so no sampling probability of its own)."""
+  from tff_mf import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  ids = [f"c{i}" for i in range(40)]
+  for name, z in (("banded", 1.3), ("none", None)):
+    built = plan_lib.build(spec(name, noise_multiplier=z,
+                                participation=participation.fixed_epoch(2)))
+    ours = built.make_sampler(ids, seed=3, secret=5)
+    theirs = participation.fixed_epoch(2).make_sampler(ids, seed=3, total_rounds=N,
+                                                       clients_per_round=2, secret=5)
+    for round_num in range(1, N + 1):
+      assert ours.next_round(round_num, lambda c: c)[0] == \
+          theirs.next_round(round_num, lambda c: c)[0]
+
+
+@pytest.mark.parametrize("kwargs", [dict(clip_norm=None), dict(clients_per_round=None),
+                                    dict(clip_norm=None, target_quantile=0.3)])
+def test_a_spec_has_both_clipping_and_clients_per_round_or_neither(kwargs):
+  with pytest.raises(checks.CheckError) as e:
+    spec(**kwargs)
+  assert "\n" not in str(e.value) and "clip_norm" in str(e.value)
+
+
 def test_build_returns_the_resolved_mechanism_and_its_record():
   s = spec(participation=participation.fixed_epoch(2), bands=3)
   built, record = mechanisms.build(s)

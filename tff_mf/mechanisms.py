@@ -334,8 +334,10 @@ def build(spec: spec_lib.MechanismSpec, *, cache_dir: Optional[str] = None,
 
   The record's z is the spec's, or the smallest calibrated to its target ε; its ε is
   ``run_privacy``'s for the resolved encoder (with adaptive clipping's count queries where
-  the spec clips adaptively); ``setup`` is what its statement names beside ε.
+  the spec clips adaptively); ``setup`` is what its statement names beside ε. An accounting
+  spec (no clipping) is refused: ``resolve_spec`` resolves its mechanism.
   """
+  spec.require_run()
   resolved = resolve_spec(spec, cache_dir=cache_dir, progress=progress, resolved=resolved)
   if spec.privacy is None:
     record = PrivacyRecord(private=False, noise_multiplier=0.0)

@@ -39,6 +39,16 @@ LR_SCHEDULES = workloads.LR_SCHEDULES
 NOISE_STREAMS = ("auto", "stateful", "stateless")
 
 
+def check_one_of_noise(noise_multiplier: Optional[float],
+                       target_epsilon: Optional[float]) -> None:
+  """A private mechanism's noise is given as exactly one of z and a target ε (the rule of
+  ``Privacy``, and of ``tff-mf account``, which accounts z = ∞ too)."""
+  if (noise_multiplier is None) == (target_epsilon is None):
+    raise checks.CheckError(
+        f"give exactly one of noise_multiplier and target_epsilon (got {noise_multiplier} and "
+        f"{target_epsilon})", arguments=("noise_multiplier", "target_epsilon"))
+
+
 def _set(obj, **values) -> None:
   """Stores checked values on a frozen dataclass while it is being built."""
   for name, value in values.items():
@@ -78,11 +88,7 @@ class Privacy:
     self._check_distribution()
     if self.sampling_prob is not None:
       _set(self, sampling_prob=checks.probability(self.sampling_prob, "sampling_prob"))
-    if (self.noise_multiplier is None) == (self.target_epsilon is None):
-      raise checks.CheckError(
-          f"give exactly one of noise_multiplier and target_epsilon (got "
-          f"{self.noise_multiplier} and {self.target_epsilon})",
-          arguments=("noise_multiplier", "target_epsilon"))
+    check_one_of_noise(self.noise_multiplier, self.target_epsilon)
     if self.target_epsilon is not None:
       _set(self, target_epsilon=checks.positive_float(self.target_epsilon, "target_epsilon"))
       if self.delta is None:
@@ -149,13 +155,14 @@ class Clipping:
                               f"initial_clip_norm {self.adaptive.initial_clip_norm}")
 
   @classmethod
-  def from_args(cls, clip_norm: Union[float, str], adaptive: adaptive_clipping.AdaptiveClipping,
+  def from_args(cls, clip_norm: Union[float, str, None],
+                adaptive: adaptive_clipping.AdaptiveClipping,
                 clients_per_round: float) -> "Clipping":
     """From ``clip_norm`` (a number, or "adaptive" with the estimator ``adaptive``)."""
-    if isinstance(clip_norm, str):
+    if isinstance(clip_norm, str) or clip_norm is None:
       if clip_norm != "adaptive":
         raise checks.CheckError(f"clip_norm must be a positive number or 'adaptive', got "
-                                f"{clip_norm!r}")
+                                f"{clip_norm!r}", arguments=("clip_norm",))
       checked = adaptive.checked(clients_per_round)
       return cls(checked.initial_clip_norm, checked)
     if adaptive != adaptive_clipping.AdaptiveClipping():
@@ -205,7 +212,9 @@ class MechanismSpec:
     workload: the training workload A (``training_workload``); ``n`` is its rounds.
     participation: the schema clients are sampled under (a ``tff_mf.participation`` kind).
     privacy: ``Privacy``; None for a mechanism that adds no noise (``none``).
-    clipping: ``Clipping``.
+    clipping: ``Clipping``; None, with ``clients_per_round``, for an accounting spec: the
+      mechanism, its factorization and its ε, which do not depend on the clip norm or K
+      (``tff-mf account``), and which no run takes (``require_run``).
     clients_per_round: K, the clients a round's sum is divided by (and σ_b's default).
     params: the family parameters given (bands, rank, buffers, or a family's own), checked
       against the family's ``Declaration``; the others take its defaults.
@@ -215,9 +224,9 @@ class MechanismSpec:
   mechanism: registry.Mechanism
   workload: workloads.WorkloadSpec
   participation: participation_lib.Participation
-  privacy: Optional[Privacy]
-  clipping: Clipping
-  clients_per_round: float
+  privacy: Optional[Privacy] = None
+  clipping: Optional[Clipping] = None
+  clients_per_round: Optional[float] = None
   params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   noise_stream: str = "auto"
 
@@ -231,17 +240,19 @@ class MechanismSpec:
                               f"{', '.join(m.participations)}, not {schema.kind!r}")
     schema.check(self.n)
     self._check_privacy()
+    _check_run_pair(self.clipping, self.clients_per_round)
     _set(self, params=types.MappingProxyType(self.declaration.check_parameters(
         self.params, self.n, schema, f"mechanism {m.name!r}")),
-         clients_per_round=checks.positive_float(self.clients_per_round, "clients_per_round"),
          noise_stream=resolve_noise_stream(m, self.noise_stream))
+    if self.clients_per_round is not None:
+      _set(self, clients_per_round=checks.positive_float(self.clients_per_round,
+                                                         "clients_per_round"))
     self._check_clipping()
 
   def _check_privacy(self) -> None:
     m = self.mechanism
     if m.private and self.privacy is None:
-      raise checks.CheckError("give exactly one of noise_multiplier and target_epsilon",
-                              arguments=("noise_multiplier", "target_epsilon"))
+      check_one_of_noise(None, None)
     if not m.private and self.privacy is not None:
       raise _no_noise_error(m, self.privacy.noise_multiplier, self.privacy.target_epsilon)
     if self.privacy is not None:
@@ -264,7 +275,7 @@ class MechanismSpec:
 
   def _check_clipping(self) -> None:
     m = self.mechanism
-    if self.clipping.adaptive is None:
+    if self.adaptive is None:
       return
     if not m.private:
       raise checks.CheckError(f"mechanism {m.name!r} adds no noise and clips nothing; "
@@ -293,11 +304,25 @@ class MechanismSpec:
 
   @property
   def adaptive(self) -> Optional[adaptive_clipping.AdaptiveClipping]:
-    return self.clipping.adaptive
+    return None if self.clipping is None else self.clipping.adaptive
+
+  @property
+  def runnable(self) -> bool:
+    """Whether the spec clips and names K (a run's spec), not an accounting spec."""
+    return self.clipping is not None
+
+  def require_run(self) -> None:
+    """Refuses an accounting spec where a run is built, in one line with the remedy."""
+    if not self.runnable:
+      raise checks.CheckError(
+          f"the spec of mechanism {self.mechanism.name!r} has no clip_norm and no "
+          "clients_per_round (an accounting spec): give both to build a run",
+          arguments=("clip_norm", "clients_per_round"))
 
   @classmethod
   def from_args(cls, mechanism: Union[str, registry.Mechanism], *, total_rounds: int,
-                clients_per_round: float, clip_norm: Union[float, str],
+                clients_per_round: Optional[float] = None,
+                clip_norm: Union[float, str, None] = None,
                 noise_multiplier: Optional[float] = None,
                 target_epsilon: Optional[float] = None, delta: Optional[float] = None,
                 accountant: str = accounting.DEFAULT_ACCOUNTANT,
@@ -318,7 +343,8 @@ class MechanismSpec:
     (``target_quantile``, ``initial_clip_norm``, ``clip_learning_rate``,
     ``clipped_count_stddev``; TFF's ``gaussian_adaptive`` defaults). ``family_params``:
     bands=, rank=, buffers= or a family's own (None meaning not given); any other keyword is
-    refused in one line naming the closest accepted one."""
+    refused in one line naming the closest accepted one. Without ``clip_norm`` and
+    ``clients_per_round``: an accounting spec (the mechanism and its ε; no run takes it)."""
     _check_keywords(family_params)
     estimator = {k: v for k, v in dict(
         target_quantile=target_quantile, initial_clip_norm=initial_clip_norm,
@@ -346,8 +372,11 @@ class MechanismSpec:
       analyses.accountant(accountant)
       if delta is not None:  # no ε is computed without noise; a δ given is still a δ
         checks.delta(delta)
-    clipping = Clipping.from_args(clip_norm, adaptive or adaptive_clipping.AdaptiveClipping(),
-                                  clients_per_round)
+    _check_run_pair(clip_norm, clients_per_round)
+    clipping = None
+    if clip_norm is not None or adaptive is not None:
+      clipping = Clipping.from_args(
+          clip_norm, adaptive or adaptive_clipping.AdaptiveClipping(), clients_per_round)
     return cls(mechanism=m, workload=workload, participation=participation or
                participation_lib.SINGLE, privacy=privacy, clipping=clipping,
                clients_per_round=clients_per_round, params=dict(params or {}, **family_params),
@@ -382,6 +411,14 @@ class MechanismSpec:
     if self.adaptive is not None:
       info["adaptive_clipping"] = self.adaptive.as_dict()
     return info
+
+
+def _check_run_pair(clipping, clients_per_round) -> None:
+  """A run's spec has both a clipping and K; an accounting spec neither."""
+  if (clipping is None) != (clients_per_round is None):
+    raise checks.CheckError(
+        "clip_norm and clients_per_round go together: both for a run's spec, neither for an "
+        "accounting spec", arguments=("clip_norm", "clients_per_round"))
 
 
 def _no_noise_error(m: registry.Mechanism, noise_multiplier, target_epsilon) -> checks.CheckError:

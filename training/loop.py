@@ -556,10 +556,11 @@ def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, record,
   }
 
 
-def _build_trainer(run: _Run, task: task_lib.Task, setup) -> Tuple[_Trainer, object]:
-  """The sampler (restored at the checkpoint's round), process and writers; the start state."""
+def _build_trainer(run: _Run, task: task_lib.Task, setup,
+                   sampler) -> Tuple[_Trainer, object]:
+  """The trainer around ``sampler`` (restored at the checkpoint's round later), its process
+  and writers; the start state."""
   config = run.config
-  sampler = sampling.build_sampler(config, task.train_client_ids, run.progress.sampling_secret)
   log = sampling.build_log(config, task.train_client_ids)
   process = engine.build_process(config.engine, task.model_fn, setup, config.client_lr,
                                  report_train_metrics=config.report_train_metrics)
@@ -648,12 +649,13 @@ def _train(run: _Run, task: Optional[task_lib.Task]) -> Dict[str, object]:
   if task is None:
     task = task_lib.build_task(config)
     interrupt.check(where)
-  sampling.build_sampler(config, task.train_client_ids, run.progress.sampling_secret)
+  # Built once, before the mechanism: a dataset with too few clients stops here, in one line.
+  sampler = sampling.build_sampler(config, task.train_client_ids, run.progress.sampling_secret)
   setup, noise_multiplier, record = run_setup.resolve_privacy(config, run.progress.noise_key)
   interrupt.check(where)
   new_run = run.identity is None
   _bind_identity(run, setup)
-  trainer, state = _build_trainer(run, task, setup)
+  trainer, state = _build_trainer(run, task, setup, sampler)
   if record is not None:
     trainer.epsilons = setup.privacy.epsilon_by_round()
   if config.canaries:

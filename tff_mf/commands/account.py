@@ -381,8 +381,10 @@ def _encoder(args: argparse.Namespace, amplified: bool):
   for flag in params:
     if flag not in takes:
       _fail(f"--{flag} does not apply to --mechanism {args.mechanism}")
-  resolved = mechanisms.resolve(mech, workload, schema, cache_dir=args.cache_dir,
-                                params=params, progress=args.progress)
+  # The accounting spec: the mechanism as a run resolves it, checked as a run's spec is, and
+  # its privacy; ε does not depend on the clip norm or K, which it leaves out.
+  spec = spec_lib.MechanismSpec(mech, workload, schema, _privacy(args, schema), params=params)
+  resolved = mechanisms.resolve_spec(spec, cache_dir=args.cache_dir, progress=args.progress)
   info = resolved.info
   extra = {"mechanism": mech.name, "workload": workload.kind}
   for key in ("cache_npz", "cache_hit", "bands", "rank", "buffers", "optimized_for"):
@@ -393,6 +395,16 @@ def _encoder(args: argparse.Namespace, amplified: bool):
     label += f", {'cache hit' if info.get('cache_hit') else 'factorized into the cache'}: " \
              f"{info['cache_npz']}"
   return resolved.encoder, label, None, extra
+
+
+def _privacy(args: argparse.Namespace, schema):
+  """The spec's ``Privacy`` of the flags (the sampling probability where the schema samples
+  by Poisson; the other analyses are this command's own choice)."""
+  from tff_mf import spec as spec_lib  # pylint: disable=g-import-not-at-top
+  return spec_lib.Privacy(
+      args.noise_multiplier, args.target_epsilon, args.delta, str(args.accountant),
+      args.sampling_prob if schema.poisson else None,
+      allow_no_noise=args.noise_multiplier == 0.0, noise_distribution=args.noise_distribution)
 
 
 def _mmcc_matrix(args: argparse.Namespace):
@@ -658,8 +670,8 @@ def _finish(record: dict, args: argparse.Namespace, extra: dict) -> int:
 def run(args: argparse.Namespace) -> int:
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
-  if (args.noise_multiplier is None) == (args.target_epsilon is None):
-    _fail("give exactly one of --noise_multiplier and --target_epsilon")
+  from tff_mf import spec as spec_lib  # pylint: disable=g-import-not-at-top
+  spec_lib.check_one_of_noise(args.noise_multiplier, args.target_epsilon)
   if args.noise_multiplier is not None and MAX_NOISE_MULTIPLIER < args.noise_multiplier < math.inf:
     _fail(f"--noise_multiplier {args.noise_multiplier:g} is above {MAX_NOISE_MULTIPLIER:g}, "
           f"where the accountants' arithmetic (z^2, rho = sens^2/(2 z^2)) leaves float64's "
