@@ -3,7 +3,8 @@
 
 Each test counts one thing the issue measured before the change and fails when it grows back:
 hand-written schema or family flags, a keyword path into the mechanism layer, a second numpy
-noise source, keyword translation sites, shims, and the adapters' sizes.
+noise source, keyword translation sites, shims, the adapters' sizes and strategy names spelled
+outside the families and the registry.
 """
 
 import ast
