@@ -263,3 +263,12 @@ def test_the_strategy_name_count_sees_every_form_but_prose():
           'class C:\n  """optimal"""\n  x = "other"\n')
   found = strategy_name_constants([("x.py", ast.parse(code))], {"blt", "bsr", "optimal"})
   assert found == ["x.py:2 blt", "x.py:2 bsr", "x.py:3 optimal", "x.py:4 blt", "x.py:6 bsr"], found
+
+
+def test_one_built_in_strategy_declares_the_optimum():
+  """A table labels the optimum by its schema (``Declaration.optimum``), and the structured
+  family's fit loads it (``registry.OPTIMAL``): the same one strategy."""
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
+  optima = [s.name for s in registry.STRATEGIES.values() if s.declaration.optimum]
+  assert optima == [registry.OPTIMAL.name]
+  assert registry.STRATEGIES[registry.OPTIMAL.name] is registry.OPTIMAL
