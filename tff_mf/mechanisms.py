@@ -240,7 +240,7 @@ def resolve(mechanism: registry.Mechanism, workload: workloads.WorkloadSpec,
     info.update(tree_levels=levels, sensitivity_per_node=report["value"])
   elif kind.identity:
     f = strategies.factorize(strategies.FactorizationSpec(workload=workload,
-                                                          strategy="identity"))
+                                                          strategy=registry.IDENTITY.name))
     encoder = f.c
     report = participation_lib.sensitivity_report(encoder, participation)
     sens = float(report["value"])

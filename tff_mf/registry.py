@@ -196,35 +196,42 @@ _BSR = "Kalinin, Lampert 2024, arXiv:2405.13763"
 _BISR = "Kalinin, Lampert et al. 2025, arXiv:2505.12128"
 _LAMBDA_CGD = "Kalinin, McKenna, Pagh, Lampert 2026, arXiv:2601.22334"
 
+# The built-in strategies, one constant each (code outside the registry names a strategy
+# through its entry, ``registry.BLT.name``, never by spelling it).
+OPTIMAL = Strategy("optimal", "dense", "optimal",
+                   "optimal dense C: fixed point of Denisov et al. Eq. 5 (single participation) "
+                   "or the multi-epoch dual fixed point (fixed-epoch participation), with a "
+                   "duality-gap certificate", f"{_DENISOV}; {_MULTI_EPOCH}")
+HONAKER_ONLINE = Strategy("honaker_online", "tree", "Honaker online (tree)",
+                          "binary tree C_T with the streaming Honaker decoder (DP-FTRL)", _MCMAHAN)
+HONAKER_FULL = Strategy("honaker_full", "tree", "Honaker full",
+                        "binary tree C_T with the full Honaker decoder S·C_T⁺", _MCMAHAN)
+IDENTITY = Strategy("identity", "identity", "identity",
+                    "C = I: independent noise every round (DP-SGD / DP-FedAvg)", _DENISOV)
+STRUCTURED = Strategy("structured", "structured", "structured (banded + low rank)",
+                      "banded + low-rank approximation B̂ of the optimal decoder, C = B̂⁻¹·A "
+                      "(App H)", _DENISOV)
+BANDED = Strategy("banded", "banded", "banded",
+                  "b-banded C with unit column norms, optimized (valid under b-min-sep)", _BANDED)
+BANDED_TOEPLITZ = Strategy("banded_toeplitz", "toeplitz", "banded Toeplitz",
+                           "b-banded Toeplitz C with optimized coefficients", _TOEPLITZ)
+BLT = Strategy("blt", "blt", "BLT",
+               "buffered linear Toeplitz C with m buffers, optimized", _BLT)
+BSR = Strategy("bsr", "square_root", "BSR",
+               "banded square root: C = the first b diagonals of A^(1/2), closed form", _BSR)
+BISR = Strategy("bisr", "square_root", "BISR",
+                "banded inverse square root: C⁻¹ = the first b diagonals of A^(-1/2), closed "
+                "form", _BISR)
+BANDED_INVERSE = Strategy("banded_inverse", "square_root", "BandInvMF",
+                          "C⁻¹ Toeplitz with b taps optimized for the schema's rmse (from BISR's "
+                          "taps)", _BISR)
+LAMBDA_CGD = Strategy("lambda_cgd", "square_root", "λCGD",
+                      "C⁻¹ = I − λ·shift (round i cancels λ of round i−1's noise), λ optimized for the "
+                      "schema", _LAMBDA_CGD)
+
 STRATEGIES: Dict[str, Strategy] = {s.name: s for s in (
-    Strategy("optimal", "dense", "optimal",
-             "optimal dense C: fixed point of Denisov et al. Eq. 5 (single participation) or the "
-             "multi-epoch dual fixed point (fixed-epoch participation), with a duality-gap "
-             "certificate", f"{_DENISOV}; {_MULTI_EPOCH}"),
-    Strategy("honaker_online", "tree", "Honaker online (tree)",
-             "binary tree C_T with the streaming Honaker decoder (DP-FTRL)", _MCMAHAN),
-    Strategy("honaker_full", "tree", "Honaker full",
-             "binary tree C_T with the full Honaker decoder S·C_T⁺", _MCMAHAN),
-    Strategy("identity", "identity", "identity",
-             "C = I: independent noise every round (DP-SGD / DP-FedAvg)", _DENISOV),
-    Strategy("structured", "structured", "structured (banded + low rank)",
-             "banded + low-rank approximation B̂ of the optimal decoder, C = B̂⁻¹·A (App H)", _DENISOV),
-    Strategy("banded", "banded", "banded",
-             "b-banded C with unit column norms, optimized (valid under b-min-sep)", _BANDED),
-    Strategy("banded_toeplitz", "toeplitz", "banded Toeplitz",
-             "b-banded Toeplitz C with optimized coefficients", _TOEPLITZ),
-    Strategy("blt", "blt", "BLT",
-             "buffered linear Toeplitz C with m buffers, optimized", _BLT),
-    Strategy("bsr", "square_root", "BSR",
-             "banded square root: C = the first b diagonals of A^(1/2), closed form", _BSR),
-    Strategy("bisr", "square_root", "BISR",
-             "banded inverse square root: C⁻¹ = the first b diagonals of A^(-1/2), closed form", _BISR),
-    Strategy("banded_inverse", "square_root", "BandInvMF",
-             "C⁻¹ Toeplitz with b taps optimized for the schema's rmse (from BISR's taps)", _BISR),
-    Strategy("lambda_cgd", "square_root", "λCGD",
-             "C⁻¹ = I − λ·shift (round i cancels λ of round i−1's noise), λ optimized for the "
-             "schema", _LAMBDA_CGD),
-)}
+    OPTIMAL, HONAKER_ONLINE, HONAKER_FULL, IDENTITY, STRUCTURED, BANDED, BANDED_TOEPLITZ, BLT,
+    BSR, BISR, BANDED_INVERSE, LAMBDA_CGD)}
 
 MECHANISMS: Dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("tree", ("tree_aggregation", "tff_tree"), "tree (TFF tree_aggregation)",

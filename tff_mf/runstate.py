@@ -204,6 +204,9 @@ def model_digest(arrays: Sequence[np.ndarray]) -> Dict[str, object]:
 
 # ----------------------------------------------------------------------------- releases
 
+# The field of a release record that holds the digest of what the run is bound to.
+BINDING_FIELD = "identity"
+
 
 def _release_entry(line: bytes) -> Optional[Dict[str, object]]:
   """One parsed release record, or None when the line is not one."""
@@ -271,7 +274,7 @@ class ReleaseLog:
   def bound_elsewhere(self, expected: str) -> Optional[int]:
     """The first logged round whose binding digest is not ``expected`` (None if none)."""
     for round_num in sorted(self.logged):
-      if self.logged[round_num].get("identity") != expected:
+      if self.logged[round_num].get(BINDING_FIELD) != expected:
         return round_num
     return None
 
@@ -312,7 +315,7 @@ class ReleaseLog:
     ``extra`` fields (a logged round is never recorded again)."""
     if round_num in self.logged:
       return
-    entry = {"round": int(round_num), **model, "identity": binding, **extra}
+    entry = {"round": int(round_num), **model, BINDING_FIELD: binding, **extra}
     with private_umask():
       fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
       with os.fdopen(fd, "a", encoding="utf-8") as f:

@@ -158,7 +158,7 @@ class ReleaseLog(runstate.ReleaseLog):
     expected = digest(identity)
     round_num = self.bound_elsewhere(expected)
     if round_num is not None:
-      found = self.logged[round_num].get("identity")
+      found = self.logged[round_num].get(runstate.BINDING_FIELD)
       raise TrainingError(
           f"{self.path} logs round {round_num} under another run identity than "
           f"{IDENTITY_FILE} ({str(found)[:16]}… against {expected[:16]}…): {IDENTITY_FILE} "

@@ -35,6 +35,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from tff_mf import interrupt
+from tff_mf import registry
 from training import config as config_lib
 
 # The baseline first: TFF's tree aggregator (what users train with today), then MF.
@@ -124,7 +125,9 @@ READING_NOTES = (
 )
 DEMO_N = 512
 DEMO_MOMENTUM = 0.95
-DEMO_STRATEGIES = ("identity", "honaker_online", "honaker_full", "optimal", "structured")
+DEMO_STRATEGIES = tuple(s.name for s in (registry.IDENTITY, registry.HONAKER_ONLINE,
+                                          registry.HONAKER_FULL, registry.OPTIMAL,
+                                          registry.STRUCTURED))
 # What a Ctrl-C during the √L table leaves (each factorization is cached atomically).
 FACTORIZATION_INTERRUPTED = ("interrupted; the factorizations done so far are cached, nothing "
                              "else was written; run the same command to go on")
@@ -135,18 +138,22 @@ FACTORIZATION_INTERRUPTED = ("interrupted; the factorizations done so far are ca
 # arXiv:2405.13763, BISR arXiv:2505.12128, λCGD arXiv:2601.22334). All cached; banded's
 # bands and BLT's buffers are the registry's defaults for the schema. BandInvMF is left out:
 # its Toeplitz search takes minutes at n = 512.
-MULTI_STRATEGIES = ("optimal", "banded", "banded_toeplitz", "blt", "bsr", "bisr", "lambda_cgd")
+MULTI_STRATEGIES = tuple(s.name for s in (registry.OPTIMAL, registry.BANDED,
+                                           registry.BANDED_TOEPLITZ, registry.BLT, registry.BSR,
+                                           registry.BISR, registry.LAMBDA_CGD))
 
 
 # ----------------------------------------------------------------------------- √L table
 
 
 def _strategy_labels(n: int) -> Dict[str, str]:
-  from tff_mf import registry  # pylint: disable=g-import-not-at-top
-  structure = registry.default_parameters("structured", n)
-  bands, rank = structure["bands"], structure["rank"]
-  labels = {s: registry.strategy(s).label for s in DEMO_STRATEGIES}
-  labels["structured"] += f" (h={bands}, r={rank})"
+  """Each strategy's label, with its default parameters (structured: h and r)."""
+  labels = {}
+  for name in DEMO_STRATEGIES:
+    strategy = registry.strategy(name)
+    shown = ", ".join(f"{strategy.declaration.label(parameter)}={value}"
+                      for parameter, value in registry.default_parameters(name, n).items())
+    labels[name] = strategy.label + (f" ({shown})" if shown else "")
   return labels
 
 
@@ -160,20 +167,15 @@ def _workloads(n: int):
 def _factorize_columns(n: int, cache_dir: Optional[str], progress: bool = True):
   """{column: {strategy: factorization}}, the cache records, and {column: √(lower bound)}."""
   from tff_mf.factorization import cache, strategies  # pylint: disable=g-import-not-at-top
-  from tff_mf import registry  # pylint: disable=g-import-not-at-top
   from tff_mf import factorization as fz  # pylint: disable=g-import-not-at-top
   from tff_mf.commands import factorize as factorize_cmd  # pylint: disable=g-import-not-at-top
-  structure = registry.default_parameters("structured", n)
-  bands, rank = structure["bands"], structure["rank"]
   columns = _workloads(n)
   values: Dict[str, Dict[str, object]] = {column: {} for column in columns}
   records, lower_bounds = [], {}
   for column, workload in columns.items():
     for strategy in DEMO_STRATEGIES:
-      structured = strategy == "structured"
       spec = strategies.FactorizationSpec(workload=workload, strategy=strategy,
-                                          bands=bands if structured else 0,
-                                          rank=rank if structured else 0)
+                                          **registry.default_parameters(strategy, n))
       f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=progress)
       interrupt.check(FACTORIZATION_INTERRUPTED)
       values[column][strategy] = f
@@ -203,9 +205,8 @@ def main_job_schema():
 
 
 def _multi_label(strategy: str, params: dict, schema) -> str:
-  from tff_mf import registry  # pylint: disable=g-import-not-at-top
   label = registry.strategy(strategy).label
-  if strategy == "optimal":
+  if registry.strategy(strategy).declaration.optimum:
     return f"multi-epoch optimal ({schema.epochs} epochs)"
   if "bands" in params:
     return f"{label} (b={params['bands']})"
@@ -222,7 +223,6 @@ def _schema_rows(n: int, cache_dir: Optional[str], single: Dict[str, Dict[str, o
   (their C is not optimized for it); ``MULTI_STRATEGIES`` are optimized for it.
   """
   from tff_mf.factorization import cache, strategies  # pylint: disable=g-import-not-at-top
-  from tff_mf import registry  # pylint: disable=g-import-not-at-top
   from tff_mf.commands import factorize as factorize_cmd  # pylint: disable=g-import-not-at-top
   schema = main_job_schema()
   labels = _strategy_labels(n)

@@ -336,7 +336,9 @@ def plot_fig3(rows: Sequence[dict], path: str, noise_multiplier: Optional[float]
     level = 100 * max(r["test_mean"] for r in nonprivate)
     ax.axhline(level, color="black", linestyle="--", label="non-private")
     high = max(high, level)
-  tree = [r for r in at_z if r["mechanism"] == "honaker_online" and r["lr_schedule"] == "constant"]
+  from training import grids  # pylint: disable=g-import-not-at-top
+  tree = [r for r in at_z
+          if r["mechanism"] == grids.DP_FTRL_TREE and r["lr_schedule"] == "constant"]
   if tree:
     ax.axhline(100 * tree[0]["test_mean"], color="red", linewidth=0.8,
                label="DP-FTRL tree (Honaker online), constant LR")

@@ -33,9 +33,11 @@ import dataclasses
 from typing import Any, Dict, List, Optional
 
 from tff_mf import checks
+from tff_mf import registry
 
-STRATEGIES = ("banded_toeplitz", "banded")
-DEFAULT_STRATEGY = "banded_toeplitz"
+# The banded strategies b is chosen for (their C has at most b bands), the default first.
+STRATEGIES = (registry.BANDED_TOEPLITZ.name, registry.BANDED.name)
+DEFAULT_STRATEGY = STRATEGIES[0]
 
 
 @dataclasses.dataclass(frozen=True)

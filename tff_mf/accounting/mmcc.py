@@ -102,14 +102,16 @@ from scipy import stats
 
 from tff_mf.accounting import gaussian
 from tff_mf import checks
+from tff_mf import registry
 from tff_mf import toeplitz_view
 from tff_mf.factorization import workloads
 from tff_mf.factorization.families import tree
 
-# The encoders of the MMCC paper's figures. (The truncated √S was once also spelled
+# The encoders of the MMCC paper's figures: C = I (the registry's identity strategy), the
+# binary tree, restarted trees and the truncated √S. (The truncated √S was once also spelled
 # "banded_toeplitz", which names the registry's optimized banded Toeplitz strategy: one name,
 # one meaning, so only "truncated_sqrt_prefix" is accepted.)
-STRATEGIES = ("identity", "binary_tree", "tree_restart", "truncated_sqrt_prefix")
+STRATEGIES = (registry.IDENTITY.name, "binary_tree", "tree_restart", "truncated_sqrt_prefix")
 
 DEFAULT_GRID_RESOLUTION = 64  # Δ2 = max entry of C / 64 unless grid_step is given
 DEFAULT_PLD_DISCRETIZATION = 1e-4  # Δ of the privacy-loss grid
@@ -211,7 +213,7 @@ def truncated_sqrt_prefix_matrix(n: int, bands: int) -> np.ndarray:
 def strategy_matrix(strategy: str, n: int, height: Optional[int] = None,
                     bands: Optional[int] = None) -> np.ndarray:
   """Built-in encoder C for ``strategy`` in STRATEGIES, normalized to γ = 1."""
-  if strategy == "identity":
+  if strategy == registry.IDENTITY.name:
     return identity_matrix(n)
   if strategy == "binary_tree":
     return binary_tree_matrix(n)

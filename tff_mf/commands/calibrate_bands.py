@@ -31,8 +31,9 @@ def register(subparsers) -> None:
   clitools.add_delta_flag(parser)
   parser.add_argument("--max_bands", type=int, default=None,
                       help="a further cap on b (default: none)")
-  parser.add_argument("--mechanism", choices=("banded_toeplitz", "banded"),
-                      default="banded_toeplitz",
+  from tff_mf.accounting import band_calibration  # pylint: disable=g-import-not-at-top
+  parser.add_argument("--mechanism", choices=band_calibration.STRATEGIES,
+                      default=band_calibration.DEFAULT_STRATEGY,
                       help="the banded mechanism factorized (default: banded_toeplitz, the "
                            "family jax_privacy optimizes)")
   clitools.add_cache_dir_flag(parser)

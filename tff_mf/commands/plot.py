@@ -30,13 +30,14 @@ def make_plots(output_dir: str, n: int, momentum: Optional[float] = None,
                cache_dir: Optional[str] = None, progress: bool = True) -> List[str]:
   """Writes the PNGs for prefix sums (and momentum β if given); returns their paths."""
   from tff_mf import plots  # pylint: disable=g-import-not-at-top
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
   from tff_mf.factorization import strategies, workloads  # pylint: disable=g-import-not-at-top
+  # Denisov et al. 2022 (arXiv:2202.08312) Fig 1: the tree mechanisms against the optimum.
+  figure1 = (registry.HONAKER_ONLINE.name, registry.HONAKER_FULL.name, registry.OPTIMAL.name)
   os.makedirs(output_dir, exist_ok=True)
   paths = []
   prefix = workloads.WorkloadSpec(kind="prefix_sum", n=n)
-  online = _factorization(prefix, "honaker_online", cache_dir, progress)
-  full = _factorization(prefix, "honaker_full", cache_dir, progress)
-  opt = _factorization(prefix, "optimal", cache_dir, progress)
+  online, full, opt = (_factorization(prefix, s, cache_dir, progress) for s in figure1)
   paths.append(plots.plot_per_round_variance(
       {f"Honaker Online (√L={online.single_participation_sqrt_loss:.1f})":
            online.per_round_variance(),
@@ -50,9 +51,7 @@ def make_plots(output_dir: str, n: int, momentum: Optional[float] = None,
       f"Optimal factorization S = BC, n={n} (Denisov App G)"))
   if momentum is not None:
     mom = workloads.WorkloadSpec(kind="momentum", n=n, momentum=momentum)
-    m_online = _factorization(mom, "honaker_online", cache_dir, progress)
-    m_full = _factorization(mom, "honaker_full", cache_dir, progress)
-    m_opt = _factorization(mom, "optimal", cache_dir, progress)
+    m_online, m_full, m_opt = (_factorization(mom, s, cache_dir, progress) for s in figure1)
     # Opt Prefix Sum as post-processing: B = M·S⁻¹·B_S with C = C_S (Denisov Sec 4).
     post = strategies.post_processed(opt, m_opt.a, "opt_prefix_sum")
     curves = {}

@@ -678,7 +678,8 @@ def _load_or_factorize(spec: strategies.FactorizationSpec, cache_dir: Optional[s
   _check_disk(directory, spec, memory, progress)
 
   def optimal():
-    optimal_spec = strategies.FactorizationSpec(workload=spec.workload, strategy="optimal",
+    optimal_spec = strategies.FactorizationSpec(workload=spec.workload,
+                                                strategy=registry.OPTIMAL.name,
                                                 target_gap=spec.target_gap,
                                                 max_iterations=spec.max_iterations,
                                                 allow_unconverged=spec.allow_unconverged)

@@ -36,7 +36,7 @@ ERRORS = ("mean", "max")
 class FactorizationSpec:
   """Everything that determines a factorization; its fields form the cache key."""
   workload: workloads.WorkloadSpec
-  strategy: str = "optimal"
+  strategy: str = registry.OPTIMAL.name
   participation: participation_lib.Participation = participation_lib.SINGLE
   target_gap: float = DEFAULT_TARGET_GAP  # optimal, structured: relative duality gap to reach
   max_iterations: int = 10_000  # optimal (structured: of its optimal decoder): iteration limit

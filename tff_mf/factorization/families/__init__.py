@@ -138,6 +138,8 @@ class Declaration:
       ``spec.<name>``, so a new parameter touches only its family.
     own_parameter_flags: ``{name: (type, metavar, meaning)}``, the command-line flag of each
       own parameter: every tool defines it (``tff_mf.spec.family_flags``).
+    optimum: C minimizes the error for A under the schema it is optimized for (a certified
+      optimum, not a family with parameters): a table names it by its schema.
   """
   parameters: Tuple[str, ...] = ()
   defaults: Callable[[int, Any], Dict[str, Any]] = no_defaults
@@ -153,6 +155,7 @@ class Declaration:
       default_factory=dict)
   own_parameter_flags: Mapping[str, Tuple[type, str, str]] = dataclasses.field(
       default_factory=dict)
+  optimum: bool = False
 
   def __post_init__(self):
     unknown = set(self.parameters) - set(SPEC_PARAMETERS) - set(self.own_parameters)

@@ -22,7 +22,7 @@ VERSION = "4"  # 4: the prefix sum takes the tridiagonal eigensolver
 
 STRATEGIES = {"optimal": families.Declaration(
     parameters=("target_gap", "max_iterations", "allow_unconverged"),
-    participations=("single", "fixed_epoch"), peak_matrices=12)}
+    participations=("single", "fixed_epoch"), peak_matrices=12, optimum=True)}
 
 
 def factorize(a: np.ndarray, spec, context):
