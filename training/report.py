@@ -14,14 +14,18 @@ final test metrics with error bars that never go below 0).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tff_mf import jsonio
+from tff_mf.accounting.statement import Statement
 from tff_mf.accounting.statement import epsilon_text
+from training.records import RunSummary
 
 # (metric key in summary["test_metrics"], label, lower is better)
 METRICS = (("loss", "test loss (nats/token)", True),
@@ -31,6 +35,23 @@ CONFIDENCE = 0.95
 # The papers' headline metric (Denisov et al. 2022, arXiv:2202.08312, App I): accuracy over
 # targets that are neither OOV nor EOS. The conclusion reports it beside the leading metric.
 HEADLINE = "accuracy_no_oov_no_eos"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MechanismEntry(jsonio.Record):
+  """A mechanism's entry in results.json (``compare``'s ``mechanisms``): its label, seeds and
+  privacy (ε per seed, None where a run reported none); its metrics ({per_seed, mean, std,
+  vs_baseline}) are under their keys (``METRICS``)."""
+  label: Optional[str] = None
+  reference: Optional[bool] = None
+  seeds: Optional[List[int]] = None
+  privacy_statement: Optional[Dict[str, Any]] = None
+  epsilon: Optional[List[Optional[float]]] = None
+  analysis: Optional[str] = None
+  noise_multiplier: Optional[float] = None
+  sensitivity: Optional[float] = None
+  single_participation_sqrt_loss: Optional[float] = None
+  wall_seconds: Optional[List[float]] = None
 
 
 def _dataset_note(settings: dict) -> str:
@@ -84,17 +105,19 @@ def paired(values: Sequence[float], baseline: Sequence[float], lower_is_better: 
           "better_for_seeds": sum(1 for d in diffs if better(d)), "verdict": verdict}
 
 
-def compare(runs: Dict[str, Dict[int, dict]], baseline: str, leading: str = "loss",
+def compare(runs: Mapping[str, Mapping[int, Any]], baseline: str, leading: str = "loss",
             references: Sequence[str] = (), unigram: Optional[dict] = None
             ) -> Dict[str, object]:
   """{mechanisms: {name: {metric: {per_seed, mean, std, vs_baseline}}}, conclusion}.
 
-  ``runs[mechanism][seed]`` is that run's summary; seeds are paired across the DP
+  ``runs[mechanism][seed]`` is that run's summary (``RunSummary``, or its JSON form); seeds
+  are paired across the DP
   mechanisms. ``references`` (e.g. ``none``, the non-private ceiling) are summarized over
   their own seeds, marked ``reference`` and left out of the pairing and the conclusion.
   ``unigram``: the unigram predictor's test metrics (``training.task.unigram_baseline``),
   the floor every DP run's test loss is checked against.
   """
+  runs = {m: {s: RunSummary.of_json(x) for s, x in r.items()} for m, r in runs.items()}
   contenders = {m: r for m, r in runs.items() if m not in references}
   seeds = sorted(set.intersection(*[set(r) for r in contenders.values()]))
   out: Dict[str, dict] = {}
@@ -104,21 +127,21 @@ def compare(runs: Dict[str, Dict[int, dict]], baseline: str, leading: str = "los
     entry: Dict[str, object] = {"label": _label(mechanism), "reference": reference,
                                 "seeds": own_seeds}
     for key, label, lower in METRICS:
-      values = [by_seed[s]["test_metrics"][key] for s in own_seeds]
+      values = [by_seed[s].test_metrics[key] for s in own_seeds]
       mean, std = mean_std(values)
       metric = {"label": label, "lower_is_better": lower, "per_seed": values, "mean": mean,
                 "std": std}
       if mechanism != baseline and not reference:
         metric["vs_baseline"] = paired(
-            values, [runs[baseline][s]["test_metrics"][key] for s in seeds], lower)
+            values, [runs[baseline][s].test_metrics[key] for s in seeds], lower)
       entry[key] = metric
     first = by_seed[own_seeds[0]]
     entry["privacy_statement"] = _largest_statement([by_seed[s] for s in own_seeds])
-    entry.update(epsilon=[by_seed[s]["epsilon"] for s in own_seeds],
-                 analysis=first.get("analysis"), noise_multiplier=first["noise_multiplier"],
-                 sensitivity=(first.get("privacy") or {}).get("sensitivity"),
-                 single_participation_sqrt_loss=first.get("single_participation_sqrt_loss"),
-                 wall_seconds=[by_seed[s]["wall_seconds"] for s in own_seeds])
+    entry.update(epsilon=[by_seed[s].epsilon for s in own_seeds],
+                 analysis=first.analysis, noise_multiplier=first.noise_multiplier,
+                 sensitivity=(first.privacy or {}).get("sensitivity"),
+                 single_participation_sqrt_loss=first.single_participation_sqrt_loss,
+                 wall_seconds=[by_seed[s].wall_seconds for s in own_seeds])
     out[mechanism] = entry
   result = {"seeds": seeds, "baseline": baseline, "leading_metric": leading,
             "headline_metric": HEADLINE, "mechanisms": out,
@@ -158,13 +181,15 @@ def learning(result: dict) -> Dict[str, object]:
           "ceiling_beats_every_dp": None if below_ceiling is None else not below_ceiling}
 
 
-def _largest_statement(summaries: Sequence[dict]) -> Optional[dict]:
+def _largest_statement(summaries: Sequence[RunSummary]) -> Optional[dict]:
   """The privacy statement (``tff_mf.accounting.statement``) of the run with the largest ε (None: a
   summary written before statements were)."""
-  statements = [s.get("privacy_statement") for s in summaries]
+  statements = [s.privacy_statement for s in summaries]
   if any(s is None for s in statements):
     return None
-  return max(statements, key=lambda s: -1.0 if s["epsilon"] is None else s["epsilon"])
+  eps = [Statement.of_json(s).epsilon for s in statements]
+  return statements[max(range(len(statements)),
+                        key=lambda i: -1.0 if eps[i] is None else eps[i])]
 
 
 def privacy_section(result: dict) -> List[str]:
@@ -264,7 +289,8 @@ def _sentences(result: dict, settings: dict) -> str:
   baseline = result["baseline"]
   others = [m for m in mech if m != baseline and not mech[m].get("reference")]
   references = [m for m in mech if mech[m].get("reference")]
-  reported = [e for m in mech.values() if not m.get("reference") for e in m["epsilon"]]
+  reported = [e for m in map(MechanismEntry.of_json, mech.values()) if not m.reference
+              for e in m.epsilon]
   privacy = (f"ε ≤ {epsilon_text(max(reported))} at δ = {settings['delta']:g} for every run"
              if reported and all(e is not None for e in reported) else
              f"δ = {settings['delta']:g}; a run without ε broke its schema, see the table")
@@ -335,21 +361,23 @@ def _main_table(result: dict) -> List[str]:
            "wall s / run |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for name, e in mech.items():
-    if e.get("reference"):
-      deltas = [f"reference ({len(e['seeds'])} seed{'s' if len(e['seeds']) > 1 else ''})"] * 2
+    entry = MechanismEntry.of_json(e)
+    if entry.reference:
+      deltas = [f"reference ({len(entry.seeds)} seed{'s' if len(entry.seeds) > 1 else ''})"] * 2
     elif name == baseline:
       deltas = ["baseline"] * 2
     else:
       deltas = [_delta(e, "loss"), _delta(e, HEADLINE)]
-    eps = max(x for x in e["epsilon"]) if all(x is not None for x in e["epsilon"]) else None
-    privacy = ("— (no DP) | — | —" if e.get("reference") else
-               f"{epsilon_text(eps)} ({e['analysis']}) | {_fmt(e['noise_multiplier'], '.4g')}"
-               f" | {_fmt(e['sensitivity'], '.4g')}")
+    eps = (max(x for x in entry.epsilon) if all(x is not None for x in entry.epsilon)
+           else None)
+    privacy = ("— (no DP) | — | —" if entry.reference else
+               f"{epsilon_text(eps)} ({entry.analysis}) | {_fmt(entry.noise_multiplier, '.4g')}"
+               f" | {_fmt(entry.sensitivity, '.4g')}")
     lines.append(
-        f"| {e['label']} | **{e['loss']['mean']:.4f} ± {e['loss']['std']:.4f}** | {deltas[0]} | "
+        f"| {entry.label} | **{e['loss']['mean']:.4f} ± {e['loss']['std']:.4f}** | {deltas[0]} | "
         f"{e['accuracy']['mean']:.4f} ± {e['accuracy']['std']:.4f} | "
         f"{e[HEADLINE]['mean']:.4f} ± {e[HEADLINE]['std']:.4f} | {deltas[1]} | {privacy} | "
-        f"{np.mean(e['wall_seconds']):.0f} |")
+        f"{np.mean(entry.wall_seconds):.0f} |")
   unigram = result.get("unigram")
   if unigram:
     lines.append(
