@@ -3,7 +3,8 @@
 Strict JSON only (no ``Infinity``/``NaN`` constants, which most JSON readers refuse):
 numpy scalars and arrays become Python values, +∞/−∞ become the strings ``"inf"`` and
 ``"-inf"`` (an unbounded ε is an honest answer), and a NaN is refused: it is always a bug
-upstream, never a value to store. ``number`` reads the strings back.
+upstream, never a value to store. ``number`` reads the strings back. ``Record`` types a
+record of such a file: code reads its fields, its JSON form is written and read at the edge.
 """
 
 from __future__ import annotations

@@ -263,7 +263,6 @@ class Candidate:
     """The JSON-ready fields, in their order."""
     return dataclasses.asdict(self)
 
-
   @classmethod
   def of_json(cls, row: Mapping[str, Any]) -> "Candidate":
     """The candidate a row of ``plan``'s ``candidates`` describes (a ``Candidate`` as it is)."""
