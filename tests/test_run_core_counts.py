@@ -167,6 +167,33 @@ def test_a_bound_is_frozen_and_its_json_form_round_trips():
   assert pickle.loads(pickle.dumps(bound)) == bound  # across processes (MMCC's workers)
 
 
+def test_the_other_records_are_frozen_and_their_json_forms_round_trip():
+  """Every record typed on ``tff_mf.jsonio.Record``: frozen, its fields read from the JSON
+  form, which it writes back key for key (order, nulls and keys it does not type kept)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import pickle  # pylint: disable=g-import-not-at-top
+  from tff_mf import jsonio, planner  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import statement  # pylint: disable=g-import-not-at-top
+  from training import records, report, summarize, sweep  # pylint: disable=g-import-not-at-top
+  for cls in (planner.Calibration, records.RunSummary, summarize.CellRow, sweep.GridRow,
+              sweep.EpsilonRow, report.MechanismEntry, statement.Statement):
+    assert issubclass(cls, jsonio.Record) and dataclasses.is_dataclass(cls)
+    form = {"zeta": [1, {"a": None}], "epsilon": None, "noise_multiplier": 2.0, "delta": 1e-6}
+    record = cls.of_json(form)
+    assert json.dumps(record.json()) == json.dumps(form) and record == form
+    assert record.epsilon is None and cls.of_json(record) is record
+    assert getattr(record, "noise_multiplier", 2.0) == 2.0 and record["zeta"] == [1, {"a": None}]
+    assert "zeta" not in [f.name for f in dataclasses.fields(cls)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+      record.epsilon = 1.0
+    with pytest.raises(TypeError):
+      record["epsilon"] = 1.0  # noqa: the JSON form is read-only too
+    changed = record.replace(epsilon=3.0, new=1)
+    assert changed.epsilon == 3.0 and list(changed) == list(form) + ["new"]
+    assert pickle.loads(pickle.dumps(changed)) == changed
+    assert jsonio.dumps(changed) == jsonio.dumps(dict(form, epsilon=3.0, new=1))
+
+
 def test_no_shims_remain():
   """A meta-path finder and 5 rename shims kept days-old paths alive; the rule now is that a
   name never changes meaning and a new thing gets a new name (docs/architecture.md)."""
