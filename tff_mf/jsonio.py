@@ -79,6 +79,8 @@ class Record(Mapping[str, Any]):
     """The record ``record`` (its JSON form) describes."""
     if isinstance(record, cls):
       return record
+    if not isinstance(record, Mapping):
+      raise TypeError(f"a {cls.__name__} is a JSON object, not {type(record).__name__}")
     names = cls._names()
     typed = {k: v for k, v in record.items() if k in names}
     return cls(**typed, rest={k: v for k, v in record.items() if k not in names},
