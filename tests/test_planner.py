@@ -415,3 +415,33 @@ def test_a_stored_bound_is_evaluated_again(tmp_path):
       path.write_text(json.dumps(entry))
   again = planner.error_lower_bounds(dep, todo, planner.Records(str(tmp_path)))
   assert again == first
+
+
+def test_records_written_before_their_types_read_the_same(result, capsys):
+  """The planner's stored records and ``tff-mf plan``'s rows are read by their typed fields
+  (``planner.Calibration``, ``planner.Candidate``); ones written before the types existed
+  read, and write back, key for key the same."""
+  from tff_mf.commands import plan as plan_command  # pylint: disable=g-import-not-at-top
+  calibrated = {"noise_multiplier": 1.25, "epsilon": 3.5, "bound": "amplified"}
+  evaluated = {"noise_multiplier": 0.5, "epsilon": 9.0, "bound": "unamplified",
+               "amplified_banded_epsilon": None}
+  for old in (calibrated, evaluated):
+    record = planner.Calibration.of_json(old)
+    assert json.dumps(record.json()) == json.dumps(old)
+    assert (record.noise_multiplier, record.epsilon, record.bound) == (
+        old["noise_multiplier"], old["epsilon"], old["bound"])
+  valid = planner._record_valid  # pylint: disable=protected-access
+  assert valid({"privacy": {"target_epsilon": 4.0}}, calibrated)
+  assert not valid({"privacy": {"target_epsilon": 3.0}}, calibrated)  # above its target
+  assert not valid({"privacy": {}}, dict(calibrated, bound=None))
+  assert not valid({"privacy": {}}, dict(calibrated, noise_multiplier=math.inf))
+  printed = json.loads(json.dumps(result))  # as `tff-mf plan --json` prints it
+  typed = [planner.Candidate.of_json(row) for row in printed["candidates"]]
+  assert [json.dumps(c.json()) for c in typed] == [
+      json.dumps(row) for row in printed["candidates"]]
+  with pytest.raises(Exception):
+    typed[0].epsilon = 0.0  # frozen
+  plan_command.print_table(result)
+  live = capsys.readouterr().out
+  plan_command.print_table(printed)
+  assert capsys.readouterr().out == live and "->" in live

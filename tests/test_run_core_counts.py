@@ -111,15 +111,16 @@ def test_one_numpy_noise_source_and_one_tf_kernel():
   assert not os.path.exists(os.path.join(REPO, "tff_mf", "flower", "noise.py"))
 
 
-# ``"epsilon"`` read by key where it remains: the tools' own result rows (``tff-mf plan``'s
-# table, the planner's stored records) and the training harness's
-# summary.json and grid rows, which are not typed yet. Inside ``tff_mf/accounting`` (the
-# records' own package) the analyses read their intermediate results; everywhere else a
-# bound or a run's privacy record is read by its typed fields (``tff_mf.accounting.Bound``).
-EPSILON_READS_LEFT = {
-    "tff_mf/planner.py": 3, "tff_mf/commands/plan.py": 1, "training/summarize.py": 6,
-    "training/report.py": 6, "training/sweep.py": 3, "training/loop.py": 1,
-    "training/run_stackoverflow.py": 1}
+# ``"epsilon"`` read by key: nowhere outside ``tff_mf/accounting`` (the records' own package,
+# where the analyses read their intermediate results). A bound or a run's privacy record is
+# read by its typed fields (``tff_mf.accounting.Bound``); so are the other records that hold an
+# ε (``tff_mf.jsonio.Record``: the JSON form only at the edge): the planner's stored records
+# and ``tff-mf plan``'s rows (``planner.Calibration``, ``planner.Candidate``), a run's
+# summary.json (``training.records.RunSummary``), the sweep summary's rows
+# (``training.summarize.CellRow``), the grids' rows (``training.sweep.GridRow``,
+# ``EpsilonRow``), results.json's entries (``training.report.MechanismEntry``) and a privacy
+# statement (``tff_mf.accounting.statement.Statement``).
+EPSILON_READS_LEFT: dict = {}
 
 
 def _key_reads(tree, key):
@@ -134,7 +135,8 @@ def _key_reads(tree, key):
 
 
 def test_bounds_and_privacy_records_are_read_by_their_typed_fields():
-  """Issue 47 item 5: 54 string reads of ``"epsilon"`` outside the record's module before."""
+  """Issue 47 item 5: 54 string reads of ``"epsilon"`` outside the record's module before,
+  none now."""
   reads = {}
   for path, tree in _sources():
     if path.startswith(os.path.join("tff_mf", "accounting") + os.sep):
@@ -144,7 +146,7 @@ def test_bounds_and_privacy_records_are_read_by_their_typed_fields():
       reads[path.replace(os.sep, "/")] = len(found)
   grown = {p: n for p, n in reads.items() if n > EPSILON_READS_LEFT.get(p, 0)}
   assert not grown, grown
-  assert sum(reads.values()) <= 22
+  assert sum(reads.values()) == 0, reads
 
 
 def test_a_bound_is_frozen_and_its_json_form_round_trips():
@@ -164,6 +166,33 @@ def test_a_bound_is_frozen_and_its_json_form_round_trips():
   assert bound["epsilon"] == bound.epsilon  # code written against the dict still reads it
   import pickle  # pylint: disable=g-import-not-at-top
   assert pickle.loads(pickle.dumps(bound)) == bound  # across processes (MMCC's workers)
+
+
+def test_the_other_records_are_frozen_and_their_json_forms_round_trip():
+  """Every record typed on ``tff_mf.jsonio.Record``: frozen, its fields read from the JSON
+  form, which it writes back key for key (order, nulls and keys it does not type kept)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import pickle  # pylint: disable=g-import-not-at-top
+  from tff_mf import jsonio, planner  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import statement  # pylint: disable=g-import-not-at-top
+  from training import records, report, summarize, sweep  # pylint: disable=g-import-not-at-top
+  for cls in (planner.Calibration, records.RunSummary, summarize.CellRow, sweep.GridRow,
+              sweep.EpsilonRow, report.MechanismEntry, statement.Statement):
+    assert issubclass(cls, jsonio.Record) and dataclasses.is_dataclass(cls)
+    form = {"zeta": [1, {"a": None}], "epsilon": None, "noise_multiplier": 2.0, "delta": 1e-6}
+    record = cls.of_json(form)
+    assert json.dumps(record.json()) == json.dumps(form) and record == form
+    assert record.epsilon is None and cls.of_json(record) is record
+    assert getattr(record, "noise_multiplier", 2.0) == 2.0 and record["zeta"] == [1, {"a": None}]
+    assert "zeta" not in [f.name for f in dataclasses.fields(cls)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+      record.epsilon = 1.0
+    with pytest.raises(TypeError):
+      record["epsilon"] = 1.0  # noqa: the JSON form is read-only too
+    changed = record.replace(epsilon=3.0, new=1)
+    assert changed.epsilon == 3.0 and list(changed) == list(form) + ["new"]
+    assert pickle.loads(pickle.dumps(changed)) == changed
+    assert jsonio.dumps(changed) == jsonio.dumps(dict(form, epsilon=3.0, new=1))
 
 
 def test_no_shims_remain():

@@ -251,3 +251,69 @@ def test_error_bars_never_go_below_zero(tmp_path, monkeypatch):
     segments = [seg for coll in ax.collections for seg in coll.get_segments()]
     assert segments  # the error bars were drawn
     assert min(float(seg[:, 1].min()) for seg in segments) >= 0.0
+
+
+# A run's summary.json as the training loop wrote it before ``training.records.RunSummary``
+# existed (every key in the loop's order; abridged values), and a sweep summary's row.
+OLD_RUN_SUMMARY = """{
+  "config": {"mechanism": "opt_momentum", "total_rounds": 8, "clients_per_round": 4,
+             "server_lr": 0.5, "client_lr": 1.0, "server_momentum": 0.9, "seed": 0,
+             "lr_schedule": "constant", "delta": 1e-06},
+  "mechanism": "opt_momentum", "mechanism_label": "Opt momentum", "noise_multiplier": 0.682,
+  "epsilon": null, "epsilon_reason": "the sampled rounds broke the participation schema",
+  "delta": 1e-06, "accountant": "pld", "analysis": "single_participation", "private": true,
+  "privacy": {"noise_multiplier": 0.682, "delta": 1e-06, "epsilon": null, "sensitivity": 1.0},
+  "participation": {"follows_schema": false},
+  "privacy_statement": {"epsilon": null, "epsilon_text": null, "text": "Privacy statement"},
+  "total_rounds": 8, "rounds_completed": 8, "finished": true, "diverged": false,
+  "wall_seconds": 3.5,
+  "validation_metrics": {"loss": 2.0, "accuracy_no_oov_no_eos": 0.2},
+  "test_metrics": {"loss": 2.1, "accuracy_no_oov_no_eos": 0.19},
+  "single_participation_sqrt_loss": null, "nonprivate_train_metrics": null, "notes": [],
+  "empty_clients_skipped": 0, "zeroed_client_updates": 0, "num_train_clients": 40,
+  "clients_used": 32, "mechanism_info": {"name": "opt_momentum"}, "versions": {"numpy": "1"},
+  "dataset": {"name": "pydocs"}, "created_utc": "2026-01-01T00:00:00+00:00",
+  "start_utc": "2026-01-01T00:00:00+00:00", "end_utc": "2026-01-01T00:00:03+00:00",
+  "canary_audit": {"audited": false, "reason": "the run did not finish (diverged)"}
+}"""
+
+
+def test_a_summary_written_before_the_typed_record_reads_and_writes_back_the_same(tmp_path):
+  """summary.json is read by its typed fields (``training.records.RunSummary``); one written
+  before the type existed reads the same: every key kept, in its order, a null kept null."""
+  from training.records import RunSummary  # pylint: disable=g-import-not-at-top
+  old = json.loads(OLD_RUN_SUMMARY)
+  summary = RunSummary.of_json(old)
+  assert (summary.epsilon, summary.noise_multiplier, summary.delta) == (None, 0.682, 1e-6)
+  assert summary.finished and summary.test_metrics["loss"] == 2.1
+  assert summary.canary_audit == {"audited": False,
+                                  "reason": "the run did not finish (diverged)"}
+  assert json.dumps(summary.json(), indent=2) == json.dumps(old, indent=2)  # byte for byte
+  assert list(summary) == list(old) and summary == old and summary["epsilon"] is None
+  with pytest.raises(Exception):
+    summary.epsilon = 1.0  # frozen
+  again = summary.replace(epsilon=2.5, extra=1)
+  assert again.epsilon == 2.5 and list(again) == list(old) + ["extra"]
+  # The sweep's readers take it as written: summarize's cell, sweep's status.
+  (tmp_path / "runs" / "a").mkdir(parents=True)
+  (tmp_path / "runs" / "a" / "summary.json").write_text(OLD_RUN_SUMMARY)
+  runs = summarize.load_summaries(str(tmp_path / "runs"))
+  assert runs[0].epsilon is None and list(runs[0])[-1] == "_path"
+  rows = summarize.summarize(runs)
+  assert len(rows) == 1 and rows[0].seeds == 1 and rows[0].test_mean == 0.19
+
+
+def test_the_sweep_summarys_rows_keep_their_keys_and_order(synthetic_runs, tmp_path):
+  """summarize's rows are typed (``CellRow``); summary.json's rows have the keys they had."""
+  out = tmp_path / "out"
+  assert summarize.main(["--root_output_dir", str(synthetic_runs), "--output_dir", str(out)]) == 0
+  rows = json.loads((out / "summary.json").read_text())["rows"]
+  keys = ["mechanism", "label", "noise_multiplier", "delta", "accountant", "epsilon",
+          "paper_epsilon", "lr_schedule", "schedule_rounds", "clients_per_round",
+          "total_rounds", "dataset", "runs", "runs_converged", "runs_diverged",
+          "runs_incomplete", "settings_tried", "selected", "seeds", "validation_mean",
+          "test_mean", "test_std", "test_values", "below_min_converged"]
+  assert all(list(r) in (keys, keys + ["seed_list"]) for r in rows)
+  typed = [summarize.CellRow.of_json(r) for r in rows]
+  assert [t.json() for t in typed] == rows and typed[0].epsilon == rows[0]["epsilon"]
+  assert summarize.markdown_table(typed) == summarize.markdown_table(rows)

@@ -58,11 +58,12 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from tff_mf import checks
+from tff_mf import jsonio
 from tff_mf import mechanisms
 from tff_mf import participation as participation_lib
 from tff_mf import planner_bounds
@@ -233,9 +234,11 @@ def family_grid(mechanism: registry.Mechanism, option: SchemaOption,
   return [{}]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Candidate:
-  """A scored candidate (see the module docstring for the figures)."""
+  """A scored candidate (see the module docstring for the figures): one row of
+  ``tff-mf plan``'s table; ``json()`` its JSON form (``plan``'s ``candidates``), ``of_json``
+  reads one back."""
   mechanism: str
   schema: Dict[str, Any]
   params: Dict[str, int]
@@ -256,9 +259,27 @@ class Candidate:
   cache_hit: Optional[bool] = None
   calibration_cached: Optional[bool] = None
 
-  def as_dict(self) -> Dict[str, Any]:
-    """The JSON-ready fields."""
+  def json(self) -> Dict[str, Any]:
+    """The JSON-ready fields, in their order."""
     return dataclasses.asdict(self)
+
+  @classmethod
+  def of_json(cls, row: Mapping[str, Any]) -> "Candidate":
+    """The candidate a row of ``plan``'s ``candidates`` describes (a ``Candidate`` as it is)."""
+    if isinstance(row, Candidate):
+      return row
+    return cls(**{f.name: row[f.name] for f in dataclasses.fields(cls) if f.name in row})
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Calibration(jsonio.Record):
+  """A record the planner stores (``Records``): a candidate's z calibrated to its target ε,
+  or its ε at a given z (``epsilon_at``, with ``amplified_banded_epsilon``: the amplified
+  banded analysis's own ε, None when it gave none), and the bound reported."""
+  noise_multiplier: Optional[float] = None
+  epsilon: Optional[float] = None
+  bound: Optional[str] = None
+  amplified_banded_epsilon: Optional[float] = None
 
 
 def spec_of(dep: Deployment, mechanism: str, option: SchemaOption, params: Dict[str, int],
@@ -513,9 +534,10 @@ def _record_valid(material: Dict[str, Any], value: Dict[str, Any]) -> bool:
   """A record's z is finite and positive, its ε a number, at most the target it was
   calibrated to."""
   target = material["privacy"].get("target_epsilon")
-  z, eps = float(value["noise_multiplier"]), float(value["epsilon"])
+  record = Calibration.of_json(value)
+  z, eps = float(record.noise_multiplier), float(record.epsilon)
   return (math.isfinite(z) and z > 0 and not math.isnan(eps)
-          and isinstance(value["bound"], str) and (target is None or eps <= target))
+          and isinstance(record.bound, str) and (target is None or eps <= target))
 
 
 def _entry_sha256(material: Dict[str, Any], value: Dict[str, Any]) -> str:
@@ -560,10 +582,9 @@ def calibrate(prep: Prepared, records: Records) -> Candidate:
     return {"noise_multiplier": float(record.noise_multiplier),
             "epsilon": float(record.epsilon), "bound": record.bound}
   value, stored = records.get(records.material(prep), compute)
-  c = candidate_of(prep.figures, value, prep.option, prep.params, prep.mmcc_skipped,
-                   prep.seconds + time.time() - start)
-  c.calibration_cached = stored
-  return c
+  c = candidate_of(prep.figures, Calibration.of_json(value), prep.option, prep.params,
+                   prep.mmcc_skipped, prep.seconds + time.time() - start)
+  return dataclasses.replace(c, calibration_cached=stored)
 
 
 def epsilon_at(prep: Prepared, z: float, records: Records) -> float:
@@ -573,18 +594,18 @@ def epsilon_at(prep: Prepared, z: float, records: Records) -> float:
     record = mechanisms.privacy(prep.resolve(), z, None, prep.spec.privacy.delta,
                                 prep.spec.privacy.accountant,
                                 sampling_prob=prep.spec.privacy.sampling_prob)
-    amplified = [c.get("amplified_epsilon") for c in record.details.get("candidates", ())
-                 if _is_banded(c.get("analysis"))]
+    amplified = [c.amplified_epsilon for c in record.details.candidates
+                 if _is_banded(c.analysis)]
     return {"noise_multiplier": z, "epsilon": float(record.epsilon), "bound": record.bound,
             "amplified_banded_epsilon": next((float(x) for x in amplified if x is not None),
                                              None)}
   material = records.material(prep, noise_multiplier=z, target_epsilon=None)
-  value = records.get(material, compute)[0]
-  f = value.get("amplified_banded_epsilon")
+  value = Calibration.of_json(records.get(material, compute)[0])
+  f = value.amplified_banded_epsilon
   if f is not None and _is_banded(prep.figures["analysis"]):  # shared_banded_bound's
     group = (prep.option.sampling_prob, prep.option.schema.label, prep.spec.privacy.delta)
     records.banded_fails.setdefault(group, []).append((z / prep.figures["gamma"], f))
-  return float(value["epsilon"])
+  return float(value.epsilon)
 
 
 def prune_check(dep: Deployment, prep: Prepared, best_rmse: float,
@@ -715,18 +736,15 @@ def search(dep: Deployment, prepared: Sequence[Prepared], records: Records, *,
 def candidate_of(figs: Dict[str, Any], record: Any, option: SchemaOption,
                  params: Dict[str, int], mmcc_skipped: bool, seconds: float) -> Candidate:
   """The figures of a built candidate at its calibrated z (``figs``: ``figures`` of its
-  resolved mechanism; ``record``: its ``mechanisms.PrivacyRecord``, or a dict of its
-  noise_multiplier, epsilon and bound)."""
-  if not isinstance(record, dict):
-    record = {"noise_multiplier": record.noise_multiplier, "epsilon": record.epsilon,
-              "bound": record.bound}
-  z = float(record["noise_multiplier"])
+  resolved mechanism; ``record``: its ``mechanisms.PrivacyRecord``, or its stored
+  ``Calibration``)."""
+  z = float(record.noise_multiplier)
   rmse = z * figs["error_norm"]
   return Candidate(
       mechanism=figs["mechanism"], schema=option.schema.as_dict(), params=dict(params),
       sampling_prob=option.sampling_prob, clients_used=option.clients_used,
       participations=option.participations, noise_multiplier=z,
-      epsilon=float(record["epsilon"]), bound=record["bound"], rmse=rmse,
+      epsilon=float(record.epsilon), bound=record.bound, rmse=rmse,
       max_error=z * figs["max_row_norm"],
       rmse_per_participation=rmse / option.participations, state_rows=figs["state_rows"],
       sensitivity=float(figs["sensitivity"]["value"]),
@@ -883,8 +901,8 @@ def plan(dep: Deployment, *, cache_dir: Optional[str] = None, progress: bool = F
   scored = _ranked(scored)
   best = scored[0]
   return {
-      "deployment": dataclasses.asdict(dep), "candidates": [c.as_dict() for c in scored],
-      "recommended": best.as_dict(), "fragile": fragile(scored),
+      "deployment": dataclasses.asdict(dep), "candidates": [c.json() for c in scored],
+      "recommended": best.json(), "fragile": fragile(scored),
       "demands": demands(best), "training_flags": training_flags(dep, best),
       "flower_arguments": flower_arguments(dep, best), "left_out": left_out,
       "pruned": pruned, "tolerance": TOLERANCE,
@@ -1034,15 +1052,15 @@ def error_against_epsilon(dep: Deployment, result: Dict[str, Any], *, best: int 
   """{label: [(ε, rmse)]} of the ``best`` first candidates recalibrated at each ε (and the
   target), as the plan built them (their factorizations from the cache)."""
   out = {}
-  for c in result["candidates"][:best]:
-    option = SchemaOption(participation_lib.from_dict(c["schema"]), c["sampling_prob"],
-                          c["clients_used"], c["participations"])
+  for c in map(Candidate.of_json, result["candidates"][:best]):
+    option = SchemaOption(participation_lib.from_dict(c.schema), c.sampling_prob,
+                          c.clients_used, c.participations)
     points = []
     for eps in sorted(set(epsilons) | {dep.target_epsilon}):
-      spec = spec_of(dep, c["mechanism"], option, c["params"], target_epsilon=eps,
-                     amplified=not c["mmcc_skipped"])
+      spec = spec_of(dep, c.mechanism, option, c.params, target_epsilon=eps,
+                     amplified=not c.mmcc_skipped)
       resolved, record = mechanisms.build(spec, cache_dir=cache_dir)
-      points.append((eps, candidate_of(figures(resolved), record, option, c["params"],
-                                       c["mmcc_skipped"], 0.0).rmse))
-    out[describe(c["mechanism"], option, c["params"])] = points
+      points.append((eps, candidate_of(figures(resolved), record, option, c.params,
+                                       c.mmcc_skipped, 0.0).rmse))
+    out[describe(c.mechanism, option, c.params)] = points
   return out

@@ -42,6 +42,7 @@ from training import identity as identity_lib
 from training import run_setup
 from training import outputs
 from training import privacy
+from training import records
 from training import rundir
 from training import sampling
 from training import task as task_lib
@@ -496,8 +497,8 @@ def _privacy_summary(trainer: _Trainer, noise_multiplier, record, participation
 
 
 def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, record,
-             single_participation_sqrt_loss, mechanism_info) -> Dict[str, object]:
-  """Final evaluation, final model, TensorBoard's last scalars, and the summary dict."""
+             single_participation_sqrt_loss, mechanism_info) -> records.RunSummary:
+  """Final evaluation, final model, TensorBoard's last scalars, and the run's summary."""
   run, config, task = trainer.run, trainer.run.config, trainer.task
   progress = run.progress
   weights = _model_weights(trainer.process, state)
@@ -523,7 +524,7 @@ def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, record,
     trainer.writer.scalars({"epsilon": eps}, progress.round, prefix="privacy/")
   mechanism = config.canonical_mechanism
   train_rows = [r for r in trainer.writer.rows if r.get("nonprivate_train_loss") not in ("", None)]
-  return {
+  return records.RunSummary.of_json({
       "config": public, "mechanism": mechanism,
       "mechanism_label": registry.label(mechanism), "noise_multiplier": noise_multiplier,
       "epsilon": eps, "epsilon_reason": reason,
@@ -553,7 +554,7 @@ def _summary(trainer: _Trainer, state, diverged: bool, noise_multiplier, record,
                          and "epsilon" not in k},
       "versions": outputs.package_versions(), "dataset": task.dataset,
       "created_utc": run.created_utc, "start_utc": run.start_utc, "end_utc": outputs.utc_now(),
-  }
+  })
 
 
 def _build_trainer(run: _Run, task: task_lib.Task, setup,
@@ -614,22 +615,22 @@ def _workload(config: TrainingConfig, setup) -> np.ndarray:
   return workloads.momentum_matrix(config.total_rounds, config.server_momentum, etas)
 
 
-def _canary_audit(trainer: _Trainer, state, setup, summary: Dict[str, Any]) -> None:
-  """The one-run audit of a finished canary run (``training.canaries``) into the summary and
-  its privacy statement; a run that did not finish is not audited, and says so."""
-  if not summary["finished"]:
-    summary["canary_audit"] = {"audited": False,
-                               "reason": "the run did not finish (diverged)"}
-    return
+def _canary_audit(trainer: _Trainer, state, setup,
+                  summary: records.RunSummary) -> records.RunSummary:
+  """The summary with the one-run audit of a finished canary run (``training.canaries``) in
+  it and in its privacy statement; a run that did not finish is not audited, and says so."""
+  if not summary.finished:
+    return summary.replace(canary_audit={"audited": False,
+                                         "reason": "the run did not finish (diverged)"})
   noise = setup.factorization.noise_matrix() if setup.factorization is not None else None
   shapes = [np.shape(w) for w in _model_weights(trainer.process, state).trainable]
   report = canaries_lib.audit(trainer.run.run_dir, _workload(trainer.run.config, setup), noise,
-                              summary["epsilon"], _claimed_mu(setup), shapes,
+                              summary.epsilon, _claimed_mu(setup), shapes,
                               trainer.run.releases.logged)
-  summary["canary_audit"] = dict(report, audited=True)
-  statement = summary["privacy_statement"]
-  statement["text"] = f"{statement['text']}\n{report['text']}"
-  statement["canary_audit"] = report["text"]
+  statement = summary.privacy_statement
+  statement = dict(statement, text=f"{statement['text']}\n{report['text']}",
+                   canary_audit=report["text"])
+  return summary.replace(privacy_statement=statement, canary_audit=dict(report, audited=True))
 
 
 def interrupted_message(round_num: int) -> str:
@@ -637,7 +638,7 @@ def interrupted_message(round_num: int) -> str:
   return f"interrupted at round {round_num}; run the same command to resume"
 
 
-def _train(run: _Run, task: Optional[task_lib.Task]) -> Dict[str, object]:
+def _train(run: _Run, task: Optional[task_lib.Task]) -> records.RunSummary:
   """Builds the task, mechanism and process; runs the rounds; writes the outputs.
 
   A Ctrl-C during start-up stops at the next step (nothing of the rounds is lost: the run
@@ -667,25 +668,26 @@ def _train(run: _Run, task: Optional[task_lib.Task]) -> Dict[str, object]:
     summary = _summary(trainer, state, diverged, noise_multiplier, record,
                        setup.single_participation_sqrt_loss, setup.info)
     if config.canaries:
-      _canary_audit(trainer, state, setup, summary)
+      summary = _canary_audit(trainer, state, setup, summary)
   finally:
     trainer.writer.close()
   path = os.path.join(run.run_dir, outputs.SUMMARY_FILE)
   outputs.write_json(path, summary)
-  statement = summary["privacy_statement"]
-  eps_text = (statement["epsilon_text"] or "none") if summary["private"] else "none (no DP)"
-  run.log(f"{summary['mechanism']}: {summary['rounds_completed']}/{config.total_rounds} rounds, "
+  statement = summary.privacy_statement
+  eps_text = (statement["epsilon_text"] or "none") if summary.private else "none (no DP)"
+  run.log(f"{summary.mechanism}: {summary.rounds_completed}/{config.total_rounds} rounds, "
           f"eps={eps_text}, "
-          f"test loss {summary['test_metrics']['loss']}, "
-          f"{summary['wall_seconds']:.1f}s -> {path}")
+          f"test loss {summary.test_metrics['loss']}, "
+          f"{summary.wall_seconds:.1f}s -> {path}")
   print(statement["text"], flush=True)
   return summary
 
 
 def run_training(config: TrainingConfig, task: Optional[task_lib.Task] = None,
                  log: Optional[Log] = None,
-                 round_callback: Optional[RoundCallback] = None) -> Dict[str, object]:
-  """Trains (resuming from the latest checkpoint if any); returns the summary dict.
+                 round_callback: Optional[RoundCallback] = None) -> records.RunSummary:
+  """Trains (resuming from the latest checkpoint if any); returns the run's summary (what
+  summary.json holds, typed: ``training.records.RunSummary``).
 
   Args:
     config: the run's flags.

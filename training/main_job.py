@@ -417,7 +417,7 @@ def run_main_job(output_dir: str, cache_dir: Optional[str] = None, *,
   print(text)
   print(f"plot: {os.path.join(output_dir, 'training.png')}  "
         f"({time.perf_counter() - start:.0f} s)")
-  diverged = any(s["diverged"] for by_seed in runs.values() for s in by_seed.values())
+  diverged = any(s.diverged for by_seed in runs.values() for s in by_seed.values())
   return 3 if diverged else 0  # 2 is a usage error
 
 

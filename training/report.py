@@ -14,14 +14,18 @@ final test metrics with error bars that never go below 0).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tff_mf import jsonio
+from tff_mf.accounting.statement import Statement
 from tff_mf.accounting.statement import epsilon_text
+from training.records import RunSummary
 
 # (metric key in summary["test_metrics"], label, lower is better)
 METRICS = (("loss", "test loss (nats/token)", True),
@@ -31,6 +35,23 @@ CONFIDENCE = 0.95
 # The papers' headline metric (Denisov et al. 2022, arXiv:2202.08312, App I): accuracy over
 # targets that are neither OOV nor EOS. The conclusion reports it beside the leading metric.
 HEADLINE = "accuracy_no_oov_no_eos"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MechanismEntry(jsonio.Record):
+  """A mechanism's entry in results.json (``compare``'s ``mechanisms``): its label, seeds and
+  privacy (ε per seed, None where a run reported none); its metrics ({per_seed, mean, std,
+  vs_baseline}) are under their keys (``METRICS``)."""
+  label: Optional[str] = None
+  reference: Optional[bool] = None
+  seeds: Optional[List[int]] = None
+  privacy_statement: Optional[Dict[str, Any]] = None
+  epsilon: Optional[List[Optional[float]]] = None
+  analysis: Optional[str] = None
+  noise_multiplier: Optional[float] = None
+  sensitivity: Optional[float] = None
+  single_participation_sqrt_loss: Optional[float] = None
+  wall_seconds: Optional[List[float]] = None
 
 
 def _dataset_note(settings: dict) -> str:
@@ -84,17 +105,24 @@ def paired(values: Sequence[float], baseline: Sequence[float], lower_is_better: 
           "better_for_seeds": sum(1 for d in diffs if better(d)), "verdict": verdict}
 
 
-def compare(runs: Dict[str, Dict[int, dict]], baseline: str, leading: str = "loss",
+def _entries(result: Mapping[str, Any]) -> Dict[str, MechanismEntry]:
+  """{mechanism: its entry} of a ``compare`` result (or of results.json), typed."""
+  return {m: MechanismEntry.of_json(e) for m, e in result["mechanisms"].items()}
+
+
+def compare(runs: Mapping[str, Mapping[int, Any]], baseline: str, leading: str = "loss",
             references: Sequence[str] = (), unigram: Optional[dict] = None
             ) -> Dict[str, object]:
   """{mechanisms: {name: {metric: {per_seed, mean, std, vs_baseline}}}, conclusion}.
 
-  ``runs[mechanism][seed]`` is that run's summary; seeds are paired across the DP
+  ``runs[mechanism][seed]`` is that run's summary (``RunSummary``, or its JSON form); seeds
+  are paired across the DP
   mechanisms. ``references`` (e.g. ``none``, the non-private ceiling) are summarized over
   their own seeds, marked ``reference`` and left out of the pairing and the conclusion.
   ``unigram``: the unigram predictor's test metrics (``training.task.unigram_baseline``),
   the floor every DP run's test loss is checked against.
   """
+  runs = {m: {s: RunSummary.of_json(x) for s, x in r.items()} for m, r in runs.items()}
   contenders = {m: r for m, r in runs.items() if m not in references}
   seeds = sorted(set.intersection(*[set(r) for r in contenders.values()]))
   out: Dict[str, dict] = {}
@@ -104,21 +132,21 @@ def compare(runs: Dict[str, Dict[int, dict]], baseline: str, leading: str = "los
     entry: Dict[str, object] = {"label": _label(mechanism), "reference": reference,
                                 "seeds": own_seeds}
     for key, label, lower in METRICS:
-      values = [by_seed[s]["test_metrics"][key] for s in own_seeds]
+      values = [by_seed[s].test_metrics[key] for s in own_seeds]
       mean, std = mean_std(values)
       metric = {"label": label, "lower_is_better": lower, "per_seed": values, "mean": mean,
                 "std": std}
       if mechanism != baseline and not reference:
         metric["vs_baseline"] = paired(
-            values, [runs[baseline][s]["test_metrics"][key] for s in seeds], lower)
+            values, [runs[baseline][s].test_metrics[key] for s in seeds], lower)
       entry[key] = metric
     first = by_seed[own_seeds[0]]
     entry["privacy_statement"] = _largest_statement([by_seed[s] for s in own_seeds])
-    entry.update(epsilon=[by_seed[s]["epsilon"] for s in own_seeds],
-                 analysis=first.get("analysis"), noise_multiplier=first["noise_multiplier"],
-                 sensitivity=(first.get("privacy") or {}).get("sensitivity"),
-                 single_participation_sqrt_loss=first.get("single_participation_sqrt_loss"),
-                 wall_seconds=[by_seed[s]["wall_seconds"] for s in own_seeds])
+    entry.update(epsilon=[by_seed[s].epsilon for s in own_seeds],
+                 analysis=first.analysis, noise_multiplier=first.noise_multiplier,
+                 sensitivity=(first.privacy or {}).get("sensitivity"),
+                 single_participation_sqrt_loss=first.single_participation_sqrt_loss,
+                 wall_seconds=[by_seed[s].wall_seconds for s in own_seeds])
     out[mechanism] = entry
   result = {"seeds": seeds, "baseline": baseline, "leading_metric": leading,
             "headline_metric": HEADLINE, "mechanisms": out,
@@ -137,15 +165,15 @@ def learning(result: dict) -> Dict[str, object]:
   the ceiling is missing.
   """
   unigram = (result.get("unigram") or {}).get("loss")
-  dp = {m: e for m, e in result["mechanisms"].items() if not e.get("reference")}
-  ceilings = [e for e in result["mechanisms"].values() if e.get("reference")]
+  dp = {m: e for m, e in _entries(result).items() if not e.reference}
+  ceilings = [e for e in _entries(result).values() if e.reference]
   # The ceiling's worst seed: it beats a DP run only if every one of its seeds does.
   ceiling = max((v for e in ceilings for v in e["loss"]["per_seed"]), default=None)
 
   def failures(bound, fails):
     if bound is None:
       return None
-    seeds = {m: [s for s, v in zip(e["seeds"], e["loss"]["per_seed"]) if fails(v, bound)]
+    seeds = {m: [s for s, v in zip(e.seeds, e["loss"]["per_seed"]) if fails(v, bound)]
              for m, e in dp.items()}
     return {m: s for m, s in seeds.items() if s}
 
@@ -158,23 +186,25 @@ def learning(result: dict) -> Dict[str, object]:
           "ceiling_beats_every_dp": None if below_ceiling is None else not below_ceiling}
 
 
-def _largest_statement(summaries: Sequence[dict]) -> Optional[dict]:
+def _largest_statement(summaries: Sequence[RunSummary]) -> Optional[dict]:
   """The privacy statement (``tff_mf.accounting.statement``) of the run with the largest ε (None: a
   summary written before statements were)."""
-  statements = [s.get("privacy_statement") for s in summaries]
+  statements = [s.privacy_statement for s in summaries]
   if any(s is None for s in statements):
     return None
-  return max(statements, key=lambda s: -1.0 if s["epsilon"] is None else s["epsilon"])
+  eps = [Statement.of_json(s).epsilon for s in statements]
+  return statements[max(range(len(statements)),
+                        key=lambda i: -1.0 if eps[i] is None else eps[i])]
 
 
 def privacy_section(result: dict) -> List[str]:
   """The top of results.md: each mechanism's privacy statement (its largest-ε seed's)."""
   lines = ["## Privacy", ""]
-  for entry in result["mechanisms"].values():
-    statement = entry.get("privacy_statement")
-    if statement is None:
+  for entry in _entries(result).values():
+    if entry.privacy_statement is None:
       continue
-    lines += [f"{entry['label']}:", "", "```text", statement["text"], "```", ""]
+    statement = Statement.of_json(entry.privacy_statement)
+    lines += [f"{entry.label}:", "", "```text", statement.text, "```", ""]
   return lines if len(lines) > 2 else []
 
 
@@ -183,7 +213,7 @@ def conclusion(mechanisms: Dict[str, dict], baseline: str, leading: str) -> Dict
   beat the tree beyond the seeds' spread on each, and on both."""
   verdicts, headline = {}, {}
   for name, entry in mechanisms.items():
-    if name == baseline or entry.get("reference"):
+    if name == baseline or MechanismEntry.of_json(entry).reference:
       continue
     verdicts[name] = entry[leading]["vs_baseline"]["verdict"]
     headline[name] = entry[HEADLINE]["vs_baseline"]["verdict"]
@@ -199,7 +229,7 @@ def _fmt(value, spec=".4f") -> str:
 
 def _headline_sentence(result: dict) -> str:
   """The first sentence: the verdict on test loss and on the papers' headline accuracy."""
-  mech, c = result["mechanisms"], result["conclusion"]
+  mech, c = _entries(result), result["conclusion"]
   unigram = (result.get("unigram") or {}).get(HEADLINE)
   headline_winners = [m for m, v in c["headline_verdicts"].items() if v == "better"]
   parts = [f"{_label(m)} − tree: {mech[m][HEADLINE]['vs_baseline']['mean']:+.4f}, {v}"
@@ -224,7 +254,7 @@ def _headline_sentence(result: dict) -> str:
       text += (f", although {', '.join(_label(m) for m in c['winners'])} "
                f"beat{'s' if len(c['winners']) == 1 else ''} it on test loss")
   if unigram is not None:
-    beyond = [e["label"] for e in mech.values() if e[HEADLINE]["mean"] > unigram]
+    beyond = [e.label for e in mech.values() if e[HEADLINE]["mean"] > unigram]
     text += (f"; a unigram predictor (no training) scores {unigram:.4f} on it, and "
              + (f"{', '.join(beyond)} score{'s' if len(beyond) == 1 else ''} above it"
                 if beyond else "no run scores above it"))
@@ -234,7 +264,7 @@ def _headline_sentence(result: dict) -> str:
 def _learning_sentence(result: dict) -> str:
   """Whether every DP run beat the unigram predictor and the ceiling beat every DP run, on
   test loss ("" where neither reference row is there)."""
-  c, mech = result["conclusion"], result["mechanisms"]
+  c, mech = result["conclusion"], _entries(result)
 
   def runs(failed: Dict[str, List[int]]) -> str:
     return "; ".join(f"{_label(m)}, seed{'s' if len(s) > 1 else ''} "
@@ -247,7 +277,7 @@ def _learning_sentence(result: dict) -> str:
                  f"NOT every DP run beats {floor} ({runs(c['dp_not_beating_unigram'])} "
                  "do not)")
   if c.get("ceiling_beats_every_dp") is not None:
-    names = ", ".join(mech[m]["label"].lower() for m in mech if mech[m].get("reference"))
+    names = ", ".join(mech[m].label.lower() for m in mech if mech[m].reference)
     top = f"the {names} ceiling ({c['ceiling_loss']:.4f})"
     parts.append(f"{top} beats every DP run on it" if c["ceiling_beats_every_dp"] else
                  f"{top} does NOT beat every DP run on it "
@@ -260,11 +290,11 @@ def _learning_sentence(result: dict) -> str:
 
 def _sentences(result: dict, settings: dict) -> str:
   """The sentences results.md opens with: the verdict on both metrics, then three more."""
-  mech = result["mechanisms"]
+  mech = _entries(result)
   baseline = result["baseline"]
-  others = [m for m in mech if m != baseline and not mech[m].get("reference")]
-  references = [m for m in mech if mech[m].get("reference")]
-  reported = [e for m in mech.values() if not m.get("reference") for e in m["epsilon"]]
+  others = [m for m in mech if m != baseline and not mech[m].reference]
+  references = [m for m in mech if mech[m].reference]
+  reported = [e for m in mech.values() if not m.reference for e in m.epsilon]
   privacy = (f"ε ≤ {epsilon_text(max(reported))} at δ = {settings['delta']:g} for every run"
              if reported and all(e is not None for e in reported) else
              f"δ = {settings['delta']:g}; a run without ε broke its schema, see the table")
@@ -280,7 +310,7 @@ def _sentences(result: dict, settings: dict) -> str:
            f"{', '.join(_label(m) for m in others)}")
   own = settings.get("reference_settings") or {}
   for m in references:
-    n = len(mech[m]["seeds"])
+    n = len(mech[m].seeds)
     first += (f", with {_label(m).lower()} training of the same regime as the ceiling "
               f"({n} seed{'s' if n > 1 else ''}")
     if own:
@@ -327,7 +357,7 @@ def _delta(e: dict, key: str) -> str:
 
 
 def _main_table(result: dict) -> List[str]:
-  mech, baseline = result["mechanisms"], result["baseline"]
+  mech, baseline = _entries(result), result["baseline"]
   interval = f"{int(CONFIDENCE * 100)}% interval"
   lines = [f"| mechanism | **test loss** (mean ± std) | paired Δ loss vs tree (mean ± std; "
            f"{interval}) | test accuracy, all tokens | test accuracy, no OOV/EOS | paired Δ "
@@ -335,21 +365,22 @@ def _main_table(result: dict) -> List[str]:
            "wall s / run |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for name, e in mech.items():
-    if e.get("reference"):
-      deltas = [f"reference ({len(e['seeds'])} seed{'s' if len(e['seeds']) > 1 else ''})"] * 2
+    if e.reference:
+      deltas = [f"reference ({len(e.seeds)} seed{'s' if len(e.seeds) > 1 else ''})"] * 2
     elif name == baseline:
       deltas = ["baseline"] * 2
     else:
       deltas = [_delta(e, "loss"), _delta(e, HEADLINE)]
-    eps = max(x for x in e["epsilon"]) if all(x is not None for x in e["epsilon"]) else None
-    privacy = ("— (no DP) | — | —" if e.get("reference") else
-               f"{epsilon_text(eps)} ({e['analysis']}) | {_fmt(e['noise_multiplier'], '.4g')}"
-               f" | {_fmt(e['sensitivity'], '.4g')}")
+    eps = (max(x for x in e.epsilon) if all(x is not None for x in e.epsilon)
+           else None)
+    privacy = ("— (no DP) | — | —" if e.reference else
+               f"{epsilon_text(eps)} ({e.analysis}) | {_fmt(e.noise_multiplier, '.4g')}"
+               f" | {_fmt(e.sensitivity, '.4g')}")
     lines.append(
-        f"| {e['label']} | **{e['loss']['mean']:.4f} ± {e['loss']['std']:.4f}** | {deltas[0]} | "
+        f"| {e.label} | **{e['loss']['mean']:.4f} ± {e['loss']['std']:.4f}** | {deltas[0]} | "
         f"{e['accuracy']['mean']:.4f} ± {e['accuracy']['std']:.4f} | "
         f"{e[HEADLINE]['mean']:.4f} ± {e[HEADLINE]['std']:.4f} | {deltas[1]} | {privacy} | "
-        f"{np.mean(e['wall_seconds']):.0f} |")
+        f"{np.mean(e.wall_seconds):.0f} |")
   unigram = result.get("unigram")
   if unigram:
     lines.append(
@@ -363,10 +394,10 @@ def _seed_table(result: dict) -> List[str]:
   seeds = result["seeds"]
   lines = ["| mechanism | " + " | ".join(f"seed {s}: test loss" for s in seeds) + " |",
            "| --- | " + " | ".join("---" for _ in seeds) + " |"]
-  for e in result["mechanisms"].values():
-    if e.get("reference"):
+  for e in _entries(result).values():
+    if e.reference:
       continue
-    lines.append(f"| {e['label']} | " + " | ".join(f"{v:.4f}" for v in e["loss"]["per_seed"])
+    lines.append(f"| {e.label} | " + " | ".join(f"{v:.4f}" for v in e["loss"]["per_seed"])
                  + " |")
   return lines
 
@@ -426,7 +457,7 @@ def plot(result: dict, curves: Dict[str, Dict[str, List[Dict[int, float]]]], pat
       values = np.array([[c[r] for r in rounds] for c in per_seed])
       mean = values.mean(axis=0)
       std = values.std(axis=0, ddof=1) if len(per_seed) > 1 else np.zeros_like(mean)
-      reference = result["mechanisms"].get(name, {}).get("reference")
+      reference = name in result["mechanisms"] and _entries(result)[name].reference
       line, = ax.plot(rounds, mean, marker="o", markersize=3,
                       linestyle="--" if reference else "-",
                       label=_label(name) + (" (ceiling)" if reference else ""))

@@ -299,12 +299,15 @@ def main(argv):
 def exit_status(summary) -> tuple:
   """(exit status, line for stderr or None) of a finished run's summary: DIVERGED, REFUTED
   when the canary audit's bound exceeds the claimed ε, else 0."""
-  if summary["diverged"]:
+  from training import records  # pylint: disable=g-import-not-at-top
+  summary = records.RunSummary.of_json(summary)
+  if summary.diverged:
     return DIVERGED, None
-  if summary.get("canary_audit", {}).get("exceeds_claim"):
+  audit = summary.canary_audit or {}
+  if audit.get("exceeds_claim"):
     return REFUTED, ("error: the canary audit's epsilon lower bound "
-                     f"{summary['canary_audit']['epsilon_lower_bound']:.4g} EXCEEDS the claimed "
-                     f"epsilon {summary['epsilon']:.4g} (canary_audit.json in the run directory)")
+                     f"{audit['epsilon_lower_bound']:.4g} EXCEEDS the claimed "
+                     f"epsilon {summary.epsilon:.4g} (canary_audit.json in the run directory)")
   return 0, None
 
 

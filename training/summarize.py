@@ -39,14 +39,17 @@ tree results as horizontal lines when present).
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import math
 import os
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from tff_mf import jsonio
 from tff_mf import participation
+from training.records import RunSummary
 
 METRIC = "accuracy_no_oov_no_eos"
 SETTING_FIELDS = ("server_lr", "client_lr", "server_momentum")
@@ -60,6 +63,37 @@ SWEEP_SUMMARY_KIND = "tff_mf_sweep_summary"
 MIN_CONVERGED_FIG2 = 7  # App I: at least 7 of 10 seeds converged for each Fig 2 setting
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class CellRow(jsonio.Record):
+  """One cell of the sweep's table (a row of this command's summary.json, ``summarize``):
+  the cell's keys, the selected setting and the test accuracy over its seeds."""
+  mechanism: Optional[str] = None
+  label: Optional[str] = None
+  noise_multiplier: Optional[float] = None
+  delta: Optional[float] = None
+  accountant: Optional[str] = None
+  epsilon: Optional[float] = None
+  paper_epsilon: Optional[float] = None
+  lr_schedule: Optional[str] = None
+  schedule_rounds: Optional[int] = None
+  clients_per_round: Optional[int] = None
+  total_rounds: Optional[int] = None
+  dataset: Optional[str] = None
+  runs: Optional[int] = None
+  runs_converged: Optional[int] = None
+  runs_diverged: Optional[int] = None
+  runs_incomplete: Optional[int] = None
+  settings_tried: Optional[int] = None
+  selected: Optional[Dict[str, float]] = None
+  seeds: Optional[int] = None
+  validation_mean: Optional[float] = None
+  test_mean: Optional[float] = None
+  test_std: Optional[float] = None
+  test_values: Optional[List[float]] = None
+  below_min_converged: Optional[bool] = None
+  seed_list: Optional[List[Any]] = None
+
+
 def _finite(value) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -70,7 +104,7 @@ def is_sweep_summary(summary) -> bool:
       "config" not in summary and set(summary) == {"root_output_dir", "rows"}))
 
 
-def load_summaries(root_output_dir: str) -> List[dict]:
+def load_summaries(root_output_dir: str) -> List[RunSummary]:
   """Every run's ``<root>/*/summary.json`` (and one level deeper), each with ``_path`` added.
 
   The summaries this command writes (``<root>/summary/summary.json`` by default) are skipped.
@@ -88,24 +122,24 @@ def load_summaries(root_output_dir: str) -> List[dict]:
       continue  # this command's own output (the default --output_dir is <root>/summary)
     if not isinstance(summary, dict) or not isinstance(summary.get("config"), dict):
       raise ValueError(f"run summary {path} has no 'config' object; not a training summary")
-    summary["_path"] = path
-    out.append(summary)
+    out.append(RunSummary.of_json(summary).replace(_path=path))
   return out
 
 
-def classify(summary: dict, min_val_accuracy: Optional[float] = None) -> str:
+def classify(summary: Any, min_val_accuracy: Optional[float] = None) -> str:
   """'incomplete', 'diverged' or 'converged' by the documented rule (module docstring)."""
-  if summary.get("diverged"):
+  summary = RunSummary.of_json(summary)
+  if summary.diverged:
     return "diverged"
-  if not summary.get("finished"):
+  if not summary.finished:
     return "incomplete"
-  for metrics in (summary.get("validation_metrics"), summary.get("test_metrics")):
+  for metrics in (summary.validation_metrics, summary.test_metrics):
     if not isinstance(metrics, dict):
       return "diverged"
     for key in ("loss", METRIC):
       if not _finite(metrics.get(key)):
         return "diverged"
-  if min_val_accuracy is not None and summary["validation_metrics"][METRIC] < min_val_accuracy:
+  if min_val_accuracy is not None and summary.validation_metrics[METRIC] < min_val_accuracy:
     return "diverged"
   return "converged"
 
@@ -118,16 +152,17 @@ def _freeze(value):
   return value
 
 
-def cell_key(summary: dict) -> tuple:
-  config = summary["config"]
-  z = summary.get("noise_multiplier")
+def cell_key(summary: Any) -> tuple:
+  summary = RunSummary.of_json(summary)
+  config = summary.config
+  z = summary.noise_multiplier
   rest = tuple(sorted((k, _freeze(v)) for k, v in config.items() if k not in NON_CELL_FIELDS))
-  return (summary.get("mechanism", config.get("mechanism")), z if _finite(z) and z > 0 else None,
-          rest)
+  mechanism = summary.mechanism if "mechanism" in summary else config.get("mechanism")
+  return (mechanism, z if _finite(z) and z > 0 else None, rest)
 
 
-def setting_of(summary: dict) -> Tuple[float, float, float]:
-  return tuple(float(summary["config"][k]) for k in SETTING_FIELDS)
+def setting_of(summary: Any) -> Tuple[float, float, float]:
+  return tuple(float(RunSummary.of_json(summary).config[k]) for k in SETTING_FIELDS)
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -141,15 +176,15 @@ def _sample_std(values: Sequence[float]) -> Optional[float]:
   return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
 
 
-def _recorded_epsilon(summaries) -> Optional[float]:
-  values = [s.get("epsilon") for s in summaries]
+def _recorded_epsilon(summaries: Sequence[RunSummary]) -> Optional[float]:
+  values = [s.epsilon for s in summaries]
   return None if not values or any(v is None for v in values) else max(values)
 
 
 def summarize(summaries: Sequence[dict], accountant: Optional[str] = None,
               min_val_accuracy: Optional[float] = None,
               min_converged: int = MIN_CONVERGED_FIG2,
-              selection_min_seeds: int = 1) -> List[dict]:
+              selection_min_seeds: int = 1) -> List[CellRow]:
   """One row per cell: selected setting, counts, mean ± std of test accuracy (no OOV/EOS).
 
   Only settings with at least ``selection_min_seeds`` converged seeds compete
@@ -160,20 +195,20 @@ def summarize(summaries: Sequence[dict], accountant: Optional[str] = None,
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   from training import grids  # pylint: disable=g-import-not-at-top
   accountant = accountant or accounting.DEFAULT_ACCOUNTANT
-  cells: Dict[tuple, List[Tuple[dict, str]]] = {}
-  for s in summaries:
+  cells: Dict[tuple, List[Tuple[RunSummary, str]]] = {}
+  for s in map(RunSummary.of_json, summaries):
     cells.setdefault(cell_key(s), []).append((s, classify(s, min_val_accuracy)))
   rows = []
   for key, members in cells.items():
     mechanism, z, _ = key
-    config = members[0][0]["config"]
-    by_setting: Dict[tuple, List[dict]] = {}
+    config = members[0][0].config
+    by_setting: Dict[tuple, List[RunSummary]] = {}
     counts = {"converged": 0, "diverged": 0, "incomplete": 0}
     for s, verdict in members:
       counts[verdict] += 1
       if verdict == "converged":
         by_setting.setdefault(setting_of(s), []).append(s)
-    delta = float(members[0][0].get("delta") or config.get("delta") or 1e-6)
+    delta = float(members[0][0].delta or config.get("delta") or 1e-6)
     single = participation.CLASSES[participation.canonical_kind(
         config.get("participation", "single"))].at_most_once
     row = {
@@ -200,20 +235,20 @@ def summarize(summaries: Sequence[dict], accountant: Optional[str] = None,
     if by_setting:
       def rank(item):
         setting, runs = item
-        val = _mean([r["validation_metrics"][METRIC] for r in runs])
+        val = _mean([r.validation_metrics[METRIC] for r in runs])
         return (-val, -len(runs), setting)
       setting, runs = sorted(by_setting.items(), key=rank)[0]
-      runs = sorted(runs, key=lambda r: r["config"].get("seed", 0))
-      tests = [float(r["test_metrics"][METRIC]) for r in runs]
+      runs = sorted(runs, key=lambda r: r.config.get("seed", 0))
+      tests = [float(r.test_metrics[METRIC]) for r in runs]
       row.update(
           selected=dict(zip(SETTING_FIELDS, setting)), seeds=len(runs),
-          seed_list=[r["config"].get("seed") for r in runs],
-          validation_mean=_mean([float(r["validation_metrics"][METRIC]) for r in runs]),
+          seed_list=[r.config.get("seed") for r in runs],
+          validation_mean=_mean([float(r.validation_metrics[METRIC]) for r in runs]),
           test_mean=_mean(tests), test_std=_sample_std(tests), test_values=tests,
           below_min_converged=len(runs) < min_converged)
-    rows.append(row)
-  rows.sort(key=lambda r: (r["lr_schedule"], r["clients_per_round"] or 0, r["mechanism"],
-                           -(r["noise_multiplier"] or 0.0)))
+    rows.append(CellRow.of_json(row))
+  rows.sort(key=lambda r: (r.lr_schedule, r.clients_per_round or 0, r.mechanism,
+                           -(r.noise_multiplier or 0.0)))
   return rows
 
 
@@ -221,29 +256,30 @@ def _pct(value) -> str:
   return "-" if value is None else f"{100 * value:.2f}"
 
 
-def markdown_table(rows: Sequence[dict], min_converged: int = MIN_CONVERGED_FIG2) -> str:
+def markdown_table(rows: Sequence[Any], min_converged: int = MIN_CONVERGED_FIG2) -> str:
+  rows = [CellRow.of_json(r) for r in rows]
   lines = [
       "| mechanism | z | ε | paper ε | schedule | clients/round | selected (server LR, client LR, "
       "momentum) | seeds of selected / runs in cell | val acc % | test acc % (no OOV/EOS), mean ± std |",
       "|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
-    sel = r["selected"]
+    sel = r.selected
     selected = "-" if sel is None else (
         f"({sel['server_lr']:g}, {sel['client_lr']:g}, {sel['server_momentum']:g})")
-    schedule = r["lr_schedule"] + (f" (last {r['schedule_rounds']})" if r["schedule_rounds"] else "")
-    test = "-" if r["test_mean"] is None else (
-        _pct(r["test_mean"]) + (f" ± {_pct(r['test_std'])}" if r["test_std"] is not None else " (1 seed)"))
-    if r["selected"] is not None and r["below_min_converged"]:
+    schedule = r.lr_schedule + (f" (last {r.schedule_rounds})" if r.schedule_rounds else "")
+    test = "-" if r.test_mean is None else (
+        _pct(r.test_mean) + (f" ± {_pct(r.test_std)}" if r.test_std is not None else " (1 seed)"))
+    if r.selected is not None and r.below_min_converged:
       test += " †"
-    eps = "∞ (non-private)" if r["noise_multiplier"] is None else f"{r['epsilon']:.2f}"
+    eps = "∞ (non-private)" if r.noise_multiplier is None else f"{r.epsilon:.2f}"
     lines.append(
-        f"| {r['label']} | {'-' if r['noise_multiplier'] is None else format(r['noise_multiplier'], 'g')} "
-        f"| {eps} | {'-' if r['paper_epsilon'] is None else format(r['paper_epsilon'], 'g')} "
-        f"| {schedule} | {r['clients_per_round']} | {selected} "
-        f"| {r['seeds']} of {r['runs']} ({r['runs_diverged']} diverged, {r['runs_incomplete']} "
-        f"incomplete) | {_pct(r['validation_mean'])} | {test} |")
+        f"| {r.label} | {'-' if r.noise_multiplier is None else format(r.noise_multiplier, 'g')} "
+        f"| {eps} | {'-' if r.paper_epsilon is None else format(r.paper_epsilon, 'g')} "
+        f"| {schedule} | {r.clients_per_round} | {selected} "
+        f"| {r.seeds} of {r.runs} ({r.runs_diverged} diverged, {r.runs_incomplete} "
+        f"incomplete) | {_pct(r.validation_mean)} | {test} |")
   lines.append("")
-  lines.append(f"ε: {rows[0]['accountant'] if rows else 'the default'} accountant, one Gaussian mechanism "
+  lines.append(f"ε: {rows[0].accountant if rows else 'the default'} accountant, one Gaussian mechanism "
                "with sensitivity 1 (Denisov Thm 4.1). Std: sample standard deviation over the "
                "converged seeds of the selected setting. † fewer than "
                f"{min_converged} converged seeds (App I asks for at least 7 of 10 in Fig 2).")
@@ -256,34 +292,35 @@ def _error_bars(means: Sequence[float], stds: Sequence[float]) -> List[List[floa
   return [[min(s, max(m, 0.0)) for m, s in zip(means, stds)], list(stds)]
 
 
-def plot_fig2(rows: Sequence[dict], path: str) -> bool:
+def plot_fig2(rows: Sequence[Any], path: str) -> bool:
   """Accuracy (no OOV/EOS) against ε, one line per mechanism, constant LR cells. False if none."""
+  rows = [CellRow.of_json(r) for r in rows]
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   import matplotlib.ticker  # pylint: disable=g-import-not-at-top
-  series: Dict[Tuple[str, object], List[dict]] = {}
+  series: Dict[Tuple[str, object], List[CellRow]] = {}
   for r in rows:
-    if r["lr_schedule"] == "constant" and r["noise_multiplier"] is not None and r["test_mean"] is not None:
-      series.setdefault((r["label"], r["clients_per_round"]), []).append(r)
+    if r.lr_schedule == "constant" and r.noise_multiplier is not None and r.test_mean is not None:
+      series.setdefault((r.label, r.clients_per_round), []).append(r)
   if not series:
     return False
   several_counts = len({k[1] for k in series}) > 1
   fig, ax = plt.subplots(figsize=(6.4, 4.2))
   for (label, clients), points in sorted(series.items(), key=lambda kv: str(kv[0])):
-    points = sorted(points, key=lambda r: r["epsilon"])
-    means = [100 * p["test_mean"] for p in points]
-    ax.errorbar([p["epsilon"] for p in points], means,
-                yerr=_error_bars(means, [100 * (p["test_std"] or 0.0) for p in points]),
+    points = sorted(points, key=lambda r: r.epsilon)
+    means = [100 * p.test_mean for p in points]
+    ax.errorbar([p.epsilon for p in points], means,
+                yerr=_error_bars(means, [100 * (p.test_std or 0.0) for p in points]),
                 marker="o", capsize=3,
                 label=label + (f", {clients} clients/round" if several_counts else ""))
   ax.set_xscale("log")
-  ticks = sorted({float(f"{p['epsilon']:.3g}") for points in series.values() for p in points})
+  ticks = sorted({float(f"{p.epsilon:.3g}") for points in series.values() for p in points})
   ax.set_xticks(ticks)  # one labeled tick per ε of the runs (3 significant digits)
   ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
   ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
   ax.set_ylim(bottom=0.0)
-  ax.set_xlabel(f"ε (δ = {rows[0]['delta']:g}, {rows[0]['accountant']})")
+  ax.set_xlabel(f"ε (δ = {rows[0].delta:g}, {rows[0].accountant})")
   ax.set_ylabel("test accuracy without OOV/EOS (%)")
   ax.set_title("Accuracy vs ε (Denisov et al. Fig 2 style)")
   ax.grid(True, alpha=0.3)
@@ -294,53 +331,53 @@ def plot_fig2(rows: Sequence[dict], path: str) -> bool:
   return True
 
 
-def plot_fig3(rows: Sequence[dict], path: str, noise_multiplier: Optional[float] = None) -> bool:
+def plot_fig3(rows: Sequence[Any], path: str, noise_multiplier: Optional[float] = None) -> bool:
   """Mean ± std per (schedule, clients per round) and mechanism at one noise multiplier, as
   points with error bars (not bars: the accuracy axis does not start at 0, so bar lengths
   would mislead). False if there is nothing to plot."""
+  rows = [CellRow.of_json(r) for r in rows]
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  private = [r for r in rows if r["noise_multiplier"] is not None and r["test_mean"] is not None]
+  private = [r for r in rows if r.noise_multiplier is not None and r.test_mean is not None]
   if not private:
     return False
   if noise_multiplier is None:
-    scheduled = [r for r in private if r["lr_schedule"] != "constant"] or private
-    noise_multiplier = min(r["noise_multiplier"] for r in scheduled)
-  at_z = [r for r in private if math.isclose(r["noise_multiplier"], noise_multiplier)]
-  groups = sorted({(r["lr_schedule"], r["clients_per_round"]) for r in at_z},
+    scheduled = [r for r in private if r.lr_schedule != "constant"] or private
+    noise_multiplier = min(r.noise_multiplier for r in scheduled)
+  at_z = [r for r in private if math.isclose(r.noise_multiplier, noise_multiplier)]
+  groups = sorted({(r.lr_schedule, r.clients_per_round) for r in at_z},
                   key=lambda g: (["constant", "decay", "cooldown"].index(g[0])
                                  if g[0] in ("constant", "decay", "cooldown") else 9, g[1] or 0))
   if len(groups) < 2:
     return False
-  mechanisms = sorted({r["label"] for r in at_z})
+  mechanisms = sorted({r.label for r in at_z})
   fig, ax = plt.subplots(figsize=(7.0, 4.6))
   width = 0.8 / len(mechanisms)
   low, high = math.inf, -math.inf
   for m_index, label in enumerate(mechanisms):
     xs, ys, es = [], [], []
     for g_index, (schedule, clients) in enumerate(groups):
-      match = [r for r in at_z if r["label"] == label and r["lr_schedule"] == schedule
-               and r["clients_per_round"] == clients]
+      match = [r for r in at_z if r.label == label and r.lr_schedule == schedule
+               and r.clients_per_round == clients]
       if match:
         xs.append(g_index - 0.4 + width * (m_index + 0.5))
-        ys.append(100 * match[0]["test_mean"])
-        es.append(100 * (match[0]["test_std"] or 0.0))
+        ys.append(100 * match[0].test_mean)
+        es.append(100 * (match[0].test_std or 0.0))
     if xs:
       bars = _error_bars(ys, es)
       ax.errorbar(xs, ys, yerr=bars, fmt="o", markersize=6, capsize=4, label=label)
       low = min(low, min(y - e for y, e in zip(ys, bars[0])))
       high = max(high, max(y + e for y, e in zip(ys, bars[1])))
-  nonprivate = [r for r in rows if r["noise_multiplier"] is None and r["test_mean"] is not None]
+  nonprivate = [r for r in rows if r.noise_multiplier is None and r.test_mean is not None]
   if nonprivate:
-    level = 100 * max(r["test_mean"] for r in nonprivate)
+    level = 100 * max(r.test_mean for r in nonprivate)
     ax.axhline(level, color="black", linestyle="--", label="non-private")
     high = max(high, level)
   from training import grids  # pylint: disable=g-import-not-at-top
-  tree = [r for r in at_z
-          if r["mechanism"] == grids.DP_FTRL_TREE and r["lr_schedule"] == "constant"]
+  tree = [r for r in at_z if r.mechanism == grids.DP_FTRL_TREE and r.lr_schedule == "constant"]
   if tree:
-    ax.axhline(100 * tree[0]["test_mean"], color="red", linewidth=0.8,
+    ax.axhline(100 * tree[0].test_mean, color="red", linewidth=0.8,
                label="DP-FTRL tree (Honaker online), constant LR")
   ax.set_xticks(range(len(groups)))
   ax.set_xticklabels([f"{s}\n{c} clients/round" for s, c in groups], fontsize=8)
@@ -348,7 +385,7 @@ def plot_fig3(rows: Sequence[dict], path: str, noise_multiplier: Optional[float]
   span = max(high - low, 1.0)
   ax.set_ylim(max(0.0, low - 0.15 * span), high + 0.45 * span)  # room for the legend above
   ax.grid(True, axis="y", alpha=0.3)
-  eps = at_z[0]["epsilon"]
+  eps = at_z[0].epsilon
   ax.set_ylabel("test accuracy without OOV/EOS (%)")
   ax.set_title(f"LR schedules at z = {noise_multiplier:g} (ε = {eps:.2f}; Denisov et al. Fig 3 style)")
   ax.legend(fontsize=8, loc="upper center", ncol=2)
@@ -407,7 +444,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     f.write(f"# Sweep summary: {args.root_output_dir}\n\n{table}\n")
   with open(os.path.join(output_dir, "summary.json"), "w") as f:
     json.dump({"kind": SWEEP_SUMMARY_KIND, "root_output_dir": args.root_output_dir,
-               "rows": rows}, f, indent=1)
+               "rows": [r.json() for r in rows]}, f, indent=1)
   written = ["summary.md", "summary.json"]
   if plot_fig2(rows, os.path.join(output_dir, "fig2_accuracy_vs_epsilon.png")):
     written.append("fig2_accuracy_vs_epsilon.png")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import json
 import math
 import os
@@ -39,12 +40,14 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tff_mf import interrupt
+from tff_mf import jsonio
 from training import config as config_lib
 from training import grids
 from training import rundir
+from training.records import RunSummary
 
 SUMMARY_FILE = "summary.json"
 LOG_FILE = "sweep.log"
@@ -140,8 +143,43 @@ def _same_value(recorded, requested, name: str = "") -> bool:
     return str(recorded) == str(requested)
 
 
-def read_summary(path: str) -> Optional[dict]:
-  """The parsed summary.json, or None if absent; ValueError naming the file if corrupt."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class GridRow(jsonio.Record):
+  """One configuration of a dry run (``dry_run_rows``; the ``runs`` of ``--dry_run --json``):
+  the grid's run, its ε (None when withheld) and its status in the output directory."""
+  index: Optional[int] = None
+  name: Optional[str] = None
+  mechanism: Optional[str] = None
+  noise_multiplier: Optional[float] = None
+  delta: Optional[float] = None
+  epsilon: Optional[float] = None
+  accountant: Optional[str] = None
+  paper_epsilon: Optional[float] = None
+  client_lr: Optional[float] = None
+  server_lr: Optional[float] = None
+  server_momentum: Optional[float] = None
+  lr_schedule: Optional[str] = None
+  schedule_rounds: Optional[int] = None
+  clients_per_round: Optional[int] = None
+  total_rounds: Optional[int] = None
+  seed: Optional[int] = None
+  status: Optional[str] = None
+  status_detail: Optional[str] = None
+  flags: Optional[List[str]] = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class EpsilonRow(jsonio.Record):
+  """ε at one noise multiplier of a grid (``epsilon_table``), with the paper's."""
+  noise_multiplier: Optional[float] = None
+  delta: Optional[float] = None
+  accountant: Optional[str] = None
+  epsilon: Optional[float] = None
+  paper_epsilon: Optional[float] = None
+
+
+def read_summary(path: str) -> Optional[RunSummary]:
+  """The run's summary.json, or None if absent; ValueError naming the file if corrupt."""
   if not os.path.exists(path):
     return None
   try:
@@ -151,7 +189,7 @@ def read_summary(path: str) -> Optional[dict]:
     raise ValueError(f"corrupt run summary {path}: {e}") from None
   if not isinstance(summary, dict):
     raise ValueError(f"corrupt run summary {path}: expected a JSON object")
-  return summary
+  return RunSummary.of_json(summary)
 
 
 def run_status(run: grids.RunConfig, root_output_dir: Optional[str],
@@ -172,23 +210,24 @@ def run_status(run: grids.RunConfig, root_output_dir: Optional[str],
   if summary is None:
     return ("partial", "output directory exists, no summary yet") if os.path.isdir(run_dir) else (
         "pending", "")
-  config = summary.get("config") or {}
+  config = summary.config or {}
   mismatches = []
   for name, value in requested_flag_values(run, extra_flags).items():
     if name in FREE_FLAGS or name not in config:
       continue
     if not _same_value(config[name], value, name):
       mismatches.append(f"{name}: recorded {config[name]!r}, requested {value!r}")
-  if summary.get("finished") or summary.get("diverged"):
+  if summary.finished or summary.diverged:
     if mismatches:
       return "conflict", "; ".join(mismatches)
-    return ("diverged" if summary.get("diverged") else "finished"), ""
-  return "partial", f"rounds_completed={summary.get('rounds_completed')}"
+    return ("diverged" if summary.diverged else "finished"), ""
+  return "partial", f"rounds_completed={summary.rounds_completed}"
 
 
 def dry_run_rows(grid: grids.Grid, start: int, stop: int, root_output_dir: Optional[str],
-                 extra_flags: Sequence[str] = (), accountant: Optional[str] = None) -> List[dict]:
-  """One dict per configuration of the slice, with ε from tff_mf.accounting (``accountant``:
+                 extra_flags: Sequence[str] = (), accountant: Optional[str] = None
+                 ) -> List[GridRow]:
+  """One row per configuration of the slice, with ε from tff_mf.accounting (``accountant``:
   the library's default when None)."""
   accountant = accountant or _default_accountant()
   eps_cache: Dict[Tuple[Optional[float], float, str], Optional[float]] = {}
@@ -204,7 +243,7 @@ def dry_run_rows(grid: grids.Grid, start: int, stop: int, root_output_dir: Optio
   for index in range(start, stop):
     run = grid.runs[index]
     status, detail = run_status(run, root_output_dir, extra_flags)
-    rows.append({
+    rows.append(GridRow.of_json({
         "index": index, "name": run.name, "mechanism": run.mechanism,
         "noise_multiplier": run.noise_multiplier, "delta": run.delta,
         "epsilon": None if withheld else eps(run.noise_multiplier, run.delta, accountant),
@@ -215,7 +254,7 @@ def dry_run_rows(grid: grids.Grid, start: int, stop: int, root_output_dir: Optio
         "schedule_rounds": run.schedule_rounds, "clients_per_round": run.clients_per_round,
         "total_rounds": run.total_rounds, "seed": run.seed, "status": status,
         "status_detail": detail, "flags": run.flags() + list(extra_flags),
-    })
+    }))
   return rows
 
 
@@ -225,15 +264,16 @@ def _fmt(value, spec=".2f") -> str:
   return format(value, spec) if isinstance(value, float) else str(value)
 
 
-def format_table(rows: Sequence[dict]) -> str:
-  """A plain-text table of dry-run rows."""
-  header = ("#", "mechanism", "z", f"eps_{rows[0]['accountant'] if rows else ''}", "paper_eps",
+def format_table(rows: Sequence[Any]) -> str:
+  """A plain-text table of dry-run rows (``GridRow``s, or their JSON forms)."""
+  rows = [GridRow.of_json(r) for r in rows]
+  header = ("#", "mechanism", "z", f"eps_{rows[0].accountant if rows else ''}", "paper_eps",
             "server_lr", "client_lr", "momentum", "schedule", "clients", "seed", "status")
-  body = [(str(r["index"]), r["mechanism"], _fmt(r["noise_multiplier"], "g"),
-           _fmt(r["epsilon"]), _fmt(r["paper_epsilon"], "g"),
-           _fmt(r["server_lr"], "g"), _fmt(r["client_lr"], "g"), _fmt(r["server_momentum"], "g"),
-           r["lr_schedule"] + (f"/{r['schedule_rounds']}" if r["schedule_rounds"] else ""),
-           str(r["clients_per_round"]), str(r["seed"]), r["status"]) for r in rows]
+  body = [(str(r.index), r.mechanism, _fmt(r.noise_multiplier, "g"),
+           _fmt(r.epsilon), _fmt(r.paper_epsilon, "g"),
+           _fmt(r.server_lr, "g"), _fmt(r.client_lr, "g"), _fmt(r.server_momentum, "g"),
+           r.lr_schedule + (f"/{r.schedule_rounds}" if r.schedule_rounds else ""),
+           str(r.clients_per_round), str(r.seed), r.status) for r in rows]
   widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h)
             for i, h in enumerate(header)]
   lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
@@ -246,16 +286,16 @@ def _default_accountant() -> str:
   return accounting.DEFAULT_ACCOUNTANT
 
 
-def epsilon_table(grid: grids.Grid, accountant: Optional[str] = None) -> List[dict]:
+def epsilon_table(grid: grids.Grid, accountant: Optional[str] = None) -> List[EpsilonRow]:
   """ε per distinct noise multiplier of the grid (``accountant``: the library's default when
   None), with the paper's ε (Denisov et al. 2022 accounted with RDP)."""
   accountant = accountant or _default_accountant()
   out = []
   for z in sorted({r.noise_multiplier for r in grid.runs if r.noise_multiplier is not None}):
     delta = grid.runs[0].delta
-    out.append({"noise_multiplier": z, "delta": delta, "accountant": accountant,
-                "epsilon": grids.epsilon_for(z, delta, accountant),
-                "paper_epsilon": grids.PAPER_EPSILON.get(z)})
+    out.append(EpsilonRow.of_json({"noise_multiplier": z, "delta": delta, "accountant": accountant,
+                                   "epsilon": grids.epsilon_for(z, delta, accountant),
+                                   "paper_epsilon": grids.PAPER_EPSILON.get(z)}))
   return out
 
 
@@ -350,10 +390,10 @@ def _run_one(run: grids.RunConfig, binary: List[str], root_output_dir: str,
     record["error"] = str(e)
   if returncode == interrupt.EXIT_CODE and children.interrupted:
     record["status"] = "interrupted"  # checkpointed: the same command resumes it
-  elif summary is not None and (summary.get("finished") or summary.get("diverged")):
-    record["status"] = "diverged" if summary.get("diverged") else "finished"
-    record["epsilon"] = summary.get("epsilon")
-    record["test_accuracy_no_oov_no_eos"] = (summary.get("test_metrics") or {}).get(
+  elif summary is not None and (summary.finished or summary.diverged):
+    record["status"] = "diverged" if summary.diverged else "finished"
+    record["epsilon"] = summary.epsilon
+    record["test_accuracy_no_oov_no_eos"] = (summary.test_metrics or {}).get(
         "accuracy_no_oov_no_eos")
   else:
     record["status"] = "failed"
@@ -481,8 +521,9 @@ def _main(args: argparse.Namespace) -> int:
       if args.json:
         json.dump({"grid": grid.name, "description": grid.description, "source": grid.source,
                    "slice": [start, stop], "size": len(grid.runs),
-                   "accountant": args.accountant, "epsilons": epsilons,
-                   "epsilon_withheld": withheld, "runs": rows}, sys.stdout, indent=1)
+                   "accountant": args.accountant, "epsilons": [e.json() for e in epsilons],
+                   "epsilon_withheld": withheld, "runs": [r.json() for r in rows]},
+                  sys.stdout, indent=1)
         print()
       else:
         print(f"grid {grid.name}: {grid.description}\nsource: {grid.source}\n"
@@ -494,8 +535,8 @@ def _main(args: argparse.Namespace) -> int:
                 f"{grid.runs[0].delta:g}; one Gaussian mechanism, sensitivity 1, Denisov Thm "
                 f"4.1):")
         for e in epsilons:
-          print(f"  z = {e['noise_multiplier']:<6g} eps = {e['epsilon']:6.2f}   "
-                f"paper (RDP): {_fmt(e['paper_epsilon'], 'g')}")
+          print(f"  z = {e.noise_multiplier:<6g} eps = {e.epsilon:6.2f}   "
+                f"paper (RDP): {_fmt(e.paper_epsilon, 'g')}")
         print()
         print(format_table(rows))
       return 0

@@ -21,6 +21,7 @@ import decimal
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from tff_mf import jsonio
 from tff_mf.accounting import analyses
 from tff_mf.accounting.bound import Bound
 
@@ -65,6 +66,18 @@ NOT_COVERED_ACCOUNT = (
     "a run whose noise seed is pinned or leaked, or whose clients join more rounds than the "
     "schema allows",
 )
+
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Statement(jsonio.Record):
+  """A privacy statement as written (``privacy_statement``'s JSON form), typed for the code
+  that reads one back (a run's summary.json holds one): ``epsilon`` is ε rounded up (None:
+  not reported, or no DP), ``epsilon_text`` its words, ``text`` the statement's lines."""
+  epsilon: Optional[float] = None
+  epsilon_text: Optional[str] = None
+  delta: Optional[float] = None
+  text: Optional[str] = None
 
 
 # ----------------------------------------------------------------------------- ε, rounded up

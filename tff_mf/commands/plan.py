@@ -92,20 +92,21 @@ def run(args: argparse.Namespace) -> int:
 def print_table(result) -> None:
   """The ranked table, then the recommendation and what it needs."""
   from tff_mf import participation  # pylint: disable=g-import-not-at-top
-  d = result["deployment"]
-  print(f"n={d['total_rounds']} P={d['population']} K={d['clients_per_round']} target "
-        f"epsilon={d['target_epsilon']:g} delta={d['delta']:g}; rmse = z*||B||_F/sqrt(n) "
+  from tff_mf import planner  # pylint: disable=g-import-not-at-top
+  d = planner.Deployment(**result["deployment"])
+  print(f"n={d.total_rounds} P={d.population} K={d.clients_per_round} target "
+        f"epsilon={d.target_epsilon:g} delta={d.delta:g}; rmse = z*||B||_F/sqrt(n) "
         "(units of clip_norm/K), max = z*max_i ||B_i||, rmse/E per expected participation")
   print(f"   {'mechanism':<16} {'schema':<24} {'params':<10} {'p':>7} {'z':>8} "
         f"{'epsilon':>8} {'bound':<17} {'rmse':>9} {'max':>9} {'rmse/E':>9} {'state':>5}")
-  for i, c in enumerate(result["candidates"]):
-    params = ",".join(f"{k}={v}" for k, v in c["params"].items()) or "-"
-    p = "-" if c["sampling_prob"] is None else f"{c['sampling_prob']:.3g}"
-    bound = c["bound"] + ("*" if c["mmcc_skipped"] else "")
-    print(f"{'->' if i == 0 else '  '} {c['mechanism']:<16} "
-          f"{participation.from_dict(c['schema']).label:<24} {params:<10} {p:>7} "
-          f"{c['noise_multiplier']:>8.4g} {c['epsilon']:>8.4g} {bound:<17} {c['rmse']:>9.4g} "
-          f"{c['max_error']:>9.4g} {c['rmse_per_participation']:>9.4g} {c['state_rows']:>5d}")
+  for i, c in enumerate(map(planner.Candidate.of_json, result["candidates"])):
+    params = ",".join(f"{k}={v}" for k, v in c.params.items()) or "-"
+    p = "-" if c.sampling_prob is None else f"{c.sampling_prob:.3g}"
+    bound = c.bound + ("*" if c.mmcc_skipped else "")
+    print(f"{'->' if i == 0 else '  '} {c.mechanism:<16} "
+          f"{participation.from_dict(c.schema).label:<24} {params:<10} {p:>7} "
+          f"{c.noise_multiplier:>8.4g} {c.epsilon:>8.4g} {bound:<17} {c.rmse:>9.4g} "
+          f"{c.max_error:>9.4g} {c.rmse_per_participation:>9.4g} {c.state_rows:>5d}")
   print("-> recommended; * accounted without MMCC (--skip_mmcc); state: model-sized rows of noise "
         "state")
   print(f"deployment must enforce: {result['demands']}")
