@@ -52,11 +52,15 @@ def test_no_tool_defines_a_schema_or_family_flag_by_hand():
   """The participation flags were defined in 4 tools and bands/rank/buffers in 7 files; now
   each is declared once, by its kind or family, and the privacy flags (z, the target ε, the
   sampling probability, the noise distribution) by the spec's ``Privacy``, the workload's
-  (rounds, momentum, learning-rate schedule) by ``spec.WORKLOAD_FLAGS``; every tool defines
-  them from there."""
+  (rounds, momentum, learning-rate schedule) by ``spec.WORKLOAD_FLAGS``, the clipping's (the
+  clip norm and the adaptive estimator's) by ``spec.CLIPPING_FLAGS``, K and the mechanism by
+  ``spec.CLIENTS_PER_ROUND_FLAG`` and ``spec.MECHANISM_FLAG``; every tool defines them from
+  there."""
   tabled = ({f.name for f in participation.flags()} | {f.name for f in spec_lib.family_flags()}
-            | {f.name for f in spec_lib.PRIVACY_FLAGS} | {f.name for f in spec_lib.WORKLOAD_FLAGS}
-            | {spec_lib.MOMENTUM_SPELLING})
+            | set(spec_lib.spec_flag_names()))
+  assert {"clip_norm", "target_quantile", "initial_clip_norm", "clip_learning_rate",
+          "clipped_count_stddev", "clients_per_round", "mechanism", "total_rounds",
+          "server_momentum", spec_lib.MOMENTUM_SPELLING, "noise_multiplier"} <= tabled
   by_hand = []
   for path, tree in _sources():
     for name, call in _calls(tree):
@@ -79,10 +83,11 @@ def test_the_mechanism_layer_has_one_way_in():
 
 def test_keywords_become_a_spec_in_one_constructor_called_from_the_edges():
   """15 translation sites between a spec and keyword arguments in 9 files before. Now
-  ``MechanismSpec.from_args`` is the one constructor; outside the spec's own module it is
-  called where foreign names arrive (Flower's wrapper arguments, the audit's flags, the
-  training config) and where the planner enumerates its candidates. No library module
-  unpacks a spec back into keywords."""
+  ``MechanismSpec.from_args`` is the one keyword constructor, called outside the spec's own
+  module only where Flower's own argument names arrive; parsed flags (the audit's, the
+  training config's fields) reach it through ``spec.from_flags``, in the spec's module, and
+  the planner builds its candidates from typed parts. No library module unpacks a spec back
+  into keywords."""
   callers = set()
   for path, tree in _sources():
     if path == os.path.join("tff_mf", "spec.py"):
@@ -91,10 +96,11 @@ def test_keywords_become_a_spec_in_one_constructor_called_from_the_edges():
       if name == "from_args" and isinstance(call.func, ast.Attribute) and \
           "MechanismSpec" in ast.unparse(call.func.value):
         callers.add(path)
-  assert callers == {os.path.join("tff_mf", "flower", "strategy.py"),
-                     os.path.join("tff_mf", "commands", "audit.py"),
-                     os.path.join("tff_mf", "planner.py"),
-                     os.path.join("training", "config.py")}, callers
+  assert callers == {os.path.join("tff_mf", "flower", "strategy.py")}, callers
+  readers = {path for path, tree in _sources() for name, call in _calls(tree)
+             if name == "from_flags" and isinstance(call.func, ast.Attribute)}
+  assert readers == {os.path.join("tff_mf", "commands", "audit.py"),
+                     os.path.join("training", "config.py")}, readers
 
 
 def test_one_numpy_noise_source_and_one_tf_kernel():

@@ -26,6 +26,7 @@ Imports neither TensorFlow nor absl at module level.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import re
@@ -303,11 +304,18 @@ def participation_source(participation: Optional[str], epochs=None, min_sep=None
 
 def add_flag(group, flag, default=None, default_text: Optional[str] = None,
              note: str = "", required: bool = False, spelling: Optional[str] = None,
-             dest: Optional[str] = None) -> None:
+             dest: Optional[str] = None, kind: Optional[type] = None,
+             choices: Sequence[str] = ()) -> None:
   """Defines a ``tff_mf.flagspec.Flag`` on an argparse group: its help, then ``note`` (what
   the flag means in this tool), then its default (``default_text``, else ``default``) or
   ``required``; ``spelling``: the tool's name for it (``spec.MOMENTUM_SPELLING``), ``dest``
-  the attribute it sets."""
+  the attribute it sets; ``kind`` and ``choices``: the type and names this tool reads where
+  they are its own (``tff-mf audit``'s clip norm is a number, calibrate-bands takes two
+  mechanisms)."""
+  if kind is not None:
+    flag = dataclasses.replace(flag, type=kind, convert=None)
+  if choices:
+    flag = dataclasses.replace(flag, choices=tuple(choices))
   shown = f" (default: {default_text})" if default_text is not None else ""
   kwargs = dict(choices=flag.choices) if flag.choices else dict(metavar=flag.metavar)
   if required:

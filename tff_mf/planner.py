@@ -285,13 +285,14 @@ class Calibration(jsonio.Record):
 def spec_of(dep: Deployment, mechanism: str, option: SchemaOption, params: Dict[str, int],
             target_epsilon: Optional[float] = None, amplified: bool = True):
   """The ``MechanismSpec`` a candidate trains with (``amplified=False``: without its
-  sampling probability, so that its ε is the unamplified bound)."""
-  return spec_lib.MechanismSpec.from_args(
-      mechanism, total_rounds=dep.total_rounds, clients_per_round=dep.clients_per_round,
-      clip_norm=1.0, target_epsilon=target_epsilon or dep.target_epsilon, delta=dep.delta,
-      accountant=dep.accountant, sampling_prob=option.sampling_prob if amplified else None,
-      momentum=dep.momentum, lr_schedule=dep.lr_schedule,
-      schedule_rounds=dep.schedule_rounds, participation=option.schema, params=params)
+  sampling probability, so that its ε is the unamplified bound), from its typed parts."""
+  privacy = spec_lib.Privacy(target_epsilon=target_epsilon or dep.target_epsilon,
+                             delta=dep.delta, accountant=dep.accountant,
+                             sampling_prob=option.sampling_prob if amplified else None)
+  return spec_lib.MechanismSpec(
+      mechanism=registry.mechanism(mechanism), workload=dep.workload(),
+      participation=option.schema, privacy=privacy, clipping=spec_lib.Clipping(1.0),
+      clients_per_round=dep.clients_per_round, params=dict(params))
 
 
 def state_rows(resolved: mechanisms.Resolved) -> int:

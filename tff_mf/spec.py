@@ -552,3 +552,76 @@ def resolve_noise_stream(mechanism: registry.Mechanism, value: str) -> str:
                             f"{mechanism.name!r} (its noise is {mechanism.noise}"
                             f"{': stateless only' if allowed else ''})")
   return value
+
+
+# The flags of the clipping (``Clipping``): a fixed clip norm, or "adaptive" with the quantile
+# estimator's parameters (``tff_mf.accounting.adaptive_clipping``; Andrew et al. 2021,
+# arXiv:1905.03871), declared once for every tool that builds a spec from flags. A tool that
+# clips at a fixed norm only reads ``--clip_norm`` as a number (``clitools.add_flag``'s kind).
+CLIPPING_FLAGS = (
+    flagspec.Flag("clip_norm", str, "ZETA",
+                  "per-client L2 clip norm zeta, or 'adaptive': zeta follows a private estimate "
+                  "of --target_quantile of the update norms (Andrew et al. 2021, "
+                  "arXiv:1905.03871; docs/mechanisms.md)"),
+    flagspec.Flag("target_quantile", float, "Q",
+                  "--clip_norm=adaptive: fraction of client updates left unclipped"),
+    flagspec.Flag("initial_clip_norm", float, "ZETA0",
+                  "--clip_norm=adaptive: the clip norm of round 1"),
+    flagspec.Flag("clip_learning_rate", float, "ETA",
+                  "--clip_norm=adaptive: learning rate of the geometric clip update"),
+    flagspec.Flag("clipped_count_stddev", float, "SIGMA_B",
+                  "--clip_norm=adaptive: noise std of the count of unclipped updates (default: "
+                  f"{adaptive_clipping.DEFAULT_COUNT_STDDEV_PER_CLIENT:g} x "
+                  "--clients_per_round, TFF's gaussian_adaptive default)"),
+)
+
+
+def clipping_flag(name: str) -> flagspec.Flag:
+  """The ``flagspec.Flag`` of the clipping's parameter ``name`` (``CLIPPING_FLAGS``)."""
+  [flag] = [f for f in CLIPPING_FLAGS if f.name == name]
+  return flag
+
+
+# K, the clients a round's sum is divided by (``MechanismSpec.clients_per_round``). A tool
+# that reads any positive number (``tff-mf audit``) says so through ``clitools.add_flag``'s kind.
+CLIENTS_PER_ROUND_FLAG = flagspec.Flag(
+    "clients_per_round", int, "K",
+    "clients per round K, whose number the noised sum of a round is divided by; under "
+    "sampling (--participation min_sep, balls_in_bins or random_allocation) the number varies "
+    "from round to round and K is its expectation")
+
+# The mechanism built, accounted, audited or trained (``tff_mf.registry``); each tool names the
+# mechanisms it takes in its note (or its choices).
+MECHANISM_FLAG = flagspec.Flag(
+    "mechanism", str, "NAME", "the DP mechanism, by its tff_mf.registry name or alias")
+
+# The spec's keyword of a flag whose name differs (both spellings of the momentum beta).
+_KEYWORD_OF_FLAG = {"server_momentum": "momentum", MOMENTUM_SPELLING: "momentum"}
+
+
+def spec_flag_names() -> Tuple[str, ...]:
+  """The names of the flags a spec is read from (``from_flags``): the mechanism, the privacy,
+  the workload (both spellings of beta), the clipping and K; the family parameters besides
+  (``family_flags``)."""
+  tables = (MECHANISM_FLAG,) + PRIVACY_FLAGS + WORKLOAD_FLAGS + CLIPPING_FLAGS + (
+      CLIENTS_PER_ROUND_FLAG,)
+  return tuple(f.name for f in tables) + (MOMENTUM_SPELLING,)
+
+
+def from_flags(values: Mapping[str, Any],
+               participation: Optional[participation_lib.Participation] = None,
+               **given) -> MechanismSpec:
+  """The spec of parsed flags: the one reader from a tool's flags to ``MechanismSpec.from_args``.
+
+  ``values`` maps flag names (``spec_flag_names``, ``family_flags``) to their values, None
+  meaning not given: argparse's ``vars(args)`` or a training config's fields. ``given``
+  overrides a flag's value where the tool reads it its own way (e.g. ``total_rounds`` from
+  another dest, a ``sampling_prob`` that is not the spec's: None); ``participation`` is the
+  schema the tool built from its schema flags (default: single participation).
+  """
+  merged = {**values, **given}
+  keywords = {_KEYWORD_OF_FLAG.get(name, name): merged[name] for name in spec_flag_names()
+              if merged.get(name) is not None}
+  mechanism = keywords.pop("mechanism")
+  return MechanismSpec.from_args(mechanism, participation=participation, **keywords,
+                                 **family_values(merged))

@@ -197,19 +197,11 @@ class TrainingConfig:
     this binary's flags (a TrainingError). No code assigns a config's fields after reading
     it (a changed config is a new one, ``dataclasses.replace``)."""
     from tff_mf import spec as spec_lib  # pylint: disable=g-import-not-at-top
-    try:
-      return spec_lib.MechanismSpec.from_args(
-          self.canonical_mechanism, total_rounds=self.total_rounds,
-          clients_per_round=self.clients_per_round, clip_norm=self.clip_norm,
-          momentum=self.server_momentum, lr_schedule=self.lr_schedule,
-          schedule_rounds=self.schedule_rounds, participation=self.schema(),
-          target_quantile=self.target_quantile, initial_clip_norm=self.initial_clip_norm,
-          clip_learning_rate=self.clip_learning_rate,
-          clipped_count_stddev=self.clipped_count_stddev,
-          bands=self.bands, rank=self.rank, buffers=self.buffers, **dict(self.family_params),
-          noise_multiplier=self.noise_multiplier, target_epsilon=self.target_epsilon,
-          delta=self.delta, accountant=self.accountant,
-          noise_distribution=self.noise_distribution, granularity=self.granularity,
+    flags = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    try:  # the fields are the binary's flags, a family's own parameters in family_params
+      return spec_lib.from_flags(
+          dict(flags, **dict(self.family_params)), participation=self.schema(),
+          mechanism=self.canonical_mechanism,
           sampling_prob=self.sampling_prob if self.participation_kind.poisson else None)
     except TrainingError:
       raise

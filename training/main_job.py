@@ -447,8 +447,9 @@ def build_parser() -> argparse.ArgumentParser:
                     default=MAIN_JOB_DEFAULTS["total_rounds"],
                     default_text=str(MAIN_JOB_DEFAULTS["total_rounds"]),
                     note="; here the training rounds of each mechanism")
-  parser.add_argument("--clients_per_round", type=int,
-                      default=MAIN_JOB_DEFAULTS["clients_per_round"], help="clients per round")
+  clitools.add_flag(parser, spec_lib.CLIENTS_PER_ROUND_FLAG,
+                    default=MAIN_JOB_DEFAULTS["clients_per_round"],
+                    note="; here every run's")
   clitools.add_flag(parser, spec_lib.privacy_flag("target_epsilon"),
                     default=MAIN_JOB_DEFAULTS["target_epsilon"],
                     default_text=f"{MAIN_JOB_DEFAULTS['target_epsilon']:g}",

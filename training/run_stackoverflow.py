@@ -46,10 +46,10 @@ DIVERGED = 3  # exit status of a run whose model diverged (2 is a usage error)
 REFUTED = 4  # exit status of a run whose canary audit refuted its claimed ε (training.canaries)
 _NONE = "(default: none: "
 
-flags.DEFINE_string(
-    "mechanism", _DEFAULTS.mechanism,
-    "DP mechanism, by its tff_mf.registry name or alias (README.md describes each; tree is "
-    f"TFF's tree_aggregation, none trains without DP): {clitools.mechanism_help(trainable=True)}.")
+clitools.define_absl_flag(
+    spec_lib.MECHANISM_FLAG, __name__, default=_DEFAULTS.mechanism,
+    note=" (README.md describes each; tree is TFF's tree_aggregation, none trains without DP): "
+         f"{clitools.mechanism_help(trainable=True)}.")
 flags.DEFINE_enum("dataset", _DEFAULTS.dataset, config_lib.DATASETS,
                   "stackoverflow (TFF's files in --data_dir), pydocs (docstrings of the installed "
                   "packages, no download), synthetic (a tiny generated corpus).")
@@ -64,11 +64,8 @@ flags.DEFINE_boolean("pydocs_stdlib", _DEFAULTS.pydocs_stdlib,
                      "Python 3.11).")
 clitools.define_absl_flag(spec_lib.workload_flag("total_rounds"), __name__,
                           default=_DEFAULTS.total_rounds, note=".")
-flags.DEFINE_integer("clients_per_round", _DEFAULTS.clients_per_round,
-                     "Clients per round (single, fixed_epoch). With --participation=min_sep, "
-                     "balls_in_bins or random_allocation the number varies from round to "
-                     "round; this is then the "
-                     "expected count the aggregator divides the noised sum by.")
+clitools.define_absl_flag(spec_lib.CLIENTS_PER_ROUND_FLAG, __name__,
+                          default=_DEFAULTS.clients_per_round, note=".")
 # The schema flags of every tool (tff_mf.participation.flags), with what they mean in training.
 _SCHEMA_NOTES = {
     "participation": (
@@ -110,19 +107,11 @@ clitools.define_absl_flag(spec_lib.privacy_flag("accountant"), __name__,
 clitools.define_absl_flag(spec_lib.privacy_flag("noise_distribution"), __name__,
                           default=_DEFAULTS.noise_distribution)
 clitools.define_absl_flag(spec_lib.privacy_flag("granularity"), __name__)
-flags.DEFINE_string("clip_norm", str(_DEFAULTS.clip_norm),
-                    "Per-client L2 clip norm ζ, or 'adaptive': ζ follows a private estimate of "
-                    "--target_quantile of the update norms (Andrew et al. 2021, "
-                    "arXiv:1905.03871; docs/mechanisms.md).")
-flags.DEFINE_float("target_quantile", _DEFAULTS.target_quantile,
-                   "--clip_norm=adaptive: fraction of client updates left unclipped.")
-flags.DEFINE_float("initial_clip_norm", _DEFAULTS.initial_clip_norm,
-                   "--clip_norm=adaptive: the clip norm of round 1.")
-flags.DEFINE_float("clip_learning_rate", _DEFAULTS.clip_learning_rate,
-                   "--clip_norm=adaptive: learning rate of the geometric clip update.")
-flags.DEFINE_float("clipped_count_stddev", None,
-                   "--clip_norm=adaptive: noise std of the count of unclipped updates (default: "
-                   "0.05 x --clients_per_round, TFF's gaussian_adaptive default).")
+# The clip norm and the adaptive estimator's parameters (tff_mf.spec.CLIPPING_FLAGS).
+for _flag in spec_lib.CLIPPING_FLAGS:  # --clip_norm is text: a number or "adaptive"
+  _default = getattr(_DEFAULTS, _flag.name)
+  clitools.define_absl_flag(_flag, __name__, note=".",
+                            default=str(_default) if _flag.type is str else _default)
 flags.DEFINE_integer("noise_seed", None,
                      f"Pin the secret noise seed {_NONE}a fresh one from OS entropy; the seed is "
                      "kept only in the checkpoints, never in summary or config files).")

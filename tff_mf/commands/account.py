@@ -153,13 +153,13 @@ def _add_schema_arguments(schema) -> None:
 
 
 def _add_encoder_arguments(matrix) -> None:
-  matrix.add_argument("--mechanism", default=None, metavar="NAME",
-                      help="the mechanism whose C is accounted for: a registry mechanism or "
-                           "strategy name, its C built or factorized into the cache and reused "
-                           "(as training resolves it: optimized for the schema where its "
-                           "strategy can be, for the workload below); or one of MMCC's own "
-                           f"matrices: {'; '.join(f'{k}: {v}' for k, v in MMCC_MATRICES.items())}."
-                           f" {clitools.mechanism_help()} (default: none)")
+  from tff_mf import spec  # pylint: disable=g-import-not-at-top
+  clitools.add_flag(matrix, spec.MECHANISM_FLAG, default_text="none", note=(
+      "; here the one whose C is accounted for: a registry mechanism or strategy name, its C "
+      "built or factorized into the cache and reused (as training resolves it: optimized for "
+      "the schema where its strategy can be, for the workload below); or one of MMCC's own "
+      f"matrices: {'; '.join(f'{k}: {v}' for k, v in MMCC_MATRICES.items())}. "
+      f"{clitools.mechanism_help()}"))
   matrix.add_argument("--matrix", default=None, metavar="PATH",
                       help="a cached factorization .npz (tff-mf factorize prints its path); it "
                            "is checked on load and its normalized C is used (default: none)")

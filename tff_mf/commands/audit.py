@@ -58,15 +58,17 @@ def register(subparsers) -> None:
 
 
 def _add_mechanism_arguments(g) -> None:
-  g.add_argument("--mechanism", required=True, help="registry name or alias (required)")
+  from tff_mf import spec  # pylint: disable=g-import-not-at-top
+  clitools.add_flag(g, spec.MECHANISM_FLAG, required=True)
   clitools.add_rounds_flag(g, default=8, what=" (default: 8; the canary search is brute "
                                               "force, keep n small)")
-  from tff_mf import spec  # pylint: disable=g-import-not-at-top
   clitools.add_flag(g, spec.privacy_flag("noise_multiplier"), default_text="none")
   clitools.add_flag(g, spec.privacy_flag("target_epsilon"), default_text="none",
                     note="; here unamplified")
-  g.add_argument("--clients_per_round", type=float, default=2.0, help="K (default: 2)")
-  g.add_argument("--clip_norm", type=float, default=1.0, help="clip norm (default: 1)")
+  clitools.add_flag(g, spec.CLIENTS_PER_ROUND_FLAG, default=2.0, default_text="2", kind=float,
+                    note="; here any positive number")
+  clitools.add_flag(g, spec.clipping_flag("clip_norm"), default=1.0, default_text="1",
+                    kind=float, note="; here a number (the audit clips at a fixed norm)")
   clitools.add_flag(g, spec.workload_flag("server_momentum"), default=0.0, default_text="0",
                     note="; as training's")
   g.add_argument("--server_lr", type=float, default=1.0, help="server learning rate (default: 1)")
@@ -158,13 +160,10 @@ def run(args: argparse.Namespace) -> int:
   from tff_mf.tf import audit, runtime  # pylint: disable=g-import-not-at-top
   runtime.install_exit_hook()
   from tff_mf import spec as spec_lib  # pylint: disable=g-import-not-at-top
-  spec = spec_lib.MechanismSpec.from_args(
-      args.mechanism, total_rounds=args.n, noise_multiplier=args.noise_multiplier,
-      target_epsilon=args.target_epsilon,
-      delta=args.delta if args.target_epsilon is not None else None,
-      clients_per_round=args.clients_per_round, clip_norm=args.clip_norm,
-      momentum=args.server_momentum, participation=accounted,
-      **spec_lib.family_values(vars(args)))
+  # The audit's --sampling_prob is the canary's (``AuditOptions``), not the spec's.
+  spec = spec_lib.from_flags(
+      vars(args), participation=accounted, total_rounds=args.n, sampling_prob=None,
+      delta=args.delta if args.target_epsilon is not None else None)
   claimed, packed = audit.build_pair(spec, options.trials_per_run,
                                      server_learning_rate=args.server_lr)
   if args.plant_fault:

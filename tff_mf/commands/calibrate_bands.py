@@ -32,10 +32,11 @@ def register(subparsers) -> None:
   parser.add_argument("--max_bands", type=int, default=None,
                       help="a further cap on b (default: none)")
   from tff_mf.accounting import band_calibration  # pylint: disable=g-import-not-at-top
-  parser.add_argument("--mechanism", choices=band_calibration.STRATEGIES,
-                      default=band_calibration.DEFAULT_STRATEGY,
-                      help="the banded mechanism factorized (default: banded_toeplitz, the "
-                           "family jax_privacy optimizes)")
+  clitools.add_flag(parser, spec.MECHANISM_FLAG, choices=band_calibration.STRATEGIES,
+                    default=band_calibration.DEFAULT_STRATEGY,
+                    note="; here the banded mechanism factorized",
+                    default_text=f"{band_calibration.DEFAULT_STRATEGY}, the family jax_privacy "
+                                 "optimizes")
   clitools.add_cache_dir_flag(parser)
   parser.add_argument("--tolerance", type=float, default=1e-3,
                       help="relative tolerance of each z (default: 1e-3)")

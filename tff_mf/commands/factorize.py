@@ -197,18 +197,19 @@ def result_record(f, entry) -> dict:
 
 def register(subparsers) -> None:
   from tff_mf import registry  # pylint: disable=g-import-not-at-top
+  from tff_mf import spec as spec_lib  # pylint: disable=g-import-not-at-top
   parser = subparsers.add_parser(
       "factorize", help="compute (or load from the cache) a factorization A = B·C",
       description="Computes a factorization A = B·C of a workload and stores float64 A, B, C, "
                   "its family's parameters and a JSON sidecar in the cache (default "
                   "~/.cache/tff_mf, or $TFF_MF_CACHE, or --cache_dir).")
   add_workload_arguments(parser)
-  parser.add_argument("--mechanism", required=True, metavar="NAME",
-                      help="the mechanism whose C is factorized, as in account, audit and "
-                           "training: a strategy (how C is chosen): " + "; ".join(
-                          f"{s.name}: {s.description}" for s in registry.STRATEGIES.values()) +
-                      ". Or a mechanism name, which maps to its strategy and workload "
-                      "(tff_mf.registry): " + clitools.mechanism_help())
+  clitools.add_flag(parser, spec_lib.MECHANISM_FLAG, required=True, note=(
+      "; here the one whose C is factorized, as in account, audit and training: a strategy "
+      "(how C is chosen): " + "; ".join(
+          f"{s.name}: {s.description}" for s in registry.STRATEGIES.values()) +
+      ". Or a mechanism name, which maps to its strategy and workload (tff_mf.registry): " +
+      clitools.mechanism_help()))
   add_participation_arguments(parser)
   group = parser.add_argument_group("strategy parameters")
   add_parameter_arguments(group)

@@ -25,9 +25,8 @@ def register(subparsers) -> None:
   parser.add_argument("--population", type=int, required=True, metavar="P",
                       help="clients that can join the training (required)")
   clitools.add_rounds_flag(parser, required=True)
-  parser.add_argument("--clients_per_round", type=int, required=True, metavar="K",
-                      help="clients per round (the expected number under sampling) "
-                           "(required)")
+  from tff_mf import spec  # pylint: disable=g-import-not-at-top
+  clitools.add_flag(parser, spec.CLIENTS_PER_ROUND_FLAG, required=True)
   clitools.add_target_epsilon_flag(parser)
   clitools.add_delta_flag(parser)
   parser.add_argument("--schemas", nargs="+", choices=participation.KINDS,
@@ -39,7 +38,6 @@ def register(subparsers) -> None:
   parser.add_argument("--max_state_rows", type=int, default=None, metavar="ROWS",
                       help="a cap on the server's noise state in model-sized rows (default: "
                            "none)")
-  from tff_mf import spec  # pylint: disable=g-import-not-at-top
   clitools.add_flag(parser, spec.workload_flag("server_momentum"),
                     spelling=spec.MOMENTUM_SPELLING, note="; training's --server_momentum",
                     default_text="none, beta = 0: with a constant schedule, prefix sums")
