@@ -96,3 +96,34 @@ def test_a_family_parameter_reaches_every_tool_from_its_declaration(toy_ratio, t
   assert config.spec.params["ratio"] == 0.25
   assert config.public_dict()["family_params"] == {"ratio": 0.25}
   assert "family_params" not in config_lib.TrainingConfig().public_dict()
+
+
+def test_the_clipping_k_and_mechanism_flags_come_from_the_spec_and_mean_the_same_everywhere():
+  """--clip_norm and the adaptive estimator's flags (``spec.CLIPPING_FLAGS``), K
+  (``spec.CLIENTS_PER_ROUND_FLAG``) and --mechanism (``spec.MECHANISM_FLAG``) are declared once:
+  each tool's help starts with the declaration's; a tool reads the type and names its own
+  (audit's K and clip norm are any numbers, calibrate-bands takes its two banded mechanisms)."""
+  absl = run_stackoverflow.FLAGS
+  for flag in spec_lib.CLIPPING_FLAGS:
+    assert flag.text in absl[flag.name].help, flag.name
+  assert absl["clip_norm"].default == "1.0" and absl["clipped_count_stddev"].default is None
+  for flag in (spec_lib.CLIENTS_PER_ROUND_FLAG, spec_lib.MECHANISM_FLAG):
+    assert flag.text in absl[flag.name].help, flag.name
+  uses = {"mechanism": ("factorize", "account", "audit", "calibrate-bands"),
+          "clients_per_round": ("audit", "plan"), "clip_norm": ("audit",)}
+  for name, tools in uses.items():
+    [flag] = [f for f in (spec_lib.MECHANISM_FLAG, spec_lib.CLIENTS_PER_ROUND_FLAG,
+                          *spec_lib.CLIPPING_FLAGS) if f.name == name]
+    for tool in tools:
+      assert _options(tool)[f"--{name}"].help.startswith(flag.text), (tool, name)
+  audit = _options("audit")
+  assert audit["--clients_per_round"].type("2.5") == 2.5 and audit["--clip_norm"].default == 1.0
+  assert _options("plan")["--clients_per_round"].type is int
+  assert tuple(_options("calibrate-bands")["--mechanism"].choices) == ("banded_toeplitz", "banded")
+  # The spec of parsed flags (spec.from_flags) is the keyword constructor's.
+  args = _subparser("audit").parse_args(["--mechanism", "blt", "--noise_multiplier", "0.5",
+                                         "--clients_per_round", "3.5", "--buffers", "2"])
+  given = spec_lib.from_flags(vars(args), total_rounds=args.n, sampling_prob=None, delta=None)
+  assert given == spec_lib.MechanismSpec.from_args(
+      "blt", total_rounds=8, noise_multiplier=0.5, clients_per_round=3.5, clip_norm=1.0,
+      momentum=0.0, buffers=2)
