@@ -14,6 +14,7 @@ from tff_mf import cli
 from tff_mf import participation
 from tff_mf import registry
 from tff_mf import spec as spec_lib
+from tff_mf.accounting import band_calibration
 from tff_mf.commands import factorize as factorize_command
 from training import config as config_lib
 from training import run_stackoverflow
@@ -119,7 +120,7 @@ def test_the_clipping_k_and_mechanism_flags_come_from_the_spec_and_mean_the_same
   audit = _options("audit")
   assert audit["--clients_per_round"].type("2.5") == 2.5 and audit["--clip_norm"].default == 1.0
   assert _options("plan")["--clients_per_round"].type is int
-  assert tuple(_options("calibrate-bands")["--mechanism"].choices) == ("banded_toeplitz", "banded")
+  assert tuple(_options("calibrate-bands")["--mechanism"].choices) == band_calibration.STRATEGIES
   # The spec of parsed flags (spec.from_flags) is the keyword constructor's.
   args = _subparser("audit").parse_args(["--mechanism", "blt", "--noise_multiplier", "0.5",
                                          "--clients_per_round", "3.5", "--buffers", "2"])
