@@ -622,6 +622,9 @@ def from_flags(values: Mapping[str, Any],
   merged = {**values, **given}
   keywords = {_KEYWORD_OF_FLAG.get(name, name): merged[name] for name in spec_flag_names()
               if merged.get(name) is not None}
-  mechanism = keywords.pop("mechanism")
+  mechanism = keywords.pop("mechanism", None)
+  if mechanism is None:
+    raise checks.CheckError("give the mechanism (a registry name or alias)",
+                            arguments=("mechanism",))
   return MechanismSpec.from_args(mechanism, participation=participation, **keywords,
                                  **family_values(merged))
