@@ -296,9 +296,10 @@ AWAY = audit.AuditOptions(trials=512, trials_per_run=512, calibration_trials=512
 
 @pytest.mark.parametrize("schema,fault", [
     (participation.SINGLE, "repeated_noise_row_elsewhere"),
-    (participation.SINGLE, "noise_row_scaled"),
+    pytest.param(participation.SINGLE, "noise_row_scaled", marks=pytest.mark.slow),
     (participation.SINGLE, "noise_row_dropped"),
-    (participation.fixed_epoch(2), "repeated_noise_row_elsewhere")], ids=lambda v: getattr(
+    pytest.param(participation.fixed_epoch(2), "repeated_noise_row_elsewhere",
+                 marks=pytest.mark.slow)], ids=lambda v: getattr(
         v, "label", v))
 def test_flags_a_fault_away_from_the_reported_canary(schema, fault):
   """Issue 40, must show 1: a fault in the stream only (``noise_matrix()`` and the claim as

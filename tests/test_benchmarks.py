@@ -40,7 +40,10 @@ SLOW = {"training_pydocs.py", "training_adaptive.py", "bench_harness.py", "bench
         # The main job's table at n = 16 from a clean shell: test_training_main_job runs it
         # (test_factorization_table_from_a_clean_shell); the multi-participation
         # factorizations are each tested against their papers in the default suite.
-        "bench_main_job.py", "bench_multi_participation.py"}
+        "bench_main_job.py", "bench_multi_participation.py",
+        # 7-11 s smoke runs each (the suite's 15-minute budget): their --help runs by default.
+        "peer_opake_fixed_bin.py", "bench_noise_limit.py", "bench_discrete_gaussian.py",
+        "structured_cache.py"}
 
 
 def test_every_script_has_a_smoke_run():

@@ -268,6 +268,7 @@ def test_the_bound_stays_below_a_claim_within_its_reach(task, tmp_path):
   assert not report["exceeds_claim"]
 
 
+@pytest.mark.slow  # a run with canaries stopped and resumed (about 13 s)
 def test_a_resumed_run_keeps_its_canaries_and_stays_below_the_claim(task, tmp_path):
   """Canaries from OS entropy; stopped after round 3 (round 2 checkpointed), then resumed: the
   secret is the one written before round 1, round 3 replays bit for bit (the loop checks it

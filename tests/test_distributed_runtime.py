@@ -214,6 +214,7 @@ def test_serve_and_check_work_from_a_clean_shell(tmp_path):
     server.wait(timeout=30)
 
 
+@pytest.mark.slow  # two TFF workers, a kill and a resume (about 25 s)
 def test_mf_fedavg_two_workers_equal_single_process_kill_and_resume(tmp_path):
   returncode, out = _run_driver("fast", tmp_path)
   assert returncode == 0, out[-6000:]

@@ -254,6 +254,7 @@ INTERRUPTIBLE = textwrap.dedent("""
     """) + FAKE_BINARY
 
 
+@pytest.mark.slow  # a sweep of runs stopped and resumed (about 10 s)
 def test_sweep_forwards_ctrl_c_to_its_runs_which_resume(tmp_path):
   binary = tmp_path / "interruptible.py"
   binary.write_text(INTERRUPTIBLE)

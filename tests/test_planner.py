@@ -147,7 +147,7 @@ def test_records_are_reused_and_a_corrupt_one_is_recomputed(tmp_path):
   """A second run reads every calibrated record back (same table); a corrupt or edited
   record is a miss, computed again, never trusted."""
   dep = planner.Deployment(population=32, total_rounds=8, clients_per_round=4,
-                           target_epsilon=2.0, delta=DELTA, schemas=("fixed_epoch", "min_sep"),
+                           target_epsilon=2.0, delta=DELTA, schemas=("single", "fixed_epoch"),
                            mechanisms=("gaussian", "banded"))
   first = planner.plan(dep, cache_dir=str(tmp_path))
   second = planner.plan(dep, cache_dir=str(tmp_path))
@@ -158,7 +158,8 @@ def test_records_are_reused_and_a_corrupt_one_is_recomputed(tmp_path):
                      for c in r["candidates"]]
   assert strip(second) == strip(first) and second["pruned"] == first["pruned"]
   files = sorted((tmp_path / ".planner").glob("*.json"))
-  assert files
+  kinds = {json.loads(path.read_text())["material"].get("kind") for path in files}
+  assert kinds == {None, "figures", "thresholds"}  # records, figures and a bound's multipliers
   for i, path in enumerate(files):  # truncated, or a value edited (below the truth)
     entry = json.loads(path.read_text())
     if i % 2:
@@ -303,6 +304,7 @@ def test_bad_input_is_one_line(argv, words, capsys, tmp_path):
   assert len(err) == 1 and words in err[0] and err[0].startswith("tff-mf plan: error:"), err
 
 
+@pytest.mark.slow  # the planner at the main job's size (about 35 s)
 def test_at_the_main_jobs_size_it_recommends_the_main_jobs_choice(tmp_path):
   """docs/plan.md's claim: under the main job's schema, rounds, clients, ε and workload (the
   population its 2 fixed epochs use), the planner recommends the MF mechanism the main job
@@ -323,6 +325,7 @@ def test_at_the_main_jobs_size_it_recommends_the_main_jobs_choice(tmp_path):
   assert tree["rmse"] > best["rmse"] and best["epsilon"] <= d["target_epsilon"]
 
 
+@pytest.mark.slow  # amplified banded calibrations at every band (about 25 s)
 def test_the_shared_banded_bound_is_a_lower_bound(tmp_path):
   """Under min_sep sampling (p < 1) the amplified banded ε of one candidate bounds, from
   below, every candidate's reported ε of the group at a z with z/γ no larger: the shared
@@ -378,6 +381,7 @@ def test_the_error_bound_is_below_every_calibrated_rmse(result, tmp_path):
   assert checked >= 3
 
 
+@pytest.mark.slow  # two planner runs with every amplified calibration (about 2 minutes)
 def test_pruning_before_factorizing_keeps_the_winner(tmp_path):
   """With a population large enough for strongly amplified min_sep sampling (p = b/64),
   a single-participation candidate cannot beat the best amplified one: the dense family's

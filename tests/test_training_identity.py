@@ -393,6 +393,7 @@ def test_an_identity_without_the_key_keeps_its_digest_and_refuses_a_bad_key(tmp_
   assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # a run written in the former layout, resumed (about 14 s)
 def test_a_run_from_before_the_key_word_resumes_with_its_identical_noise(configs, tmp_path,
                                                                           monkeypatch):
   """A run started by an earlier tff-mf (key (seed, tag), identity.json and the checkpoints'
