@@ -257,10 +257,22 @@ def test_an_accounting_spec_resolves_and_accounts_but_builds_no_run():
   theirs = mechanisms.resolve_spec(run_spec)
   np.testing.assert_array_equal(ours.encoder, theirs.encoder)
   assert ours.sensitivity == theirs.sensitivity
-  for build in (mechanisms.build, plan.build):
+  for build in (mechanisms.build, plan.build, lambda s: s.describe(),
+                lambda s: s.statement_setup()):
     with pytest.raises(checks.CheckError, match="no clip_norm and no clients_per_round") as e:
       build(accounting_spec)
     assert set(e.value.arguments) == {"clip_norm", "clients_per_round"}
+
+
+@pytest.mark.parametrize("values, names", [
+    ({}, "mechanism"), ({"mechanism": "gaussian"}, "total_rounds"),
+    ({"mechanism": "gaussian", "total_rounds": 8}, "noise_multiplier"),
+    ({"mechanism": "gaussian", "total_rounds": 8, "noise_multiplier": 1.0,
+      "target_quantile": 0.5}, "target_quantile")])
+def test_from_flags_refuses_missing_flags_in_one_line(values, names):
+  with pytest.raises(checks.CheckError) as e:
+    spec_lib.from_flags(values)
+  assert names in e.value.arguments and "\n" not in str(e.value)
 
 
 def test_the_plans_sampler_is_the_schemas_for_private_and_non_private_runs():

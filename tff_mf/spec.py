@@ -39,14 +39,23 @@ LR_SCHEDULES = workloads.LR_SCHEDULES
 NOISE_STREAMS = ("auto", "stateful", "stateless")
 
 
+def _adaptive_only_error() -> checks.CheckError:
+  """The refusal of the adaptive estimator's parameters without clip_norm 'adaptive'."""
+  return checks.CheckError("target_quantile, initial_clip_norm, clip_learning_rate and "
+                           "clipped_count_stddev go with clip_norm='adaptive' only",
+                           arguments=("target_quantile", "initial_clip_norm",
+                                      "clip_learning_rate", "clipped_count_stddev", "clip_norm"))
+
+
 def check_one_of_noise(noise_multiplier: Optional[float],
                        target_epsilon: Optional[float]) -> None:
   """A private mechanism's noise is given as exactly one of z and a target ε (the rule of
   ``Privacy``, and of ``tff-mf account``, which accounts z = ∞ too)."""
   if (noise_multiplier is None) == (target_epsilon is None):
-    raise checks.CheckError(
-        f"give exactly one of noise_multiplier and target_epsilon (got {noise_multiplier} and "
-        f"{target_epsilon})", arguments=("noise_multiplier", "target_epsilon"))
+    given = ("neither was given" if noise_multiplier is None else
+             f"both were given: {noise_multiplier:g} and {target_epsilon:g}")
+    raise checks.CheckError(f"give exactly one of noise_multiplier and target_epsilon ({given})",
+                            arguments=("noise_multiplier", "target_epsilon"))
 
 
 def _set(obj, **values) -> None:
@@ -159,6 +168,8 @@ class Clipping:
                 adaptive: adaptive_clipping.AdaptiveClipping,
                 clients_per_round: float) -> "Clipping":
     """From ``clip_norm`` (a number, or "adaptive" with the estimator ``adaptive``)."""
+    if clip_norm is None and adaptive != adaptive_clipping.AdaptiveClipping():
+      raise _adaptive_only_error()
     if isinstance(clip_norm, str) or clip_norm is None:
       if clip_norm != "adaptive":
         raise checks.CheckError(f"clip_norm must be a positive number or 'adaptive', got "
@@ -166,11 +177,7 @@ class Clipping:
       checked = adaptive.checked(clients_per_round)
       return cls(checked.initial_clip_norm, checked)
     if adaptive != adaptive_clipping.AdaptiveClipping():
-      raise checks.CheckError("target_quantile, initial_clip_norm, clip_learning_rate and "
-                              "clipped_count_stddev go with clip_norm='adaptive' only",
-                              arguments=("target_quantile", "initial_clip_norm",
-                                         "clip_learning_rate", "clipped_count_stddev",
-                                         "clip_norm"))
+      raise _adaptive_only_error()
     return cls(clip_norm)
 
   @property
@@ -372,6 +379,8 @@ class MechanismSpec:
       analyses.accountant(accountant)
       if delta is not None:  # no ε is computed without noise; a δ given is still a δ
         checks.delta(delta)
+    if clip_norm is None and (estimator or adaptive is not None):
+      raise _adaptive_only_error()
     _check_run_pair(clip_norm, clients_per_round)
     clipping = None
     if clip_norm is not None or adaptive is not None:
@@ -384,6 +393,7 @@ class MechanismSpec:
 
   def statement_setup(self, noise_seed_pinned: bool = False) -> Dict[str, Any]:
     """What the privacy statement names beside ε (``tff_mf.accounting.statement.setup_words``)."""
+    self.require_run()
     out: Dict[str, Any] = {
         "mechanism": self.mechanism.name, "label": self.mechanism.label, "rounds": self.n,
         "clients_per_round": self.clients_per_round, "clip_norm": self.clipping.described,
@@ -396,6 +406,7 @@ class MechanismSpec:
 
   def describe(self, noise_seed_pinned: bool = False) -> Dict[str, Any]:
     """The JSON-ready description of the mechanism asked for (no seed)."""
+    self.require_run()
     w = self.workload
     info: Dict[str, Any] = {
         "mechanism": self.mechanism.name, "label": self.mechanism.label, "total_rounds": self.n,
@@ -560,9 +571,9 @@ def resolve_noise_stream(mechanism: registry.Mechanism, value: str) -> str:
 # clips at a fixed norm only reads ``--clip_norm`` as a number (``clitools.add_flag``'s kind).
 CLIPPING_FLAGS = (
     flagspec.Flag("clip_norm", str, "ZETA",
-                  "per-client L2 clip norm zeta, or 'adaptive': zeta follows a private estimate "
-                  "of --target_quantile of the update norms (Andrew et al. 2021, "
-                  "arXiv:1905.03871; docs/mechanisms.md)"),
+                  "per-client L2 clip norm zeta; the training binary also takes 'adaptive': "
+                  "zeta follows a private estimate of --target_quantile of the update norms "
+                  "(Andrew et al. 2021, arXiv:1905.03871; docs/mechanisms.md)"),
     flagspec.Flag("target_quantile", float, "Q",
                   "--clip_norm=adaptive: fraction of client updates left unclipped"),
     flagspec.Flag("initial_clip_norm", float, "ZETA0",
@@ -586,9 +597,9 @@ def clipping_flag(name: str) -> flagspec.Flag:
 # that reads any positive number (``tff-mf audit``) says so through ``clitools.add_flag``'s kind.
 CLIENTS_PER_ROUND_FLAG = flagspec.Flag(
     "clients_per_round", int, "K",
-    "clients per round K, whose number the noised sum of a round is divided by; under "
-    "sampling (--participation min_sep, balls_in_bins or random_allocation) the number varies "
-    "from round to round and K is its expectation")
+    "clients per round K, whose number the noised sum of a round is divided by; under a "
+    "sampled schema (min_sep, balls_in_bins or random_allocation) the number varies from "
+    "round to round and K is its expectation")
 
 # The mechanism built, accounted, audited or trained (``tff_mf.registry``); each tool names the
 # mechanisms it takes in its note (or its choices).
@@ -626,5 +637,8 @@ def from_flags(values: Mapping[str, Any],
   if mechanism is None:
     raise checks.CheckError("give the mechanism (a registry name or alias)",
                             arguments=("mechanism",))
+  if keywords.get("total_rounds") is None:
+    raise checks.CheckError("give total_rounds (the number of rounds n)",
+                            arguments=("total_rounds",))
   return MechanismSpec.from_args(mechanism, participation=participation, **keywords,
                                  **family_values(merged))
