@@ -125,10 +125,8 @@ class Plan:
     self.check_numpy_run()
     return rows_lib.NoiseRows(self.resolved, shapes, seed, exact=exact)
 
-  def make_sampler(self, client_ids: Sequence[str], seed: int, secret: int,
-                   classes: Any = None):
-    """The schema's sampler over ``client_ids`` for the n rounds (its own checks); ``classes``:
-    a framework's sampler subclasses raising its own error (the library's by default)."""
+  def make_sampler(self, client_ids: Sequence[str], seed: int, secret: int):
+    """The schema's sampler over ``client_ids`` for the n rounds (its own checks)."""
     k = self.spec.clients_per_round
     if not float(k).is_integer() and not self.spec.participation.poisson:
       raise checks.CheckError(f"clients_per_round={k} must be an integer for participation "
@@ -136,7 +134,7 @@ class Plan:
     return self.spec.participation.make_sampler(
         list(client_ids), seed=seed, total_rounds=self.n, clients_per_round=int(k),
         sampling_prob=None if self.spec.privacy is None else self.spec.privacy.sampling_prob,
-        secret=secret, **({} if classes is None else {"classes": classes}))
+        secret=secret)
 
   def binding(self, model: Sequence[Tuple[str, Tuple[int, ...], str]],
               **extra: object) -> Dict[str, object]:

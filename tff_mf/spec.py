@@ -164,13 +164,11 @@ class Clipping:
                               f"initial_clip_norm {self.adaptive.initial_clip_norm}")
 
   @classmethod
-  def from_args(cls, clip_norm: Union[float, str, None],
+  def from_args(cls, clip_norm: Union[float, str],
                 adaptive: adaptive_clipping.AdaptiveClipping,
                 clients_per_round: float) -> "Clipping":
     """From ``clip_norm`` (a number, or "adaptive" with the estimator ``adaptive``)."""
-    if clip_norm is None and adaptive != adaptive_clipping.AdaptiveClipping():
-      raise _adaptive_only_error()
-    if isinstance(clip_norm, str) or clip_norm is None:
+    if isinstance(clip_norm, str):
       if clip_norm != "adaptive":
         raise checks.CheckError(f"clip_norm must be a positive number or 'adaptive', got "
                                 f"{clip_norm!r}", arguments=("clip_norm",))
@@ -382,10 +380,8 @@ class MechanismSpec:
     if clip_norm is None and (estimator or adaptive is not None):
       raise _adaptive_only_error()
     _check_run_pair(clip_norm, clients_per_round)
-    clipping = None
-    if clip_norm is not None or adaptive is not None:
-      clipping = Clipping.from_args(
-          clip_norm, adaptive or adaptive_clipping.AdaptiveClipping(), clients_per_round)
+    clipping = None if clip_norm is None else Clipping.from_args(
+        clip_norm, adaptive or adaptive_clipping.AdaptiveClipping(), clients_per_round)
     return cls(mechanism=m, workload=workload, participation=participation or
                participation_lib.SINGLE, privacy=privacy, clipping=clipping,
                clients_per_round=clients_per_round, params=dict(params or {}, **family_params),
