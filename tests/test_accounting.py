@@ -353,6 +353,41 @@ def test_multi_participation_calibration(brute_sensitivity):
   assert _delta_scipy(z / sens, 1.5) <= DELTA * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("q", [1.0, 0.5, 0.08, 1e-3])
+@pytest.mark.parametrize("adjacency", ["ADD", "REMOVE"])
+def test_vectorized_gaussian_loss_is_dp_accountings_point_by_point(q, adjacency):
+  """gaussian._fast_gaussian_class inverts a whole array of losses with dp_accounting's own
+  formulas: the same x and δ as its scalar inverse_privacy_loss, at the special points too
+  (ε = 0, ε at and within math.isclose of the boundary ±log(1 − q), ε beyond it)."""
+  from dp_accounting.pld import privacy_loss_mechanism as plm
+  kind = getattr(plm.AdjacencyType, adjacency)
+  fast = gaussian._fast_gaussian_class()(0.8, sampling_prob=q, adjacency_type=kind)
+  slow = plm.GaussianPrivacyLoss(0.8, sampling_prob=q, adjacency_type=kind)
+  eps = np.concatenate([np.linspace(-6.0, 6.0, 2001), [0.0, -0.0]])
+  if q < 1.0:
+    edge = -math.log(1 - q) if adjacency == "ADD" else math.log(1 - q)
+    eps = np.concatenate([eps, edge * (1 + np.array([-1e-6, -1e-10, 0.0, 1e-10, 1e-6]))])
+  got, want = fast.get_delta_for_epsilon(eps), slow.get_delta_for_epsilon(eps)
+  # The same elementwise formulas; numpy's vector log/exp may round a last bit differently
+  # from its scalar path on some CPUs, which moves δ by float rounding only.
+  np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-300)
+  assert np.all((got >= 0) & (got <= 1))
+
+
+@pytest.mark.parametrize("z,q,k", [(0.7, 0.3, 12), (2.0, 0.01, 64), (1.1, 1.0, 9)])
+def test_pld_gaussian_epsilon_is_dp_accountings_pessimistic_composition(z, q, k):
+  """pld_gaussian_epsilon composes gaussian_pld as dp_accounting's PLDAccountant composes
+  PoissonSampledDpEvent(q, GaussianDpEvent(z)) k times (on the same grid), and stays above
+  the optimistic PLD of the same composition (a lower estimate of the true ε)."""
+  import dp_accounting
+  eps, interval = gaussian.pld_gaussian_epsilon(z, DELTA, q, k)
+  acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=interval)
+  event = dp_accounting.GaussianDpEvent(z)
+  acc.compose(event if q == 1.0 else dp_accounting.PoissonSampledDpEvent(q, event), k)
+  assert eps == pytest.approx(acc.get_epsilon(DELTA), rel=1e-9)
+  assert eps >= _dpsgd_pld(k, q, z, pessimistic=False, discretization=interval)
+
+
 # ----------------------------------------------------------------------------- amplified banded
 
 

@@ -449,3 +449,55 @@ def test_records_written_before_their_types_read_the_same(result, capsys):
   live = capsys.readouterr().out
   plan_command.print_table(printed)
   assert capsys.readouterr().out == live and "->" in live
+
+
+def _toeplitz(coef, n):
+  return sum(v * np.eye(n, k=-d) for d, v in enumerate(coef[:n]))
+
+
+@pytest.mark.parametrize("kind", ["balls_in_bins", "random_allocation"])
+def test_the_mixture_component_bound_is_below_every_analysis(kind):
+  """``planner_bounds.component_lower_epsilon`` (one component of the mixture over the secret
+  pattern) is a lower bound on the true ε, so below the ε every valid analysis reports, for
+  C = I, a banded and a BLT-like Toeplitz C, dense or in Toeplitz view; and the shifts are
+  the largest over the patterns, by brute force."""
+  from tff_mf import accounting
+  from tff_mf import toeplitz_view
+  n, k = 32, 4
+  schema = participation.from_args(kind, n, epochs=k)
+  b = n // k
+  for coef in (np.ones(1), np.array([1.0, 0.6, 0.3]), 0.8 ** np.arange(n)):
+    c = _toeplitz(coef, n)
+    shifts = planner_bounds.component_shifts(c, schema, n)
+    assert shifts == pytest.approx(planner_bounds.component_shifts(
+        toeplitz_view.view(c[:, 0]), schema, n), rel=1e-12)
+    col = np.sum(c * c, axis=0)
+    if kind == "balls_in_bins":
+      assert shifts["bin"] == pytest.approx(max(math.sqrt(col[r::b].sum()) for r in range(b)))
+    else:
+      best = np.sort(col.reshape(k, b).max(axis=1))[::-1]
+      for m in range(1, k + 1):
+        assert shifts[f"epochs_{m}"] == pytest.approx(math.sqrt(best[:m].sum()))
+    for z in (0.5, 1.0, 3.0):
+      low = planner_bounds.component_lower_epsilon(shifts, z, schema, n, DELTA)
+      reported = accounting.epsilon_for(c, schema, z, DELTA)["epsilon"]
+      assert 0.0 <= low <= reported, (coef[:3], z, low, reported)
+      if z == 0.5:
+        assert low > 0.0  # not vacuous at small noise
+
+
+def test_the_component_epsilon_is_below_the_subsampled_gaussians():
+  """A mixture w·N(μ, 1) + (1 − w)·N(0, 1) against N(0, 1) is the Poisson-subsampled
+  Gaussian at rate w: ``component_epsilon`` stays below its pessimistic PLD (an upper bound
+  on its true ε), and at w = 1 it is the Gaussian's exact ε from below."""
+  from dp_accounting.pld import privacy_loss_distribution as pld_lib
+  from tff_mf.accounting import gaussian
+  for sigma in (0.5, 1.0, 2.0):
+    for w in (1.0, 0.3, 0.01):
+      low = planner_bounds.component_epsilon(sigma, DELTA, math.log(w))
+      upper = pld_lib.from_gaussian_mechanism(sigma, sampling_prob=w).get_epsilon_for_delta(
+          DELTA)
+      assert low <= upper
+    exact = gaussian.gaussian_epsilon_exact(sigma, DELTA)
+    low = planner_bounds.component_epsilon(sigma, DELTA, 0.0)
+    assert exact * (1 - 1e-5) <= low <= exact

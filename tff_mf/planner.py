@@ -416,6 +416,9 @@ def _prepared_figures(dep: Deployment, resolved: mechanisms.Resolved,
     b = analyses.sampling_min_sep(resolved.participation, dep.total_rounds)
     out.update(gamma=checks.gamma(resolved.encoder),
                class_norm=planner_bounds.class_norm(resolved.encoder, b))
+  if amplified and planner_bounds.has_components(resolved.participation):
+    out.update(component_shifts=planner_bounds.component_shifts(
+        resolved.encoder, resolved.participation, dep.total_rounds))
   out.update(mmcc_skipped=bool(skipped), amplified=bool(amplified), analysis=(
       mechanisms.amplified_analysis(resolved.encoder, resolved.participation)
       if amplified else "none"), z_upper=float(accounting.calibrate_noise_multiplier(
@@ -631,6 +634,8 @@ def prune_check(dep: Deployment, prep: Prepared, best_rmse: float,
     return None
   how = "its epsilon is"
   eps = shared_banded_bound(dep, prep, z_cut, records)
+  if eps is None:
+    eps = component_bound(dep, prep, z_cut)
   if eps is not None:
     how = "its epsilon is at least"
   else:
@@ -651,6 +656,18 @@ def _is_banded(analysis: Optional[str]) -> bool:
   """Whether ``analysis`` names the amplified banded analysis (``shared_banded_bound``)."""
   from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
   return analyses.of_record(analysis) is analyses.AmplifiedBanded
+
+
+def component_bound(dep: Deployment, prep: Prepared, z: float) -> Optional[float]:
+  """A lower bound above the target on every valid analysis's ε at z for a fixed-bin or
+  random-allocation candidate, or None (``planner_bounds.component_lower_epsilon``: one
+  component of the mixture over the user's secret pattern; milliseconds, no PLD)."""
+  shifts = prep.figures.get("component_shifts")
+  if not shifts:
+    return None
+  eps = planner_bounds.component_lower_epsilon(shifts, z, prep.option.schema,
+                                               dep.total_rounds, dep.delta)
+  return eps if eps > dep.target_epsilon else None
 
 
 def shared_banded_bound(dep: Deployment, prep: Prepared, z: float,

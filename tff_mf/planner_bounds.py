@@ -22,17 +22,27 @@ training workload A and z its calibrated noise multiplier. For every factorizati
      dp_accounting's optimistic PLD of the same composition (Doroshenko et al. 2022,
      arXiv:2207.04380), which lies below the exact ε, itself below the pessimistic PLD the
      analysis reports.
-   - MMCC (arXiv:2310.15526), fixed-bin balls-in-bins and random allocation have no such
-     bound here: a schema option where one of them may account a candidate gets none.
+   - Fixed-bin balls-in-bins and random allocation: a bound on the true ε, below every
+     valid analysis's (``component_epsilon``, the mixture's component): a user's output law
+     is a mixture P = Σ_π w_π·P_π over its secret pattern π, so for every event E,
+     P(E) − e^ε·Q(E) ≥ w_π·(P_π(E) − e^{ε + log(1/w_π)}·Q(E)), and
+     δ_P(ε) ≥ w_π·δ_{P_π}(ε + log(1/w_π)). With orthogonal contributions in the pattern's
+     rounds (zero elsewhere) P_π is a Gaussian shift of norm √(Σ_{j∈π} ‖C[:, j]‖²): a bin
+     (w = 1/b, at least ‖C‖_F/√b for the largest), or m epochs' rounds of random allocation
+     (w = b^{-m}, at least ‖C‖_F·√(m/n) for the best); so z ≥ u·‖C‖_F/√q with q = b, n/m,
+     whatever the analysis, and these bounds combine by their largest.
+   - MMCC (arXiv:2310.15526) has no such bound here: a schema option where it may account
+     a candidate gets none.
 3. So z ≥ min over the analyses of u_a·‖C‖_F/√q_a, and rmse ≥ min_a u_a·√(n/q_a) · ‖A‖_*/n:
    ``unit(option)·‖A‖_*/n``, the same for every family, before anything is factorized.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -140,6 +150,9 @@ def thresholds(schema, n: int, sampling_prob: Optional[float], *, amplified: boo
   MMCC). ``amplified``: an amplified analysis applies
   (``tff_mf.mechanisms.amplification_applies``); ``mmcc_possible``: MMCC may account a
   candidate (cyclic Poisson sampling, MMCC not skipped)."""
+  if amplified and has_components(schema):
+    return {name: threshold(lambda u, w=log_w: component_epsilon(u, delta, w), target)
+            for name, log_w, _ in mixture_components(schema, n, delta)}
   if amplified and (not schema.poisson or mmcc_possible):
     return {"unbounded": 0.0}
   out = {"gaussian": threshold(lambda u: _gaussian(u, delta, accountant), target)}
@@ -159,6 +172,9 @@ def verified(found: Dict[str, float], schema, n: int, sampling_prob: Optional[fl
     checks_ = {"gaussian": lambda u: _gaussian(u, delta, accountant),
                "amplified_banded": lambda u: optimistic_composed_epsilon(
                    u, delta, sampling_prob, -(-n // getattr(schema, "min_sep", 1)))}
+    if has_components(schema):
+      checks_ = {name: functools.partial(_component_at, delta=delta, log_weight=log_w)
+                 for name, log_w, _ in mixture_components(schema, n, delta)}
     return (set(found) <= set(checks_) | {"unbounded"}
             and all(k == "unbounded" or (u > 0 and checks_[k](u) > target)
                     for k, u in found.items()))
@@ -172,6 +188,14 @@ def unit(found: Dict[str, float], schema, n: int) -> Tuple[float, str]:
   if "unbounded" in found:
     return 0.0, ("an amplified analysis without a lower bound here (fixed-bin, random "
                  "allocation or MMCC) may account it")
+  components = {name: (q, found[name]) for name, _, q in mixture_components(schema, n)
+                if name in found}
+  if components:  # bounds on the true ε: every one holds, so the largest does
+    name, (q, u) = max(components.items(), key=lambda kv: kv[1][1] * math.sqrt(n / kv[1][0]))
+    return u * math.sqrt(n / q), (
+        f"every valid analysis's epsilon is above the target below z = {u:.6g}*s, s the "
+        f"shift of one component of the mixture over the secret pattern ({name}), "
+        f"s >= ||C||_F/sqrt({q:g})")
   q = partition_size(schema, n)
   parts = {"gaussian": found["gaussian"] * math.sqrt(n / q)}
   why = (f"a Gaussian at z/sens has epsilon above the target below z = "
@@ -191,3 +215,86 @@ def _gaussian(u: float, delta: float, accountant: str) -> float:
 def error_lower_bound(unit_: float, nuclear: float, n: int) -> float:
   """rmse ≥ this for every factorization under the option (``unit``'s L)."""
   return SAFETY * unit_ * nuclear / n
+
+
+# Margin in log δ above the Gaussian's log δ evaluation error (log Φ to about 1e-13
+# relative, tff_mf.accounting.gaussian): a component proves ε > target only beyond it.
+COMPONENT_LOG_MARGIN = 1e-6
+
+
+def component_epsilon(multiplier: float, delta: float, log_weight: float) -> float:
+  """A lower bound on the true ε(δ) of a mixture P vs Q that has a component of weight
+  w = e^{log_weight} equal to Q shifted by a Gaussian mean of norm 1/``multiplier`` (in
+  noise standard deviations): the largest ε found (bisection) with
+  w·δ_G(ε + log(1/w)) > δ, δ_G the Gaussian's exact curve (Balle & Wang 2018,
+  arXiv:1805.06530, Thm 8), beyond ``COMPONENT_LOG_MARGIN``; 0.0 where even ε = 0 fails."""
+  from tff_mf.accounting import gaussian  # pylint: disable=g-import-not-at-top
+  floor = math.log(delta) + COMPONENT_LOG_MARGIN
+
+  def holds(eps):
+    return log_weight + gaussian.gaussian_log_delta(multiplier, eps - log_weight,
+                                                    upper=False) > floor
+  if not holds(0.0):
+    return 0.0
+  lo, hi = 0.0, 1.0
+  while holds(hi):
+    lo, hi = hi, 2.0 * hi
+    if hi > 1e6:
+      return lo
+  for _ in range(60):
+    mid = 0.5 * (lo + hi)
+    lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+  return lo
+
+
+def _component_at(u: float, *, delta: float, log_weight: float) -> float:
+  return component_epsilon(u, delta, log_weight)
+
+
+def has_components(schema) -> bool:
+  """Whether the schema's amplified analyses (fixed-bin, random allocation: a user in a secret
+  pattern of rounds) get the mixture-component bound on the true ε (``mixture_components``)."""
+  return bool(schema.allocation_amplified)
+
+
+def mixture_components(schema, n: int, delta: float = 0.0) -> List[Tuple[str, float, float]]:
+  """[(name, log w, q)]: the components of the schema's mixture over a user's secret pattern
+  that ``component_epsilon`` bounds (the module docstring's 2), w their weight and q such
+  that the best one's shift is at least ‖C‖_F/√q: fixed-bin's bin (w = 1/b, q = b); random
+  allocation's rounds in m epochs (w = b^{-m}, q = n/m) for every m with w > δ (a smaller
+  weight proves nothing; ``delta`` 0: every m). Empty for other schemas."""
+  if not has_components(schema):
+    return []
+  b = n // schema.epochs
+  if schema.marks_fixed_bin:  # one secret bin for the whole run
+    return [("bin", -math.log(b), float(b))]
+  return [(f"epochs_{m}", -m * math.log(b), n / m) for m in range(1, schema.epochs + 1)
+          if m * math.log(b) < -math.log(delta or 1e-300)]
+
+
+def component_shifts(c, schema, n: int) -> Dict[str, float]:
+  """{component name: the largest shift √(Σ_{j∈π} ‖C[:, j]‖²) over its patterns π}
+  (``mixture_components``): the largest bin's (residue classes mod b), or the rounds of
+  largest column norm of the m epochs (blocks of b consecutive rounds) where that is
+  largest."""
+  from tff_mf import toeplitz_view  # pylint: disable=g-import-not-at-top
+  b = n // schema.epochs
+  if schema.marks_fixed_bin:
+    return {"bin": class_norm(c, b)}
+  column = toeplitz_view.column_of(c)
+  if column is not None:
+    squares = np.cumsum(np.square(np.asarray(column, dtype=np.float64)))[::-1]
+  else:
+    squares = np.sum(np.square(np.asarray(c, dtype=np.float64)), axis=0)
+  best = np.sort(np.max(squares[:schema.epochs * b].reshape(schema.epochs, b), axis=1))[::-1]
+  return {name: math.sqrt(float(np.sum(best[:int(round(n / q))])))
+          for name, _, q in mixture_components(schema, n)}
+
+
+def component_lower_epsilon(shifts: Dict[str, float], z: float, schema, n: int,
+                            delta: float) -> float:
+  """A lower bound on every valid analysis's ε(δ) at noise multiplier z, from the
+  components' largest shifts (``component_shifts``): the largest ``component_epsilon``."""
+  return max([component_epsilon(z / shifts[name], delta, log_w)
+              for name, log_w, _ in mixture_components(schema, n, delta) if shifts.get(name)],
+             default=0.0)

@@ -43,6 +43,7 @@ import numpy as np
 from scipy import special
 
 from tff_mf import checks
+from tff_mf.accounting import gaussian
 from tff_mf.accounting.gaussian import AccountingError
 
 # Step h of the geometric grid of S (log scale). At b = 64, k = 4, z = 2, δ = 1e-8 the
@@ -228,9 +229,9 @@ def epsilon(bins: int, epochs: int, noise_multiplier: float, delta: float, *,
     for name, pmf in (("remove", pmf_remove), ("add", pmf_add)):
       composed = pld_lib.PrivacyLossDistribution(pmf).self_compose(epochs)
       if gaussian_noise_multiplier is not None:
-        composed = composed.compose(pld_lib.from_gaussian_mechanism(
+        composed = composed.compose(gaussian.gaussian_pld(
             checks.positive_float(gaussian_noise_multiplier, "gaussian_noise_multiplier"),
-            value_discretization_interval=loss_step, pessimistic_estimate=True))
+            loss_step))
       out[f"epsilon_{name}"] = max(float(composed.get_epsilon_for_delta(delta)), 0.0)
   if any(math.isnan(out[f"epsilon_{k}"]) for k in ("remove", "add")):
     raise AccountingError("the random-allocation PLD returned NaN")
