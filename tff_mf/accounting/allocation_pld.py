@@ -120,7 +120,8 @@ def _shifts(count: int, h: float, up: bool) -> np.ndarray:
 class _Windows:
   """Sliding window sums Σ x[j − last .. j − first] for every j = 0..n−1 (indices below 0
   empty), from the prefix or the suffix sums, whichever is smaller, so that windows in the
-  tails keep their relative precision; slices only."""
+  tails keep their relative precision; slices only, into buffers allocated once (a call
+  returns a buffer the next call overwrites)."""
 
   def __init__(self, x: np.ndarray):
     n = x.size
@@ -129,14 +130,17 @@ class _Windows:
     self.prefix = np.concatenate([np.zeros(n + 1), np.cumsum(x)])
     tail = np.concatenate([np.cumsum(x[::-1])[::-1], [0.0]])
     self.suffix = np.concatenate([np.full(n, tail[0]), tail])
+    self._left, self._right = np.empty(n), np.empty(n)
+    self._mask = np.empty(n, dtype=bool)
 
   def __call__(self, first: int, last: int) -> np.ndarray:
     n = self.n
     hi, lo = slice(2 * n - first + 1 - n, 2 * n - first + 1), slice(n - last, 2 * n - last)
     pre_hi, suf_lo = self.prefix[hi], self.suffix[lo]
-    left = pre_hi - self.prefix[lo]
-    right = suf_lo - self.suffix[hi]
-    return np.where(pre_hi <= suf_lo, left, right).clip(min=0.0)
+    left = np.subtract(pre_hi, self.prefix[lo], out=self._left)
+    right = np.subtract(suf_lo, self.suffix[hi], out=self._right)
+    np.copyto(right, left, where=np.less_equal(pre_hi, suf_lo, out=self._mask))
+    return np.maximum(right, 0.0, out=right)
 
 
 def _sum(a: _Law, b: _Law, h: float, up: bool) -> _Law:
@@ -155,12 +159,18 @@ def _sum(a: _Law, b: _Law, h: float, up: bool) -> _Law:
   starts = np.flatnonzero(np.concatenate([[True], g[1:] != g[:-1]]))
   ends = np.concatenate([starts[1:] - 1, [size - 1]])
   out = np.zeros(size + int(g.max()) + 1)
-  wa, wb = _Windows(pa), _Windows(pb)
+  wa = _Windows(pa)
+  wb = wa if a is b else _Windows(pb)
   for first, last, shift in zip(starts.tolist(), ends.tolist(), g[starts].tolist()):
+    target = out[shift:shift + size]
     # J = I + d with d in [first, last]: B_J · Σ_{I = J − last}^{J − first} A_I at J + shift
-    out[shift:shift + size] += pb * wa(first, last)
+    window = wa(first, last)
+    target += np.multiply(pb, window, out=window)
     if last >= 1:  # I = J + d with d in [max(first, 1), last]: the other way round
-      out[shift:shift + size] += pa * wb(max(first, 1), last)
+      if a is not b or first == 0:
+        window = wb(max(first, 1), last)
+        np.multiply(pa, window, out=window)
+      target += window  # A + A: the same terms as the first way round
   # A zero term leaves the other unchanged; an infinite one makes the sum infinite.
   out[:size] += pa * b.zero + pb * a.zero
   inf = a.inf + b.inf - a.inf * b.inf
