@@ -105,6 +105,8 @@ def report(args, dep, runs):
   total = len(planner.enumerate_candidates(dep)[0])
   for (label, (result, wall, cpu, counts)), target in zip(runs, TARGETS):
     within = "yes" if result is not None and wall <= target else "no"
+    if label not in ("empty cache", "warm cache"):  # a stopped cold run, continued
+      within = "– (neither empty nor warm)"
     done = (f"{counts['resolved']} of {total} / {counts['calibrated']} / "
             f"{'–' if result is None else _pruned_text(result)} ({counts['prune evaluations']})"
             f" | {counts['resolved s']:.1f} / {counts['calibrated s']:.1f} / "
@@ -160,6 +162,10 @@ def main(argv=None):
   parser.add_argument("--name", default="planner")
   parser.add_argument("--out-dir", default=RESULTS)
   parser.add_argument("--smoke", action="store_true", help="a tiny deployment, seconds")
+  parser.add_argument("--cache-dir", default=None,
+                      help="the factorization cache to plan into, kept afterwards (default: a "
+                           "fresh temporary one); a cold run stopped by --budget goes on from "
+                           "what it stored when run again on it")
   args = parser.parse_args(argv)
   if args.smoke:
     args.total_rounds, args.population, args.clients_per_round = 8, 32, 4
@@ -169,9 +175,12 @@ def main(argv=None):
       clients_per_round=args.clients_per_round, target_epsilon=args.epsilon, delta=args.delta,
       mechanisms=tuple(args.mechanisms) if args.mechanisms else None,
       skip_mmcc=args.skip_mmcc, **({"schemas": tuple(args.schemas)} if args.schemas else {}))
-  with tempfile.TemporaryDirectory() as cache_dir:
+  with tempfile.TemporaryDirectory() as fresh:
+    cache_dir = args.cache_dir or fresh
+    os.makedirs(cache_dir, exist_ok=True)
+    first = "empty cache" if not os.listdir(cache_dir) else f"cache {cache_dir} as found"
     cold = timed_plan(dep, cache_dir, args.budget, args.progress)
-    runs = [("empty cache", cold)]
+    runs = [(first, cold)]
     if cold[0] is not None:
       runs.append(("warm cache", timed_plan(dep, cache_dir, None, args.progress)))
   data = [{"run": label, "wall_s": wall, "cpu_s": cpu, "counts": counts, "result": result}
