@@ -16,16 +16,31 @@ import numpy as np
 def separated_max(w: np.ndarray, sep: int, k: int) -> np.ndarray:
   """max Σ_{t∈P} w[..., t] over sets P of ≤ k indices pairwise ≥ sep apart (last axis).
 
-  Dynamic program of arXiv:2306.08153 Alg. 3, vectorized over leading axes; O(n·k).
+  Dynamic program of arXiv:2306.08153 Alg. 3, vectorized over leading axes; O(n·k). Where
+  the cap cannot bind (k ≥ ⌈n/sep⌉, the most indices sep apart that fit), its fixed point in
+  one backward pass, O(n): F[i] = max(w[i] + F[i + sep], F[i + 1]), the same maxima of the
+  same sums (each set's sum taken from its last index back, in both), bit for bit.
   """
   w = np.asarray(w, dtype=np.float64)
   n = w.shape[-1]
+  if k >= -(-n // sep):
+    return _uncapped_max(w, sep)
   f = np.zeros(w.shape[:-1] + (n + sep,))
   for _ in range(k):
     g = np.zeros_like(f)
     g[..., :n] = np.maximum(w + f[..., sep:sep + n], f[..., :n])
     f = np.flip(np.maximum.accumulate(np.flip(g, -1), axis=-1), -1)
   return f[..., 0]
+
+
+def _uncapped_max(w: np.ndarray, sep: int) -> np.ndarray:
+  """``separated_max`` without a cap: one backward pass over the last axis."""
+  n = w.shape[-1]
+  rows = np.ascontiguousarray(np.moveaxis(w, -1, 0))
+  f = np.zeros((n + sep,) + w.shape[:-1])
+  for i in range(n - 1, -1, -1):
+    f[i] = np.maximum(rows[i] + f[i + sep], f[i + 1])
+  return f[0]
 
 
 def separated_argmax(w: np.ndarray, sep: int, k: int) -> Tuple[float, Tuple[int, ...]]:
