@@ -325,7 +325,10 @@ class Prepared:
     seconds: the time preparing took.
     cache_dir: the factorization cache.
     resolved: its ``mechanisms.Resolved`` (None until a calibration needs it: a warm run
-      reads ``figures`` from ``Records`` and loads no factorization it does not calibrate).
+      reads ``figures`` from ``Records`` and loads no factorization it does not calibrate;
+      ``search`` drops it once the candidate is calibrated or pruned, so that a run holds
+      one dense factorization at a time, not hundreds: 128 MB each at n = 2048).
+    computed: its figures were computed in this run (not read back from ``Records``).
   """
   name: str
   option: SchemaOption
@@ -336,6 +339,7 @@ class Prepared:
   seconds: float
   cache_dir: Optional[str] = None
   resolved: Optional[mechanisms.Resolved] = None
+  computed: bool = False
 
   @property
   def group(self) -> Tuple[str, Optional[float], str]:
@@ -401,7 +405,8 @@ def prepare(dep: Deployment, mechanism: str, option: SchemaOption, params: Dict[
   if value["mmcc_skipped"]:
     spec = spec_of(dep, mechanism, option, params, amplified=False)
   return Prepared(mechanism, option, dict(params), spec, value["mmcc_skipped"], value,
-                  time.time() - start, cache_dir, holder.get("resolved"))
+                  time.time() - start, cache_dir, holder.get("resolved"),
+                  "resolved" in holder)
 
 
 def _prepared_figures(dep: Deployment, resolved: mechanisms.Resolved,
@@ -746,6 +751,7 @@ def search(dep: Deployment, prepared: Sequence[Prepared], records: Records, *,
         scored.append(c)
         ratio[prep.group] = min(ratio.get(prep.group, math.inf),
                                 c.noise_multiplier / prep.z_upper)
+    prep.resolved = None  # its arrays are in the cache; ``confirmed`` loads the winner's
     bar.update(int(prep.amplified))
   bar.close()
   return scored, pruned, failed
@@ -883,6 +889,8 @@ def _prepare_all(dep: Deployment, items, records: "Records", cache_dir: Optional
   for name, option, params in _bar(items, desc, progress):
     result = prepare(dep, name, option, params, cache_dir=cache_dir, records=records)
     if isinstance(result, Prepared):
+      if len(items) > 1:  # all prepared before any is calibrated: reloaded when needed
+        result.resolved = None
       prepared.append(result)
     else:
       unfit.append({"what": describe(name, option, params), "why": result})
@@ -945,7 +953,7 @@ def confirmed(best: Candidate, prepared: Sequence[Prepared], records: Records) -
   prep = next(p for p in prepared
               if p.describe() == describe(best.mechanism, p.option, best.params)
               and p.option.schema.as_dict() == best.schema)
-  if prep.resolved is not None and not best.calibration_cached:
+  if prep.computed and not best.calibration_cached:
     return True  # resolved and calibrated in this run
   now = figures(prep.resolve())
   same_figures = all(prep.figures[k] == v for k, v in now.items() if k != "cache_hit")
