@@ -229,14 +229,6 @@ def test_separated_max_without_a_binding_cap_is_the_capped_dp_bit_for_bit():
   """Where k ≥ ⌈n/sep⌉ the cap cannot bind and ``separated_max`` runs one backward pass: the
   same value as k rounds of the capped dynamic program (arXiv:2306.08153 Alg. 3), to the
   last bit, for vectors and stacks of rows, signed or not."""
-  def capped(w, sep, k):
-    n = w.shape[-1]
-    f = np.zeros(w.shape[:-1] + (n + sep,))
-    for _ in range(k):
-      g = np.zeros_like(f)
-      g[..., :n] = np.maximum(w + f[..., sep:sep + n], f[..., :n])
-      f = np.flip(np.maximum.accumulate(np.flip(g, -1), axis=-1), -1)
-    return f[..., 0]
   rng = np.random.default_rng(7)
   for trial in range(120):
     n = int(rng.integers(1, 30))
@@ -245,7 +237,8 @@ def test_separated_max_without_a_binding_cap_is_the_capped_dp_bit_for_bit():
     w = rng.normal(size=[(n,), (3, n), (2, 3, n)][trial % 3]) * rng.choice([1e-3, 1.0, 1e5])
     if trial % 4 == 0:
       w = np.abs(w)
-    np.testing.assert_array_equal(separation.separated_max(w, sep, k), capped(w, sep, k))
+    np.testing.assert_array_equal(separation.separated_max(w, sep, k),
+                                  separation._capped_max(w, sep, k))  # pylint: disable=protected-access
 
 
 def test_separated_max_matches_enumeration():

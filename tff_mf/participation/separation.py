@@ -25,6 +25,12 @@ def separated_max(w: np.ndarray, sep: int, k: int) -> np.ndarray:
   n = w.shape[-1]
   if k >= -(-n // sep):
     return _uncapped_max(w, sep)
+  return _capped_max(w, sep, k)
+
+
+def _capped_max(w: np.ndarray, sep: int, k: int) -> np.ndarray:
+  """``separated_max`` by k rounds of the capped dynamic program (any k)."""
+  n = w.shape[-1]
   f = np.zeros(w.shape[:-1] + (n + sep,))
   for _ in range(k):
     g = np.zeros_like(f)
