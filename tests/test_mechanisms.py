@@ -12,6 +12,7 @@ its record, whose ε after each round is the accountant's for the rows released 
 """
 
 import math
+import os
 import subprocess
 import sys
 
@@ -406,3 +407,26 @@ def test_the_record_carries_the_runs_dp_event_where_dp_accounting_expresses_it(c
   _, none = mechanisms.build(spec_lib.MechanismSpec.from_args(
       "none", total_rounds=16, clients_per_round=2, clip_norm=1.0))
   assert isinstance(none.dp_event, dp_accounting.NonPrivateDpEvent)
+
+
+@pytest.mark.parametrize("name", ["banded", "bsr"])
+def test_a_schema_free_family_shares_one_factorization_across_schemas(name, tmp_path):
+  """banded and BSR compute C from A and the bands alone (the schema bounds the bands): one
+  cache entry serves every schema, and each schema's sensitivity is computed from that C."""
+  workload = workloads.WorkloadSpec(kind="momentum", n=N, momentum=0.9, lr_schedule="cooldown",
+                                    schedule_rounds=4)  # not Toeplitz: dense matrices
+  out = {}
+  for schema in (participation.min_sep(4), participation.fixed_epoch(2),
+                 participation.random_allocation(2)):
+    out[schema.label] = r = mechanisms.resolve(registry.mechanism(name), workload, schema,
+                                               cache_dir=str(tmp_path), bands=3)
+    assert r.sensitivity == pytest.approx(participation.sensitivity(r.encoder, schema),
+                                          rel=participation.EXACT_RTOL)
+  assert len(os.listdir(tmp_path)) == 1
+  first, *rest = out.values()
+  assert not first.info["cache_hit"] and all(r.info["cache_hit"] for r in rest)
+  assert all(np.array_equal(r.encoder, first.encoder) for r in rest)
+  # The bands are still checked against the schema that runs them.
+  with pytest.raises(checks.CheckError, match="bands"):
+    mechanisms.resolve(registry.mechanism("banded"), workload, participation.min_sep(2),
+                       cache_dir=str(tmp_path), bands=3)

@@ -75,6 +75,38 @@ def test_first_columns_give_what_the_dense_path_gives(strategy, params, schema, 
   np.testing.assert_allclose(f.noise_matrix(), g.noise_matrix(), atol=1e-9)
 
 
+SQUARE_ROOT_CASES = [("bsr", {"bands": 8}, participation.min_sep(32)),
+                     ("bisr", {"bands": 16}, participation.SINGLE),
+                     ("banded_inverse", {"bands": 4}, participation.min_sep(16)),
+                     ("lambda_cgd", {}, participation.fixed_epoch(4))]
+
+
+@pytest.mark.parametrize("strategy,params,schema", SQUARE_ROOT_CASES)
+@pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.kind)
+def test_square_root_first_columns_are_the_dense_factorization(strategy, params, schema,
+                                                               workload, monkeypatch):
+  """BSR, BISR, BandInvMF and λCGD of a Toeplitz workload: first columns whose matrices are
+  the dense path's (computed there by triangular solves and products, here by recurrences
+  and convolutions: they agree to rounding, far below any figure's meaning), the same
+  figures and parameters, and a stream that is C⁻¹ (the cache's check)."""
+  spec = _spec(strategy, workload, schema, **params)
+  f = strategies.factorize(spec)
+  g = _dense_path(spec, monkeypatch)
+  assert isinstance(f, tf_lib.ToeplitzFactorization)
+  for name, dense in (("A_column", g.a), ("B_column", g.b), ("C_column", g.c)):
+    np.testing.assert_allclose(toeplitz_ops.lower_toeplitz(f.columns[name]), dense,
+                               rtol=1e-10, atol=1e-12 * np.max(np.abs(dense)))
+  for key in ("sensitivity", "rmse", "max_error", "gamma_before_normalization"):
+    np.testing.assert_allclose(f.info[key], g.info[key], rtol=1e-10)
+  for key in ("sensitivity_exact", "sensitivity_method", "outcome", "form"):
+    assert f.info[key] == g.info[key]
+  module = strategies.family_module(strategy)
+  module.check_extras(f)
+  tf_lib.check_noise(f, *module.noise_column(f), strategies.stream(strategy, f.extras, f.n))
+  np.testing.assert_allclose(strategies.stream(strategy, f.extras, f.n).run(np.eye(f.n)),
+                             f.noise_matrix(), atol=1e-9)
+
+
 def test_the_product_check_refuses_a_wrong_decoder():
   spec = _spec("blt", WORKLOADS[0], participation.min_sep(32), buffers=3, error="mean")
   f = strategies.factorize(spec)
@@ -103,7 +135,7 @@ def test_the_noise_check_refuses_parameters_that_stream_other_noise():
     tf_lib.check_noise(f, *module.noise_column(f), stream)
 
 
-@pytest.mark.parametrize("strategy,params,schema", CASES[::2])
+@pytest.mark.parametrize("strategy,params,schema", CASES[::2] + SQUARE_ROOT_CASES[:2])
 def test_the_cache_stores_first_columns_and_checks_them(strategy, params, schema, tmp_path):
   spec = _spec(strategy, WORKLOADS[1], schema, **params)
   f, entry = cache.load_or_factorize(spec, cache_dir=str(tmp_path))
@@ -259,3 +291,23 @@ def test_account_with_mmcc_at_n_16384_stays_small(tmp_path):
   assert record["bound"] == "amplified" and record["epsilon"] < record["unamplified_epsilon"]
   peak_kb = int(out.split("PEAK_KB")[1])
   assert peak_kb < 1 << 20, f"peak resident {peak_kb / 1024:.0f} MiB"
+
+
+def test_square_root_parameters_that_do_not_rebuild_c_are_refused():
+  spec = _spec("bisr", WORKLOADS[0], participation.SINGLE, bands=8)
+  f = strategies.factorize(spec)
+  module = strategies.family_module("bisr")
+  taps = f.extras["inverse_taps"].copy()
+  taps[3] *= 1.001
+  bad = tf_lib.ToeplitzFactorization(*(f.columns[k] for k in tf_lib.COLUMNS), "bisr",
+                                     info=f.info, extras=dict(f.extras, inverse_taps=taps))
+  with pytest.raises(checks.CheckError, match="taps do not rebuild C"):
+    module.check_extras(bad)
+  with pytest.raises(checks.CheckError, match="not the inverse of C"):
+    tf_lib.check_noise(bad, *module.noise_column(bad), strategies.stream("bisr", bad.extras, f.n))
+  dense = strategies.factorize(_spec("bisr", workloads.WorkloadSpec(
+      "momentum", 32, momentum=0.9, lr_schedule="cooldown", schedule_rounds=8),
+      participation.SINGLE, bands=4))
+  with pytest.raises(checks.CheckError, match="held as first columns"):
+    module.check_extras(type(dense)(a=dense.a, b=dense.b, c=dense.c, strategy="bisr",
+                                    extras=dict(dense.extras, inverse_taps=np.ones(4))))

@@ -265,10 +265,14 @@ def _matrix_factorization(m: registry.Mechanism, w_spec: workloads.WorkloadSpec,
   params.update({k: v for k, v in given.items() if k in params})
   # C is optimized for the schema where its strategy can be; the noise stream computes the
   # sensitivity under the schema from C either way.
-  optimized_for = (participation if participation.kind in
-                   registry.strategy(m.strategy).participations else participation_lib.SINGLE)
+  declared = registry.strategy(m.strategy).declaration
+  optimized_for = (participation if participation.kind in declared.participations
+                   else participation_lib.SINGLE)
   spec = strategies.FactorizationSpec.with_parameters(
       params, workload=factorized, strategy=m.strategy, participation=optimized_for)
+  if declared.schema_free:  # one C for every schema: its parameters checked against this one
+    spec.validate()
+    spec = dataclasses.replace(spec, participation=participation_lib.SINGLE)
   if strategies.cached(m.strategy):
     f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=progress)
     info.update(cache_npz=entry.npz_path, cache_hit=entry.cache_hit)

@@ -80,14 +80,19 @@ def class_norm(c, min_sep: int) -> float:
   """max_r √(Σ_{j ≡ r mod b} ‖C[:, j]‖²): at most the sensitivity of C when a user joins
   every round of its residue class (``tff_mf.accounting.analyses.poisson_sensitivity``,
   whose sum over the class's Gram entries includes these diagonal ones); O(n²), or O(n) for
-  a lower-triangular Toeplitz view (column j's norm is a prefix of its first column's)."""
+  a lower-triangular Toeplitz view (``column_squares``)."""
+  squares = column_squares(c)
+  return math.sqrt(max(float(np.sum(squares[r::min_sep])) for r in range(min_sep)))
+
+
+def column_squares(c) -> np.ndarray:
+  """‖C[:, j]‖² for every column j: O(n²), or O(n) for a lower-triangular Toeplitz view
+  (column j's norm is a prefix of its first column's)."""
   from tff_mf import toeplitz_view  # pylint: disable=g-import-not-at-top
   column = toeplitz_view.column_of(c)
   if column is not None:
-    squares = np.cumsum(np.square(np.asarray(column, dtype=np.float64)))[::-1]
-  else:
-    squares = np.sum(np.square(np.asarray(c, dtype=np.float64)), axis=0)
-  return math.sqrt(max(float(np.sum(squares[r::min_sep])) for r in range(min_sep)))
+    return np.cumsum(np.square(np.asarray(column, dtype=np.float64)))[::-1]
+  return np.sum(np.square(np.asarray(c, dtype=np.float64)), axis=0)
 
 
 def partition_size(schema, n: int) -> int:
@@ -277,15 +282,10 @@ def component_shifts(c, schema, n: int) -> Dict[str, float]:
   (``mixture_components``): the largest bin's (residue classes mod b), or the rounds of
   largest column norm of the m epochs (blocks of b consecutive rounds) where that is
   largest."""
-  from tff_mf import toeplitz_view  # pylint: disable=g-import-not-at-top
   b = n // schema.epochs
   if schema.marks_fixed_bin:
     return {"bin": class_norm(c, b)}
-  column = toeplitz_view.column_of(c)
-  if column is not None:
-    squares = np.cumsum(np.square(np.asarray(column, dtype=np.float64)))[::-1]
-  else:
-    squares = np.sum(np.square(np.asarray(c, dtype=np.float64)), axis=0)
+  squares = column_squares(c)
   best = np.sort(np.max(squares[:schema.epochs * b].reshape(schema.epochs, b), axis=1))[::-1]
   return {name: math.sqrt(float(np.sum(best[:int(round(n / q))])))
           for name, _, q in mixture_components(schema, n)}

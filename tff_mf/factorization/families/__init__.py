@@ -123,6 +123,10 @@ class Declaration:
       schema uses the single-participation C and its sensitivity under the schema.
     schema_dependent: C depends on the schema even under single participation, so the
       schema is part of the cache key.
+    schema_free: C reads only A and the parameters, whatever schema it is optimized for
+      (the schema bounds the parameters only, ``check_spec``): a mechanism checks its
+      parameters against its schema, then shares the single-participation factorization
+      with every other schema and computes the sensitivity under its own.
     peak_matrices: dense n × (encoder_rows·n) float64 matrices held at the peak (checked
       against memory before A is built).
     encoder_rows: C has encoder_rows·n rows (2 for the tree's C_T).
@@ -145,6 +149,7 @@ class Declaration:
   defaults: Callable[[int, Any], Dict[str, Any]] = no_defaults
   participations: Tuple[str, ...] = ("single",)
   schema_dependent: bool = False
+  schema_free: bool = False
   peak_matrices: int = 12
   encoder_rows: int = 1
   streams: bool = False

@@ -460,7 +460,8 @@ VERSION = "1"
 
 STRATEGIES = {"banded": families.Declaration(
     parameters=("bands",), defaults=families.separation_bands,
-    participations=participation.KINDS, schema_dependent=True, peak_matrices=8, streams=True,
+    participations=participation.KINDS, schema_dependent=True, schema_free=True,
+    peak_matrices=8, streams=True,
     check_spec=lambda spec: families.check_bands(spec, at_most_separation=True))}
 
 

@@ -20,11 +20,16 @@ constant learning rate) A^{1/2} is Toeplitz and its coefficients are the power s
 
 For non-negative, non-increasing Toeplitz C (λCGD always; BSR and BISR of prefix sums)
 the min-sep sensitivity is exact (``participation``'s earliest-pattern path).
+
+For a Toeplitz workload every C here is Toeplitz, and ``factorize_toeplitz`` computes first
+columns only (O(n·b) time, O(n) memory; the cache stores them): BSR's C is then a banded
+Toeplitz C, streamed as ``families.toeplitz`` streams one; the others' C⁻¹ is the FIR filter
+of their b taps (``inverse_taps``). Other workloads take the dense path (``factorize``).
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import scipy.linalg
@@ -35,18 +40,25 @@ from tff_mf.factorization import families
 from tff_mf import factorization as fz
 from tff_mf import participation as participation_lib
 from tff_mf.noise import streams
+from tff_mf.factorization import toeplitz_factorization
+from tff_mf.factorization import toeplitz_ops
 from tff_mf.factorization.families import FamilyResult
 from tff_mf.factorization.families import banded
+from tff_mf.factorization.families import toeplitz
+from tff_mf.participation import toeplitz_bounds
 
 # Bumped whenever the output for the same inputs changes (part of the cache key).
-VERSION = "2"  # 2: BandInvMF with closed-form gradients, L-BFGS-B restarts, Nelder-Mead polish
+# 2: BandInvMF with closed-form gradients, L-BFGS-B restarts, Nelder-Mead polish;
+# 3: Toeplitz workloads as first columns (``factorize_toeplitz``).
+VERSION = "3"
 
 
 def _banded(schema_dependent: bool) -> families.Declaration:
   return families.Declaration(
       parameters=("bands",), defaults=families.separation_bands,
       participations=participation_lib.KINDS, schema_dependent=schema_dependent,
-      peak_matrices=8, streams=True, check_spec=families.check_bands)
+      schema_free=not schema_dependent, peak_matrices=8, streams=True,
+      check_spec=families.check_bands)
 
 
 # BSR and BISR are closed forms of A alone; BandInvMF and λCGD optimize for the schema.
@@ -440,13 +452,51 @@ def factorize(a: np.ndarray, spec, context) -> FamilyResult:
   return factorize_lambda_cgd(a, spec.participation)
 
 
+def _inverse_taps(a_column: np.ndarray, spec):
+  """(the taps h, h_0 ≠ 0, of the Toeplitz C⁻¹, info) of BISR, BandInvMF or λCGD for the
+  Toeplitz workload with first column ``a_column``: what their dense paths compute."""
+  if spec.strategy == "bisr":
+    return bisr_taps(a_column, spec.bands), {"family": "square_root", "form": "bisr",
+                                             "toeplitz_workload": True}
+  if spec.strategy == "banded_inverse":
+    taps, info = optimize_banded_inverse_taps(a_column, spec.bands, spec.participation)
+    return taps, dict(info, family="square_root", form="banded_inverse")
+  search = optimal_lambda(a_column, spec.participation)
+  lam = float(search.x)
+  return np.array([1.0, -lam]), {"family": "square_root", "form": "lambda_cgd", "lambda": lam,
+                                 "lambda_search_evaluations": int(search.nfev)}
+
+
+def factorize_toeplitz(a_column: np.ndarray, spec, context) -> families.ToeplitzFamilyResult:
+  """``factorize`` for the Toeplitz workload with first column ``a_column``: the first
+  columns of C and of B = A·C⁻¹ (module docstring), never an n x n matrix."""
+  del context
+  n = a_column.shape[0]
+  if spec.strategy == "bsr":
+    coeffs = series_sqrt(np.asarray(a_column[:min(spec.bands, n)], dtype=np.float64))
+    c_column = toeplitz_bounds.padded(coeffs, n)
+    h = toeplitz_ops.inverse_column(coeffs, n)
+    info = {"family": "square_root", "form": "bsr", "toeplitz_workload": True}
+    extras = {"toeplitz_coefficients": coeffs}
+  else:
+    taps, info = _inverse_taps(a_column, spec)
+    c_column, h = toeplitz_ops.inverse_column(taps, n), toeplitz_bounds.padded(taps, n)
+    extras = {"inverse_taps": taps}
+  b_column = toeplitz_ops.workload_operator(n, a_column).apply(h)
+  return families.ToeplitzFamilyResult(b_column=b_column, c_column=c_column, info=info,
+                                       extras=extras)
+
+
 # ----------------------------------------------------------------------------- streams
 
 
-def fir_stream(h_rows: np.ndarray, name: str = "banded C⁻¹ (FIR)") -> streams.LinearStream:
-  """y_i = Σ_{j<b} C⁻¹[i, i−j]·Z[i−j], keeping the last b − 1 rows of Z (newest first)."""
+def fir_stream(h_rows: np.ndarray, name: str = "banded C⁻¹ (FIR)",
+               n: Optional[int] = None) -> streams.LinearStream:
+  """y_i = Σ_{j<b} C⁻¹[i, i−j]·Z[i−j], keeping the last b − 1 rows of Z (newest first);
+  ``h_rows`` [n, b], or one row [1, b] of Toeplitz taps for ``n`` rounds."""
   h = checks.real_array(h_rows, f"{name}: taps")
-  n, bands = h.shape
+  rows, bands = h.shape
+  n = rows if n is None else n
   k = bands - 1
   table = h[-1:] if constant_taps(h) else h
   t = table.shape[0]
@@ -464,7 +514,12 @@ def fir_stream(h_rows: np.ndarray, name: str = "banded C⁻¹ (FIR)") -> streams
 
 
 def stream(extras: Dict[str, np.ndarray], a: np.ndarray) -> streams.LinearStream:
-  """The stream of the unnormalized C⁻¹: banded C (BSR) or banded C⁻¹ (BISR, λCGD)."""
+  """The stream of the unnormalized C⁻¹: banded C (BSR) or banded C⁻¹ (BISR, λCGD); for a
+  Toeplitz workload, banded Toeplitz C (BSR) or the FIR filter of C⁻¹'s taps (``a``: n)."""
+  if "toeplitz_coefficients" in extras:
+    return toeplitz.stream(extras, a)
+  if "inverse_taps" in extras:
+    return fir_stream(_checked_taps(extras)[None, :], n=toeplitz_ops.rounds_of(a))
   if "banded_coefficients" in extras:
     return banded.stream(extras, a, name="BSR: banded C⁻¹")
   if "inverse_band_coefficients" not in extras:
@@ -473,8 +528,21 @@ def stream(extras: Dict[str, np.ndarray], a: np.ndarray) -> streams.LinearStream
 
 
 def check_extras(f) -> None:
-  """The stored bands, with the stored γ, rebuild the normalized C (BSR) or C⁻¹ (BISR, λCGD)."""
+  """The stored bands, with the stored γ, rebuild the normalized C (BSR) or C⁻¹ (BISR, λCGD);
+  for first columns, the stored coefficients (BSR) or taps rebuild C's first column."""
   gamma = float(np.asarray(f.extras["normalization"])[0])
+  if "toeplitz_coefficients" in f.extras:
+    toeplitz.check_extras(f)
+    return
+  if "inverse_taps" in f.extras:
+    if not isinstance(f, toeplitz_factorization.ToeplitzFactorization):
+      raise checks.CheckError("C⁻¹'s taps describe a Toeplitz C held as first columns")
+    c = f.columns["C_column"]
+    err = float(np.max(np.abs(toeplitz_ops.inverse_column(_checked_taps(f.extras), f.n)
+                              / gamma - c)))
+    if err > 1e-12 * max(1.0, float(np.max(np.abs(c)))):
+      raise checks.CheckError(f"stored C⁻¹ taps do not rebuild C (error {err:.3g})")
+    return
   if "banded_coefficients" in f.extras:
     banded.check_extras(f)
     return
@@ -483,3 +551,21 @@ def check_extras(f) -> None:
   err = float(np.max(np.abs(c_inv @ f.c - np.eye(f.c.shape[0]))))
   if err > 1e-9:
     raise checks.CheckError(f"stored C⁻¹ bands do not invert C (error {err:.3g})")
+
+
+def _checked_taps(extras: Dict[str, np.ndarray]) -> np.ndarray:
+  taps = checks.real_array(extras["inverse_taps"], "C⁻¹ taps")
+  if taps.ndim != 1 or taps.shape[0] < 1 or taps[0] == 0:
+    raise checks.CheckError(f"C⁻¹ taps must be a 1-D array with a non-zero first tap, got "
+                            f"shape {taps.shape}")
+  return taps
+
+
+def noise_column(f) -> Tuple[np.ndarray, int]:
+  """(C⁻¹·e_0 of the normalized C from the stored parameters, the order of the recurrence it
+  obeys after its first entry): ``toeplitz_factorization.check_noise``. FIR taps: b − 1."""
+  if "toeplitz_coefficients" in f.extras:
+    return toeplitz.noise_column(f)
+  gamma = float(np.asarray(f.extras["normalization"])[0])
+  taps = _checked_taps(f.extras)
+  return gamma * toeplitz_bounds.padded(taps, f.n), max(0, min(taps.shape[0], f.n) - 1)
