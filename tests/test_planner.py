@@ -19,7 +19,9 @@ from tff_mf import mechanisms
 from tff_mf import participation
 from tff_mf import planner
 from tff_mf import planner_bounds
+from tff_mf import registry
 from tff_mf import spec as spec_lib
+from tff_mf.factorization import workloads
 
 N, POPULATION, K, EPS, DELTA = 16, 16, 8, 4.0, 1e-6
 MECHANISMS = ("banded_toeplitz", "opt_prefix_sum", "gaussian")
@@ -501,3 +503,46 @@ def test_the_component_epsilon_is_below_the_subsampled_gaussians():
     exact = gaussian.gaussian_epsilon_exact(sigma, DELTA)
     low = planner_bounds.component_epsilon(sigma, DELTA, 0.0)
     assert exact * (1 - 1e-5) <= low <= exact
+
+
+def test_a_dense_entry_shared_by_schemas_is_loaded_once_per_run(tmp_path, monkeypatch):
+  """banded's C serves every schema (schema_free) and opt_prefix_sum's is single
+  participation's: the planner loads each dense cache entry once, not once per schema option,
+  and the plan is the one a run without the memo gives."""
+  from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
+  dep = planner.Deployment(population=64, total_rounds=8, clients_per_round=4,
+                           target_epsilon=4.0, delta=DELTA,
+                           schemas=("fixed_epoch", "min_sep"),
+                           mechanisms=("banded", "opt_prefix_sum"), skip_mmcc=True)
+  calls = []
+  load = cache.load_or_factorize
+  monkeypatch.setattr(cache, "load_or_factorize",
+                      lambda spec, **kw: calls.append(cache.entry_paths(spec, kw["cache_dir"])[0]) or load(
+                          spec, **kw))
+  out = planner.plan(dep, cache_dir=str(tmp_path / "b"))
+  assert calls and len(calls) == len(set(calls))
+  calls.clear()
+  options = {participation.from_dict(c["schema"]).label for c in out["candidates"]}
+  assert len(options) > 1  # several schema options shared the entries
+  monkeypatch.setattr(planner, "LOADED_MAX_BYTES", 0)  # keeps only the last one
+  again = planner.plan(dep, cache_dir=str(tmp_path / "c"))
+  reloads = [x for x in calls if x.startswith(str(tmp_path / "c"))]
+  assert len(reloads) > len(set(reloads))  # without the memo, entries are loaded again
+  strip = lambda r: [{k: v for k, v in c.items() if k not in ("seconds", "calibration_cached",
+                                                              "cache_hit")}
+                     for c in r["candidates"]]
+  assert strip(again) == strip(out)
+
+
+def test_loaded_keeps_the_most_recently_used_within_its_bytes():
+  f = lambda n: mechanisms.resolve(registry.mechanism("opt_prefix_sum"),
+                                   workloads.WorkloadSpec("prefix_sum", n),
+                                   participation.SINGLE).factorization
+  small, large = f(8), f(16)
+  loaded = planner.Loaded(max_bytes=planner.Loaded.nbytes(large) + planner.Loaded.nbytes(small))
+  loaded["a"], loaded["b"] = (small, "a.npz"), (large, "b.npz")
+  assert loaded["a"][0] is small  # now the most recently used
+  loaded["c"] = (small, "c.npz")
+  assert set(loaded) == {"a", "c"}  # "b", the least recently used, went
+  loaded["d"] = (f(32), "d.npz")  # alone above the budget: kept alone
+  assert list(loaded) == ["d"]

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Tuple
 
 import dp_accounting
 import numpy as np
@@ -216,9 +216,14 @@ def tree_node_multiplier(noise_multiplier: float, n: int) -> float:
 def resolve(mechanism: registry.Mechanism, workload: workloads.WorkloadSpec,
             participation: participation_lib.Participation, *, cache_dir: Optional[str] = None,
             params: Optional[Mapping[str, Any]] = None, progress: bool = False,
-            **family_params) -> Resolved:
+            loaded: Optional[MutableMapping[str, Any]] = None, **family_params) -> Resolved:
   """The ``Resolved`` mechanism (see the class); ``params`` (or keywords: bands=, rank=,
-  buffers=, a family's own; None: not given) override the family's defaults."""
+  buffers=, a family's own; None: not given) override the family's defaults.
+
+  ``loaded``: factorizations this process loaded from the cache (and checked) before, by
+  cache entry, read and filled here: one C serves every schema that shares its entry
+  (``families.Declaration.schema_free``, single-participation C's), loaded once, while the
+  sensitivity is computed under each schema from it."""
   params = {k: v for k, v in dict(params or {}, **family_params).items() if v is not None}
   info: Dict[str, Any] = {}
   f = a_factorized = stream = encoder = report = sens = None
@@ -226,7 +231,7 @@ def resolve(mechanism: registry.Mechanism, workload: workloads.WorkloadSpec,
   kind = mechanism.noise_kind
   if kind.factorized:
     f, a_factorized = _matrix_factorization(mechanism, workload, participation, cache_dir,
-                                            params, progress, info)
+                                            params, progress, info, loaded)
     if kind.streams:
       stream = strategies.stream(mechanism.strategy, f.extras, a_factorized)
     encoder = f.c
@@ -255,8 +260,10 @@ def resolve(mechanism: registry.Mechanism, workload: workloads.WorkloadSpec,
 def _matrix_factorization(m: registry.Mechanism, w_spec: workloads.WorkloadSpec,
                           participation: participation_lib.Participation,
                           cache_dir: Optional[str], given: Mapping[str, Any], progress: bool,
-                          info: Dict[str, Any]):
-  """(factorization for the training A, workload of the stream) from the cache, checked."""
+                          info: Dict[str, Any],
+                          loaded: Optional[MutableMapping[str, Any]] = None):
+  """(factorization for the training A, workload of the stream) from the cache, checked
+  (``loaded``: see ``resolve``)."""
   from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
   n = w_spec.n
   factorized = workloads.WorkloadSpec("prefix_sum", n) if m.post_processes_prefix_decoder \
@@ -274,8 +281,15 @@ def _matrix_factorization(m: registry.Mechanism, w_spec: workloads.WorkloadSpec,
     spec.validate()
     spec = dataclasses.replace(spec, participation=participation_lib.SINGLE)
   if strategies.cached(m.strategy):
-    f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=progress)
-    info.update(cache_npz=entry.npz_path, cache_hit=entry.cache_hit)
+    key = cache.entry_paths(spec, cache_dir)[0] if loaded is not None else None
+    if key is not None and key in loaded:
+      f, npz_path = loaded[key]
+      info.update(cache_npz=npz_path, cache_hit=True)
+    else:
+      f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=progress)
+      info.update(cache_npz=entry.npz_path, cache_hit=entry.cache_hit)
+      if key is not None:
+        loaded[key] = (f, entry.npz_path)
   else:
     f = strategies.factorize(spec, progress=progress)
   info.update(params, optimized_for=optimized_for.as_dict())
@@ -316,12 +330,13 @@ def _known(resolved: Resolved) -> Dict[str, Any]:
 # ----------------------------------------------------------------------------- build(spec)
 
 def resolve_spec(spec: spec_lib.MechanismSpec, *, cache_dir: Optional[str] = None,
-                 progress: bool = False, resolved: Optional[Resolved] = None) -> Resolved:
+                 progress: bool = False, resolved: Optional[Resolved] = None,
+                 loaded: Optional[MutableMapping[str, Any]] = None) -> Resolved:
   """The ``Resolved`` mechanism of ``spec``; ``resolved``: one resolved before for the same
-  mechanism, workload and schema (checked, not resolved again)."""
+  mechanism, workload and schema (checked, not resolved again); ``loaded``: ``resolve``'s."""
   if resolved is None:
     return resolve(spec.mechanism, spec.workload, spec.participation, cache_dir=cache_dir,
-                   params=spec.params, progress=progress)
+                   params=spec.params, progress=progress, loaded=loaded)
   if (resolved.mechanism != spec.mechanism or resolved.workload != spec.workload
       or resolved.participation != spec.participation):
     raise checks.CheckError(f"the resolved mechanism ({resolved.mechanism.name}, "

@@ -48,6 +48,8 @@ proves its error above the best's by more than the calibration tolerance
 
 from __future__ import annotations
 
+import collections
+import collections.abc
 import dataclasses
 import functools
 import glob
@@ -329,6 +331,7 @@ class Prepared:
       ``search`` drops it once the candidate is calibrated or pruned, so that a run holds
       one dense factorization at a time, not hundreds: 128 MB each at n = 2048).
     computed: its figures were computed in this run (not read back from ``Records``).
+    loaded: the run's ``Loaded`` factorizations (``Records.loaded``), or None.
   """
   name: str
   option: SchemaOption
@@ -340,6 +343,7 @@ class Prepared:
   cache_dir: Optional[str] = None
   resolved: Optional[mechanisms.Resolved] = None
   computed: bool = False
+  loaded: Optional[Loaded] = None
 
   @property
   def group(self) -> Tuple[str, Optional[float], str]:
@@ -363,7 +367,8 @@ class Prepared:
 
   def resolve(self) -> mechanisms.Resolved:
     if self.resolved is None:
-      self.resolved = mechanisms.resolve_spec(self.spec, cache_dir=self.cache_dir)
+      self.resolved = mechanisms.resolve_spec(self.spec, cache_dir=self.cache_dir,
+                                              loaded=self.loaded)
     return self.resolved
 
 
@@ -395,7 +400,8 @@ def prepare(dep: Deployment, mechanism: str, option: SchemaOption, params: Dict[
     holder: Dict[str, Any] = {}
 
     def compute():
-      holder["resolved"] = resolved = mechanisms.resolve_spec(spec, cache_dir=cache_dir)
+      holder["resolved"] = resolved = mechanisms.resolve_spec(spec, cache_dir=cache_dir,
+                                                              loaded=records.loaded)
       return _prepared_figures(dep, resolved, option)
     value, _ = records.summary(_candidate_material(dep, mechanism, option, params), compute)
   except ValueError as e:  # CheckError, AccountingError: this candidate does not apply
@@ -406,7 +412,7 @@ def prepare(dep: Deployment, mechanism: str, option: SchemaOption, params: Dict[
     spec = spec_of(dep, mechanism, option, params, amplified=False)
   return Prepared(mechanism, option, dict(params), spec, value["mmcc_skipped"], value,
                   time.time() - start, cache_dir, holder.get("resolved"),
-                  "resolved" in holder)
+                  "resolved" in holder, records.loaded)
 
 
 def _prepared_figures(dep: Deployment, resolved: mechanisms.Resolved,
@@ -443,6 +449,51 @@ def _candidate_material(dep: Deployment, mechanism: str, option: SchemaOption,
           "deployment": {k: getattr(dep, k) for k in fields}}
 
 
+# The most bytes of dense factorizations ``Loaded`` keeps (at n = 2048: 21 of 96 MB).
+LOADED_MAX_BYTES = 2 * 2**30
+
+
+class Loaded(collections.abc.MutableMapping):
+  """Dense factorizations loaded (and checked) in this run, by cache entry: the
+  ``mechanisms.resolve`` memo with which the candidates that share an entry (one C for every
+  schema: single-participation C's, ``families.Declaration.schema_free``) load it once, not
+  once per schema option (about 2 s each at n = 2048: its sha256, the full B·C = A check).
+  The least recently used go beyond ``max_bytes`` (and are loaded again when asked for);
+  first columns are not kept (they load in milliseconds)."""
+
+  def __init__(self, max_bytes: Optional[int] = None):
+    self.max_bytes = LOADED_MAX_BYTES if max_bytes is None else max_bytes
+    self._entries: "collections.OrderedDict[str, Tuple[Any, str]]" = collections.OrderedDict()
+
+  @staticmethod
+  def nbytes(f) -> int:
+    return int(f.a.nbytes + f.b.nbytes + f.c.nbytes)
+
+  def __getitem__(self, key: str) -> Tuple[Any, str]:
+    value = self._entries[key]
+    self._entries.move_to_end(key)
+    return value
+
+  def __setitem__(self, key: str, value: Tuple[Any, str]) -> None:
+    from tff_mf.factorization import toeplitz_factorization  # pylint: disable=g-import-not-at-top
+    if isinstance(value[0], toeplitz_factorization.ToeplitzFactorization):
+      return
+    self._entries[key] = value
+    self._entries.move_to_end(key)
+    while len(self._entries) > 1 and sum(self.nbytes(f) for f, _ in
+                                         self._entries.values()) > self.max_bytes:
+      self._entries.popitem(last=False)
+
+  def __delitem__(self, key: str) -> None:
+    del self._entries[key]
+
+  def __iter__(self):
+    return iter(self._entries)
+
+  def __len__(self) -> int:
+    return len(self._entries)
+
+
 class Records:
   """Calibrated records and ε evaluations kept across candidates and runs.
 
@@ -468,6 +519,8 @@ class Records:
     self.hits = self.misses = 0
     # {(p, schema label, δ): [(z/γ, amplified banded ε there)]}: shared_banded_bound's
     self.banded_fails: Dict[Tuple, List[Tuple[float, float]]] = {}
+    # The dense factorizations this run loaded, shared by the candidates that read one entry.
+    self.loaded = Loaded()
 
   def material(self, prep: Prepared, **privacy) -> Dict[str, Any]:
     """The key's material: what the record of ``prep`` at ``privacy`` depends on."""
