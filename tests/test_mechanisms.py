@@ -430,3 +430,18 @@ def test_a_schema_free_family_shares_one_factorization_across_schemas(name, tmp_
   with pytest.raises(checks.CheckError, match="bands"):
     mechanisms.resolve(registry.mechanism("banded"), workload, participation.min_sep(2),
                        cache_dir=str(tmp_path), bands=3)
+
+
+def test_one_gram_serves_every_schema_of_one_encoder(monkeypatch):
+  """A factorization analyzed under several schemas computes CᵀC (and λ_max) once; each
+  report is the one computed from scratch."""
+  from tff_mf.participation import bounds  # pylint: disable=g-import-not-at-top
+  f = resolved("opt_prefix_sum").factorization
+  schemas = [participation.fixed_epoch(2), participation.random_allocation(4),
+             participation.min_sep(2, 3), participation.balls_in_bins(2)]
+  fresh = [participation.sensitivity_report(f.c, s) for s in schemas]
+  grams = []
+  gram = bounds._gram  # pylint: disable=protected-access
+  monkeypatch.setattr(bounds, "_gram", lambda c: grams.append(1) or gram(c))
+  assert [f.sensitivity_report(s) for s in schemas] == fresh
+  assert len(grams) == 1

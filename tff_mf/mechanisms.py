@@ -257,14 +257,14 @@ def resolve(mechanism: registry.Mechanism, workload: workloads.WorkloadSpec,
                   sensitivity_report=report, sensitivity=sens, info=info)
 
 
-def _matrix_factorization(m: registry.Mechanism, w_spec: workloads.WorkloadSpec,
-                          participation: participation_lib.Participation,
-                          cache_dir: Optional[str], given: Mapping[str, Any], progress: bool,
-                          info: Dict[str, Any],
-                          loaded: Optional[MutableMapping[str, Any]] = None):
-  """(factorization for the training A, workload of the stream) from the cache, checked
-  (``loaded``: see ``resolve``)."""
-  from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
+def factorization_spec(m: registry.Mechanism, w_spec: workloads.WorkloadSpec,
+                       participation: participation_lib.Participation,
+                       given: Mapping[str, Any]):
+  """(the ``FactorizationSpec`` whose C the mechanism runs, its family parameters, the
+  schema C is optimized for): the family's defaults for (n, schema) overridden by ``given``;
+  the prefix sum's C where the mechanism post-processes it. A ``schema_free`` family's
+  parameters are checked against the schema and its spec is single participation's, which
+  every schema shares."""
   n = w_spec.n
   factorized = workloads.WorkloadSpec("prefix_sum", n) if m.post_processes_prefix_decoder \
       else w_spec
@@ -280,18 +280,33 @@ def _matrix_factorization(m: registry.Mechanism, w_spec: workloads.WorkloadSpec,
   if declared.schema_free:  # one C for every schema: its parameters checked against this one
     spec.validate()
     spec = dataclasses.replace(spec, participation=participation_lib.SINGLE)
-  if strategies.cached(m.strategy):
-    key = cache.entry_paths(spec, cache_dir)[0] if loaded is not None else None
-    if key is not None and key in loaded:
-      f, npz_path = loaded[key]
+  return spec, params, optimized_for
+
+
+def _matrix_factorization(m: registry.Mechanism, w_spec: workloads.WorkloadSpec,
+                          participation: participation_lib.Participation,
+                          cache_dir: Optional[str], given: Mapping[str, Any], progress: bool,
+                          info: Dict[str, Any],
+                          loaded: Optional[MutableMapping[str, Any]] = None):
+  """(factorization for the training A, workload of the stream) from the cache, checked
+  (``loaded``: see ``resolve``)."""
+  from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
+  spec, params, optimized_for = factorization_spec(m, w_spec, participation, given)
+  factorized = spec.workload
+  key = cache.entry_paths(spec, cache_dir)[0] if loaded is not None else None
+  if key is not None and key in loaded:
+    f, npz_path = loaded[key]
+    if npz_path is not None:
       info.update(cache_npz=npz_path, cache_hit=True)
-    else:
-      f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=progress)
-      info.update(cache_npz=entry.npz_path, cache_hit=entry.cache_hit)
-      if key is not None:
-        loaded[key] = (f, entry.npz_path)
+  elif strategies.cached(m.strategy):
+    f, entry = cache.load_or_factorize(spec, cache_dir=cache_dir, progress=progress)
+    info.update(cache_npz=entry.npz_path, cache_hit=entry.cache_hit)
+    if key is not None:
+      loaded[key] = (f, entry.npz_path)
   else:
     f = strategies.factorize(spec, progress=progress)
+    if key is not None:
+      loaded[key] = (f, None)
   info.update(params, optimized_for=optimized_for.as_dict())
   # A Toeplitz A held as its first column stays so: its stream needs only n.
   a_factorized = f.n if isinstance(f, toeplitz_factorization.ToeplitzFactorization) else f.a

@@ -121,6 +121,8 @@ class Factorization:
   extras: Dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
   _sensitivity_reports: Dict[Any, Dict[str, Any]] = dataclasses.field(
       default_factory=dict, init=False, repr=False, compare=False)
+  _grams: Dict[int, Any] = dataclasses.field(default_factory=dict, init=False, repr=False,
+                                             compare=False)
 
   @property
   def n(self) -> int:
@@ -150,8 +152,24 @@ class Factorization:
     from tff_mf import participation  # pylint: disable=g-import-not-at-top
     key = (schema, id(self.c))
     if key not in self._sensitivity_reports:
-      self._sensitivity_reports[key] = participation.sensitivity_report(self.c, schema)
+      self._sensitivity_reports[key] = participation.sensitivity_report(
+          self.c, schema, gram=self.gram_of_encoder())
     return dict(self._sensitivity_reports[key])
+
+  def gram_of_encoder(self):
+    """C's ``participation.bounds.Gram`` (CᵀC computed on first use), shared by its
+    sensitivity analyses under every schema."""
+    from tff_mf.participation import bounds  # pylint: disable=g-import-not-at-top
+    c = self.c
+    if id(c) not in self._grams:
+      self._grams.clear()
+      self._grams[id(c)] = bounds.Gram(c)
+    return self._grams[id(c)]
+
+  def resident_bytes(self) -> int:
+    """The bytes of its matrices held in memory (A, B, C and a computed CᵀC)."""
+    return int(self.a.nbytes + self.b.nbytes + self.c.nbytes
+               + sum(g.nbytes for g in self._grams.values()))
 
   def per_round_variance(self) -> np.ndarray:
     return per_round_variance(self.b, self.c)

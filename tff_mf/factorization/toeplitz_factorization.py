@@ -56,6 +56,7 @@ class ToeplitzFactorization(fz.Factorization):
     self.info = dict(info or {})
     self.extras = dict(extras or {})
     self._sensitivity_reports: Dict[Any, Dict[str, Any]] = {}
+    self._grams: Dict[int, Any] = {}
     self._dense: Dict[str, np.ndarray] = {}
 
   def __repr__(self) -> str:
@@ -132,7 +133,14 @@ class ToeplitzFactorization(fz.Factorization):
       if report is None:
         raise
       return report
-    return participation_lib.sensitivity_report(self.c, schema)
+    return participation_lib.sensitivity_report(self.c, schema, gram=self.gram_of_encoder())
+
+  def resident_bytes(self) -> int:
+    """The bytes held in memory: the first columns, the dense matrices built from them and
+    a computed CᵀC."""
+    return int(sum(x.nbytes for x in self.columns.values())
+               + sum(x.nbytes for x in self._dense.values() if x.flags.owndata)
+               + sum(g.nbytes for g in self._grams.values()))
 
   def noise_matrix(self) -> np.ndarray:
     """N = A⁻¹·B = C⁻¹, dense (its first column is C⁻¹·e_0)."""

@@ -61,6 +61,33 @@ def _gram(c: np.ndarray) -> np.ndarray:
   return 0.5 * (x + x.T)
 
 
+class Gram:
+  """X = CᵀC of one encoder C, computed on first use, and its largest eigenvalue: the
+  analyses of one C under several schemas share them (a dense n = 2048 product takes
+  about half a second). C must not change once it is computed."""
+
+  def __init__(self, c: np.ndarray):
+    self._c = c
+    self._x: Optional[np.ndarray] = None
+    self._lambda_max: Optional[float] = None
+
+  @property
+  def matrix(self) -> np.ndarray:
+    if self._x is None:
+      self._x = _gram(self._c)
+    return self._x
+
+  @property
+  def lambda_max(self) -> float:
+    if self._lambda_max is None:
+      self._lambda_max = float(np.linalg.eigvalsh(self.matrix)[-1])
+    return self._lambda_max
+
+  @property
+  def nbytes(self) -> int:
+    return 0 if self._x is None else int(self._x.nbytes)
+
+
 def _block_bounds(blocks: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
   """(upper, lower) bounds on the SDP value of each [p, p] block (see the module docstring)."""
   size = blocks.shape[-1]
@@ -77,16 +104,17 @@ def _block_bounds(blocks: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
   return upper, np.minimum(lower, upper)
 
 
-def fixed_epoch_bounds(c: np.ndarray, idx: np.ndarray, col_sq: np.ndarray):
+def fixed_epoch_bounds(c: np.ndarray, idx: np.ndarray, col_sq: np.ndarray,
+                       gram: Optional[Gram] = None):
   """(upper, lower, method) of sens² over the patterns ``idx`` ([b, k]: row j the rounds
   {j, j+b, …}; (k, b)-participation, arXiv:2211.06530): exact when every pattern block
   of X = CᵀC is non-negative or diagonal, else arXiv:2306.08153 Eq. 5 tightened by
-  |P|·λ_max."""
+  |P|·λ_max (``gram``: C's, shared with other analyses)."""
   epochs = idx.shape[1]
   if epochs == 1:
     value = float(np.max(col_sq))
     return value, value, "max_column_norm"
-  x = _gram(c)
+  x = (gram or Gram(c)).matrix
   blocks = x[idx[:, :, None], idx[:, None, :]]
   upper, lower = _block_bounds(blocks)
   off = blocks * (1.0 - np.eye(epochs))
@@ -213,10 +241,10 @@ def toeplitz_bounds(coef: np.ndarray, kind: str, b: int, k: int
 
 
 def min_sep_bounds(c: np.ndarray, b: int, k: int, col_sq: np.ndarray,
-                   patterns: Callable[..., List[Tuple[int, ...]]]):
+                   patterns: Callable[..., List[Tuple[int, ...]]], gram: Optional[Gram] = None):
   """(upper, lower, method) of sens² under b-min-separation with ≤ k rounds (arXiv:2306.08153
   Alg. 4, tightened as ``sensitivity`` says); ``patterns(n, limit=…)`` lists the maximal
-  patterns or refuses more than ``limit``."""
+  patterns or refuses more than ``limit``; ``gram``: C's, shared with other analyses."""
   n = c.shape[1]
   # Mutually orthogonal unit contributions attain Σ_{t∈P} X_tt: a lower bound for any C.
   lower, best_set = separation.separated_argmax(col_sq, b, k)
@@ -229,7 +257,7 @@ def min_sep_bounds(c: np.ndarray, b: int, k: int, col_sq: np.ndarray,
   if earliest is not None:
     return earliest, earliest, "toeplitz_earliest_pattern"
   checks.dense_matrices_fit(n, 6.0, f"the min_sep sensitivity bound for n={n}")
-  x = _gram(c)
+  x = (gram or Gram(c)).matrix
   # arXiv:2306.08153 Alg. 4: best admissible set per row of |X|, then over the row values.
   row_best = separation.separated_max(np.abs(x), b, k)
   upper, row_set = separation.separated_argmax(row_best, b, k)
@@ -298,7 +326,8 @@ def _ascend_one_per_block(x: np.ndarray, pattern: Tuple[int, ...], b: int,
 
 
 def random_allocation_bounds(c: np.ndarray, k: int, col_sq: np.ndarray,
-                             patterns: Callable[..., List[Tuple[int, ...]]]):
+                             patterns: Callable[..., List[Tuple[int, ...]]],
+                             gram: Optional[Gram] = None):
   """(upper, lower, method) of sens² under random allocation: one round in each of k blocks.
 
   Patterns: every choice P of one round per block of b = n/k rounds (Chua et al. 2024,
@@ -312,7 +341,7 @@ def random_allocation_bounds(c: np.ndarray, k: int, col_sq: np.ndarray,
   with one round per block instead of b-separated sets) and k·λ_max(X) (λ_max of a
   principal block ≤ λ_max(X)); the lower value comes from explicit contributions on
   patterns found by block coordinate ascent, and the report says exact only when they
-  meet.
+  meet. ``gram``: C's, shared with other analyses.
   """
   n = c.shape[1]
   b = n // k
@@ -320,7 +349,8 @@ def random_allocation_bounds(c: np.ndarray, k: int, col_sq: np.ndarray,
   lower = float(np.sum(np.max(col_sq.reshape(k, b), axis=1)))
   if k == 1:
     return lower, lower, "max_column_norm"
-  x = _gram(c)
+  gram = gram or Gram(c)
+  x = gram.matrix
   if b == 1:
     up, low = _block_bounds(x[None])
     return float(up[0]), float(low[0]), ("pattern_sums" if np.all(x >= 0) else "abs_bound")
@@ -334,7 +364,7 @@ def random_allocation_bounds(c: np.ndarray, k: int, col_sq: np.ndarray,
     return upper, max(lower, float(low)), "block_chain_dp"
   row = np.sum(np.max(ax.reshape(n, k, b), axis=2), axis=1)  # per s: best |X_st| per block
   upper = min(float(np.sum(np.max(row.reshape(k, b), axis=1))),
-              k * max(float(np.linalg.eigvalsh(x)[-1]), 0.0))
+              k * max(gram.lambda_max, 0.0))
   method = "row_bound"
   starts = [tuple(j * b + int(np.argmax(col_sq[j * b:(j + 1) * b])) for j in range(k)),
             tuple(j * b + int(np.argmax(row[j * b:(j + 1) * b])) for j in range(k))]

@@ -241,10 +241,11 @@ class Participation(metaclass=_Dispatch):
     del limit  # at most n patterns
     return self.patterns(n)
 
-  def sensitivity_bounds(self, c: np.ndarray, col_sq: np.ndarray
-                         ) -> Tuple[float, float, str]:
-    """(upper, lower, method) of sens(C)² under the schema (``sensitivity.sensitivity_report``)."""
-    del c
+  def sensitivity_bounds(self, c: np.ndarray, col_sq: np.ndarray,
+                         gram: Optional[bounds_lib.Gram] = None) -> Tuple[float, float, str]:
+    """(upper, lower, method) of sens(C)² under the schema (``sensitivity.sensitivity_report``;
+    ``gram``: C's ``bounds.Gram``, shared with its other analyses)."""
+    del c, gram
     value = float(np.max(col_sq))
     return value, value, "max_column_norm"
 
@@ -369,8 +370,8 @@ class FixedEpoch(_Cyclic):
     """b = n/k rounds per epoch, one round per epoch."""
     return self.rounds_per_epoch(n)
 
-  def sensitivity_bounds(self, c, col_sq):
-    return bounds_lib.fixed_epoch_bounds(c, self.pattern_indices(c.shape[1]), col_sq)
+  def sensitivity_bounds(self, c, col_sq, gram=None):
+    return bounds_lib.fixed_epoch_bounds(c, self.pattern_indices(c.shape[1]), col_sq, gram)
 
   def make_sampler(self, client_ids, *, seed, total_rounds, clients_per_round=None,
                    sampling_prob=None, secret=-1, classes=samplers_lib):
@@ -411,14 +412,15 @@ class BallsInBins(_Cyclic):
   def as_dict(self) -> Dict[str, Any]:
     return dict(super().as_dict(), **{FIXED_BIN_MARKER: True})
 
-  def sensitivity_bounds(self, c, col_sq):
+  def sensitivity_bounds(self, c, col_sq, gram=None):
     """Given its bin a user's pattern is a fixed-epoch one (bracketed as for fixed epochs,
     exact for C ≥ 0); these are b-separated, so the b-min-sep upper bound also holds
     (arXiv:2410.06266): the smaller upper value is used, the lower one from the patterns."""
-    upper, lower, method = FixedEpoch(self.epochs).sensitivity_bounds(c, col_sq)
+    gram = gram or bounds_lib.Gram(c)
+    upper, lower, method = FixedEpoch(self.epochs).sensitivity_bounds(c, col_sq, gram)
     n, k = c.shape[1], self.epochs
     if k > 1 and upper > lower * (1 + bounds_lib.EXACT_RTOL):
-      ms_upper, _, ms_method = MinSep(n // k, k).sensitivity_bounds(c, col_sq)
+      ms_upper, _, ms_method = MinSep(n // k, k).sensitivity_bounds(c, col_sq, gram)
       if ms_upper < upper:
         upper, method = ms_upper, f"min_sep_{ms_method}"
     return upper, min(lower, upper), method
@@ -467,8 +469,8 @@ class RandomAllocation(_Epochs):
   def joinable_sets(self, n: int, limit: Optional[int] = None) -> List[Tuple[int, ...]]:
     return self.patterns(n, limit)
 
-  def sensitivity_bounds(self, c, col_sq):
-    return bounds_lib.random_allocation_bounds(c, self.epochs, col_sq, self.patterns)
+  def sensitivity_bounds(self, c, col_sq, gram=None):
+    return bounds_lib.random_allocation_bounds(c, self.epochs, col_sq, self.patterns, gram)
 
   def make_sampler(self, client_ids, *, seed, total_rounds, clients_per_round=None,
                    sampling_prob=None, secret=-1, classes=samplers_lib):
@@ -631,9 +633,9 @@ class MinSep(Participation):
     extend((), 0)
     return out
 
-  def sensitivity_bounds(self, c, col_sq):
+  def sensitivity_bounds(self, c, col_sq, gram=None):
     return bounds_lib.min_sep_bounds(c, self.min_sep, self.max_participations_in(c.shape[1]),
-                                          col_sq, self.patterns)
+                                          col_sq, self.patterns, gram)
 
   def make_sampler(self, client_ids, *, seed, total_rounds, clients_per_round=None,
                    sampling_prob=None, secret=-1, classes=samplers_lib):
@@ -718,10 +720,12 @@ def sensitivity(c, schema: Participation, n: Optional[int] = None) -> float:
   return sensitivity_report(c, schema, n)["value"]
 
 
-def sensitivity_report(c, schema: Participation, n: Optional[int] = None) -> Dict[str, Any]:
+def sensitivity_report(c, schema: Participation, n: Optional[int] = None,
+                       gram: Optional[bounds_lib.Gram] = None) -> Dict[str, Any]:
   """``value`` (the sensitivity returned by ``sensitivity``), ``lower`` (attained by an
   explicit contribution), ``exact`` (value ≤ lower within 1e-12 relative), ``method``
-  and ``schema`` (its ``describe()``)."""
+  and ``schema`` (its ``describe()``); ``gram``: C's ``bounds.Gram``, where the caller
+  analyzes one C under several schemas."""
   c = checks.matrix(c, "C")
   if not isinstance(schema, Participation):
     raise checks.CheckError(f"schema must be a participation schema, got {type(schema).__name__}")
@@ -735,7 +739,8 @@ def sensitivity_report(c, schema: Participation, n: Optional[int] = None) -> Dic
     return report
   if column is not None:  # the dense analysis, on a contiguous copy (BLAS-friendly)
     c = np.array(c)
-  return report_from_bounds(schema, *schema.sensitivity_bounds(c, np.sum(np.square(c), axis=0)))
+  return report_from_bounds(schema, *schema.sensitivity_bounds(
+      c, np.sum(np.square(c), axis=0), gram))
 
 
 def toeplitz_sensitivity_report(coef, schema: Participation) -> Optional[Dict[str, Any]]:
