@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
 
 import numpy as np
 import pytest
@@ -509,9 +508,8 @@ def test_the_component_epsilon_is_below_the_subsampled_gaussians():
 
 def test_a_dense_entry_shared_by_schemas_is_loaded_once_per_run(tmp_path, monkeypatch):
   """banded's C serves every schema (schema_free) and opt_prefix_sum's is single
-  participation's: the planner computes each dense cache entry once (on the prefetch
-  thread, while the cheap families are searched) and loads it once, not once per schema
-  option; the plan is the one a run without the memo gives."""
+  participation's: the planner computes each dense cache entry once and loads it once, not
+  once per schema option; the plan is the one a run without the memo gives."""
   from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
   dep = planner.Deployment(population=64, total_rounds=8, clients_per_round=4,
                            target_epsilon=4.0, delta=DELTA,
@@ -521,23 +519,20 @@ def test_a_dense_entry_shared_by_schemas_is_loaded_once_per_run(tmp_path, monkey
   load, factorize = cache.load_or_factorize, strategies.factorize
 
   def counted_load(spec, **kw):
-    if threading.current_thread() is threading.main_thread():
-      calls.append(cache.entry_paths(spec, kw["cache_dir"])[0])
+    calls.append(cache.entry_paths(spec, kw["cache_dir"])[0])
     return load(spec, **kw)
 
   def counted_factorize(spec, **kw):
-    computed.append((threading.current_thread().name, spec.strategy,
-                     json.dumps(spec.key_params(), sort_keys=True, default=str)))
+    computed.append((spec.strategy, json.dumps(spec.key_params(), sort_keys=True, default=str)))
     return factorize(spec, **kw)
 
   monkeypatch.setattr(cache, "load_or_factorize", counted_load)
   monkeypatch.setattr(strategies, "factorize", counted_factorize)
   out = planner.plan(dep, cache_dir=str(tmp_path / "b"))
   assert calls and len(calls) == len(set(calls))
-  # The dense factorizations ran on the prefetch thread, each once (the search waited).
-  dense = [c for c in computed if c[1] in ("banded", "opt_prefix_sum")]
-  assert dense and {c[0] for c in dense} == {"tff-mf plan: dense factorizations"}
-  assert len({c[1:] for c in dense}) == len(dense)
+  # Each dense factorization was computed once.
+  dense = [c for c in computed if c[0] in ("banded", "opt_prefix_sum")]
+  assert dense and len(set(dense)) == len(dense)
   calls.clear()
   options = {participation.from_dict(c["schema"]).label for c in out["candidates"]}
   assert len(options) > 1  # several schema options shared the entries

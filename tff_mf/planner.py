@@ -889,30 +889,18 @@ def staged_search(dep: Deployment, todo: Sequence[Tuple[str, SchemaOption, Dict]
                   records: "Records", *, cache_dir: Optional[str], prune: bool,
                   progress: bool):
   """(prepared, unfit, scored, pruned, failed): the cheap families (``cheap_first``)
-  prepared and searched first (``search``), while the others' factorizations are computed
-  into the cache beside them (``Prefetch``); then the others by their lower bound on rmse
-  (``error_lower_bounds``), least first, each pruned before its factorization is used when
-  the bound exceeds the best rmse by more than the calibration tolerance, else prepared and
+  prepared and searched first (``search``); then the others by their lower bound on rmse
+  (``error_lower_bounds``), least first, each pruned before its factorization when the
+  bound exceeds the best rmse by more than the calibration tolerance, else prepared and
   searched against the best so far."""
   first = [t for t in todo if cheap_first(dep, t[0])]
   rest = [t for t in todo if not cheap_first(dep, t[0])]
   bounds = error_lower_bounds(dep, rest, records) if prune else {}
   order = sorted(range(len(rest)), key=lambda i: bounds.get(i, {"rmse": 0.0})["rmse"])
-  with Prefetch(dep, [rest[i] for i in order], cache_dir) as prefetch:
-    prepared, unfit = _prepare_all(dep, first, records, cache_dir, progress,
-                                   "plan: cheap families")
-    scored, pruned, failed = search(dep, prepared, records, prune=prune, progress=progress)
-    return _dense_search(dep, [rest[i] for i in order], [bounds.get(i) for i in order],
-                         records, prefetch, (prepared, unfit, scored, pruned, failed),
-                         cache_dir=cache_dir, prune=prune, progress=progress)
-
-
-def _dense_search(dep: Deployment, rest, bounds, records: "Records", prefetch: "Prefetch",
-                  found, *, cache_dir: Optional[str], prune: bool, progress: bool):
-  """``staged_search``'s second stage: ``rest`` in order, each pruned by its bound (in
-  ``bounds``) or prepared (its factorization waited for from ``prefetch``) and searched;
-  ``found``: the first stage's (prepared, unfit, scored, pruned, failed), extended."""
-  prepared, unfit, scored, pruned, failed = found
+  prepared, unfit = _prepare_all(dep, first, records, cache_dir, progress,
+                                 "plan: cheap families")
+  scored, pruned, failed = search(dep, prepared, records, prune=prune, progress=progress)
+  rest, bounds = [rest[i] for i in order], [bounds.get(i) for i in order]
   # One candidate per step; a pruned one takes milliseconds, a factorized one of a dense
   # family minutes at n = 2048, so the ETA (the mean so far) errs long once pruning starts.
   bar = _bar(None, "plan: dense families", progress, total=len(rest))
@@ -923,7 +911,6 @@ def _dense_search(dep: Deployment, rest, bounds, records: "Records", prefetch: "
     if prune and cut is not None and bound["rmse"] > cut:
       pruned.append(_pruned_by_bound(name, option, params, bound, cut, best))
     else:
-      prefetch.wait(name, option, params)
       more, why = _prepare_all(dep, [(name, option, params)], records, cache_dir, False, "")
       prepared += more
       unfit += why
@@ -932,82 +919,6 @@ def _dense_search(dep: Deployment, rest, bounds, records: "Records", prefetch: "
     bar.update(1)
   bar.close()
   return prepared, unfit, scored, pruned, failed
-
-
-class Prefetch:
-  """The dense families' factorizations computed into the cache on a background thread
-  while the cheap families are searched: most of a dense factorization's time is in BLAS,
-  which runs beside the calibrations' PLDs on another core.
-
-  Its entries are the dense candidates' (``mechanisms.factorization_spec``), in the order
-  the search takes them, each once, none already stored. The search waits for a
-  candidate's entry (``wait``) before it prepares the candidate, so no entry is computed
-  twice, and then loads it as any entry, with every check. A factorization that fails
-  here is left to the search, which computes it again and reports why; one whose candidate
-  is pruned before factorizing was computed for nothing, and is kept in the cache. Leaving
-  the ``with`` stops it after the factorization under way (a daemon thread: an interrupted
-  run does not wait for it; the cache's writes are atomic).
-  """
-
-  def __init__(self, dep: Deployment, items, cache_dir: Optional[str]):
-    import threading  # pylint: disable=g-import-not-at-top
-    self.dep, self.cache_dir = dep, cache_dir
-    self._events: Dict[str, Any] = {}
-    self._specs = []
-    for name, option, params in items:
-      entry = self._entry(name, option, params)
-      if entry is not None and entry[0] not in self._events and not self._stored(entry[0]):
-        self._events[entry[0]] = threading.Event()
-        self._specs.append(entry)
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._run, daemon=True,
-                                    name="tff-mf plan: dense factorizations")
-
-  def _entry(self, name: str, option: SchemaOption, params: Dict[str, int]):
-    """(cache entry directory, ``FactorizationSpec``) of a candidate's C, or None (no cached
-    factorization, or a candidate that does not apply: the search says why)."""
-    from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
-    from tff_mf.factorization import strategies  # pylint: disable=g-import-not-at-top
-    m = registry.mechanism(name)
-    if m.strategy is None or not m.noise_kind.factorized or not strategies.cached(m.strategy):
-      return None
-    try:
-      spec = mechanisms.factorization_spec(m, self.dep.workload(), option.schema, params)[0]
-      spec = dataclasses.replace(spec, participation=spec.participation.for_rounds(spec.n))
-      return cache.entry_paths(spec, self.cache_dir)[0], spec
-    except ValueError:
-      return None
-
-  @staticmethod
-  def _stored(directory: str) -> bool:
-    from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
-    return os.path.exists(os.path.join(directory, cache.METADATA_FILE))
-
-  def __enter__(self) -> "Prefetch":
-    if self._specs:
-      self._thread.start()
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self._stop.set()
-
-  def _run(self) -> None:
-    from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
-    for directory, spec in self._specs:
-      try:
-        if not self._stop.is_set() and not self._stored(directory):
-          cache.load_or_factorize(spec, cache_dir=self.cache_dir)
-      except Exception:  # pylint: disable=broad-except
-        pass  # the search computes it again and reports why
-      finally:
-        self._events[directory].set()
-
-  def wait(self, name: str, option: SchemaOption, params: Dict[str, int]) -> None:
-    """Returns once the candidate's entry, if this computes it, is computed (or failed)."""
-    entry = self._entry(name, option, params)
-    event = self._events.get(entry[0]) if entry is not None else None
-    if event is not None and self._thread.ident is not None:  # started
-      event.wait()
 
 
 def _pruned_by_bound(name: str, option: SchemaOption, params: Dict[str, int],
