@@ -636,7 +636,8 @@ def test_discrete_gaussian_refuses_a_matrix_no_run_can_use(discrete_matrices, ca
                            capsys)
     rc, _, err = _run(DISCRETE + Z + ["--matrix", discrete_matrices[strategy]], capsys)
     assert "integer noise" in err and "--mechanism banded" in err
-  record = _json(DISCRETE + Z + ["--matrix", discrete_matrices["banded"]], capsys)
+  record = _json(DISCRETE + Z + ["--matrix", discrete_matrices["banded"], "--participation",
+                                  "single"], capsys)
   assert record["epsilon"] == dg.epsilon(1.0, 1e-6, record["encoder_sensitivity"])
   # The continuous Gaussian still accounts any matrix.
   assert _json(["--delta", DELTA] + Z + ["--matrix", discrete_matrices["blt"]], capsys)["epsilon"]
@@ -754,3 +755,18 @@ def test_the_former_amplification_names_of_a_kind_are_refused_naming_the_new(
   rc, out, err = _run(argv + ["--amplification", new], capsys)
   assert rc == 0, err
   assert json.loads(out)["analysis"] == new
+
+
+def test_a_matrix_shared_by_every_schema_needs_its_schema_named(discrete_matrices, capsys):
+  """banded's C serves every schema from one cache entry (the single-participation one, which
+  a min_sep run reads too): accounting it without naming the schema would account single
+  participation for a run that joined k times; refused in one line, accounted once named."""
+  _assert_one_line_error(["--delta", DELTA] + Z + ["--matrix", discrete_matrices["banded"]],
+                         "serves every schema", capsys)
+  single = _json(["--delta", DELTA] + Z + ["--matrix", discrete_matrices["banded"],
+                                           "--participation", "single"], capsys)
+  twice = _json(["--delta", DELTA] + Z + ["--matrix", discrete_matrices["banded"],
+                                          "--participation", "fixed_epoch", "--epochs", "2"],
+                capsys)
+  assert twice["epsilon"] > single["epsilon"]
+

@@ -278,7 +278,7 @@ def factorization_spec(m: registry.Mechanism, w_spec: workloads.WorkloadSpec,
   spec = strategies.FactorizationSpec.with_parameters(
       params, workload=factorized, strategy=m.strategy, participation=optimized_for)
   if declared.schema_free:  # one C for every schema: its parameters checked against this one
-    spec.validate()
+    dataclasses.replace(spec, participation=participation).validate()
     spec = dataclasses.replace(spec, participation=participation_lib.SINGLE)
   return spec, params, optimized_for
 

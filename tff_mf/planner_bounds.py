@@ -89,9 +89,10 @@ def column_squares(c) -> np.ndarray:
   """‖C[:, j]‖² for every column j: O(n²), or O(n) for a lower-triangular Toeplitz view
   (column j's norm is a prefix of its first column's)."""
   from tff_mf import toeplitz_view  # pylint: disable=g-import-not-at-top
+  from tff_mf.participation import bounds  # pylint: disable=g-import-not-at-top
   column = toeplitz_view.column_of(c)
   if column is not None:
-    return np.cumsum(np.square(np.asarray(column, dtype=np.float64)))[::-1]
+    return bounds.toeplitz_column_norms_sq(np.asarray(column, dtype=np.float64))
   return np.sum(np.square(np.asarray(c, dtype=np.float64)), axis=0)
 
 

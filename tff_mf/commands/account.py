@@ -337,6 +337,7 @@ def _encoder(args: argparse.Namespace, amplified: bool):
     for flag in _given(args, _parameter_flags() + _WORKLOAD_FLAGS):
       _fail(f"--{flag} describes a mechanism, not --matrix")
     f = cache.load(args.matrix)
+    _check_schema_named(args, f)
     if args.noise_distribution == "discrete_gaussian":
       _check_discrete_matrix(f, args.matrix)
     n = f.c.shape[1]
@@ -444,6 +445,20 @@ def _schema_source(args: argparse.Namespace, cached, amplified: bool) -> str:
             not participation.from_dict(cached).at_most_once else
             "the cache entry's key (single), as min_sep b = 1 for amplification")
   return "default (min_sep b = 1 when amplified)" if amplified else "default (single)"
+
+
+def _check_schema_named(args: argparse.Namespace, f) -> None:
+  """A C that serves every schema (``families.Declaration.schema_free``: one cache entry, the
+  single-participation one, for every schema a mechanism runs it under) does not say which
+  schema a run used: its schema must be named, never taken from the entry."""
+  from tff_mf import registry  # pylint: disable=g-import-not-at-top
+  if not registry.strategy(f.strategy).declaration.schema_free:
+    return
+  if args.participation is None and all(getattr(args, flag) is None for flag in
+                                        ("epochs", "min_sep", "max_participations")):
+    _fail(f"--matrix {args.matrix}: the C of {f.strategy} serves every schema (one cache "
+          "entry for all of them), so it does not say which one the run used; name it "
+          "(--participation, --epochs, --min_sep)")
 
 
 def _schema(args: argparse.Namespace, n, cached, amplified: bool):

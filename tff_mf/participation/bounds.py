@@ -73,8 +73,8 @@ class Gram:
 
   @property
   def matrix(self) -> np.ndarray:
-    if self._x is None:
-      self._x = _gram(self._c)
+    if self._x is None:  # a contiguous copy of a strided view (BLAS cannot multiply one)
+      self._x = _gram(np.ascontiguousarray(self._c))
     return self._x
 
   @property
