@@ -239,6 +239,44 @@ def test_the_sensitivity_of_a_view_is_that_of_the_dense_matrix(name, schema):
 
 
 @pytest.mark.parametrize("name", sorted(COEFFICIENTS))
+def test_the_gram_of_a_first_column_is_the_dense_product(name):
+  """CᵀC from the first column in O(n²): the dense product's entries to rounding (sums in
+  another order), exactly symmetric, and exactly zero at lags no band of C reaches."""
+  from tff_mf.participation import bounds  # pylint: disable=g-import-not-at-top
+  coef = COEFFICIENTS[name]
+  c = toeplitz_ops.lower_toeplitz(coef)
+  x = bounds.toeplitz_gram(coef)
+  dense = c.T @ c
+  np.testing.assert_allclose(x, dense, rtol=0, atol=N * 2e-16 * np.max(np.abs(dense)))
+  np.testing.assert_array_equal(x, x.T)
+  reach = int(np.max(np.nonzero(coef)[0])) + 1
+  lags = np.abs(np.subtract.outer(np.arange(N), np.arange(N)))
+  assert not np.any(x[lags >= reach])
+  assert bounds.toeplitz_gram(coef[:1]).tolist() == [[coef[0] ** 2]]
+  # A Gram of a view finds its column; one given the column does not multiply C.
+  assert np.array_equal(bounds.Gram(toeplitz_view.view(coef)).matrix, x)
+  assert np.array_equal(bounds.Gram(np.zeros((N, N)), column=coef).matrix, x)
+
+
+@pytest.mark.parametrize("schema", [participation.random_allocation(4),
+                                    participation.balls_in_bins(4),
+                                    participation.fixed_epoch(4), participation.min_sep(5, 4)],
+                         ids=lambda s: s.describe())
+def test_a_toeplitz_factorization_reports_the_dense_sensitivity(schema):
+  """Its analyses run on the Gram of its first column: the dense C's reports (to
+  rounding), with the same exactness and method."""
+  spec = _spec("blt", WORKLOADS[0], participation.SINGLE, buffers=2, error="mean")
+  f = strategies.factorize(spec)
+  assert isinstance(f, tf_lib.ToeplitzFactorization)
+  schema = schema.for_rounds(f.n)
+  dense = participation.sensitivity_report(np.array(f.c), schema)
+  got = f.sensitivity_report(schema)
+  assert {k: got[k] for k in ("exact", "method")} == {k: dense[k] for k in ("exact", "method")}
+  np.testing.assert_allclose([got["value"], got["lower"]], [dense["value"], dense["lower"]],
+                             rtol=1e-13)
+
+
+@pytest.mark.parametrize("name", sorted(COEFFICIENTS))
 @pytest.mark.parametrize("min_sep", [1, 7, 32, N])
 def test_residue_class_sensitivity_of_a_view_is_the_dense_one(name, min_sep):
   coef = COEFFICIENTS[name]

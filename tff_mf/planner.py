@@ -71,6 +71,7 @@ from tff_mf import participation as participation_lib
 from tff_mf import planner_bounds
 from tff_mf import registry
 from tff_mf import spec as spec_lib
+from tff_mf import toeplitz_view
 from tff_mf.accounting import band_calibration
 
 TOLERANCE = 1e-3  # relative tolerance of each calibrated z (tff_mf.accounting.calibrate's)
@@ -377,15 +378,28 @@ def figures(resolved: mechanisms.Resolved) -> Dict[str, Any]:
   (‖B‖_F/√n and max_i ‖B[i, :]‖, so that rmse and max are z times them), the noise state,
   C's sensitivity report and C's sha256 (``Records``' key), and where C was read from."""
   b = resolved.factorization.b
-  c = np.ascontiguousarray(resolved.encoder, dtype=np.float64)
+  column = toeplitz_view.column_of(encoder_view(resolved))
+  if column is not None:  # T(column): the column says it all (O(n))
+    encoder = ["toeplitz", int(column.shape[0]), _sha256(column)]
+  else:
+    c = np.ascontiguousarray(resolved.encoder, dtype=np.float64)
+    encoder = [list(c.shape), _sha256(c)]
   report = resolved.sensitivity_report
   return {"error_norm": float(np.linalg.norm(b)) / math.sqrt(b.shape[0]),
           "max_row_norm": float(np.sqrt(np.max(np.sum(np.square(b), axis=1)))),
           "state_rows": state_rows(resolved), "mechanism": resolved.mechanism.name,
-          "encoder": [list(c.shape), _sha256(c)],
+          "encoder": encoder,
           "schema": resolved.participation.as_dict(),
           "sensitivity": {k: report[k] for k in ("value", "exact", "method")},
           "cache_hit": resolved.info.get("cache_hit"), "npz": resolved.info.get("cache_npz")}
+
+
+def encoder_view(resolved: mechanisms.Resolved) -> np.ndarray:
+  """The encoder as the figures read it: ``tff_mf.toeplitz_view``'s T(c) where the
+  factorization keeps C as its first column c (O(n) norms and digest), else C itself."""
+  f = resolved.factorization
+  column = f.encoder_column() if f is not None and resolved.encoder is f.c else None
+  return resolved.encoder if column is None else toeplitz_view.view(column)
 
 
 def prepare(dep: Deployment, mechanism: str, option: SchemaOption, params: Dict[str, int], *,
@@ -422,14 +436,14 @@ def _prepared_figures(dep: Deployment, resolved: mechanisms.Resolved,
   p = None if skipped else option.sampling_prob
   amplified = mechanisms.amplification_applies(option.schema, dep.total_rounds, p)
   out = figures(resolved)
+  c = encoder_view(resolved)
   if amplified and resolved.participation.poisson:  # shared_banded_bound's
     from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
     b = analyses.sampling_min_sep(resolved.participation, dep.total_rounds)
-    out.update(gamma=checks.gamma(resolved.encoder),
-               class_norm=planner_bounds.class_norm(resolved.encoder, b))
+    out.update(gamma=checks.gamma(c), class_norm=planner_bounds.class_norm(c, b))
   if amplified and planner_bounds.has_components(resolved.participation):
     out.update(component_shifts=planner_bounds.component_shifts(
-        resolved.encoder, resolved.participation, dep.total_rounds))
+        c, resolved.participation, dep.total_rounds))
   out.update(mmcc_skipped=bool(skipped), amplified=bool(amplified), analysis=(
       mechanisms.amplified_analysis(resolved.encoder, resolved.participation)
       if amplified else "none"), z_upper=float(accounting.calibrate_noise_multiplier(

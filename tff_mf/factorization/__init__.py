@@ -17,7 +17,7 @@ L = γ²·‖B‖²_F = n·rmse² is Denisov et al.'s loss (Eq. 2).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import scipy.linalg
@@ -121,8 +121,9 @@ class Factorization:
   extras: Dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
   _sensitivity_reports: Dict[Any, Dict[str, Any]] = dataclasses.field(
       default_factory=dict, init=False, repr=False, compare=False)
-  _grams: Dict[int, Any] = dataclasses.field(default_factory=dict, init=False, repr=False,
-                                             compare=False)
+  # (id of the C it was computed for, its Gram): ``gram_of_encoder``
+  _gram: Optional[Tuple[int, Any]] = dataclasses.field(default=None, init=False, repr=False,
+                                                       compare=False)
 
   @property
   def n(self) -> int:
@@ -161,15 +162,20 @@ class Factorization:
     sensitivity analyses under every schema."""
     from tff_mf.participation import bounds  # pylint: disable=g-import-not-at-top
     c = self.c
-    if id(c) not in self._grams:
-      self._grams.clear()
-      self._grams[id(c)] = bounds.Gram(c)
-    return self._grams[id(c)]
+    if self._gram is None or self._gram[0] != id(c):
+      self._gram = (id(c), bounds.Gram(c, column=self.encoder_column()))
+    return self._gram[1]
+
+  def encoder_column(self) -> Optional[np.ndarray]:
+    """C's first column where C is known to be lower-triangular Toeplitz, else None."""
+    return None
+
+  def gram_bytes(self) -> int:
+    return 0 if self._gram is None else self._gram[1].nbytes
 
   def resident_bytes(self) -> int:
     """The bytes of its matrices held in memory (A, B, C and a computed CᵀC)."""
-    return int(self.a.nbytes + self.b.nbytes + self.c.nbytes
-               + sum(g.nbytes for g in self._grams.values()))
+    return int(self.a.nbytes + self.b.nbytes + self.c.nbytes + self.gram_bytes())
 
   def per_round_variance(self) -> np.ndarray:
     return per_round_variance(self.b, self.c)

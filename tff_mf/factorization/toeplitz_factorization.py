@@ -56,7 +56,7 @@ class ToeplitzFactorization(fz.Factorization):
     self.info = dict(info or {})
     self.extras = dict(extras or {})
     self._sensitivity_reports: Dict[Any, Dict[str, Any]] = {}
-    self._grams: Dict[int, Any] = {}
+    self._gram = None
     self._dense: Dict[str, np.ndarray] = {}
 
   def __repr__(self) -> str:
@@ -140,7 +140,10 @@ class ToeplitzFactorization(fz.Factorization):
     a computed CᵀC."""
     return int(sum(x.nbytes for x in self.columns.values())
                + sum(x.nbytes for x in self._dense.values() if x.flags.owndata)
-               + sum(g.nbytes for g in self._grams.values()))
+               + self.gram_bytes())
+
+  def encoder_column(self) -> np.ndarray:
+    return self.columns["C_column"]
 
   def noise_matrix(self) -> np.ndarray:
     """N = A⁻¹·B = C⁻¹, dense (its first column is C⁻¹·e_0)."""
