@@ -202,3 +202,30 @@ def test_no_analysis_shares_a_name_with_a_participation_kind_or_a_strategy():
     assert then["analysis"] == now["analysis"]
     assert [e["epsilon_text"] for e in then["epsilons"]] == \
         [e["epsilon_text"] for e in now["epsilons"]]
+
+
+def test_a_calibration_derives_what_it_needs_of_c_once(monkeypatch):
+  """The search evaluates one C at many z: its band count, γ and class sensitivity are
+  computed once, and the calibration is the one computed without the memo. Inside the
+  block another array (even an equal one) is computed afresh, and nothing outlives it."""
+  c = np.tril(np.ones((16, 16))) - np.tril(np.ones((16, 16)), -4)  # 4 bands
+  c = c / np.sqrt(4.0)
+  schema = participation.min_sep(4)
+  calls = []
+  for name in ("_band_count", "_poisson_sensitivity"):
+    real = getattr(analyses, name)
+    monkeypatch.setattr(analyses, name,
+                        lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+  bound = accounting.calibrate(c, schema, 2.0, DELTA, "amplified_banded", sampling_prob=0.3)
+  assert bound.evaluations > 3
+  assert calls.count("_band_count") == 1 and calls.count("_poisson_sensitivity") == 1
+  with monkeypatch.context() as m:
+    m.setattr(analyses, "derived", lambda c, key, compute: compute())
+    fresh = accounting.calibrate(c, schema, 2.0, DELTA, "amplified_banded", sampling_prob=0.3)
+  assert bound == fresh
+  wider = c.copy()
+  wider[8, 0] = 0.1  # 9 bands
+  with analyses.same_encoder(c):
+    assert analyses.band_count(c) == 4 and analyses.band_count(wider) == 9
+    assert analyses.band_count(c.copy()) == 4
+  assert analyses._ENCODER.c is None  # pylint: disable=protected-access

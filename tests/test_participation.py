@@ -441,6 +441,37 @@ def test_random_allocation_row_bound_is_an_upper_bound(monkeypatch, kind, n, k):
     assert true * (1 - 1e-12) <= report["value"] ** 2 <= 2 * true
 
 
+def _sqrt_psd(x):
+  w, v = np.linalg.eigh(x)
+  return (v * np.sqrt(np.maximum(w, 0.0))) @ v.T
+
+
+@pytest.mark.parametrize("kind", ["nonneg_lower", "signed_lower", "signed_dense", "tall",
+                                  "near_identity"])
+def test_random_allocation_skips_lambda_max_only_where_it_cannot_win(monkeypatch, kind):
+  """λ_max is skipped when a Rayleigh quotient (≤ λ_max) already puts k·λ_max at or above
+  the row bound: the report is the one that always decomposes X. Near the identity (X =
+  I + small signed E) k·λ_max is the smaller bound, and is still used."""
+  monkeypatch.setattr(pa.bounds, "RANDOM_ALLOCATION_ENUMERATION_LIMIT", 0)
+  n, k = 32, 16
+  rng = np.random.default_rng(zlib.crc32(f"rayleigh/{kind}".encode()))
+  if kind == "near_identity":
+    e = rng.uniform(-0.01, 0.01, size=(n, n))
+    c = _sqrt_psd(np.eye(n) + 0.5 * (e + e.T))
+  else:
+    c = random_c(kind, n, rng)
+  schema = pa.random_allocation(k)
+  report = pa.sensitivity_report(c, schema)
+  with monkeypatch.context() as m:
+    m.setattr(pa.bounds, "_rayleigh_at_least", lambda x, level: False)
+    always = pa.sensitivity_report(c, schema)
+  assert report == always
+  if kind == "near_identity":
+    lam = np.linalg.eigvalsh(c.T @ c)[-1]
+    assert report["method"] == "row_bound"
+    assert report["value"] ** 2 == pytest.approx(k * lam, rel=1e-9)
+
+
 @pytest.mark.parametrize("signed", [False, True])
 @pytest.mark.parametrize("n,k,bands", [(12, 3, 5), (12, 4, 4), (16, 4, 2), (10, 5, 3)])
 def test_random_allocation_chain_dp_for_banded_c(n, k, bands, signed):

@@ -483,6 +483,14 @@ def privacy_record(encoder: np.ndarray, schema: participation_lib.Participation,
   """``run_privacy`` for a checked ``tff_mf.spec.Privacy`` (its schema checked too)."""
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   encoder = accounting.check_encoder(encoder, "encoder C")
+  with analyses.same_encoder(encoder):  # its analyses at every z share what C gives them
+    return _privacy_record(encoder, schema, privacy_spec, adaptive, known_sensitivity,
+                           mmcc_options)
+
+
+def _privacy_record(encoder, schema, privacy_spec, adaptive, known_sensitivity,
+                    mmcc_options) -> PrivacyRecord:
+  from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   target, delta = privacy_spec.target_epsilon, privacy_spec.delta
   report = known_sensitivity or accounting.sensitivity_report(encoder, schema)
   sens = float(report["value"])

@@ -331,6 +331,13 @@ def calibrate(c: Optional[np.ndarray], schema, target_epsilon: float, delta: flo
     c = check_encoder(c)
   if c is None and analysis.amplified:
     raise checks.CheckError(f"amplification {analysis.name!r} needs the encoder C")
+  with analyses.same_encoder(c):  # the search's analyses of this one C at every z
+    return _calibrate(c, schema, target, delta, amplification, sampling_prob, accountant,
+                      tolerance, analysis, options)
+
+
+def _calibrate(c, schema, target, delta, amplification, sampling_prob, accountant, tolerance,
+               analysis, options) -> Bound:
   # The unamplified calibration passes for every registered analysis (each reports at most
   # the unamplified bound), so it is where the search starts; for the unamplified analysis
   # it is the answer. Whatever the analysis, the z returned was evaluated to pass.

@@ -32,9 +32,11 @@ dispatch through the registry and never compare analysis names.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
+import threading
+from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Tuple
 
 import dp_accounting
 import numpy as np
@@ -152,16 +154,52 @@ def check_schema(schema):
   return schema  # its class checked its parameters when it was built
 
 
+class _Encoder(threading.local):
+  """The encoder of the innermost ``same_encoder`` block of this thread, and what was
+  derived from it there."""
+  c: Optional[np.ndarray] = None
+  facts: Optional[Dict[Any, Any]] = None
+
+
+_ENCODER = _Encoder()
+
+
+@contextlib.contextmanager
+def same_encoder(c: Optional[np.ndarray]):
+  """Within the block, what this module derives from the array ``c`` itself (its checks,
+  band count, γ and the sensitivity with every eligible round joined) is computed once:
+  a calibration evaluates one C at many z, and a run's record several analyses of it. The
+  array must not change inside the block (nothing in the library writes an encoder)."""
+  outer = (_ENCODER.c, _ENCODER.facts)
+  if c is not None and c is not _ENCODER.c:
+    _ENCODER.c, _ENCODER.facts = c, {}
+  try:
+    yield
+  finally:
+    _ENCODER.c, _ENCODER.facts = outer
+
+
+def derived(c, key, compute: Callable[[], Any]) -> Any:
+  """``compute()``, once per ``same_encoder`` block when ``c`` is its encoder."""
+  if c is None or c is not _ENCODER.c:
+    return compute()
+  if key not in _ENCODER.facts:
+    _ENCODER.facts[key] = compute()
+  return _ENCODER.facts[key]
+
+
 def check_encoder(c, name: str = "C") -> np.ndarray:
   """A 2-D real finite float64 C with m ≥ n ≥ 1 rows and columns, not all zero."""
-  c = checks.matrix(c, name)
-  m, n = c.shape
-  if m < n:
-    raise checks.CheckError(f"{name} must have at least as many rows as columns (one column "
-                            f"per round), got shape {c.shape}")
-  if not np.any(c):
-    raise checks.CheckError(f"{name} is all zeros")
-  return c
+  def check():
+    checked = checks.matrix(c, name)
+    m, n = checked.shape
+    if m < n:
+      raise checks.CheckError(f"{name} must have at least as many rows as columns (one "
+                              f"column per round), got shape {checked.shape}")
+    if not np.any(checked):
+      raise checks.CheckError(f"{name} is all zeros")
+    return checked
+  return derived(c, ("checked", name), check)
 
 
 def sensitivity_report(c: Optional[np.ndarray], schema) -> Dict[str, Any]:
@@ -198,6 +236,10 @@ def poisson_sensitivity(c: np.ndarray, min_sep: int) -> Tuple[float, bool]:
   entry on the class (all g_j equal), e.g. for every non-negative C. This is the
   unamplified bound for the same sampling (every eligible round joined).
   """
+  return derived(c, ("poisson_sensitivity", min_sep), lambda: _poisson_sensitivity(c, min_sep))
+
+
+def _poisson_sensitivity(c: np.ndarray, min_sep: int) -> Tuple[float, bool]:
   n = c.shape[1]
   column = toeplitz_view.column_of(c)
   if column is not None and np.all(column >= 0):  # Toeplitz C ≥ 0: O(n²/b), no C
@@ -222,6 +264,10 @@ def band_count(c: np.ndarray) -> int:
   more rows than rounds has its rows in release order, row i released in the round of
   its last non-zero column (``tff_mf.accounting.mmcc.release_rounds``).
   """
+  return derived(c, "band_count", lambda: _band_count(c))
+
+
+def _band_count(c: np.ndarray) -> int:
   from tff_mf.accounting import mmcc  # pylint: disable=g-import-not-at-top
   rounds = mmcc.release_rounds(c)
   rows, cols = np.nonzero(c)
@@ -454,7 +500,7 @@ class AmplifiedBanded(PoissonAmplified):
       raise AccountingError(
           f"the amplified banded analysis needs C with at most b = {b} non-zero bands (the "
           f"sampling's min_sep); this C has {bands}. Use amplification 'mmcc' for other C")
-    gamma = checks.gamma(c)
+    gamma = derived(c, "gamma", lambda: checks.gamma(c))
     rounds = -(-c.shape[1] // b)
     try:
       amplified, interval = pld_gaussian_epsilon(z / gamma, delta, p, rounds, discretization)

@@ -100,7 +100,14 @@ class RandomAllocationError(checks.CheckError):
 
 def check_encoder(c, epochs, scheme: str = "random_allocation") -> Tuple[np.ndarray, int, int]:
   """(C, k, b): C square, lower triangular, non-negative and finite; k divides n (the
-  messages name ``scheme``, the participation whose bound is asked for)."""
+  messages name ``scheme``, the participation whose bound is asked for). Checked once per
+  ``analyses.same_encoder`` block of C."""
+  from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
+  return analyses.derived(c, ("random_allocation_encoder", epochs, scheme),
+                          lambda: _check_encoder(c, epochs, scheme))
+
+
+def _check_encoder(c, epochs, scheme: str) -> Tuple[np.ndarray, int, int]:
   c = np.asarray(c, dtype=np.float64)
   if c.ndim != 2 or c.shape[0] != c.shape[1] or c.shape[0] < 1:
     raise RandomAllocationError(f"{scheme} amplification needs a square encoder C (one row per "
@@ -142,6 +149,13 @@ _CACHE: Dict[Tuple, _Gram] = {}
 
 
 def _gram(c: np.ndarray, k: int, b: int) -> _Gram:
+  """The Gram summary of C, once per ``analyses.same_encoder`` block of C (a calibration's
+  evaluations), and otherwise for the C last seen, by its contents."""
+  from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
+  return analyses.derived(c, ("random_allocation_gram", k, b), lambda: _gram_of(c, k, b))
+
+
+def _gram_of(c: np.ndarray, k: int, b: int) -> _Gram:
   key = (c.shape, k, hashlib.sha1(np.ascontiguousarray(c).tobytes()).hexdigest())
   if key in _CACHE:
     return _CACHE[key]
@@ -184,10 +198,16 @@ def _log_convolve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
   """log of the coefficients of the product of two series given by log coefficients
   (truncated at the same degree)."""
   deg = a.shape[0]
-  i = np.arange(deg)
-  shift = i[None, :] - i[:, None]  # [i, m] → m − i
-  terms = np.where(shift >= 0, a[:, None] + b[np.maximum(shift, 0)], -np.inf)
-  return special.logsumexp(terms, axis=0)
+  padded = np.concatenate([np.full(deg - 1, -np.inf), np.asarray(b, dtype=np.float64)])
+  # lagged[i, m] = b_{m − i} (−inf for m < i): a read-only strided view, no gather.
+  lagged = np.lib.stride_tricks.as_strided(padded[deg - 1:], shape=(deg, deg),
+                                           strides=(-padded.itemsize, padded.itemsize),
+                                           writeable=False)
+  terms = a[:, None] + lagged
+  # logsumexp over i, as scipy.special.logsumexp computes it (max shifted out).
+  top = np.max(terms, axis=0)
+  top[~np.isfinite(top)] = 0.0
+  return np.log(np.sum(np.exp(terms - top), axis=0)) + top
 
 
 def log_collision_mgf(beta: float, bins: int, max_order: int) -> np.ndarray:
