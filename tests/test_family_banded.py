@@ -140,6 +140,13 @@ def test_blocked_solves_match_dense():
     up = np.triu(rng.normal(size=(n, n)))
     np.testing.assert_allclose(banded._solve_upper_t(c, up, bands, upper_rhs=True),
                                np.linalg.solve(c.T, up), rtol=1e-9, atol=1e-9)
+    # Only the part at or right of each block's first row: exactly what the full solve gives
+    # there (the rows above at the same columns are all it needs), zero elsewhere.
+    part = banded._solve_lower(c, up, bands, upper_part=True)
+    s = max(banded.BLOCK_ROWS, bands)
+    kept = np.arange(n)[None, :] >= (np.arange(n) // s * s)[:, None]
+    np.testing.assert_allclose(part[kept], np.linalg.solve(c, up)[kept], rtol=1e-9, atol=1e-9)
+    assert not np.any(part[~kept])
 
 
 def test_initial_and_limits():

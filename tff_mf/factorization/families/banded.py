@@ -12,8 +12,9 @@ entries of C (as McKenna 2024, arXiv:2405.15913, recommends over optimizing
 X = CᵀC), with the column normalization built into the parametrization
 C[:, j] = P[:, j]/‖P[:, j]‖, by L-BFGS (scipy). With B = A·C⁻¹ and Y = B·C⁻ᵀ the
 gradient is ∂/∂C ‖A C⁻¹‖²_F = −2·BᵀY on the band; B and Y come from blocked
-banded triangular solves (BLAS-3 blocks of the b − 1 coupled rows), and the band of
-BᵀY from block products, so one evaluation costs O(n²·b) flops.
+banded triangular solves (BLAS-3 blocks of the b − 1 coupled rows; Bᵀ is upper
+triangular, and of Yᵀ only the upper triangle is read), and the band of BᵀY from block
+products, so one evaluation costs O(n²·b) flops.
 """
 
 from __future__ import annotations
@@ -123,19 +124,26 @@ def _dense_from_columns(p: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------- banded solves
 
 
-def _solve_lower(c: np.ndarray, rhs: np.ndarray, bands: int) -> np.ndarray:
-  """C⁻¹·R for C lower triangular with ``bands`` bands: block forward substitution."""
+def _solve_lower(c: np.ndarray, rhs: np.ndarray, bands: int,
+                 upper_part: bool = False) -> np.ndarray:
+  """C⁻¹·R for C lower triangular with ``bands`` bands: block forward substitution.
+
+  With ``upper_part`` only the entries (j, r) with r ≥ the first row of j's block are
+  computed (the rest are zero): row j of C⁻¹·R at columns r ≥ j needs only the rows above it
+  at the same columns, so the upper triangle (all ``_band_of_product`` reads) costs half.
+  """
   n = c.shape[0]
   s = max(BLOCK_ROWS, bands)
-  out = np.empty_like(rhs)
+  out = np.zeros_like(rhs) if upper_part else np.empty_like(rhs)
   for r0 in range(0, n, s):
     r1 = min(n, r0 + s)
     t0 = max(0, r0 - bands + 1)
-    block = rhs[r0:r1]
+    c0 = r0 if upper_part else 0
+    block = rhs[r0:r1, c0:]
     if t0 < r0:
-      block = block - c[r0:r1, t0:r0] @ out[t0:r0]
-    out[r0:r1] = scipy.linalg.solve_triangular(c[r0:r1, r0:r1], block, lower=True,
-                                               check_finite=False)
+      block = block - c[r0:r1, t0:r0] @ out[t0:r0, c0:]
+    out[r0:r1, c0:] = scipy.linalg.solve_triangular(c[r0:r1, r0:r1], block, lower=True,
+                                                    check_finite=False)
   return out
 
 
@@ -211,7 +219,7 @@ class _Objective:
     c = _dense_from_columns(u)
     bt = _solve_upper_t(c, self.a_t, self.bands, upper_rhs=True)  # Bᵀ = C⁻ᵀAᵀ
     value = float(np.sum(np.square(bt)))
-    yt = _solve_lower(c, bt, self.bands)  # Yᵀ = C⁻¹Bᵀ
+    yt = _solve_lower(c, bt, self.bands, upper_part=True)  # Yᵀ = C⁻¹Bᵀ, where it is read
     g = -2.0 * _band_of_product(bt, yt, self.bands)  # ∂f/∂C on the band (column storage)
     g[~self.mask] = 0.0
     # Chain rule through u = p/‖p‖: (I − uuᵀ)·g/‖p‖ per column.
