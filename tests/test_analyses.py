@@ -10,6 +10,7 @@ import pytest
 
 from tff_mf import accounting
 from tff_mf.accounting import analyses
+from tff_mf.accounting import encoder_facts
 from tff_mf import checks
 from tff_mf import participation
 from tff_mf.accounting import statement
@@ -225,7 +226,7 @@ def test_a_calibration_derives_what_it_needs_of_c_once(monkeypatch):
   assert bound == fresh
   wider = c.copy()
   wider[8, 0] = 0.1  # 9 bands
-  with analyses.same_encoder(c):
+  with encoder_facts.same_encoder(c):
     assert analyses.band_count(c) == 4 and analyses.band_count(wider) == 9
     assert analyses.band_count(c.copy()) == 4
-  assert analyses._ENCODER.c is None  # pylint: disable=protected-access
+  assert encoder_facts._ENCODER.c is None  # pylint: disable=protected-access

@@ -131,7 +131,7 @@ FLOORS = {
     "accounting": 4,
     "audit": 5, "spec": 5,
     "mechanisms": 6,
-    "planner_bounds": 5,
+    "planner_bounds": 5, "planner_prefetch": 5,
     "plan": 7, "planner": 7,
     "tf": 8, "flower": 8,
     "clitools": 9,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -528,7 +529,7 @@ def test_a_dense_entry_shared_by_schemas_is_loaded_once_per_run(tmp_path, monkey
 
   monkeypatch.setattr(cache, "load_or_factorize", counted_load)
   monkeypatch.setattr(strategies, "factorize", counted_factorize)
-  out = planner.plan(dep, cache_dir=str(tmp_path / "b"))
+  out = planner.plan(dep, cache_dir=str(tmp_path / "b"), prefetch=False)
   assert calls and len(calls) == len(set(calls))
   # Each dense factorization was computed once.
   dense = [c for c in computed if c[0] in ("banded", "opt_prefix_sum")]
@@ -537,7 +538,7 @@ def test_a_dense_entry_shared_by_schemas_is_loaded_once_per_run(tmp_path, monkey
   options = {participation.from_dict(c["schema"]).label for c in out["candidates"]}
   assert len(options) > 1  # several schema options shared the entries
   monkeypatch.setattr(planner, "LOADED_MAX_BYTES", 0)  # keeps only the last one
-  again = planner.plan(dep, cache_dir=str(tmp_path / "c"))
+  again = planner.plan(dep, cache_dir=str(tmp_path / "c"), prefetch=False)
   reloads = [x for x in calls if x.startswith(str(tmp_path / "c"))]
   assert len(reloads) > len(set(reloads))  # without the memo, entries are loaded again
   strip = lambda r: [{k: v for k, v in c.items() if k not in ("seconds", "calibration_cached",
@@ -558,3 +559,57 @@ def test_loaded_keeps_the_most_recently_used_within_its_bytes():
   assert set(loaded) == {"a", "c"}  # "b", the least recently used, went
   loaded["d"] = (f(32), "d.npz")  # alone above the budget: kept alone
   assert list(loaded) == ["d"]
+
+
+def _table(result):
+  return [{k: v for k, v in c.items() if k not in ("seconds", "calibration_cached", "cache_hit")}
+          for c in result["candidates"]]
+
+
+@pytest.mark.parametrize("child", ["factorizes", "exits"])
+def test_dense_factorizations_computed_beside_give_the_same_plan(tmp_path, monkeypatch, child):
+  """The dense families' entries come from a child process computing them during the cheap
+  stage (BLAS on one thread there: iterative solvers may differ in the last bits, so the
+  figures agree to 1e-9); the planner loads them with every check and computes none itself.
+  A child that does nothing (or dies) leaves the planner to compute them: the same plan."""
+  from tff_mf import planner_prefetch  # pylint: disable=g-import-not-at-top
+  dep = planner.Deployment(population=64, total_rounds=16, clients_per_round=4,
+                           target_epsilon=4.0, delta=DELTA,
+                           schemas=("fixed_epoch", "min_sep"),
+                           mechanisms=("banded", "opt_prefix_sum", "banded_toeplitz"),
+                           skip_mmcc=True)
+  alone = planner.plan(dep, cache_dir=str(tmp_path / "alone"), prefetch=False)
+  if child == "exits":
+    monkeypatch.setattr(planner_prefetch.Prefetch, "command",
+                        staticmethod(lambda: [sys.executable, "-c", "pass"]))
+  computed = []
+  factorize = strategies.factorize
+  monkeypatch.setattr(strategies, "factorize",
+                      lambda spec, **kw: computed.append(spec.strategy) or factorize(spec, **kw))
+  beside = planner.plan(dep, cache_dir=str(tmp_path / "beside"))
+  dense = [s for s in computed if s in ("banded", "opt_prefix_sum")]
+  assert (not dense) if child == "factorizes" else dense
+  a, b = _table(alone), _table(beside)
+  assert [_key(c) for c in a] == [_key(c) for c in b]
+  for x, y in zip(a, b):
+    np.testing.assert_allclose([x["rmse"], x["noise_multiplier"], x["epsilon"]],
+                               [y["rmse"], y["noise_multiplier"], y["epsilon"]], rtol=1e-9)
+  assert not [f for f in os.listdir(tmp_path / "beside") if f.startswith(".tmp")]
+
+
+def test_only_missing_entries_are_computed_beside(tmp_path):
+  """Each entry once, in the order asked, and none that the cache already holds."""
+  from tff_mf import planner_prefetch  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
+  w = workloads.WorkloadSpec("prefix_sum", 8)
+  specs = [strategies.FactorizationSpec.with_parameters(
+      {"bands": b}, workload=w, strategy="banded", participation=participation.SINGLE)
+           for b in (2, 4, 2)]
+  cache.load_or_factorize(specs[1], cache_dir=str(tmp_path))
+  todo = planner_prefetch.missing(specs, str(tmp_path))
+  assert list(todo.values()) == [specs[0]]
+  beside = planner_prefetch.Prefetch(todo, str(tmp_path))
+  (directory,) = todo
+  assert beside.wait(directory) == "done" and not beside.pending(directory)
+  beside.close()
+  assert os.path.exists(os.path.join(directory, cache.METADATA_FILE))

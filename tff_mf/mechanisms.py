@@ -36,6 +36,7 @@ import numpy as np
 
 from tff_mf.accounting import analyses
 from tff_mf.accounting.bound import Bound
+from tff_mf.accounting import encoder_facts
 from tff_mf import checks
 from tff_mf.noise import discrete_gaussian as dg
 from tff_mf import factorization as fz
@@ -483,7 +484,7 @@ def privacy_record(encoder: np.ndarray, schema: participation_lib.Participation,
   """``run_privacy`` for a checked ``tff_mf.spec.Privacy`` (its schema checked too)."""
   from tff_mf import accounting  # pylint: disable=g-import-not-at-top
   encoder = accounting.check_encoder(encoder, "encoder C")
-  with analyses.same_encoder(encoder):  # its analyses at every z share what C gives them
+  with encoder_facts.same_encoder(encoder):  # its analyses at every z share what C gives them
     return _privacy_record(encoder, schema, privacy_spec, adaptive, known_sensitivity,
                            mmcc_options)
 

@@ -69,6 +69,7 @@ from tff_mf import jsonio
 from tff_mf import mechanisms
 from tff_mf import participation as participation_lib
 from tff_mf import planner_bounds
+from tff_mf import planner_prefetch
 from tff_mf import registry
 from tff_mf import spec as spec_lib
 from tff_mf import toeplitz_view
@@ -901,38 +902,68 @@ def error_lower_bounds(dep: Deployment, todo: Sequence[Tuple[str, SchemaOption, 
 
 def staged_search(dep: Deployment, todo: Sequence[Tuple[str, SchemaOption, Dict]],
                   records: "Records", *, cache_dir: Optional[str], prune: bool,
-                  progress: bool):
+                  progress: bool, prefetch: bool = True):
   """(prepared, unfit, scored, pruned, failed): the cheap families (``cheap_first``)
   prepared and searched first (``search``); then the others by their lower bound on rmse
   (``error_lower_bounds``), least first, each pruned before its factorization when the
   bound exceeds the best rmse by more than the calibration tolerance, else prepared and
-  searched against the best so far."""
+  searched against the best so far. ``prefetch``: the others' missing cache entries are
+  computed meanwhile by a child process (``tff_mf.planner_prefetch``), in that order."""
   first = [t for t in todo if cheap_first(dep, t[0])]
   rest = [t for t in todo if not cheap_first(dep, t[0])]
   bounds = error_lower_bounds(dep, rest, records) if prune else {}
   order = sorted(range(len(rest)), key=lambda i: bounds.get(i, {"rmse": 0.0})["rmse"])
-  prepared, unfit = _prepare_all(dep, first, records, cache_dir, progress,
-                                 "plan: cheap families")
-  scored, pruned, failed = search(dep, prepared, records, prune=prune, progress=progress)
   rest, bounds = [rest[i] for i in order], [bounds.get(i) for i in order]
-  # One candidate per step; a pruned one takes milliseconds, a factorized one of a dense
-  # family minutes at n = 2048, so the ETA (the mean so far) errs long once pruning starts.
-  bar = _bar(None, "plan: dense families", progress, total=len(rest))
-  for (name, option, params), bound in zip(rest, bounds):
-    bar.set_postfix_str(describe(name, option, params), refresh=False)
-    best = min((c.rmse for c in scored), default=None)
-    cut = None if best is None else (1.0 + 2.0 * TOLERANCE) * best
-    if prune and cut is not None and bound["rmse"] > cut:
-      pruned.append(_pruned_by_bound(name, option, params, bound, cut, best))
-    else:
-      more, why = _prepare_all(dep, [(name, option, params)], records, cache_dir, False, "")
-      prepared += more
-      unfit += why
-      s, p, f = search(dep, more, records, prune=prune, incumbent=best)
-      scored, pruned, failed = scored + s, pruned + p, failed + f
-    bar.update(1)
-  bar.close()
+  entries = [_entry_of(dep, item, cache_dir) for item in rest]
+  beside = planner_prefetch.Prefetch(
+      planner_prefetch.missing([e[1] for e in entries if e is not None], cache_dir),
+      cache_dir) if prefetch else None
+  try:
+    prepared, unfit = _prepare_all(dep, first, records, cache_dir, progress,
+                                   "plan: cheap families")
+    scored, pruned, failed = search(dep, prepared, records, prune=prune, progress=progress)
+    # One candidate per step; a pruned one takes milliseconds, a factorized one of a dense
+    # family minutes at n = 2048, so the ETA (the mean so far) errs long once pruning starts.
+    bar = _bar(None, "plan: dense families", progress, total=len(rest))
+    for (name, option, params), bound, entry in zip(rest, bounds, entries):
+      bar.set_postfix_str(describe(name, option, params), refresh=False)
+      best = min((c.rmse for c in scored), default=None)
+      cut = None if best is None else (1.0 + 2.0 * TOLERANCE) * best
+      if prune and cut is not None and bound["rmse"] > cut:
+        pruned.append(_pruned_by_bound(name, option, params, bound, cut, best))
+      else:
+        if beside is not None and entry is not None and beside.pending(entry[0]):
+          bar.set_postfix_str(f"{describe(name, option, params)} (factorized beside)")
+          beside.wait(entry[0])
+        more, why = _prepare_all(dep, [(name, option, params)], records, cache_dir, False, "")
+        prepared += more
+        unfit += why
+        s, p, f = search(dep, more, records, prune=prune, incumbent=best)
+        scored, pruned, failed = scored + s, pruned + p, failed + f
+      bar.update(1)
+    bar.close()
+  finally:
+    if beside is not None:
+      beside.close()
   return prepared, unfit, scored, pruned, failed
+
+
+def _entry_of(dep: Deployment, item: Tuple[str, SchemaOption, Dict[str, int]],
+              cache_dir: Optional[str]) -> Optional[Tuple[str, Any]]:
+  """(cache entry directory, ``FactorizationSpec``) of a candidate whose C the factorization
+  cache holds, as ``mechanisms.resolve`` will ask for it; None for other candidates."""
+  from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import strategies  # pylint: disable=g-import-not-at-top
+  name, option, params = item
+  m = registry.mechanism(name)
+  if m.strategy is None or not m.noise_kind.factorized or not strategies.cached(m.strategy):
+    return None
+  try:
+    spec = spec_of(dep, name, option, params)
+    f_spec = mechanisms.factorization_spec(m, spec.workload, spec.participation, spec.params)[0]
+    return cache.entry_paths(f_spec, cache_dir)[0], f_spec
+  except ValueError:  # the candidate does not apply: ``prepare`` says why
+    return None
 
 
 def _pruned_by_bound(name: str, option: SchemaOption, params: Dict[str, int],
@@ -960,13 +991,15 @@ def _prepare_all(dep: Deployment, items, records: "Records", cache_dir: Optional
 
 
 def plan(dep: Deployment, *, cache_dir: Optional[str] = None, progress: bool = False,
-         prune: bool = True) -> Dict[str, Any]:
+         prune: bool = True, prefetch: bool = True) -> Dict[str, Any]:
   """Every candidate scored and ranked by expected error (rmse), the recommendation, where
   the answer is fragile, what the winner's schema demands and the flags that run it.
 
   ``prune``: skip, with the proof in ``pruned``, each candidate whose calibrated rmse is
   shown to exceed (1 + 2·TOLERANCE)× the best found so far (``prune_check``); False builds
-  and calibrates every candidate. Calibrated records are kept in the cache directory's
+  and calibrates every candidate. ``prefetch``: a child process computes the dense
+  families' missing factorizations while the cheap families are calibrated
+  (``tff_mf.planner_prefetch``; the result is the same without it). Calibrated records are kept in the cache directory's
   ``.planner`` folder (``Records``) and reused by later runs.
 
   Returns a JSON-ready dict: ``candidates`` (ranked, ``Candidate`` dicts), ``recommended``
@@ -979,7 +1012,8 @@ def plan(dep: Deployment, *, cache_dir: Optional[str] = None, progress: bool = F
   for read in (True, False):  # the second time only if a stored record was wrong
     records = Records(cache_dir, read=read)
     prepared, unfit, scored, pruned, failed = staged_search(
-        dep, todo, records, cache_dir=cache_dir, prune=prune, progress=progress)
+        dep, todo, records, cache_dir=cache_dir, prune=prune, progress=progress,
+        prefetch=prefetch)
     if not scored or confirmed(_ranked(scored)[0], prepared, records):
       break
   left_out.extend(unfit + failed)

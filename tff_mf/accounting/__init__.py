@@ -81,6 +81,7 @@ from tff_mf.accounting.analyses import RDP_ORDERS  # pylint: disable=unused-impo
 from tff_mf.accounting.analyses import band_count  # pylint: disable=unused-import
 from tff_mf.accounting.analyses import check_encoder
 from tff_mf.accounting.bound import Bound
+from tff_mf.accounting import encoder_facts
 from tff_mf.accounting.analyses import mmcc_details  # pylint: disable=unused-import
 from tff_mf.accounting.analyses import poisson_sensitivity  # pylint: disable=unused-import
 from tff_mf.accounting.analyses import sampling_min_sep  # pylint: disable=unused-import
@@ -331,7 +332,7 @@ def calibrate(c: Optional[np.ndarray], schema, target_epsilon: float, delta: flo
     c = check_encoder(c)
   if c is None and analysis.amplified:
     raise checks.CheckError(f"amplification {analysis.name!r} needs the encoder C")
-  with analyses.same_encoder(c):  # the search's analyses of this one C at every z
+  with encoder_facts.same_encoder(c):  # the search's analyses of this one C at every z
     return _calibrate(c, schema, target, delta, amplification, sampling_prob, accountant,
                       tolerance, analysis, options)
 

@@ -32,17 +32,16 @@ dispatch through the registry and never compare analysis names.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-import threading
-from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Tuple
+from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
 
 import dp_accounting
 import numpy as np
 
 from tff_mf import checks
 from tff_mf import toeplitz_view
+from tff_mf.accounting.encoder_facts import derived
 from tff_mf.accounting.gaussian import PLD_DISCRETIZATION
 from tff_mf.accounting.gaussian import AccountingError
 from tff_mf.accounting.gaussian import gaussian_epsilon_exact
@@ -152,40 +151,6 @@ def check_schema(schema):
     raise checks.CheckError(f"participation must be one of {', '.join(participation.KINDS)}, "
                             f"got {schema.kind!r}")
   return schema  # its class checked its parameters when it was built
-
-
-class _Encoder(threading.local):
-  """The encoder of the innermost ``same_encoder`` block of this thread, and what was
-  derived from it there."""
-  c: Optional[np.ndarray] = None
-  facts: Optional[Dict[Any, Any]] = None
-
-
-_ENCODER = _Encoder()
-
-
-@contextlib.contextmanager
-def same_encoder(c: Optional[np.ndarray]):
-  """Within the block, what this module derives from the array ``c`` itself (its checks,
-  band count, γ and the sensitivity with every eligible round joined) is computed once:
-  a calibration evaluates one C at many z, and a run's record several analyses of it. The
-  array must not change inside the block (nothing in the library writes an encoder)."""
-  outer = (_ENCODER.c, _ENCODER.facts)
-  if c is not None and c is not _ENCODER.c:
-    _ENCODER.c, _ENCODER.facts = c, {}
-  try:
-    yield
-  finally:
-    _ENCODER.c, _ENCODER.facts = outer
-
-
-def derived(c, key, compute: Callable[[], Any]) -> Any:
-  """``compute()``, once per ``same_encoder`` block when ``c`` is its encoder."""
-  if c is None or c is not _ENCODER.c:
-    return compute()
-  if key not in _ENCODER.facts:
-    _ENCODER.facts[key] = compute()
-  return _ENCODER.facts[key]
 
 
 def check_encoder(c, name: str = "C") -> np.ndarray:

@@ -79,6 +79,7 @@ import numpy as np
 from scipy import special
 
 from tff_mf.accounting import allocation_pld
+from tff_mf.accounting import encoder_facts
 from tff_mf import checks
 from tff_mf import participation
 
@@ -102,8 +103,7 @@ def check_encoder(c, epochs, scheme: str = "random_allocation") -> Tuple[np.ndar
   """(C, k, b): C square, lower triangular, non-negative and finite; k divides n (the
   messages name ``scheme``, the participation whose bound is asked for). Checked once per
   ``analyses.same_encoder`` block of C."""
-  from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
-  return analyses.derived(c, ("random_allocation_encoder", epochs, scheme),
+  return encoder_facts.derived(c, ("random_allocation_encoder", epochs, scheme),
                           lambda: _check_encoder(c, epochs, scheme))
 
 
@@ -151,8 +151,7 @@ _CACHE: Dict[Tuple, _Gram] = {}
 def _gram(c: np.ndarray, k: int, b: int) -> _Gram:
   """The Gram summary of C, once per ``analyses.same_encoder`` block of C (a calibration's
   evaluations), and otherwise for the C last seen, by its contents."""
-  from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
-  return analyses.derived(c, ("random_allocation_gram", k, b), lambda: _gram_of(c, k, b))
+  return encoder_facts.derived(c, ("random_allocation_gram", k, b), lambda: _gram_of(c, k, b))
 
 
 def _gram_of(c: np.ndarray, k: int, b: int) -> _Gram:

@@ -53,6 +53,10 @@ def register(subparsers) -> None:
                       help="calibrate every candidate (default: prune those that one "
                            "evaluation of epsilon, or before factorizing a bound on every "
                            "factorization's error, shows worse than the best found)")
+  parser.add_argument("--no_prefetch", action="store_true",
+                      help="compute the dense families' factorizations in this process when "
+                           "they are needed (default: a child process computes them, BLAS on "
+                           "one thread, while the cheap families are calibrated)")
   clitools.add_cache_dir_flag(parser)
   parser.add_argument("--json", action="store_true", help="print JSON (default: off)")
   parser.add_argument("--plot", default=None, metavar="PATH",
@@ -73,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
       mechanisms=tuple(args.mechanisms) if args.mechanisms else None,
       accountant=args.accountant, skip_mmcc=args.skip_mmcc)
   result = planner.plan(dep, cache_dir=args.cache_dir, progress=args.progress,
-                        prune=not args.no_prune)
+                        prune=not args.no_prune, prefetch=not args.no_prefetch)
   if args.plot:
     from tff_mf import plots  # pylint: disable=g-import-not-at-top
     curves = planner.error_against_epsilon(dep, result, cache_dir=args.cache_dir)
