@@ -594,7 +594,8 @@ def test_dense_factorizations_computed_beside_give_the_same_plan(tmp_path, monke
   for x, y in zip(a, b):
     np.testing.assert_allclose([x["rmse"], x["noise_multiplier"], x["epsilon"]],
                                [y["rmse"], y["noise_multiplier"], y["epsilon"]], rtol=1e-9)
-  assert not [f for f in os.listdir(tmp_path / "beside") if f.startswith(".tmp")]
+  assert not [f for _, _, files in os.walk(tmp_path / "beside") for f in files
+              if f.startswith(".tmp")]
 
 
 def test_only_missing_entries_are_computed_beside(tmp_path):
@@ -613,3 +614,25 @@ def test_only_missing_entries_are_computed_beside(tmp_path):
   assert beside.wait(directory) == "done" and not beside.pending(directory)
   beside.close()
   assert os.path.exists(os.path.join(directory, cache.METADATA_FILE))
+
+
+def test_a_stopped_child_leaves_no_temporary_files(tmp_path):
+  """``close`` while the child writes: it exits through Python, and the cache's atomic
+  writes remove what they had begun (an entry is there whole or not at all)."""
+  import time  # pylint: disable=g-import-not-at-top
+  from tff_mf import planner_prefetch  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
+  w = workloads.WorkloadSpec("prefix_sum", 768)
+  specs = [strategies.FactorizationSpec.with_parameters(
+      {"bands": b}, workload=w, strategy="banded", participation=participation.SINGLE)
+           for b in (4, 64, 128)]
+  beside = planner_prefetch.Prefetch(planner_prefetch.missing(specs, str(tmp_path)),
+                                     str(tmp_path))
+  time.sleep(4.0)  # the first entry written, the next ones under way
+  assert beside.proc is not None and beside.proc.poll() is None
+  beside.close()
+  assert beside.proc is None
+  for directory, _, files in os.walk(tmp_path):
+    assert not [f for f in files if f.startswith(".tmp")], directory
+    if files:
+      assert cache.METADATA_FILE in files, directory

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence
@@ -100,6 +101,9 @@ def main() -> None:
   """The child: factorize each spec read from stdin into the cache; print "i done" or
   "i failed: reason" after each."""
   from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
+  # ``close`` terminates: exit through Python, so that an entry being written removes its
+  # temporary files (the cache writes each entry atomically).
+  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(1))
   cache_dir, specs = pickle.loads(sys.stdin.buffer.read())
   for i, spec in enumerate(specs):
     try:
