@@ -253,9 +253,17 @@ def test_the_gram_of_a_first_column_is_the_dense_product(name):
   lags = np.abs(np.subtract.outer(np.arange(N), np.arange(N)))
   assert not np.any(x[lags >= reach])
   assert bounds.toeplitz_gram(coef[:1]).tolist() == [[coef[0] ** 2]]
-  # A Gram of a view finds its column; one given the column does not multiply C.
+  # A Gram of a view finds its column; one given the column beside C checks it, never
+  # multiplies C.
   assert np.array_equal(bounds.Gram(toeplitz_view.view(coef)).matrix, x)
-  assert np.array_equal(bounds.Gram(np.zeros((N, N)), column=coef).matrix, x)
+  assert np.array_equal(bounds.Gram(c, column=coef).matrix, x)
+  # A column that is not C's is refused: the sensitivity would be another matrix's.
+  with pytest.raises(checks.CheckError, match="not C's"):
+    _ = bounds.Gram(np.zeros((N, N)), column=coef).matrix
+  other = c.copy()
+  other[N - 1, 0] += 1e-3
+  with pytest.raises(checks.CheckError, match="not C's"):
+    _ = bounds.Gram(other, column=coef).matrix
 
 
 @pytest.mark.parametrize("schema", [participation.random_allocation(4),

@@ -100,6 +100,12 @@ class Gram:
   def matrix(self) -> np.ndarray:
     if self._x is None:
       if self._column is not None:
+        # The sensitivity is C's: a column given beside a dense C must be that C's (O(n²)
+        # reads, no n x n copy); a Toeplitz view is its column's by its layout.
+        if (toeplitz_view.column_of(self._c) is None
+            and not np.array_equal(self._c, toeplitz_view.view(self._column))):
+          raise checks.CheckError("the first column given for CᵀC is not C's (C is not the "
+                                  "lower-triangular Toeplitz matrix of that column)")
         self._x = toeplitz_gram(self._column)
       else:  # a contiguous copy of a strided view (BLAS cannot multiply one)
         self._x = _gram(np.ascontiguousarray(self._c))
