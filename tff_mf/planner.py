@@ -374,22 +374,24 @@ class Prepared:
     return self.resolved
 
 
-def figures(resolved: mechanisms.Resolved) -> Dict[str, Any]:
+def figures(resolved: mechanisms.Resolved,
+            encoder: Optional[np.ndarray] = None) -> Dict[str, Any]:
   """What the planner needs of a resolved mechanism besides its z: the error norms
   (‖B‖_F/√n and max_i ‖B[i, :]‖, so that rmse and max are z times them), the noise state,
-  C's sensitivity report and C's sha256 (``Records``' key), and where C was read from."""
+  C's sensitivity report and C's sha256 (``Records``' key), and where C was read from
+  (``encoder``: ``encoder_view(resolved)``, where the caller holds it)."""
   b = resolved.factorization.b
-  column = toeplitz_view.column_of(encoder_view(resolved))
+  column = toeplitz_view.column_of(encoder_view(resolved) if encoder is None else encoder)
   if column is not None:  # T(column): the column says it all (O(n))
-    encoder = ["toeplitz", int(column.shape[0]), _sha256(column)]
+    digest = ["toeplitz", int(column.shape[0]), _sha256(column)]
   else:
     c = np.ascontiguousarray(resolved.encoder, dtype=np.float64)
-    encoder = [list(c.shape), _sha256(c)]
+    digest = [list(c.shape), _sha256(c)]
   report = resolved.sensitivity_report
   return {"error_norm": float(np.linalg.norm(b)) / math.sqrt(b.shape[0]),
           "max_row_norm": float(np.sqrt(np.max(np.sum(np.square(b), axis=1)))),
           "state_rows": state_rows(resolved), "mechanism": resolved.mechanism.name,
-          "encoder": encoder,
+          "encoder": digest,
           "schema": resolved.participation.as_dict(),
           "sensitivity": {k: report[k] for k in ("value", "exact", "method")},
           "cache_hit": resolved.info.get("cache_hit"), "npz": resolved.info.get("cache_npz")}
@@ -436,8 +438,8 @@ def _prepared_figures(dep: Deployment, resolved: mechanisms.Resolved,
   skipped = dep.skip_mmcc and mmcc_would_run(resolved, option)
   p = None if skipped else option.sampling_prob
   amplified = mechanisms.amplification_applies(option.schema, dep.total_rounds, p)
-  out = figures(resolved)
   c = encoder_view(resolved)
+  out = figures(resolved, c)
   if amplified and resolved.participation.poisson:  # shared_banded_bound's
     from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
     b = analyses.sampling_min_sep(resolved.participation, dep.total_rounds)

@@ -30,9 +30,9 @@ _ENCODER = _Encoder()
 def same_encoder(c: Optional[np.ndarray]):
   """Within the block, what the accounting derives from the array ``c`` itself (its checks,
   band count, γ, the sensitivity with every eligible round joined, random allocation's Gram
-  summary: ``derived``) is computed once:
-  a calibration evaluates one C at many z, and a run's record several analyses of it. The
-  array must not change inside the block (nothing in the library writes an encoder)."""
+  summary: ``derived``) is computed once: a calibration evaluates one C at many z, and a
+  run's record several analyses of it. The array must not change inside the block (nothing
+  in the library writes an encoder)."""
   outer = (_ENCODER.c, _ENCODER.facts)
   if c is not None and c is not _ENCODER.c:
     _ENCODER.c, _ENCODER.facts = c, {}

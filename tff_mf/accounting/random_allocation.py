@@ -102,9 +102,9 @@ class RandomAllocationError(checks.CheckError):
 def check_encoder(c, epochs, scheme: str = "random_allocation") -> Tuple[np.ndarray, int, int]:
   """(C, k, b): C square, lower triangular, non-negative and finite; k divides n (the
   messages name ``scheme``, the participation whose bound is asked for). Checked once per
-  ``analyses.same_encoder`` block of C."""
+  ``encoder_facts.same_encoder`` block of C."""
   return encoder_facts.derived(c, ("random_allocation_encoder", epochs, scheme),
-                          lambda: _check_encoder(c, epochs, scheme))
+                               lambda: _check_encoder(c, epochs, scheme))
 
 
 def _check_encoder(c, epochs, scheme: str) -> Tuple[np.ndarray, int, int]:
@@ -149,7 +149,7 @@ _CACHE: Dict[Tuple, _Gram] = {}
 
 
 def _gram(c: np.ndarray, k: int, b: int) -> _Gram:
-  """The Gram summary of C, once per ``analyses.same_encoder`` block of C (a calibration's
+  """The Gram summary of C, once per ``encoder_facts.same_encoder`` block of C (a calibration's
   evaluations), and otherwise for the C last seen, by its contents."""
   return encoder_facts.derived(c, ("random_allocation_gram", k, b), lambda: _gram_of(c, k, b))
 

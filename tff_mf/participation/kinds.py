@@ -737,7 +737,8 @@ def sensitivity_report(c, schema: Participation, n: Optional[int] = None,
   report = None if column is None else toeplitz_sensitivity_report(column, schema)
   if report is not None:
     return report
-  if column is not None:  # the dense analysis, on a contiguous copy (BLAS-friendly)
+  if column is not None:  # the dense analysis, on a contiguous copy (BLAS-friendly), with
+    gram = gram or bounds_lib.Gram(c, column=column)  # CᵀC still from the column, O(n²)
     c = np.array(c)
   return report_from_bounds(schema, *schema.sensitivity_bounds(
       c, np.sum(np.square(c), axis=0), gram))
