@@ -444,6 +444,8 @@ def _prepared_figures(dep: Deployment, resolved: mechanisms.Resolved,
     from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
     b = analyses.sampling_min_sep(resolved.participation, dep.total_rounds)
     out.update(gamma=checks.gamma(c), class_norm=planner_bounds.class_norm(c, b))
+  if amplified and planner_bounds.true_bound_applies(option.schema, dep.total_rounds, p):
+    out.update(order_norms=planner_bounds.order_norms(c, option.schema.min_sep))
   if amplified and planner_bounds.has_components(resolved.participation):
     out.update(component_shifts=planner_bounds.component_shifts(
         c, resolved.participation, dep.total_rounds))
@@ -706,6 +708,8 @@ def prune_check(dep: Deployment, prep: Prepared, best_rmse: float,
   eps = shared_banded_bound(dep, prep, z_cut, records)
   if eps is None:
     eps = component_bound(dep, prep, z_cut)
+  if eps is None:
+    eps = true_bound(dep, prep, z_cut)
   if eps is not None:
     how = "its epsilon is at least"
   else:
@@ -737,6 +741,19 @@ def component_bound(dep: Deployment, prep: Prepared, z: float) -> Optional[float
     return None
   eps = planner_bounds.component_lower_epsilon(shifts, z, prep.option.schema,
                                                dep.total_rounds, dep.delta)
+  return eps if eps > dep.target_epsilon else None
+
+
+def true_bound(dep: Deployment, prep: Prepared, z: float) -> Optional[float]:
+  """A lower bound above the target on the true ε at z, so on every valid analysis's (MMCC's
+  included), for a candidate under cyclic Poisson sampling, or None
+  (``planner_bounds.true_lower_epsilon``: the composed subsampled Gaussians of a residue
+  class's largest columns; at most a second, where MMCC takes minutes)."""
+  norms = prep.figures.get("order_norms")
+  if not norms:
+    return None
+  eps = planner_bounds.true_lower_epsilon(norms, z, prep.option.sampling_prob, dep.delta,
+                                          target=dep.target_epsilon)
   return eps if eps > dep.target_epsilon else None
 
 
