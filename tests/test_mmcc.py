@@ -479,3 +479,48 @@ def test_merging_small_entries_never_raises_epsilon(name):
   assert lower <= merged.epsilon <= unmerged.epsilon
   if name == "blt_tail":
     assert merged.epsilon < 0.8 * unmerged.epsilon
+
+
+def test_optimistic_pmf_is_dp_accountings_buckets_from_below():
+  """``optimistic_pmf`` (vectorized inverses) gives the privacy-buckets PMF with optimistic
+  rounding: its δ(ε) is at most dp_accounting's own optimistic one (one scalar inverse per
+  bucket) and within 1e-6 of it, and below the pessimistic connect-the-dots PMF's."""
+  from dp_accounting.pld import privacy_loss_mechanism as plm
+  eps = np.array([0.0, 0.1, 0.5, 1.0, 2.0])
+  for sens, probs, sigma, interval in (([0.0, 1.0, 2.0], [0.5, 0.3, 0.2], 1.0, 0.05),
+                                       ([1.0, 3.0], [0.9, 0.1], 0.7, 0.01)):
+    for adjacency in (plm.AdjacencyType.REMOVE, plm.AdjacencyType.ADD):
+      def loss(pessimistic):
+        return mmcc._fast_mog_class()(sigma, np.array(sens), np.array(probs),
+                                      pessimistic_estimate=pessimistic,
+                                      adjacency_type=adjacency)
+      ours = np.array(mmcc.optimistic_pmf(loss(False), interval).get_delta_for_epsilon(eps))
+      theirs = np.array(pld_lib._create_pld_pmf_from_monotone_privacy_loss(  # pylint: disable=protected-access
+          loss(False), pessimistic_estimate=False, value_discretization_interval=interval,
+          use_connect_dots=False).get_delta_for_epsilon(eps))
+      upper = np.array(pld_lib._create_pld_pmf_from_monotone_privacy_loss(  # pylint: disable=protected-access
+          loss(True), pessimistic_estimate=True, value_discretization_interval=1e-4,
+          use_connect_dots=True).get_delta_for_epsilon(eps))
+      assert np.all(ours <= theirs) and np.all(theirs - ours <= 1e-6)
+      assert np.all(ours <= upper)
+
+
+def test_the_lower_bound_is_below_mmcc():
+  """``lower_bound_epsilon`` never exceeds MMCC's ε (b = 1 and b = 4, the identity, a
+  banded, a BLT-like Toeplitz and a non-Toeplitz non-negative C, MMCC on its coarse test
+  grid or its default one), and is near it for the identity, where MMCC is DP-SGD, and
+  for a banded C under i.i.d. sampling, where its tail bounds p̃ make MMCC's ε."""
+  n = 16
+  band = _toeplitz(np.array([1.0, 0.5, 0.25]), n)
+  blt = _toeplitz(0.7 ** np.arange(n), n)
+  dense = np.tril(np.ones((n, n))) + np.diag(np.arange(n) % 3 / 4.0)
+  # (C, b, σ, MMCC's options, the least ratio of the bound to MMCC's ε asserted)
+  cases = [(np.eye(n), 1, 1.0, {}, 0.95), (np.eye(n), 4, 2.0, FAST, 0.0),
+           (band, 1, 1.0, {}, 0.9), (band, 1, 2.0, FAST, 0.0), (band, 4, 1.0, {}, 0.0),
+           (blt, 4, 1.0, FAST, 0.0), (blt, 4, 2.0, {}, 0.0), (dense, 4, 2.0, FAST, 0.0)]
+  for c, b, sigma, options, ratio in cases:
+    c = c / np.sqrt(np.max(np.sum(c * c, axis=0)))
+    p = 0.25 / b if b > 1 else 0.25
+    low = mmcc.lower_bound_epsilon(c, p, sigma, DELTA, min_sep=b)
+    upper = mmcc.mmcc_epsilon(c, p, sigma, DELTA, min_sep=b, **options)
+    assert 0.0 < low <= upper and low >= ratio * upper, (b, sigma, low, upper)

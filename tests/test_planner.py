@@ -678,18 +678,28 @@ def test_the_true_epsilon_bound_is_below_every_analysis():
         assert 0.97 * upper <= low <= upper
 
 
-def test_the_true_epsilon_bound_prunes_without_mmcc(tmp_path, monkeypatch):
-  """A candidate that MMCC accounts (BLT under min_sep b = 1, p = 1/64) is pruned against a
-  best rmse below its own by the bound on the true ε alone (no MMCC evaluation: one would
-  fail here), and the proof holds against its MMCC calibration."""
+def _blt_under_min_sep(tmp_path, min_sep):
+  """(deployment, the prepared BLT candidate with one buffer under min_sep b, its records):
+  n = 8, P = 256, K = 4, so p = b/64, and MMCC accounts it."""
   dep = planner.Deployment(population=256, total_rounds=8, clients_per_round=4,
                            target_epsilon=EPS, delta=DELTA, schemas=("min_sep",),
                            mechanisms=("blt",))
   records = planner.Records(str(tmp_path))
   name, option, params = next(t for t in planner.enumerate_candidates(dep)[0]
-                              if t[1].schema.min_sep == 1 and t[2] == {"buffers": 1})
+                              if t[1].schema.min_sep == min_sep and t[2] == {"buffers": 1})
   prep = planner.prepare(dep, name, option, params, cache_dir=str(tmp_path), records=records)
-  assert prep.figures["analysis"] == "mmcc" and prep.figures["order_norms"]
+  assert prep.figures["analysis"] == "mmcc"
+  return dep, prep, records
+
+
+@pytest.mark.slow  # an MMCC calibration (about 30 s)
+def test_the_true_epsilon_bound_prunes_without_mmcc(tmp_path, monkeypatch):
+  """A candidate that MMCC accounts (BLT under min_sep b = 1, p = 1/64) is pruned against a
+  best rmse below its own by the bound on the true ε alone (no MMCC evaluation: one would
+  fail here), and the proof holds against its MMCC calibration."""
+  dep, prep, records = _blt_under_min_sep(tmp_path, 1)
+  option = prep.option
+  assert prep.figures["order_norms"]
   calibrated = planner.calibrate(prep, records)
   assert calibrated.bound == "mmcc"
 
@@ -704,3 +714,19 @@ def test_the_true_epsilon_bound_prunes_without_mmcc(tmp_path, monkeypatch):
   assert planner_bounds.true_lower_epsilon(
       prep.figures["order_norms"], calibrated.noise_multiplier, option.sampling_prob,
       DELTA) <= calibrated.epsilon <= EPS
+
+
+def test_the_mmcc_bound_is_below_the_reported_epsilon(tmp_path):
+  """``planner.mmcc_bound`` (MMCC's own ε from below, with the unamplified Gaussians) never
+  exceeds the ε training reports at the same z (MMCC evaluated in full), for BLT under
+  min_sep b = 2 at noise multipliers where it proves the target exceeded."""
+  dep, prep, _ = _blt_under_min_sep(tmp_path, 2)
+  proven = 0
+  for scale in (0.15, 0.25):
+    z = scale * prep.z_upper
+    bound = planner.mmcc_bound(dep, prep, z)
+    if bound is not None:
+      reported = planner.epsilon_at(prep, z, planner.Records(str(tmp_path), read=False))
+      assert EPS < bound <= reported, (z, bound, reported)
+      proven += 1
+  assert proven >= 1

@@ -710,6 +710,8 @@ def prune_check(dep: Deployment, prep: Prepared, best_rmse: float,
     eps = component_bound(dep, prep, z_cut)
   if eps is None:
     eps = true_bound(dep, prep, z_cut)
+  if eps is None:
+    eps = mmcc_bound(dep, prep, z_cut)
   if eps is not None:
     how = "its epsilon is at least"
   else:
@@ -754,6 +756,30 @@ def true_bound(dep: Deployment, prep: Prepared, z: float) -> Optional[float]:
     return None
   eps = planner_bounds.true_lower_epsilon(norms, z, prep.option.sampling_prob, dep.delta,
                                           target=dep.target_epsilon)
+  return eps if eps > dep.target_epsilon else None
+
+
+def mmcc_bound(dep: Deployment, prep: Prepared, z: float) -> Optional[float]:
+  """A lower bound above the target on the candidate's reported ε at z where MMCC accounts
+  it, or None: the least of ``tff_mf.accounting.mmcc.lower_bound_epsilon`` (below MMCC's
+  own ε; seconds where MMCC takes minutes) and the two unamplified Gaussians
+  (``shared_banded_bound``'s)."""
+  from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
+  from tff_mf.accounting import mmcc  # pylint: disable=g-import-not-at-top
+  figs = prep.figures
+  if figs["analysis"] != "mmcc" or "class_norm" not in figs:
+    return None
+  gaussians = min(analyses.gaussian_epsilon(z, dep.delta, dep.accountant, s)
+                  for s in (figs["sensitivity"]["value"], figs["class_norm"]))
+  if not gaussians > dep.target_epsilon:
+    return None
+  b = prep.option.schema.min_sep
+  try:
+    low = mmcc.lower_bound_epsilon(encoder_view(prep.resolve()), prep.option.sampling_prob / b,
+                                   z, dep.delta, min_sep=b, target=dep.target_epsilon)
+  except ValueError:  # CheckError: MMCC does not take this C (its analysis then fails too)
+    return None
+  eps = min(low, gaussians)
   return eps if eps > dep.target_epsilon else None
 
 
@@ -817,7 +843,8 @@ def search(dep: Deployment, prepared: Sequence[Prepared], records: Records, *,
       return (1, upper) if p.group not in ratio else (2, ratio[p.group] * upper)
     prep = min(pending, key=estimate)
     pending.remove(prep)
-    bar.set_postfix_str(f"{prep.describe()}; {len(pruned)} pruned", refresh=False)
+    # Shown as it starts where it may take long (MMCC: minutes), not after it ends.
+    bar.set_postfix_str(f"{prep.describe()}; {len(pruned)} pruned", refresh=prep.amplified)
     best = min([c.rmse for c in scored] + ([] if incumbent is None else [incumbent]),
                default=None)
     why = prune_check(dep, prep, best, records) if prune and best is not None else None
@@ -951,6 +978,7 @@ def staged_search(dep: Deployment, todo: Sequence[Tuple[str, SchemaOption, Dict]
       if prune and cut is not None and bound["rmse"] > cut:
         pruned.append(_pruned_by_bound(name, option, params, bound, cut, best))
       else:
+        bar.set_postfix_str(describe(name, option, params))  # shown as it starts
         if beside is not None and entry is not None and beside.pending(entry[0]):
           bar.set_postfix_str(f"{describe(name, option, params)} (factorized beside)")
           beside.wait(entry[0])

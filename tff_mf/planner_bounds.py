@@ -194,7 +194,7 @@ def order_norms(c, min_sep: int) -> List[Tuple[int, float]]:
 def true_lower_epsilon(norms, z: float, sampling_prob: float, delta: float,
                        target: Optional[float] = None) -> float:
   """A lower bound on the true ε(δ) at noise multiplier z of a C with ``order_norms`` under
-  cyclic Poisson sampling at rate p (the module docstring's 2), so on every valid analysis's:
+  cyclic Poisson sampling at rate p (the module docstring's 4), so on every valid analysis's:
   the largest f_m(z/s_(m)) (optimistic PLD), the largest m first, stopping once above
   ``target``. An evaluation that fails proves nothing and is passed over."""
   best = 0.0

@@ -94,6 +94,7 @@ import math
 import multiprocessing
 import sys
 import time
+import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -626,17 +627,18 @@ def mixture_pld(sigma: float, sensitivities: np.ndarray, probs: np.ndarray,
       pmf(plm.AdjacencyType.REMOVE), pmf(plm.AdjacencyType.ADD))
 
 
-def coarsen_support(values: np.ndarray, masses: np.ndarray,
-                    max_components: int) -> Tuple[np.ndarray, np.ndarray]:
+def coarsen_support(values: np.ndarray, masses: np.ndarray, max_components: int,
+                    down: bool = False) -> Tuple[np.ndarray, np.ndarray]:
   """Rounds support points UP to multiples of 2^k (smallest k giving ≤ max_components).
 
   Moving mass to larger sensitivities gives a dominating mixture (Cor B.3), so
   this only over-estimates ε; it bounds the cost of each privacy-loss
-  evaluation (linear in the number of components, App F.1).
+  evaluation (linear in the number of components, App F.1). ``down``: rounds DOWN
+  instead (a dominated mixture, for ``lower_bound_epsilon``).
   """
   factor = 1
   while True:
-    coarse = -(-values // factor) * factor
+    coarse = (values // factor if down else -(-values // factor)) * factor
     distinct = np.unique(coarse)
     if distinct.size <= max_components:
       break
@@ -1257,6 +1259,134 @@ def _worst_offset_epsilon(counts, results, multiplicity, delta_pld: float) -> fl
     total = _compose_all(parts)
     if total is not None:
       eps = max(eps, float(total.get_epsilon_for_delta(delta_pld)))
+  return eps
+
+
+def optimistic_pmf(loss, interval: float):
+  """dp_accounting's privacy-buckets PMF of a continuous monotone privacy loss with
+  optimistic rounding (``_create_pld_pmf_from_monotone_privacy_loss`` with
+  ``pessimistic_estimate=False``: the mass of losses in [Δv, Δ(v + 1)] at Δv), the same
+  buckets with every inverse privacy loss computed in one vectorized call rather than one
+  scalar call each (``loss``: ``_fast_mog_class``'s, whose inverses are one grid step from
+  the true ones, on the side that this moves toward a lower loss)."""
+  from dp_accounting.pld import pld_pmf  # pylint: disable=g-import-not-at-top
+  tail = loss.privacy_loss_tail()
+  lower_x, upper_x = tail.lower_x_truncation, tail.upper_x_truncation
+  buckets: Dict[int, float] = collections.defaultdict(float)
+  infinity = tail.tail_probability_mass_function.get(math.inf, 0.0)
+  for value, mass in tail.tail_probability_mass_function.items():
+    if value != math.inf:
+      buckets[math.floor(value / interval)] += mass
+  if lower_x < upper_x:
+    top = math.floor(loss.privacy_loss(lower_x) / interval)
+    bottom = loss.privacy_loss(upper_x)
+    last = math.floor(bottom / interval)  # the largest v with Δ·v ≤ the loss at upper_x
+    while interval * last > bottom:
+      last -= 1
+    while interval * (last + 1) <= bottom:
+      last += 1
+    inner = np.arange(top, last, -1) if top > last else np.zeros(0, np.int64)
+    inverse = np.asarray(loss.inverse_privacy_losses(interval * inner[::-1]),
+                         dtype=np.float64).reshape(-1)[::-1]  # it takes losses ascending
+    # The inverse is the smallest multiple of its precision whose (non-increasing) loss is
+    # at most Δ·v, at or right of the true point: one step left of it is left of the true
+    # point, so a bucket boundary moves only toward the lower loss (the optimistic side).
+    inverse = np.clip(inverse - loss.inverse_precision, lower_x, upper_x)
+    xs = np.maximum.accumulate(np.concatenate([[lower_x], inverse, [upper_x]]))
+    cdf = np.asarray(loss.mu_upper_cdf(xs), dtype=np.float64)
+    for v, mass in zip(np.append(inner, min(top, last)).tolist(), np.diff(cdf).tolist()):
+      buckets[int(v)] += mass
+  return pld_pmf.create_pmf(dict(buckets), interval, infinity, pessimistic_estimate=False)
+
+
+def lower_bound_epsilon(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
+                        min_sep: int = 1, delta_split: float = 0.5, groups: int = 32,
+                        grid_resolution: int = 64, max_components: int = 32,
+                        target: Optional[float] = None) -> float:
+  """A lower bound on the ε that ``mmcc`` reports for C, p, σ, δ, b and ``delta_split`` (its
+  other options at any value, every residue class analyzed), or 0.0 where it cannot tell;
+  seconds where ``mmcc`` takes minutes.
+
+  ``mmcc``'s ε is, over the worst residue class, a pessimistic PLD's ε at δ2 ≤ δ of the
+  composition over row blocks of PMoG(p̃, units·Δ2), every approximation rounding up (the
+  module docstring), so it is at least the exact ε at δ of the composition, for any one
+  class, of PMoGs that these dominate (Cor B.3, Thm 3.1). Here: the class of largest
+  Σ_j ‖C[:, j]‖²; each block's sensitivities before rounding (``_block_sensitivities``, no
+  larger than units·Δ2); for a column first seen in the block, probability q = b·p (p̃'s
+  own), else Fig 5's p̃ = expit(ε_ij + logit q) with ε_ij bounded below by
+  z_t·√N_j/σ − N_j/(2σ²) (s_ij ≥ 0 dropped; z_t = Φ⁻¹(1 − δ1/2) no larger than the tail
+  quantile; N_j the column's squared norm over the earlier blocks' rows); in ``groups``
+  runs of consecutive blocks, each block replaced by the run's least (sensitivity,
+  probability) at each rank of its sensitivities (a block's law depends on its columns
+  only as a multiset of these pairs: with a coin per rank, stochastically smaller), so
+  each run is one PMoG self-composed; its support rounded down to a grid of
+  max|C|/``grid_resolution`` and to at most ``max_components`` points (mass moved down);
+  and a PLD with optimistic rounding (``optimistic_pmf``, on a grid of at most 1/blocks).
+  The runs are composed most sensitive first, stopping once above ``target``.
+  """
+  from dp_accounting.pld import privacy_loss_distribution as pld_lib  # pylint: disable=g-import-not-at-top
+  from dp_accounting.pld import privacy_loss_mechanism as plm  # pylint: disable=g-import-not-at-top
+  c = check_encoder(c)
+  sigma = checks.noise_multiplier(noise_multiplier)
+  delta = checks.delta(delta)
+  b = checks.positive_int(min_sep, "min_sep")
+  q = b * check_sampling_prob(sampling_prob)
+  if q >= 1.0 or not 0.0 < delta_split < 1.0:
+    return 0.0
+  z_tail = float(stats.norm.isf(delta_split * delta / 2.0))
+  squares = np.sum(c * c, axis=0)
+  n = c.shape[1]
+  offset = int(np.argmax([np.sum(squares[r::b]) for r in range(b)]))
+  ck = c[:, np.arange(offset, n, b)]
+  before = np.vstack([np.zeros((1, ck.shape[1])), np.cumsum(ck * ck, axis=0)])
+  pairs = []
+  for rows in _blocks(release_rounds(c), b, offset):
+    values = np.broadcast_to(_block_sensitivities(ck[rows]), ck.shape[1:])
+    seen = before[rows[0]]  # N_j: the rows of the earlier blocks
+    low = z_tail * np.sqrt(seen) / sigma - seen / (2.0 * sigma ** 2)
+    probs = np.where(seen > 0, special.expit(low + math.log(q) - math.log1p(-q)), q)
+    order = np.argsort(-values, kind="stable")
+    pairs.append((values[order], probs[order]))
+  values = np.stack([v for v, _ in pairs])
+  probs = np.stack([p for _, p in pairs])
+  step = float(np.max(c)) / grid_resolution
+  interval = min(1e-2, 1.0 / len(pairs))
+  runs = []
+  for part in np.array_split(np.arange(len(pairs)), min(groups, len(pairs))):
+    units = np.floor(np.min(values[part], axis=0) / step).astype(np.int64)
+    least = np.min(probs[part], axis=0)
+    keep = (units > 0) & (least > 0)
+    if np.any(keep):
+      runs.append((float(np.sum(units[keep] * least[keep])), units[keep], least[keep],
+                   part.size))
+  total = None
+  eps = 0.0
+  for _, units, run_probs, count in sorted(runs, key=lambda r: -r[0]):
+    values_, masses = sensitivity_pmf(units, run_probs, 0.0)
+    values_, masses = coarsen_support(values_, masses, max_components, down=True)
+    masses = masses / np.sum(masses)
+    while values_.size > 1 and values_[0] == 0 and masses[0] < MIN_ZERO_MASS:
+      masses = np.concatenate([[masses[0] + masses[1]], masses[2:]])  # moved down
+      values_ = np.concatenate([[0], values_[2:]])
+    if values_[0] == 0 and values_.size == 1:
+      continue
+
+    def pmf(adjacency, values_=values_, masses=masses):
+      return optimistic_pmf(_fast_mog_class()(
+          sigma, values_ * step, masses, pessimistic_estimate=False,
+          adjacency_type=adjacency), interval)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+      warnings.simplefilter("ignore", RuntimeWarning)
+      pld = pld_lib.PrivacyLossDistribution(pmf(plm.AdjacencyType.REMOVE),
+                                            pmf(plm.AdjacencyType.ADD))
+      if count > 1:
+        pld = pld.self_compose(count)
+      total = pld if total is None else total.compose(pld)
+      eps = float(total.get_epsilon_for_delta(delta))
+    if math.isnan(eps):
+      return 0.0
+    if target is not None and eps > target:
+      break
   return eps
 
 
