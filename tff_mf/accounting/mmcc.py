@@ -1324,8 +1324,6 @@ def lower_bound_epsilon(c, sampling_prob: float, noise_multiplier: float, delta:
   and a PLD with optimistic rounding (``optimistic_pmf``, on a grid of at most 1/blocks).
   The runs are composed most sensitive first, stopping once above ``target``.
   """
-  from dp_accounting.pld import privacy_loss_distribution as pld_lib  # pylint: disable=g-import-not-at-top
-  from dp_accounting.pld import privacy_loss_mechanism as plm  # pylint: disable=g-import-not-at-top
   c = check_encoder(c)
   sigma = checks.noise_multiplier(noise_multiplier)
   delta = checks.delta(delta)
@@ -1333,11 +1331,35 @@ def lower_bound_epsilon(c, sampling_prob: float, noise_multiplier: float, delta:
   q = b * check_sampling_prob(sampling_prob)
   if q >= 1.0 or not 0.0 < delta_split < 1.0:
     return 0.0
-  z_tail = float(stats.norm.isf(delta_split * delta / 2.0))
+  runs, step, blocks = _lower_runs(c, q, sigma, float(stats.norm.isf(delta_split * delta / 2.0)),
+                                   b, groups, grid_resolution)
+  interval = min(1e-2, 1.0 / blocks)
+  total = None
+  eps = 0.0
+  for _, units, probs, count in sorted(runs, key=lambda r: -r[0]):
+    pld = _lower_run_pld(units, probs, sigma, step, interval, max_components)
+    if pld is None:
+      continue
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+      warnings.simplefilter("ignore", RuntimeWarning)
+      pld = pld.self_compose(count) if count > 1 else pld
+      total = pld if total is None else total.compose(pld)
+      eps = float(total.get_epsilon_for_delta(delta))
+    if math.isnan(eps):
+      return 0.0
+    if target is not None and eps > target:
+      break
+  return eps
+
+
+def _lower_runs(c: np.ndarray, q: float, sigma: float, z_tail: float, b: int, groups: int,
+                grid_resolution: int):
+  """(runs [(weight, units, probabilities, blocks in the run)], grid step, blocks) of
+  ``lower_bound_epsilon``: the class of largest Σ_j ‖C[:, j]‖², each block's
+  (sensitivity, probability) pairs largest first, and each run's least per rank."""
   squares = np.sum(c * c, axis=0)
-  n = c.shape[1]
   offset = int(np.argmax([np.sum(squares[r::b]) for r in range(b)]))
-  ck = c[:, np.arange(offset, n, b)]
+  ck = c[:, np.arange(offset, c.shape[1], b)]
   before = np.vstack([np.zeros((1, ck.shape[1])), np.cumsum(ck * ck, axis=0)])
   pairs = []
   for rows in _blocks(release_rounds(c), b, offset):
@@ -1350,7 +1372,6 @@ def lower_bound_epsilon(c, sampling_prob: float, noise_multiplier: float, delta:
   values = np.stack([v for v, _ in pairs])
   probs = np.stack([p for _, p in pairs])
   step = float(np.max(c)) / grid_resolution
-  interval = min(1e-2, 1.0 / len(pairs))
   runs = []
   for part in np.array_split(np.arange(len(pairs)), min(groups, len(pairs))):
     units = np.floor(np.min(values[part], axis=0) / step).astype(np.int64)
@@ -1359,35 +1380,31 @@ def lower_bound_epsilon(c, sampling_prob: float, noise_multiplier: float, delta:
     if np.any(keep):
       runs.append((float(np.sum(units[keep] * least[keep])), units[keep], least[keep],
                    part.size))
-  total = None
-  eps = 0.0
-  for _, units, run_probs, count in sorted(runs, key=lambda r: -r[0]):
-    values_, masses = sensitivity_pmf(units, run_probs, 0.0)
-    values_, masses = coarsen_support(values_, masses, max_components, down=True)
-    masses = masses / np.sum(masses)
-    while values_.size > 1 and values_[0] == 0 and masses[0] < MIN_ZERO_MASS:
-      masses = np.concatenate([[masses[0] + masses[1]], masses[2:]])  # moved down
-      values_ = np.concatenate([[0], values_[2:]])
-    if values_[0] == 0 and values_.size == 1:
-      continue
+  return runs, step, len(pairs)
 
-    def pmf(adjacency, values_=values_, masses=masses):
-      return optimistic_pmf(_fast_mog_class()(
-          sigma, values_ * step, masses, pessimistic_estimate=False,
-          adjacency_type=adjacency), interval)
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-      warnings.simplefilter("ignore", RuntimeWarning)
-      pld = pld_lib.PrivacyLossDistribution(pmf(plm.AdjacencyType.REMOVE),
-                                            pmf(plm.AdjacencyType.ADD))
-      if count > 1:
-        pld = pld.self_compose(count)
-      total = pld if total is None else total.compose(pld)
-      eps = float(total.get_epsilon_for_delta(delta))
-    if math.isnan(eps):
-      return 0.0
-    if target is not None and eps > target:
-      break
-  return eps
+
+def _lower_run_pld(units: np.ndarray, probs: np.ndarray, sigma: float, step: float,
+                   interval: float, max_components: int):
+  """The optimistic PLD of one run's PMoG (support rounded down), or None if it is 0."""
+  from dp_accounting.pld import privacy_loss_distribution as pld_lib  # pylint: disable=g-import-not-at-top
+  from dp_accounting.pld import privacy_loss_mechanism as plm  # pylint: disable=g-import-not-at-top
+  values, masses = sensitivity_pmf(units, probs, 0.0)
+  values, masses = coarsen_support(values, masses, max_components, down=True)
+  masses = masses / np.sum(masses)
+  while values.size > 1 and values[0] == 0 and masses[0] < MIN_ZERO_MASS:
+    masses = np.concatenate([[masses[0] + masses[1]], masses[2:]])  # moved down
+    values = np.concatenate([[0], values[2:]])
+  if values[0] == 0 and values.size == 1:
+    return None
+
+  def pmf(adjacency):
+    return optimistic_pmf(_fast_mog_class()(sigma, values * step, masses,
+                                            pessimistic_estimate=False,
+                                            adjacency_type=adjacency), interval)
+  with warnings.catch_warnings(), np.errstate(all="ignore"):
+    warnings.simplefilter("ignore", RuntimeWarning)
+    return pld_lib.PrivacyLossDistribution(pmf(plm.AdjacencyType.REMOVE),
+                                           pmf(plm.AdjacencyType.ADD))
 
 
 def mmcc_epsilon(c, sampling_prob: float, noise_multiplier: float, delta: float,
