@@ -697,8 +697,10 @@ def prune_check(dep: Deployment, prep: Prepared, best_rmse: float,
   So ε(z_r) > target proves calibrated z > z_r, hence rmse > r: the candidate is worse
   than the best by more than the calibration tolerance, and cannot be the winner nor a
   runner-up within the tolerance (``fragile``). ε(z_r) ≤ target proves nothing, and the
-  candidate is calibrated in full. ε(z_r) is one evaluation as training computes it, or,
-  for the amplified banded analysis, ``shared_banded_bound``'s lower bound.
+  candidate is calibrated in full. ε(z_r) is one evaluation as training computes it, or a
+  lower bound on it where one proves ε(z_r) > target first: ``shared_banded_bound`` (the
+  amplified banded analysis), ``component_bound`` (fixed-bin, random allocation),
+  ``true_bound`` (cyclic Poisson sampling) and ``mmcc_bound`` (where MMCC accounts it).
   """
   cut = (1.0 + 2.0 * TOLERANCE) * best_rmse
   z_cut = cut / prep.error_norm
