@@ -117,6 +117,10 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
                                       "--population", "256", "--clients-per-round", "32",
                                       "--skip-mmcc", "--budget", "600", "--name",
                                       "planner_64"),)),
+    ("planner_64_mmcc", "planner_64_mmcc.md", (("benchmarks/bench_planner.py", "--total-rounds",
+                                                "64", "--population", "256",
+                                                "--clients-per-round", "32", "--budget",
+                                                "1200", "--name", "planner_64_mmcc"),)),
 )
 
 # script -> arguments of a run in seconds that writes only under OUT (a temporary directory).
