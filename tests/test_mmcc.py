@@ -524,3 +524,8 @@ def test_the_lower_bound_is_below_mmcc():
     low = mmcc.lower_bound_epsilon(c, p, sigma, DELTA, min_sep=b)
     upper = mmcc.mmcc_epsilon(c, p, sigma, DELTA, min_sep=b, **options)
     assert 0.0 < low <= upper and low >= ratio * upper, (b, sigma, low, upper)
+  # At a δ below the mass that composition truncates (1e-15 each time), still finite and
+  # below: the truncated mass is not counted as infinite loss.
+  for b in (1, 4):
+    low = mmcc.lower_bound_epsilon(band, 0.25 / b, 2.0, 1e-14, min_sep=b)
+    assert 0.0 < low <= mmcc.mmcc_epsilon(band, 0.25 / b, 2.0, 1e-14, min_sep=b, **FAST)

@@ -779,8 +779,8 @@ def mmcc_bound(dep: Deployment, prep: Prepared, z: float) -> Optional[float]:
   try:
     low = mmcc.lower_bound_epsilon(encoder_view(prep.resolve()), prep.option.sampling_prob / b,
                                    z, dep.delta, min_sep=b, target=dep.target_epsilon)
-  except ValueError:  # CheckError: MMCC does not take this C (its analysis then fails too)
-    return None
+  except (ValueError, ArithmeticError, TypeError, MemoryError):  # no proof: MMCC decides
+    return None  # (CheckError: MMCC does not take this C, and its analysis fails too)
   eps = min(low, gaussians)
   return eps if eps > dep.target_epsilon else None
 

@@ -155,10 +155,11 @@ def optimistic_composed_epsilon(multiplier: float, delta: float, sampling_prob: 
       standard_deviation=multiplier, sampling_prob=sampling_prob,
       pessimistic_estimate=False, value_discretization_interval=interval,
       use_connect_dots=False)
+  from tff_mf.accounting import mmcc  # pylint: disable=g-import-not-at-top
   with warnings.catch_warnings(), np.errstate(all="ignore"):
     warnings.simplefilter("ignore", RuntimeWarning)
-    eps = float(pld.self_compose(int(compositions)).get_epsilon_for_delta(delta))
-  return 0.0 if math.isnan(eps) else eps
+    composed = pld.self_compose(int(compositions)) if compositions > 1 else pld
+    return mmcc.optimistic_epsilon(composed, delta)
 
 
 def order_counts(k: int) -> List[int]:

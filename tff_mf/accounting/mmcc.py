@@ -1262,6 +1262,19 @@ def _worst_offset_epsilon(counts, results, multiplicity, delta_pld: float) -> fl
   return eps
 
 
+def optimistic_epsilon(pld, delta: float) -> float:
+  """ε at δ of a PLD built with optimistic rounding and then composed, as a lower bound:
+  dp_accounting's composition moves the tail mass it truncates (1e-15 per composition by
+  default) to infinite loss even for an optimistic PLD, which adds that mass a to δ(ε)
+  (at δ ≤ 1e-15 the ε would be infinite). Reading ε at δ + a, a its infinity mass (the
+  larger of its two adjacencies'), undoes it: every infinite loss is counted as if it
+  were none, which only lowers ε."""
+  extra = max(float(getattr(pmf, "_infinity_mass", 0.0) or 0.0)
+              for pmf in (pld._pmf_remove, pld._pmf_add))  # pylint: disable=protected-access
+  eps = float(pld.get_epsilon_for_delta(delta + extra))
+  return 0.0 if math.isnan(eps) else eps
+
+
 def optimistic_pmf(loss, interval: float):
   """dp_accounting's privacy-buckets PMF of a continuous monotone privacy loss with
   optimistic rounding (``_create_pld_pmf_from_monotone_privacy_loss`` with
@@ -1337,16 +1350,17 @@ def lower_bound_epsilon(c, sampling_prob: float, noise_multiplier: float, delta:
   total = None
   eps = 0.0
   for _, units, probs, count in sorted(runs, key=lambda r: -r[0]):
-    pld = _lower_run_pld(units, probs, sigma, step, interval, max_components)
+    try:
+      pld = _lower_run_pld(units, probs, sigma, step, interval, max_components)
+    except _TooWide:  # a grid this fine would not fit: no bound
+      return 0.0
     if pld is None:
       continue
     with warnings.catch_warnings(), np.errstate(all="ignore"):
       warnings.simplefilter("ignore", RuntimeWarning)
       pld = pld.self_compose(count) if count > 1 else pld
       total = pld if total is None else total.compose(pld)
-      eps = float(total.get_epsilon_for_delta(delta))
-    if math.isnan(eps):
-      return 0.0
+      eps = optimistic_epsilon(total, delta)
     if target is not None and eps > target:
       break
   return eps
@@ -1398,9 +1412,13 @@ def _lower_run_pld(units: np.ndarray, probs: np.ndarray, sigma: float, step: flo
     return None
 
   def pmf(adjacency):
-    return optimistic_pmf(_fast_mog_class()(sigma, values * step, masses,
-                                            pessimistic_estimate=False,
-                                            adjacency_type=adjacency), interval)
+    loss = _fast_mog_class()(sigma, values * step, masses, pessimistic_estimate=False,
+                             adjacency_type=adjacency)
+    bounds = loss.connect_dots_bounds()
+    width = float(bounds.epsilon_upper) - float(bounds.epsilon_lower)
+    if not width <= MAX_ROW_POINTS * interval:  # tiny σ: MMCC's own limit on a row's grid
+      raise _TooWide(width)
+    return optimistic_pmf(loss, interval)
   with warnings.catch_warnings(), np.errstate(all="ignore"):
     warnings.simplefilter("ignore", RuntimeWarning)
     return pld_lib.PrivacyLossDistribution(pmf(plm.AdjacencyType.REMOVE),
