@@ -765,14 +765,12 @@ def mmcc_bound(dep: Deployment, prep: Prepared, z: float) -> Optional[float]:
   """A lower bound above the target on the candidate's reported ε at z where MMCC accounts
   it, or None: the least of ``tff_mf.accounting.mmcc.lower_bound_epsilon`` (below MMCC's
   own ε; seconds where MMCC takes minutes) and the two unamplified Gaussians
-  (``shared_banded_bound``'s)."""
-  from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
+  (``_unamplified_at_least``)."""
   from tff_mf.accounting import mmcc  # pylint: disable=g-import-not-at-top
   figs = prep.figures
   if figs["analysis"] != "mmcc" or "class_norm" not in figs:
     return None
-  gaussians = min(analyses.gaussian_epsilon(z, dep.delta, dep.accountant, s)
-                  for s in (figs["sensitivity"]["value"], figs["class_norm"]))
+  gaussians = _unamplified_at_least(dep, figs, z)
   if not gaussians > dep.target_epsilon:
     return None
   b = prep.option.schema.min_sep
@@ -802,7 +800,6 @@ def shared_banded_bound(dep: Deployment, prep: Prepared, z: float,
   can only lower the Gaussian's ε: the bound stays a lower bound, at O(n²) instead of the
   class Gram matrices' cost.
   """
-  from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
   figs = prep.figures
   if not _is_banded(figs["analysis"]):
     return None
@@ -810,9 +807,16 @@ def shared_banded_bound(dep: Deployment, prep: Prepared, z: float,
   known = [(u, f) for u, f in records.banded_fails.get(group, ()) if u >= z / figs["gamma"]]
   if not known:
     return None
-  gaussians = [analyses.gaussian_epsilon(z, dep.delta, dep.accountant, s)
-               for s in (figs["sensitivity"]["value"], figs["class_norm"])]
-  return min([min(f for _, f in known)] + gaussians)
+  return min(min(f for _, f in known), _unamplified_at_least(dep, figs, z))
+
+
+def _unamplified_at_least(dep: Deployment, figs: Dict[str, Any], z: float) -> float:
+  """The least of the two unamplified Gaussians' ε at z under cyclic Poisson sampling (the
+  schema's sensitivity, and every eligible round joined, the latter at its lower bound
+  ``class_norm``, which only lowers it): a lower bound on what they report."""
+  from tff_mf.accounting import analyses  # pylint: disable=g-import-not-at-top
+  return min(analyses.gaussian_epsilon(z, dep.delta, dep.accountant, s)
+             for s in (figs["sensitivity"]["value"], figs["class_norm"]))
 
 
 def search(dep: Deployment, prepared: Sequence[Prepared], records: Records, *,

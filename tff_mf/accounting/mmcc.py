@@ -597,20 +597,24 @@ def _refine_inverse(loss_and_slope, target, lo, hi, precision: float):
 
 def mixture_pld(sigma: float, sensitivities: np.ndarray, probs: np.ndarray,
                 discretization: float = DEFAULT_PLD_DISCRETIZATION,
-                fast_inverse: bool = True, max_points: Optional[int] = None):
+                fast_inverse: bool = True, max_points: Optional[int] = None,
+                optimistic: bool = False):
   """PLD (add and remove adjacency) of M_MoG(probs, sensitivities) with noise std σ.
 
   ``fast_inverse=False`` uses dp_accounting's own MixtureGaussianPrivacyLoss
   (recursive scalar bisection), the baseline of the speed benchmark. With
   ``max_points``, raises _TooWide (before building anything) when the privacy-loss
   range (dp_accounting's connect-the-dots bounds) needs more grid points than that.
+  ``optimistic``: rounded toward lower loss instead (``optimistic_pmf``, fast inverse
+  only), a PLD whose ε is below the mixture's, for ``lower_bound_epsilon``.
   """
   from dp_accounting.pld import privacy_loss_distribution as pld_lib  # pylint: disable=g-import-not-at-top
   from dp_accounting.pld import privacy_loss_mechanism as plm  # pylint: disable=g-import-not-at-top
-  cls = _fast_mog_class() if fast_inverse else plm.MixtureGaussianPrivacyLoss
+  cls = _fast_mog_class() if fast_inverse or optimistic else plm.MixtureGaussianPrivacyLoss
 
   def pmf(adjacency):
-    loss = cls(sigma, sensitivities, probs, pessimistic_estimate=True, adjacency_type=adjacency)
+    loss = cls(sigma, sensitivities, probs, pessimistic_estimate=not optimistic,
+               adjacency_type=adjacency)
     if max_points is not None:
       bounds = loss.connect_dots_bounds()
       width = float(bounds.epsilon_upper) - float(bounds.epsilon_lower)
@@ -619,6 +623,8 @@ def mixture_pld(sigma: float, sensitivities: np.ndarray, probs: np.ndarray,
                                "the floating-point range")
       if width > max_points * discretization:
         raise _TooWide(width)
+    if optimistic:
+      return optimistic_pmf(loss, discretization)
     return pld_lib._create_pld_pmf_from_monotone_privacy_loss(  # pylint: disable=protected-access
         loss, pessimistic_estimate=True, value_discretization_interval=discretization,
         use_connect_dots=True)
@@ -1352,7 +1358,7 @@ def lower_bound_epsilon(c, sampling_prob: float, noise_multiplier: float, delta:
   for _, units, probs, count in sorted(runs, key=lambda r: -r[0]):
     try:
       pld = _lower_run_pld(units, probs, sigma, step, interval, max_components)
-    except _TooWide:  # a grid this fine would not fit: no bound
+    except (_TooWide, MMCCNumericError):  # a grid this fine would not fit: no bound
       return 0.0
     if pld is None:
       continue
@@ -1399,9 +1405,8 @@ def _lower_runs(c: np.ndarray, q: float, sigma: float, z_tail: float, b: int, gr
 
 def _lower_run_pld(units: np.ndarray, probs: np.ndarray, sigma: float, step: float,
                    interval: float, max_components: int):
-  """The optimistic PLD of one run's PMoG (support rounded down), or None if it is 0."""
-  from dp_accounting.pld import privacy_loss_distribution as pld_lib  # pylint: disable=g-import-not-at-top
-  from dp_accounting.pld import privacy_loss_mechanism as plm  # pylint: disable=g-import-not-at-top
+  """The optimistic PLD of one run's PMoG (support rounded down), or None if it is 0;
+  _TooWide beyond MMCC's own limit on a row's grid (tiny σ)."""
   values, masses = sensitivity_pmf(units, probs, 0.0)
   values, masses = coarsen_support(values, masses, max_components, down=True)
   masses = masses / np.sum(masses)
@@ -1410,19 +1415,10 @@ def _lower_run_pld(units: np.ndarray, probs: np.ndarray, sigma: float, step: flo
     values = np.concatenate([[0], values[2:]])
   if values[0] == 0 and values.size == 1:
     return None
-
-  def pmf(adjacency):
-    loss = _fast_mog_class()(sigma, values * step, masses, pessimistic_estimate=False,
-                             adjacency_type=adjacency)
-    bounds = loss.connect_dots_bounds()
-    width = float(bounds.epsilon_upper) - float(bounds.epsilon_lower)
-    if not width <= MAX_ROW_POINTS * interval:  # tiny σ: MMCC's own limit on a row's grid
-      raise _TooWide(width)
-    return optimistic_pmf(loss, interval)
   with warnings.catch_warnings(), np.errstate(all="ignore"):
     warnings.simplefilter("ignore", RuntimeWarning)
-    return pld_lib.PrivacyLossDistribution(pmf(plm.AdjacencyType.REMOVE),
-                                           pmf(plm.AdjacencyType.ADD))
+    return mixture_pld(sigma, values * step, masses, interval, max_points=MAX_ROW_POINTS,
+                       optimistic=True)
 
 
 def mmcc_epsilon(c, sampling_prob: float, noise_multiplier: float, delta: float,
