@@ -509,7 +509,7 @@ def test_the_lower_bound_is_below_mmcc():
   """``lower_bound_epsilon`` never exceeds MMCC's ε (b = 1 and b = 4, the identity, a
   banded, a BLT-like Toeplitz and a non-Toeplitz non-negative C, MMCC on its coarse test
   grid or its default one), and is near it for the identity, where MMCC is DP-SGD, and
-  for a banded C under i.i.d. sampling, where its tail bounds p̃ make MMCC's ε."""
+  for a banded and a dense C under i.i.d. sampling, where its tail bounds p̃ make MMCC's ε."""
   n = 16
   band = _toeplitz(np.array([1.0, 0.5, 0.25]), n)
   blt = _toeplitz(0.7 ** np.arange(n), n)
@@ -524,6 +524,13 @@ def test_the_lower_bound_is_below_mmcc():
     low = mmcc.lower_bound_epsilon(c, p, sigma, DELTA, min_sep=b)
     upper = mmcc.mmcc_epsilon(c, p, sigma, DELTA, min_sep=b, **options)
     assert 0.0 < low <= upper and low >= ratio * upper, (b, sigma, low, upper)
+  # A dense non-negative C under i.i.d. sampling: p̃'s inner-product term s_ij (Fig 5)
+  # makes most of MMCC's ε there; the bound keeps it (without it, 0.81 of MMCC's ε).
+  small = np.tril(np.ones((8, 8))) + np.diag(np.arange(8) % 3 / 4.0)
+  small = small / np.sqrt(np.max(np.sum(small * small, axis=0)))
+  low = mmcc.lower_bound_epsilon(small, 0.25, 3.0, DELTA)
+  upper = mmcc.mmcc_epsilon(small, 0.25, 3.0, DELTA)
+  assert 0.9 * upper <= low <= upper, (low, upper)
   # At a δ below the mass that composition truncates (1e-15 each time), still finite and
   # below: the truncated mass is not counted as infinite loss.
   for b in (1, 4):

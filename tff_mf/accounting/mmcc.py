@@ -1332,10 +1332,11 @@ def lower_bound_epsilon(c, sampling_prob: float, noise_multiplier: float, delta:
   class, of PMoGs that these dominate (Cor B.3, Thm 3.1). Here: the class of largest
   Σ_j ‖C[:, j]‖²; each block's sensitivities before rounding (``_block_sensitivities``, no
   larger than units·Δ2); for a column first seen in the block, probability q = b·p (p̃'s
-  own), else Fig 5's p̃ = expit(ε_ij + logit q) with ε_ij bounded below by
-  z_t·√N_j/σ − N_j/(2σ²) (s_ij ≥ 0 dropped; z_t = Φ⁻¹(1 − δ1/2) no larger than the tail
-  quantile; N_j the column's squared norm over the earlier blocks' rows); in ``groups``
-  runs of consecutive blocks, each block replaced by the run's least (sensitivity,
+  own), else Fig 5's p̃ = expit(ε_ij + logit q), ε_ij = z'·√N_j/σ + (2·s_ij − N_j)/(2σ²)
+  with MMCC's own quantile z' (δ' = δ1/(2·N), N the class's non-trivial pairs), N_j the
+  column's squared norm over the earlier blocks' rows, and s_ij lowered to its value at the
+  first block of the block's run (``_least_inner_sums``; for C ≥ 0 it only grows); in
+  ``groups`` runs of consecutive blocks, each block replaced by the run's least (sensitivity,
   probability) at each rank of its sensitivities (a block's law depends on its columns
   only as a multiset of these pairs: with a coin per rank, stochastically smaller), so
   each run is one PMoG self-composed; its support rounded down to a grid of
@@ -1350,8 +1351,8 @@ def lower_bound_epsilon(c, sampling_prob: float, noise_multiplier: float, delta:
   q = b * check_sampling_prob(sampling_prob)
   if q >= 1.0 or not 0.0 < delta_split < 1.0:
     return 0.0
-  runs, step, blocks = _lower_runs(c, q, sigma, float(stats.norm.isf(delta_split * delta / 2.0)),
-                                   b, groups, grid_resolution)
+  runs, step, blocks = _lower_runs(c, q, sigma, delta_split * delta, b, groups,
+                                   grid_resolution)
   interval = min(1e-2, 1.0 / blocks)
   total = None
   eps = 0.0
@@ -1372,8 +1373,8 @@ def lower_bound_epsilon(c, sampling_prob: float, noise_multiplier: float, delta:
   return eps
 
 
-def _lower_runs(c: np.ndarray, q: float, sigma: float, z_tail: float, b: int, groups: int,
-                grid_resolution: int):
+def _lower_runs(c: np.ndarray, q: float, sigma: float, delta_tail: float, b: int,
+                groups: int, grid_resolution: int):
   """(runs [(weight, units, probabilities, blocks in the run)], grid step, blocks) of
   ``lower_bound_epsilon``: the class of largest Σ_j ‖C[:, j]‖², each block's
   (sensitivity, probability) pairs largest first, and each run's least per rank."""
@@ -1381,26 +1382,57 @@ def _lower_runs(c: np.ndarray, q: float, sigma: float, z_tail: float, b: int, gr
   offset = int(np.argmax([np.sum(squares[r::b]) for r in range(b)]))
   ck = c[:, np.arange(offset, c.shape[1], b)]
   before = np.vstack([np.zeros((1, ck.shape[1])), np.cumsum(ck * ck, axis=0)])
-  pairs = []
-  for rows in _blocks(release_rounds(c), b, offset):
-    values = np.broadcast_to(_block_sensitivities(ck[rows]), ck.shape[1:])
-    seen = before[rows[0]]  # N_j: the rows of the earlier blocks
-    low = z_tail * np.sqrt(seen) / sigma - seen / (2.0 * sigma ** 2)
-    probs = np.where(seen > 0, special.expit(low + math.log(q) - math.log1p(-q)), q)
-    order = np.argsort(-values, kind="stable")
-    pairs.append((values[order], probs[order]))
-  values = np.stack([v for v, _ in pairs])
-  probs = np.stack([p for _, p in pairs])
+  blocks = _blocks(release_rounds(c), b, offset)
+  values = np.stack([np.broadcast_to(_block_sensitivities(ck[rows]), ck.shape[1:])
+                     for rows in blocks])
+  nz = ck != 0
+  first_row = np.where(nz.any(axis=0), np.argmax(nz, axis=0), ck.shape[0])
+  starts = np.array([rows[0] for rows in blocks])
+  pairs_used = int(np.count_nonzero((values > 0) & (first_row[None, :] < starts[:, None])))
+  delta_prime = delta_tail / (2.0 * pairs_used) if pairs_used else 1.0
+  z_tail = float(stats.norm.isf(delta_prime)) if pairs_used else 0.0
   step = float(np.max(c)) / grid_resolution
   runs = []
-  for part in np.array_split(np.arange(len(pairs)), min(groups, len(pairs))):
-    units = np.floor(np.min(values[part], axis=0) / step).astype(np.int64)
-    least = np.min(probs[part], axis=0)
+  gram = np.zeros((ck.shape[1], ck.shape[1]))
+  done = 0
+  tail_cache: Dict[int, int] = {}
+  for part in np.array_split(np.arange(len(blocks)), min(groups, len(blocks))):
+    start = int(starts[part[0]])
+    gram += ck[done:start].T @ ck[done:start]
+    done = start
+    inner = _least_inner_sums(gram, q, delta_prime, tail_cache)
+    units_rows, probs_rows = [], []
+    for i in part:
+      seen = before[starts[i]]  # N_j: the rows of the earlier blocks
+      low = z_tail * np.sqrt(seen) / sigma + (2.0 * inner - seen) / (2.0 * sigma ** 2)
+      probs = np.where(seen > 0, special.expit(low + math.log(q) - math.log1p(-q)), q)
+      order = np.argsort(-values[i], kind="stable")
+      units_rows.append(values[i][order])
+      probs_rows.append(probs[order])
+    units = np.floor(np.min(units_rows, axis=0) / step).astype(np.int64)
+    least = np.min(probs_rows, axis=0)
     keep = (units > 0) & (least > 0)
     if np.any(keep):
       runs.append((float(np.sum(units[keep] * least[keep])), units[keep], least[keep],
                    part.size))
-  return runs, step, len(pairs)
+  return runs, step, len(blocks)
+
+
+def _least_inner_sums(gram: np.ndarray, q: float, delta_prime: float,
+                      tail_cache: Dict[int, int]) -> np.ndarray:
+  """s_ij of Fig 5 at a run's first block (the sum of the t largest entries of column j's
+  row of the Gram matrix of the earlier rows, t the binomial tail count of its positive
+  entries), shaved by 1e-9 for summation order: for C ≥ 0 no later block of the run has a
+  smaller one (the Gram entries, their count and so t only grow)."""
+  out = np.zeros(gram.shape[0])
+  hard = np.nonzero(np.diag(gram) > 0)[0]
+  if hard.size:
+    rows = gram[hard]
+    t = _binomial_tail_counts(np.count_nonzero(rows > 0, axis=1), q, delta_prime, tail_cache)
+    rows = -np.sort(-rows, axis=1)
+    csum = np.concatenate([np.zeros((hard.size, 1)), np.cumsum(rows, axis=1)], axis=1)
+    out[hard] = csum[np.arange(hard.size), t] * (1.0 - 1e-9)
+  return out
 
 
 def _lower_run_pld(units: np.ndarray, probs: np.ndarray, sigma: float, step: float,
