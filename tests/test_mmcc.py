@@ -531,6 +531,12 @@ def test_the_lower_bound_is_below_mmcc():
   low = mmcc.lower_bound_epsilon(small, 0.25, 3.0, DELTA)
   upper = mmcc.mmcc_epsilon(small, 0.25, 3.0, DELTA)
   assert 0.9 * upper <= low <= upper, (low, upper)
+  # A tree under i.i.d. sampling with fewer runs than blocks: runs of alike blocks keep its
+  # leaves (one column each) apart from its inner nodes (with consecutive runs: 0.06 of it).
+  tree = mmcc.binary_tree_matrix(n)
+  low = mmcc.lower_bound_epsilon(tree, 0.25, 3.0, DELTA, groups=4)
+  upper = mmcc.mmcc_epsilon(tree, 0.25, 3.0, DELTA)
+  assert 0.9 * upper <= low <= upper, (low, upper)
   # At a δ below the mass that composition truncates (1e-15 each time), still finite and
   # below: the truncated mass is not counted as infinite loss.
   for b in (1, 4):

@@ -1341,7 +1341,8 @@ def lower_bound_epsilon(c, sampling_prob: float, noise_multiplier: float, delta:
   only as a multiset of these pairs: with a coin per rank, stochastically smaller), so
   each run is one PMoG self-composed; its support rounded down to a grid of
   max|C|/``grid_resolution`` and to at most ``max_components`` points (mass moved down);
-  and a PLD with optimistic rounding (``optimistic_pmf``, on a grid of at most 1/blocks).
+  and a PLD with optimistic rounding (``optimistic_pmf``, on a grid of at most 1/blocks,
+  coarser where a run's loss range would need more points than MMCC's rows may have).
   The runs are composed most sensitive first, stopping once above ``target``.
   """
   c = check_encoder(c)
@@ -1354,13 +1355,26 @@ def lower_bound_epsilon(c, sampling_prob: float, noise_multiplier: float, delta:
   runs, step, blocks = _lower_runs(c, q, sigma, delta_split * delta, b, groups,
                                    grid_resolution)
   interval = min(1e-2, 1.0 / blocks)
+  for _ in range(3):  # a grid too fine for a run's loss range: coarser (still optimistic)
+    try:
+      return _lower_composed(runs, sigma, step, interval, max_components, delta, target)
+    except _TooWide as e:
+      interval = max(interval, 1.05 * e.width / MAX_ROW_POINTS)
+    except MMCCNumericError:
+      break
+    if interval > gaussian.PLD_MAX_DISCRETIZATION:
+      break
+  return 0.0
+
+
+def _lower_composed(runs, sigma: float, step: float, interval: float, max_components: int,
+                    delta: float, target: Optional[float]) -> float:
+  """``lower_bound_epsilon``'s ε: the runs' optimistic PLDs composed most sensitive first,
+  stopping once above ``target``; _TooWide where a run's grid would exceed MMCC's limit."""
   total = None
   eps = 0.0
   for _, units, probs, count in sorted(runs, key=lambda r: -r[0]):
-    try:
-      pld = _lower_run_pld(units, probs, sigma, step, interval, max_components)
-    except (_TooWide, MMCCNumericError):  # a grid this fine would not fit: no bound
-      return 0.0
+    pld = _lower_run_pld(units, probs, sigma, step, interval, max_components)
     if pld is None:
       continue
     with warnings.catch_warnings(), np.errstate(all="ignore"):
@@ -1396,21 +1410,18 @@ def _lower_runs(c: np.ndarray, q: float, sigma: float, delta_tail: float, b: int
   gram = np.zeros((ck.shape[1], ck.shape[1]))
   done = 0
   tail_cache: Dict[int, int] = {}
-  for part in np.array_split(np.arange(len(blocks)), min(groups, len(blocks))):
-    start = int(starts[part[0]])
+  for part in _lower_groups(np.count_nonzero(values, axis=1), groups):
+    start = int(starts[part[0]])  # the run's earliest block: its s_ij is the least
     gram += ck[done:start].T @ ck[done:start]
     done = start
     inner = _least_inner_sums(gram, q, delta_prime, tail_cache)
-    units_rows, probs_rows = [], []
-    for i in part:
-      seen = before[starts[i]]  # N_j: the rows of the earlier blocks
-      low = z_tail * np.sqrt(seen) / sigma + (2.0 * inner - seen) / (2.0 * sigma ** 2)
-      probs = np.where(seen > 0, special.expit(low + math.log(q) - math.log1p(-q)), q)
-      order = np.argsort(-values[i], kind="stable")
-      units_rows.append(values[i][order])
-      probs_rows.append(probs[order])
-    units = np.floor(np.min(units_rows, axis=0) / step).astype(np.int64)
-    least = np.min(probs_rows, axis=0)
+    seen = before[starts[part]]  # N_j: the rows of the earlier blocks, one row per block
+    low = z_tail * np.sqrt(seen) / sigma + (2.0 * inner - seen) / (2.0 * sigma ** 2)
+    probs = np.where(seen > 0, special.expit(low + math.log(q) - math.log1p(-q)), q)
+    order = np.argsort(-values[part], axis=1, kind="stable")
+    units = np.floor(np.min(np.take_along_axis(values[part], order, axis=1), axis=0)
+                     / step).astype(np.int64)
+    least = np.min(np.take_along_axis(probs, order, axis=1), axis=0)
     keep = (units > 0) & (least > 0)
     if np.any(keep):
       runs.append((float(np.sum(units[keep] * least[keep])), units[keep], least[keep],
@@ -1418,20 +1429,39 @@ def _lower_runs(c: np.ndarray, q: float, sigma: float, delta_tail: float, b: int
   return runs, step, len(blocks)
 
 
+def _lower_groups(support: np.ndarray, groups: int) -> List[np.ndarray]:
+  """The runs of ``_lower_runs``, in order of their first block: the blocks that release
+  something, by ⌊log2⌋ of their number of non-zero sensitivities (alike blocks together, so
+  that each rank's least loses little: a tree's leaves apart from its inner nodes), each
+  such kind cut into runs of consecutive blocks, about ``groups`` runs in all."""
+  used = np.nonzero(support > 0)[0]
+  if not used.size:
+    return []
+  kind = np.floor(np.log2(support[used])).astype(np.int64)
+  runs = []
+  for k in np.unique(kind):
+    members = used[kind == k]
+    pieces = max(1, int(round(groups * members.size / used.size)))
+    runs += np.array_split(members, min(pieces, members.size))
+  return sorted(runs, key=lambda r: int(r[0]))
+
+
 def _least_inner_sums(gram: np.ndarray, q: float, delta_prime: float,
                       tail_cache: Dict[int, int]) -> np.ndarray:
   """s_ij of Fig 5 at a run's first block (the sum of the t largest entries of column j's
   row of the Gram matrix of the earlier rows, t the binomial tail count of its positive
-  entries), shaved by 1e-9 for summation order: for C ≥ 0 no later block of the run has a
-  smaller one (the Gram entries, their count and so t only grow)."""
+  entries), shaved by 1e-9 for summation order: for C ≥ 0 no later block has a smaller one
+  (the Gram entries, their count and so t only grow)."""
   out = np.zeros(gram.shape[0])
   hard = np.nonzero(np.diag(gram) > 0)[0]
   if hard.size:
     rows = gram[hard]
     t = _binomial_tail_counts(np.count_nonzero(rows > 0, axis=1), q, delta_prime, tail_cache)
-    rows = -np.sort(-rows, axis=1)
-    csum = np.concatenate([np.zeros((hard.size, 1)), np.cumsum(rows, axis=1)], axis=1)
-    out[hard] = csum[np.arange(hard.size), t] * (1.0 - 1e-9)
+    most = int(np.max(t))
+    if most:
+      top = -np.sort(np.partition(-rows, most - 1, axis=1)[:, :most], axis=1)
+      csum = np.concatenate([np.zeros((hard.size, 1)), np.cumsum(top, axis=1)], axis=1)
+      out[hard] = csum[np.arange(hard.size), t] * (1.0 - 1e-9)
   return out
 
 
