@@ -733,3 +733,25 @@ def test_the_mmcc_bound_is_below_the_reported_epsilon(tmp_path):
       assert EPS < bound <= reported, (z, bound, reported)
       proven += 1
   assert proven >= 1
+
+
+def test_the_prune_bounds_are_read_back_by_a_warm_run(tmp_path, monkeypatch):
+  """The lower bounds a prune test computes (seconds each at n = 2048) are stored with the
+  records and read back by a later run with the same value, not computed again; a run
+  without records computes them."""
+  from tff_mf.accounting import mmcc  # pylint: disable=g-import-not-at-top
+  dep, prep, records = _blt_under_min_sep(tmp_path, 2)
+  z = 0.15 * prep.z_upper
+  first = planner.mmcc_bound(dep, prep, z, records), planner.true_bound(dep, prep, z, records)
+  assert first[0] is not None
+  calls = []
+  lower, true_lower = mmcc.lower_bound_epsilon, planner_bounds.true_lower_epsilon
+  monkeypatch.setattr(mmcc, "lower_bound_epsilon",
+                      lambda *a, **k: calls.append("mmcc") or lower(*a, **k))
+  monkeypatch.setattr(planner_bounds, "true_lower_epsilon",
+                      lambda *a, **k: calls.append("true") or true_lower(*a, **k))
+  warm = planner.Records(str(tmp_path))
+  assert (planner.mmcc_bound(dep, prep, z, warm), planner.true_bound(dep, prep, z, warm)) == first
+  assert not calls
+  assert (planner.mmcc_bound(dep, prep, z), planner.true_bound(dep, prep, z)) == first
+  assert calls == ["mmcc", "true"]

@@ -711,9 +711,9 @@ def prune_check(dep: Deployment, prep: Prepared, best_rmse: float,
   if eps is None:
     eps = component_bound(dep, prep, z_cut)
   if eps is None:
-    eps = true_bound(dep, prep, z_cut)
+    eps = true_bound(dep, prep, z_cut, records)
   if eps is None:
-    eps = mmcc_bound(dep, prep, z_cut)
+    eps = mmcc_bound(dep, prep, z_cut, records)
   if eps is not None:
     how = "its epsilon is at least"
   else:
@@ -748,24 +748,29 @@ def component_bound(dep: Deployment, prep: Prepared, z: float) -> Optional[float
   return eps if eps > dep.target_epsilon else None
 
 
-def true_bound(dep: Deployment, prep: Prepared, z: float) -> Optional[float]:
+def true_bound(dep: Deployment, prep: Prepared, z: float,
+               records: Optional[Records] = None) -> Optional[float]:
   """A lower bound above the target on the true ε at z, so on every valid analysis's (MMCC's
   included), for a candidate under cyclic Poisson sampling, or None
   (``planner_bounds.true_lower_epsilon``: the composed subsampled Gaussians of a residue
-  class's largest columns; at most a second, where MMCC takes minutes)."""
+  class's largest columns; at most a second, where MMCC takes minutes). ``records``: the
+  value stored and read back (``_stored_bound``)."""
   norms = prep.figures.get("order_norms")
   if not norms:
     return None
-  eps = planner_bounds.true_lower_epsilon(norms, z, prep.option.sampling_prob, dep.delta,
-                                          target=dep.target_epsilon)
+  eps = _stored_bound(records, prep, z, dep, "true_lower_epsilon",
+                      lambda: planner_bounds.true_lower_epsilon(
+                          norms, z, prep.option.sampling_prob, dep.delta,
+                          target=dep.target_epsilon))
   return eps if eps > dep.target_epsilon else None
 
 
-def mmcc_bound(dep: Deployment, prep: Prepared, z: float) -> Optional[float]:
+def mmcc_bound(dep: Deployment, prep: Prepared, z: float,
+               records: Optional[Records] = None) -> Optional[float]:
   """A lower bound above the target on the candidate's reported ε at z where MMCC accounts
   it, or None: the least of ``tff_mf.accounting.mmcc.lower_bound_epsilon`` (below MMCC's
   own ε; seconds where MMCC takes minutes) and the two unamplified Gaussians
-  (``_unamplified_at_least``)."""
+  (``_unamplified_at_least``). ``records``: as ``true_bound``'s."""
   from tff_mf.accounting import mmcc  # pylint: disable=g-import-not-at-top
   figs = prep.figures
   if figs["analysis"] != "mmcc" or "class_norm" not in figs:
@@ -774,13 +779,35 @@ def mmcc_bound(dep: Deployment, prep: Prepared, z: float) -> Optional[float]:
   if not gaussians > dep.target_epsilon:
     return None
   b = prep.option.schema.min_sep
-  try:
-    low = mmcc.lower_bound_epsilon(encoder_view(prep.resolve()), prep.option.sampling_prob / b,
-                                   z, dep.delta, min_sep=b, target=dep.target_epsilon)
-  except (ValueError, ArithmeticError, TypeError, MemoryError):  # no proof: MMCC decides
-    return None  # (CheckError: MMCC does not take this C, and its analysis fails too)
-  eps = min(low, gaussians)
+
+  def compute() -> float:
+    try:
+      return mmcc.lower_bound_epsilon(encoder_view(prep.resolve()),
+                                      prep.option.sampling_prob / b, z, dep.delta,
+                                      min_sep=b, target=dep.target_epsilon)
+    except (ValueError, ArithmeticError, TypeError, MemoryError):  # no proof: MMCC decides
+      return 0.0  # (CheckError: MMCC does not take this C, and its analysis fails too)
+  eps = min(_stored_bound(records, prep, z, dep, "mmcc_lower_bound", compute), gaussians)
   return eps if eps > dep.target_epsilon else None
+
+
+def _stored_bound(records: Optional[Records], prep: Prepared, z: float, dep: Deployment,
+                  kind: str, compute) -> float:
+  """``compute()``, a lower bound on an ε at z (0.0: no proof), stored in ``records`` under
+  the candidate's record material (the code's fingerprint included) and read back by a
+  warm run instead of computed again (seconds each at n = 2048)."""
+  if records is None:
+    return float(compute())
+  material = dict(records.material(prep, noise_multiplier=z, target_epsilon=None),
+                  kind=kind, stop_above=dep.target_epsilon)
+  value, _ = records.get(material, lambda: {"epsilon": float(compute())}, _bound_valid)
+  return float(value["epsilon"])
+
+
+def _bound_valid(material: Dict[str, Any], value: Dict[str, Any]) -> bool:
+  """A stored lower bound is a number, at least 0 (``_stored_bound``)."""
+  eps = value.get("epsilon")
+  return isinstance(eps, float) and eps >= 0.0 and not math.isnan(eps)
 
 
 def shared_banded_bound(dep: Deployment, prep: Prepared, z: float,
