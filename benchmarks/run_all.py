@@ -109,6 +109,8 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
                                 "--name", "planner"),)),
     ("planner_2048", "planner_2048.md", (("benchmarks/bench_planner.py", "--skip-mmcc",
                                           "--budget", "600", "--name", "planner_2048"),)),
+    ("planner_2048_mmcc", "planner_2048_mmcc.md", (("benchmarks/bench_planner.py", "--budget",
+                                                    "1800", "--name", "planner_2048_mmcc"),)),
     ("planner_128", "planner_128.md", (("benchmarks/bench_planner.py", "--total-rounds", "128",
                                         "--population", "400", "--clients-per-round", "32",
                                         "--skip-mmcc", "--budget", "600", "--name",
