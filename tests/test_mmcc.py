@@ -537,6 +537,11 @@ def test_the_lower_bound_is_below_mmcc():
   low = mmcc.lower_bound_epsilon(tree, 0.25, 3.0, DELTA, groups=4)
   upper = mmcc.mmcc_epsilon(tree, 0.25, 3.0, DELTA)
   assert 0.9 * upper <= low <= upper, (low, upper)
+  # MMCC told to analyze class 0 only: so does the bound, though another class is larger.
+  skewed = np.diag([0.05, 1.0] * 3)
+  low = mmcc.lower_bound_epsilon(skewed, 0.1, 0.7, DELTA, min_sep=2, all_offsets=False)
+  upper = mmcc.mmcc_epsilon(skewed, 0.1, 0.7, DELTA, min_sep=2, all_offsets=False)
+  assert 0.0 < low <= upper < mmcc.lower_bound_epsilon(skewed, 0.1, 0.7, DELTA, min_sep=2)
   # At a δ below the mass that composition truncates (1e-15 each time), still finite and
   # below: the truncated mass is not counted as infinite loss.
   for b in (1, 4):

@@ -638,8 +638,11 @@ def code_fingerprint(whole: bool = False) -> str:
   else:
     paths = (glob.glob(os.path.join(here, "accounting", "*.py"))
              + glob.glob(os.path.join(here, "participation", "*.py"))
-             + [os.path.join(here, name) for name in ("mechanisms.py", "spec.py", "checks.py",
-                                                      "planner.py", "planner_bounds.py")])
+             + [os.path.join(here, name) for name in (
+                 "mechanisms.py", "spec.py", "checks.py", "planner.py", "planner_bounds.py",
+                 "toeplitz_view.py", "registry.py", "jsonio.py",
+                 os.path.join("factorization", "workloads.py"),
+                 os.path.join("factorization", "families", "tree.py"))])
   digest = hashlib.sha256(f"{np.__version__} {scipy.__version__} "
                           f"{getattr(dp_accounting, '__version__', '')}".encode())
   for path in sorted(paths):
@@ -780,14 +783,14 @@ def mmcc_bound(dep: Deployment, prep: Prepared, z: float,
     return None
   b = prep.option.schema.min_sep
 
-  def compute() -> float:
-    try:
-      return mmcc.lower_bound_epsilon(encoder_view(prep.resolve()),
-                                      prep.option.sampling_prob / b, z, dep.delta,
-                                      min_sep=b, target=dep.target_epsilon)
-    except (ValueError, ArithmeticError, TypeError, MemoryError):  # no proof: MMCC decides
-      return 0.0  # (CheckError: MMCC does not take this C, and its analysis fails too)
-  eps = min(_stored_bound(records, prep, z, dep, "mmcc_lower_bound", compute), gaussians)
+  try:  # (computed and stored, or read back)
+    low = _stored_bound(records, prep, z, dep, "mmcc_lower_bound",
+                        lambda: mmcc.lower_bound_epsilon(
+                            encoder_view(prep.resolve()), prep.option.sampling_prob / b, z,
+                            dep.delta, min_sep=b, target=dep.target_epsilon))
+  except (ValueError, ArithmeticError, TypeError, MemoryError):  # no proof (not stored): MMCC
+    return None  # decides (CheckError: MMCC does not take this C, and its analysis fails too)
+  eps = min(low, gaussians)
   return eps if eps > dep.target_epsilon else None
 
 

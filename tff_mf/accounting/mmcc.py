@@ -1321,22 +1321,24 @@ def optimistic_pmf(loss, interval: float):
 def lower_bound_epsilon(c, sampling_prob: float, noise_multiplier: float, delta: float, *,
                         min_sep: int = 1, delta_split: float = 0.5, groups: int = 32,
                         grid_resolution: int = 64, max_components: int = 32,
-                        target: Optional[float] = None) -> float:
-  """A lower bound on the ε that ``mmcc`` reports for C, p, σ, δ, b and ``delta_split`` (its
-  other options at any value, every residue class analyzed), or 0.0 where it cannot tell;
-  seconds where ``mmcc`` takes minutes.
+                        target: Optional[float] = None, all_offsets: bool = True) -> float:
+  """A lower bound on the ε that ``mmcc`` reports for C, p, σ, δ, b, ``delta_split`` and
+  ``all_offsets`` (its other options at any value), or 0.0 where it cannot tell; seconds
+  where ``mmcc`` takes minutes.
 
   ``mmcc``'s ε is, over the worst residue class, a pessimistic PLD's ε at δ2 ≤ δ of the
   composition over row blocks of PMoG(p̃, units·Δ2), every approximation rounding up (the
   module docstring), so it is at least the exact ε at δ of the composition, for any one
   class, of PMoGs that these dominate (Cor B.3, Thm 3.1). Here: the class of largest
-  Σ_j ‖C[:, j]‖²; each block's sensitivities before rounding (``_block_sensitivities``, no
+  Σ_j ‖C[:, j]‖² (class 0 without ``all_offsets``, the one MMCC then analyzes); each block's sensitivities before rounding (``_block_sensitivities``, no
   larger than units·Δ2); for a column first seen in the block, probability q = b·p (p̃'s
   own), else Fig 5's p̃ = expit(ε_ij + logit q), ε_ij = z'·√N_j/σ + (2·s_ij − N_j)/(2σ²)
   with MMCC's own quantile z' (δ' = δ1/(2·N), N the class's non-trivial pairs), N_j the
   column's squared norm over the earlier blocks' rows, and s_ij lowered to its value at the
-  first block of the block's run (``_least_inner_sums``; for C ≥ 0 it only grows); in
-  ``groups`` runs of consecutive blocks, each block replaced by the run's least (sensitivity,
+  first block of the block's run (``_least_inner_sums``; for C ≥ 0 it only grows), and ε_ij
+  lowered by 1e-9 of itself for summation order; in about ``groups`` runs (``_lower_groups``:
+  blocks that release alike numbers of columns, consecutive within each kind), each block
+  replaced by the run's least (sensitivity,
   probability) at each rank of its sensitivities (a block's law depends on its columns
   only as a multiset of these pairs: with a coin per rank, stochastically smaller), so
   each run is one PMoG self-composed; its support rounded down to a grid of
@@ -1353,7 +1355,7 @@ def lower_bound_epsilon(c, sampling_prob: float, noise_multiplier: float, delta:
   if q >= 1.0 or not 0.0 < delta_split < 1.0:
     return 0.0
   runs, step, blocks = _lower_runs(c, q, sigma, delta_split * delta, b, groups,
-                                   grid_resolution)
+                                   grid_resolution, all_offsets)
   interval = min(1e-2, 1.0 / blocks)
   for _ in range(3):  # a grid too fine for a run's loss range: coarser (still optimistic)
     try:
@@ -1388,12 +1390,13 @@ def _lower_composed(runs, sigma: float, step: float, interval: float, max_compon
 
 
 def _lower_runs(c: np.ndarray, q: float, sigma: float, delta_tail: float, b: int,
-                groups: int, grid_resolution: int):
+                groups: int, grid_resolution: int, all_offsets: bool = True):
   """(runs [(weight, units, probabilities, blocks in the run)], grid step, blocks) of
-  ``lower_bound_epsilon``: the class of largest Σ_j ‖C[:, j]‖², each block's
-  (sensitivity, probability) pairs largest first, and each run's least per rank."""
+  ``lower_bound_epsilon``: the class of largest Σ_j ‖C[:, j]‖² (class 0 without
+  ``all_offsets``), each block's (sensitivity, probability) pairs largest first, and each
+  run's least per rank."""
   squares = np.sum(c * c, axis=0)
-  offset = int(np.argmax([np.sum(squares[r::b]) for r in range(b)]))
+  offset = int(np.argmax([np.sum(squares[r::b]) for r in range(b)])) if all_offsets else 0
   ck = c[:, np.arange(offset, c.shape[1], b)]
   before = np.vstack([np.zeros((1, ck.shape[1])), np.cumsum(ck * ck, axis=0)])
   blocks = _blocks(release_rounds(c), b, offset)
@@ -1417,6 +1420,7 @@ def _lower_runs(c: np.ndarray, q: float, sigma: float, delta_tail: float, b: int
     inner = _least_inner_sums(gram, q, delta_prime, tail_cache)
     seen = before[starts[part]]  # N_j: the rows of the earlier blocks, one row per block
     low = z_tail * np.sqrt(seen) / sigma + (2.0 * inner - seen) / (2.0 * sigma ** 2)
+    low -= 1e-9 * np.abs(low)  # N_j and s_ij summed in another order than MMCC's
     probs = np.where(seen > 0, special.expit(low + math.log(q) - math.log1p(-q)), q)
     order = np.argsort(-values[part], axis=1, kind="stable")
     units = np.floor(np.min(np.take_along_axis(values[part], order, axis=1), axis=0)
