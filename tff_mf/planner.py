@@ -803,13 +803,14 @@ def _stored_bound(records: Optional[Records], prep: Prepared, z: float, dep: Dep
     return float(compute())
   material = dict(records.material(prep, noise_multiplier=z, target_epsilon=None),
                   kind=kind, stop_above=dep.target_epsilon)
-  value, _ = records.get(material, lambda: {"epsilon": float(compute())}, _bound_valid)
-  return float(value["epsilon"])
+  value, _ = records.get(material, lambda: {"noise_multiplier": z, "epsilon": float(compute()),
+                                            "bound": kind}, _bound_valid)
+  return float(Calibration.of_json(value).epsilon)
 
 
 def _bound_valid(material: Dict[str, Any], value: Dict[str, Any]) -> bool:
   """A stored lower bound is a number, at least 0 (``_stored_bound``)."""
-  eps = value.get("epsilon")
+  eps = Calibration.of_json(value).epsilon
   return isinstance(eps, float) and eps >= 0.0 and not math.isnan(eps)
 
 
