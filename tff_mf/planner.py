@@ -782,7 +782,6 @@ def mmcc_bound(dep: Deployment, prep: Prepared, z: float,
   if not gaussians > dep.target_epsilon:
     return None
   b = prep.option.schema.min_sep
-
   try:  # (computed and stored, or read back)
     low = _stored_bound(records, prep, z, dep, "mmcc_lower_bound",
                         lambda: mmcc.lower_bound_epsilon(

@@ -1330,18 +1330,19 @@ def lower_bound_epsilon(c, sampling_prob: float, noise_multiplier: float, delta:
   composition over row blocks of PMoG(p̃, units·Δ2), every approximation rounding up (the
   module docstring), so it is at least the exact ε at δ of the composition, for any one
   class, of PMoGs that these dominate (Cor B.3, Thm 3.1). Here: the class of largest
-  Σ_j ‖C[:, j]‖² (class 0 without ``all_offsets``, the one MMCC then analyzes); each block's sensitivities before rounding (``_block_sensitivities``, no
-  larger than units·Δ2); for a column first seen in the block, probability q = b·p (p̃'s
-  own), else Fig 5's p̃ = expit(ε_ij + logit q), ε_ij = z'·√N_j/σ + (2·s_ij − N_j)/(2σ²)
-  with MMCC's own quantile z' (δ' = δ1/(2·N), N the class's non-trivial pairs), N_j the
-  column's squared norm over the earlier blocks' rows, and s_ij lowered to its value at the
-  first block of the block's run (``_least_inner_sums``; for C ≥ 0 it only grows), and ε_ij
-  lowered by 1e-9 of itself for summation order; in about ``groups`` runs (``_lower_groups``:
-  blocks that release alike numbers of columns, consecutive within each kind), each block
-  replaced by the run's least (sensitivity,
-  probability) at each rank of its sensitivities (a block's law depends on its columns
-  only as a multiset of these pairs: with a coin per rank, stochastically smaller), so
-  each run is one PMoG self-composed; its support rounded down to a grid of
+  Σ_j ‖C[:, j]‖² (class 0 without ``all_offsets``, the one MMCC then analyzes); each
+  block's sensitivities before rounding (``_block_sensitivities``, no larger than
+  units·Δ2); for a column first seen in the block, probability q = b·p (p̃'s own), else
+  Fig 5's p̃ = expit(ε_ij + logit q), ε_ij = z'·√N_j/σ + (2·s_ij − N_j)/(2σ²) with MMCC's
+  own quantile z' (δ' = δ1/(2·N), N the class's non-trivial pairs), N_j the column's
+  squared norm over the earlier blocks' rows, and s_ij lowered to its value at the first
+  block of the block's run (``_least_inner_sums``; for C ≥ 0 it only grows), and ε_ij
+  lowered by 1e-9 of itself for summation order; in about ``groups`` runs
+  (``_lower_groups``: blocks that release alike numbers of columns, consecutive within each
+  kind), each block replaced by the run's least (sensitivity, probability) at each rank of
+  its sensitivities (a block's law depends on its columns only as a multiset of these
+  pairs: with a coin per rank, stochastically smaller), so each run is one PMoG
+  self-composed; its support rounded down to a grid of
   max|C|/``grid_resolution`` and to at most ``max_components`` points (mass moved down);
   and a PLD with optimistic rounding (``optimistic_pmf``, on a grid of at most 1/blocks,
   coarser where a run's loss range would need more points than MMCC's rows may have).
