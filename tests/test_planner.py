@@ -616,6 +616,40 @@ def test_only_missing_entries_are_computed_beside(tmp_path):
   assert os.path.exists(os.path.join(directory, cache.METADATA_FILE))
 
 
+def test_the_child_skips_the_entries_the_planner_will_prune(tmp_path):
+  """An entry whose least rmse bound is above the planner's cut (given at the start, or sent
+  later with ``lower_cut``) is reported skipped and not computed; one with a bound below the
+  cut, or with none, is computed."""
+  from tff_mf import planner_prefetch  # pylint: disable=g-import-not-at-top
+  from tff_mf.factorization import cache  # pylint: disable=g-import-not-at-top
+
+  def specs_of(n, bands):
+    w = workloads.WorkloadSpec("prefix_sum", n)
+    return planner_prefetch.missing([strategies.FactorizationSpec.with_parameters(
+        {"bands": b}, workload=w, strategy="banded", participation=participation.SINGLE)
+                                     for b in bands], str(tmp_path))
+
+  def reports(beside):
+    out = [beside.wait(d) for d in beside.order]
+    beside.close()
+    return out
+
+  todo = specs_of(8, (2, 4, 8))
+  d2, d4, d8 = todo
+  beside = planner_prefetch.Prefetch(todo, str(tmp_path), bounds={d2: 5.0, d8: 1.0}, cut=2.0)
+  assert reports(beside) == ["skipped", "done", "done"]
+  assert not os.path.exists(d2) and os.path.exists(os.path.join(d8, cache.METADATA_FILE))
+  # A cut sent while the child computes its first (slow) entry: the next entry is skipped.
+  todo = specs_of(512, (64, 2, 4))
+  first, later, last = todo
+  beside = planner_prefetch.Prefetch(todo, str(tmp_path), bounds={later: 3.0, last: 1.5})
+  beside.lower_cut(2.5)
+  beside.lower_cut(2.6)  # not lower: ignored
+  assert beside.cut == 2.5
+  assert reports(beside) == ["done", "skipped", "done"]
+  assert not os.path.exists(later)
+
+
 def test_a_stopped_child_leaves_no_temporary_files(tmp_path):
   """``close`` while the child writes: it exits through Python, and the cache's atomic
   writes remove what they had begun (an entry is there whole or not at all)."""

@@ -999,7 +999,7 @@ def staged_search(dep: Deployment, todo: Sequence[Tuple[str, SchemaOption, Dict]
   entries = [_entry_of(dep, item, cache_dir) for item in rest]
   beside = planner_prefetch.Prefetch(
       planner_prefetch.missing([e[1] for e in entries if e is not None], cache_dir),
-      cache_dir) if prefetch else None
+      cache_dir, bounds=_entry_bounds(entries, bounds)) if prefetch else None
   try:
     prepared, unfit = _prepare_all(dep, first, records, cache_dir, progress,
                                    "plan: cheap families")
@@ -1011,6 +1011,8 @@ def staged_search(dep: Deployment, todo: Sequence[Tuple[str, SchemaOption, Dict]
       bar.set_postfix_str(describe(name, option, params), refresh=False)
       best = min((c.rmse for c in scored), default=None)
       cut = None if best is None else (1.0 + 2.0 * TOLERANCE) * best
+      if beside is not None and prune:
+        beside.lower_cut(cut)  # the child skips the entries pruned below
       if prune and cut is not None and bound["rmse"] > cut:
         pruned.append(_pruned_by_bound(name, option, params, bound, cut, best))
       else:
@@ -1029,6 +1031,19 @@ def staged_search(dep: Deployment, todo: Sequence[Tuple[str, SchemaOption, Dict]
     if beside is not None:
       beside.close()
   return prepared, unfit, scored, pruned, failed
+
+
+def _entry_bounds(entries: Sequence[Optional[Tuple[str, Any]]],
+                  bounds: Sequence[Optional[Dict[str, Any]]]) -> Dict[str, float]:
+  """{cache entry directory: the least rmse bound of the candidates using it}; an entry with
+  an unbounded candidate has none (the child computes it whatever the cut)."""
+  least: Dict[str, Optional[float]] = {}
+  for entry, bound in zip(entries, bounds):
+    if entry is not None:
+      rmse = None if bound is None else bound["rmse"]
+      known = least.get(entry[0], math.inf)
+      least[entry[0]] = None if rmse is None or known is None else min(known, rmse)
+  return {d: b for d, b in least.items() if b is not None}
 
 
 def _entry_of(dep: Deployment, item: Tuple[str, SchemaOption, Dict[str, int]],
