@@ -650,6 +650,30 @@ def test_the_child_skips_the_entries_the_planner_will_prune(tmp_path):
   assert not os.path.exists(later)
 
 
+def test_a_warm_run_gives_the_child_the_last_runs_cut(tmp_path, monkeypatch):
+  """The final pruning cut is stored with the records; the next run of the same deployment
+  starts its prefetch child with it (so the child does not compute the entries the last run
+  skipped), and the plan is the same."""
+  from tff_mf import planner_prefetch  # pylint: disable=g-import-not-at-top
+  cuts = []
+  start = planner_prefetch.Prefetch.__init__
+
+  def init(self, specs, cache_dir, bounds=None, cut=None):
+    cuts.append(cut)
+    start(self, specs, cache_dir, bounds=bounds, cut=cut)
+
+  monkeypatch.setattr(planner_prefetch.Prefetch, "__init__", init)
+  dep = planner.Deployment(population=64, total_rounds=16, clients_per_round=4,
+                           target_epsilon=4.0, delta=DELTA, schemas=("fixed_epoch", "min_sep"),
+                           mechanisms=("banded", "banded_toeplitz"), skip_mmcc=True)
+  cold = planner.plan(dep, cache_dir=str(tmp_path))
+  warm = planner.plan(dep, cache_dir=str(tmp_path))
+  assert _table(cold) == _table(warm)
+  assert cuts == [None, (1.0 + 2.0 * planner.TOLERANCE) * cold["recommended"]["rmse"]]
+  planner.plan(dep, cache_dir=str(tmp_path), prune=False)
+  assert cuts[-1] is None
+
+
 def test_a_stopped_child_leaves_no_temporary_files(tmp_path):
   """``close`` while the child writes: it exits through Python, and the cache's atomic
   writes remove what they had begun (an entry is there whole or not at all)."""

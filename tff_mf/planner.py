@@ -547,8 +547,7 @@ class Records:
           valid=None) -> Tuple[Dict[str, Any], bool]:
     """(the value for ``material``, whether it was stored); ``compute()`` on a miss;
     ``valid(material, value)``: whether a stored value may be used (default: a record's)."""
-    text = json.dumps(material, sort_keys=True)
-    key = hashlib.sha256(text.encode()).hexdigest()
+    key = _material_key(material)
     if key in self.memory:
       self.hits += 1
       return self.memory[key], True
@@ -559,10 +558,18 @@ class Records:
     else:
       self.misses += 1
       value = compute()
-      self._write(key, {"material": material, "value": value,
-                        "sha256": _entry_sha256(material, value)})
+      self.put(material, value)
     self.memory[key] = value
     return value, stored
+
+  def peek(self, material: Dict[str, Any], valid) -> Optional[Dict[str, Any]]:
+    """The stored value for ``material`` if there is a valid one (nothing computed)."""
+    return self._read(_material_key(material), material, valid) if self.read else None
+
+  def put(self, material: Dict[str, Any], value: Dict[str, Any]) -> None:
+    """Stores ``value`` for ``material`` (atomically; not at all in a read-only cache)."""
+    self._write(_material_key(material), {"material": material, "value": value,
+                                          "sha256": _entry_sha256(material, value)})
 
   def summary(self, material: Dict[str, Any], compute) -> Tuple[Dict[str, Any], bool]:
     """A candidate's ``figures`` (``prepare``): stored ones are used only while the
@@ -614,6 +621,10 @@ def _record_valid(material: Dict[str, Any], value: Dict[str, Any]) -> bool:
   z, eps = float(record.noise_multiplier), float(record.epsilon)
   return (math.isfinite(z) and z > 0 and not math.isnan(eps)
           and isinstance(record.bound, str) and (target is None or eps <= target))
+
+
+def _material_key(material: Dict[str, Any]) -> str:
+  return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
 def _entry_sha256(material: Dict[str, Any], value: Dict[str, Any]) -> str:
@@ -990,16 +1001,20 @@ def staged_search(dep: Deployment, todo: Sequence[Tuple[str, SchemaOption, Dict]
   (``error_lower_bounds``), least first, each pruned before its factorization when the
   bound exceeds the best rmse by more than the calibration tolerance, else prepared and
   searched against the best so far. ``prefetch``: the others' missing cache entries are
-  computed meanwhile by a child process (``tff_mf.planner_prefetch``), in that order."""
+  computed meanwhile by a child process (``tff_mf.planner_prefetch``), in that order, but
+  for those the pruning cut (sent as it falls; at first the last run's, stored) prunes."""
   first = [t for t in todo if cheap_first(dep, t[0])]
   rest = [t for t in todo if not cheap_first(dep, t[0])]
   bounds = error_lower_bounds(dep, rest, records) if prune else {}
   order = sorted(range(len(rest)), key=lambda i: bounds.get(i, {"rmse": 0.0})["rmse"])
   rest, bounds = [rest[i] for i in order], [bounds.get(i) for i in order]
   entries = [_entry_of(dep, item, cache_dir) for item in rest]
+  hint = json.loads(json.dumps(dict(kind="cut", code=code_fingerprint(),  # tuples as read
+                                    deployment=dataclasses.asdict(dep))))
   beside = planner_prefetch.Prefetch(
       planner_prefetch.missing([e[1] for e in entries if e is not None], cache_dir),
-      cache_dir, bounds=_entry_bounds(entries, bounds)) if prefetch else None
+      cache_dir, bounds=_entry_bounds(entries, bounds),
+      cut=_stored_cut(records, hint) if prune else None) if prefetch else None
   try:
     prepared, unfit = _prepare_all(dep, first, records, cache_dir, progress,
                                    "plan: cheap families")
@@ -1027,10 +1042,21 @@ def staged_search(dep: Deployment, todo: Sequence[Tuple[str, SchemaOption, Dict]
         scored, pruned, failed = scored + s, pruned + p, failed + f
       bar.update(1)
     bar.close()
+    if prune and scored:
+      records.put(hint, {"cut": (1.0 + 2.0 * TOLERANCE) * min(c.rmse for c in scored)})
   finally:
     if beside is not None:
       beside.close()
   return prepared, unfit, scored, pruned, failed
+
+
+def _stored_cut(records: "Records", hint: Dict[str, Any]) -> Optional[float]:
+  """The final pruning cut of the last run of this deployment (same code), if stored: the
+  prefetch child's first cut, so that a warm run's child does not compute the entries that
+  run skipped. Only a hint: were it wrong, the planner computes a skipped entry itself."""
+  value = records.peek(hint, lambda m, v: isinstance(v.get("cut"), float)
+                       and math.isfinite(v["cut"]) and v["cut"] > 0)
+  return None if value is None else value["cut"]
 
 
 def _entry_bounds(entries: Sequence[Optional[Tuple[str, Any]]],
