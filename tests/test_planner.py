@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 
+from tff_mf import checks
 from tff_mf import cli
 from tff_mf import mechanisms
 from tff_mf import participation
@@ -163,7 +164,8 @@ def test_records_are_reused_and_a_corrupt_one_is_recomputed(tmp_path):
   assert strip(second) == strip(first) and second["pruned"] == first["pruned"]
   files = sorted((tmp_path / ".planner").glob("*.json"))
   kinds = {json.loads(path.read_text())["material"].get("kind") for path in files}
-  assert kinds == {None, "figures", "thresholds"}  # records, figures and a bound's multipliers
+  # records, figures, a bound's multipliers and the last cut (the prefetch child's hint)
+  assert kinds == {None, "figures", "thresholds", "cut"}
   for i, path in enumerate(files):  # truncated, or a value edited (below the truth)
     entry = json.loads(path.read_text())
     if i % 2:
@@ -171,9 +173,9 @@ def test_records_are_reused_and_a_corrupt_one_is_recomputed(tmp_path):
     elif entry["material"].get("kind") == "thresholds":  # a bound's multipliers
       entry["value"] = {k: 2.0 * v for k, v in entry["value"].items()}
       path.write_text(json.dumps(entry))
-    else:  # a record's z, or a candidate's error norm (its figures)
-      field = "error_norm" if entry["material"].get("kind") == "figures" else \
-          "noise_multiplier"
+    else:  # a record's z, a candidate's error norm (its figures), or the cut
+      field = {"figures": "error_norm", "cut": "cut"}.get(entry["material"].get("kind"),
+                                                          "noise_multiplier")
       entry["value"][field] *= 0.5
       path.write_text(json.dumps(entry))
   third = planner.plan(dep, cache_dir=str(tmp_path))
@@ -739,6 +741,10 @@ def test_the_true_epsilon_bound_is_below_every_analysis():
           assert 0.97 * upper <= low <= upper, (delta, low, upper)
 
 
+def _raise(error):
+  raise error
+
+
 def _blt_under_min_sep(tmp_path, min_sep):
   """(deployment, the prepared BLT candidate with one buffer under min_sep b, its records):
   n = 8, P = 256, K = 4, so p = b/64, and MMCC accounts it."""
@@ -813,3 +819,14 @@ def test_the_prune_bounds_are_read_back_by_a_warm_run(tmp_path, monkeypatch):
   assert not calls
   assert (planner.mmcc_bound(dep, prep, z), planner.true_bound(dep, prep, z)) == first
   assert calls == ["mmcc", "true"]
+  # A refusal (MMCC does not take this C) is stored as one and read back: no proof, not
+  # computed again; a failure its material does not decide (memory) is not stored.
+  for error, stored in ((checks.CheckError("MMCC takes no negative entries"), True),
+                        (MemoryError(), False)):
+    root = tmp_path / type(error).__name__  # records of their own
+    calls.clear()
+    monkeypatch.setattr(mmcc, "lower_bound_epsilon",
+                        lambda *a, error=error, **k: calls.append("mmcc") or _raise(error))
+    for _ in range(2):
+      assert planner.mmcc_bound(dep, prep, z, planner.Records(str(root))) is None
+    assert calls == ["mmcc"] if stored else ["mmcc", "mmcc"]

@@ -284,6 +284,7 @@ class Calibration(jsonio.Record):
   epsilon: Optional[float] = None
   bound: Optional[str] = None
   amplified_banded_epsilon: Optional[float] = None
+  failed: Optional[str] = None  # a stored lower bound's: why it has no proof (``_stored_bound``)
 
 
 def spec_of(dep: Deployment, mechanism: str, option: SchemaOption, params: Dict[str, int],
@@ -797,31 +798,44 @@ def mmcc_bound(dep: Deployment, prep: Prepared, z: float,
     low = _stored_bound(records, prep, z, dep, "mmcc_lower_bound",
                         lambda: mmcc.lower_bound_epsilon(
                             encoder_view(prep.resolve()), prep.option.sampling_prob / b, z,
-                            dep.delta, min_sep=b, target=dep.target_epsilon))
-  except (ValueError, ArithmeticError, TypeError, MemoryError):  # no proof (not stored): MMCC
-    return None  # decides (CheckError: MMCC does not take this C, and its analysis fails too)
+                            dep.delta, min_sep=b, target=dep.target_epsilon),
+                        failures=(ValueError, ArithmeticError))
+  except (ValueError, ArithmeticError, TypeError, MemoryError):  # no proof: MMCC decides
+    return None  # (CheckError: MMCC does not take this C, and its analysis fails too)
   eps = min(low, gaussians)
   return eps if eps > dep.target_epsilon else None
 
 
 def _stored_bound(records: Optional[Records], prep: Prepared, z: float, dep: Deployment,
-                  kind: str, compute) -> float:
+                  kind: str, compute, failures: Tuple[type, ...] = ()) -> float:
   """``compute()``, a lower bound on an ε at z (0.0: no proof), stored in ``records`` under
   the candidate's record material (the code's fingerprint included) and read back by a
-  warm run instead of computed again (seconds each at n = 2048)."""
+  warm run instead of computed again (seconds each at n = 2048). A computation failing with
+  one of ``failures`` (a refusal its material decides: MMCC does not take this C) is stored
+  as that, and raises CheckError with its reason, computed or read back."""
+  def value() -> Dict[str, Any]:
+    try:
+      return {"noise_multiplier": z, "epsilon": float(compute()), "bound": kind}
+    except failures as e:
+      return {"noise_multiplier": z, "epsilon": 0.0, "bound": kind,
+              "failed": " ".join(str(e).split()) or type(e).__name__}
   if records is None:
-    return float(compute())
-  material = dict(records.material(prep, noise_multiplier=z, target_epsilon=None),
-                  kind=kind, stop_above=dep.target_epsilon)
-  value, _ = records.get(material, lambda: {"noise_multiplier": z, "epsilon": float(compute()),
-                                            "bound": kind}, _bound_valid)
-  return float(Calibration.of_json(value).epsilon)
+    record = Calibration.of_json(value())
+  else:
+    material = dict(records.material(prep, noise_multiplier=z, target_epsilon=None),
+                    kind=kind, stop_above=dep.target_epsilon)
+    record = Calibration.of_json(records.get(material, value, _bound_valid)[0])
+  if record.failed is not None:
+    raise checks.CheckError(record.failed)
+  return float(record.epsilon)
 
 
 def _bound_valid(material: Dict[str, Any], value: Dict[str, Any]) -> bool:
   """A stored lower bound is a number, at least 0 (``_stored_bound``)."""
-  eps = Calibration.of_json(value).epsilon
-  return isinstance(eps, float) and eps >= 0.0 and not math.isnan(eps)
+  record = Calibration.of_json(value)
+  return (isinstance(record.epsilon, float) and record.epsilon >= 0.0
+          and not math.isnan(record.epsilon)
+          and (record.failed is None or isinstance(record.failed, str)))
 
 
 def shared_banded_bound(dep: Deployment, prep: Prepared, z: float,
