@@ -187,15 +187,25 @@ def build_client_ids_fn(
     vocab: Sequence[str],
     sequence_length: int = DEFAULT_SEQUENCE_LENGTH,
     num_oov_buckets: int = DEFAULT_NUM_OOV_BUCKETS,
+    backend: str = "auto",
 ) -> Callable[[Sequence[bytes]], np.ndarray]:
   """Returns fn(a client's sentences) -> int64 numpy ids [n, L+1], padded with pad.
 
   Row i is sentence i (a `tokens` string) exactly as `build_preprocess_fn` puts it
   in its batches before splitting x = ids[:, :-1], y = ids[:, 1:] (`client_dataset`
-  batches the rows). One pre-traced graph runs over all of a client's sentences at
-  once: no per-client `tf.data` map, whose tracing dominated the clients' share of a
-  training round.
+  batches the rows). `backend="tf"`: one pre-traced graph runs over all of a client's
+  sentences at once (no per-client `tf.data` map, whose tracing dominated the clients'
+  share of a training round). `backend="python"`: a dict lookup of each word, the same
+  ids (words split at ASCII whitespace, as `tf.strings.split` splits), a fifth of the
+  graph call's cost for a round's few sentences; it needs one OOV bucket (more hash
+  with TensorFlow's Fingerprint64). `"auto"`: python with one bucket, else tf.
   """
+  if backend not in ("auto", "tf", "python"):
+    raise ValueError(f"backend must be auto, tf or python, got {backend!r}.")
+  if backend == "python" and num_oov_buckets != 1:
+    raise ValueError(f"backend python needs num_oov_buckets = 1, got {num_oov_buckets!r}.")
+  if backend == "python" or (backend == "auto" and num_oov_buckets == 1):
+    return _python_client_ids_fn(vocab, sequence_length)
   special, table = _vocabulary_table(vocab, sequence_length, num_oov_buckets)
   width = sequence_length + 1
 
@@ -220,6 +230,30 @@ def build_client_ids_fn(
     if not len(sentences):
       return np.zeros((0, width), dtype=np.int64)
     return sentences_to_ids(tf.constant(sentences, dtype=tf.string)).numpy()
+
+  return client_ids
+
+
+def _python_client_ids_fn(vocab: Sequence[str], sequence_length: int
+                          ) -> Callable[[Sequence[bytes]], np.ndarray]:
+  """`build_client_ids_fn`'s rows by dict lookups (one OOV bucket)."""
+  vocab = _check_vocab(vocab)
+  _check_positive_int("sequence_length", sequence_length)
+  special = special_token_ids(len(vocab), 1)
+  index = {word.encode("utf-8"): i + 1 for i, word in enumerate(vocab)}
+  oov = special.oov[0]
+  width = sequence_length + 1
+
+  def client_ids(sentences: Sequence[bytes]) -> np.ndarray:
+    out = np.zeros((len(sentences), width), dtype=np.int64)  # pad = 0
+    out[:, 0] = special.bos
+    for row, sentence in zip(out, sentences):
+      text = sentence.encode("utf-8") if isinstance(sentence, str) else bytes(sentence)
+      words = text.split()[:sequence_length]  # bytes split: ASCII whitespace, as TF's
+      row[1:len(words) + 1] = [index.get(w, oov) for w in words]
+      if len(words) < sequence_length:
+        row[len(words) + 1] = special.eos
+    return out
 
   return client_ids
 

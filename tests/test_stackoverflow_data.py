@@ -242,3 +242,31 @@ def test_standin_copy_has_full_clients_and_a_papers_size_vocabulary(tmp_path, no
   stored = [e["tokens"].numpy().decode()
             for e in federated.train.create_tf_dataset_for_client(first)]
   assert stored == clients["train"][first]
+
+
+def _example(**features):
+  return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+
+
+def test_examples_parsed_by_protobuf_equal_the_graphs():
+  """``data._tokens_of`` reads each example's ``tokens`` as the graph's ``parse_example``
+  does (bytes, in order; empty, non-ASCII and invalid UTF-8 tokens, other features beside
+  it); an example the graph refuses (``tokens`` missing, not bytes, two values, or not an
+  Example at all) is refused with the graph's own error."""
+  one = lambda v: tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))
+  good = [_example(tokens=one(b"the cat sat")), _example(tokens=one(b"")),
+          _example(tokens=one("über ñ".encode()), title=one(b"x")),
+          _example(tokens=one(b"\xff\xfe bad utf-8"),
+                   score=tf.train.Feature(int64_list=tf.train.Int64List(value=[3])))]
+  got = data._tokens_of(good)  # pylint: disable=protected-access
+  want = data._parse_tokens(tf.constant(good)).numpy()  # pylint: disable=protected-access
+  assert got.dtype == want.dtype == object and list(got) == list(want)
+  bad = [_example(title=one(b"x")),
+         _example(tokens=tf.train.Feature(int64_list=tf.train.Int64List(value=[1]))),
+         _example(tokens=tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"a", b"b"]))),
+         b"\x0a\x03not an example"]
+  for row in bad:
+    with pytest.raises(tf.errors.InvalidArgumentError):
+      data._parse_tokens(tf.constant(good + [row]))  # pylint: disable=protected-access
+    with pytest.raises(tf.errors.InvalidArgumentError):
+      data._tokens_of(good + [row])  # pylint: disable=protected-access

@@ -122,3 +122,30 @@ def test_matches_tffs_baseline_preprocessing_on_stackoverflow_style_text():
   for (x, y), (tx, ty) in pairs:
     np.testing.assert_array_equal(x.numpy(), tx.numpy())
     np.testing.assert_array_equal(y.numpy(), ty.numpy())
+
+
+@pytest.mark.parametrize("length", [1, 3, 20])
+def test_the_python_client_ids_equal_the_graphs(length):
+  """``build_client_ids_fn``'s dict lookups (one OOV bucket) give the graph's ids: words
+  split at ASCII whitespace only (a no-break space, an em space and \\x1c are inside words
+  for TensorFlow, though Python's str.split cuts there), cut to L, OOV, EOS after a short
+  sentence, str or bytes sentences, an empty sentence and no sentence at all."""
+  sentences = ["the cat sat", "", "   ", "the\tcat\nsat\x0bon\x0cmat\rthe", "  the   mat ",
+               "the\u00a0cat sat\u2003on\x1cmat", "über cat ñ the", "cat " * 30, "mat",
+               "THE Cat", "the cat sat on the mat the cat sat on the mat the cat"]
+  sentences += [s.encode("utf-8") for s in sentences[:4]] + [b"the \xff\xfe cat"]
+  graph = preprocessing.build_client_ids_fn(VOCAB, sequence_length=length, backend="tf")
+  ours = preprocessing.build_client_ids_fn(VOCAB, sequence_length=length)  # auto: python
+  got, want = ours(sentences), graph(np.asarray(sentences, object))
+  assert got.dtype == want.dtype == np.int64 and got.shape == want.shape
+  np.testing.assert_array_equal(got, want)
+  assert ours([]).shape == graph([]).shape == (0, length + 1)
+
+
+def test_the_client_ids_backend_is_checked():
+  with pytest.raises(ValueError, match="backend must be"):
+    preprocessing.build_client_ids_fn(VOCAB, backend="numpy")
+  with pytest.raises(ValueError, match="num_oov_buckets = 1"):
+    preprocessing.build_client_ids_fn(VOCAB, num_oov_buckets=2, backend="python")
+  with pytest.raises(ValueError, match="duplicate"):
+    preprocessing.build_client_ids_fn(["a", "a"])
