@@ -856,6 +856,23 @@ def _toeplitz_row_mixtures(coef: np.ndarray, q: float, sigma: float, delta_tail:
   return mixtures, info
 
 
+def _tail_quantile(ck: np.ndarray, blocks: Sequence[np.ndarray], block_sens: Sequence,
+                   q: float, delta_tail: float) -> Tuple[np.ndarray, int, float, float]:
+  """(each kept column's first non-zero row (its row count where it has none), N, δ′, z′):
+  δ′ = δ1/(2·N), N the non-trivial (block, column) pairs, those with a positive
+  sensitivity in a block after the column's first non-zero row (the union bound over
+  exactly the bad events used, App D), and z′ the standard normal's upper δ′ quantile. At
+  q = 1 every p̃ is 1: no tail bound (N = 0, δ′ = 1, z′ = 0)."""
+  nz = ck != 0
+  first_row = np.where(nz.any(axis=0), np.argmax(nz, axis=0), ck.shape[0])
+  pairs = 0
+  if q < 1.0:
+    for rows, sens in zip(blocks, block_sens):
+      pairs += int(np.count_nonzero((sens > 0) & (first_row < rows[0])))
+  delta_prime = delta_tail / (2.0 * pairs) if pairs else 1.0
+  return first_row, pairs, delta_prime, float(stats.norm.isf(delta_prime)) if pairs else 0.0
+
+
 def row_mixtures(c: np.ndarray, rounds: np.ndarray, sampling_prob: float, sigma: float,
                  delta_tail: float, min_sep: int = 1, offset: int = 0,
                  grid_step: float = 1.0, progress: bool = False, toeplitz: bool = True
@@ -878,15 +895,8 @@ def row_mixtures(c: np.ndarray, rounds: np.ndarray, sampling_prob: float, sigma:
   nk = ck.shape[1]
   blocks = _blocks(rounds, min_sep, offset)
   block_sens = [_block_sensitivities(ck[b]) for b in blocks]
-  # First row in which each kept column is non-zero.
-  nz = ck != 0
-  first_row = np.where(nz.any(axis=0), np.argmax(nz, axis=0), ck.shape[0])
-  nontrivial_total = 0
-  if q < 1.0:  # at q = 1 every p̃ is 1: no tail bound, no δ1 needed
-    for b, s in zip(blocks, block_sens):
-      nontrivial_total += int(np.count_nonzero((s > 0) & (first_row < b[0])))
-  delta_prime = delta_tail / (2.0 * nontrivial_total) if nontrivial_total else 1.0
-  z_tail = float(stats.norm.isf(delta_prime)) if nontrivial_total else 0.0
+  first_row, nontrivial_total, delta_prime, z_tail = _tail_quantile(ck, blocks, block_sens, q,
+                                                                    delta_tail)
 
   gram = np.zeros((nk, nk))
   active_end = 0  # columns >= active_end have not appeared yet
@@ -1403,12 +1413,8 @@ def _lower_runs(c: np.ndarray, q: float, sigma: float, delta_tail: float, b: int
   blocks = _blocks(release_rounds(c), b, offset)
   values = np.stack([np.broadcast_to(_block_sensitivities(ck[rows]), ck.shape[1:])
                      for rows in blocks])
-  nz = ck != 0
-  first_row = np.where(nz.any(axis=0), np.argmax(nz, axis=0), ck.shape[0])
+  _, _, delta_prime, z_tail = _tail_quantile(ck, blocks, values, q, delta_tail)
   starts = np.array([rows[0] for rows in blocks])
-  pairs_used = int(np.count_nonzero((values > 0) & (first_row[None, :] < starts[:, None])))
-  delta_prime = delta_tail / (2.0 * pairs_used) if pairs_used else 1.0
-  z_tail = float(stats.norm.isf(delta_prime)) if pairs_used else 0.0
   step = float(np.max(c)) / grid_resolution
   runs = []
   gram = np.zeros((ck.shape[1], ck.shape[1]))
