@@ -193,13 +193,19 @@ def _parse_tokens(serialized):
 def _tokens_of(serialized: Sequence[bytes]) -> np.ndarray:
   """``_parse_tokens`` of the serialized examples (an object array of bytes): each parsed
   by protobuf in this process, a tenth of the graph call's CPU for a round's few examples.
-  Unless every example holds ``tokens`` as exactly one bytes value, the graph parses them
-  all (and raises TensorFlow's own error where it does)."""
+  Unless every example is in protobuf's canonical form (it serializes back to as many
+  bytes: no unknown field, no field written twice; where TensorFlow's parser and
+  protobuf's could read such bytes differently) and holds ``tokens`` as exactly one bytes
+  value, the graph parses them all (and raises TensorFlow's own error where it does)."""
   from google.protobuf import message  # pylint: disable=g-import-not-at-top
   out = []
   try:
     for row in serialized:
-      features = tf.train.Example.FromString(row).features.feature
+      example = tf.train.Example.FromString(row)
+      example.DiscardUnknownFields()
+      if example.ByteSize() != len(row):
+        raise ValueError("not in canonical form")
+      features = example.features.feature
       feature = features["tokens"] if "tokens" in features else None
       if (feature is None or feature.WhichOneof("kind") != "bytes_list"
           or len(feature.bytes_list.value) != 1):

@@ -247,8 +247,13 @@ def _python_client_ids_fn(vocab: Sequence[str], sequence_length: int
   def client_ids(sentences: Sequence[bytes]) -> np.ndarray:
     out = np.zeros((len(sentences), width), dtype=np.int64)  # pad = 0
     out[:, 0] = special.bos
-    for row, sentence in zip(out, sentences):
-      text = sentence.encode("utf-8") if isinstance(sentence, str) else bytes(sentence)
+    for i, (row, sentence) in enumerate(zip(out, sentences)):
+      if isinstance(sentence, str):
+        text = sentence.encode("utf-8")
+      elif isinstance(sentence, bytes):
+        text = sentence
+      else:
+        raise TypeError(f"sentence {i} is a {type(sentence).__name__}, not str or bytes")
       words = text.split()[:sequence_length]  # bytes split: ASCII whitespace, as TF's
       row[1:len(words) + 1] = [index.get(w, oov) for w in words]
       if len(words) < sequence_length:

@@ -830,3 +830,12 @@ def test_the_prune_bounds_are_read_back_by_a_warm_run(tmp_path, monkeypatch):
     for _ in range(2):
       assert planner.mmcc_bound(dep, prep, z, planner.Records(str(root))) is None
     assert calls == ["mmcc"] if stored else ["mmcc", "mmcc"]
+  # A cache that fails while the C is read (not a refusal of this C) is not stored either.
+  monkeypatch.setattr(mmcc, "lower_bound_epsilon", lower)
+  root, resolve = str(tmp_path / "flaky"), prep.resolve
+  prep.resolved = None
+  monkeypatch.setattr(prep, "resolve", lambda: _raise(
+      checks.CheckError("cache entry kept changing while it was read; try again")))
+  assert planner.mmcc_bound(dep, prep, z, planner.Records(root)) is None
+  monkeypatch.setattr(prep, "resolve", resolve)
+  assert planner.mmcc_bound(dep, prep, z, planner.Records(root)) == first[0]

@@ -270,3 +270,16 @@ def test_examples_parsed_by_protobuf_equal_the_graphs():
       data._parse_tokens(tf.constant(good + [row]))  # pylint: disable=protected-access
     with pytest.raises(tf.errors.InvalidArgumentError):
       data._tokens_of(good + [row])  # pylint: disable=protected-access
+  # Not in protobuf's canonical form (fields written twice: two examples' bytes
+  # concatenated), where the two parsers' rules differ: the graph's outcome either way.
+  floats = tf.train.Feature(float_list=tf.train.FloatList(value=[1.0]))
+  for row in (good[0] + _example(tokens=one(b"second")), good[0] + _example(title=one(b"y")),
+              good[0] + _example(tokens=floats), _example(tokens=floats) + good[0]):
+    outcome = []
+    for parse in (lambda r: data._parse_tokens(tf.constant(r)).numpy(),  # pylint: disable=protected-access
+                  data._tokens_of):  # pylint: disable=protected-access
+      try:
+        outcome.append(list(parse([row])))
+      except tf.errors.InvalidArgumentError:
+        outcome.append("refused")
+    assert outcome[0] == outcome[1]

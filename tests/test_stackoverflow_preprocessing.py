@@ -149,3 +149,5 @@ def test_the_client_ids_backend_is_checked():
     preprocessing.build_client_ids_fn(VOCAB, num_oov_buckets=2, backend="python")
   with pytest.raises(ValueError, match="duplicate"):
     preprocessing.build_client_ids_fn(["a", "a"])
+  with pytest.raises(TypeError, match="sentence 1 is a int, not str or bytes"):
+    preprocessing.build_client_ids_fn(VOCAB)([b"the", 1])

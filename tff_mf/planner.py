@@ -794,16 +794,25 @@ def mmcc_bound(dep: Deployment, prep: Prepared, z: float,
   if not gaussians > dep.target_epsilon:
     return None
   b = prep.option.schema.min_sep
+  def compute():
+    c = encoder_view(prep.resolve())  # a failure here (the cache) is not stored
+    try:
+      return mmcc.lower_bound_epsilon(c, prep.option.sampling_prob / b, z, dep.delta,
+                                      min_sep=b, target=dep.target_epsilon)
+    except (ValueError, ArithmeticError) as e:  # this C's refusal: stored as one
+      raise _Refused(" ".join(str(e).split()) or type(e).__name__) from e
+
   try:  # (computed and stored, or read back)
-    low = _stored_bound(records, prep, z, dep, "mmcc_lower_bound",
-                        lambda: mmcc.lower_bound_epsilon(
-                            encoder_view(prep.resolve()), prep.option.sampling_prob / b, z,
-                            dep.delta, min_sep=b, target=dep.target_epsilon),
-                        failures=(ValueError, ArithmeticError))
+    low = _stored_bound(records, prep, z, dep, "mmcc_lower_bound", compute,
+                        failures=(_Refused,))
   except (ValueError, ArithmeticError, TypeError, MemoryError):  # no proof: MMCC decides
     return None  # (CheckError: MMCC does not take this C, and its analysis fails too)
   eps = min(low, gaussians)
   return eps if eps > dep.target_epsilon else None
+
+
+class _Refused(Exception):
+  """A lower bound's computation refused the candidate's C (``_stored_bound`` stores it)."""
 
 
 def _stored_bound(records: Optional[Records], prep: Prepared, z: float, dep: Deployment,

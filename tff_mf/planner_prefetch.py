@@ -89,7 +89,8 @@ class Prefetch:
 
   @staticmethod
   def command() -> List[str]:
-    """The child's command line (it reads the pickled (cache_dir, specs) on stdin)."""
+    """The child's command line: it reads on stdin the pickled (cache_dir, [(spec, bound)],
+    cut), after a line with its length, then each lowered cut on a line of its own."""
     return [sys.executable, "-m", "tff_mf.planner_prefetch"]
 
   def pending(self, directory: str) -> bool:
