@@ -717,7 +717,7 @@ def prune_check(dep: Deployment, prep: Prepared, best_rmse: float,
   amplified banded analysis), ``component_bound`` (fixed-bin, random allocation),
   ``true_bound`` (cyclic Poisson sampling) and ``mmcc_bound`` (where MMCC accounts it).
   """
-  cut = (1.0 + 2.0 * TOLERANCE) * best_rmse
+  cut = _cut_above(best_rmse)
   z_cut = cut / prep.error_norm
   if z_cut >= prep.z_upper or not prep.amplified:  # cheap, or cannot be shown worse
     return None
@@ -803,8 +803,7 @@ def mmcc_bound(dep: Deployment, prep: Prepared, z: float,
       raise _Refused(" ".join(str(e).split()) or type(e).__name__) from e
 
   try:  # (computed and stored, or read back)
-    low = _stored_bound(records, prep, z, dep, "mmcc_lower_bound", compute,
-                        failures=(_Refused,))
+    low = _stored_bound(records, prep, z, dep, "mmcc_lower_bound", compute)
   except (ValueError, ArithmeticError, TypeError, MemoryError):  # no proof: MMCC decides
     return None  # (CheckError: MMCC does not take this C, and its analysis fails too)
   eps = min(low, gaussians)
@@ -812,22 +811,22 @@ def mmcc_bound(dep: Deployment, prep: Prepared, z: float,
 
 
 class _Refused(Exception):
-  """A lower bound's computation refused the candidate's C (``_stored_bound`` stores it)."""
+  """A lower bound's computation refused the candidate's C, a refusal its record material
+  decides (MMCC does not take this C): ``_stored_bound`` stores it."""
 
 
 def _stored_bound(records: Optional[Records], prep: Prepared, z: float, dep: Deployment,
-                  kind: str, compute, failures: Tuple[type, ...] = ()) -> float:
+                  kind: str, compute) -> float:
   """``compute()``, a lower bound on an ε at z (0.0: no proof), stored in ``records`` under
   the candidate's record material (the code's fingerprint included) and read back by a
-  warm run instead of computed again (seconds each at n = 2048). A computation failing with
-  one of ``failures`` (a refusal its material decides: MMCC does not take this C) is stored
-  as that, and raises CheckError with its reason, computed or read back."""
+  warm run instead of computed again (seconds each at n = 2048). A computation that raises
+  ``_Refused`` is stored as that, and raises CheckError with its reason, computed or read
+  back; any other failure is raised and not stored."""
   def value() -> Dict[str, Any]:
     try:
       return {"noise_multiplier": z, "epsilon": float(compute()), "bound": kind}
-    except failures as e:
-      return {"noise_multiplier": z, "epsilon": 0.0, "bound": kind,
-              "failed": " ".join(str(e).split()) or type(e).__name__}
+    except _Refused as e:
+      return {"noise_multiplier": z, "epsilon": 0.0, "bound": kind, "failed": str(e)}
   if records is None:
     record = Calibration.of_json(value())
   else:
@@ -1047,11 +1046,10 @@ def staged_search(dep: Deployment, todo: Sequence[Tuple[str, SchemaOption, Dict]
     bar = _bar(None, "plan: dense families", progress, total=len(rest))
     for (name, option, params), bound, entry in zip(rest, bounds, entries):
       bar.set_postfix_str(describe(name, option, params), refresh=False)
-      best = min((c.rmse for c in scored), default=None)
-      cut = None if best is None else (1.0 + 2.0 * TOLERANCE) * best
+      best, cut = _cut(scored)
       if beside is not None and prune:
         beside.lower_cut(cut)  # the child skips the entries pruned below
-      if prune and cut is not None and bound["rmse"] > cut:
+      if prune and planner_prefetch.above_cut(bound["rmse"], cut):
         pruned.append(_pruned_by_bound(name, option, params, bound, cut, best))
       else:
         bar.set_postfix_str(describe(name, option, params))  # shown as it starts
@@ -1066,11 +1064,23 @@ def staged_search(dep: Deployment, todo: Sequence[Tuple[str, SchemaOption, Dict]
       bar.update(1)
     bar.close()
     if prune and scored:
-      records.put(hint, {"cut": (1.0 + 2.0 * TOLERANCE) * min(c.rmse for c in scored)})
+      records.put(hint, {"cut": _cut(scored)[1]})
   finally:
     if beside is not None:
       beside.close()
   return prepared, unfit, scored, pruned, failed
+
+
+def _cut_above(best_rmse: float) -> float:
+  """The pruning cut: a candidate is pruned once its rmse is shown above the best's by
+  more than the calibration tolerance of both."""
+  return (1.0 + 2.0 * TOLERANCE) * best_rmse
+
+
+def _cut(scored: Sequence[Candidate]) -> Tuple[Optional[float], Optional[float]]:
+  """(the best rmse so far, its pruning cut), None without one."""
+  best = min((c.rmse for c in scored), default=None)
+  return best, None if best is None else _cut_above(best)
 
 
 def _stored_cut(records: "Records", hint: Dict[str, Any]) -> Optional[float]:

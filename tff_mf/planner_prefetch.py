@@ -99,8 +99,8 @@ class Prefetch:
             and directory not in self.reported)
 
   def wait(self, directory: str) -> Optional[str]:
-    """Blocks until the child reported ``directory`` ("done", "skipped" or "failed: ..."), or exited
-    (None then, as for an entry it was not asked for)."""
+    """Blocks until the child reported ``directory`` ("done", "skipped" or "failed: ..."),
+    or exited (None then, as for an entry it was not asked for)."""
     while self.pending(directory):
       line = self.proc.stdout.readline()
       if not line:  # the child exited
@@ -165,9 +165,10 @@ class _Cuts:
     return cut
 
 
-def _skip(bound: Optional[float], cut: Optional[float]) -> bool:
-  """Whether the planner prunes every candidate of an entry before factorizing it: it does
-  when the entry's least bound is above its cut (``tff_mf.planner.staged_search``)."""
+def above_cut(bound: Optional[float], cut: Optional[float]) -> bool:
+  """Whether a lower bound on rmse is above the pruning cut: the planner's test to prune a
+  candidate before factorizing it (``tff_mf.planner.staged_search``), and the child's to
+  skip an entry (the least bound of its candidates)."""
   return bound is not None and cut is not None and bound > cut
 
 
@@ -183,7 +184,7 @@ def main() -> None:
   cache_dir, work, cut = cuts.payload()
   for i, (spec, bound) in enumerate(work):
     cut = cuts.latest(cut)
-    if _skip(bound, cut):
+    if above_cut(bound, cut):
       print(i, "skipped", flush=True)
       continue
     try:
