@@ -8,8 +8,8 @@ model's variables (a fresh output each call) is reported beside it. Measured in 
 
 - the floor and the pass, interleaved with the mechanisms, repetition by repetition;
 - each mechanism's round: the DPQuery's ``get_noised_result`` (noise row, added to a zero
-  sum) of the query ``build_mechanism`` wires, its streams' fused kernel on
-  (``noise.fused_kernels``; ``--graph-kernel``: off, training's default), state set to round
+  sum) of the query ``build_mechanism`` wires, with its streams' kernel (``LinearNoise``'s
+  fused XLA loop, training's; ``--graph-kernel``: the graph kernel), state set to round
   ``--round``: gaussian
   (independent noise), BLT (Dvijotham et al. 2024, arXiv:2404.16706), banded C with
   ``--bands`` bands (Choquette-Choo et al. 2023, arXiv:2306.08153), structured B̂ (Denisov et
@@ -92,14 +92,6 @@ def state_at(name, query, round_index, specs):
   return state
 
 
-def _fused(fn):
-  """``fn`` traced with the streams' fused kernels (``noise.fused_kernels``)."""
-  def traced(*args):
-    with noise_lib.fused_kernels():
-      return fn(*args)
-  return traced
-
-
 def rows_combined(name, noise, state):
   """Distinct model-sized state rows one round reads."""
   if noise is not None:
@@ -110,33 +102,47 @@ def rows_combined(name, noise, state):
 
 
 def timed(fn, *args):
-  """(wall s, CPU s of this process) of one call, its outputs forced."""
+  """(wall s, CPU s of this process) of one call, its outputs forced: each read through
+  ``np.asarray`` (the tensor's buffer; ``numpy()`` would add a copy of every output, 0.8 ms
+  a model-sized one here)."""
   start, cpu = time.perf_counter(), time.process_time()
   out = fn(*args)
   for x in tf.nest.flatten(out):
-    if isinstance(x, tf.Tensor) and x.shape.rank:
-      _ = x.numpy().flat[0] if x.dtype != tf.string else None
+    if isinstance(x, tf.Tensor) and x.shape.rank and x.dtype != tf.string:
+      _ = np.asarray(x).flat[0]
   return time.perf_counter() - start, time.process_time() - cpu
 
 
-def checkpoint_times(state, reps):
-  """(save on the caller's thread, whole save with its write, load_state) CPU s, medians."""
-  leaves = tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, state)
-  save_call, save_all, load = [], [], []
+def checkpoint_times(step, state, reps, every):
+  """(first save with its write; then medians of: save on the caller's thread, whole save
+  with its write, load_state), CPU s. Before each save the state advances ``every`` rounds
+  (the query's step), as the round loop checkpoints it, so an incremental save writes what
+  those rounds changed; the leaves are the tensors' buffers, as the compiled engine gives
+  them (``np.asarray``: no copy)."""
+  save_call, save_all, load, first = [], [], [], None
   with tempfile.TemporaryDirectory() as tmp:
     ckpt = checkpoints.Checkpointer(os.path.join(tmp, "ckpt"), keep=1)
-    for r in range(reps):
-      progress = checkpoints.RunProgress(round=r + 1)
+    for r in range(reps + 1):
+      for _ in range(every):
+        state = step(state)
+      leaves = tf.nest.map_structure(np.asarray, state)
+      progress = checkpoints.RunProgress(round=(r + 1) * every)
       cpu = time.process_time()
       ckpt.save(leaves, progress, background=True)
-      save_call.append(time.process_time() - cpu)
+      call = time.process_time() - cpu
       ckpt.wait()
-      save_all.append(time.process_time() - cpu)
+      whole = time.process_time() - cpu
       cpu = time.process_time()
-      ckpt.load_state(r + 1, leaves)
+      ckpt.load_state(progress.round, leaves)
+      if r == 0:  # the run's first checkpoint: every leaf written
+        first = whole
+        continue
+      save_call.append(call)
+      save_all.append(whole)
       load.append(time.process_time() - cpu)
     ckpt.close()
-  return statistics.median(save_call), statistics.median(save_all), statistics.median(load)
+  return (first, statistics.median(save_call), statistics.median(save_all),
+          statistics.median(load))
 
 
 def main(argv=None):
@@ -146,11 +152,14 @@ def main(argv=None):
   parser.add_argument("--bands", type=int, default=16)
   parser.add_argument("--reps", type=int, default=9)
   parser.add_argument("--checkpoint-reps", type=int, default=3)
+  parser.add_argument("--checkpoint-every", type=int, default=1,
+                      help="rounds between the checkpoints timed (the binary's "
+                           "--rounds_per_checkpoint)")
   parser.add_argument("--dim", type=int, default=0, help="flat model size (0: the LSTM)")
   parser.add_argument("--mechanisms", nargs="+", choices=list(MECHANISMS),
                       default=list(MECHANISMS))
   parser.add_argument("--graph-kernel", action="store_true",
-                      help="the streams' graph kernel (training's default), not the fused one")
+                      help="the streams' graph kernel, not the fused one (training's)")
   parser.add_argument("--cache-dir", default=None)
   parser.add_argument("--smoke", action="store_true", help="n = 16, d = 1000: seconds")
   parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
@@ -174,8 +183,9 @@ def main(argv=None):
   states = {}
   for name, (query, noise) in built.items():
     states[name] = state_at(name, query, args.round, specs)
-    step = query.get_noised_result if args.graph_kernel else _fused(query.get_noised_result)
-    fns[name] = (tf.function(step), (zero, states[name]))
+    if args.graph_kernel and isinstance(noise, noise_lib.LinearNoise):
+      noise.jit_compile = False
+    fns[name] = (tf.function(query.get_noised_result), (zero, states[name]))
   for fn, fargs in fns.values():
     timed(fn, *fargs)  # trace and warm
   times = {name: [] for name in fns}
@@ -194,9 +204,13 @@ def main(argv=None):
                      "ratio": cpu[name] / limit,
                      "state_bytes": int(sum(np.asarray(t).nbytes
                                             for t in tf.nest.flatten(states[name])))}
-    if results[name]["state_bytes"] > 1 << 20:
-      save_call, save_all, load = checkpoint_times(states[name], args.checkpoint_reps)
-      results[name].update(save_call_s=save_call, save_s=save_all, restore_s=load)
+    if results[name]["state_bytes"] > (0 if args.smoke else 1 << 20):
+      query = built[name][0]
+      step = tf.function(lambda s, q=query: q.get_noised_result(zero, s)[1])
+      first, save_call, save_all, load = checkpoint_times(
+          step, states[name], args.checkpoint_reps, args.checkpoint_every)
+      results[name].update(first_save_s=first, save_call_s=save_call, save_s=save_all,
+                           restore_s=load)
   write(args, d, cpu, wall, results, load_after)
   return 0
 
@@ -211,18 +225,23 @@ def write(args, d, cpu, wall, results, load_after):
       f"start, {load_after:.2f} after the timings. d = {d:,} float32 parameters, n = {args.n}, "
       f"round {args.round}, banded and BISR with b = {args.bands}; the streams' "
       f"{'graph' if args.graph_kernel else 'fused (XLA)'} kernel; medians of {args.reps} "
-      "interleaved repetitions, CPU ms of this process (wall ms in brackets).", "",
+      "interleaved repetitions, CPU ms of this process (wall ms in brackets). Checkpoints "
+      f"(``training.checkpoints``, incremental): a save every {args.checkpoint_every} "
+      f"round(s) of the query's own steps, medians of {args.checkpoint_reps} after the "
+      "run's first (whole) one.", "",
       f"Floor (Philox Z row): {cpu['floor'] * 1e3:.1f} ({wall['floor'] * 1e3:.1f}); one pass "
       f"(in-place saxpy over d): {cpu['pass'] * 1e3:.2f} ({wall['pass'] * 1e3:.2f}); "
       f"TensorFlow's acc + row over the variables: {cpu['tf_pass'] * 1e3:.2f} "
       f"({wall['tf_pass'] * 1e3:.2f}).", "",
       "| mechanism | CPU ms / round | rows combined | limit ms | CPU / limit | state MiB | "
-      "save (caller) ms | save (with write) ms | restore ms | (save + restore) / round |",
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+      "first save ms | save (caller) ms | save (with write) ms | restore ms | "
+      "(save + restore) / round |",
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  keys = ("first_save_s", "save_call_s", "save_s", "restore_s")
   for name, r in results.items():
-    ck = ("| " + " | ".join(f"{r[k] * 1e3:.0f}" for k in ("save_call_s", "save_s", "restore_s"))
+    ck = ("| " + " | ".join(f"{r[k] * 1e3:.0f}" for k in keys)
           + f" | {(r['save_s'] + r['restore_s']) / r['cpu_s']:.2f}x |"
-          if "save_s" in r else "| - | - | - | - |")
+          if "save_s" in r else "| - | - | - | - | - |")
     lines.append(f"| {name} | {r['cpu_s'] * 1e3:.1f} ({r['wall_s'] * 1e3:.1f}) | {r['rows']} | "
                  f"{r['limit_s'] * 1e3:.1f} | **{r['ratio']:.2f}x** | "
                  f"{r['state_bytes'] / 2**20:.1f} " + ck)

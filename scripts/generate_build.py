@@ -31,7 +31,7 @@ THIRD_PARTY = {
     "tensorflow_federated": "tensorflow_federated", "tensorflow_privacy": "tensorflow_privacy",
     "tqdm": "tqdm", "grpc": "grpcio", "sqlalchemy": "sqlalchemy", "setuptools": "setuptools",
     "keras": "keras", "google": "protobuf", "tree": "dm_tree", "attr": "attrs",
-    "tensorboard": "tensorboard", "flwr": "flwr",
+    "tensorboard": "tensorboard", "flwr": "flwr", "isal": "isal",
 }
 # Distributions only in the Flower environment's hub (requirements/flower-lock.txt).
 FLOWER_ONLY = {"flwr"}

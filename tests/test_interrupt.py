@@ -291,9 +291,12 @@ def test_sweep_forwards_ctrl_c_to_its_runs_which_resume(tmp_path):
 def test_tff_mf_factorize_ctrl_c_writes_no_partial_entry(tmp_path):
   cache_dir = tmp_path / "cache"
   argv = [sys.executable, "-m", "tff_mf.cli", "factorize", "--mechanism", "optimal",
-          "--total_rounds", "1500", "--cache-dir", str(cache_dir)]
+          "--total_rounds", "2000", "--cache-dir", str(cache_dir)]
   proc = _start(argv, tmp_path, "factorize")
-  time.sleep(3)  # imports done, the solver running (it needs far longer at n = 1500)
+  # Ctrl-C as soon as the solver's bar shows (it runs for seconds at n = 2000; a fixed sleep
+  # raced it on an idle machine).
+  assert _until(lambda: "optimal n=2000" in proc.err_path.read_text(), timeout=60.0), (
+      proc.err_path.read_text()[-500:])
   _ctrl_c(proc)
   # Taken at once, also while the main thread is inside one long eigendecomposition (the
   # solver stops after it): a "stopping…" line within seconds (it took the call's ~1-9 s).

@@ -8,7 +8,20 @@ their paths), ``sampling/`` (the sampler's state and the participation record,
 ``training.sampling``: fixed-shape int64 arrays) and ``meta/`` (a :class:`RunProgress`:
 round, sampler cursor, counters, the secret noise seed and the secret sampling seed, and the
 digest of the run identity it was written under, ``training.identity``). The latest
-``keep`` checkpoints are kept.
+``keep`` checkpoints are kept, with the files they refer to.
+
+Incremental: a state leaf of ``INCREMENTAL_BYTES`` or more whose bits equal a leaf of the
+last checkpoint this process wrote (a streaming mechanism's state row, which a round passes on
+unchanged until it leaves the band) is neither copied nor written again. The file refers to
+the member of the earlier checkpoint file that holds it (always the file that holds it, never
+one that refers on), with that member's CRC-32, and loading checks the CRC before it reads the
+member. A referred file is written, fsynced and renamed before any file refers to it; pruning
+renames an older checkpoint that a kept one refers to ``rows_<round>`` (no longer a checkpoint
+to resume from) and removes it once none does. So a kill at any point leaves every
+checkpoint whole. Banded C with b bands thus writes one new state row a round instead of
+b − 1; the writer holds a private copy of the last checkpoint's large leaves (the size of the
+state) to compare with, and a new process writes its first checkpoint whole. Large members
+are read as read-only views of the file's map (no copy).
 
 Writing is off the critical path (:meth:`Checkpointer.save` with ``background=True``): the
 caller's thread copies the arrays and one writer thread writes them, while the next round
@@ -37,6 +50,7 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
+import mmap
 import os
 import re
 import shutil
@@ -46,21 +60,34 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
+try:  # ISA-L's CRC-32 (zlib's checksum, which zip members carry): about 8x zlib's speed here
+  from isal.isal_zlib import crc32 as _crc32  # pylint: disable=g-import-not-at-top
+except ImportError:  # without python-isal (the lock pins it): zlib's, the same checksum
+  _crc32 = zlib.crc32
+
 from tff_mf import runstate
 from training import rundir
 from training.config import TrainingError
 
 CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT = "checkpoint_"  # checkpoint_<round>: one file
+# rows_<round>: a checkpoint file pruning no longer keeps as a checkpoint, kept (renamed) for
+# the members a kept checkpoint refers to; not a checkpoint to resume from.
+ROWS = "rows_"
 # Its parts (key prefixes), and an earlier tff-mf's SavedModel directories <part>_<round>.
 STATE, SAMPLING, META = "program_state", "sampling", "meta"
 PARTS = (STATE, SAMPLING, META)
 LEGACY_PARTS = tuple(f"{part}_" for part in PARTS)  # written in this order, meta last
-_NAME = re.compile(r"(checkpoint|program_state|sampling|meta)_(\d+)$")
+_NAME = re.compile(r"(checkpoint|rows|program_state|sampling|meta)_(\d+)$")
 # State entries whose leading dimension grows during a run: TFF's tree_aggregation keeps one
 # buffered node per level completed so far (tensorflow_privacy tree_aggregation.TreeState).
 GROWING_ENTRIES = ("tree_state/level_buffer",)
 _PATHS_KEY = "__paths__"  # program_state/: the state's leaf paths, in order
+# program_state/: the leaves stored in an earlier checkpoint file (``_Held``): their indices,
+# the round of the file that holds each, its member there and that member's CRC-32.
+_REF_KEYS = ("__ref_leaves__", "__ref_rounds__", "__ref_members__", "__ref_crcs__")
+# A leaf of at least this many bytes is written once and referred to while unchanged.
+INCREMENTAL_BYTES = 1 << 20
 
 
 @dataclasses.dataclass
@@ -157,21 +184,50 @@ def _write_npz(path: str, arrays: Dict[str, np.ndarray]) -> None:
   runstate.write_private(path, write)
 
 
+class _File:
+  """An open checkpoint file: its zip directory, and one read-only map of the file (made at
+  its first large member) that the arrays of its large members share."""
+
+  def __init__(self, path: str):
+    self.raw = open(path, "rb")  # pylint: disable=consider-using-with
+    try:
+      self.zf = zipfile.ZipFile(self.raw)
+    except BaseException:
+      self.raw.close()
+      raise
+    self._mapped: Optional[mmap.mmap] = None
+
+  def mapped(self) -> mmap.mmap:
+    if self._mapped is None:  # unmapped when the last array on it goes
+      self._mapped = mmap.mmap(self.raw.fileno(), 0, access=mmap.ACCESS_READ)
+    return self._mapped
+
+  def __enter__(self) -> "_File":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.zf.close()
+    self.raw.close()
+
+
 def _read_part(path: str, part: str) -> Dict[str, np.ndarray]:
   """The arrays of ``part`` in checkpoint file ``path``, keyed without the part's prefix."""
   out = {}
-  with open(path, "rb") as raw, zipfile.ZipFile(raw) as zf:
-    for info in zf.infolist():
+  with _File(path) as f:
+    for info in f.zf.infolist():
       key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
       if key.startswith(part + "/"):
-        out[key[len(part) + 1:]] = _read_member(zf, raw, info)
+        out[key[len(part) + 1:]] = _read_member(f, info)
   return out
 
 
-def _read_member(zf: zipfile.ZipFile, raw, info: zipfile.ZipInfo) -> np.ndarray:
-  """One ``.npy`` member: a stored C-order one read straight from the file into its array
-  (``np.load`` reads it in chunks and copies them), its CRC-32 checked as ``zipfile`` does."""
-  with zf.open(info) as member:
+def _read_member(f: _File, info: zipfile.ZipInfo) -> np.ndarray:
+  """One ``.npy`` member, its CRC-32 checked as ``zipfile`` does: a stored C-order one read
+  straight from the file into its array (``np.load`` reads it in chunks and copies them), or
+  one of ``INCREMENTAL_BYTES`` or more a read-only view of the file's map (no copy: the file
+  is private and only ever replaced whole, by a rename, never rewritten in place)."""
+  raw = f.raw
+  with f.zf.open(info) as member:
     version = np.lib.format.read_magic(member)
     read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                    else np.lib.format.read_array_header_2_0)
@@ -184,16 +240,23 @@ def _read_member(zf: zipfile.ZipFile, raw, info: zipfile.ZipInfo) -> np.ndarray:
   local = raw.read(30)  # the local file header: its name and extra field lengths at 26, 28
   start = info.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(
       local[28:30], "little")
-  array = np.empty(shape, dtype)
-  data = array.reshape(-1).view(np.uint8)
+  nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
   raw.seek(start)
   header = raw.read(header_size)
-  if local[:4] != b"PK\x03\x04" or raw.readinto(data) != data.size or (
-      header_size + data.size != info.file_size):
+  if local[:4] != b"PK\x03\x04" or header_size + nbytes != info.file_size or (
+      start + info.file_size > os.fstat(raw.fileno()).st_size):
     raise zipfile.BadZipFile(f"member {info.filename} is truncated or malformed")
-  if zlib.crc32(data, zlib.crc32(header)) != info.CRC:
+  if nbytes >= INCREMENTAL_BYTES:
+    array = np.frombuffer(f.mapped(), dtype, nbytes // dtype.itemsize, start + header_size)
+    data = array.view(np.uint8)
+  else:
+    array = np.empty(shape, dtype)
+    data = array.reshape(-1).view(np.uint8)
+    if raw.readinto(data) != data.size:
+      raise zipfile.BadZipFile(f"member {info.filename} is truncated or malformed")
+  if _crc32(data, _crc32(header)) != info.CRC:
     raise zipfile.BadZipFile(f"Bad CRC-32 for file {info.filename!r}")
-  return array
+  return array.reshape(shape)
 
 
 def _meta_arrays(progress: RunProgress) -> Dict[str, np.ndarray]:
@@ -201,6 +264,79 @@ def _meta_arrays(progress: RunProgress) -> Dict[str, np.ndarray]:
   return {key: np.asarray(np.float64(value) if isinstance(values[key], np.float64)
                           else np.int64(value))
           for key, value in dataclasses.asdict(progress).items()}
+
+
+class _RefError(ValueError):
+  """A checkpoint's reference to a leaf in another file does not resolve."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Held:
+  """A large state leaf as a checkpoint file holds it: its bits (the writer's private,
+  read-only copy), the round of that file, the member there and the member's CRC-32."""
+  array: np.ndarray
+  round: int
+  member: str
+  crc: int
+
+
+def _large(leaf) -> Optional[np.ndarray]:
+  """``leaf`` as an array (no copy) when it is a numeric one of ``INCREMENTAL_BYTES`` or more."""
+  if not hasattr(leaf, "dtype") or not np.shape(leaf):
+    return None
+  array = np.asarray(leaf)
+  return array if array.dtype.kind in "biuf" and array.nbytes >= INCREMENTAL_BYTES else None
+
+
+def _bits(array: np.ndarray) -> np.ndarray:
+  """The array's bits as unsigned integers of its item size (equal bits: equal views; no
+  float equality, which takes −0 for +0)."""
+  flat = np.ascontiguousarray(array).reshape(-1)
+  return flat.view(f"u{flat.itemsize}") if flat.itemsize in (1, 2, 4, 8) else flat.view("u1")
+
+
+def _fingerprint(array: np.ndarray) -> Tuple[str, Tuple[int, ...], bytes]:
+  """dtype, shape and 64 sampled items: which held leaves might equal ``array``."""
+  bits = _bits(array)
+  picks = np.linspace(0, bits.size - 1, 64).astype(np.int64)
+  return array.dtype.str, tuple(array.shape), bits[picks].tobytes()
+
+
+def _member_crcs(path: str) -> Dict[str, int]:
+  """The CRC-32 of each member of checkpoint file ``path`` (its central directory), by key."""
+  with zipfile.ZipFile(path) as zf:
+    return {info.filename[:-4]: info.CRC for info in zf.infolist()}
+
+
+# A streaming mechanism's state row entry: <prefix>stream_state/<row>/<part>.
+_STREAM_ROW = re.compile(r"(.*stream_state/\d+)/\d+$")
+
+
+def _joined_stream_rows(paths: List[str], leaves: List, want: List[str]):
+  """(paths, leaves) with the stream state rows of an earlier tff-mf (one entry per variable)
+  joined as this one keeps them (one per dtype: ``tff_mf.tf.noise.join_variable_rows``),
+  when that gives ``want``'s paths; else as they are."""
+  from tff_mf.tf import noise  # pylint: disable=g-import-not-at-top
+  rows: Dict[str, List] = {}
+  out: List[Tuple[str, object]] = []
+  for path, leaf in zip(paths, leaves):
+    match = _STREAM_ROW.match(path)
+    if match is None:
+      out.append((path, leaf))
+    else:
+      if match.group(1) not in rows:
+        rows[match.group(1)] = []
+        out.append((match.group(1), rows[match.group(1)]))
+      rows[match.group(1)].append(leaf)
+  joined = []
+  for path, leaf in out:
+    if path in rows:
+      joined += [(f"{path}/{g}", v) for g, v in enumerate(noise.join_variable_rows(leaf))]
+    else:
+      joined.append((path, leaf))
+  if not rows or [p for p, _ in joined] != want:
+    return paths, leaves
+  return [p for p, _ in joined], [v for _, v in joined]
 
 
 class Checkpointer:
@@ -214,6 +350,8 @@ class Checkpointer:
     rundir.check_private_tree(directory)
     self._writer: Optional[concurrent.futures.ThreadPoolExecutor] = None
     self._pending: Optional[concurrent.futures.Future] = None
+    # The large leaves of the last checkpoint this writes, by fingerprint (``_Held``).
+    self._held: Dict[Tuple, List[_Held]] = {}
 
   def _file(self, version: int) -> str:
     return os.path.join(self.directory, f"{CHECKPOINT}{version}")
@@ -286,10 +424,47 @@ class Checkpointer:
     try:
       stored = _read_part(self._file(round_num), STATE)
       paths = [str(p) for p in stored.pop(_PATHS_KEY)]
+      refs = [stored.pop(key, None) for key in _REF_KEYS]
+      if refs[0] is not None:
+        stored.update(self._read_refs(round_num, *refs))
       return paths, [_leaf(stored[str(i)]) for i in range(len(paths))]
-    except (OSError, ValueError, KeyError) as e:
+    except _RefError as e:
+      raise TrainingError(f"{name} {e}: a state entry it holds by reference is lost; resume "
+                          "from an older checkpoint (remove this one) or start a new "
+                          "experiment directory") from None
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
       raise TrainingError(f"{name} is unreadable ({type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else ''}); {hint}") from None
+
+  def _read_refs(self, round_num: int, leaves, rounds, members, crcs) -> Dict[str, np.ndarray]:
+    """The leaves checkpoint ``round_num`` refers to, read from the files that hold them,
+    each checked to be the member it names (its CRC-32) before it is read."""
+    out = {}
+    for source in sorted(set(int(r) for r in rounds)):
+      path = self._file(source)
+      if not os.path.isfile(path):  # pruned: kept as rows_<source> while referred to
+        path = os.path.join(self.directory, f"{ROWS}{source}")
+      if not os.path.isfile(path):
+        raise _RefError(f"refers to {CHECKPOINT}{source}, which is missing")
+      name = os.path.basename(path)
+      with _File(path) as f:
+        for leaf, r, member, crc in zip(leaves, rounds, members, crcs):
+          if int(r) != source:
+            continue
+          try:
+            info = f.zf.getinfo(f"{member}.npy")
+          except KeyError:
+            raise _RefError(f"refers to {member} of {name}, which has none") from None
+          if info.CRC != int(crc):
+            raise _RefError(f"refers to {member} of {name}, which holds another one (its "
+                            "CRC-32 differs)")
+          try:
+            out[str(int(leaf))] = _read_member(f, info)
+          except (OSError, ValueError, zipfile.BadZipFile) as e:
+            raise _RefError(f"refers to {member} of {name}, which is damaged "
+                            f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+                            ) from None
+    return out
 
   def load_state(self, round_num: int, structure):
     """``program_state_<round_num>``, checked leaf by leaf against ``structure``.
@@ -307,6 +482,8 @@ class Checkpointer:
             "the code and flags that wrote it, or start a new experiment directory")
     paths, loaded = self._read_state(round_num, structure, name, hint)
     expected = nest.flatten_with_joined_string_paths(structure)
+    if paths != [path for path, _ in expected]:
+      paths, loaded = _joined_stream_rows(paths, loaded, [path for path, _ in expected])
     if paths != [path for path, _ in expected]:
       raise TrainingError(f"{name} does not have this run's state structure ({hint}): its "
                           f"{len(paths)} entries are not this run's {len(expected)}")
@@ -336,7 +513,7 @@ class Checkpointer:
         missing = set(structure) - set(loaded)
         if missing:
           raise ValueError(f"it has no {sorted(missing)[0]}")
-    except (OSError, ValueError, TypeError) as e:
+    except (OSError, ValueError, TypeError, zipfile.BadZipFile) as e:
       raise TrainingError(f"{name} does not match this run's sampler: "
                           f"{str(e).splitlines()[0]}") from e
     out = collections.OrderedDict()
@@ -352,38 +529,97 @@ class Checkpointer:
     """Writes checkpoint_<round> (private), with the program state, sampling state and meta.
 
     The arrays are copied here; ``background``: the writer thread writes them, after any
-    earlier save, and this returns at once (:meth:`wait` for it)."""
+    earlier save, and this returns at once (:meth:`wait` for it). A large state leaf whose
+    bits equal one the last checkpoint this wrote holds (a stream's state row a round
+    passes on) is not copied or written again: the file refers to the member that holds it."""
     from tensorflow.python.util import nest  # pylint: disable=g-import-not-at-top
     flat = nest.flatten_with_joined_string_paths(state)
+    self.wait()  # the last write's leaves are known
     arrays = {f"{STATE}/{_PATHS_KEY}": np.array([p for p, _ in flat], dtype=str)}
-    arrays.update((f"{STATE}/{i}", _array(leaf)) for i, (_, leaf) in enumerate(flat))
+    refs: List[Tuple[int, _Held]] = []
+    fresh: List[str] = []
+    for i, (_, leaf) in enumerate(flat):
+      large = _large(leaf)
+      same = None if large is None else self._same(large, int(progress.round))
+      if same is not None:
+        refs.append((i, same))
+        continue
+      arrays[f"{STATE}/{i}"] = _array(leaf)
+      if large is not None:
+        fresh.append(f"{STATE}/{i}")
+    if refs:
+      arrays.update(zip((f"{STATE}/{key}" for key in _REF_KEYS), (
+          np.array([i for i, _ in refs], np.int64), np.array([h.round for _, h in refs], np.int64),
+          np.array([h.member for _, h in refs], dtype=str),
+          np.array([h.crc for _, h in refs], np.int64))))
     arrays.update((f"{SAMPLING}/{k}", _array(v)) for k, v in (sampling or {}).items())
     arrays.update((f"{META}/{k}", v) for k, v in _meta_arrays(progress).items())
-    self.wait()
+    job = (int(progress.round), arrays, [h for _, h in refs], fresh)
     if not background:
-      self._write(int(progress.round), arrays)
+      self._write(*job)
       return
     if self._writer is None:
       self._writer = concurrent.futures.ThreadPoolExecutor(1, "tff-mf-checkpoint")
-    self._pending = self._writer.submit(self._write, int(progress.round), arrays)
+    self._pending = self._writer.submit(self._write, *job)
 
-  def _write(self, version: int, arrays: Dict[str, np.ndarray]) -> None:
+  def _same(self, array: np.ndarray, version: int) -> Optional[_Held]:
+    """A held leaf with ``array``'s dtype, shape and bits, in a file of a round before
+    ``version`` (never the file a save of ``version`` replaces), if any."""
+    for held in self._held.get(_fingerprint(array), ()):
+      if held.round < version and np.array_equal(_bits(held.array), _bits(array)):
+        return held
+    return None
+
+  def _write(self, version: int, arrays: Dict[str, np.ndarray], kept: List[_Held] = (),
+             fresh: List[str] = ()) -> None:
+    """Writes checkpoint_<version>; then holds its large leaves (``kept``, those it refers to,
+    and ``fresh``, its own members) for the next save, and prunes."""
+    self._held = {}  # until this file is written: a failed write leaves nothing to refer to
     rundir.check_private_tree(self.directory)
     for part in (META, STATE, SAMPLING):  # an earlier tff-mf's of this round, meta first
       path = os.path.join(self.directory, f"{part}_{version}")
       if os.path.isdir(path):
         shutil.rmtree(path)
     _write_npz(self._file(version), arrays)
+    crcs = _member_crcs(self._file(version)) if fresh else {}
+    held: Dict[Tuple, List[_Held]] = {}
+    for leaf in list(kept) + [_Held(arrays[key], version, key, crcs[key]) for key in fresh]:
+      leaf.array.flags.writeable = False
+      held.setdefault(_fingerprint(leaf.array), []).append(leaf)
+    self._held = held
     self._prune()
 
+  def _referred(self, version: int) -> Optional[List[int]]:
+    """The rounds of the files checkpoint ``version`` refers to (none for an earlier
+    tff-mf's SavedModel directories; None when its file cannot be read)."""
+    if self._legacy_path(STATE, version):
+      return []
+    key = f"{STATE}/{_REF_KEYS[1]}.npy"
+    try:
+      with _File(self._file(version)) as f:
+        if key not in f.zf.namelist():
+          return []
+        return [int(r) for r in _read_member(f, f.zf.getinfo(key))]
+    except (OSError, ValueError, zipfile.BadZipFile):
+      return None
+
   def _prune(self) -> None:
-    """Keeps the latest ``keep`` checkpoints (and no leftover temporary file)."""
+    """Keeps the latest ``keep`` checkpoints; an older one that a kept one refers to becomes
+    ``rows_<round>`` (the members are read from there; references always name the file
+    that holds the member), any other older one goes (while a kept one cannot be read, all
+    stay), and so does a leftover temporary file."""
     kept = self._versions()[-self.keep:]
+    referred = [self._referred(version) for version in kept]
+    keep_older = any(rounds is None for rounds in referred)
+    referred = {r for rounds in referred for r in rounds or ()}
     for name in os.listdir(self.directory):
       match = _NAME.match(name)
       path = os.path.join(self.directory, name)
-      if match and kept and int(match.group(2)) < kept[0]:
-        if os.path.isdir(path):
+      if match and kept and int(match.group(2)) < kept[0] and not keep_older:
+        if int(match.group(2)) in referred:
+          if match.group(1) == "checkpoint":
+            os.replace(path, os.path.join(self.directory, f"{ROWS}{match.group(2)}"))
+        elif os.path.isdir(path):
           shutil.rmtree(path)
         else:
           os.unlink(path)
@@ -397,10 +633,12 @@ class Checkpointer:
       pending.result()
 
   def close(self) -> None:
-    """Waits for the background save and stops the writer thread."""
+    """Waits for the background save, stops the writer thread and lets the held leaves go
+    (a save after this writes every leaf)."""
     try:
       self.wait()
     finally:
+      self._held = {}
       if self._writer is not None:
         self._writer.shutdown(wait=True)
         self._writer = None

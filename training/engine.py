@@ -223,14 +223,20 @@ def _rebuilder(structure) -> Callable[[List[Any]], Any]:
   return lambda flat: fn(iter(flat))
 
 
+# A state leaf of at least this many entries crosses as its own vector (``_PackedLayout``).
+_OWN_VECTOR = 1 << 16
+
+
 class _PackedLayout:
-  """Where each leaf of a nested state lies in one flat vector per dtype.
+  """Where each leaf of a nested state lies in one flat vector per dtype, a large leaf (a
+  stream's state row of a large model) in a vector of its own.
 
   The DP query's state crosses the engine's ``tf.function`` boundaries as these few vectors
   instead of one tensor a leaf: a call canonicalizes every argument leaf in Python, and the
-  banded stream's 123 leaves on the main job's model cost more than its noise. Packing is
-  concatenation and splitting, so every value (the stream's rows, the seed) is bit for bit
-  the one a leaf would carry.
+  banded stream's 123 leaves on the main job's model cost more than its noise. A large leaf
+  alone is not copied into a concatenation each round (232 MiB of banded state at d = 4M).
+  Packing is concatenation and splitting, so every value (the stream's rows, the seed) is bit
+  for bit the one a leaf would carry.
   """
 
   def __init__(self, structure, specs: Sequence[Tuple[Any, Tuple[int, ...]]]):
@@ -239,9 +245,14 @@ class _PackedLayout:
     self.key = (tuple((np.dtype(d), tuple(int(x) for x in shape)) for d, shape in specs),
                 str(self.structure))
     self.specs = self.key[0]
-    self.dtypes = tuple(sorted({d for d, _ in self.specs}, key=str))
-    self.groups = tuple(tuple(k for k, (d, _) in enumerate(self.specs) if d == dtype)
-                        for dtype in self.dtypes)
+    size = lambda k: int(np.prod(self.specs[k][1]))
+    large = [k for k in range(len(self.specs)) if size(k) >= _OWN_VECTOR]
+    dtypes = sorted({d for k, (d, _) in enumerate(self.specs) if k not in large}, key=str)
+    # One vector per dtype of the small leaves, then each large leaf as its own vector.
+    self.groups = tuple(tuple(k for k, (d, _) in enumerate(self.specs)
+                              if d == dtype and k not in large) for dtype in dtypes) + tuple(
+                                  (k,) for k in large)
+    self.dtypes = tuple(self.specs[group[0]][0] for group in self.groups)
     self.sizes = tuple(tuple(int(np.prod(self.specs[k][1])) for k in group)
                        for group in self.groups)
     ends = [np.cumsum(sizes).tolist() for sizes in self.sizes]
@@ -271,8 +282,9 @@ class _PackedLayout:
   def pack_arrays(self, flat):
     """The vectors of numpy leaves ``flat``, as tensors."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    return [tf.constant(np.concatenate([np.ravel(np.asarray(flat[k])) for k in group]))
-            for group in self.groups]
+    line = lambda k: np.ravel(np.asarray(flat[k]))  # a view where the leaf is contiguous
+    return [tf.constant(line(group[0]) if len(group) == 1 else
+                        np.concatenate([line(k) for k in group])) for group in self.groups]
 
   def pack_tensors(self, structure):
     """The vectors of a traced state of this layout (in the graph)."""
@@ -298,10 +310,10 @@ class _PackedLayout:
     return tf.nest.pack_sequence_as(self.structure, self._leaves(vectors, split, reshape))
 
   def unpack_arrays(self, vectors):
-    """The state of this layout as read-only numpy arrays (views of one copy of each
-    vector, so the engine may take a state it returned back by identity)."""
+    """The state of this layout as read-only numpy arrays (views of each vector's buffer,
+    so the engine may take a state it returned back by identity)."""
     def numpy(vector):
-      array = vector.numpy()
+      array = np.asarray(vector)  # the tensor's buffer, not a copy (``numpy()`` copies)
       array.flags.writeable = False
       return array
     split = lambda v, g: [v[a:b] for a, b in self.bounds[g]]

@@ -31,8 +31,6 @@ checkpoint them; restoring continues the identical stream.
 from __future__ import annotations
 
 import abc
-import contextlib
-import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -311,6 +309,27 @@ class DenseNoise(StreamingNoise):
     return f"DenseNoise(n={self.n}, m={self.m}, nnz={self._vals.size})"
 
 
+def _dtype_groups(specs) -> List[Tuple[tf.DType, List[int], int]]:
+  """The variables by dtype, in order of first appearance: (dtype, their indices, their total
+  size): the layout of ``LinearNoise``'s state rows."""
+  groups: Dict[tf.DType, List[int]] = {}
+  for t, spec in enumerate(specs):
+    groups.setdefault(spec.dtype, []).append(t)
+  return [(dtype, members, sum(int(np.prod(specs[t].shape)) for t in members))
+          for dtype, members in groups.items()]
+
+
+def join_variable_rows(parts: Sequence[np.ndarray]) -> List[np.ndarray]:
+  """A ``LinearNoise`` state row as an earlier tff-mf kept it (one array per variable) in this
+  layout (``_dtype_groups``): one flat vector per dtype, that dtype's variables concatenated in
+  order. The same values, so a checkpointed run resumes the identical stream."""
+  groups: Dict[np.dtype, List[np.ndarray]] = {}
+  for part in parts:
+    part = np.asarray(part)
+    groups.setdefault(part.dtype, []).append(part.reshape(-1))
+  return [np.concatenate(group) for group in groups.values()]
+
+
 class LinearNoise(StreamingNoise):
   """A ``LinearStream`` recurrence (``tff_mf.noise.streams``) in TensorFlow: O(k·d) state.
 
@@ -319,25 +338,22 @@ class LinearNoise(StreamingNoise):
   variables' dtype. Copied state rows are passed by reference (no copy), and
   coefficients that are zero in every round are left out at trace time.
 
-  Each sum is a ``tf.add_n`` of products rounded to the variables' dtype, in the order
-  TensorFlow's graph takes it (``tff_mf.noise.rows.add_n_blocks``). The fused kernel compiles
-  the computed rows and the output of each variable into one XLA loop that reads each state
-  row once, with the same arithmetic: the sums in that order, and every product's bits passed
-  through an integer xor with a zero XLA cannot see (``_exact_product``), so that no product
-  is contracted with its add into a fused multiply-add (one rounding: other last bits). Its
-  rows and state equal the graph kernel's bit for bit, so the TFF process, the compiled
-  engine and the numpy rows (``tff_mf.noise.rows``, ``exact=True``) add the same noise.
-  ``jit_compile``: True, the fused kernel; False, the graph kernel; None (the default), the
-  fused one where the query is traced within ``fused_kernels()``, else the graph one. Nothing
-  in training opts in yet: TFF's runtime runs a computation's functions without XLA (Grappler
-  then reorders the fused kernel's chained sums), and in a query that scales the row before
-  adding it (adaptive clipping) Grappler rewrites across the inlined graph kernel, so the
-  compiled engine with the fused kernel and TFF with the graph kernel differ in the last bits.
+  Each sum is taken over products rounded to the variables' dtype, in the order TensorFlow's
+  graph takes a ``tf.add_n`` of them (``tff_mf.noise.rows.add_n_blocks``). The kernel
+  (``jit_compile=True``, the default) is one XLA loop per call that reads each state row once
+  and writes the output and the computed rows. Every product and every partial sum passes
+  through an integer xor with a zero no compiler can see (``_barrier``): XLA cannot contract
+  a product with its add into a fused multiply-add (one rounding: other last bits), and where
+  a runtime runs the function without XLA (TFF's), Grappler cannot regroup the sums, or
+  rewrite across a scaling of the row outside the kernel (adaptive clipping). So the TFF
+  process, the compiled engine and the numpy rows (``tff_mf.noise.rows``, ``exact=True``) add
+  the same noise, bit for bit. ``jit_compile=False``: the graph kernel (one ``tf.add_n`` of
+  the products a sum; the same bits where Grappler leaves it as it is), for comparison.
   """
 
   def __init__(self, stream: streams.LinearStream, c: np.ndarray,
                participation: participation_lib.Participation = participation_lib.SINGLE,
-               jit_compile: Optional[bool] = None, sensitivity_report: Optional[Dict[str, Any]] = None):
+               jit_compile: bool = True, sensitivity_report: Optional[Dict[str, Any]] = None):
     if not isinstance(stream, streams.LinearStream):
       raise NoiseError(f"stream must be a tff_mf.noise.streams.LinearStream, got "
                        f"{type(stream).__name__}")
@@ -346,7 +362,7 @@ class LinearNoise(StreamingNoise):
       raise NoiseError(f"{stream.name} has {stream.n} rounds, encoder C is {self._c.shape}")
     _check_inverse(stream.run, self._c, stream.name, probe=self.n > FULL_CHECK_MAX_N)
     self.stream = stream
-    self.jit_compile = None if jit_compile is None else bool(jit_compile)
+    self.jit_compile = bool(jit_compile)
     self._support = stream.support()
     self._computed = [int(l) for l in stream.computed_rows]
     self._kernels = {}
@@ -358,9 +374,12 @@ class LinearNoise(StreamingNoise):
     return self.stream.k
 
   def initial_state(self, specs):
-    """k rows, each a tuple of one tensor per variable (separate tensors: copies are free)."""
-    specs = flat_specs(specs)
-    return tuple(tuple(tf.zeros(s.shape, s.dtype) for s in specs) for _ in range(self.stream.k))
+    """k rows, each a tuple of one flat vector per dtype of the variables (``_dtype_groups``:
+    that dtype's variables concatenated in order), which the kernel reads as they are; a
+    copied row is passed on by reference."""
+    groups = _dtype_groups(flat_specs(specs))
+    return tuple(tuple(tf.zeros([size], dtype) for dtype, _, size in groups)
+                 for _ in range(self.stream.k))
 
   def _tables(self, i, stddev):
     s = self.stream
@@ -372,44 +391,31 @@ class LinearNoise(StreamingNoise):
             tf.gather(tf.constant(s.w_new * stddev), t), tf.gather(tf.constant(s.c * stddev), t))
 
   def _noise_row(self, seed, i, stream_state, specs, stddev):
+    """The kernel once per dtype group, on that group's Z and state vectors: its ops are
+    elementwise with scalar coefficients, so every entry is the one the kernel computes on its
+    variable alone, in one call per group (a model's many small ops cost more than their
+    arithmetic)."""
     z = standard_normal_row(seed, i, specs)
     tables = self._tables(i, stddev)
     zero = tf.bitwise.right_shift(tf.abs(i), 62)  # 0 for any round (i < n < 2⁶²), at run time
-    if len(specs) > 1 and len({s.dtype for s in specs}) == 1:
-      return self._flat_row(z, tables, stream_state, specs, zero)
-    kernel = self._kernel_fn()
-    copies = self.stream.copies
-    out, new_rows = [], [[None] * len(specs) for _ in range(self.stream.k)]
-    for t, spec in enumerate(specs):
-      old = [row[t] for row in stream_state]
-      y, computed = kernel(z[t], old, *[tf.cast(x, spec.dtype) for x in tables], zero)
-      out.append(y)
-      for l in range(self.stream.k):
-        new_rows[l][t] = old[copies[l]] if copies[l] >= 0 else computed[self._computed.index(l)]
+    kernel, copies, k = self._kernel_fn(), self.stream.copies, self.stream.k
+    line = lambda p: p if p.shape.rank == 1 else tf.reshape(p, [-1])
+    groups = _dtype_groups(specs)
+    out, new_rows = [None] * len(specs), [[None] * len(groups) for _ in range(k)]
+    for g, (dtype, members, _) in enumerate(groups):
+      old = [row[g] for row in stream_state]
+      parts = [line(z[t]) for t in members]
+      y, computed = kernel(parts[0] if len(parts) == 1 else tf.concat(parts, 0), old,
+                           *[tf.cast(x, dtype) for x in tables], zero)
+      sizes = [int(np.prod(specs[t].shape)) for t in members]
+      for t, part in zip(members, tf.split(y, sizes) if len(members) > 1 else [y]):
+        out[t] = part if specs[t].shape.rank == 1 else tf.reshape(part, specs[t].shape)
+      for l in range(k):
+        new_rows[l][g] = old[copies[l]] if copies[l] >= 0 else computed[self._computed.index(l)]
     return out, tuple(tuple(row) for row in new_rows)
 
-  def _flat_row(self, z, tables, stream_state, specs, zero):
-    """``_noise_row`` with the kernel run once on the variables concatenated (one dtype).
-
-    The kernel's ops are elementwise, with scalar coefficients: every entry is the one the
-    kernel computes on its variable alone, in 1/len(specs) of the ops (a model's many small
-    ops cost more than their arithmetic). Copied state rows stay the tensors they were."""
-    sizes = [int(np.prod(s.shape)) for s in specs]
-    line = lambda p: p if p.shape.rank == 1 else tf.reshape(p, [-1])
-    flat = lambda parts: tf.concat([line(p) for p in parts], 0)
-    unflat = lambda v: [p if s.shape.rank == 1 else tf.reshape(p, s.shape)
-                        for p, s in zip(tf.split(v, sizes), specs)]
-    y, computed = self._kernel_fn()(flat(z), [flat(row) for row in stream_state],
-                                    *[tf.cast(x, specs[0].dtype) for x in tables], zero)
-    computed = [unflat(v) for v in computed]
-    copies = self.stream.copies
-    new_rows = tuple(tuple(stream_state[copies[l]]) if copies[l] >= 0
-                     else tuple(computed[self._computed.index(l)])
-                     for l in range(self.stream.k))
-    return unflat(y), new_rows
-
   def _kernel_fn(self):
-    fused = _FUSED.on if self.jit_compile is None else self.jit_compile
+    fused = self.jit_compile
     if fused not in self._kernels:
       sup, rows, copies = self._support, self._computed, self.stream.copies
       k = self.stream.k
@@ -421,7 +427,7 @@ class LinearNoise(StreamingNoise):
           if not terms:
             return tf.zeros_like(z)
           if fused:
-            out = _graph_sum(made[0], [_exact_product(a, x, zero) for a, x in terms])
+            out = _graph_sum(made[0], [_barrier(a * x, zero) for a, x in terms], zero)
           else:
             out = tf.add_n([a * x for a, x in terms])
           made[0] += len(terms)
@@ -448,48 +454,30 @@ class LinearNoise(StreamingNoise):
     return f"LinearNoise({self.stream.name}, n={self.n}, state rows={self.stream.k})"
 
 
-class _Fused(threading.local):
-  on = False
-
-
-_FUSED = _Fused()
-
-
-@contextlib.contextmanager
-def fused_kernels():
-  """Within: ``LinearNoise`` (``jit_compile=None``) traces its fused XLA kernel (a caller that
-  runs the query in a ``tf.function`` of its own; not inside a TFF computation, whose runtime
-  runs it without XLA)."""
-  before, _FUSED.on = _FUSED.on, True
-  try:
-    yield
-  finally:
-    _FUSED.on = before
-
-
-# Integer types of a float's width: the bits ``_exact_product`` passes through.
+# Integer types of a float's width: the bits ``_barrier`` passes through.
 _BITS = {tf.float16: tf.int16, tf.bfloat16: tf.int16, tf.float32: tf.int32,
          tf.float64: tf.int64}
 
 
-def _exact_product(a, x, zero):
-  """a·x rounded to x's dtype, its bits xored with ``zero`` (0, a run-time value): an
-  integer step XLA cannot fold, between the product and the add that takes it, so LLVM does
-  not contract the two into a fused multiply-add (which would round once)."""
+def _barrier(x, zero):
+  """x, its bits xored with ``zero`` (0, a run-time value): an integer step no compiler can
+  fold, so none contracts a product with the add that takes it into a fused multiply-add
+  (which rounds once) or regroups a sum across it."""
   bits = _BITS[x.dtype]
-  return tf.bitcast(tf.bitwise.bitwise_xor(tf.bitcast(a * x, bits), tf.cast(zero, bits)),
-                    x.dtype)
+  return tf.bitcast(tf.bitwise.bitwise_xor(tf.bitcast(x, bits), tf.cast(zero, bits)), x.dtype)
 
 
-def _graph_sum(first: int, terms):
+def _graph_sum(first: int, terms, zero):
   """Σ terms in the order TensorFlow's graph runs ``tf.add_n`` of the kernel's products
-  ``first``, ``first + 1``, … (``tff_mf.noise.rows.add_n_blocks``)."""
+  ``first``, ``first + 1``, … (``tff_mf.noise.rows.add_n_blocks``), each partial sum behind a
+  barrier: where the kernel runs without XLA (TFF's runtime), Grappler cannot regroup the
+  chain (into an AddN of another order, or across a scaling outside the kernel)."""
   out = None
   for block in rows_lib.add_n_blocks(first, len(terms)):
     part = terms[block[0]]
     for j in block[1:]:
-      part = part + terms[j]
-    out = part if out is None else out + part
+      part = _barrier(part + terms[j], zero)
+    out = part if out is None else _barrier(out + part, zero)
   return out
 
 
