@@ -226,7 +226,7 @@ def write(args, d, cpu, wall, results, load_after):
       f"round {args.round}, banded and BISR with b = {args.bands}; the streams' "
       f"{'graph' if args.graph_kernel else 'fused (XLA)'} kernel; medians of {args.reps} "
       "interleaved repetitions, CPU ms of this process (wall ms in brackets). Checkpoints "
-      f"(``training.checkpoints``, incremental): a save every {args.checkpoint_every} "
+      f"(`training.checkpoints`, incremental): a save every {args.checkpoint_every} "
       f"round(s) of the query's own steps, medians of {args.checkpoint_reps} after the "
       "run's first (whole) one.", "",
       f"Floor (Philox Z row): {cpu['floor'] * 1e3:.1f} ({wall['floor'] * 1e3:.1f}); one pass "

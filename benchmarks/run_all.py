@@ -46,6 +46,9 @@ BENCHMARKS: Tuple[Tuple[str, str, Tuple[Tuple[str, ...], ...]], ...] = (
     # Each streaming mechanism's noise against its own limit (Philox floor + one pass a state
     # row), and its state's checkpoint save and restore (issue 49, item 5).
     ("noise_limit", "noise_limit.md", (("benchmarks/bench_noise_limit.py",),)),
+    # Before (the same script on a checkout of the commit before the change) and more runs:
+    # written by hand from those runs.
+    ("noise_limit_before", "noise_limit_before.md", ()),
     ("mmcc", "mmcc.md", (("benchmarks/bench_mmcc.py", "fig2"),
                          ("benchmarks/bench_mmcc.py", "fig2", "--c", "4", "8", "--max-log2", "8",
                           "--out", "fig2_small_c"),
