@@ -309,10 +309,10 @@ class DenseNoise(StreamingNoise):
     return f"DenseNoise(n={self.n}, m={self.m}, nnz={self._vals.size})"
 
 
-def _dtype_groups(specs) -> List[Tuple[tf.DType, List[int], int]]:
-  """The variables by dtype, in order of first appearance: (dtype, their indices, their total
-  size): the layout of ``LinearNoise``'s state rows."""
-  groups: Dict[tf.DType, List[int]] = {}
+def _dtype_groups(specs) -> List[Tuple[Any, List[int], int]]:
+  """The variables (TensorSpecs, or arrays) by dtype, in order of first appearance: (dtype,
+  their indices, their total size): the layout of ``LinearNoise``'s state rows."""
+  groups: Dict[Any, List[int]] = {}
   for t, spec in enumerate(specs):
     groups.setdefault(spec.dtype, []).append(t)
   return [(dtype, members, sum(int(np.prod(specs[t].shape)) for t in members))
@@ -323,11 +323,9 @@ def join_variable_rows(parts: Sequence[np.ndarray]) -> List[np.ndarray]:
   """A ``LinearNoise`` state row as an earlier tff-mf kept it (one array per variable) in this
   layout (``_dtype_groups``): one flat vector per dtype, that dtype's variables concatenated in
   order. The same values, so a checkpointed run resumes the identical stream."""
-  groups: Dict[np.dtype, List[np.ndarray]] = {}
-  for part in parts:
-    part = np.asarray(part)
-    groups.setdefault(part.dtype, []).append(part.reshape(-1))
-  return [np.concatenate(group) for group in groups.values()]
+  parts = [np.asarray(part) for part in parts]
+  return [np.concatenate([parts[t].reshape(-1) for t in members])
+          for _, members, _ in _dtype_groups(parts)]
 
 
 class LinearNoise(StreamingNoise):
